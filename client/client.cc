@@ -1,0 +1,170 @@
+#include "client/client.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace tally {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& server) {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = s.error_message();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) msg = absl::StrCat("cannot reach tallyd at ", server, ": ", msg);
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
+}
+
+void SetDeadline(grpc::ClientContext* ctx, double seconds) {
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+}
+
+}  // namespace
+
+std::string JobStateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_QUEUED: return "queued";
+    case v1::JOB_STATE_RUNNING: return "running";
+    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
+    case v1::JOB_STATE_FAILED: return "failed";
+    case v1::JOB_STATE_CANCELLED: return "cancelled";
+    default: return "unknown";
+  }
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+TallyClient::TallyClient(const std::string& server) : server_(server) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  channel_ = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Coordinator::NewStub(channel_);
+}
+
+bool TallyClient::WaitUntilReady(double seconds) {
+  return channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                    std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+}
+
+absl::StatusOr<v1::Job> TallyClient::Submit(const v1::JobSpec& spec) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::SubmitJobResponse response;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 600);  // Large manifests take a while to parse and store.
+  grpc::Status s = stub_->SubmitJob(&ctx, request, &response);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return response.job();
+}
+
+absl::StatusOr<v1::Job> TallyClient::Get(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job job;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 30);
+  grpc::Status s = stub_->GetJob(&ctx, request, &job);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return job;
+}
+
+absl::StatusOr<v1::Job> TallyClient::Cancel(const std::string& job_id) {
+  v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job job;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 30);
+  grpc::Status s = stub_->CancelJob(&ctx, request, &job);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::Job>> TallyClient::List(int limit) {
+  v1::ListJobsRequest request;
+  request.set_limit(limit);
+  v1::ListJobsResponse response;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 30);
+  grpc::Status s = stub_->ListJobs(&ctx, request, &response);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
+}
+
+absl::StatusOr<v1::Job> TallyClient::Watch(const std::string& job_id, int interval_ms,
+                                           const std::function<void(const v1::Job&)>& on_update,
+                                           const std::function<bool()>& keep_going) {
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  request.set_interval_ms(interval_ms);
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::Job>> reader = stub_->WatchJob(&ctx, request);
+  v1::Job job;
+  v1::Job last;
+  bool any = false;
+  while (reader->Read(&job)) {
+    last = job;
+    any = true;
+    on_update(job);
+    if (keep_going && !keep_going()) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok() && !(s.error_code() == grpc::StatusCode::CANCELLED && any)) return FromGrpc(s, server_);
+  if (!any) return absl::UnavailableError(absl::StrCat("no update from tallyd at ", server_));
+  return last;
+}
+
+absl::StatusOr<std::vector<std::string>> TallyClient::FetchReport(const std::string& job_id, const std::string& dir) {
+  std::string path;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!path.empty() && mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::PermissionDeniedError(absl::StrCat("cannot create '", path, "': ", std::strerror(errno)));
+      }
+    }
+    if (i < dir.size()) path.push_back(dir[i]);
+  }
+  v1::FetchReportRequest request;
+  request.set_job_id(job_id);
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::ReportChunk>> reader = stub_->FetchReport(&ctx, request);
+  v1::ReportChunk chunk;
+  std::vector<std::string> written;
+  std::ofstream out;
+  std::string current, current_tmp;
+  while (reader->Read(&chunk)) {
+    if (chunk.file_name().find('/') != std::string::npos || chunk.file_name().empty()) {
+      return absl::DataLossError(absl::StrCat("tallyd sent a bad report file name '", chunk.file_name(), "'"));
+    }
+    if (chunk.file_name() != current) {
+      current = chunk.file_name();
+      current_tmp = dir + "/" + current + ".part";
+      out.open(current_tmp, std::ios::binary | std::ios::trunc);
+      if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write '", current_tmp, "'"));
+    }
+    out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    if (chunk.last_chunk_of_file()) {
+      out.close();
+      const std::string final_path = dir + "/" + current;
+      if (!out || std::rename(current_tmp.c_str(), final_path.c_str()) != 0) {
+        return absl::DataLossError(absl::StrCat("cannot write '", final_path, "'"));
+      }
+      written.push_back(final_path);
+      current.clear();
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return FromGrpc(s, server_);
+  return written;
+}
+
+}  // namespace tally

@@ -1,0 +1,46 @@
+// A synchronous client of the Coordinator service, used by every `tally` subcommand.
+#ifndef TALLY_CLIENT_CLIENT_H_
+#define TALLY_CLIENT_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tally.grpc.pb.h"
+
+namespace tally {
+
+class TallyClient {
+ public:
+  explicit TallyClient(const std::string& server);
+
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> Get(const std::string& job_id);
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::Job>> List(int limit);
+  // Calls `on_update` for every snapshot until the job has ended and its report is ready; returns
+  // the last snapshot. `keep_going` is polled between updates: returning false stops watching.
+  absl::StatusOr<v1::Job> Watch(const std::string& job_id, int interval_ms,
+                                const std::function<void(const v1::Job&)>& on_update,
+                                const std::function<bool()>& keep_going = nullptr);
+  // Writes the job's report files into `dir` (created if needed). Returns the file paths.
+  absl::StatusOr<std::vector<std::string>> FetchReport(const std::string& job_id, const std::string& dir);
+  // True once the server answers (used while tallyd starts).
+  bool WaitUntilReady(double seconds);
+
+ private:
+  std::string server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+// "succeeded", "running", ...
+std::string JobStateName(v1::JobState state);
+bool IsTerminal(v1::JobState state);
+
+}  // namespace tally
+
+#endif  // TALLY_CLIENT_CLIENT_H_

@@ -1,0 +1,166 @@
+#include "client/local_run.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "client/progress.h"
+#include "common/log.h"
+#include "common/subprocess.h"
+#include "common/worker_launcher.h"
+
+namespace tally {
+namespace {
+
+std::atomic<int> g_signal{0};
+
+bool MakeDirs(const std::string& dir) {
+  std::string path;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!path.empty() && mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    }
+    if (i < dir.size()) path.push_back(dir[i]);
+  }
+  return true;
+}
+
+int Fail(const std::string& message) {
+  std::cerr << "tally run: " << message << "\n";
+  return 1;
+}
+
+}  // namespace
+
+void PrintSummary(const std::string& out_dir) {
+  std::ifstream in(out_dir + "/summary.md");
+  std::string line;
+  bool in_table = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("## Per class", 0) == 0) {
+      in_table = true;
+      continue;
+    }
+    if (!in_table) continue;
+    if (line.rfind("## ", 0) == 0) break;
+    if (line.rfind("|", 0) == 0) std::cout << line << "\n";
+  }
+}
+
+int RunLocally(const LocalRunOptions& options) {
+  const std::string state_dir = options.out_dir + "/.tally";
+  if (!MakeDirs(state_dir)) return Fail(absl::StrCat("cannot create '", state_dir, "': ", std::strerror(errno)));
+  const std::string tallyd = FindExecutable("tallyd");
+  if (tallyd.empty()) return Fail("cannot find the tallyd executable next to tally or on PATH");
+  const std::string port_file = state_dir + "/port";
+  unlink(port_file.c_str());
+
+  // Ctrl-C / SIGTERM: cancel the job and clean up instead of dying with children around.
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = [](int sig) { g_signal = sig; };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  SpawnOptions coordinator;
+  coordinator.argv = {tallyd, "--listen", "127.0.0.1:0", "--port-file", port_file, "--state-dir", state_dir,
+                      "--lease-seconds", absl::StrCat(options.lease_seconds)};
+  coordinator.log_path = state_dir + "/tallyd.log";
+  auto server = Subprocess::Spawn(coordinator);
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {
+    std::ifstream in(port_file);
+    if (in >> port) break;
+    if (!(*server)->Running()) {
+      return Fail(absl::StrCat("tallyd exited (", (*server)->ExitDescription(), "):\n",
+                               TailOfFile(coordinator.log_path)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (port == 0) return Fail(absl::StrCat("tallyd did not start within 30 s; see ", coordinator.log_path));
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+
+  WorkerLaunchOptions wl;
+  wl.coordinator = address;
+  wl.gpus = options.gpus;
+  wl.cpu_workers = options.cpu_workers;
+  wl.log_dir = state_dir;
+  wl.extra_args = options.worker_args;
+  auto workers = WorkerLauncher::Start(wl);
+  if (!workers.ok()) return Fail(std::string(workers.status().message()));
+  const int n = (*workers)->size();
+  std::cerr << "tally run: " << n << (options.gpus.empty() ? " CPU" : " GPU") << " worker" << (n == 1 ? "" : "s")
+            << ", coordinator at " << address << ", logs in " << state_dir << "\n";
+
+  TallyClient client(address);
+  auto submitted = client.Submit(options.spec);
+  if (!submitted.ok()) return Fail(std::string(submitted.status().message()));
+  const std::string job_id = submitted->job_id();
+  std::cerr << "tally run: job " << job_id << ": " << submitted->images_total() << " images, model "
+            << options.spec.model() << "\n";
+
+  ProgressPrinter progress;
+  std::string abort_reason;
+  bool cancelled = false;
+  auto keep_going = [&]() -> bool {
+    std::vector<std::string> exited;
+    const int alive = (*workers)->Poll(&exited);
+    for (const std::string& e : exited) progress.Note("tally run: warning: " + e);
+    if (!(*server)->Running()) {
+      abort_reason = absl::StrCat("tallyd exited (", (*server)->ExitDescription(), "):\n",
+                                  TailOfFile(coordinator.log_path));
+      return false;
+    }
+    if (g_signal != 0 && !cancelled) {
+      cancelled = true;
+      progress.Note("tally run: interrupted; cancelling the job");
+      client.Cancel(job_id).IgnoreError();
+    }
+    if (alive == 0 && abort_reason.empty() && !cancelled) {
+      auto job = client.Get(job_id);
+      if (job.ok() && !IsTerminal(job->state())) {
+        abort_reason = "every worker exited before the job finished; see the worker logs above";
+        client.Cancel(job_id).IgnoreError();
+      }
+    }
+    return true;
+  };
+  absl::StatusOr<v1::Job> last = client.Watch(
+      job_id, 250, [&](const v1::Job& job) { progress.Update(job); }, keep_going);
+  if (!abort_reason.empty()) return Fail(abort_reason);
+  if (!last.ok()) return Fail(std::string(last.status().message()));
+  progress.Done(*last);
+
+  auto files = client.FetchReport(job_id, options.out_dir);
+  (*workers)->StopAll();
+  (*server)->Terminate(5.0);
+  if (!files.ok()) return Fail(absl::StrCat("fetching the report failed: ", files.status().message()));
+  if (g_signal != 0) {
+    std::cerr << "tally run: cancelled; partial report in " << options.out_dir << "\n";
+    return 130;
+  }
+  if (last->state() != v1::JOB_STATE_SUCCEEDED) {
+    return Fail(absl::StrCat("job ", job_id, " ", JobStateName(last->state()), ": ", last->error()));
+  }
+  std::cout << "\n";
+  PrintSummary(options.out_dir);
+  std::cout << "\n" << last->images_evaluated() << "/" << last->images_total() << " images evaluated";
+  if (last->images_failed() > 0) std::cout << ", " << last->images_failed() << " failed (see report.json 'failures')";
+  std::cout << absl::StrFormat("; %.1f images/s. Reports: %s/{report.json,per_image.csv,summary.md,report.html}\n",
+                               last->images_per_second(), options.out_dir);
+  return 0;
+}
+
+}  // namespace tally

@@ -1,0 +1,259 @@
+// tally: the command-line client.
+//
+//   tally run --model model.pt --manifest data/manifest.csv --out results/ --workers 3
+//   tally run --model model.pt --manifest data/manifest.csv --out results/ --gpus all
+//   tally submit --server host:50051 --model /abs/model.pt --manifest /abs/manifest.csv
+//   tally watch|status|cancel|report JOB_ID --server host:50051 [--out DIR]
+//   tally jobs --server host:50051
+//
+// Flags accept dashes or underscores. See README "CLI" for every flag.
+#include <unistd.h>
+
+#include <iostream>
+#include <tuple>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/client.h"
+#include "client/local_run.h"
+#include "client/progress.h"
+#include "common/flag_util.h"
+#include "common/gpu_inventory.h"
+#include "common/manifest.h"
+#include "common/metrics.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tallyd address (host:port) for submit/watch/status/...");
+// Job spec.
+ABSL_FLAG(std::string, model, "", "TorchScript model file");
+ABSL_FLAG(std::string, manifest, "", "Manifest CSV (columns image, mask[, id])");
+ABSL_FLAG(std::string, name, "", "Job label");
+ABSL_FLAG(std::string, metrics, "dice,iou,precision,recall,hd95", "Comma list of metrics, or all");
+ABSL_FLAG(std::string, batch_size, "", "Images per forward pass, or auto (default: 8 on CPU, 32 on GPU)");
+ABSL_FLAG(int, shard_size, 0, "Rows per shard (0 = automatic)");
+ABSL_FLAG(std::string, mean, "", "Per-channel mean on [0,1] inputs, e.g. 0.485,0.456,0.406");
+ABSL_FLAG(std::string, std, "", "Per-channel std, e.g. 0.229,0.224,0.225");
+ABSL_FLAG(std::string, input_size, "", "Resize inputs to HxW (bilinear) before the model");
+ABSL_FLAG(std::string, spacing, "", "Pixel spacing sy,sx for surface distances (default 1,1)");
+ABSL_FLAG(double, nsd_tolerance, 1.0, "Tolerance for nsd, in the units of the spacing");
+ABSL_FLAG(bool, include_background, false, "Count class 0 in the foreground means");
+ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 (autocast)");
+ABSL_FLAG(bool, channels_last, false, "Run the model in channels-last memory format");
+ABSL_FLAG(std::string, max_memory, "", "With --batch-size auto: fraction of GPU memory (0.8) or GiB (20)");
+// tally run.
+ABSL_FLAG(std::string, out, "", "Output folder for the reports");
+ABSL_FLAG(int, workers, 1, "tally run: number of CPU workers");
+ABSL_FLAG(std::string, gpus, "", "tally run: all or 0,1,... (one worker per GPU)");
+ABSL_FLAG(double, lease_seconds, 5.0, "tally run: a worker silent this long loses its shards");
+ABSL_FLAG(bool, count_logit_ties, false, "tally run: workers count pixels whose top two logits tie");
+ABSL_FLAG(int, worker_threads, 0, "tally run: decode threads per worker (0 = its share of the cores)");
+// Listing.
+ABSL_FLAG(int, limit, 20, "tally jobs: how many jobs to list");
+
+namespace {
+
+constexpr const char* kUsage = R"(tally: evaluate segmentation models on many images, on every GPU.
+
+Usage:
+  tally run    --model M.pt --manifest data.csv --out DIR [--workers N | --gpus all|0,1] [job flags]
+  tally submit --server HOST:PORT --model M.pt --manifest data.csv [job flags]   (prints the job id)
+  tally watch  JOB --server HOST:PORT      progress until the job ends
+  tally status JOB --server HOST:PORT
+  tally cancel JOB --server HOST:PORT
+  tally report JOB --server HOST:PORT --out DIR
+  tally jobs   --server HOST:PORT [--limit N]
+
+Job flags: --metrics dice,iou,precision,recall,hd95|all  --batch-size N|auto  --shard-size N
+  --mean R,G,B --std R,G,B  --input-size HxW  --spacing sy,sx  --nsd-tolerance T
+  --include-background  --precision fp32|bf16|fp16  --channels-last  --max-memory F|GiB
+Run flags: --out DIR  --workers N  --gpus all|0,1  --lease-seconds S  --worker-threads N
+
+Exit codes: 0 success, 1 failure, 2 bad usage, 130 interrupted. See README.md for details.
+)";
+
+int Usage(const std::string& error) {
+  if (!error.empty()) std::cerr << "tally: " << error << "\n\n";
+  std::cerr << kUsage;
+  return 2;
+}
+
+std::string Absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char buf[4096];
+  if (getcwd(buf, sizeof(buf)) == nullptr) return path;
+  return tally::ResolvePath(buf, path);
+}
+
+absl::StatusOr<tally::v1::JobSpec> SpecFromFlags() {
+  tally::v1::JobSpec spec;
+  if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("--model is required");
+  if (absl::GetFlag(FLAGS_manifest).empty()) return absl::InvalidArgumentError("--manifest is required");
+  spec.set_model(Absolute(absl::GetFlag(FLAGS_model)));
+  spec.set_manifest(Absolute(absl::GetFlag(FLAGS_manifest)));
+  spec.set_name(absl::GetFlag(FLAGS_name));
+  auto metrics = tally::ParseMetricList(absl::GetFlag(FLAGS_metrics));
+  if (!metrics.ok()) return absl::InvalidArgumentError(absl::StrCat("--metrics: ", metrics.status().message()));
+  for (tally::Metric m : *metrics) spec.add_metrics(std::string(tally::MetricName(m)));
+  const std::string batch = absl::AsciiStrToLower(absl::GetFlag(FLAGS_batch_size));
+  if (batch == "auto") {
+    spec.set_batch_size(-1);
+  } else if (!batch.empty()) {
+    int b = 0;
+    if (!absl::SimpleAtoi(batch, &b) || b < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--batch-size: expected a number >= 1 or auto, got '", batch, "'"));
+    }
+    spec.set_batch_size(b);
+  }
+  if (absl::GetFlag(FLAGS_shard_size) < 0) return absl::InvalidArgumentError("--shard-size must be >= 0");
+  spec.set_shard_size(absl::GetFlag(FLAGS_shard_size));
+  for (auto [flag, value, field] : {std::make_tuple("mean", absl::GetFlag(FLAGS_mean), spec.mutable_mean()),
+                                    std::make_tuple("std", absl::GetFlag(FLAGS_std), spec.mutable_std())}) {
+    if (value.empty()) continue;
+    auto v = tally::ParseFloatList(flag, value);
+    if (!v.ok()) return v.status();
+    if (v->size() != 1 && v->size() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected 1 or 3 values, got ", v->size()));
+    }
+    for (float x : *v) field->Add(x);
+  }
+  if (!absl::GetFlag(FLAGS_input_size).empty()) {
+    auto size = tally::ParseSize("input-size", absl::GetFlag(FLAGS_input_size));
+    if (!size.ok()) return size.status();
+    spec.set_input_height(size->first);
+    spec.set_input_width(size->second);
+  }
+  if (!absl::GetFlag(FLAGS_spacing).empty()) {
+    auto v = tally::ParseFloatList("spacing", absl::GetFlag(FLAGS_spacing));
+    if (!v.ok()) return v.status();
+    if (v->size() != 2 || !((*v)[0] > 0) || !((*v)[1] > 0)) {
+      return absl::InvalidArgumentError("--spacing: expected two positive numbers sy,sx");
+    }
+    spec.set_spacing_y((*v)[0]);
+    spec.set_spacing_x((*v)[1]);
+  }
+  if (absl::GetFlag(FLAGS_nsd_tolerance) < 0) return absl::InvalidArgumentError("--nsd-tolerance must be >= 0");
+  spec.set_nsd_tolerance(absl::GetFlag(FLAGS_nsd_tolerance));
+  spec.set_include_background(absl::GetFlag(FLAGS_include_background));
+  const std::string precision = absl::AsciiStrToLower(absl::GetFlag(FLAGS_precision));
+  if (precision != "fp32" && precision != "bf16" && precision != "fp16") {
+    return absl::InvalidArgumentError(absl::StrCat("--precision: expected fp32, bf16 or fp16, got '", precision, "'"));
+  }
+  spec.set_precision(precision);
+  spec.set_channels_last(absl::GetFlag(FLAGS_channels_last));
+  std::string mem = absl::AsciiStrToLower(absl::GetFlag(FLAGS_max_memory));
+  if (!mem.empty()) {
+    absl::string_view v = mem;
+    bool gib = absl::ConsumeSuffix(&v, "gib") || absl::ConsumeSuffix(&v, "g");
+    double x = 0;
+    if (!absl::SimpleAtod(v, &x) || !(x > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--max-memory: expected a fraction such as 0.8 or GiB such as 20 or 20GiB, got '", mem, "'"));
+    }
+    if (gib && x <= 1) return absl::InvalidArgumentError("--max-memory: at least 1 GiB, or give a fraction");
+    spec.set_max_memory(x);
+  }
+  return spec;
+}
+
+void PrintJob(const tally::v1::Job& job) {
+  std::cout << absl::StrFormat("%-28s %-10s %8d/%-8d %6d failed  %8.1f img/s  %s\n", job.job_id(),
+                               tally::JobStateName(job.state()), job.images_evaluated() + job.images_failed(),
+                               job.images_total(), job.images_failed(), job.images_per_second(), job.spec().model());
+  if (!job.error().empty()) std::cout << "  error: " << job.error() << "\n";
+}
+
+int Finish(const absl::Status& s) {
+  if (s.ok()) return 0;
+  std::cerr << "tally: " << s.message() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  std::vector<char*> args = tally::ArgvPointers(normalized);
+  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (positional.size() < 2) return Usage("");
+  const std::string command = positional[1];
+  const std::string job_id = positional.size() > 2 ? positional[2] : "";
+  if (command == "help") return Usage("");
+
+  if (command == "run") {
+    auto spec = SpecFromFlags();
+    if (!spec.ok()) return Usage(std::string(spec.status().message()));
+    if (absl::GetFlag(FLAGS_out).empty()) return Usage("--out is required");
+    tally::LocalRunOptions options;
+    options.spec = *spec;
+    options.out_dir = Absolute(absl::GetFlag(FLAGS_out));
+    options.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
+    if (!absl::GetFlag(FLAGS_gpus).empty()) {
+      auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));
+      if (!gpus.ok()) return Finish(gpus.status());
+      options.gpus = *gpus;
+    } else {
+      if (absl::GetFlag(FLAGS_workers) < 1) return Usage("--workers must be >= 1");
+      options.cpu_workers = absl::GetFlag(FLAGS_workers);
+    }
+    if (absl::GetFlag(FLAGS_count_logit_ties)) options.worker_args.push_back("--count_logit_ties");
+    if (absl::GetFlag(FLAGS_worker_threads) > 0) {
+      options.worker_args.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_worker_threads)));
+    }
+    return tally::RunLocally(options);
+  }
+
+  tally::TallyClient client(absl::GetFlag(FLAGS_server));
+  if (command == "submit") {
+    auto spec = SpecFromFlags();
+    if (!spec.ok()) return Usage(std::string(spec.status().message()));
+    auto job = client.Submit(*spec);
+    if (!job.ok()) return Finish(job.status());
+    std::cout << job->job_id() << "\n";
+    return 0;
+  }
+  if (command == "jobs") {
+    auto jobs = client.List(absl::GetFlag(FLAGS_limit));
+    if (!jobs.ok()) return Finish(jobs.status());
+    for (const auto& job : *jobs) PrintJob(job);
+    return 0;
+  }
+  if (command != "watch" && command != "status" && command != "cancel" && command != "report") {
+    return Usage(absl::StrCat("unknown command '", command, "'"));
+  }
+  if (job_id.empty()) return Usage(absl::StrCat("tally ", command, " needs a job id"));
+  if (command == "status") {
+    auto job = client.Get(job_id);
+    if (!job.ok()) return Finish(job.status());
+    PrintJob(*job);
+    return 0;
+  }
+  if (command == "cancel") {
+    auto job = client.Cancel(job_id);
+    if (!job.ok()) return Finish(job.status());
+    PrintJob(*job);
+    return 0;
+  }
+  if (command == "watch") {
+    tally::ProgressPrinter progress;
+    auto job = client.Watch(job_id, 500, [&](const tally::v1::Job& j) { progress.Update(j); });
+    if (!job.ok()) return Finish(job.status());
+    progress.Done(*job);
+    PrintJob(*job);
+    return job->state() == tally::v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  }
+  // report
+  if (absl::GetFlag(FLAGS_out).empty()) return Usage("tally report needs --out DIR");
+  auto files = client.FetchReport(job_id, absl::GetFlag(FLAGS_out));
+  if (!files.ok()) return Finish(files.status());
+  for (const std::string& f : *files) std::cout << f << "\n";
+  return 0;
+}

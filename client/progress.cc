@@ -1,0 +1,76 @@
+#include "client/progress.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "common/log.h"
+
+namespace tally {
+
+std::string FormatDuration(double seconds) {
+  if (seconds < 0 || !std::isfinite(seconds)) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%d:%02d", s / 60, s % 60);
+  return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+}
+
+ProgressPrinter::ProgressPrinter() : tty_(isatty(STDERR_FILENO) != 0) {}
+
+std::string ProgressPrinter::Line(const v1::Job& job) const {
+  const int64_t done = job.images_evaluated() + job.images_failed();
+  const int64_t total = job.images_total();
+  const double frac = total > 0 ? static_cast<double>(done) / total : 1.0;
+  std::string line;
+  if (tty_) {
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(frac * kWidth);
+    line = "[" + std::string(filled, '#') + std::string(kWidth - filled, '.') + "] ";
+  }
+  absl::StrAppend(&line, done, "/", total, " images (", static_cast<int>(frac * 100), "%)");
+  absl::StrAppend(&line, absl::StrFormat("  %.1f img/s", job.images_per_second()));
+  absl::StrAppend(&line, "  ETA ", job.eta_seconds() >= 0 ? FormatDuration(job.eta_seconds()) : "?");
+  if (job.images_failed() > 0) absl::StrAppend(&line, "  ", job.images_failed(), " failed");
+  absl::StrAppend(&line, "  ", job.workers_active(), " worker", job.workers_active() == 1 ? "" : "s");
+  if (job.state() == v1::JOB_STATE_QUEUED) line += "  (waiting for workers)";
+  return line;
+}
+
+void ProgressPrinter::Update(const v1::Job& job) {
+  const double now = NowUnix();
+  const int64_t done = job.images_evaluated() + job.images_failed();
+  if (tty_) {
+    if (now - last_print_ < 0.1 && done != job.images_total()) return;
+    std::fprintf(stderr, "\r\033[K%s", Line(job).c_str());
+    std::fflush(stderr);
+    bar_shown_ = true;
+  } else {
+    if (now - last_print_ < 5.0 && !(last_done_ < 0)) return;
+    if (done == last_done_ && now - last_print_ < 30.0) return;
+    std::fprintf(stderr, "%s\n", Line(job).c_str());
+    last_done_ = done;
+  }
+  last_print_ = now;
+}
+
+void ProgressPrinter::Note(const std::string& message) {
+  if (tty_ && bar_shown_) std::fprintf(stderr, "\r\033[K");
+  std::fprintf(stderr, "%s\n", message.c_str());
+  bar_shown_ = false;
+}
+
+void ProgressPrinter::Done(const v1::Job& job) {
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K%s\n", Line(job).c_str());
+  } else if (job.images_evaluated() + job.images_failed() != last_done_) {
+    std::fprintf(stderr, "%s\n", Line(job).c_str());
+  }
+  bar_shown_ = false;
+}
+
+}  // namespace tally

@@ -1,0 +1,35 @@
+// Progress display for `tally run` and `tally watch`: a bar on a terminal (redrawn in place), or a
+// line every few seconds when stderr is not a terminal (logs, CI).
+#ifndef TALLY_CLIENT_PROGRESS_H_
+#define TALLY_CLIENT_PROGRESS_H_
+
+#include <string>
+
+#include "proto/tally.pb.h"
+
+namespace tally {
+
+// "1:02:03", "4:05", "12s".
+std::string FormatDuration(double seconds);
+
+class ProgressPrinter {
+ public:
+  ProgressPrinter();
+  // Shows the job's progress; cheap to call often (output is throttled).
+  void Update(const v1::Job& job);
+  // Prints a message on its own line without garbling the bar.
+  void Note(const std::string& message);
+  // Final line.
+  void Done(const v1::Job& job);
+
+ private:
+  std::string Line(const v1::Job& job) const;
+  bool tty_;
+  double last_print_ = 0;
+  bool bar_shown_ = false;
+  int64_t last_done_ = -1;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_CLIENT_PROGRESS_H_

@@ -1,0 +1,301 @@
+#include "common/image_io.h"
+
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <cerrno>
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <memory>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tally {
+namespace {
+
+bool IsPng(const std::string& b) {
+  return b.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(b.data()), 0, 8) == 0;
+}
+bool IsJpeg(const std::string& b) {
+  return b.size() >= 3 && static_cast<uint8_t>(b[0]) == 0xFF && static_cast<uint8_t>(b[1]) == 0xD8 &&
+         static_cast<uint8_t>(b[2]) == 0xFF;
+}
+
+// libpng reports errors through longjmp; the message is kept here and the decode returns it.
+struct PngReadState {
+  const std::string* bytes = nullptr;
+  size_t offset = 0;
+  char message[256] = {0};
+};
+
+void PngError(png_structp png, png_const_charp msg) {
+  auto* state = static_cast<PngReadState*>(png_get_error_ptr(png));
+  std::snprintf(state->message, sizeof(state->message), "%s", msg);
+  png_longjmp(png, 1);
+}
+void PngWarning(png_structp, png_const_charp) {}
+
+void PngRead(png_structp png, png_bytep data, png_size_t length) {
+  auto* state = static_cast<PngReadState*>(png_get_io_ptr(png));
+  if (state->offset + length > state->bytes->size()) {
+    png_error(png, "file is truncated");
+    return;
+  }
+  std::memcpy(data, state->bytes->data() + state->offset, length);
+  state->offset += length;
+}
+
+enum class PngTarget { kRgb8, kLabels };
+
+// Decodes a PNG into either RGB8 (`rgb`) or uint16 labels (`labels`). Returns false and fills
+// `err` on failure. Kept free of objects with destructors between setjmp and longjmp.
+bool DecodePngRaw(const std::string& bytes, PngTarget target, int* height, int* width,
+                  std::vector<uint8_t>* rgb, std::vector<uint16_t>* labels, std::string* err) {
+  PngReadState state;
+  state.bytes = &bytes;
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &state, PngError, PngWarning);
+  if (png == nullptr) {
+    *err = "out of memory";
+    return false;
+  }
+  png_infop info = png_create_info_struct(png);
+  std::vector<png_bytep> rows;
+  char why[200] = {0};
+  if (info == nullptr || setjmp(png_jmpbuf(png))) {
+    png_destroy_read_struct(&png, info ? &info : nullptr, nullptr);
+    *err = state.message[0] ? state.message : "corrupt PNG";
+    return false;
+  }
+  png_set_read_fn(png, &state, PngRead);
+  png_read_info(png, info);
+  const png_uint_32 w = png_get_image_width(png, info);
+  const png_uint_32 h = png_get_image_height(png, info);
+  const int depth = png_get_bit_depth(png, info);
+  const int color = png_get_color_type(png, info);
+  if (target == PngTarget::kLabels) {
+    if (color != PNG_COLOR_TYPE_GRAY && color != PNG_COLOR_TYPE_PALETTE) {
+      std::snprintf(why, sizeof(why),
+                    "mask must be a single-channel PNG (gray or palette) of class indices, got %s",
+                    color == PNG_COLOR_TYPE_RGB        ? "RGB"
+                    : color == PNG_COLOR_TYPE_RGBA     ? "RGBA"
+                    : color == PNG_COLOR_TYPE_GRAY_ALPHA ? "gray+alpha"
+                                                       : "an unknown colour type");
+      png_error(png, why);
+    }
+    if (depth < 8) png_set_packing(png);  // 1/2/4-bit indices -> one byte each, values kept.
+    if (depth == 16) png_set_swap(png);   // Big-endian file -> native uint16.
+  } else {
+    if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+    if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+    if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
+    if (depth == 16) png_set_strip_16(png);
+    if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
+    png_set_strip_alpha(png);
+  }
+  png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  const size_t rowbytes = png_get_rowbytes(png, info);
+  *height = static_cast<int>(h);
+  *width = static_cast<int>(w);
+  if (target == PngTarget::kRgb8) {
+    if (rowbytes != static_cast<size_t>(w) * 3) png_error(png, "unexpected row size after RGB conversion");
+    rgb->resize(static_cast<size_t>(h) * w * 3);
+    rows.resize(h);
+    for (png_uint_32 y = 0; y < h; ++y) rows[y] = rgb->data() + static_cast<size_t>(y) * w * 3;
+    png_read_image(png, rows.data());
+  } else if (depth == 16) {
+    labels->resize(static_cast<size_t>(h) * w);
+    rows.resize(h);
+    for (png_uint_32 y = 0; y < h; ++y) {
+      rows[y] = reinterpret_cast<png_bytep>(labels->data() + static_cast<size_t>(y) * w);
+    }
+    png_read_image(png, rows.data());
+  } else {
+    // 8-bit (or packed) indices: read into the upper half of the label buffer, then widen.
+    labels->resize(static_cast<size_t>(h) * w);
+    std::vector<uint8_t>& tmp = *rgb;
+    tmp.resize(static_cast<size_t>(h) * w);
+    rows.resize(h);
+    for (png_uint_32 y = 0; y < h; ++y) rows[y] = tmp.data() + static_cast<size_t>(y) * w;
+    png_read_image(png, rows.data());
+    for (size_t i = 0; i < tmp.size(); ++i) (*labels)[i] = tmp[i];
+  }
+  png_read_end(png, nullptr);
+  png_destroy_read_struct(&png, &info, nullptr);
+  return true;
+}
+
+struct TjDeleter {
+  void operator()(void* h) const { tjDestroy(h); }
+};
+
+tjhandle ThreadDecompressor() {
+  thread_local std::unique_ptr<void, TjDeleter> handle(tjInitDecompress());
+  return handle.get();
+}
+
+}  // namespace
+
+absl::Status ReadFileBytes(const std::string& path, std::string* out) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    std::string msg = absl::StrCat("cannot open '", path, "': ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
+  }
+  out->resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < out->size()) {
+    ssize_t n = read(fd, out->data() + done, out->size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      close(fd);
+      return absl::DataLossError(absl::StrCat("error reading '", path, "': ", n == 0 ? "short read" : std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out) {
+  if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is empty (0 bytes)"));
+  if (IsPng(bytes)) {
+    std::string err;
+    if (!DecodePngRaw(bytes, PngTarget::kRgb8, &out->height, &out->width, &out->pixels, nullptr, &err)) {
+      return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is not a valid PNG: ", err));
+    }
+    return absl::OkStatus();
+  }
+  if (IsJpeg(bytes)) {
+    tjhandle tj = ThreadDecompressor();
+    int w = 0, h = 0, subsamp = 0, colorspace = 0;
+    auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+    if (tjDecompressHeader3(tj, data, bytes.size(), &w, &h, &subsamp, &colorspace) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("image '", name, "' is not a valid JPEG: ", tjGetErrorStr2(tj)));
+    }
+    if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
+      return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a CMYK JPEG; convert it to RGB"));
+    }
+    out->height = h;
+    out->width = w;
+    out->pixels.resize(static_cast<size_t>(h) * w * 3);
+    // Warnings (a truncated file, corrupt data) fail too: the decoded pixels would be wrong.
+    if (tjDecompress2(tj, data, bytes.size(), out->pixels.data(), w, 0, h, TJPF_RGB, 0) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("image '", name, "' is not a valid JPEG: ", tjGetErrorStr2(tj)));
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("image '", name, "' is neither PNG nor JPEG (unrecognised file signature)"));
+}
+
+absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out) {
+  if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("mask '", name, "' is empty (0 bytes)"));
+  if (!IsPng(bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mask '", name, "' is not a PNG", IsJpeg(bytes) ? " (JPEG is lossy and would corrupt class indices)" : "",
+        "; masks must be single-channel PNGs of class indices"));
+  }
+  std::string err;
+  thread_local std::vector<uint8_t> scratch;
+  if (!DecodePngRaw(bytes, PngTarget::kLabels, &out->height, &out->width, &scratch, &out->labels, &err)) {
+    return absl::InvalidArgumentError(absl::StrCat("mask '", name, "': ", err));
+  }
+  int max_label = -1;
+  for (uint16_t v : out->labels) {
+    if (v != kIgnoreLabel && v > max_label) max_label = v;
+  }
+  out->max_label = max_label;
+  return absl::OkStatus();
+}
+
+absl::Status LoadImage(const std::string& path, RgbImage* out) {
+  thread_local std::string bytes;
+  absl::Status s = ReadFileBytes(path, &bytes);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("image: ", s.message()));
+  return DecodeImage(bytes, path, out);
+}
+
+absl::Status LoadMask(const std::string& path, LabelMap* out) {
+  thread_local std::string bytes;
+  absl::Status s = ReadFileBytes(path, &bytes);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("mask: ", s.message()));
+  return DecodeMask(bytes, path, out);
+}
+
+std::string DescribeLabelOutOfRange(const uint16_t* labels, int height, int width, int num_classes) {
+  const size_t n = static_cast<size_t>(height) * width;
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t v = labels[i];
+    if (v != kIgnoreLabel && v >= num_classes) {
+      return absl::StrCat("mask value ", v, " at (y=", i / width, ", x=", i % width, ") >= number of classes ",
+                          num_classes, " (255 is the only ignore value)");
+    }
+  }
+  return "";
+}
+
+std::string DescribeLabelOutOfRange(const LabelMap& mask, int num_classes) {
+  return DescribeLabelOutOfRange(mask.labels.data(), mask.height, mask.width, num_classes);
+}
+
+absl::Status WritePng(const std::string& path, int height, int width, int channels, int bit_depth,
+                      const void* data, int compression_level) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "': ", std::strerror(errno)));
+  PngReadState state;
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &state, PngError, PngWarning);
+  png_infop info = png ? png_create_info_struct(png) : nullptr;
+  std::vector<png_bytep> rows(height);
+  if (png == nullptr || info == nullptr || setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, info ? &info : nullptr);
+    std::fclose(f);
+    return absl::InternalError(absl::StrCat("writing PNG '", path, "' failed: ", state.message));
+  }
+  png_init_io(png, f);
+  const int color = channels == 1 ? PNG_COLOR_TYPE_GRAY : channels == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_RGBA;
+  png_set_IHDR(png, info, width, height, bit_depth, color, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  png_set_compression_level(png, compression_level);
+  png_write_info(png, info);
+  if (bit_depth == 16) png_set_swap(png);
+  const size_t stride = static_cast<size_t>(width) * channels * (bit_depth / 8);
+  for (int y = 0; y < height; ++y) {
+    rows[y] = const_cast<png_bytep>(static_cast<const uint8_t*>(data) + stride * y);
+  }
+  png_write_image(png, rows.data());
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  if (std::fclose(f) != 0) return absl::DataLossError(absl::StrCat("closing '", path, "' failed"));
+  return absl::OkStatus();
+}
+
+absl::Status WriteJpeg(const std::string& path, int height, int width, const uint8_t* rgb, int quality) {
+  std::unique_ptr<void, TjDeleter> tj(tjInitCompress());
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  if (tjCompress2(tj.get(), rgb, width, 0, height, TJPF_RGB, &buf, &size, TJSAMP_420, quality, 0) != 0) {
+    return absl::InternalError(absl::StrCat("JPEG encode failed: ", tjGetErrorStr2(tj.get())));
+  }
+  FILE* f = std::fopen(path.c_str(), "wb");
+  bool ok = f != nullptr && std::fwrite(buf, 1, size, f) == size;
+  if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+  tjFree(buf);
+  if (!ok) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "'"));
+  return absl::OkStatus();
+}
+
+}  // namespace tally

@@ -1,0 +1,60 @@
+// Image and mask decoding (libpng, libjpeg-turbo) into reusable buffers.
+//
+// Images: PNG or JPEG (format detected from the bytes, not the extension), 8-bit gray, RGB or
+// RGBA, palette and gray+alpha too; always returned as interleaved 8-bit RGB (alpha dropped, as
+// PIL's convert("RGB") does). 16-bit PNG images are reduced to their high byte.
+// Masks: single-channel PNG of class indices, 1/2/4/8/16-bit gray or palette (palette indices
+// are the labels, as in Pascal VOC). Returned as uint16 labels.
+// All functions are thread-safe; each call may reuse the memory of `out`.
+#ifndef TALLY_COMMON_IMAGE_IO_H_
+#define TALLY_COMMON_IMAGE_IO_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tally {
+
+inline constexpr uint16_t kIgnoreLabel = 255;
+
+struct RgbImage {
+  int height = 0;
+  int width = 0;
+  std::vector<uint8_t> pixels;  // height * width * 3, row-major HWC.
+};
+
+struct LabelMap {
+  int height = 0;
+  int width = 0;
+  std::vector<uint16_t> labels;  // height * width, row-major.
+  int max_label = -1;            // Largest label other than kIgnoreLabel; -1 if none.
+};
+
+// Reads a whole file into `out`. NOT_FOUND names the path when it does not exist.
+absl::Status ReadFileBytes(const std::string& path, std::string* out);
+
+// Decoders. `name` is used in error messages (usually the path).
+absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out);
+absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out);
+
+// Convenience: read + decode. Errors name the file and say what is wrong with it.
+absl::Status LoadImage(const std::string& path, RgbImage* out);
+absl::Status LoadMask(const std::string& path, LabelMap* out);
+
+// Describes the first pixel whose label is >= num_classes and not kIgnoreLabel, e.g.
+// "mask value 7 at (y=3, x=10) >= number of classes 3"; empty if there is none.
+std::string DescribeLabelOutOfRange(const LabelMap& mask, int num_classes);
+std::string DescribeLabelOutOfRange(const uint16_t* labels, int height, int width, int num_classes);
+
+// PNG writer used by tests, benchmarks and the demo generator. `channels` 1 (gray), 3 (RGB) or
+// 4 (RGBA); `bit_depth` 8 or 16 (16: data holds native-endian uint16 values).
+absl::Status WritePng(const std::string& path, int height, int width, int channels, int bit_depth,
+                      const void* data, int compression_level = 6);
+// JPEG writer (RGB input, 4:2:0), for benchmarks.
+absl::Status WriteJpeg(const std::string& path, int height, int width, const uint8_t* rgb, int quality);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_IMAGE_IO_H_

@@ -1,0 +1,58 @@
+// A small streaming JSON writer for reports. Non-finite numbers: NaN is written as null and
+// +/-infinity as 1e999 / -1e999, which is valid JSON that Python's json and JavaScript's
+// JSON.parse read back as infinity. Not thread-safe.
+#ifndef TALLY_COMMON_JSON_WRITER_H_
+#define TALLY_COMMON_JSON_WRITER_H_
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+namespace tally {
+
+class JsonWriter {
+ public:
+  explicit JsonWriter(bool pretty = true) : pretty_(pretty) {}
+
+  JsonWriter& BeginObject();
+  JsonWriter& EndObject();
+  JsonWriter& BeginArray();
+  JsonWriter& EndArray();
+  JsonWriter& Key(absl::string_view key);
+  JsonWriter& String(absl::string_view value);
+  JsonWriter& Number(double value);
+  JsonWriter& Int(int64_t value);
+  JsonWriter& Bool(bool value);
+  JsonWriter& Null();
+
+  // Key + value shorthands.
+  JsonWriter& Field(absl::string_view key, absl::string_view value) { return Key(key).String(value); }
+  JsonWriter& Field(absl::string_view key, const char* value) { return Key(key).String(value); }
+  JsonWriter& Field(absl::string_view key, double value) { return Key(key).Number(value); }
+  JsonWriter& Field(absl::string_view key, int64_t value) { return Key(key).Int(value); }
+  JsonWriter& Field(absl::string_view key, int value) { return Key(key).Int(value); }
+  JsonWriter& Field(absl::string_view key, bool value) { return Key(key).Bool(value); }
+
+  const std::string& str() const { return out_; }
+
+ private:
+  void BeforeValue();
+  void Newline();
+
+  bool pretty_;
+  std::string out_;
+  std::vector<bool> first_;  // Per open container: no element written yet.
+  bool after_key_ = false;
+};
+
+// Round-trip formatting of a double ("%.17g" shortened to the shortest exact form), with
+// nan / inf / -inf for non-finite values. Used by the CSV writer.
+std::string FormatDouble(double v);
+
+// Escapes a string for JSON (without the quotes).
+std::string JsonEscape(absl::string_view s);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_JSON_WRITER_H_

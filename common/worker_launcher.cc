@@ -1,0 +1,84 @@
+#include "common/worker_launcher.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+
+namespace tally {
+
+absl::StatusOr<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Start(WorkerLaunchOptions options) {
+  if (options.worker_binary.empty()) options.worker_binary = FindExecutable("tally-worker");
+  if (options.worker_binary.empty()) {
+    return absl::NotFoundError("cannot find the tally-worker executable next to this program or on PATH");
+  }
+  const bool gpu = !options.gpus.empty();
+  const int n = gpu ? static_cast<int>(options.gpus.size()) : std::max(1, options.cpu_workers);
+  const std::vector<int> cpus = AllowedCpus();
+  std::unique_ptr<WorkerLauncher> launcher(new WorkerLauncher(options));
+  for (int i = 0; i < n; ++i) {
+    Worker w;
+    // Contiguous, disjoint core ranges when there are enough cores; shared round-robin otherwise.
+    std::vector<int> mine;
+    const int ncpu = static_cast<int>(cpus.size());
+    if (ncpu >= n) {
+      for (int c = i * ncpu / n; c < (i + 1) * ncpu / n; ++c) mine.push_back(cpus[c]);
+    } else {
+      mine.push_back(cpus[i % ncpu]);
+    }
+    w.spawn.argv = {options.worker_binary, "--coordinator", options.coordinator, "--device", gpu ? "cuda:0" : "cpu",
+                    "--threads", absl::StrCat(mine.size()), "--name",
+                    gpu ? absl::StrCat("gpu", options.gpus[i]) : absl::StrCat("cpu", i)};
+    for (const std::string& a : options.extra_args) w.spawn.argv.push_back(a);
+    if (gpu) w.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpus[i]);
+    w.spawn.cpu_affinity = mine;
+    if (!options.log_dir.empty()) {
+      w.log_path = absl::StrCat(options.log_dir, "/worker-", i, ".log");
+      w.spawn.log_path = w.log_path;
+    }
+    ASSIGN_OR_RETURN(w.process, Subprocess::Spawn(w.spawn));
+    launcher->workers_.push_back(std::move(w));
+  }
+  return launcher;
+}
+
+WorkerLauncher::~WorkerLauncher() { StopAll(); }
+
+int WorkerLauncher::Poll(std::vector<std::string>* exited) {
+  int alive = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = workers_[i];
+    if (w.process && w.process->Running()) {
+      ++alive;
+      continue;
+    }
+    if (!w.process) continue;
+    if (!w.reported) {
+      w.reported = true;
+      std::string line = absl::StrCat("worker ", i, " (pid ", w.process->pid(), ") ", w.process->ExitDescription());
+      if (!w.log_path.empty()) absl::StrAppend(&line, "; end of ", w.log_path, ":\n", TailOfFile(w.log_path, 1500));
+      if (exited) exited->push_back(line);
+      Log(line);
+    }
+    if (options_.restart) {
+      auto p = Subprocess::Spawn(w.spawn);
+      if (p.ok()) {
+        Log("restarted worker ", i, " as pid ", (*p)->pid());
+        w.process = std::move(*p);
+        w.reported = false;
+        ++alive;
+      }
+    }
+  }
+  return alive;
+}
+
+void WorkerLauncher::StopAll() {
+  for (Worker& w : workers_) {
+    if (w.process) w.process->Signal(SIGTERM);
+  }
+  for (Worker& w : workers_) {
+    if (w.process) w.process->Terminate(5.0);
+  }
+}
+
+}  // namespace tally

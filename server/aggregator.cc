@@ -1,0 +1,169 @@
+#include "server/aggregator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "common/surface_distance.h"
+
+namespace tally {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Unbiased integer in [0, n) (Lemire's multiply-and-reject).
+uint64_t Bounded(uint64_t* state, uint64_t n) {
+  uint64_t x = SplitMix64(state);
+  __uint128_t m = static_cast<__uint128_t>(x) * n;
+  uint64_t low = static_cast<uint64_t>(m);
+  if (low < n) {
+    const uint64_t threshold = (0 - n) % n;
+    while (low < threshold) {
+      x = SplitMix64(state);
+      m = static_cast<__uint128_t>(x) * n;
+      low = static_cast<uint64_t>(m);
+    }
+  }
+  return static_cast<uint64_t>(m >> 64);
+}
+
+// Neumaier-compensated running sum: the result depends only on the order of the values.
+void CompensatedAdd(double x, double* sum, double* c) {
+  const double t = *sum + x;
+  if (std::fabs(*sum) >= std::fabs(x)) {
+    *c += (*sum - t) + x;
+  } else {
+    *c += (x - t) + *sum;
+  }
+  *sum = t;
+}
+
+}  // namespace
+
+std::pair<double, double> BootstrapMeanCi95(const std::vector<double>& values, int resamples, uint64_t seed,
+                                            int threads) {
+  const size_t n = values.size();
+  if (n == 0 || resamples <= 0) return {kNaN, kNaN};
+  std::vector<double> means(resamples);
+  auto run = [&](int from, int to) {
+    for (int r = from; r < to; ++r) {
+      uint64_t state = seed ^ (0xA24BAED4963EE407ull * static_cast<uint64_t>(r + 1));
+      double sum = 0, c = 0;
+      for (size_t i = 0; i < n; ++i) CompensatedAdd(values[Bounded(&state, n)], &sum, &c);
+      means[r] = (sum + c) / static_cast<double>(n);
+    }
+  };
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min(threads, resamples);
+  if (n * static_cast<size_t>(resamples) < 2000000) threads = 1;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back(run, resamples * t / threads, resamples * (t + 1) / threads);
+  }
+  for (auto& th : pool) th.join();
+  std::vector<double> copy = means;
+  double low = PercentileLinear(&copy, 0.025);
+  copy = means;
+  double high = PercentileLinear(&copy, 0.975);
+  return {low, high};
+}
+
+Aggregator::Aggregator(AggregateOptions options) : options_(std::move(options)) {
+  classes_.resize(std::max(0, options_.num_classes));
+}
+
+double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m) {
+  if (c < 0 || c >= result.classes_size()) return kNaN;
+  const v1::ClassResult& cr = result.classes(c);
+  if (IsCountMetric(m)) return CountMetric(m, ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()});
+  return SurfaceMetric(m, SurfaceValues{cr.hd(), cr.hd95(), cr.assd(), cr.nsd()});
+}
+
+void Aggregator::Add(const v1::ImageResult& result) {
+  ++images_;
+  for (int c = 0; c < static_cast<int>(classes_.size()) && c < result.classes_size(); ++c) {
+    PerClass& pc = classes_[c];
+    const v1::ClassResult& cr = result.classes(c);
+    pc.counts += ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()};
+    for (Metric m : options_.metrics) {
+      const int k = static_cast<int>(m);
+      const double v = ImageMetric(result, c, m);
+      if (std::isnan(v)) continue;
+      if (std::isinf(v)) {
+        ++pc.inf_count[k];
+      } else {
+        CompensatedAdd(v, &pc.sum[k], &pc.compensation[k]);
+        ++pc.count[k];
+      }
+      if (m == Metric::kDice) {
+        pc.values[k].push_back(v);
+        pc.dice_index.push_back(result.index());
+      } else if (IsSurfaceMetric(m)) {
+        pc.values[k].push_back(v);
+      }
+    }
+  }
+}
+
+Aggregate Aggregator::Finish() {
+  Aggregate out;
+  out.images = images_;
+  for (int c = 0; c < static_cast<int>(classes_.size()); ++c) {
+    PerClass& pc = classes_[c];
+    ClassAggregate ca;
+    ca.class_id = c;
+    ca.counts = pc.counts;
+    for (Metric m : options_.metrics) {
+      const int k = static_cast<int>(m);
+      MetricAggregate& ma = ca.metrics[k];
+      ma.count = pc.count[k];
+      ma.inf_count = pc.inf_count[k];
+      ma.mean = pc.count[k] > 0 ? (pc.sum[k] + pc.compensation[k]) / static_cast<double>(pc.count[k]) : kNaN;
+      if (IsCountMetric(m)) {
+        ma.global = CountMetric(m, pc.counts);
+      } else {
+        std::vector<double> v = pc.values[k];
+        ma.median = PercentileLinear(&v, 0.5);
+        v = pc.values[k];
+        ma.p95 = PercentileLinear(&v, 0.95);
+      }
+    }
+    const int dice = static_cast<int>(Metric::kDice);
+    ca.dice_values = pc.values[dice];
+    auto ci = BootstrapMeanCi95(ca.dice_values, options_.bootstrap_resamples,
+                                options_.bootstrap_seed + 7919ull * static_cast<uint64_t>(c), options_.threads);
+    ca.dice_ci_low = ci.first;
+    ca.dice_ci_high = ci.second;
+    std::vector<std::pair<double, int64_t>> all;
+    all.reserve(ca.dice_values.size());
+    for (size_t i = 0; i < ca.dice_values.size(); ++i) all.emplace_back(ca.dice_values[i], pc.dice_index[i]);
+    const size_t keep = std::min<size_t>(10, all.size());
+    std::partial_sort(all.begin(), all.begin() + keep, all.end());
+    all.resize(keep);
+    ca.worst = std::move(all);
+    out.classes.push_back(std::move(ca));
+  }
+  for (Metric m : options_.metrics) {
+    const int k = static_cast<int>(m);
+    double sum = 0;
+    int n = 0;
+    for (const ClassAggregate& ca : out.classes) {
+      if (ca.class_id == 0 && !options_.include_background) continue;
+      if (std::isnan(ca.metrics[k].mean)) continue;
+      sum += ca.metrics[k].mean;
+      ++n;
+    }
+    out.foreground_mean[k] = n > 0 ? sum / n : kNaN;
+  }
+  return out;
+}
+
+}  // namespace tally

@@ -1,0 +1,95 @@
+// Dataset-level aggregation of per-image results, fed in manifest index order so that every
+// number is the same whatever the number of workers or the shard size.
+//
+// Per class and selected metric:
+//   <m>_mean       mean over images, NaN skipped, +/-inf skipped and counted in <m>_inf_count;
+//   <m>_global     count metrics only: the metric of the counts summed over the dataset (micro);
+//   <m>_median/p95 surface metrics only: percentiles across images (linear interpolation), NaN
+//                  skipped, inf kept (an image with an empty mask is infinitely far off);
+//   dice_mean_ci95 percentile bootstrap over images (1000 resamples, fixed seed).
+// foreground_<m>_mean: mean of the per-class <m>_mean over foreground classes (class 0 is
+// background unless include_background), NaN class means skipped.
+#ifndef TALLY_SERVER_AGGREGATOR_H_
+#define TALLY_SERVER_AGGREGATOR_H_
+
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "common/metrics.h"
+#include "proto/tally.pb.h"
+
+namespace tally {
+
+struct AggregateOptions {
+  int num_classes = 0;
+  std::vector<Metric> metrics;  // Canonical order (ParseMetricNames).
+  bool include_background = false;
+  int bootstrap_resamples = 1000;
+  uint64_t bootstrap_seed = 20261121;
+  int threads = 0;  // For the bootstrap; 0 = hardware concurrency. Never changes the result.
+};
+
+struct MetricAggregate {
+  double mean = 0;
+  int64_t count = 0;      // Finite values that entered the mean.
+  int64_t inf_count = 0;
+  double global = 0;      // Count metrics.
+  double median = 0;      // Surface metrics.
+  double p95 = 0;
+};
+
+struct ClassAggregate {
+  int class_id = 0;
+  ConfusionCounts counts;
+  std::array<MetricAggregate, kNumMetrics> metrics;
+  double dice_ci_low = 0;
+  double dice_ci_high = 0;
+  std::vector<double> dice_values;             // Finite per-image Dice, index order (histograms).
+  std::vector<std::pair<double, int64_t>> worst;  // Up to 10 lowest (dice, index), ascending.
+};
+
+struct Aggregate {
+  std::vector<ClassAggregate> classes;
+  std::array<double, kNumMetrics> foreground_mean{};
+  int64_t images = 0;
+};
+
+class Aggregator {
+ public:
+  explicit Aggregator(AggregateOptions options);
+
+  // Adds one evaluated image. Results must come in increasing index order; failed rows are not
+  // added. Per-image metric values are computed here from the counts and surface values.
+  void Add(const v1::ImageResult& result);
+  Aggregate Finish();
+
+  // Per-image value of a metric for class `c` of `result` (NaN if not computable).
+  static double ImageMetric(const v1::ImageResult& result, int c, Metric m);
+
+ private:
+  struct PerClass {
+    ConfusionCounts counts;
+    std::array<double, kNumMetrics> sum{};
+    std::array<double, kNumMetrics> compensation{};
+    std::array<int64_t, kNumMetrics> count{};
+    std::array<int64_t, kNumMetrics> inf_count{};
+    std::array<std::vector<double>, kNumMetrics> values;  // Kept for surface metrics and dice.
+    std::vector<int64_t> dice_index;                       // Index of each dice value.
+  };
+
+  AggregateOptions options_;
+  std::vector<PerClass> classes_;
+  int64_t images_ = 0;
+};
+
+// Percentile bootstrap of the mean: `resamples` means of n values drawn with replacement; returns
+// the 2.5th and 97.5th percentiles (linear interpolation). Deterministic for a given seed,
+// whatever `threads` is. NaN, NaN for an empty input.
+std::pair<double, double> BootstrapMeanCi95(const std::vector<double>& values, int resamples, uint64_t seed,
+                                            int threads);
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_AGGREGATOR_H_

@@ -1,0 +1,251 @@
+#include "server/coordinator_service.h"
+
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/alarm.h"
+#include "server/report_writer.h"
+
+namespace tally {
+namespace {
+
+// Finishes a unary call with the result of `fn`, which returns absl::StatusOr<T>.
+template <typename T, typename Fn>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, T* response, Fn fn) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto result = fn();
+  if (result.ok()) *response = std::move(*result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+// Streams job snapshots: one at once, then one per interval, until the job has ended and its report
+// is ready (or the client goes away). Waits on a grpc::Alarm, never blocking a reactor thread.
+class WatchJobReactor final : public grpc::ServerWriteReactor<v1::Job> {
+ public:
+  WatchJobReactor(Coordinator* core, std::string job_id, absl::Duration interval)
+      : core_(core), job_id_(std::move(job_id)), interval_(interval) {
+    WriteSnapshot();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    if (last_) {
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    alarm_pending_ = true;
+    alarm_.Set(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(interval_), [this](bool fired) {
+      bool remove = false;
+      {
+        absl::MutexLock lock(&mu_);
+        alarm_pending_ = false;
+        remove = done_;
+        if (!remove && !finishing_) {
+          if (!fired) {
+            FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+          }
+        }
+      }
+      if (remove) {
+        delete this;
+        return;
+      }
+      if (fired) WriteSnapshot();
+    });
+  }
+
+  void OnCancel() override { alarm_.Cancel(); }
+
+  void OnDone() override {
+    bool remove = false;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      remove = !alarm_pending_;
+    }
+    if (remove) delete this;
+  }
+
+ private:
+  void WriteSnapshot() {
+    absl::StatusOr<v1::Job> job = core_->GetJob(job_id_);
+    absl::MutexLock lock(&mu_);
+    if (finishing_ || done_) return;
+    if (!job.ok()) {
+      FinishLocked(ToGrpcStatus(job.status()));
+      return;
+    }
+    snapshot_ = *job;
+    last_ = IsTerminal(snapshot_.state()) && snapshot_.report_ready();
+    StartWrite(&snapshot_);
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finishing_) return;
+    finishing_ = true;
+    Finish(status);
+  }
+
+  Coordinator* const core_;
+  const std::string job_id_;
+  const absl::Duration interval_;
+  grpc::Alarm alarm_;
+  absl::Mutex mu_;
+  v1::Job snapshot_ ABSL_GUARDED_BY(mu_);
+  bool last_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool alarm_pending_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Streams the report files of a job in 1 MiB chunks.
+class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk> {
+ public:
+  explicit FetchReportReactor(absl::StatusOr<std::string> dir) {
+    if (!dir.ok()) {
+      Finish(ToGrpcStatus(dir.status()));
+      return;
+    }
+    dir_ = *dir;
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    constexpr size_t kChunk = 1 << 20;
+    while (file_ < std::size(kReportFiles)) {
+      if (!in_.is_open()) {
+        in_.open(dir_ + "/" + kReportFiles[file_], std::ios::binary);
+        if (!in_) {
+          Finish(grpc::Status(grpc::StatusCode::DATA_LOSS, std::string("report file missing: ") + kReportFiles[file_]));
+          return;
+        }
+      }
+      chunk_.Clear();
+      chunk_.set_file_name(kReportFiles[file_]);
+      std::string data(kChunk, '\0');
+      in_.read(data.data(), kChunk);
+      data.resize(static_cast<size_t>(in_.gcount()));
+      const bool last = in_.eof() || data.size() < kChunk;
+      if (last) {
+        in_.close();
+        ++file_;
+      }
+      chunk_.set_data(std::move(data));
+      chunk_.set_last_chunk_of_file(last);
+      StartWrite(&chunk_);
+      return;
+    }
+    Finish(grpc::Status::OK);
+  }
+
+  std::string dir_;
+  size_t file_ = 0;
+  std::ifstream in_;
+  v1::ReportChunk chunk_;
+};
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl and gRPC share the canonical code numbering.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
+                                                            const v1::SubmitJobRequest* request,
+                                                            v1::SubmitJobResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<v1::Job> job = core_->SubmitJob(request->spec());
+  if (job.ok()) *response->mutable_job() = std::move(*job);
+  reactor->Finish(ToGrpcStatus(job.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
+                                                         const v1::GetJobRequest* request, v1::Job* response) {
+  return Unary(ctx, response, [&] { return core_->GetJob(request->job_id()); });
+}
+
+grpc::ServerWriteReactor<v1::Job>* CoordinatorServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
+                                                                    const v1::WatchJobRequest* request) {
+  const int ms = request->interval_ms() > 0 ? request->interval_ms() : 250;
+  return new WatchJobReactor(core_, request->job_id(), absl::Milliseconds(ms));
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::CancelJob(grpc::CallbackServerContext* ctx,
+                                                            const v1::CancelJobRequest* request, v1::Job* response) {
+  return Unary(ctx, response, [&] { return core_->CancelJob(request->job_id()); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
+                                                           const v1::ListJobsRequest* request,
+                                                           v1::ListJobsResponse* response) {
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListJobsResponse> {
+    v1::ListJobsResponse out;
+    for (v1::Job& job : core_->ListJobs(request->limit())) *out.add_jobs() = std::move(job);
+    return out;
+  });
+}
+
+grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::FetchReport(grpc::CallbackServerContext* ctx,
+                                                                               const v1::FetchReportRequest* request) {
+  return new FetchReportReactor(core_->ReportDir(request->job_id()));
+}
+
+grpc::ServerUnaryReactor* WorkerControlServiceImpl::RegisterWorker(grpc::CallbackServerContext* ctx,
+                                                                   const v1::RegisterWorkerRequest* request,
+                                                                   v1::RegisterWorkerResponse* response) {
+  return Unary(ctx, response, [&] { return core_->RegisterWorker(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerControlServiceImpl::AcquireShard(grpc::CallbackServerContext* ctx,
+                                                                 const v1::AcquireShardRequest* request,
+                                                                 v1::AcquireShardResponse* response) {
+  return Unary(ctx, response, [&] { return core_->AcquireShard(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerControlServiceImpl::ReportResults(grpc::CallbackServerContext* ctx,
+                                                                  const v1::ReportResultsRequest* request,
+                                                                  v1::ReportResultsResponse* response) {
+  return Unary(ctx, response, [&] { return core_->ReportResults(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerControlServiceImpl::ReportJobError(grpc::CallbackServerContext* ctx,
+                                                                   const v1::ReportJobErrorRequest* request,
+                                                                   v1::ReportJobErrorResponse* response) {
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ReportJobErrorResponse> {
+    absl::Status s = core_->ReportJobError(*request);
+    if (!s.ok()) return s;
+    return v1::ReportJobErrorResponse();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerControlServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                              const v1::HeartbeatRequest* request,
+                                                              v1::HeartbeatResponse* response) {
+  return Unary(ctx, response, [&] { return core_->Heartbeat(*request); });
+}
+
+}  // namespace tally

@@ -1,0 +1,375 @@
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tally {
+namespace {
+
+absl::Status SqlError(sqlite3* db, const std::string& what) {
+  return absl::InternalError(absl::StrCat("database: ", what, ": ", sqlite3_errmsg(db)));
+}
+
+// A prepared statement, finalised on scope exit.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  absl::Status status() const {
+    return rc_ == SQLITE_OK ? absl::OkStatus() : SqlError(db_, "prepare");
+  }
+  Stmt& Bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& BindBlob(int i, const std::string& v) {
+    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, double v) {
+    sqlite3_bind_double(stmt_, i, v);
+    return *this;
+  }
+  // Steps once: true if a row is available, false when done. Errors go to `status`.
+  bool Step(absl::Status* status) {
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc != SQLITE_DONE) *status = SqlError(db_, "step");
+    return false;
+  }
+  absl::Status Run() {
+    absl::Status s;
+    Step(&s);
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+    return s;
+  }
+  void Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  double Double(int col) { return sqlite3_column_double(stmt_, col); }
+  std::string Text(int col) {
+    const unsigned char* t = sqlite3_column_text(stmt_, col);
+    return t ? std::string(reinterpret_cast<const char*>(t), sqlite3_column_bytes(stmt_, col)) : std::string();
+  }
+  std::string Blob(int col) {
+    const void* b = sqlite3_column_blob(stmt_, col);
+    return b ? std::string(static_cast<const char*>(b), sqlite3_column_bytes(stmt_, col)) : std::string();
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS jobs(
+  job_id TEXT PRIMARY KEY, spec BLOB NOT NULL, state INTEGER NOT NULL, error TEXT NOT NULL,
+  images_total INTEGER NOT NULL, shard_size INTEGER NOT NULL, num_classes INTEGER NOT NULL,
+  created REAL NOT NULL, started REAL NOT NULL, finished REAL NOT NULL, last_result REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS manifest_rows(
+  job_id TEXT NOT NULL, idx INTEGER NOT NULL, line INTEGER NOT NULL, id TEXT NOT NULL,
+  image TEXT NOT NULL, mask TEXT NOT NULL, image_path TEXT NOT NULL, mask_path TEXT NOT NULL,
+  error TEXT NOT NULL, PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS shards(
+  job_id TEXT NOT NULL, shard_id INTEGER NOT NULL, state INTEGER NOT NULL, attempts INTEGER NOT NULL,
+  PRIMARY KEY(job_id, shard_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS results(
+  job_id TEXT NOT NULL, idx INTEGER NOT NULL, worker_id TEXT NOT NULL, error TEXT NOT NULL,
+  payload BLOB NOT NULL, committed REAL NOT NULL, PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS job_workers(
+  job_id TEXT NOT NULL, worker_id TEXT NOT NULL, name TEXT NOT NULL, device TEXT NOT NULL,
+  first_lease REAL NOT NULL, last_result REAL NOT NULL, stats BLOB NOT NULL,
+  PRIMARY KEY(job_id, worker_id)) WITHOUT ROWID;
+)sql";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                           nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("cannot open database '", path, "': ", msg));
+  }
+  sqlite3_busy_timeout(db, 10000);
+  std::unique_ptr<JobStore> store(new JobStore(db, path));
+  absl::MutexLock lock(&store->mu_);
+  // WAL + synchronous=NORMAL: a committed transaction survives the death of any process; only a
+  // power loss can roll back the last transactions (README "Durability").
+  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
+  RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
+  RETURN_IF_ERROR(store->Exec(kSchema));
+  return store;
+}
+
+JobStore::~JobStore() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_close(db_);
+}
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("database: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::CreateJob(const JobRecord& record, const std::vector<ManifestRow>& rows) {
+  absl::MutexLock lock(&mu_);
+  const v1::Job& job = record.job;
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  auto body = [&]() -> absl::Status {
+    Stmt ins(db_, "INSERT INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+    RETURN_IF_ERROR(ins.status());
+    ins.Bind(1, job.job_id()).BindBlob(2, job.spec().SerializeAsString()).Bind(3, int64_t{job.state()});
+    ins.Bind(4, job.error()).Bind(5, job.images_total()).Bind(6, record.shard_size);
+    ins.Bind(7, int64_t{job.num_classes()}).Bind(8, job.created_unix()).Bind(9, job.started_unix());
+    ins.Bind(10, job.finished_unix()).Bind(11, record.last_result_unix);
+    RETURN_IF_ERROR(ins.Run());
+    Stmt row(db_, "INSERT INTO manifest_rows VALUES(?,?,?,?,?,?,?,?,?)");
+    RETURN_IF_ERROR(row.status());
+    for (const ManifestRow& r : rows) {
+      row.Bind(1, job.job_id()).Bind(2, r.index).Bind(3, r.line).Bind(4, r.id).Bind(5, r.image);
+      row.Bind(6, r.mask).Bind(7, r.image_path).Bind(8, r.mask_path).Bind(9, r.error);
+      RETURN_IF_ERROR(row.Run());
+    }
+    Stmt shard(db_, "INSERT INTO shards VALUES(?,?,0,0)");
+    RETURN_IF_ERROR(shard.status());
+    const int64_t n = job.images_total();
+    const int64_t num_shards = record.shard_size > 0 ? (n + record.shard_size - 1) / record.shard_size : 0;
+    for (int64_t s = 0; s < num_shards; ++s) {
+      shard.Bind(1, job.job_id()).Bind(2, s);
+      RETURN_IF_ERROR(shard.Run());
+    }
+    return absl::OkStatus();
+  };
+  absl::Status s = body();
+  if (!s.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  return Exec("COMMIT");
+}
+
+absl::Status JobStore::UpdateJob(const JobRecord& record) {
+  absl::MutexLock lock(&mu_);
+  const v1::Job& job = record.job;
+  Stmt up(db_,
+          "UPDATE jobs SET state=?, error=?, num_classes=?, started=?, finished=?, last_result=? WHERE job_id=?");
+  RETURN_IF_ERROR(up.status());
+  up.Bind(1, int64_t{job.state()}).Bind(2, job.error()).Bind(3, int64_t{job.num_classes()});
+  up.Bind(4, job.started_unix()).Bind(5, job.finished_unix()).Bind(6, record.last_result_unix).Bind(7, job.job_id());
+  return up.Run();
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "SELECT job_id, spec, state, error, images_total, shard_size, num_classes, created, started, finished, "
+         "last_result FROM jobs ORDER BY created");
+  RETURN_IF_ERROR(q.status());
+  std::vector<JobRecord> out;
+  absl::Status s;
+  while (q.Step(&s)) {
+    JobRecord r;
+    r.job.set_job_id(q.Text(0));
+    if (!r.job.mutable_spec()->ParseFromString(q.Blob(1))) {
+      return absl::DataLossError(absl::StrCat("database: job ", r.job.job_id(), " has an unreadable spec"));
+    }
+    r.job.set_state(static_cast<v1::JobState>(q.Int(2)));
+    r.job.set_error(q.Text(3));
+    r.job.set_images_total(q.Int(4));
+    r.shard_size = q.Int(5);
+    r.job.set_num_classes(static_cast<int32_t>(q.Int(6)));
+    r.job.set_created_unix(q.Double(7));
+    r.job.set_started_unix(q.Double(8));
+    r.job.set_finished_unix(q.Double(9));
+    r.last_result_unix = q.Double(10);
+    out.push_back(std::move(r));
+  }
+  RETURN_IF_ERROR(s);
+  // Progress counters come from the results themselves.
+  Stmt counts(db_, "SELECT SUM(error = ''), SUM(error != '') FROM results WHERE job_id=?");
+  RETURN_IF_ERROR(counts.status());
+  for (JobRecord& r : out) {
+    counts.Bind(1, r.job.job_id());
+    if (counts.Step(&s)) {
+      r.job.set_images_evaluated(counts.Int(0));
+      r.job.set_images_failed(counts.Int(1));
+    }
+    counts.Reset();
+    RETURN_IF_ERROR(s);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& job_id, int64_t begin, int64_t end) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "SELECT idx, line, id, image, mask, image_path, mask_path, error FROM manifest_rows "
+         "WHERE job_id=? AND idx>=? AND idx<? ORDER BY idx");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, job_id).Bind(2, begin).Bind(3, end);
+  std::vector<ManifestRow> rows;
+  absl::Status s;
+  while (q.Step(&s)) {
+    ManifestRow r;
+    r.index = q.Int(0);
+    r.line = q.Int(1);
+    r.id = q.Text(2);
+    r.image = q.Text(3);
+    r.mask = q.Text(4);
+    r.image_path = q.Text(5);
+    r.mask_path = q.Text(6);
+    r.error = q.Text(7);
+    rows.push_back(std::move(r));
+  }
+  RETURN_IF_ERROR(s);
+  return rows;
+}
+
+absl::Status JobStore::CommitResults(const std::string& job_id, const std::string& worker_id,
+                                     const std::vector<v1::ImageResult>& results, double now,
+                                     std::vector<bool>* new_rows) {
+  absl::MutexLock lock(&mu_);
+  new_rows->assign(results.size(), false);
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  auto body = [&]() -> absl::Status {
+    Stmt ins(db_, "INSERT OR IGNORE INTO results VALUES(?,?,?,?,?,?)");
+    RETURN_IF_ERROR(ins.status());
+    std::string payload;
+    for (size_t i = 0; i < results.size(); ++i) {
+      const v1::ImageResult& r = results[i];
+      r.SerializeToString(&payload);
+      ins.Bind(1, job_id).Bind(2, r.index()).Bind(3, worker_id).Bind(4, r.error()).BindBlob(5, payload).Bind(6, now);
+      RETURN_IF_ERROR(ins.Run());
+      (*new_rows)[i] = sqlite3_changes(db_) > 0;
+    }
+    return absl::OkStatus();
+  };
+  absl::Status s = body();
+  if (!s.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    new_rows->assign(results.size(), false);
+    return s;
+  }
+  return Exec("COMMIT");
+}
+
+absl::Status JobStore::SetShardState(const std::string& job_id, int64_t shard_id, ShardState state, int attempts) {
+  absl::MutexLock lock(&mu_);
+  Stmt up(db_, "UPDATE shards SET state=?, attempts=? WHERE job_id=? AND shard_id=?");
+  RETURN_IF_ERROR(up.status());
+  up.Bind(1, static_cast<int64_t>(state)).Bind(2, int64_t{attempts}).Bind(3, job_id).Bind(4, shard_id);
+  return up.Run();
+}
+
+absl::StatusOr<std::vector<ShardState>> JobStore::ReadShardStates(const std::string& job_id, int64_t num_shards) {
+  absl::MutexLock lock(&mu_);
+  std::vector<ShardState> out(num_shards, ShardState::kPending);
+  Stmt q(db_, "SELECT shard_id, state FROM shards WHERE job_id=?");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, job_id);
+  absl::Status s;
+  while (q.Step(&s)) {
+    int64_t id = q.Int(0);
+    if (id >= 0 && id < num_shards) out[id] = static_cast<ShardState>(q.Int(1));
+  }
+  RETURN_IF_ERROR(s);
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> JobStore::ReadResultIndices(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT idx FROM results WHERE job_id=? ORDER BY idx");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, job_id);
+  std::vector<int64_t> out;
+  absl::Status s;
+  while (q.Step(&s)) out.push_back(q.Int(0));
+  RETURN_IF_ERROR(s);
+  return out;
+}
+
+absl::Status JobStore::UpsertWorker(const std::string& job_id, const WorkerRecord& w) {
+  absl::MutexLock lock(&mu_);
+  Stmt up(db_,
+          "INSERT INTO job_workers VALUES(?,?,?,?,?,?,?) ON CONFLICT(job_id, worker_id) DO UPDATE SET "
+          "last_result=excluded.last_result, stats=excluded.stats");
+  RETURN_IF_ERROR(up.status());
+  up.Bind(1, job_id).Bind(2, w.worker_id).Bind(3, w.name).Bind(4, w.device).Bind(5, w.first_lease_unix);
+  up.Bind(6, w.last_result_unix).BindBlob(7, w.stats.SerializeAsString());
+  return up.Run();
+}
+
+absl::StatusOr<std::vector<WorkerRecord>> JobStore::ReadWorkers(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "SELECT w.worker_id, w.name, w.device, w.first_lease, w.last_result, w.stats, "
+         "(SELECT COUNT(*) FROM results r WHERE r.job_id=w.job_id AND r.worker_id=w.worker_id) "
+         "FROM job_workers w WHERE w.job_id=? ORDER BY w.first_lease, w.worker_id");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, job_id);
+  std::vector<WorkerRecord> out;
+  absl::Status s;
+  while (q.Step(&s)) {
+    WorkerRecord w;
+    w.worker_id = q.Text(0);
+    w.name = q.Text(1);
+    w.device = q.Text(2);
+    w.first_lease_unix = q.Double(3);
+    w.last_result_unix = q.Double(4);
+    w.stats.ParseFromString(q.Blob(5));
+    w.images = q.Int(6);
+    out.push_back(std::move(w));
+  }
+  RETURN_IF_ERROR(s);
+  return out;
+}
+
+absl::Status JobStore::ForEachResult(const std::string& job_id, const ResultFn& fn) {
+  sqlite3* reader = nullptr;
+  if (sqlite3_open_v2(path_.c_str(), &reader, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    std::string msg = reader ? sqlite3_errmsg(reader) : "out of memory";
+    sqlite3_close(reader);
+    return absl::UnavailableError(absl::StrCat("cannot open database '", path_, "' for reading: ", msg));
+  }
+  sqlite3_busy_timeout(reader, 10000);
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(reader, sqlite3_close);
+  Stmt q(reader,
+         "SELECT r.payload, m.id, m.image FROM results r JOIN manifest_rows m "
+         "ON m.job_id = r.job_id AND m.idx = r.idx WHERE r.job_id=? ORDER BY r.idx");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, job_id);
+  absl::Status s;
+  v1::ImageResult r;
+  while (q.Step(&s)) {
+    if (!r.ParseFromString(q.Blob(0))) return absl::DataLossError("database: unreadable result payload");
+    RETURN_IF_ERROR(fn(r, q.Text(1), q.Text(2)));
+  }
+  return s;
+}
+
+}  // namespace tally

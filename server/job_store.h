@@ -1,0 +1,93 @@
+// Durable state of the coordinator in an embedded SQLite database (WAL mode): job specs, the
+// manifest rows of each job, shard states, every per-image result and per-worker statistics.
+// A result counts only once it is committed here; reports are built from here.
+//
+// Thread-safe: one connection, serialised by an internal mutex. Calls block on disk I/O, so
+// callers must not hold their own locks across them.
+#ifndef TALLY_SERVER_JOB_STORE_H_
+#define TALLY_SERVER_JOB_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/manifest.h"
+#include "proto/tally.pb.h"
+
+struct sqlite3;
+
+namespace tally {
+
+// What the store keeps about a job besides its results.
+struct JobRecord {
+  v1::Job job;             // job_id, spec, state, error, totals and times.
+  int64_t shard_size = 0;  // Every shard but the last has exactly this many rows.
+  double last_result_unix = 0;
+};
+
+enum class ShardState : int { kPending = 0, kDone = 1 };
+
+struct WorkerRecord {
+  std::string worker_id;
+  std::string name;
+  std::string device;
+  double first_lease_unix = 0;
+  double last_result_unix = 0;
+  v1::WorkerStats stats;
+  int64_t images = 0;  // Rows this worker committed first (filled by ReadWorkers).
+};
+
+class JobStore {
+ public:
+  // Opens (creating if needed) the database file. Errors name the path.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+
+  // Stores a new job with its manifest rows and all shards pending, in one transaction.
+  absl::Status CreateJob(const JobRecord& record, const std::vector<ManifestRow>& rows);
+  absl::Status UpdateJob(const JobRecord& record);
+  absl::StatusOr<std::vector<JobRecord>> LoadJobs();
+
+  // Manifest rows [begin, end) of a job, in index order.
+  absl::StatusOr<std::vector<ManifestRow>> ReadRows(const std::string& job_id, int64_t begin, int64_t end);
+
+  // Commits results in one transaction; rows that already have a result are left as they are
+  // (a re-run of a shard produces the same values). `new_rows` receives, for each result, whether
+  // it was newly inserted.
+  absl::Status CommitResults(const std::string& job_id, const std::string& worker_id,
+                             const std::vector<v1::ImageResult>& results, double now,
+                             std::vector<bool>* new_rows);
+  absl::Status SetShardState(const std::string& job_id, int64_t shard_id, ShardState state, int attempts);
+  // Shard states of a job, by shard id.
+  absl::StatusOr<std::vector<ShardState>> ReadShardStates(const std::string& job_id, int64_t num_shards);
+  // Indices that already have a result (for resume).
+  absl::StatusOr<std::vector<int64_t>> ReadResultIndices(const std::string& job_id);
+
+  absl::Status UpsertWorker(const std::string& job_id, const WorkerRecord& worker);
+  absl::StatusOr<std::vector<WorkerRecord>> ReadWorkers(const std::string& job_id);
+
+  // Calls `fn` for every committed result of a job in index order. Stops at the first error.
+  // Reads through a connection of its own (WAL readers do not block the writer), so a long
+  // report build does not stall commits.
+  // `fn` gets the result with the row's id and image path as written in the manifest.
+  using ResultFn =
+      std::function<absl::Status(const v1::ImageResult&, const std::string& id, const std::string& image)>;
+  absl::Status ForEachResult(const std::string& job_id, const ResultFn& fn);
+
+ private:
+  JobStore(sqlite3* db, std::string path) : path_(std::move(path)), db_(db) {}
+  absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string path_;
+  absl::Mutex mu_;
+  sqlite3* db_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_JOB_STORE_H_

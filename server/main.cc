@@ -1,0 +1,84 @@
+// tallyd: Tally's coordinator. Accepts jobs from `tally`, hands index ranges of their manifests to
+// `tally-worker` processes, commits every per-image result to SQLite and builds the reports.
+//
+//   tallyd --listen 0.0.0.0:50051 --state-dir /var/lib/tally
+//   tallyd --listen 127.0.0.1:0 --port-file /tmp/port --state-dir /tmp/tally   # any free port
+//   tallyd --spawn-workers --gpus all                                          # plus one worker per GPU
+//
+// Flags accept dashes or underscores (--state-dir == --state_dir).
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/flag_util.h"
+#include "common/gpu_inventory.h"
+#include "common/log.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "Address to serve on (host:port; port 0 = any free port)");
+ABSL_FLAG(std::string, state_dir, "./tally-state", "Folder for the database (tally.db) and reports");
+ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once serving");
+ABSL_FLAG(double, lease_seconds, 10.0, "A worker silent this long loses its shards to others");
+ABSL_FLAG(double, heartbeat_seconds, 1.0, "How often workers heartbeat");
+ABSL_FLAG(int, max_shard_attempts, 3, "Shards lost this many times fail their remaining rows");
+ABSL_FLAG(bool, spawn_workers, false, "Start and supervise local workers (--gpus or --workers)");
+ABSL_FLAG(std::string, gpus, "", "With --spawn-workers: all or 0,1,... (one worker per GPU)");
+ABSL_FLAG(int, workers, 0, "With --spawn-workers and no --gpus: number of CPU workers");
+ABSL_FLAG(std::string, worker_binary, "", "Path of tally-worker (default: next to tallyd, else PATH)");
+
+int main(int argc, char** argv) {
+  tally::SetLogName("tallyd");
+  absl::SetProgramUsageMessage("Tally coordinator. Usage: tallyd [--listen host:port] [--state-dir DIR]");
+  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  std::vector<char*> args = tally::ArgvPointers(normalized);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+
+  // Block the signals before any thread starts; one thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  tally::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.coordinator.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.coordinator.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
+  options.coordinator.heartbeat_seconds = absl::GetFlag(FLAGS_heartbeat_seconds);
+  options.coordinator.max_shard_attempts = absl::GetFlag(FLAGS_max_shard_attempts);
+  options.spawn_workers = absl::GetFlag(FLAGS_spawn_workers);
+  if (options.spawn_workers) {
+    options.workers.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+    options.workers.log_dir = options.coordinator.state_dir;
+    if (!absl::GetFlag(FLAGS_gpus).empty()) {
+      auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));
+      if (!gpus.ok()) {
+        std::cerr << "tallyd: " << gpus.status().message() << "\n";
+        return 2;
+      }
+      options.workers.gpus = *gpus;
+    } else {
+      options.workers.cpu_workers = std::max(1, absl::GetFlag(FLAGS_workers));
+    }
+  }
+  auto server = tally::Server::BuildAndStart(options);
+  if (!server.ok()) {
+    std::cerr << "tallyd: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    tally::Log("received signal ", sig, ", shutting down");
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  waiter.join();
+  return 0;
+}

@@ -1,0 +1,22 @@
+// Builds a job's report files from the database: report.json, per_image.csv, summary.md and
+// report.html (self-contained: inline CSS and SVG, no scripts, no network). Formats are specified
+// in README "Reports". Blocking; safe to call from any thread.
+#ifndef TALLY_SERVER_REPORT_WRITER_H_
+#define TALLY_SERVER_REPORT_WRITER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/job_store.h"
+
+namespace tally {
+
+inline constexpr const char* kReportFiles[] = {"report.json", "per_image.csv", "summary.md", "report.html"};
+
+// Writes the four files into `dir` (created if needed), each atomically (temp file + rename).
+absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::string& dir);
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_REPORT_WRITER_H_

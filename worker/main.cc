@@ -1,0 +1,76 @@
+// tally-worker: evaluates shards of Tally jobs on one device (one process per GPU, or CPU).
+// Registers with the coordinator, loads each job's TorchScript model once, runs the pipelined data
+// path and streams per-image results back. Usually started by `tally run` or `tallyd
+// --spawn-workers`; by hand:
+//
+//   tally-worker --coordinator 10.0.0.5:50051 --device cuda:0 --threads 16
+//   CUDA_VISIBLE_DEVICES=3 tally-worker --coordinator host:50051 --device cuda:0
+//
+// SIGTERM/SIGINT: stop leasing, finish the rows in hand, send them, exit 0.
+#include <signal.h>
+
+#include <iostream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/flag_util.h"
+#include "common/log.h"
+#include "worker/worker.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
+ABSL_FLAG(std::string, name, "", "Name shown in reports (default host:device)");
+ABSL_FLAG(int, threads, 0, "Decode/metric threads, and LibTorch threads on CPU (0 = all cores)");
+ABSL_FLAG(int, batch_size, 0, "Batch size for jobs that leave it to the worker (0 = 8 on CPU, 32 on CUDA)");
+ABSL_FLAG(double, max_connect_seconds, 0, "Give up if the coordinator stays unreachable this long (0 = never)");
+ABSL_FLAG(int, max_leases, 3, "Shards held at once");
+ABSL_FLAG(bool, count_logit_ties, false, "Count pixels whose two largest logits are exactly equal");
+ABSL_FLAG(bool, cudnn_benchmark, true, "Let cuDNN time its algorithms per input shape");
+ABSL_FLAG(int, warmup_batches, 2, "Extra passes over the first batch on CUDA before timing starts");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N");
+  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  std::vector<char*> args = tally::ArgvPointers(normalized);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  tally::SetLogName("tally-worker[" + absl::GetFlag(FLAGS_device) + "]");
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  tally::WorkerOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.name = absl::GetFlag(FLAGS_name);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.default_batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.max_connect_seconds = absl::GetFlag(FLAGS_max_connect_seconds);
+  options.max_leases = absl::GetFlag(FLAGS_max_leases);
+  options.count_logit_ties = absl::GetFlag(FLAGS_count_logit_ties);
+  options.cudnn_benchmark = absl::GetFlag(FLAGS_cudnn_benchmark);
+  options.warmup_batches = absl::GetFlag(FLAGS_warmup_batches);
+  auto worker = tally::Worker::Create(options);
+  if (!worker.ok()) {
+    std::cerr << "tally-worker: " << worker.status().message() << "\n";
+    return 2;
+  }
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    tally::Log("received signal ", sig, ", stopping");
+    (*worker)->Stop();
+  });
+  waiter.detach();
+  absl::Status s = (*worker)->Run();
+  if (!s.ok()) {
+    tally::Log(s.message());
+    std::cerr << "tally-worker: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

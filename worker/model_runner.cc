@@ -1,0 +1,479 @@
+// The only translation unit that includes LibTorch. Builds against Debian's CPU LibTorch 1.13 and
+// against LibTorch 2.x with CUDA (TALLY_WITH_CUDA=1).
+#include "worker/model_runner.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <sys/stat.h>
+#include <torch/script.h>
+#include <torch/version.h>
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+#if TALLY_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace tally {
+namespace {
+
+#define TALLY_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+std::string Shape(const at::Tensor& t) { return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]"); }
+
+std::string ErrorText(const c10::Error& e) {
+  std::string msg = e.what_without_backtrace();
+  // Keep the first lines: TorchScript errors carry long source excerpts.
+  size_t cut = 0;
+  for (int lines = 0; lines < 6 && cut != std::string::npos; ++lines) cut = msg.find('\n', cut + 1);
+  return cut == std::string::npos ? msg : msg.substr(0, cut) + " ...";
+}
+
+bool LooksLikeOom(const std::string& what) {
+  return what.find("out of memory") != std::string::npos || what.find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos;
+}
+
+class TorchHostBuffer final : public HostBuffer {
+ public:
+  explicit TorchHostBuffer(at::Tensor t) : t_(std::move(t)) {}
+  uint8_t* data() override { return t_.data_ptr<uint8_t>(); }
+  size_t size() const override { return static_cast<size_t>(t_.numel()); }
+  const at::Tensor& tensor() const { return t_; }
+
+ private:
+  at::Tensor t_;
+};
+
+class TorchPendingBatch final : public PendingBatch {
+ public:
+  absl::Status Wait() override {
+#if TALLY_WITH_CUDA
+    if (done_) {
+      try {
+        done_->synchronize();
+      } catch (const c10::Error& e) {
+        const std::string what = ErrorText(e);
+        if (LooksLikeOom(what)) return absl::ResourceExhaustedError(what);
+        return absl::InternalError(absl::StrCat("CUDA error while evaluating a batch: ", what));
+      }
+    }
+#endif
+    return absl::OkStatus();
+  }
+  int num_classes() const override { return k_; }
+  const int64_t* confusion(int i) const override { return counts_ + static_cast<size_t>(i) * k_ * k_; }
+  const uint16_t* labels(int i) const override { return label_ptrs_[i]; }
+  int64_t logit_ties() const override { return ties_.defined() ? ties_.item<int64_t>() : 0; }
+
+  int k_ = 0;
+  at::Tensor counts_host_;  // [n, K, K] int64, host.
+  const int64_t* counts_ = nullptr;
+  std::vector<at::Tensor> labels_host_;  // int16, host.
+  std::vector<const uint16_t*> label_ptrs_;
+  at::Tensor ties_;
+#if TALLY_WITH_CUDA
+  std::unique_ptr<at::cuda::CUDAEvent> done_;
+#endif
+};
+
+// Logits from whatever the model returns: a Tensor, a tuple/list (first element), or a dict
+// (key "out", as torchvision's segmentation models, or its only value).
+absl::StatusOr<at::Tensor> ExtractLogits(const c10::IValue& out, const std::string& model) {
+  if (out.isTensor()) return out.toTensor();
+  if (out.isTuple()) {
+    const auto& elements = out.toTupleRef().elements();
+    if (!elements.empty() && elements[0].isTensor()) return elements[0].toTensor();
+  }
+  if (out.isList()) {
+    auto list = out.toList();
+    if (list.size() > 0 && list.get(0).isTensor()) return list.get(0).toTensor();
+  }
+  if (out.isGenericDict()) {
+    auto dict = out.toGenericDict();
+    for (const auto& kv : dict) {
+      if (kv.key().isString() && kv.key().toStringRef() == "out" && kv.value().isTensor()) return kv.value().toTensor();
+    }
+    if (dict.size() == 1 && dict.begin()->value().isTensor()) return dict.begin()->value().toTensor();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model '", model, "' returned ", out.tagKind(),
+      "; expected a Tensor of logits [N, C, H, W], a tuple whose first element is one, or a dict with key 'out'"));
+}
+
+class TorchRunner final : public ModelRunner {
+ public:
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const ModelRunnerOptions& options);
+
+  std::unique_ptr<HostBuffer> AllocateHost(size_t bytes) override {
+    auto opts = at::TensorOptions().dtype(at::kByte);
+    if (cuda_) opts = opts.pinned_memory(true);
+    return std::make_unique<TorchHostBuffer>(at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, opts));
+  }
+
+  absl::StatusOr<std::unique_ptr<PendingBatch>> Launch(const BatchSpec& batch) override {
+    std::string input_shape = "?";
+    try {
+      c10::InferenceMode inference;
+      EnableAutocast();
+      return LaunchImpl(batch, &input_shape);
+    } catch (const c10::Error& e) {
+      const std::string what = ErrorText(e);
+      if (LooksLikeOom(what)) return absl::ResourceExhaustedError(what);
+      return absl::FailedPreconditionError(
+          absl::StrCat("model '", options_.model_path, "' failed on an input of shape ", input_shape, ": ", what));
+    } catch (const std::exception& e) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model '", options_.model_path, "' failed on an input of shape ", input_shape, ": ", e.what()));
+    }
+  }
+
+  void ReleaseCachedMemory() override {
+#if TALLY_WITH_CUDA
+    if (cuda_) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  }
+
+  absl::StatusOr<int> FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) override;
+
+  RunnerStats Stats() override {
+    RunnerStats s;
+    s.device = options_.device;
+    s.load_seconds = load_seconds_;
+#if TALLY_WITH_CUDA
+    if (cuda_) {
+      s.gpu_name = at::cuda::getDeviceProperties(device_.index())->name;
+      auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+      s.peak_memory_bytes = stats.reserved_bytes[0].peak;  // [0] = aggregate over pool types.
+    }
+#endif
+    return s;
+  }
+
+  bool is_cuda() const override { return cuda_; }
+
+ private:
+  TorchRunner(ModelRunnerOptions options, at::Device device, torch::jit::Module module)
+      : options_(std::move(options)), device_(device), module_(std::move(module)), cuda_(device.is_cuda()) {}
+
+  void EnableAutocast() {
+    if (options_.precision == "fp32") return;
+    const at::ScalarType dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
+#if TALLY_TORCH_AT_LEAST(2, 4)
+    at::autocast::set_autocast_enabled(device_.type(), true);
+    at::autocast::set_autocast_dtype(device_.type(), dtype);
+#else
+    if (cuda_) {
+      at::autocast::set_enabled(true);
+      at::autocast::set_autocast_gpu_dtype(dtype);
+    } else {
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(dtype);
+    }
+#endif
+  }
+
+  absl::StatusOr<std::unique_ptr<PendingBatch>> LaunchImpl(const BatchSpec& batch, std::string* input_shape);
+  // Turns logits [n, C, h, w] + reference labels [n, H, W] into counts and labels for one group.
+  absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, int64_t first, const at::Tensor& x,
+                           bool want_labels, std::vector<at::Tensor>* counts, std::vector<at::Tensor>* labels,
+                           at::Tensor* ties, int* k);
+
+  const ModelRunnerOptions options_;
+  const at::Device device_;
+  torch::jit::Module module_;
+  const bool cuda_;
+  double load_seconds_ = 0;
+  at::Tensor mean_, std_;
+#if TALLY_WITH_CUDA
+  std::unique_ptr<c10::cuda::CUDAStream> copy_stream_, compute_stream_;
+#endif
+};
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunnerOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  struct stat st;
+  if (stat(options.model_path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("model file '", options.model_path, "' does not exist"));
+  }
+  std::string dev = options.device.empty() ? "cpu" : options.device;
+  if (dev == "cuda") dev = "cuda:0";
+  const bool want_cuda = dev.rfind("cuda", 0) == 0;
+  if (!want_cuda && dev != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown device '", options.device, "'; use cpu or cuda:N"));
+  }
+#if !TALLY_WITH_CUDA
+  if (want_cuda) {
+    return absl::UnimplementedError(absl::StrCat("device '", options.device,
+                                                 "': this tally-worker was built against a CPU-only LibTorch; "
+                                                 "see README 'GPU box' to build against a CUDA LibTorch"));
+  }
+#else
+  if (want_cuda && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(absl::StrCat("device '", options.device, "': no CUDA device is visible"));
+  }
+#endif
+  if (options.precision == "fp16" && !want_cuda) {
+    return absl::InvalidArgumentError("precision fp16 needs a CUDA device; use bf16 or fp32 on CPU");
+  }
+  if (!want_cuda && options.cpu_threads > 0) at::set_num_threads(options.cpu_threads);
+  at::Device device(dev);
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(options.model_path, device);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", options.model_path,
+                                                   "' is not a loadable TorchScript file (torch.jit.load failed: ",
+                                                   ErrorText(e), ")"));
+  }
+  module.eval();
+  if (options.channels_last) {
+    c10::InferenceMode guard;
+    for (at::Tensor p : module.parameters()) {
+      if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
+    }
+  }
+  std::unique_ptr<TorchRunner> runner(new TorchRunner(options, device, std::move(module)));
+  auto fopts = at::TensorOptions().dtype(at::kFloat).device(device);
+  if (!options.mean.empty()) {
+    runner->mean_ = at::tensor(options.mean, at::TensorOptions().dtype(at::kFloat)).to(device).view({1, 3, 1, 1});
+  }
+  if (!options.std.empty()) {
+    runner->std_ = at::tensor(options.std, at::TensorOptions().dtype(at::kFloat)).to(device).view({1, 3, 1, 1});
+  }
+  (void)fopts;
+#if TALLY_WITH_CUDA
+  if (want_cuda) {
+    at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);
+    runner->copy_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device.index()));
+    runner->compute_stream_ =
+        std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device.index()));
+  }
+#endif
+  runner->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
+absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, int64_t first,
+                                      const at::Tensor& x, bool want_labels, std::vector<at::Tensor>* counts,
+                                      std::vector<at::Tensor>* labels, at::Tensor* ties, int* k) {
+  const int64_t n = gt.size(0), H = gt.size(1), W = gt.size(2);
+  if (raw_logits.dim() != 4 || raw_logits.size(0) != n || raw_logits.size(1) < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", options_.model_path, "' returned logits of shape ", Shape(raw_logits), " for an input of shape ",
+        Shape(x), "; expected [N, C, H, W] with N = ", n, " and C >= 1"));
+  }
+  at::Tensor logits = raw_logits.to(at::kFloat);
+  if (logits.size(2) != H || logits.size(3) != W) {
+    logits = at::upsample_bilinear2d(logits, {H, W}, /*align_corners=*/false);
+  }
+  const int64_t C = logits.size(1);
+  const int64_t K = C == 1 ? 2 : C;
+  if (*k != 0 && *k != K) {
+    return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned ", C,
+                                                      " channels for one input and a different number for another"));
+  }
+  *k = static_cast<int>(K);
+  at::Tensor pred = C == 1 ? logits.select(1, 0).gt(0).to(at::kLong) : logits.argmax(1);
+  if (options_.count_logit_ties && C >= 2) {
+    at::Tensor top2 = std::get<0>(logits.topk(2, 1));
+    at::Tensor t = top2.select(1, 0).eq(top2.select(1, 1)).sum();
+    *ties = ties->defined() ? *ties + t : t;
+  }
+  at::Tensor ref = gt.to(at::kLong);
+  at::Tensor valid = ref.ne(255).logical_and(ref.ge(0)).logical_and(ref.lt(K));
+  at::Tensor base = at::arange(n, ref.options()).view({n, 1, 1}).mul(K * K);
+  at::Tensor idx = at::where(valid, base + ref * K + pred, at::full({}, n * K * K, ref.options()));
+  at::Tensor c = at::bincount(idx.reshape({-1}), {}, n * K * K + 1).narrow(0, 0, n * K * K).view({n, K, K});
+  counts->push_back(c);
+  if (want_labels) labels->push_back(pred.to(at::kShort));
+  (void)first;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const BatchSpec& batch, std::string* input_shape) {
+  auto* images = dynamic_cast<TorchHostBuffer*>(batch.images);
+  auto* masks = dynamic_cast<TorchHostBuffer*>(batch.masks);
+  if (images == nullptr || masks == nullptr || batch.items.empty()) {
+    return absl::InternalError("Launch: buffers not allocated by this runner, or an empty batch");
+  }
+  const int64_t n = static_cast<int64_t>(batch.items.size());
+  bool uniform = true;
+  for (const BatchImage& it : batch.items) {
+    uniform &= it.height == batch.items[0].height && it.width == batch.items[0].width;
+  }
+  const at::Tensor mask_words = masks->tensor().view(at::kShort);
+  auto host_image = [&](const BatchImage& it, int64_t count) {
+    return images->tensor().narrow(0, static_cast<int64_t>(it.image_offset), count * it.height * it.width * 3)
+        .view({count, it.height, it.width, 3});
+  };
+  auto host_mask = [&](const BatchImage& it, int64_t count) {
+    return mask_words.narrow(0, static_cast<int64_t>(it.mask_offset), count * it.height * it.width)
+        .view({count, it.height, it.width});
+  };
+  // Host tensors of each group of images uploaded together: the whole batch when uniform (the
+  // pipeline places its images back to back), else one group per image.
+  std::vector<at::Tensor> img_host, mask_host;
+  if (uniform) {
+    img_host.push_back(host_image(batch.items[0], n));
+    mask_host.push_back(host_mask(batch.items[0], n));
+  } else {
+    for (const BatchImage& it : batch.items) {
+      img_host.push_back(host_image(it, 1));
+      mask_host.push_back(host_mask(it, 1));
+    }
+  }
+  auto pending = std::make_unique<TorchPendingBatch>();
+  std::vector<at::Tensor> img_dev, mask_dev;
+#if TALLY_WITH_CUDA
+  std::unique_ptr<c10::cuda::CUDAStreamGuard> compute_guard;
+  if (cuda_) {
+    at::cuda::CUDAEvent uploaded;
+    {
+      c10::cuda::CUDAStreamGuard guard(*copy_stream_);
+      for (size_t g = 0; g < img_host.size(); ++g) {
+        img_dev.push_back(img_host[g].to(device_, /*non_blocking=*/true));
+        mask_dev.push_back(mask_host[g].to(device_, /*non_blocking=*/true));
+      }
+      uploaded.record(*copy_stream_);
+    }
+    compute_guard = std::make_unique<c10::cuda::CUDAStreamGuard>(*compute_stream_);
+    uploaded.block(*compute_stream_);
+    for (size_t g = 0; g < img_dev.size(); ++g) {
+      // Allocated on the copy stream, used on the compute stream: keep the allocator from
+      // handing the memory out again before the compute stream is done with it.
+      img_dev[g].record_stream(*compute_stream_);
+      mask_dev[g].record_stream(*compute_stream_);
+    }
+  }
+#endif
+  if (!cuda_) {
+    img_dev = img_host;
+    mask_dev = mask_host;
+  }
+  auto preprocess = [&](const at::Tensor& u8) {
+    at::Tensor x = u8.permute({0, 3, 1, 2}).to(at::kFloat).div_(255.0);
+    if (mean_.defined()) x = x.sub_(mean_);
+    if (std_.defined()) x = x.div_(std_);
+    if (options_.input_height > 0) {
+      x = at::upsample_bilinear2d(x, {options_.input_height, options_.input_width}, /*align_corners=*/false);
+    }
+    return x.contiguous(options_.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
+  };
+  at::Tensor x;
+  if (uniform) {
+    x = preprocess(img_dev[0]);
+  } else {
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor& t : img_dev) parts.push_back(preprocess(t));
+    x = at::cat(parts, 0);
+  }
+  *input_shape = Shape(x);
+  c10::IValue out = module_.forward({x});
+  absl::StatusOr<at::Tensor> logits = ExtractLogits(out, options_.model_path);
+  if (!logits.ok()) return logits.status();
+  std::vector<at::Tensor> counts, labels;
+  at::Tensor ties;
+  int k = 0;
+  if (uniform) {
+    absl::Status s = Postprocess(*logits, mask_dev[0], 0, x, batch.want_labels, &counts, &labels, &ties, &k);
+    if (!s.ok()) return s;
+  } else {
+    if (logits->dim() != 4 || logits->size(0) != n) {
+      return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned logits of shape ",
+                                                        Shape(*logits), " for an input of shape ", Shape(x),
+                                                        "; expected [N, C, H, W] with N = ", n));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      absl::Status s = Postprocess(logits->narrow(0, i, 1), mask_dev[i], i, x, batch.want_labels, &counts, &labels,
+                                   &ties, &k);
+      if (!s.ok()) return s;
+    }
+  }
+  at::Tensor all_counts = counts.size() == 1 ? counts[0] : at::cat(counts, 0);
+  pending->k_ = k;
+  auto host_opts = at::TensorOptions().device(at::kCPU);
+  if (cuda_) host_opts = host_opts.pinned_memory(true);
+  pending->counts_host_ = at::empty(all_counts.sizes(), host_opts.dtype(at::kLong));
+  pending->counts_host_.copy_(all_counts, /*non_blocking=*/cuda_);
+  pending->counts_ = pending->counts_host_.data_ptr<int64_t>();
+  for (const at::Tensor& l : labels) {
+    at::Tensor h = at::empty(l.sizes(), host_opts.dtype(at::kShort));
+    h.copy_(l, /*non_blocking=*/cuda_);
+    const int64_t per_image = l.size(1) * l.size(2);
+    for (int64_t i = 0; i < l.size(0); ++i) {
+      pending->label_ptrs_.push_back(reinterpret_cast<const uint16_t*>(h.data_ptr<int16_t>() + i * per_image));
+    }
+    pending->labels_host_.push_back(h);
+  }
+  if (ties.defined()) {
+    pending->ties_ = at::empty({}, host_opts.dtype(at::kLong));
+    pending->ties_.copy_(ties, /*non_blocking=*/cuda_);
+  }
+#if TALLY_WITH_CUDA
+  if (cuda_) {
+    pending->done_ = std::make_unique<at::cuda::CUDAEvent>();
+    pending->done_->record(*compute_stream_);
+  }
+#endif
+  return std::unique_ptr<PendingBatch>(std::move(pending));
+}
+
+absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) {
+  if (!cuda_) return fallback;
+#if TALLY_WITH_CUDA
+  const int dev = device_.index();
+  const double total = static_cast<double>(at::cuda::getDeviceProperties(dev)->totalGlobalMem);
+  const double budget = max_memory <= 0 ? 0.9 * total : max_memory <= 1 ? max_memory * total : max_memory * 1073741824.0;
+  const int h = options_.input_height > 0 ? options_.input_height : height;
+  const int w = options_.input_height > 0 ? options_.input_width : width;
+  int best = 0;
+  for (int b = 1; b <= limit; b *= 2) {
+    std::unique_ptr<HostBuffer> imgs = AllocateHost(static_cast<size_t>(b) * height * width * 3);
+    std::unique_ptr<HostBuffer> masks = AllocateHost(static_cast<size_t>(b) * height * width * 2);
+    for (size_t i = 0; i < imgs->size(); ++i) imgs->data()[i] = static_cast<uint8_t>((i * 2654435761u) >> 24);
+    std::memset(masks->data(), 0, masks->size());
+    BatchSpec spec;
+    spec.images = imgs.get();
+    spec.masks = masks.get();
+    for (int i = 0; i < b; ++i) {
+      spec.items.push_back(BatchImage{static_cast<size_t>(i) * height * width * 3,
+                                      static_cast<size_t>(i) * height * width, height, width});
+    }
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(dev);
+    auto pending = Launch(spec);
+    absl::Status s = pending.ok() ? (*pending)->Wait() : pending.status();
+    if (absl::IsResourceExhausted(s)) break;
+    if (!s.ok()) return s;
+    const double peak =
+        static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(dev).reserved_bytes[0].peak);
+    if (peak > budget) break;
+    best = b;
+    (void)h;
+    (void)w;
+  }
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  return std::max(best, 1);
+#else
+  return fallback;
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelRunnerOptions& options) {
+  return TorchRunner::Create(options);
+}
+
+}  // namespace tally

@@ -1,0 +1,106 @@
+// ModelRunner: a TorchScript segmentation model on one device, and everything that touches tensors:
+// host staging memory (pinned on CUDA), upload, preprocessing, forward, resize of the logits to the
+// mask size, argmax and per-image confusion counts. This header has no torch types, so only
+// model_runner.cc pays for LibTorch's headers.
+//
+// On CUDA, Launch() only enqueues work: the upload runs on a copy stream, the rest on a compute
+// stream that waits for it, and the small results come back to pinned host memory; Wait() blocks
+// on an event. On CPU, Launch() computes and Wait() returns at once.
+//
+// Thread-compatible: one thread launches; PendingBatch::Wait() may run on another thread.
+#ifndef TALLY_WORKER_MODEL_RUNNER_H_
+#define TALLY_WORKER_MODEL_RUNNER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tally {
+
+struct ModelRunnerOptions {
+  std::string model_path;
+  std::string device = "cpu";     // cpu | cuda | cuda:N
+  std::string precision = "fp32"; // fp32 | bf16 | fp16 (autocast)
+  bool channels_last = false;
+  std::vector<float> mean;        // 0 or 3 values, on [0, 1] inputs.
+  std::vector<float> std;
+  int input_height = 0;           // > 0: bilinear resize of the inputs to this size.
+  int input_width = 0;
+  int cpu_threads = 0;            // Intra-op threads on CPU; 0 = LibTorch's default.
+  bool count_logit_ties = false;  // Count pixels whose two largest logits are equal (costs a topk).
+  bool cudnn_benchmark = true;
+};
+
+// Host memory from the runner: page-locked on CUDA, so uploads are asynchronous.
+class HostBuffer {
+ public:
+  virtual ~HostBuffer() = default;
+  virtual uint8_t* data() = 0;
+  virtual size_t size() const = 0;
+};
+
+struct BatchImage {
+  size_t image_offset = 0;  // Byte offset of H x W x 3 uint8 RGB in the image buffer.
+  size_t mask_offset = 0;   // Element offset of H x W uint16 labels in the mask buffer.
+  int height = 0;
+  int width = 0;
+};
+
+struct BatchSpec {
+  HostBuffer* images = nullptr;
+  HostBuffer* masks = nullptr;  // uint16 elements.
+  std::vector<BatchImage> items;
+  bool want_labels = false;     // Return the predicted label map of each image.
+};
+
+class PendingBatch {
+ public:
+  virtual ~PendingBatch() = default;
+  // Blocks until the results are in host memory.
+  virtual absl::Status Wait() = 0;
+  // K = number of classes (2 for a single-logit model). After Wait().
+  virtual int num_classes() const = 0;
+  // K x K counts of image i: row = reference class, column = predicted class; ignore pixels
+  // (label 255) and labels >= K are left out.
+  virtual const int64_t* confusion(int i) const = 0;
+  // Predicted labels of image i (H x W), when want_labels was set.
+  virtual const uint16_t* labels(int i) const = 0;
+  virtual int64_t logit_ties() const = 0;
+};
+
+struct RunnerStats {
+  std::string device;
+  std::string gpu_name;
+  int64_t peak_memory_bytes = 0;
+  double load_seconds = 0;
+};
+
+class ModelRunner {
+ public:
+  // Loads the model. Errors name the model file: NOT_FOUND when missing, INVALID_ARGUMENT when it
+  // is not TorchScript, UNIMPLEMENTED when the device is not supported by this build.
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const ModelRunnerOptions& options);
+  virtual ~ModelRunner() = default;
+
+  virtual std::unique_ptr<HostBuffer> AllocateHost(size_t bytes) = 0;
+  // Errors: RESOURCE_EXHAUSTED on device out-of-memory (the caller may retry smaller);
+  // FAILED_PRECONDITION when the model itself is unusable (wrong output rank or shape, forward
+  // error): the message names the model and the shapes.
+  virtual absl::StatusOr<std::unique_ptr<PendingBatch>> Launch(const BatchSpec& batch) = 0;
+  // Frees cached device memory (after an out-of-memory error).
+  virtual void ReleaseCachedMemory() = 0;
+  // Largest batch (a power of two up to `limit`) whose forward pass at height x width fits in
+  // `max_memory` (a fraction of the device memory if <= 1, else GiB), found by trial passes.
+  // CPU: returns `fallback`.
+  virtual absl::StatusOr<int> FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) = 0;
+  virtual RunnerStats Stats() = 0;
+  virtual bool is_cuda() const = 0;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_MODEL_RUNNER_H_

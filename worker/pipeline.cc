@@ -1,0 +1,542 @@
+#include "worker/pipeline.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace tally {
+namespace {
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr int kDefaultBatchForBudget = 32;
+}  // namespace
+
+// One launched batch: its staging slot, the rows in it and the device work.
+struct Pipeline::InFlight {
+  std::shared_ptr<Shard> shard;
+  Slot* slot = nullptr;
+  BatchSpec spec;
+  std::vector<int64_t> index;
+  std::vector<int> max_label;
+  std::shared_ptr<PendingBatch> pending;
+  std::vector<std::shared_ptr<PendingBatch>> retries;  // Results of out-of-memory retries.
+  // The slot is released when the last holder (the batch itself, its metric tasks) lets go.
+  std::atomic<int> holds{1};
+};
+
+Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_result, FatalFn on_fatal)
+    : runner_(runner),
+      options_(std::move(options)),
+      on_result_(std::move(on_result)),
+      on_fatal_(std::move(on_fatal)),
+      surface_(AnySurfaceMetric(options_.metrics)) {
+  batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
+  const int b = batch_size_ > 0 ? batch_size_ : kDefaultBatchForBudget;
+  max_decoded_waiting_ = std::max({3 * b, 2 * options_.decode_threads, 16});
+  for (int i = 0; i < std::max(2, options_.staging_slots); ++i) {
+    slots_.push_back(std::make_unique<Slot>());
+    free_slots_.push_back(slots_.back().get());
+  }
+  for (int i = 0; i < std::max(1, options_.decode_threads); ++i) threads_.emplace_back([this] { DecodeLoop(); });
+  threads_.emplace_back([this] { BatchLoop(); });
+  threads_.emplace_back([this] { CompletionLoop(); });
+}
+
+Pipeline::~Pipeline() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void Pipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) {
+  auto shard = std::make_shared<Shard>();
+  shard->lease = lease;
+  shard->items.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) shard->items[i].row = std::move(rows[i]);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    backlog_ += static_cast<int64_t>(shard->items.size());
+    shards_.push_back(std::move(shard));
+  }
+  cv_.notify_all();
+}
+
+void Pipeline::Drop(int64_t lease_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : shards_) {
+      if (s->lease.lease_id == lease_id) s->dropped = true;
+    }
+  }
+  cv_.notify_all();
+}
+
+int64_t Pipeline::Backlog() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return backlog_;
+}
+
+void Pipeline::WaitIdle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return backlog_ == 0 || failed_ || stopping_; });
+}
+
+bool Pipeline::failed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
+}
+
+int Pipeline::batch_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return batch_size_;
+}
+
+int Pipeline::num_classes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return num_classes_;
+}
+
+v1::WorkerStats Pipeline::Stats() const {
+  RunnerStats rs = runner_->Stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::WorkerStats s;
+  s.set_device(rs.device);
+  s.set_gpu_name(rs.gpu_name);
+  s.set_peak_memory_bytes(rs.peak_memory_bytes);
+  s.set_model_load_seconds(rs.load_seconds);
+  s.set_batch_size(batch_size_);
+  s.set_oom_retries(oom_retries_);
+  s.set_images(images_done_);
+  s.set_decode_threads(options_.decode_threads);
+  s.set_first_batch_unix(first_batch_unix_);
+  s.set_logit_ties(logit_ties_);
+  if (clock_start_ > 0 && last_result_ > clock_start_) {
+    s.set_busy_seconds(last_result_ - clock_start_);
+    s.set_images_per_second(static_cast<double>(images_after_warmup_) / (last_result_ - clock_start_));
+  }
+  return s;
+}
+
+std::unique_ptr<RgbImage> Pipeline::TakeImage() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (image_pool_.empty()) return std::make_unique<RgbImage>();
+  auto p = std::move(image_pool_.back());
+  image_pool_.pop_back();
+  return p;
+}
+
+std::unique_ptr<LabelMap> Pipeline::TakeMask() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (mask_pool_.empty()) return std::make_unique<LabelMap>();
+  auto p = std::move(mask_pool_.back());
+  mask_pool_.pop_back();
+  return p;
+}
+
+void Pipeline::Decode(Item* item) {
+  if (!item->row.error().empty()) {
+    item->error = item->row.error();
+    return;
+  }
+  std::unique_ptr<RgbImage> image = TakeImage();
+  absl::Status s = LoadImage(item->row.image(), image.get());
+  if (!s.ok()) {
+    item->error = std::string(s.message());
+  } else {
+    std::unique_ptr<LabelMap> mask = TakeMask();
+    s = LoadMask(item->row.mask(), mask.get());
+    if (!s.ok()) {
+      item->error = std::string(s.message());
+    } else if (mask->height != image->height || mask->width != image->width) {
+      item->error = absl::StrCat("image '", item->row.image(), "' is ", image->height, "x", image->width,
+                                 " (height x width) but mask '", item->row.mask(), "' is ", mask->height, "x",
+                                 mask->width);
+    }
+    item->mask = std::move(mask);
+  }
+  item->image = std::move(image);
+}
+
+void Pipeline::DecodeLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    std::shared_ptr<Shard> shard;
+    Item* item = nullptr;
+    cv_.wait(lock, [&] {
+      if (stopping_ || !metric_tasks_.empty()) return true;
+      if (decoded_waiting_ >= max_decoded_waiting_) return false;
+      for (auto& s : shards_) {
+        if (!s->dropped && s->next_decode < s->items.size()) return true;
+      }
+      return false;
+    });
+    if (stopping_) return;
+    if (!metric_tasks_.empty()) {
+      std::function<void()> task = std::move(metric_tasks_.front());
+      metric_tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      continue;
+    }
+    for (auto& s : shards_) {
+      if (!s->dropped && s->next_decode < s->items.size()) {
+        shard = s;
+        item = &s->items[s->next_decode++];
+        break;
+      }
+    }
+    ++decoded_waiting_;
+    lock.unlock();
+    Decode(item);
+    lock.lock();
+    item->decoded = true;
+    cv_.notify_all();
+  }
+}
+
+void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spec) {
+  size_t image_bytes = 0, mask_words = 0;
+  for (const Item* it : items) {
+    image_bytes += static_cast<size_t>(it->image->height) * it->image->width * 3;
+    mask_words += static_cast<size_t>(it->mask->height) * it->mask->width;
+  }
+  if (!slot->images || slot->images->size() < image_bytes) slot->images = runner_->AllocateHost(image_bytes + image_bytes / 4);
+  if (!slot->masks || slot->masks->size() < mask_words * 2) slot->masks = runner_->AllocateHost((mask_words + mask_words / 4) * 2);
+  spec->images = slot->images.get();
+  spec->masks = slot->masks.get();
+  spec->want_labels = surface_;
+  spec->items.clear();
+  size_t image_off = 0, mask_off = 0;
+  uint16_t* mask_base = reinterpret_cast<uint16_t*>(slot->masks->data());
+  for (const Item* it : items) {
+    BatchImage b;
+    b.image_offset = image_off;
+    b.mask_offset = mask_off;
+    b.height = it->image->height;
+    b.width = it->image->width;
+    std::memcpy(slot->images->data() + image_off, it->image->pixels.data(), it->image->pixels.size());
+    std::memcpy(mask_base + mask_off, it->mask->labels.data(), it->mask->labels.size() * sizeof(uint16_t));
+    image_off += it->image->pixels.size();
+    mask_off += it->mask->labels.size();
+    spec->items.push_back(b);
+  }
+}
+
+void Pipeline::ReleaseSlot(Slot* slot) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_slots_.push_back(slot);
+  }
+  cv_.notify_all();
+}
+
+void Pipeline::Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result) {
+  bool dropped = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped = shard->dropped;
+    --backlog_;
+    ++images_done_;
+    last_result_ = NowUnix();
+    if (clock_start_ > 0) ++images_after_warmup_;
+  }
+  if (!dropped) on_result_(shard->lease, std::move(result));
+  cv_.notify_all();
+}
+
+void Pipeline::Fail(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_) return;
+    failed_ = true;
+  }
+  Log("job cannot continue: ", message);
+  cv_.notify_all();
+  on_fatal_(message);
+}
+
+void Pipeline::BatchLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  bool warmed = false;
+  while (true) {
+    if (stopping_) return;
+    if (failed_ || shards_.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    std::shared_ptr<Shard> shard = shards_.front();
+    const size_t n = shard->items.size();
+    if (shard->dropped) {
+      // Items handed to decoders finish decoding first; the rest are never decoded.
+      bool busy = false;
+      for (size_t i = shard->next_batch; i < shard->next_decode; ++i) busy |= !shard->items[i].decoded;
+      if (busy) {
+        cv_.wait(lock);
+        continue;
+      }
+      decoded_waiting_ -= static_cast<int>(shard->next_decode - shard->next_batch);
+      backlog_ -= static_cast<int64_t>(n - shard->next_batch);
+      for (size_t i = shard->next_batch; i < n; ++i) {
+        Item& it = shard->items[i];
+        if (it.image) image_pool_.push_back(std::move(it.image));
+        if (it.mask) mask_pool_.push_back(std::move(it.mask));
+      }
+      shard->next_batch = n;
+      shards_.pop_front();
+      cv_.notify_all();
+      continue;
+    }
+    if (shard->next_batch >= n) {
+      shards_.pop_front();
+      continue;
+    }
+    const size_t i0 = shard->next_batch;
+    if (batch_size_ == 0) {
+      // Automatic batch size: trial passes at the size of the first decodable image.
+      if (!shard->items[i0].decoded) {
+        cv_.wait(lock);
+        continue;
+      }
+      const Item& first = shard->items[i0];
+      if (!first.image || !first.error.empty()) {
+        batch_size_ = 1;  // Fail this row alone; the next one sets the size.
+      } else {
+        const int h = first.image->height, w = first.image->width;
+        lock.unlock();
+        absl::StatusOr<int> b = runner_->FindMaxBatch(h, w, options_.max_memory, options_.max_batch_size, 8);
+        lock.lock();
+        if (!b.ok()) {
+          lock.unlock();
+          Fail(std::string(b.status().message()));
+          lock.lock();
+          continue;
+        }
+        batch_size_ = *b;
+        max_decoded_waiting_ = std::max({3 * batch_size_, 2 * options_.decode_threads, 16});
+        Log("automatic batch size: ", batch_size_, " at ", h, "x", w);
+      }
+    }
+    const int64_t b = batch_size_;
+    const int64_t idx0 = shard->items[i0].row.index();
+    const int64_t block_end = (idx0 / b + 1) * b;  // Aligned to global index multiples of b.
+    const size_t i1 = std::min(n, i0 + static_cast<size_t>(block_end - idx0));
+    bool ready = true;
+    for (size_t i = i0; i < i1 && ready; ++i) ready = shard->items[i].decoded;
+    if (!ready) {
+      cv_.wait(lock);
+      continue;
+    }
+    shard->next_batch = i1;
+    decoded_waiting_ -= static_cast<int>(i1 - i0);
+    cv_.notify_all();
+    lock.unlock();
+
+    // Rows that failed to decode are reported now; the others are grouped by size.
+    std::vector<std::vector<Item*>> groups;
+    std::map<std::pair<int, int>, size_t> group_of_size;
+    for (size_t i = i0; i < i1; ++i) {
+      Item& it = shard->items[i];
+      if (!it.error.empty()) {
+        v1::ImageResult r;
+        r.set_index(it.row.index());
+        r.set_error(it.error);
+        Deliver(shard, std::move(r));
+        continue;
+      }
+      const auto key = options_.any_input_size ? std::make_pair(0, 0)
+                                               : std::make_pair(it.image->height, it.image->width);
+      auto [pos, inserted] = group_of_size.emplace(key, groups.size());
+      if (inserted) groups.emplace_back();
+      groups[pos->second].push_back(&it);
+    }
+    for (std::vector<Item*>& group : groups) {
+      Slot* slot = nullptr;
+      {
+        std::unique_lock<std::mutex> slot_lock(mu_);
+        cv_.wait(slot_lock, [&] { return stopping_ || failed_ || !free_slots_.empty(); });
+        if (stopping_ || failed_) break;
+        slot = free_slots_.back();
+        free_slots_.pop_back();
+      }
+      auto batch = std::make_shared<InFlight>();
+      batch->shard = shard;
+      batch->slot = slot;
+      Stage(group, slot, &batch->spec);
+      for (Item* it : group) {
+        batch->index.push_back(it->row.index());
+        batch->max_label.push_back(it->mask->max_label);
+        std::lock_guard<std::mutex> pool_lock(mu_);
+        image_pool_.push_back(std::move(it->image));
+        mask_pool_.push_back(std::move(it->mask));
+      }
+      if (!warmed) {
+        // TorchScript's profiling executor optimises after a few runs and cuDNN picks algorithms
+        // on the first: run the first batch a few extra times before the clock starts.
+        for (int k = 0; k < options_.warmup_batches; ++k) {
+          auto p = runner_->Launch(batch->spec);
+          if (!p.ok() || !(*p)->Wait().ok()) break;
+        }
+        warmed = true;
+        std::lock_guard<std::mutex> stats_lock(mu_);
+        clock_start_ = NowUnix();
+      }
+      absl::StatusOr<std::unique_ptr<PendingBatch>> pending = runner_->Launch(batch->spec);
+      if (pending.ok()) {
+        batch->pending = std::move(*pending);
+        {
+          std::lock_guard<std::mutex> q(mu_);
+          in_flight_.push_back(batch);
+        }
+        cv_.notify_all();
+      } else if (absl::IsResourceExhausted(pending.status())) {
+        RunNow(batch, 0, batch->index.size());
+        if (--batch->holds == 0) ReleaseSlot(batch->slot);
+      } else {
+        Fail(std::string(pending.status().message()));
+        ReleaseSlot(slot);
+      }
+    }
+    lock.lock();
+  }
+}
+
+void Pipeline::CompletionLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || !in_flight_.empty(); });
+    if (stopping_) return;
+    std::shared_ptr<InFlight> batch = in_flight_.front();
+    in_flight_.pop_front();
+    lock.unlock();
+    absl::Status s = batch->pending->Wait();
+    if (s.ok()) {
+      Finish(batch, batch->pending.get(), 0, batch->index.size());
+    } else if (absl::IsResourceExhausted(s)) {
+      batch->pending.reset();
+      RunNow(batch, 0, batch->index.size());
+    } else {
+      Fail(std::string(s.message()));
+    }
+    if (--batch->holds == 0) ReleaseSlot(batch->slot);
+    lock.lock();
+  }
+}
+
+void Pipeline::RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end) {
+  BatchSpec sub = batch->spec;
+  sub.items.assign(batch->spec.items.begin() + begin, batch->spec.items.begin() + end);
+  absl::StatusOr<std::unique_ptr<PendingBatch>> pending = runner_->Launch(sub);
+  absl::Status s = pending.ok() ? (*pending)->Wait() : pending.status();
+  if (s.ok()) {
+    std::shared_ptr<PendingBatch> shared(std::move(*pending));
+    {
+      // Metric tasks read the predicted labels; the batch (which they hold) owns the results.
+      std::lock_guard<std::mutex> lock(mu_);
+      batch->retries.push_back(shared);
+    }
+    Finish(batch, shared.get(), begin, end);
+    return;
+  }
+  if (!absl::IsResourceExhausted(s)) {
+    Fail(std::string(s.message()));
+    return;
+  }
+  runner_->ReleaseCachedMemory();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++oom_retries_;
+    batch_size_ = std::max<int>(1, std::min<int>(batch_size_, static_cast<int>((end - begin) / 2)));
+  }
+  Log("device out of memory on a batch of ", end - begin, "; retrying in halves (", s.message(), ")");
+  if (end - begin == 1) {
+    const BatchImage& it = batch->spec.items[begin];
+    v1::ImageResult r;
+    r.set_index(batch->index[begin]);
+    r.set_error(absl::StrCat("device out of memory even for this image alone (", it.height, "x", it.width, ")"));
+    Deliver(batch->shard, std::move(r));
+    return;
+  }
+  const size_t mid = begin + (end - begin) / 2;
+  RunNow(batch, begin, mid);
+  RunNow(batch, mid, end);
+}
+
+void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, size_t begin, size_t end) {
+  const int k = pending->num_classes();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (num_classes_ == 0) num_classes_ = k;
+    logit_ties_ += pending->logit_ties();
+    if (first_batch_unix_ == 0) first_batch_unix_ = NowUnix();
+  }
+  const uint16_t* masks = reinterpret_cast<const uint16_t*>(batch->slot->masks->data());
+  for (size_t i = begin; i < end; ++i) {
+    const size_t j = i - begin;
+    const BatchImage& it = batch->spec.items[i];
+    v1::ImageResult r;
+    r.set_index(batch->index[i]);
+    r.set_height(it.height);
+    r.set_width(it.width);
+    const uint16_t* mask = masks + it.mask_offset;
+    if (batch->max_label[i] >= k) {
+      r.set_error(DescribeLabelOutOfRange(mask, it.height, it.width, k));
+      Deliver(batch->shard, std::move(r));
+      continue;
+    }
+    const int64_t* m = pending->confusion(static_cast<int>(j));
+    int64_t total = 0;
+    for (int a = 0; a < k * k; ++a) total += m[a];
+    for (int c = 0; c < k; ++c) {
+      int64_t row = 0, col = 0;
+      for (int o = 0; o < k; ++o) {
+        row += m[c * k + o];
+        col += m[o * k + c];
+      }
+      v1::ClassResult* cr = r.add_classes();
+      const int64_t tp = m[c * k + c];
+      cr->set_tp(tp);
+      cr->set_fp(col - tp);
+      cr->set_fn(row - tp);
+      cr->set_tn(total - row - col + tp);
+      cr->set_hd(kNaN);
+      cr->set_hd95(kNaN);
+      cr->set_assd(kNaN);
+      cr->set_nsd(kNaN);
+    }
+    if (!surface_) {
+      Deliver(batch->shard, std::move(r));
+      continue;
+    }
+    const uint16_t* pred = pending->labels(static_cast<int>(j));
+    ++batch->holds;
+    auto task = [this, batch, pred, mask, k, h = it.height, w = it.width, r = std::move(r)]() mutable {
+      std::vector<SurfaceValues> values;
+      ClassSurfaceMetrics(pred, mask, h, w, k, kIgnoreLabel, options_.surface, &values);
+      for (int c = 0; c < k; ++c) {
+        v1::ClassResult* cr = r.mutable_classes(c);
+        cr->set_hd(values[c].hd);
+        cr->set_hd95(values[c].hd95);
+        cr->set_assd(values[c].assd);
+        cr->set_nsd(values[c].nsd);
+      }
+      Deliver(batch->shard, std::move(r));
+      if (--batch->holds == 0) ReleaseSlot(batch->slot);
+    };
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      metric_tasks_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace tally

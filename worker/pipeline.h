@@ -1,0 +1,152 @@
+// The worker's data path for one job: decode threads -> batcher -> ModelRunner (device) ->
+// completion thread -> per-image results, with every stage overlapping the others.
+//
+//   Submit(shard rows) ─> decode pool (T threads: read + decode PNG/JPEG, check sizes)
+//        ─> batcher thread: batches of images aligned to global index multiples of the batch
+//           size, same-size images only (or any size with an input size), copied into one of a
+//           few reusable staging buffers (pinned on CUDA), launched without waiting
+//        ─> completion thread: waits for each batch in order, turns confusion counts into
+//           results, hands surface-metric work to the CPU pool, delivers results.
+//
+// Batches depend only on the manifest indices and the batch size, never on which shards a worker
+// got, so results are bit-identical across worker counts and shard sizes (README "Exact results").
+// On device out-of-memory the batch is split in halves and retried; nothing is dropped.
+//
+// Thread-safe. Callbacks run on pipeline threads and must not block for long.
+#ifndef TALLY_WORKER_PIPELINE_H_
+#define TALLY_WORKER_PIPELINE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/image_io.h"
+#include "common/metrics.h"
+#include "common/surface_distance.h"
+#include "proto/tally.pb.h"
+#include "worker/model_runner.h"
+
+namespace tally {
+
+struct LeaseKey {
+  std::string job_id;
+  int64_t shard_id = 0;
+  int64_t lease_id = 0;
+};
+
+struct PipelineOptions {
+  int decode_threads = 2;
+  int batch_size = 8;           // -1: pick the largest that fits (ModelRunner::FindMaxBatch).
+  double max_memory = 0;        // For batch_size -1.
+  int max_batch_size = 256;     // Upper bound for the automatic choice.
+  int staging_slots = 3;        // Batches in flight on the device.
+  int warmup_batches = 2;       // Extra forward passes on the first batch before the clock starts.
+  std::vector<Metric> metrics;
+  SurfaceOptions surface;
+  bool any_input_size = false;  // Images of different sizes may share a batch (inputs are resized).
+};
+
+class Pipeline {
+ public:
+  using ResultFn = std::function<void(const LeaseKey&, v1::ImageResult)>;
+  // A problem with the model itself (wrong output shape, ...): the job must fail.
+  using FatalFn = std::function<void(const std::string& message)>;
+
+  // `runner` must outlive the pipeline.
+  Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_result, FatalFn on_fatal);
+  ~Pipeline();  // Stops the threads; undelivered work is dropped.
+
+  // Queues the rows of one leased shard. Never blocks on decoding.
+  void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows);
+  // Stops work for a lease (revoked, job cancelled): its remaining rows produce no results.
+  void Drop(int64_t lease_id);
+  // Rows accepted and not yet delivered or dropped.
+  int64_t Backlog() const;
+  // Blocks until the backlog is empty or the pipeline failed.
+  void WaitIdle();
+  bool failed() const;
+
+  int batch_size() const;
+  v1::WorkerStats Stats() const;
+  int num_classes() const;
+
+ private:
+  struct Item {
+    v1::ManifestRow row;
+    std::unique_ptr<RgbImage> image;
+    std::unique_ptr<LabelMap> mask;
+    std::string error;
+    bool decoded = false;
+  };
+  struct Shard {
+    LeaseKey lease;
+    std::vector<Item> items;
+    size_t next_decode = 0;  // Next item to hand to a decode thread.
+    size_t next_batch = 0;   // Next item the batcher takes.
+    bool dropped = false;
+  };
+  struct Slot {
+    std::unique_ptr<HostBuffer> images;
+    std::unique_ptr<HostBuffer> masks;
+  };
+  struct InFlight;
+
+  void DecodeLoop();
+  void BatchLoop();
+  void CompletionLoop();
+  void Decode(Item* item);
+  // Packs `items` into `slot` and fills `spec`.
+  void Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spec);
+  // Launches and waits (for warm-up and out-of-memory retries). Splits on out-of-memory.
+  void RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end);
+  void Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, size_t begin, size_t end);
+  void Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result);
+  void Fail(const std::string& message);
+  void ReleaseSlot(Slot* slot);
+  std::unique_ptr<RgbImage> TakeImage();
+  std::unique_ptr<LabelMap> TakeMask();
+
+  ModelRunner* const runner_;
+  PipelineOptions options_;
+  const ResultFn on_result_;
+  const FatalFn on_fatal_;
+  const bool surface_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Shard>> shards_;
+  int decoded_waiting_ = 0;     // Decoded or decoding items not yet taken by the batcher.
+  int max_decoded_waiting_ = 0;
+  int64_t backlog_ = 0;
+  bool stopping_ = false;
+  bool failed_ = false;
+  int batch_size_ = 0;          // Resolved (auto -> number) by the batcher.
+  int num_classes_ = 0;
+  std::vector<Slot*> free_slots_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::deque<std::shared_ptr<InFlight>> in_flight_;
+  std::vector<std::unique_ptr<RgbImage>> image_pool_;
+  std::vector<std::unique_ptr<LabelMap>> mask_pool_;
+  std::deque<std::function<void()>> metric_tasks_;  // Run by decode threads, before decoding.
+
+  // Statistics.
+  int64_t images_done_ = 0;
+  int64_t images_after_warmup_ = 0;
+  double clock_start_ = 0;
+  double last_result_ = 0;
+  double first_batch_unix_ = 0;
+  int oom_retries_ = 0;
+  int64_t logit_ties_ = 0;
+
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_PIPELINE_H_

@@ -1,0 +1,454 @@
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+
+namespace tally {
+namespace {
+
+constexpr double kFlushSeconds = 0.5;
+
+std::chrono::system_clock::time_point Deadline(double seconds) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+std::string Hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+}  // namespace
+
+Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
+  if (options.coordinator.empty()) return absl::InvalidArgumentError("--coordinator is required (host:port)");
+  if (options.threads <= 0) options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (options.name.empty()) options.name = absl::StrCat(Hostname(), ":", options.device);
+  std::unique_ptr<Worker> w(new Worker(std::move(options)));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  // Reconnect quickly after the coordinator comes back; our own loop does the backoff.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  w->channel_ = grpc::CreateCustomChannel(w->options_.coordinator, grpc::InsecureChannelCredentials(), args);
+  w->stub_ = v1::WorkerControl::NewStub(w->channel_);
+  return w;
+}
+
+Worker::~Worker() {
+  Stop();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  if (reporter_.joinable()) reporter_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  evaluator_.reset();
+}
+
+void Worker::Stop() {
+  stop_ = true;
+  cv_.notify_all();
+}
+
+void Worker::SleepFor(double seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)), [&] { return stop_.load(); });
+}
+
+absl::Status Worker::Register(bool first) {
+  v1::RegisterWorkerRequest request;
+  request.set_name(options_.name);
+  request.set_device(options_.device);
+  request.set_device_name(options_.device == "cpu" ? "cpu" : options_.device);
+  request.set_hostname(Hostname());
+  request.set_pid(getpid());
+  const auto start = std::chrono::steady_clock::now();
+  double backoff = 0.25;
+  std::mt19937 rng(getpid());
+  for (int attempt = 1;; ++attempt) {
+    v1::RegisterWorkerResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(5));
+    grpc::Status s = stub_->RegisterWorker(&ctx, request, &response);
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      worker_id_ = response.worker_id();
+      heartbeat_seconds_ = response.heartbeat_seconds() > 0 ? response.heartbeat_seconds() : 1.0;
+      need_register_ = false;
+      Log("registered with the coordinator at ", options_.coordinator, " as ", worker_id_,
+          attempt > 1 ? absl::StrCat(" after ", attempt, " attempts") : "");
+      return absl::OkStatus();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (stop_) return absl::CancelledError("stopped while registering");
+    if (options_.max_connect_seconds > 0 && waited >= options_.max_connect_seconds) {
+      return absl::UnavailableError(absl::StrFormat(
+          "cannot reach the coordinator at %s: gave up after %d attempts over %.1f s (last error: %s)",
+          options_.coordinator, attempt, waited, s.error_message()));
+    }
+    const double delay = backoff * std::uniform_real_distribution<double>(0.8, 1.2)(rng);
+    Log("cannot reach the coordinator at ", options_.coordinator, " (", s.error_message(), "); attempt ", attempt,
+        first ? "" : " (re-registering)", ", retrying in ", absl::StrFormat("%.1f", delay), " s");
+    SleepFor(delay);
+    backoff = std::min(backoff * 2, 30.0);
+  }
+}
+
+absl::Status Worker::Run() {
+  RETURN_IF_ERROR(Register(true));
+  reporter_ = std::thread([this] { ReporterLoop(); });
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  double backoff = 0.25;
+  while (!stop_) {
+    bool reregister = false;
+    size_t held = 0;
+    int64_t backlog = 0;
+    int batch = 8;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reregister = need_register_;
+      held = leases_.size();
+      if (evaluator_) {
+        backlog = evaluator_->pipeline->Backlog();
+        batch = std::max(1, evaluator_->pipeline->batch_size());
+      }
+    }
+    if (reregister) {
+      // The coordinator forgot us (restarted, or we were silent too long): our leases are gone.
+      std::vector<int64_t> ids;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& [id, lb] : leases_) ids.push_back(id);
+      }
+      for (int64_t id : ids) DropLease(id);
+      absl::Status s = Register(false);
+      if (!s.ok()) return s;
+      continue;
+    }
+    // Keep enough rows queued that decoding runs ahead of the device, but no more.
+    const int64_t target = std::max<int64_t>(4 * batch, 2 * options_.threads);
+    if (held >= static_cast<size_t>(options_.max_leases) || (held > 0 && backlog >= target)) {
+      SleepFor(0.02);
+      continue;
+    }
+    v1::AcquireShardRequest request;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      request.set_worker_id(worker_id_);
+    }
+    v1::AcquireShardResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(30));
+    grpc::Status s = stub_->AcquireShard(&ctx, request, &response);
+    if (!s.ok()) {
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+        std::lock_guard<std::mutex> lock(mu_);
+        need_register_ = true;
+        continue;
+      }
+      Log("leasing work from ", options_.coordinator, " failed (", s.error_message(), "); retrying in ",
+          absl::StrFormat("%.1f", backoff), " s");
+      SleepFor(backoff);
+      backoff = std::min(backoff * 2, 30.0);
+      continue;
+    }
+    backoff = 0.25;
+    if (!response.has_assignment()) {
+      SleepFor(std::max(0.02, response.retry_after_ms() / 1000.0));
+      continue;
+    }
+    const v1::ShardAssignment& a = response.assignment();
+    bool known_bad = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      known_bad = failed_jobs_.count(a.job_id()) > 0;
+    }
+    if (known_bad) {
+      // The job already failed here and was reported; the coordinator will stop handing it out.
+      SleepFor(0.2);
+      continue;
+    }
+    absl::Status started = StartJob(a);
+    if (!started.ok()) {
+      Log("cannot run job ", a.job_id(), ": ", started.message());
+      OnFatal(a.job_id(), std::string(started.message()));
+      continue;
+    }
+    LeaseKey key{a.job_id(), a.shard_id(), a.lease_id()};
+    std::vector<v1::ManifestRow> rows(a.rows().begin(), a.rows().end());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      LeaseBuffer& lb = leases_[a.lease_id()];
+      lb.key = key;
+      lb.expected = static_cast<int64_t>(rows.size());
+      lb.last_flush = NowUnix();
+    }
+    evaluator_->pipeline->Submit(key, std::move(rows));
+  }
+  // Graceful stop: finish what is in hand and send it.
+  Log("stopping: finishing the rows in hand");
+  if (evaluator_) evaluator_->pipeline->WaitIdle();
+  for (int i = 0; i < 100; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (leases_.empty() && job_errors_.empty()) break;
+    }
+    cv_.notify_all();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
+  if (evaluator_ && evaluator_->job_id == a.job_id()) return absl::OkStatus();
+  if (evaluator_) {
+    // One model at a time: let the previous job's rows finish before loading the next model.
+    evaluator_->pipeline->WaitIdle();
+    std::unique_ptr<Evaluator> old;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      old = std::move(evaluator_);
+    }
+    old.reset();
+  }
+  const v1::JobSpec& spec = a.spec();
+  ModelRunnerOptions ro;
+  ro.model_path = spec.model();
+  ro.device = options_.device;
+  ro.precision = spec.precision().empty() ? "fp32" : spec.precision();
+  ro.channels_last = spec.channels_last();
+  ro.mean.assign(spec.mean().begin(), spec.mean().end());
+  ro.std.assign(spec.std().begin(), spec.std().end());
+  ro.input_height = spec.input_height();
+  ro.input_width = spec.input_width();
+  ro.cpu_threads = options_.threads;
+  ro.count_logit_ties = options_.count_logit_ties;
+  ro.cudnn_benchmark = options_.cudnn_benchmark;
+  Log("job ", a.job_id(), ": loading model ", spec.model(), " on ", options_.device);
+  auto evaluator = std::make_unique<Evaluator>();
+  evaluator->job_id = a.job_id();
+  ASSIGN_OR_RETURN(evaluator->runner, ModelRunner::Create(ro));
+  PipelineOptions po;
+  po.decode_threads = options_.threads;
+  const int default_batch =
+      options_.default_batch_size > 0 ? options_.default_batch_size : (evaluator->runner->is_cuda() ? 32 : 8);
+  po.batch_size = spec.batch_size() == 0 ? default_batch : spec.batch_size();
+  po.max_memory = spec.max_memory();
+  po.warmup_batches = evaluator->runner->is_cuda() ? options_.warmup_batches : 0;
+  ASSIGN_OR_RETURN(po.metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
+  po.surface.spacing_y = spec.spacing_y() > 0 ? spec.spacing_y() : 1.0;
+  po.surface.spacing_x = spec.spacing_x() > 0 ? spec.spacing_x() : 1.0;
+  po.surface.nsd_tolerance = spec.nsd_tolerance();
+  po.any_input_size = spec.input_height() > 0;
+  const std::string job_id = a.job_id();
+  evaluator->pipeline = std::make_unique<Pipeline>(
+      evaluator->runner.get(), po, [this](const LeaseKey& k, v1::ImageResult r) { OnResult(k, std::move(r)); },
+      [this, job_id](const std::string& message) { OnFatal(job_id, message); });
+  std::lock_guard<std::mutex> lock(mu_);
+  evaluator_ = std::move(evaluator);
+  return absl::OkStatus();
+}
+
+void Worker::OnResult(const LeaseKey& lease, v1::ImageResult result) {
+  bool complete = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = leases_.find(lease.lease_id);
+    if (it == leases_.end()) return;  // Revoked meanwhile.
+    it->second.pending.push_back(std::move(result));
+    complete = ++it->second.delivered >= it->second.expected;
+  }
+  if (complete) cv_.notify_all();
+}
+
+void Worker::OnFatal(const std::string& job_id, const std::string& message) {
+  std::vector<int64_t> drop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_jobs_[job_id] = message;
+    job_errors_.emplace_back(job_id, message);
+    for (auto& [id, lb] : leases_) {
+      if (lb.key.job_id == job_id) drop.push_back(id);
+    }
+  }
+  for (int64_t id : drop) DropLease(id);
+  cv_.notify_all();
+}
+
+void Worker::DropLease(int64_t lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  leases_.erase(lease_id);
+  if (evaluator_) evaluator_->pipeline->Drop(lease_id);
+}
+
+bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete) {
+  v1::ReportResultsRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_worker_id(worker_id_);
+    if (evaluator_ && evaluator_->job_id == key.job_id) {
+      *request.mutable_stats() = evaluator_->pipeline->Stats();
+      request.set_num_classes(evaluator_->pipeline->num_classes());
+    }
+  }
+  request.set_job_id(key.job_id);
+  request.set_shard_id(key.shard_id);
+  request.set_lease_id(key.lease_id);
+  request.set_shard_complete(complete);
+  for (v1::ImageResult& r : *results) *request.add_results() = std::move(r);
+  v1::ReportResultsResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(60));
+  grpc::Status s = stub_->ReportResults(&ctx, request, &response);
+  if (s.ok()) {
+    if (response.abandon()) DropLease(key.lease_id);
+    return true;
+  }
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+    Log("the coordinator no longer knows this worker or job (", s.error_message(), "); dropping shard ",
+        key.shard_id);
+    std::lock_guard<std::mutex> lock(mu_);
+    need_register_ = true;
+    return true;  // Nothing to retry: the lease is gone with the coordinator's memory of us.
+  }
+  if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    Log("the coordinator rejected results for shard ", key.shard_id, " of job ", key.job_id, ": ",
+        s.error_message());
+    return true;
+  }
+  // Keep the results and try again: they are not lost while this process lives.
+  results->clear();
+  for (v1::ImageResult& r : *request.mutable_results()) results->push_back(std::move(r));
+  Log("sending results to ", options_.coordinator, " failed (", s.error_message(), "); will retry");
+  return false;
+}
+
+void Worker::ReporterLoop() {
+  double backoff = 0.25;
+  while (true) {
+    std::vector<std::pair<std::string, std::string>> errors;
+    struct Batch {
+      LeaseKey key;
+      std::vector<v1::ImageResult> results;
+      bool complete;
+    };
+    std::vector<Batch> batches;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (done_) return;
+      errors.swap(job_errors_);
+      const double now = NowUnix();
+      for (auto& [id, lb] : leases_) {
+        const bool complete = lb.delivered >= lb.expected;
+        if (lb.pending.empty() && !complete) continue;
+        if (!complete && now - lb.last_flush < kFlushSeconds) continue;
+        Batch b{lb.key, std::move(lb.pending), complete};
+        lb.pending.clear();
+        lb.last_flush = now;
+        batches.push_back(std::move(b));
+      }
+    }
+    for (const auto& [job, message] : errors) {
+      v1::ReportJobErrorRequest request;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        request.set_worker_id(worker_id_);
+      }
+      request.set_job_id(job);
+      request.set_message(message);
+      v1::ReportJobErrorResponse response;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(10));
+      grpc::Status s = stub_->ReportJobError(&ctx, request, &response);
+      if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+        std::lock_guard<std::mutex> lock(mu_);
+        job_errors_.emplace_back(job, message);
+      }
+    }
+    bool failed = false;
+    for (Batch& b : batches) {
+      if (failed || !Send(b.key, &b.results, b.complete)) {
+        // Put the results back in front, to be sent again.
+        failed = true;
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = leases_.find(b.key.lease_id);
+        if (it != leases_.end()) {
+          it->second.pending.insert(it->second.pending.begin(), std::make_move_iterator(b.results.begin()),
+                                    std::make_move_iterator(b.results.end()));
+        }
+        continue;
+      }
+      if (b.complete) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = leases_.find(b.key.lease_id);
+        if (it != leases_.end() && it->second.pending.empty()) leases_.erase(it);
+      }
+    }
+    if (failed) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)), [&] { return done_; });
+      backoff = std::min(backoff * 2, 10.0);
+    } else {
+      backoff = 0.25;
+    }
+  }
+}
+
+void Worker::HeartbeatLoop() {
+  while (true) {
+    v1::HeartbeatRequest request;
+    double period = 1.0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(heartbeat_seconds_ * 1000)),
+                   [&] { return done_; });
+      if (done_) return;
+      period = heartbeat_seconds_;
+      request.set_worker_id(worker_id_);
+      for (auto& [id, lb] : leases_) {
+        v1::HeldLease* h = request.add_leases();
+        h->set_job_id(lb.key.job_id);
+        h->set_shard_id(lb.key.shard_id);
+        h->set_lease_id(lb.key.lease_id);
+      }
+    }
+    v1::HeartbeatResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(std::max(2.0, period * 2)));
+    grpc::Status s = stub_->Heartbeat(&ctx, request, &response);
+    if (!s.ok()) {
+      Log("heartbeat to ", options_.coordinator, " failed: ", s.error_message());
+      continue;
+    }
+    if (response.reregister()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      need_register_ = true;
+    }
+    for (const v1::HeldLease& r : response.revoked()) {
+      Log("lease of shard ", r.shard_id(), " of job ", r.job_id(), " was revoked; dropping it");
+      DropLease(r.lease_id());
+    }
+  }
+}
+
+}  // namespace tally

@@ -1,0 +1,101 @@
+// The worker's control plane: registers with the coordinator, leases shards, feeds them to the
+// evaluation pipeline of the current job, streams results back and heartbeats. All calls go from
+// the worker to the coordinator (the worker serves nothing).
+//
+// Threads: Run()'s thread leases shards; a reporter thread sends results (every row of a shard,
+// then `shard_complete`); a heartbeat thread keeps the leases alive and learns about revoked ones.
+// A coordinator that cannot be reached is retried with exponential backoff, and said so in the log;
+// buffered results are kept meanwhile.
+#ifndef TALLY_WORKER_WORKER_H_
+#define TALLY_WORKER_WORKER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tally.grpc.pb.h"
+#include "worker/model_runner.h"
+#include "worker/pipeline.h"
+
+namespace tally {
+
+struct WorkerOptions {
+  std::string coordinator = "127.0.0.1:50051";
+  std::string device = "cpu";       // cpu | cuda:N
+  std::string name;                 // Shown in reports; default host:device.
+  int threads = 0;                  // Decode/metric threads (and intra-op threads on CPU); 0 = all cores.
+  int default_batch_size = 0;       // For jobs that leave it to the worker; 0 = 8 on CPU, 32 on CUDA.
+  double max_connect_seconds = 0;   // Give up registering after this long; 0 = never.
+  int max_leases = 3;               // Shards held at once (the next ones decode while one runs).
+  bool count_logit_ties = false;
+  bool cudnn_benchmark = true;
+  int warmup_batches = 2;
+};
+
+class Worker {
+ public:
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(WorkerOptions options);
+  ~Worker();
+
+  // Serves until Stop(). Returns UNAVAILABLE if the coordinator could not be reached within
+  // max_connect_seconds.
+  absl::Status Run();
+  // Asks Run() to stop leasing, finish the rows in hand, send their results and return.
+  void Stop();
+
+ private:
+  struct LeaseBuffer {
+    LeaseKey key;
+    int64_t expected = 0;   // Rows in the shard.
+    int64_t delivered = 0;  // Results produced so far.
+    std::vector<v1::ImageResult> pending;  // Not yet sent.
+    double last_flush = 0;
+  };
+  struct Evaluator {
+    std::string job_id;
+    std::unique_ptr<ModelRunner> runner;
+    std::unique_ptr<Pipeline> pipeline;
+  };
+
+  explicit Worker(WorkerOptions options);
+  absl::Status Register(bool first);
+  absl::Status StartJob(const v1::ShardAssignment& a);
+  void OnResult(const LeaseKey& lease, v1::ImageResult result);
+  void OnFatal(const std::string& job_id, const std::string& message);
+  void ReporterLoop();
+  void HeartbeatLoop();
+  // Sends one ReportResults; returns false if it must be retried later.
+  bool Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete);
+  void DropLease(int64_t lease_id);
+  void SleepFor(double seconds);
+
+  const WorkerOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::WorkerControl::Stub> stub_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string worker_id_;
+  double heartbeat_seconds_ = 1.0;
+  std::map<int64_t, LeaseBuffer> leases_;             // By lease id.
+  std::vector<std::pair<std::string, std::string>> job_errors_;  // (job, message) to report.
+  std::map<std::string, std::string> failed_jobs_;    // Jobs this worker cannot run.
+  bool need_register_ = false;
+  std::atomic<bool> stop_{false};
+  bool done_ = false;  // Reporter and heartbeat threads exit.
+
+  std::unique_ptr<Evaluator> evaluator_;  // Owned by Run()'s thread.
+  std::thread reporter_;
+  std::thread heartbeat_;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_WORKER_H_
