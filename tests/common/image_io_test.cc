@@ -1,0 +1,105 @@
+#include "common/image_io.h"
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tally {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Tmp(const std::string& name) { return ::testing::TempDir() + "/image_io_test_" + name; }
+
+TEST(ImageIoTest, RgbPngRoundTrip) {
+  std::vector<uint8_t> rgb = {255, 0, 0, 0, 255, 0, 0, 0, 255, 10, 20, 30, 40, 50, 60, 70, 80, 90};
+  ASSERT_TRUE(WritePng(Tmp("rgb.png"), 2, 3, 3, 8, rgb.data()).ok());
+  RgbImage img;
+  ASSERT_TRUE(LoadImage(Tmp("rgb.png"), &img).ok());
+  EXPECT_EQ(img.height, 2);
+  EXPECT_EQ(img.width, 3);
+  EXPECT_EQ(img.pixels, rgb);
+}
+
+TEST(ImageIoTest, GrayAndRgbaBecomeRgb) {
+  std::vector<uint8_t> gray = {0, 100, 200, 255};
+  ASSERT_TRUE(WritePng(Tmp("gray.png"), 2, 2, 1, 8, gray.data()).ok());
+  RgbImage img;
+  ASSERT_TRUE(LoadImage(Tmp("gray.png"), &img).ok());
+  EXPECT_EQ(img.pixels, (std::vector<uint8_t>{0, 0, 0, 100, 100, 100, 200, 200, 200, 255, 255, 255}));
+  std::vector<uint8_t> rgba = {1, 2, 3, 0, 4, 5, 6, 128};  // Alpha is dropped, not composited.
+  ASSERT_TRUE(WritePng(Tmp("rgba.png"), 1, 2, 4, 8, rgba.data()).ok());
+  ASSERT_TRUE(LoadImage(Tmp("rgba.png"), &img).ok());
+  EXPECT_EQ(img.pixels, (std::vector<uint8_t>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(ImageIoTest, Masks8And16Bit) {
+  std::vector<uint8_t> m8 = {0, 1, 2, 255, 3, 0};
+  ASSERT_TRUE(WritePng(Tmp("m8.png"), 2, 3, 1, 8, m8.data()).ok());
+  LabelMap mask;
+  ASSERT_TRUE(LoadMask(Tmp("m8.png"), &mask).ok());
+  EXPECT_EQ(mask.labels, (std::vector<uint16_t>{0, 1, 2, 255, 3, 0}));
+  EXPECT_EQ(mask.max_label, 3);  // 255 (ignore) does not count.
+  std::vector<uint16_t> m16 = {0, 300, 1000, 255};
+  ASSERT_TRUE(WritePng(Tmp("m16.png"), 2, 2, 1, 16, m16.data()).ok());
+  ASSERT_TRUE(LoadMask(Tmp("m16.png"), &mask).ok());
+  EXPECT_EQ(mask.labels, m16);
+  EXPECT_EQ(mask.max_label, 1000);
+  EXPECT_THAT(DescribeLabelOutOfRange(mask, 3), HasSubstr("mask value 300 at (y=0, x=1) >= number of classes 3"));
+  EXPECT_EQ(DescribeLabelOutOfRange(mask, 1001), "");
+}
+
+TEST(ImageIoTest, RgbMaskIsRejected) {
+  std::vector<uint8_t> rgb(12, 1);
+  ASSERT_TRUE(WritePng(Tmp("rgbmask.png"), 2, 2, 3, 8, rgb.data()).ok());
+  LabelMap mask;
+  absl::Status s = LoadMask(Tmp("rgbmask.png"), &mask);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("single-channel"));
+  EXPECT_THAT(s.message(), HasSubstr("rgbmask.png"));
+}
+
+TEST(ImageIoTest, JpegDecodesAndIsRejectedAsMask) {
+  std::vector<uint8_t> rgb(16 * 16 * 3);
+  for (size_t i = 0; i < rgb.size(); i += 3) {
+    rgb[i] = 200;
+    rgb[i + 1] = 100;
+    rgb[i + 2] = 50;
+  }
+  ASSERT_TRUE(WriteJpeg(Tmp("flat.jpg"), 16, 16, rgb.data(), 95).ok());
+  RgbImage img;
+  ASSERT_TRUE(LoadImage(Tmp("flat.jpg"), &img).ok());
+  EXPECT_EQ(img.height, 16);
+  EXPECT_EQ(img.width, 16);
+  for (size_t i = 0; i < img.pixels.size(); ++i) EXPECT_NEAR(img.pixels[i], rgb[i], 3) << i;
+  LabelMap mask;
+  absl::Status s = LoadMask(Tmp("flat.jpg"), &mask);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("JPEG"));
+}
+
+TEST(ImageIoTest, CorruptAndMissingFilesNameTheFile) {
+  std::vector<uint8_t> rgb(64 * 64 * 3, 7);
+  ASSERT_TRUE(WritePng(Tmp("whole.png"), 64, 64, 3, 8, rgb.data(), 0).ok());
+  std::string bytes;
+  ASSERT_TRUE(ReadFileBytes(Tmp("whole.png"), &bytes).ok());
+  std::ofstream(Tmp("truncated.png"), std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  RgbImage img;
+  absl::Status s = LoadImage(Tmp("truncated.png"), &img);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("truncated.png"));
+  std::ofstream(Tmp("text.png")) << "this is not an image";
+  s = LoadImage(Tmp("text.png"), &img);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("neither PNG nor JPEG"));
+  s = LoadImage(Tmp("does_not_exist.png"), &img);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("does_not_exist.png"));
+  std::ofstream(Tmp("empty.png"));
+  s = LoadImage(Tmp("empty.png"), &img);
+  EXPECT_THAT(s.message(), HasSubstr("empty"));
+}
+
+}  // namespace
+}  // namespace tally

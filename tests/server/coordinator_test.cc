@@ -1,0 +1,314 @@
+#include "server/coordinator.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tally {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Drives the coordinator core directly, with a fake clock and no background thread.
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/coordinator_test_XXXXXX";
+    dir_ = mkdtemp(tmpl.data());
+    std::ofstream(dir_ + "/model.pt") << "not inspected by the coordinator";
+    WriteManifest(10);
+    Restart();
+  }
+
+  void WriteManifest(int rows) {
+    std::ofstream m(dir_ + "/manifest.csv");
+    m << "image,mask\n";
+    for (int i = 0; i < rows; ++i) m << "img" << i << ".png,mask" << i << ".png\n";
+  }
+
+  void Restart() {
+    core_.reset();
+    CoordinatorOptions o;
+    o.state_dir = dir_ + "/state";
+    o.lease_seconds = 10;
+    o.max_shard_attempts = 3;
+    o.clock = [this] { return now_; };
+    o.background_thread = false;
+    auto c = Coordinator::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    core_ = std::move(*c);
+  }
+
+  v1::JobSpec Spec(int shard_size, int batch_size) {
+    v1::JobSpec spec;
+    spec.set_model(dir_ + "/model.pt");
+    spec.set_manifest(dir_ + "/manifest.csv");
+    spec.set_shard_size(shard_size);
+    spec.set_batch_size(batch_size);
+    return spec;
+  }
+
+  std::string Register(const std::string& name) {
+    v1::RegisterWorkerRequest r;
+    r.set_name(name);
+    r.set_device("cpu");
+    auto resp = core_->RegisterWorker(r);
+    EXPECT_TRUE(resp.ok());
+    return resp->worker_id();
+  }
+
+  v1::ShardAssignment Acquire(const std::string& worker) {
+    v1::AcquireShardRequest r;
+    r.set_worker_id(worker);
+    auto resp = core_->AcquireShard(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp->assignment();
+  }
+
+  // Reports a result for every row of the assignment: per-image counts derived from the index so
+  // that the report's totals can be checked.
+  v1::ReportResultsResponse Complete(const std::string& worker, const v1::ShardAssignment& a, bool complete = true) {
+    v1::ReportResultsRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(a.job_id());
+    r.set_shard_id(a.shard_id());
+    r.set_lease_id(a.lease_id());
+    r.set_num_classes(2);
+    r.set_shard_complete(complete);
+    for (const auto& row : a.rows()) {
+      v1::ImageResult* ir = r.add_results();
+      ir->set_index(row.index());
+      ir->set_height(2);
+      ir->set_width(2);
+      for (int c = 0; c < 2; ++c) {
+        v1::ClassResult* cr = ir->add_classes();
+        cr->set_tp(c == 1 ? 1 : 2);
+        cr->set_fp(c == 1 ? row.index() % 2 : 0);
+        cr->set_fn(0);
+        cr->set_tn(4 - cr->tp() - cr->fp());
+      }
+    }
+    auto resp = core_->ReportResults(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return *resp;
+  }
+
+  std::string ReadReport(const std::string& job_id, const std::string& file) {
+    auto dir = core_->ReportDir(job_id);
+    EXPECT_TRUE(dir.ok()) << dir.status();
+    std::ifstream in(*dir + "/" + file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  std::string dir_;
+  double now_ = 1000;
+  std::unique_ptr<Coordinator> core_;
+};
+
+TEST_F(CoordinatorTest, RejectsBadSpecsWithClearErrors) {
+  v1::JobSpec spec = Spec(0, 0);
+  spec.set_model(dir_ + "/missing.pt");
+  auto job = core_->SubmitJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(job.status().message(), HasSubstr("missing.pt"));
+  spec = Spec(0, 0);
+  spec.set_manifest(dir_ + "/nope.csv");
+  job = core_->SubmitJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(job.status().message(), HasSubstr("nope.csv"));
+  spec = Spec(0, 0);
+  spec.add_metrics("dice");
+  spec.add_metrics("volume");
+  job = core_->SubmitJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("volume"));
+}
+
+TEST_F(CoordinatorTest, ShardsCoverTheManifestAndTheJobSucceeds) {
+  auto job = core_->SubmitJob(Spec(4, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(job->images_total(), 10);
+  const std::string w1 = Register("a"), w2 = Register("b");
+  std::vector<v1::ShardAssignment> got = {Acquire(w1), Acquire(w2), Acquire(w1)};
+  EXPECT_FALSE(Acquire(w2).has_spec());  // Nothing left.
+  std::map<int64_t, int> covered;
+  for (const auto& a : got) {
+    EXPECT_EQ(a.end() - a.begin(), a.rows_size());
+    for (const auto& row : a.rows()) covered[row.index()]++;
+    EXPECT_EQ(a.rows(0).image(), dir_ + "/img" + std::to_string(a.begin()) + ".png");
+  }
+  ASSERT_EQ(covered.size(), 10u);
+  for (auto [i, n] : covered) EXPECT_EQ(n, 1) << i;
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_RUNNING);
+  Complete(w1, got[0]);
+  Complete(w2, got[1]);
+  Complete(w1, got[2]);
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 10);
+  core_->RunFinalizers();
+  auto done = core_->GetJob(job->job_id());
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(done->report_ready());
+  const std::string json = ReadReport(job->job_id(), "report.json");
+  EXPECT_THAT(json, HasSubstr("\"images_evaluated\": 10"));
+  EXPECT_THAT(json, HasSubstr("\"images_failed\": 0"));
+  // Class 1 over 10 images: TP 10, FP 5 (odd indices) -> dice_global = 20 / 25.
+  EXPECT_THAT(json, HasSubstr("\"dice_global\": 0.8"));
+  const std::string csv = ReadReport(job->job_id(), "per_image.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 10 * 2);
+}
+
+TEST_F(CoordinatorTest, SilentWorkerLosesItsShardAndLateResultsCountOnce) {
+  auto job = core_->SubmitJob(Spec(5, 1));
+  ASSERT_TRUE(job.ok());
+  const std::string a = Register("a");
+  v1::ShardAssignment lost = Acquire(a);
+  now_ += 5;
+  const std::string b = Register("b");
+  v1::ShardAssignment other = Acquire(b);
+  EXPECT_NE(lost.shard_id(), other.shard_id());
+  now_ += 6;  // a has been silent for 11 s > 10 s lease; b for 6 s.
+  core_->ExpireLeases();
+  v1::ShardAssignment retried = Acquire(b);
+  EXPECT_EQ(retried.shard_id(), lost.shard_id());
+  EXPECT_NE(retried.lease_id(), lost.lease_id());
+  // The first worker comes back late: it must register again, and its results count once.
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(a);
+  EXPECT_TRUE(core_->Heartbeat(hb)->reregister());
+  Complete(b, retried);
+  Complete(b, other);
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 10);
+  core_->RunFinalizers();
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(CoordinatorTest, StaleLeaseResultsAreCommittedOnceAndAbandoned) {
+  auto job = core_->SubmitJob(Spec(10, 1));
+  const std::string a = Register("a");
+  v1::ShardAssignment first = Acquire(a);
+  now_ += 11;
+  core_->ExpireLeases();
+  const std::string a2 = Register("a again");
+  v1::ShardAssignment second = Acquire(a2);
+  ASSERT_EQ(first.shard_id(), second.shard_id());
+  Complete(a2, second);
+  // A zombie sending the same rows under the old lease: told to abandon, nothing double-counted.
+  v1::ReportResultsRequest r;
+  r.set_worker_id(a2);
+  r.set_job_id(first.job_id());
+  r.set_shard_id(first.shard_id());
+  r.set_lease_id(first.lease_id());
+  v1::ImageResult* ir = r.add_results();
+  ir->set_index(0);
+  ir->set_error("zombie");
+  auto resp = core_->ReportResults(r);
+  ASSERT_TRUE(resp.ok());
+  EXPECT_TRUE(resp->abandon());
+  auto j = core_->GetJob(job->job_id());
+  EXPECT_EQ(j->images_evaluated(), 10);
+  EXPECT_EQ(j->images_failed(), 0);
+}
+
+TEST_F(CoordinatorTest, ShardLostTooOftenFailsItsRowsWithAReason) {
+  auto job = core_->SubmitJob(Spec(10, 1));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const std::string w = Register("crashy");
+    v1::ShardAssignment a = Acquire(w);
+    ASSERT_TRUE(a.has_spec()) << attempt;
+    now_ += 11;
+    core_->ExpireLeases();
+  }
+  auto j = core_->GetJob(job->job_id());
+  EXPECT_EQ(j->images_failed(), 10);
+  core_->RunFinalizers();
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_THAT(ReadReport(job->job_id(), "report.json"), HasSubstr("were lost 3 times"));
+}
+
+TEST_F(CoordinatorTest, IncompleteShardIsQueuedAgain) {
+  auto job = core_->SubmitJob(Spec(10, 1));
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  a.mutable_rows()->DeleteSubrange(5, 5);  // Claims completion with only half the rows.
+  Complete(w, a);
+  v1::ShardAssignment again = Acquire(w);
+  EXPECT_EQ(again.shard_id(), a.shard_id());
+  Complete(w, again);
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 10);
+}
+
+TEST_F(CoordinatorTest, ModelErrorFailsTheJobAndRevokesLeases) {
+  auto job = core_->SubmitJob(Spec(5, 1));
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  v1::ReportJobErrorRequest err;
+  err.set_worker_id(w);
+  err.set_job_id(job->job_id());
+  err.set_message("model 'm.pt' returned logits of shape [2, 10]");
+  ASSERT_TRUE(core_->ReportJobError(err).ok());
+  auto j = core_->GetJob(job->job_id());
+  EXPECT_EQ(j->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(j->error(), HasSubstr("[2, 10]"));
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w);
+  v1::HeldLease* held = hb.add_leases();
+  held->set_job_id(a.job_id());
+  held->set_shard_id(a.shard_id());
+  held->set_lease_id(a.lease_id());
+  EXPECT_EQ(core_->Heartbeat(hb)->revoked_size(), 1);
+  EXPECT_FALSE(Acquire(w).has_spec());
+  core_->RunFinalizers();
+  EXPECT_TRUE(core_->GetJob(job->job_id())->report_ready());
+  EXPECT_THAT(ReadReport(job->job_id(), "report.json"), HasSubstr("\"complete\": false"));
+}
+
+TEST_F(CoordinatorTest, CancelStopsHandingOutWork) {
+  auto job = core_->SubmitJob(Spec(5, 1));
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  EXPECT_EQ(core_->CancelJob(job->job_id())->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(Complete(w, a).abandon());
+  EXPECT_FALSE(Acquire(w).has_spec());
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 0);
+}
+
+TEST_F(CoordinatorTest, ResumesAnUnfinishedJobFromTheDatabase) {
+  auto job = core_->SubmitJob(Spec(4, 1));
+  const std::string w = Register("w");
+  Complete(w, Acquire(w));
+  v1::ShardAssignment half = Acquire(w);
+  Complete(w, half, /*complete=*/false);  // Results committed, shard not marked complete.
+  Restart();                                // The coordinator dies and comes back.
+  auto j = core_->GetJob(job->job_id());
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ(j->images_evaluated(), 8);
+  const std::string w2 = Register("w2");
+  v1::ShardAssignment rest = Acquire(w2);
+  EXPECT_EQ(rest.begin(), 8);
+  EXPECT_FALSE(Acquire(w2).has_spec());
+  Complete(w2, rest);
+  core_->RunFinalizers();
+  j = core_->GetJob(job->job_id());
+  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(j->images_evaluated(), 10);
+}
+
+TEST_F(CoordinatorTest, EmptyManifestSucceedsAtOnce) {
+  WriteManifest(0);
+  auto job = core_->SubmitJob(Spec(0, 0));
+  ASSERT_TRUE(job.ok());
+  core_->RunFinalizers();
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,180 @@
+#include "worker/pipeline.h"
+
+#include <stdlib.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "common/image_io.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/model_runner.h"
+
+namespace tally {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Fixture(const std::string& name) { return std::string(TALLY_SOURCE_DIR) + "/tests/fixtures/" + name; }
+
+// 4x4 image whose red channel is 200 (class 1 for red_vs_rest.pt) where x < 2 and 50 elsewhere;
+// its mask has class 1 where y < 2, class 0 elsewhere, and one ignored pixel at (3, 3).
+// Class 1 by hand: TP = (x<2, y<2) = 4, FP = (x<2, y>=2) = 4, FN = (x>=2, y<2) = 4,
+// TN = (x>=2, y>=2) minus the ignored pixel = 3. Class 0 mirrors it: TP 3, FP 4, FN 4, TN 4.
+class PipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/pipeline_test_XXXXXX";
+    dir_ = mkdtemp(tmpl.data());
+    std::vector<uint8_t> rgb(4 * 4 * 3), mask(16);
+    for (int y = 0; y < 4; ++y) {
+      for (int x = 0; x < 4; ++x) {
+        rgb[(y * 4 + x) * 3] = x < 2 ? 200 : 50;
+        rgb[(y * 4 + x) * 3 + 1] = 90;
+        rgb[(y * 4 + x) * 3 + 2] = 30;
+        mask[y * 4 + x] = y < 2 ? 1 : 0;
+      }
+    }
+    mask[15] = 255;
+    ASSERT_TRUE(WritePng(dir_ + "/a.png", 4, 4, 3, 8, rgb.data()).ok());
+    ASSERT_TRUE(WritePng(dir_ + "/a_mask.png", 4, 4, 1, 8, mask.data()).ok());
+    mask[5] = 7;
+    ASSERT_TRUE(WritePng(dir_ + "/bad_mask.png", 4, 4, 1, 8, mask.data()).ok());
+    std::vector<uint8_t> small(9, 0);
+    ASSERT_TRUE(WritePng(dir_ + "/small_mask.png", 3, 3, 1, 8, small.data()).ok());
+  }
+
+  v1::ManifestRow Row(int64_t index, const std::string& image, const std::string& mask) {
+    v1::ManifestRow r;
+    r.set_index(index);
+    r.set_image(dir_ + "/" + image);
+    r.set_mask(dir_ + "/" + mask);
+    return r;
+  }
+
+  struct Outcome {
+    std::map<int64_t, v1::ImageResult> results;
+    std::string fatal;
+  };
+
+  Outcome Evaluate(const std::string& model, std::vector<v1::ManifestRow> rows, int batch_size,
+                   std::vector<Metric> metrics = {Metric::kDice, Metric::kIou}) {
+    ModelRunnerOptions ro;
+    ro.model_path = Fixture(model);
+    ro.cpu_threads = 1;
+    auto runner = ModelRunner::Create(ro);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    PipelineOptions po;
+    po.decode_threads = 2;
+    po.batch_size = batch_size;
+    po.warmup_batches = 0;
+    po.metrics = metrics;
+    Outcome out;
+    std::mutex mu;
+    {
+      Pipeline p(
+          runner->get(), po,
+          [&](const LeaseKey&, v1::ImageResult r) {
+            std::lock_guard<std::mutex> lock(mu);
+            out.results[r.index()] = r;
+          },
+          [&](const std::string& m) {
+            std::lock_guard<std::mutex> lock(mu);
+            out.fatal = m;
+          });
+      p.Submit(LeaseKey{"job", 0, 1}, std::move(rows));
+      p.WaitIdle();
+    }
+    return out;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(PipelineTest, ConfusionCountsMatchHandWorkedValues) {
+  Outcome o = Evaluate("red_vs_rest.pt", {Row(0, "a.png", "a_mask.png")}, 2);
+  ASSERT_EQ(o.fatal, "");
+  ASSERT_EQ(o.results.size(), 1u);
+  const v1::ImageResult& r = o.results[0];
+  EXPECT_EQ(r.error(), "");
+  ASSERT_EQ(r.classes_size(), 2);
+  EXPECT_EQ(r.classes(1).tp(), 4);
+  EXPECT_EQ(r.classes(1).fp(), 4);
+  EXPECT_EQ(r.classes(1).fn(), 4);
+  EXPECT_EQ(r.classes(1).tn(), 3);
+  EXPECT_EQ(r.classes(0).tp(), 3);
+  EXPECT_EQ(r.classes(0).fp(), 4);
+  EXPECT_EQ(r.classes(0).fn(), 4);
+  EXPECT_EQ(r.classes(0).tn(), 4);
+}
+
+TEST_F(PipelineTest, SingleLogitAndDictOutputsGiveTheSameCounts) {
+  for (const char* model : {"single_logit.pt", "dict_output.pt"}) {
+    Outcome o = Evaluate(model, {Row(0, "a.png", "a_mask.png")}, 1);
+    ASSERT_EQ(o.fatal, "") << model;
+    const v1::ImageResult& r = o.results[0];
+    ASSERT_EQ(r.classes_size(), 2) << model;  // One logit -> background + foreground.
+    EXPECT_EQ(r.classes(1).tp(), 4) << model;
+    EXPECT_EQ(r.classes(1).fp(), 4) << model;
+    EXPECT_EQ(r.classes(1).fn(), 4) << model;
+    EXPECT_EQ(r.classes(1).tn(), 3) << model;
+  }
+}
+
+TEST_F(PipelineTest, RowProblemsFailOnlyTheirRow) {
+  std::vector<v1::ManifestRow> rows = {Row(0, "a.png", "a_mask.png"), Row(1, "a.png", "bad_mask.png"),
+                                       Row(2, "missing.png", "a_mask.png"), Row(3, "a.png", "small_mask.png"),
+                                       Row(4, "a.png", "a_mask.png")};
+  rows.push_back(Row(5, "a.png", "a_mask.png"));
+  rows.back().set_error("manifest line 7: 1 fields, but the header has 2");
+  Outcome o = Evaluate("red_vs_rest.pt", rows, 4);
+  ASSERT_EQ(o.fatal, "");
+  ASSERT_EQ(o.results.size(), 6u);
+  EXPECT_EQ(o.results[0].error(), "");
+  EXPECT_THAT(o.results[1].error(), HasSubstr("mask value 7 at (y=1, x=1) >= number of classes 2"));
+  EXPECT_THAT(o.results[2].error(), HasSubstr("missing.png"));
+  EXPECT_THAT(o.results[3].error(), HasSubstr("4x4"));
+  EXPECT_THAT(o.results[3].error(), HasSubstr("3x3"));
+  EXPECT_EQ(o.results[4].error(), "");
+  EXPECT_EQ(o.results[4].classes(1).tp(), 4);
+  EXPECT_THAT(o.results[5].error(), HasSubstr("line 7"));
+}
+
+TEST_F(PipelineTest, BatchSizeDoesNotChangeResults) {
+  std::vector<v1::ManifestRow> rows;
+  for (int i = 0; i < 7; ++i) rows.push_back(Row(i, "a.png", "a_mask.png"));
+  Outcome one = Evaluate("three_class.pt", rows, 1, {Metric::kDice, Metric::kHd95});
+  Outcome three = Evaluate("three_class.pt", rows, 3, {Metric::kDice, Metric::kHd95});
+  ASSERT_EQ(one.results.size(), 7u);
+  ASSERT_EQ(three.results.size(), 7u);
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(one.results[i].SerializeAsString(), three.results[i].SerializeAsString()) << i;
+  }
+}
+
+TEST_F(PipelineTest, WrongOutputRankFailsTheJobNamingModelAndShape) {
+  Outcome o = Evaluate("bad_rank.pt", {Row(0, "a.png", "a_mask.png")}, 1);
+  EXPECT_THAT(o.fatal, HasSubstr("bad_rank.pt"));
+  EXPECT_THAT(o.fatal, HasSubstr("[1, 2]"));
+  EXPECT_THAT(o.fatal, HasSubstr("[1, 3, 4, 4]"));
+  o = Evaluate("bad_batch.pt", {Row(0, "a.png", "a_mask.png"), Row(1, "a.png", "a_mask.png")}, 2);
+  EXPECT_THAT(o.fatal, HasSubstr("bad_batch.pt"));
+  EXPECT_THAT(o.fatal, HasSubstr("N = 2"));
+}
+
+TEST(ModelRunnerTest, MissingOrInvalidModelIsAClearError) {
+  ModelRunnerOptions ro;
+  ro.model_path = Fixture("no_such_model.pt");
+  auto r = ModelRunner::Create(ro);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr("no_such_model.pt"));
+  ro.model_path = Fixture("not_torchscript.pt");
+  r = ModelRunner::Create(ro);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("not_torchscript.pt"));
+  EXPECT_THAT(r.status().message(), HasSubstr("TorchScript"));
+}
+
+}  // namespace
+}  // namespace tally
