@@ -133,9 +133,23 @@ struct TjDeleter {
   void operator()(void* h) const { tjDestroy(h); }
 };
 
+// One TurboJPEG handle per thread. After a failed decode a handle is left in a state where the
+// next header read "succeeds" with a 0x0 image, so a failure replaces it.
+std::unique_ptr<void, TjDeleter>& ThreadDecompressorSlot() {
+  thread_local std::unique_ptr<void, TjDeleter> handle;
+  return handle;
+}
+
 tjhandle ThreadDecompressor() {
-  thread_local std::unique_ptr<void, TjDeleter> handle(tjInitDecompress());
-  return handle.get();
+  auto& slot = ThreadDecompressorSlot();
+  if (!slot) slot.reset(tjInitDecompress());
+  return slot.get();
+}
+
+absl::Status JpegError(tjhandle tj, const std::string& name) {
+  absl::Status s = absl::InvalidArgumentError(absl::StrCat("image '", name, "' is not a valid JPEG: ", tjGetErrorStr2(tj)));
+  ThreadDecompressorSlot().reset();
+  return s;
 }
 
 }  // namespace
@@ -181,9 +195,10 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
     tjhandle tj = ThreadDecompressor();
     int w = 0, h = 0, subsamp = 0, colorspace = 0;
     auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
-    if (tjDecompressHeader3(tj, data, bytes.size(), &w, &h, &subsamp, &colorspace) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("image '", name, "' is not a valid JPEG: ", tjGetErrorStr2(tj)));
+    if (tjDecompressHeader3(tj, data, bytes.size(), &w, &h, &subsamp, &colorspace) != 0) return JpegError(tj, name);
+    if (w <= 0 || h <= 0) {
+      ThreadDecompressorSlot().reset();
+      return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a JPEG of size ", h, "x", w));
     }
     if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
       return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a CMYK JPEG; convert it to RGB"));
@@ -193,8 +208,7 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
     out->pixels.resize(static_cast<size_t>(h) * w * 3);
     // Warnings (a truncated file, corrupt data) fail too: the decoded pixels would be wrong.
     if (tjDecompress2(tj, data, bytes.size(), out->pixels.data(), w, 0, h, TJPF_RGB, 0) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("image '", name, "' is not a valid JPEG: ", tjGetErrorStr2(tj)));
+      return JpegError(tj, name);
     }
     return absl::OkStatus();
   }

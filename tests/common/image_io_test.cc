@@ -89,6 +89,16 @@ TEST(ImageIoTest, CorruptAndMissingFilesNameTheFile) {
   absl::Status s = LoadImage(Tmp("truncated.png"), &img);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.message(), HasSubstr("truncated.png"));
+  // A failed JPEG decode must not break the next one on the same thread.
+  std::vector<uint8_t> flat(16 * 16 * 3, 90);
+  ASSERT_TRUE(WriteJpeg(Tmp("ok.jpg"), 16, 16, flat.data(), 90).ok());
+  std::string jpeg;
+  ASSERT_TRUE(ReadFileBytes(Tmp("ok.jpg"), &jpeg).ok());
+  std::ofstream(Tmp("truncated.jpg"), std::ios::binary) << jpeg.substr(0, jpeg.size() / 2);
+  EXPECT_FALSE(LoadImage(Tmp("truncated.jpg"), &img).ok());
+  ASSERT_TRUE(LoadImage(Tmp("ok.jpg"), &img).ok());
+  EXPECT_EQ(img.height, 16);
+  EXPECT_EQ(img.width, 16);
   std::ofstream(Tmp("text.png")) << "this is not an image";
   s = LoadImage(Tmp("text.png"), &img);
   ASSERT_FALSE(s.ok());

@@ -1,0 +1,192 @@
+"""Bad input gets a clear error naming the file, row or field, and nothing is lost: row problems
+fail their row (with a reason in the report), model problems fail the job fast."""
+import os
+import time
+import unittest
+
+import numpy as np
+from PIL import Image
+
+import tallytest as tt
+
+
+def write_rows(root, rows, header="image,mask"):
+    path = os.path.join(root, "manifest.csv")
+    with open(path, "w") as f:
+        f.write(header + "\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def red_image(h=8, w=8):
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:, : w // 2, 0] = 220  # class 1 for red_vs_rest.pt on the left half
+    return img
+
+
+class ManifestErrorsTest(unittest.TestCase):
+    def test_missing_manifest_names_the_file(self):
+        root = tt.tmpdir(self)
+        p = tt.tally_run(tt.fixture("red_vs_rest.pt"), os.path.join(root, "nope.csv"), os.path.join(root, "out"),
+                         check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("nope.csv", p.stderr)
+        self.assertIn("No such file", p.stderr)
+
+    def test_manifest_that_is_a_directory(self):
+        root = tt.tmpdir(self)
+        p = tt.tally_run(tt.fixture("red_vs_rest.pt"), root, os.path.join(root, "out"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("is a directory", p.stderr)
+
+    def test_missing_required_columns(self):
+        root = tt.tmpdir(self)
+        for header, missing in (("image,label", "'mask'"), ("file,mask", "'image'")):
+            path = write_rows(root, ["a.png,b.png"], header=header)
+            p = tt.tally_run(tt.fixture("red_vs_rest.pt"), path, os.path.join(root, "out"), check=False)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn(missing, p.stderr)
+            self.assertIn("manifest.csv", p.stderr)
+
+
+class RowErrorsTest(unittest.TestCase):
+    def test_each_bad_row_fails_alone_with_a_reason(self):
+        root = tt.tmpdir(self)
+        good = red_image()
+        mask = np.zeros((8, 8), np.uint8)
+        mask[:4] = 1
+        Image.fromarray(good).save(os.path.join(root, "good.png"))
+        Image.fromarray(mask).save(os.path.join(root, "good_mask.png"))
+        with open(os.path.join(root, "good.png"), "rb") as f:
+            png = f.read()
+        with open(os.path.join(root, "truncated.png"), "wb") as f:
+            f.write(png[: len(png) // 2])
+        Image.fromarray(good).save(os.path.join(root, "good.jpg"), quality=95)
+        with open(os.path.join(root, "good.jpg"), "rb") as f:
+            jpg = f.read()
+        with open(os.path.join(root, "truncated.jpg"), "wb") as f:
+            f.write(jpg[: len(jpg) // 2])
+        with open(os.path.join(root, "text.png"), "w") as f:
+            f.write("not an image at all")
+        Image.fromarray(np.zeros((6, 8), np.uint8)).save(os.path.join(root, "small_mask.png"))
+        bad_value = mask.copy()
+        bad_value[2, 3] = 9
+        Image.fromarray(bad_value).save(os.path.join(root, "value9_mask.png"))
+        Image.fromarray(red_image()).save(os.path.join(root, "rgb_mask.png"))
+        rows = [
+            "good.png,good_mask.png",          # 0 ok
+            "missing.png,good_mask.png",       # 1 image file missing
+            "good.png,missing_mask.png",       # 2 mask file missing
+            "truncated.png,good_mask.png",     # 3 corrupt PNG
+            "truncated.jpg,good_mask.png",     # 4 corrupt JPEG
+            "text.png,good_mask.png",          # 5 not an image
+            "good.png,small_mask.png",         # 6 image 8x8, mask 6x8
+            "good.png,value9_mask.png",        # 7 mask value >= number of classes
+            "good.png,rgb_mask.png",           # 8 RGB mask
+            "good.png",                        # 9 malformed row
+            "good.jpg,good_mask.png",          # 10 ok (JPEG)
+        ]
+        manifest = write_rows(root, rows)
+        out = os.path.join(root, "out")
+        p = tt.tally_run(tt.fixture("red_vs_rest.pt"), manifest, out, "--workers", "2", "--shard-size", "3")
+        self.assertIn("9 failed", p.stdout)
+        report = tt.read_report(out)
+        self.assertEqual(report["images_total"], 11)
+        self.assertEqual(report["images_evaluated"], 2)
+        self.assertEqual(report["images_failed"], 9)
+        self.assertTrue(report["complete"])
+        reasons = {f["index"]: f["reason"] for f in report["failures"]}
+        self.assertEqual(sorted(reasons), [1, 2, 3, 4, 5, 6, 7, 8, 9])
+        self.assertIn("missing.png", reasons[1])
+        self.assertIn("No such file", reasons[1])
+        self.assertIn("missing_mask.png", reasons[2])
+        self.assertIn("truncated.png", reasons[3])
+        self.assertIn("truncated.jpg", reasons[4])
+        self.assertIn("neither PNG nor JPEG", reasons[5])
+        self.assertIn("8x8", reasons[6])
+        self.assertIn("6x8", reasons[6])
+        self.assertIn("mask value 9 at (y=2, x=3) >= number of classes 2", reasons[7])
+        self.assertIn("single-channel", reasons[8])
+        self.assertIn("line 11", reasons[9])
+        self.assertEqual({f["image"] for f in report["failures"] if f["index"] == 3}, {"truncated.png"})
+        # Failed rows are not in per_image.csv; the good ones are, with the right counts.
+        rows_out = tt.read_per_image(out)
+        self.assertEqual(sorted({int(r["index"]) for r in rows_out}), [0, 10])
+        r0 = [r for r in rows_out if r["index"] == "0" and r["class"] == "1"][0]
+        # pred 1 on x < 4, ref 1 on y < 4: TP 16, FP 16, FN 16, TN 16.
+        self.assertEqual((r0["tp"], r0["fp"], r0["fn"], r0["tn"]), ("16", "16", "16", "16"))
+
+    def test_palette_and_16_bit_masks_are_class_indices(self):
+        root = tt.tmpdir(self)
+        Image.fromarray(red_image()).save(os.path.join(root, "img.png"))
+        mask = np.zeros((8, 8), np.uint8)
+        mask[:4] = 1
+        pal = Image.fromarray(mask, mode="P")
+        pal.putpalette([0, 0, 0, 128, 0, 0] + [0] * 762)  # VOC-style colours, indices are labels
+        pal.save(os.path.join(root, "pal.png"))
+        Image.fromarray(mask.astype(np.uint16)).save(os.path.join(root, "m16.png"))
+        manifest = write_rows(root, ["img.png,pal.png", "img.png,m16.png"])
+        out = os.path.join(root, "out")
+        tt.tally_run(tt.fixture("red_vs_rest.pt"), manifest, out)
+        rows = [r for r in tt.read_per_image(out) if r["class"] == "1"]
+        self.assertEqual(len(rows), 2)
+        for r in rows:
+            self.assertEqual((r["tp"], r["fp"], r["fn"], r["tn"]), ("16", "16", "16", "16"))
+
+
+class ModelErrorsTest(unittest.TestCase):
+    def setUp(self):
+        self.root = tt.tmpdir(self)
+        Image.fromarray(red_image()).save(os.path.join(self.root, "img.png"))
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(os.path.join(self.root, "mask.png"))
+        self.manifest = write_rows(self.root, ["img.png,mask.png"] * 6)
+
+    def run_model(self, model):
+        start = time.time()
+        p = tt.tally_run(model, self.manifest, os.path.join(self.root, "out"), "--workers", "2", check=False)
+        return p, time.time() - start
+
+    def test_missing_model(self):
+        p, _ = self.run_model(os.path.join(self.root, "no_model.pt"))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("no_model.pt", p.stderr)
+        self.assertIn("does not exist", p.stderr)
+
+    def test_not_torchscript_fails_the_job_fast(self):
+        p, seconds = self.run_model(tt.fixture("not_torchscript.pt"))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("not_torchscript.pt", p.stderr)
+        self.assertIn("TorchScript", p.stderr)
+        self.assertIn("failed", p.stderr)
+
+    def test_wrong_output_rank_names_model_and_shape(self):
+        p, _ = self.run_model(tt.fixture("bad_rank.pt"))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("bad_rank.pt", p.stderr)
+        self.assertIn("returned logits of shape [", p.stderr)
+        self.assertIn("expected [N, C, H, W]", p.stderr)
+        # The job says it did not account for the rows.
+        report = tt.read_report(os.path.join(self.root, "out"))
+        self.assertEqual(report["state"], "failed")
+        self.assertFalse(report["complete"])
+
+    def test_wrong_output_batch(self):
+        p, _ = self.run_model(tt.fixture("bad_batch.pt"))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("bad_batch.pt", p.stderr)
+        self.assertIn("N = ", p.stderr)
+
+
+class FlagErrorsTest(unittest.TestCase):
+    def test_bad_flags_are_named(self):
+        root = tt.tmpdir(self)
+        cases = [(("--metrics", "dice,volume"), "volume"), (("--input-size", "512"), "--input-size"),
+                 (("--batch-size", "zero"), "--batch-size"), (("--precision", "fp8"), "--precision"),
+                 (("--mean", "0.5,0.5"), "--mean")]
+        for extra, needle in cases:
+            p = tt.tally_run(tt.fixture("red_vs_rest.pt"), "m.csv", os.path.join(root, "o"), *extra, check=False)
+            self.assertEqual(p.returncode, 2, extra)
+            self.assertIn(needle, p.stderr, extra)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,146 @@
+"""Processes die; results do not get lost or counted twice."""
+import os
+import signal
+import socket
+import subprocess
+import time
+import unittest
+
+import numpy as np
+
+import tallytest as tt
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FaultToleranceTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import tempfile
+        cls.root = tempfile.mkdtemp(prefix="tally-ft-")
+        cls.manifest = tt.write_dataset(os.path.join(cls.root, "data"), np.random.default_rng(23), 240,
+                                        [(48, 48), (40, 56)], classes=2)
+        # The undisturbed run every disturbed run must reproduce exactly.
+        cls.reference = os.path.join(cls.root, "reference")
+        tt.tally_run(tt.fixture("slow.pt"), cls.manifest, cls.reference, "--workers", "1", "--metrics", "dice,hd95",
+                     "--shard-size", "8", "--batch-size", "4")
+
+    @classmethod
+    def tearDownClass(cls):
+        import shutil
+        shutil.rmtree(cls.root, True)
+
+    def assert_same_as_reference(self, out):
+        with open(os.path.join(self.reference, "per_image.csv"), "rb") as a, \
+                open(os.path.join(out, "per_image.csv"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        report = tt.read_report(out)
+        self.assertEqual(report["images_evaluated"], 240)
+        self.assertEqual(report["images_failed"], 0)
+        self.assertTrue(report["complete"])
+        rows = tt.read_per_image(out)
+        keys = [(r["index"], r["class"]) for r in rows]
+        self.assertEqual(len(keys), len(set(keys)))  # No row counted twice.
+        self.assertEqual(len(keys), 240 * 2)
+        self.assertEqual(sum(w["images"] for w in report["workers"]), 240)
+
+    def wait_for_progress(self, cluster, job, fraction, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            j = cluster.job(job)
+            if j["done"] >= fraction * j["total"]:
+                return j
+            time.sleep(0.05)
+        raise AssertionError("no progress")
+
+    def test_sigkill_of_a_worker_mid_job_loses_nothing(self):
+        root = tt.tmpdir(self)
+        cluster = tt.Cluster(self, root, lease_seconds=2.0)
+        for _ in range(3):
+            cluster.start_worker()
+        cluster.wait_registered(3)
+        job = cluster.submit(tt.fixture("slow.pt"), self.manifest, "--metrics", "dice,hd95", "--shard-size", "8",
+                             "--batch-size", "4")
+        at_kill = self.wait_for_progress(cluster, job, 0.25)
+        self.assertLess(at_kill["done"], 240, "the job finished before the kill; make it slower")
+        victim = cluster.workers[0]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        done = cluster.wait(job)
+        self.assertEqual(done["state"], "succeeded")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        self.assert_same_as_reference(out)
+        log = cluster.log("tallyd.log")
+        self.assertIn("stopped responding", log)
+        self.assertIn("queued again", log)
+
+    def test_coordinator_killed_and_restarted_resumes_the_job(self):
+        root = tt.tmpdir(self)
+        cluster = tt.Cluster(self, root, lease_seconds=2.0)
+        for _ in range(2):
+            cluster.start_worker()
+        cluster.wait_registered(2)
+        job = cluster.submit(tt.fixture("slow.pt"), self.manifest, "--metrics", "dice,hd95", "--shard-size", "8",
+                             "--batch-size", "4")
+        self.wait_for_progress(cluster, job, 0.3)
+        port = cluster.address.split(":")[1]
+        cluster.tallyd.send_signal(signal.SIGKILL)
+        cluster.tallyd.wait(10)
+        with open(os.path.join(root, "tallyd2.log"), "w") as log:
+            tallyd = subprocess.Popen([os.path.join(tt.BIN, "tallyd"), "--listen", f"127.0.0.1:{port}", "--state-dir",
+                                       cluster.state, "--lease-seconds", "2"], stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: (tallyd.poll() is None and tallyd.terminate(), tallyd.wait(10)))
+        done = cluster.wait(job)
+        self.assertEqual(done["state"], "succeeded")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        self.assert_same_as_reference(out)
+        self.assertIn("resuming job", cluster.log("tallyd2.log"))
+
+
+class UnreachableCoordinatorTest(unittest.TestCase):
+    def test_worker_retries_with_backoff_and_says_so(self):
+        port = free_port()
+        start = time.time()
+        p = subprocess.run([os.path.join(tt.BIN, "tally-worker"), "--coordinator", f"127.0.0.1:{port}",
+                            "--max-connect-seconds", "3"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertGreaterEqual(time.time() - start, 3)
+        self.assertGreaterEqual(p.stderr.count("cannot reach the coordinator"), 3)
+        self.assertIn("retrying in", p.stderr)
+        self.assertIn("gave up after", p.stderr)
+
+    def test_worker_started_before_the_coordinator_joins_when_it_comes_up(self):
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(1), 6, [(16, 16)], classes=2)
+        port = free_port()
+        log = open(os.path.join(root, "worker.log"), "w")
+        self.addCleanup(log.close)
+        worker = subprocess.Popen([os.path.join(tt.BIN, "tally-worker"), "--coordinator", f"127.0.0.1:{port}"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: (worker.poll() is None and worker.terminate(), worker.wait(10)))
+        time.sleep(1.5)
+        with open(os.path.join(root, "tallyd.log"), "w") as tlog:
+            tallyd = subprocess.Popen([os.path.join(tt.BIN, "tallyd"), "--listen", f"127.0.0.1:{port}",
+                                       "--state-dir", os.path.join(root, "state")], stdout=tlog,
+                                      stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: (tallyd.poll() is None and tallyd.terminate(), tallyd.wait(10)))
+        server = f"127.0.0.1:{port}"
+        time.sleep(0.5)
+        job = tt.tally("submit", "--server", server, "--model", tt.fixture("red_vs_rest.pt"), "--manifest",
+                       manifest).stdout.strip()
+        w = tt.tally("watch", job, "--server", server)
+        self.assertIn("succeeded", w.stdout)
+        with open(os.path.join(root, "worker.log")) as f:
+            text = f.read()
+        self.assertIn("cannot reach the coordinator", text)
+        self.assertIn("registered with the coordinator", text)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,332 @@
+"""Helpers for Tally's integration tests: real tallyd / tally-worker / tally processes on loopback,
+synthetic datasets, and an independent reference implementation of every metric.
+
+The reference uses only Debian's numpy, scipy, PIL and torch (to run the same TorchScript file):
+PIL decodes, torch predicts, numpy counts, scipy.ndimage computes the surface distances. None of it
+shares code with Tally.
+"""
+import csv
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from scipy import ndimage
+
+BIN = os.environ.get("TALLY_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+SRC = os.environ.get("TALLY_SOURCE", os.path.join(os.path.dirname(__file__), "../.."))
+FIXTURES = os.path.join(SRC, "tests", "fixtures")
+
+
+def fixture(name):
+    return os.path.join(FIXTURES, name)
+
+
+def tmpdir(test):
+    d = tempfile.mkdtemp(prefix="tally-it-")
+    test.addCleanup(shutil.rmtree, d, True)
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets
+# ---------------------------------------------------------------------------------------------
+
+def blob_mask(rng, h, w, classes, ignore=False):
+    """Label map with a few discs and boxes of classes 1..classes-1, optional ignore band."""
+    m = np.zeros((h, w), np.uint8)
+    yy, xx = np.mgrid[0:h, 0:w]
+    for c in range(1, classes):
+        for _ in range(rng.integers(0, 3)):
+            cy, cx = rng.uniform(0, h), rng.uniform(0, w)
+            r = rng.uniform(1, max(2, min(h, w) / 3))
+            m[(yy - cy) ** 2 + (xx - cx) ** 2 <= r * r] = c
+    if ignore:
+        m[rng.integers(0, h), :] = 255
+    return m
+
+
+def write_dataset(root, rng, n, sizes, classes=3, jpeg_every=0):
+    """Images whose red channel is loosely tied to the mask (so red_vs_rest / three_class models
+    make partly right predictions) and masks with blobs and some ignore pixels. Returns the
+    manifest path."""
+    os.makedirs(os.path.join(root, "img"), exist_ok=True)
+    os.makedirs(os.path.join(root, "msk"), exist_ok=True)
+    rows = ["id,image,mask"]
+    for i in range(n):
+        h, w = sizes[i % len(sizes)]
+        mask = blob_mask(rng, h, w, classes, ignore=(i % 4 == 1))
+        base = np.where(mask[..., None] == 1, [200, 60, 40], np.where(mask[..., None] == 2, [40, 60, 200], [90, 90, 90]))
+        img = np.clip(base + rng.normal(0, 60, (h, w, 3)), 0, 255).astype(np.uint8)
+        name = f"s{i:04d}"
+        if jpeg_every and i % jpeg_every == 0:
+            Image.fromarray(img).save(os.path.join(root, "img", name + ".jpg"), quality=90)
+            img_rel = f"img/{name}.jpg"
+        else:
+            Image.fromarray(img).save(os.path.join(root, "img", name + ".png"))
+            img_rel = f"img/{name}.png"
+        Image.fromarray(mask).save(os.path.join(root, "msk", name + ".png"))
+        rows.append(f"{name},{img_rel},msk/{name}.png")
+    path = os.path.join(root, "manifest.csv")
+    with open(path, "w") as f:
+        f.write("\n".join(rows) + "\n")
+    return path
+
+
+def write_pairs(root, pairs):
+    """Writes (pred, ref) label-map pairs for the echo4.pt model: the image's red channel holds the
+    predicted label. Returns the manifest path."""
+    os.makedirs(os.path.join(root, "img"), exist_ok=True)
+    os.makedirs(os.path.join(root, "msk"), exist_ok=True)
+    rows = ["image,mask"]
+    for i, (pred, ref) in enumerate(pairs):
+        img = np.zeros(pred.shape + (3,), np.uint8)
+        img[..., 0] = pred
+        img[..., 1] = 17  # Other channels are ignored by the model.
+        Image.fromarray(img).save(os.path.join(root, "img", f"p{i:04d}.png"))
+        Image.fromarray(ref.astype(np.uint8)).save(os.path.join(root, "msk", f"p{i:04d}.png"))
+        rows.append(f"img/p{i:04d}.png,msk/p{i:04d}.png")
+    path = os.path.join(root, "manifest.csv")
+    with open(path, "w") as f:
+        f.write("\n".join(rows) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Running Tally
+# ---------------------------------------------------------------------------------------------
+
+def tally(*args, check=True, timeout=600):
+    """Runs the tally CLI; returns the CompletedProcess (stdout/stderr as text)."""
+    p = subprocess.run([os.path.join(BIN, "tally")] + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"tally {' '.join(map(str, args))} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def tally_run(model, manifest, out, *extra, check=True):
+    return tally("run", "--model", model, "--manifest", manifest, "--out", out, *extra, check=check)
+
+
+class Cluster:
+    """A tallyd on a free loopback port plus workers started by hand (so tests can kill them)."""
+
+    def __init__(self, test, root, lease_seconds=2.0):
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+        self.workers = []
+        port_file = os.path.join(root, "port")
+        self.state = os.path.join(root, "state")
+        self.tallyd_log = open(os.path.join(root, "tallyd.log"), "w")
+        self.tallyd = subprocess.Popen(
+            [os.path.join(BIN, "tallyd"), "--listen", "127.0.0.1:0", "--port-file", port_file, "--state-dir",
+             self.state, "--lease-seconds", str(lease_seconds), "--heartbeat-seconds", "0.5"],
+            stdout=self.tallyd_log, stderr=subprocess.STDOUT)
+        test.addCleanup(self.stop)
+        deadline = time.time() + 30
+        while not os.path.exists(port_file):
+            if time.time() > deadline or self.tallyd.poll() is not None:
+                raise AssertionError("tallyd did not start: " + open(os.path.join(root, "tallyd.log")).read())
+            time.sleep(0.05)
+        with open(port_file) as f:
+            self.address = "127.0.0.1:" + f.read().strip()
+        self.logs = [self.tallyd_log]
+
+    def start_worker(self, *extra, name=None):
+        i = len(self.workers)
+        log = open(os.path.join(self.root, f"worker-{i}.log"), "w")
+        self.logs.append(log)
+        p = subprocess.Popen([os.path.join(BIN, "tally-worker"), "--coordinator", self.address, "--device", "cpu",
+                              "--threads", "1", "--name", name or f"w{i}"] + list(extra),
+                             stdout=log, stderr=subprocess.STDOUT)
+        self.workers.append(p)
+        return p
+
+    def wait_registered(self, n, timeout=60):
+        deadline = time.time() + timeout
+        while self.log("tallyd.log").count(" registered: ") < n:
+            if time.time() > deadline:
+                raise AssertionError("workers did not register:\n" + self.log("tallyd.log"))
+            time.sleep(0.05)
+
+    def cli(self, *args, check=True):
+        return tally(*args, "--server", self.address, check=check)
+
+    def submit(self, model, manifest, *extra):
+        return self.cli("submit", "--model", model, "--manifest", manifest, *extra).stdout.strip()
+
+    def job(self, job_id):
+        """Job fields parsed from `tally status` (done/total, state, failed)."""
+        deadline = time.time() + 30
+        while True:  # Rides out a coordinator restart.
+            p = self.cli("status", job_id, check=False)
+            if p.returncode == 0 or time.time() > deadline or "cannot reach" not in p.stderr:
+                break
+            time.sleep(0.2)
+        if p.returncode != 0:
+            raise AssertionError(p.stderr)
+        line = p.stdout.splitlines()[0].split()
+        done, total = line[2].split("/")
+        return {"state": line[1], "done": int(done), "total": int(total), "failed": int(line[3])}
+
+    def wait(self, job_id, timeout=300):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            j = self.job(job_id)
+            if j["state"] in ("succeeded", "failed", "cancelled"):
+                # The report is built right after; tally report retries until it is there.
+                return j
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} did not finish in {timeout} s")
+
+    def fetch(self, job_id, out, timeout=60):
+        deadline = time.time() + timeout
+        while True:
+            p = self.cli("report", job_id, "--out", out, check=False)
+            if p.returncode == 0:
+                return
+            if time.time() > deadline:
+                raise AssertionError(p.stderr)
+            time.sleep(0.2)
+
+    def log(self, name):
+        with open(os.path.join(self.root, name)) as f:
+            return f.read()
+
+    def stop(self):
+        for p in self.workers + [self.tallyd]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.workers + [self.tallyd]:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in self.logs:
+            f.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading reports
+# ---------------------------------------------------------------------------------------------
+
+def read_per_image(out):
+    with open(os.path.join(out, "per_image.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def read_report(out):
+    with open(os.path.join(out, "report.json")) as f:
+        return json.load(f)
+
+
+def num(s):
+    return float(s)  # float() reads nan, inf and -inf as written by Tally.
+
+
+def same(a, b, rel=1e-9):
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+
+
+# ---------------------------------------------------------------------------------------------
+# Independent reference
+# ---------------------------------------------------------------------------------------------
+
+_models = {}
+
+
+def predict(model_path, image_path):
+    """Predicted label map: PIL decode, torch forward, bilinear resize, argmax (or logit > 0)."""
+    if model_path not in _models:
+        _models[model_path] = torch.jit.load(model_path).eval()
+    img = np.asarray(Image.open(image_path).convert("RGB"))
+    with torch.no_grad():
+        x = torch.from_numpy(img.copy()).permute(2, 0, 1)[None].float() / 255.0
+        out = _models[model_path](x)
+        if isinstance(out, dict):
+            out = out["out"]
+        h, w = img.shape[:2]
+        if tuple(out.shape[-2:]) != (h, w):
+            out = F.interpolate(out.float(), size=(h, w), mode="bilinear", align_corners=False)
+        if out.shape[1] == 1:
+            return (out[0, 0] > 0).numpy().astype(np.int64), 2
+        return out[0].argmax(0).numpy().astype(np.int64), out.shape[1]
+
+
+def counts(pred, ref, k):
+    valid = ref != 255
+    out = []
+    for c in range(k):
+        p, r = (pred == c) & valid, (ref == c) & valid
+        tp = int(np.sum(p & r))
+        fp = int(np.sum(p & ~r))
+        fn = int(np.sum(~p & r))
+        tn = int(np.sum(valid)) - tp - fp - fn
+        out.append((tp, fp, fn, tn))
+    return out
+
+
+def ratio(a, b):
+    return float("nan") if b == 0 else a / b
+
+
+def count_metrics(tp, fp, fn, tn):
+    return {
+        "dice": ratio(2 * tp, 2 * tp + fp + fn),
+        "iou": ratio(tp, tp + fp + fn),
+        "precision": ratio(tp, tp + fp),
+        "recall": ratio(tp, tp + fn),
+        "specificity": ratio(tn, tn + fp),
+        "accuracy": ratio(tp + tn, tp + tn + fp + fn),
+    }
+
+
+CROSS = ndimage.generate_binary_structure(2, 1)
+
+
+def surface_metrics(pred_c, ref_c, spacing=(1.0, 1.0), tolerance=1.0):
+    """MONAI's definitions: edges by erosion (border counts as background), directed distances
+    from scipy's exact EDT, hd95 = max of the two 95th percentiles, assd pooled, nsd with <=."""
+    nan, inf = float("nan"), float("inf")
+    if not pred_c.any() and not ref_c.any():
+        return {"hd": nan, "hd95": nan, "assd": nan, "nsd": nan}
+    if not pred_c.any() or not ref_c.any():
+        return {"hd": inf, "hd95": inf, "assd": inf, "nsd": 0.0}
+    ep = pred_c ^ ndimage.binary_erosion(pred_c, structure=CROSS, border_value=0)
+    er = ref_c ^ ndimage.binary_erosion(ref_c, structure=CROSS, border_value=0)
+    d_pg = ndimage.distance_transform_edt(~er, sampling=spacing)[ep]
+    d_gp = ndimage.distance_transform_edt(~ep, sampling=spacing)[er]
+    both = np.concatenate([d_pg, d_gp])
+    return {
+        "hd": float(max(d_pg.max(), d_gp.max())),
+        "hd95": float(max(np.percentile(d_pg, 95), np.percentile(d_gp, 95))),
+        "assd": float(both.mean()),
+        "nsd": float((np.sum(d_pg <= tolerance) + np.sum(d_gp <= tolerance)) / both.size),
+    }
+
+
+def reference_rows(pred, ref, k, spacing=(1.0, 1.0), tolerance=1.0, surface=True):
+    """Per-class reference values for one image: list of dicts with counts and every metric."""
+    rows = []
+    valid = ref != 255
+    for c, (tp, fp, fn, tn) in enumerate(counts(pred, ref, k)):
+        row = {"tp": tp, "fp": fp, "fn": fn, "tn": tn}
+        row.update(count_metrics(tp, fp, fn, tn))
+        if surface:
+            # Ignore pixels are background in both masks for surface distances.
+            row.update(surface_metrics((pred == c) & valid, (ref == c) & valid, spacing, tolerance))
+        rows.append(row)
+    return rows
