@@ -11,6 +11,9 @@
 
 #include <iostream>
 #include <tuple>
+#include <vector>
+
+#include "absl/flags/marshalling.h"
 #include <string>
 #include <vector>
 
@@ -55,6 +58,8 @@ ABSL_FLAG(std::string, gpus, "", "tally run: all or 0,1,... (one worker per GPU)
 ABSL_FLAG(double, lease_seconds, 5.0, "tally run: a worker silent this long loses its shards");
 ABSL_FLAG(bool, count_logit_ties, false, "tally run: workers count pixels whose top two logits tie");
 ABSL_FLAG(int, worker_threads, 0, "tally run: decode threads per worker (0 = its share of the cores)");
+ABSL_FLAG(std::vector<std::string>, worker_flags, {},
+          "tally run: extra tally-worker flags, comma-separated, e.g. --worker-flags=--gpu-memory-limit-gib=8");
 // Listing.
 ABSL_FLAG(int, limit, 20, "tally jobs: how many jobs to list");
 
@@ -75,6 +80,7 @@ Job flags: --metrics dice,iou,precision,recall,hd95|all  --batch-size N|auto  --
   --mean R,G,B --std R,G,B  --input-size HxW  --spacing sy,sx  --nsd-tolerance T
   --include-background  --precision fp32|bf16|fp16  --channels-last  --max-memory F|GiB
 Run flags: --out DIR  --workers N  --gpus all|0,1  --lease-seconds S  --worker-threads N
+  --count-logit-ties  --worker-flags=--flag=value,...
 
 Exit codes: 0 success, 1 failure, 2 bad usage, 130 interrupted. See README.md for details.
 )";
@@ -205,6 +211,7 @@ int main(int argc, char** argv) {
       options.cpu_workers = absl::GetFlag(FLAGS_workers);
     }
     if (absl::GetFlag(FLAGS_count_logit_ties)) options.worker_args.push_back("--count_logit_ties");
+    for (const std::string& f : absl::GetFlag(FLAGS_worker_flags)) options.worker_args.push_back(f);
     if (absl::GetFlag(FLAGS_worker_threads) > 0) {
       options.worker_args.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_worker_threads)));
     }

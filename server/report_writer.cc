@@ -368,7 +368,7 @@ std::string DiceHistogram(const ClassAggregate& ca) {
   std::string s = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" role=\"img\" "
       "aria-label=\"per-image Dice histogram, class %d\">",
-      left + plot_w + 10, top + plot_h + bottom, ca.class_id);
+      left + plot_w + 24, top + plot_h + bottom, ca.class_id);
   const double bw = static_cast<double>(plot_w) / kBins;
   for (int b = 0; b < kBins; ++b) {
     const double h = plot_h * static_cast<double>(bins[b]) / peak;

@@ -29,6 +29,7 @@ ABSL_FLAG(int, max_leases, 3, "Shards held at once");
 ABSL_FLAG(bool, count_logit_ties, false, "Count pixels whose two largest logits are exactly equal");
 ABSL_FLAG(bool, cudnn_benchmark, true, "Let cuDNN time its algorithms per input shape");
 ABSL_FLAG(int, warmup_batches, 2, "Extra passes over the first batch on CUDA before timing starts");
+ABSL_FLAG(double, gpu_memory_limit_gib, 0, "Cap this worker's GPU memory (GiB; 0 = no cap), e.g. on a shared GPU");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N");
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   options.count_logit_ties = absl::GetFlag(FLAGS_count_logit_ties);
   options.cudnn_benchmark = absl::GetFlag(FLAGS_cudnn_benchmark);
   options.warmup_batches = absl::GetFlag(FLAGS_warmup_batches);
+  options.gpu_memory_limit_gib = absl::GetFlag(FLAGS_gpu_memory_limit_gib);
   auto worker = tally::Worker::Create(options);
   if (!worker.ok()) {
     std::cerr << "tally-worker: " << worker.status().message() << "\n";

@@ -255,6 +255,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
 #if TALLY_WITH_CUDA
   if (want_cuda) {
     at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);
+    if (options.memory_limit_gib > 0) {
+      const double total = static_cast<double>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+      const double fraction = std::min(1.0, options.memory_limit_gib * 1073741824.0 / total);
+      c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
+    }
     runner->copy_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device.index()));
     runner->compute_stream_ =
         std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device.index()));

@@ -33,6 +33,7 @@ struct ModelRunnerOptions {
   int cpu_threads = 0;            // Intra-op threads on CPU; 0 = LibTorch's default.
   bool count_logit_ties = false;  // Count pixels whose two largest logits are equal (costs a topk).
   bool cudnn_benchmark = true;
+  double memory_limit_gib = 0;    // CUDA: cap this process's device memory (0 = no cap).
 };
 
 // Host memory from the runner: page-locked on CUDA, so uploads are asynchronous.

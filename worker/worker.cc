@@ -243,6 +243,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   ro.cpu_threads = options_.threads;
   ro.count_logit_ties = options_.count_logit_ties;
   ro.cudnn_benchmark = options_.cudnn_benchmark;
+  ro.memory_limit_gib = options_.gpu_memory_limit_gib;
   Log("job ", a.job_id(), ": loading model ", spec.model(), " on ", options_.device);
   auto evaluator = std::make_unique<Evaluator>();
   evaluator->job_id = a.job_id();

@@ -37,6 +37,7 @@ struct WorkerOptions {
   bool count_logit_ties = false;
   bool cudnn_benchmark = true;
   int warmup_batches = 2;
+  double gpu_memory_limit_gib = 0;  // Cap on this worker's device memory (0 = none).
 };
 
 class Worker {
