@@ -9,97 +9,151 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr int32_t kFar = std::numeric_limits<int32_t>::max() / 4;
+constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 
-// A bounding-box view: masks are bh x bw, row-major, 0/1.
-struct Box {
-  int bh = 0;
-  int bw = 0;
-};
-
-// Edge pixels of `mask` (in-mask pixels with a 4-neighbour outside the mask or outside the box;
-// the box contains every mask pixel, so outside the box is background), as linear indices in
-// row-major order, and as a 0/1 map.
-void Edges(const uint8_t* mask, const Box& box, std::vector<uint8_t>* edge_map, std::vector<int32_t>* edges) {
-  const int bh = box.bh, bw = box.bw;
-  edge_map->assign(static_cast<size_t>(bh) * bw, 0);
-  edges->clear();
-  for (int y = 0; y < bh; ++y) {
-    const uint8_t* row = mask + static_cast<size_t>(y) * bw;
-    const uint8_t* up = y > 0 ? row - bw : nullptr;
-    const uint8_t* down = y + 1 < bh ? row + bw : nullptr;
-    for (int x = 0; x < bw; ++x) {
-      if (!row[x]) continue;
-      const bool interior = up && up[x] && down && down[x] && x > 0 && row[x - 1] && x + 1 < bw && row[x + 1];
-      if (!interior) {
-        (*edge_map)[static_cast<size_t>(y) * bw + x] = 1;
-        edges->push_back(y * bw + x);
-      }
+// Edge pixels of every class of a label map, in one pass. A pixel of class L is an edge pixel when
+// a 4-neighbour is not of class L or lies outside the image: that is L's mask XOR its erosion by
+// the cross, with outside pixels as background. `label(i)` gives the class of pixel i, or kNone
+// for pixels outside every mask (ignored pixels). Edges come out in row-major order.
+template <typename LabelFn>
+void ExtractEdges(int height, int width, int num_classes, LabelFn label, std::vector<std::vector<int32_t>>* edges) {
+  edges->assign(num_classes, {});
+  for (int y = 0; y < height; ++y) {
+    const int32_t base = y * width;
+    for (int x = 0; x < width; ++x) {
+      const int32_t i = base + x;
+      const uint32_t l = label(i);
+      if (l >= static_cast<uint32_t>(num_classes)) continue;
+      const bool interior = y > 0 && y + 1 < height && x > 0 && x + 1 < width && label(i - width) == l &&
+                            label(i + width) == l && label(i - 1) == l && label(i + 1) == l;
+      if (!interior) (*edges)[l].push_back(i);
     }
   }
 }
 
+// Feature pixels bucketed by column, each column's rows ascending: the vertical distance from row y
+// to the nearest feature of column c is a binary search.
+class ColumnIndex {
+ public:
+  ColumnIndex(const std::vector<int32_t>& features, int width)
+      : width_(width), start_(width + 1, 0), rows_(features.size()) {
+    for (int32_t f : features) start_[f % width + 1]++;
+    for (int c = 0; c < width; ++c) start_[c + 1] += start_[c];
+    cursor_.assign(start_.begin(), start_.end() - 1);
+    std::vector<int32_t> fill = cursor_;
+    for (int32_t f : features) rows_[fill[f % width]++] = f / width;  // Row-major input: rows ascend.
+  }
+  // Squared, scaled vertical distances of every column for row y (kInf where a column has no
+  // feature). Calls must come with non-decreasing y: per-column cursors only move forward, so all
+  // the calls of one transform cost O(width x rows + features).
+  void RowCosts(int32_t y, double sy2, std::vector<double>* out) {
+    out->resize(width_);
+    for (int c = 0; c < width_; ++c) {
+      const int32_t end = start_[c + 1];
+      int32_t& k = cursor_[c];
+      while (k < end && rows_[k] < y) ++k;
+      int32_t best = std::numeric_limits<int32_t>::max();
+      if (k < end) best = rows_[k] - y;
+      if (k > start_[c]) best = std::min(best, y - rows_[k - 1]);
+      (*out)[c] = best == std::numeric_limits<int32_t>::max()
+                      ? kInf
+                      : sy2 * static_cast<double>(best) * static_cast<double>(best);
+    }
+  }
+  // Vertical distance (in rows) from row y to the nearest feature of column c; -1 if none.
+  int32_t Gap(int c, int32_t y) const {
+    const int32_t* b = rows_.data() + start_[c];
+    const int32_t* e = rows_.data() + start_[c + 1];
+    if (b == e) return -1;
+    const int32_t* it = std::lower_bound(b, e, y);
+    int32_t best = std::numeric_limits<int32_t>::max();
+    if (it != e) best = *it - y;
+    if (it != b) best = std::min(best, y - *(it - 1));
+    return best;
+  }
+
+ private:
+  int width_;
+  std::vector<int32_t> start_;
+  std::vector<int32_t> rows_;
+  std::vector<int32_t> cursor_;
+};
+
 // For every query pixel (row-major linear indices, sorted), the Euclidean distance to the nearest
-// feature pixel (feature map nonzero). At least one feature pixel must exist.
-void DistancesToFeatures(const std::vector<uint8_t>& feature, const Box& box, const std::vector<int32_t>& queries,
-                         double sy, double sx, std::vector<double>* out) {
-  const int bh = box.bh, bw = box.bw;
-  // Column pass: vertical distance (in rows) to the nearest feature in the same column.
-  std::vector<int32_t> g(static_cast<size_t>(bh) * bw);
-  for (int x = 0; x < bw; ++x) g[x] = feature[x] ? 0 : kFar;
-  for (int y = 1; y < bh; ++y) {
-    const int32_t* prev = &g[static_cast<size_t>(y - 1) * bw];
-    int32_t* cur = &g[static_cast<size_t>(y) * bw];
-    const uint8_t* f = &feature[static_cast<size_t>(y) * bw];
-    for (int x = 0; x < bw; ++x) cur[x] = f[x] ? 0 : std::min(prev[x] + 1, kFar);
-  }
-  for (int y = bh - 2; y >= 0; --y) {
-    const int32_t* next = &g[static_cast<size_t>(y + 1) * bw];
-    int32_t* cur = &g[static_cast<size_t>(y) * bw];
-    for (int x = 0; x < bw; ++x) cur[x] = std::min(cur[x], next[x] + 1);
-  }
-  // Row pass (Felzenszwalb-Huttenlocher lower envelope of parabolas), only on rows with queries.
+// feature pixel (at least one exists). Exact and separable: with g(y, c) the vertical distance from
+// row y to the nearest feature of column c, the squared distance of a query at (y, x) is
+// min over columns c of sx^2 (x - c)^2 + sy^2 g(y, c)^2. The minimum is searched outwards from
+// c = x, stopping once sx^2 (x - c)^2 alone reaches the best value: a query near the features
+// (the usual case, a prediction close to its reference) costs a few columns. When a row's queries
+// together scan more than width / 4 columns, the rest of the row uses the Felzenszwalb-Huttenlocher
+// lower envelope of the row's parabolas, O(width). So no row costs more than O(width), plus the
+// O(features) the per-column cursors advance over the whole transform.
+void DirectedDistances(const std::vector<int32_t>& queries, ColumnIndex index, int width, double sy, double sx,
+                       std::vector<double>* out) {
   const double sx2 = sx * sx, sy2 = sy * sy;
-  std::vector<int> v(bw);           // Sites of the envelope.
-  std::vector<double> z(bw + 1);    // Boundaries between envelope parabolas.
-  std::vector<double> fsite(bw);    // sy^2 * g^2 of each site.
+  auto column = [&](int c, int32_t y) {
+    const int32_t gap = index.Gap(c, y);
+    return gap < 0 ? kInf : sy2 * static_cast<double>(gap) * static_cast<double>(gap);
+  };
+  std::vector<int> v;
+  std::vector<double> z, fsite, costs;
   out->resize(queries.size());
   size_t qi = 0;
   while (qi < queries.size()) {
-    const int y = queries[qi] / bw;
-    const int32_t* grow = &g[static_cast<size_t>(y) * bw];
-    int k = -1;
-    for (int q = 0; q < bw; ++q) {
-      if (grow[q] >= kFar) continue;
-      const double fq = sy2 * static_cast<double>(grow[q]) * static_cast<double>(grow[q]);
-      double s = 0;
-      while (k >= 0) {
-        const int p = v[k];
-        s = ((fq + sx2 * q * static_cast<double>(q)) - (fsite[k] + sx2 * p * static_cast<double>(p))) /
-            (2.0 * sx2 * (q - p));
-        if (s <= z[k]) {
-          --k;
-        } else {
-          break;
-        }
+    const int32_t y = queries[qi] / width;
+    size_t row_end = qi;
+    while (row_end < queries.size() && queries[row_end] / width == y) ++row_end;
+    int64_t budget = std::max<int64_t>(16, width / 4);
+    size_t q = qi;
+    for (; q < row_end && budget >= 0; ++q) {
+      const int x = queries[q] % width;
+      double best = column(x, y);
+      int d = 1;
+      for (; d < width; ++d) {
+        const double dx2 = sx2 * static_cast<double>(d) * static_cast<double>(d);
+        if (dx2 >= best || (x - d < 0 && x + d >= width)) break;
+        if (x - d >= 0) best = std::min(best, dx2 + column(x - d, y));
+        if (x + d < width) best = std::min(best, dx2 + column(x + d, y));
       }
-      ++k;
-      v[k] = q;
-      fsite[k] = fq;
-      z[k] = k == 0 ? -kInf : s;
-      z[k + 1] = kInf;
+      budget -= d;
+      (*out)[q] = std::sqrt(best);
     }
-    // Queries of this row, in increasing x; the envelope has at least one site because a
-    // feature exists somewhere in the box and every column's g is finite then... unless the
-    // feature's column set is empty for this row, which cannot happen: g is finite in every
-    // column that holds a feature, whatever the row.
-    int j = 0;
-    for (; qi < queries.size() && queries[qi] / bw == y; ++qi) {
-      const int x = queries[qi] % bw;
-      while (z[j + 1] < x) ++j;
-      const double dx = static_cast<double>(x - v[j]);
-      (*out)[qi] = std::sqrt(sx2 * dx * dx + fsite[j]);
+    if (q < row_end) {
+      // Far queries: the lower envelope of the parabolas sx^2 (x - c)^2 + f(c) of this row.
+      v.resize(width);
+      z.resize(width + 1);
+      fsite.resize(width);
+      index.RowCosts(y, sy2, &costs);
+      int k = -1;
+      for (int c = 0; c < width; ++c) {
+        const double fc = costs[c];
+        if (fc == kInf) continue;
+        double s = 0;
+        while (k >= 0) {
+          const int p = v[k];
+          s = ((fc + sx2 * c * static_cast<double>(c)) - (fsite[k] + sx2 * p * static_cast<double>(p))) /
+              (2.0 * sx2 * (c - p));
+          if (s <= z[k]) {
+            --k;
+          } else {
+            break;
+          }
+        }
+        ++k;
+        v[k] = c;
+        fsite[k] = fc;
+        z[k] = k == 0 ? -kInf : s;
+        z[k + 1] = kInf;
+      }
+      int j = 0;
+      for (; q < row_end; ++q) {
+        const int x = queries[q] % width;
+        while (z[j + 1] < x) ++j;
+        const double dx = static_cast<double>(x - v[j]);
+        (*out)[q] = std::sqrt(sx2 * dx * dx + fsite[j]);
+      }
     }
+    qi = row_end;
   }
 }
 
@@ -129,24 +183,14 @@ Directed Summarise(std::vector<double>* d, double tolerance) {
   return s;
 }
 
-SurfaceValues FromMasks(const uint8_t* pred, const uint8_t* ref, const Box& box, const SurfaceOptions& options) {
-  std::vector<uint8_t> pred_edge_map, ref_edge_map;
-  std::vector<int32_t> pred_edges, ref_edges;
-  Edges(pred, box, &pred_edge_map, &pred_edges);
-  Edges(ref, box, &ref_edge_map, &ref_edges);
+SurfaceValues FromEdges(const std::vector<int32_t>& pred_edges, const std::vector<int32_t>& ref_edges, int width,
+                        const SurfaceOptions& options) {
   SurfaceValues out;
-  if (pred_edges.empty() && ref_edges.empty()) {
-    out.hd = out.hd95 = out.assd = out.nsd = kNaN;
-    return out;
-  }
-  if (pred_edges.empty() || ref_edges.empty()) {
-    out.hd = out.hd95 = out.assd = kInf;
-    out.nsd = 0;
-    return out;
-  }
+  if (pred_edges.empty() && ref_edges.empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
+  if (pred_edges.empty() || ref_edges.empty()) return SurfaceValues{kInf, kInf, kInf, 0.0};
   std::vector<double> d_pg, d_gp;
-  DistancesToFeatures(ref_edge_map, box, pred_edges, options.spacing_y, options.spacing_x, &d_pg);
-  DistancesToFeatures(pred_edge_map, box, ref_edges, options.spacing_y, options.spacing_x, &d_gp);
+  DirectedDistances(pred_edges, ColumnIndex(ref_edges, width), width, options.spacing_y, options.spacing_x, &d_pg);
+  DirectedDistances(ref_edges, ColumnIndex(pred_edges, width), width, options.spacing_y, options.spacing_x, &d_gp);
   const Directed a = Summarise(&d_pg, options.nsd_tolerance);
   const Directed b = Summarise(&d_gp, options.nsd_tolerance);
   out.hd = std::max(a.max, b.max);
@@ -175,76 +219,25 @@ double PercentileLinear(std::vector<double>* values, double q) {
 
 SurfaceValues BinarySurfaceMetrics(const uint8_t* pred, const uint8_t* ref, int height, int width,
                                    const SurfaceOptions& options) {
-  int y0 = height, y1 = -1, x0 = width, x1 = -1;
-  for (int y = 0; y < height; ++y) {
-    for (int x = 0; x < width; ++x) {
-      const size_t i = static_cast<size_t>(y) * width + x;
-      if (pred[i] || ref[i]) {
-        y0 = std::min(y0, y);
-        y1 = std::max(y1, y);
-        x0 = std::min(x0, x);
-        x1 = std::max(x1, x);
-      }
-    }
-  }
-  if (y1 < 0) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
-  Box box{y1 - y0 + 1, x1 - x0 + 1};
-  std::vector<uint8_t> p(static_cast<size_t>(box.bh) * box.bw), r(p.size());
-  for (int y = 0; y < box.bh; ++y) {
-    for (int x = 0; x < box.bw; ++x) {
-      const size_t src = static_cast<size_t>(y + y0) * width + (x + x0);
-      p[static_cast<size_t>(y) * box.bw + x] = pred[src] != 0;
-      r[static_cast<size_t>(y) * box.bw + x] = ref[src] != 0;
-    }
-  }
-  return FromMasks(p.data(), r.data(), box, options);
+  std::vector<std::vector<int32_t>> pred_edges, ref_edges;
+  ExtractEdges(height, width, 1, [&](int32_t i) { return pred[i] ? 0u : kNone; }, &pred_edges);
+  ExtractEdges(height, width, 1, [&](int32_t i) { return ref[i] ? 0u : kNone; }, &ref_edges);
+  return FromEdges(pred_edges[0], ref_edges[0], width, options);
 }
 
 void ClassSurfaceMetrics(const uint16_t* pred, const uint16_t* ref, int height, int width, int num_classes,
                          uint16_t ignore_label, const SurfaceOptions& options,
                          std::vector<SurfaceValues>* out) {
-  struct Bounds {
-    int y0, y1, x0, x1;
-  };
-  std::vector<Bounds> bounds(num_classes, Bounds{height, -1, width, -1});
-  auto grow = [&](int c, int y, int x) {
-    if (c < 0 || c >= num_classes) return;
-    Bounds& b = bounds[c];
-    b.y0 = std::min(b.y0, y);
-    b.y1 = std::max(b.y1, y);
-    b.x0 = std::min(b.x0, x);
-    b.x1 = std::max(b.x1, x);
-  };
-  for (int y = 0; y < height; ++y) {
-    const uint16_t* pr = pred + static_cast<size_t>(y) * width;
-    const uint16_t* rr = ref + static_cast<size_t>(y) * width;
-    for (int x = 0; x < width; ++x) {
-      if (rr[x] == ignore_label) continue;
-      grow(pr[x], y, x);
-      if (rr[x] != pr[x]) grow(rr[x], y, x);
-    }
-  }
-  out->assign(num_classes, SurfaceValues{kNaN, kNaN, kNaN, kNaN});
-  std::vector<uint8_t> p, r;
-  for (int c = 0; c < num_classes; ++c) {
-    const Bounds& b = bounds[c];
-    if (b.y1 < 0) continue;
-    Box box{b.y1 - b.y0 + 1, b.x1 - b.x0 + 1};
-    p.assign(static_cast<size_t>(box.bh) * box.bw, 0);
-    r.assign(p.size(), 0);
-    for (int y = 0; y < box.bh; ++y) {
-      const uint16_t* pr = pred + static_cast<size_t>(y + b.y0) * width + b.x0;
-      const uint16_t* rr = ref + static_cast<size_t>(y + b.y0) * width + b.x0;
-      uint8_t* po = &p[static_cast<size_t>(y) * box.bw];
-      uint8_t* ro = &r[static_cast<size_t>(y) * box.bw];
-      for (int x = 0; x < box.bw; ++x) {
-        const bool ignored = rr[x] == ignore_label;
-        po[x] = !ignored && pr[x] == c;
-        ro[x] = rr[x] == c;
-      }
-    }
-    (*out)[c] = FromMasks(p.data(), r.data(), box, options);
-  }
+  // Ignored pixels are outside every class's mask, in the prediction and the reference alike.
+  std::vector<std::vector<int32_t>> pred_edges, ref_edges;
+  ExtractEdges(
+      height, width, num_classes,
+      [&](int32_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(pred[i]); }, &pred_edges);
+  ExtractEdges(
+      height, width, num_classes,
+      [&](int32_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(ref[i]); }, &ref_edges);
+  out->resize(num_classes);
+  for (int c = 0; c < num_classes; ++c) (*out)[c] = FromEdges(pred_edges[c], ref_edges[c], width, options);
 }
 
 }  // namespace tally

@@ -11,9 +11,13 @@
 //   nsd       = (#{d_pg <= T} + #{d_gp <= T}) / (|d_pg| + |d_gp|).
 // Both masks empty: all NaN. Exactly one empty: hd = hd95 = assd = +inf, nsd = 0.
 //
-// Distances are exact: a separable Euclidean distance transform (Felzenszwalb-Huttenlocher) over the
-// bounding box of both masks, evaluated only on the rows that hold query pixels. Cost is
-// O(bounding-box pixels). Thread-compatible; functions allocate their own scratch.
+// Distances are exact. One pass over the label maps extracts the edge pixels of every class; each
+// directed distance set then comes from a separable Euclidean distance transform evaluated only at
+// the query edge pixels: the feature edges bucketed by column give the vertical distance per column
+// (binary search), and each query searches outwards over columns until no closer feature can exist,
+// falling back per row to the Felzenszwalb-Huttenlocher lower envelope when a row's queries are far
+// from the features. Cost: O(pixels) for the pass, then O(edges) for close predictions and at most
+// O(width log edges) per row. Thread-compatible; functions allocate their own scratch.
 #ifndef TALLY_COMMON_SURFACE_DISTANCE_H_
 #define TALLY_COMMON_SURFACE_DISTANCE_H_
 

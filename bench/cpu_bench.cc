@@ -1,0 +1,156 @@
+// tally-bench-cpu: CPU costs of the worker's host-side stages.
+//
+//   tally-bench-cpu --mode metrics [--size 512] [--iters 50]
+//       per-image cost of each metric stage on one core, for a realistic prediction (the
+//       reference shifted by a few pixels, ragged boundary) and a noisy one (random-weight model)
+//   tally-bench-cpu --mode decode --manifest DIR/manifest.csv [--threads 16] [--seconds 10]
+//       images/s of image + mask decoding (the worker's decoder) on N threads: the decode bound
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "common/flag_util.h"
+#include "common/image_io.h"
+#include "common/manifest.h"
+#include "common/metrics.h"
+#include "common/surface_distance.h"
+
+ABSL_FLAG(std::string, mode, "metrics", "metrics or decode");
+ABSL_FLAG(int, size, 512, "metrics: image size");
+ABSL_FLAG(int, iters, 40, "metrics: images per measurement");
+ABSL_FLAG(std::string, manifest, "", "decode: manifest of the images to decode");
+ABSL_FLAG(int, threads, 1, "decode: threads");
+ABSL_FLAG(double, seconds, 10, "decode: measurement time");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Reference: a few discs of classes 1..k-1. Prediction: kind 0 = shifted by (3, -2) (a good
+// model); kind 1 = shifted, with 1% of pixels set to random labels (stray specks); kind 2 = 20% of
+// pixels random (speckle, as a random-weight model may give).
+void MakePair(int size, int k, int kind, uint64_t seed, std::vector<uint16_t>* pred, std::vector<uint16_t>* ref) {
+  const bool speckle = kind == 2;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  ref->assign(static_cast<size_t>(size) * size, 0);
+  for (int s = 0; s < 4; ++s) {
+    const double cy = size * (0.2 + 0.6 * u(rng)), cx = size * (0.2 + 0.6 * u(rng)), r = size * (0.05 + 0.1 * u(rng));
+    const uint16_t cls = static_cast<uint16_t>(1 + s % (k - 1));
+    for (int y = 0; y < size; ++y)
+      for (int x = 0; x < size; ++x)
+        if ((y - cy) * (y - cy) + (x - cx) * (x - cx) <= r * r) (*ref)[static_cast<size_t>(y) * size + x] = cls;
+  }
+  pred->assign(ref->size(), 0);
+  for (int y = 0; y < size; ++y) {
+    for (int x = 0; x < size; ++x) {
+      const size_t i = static_cast<size_t>(y) * size + x;
+      if (speckle) {
+        (*pred)[i] = u(rng) < 0.2 ? static_cast<uint16_t>(rng() % k) : (*ref)[i];
+      } else {
+        const int sy = std::clamp(y - 3, 0, size - 1), sx = std::clamp(x + 2, 0, size - 1);
+        (*pred)[i] = (*ref)[static_cast<size_t>(sy) * size + sx];
+        if (kind == 1 && u(rng) < 0.01) (*pred)[i] = static_cast<uint16_t>(rng() % k);
+      }
+    }
+  }
+}
+
+void Counts(const std::vector<uint16_t>& pred, const std::vector<uint16_t>& ref, int k, std::vector<int64_t>* m) {
+  m->assign(static_cast<size_t>(k) * k, 0);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (ref[i] != 255) (*m)[ref[i] * k + pred[i]]++;
+  }
+}
+
+int RunMetrics() {
+  const int size = absl::GetFlag(FLAGS_size), iters = absl::GetFlag(FLAGS_iters);
+  std::printf("metric stage cost per %dx%d image, one core (%d images per row)\n", size, size, iters);
+  std::printf("| prediction | classes | confusion counts + all count metrics | surface distances (hd, hd95, assd, nsd) |\n");
+  std::printf("|---|---|---|---|\n");
+  const char* kinds[] = {"shifted 3 px (good model)", "shifted + 1% stray specks", "speckle (20% random)"};
+  for (int kind = 0; kind < 3; ++kind) {
+    for (int k : {2, 4}) {
+      std::vector<std::vector<uint16_t>> preds(iters), refs(iters);
+      for (int i = 0; i < iters; ++i) MakePair(size, k, kind, 1000 + i, &preds[i], &refs[i]);
+      std::vector<int64_t> m;
+      double sink = 0;
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        Counts(preds[i], refs[i], k, &m);
+        for (int c = 0; c < k; ++c) {
+          int64_t row = 0, col = 0, total = 0;
+          for (int o = 0; o < k; ++o) row += m[c * k + o], col += m[o * k + c];
+          for (int64_t v : m) total += v;
+          const int64_t tp = m[c * k + c];
+          tally::ConfusionCounts cc{tp, col - tp, row - tp, total - row - col + tp};
+          for (tally::Metric metric : tally::kAllMetrics) {
+            if (tally::IsCountMetric(metric)) sink += tally::CountMetric(metric, cc);
+          }
+        }
+      }
+      auto t1 = Clock::now();
+      std::vector<tally::SurfaceValues> values;
+      tally::SurfaceOptions options;
+      for (int i = 0; i < iters; ++i) {
+        tally::ClassSurfaceMetrics(preds[i].data(), refs[i].data(), size, size, k, 255, options, &values);
+        sink += values[1].hd95;
+      }
+      auto t2 = Clock::now();
+      std::printf("| %s | %d | %.3f ms | %.2f ms |\n", kinds[kind], k,
+                  1e3 * Seconds(t0, t1) / iters, 1e3 * Seconds(t1, t2) / iters);
+      if (sink == 12345.678) std::printf(" ");
+    }
+  }
+  return 0;
+}
+
+int RunDecode() {
+  auto manifest = tally::ReadManifest(absl::GetFlag(FLAGS_manifest));
+  if (!manifest.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(manifest.status().message()).c_str());
+    return 1;
+  }
+  const int threads = std::max(1, absl::GetFlag(FLAGS_threads));
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  std::atomic<int64_t> next{0}, done{0};
+  std::atomic<bool> stop{false};
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      tally::RgbImage img;
+      tally::LabelMap mask;
+      const int64_t n = static_cast<int64_t>(manifest->rows.size());
+      while (!stop) {
+        const auto& row = manifest->rows[next++ % n];
+        if (tally::LoadImage(row.image_path, &img).ok() && tally::LoadMask(row.mask_path, &mask).ok()) ++done;
+        if (Seconds(start, Clock::now()) > seconds) stop = true;
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  const double elapsed = Seconds(start, Clock::now());
+  std::printf("decode: %d threads, %.1f images/s (image + mask), %.2f ms per image per thread\n", threads,
+              done / elapsed, 1e3 * elapsed * threads / std::max<int64_t>(1, done));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  std::vector<char*> args = tally::ArgvPointers(normalized);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  return absl::GetFlag(FLAGS_mode) == "decode" ? RunDecode() : RunMetrics();
+}
