@@ -9,5 +9,6 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$src/build-gpu}
 deb_dir=${DEB_DIR:-$src/.gpu/debs}
 # shellcheck source=unpack-and-configure.sh
-source "$src/scripts/gpu/unpack-and-configure.sh" "$deb_dir" "$src" "$build" -DCMAKE_BUILD_TYPE=Release
+source "$src/scripts/gpu/unpack-and-configure.sh" "$deb_dir" "$src" "$build" -DCMAKE_BUILD_TYPE=Release \
+  -DTALLY_PYTHON="$(command -v python3)"
 cmake --build "$build" -j "$(nproc)"
