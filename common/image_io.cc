@@ -3,6 +3,7 @@
 #include <png.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csetjmp>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/png_fast.h"
 
 namespace tally {
 namespace {
@@ -186,6 +188,14 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is empty (0 bytes)"));
   if (IsPng(bytes)) {
     std::string err;
+    switch (DecodePngRgbFast(bytes, &out->height, &out->width, &out->pixels, &err)) {
+      case PngFastResult::kOk:
+        return absl::OkStatus();
+      case PngFastResult::kError:
+        return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is not a valid PNG: ", err));
+      case PngFastResult::kUnsupported:
+        break;  // Interlaced, palette, 16-bit...: libpng.
+    }
     if (!DecodePngRaw(bytes, PngTarget::kRgb8, &out->height, &out->width, &out->pixels, nullptr, &err)) {
       return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is not a valid PNG: ", err));
     }
@@ -225,14 +235,21 @@ absl::Status DecodeMask(const std::string& bytes, const std::string& name, Label
   }
   std::string err;
   thread_local std::vector<uint8_t> scratch;
-  if (!DecodePngRaw(bytes, PngTarget::kLabels, &out->height, &out->width, &scratch, &out->labels, &err)) {
+  const PngFastResult fast = DecodePngLabelsFast(bytes, &out->height, &out->width, &out->labels, &err);
+  if (fast == PngFastResult::kError) return absl::InvalidArgumentError(absl::StrCat("mask '", name, "': ", err));
+  if (fast == PngFastResult::kUnsupported &&
+      !DecodePngRaw(bytes, PngTarget::kLabels, &out->height, &out->width, &scratch, &out->labels, &err)) {
     return absl::InvalidArgumentError(absl::StrCat("mask '", name, "': ", err));
   }
-  int max_label = -1;
+  // Branch-free so that it vectorises: the largest label other than 255, -1 if there is none.
+  uint16_t max_label = 0;
+  size_t labelled = 0;
   for (uint16_t v : out->labels) {
-    if (v != kIgnoreLabel && v > max_label) max_label = v;
+    const bool ignored = v == kIgnoreLabel;
+    max_label = std::max<uint16_t>(max_label, ignored ? 0 : v);
+    labelled += !ignored;
   }
-  out->max_label = max_label;
+  out->max_label = labelled > 0 ? max_label : -1;
   return absl::OkStatus();
 }
 

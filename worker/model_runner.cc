@@ -11,10 +11,14 @@
 
 #include <chrono>
 #include <cmath>
-#include <sstream>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+
+#if TALLY_CUDA_KERNELS
+#include "worker/confusion_kernel.h"
+#endif
 
 #if TALLY_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -44,6 +48,10 @@ bool LooksLikeOom(const std::string& what) {
   return what.find("out of memory") != std::string::npos || what.find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos;
 }
 
+// Out-of-memory errors from inside TorchScript arrive as a plain c10::Error whose message quotes the
+// interpreter's traceback first: look at the whole message, not the shortened one.
+bool IsOom(const c10::Error& e) { return LooksLikeOom(e.what_without_backtrace()); }
+
 class TorchHostBuffer final : public HostBuffer {
  public:
   explicit TorchHostBuffer(at::Tensor t) : t_(std::move(t)) {}
@@ -63,9 +71,8 @@ class TorchPendingBatch final : public PendingBatch {
       try {
         done_->synchronize();
       } catch (const c10::Error& e) {
-        const std::string what = ErrorText(e);
-        if (LooksLikeOom(what)) return absl::ResourceExhaustedError(what);
-        return absl::InternalError(absl::StrCat("CUDA error while evaluating a batch: ", what));
+        if (IsOom(e)) return absl::ResourceExhaustedError(ErrorText(e));
+        return absl::InternalError(absl::StrCat("CUDA error while evaluating a batch: ", ErrorText(e)));
       }
     }
 #endif
@@ -127,11 +134,13 @@ class TorchRunner final : public ModelRunner {
       c10::InferenceMode inference;
       EnableAutocast();
       return LaunchImpl(batch, &input_shape);
+    } catch (const c10::OutOfMemoryError& e) {
+      return absl::ResourceExhaustedError(ErrorText(e));
     } catch (const c10::Error& e) {
-      const std::string what = ErrorText(e);
-      if (LooksLikeOom(what)) return absl::ResourceExhaustedError(what);
-      return absl::FailedPreconditionError(
-          absl::StrCat("model '", options_.model_path, "' failed on an input of shape ", input_shape, ": ", what));
+      if (IsOom(e)) return absl::ResourceExhaustedError(ErrorText(e));
+      return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path,
+                                                        "' failed on an input of shape ", input_shape, ": ",
+                                                        ErrorText(e)));
     } catch (const std::exception& e) {
       return absl::FailedPreconditionError(
           absl::StrCat("model '", options_.model_path, "' failed on an input of shape ", input_shape, ": ", e.what()));
@@ -185,7 +194,7 @@ class TorchRunner final : public ModelRunner {
 
   absl::StatusOr<std::unique_ptr<PendingBatch>> LaunchImpl(const BatchSpec& batch, std::string* input_shape);
   // Turns logits [n, C, h, w] + reference labels [n, H, W] into counts and labels for one group.
-  absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, int64_t first, const at::Tensor& x,
+  absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
                            bool want_labels, std::vector<at::Tensor>* counts, std::vector<at::Tensor>* labels,
                            at::Tensor* ties, int* k);
 
@@ -244,14 +253,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
     }
   }
   std::unique_ptr<TorchRunner> runner(new TorchRunner(options, device, std::move(module)));
-  auto fopts = at::TensorOptions().dtype(at::kFloat).device(device);
   if (!options.mean.empty()) {
     runner->mean_ = at::tensor(options.mean, at::TensorOptions().dtype(at::kFloat)).to(device).view({1, 3, 1, 1});
   }
   if (!options.std.empty()) {
     runner->std_ = at::tensor(options.std, at::TensorOptions().dtype(at::kFloat)).to(device).view({1, 3, 1, 1});
   }
-  (void)fopts;
 #if TALLY_WITH_CUDA
   if (want_cuda) {
     at::globalContext().setBenchmarkCuDNN(options.cudnn_benchmark);
@@ -269,8 +276,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
 
-absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, int64_t first,
-                                      const at::Tensor& x, bool want_labels, std::vector<at::Tensor>* counts,
+absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x, bool want_labels, std::vector<at::Tensor>* counts,
                                       std::vector<at::Tensor>* labels, at::Tensor* ties, int* k) {
   const int64_t n = gt.size(0), H = gt.size(1), W = gt.size(2);
   if (raw_logits.dim() != 4 || raw_logits.size(0) != n || raw_logits.size(1) < 1) {
@@ -289,6 +295,26 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
                                                       " channels for one input and a different number for another"));
   }
   *k = static_cast<int>(K);
+#if TALLY_CUDA_KERNELS
+  if (cuda_ && K <= kMaxKernelClasses) {
+    // One fused pass: argmax, labels, confusion counts and ties, without a host synchronisation.
+    at::Tensor lg = logits.contiguous();
+    at::Tensor ref16 = gt.to(at::kShort).contiguous();
+    const auto long_opts = ref16.options().dtype(at::kLong);
+    at::Tensor c = at::zeros({n, K, K}, long_opts);
+    at::Tensor pred16 = want_labels ? at::empty({n, H, W}, ref16.options()) : at::Tensor();
+    at::Tensor t = options_.count_logit_ties ? at::zeros({}, long_opts) : at::Tensor();
+    if (LaunchConfusion(lg.data_ptr<float>(), ref16.data_ptr<int16_t>(), n, static_cast<int>(C), H * W,
+                        want_labels ? pred16.data_ptr<int16_t>() : nullptr, c.data_ptr<int64_t>(),
+                        t.defined() ? t.data_ptr<int64_t>() : nullptr,
+                        at::cuda::getCurrentCUDAStream().stream())) {
+      counts->push_back(c);
+      if (want_labels) labels->push_back(pred16);
+      if (t.defined()) *ties = ties->defined() ? *ties + t : t;
+      return absl::OkStatus();
+    }
+  }
+#endif
   at::Tensor pred = C == 1 ? logits.select(1, 0).gt(0).to(at::kLong) : logits.argmax(1);
   if (options_.count_logit_ties && C >= 2) {
     at::Tensor top2 = std::get<0>(logits.topk(2, 1));
@@ -302,7 +328,6 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
   at::Tensor c = at::bincount(idx.reshape({-1}), {}, n * K * K + 1).narrow(0, 0, n * K * K).view({n, K, K});
   counts->push_back(c);
   if (want_labels) labels->push_back(pred.to(at::kShort));
-  (void)first;
   return absl::OkStatus();
 }
 
@@ -391,7 +416,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
   at::Tensor ties;
   int k = 0;
   if (uniform) {
-    absl::Status s = Postprocess(*logits, mask_dev[0], 0, x, batch.want_labels, &counts, &labels, &ties, &k);
+    absl::Status s = Postprocess(*logits, mask_dev[0], x, batch.want_labels, &counts, &labels, &ties, &k);
     if (!s.ok()) return s;
   } else {
     if (logits->dim() != 4 || logits->size(0) != n) {
@@ -400,7 +425,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
                                                         "; expected [N, C, H, W] with N = ", n));
     }
     for (int64_t i = 0; i < n; ++i) {
-      absl::Status s = Postprocess(logits->narrow(0, i, 1), mask_dev[i], i, x, batch.want_labels, &counts, &labels,
+      absl::Status s = Postprocess(logits->narrow(0, i, 1), mask_dev[i], x, batch.want_labels, &counts, &labels,
                                    &ties, &k);
       if (!s.ok()) return s;
     }
@@ -440,8 +465,6 @@ absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_
   const int dev = device_.index();
   const double total = static_cast<double>(at::cuda::getDeviceProperties(dev)->totalGlobalMem);
   const double budget = max_memory <= 0 ? 0.9 * total : max_memory <= 1 ? max_memory * total : max_memory * 1073741824.0;
-  const int h = options_.input_height > 0 ? options_.input_height : height;
-  const int w = options_.input_height > 0 ? options_.input_width : width;
   int best = 0;
   for (int b = 1; b <= limit; b *= 2) {
     std::unique_ptr<HostBuffer> imgs = AllocateHost(static_cast<size_t>(b) * height * width * 3);
@@ -465,8 +488,6 @@ absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_
         static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(dev).reserved_bytes[0].peak);
     if (peak > budget) break;
     best = b;
-    (void)h;
-    (void)w;
   }
   c10::cuda::CUDACachingAllocator::emptyCache();
   return std::max(best, 1);

@@ -22,11 +22,6 @@ std::chrono::system_clock::time_point Deadline(double seconds) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 std::string Hostname() {
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
