@@ -36,13 +36,19 @@ namespace {
 
 std::string Shape(const at::Tensor& t) { return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]"); }
 
-std::string ErrorText(const c10::Error& e) {
-  std::string msg = e.what_without_backtrace();
-  // Keep the first lines: TorchScript errors carry long source excerpts.
+// TorchScript errors carry long source excerpts: keep the last line (the error itself, e.g.
+// "RuntimeError: CUDA out of memory. ...") and the first few (where it happened).
+std::string ShortText(const std::string& msg) {
+  std::string trimmed = msg;
+  while (!trimmed.empty() && (trimmed.back() == '\n' || trimmed.back() == ' ')) trimmed.pop_back();
   size_t cut = 0;
-  for (int lines = 0; lines < 6 && cut != std::string::npos; ++lines) cut = msg.find('\n', cut + 1);
-  return cut == std::string::npos ? msg : msg.substr(0, cut) + " ...";
+  for (int lines = 0; lines < 4 && cut != std::string::npos; ++lines) cut = trimmed.find('\n', cut + 1);
+  if (cut == std::string::npos) return trimmed;
+  const size_t last = trimmed.rfind('\n');
+  return trimmed.substr(0, cut) + " ... " + trimmed.substr(last + 1);
 }
+
+std::string ErrorText(const c10::Error& e) { return ShortText(e.what_without_backtrace()); }
 
 bool LooksLikeOom(const std::string& what) {
   return what.find("out of memory") != std::string::npos || what.find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos;
@@ -142,8 +148,13 @@ class TorchRunner final : public ModelRunner {
                                                         "' failed on an input of shape ", input_shape, ": ",
                                                         ErrorText(e)));
     } catch (const std::exception& e) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("model '", options_.model_path, "' failed on an input of shape ", input_shape, ": ", e.what()));
+      // TorchScript's interpreter rethrows errors of the ops it runs (CUDA out-of-memory included)
+      // as std::runtime_error with its traceback in front.
+      const std::string what = e.what();
+      if (LooksLikeOom(what)) return absl::ResourceExhaustedError(ShortText(what));
+      return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path,
+                                                        "' failed on an input of shape ", input_shape, ": ",
+                                                        ShortText(what)));
     }
   }
 

@@ -25,8 +25,7 @@ struct Pipeline::InFlight {
   std::vector<int> max_label;
   std::shared_ptr<PendingBatch> pending;
   std::vector<std::shared_ptr<PendingBatch>> retries;  // Results of out-of-memory retries.
-  // The slot is released when the last holder (the batch itself, its metric tasks) lets go.
-  std::atomic<int> holds{1};
+  std::vector<std::unique_ptr<LabelMap>> masks;         // For surface metrics: handed to their task.
 };
 
 Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_result, FatalFn on_fatal)
@@ -209,26 +208,50 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
     image_bytes += static_cast<size_t>(it->image->height) * it->image->width * 3;
     mask_words += static_cast<size_t>(it->mask->height) * it->mask->width;
   }
-  if (!slot->images || slot->images->size() < image_bytes) slot->images = runner_->AllocateHost(image_bytes + image_bytes / 4);
-  if (!slot->masks || slot->masks->size() < mask_words * 2) slot->masks = runner_->AllocateHost((mask_words + mask_words / 4) * 2);
+  if (!slot->images || slot->images->size() < image_bytes) {
+    slot->images = runner_->AllocateHost(image_bytes + image_bytes / 4);
+  }
+  if (!slot->masks || slot->masks->size() < mask_words * 2) {
+    slot->masks = runner_->AllocateHost((mask_words + mask_words / 4) * 2);
+  }
   spec->images = slot->images.get();
   spec->masks = slot->masks.get();
   spec->want_labels = surface_;
   spec->items.clear();
   size_t image_off = 0, mask_off = 0;
-  uint16_t* mask_base = reinterpret_cast<uint16_t*>(slot->masks->data());
   for (const Item* it : items) {
     BatchImage b;
     b.image_offset = image_off;
     b.mask_offset = mask_off;
     b.height = it->image->height;
     b.width = it->image->width;
-    std::memcpy(slot->images->data() + image_off, it->image->pixels.data(), it->image->pixels.size());
-    std::memcpy(mask_base + mask_off, it->mask->labels.data(), it->mask->labels.size() * sizeof(uint16_t));
     image_off += it->image->pixels.size();
     mask_off += it->mask->labels.size();
     spec->items.push_back(b);
   }
+  // The copies into the staging buffer (1.3 MB per 512x512 image) run on the pool threads, ahead
+  // of their decoding work, so this thread is free to launch the next batch sooner.
+  auto remaining = std::make_shared<std::atomic<int>>(static_cast<int>(items.size()));
+  uint8_t* image_base = slot->images->data();
+  uint16_t* mask_base = reinterpret_cast<uint16_t*>(slot->masks->data());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Item* it = items[i];
+      const BatchImage b = spec->items[i];
+      metric_tasks_.push_front([this, it, b, image_base, mask_base, remaining] {
+        std::memcpy(image_base + b.image_offset, it->image->pixels.data(), it->image->pixels.size());
+        std::memcpy(mask_base + b.mask_offset, it->mask->labels.data(), it->mask->labels.size() * sizeof(uint16_t));
+        if (--*remaining == 0) {
+          std::lock_guard<std::mutex> done(mu_);
+          cv_.notify_all();
+        }
+      });
+    }
+  }
+  cv_.notify_all();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return remaining->load() == 0; });
 }
 
 void Pipeline::ReleaseSlot(Slot* slot) {
@@ -376,7 +399,12 @@ void Pipeline::BatchLoop() {
         batch->max_label.push_back(it->mask->max_label);
         std::lock_guard<std::mutex> pool_lock(mu_);
         image_pool_.push_back(std::move(it->image));
-        mask_pool_.push_back(std::move(it->mask));
+        // Surface metrics read the reference labels after the batch has left the staging buffer.
+        if (surface_) {
+          batch->masks.push_back(std::move(it->mask));
+        } else {
+          mask_pool_.push_back(std::move(it->mask));
+        }
       }
       if (!warmed) {
         // TorchScript's profiling executor optimises after a few runs and cuDNN picks algorithms
@@ -399,7 +427,7 @@ void Pipeline::BatchLoop() {
         cv_.notify_all();
       } else if (absl::IsResourceExhausted(pending.status())) {
         RunNow(batch, 0, batch->index.size());
-        if (--batch->holds == 0) ReleaseSlot(batch->slot);
+        ReleaseSlot(batch->slot);
       } else {
         Fail(std::string(pending.status().message()));
         ReleaseSlot(slot);
@@ -426,7 +454,7 @@ void Pipeline::CompletionLoop() {
     } else {
       Fail(std::string(s.message()));
     }
-    if (--batch->holds == 0) ReleaseSlot(batch->slot);
+    ReleaseSlot(batch->slot);
     lock.lock();
   }
 }
@@ -517,10 +545,12 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       continue;
     }
     const uint16_t* pred = pending->labels(static_cast<int>(j));
-    ++batch->holds;
-    auto task = [this, batch, pred, mask, k, h = it.height, w = it.width, r = std::move(r)]() mutable {
+    // The task owns the reference labels and keeps `batch` (hence the predicted labels) alive; it
+    // does not hold the staging buffer, which goes back to the batcher at once.
+    std::shared_ptr<LabelMap> ref(std::move(batch->masks[i]));
+    auto task = [this, batch, pred, ref, k, h = it.height, w = it.width, r = std::move(r)]() mutable {
       std::vector<SurfaceValues> values;
-      ClassSurfaceMetrics(pred, mask, h, w, k, kIgnoreLabel, options_.surface, &values);
+      ClassSurfaceMetrics(pred, ref->labels.data(), h, w, k, kIgnoreLabel, options_.surface, &values);
       for (int c = 0; c < k; ++c) {
         v1::ClassResult* cr = r.mutable_classes(c);
         cr->set_hd(values[c].hd);
@@ -529,7 +559,10 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
         cr->set_nsd(values[c].nsd);
       }
       Deliver(batch->shard, std::move(r));
-      if (--batch->holds == 0) ReleaseSlot(batch->slot);
+      auto recycled = std::make_unique<LabelMap>();
+      recycled->labels.swap(ref->labels);  // Keeps the buffer's capacity for the next mask.
+      std::lock_guard<std::mutex> lock(mu_);
+      mask_pool_.push_back(std::move(recycled));
     };
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -133,7 +133,9 @@ class Pipeline {
   std::deque<std::shared_ptr<InFlight>> in_flight_;
   std::vector<std::unique_ptr<RgbImage>> image_pool_;
   std::vector<std::unique_ptr<LabelMap>> mask_pool_;
-  std::deque<std::function<void()>> metric_tasks_;  // Run by decode threads, before decoding.
+  // Short tasks run by the decode threads before any decoding: staging copies (at the front) and
+  // surface metrics.
+  std::deque<std::function<void()>> metric_tasks_;
 
   // Statistics.
   int64_t images_done_ = 0;
