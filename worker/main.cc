@@ -25,7 +25,7 @@ ABSL_FLAG(std::string, name, "", "Name shown in reports (default host:device)");
 ABSL_FLAG(int, threads, 0, "Decode/metric threads, and LibTorch threads on CPU (0 = all cores)");
 ABSL_FLAG(int, batch_size, 0, "Batch size for jobs that leave it to the worker (0 = 8 on CPU, 32 on CUDA)");
 ABSL_FLAG(double, max_connect_seconds, 0, "Give up if the coordinator stays unreachable this long (0 = never)");
-ABSL_FLAG(int, max_leases, 3, "Shards held at once");
+ABSL_FLAG(int, max_leases, 16, "Most shards held at once (the worker leases while fewer than ~4 batches are queued)");
 ABSL_FLAG(bool, count_logit_ties, false, "Count pixels whose two largest logits are exactly equal");
 ABSL_FLAG(bool, cudnn_benchmark, true, "Let cuDNN time its algorithms per input shape");
 ABSL_FLAG(int, warmup_batches, 2, "Extra passes over the first batch on CUDA before timing starts");

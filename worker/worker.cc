@@ -142,7 +142,9 @@ absl::Status Worker::Run() {
     // Keep enough rows queued that decoding runs ahead of the device, but no more.
     const int64_t target = std::max<int64_t>(4 * batch, 2 * options_.threads);
     if (held >= static_cast<size_t>(options_.max_leases) || (held > 0 && backlog >= target)) {
-      SleepFor(0.02);
+      // Woken by every delivered result, so the next shard is leased as soon as there is room.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
       continue;
     }
     v1::AcquireShardRequest request;
@@ -265,15 +267,14 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
 }
 
 void Worker::OnResult(const LeaseKey& lease, v1::ImageResult result) {
-  bool complete = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = leases_.find(lease.lease_id);
     if (it == leases_.end()) return;  // Revoked meanwhile.
     it->second.pending.push_back(std::move(result));
-    complete = ++it->second.delivered >= it->second.expected;
+    ++it->second.delivered;
   }
-  if (complete) cv_.notify_all();
+  cv_.notify_all();  // The leasing loop waits for room in the backlog; the reporter for complete shards.
 }
 
 void Worker::OnFatal(const std::string& job_id, const std::string& message) {

@@ -33,7 +33,7 @@ struct WorkerOptions {
   int threads = 0;                  // Decode/metric threads (and intra-op threads on CPU); 0 = all cores.
   int default_batch_size = 0;       // For jobs that leave it to the worker; 0 = 8 on CPU, 32 on CUDA.
   double max_connect_seconds = 0;   // Give up registering after this long; 0 = never.
-  int max_leases = 3;               // Shards held at once (the next ones decode while one runs).
+  int max_leases = 16;              // Shards held at once; the backlog target usually limits first.
   bool count_logit_ties = false;
   bool cudnn_benchmark = true;
   int warmup_batches = 2;
