@@ -27,7 +27,8 @@ ABSL_FLAG(int, batch_size, 0, "Batch size for jobs that leave it to the worker (
 ABSL_FLAG(double, max_connect_seconds, 0, "Give up if the coordinator stays unreachable this long (0 = never)");
 ABSL_FLAG(int, max_leases, 16, "Most shards held at once (the worker leases while fewer than ~4 batches are queued)");
 ABSL_FLAG(bool, count_logit_ties, false, "Count pixels whose two largest logits are exactly equal");
-ABSL_FLAG(bool, cudnn_benchmark, true, "Let cuDNN time its algorithms per input shape");
+ABSL_FLAG(bool, cudnn_benchmark, false,
+          "Let cuDNN time its algorithms per input shape (may change results between processes)");
 ABSL_FLAG(int, warmup_batches, 2, "Extra passes over the first batch on CUDA before timing starts");
 ABSL_FLAG(double, gpu_memory_limit_gib, 0, "Cap this worker's GPU memory (GiB; 0 = no cap), e.g. on a shared GPU");
 

@@ -32,7 +32,7 @@ struct ModelRunnerOptions {
   int input_width = 0;
   int cpu_threads = 0;            // Intra-op threads on CPU; 0 = LibTorch's default.
   bool count_logit_ties = false;  // Count pixels whose two largest logits are equal (costs a topk).
-  bool cudnn_benchmark = true;
+  bool cudnn_benchmark = false;  // cuDNN picks algorithms by timing them (per process: not exact).
   double memory_limit_gib = 0;    // CUDA: cap this process's device memory (0 = no cap).
 };
 

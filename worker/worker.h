@@ -35,7 +35,10 @@ struct WorkerOptions {
   double max_connect_seconds = 0;   // Give up registering after this long; 0 = never.
   int max_leases = 16;              // Shards held at once; the backlog target usually limits first.
   bool count_logit_ties = false;
-  bool cudnn_benchmark = true;
+  // Off by default: with benchmark mode each process times and picks its own convolution
+  // algorithms, so two GPUs can round differently (measured: DeepLabV3, 3e-6 of pixels flipped
+  // between a 1-GPU and a 2-GPU run) for no measured speed-up; see BENCHMARKS.md.
+  bool cudnn_benchmark = false;
   int warmup_batches = 2;
   double gpu_memory_limit_gib = 0;  // Cap on this worker's device memory (0 = none).
 };

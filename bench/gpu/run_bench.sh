@@ -5,7 +5,8 @@
 #   bench/gpu/run_bench.sh [WORK_DIR] [IMAGES] [STAGES]
 #     WORK_DIR  scratch folder (default /tmp/tally-bench); results.jsonl and table.md land there
 #     IMAGES    images per dataset (default 3200), 512x512, PNG and JPEG q90
-#     STAGES    comma list of: setup,decode,ceiling,tally,python,metrics,scaling (default: all but scaling)
+#     STAGES    comma list of: setup,decode,ceiling,tally,cudnn_benchmark,python,metrics,scaling
+#               (default: all but cudnn_benchmark and scaling)
 # Needs: python3 with torch + torchvision (the pip wheel's), the build from scripts/gpu/build.sh.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -81,6 +82,12 @@ if has tally; then
   tally_run lraspp_jpg_fp32 lraspp jpg fp32 dice
   tally_run deeplab_png_fp32 deeplabv3 png fp32 dice
   tally_run deeplab_png_bf16 deeplabv3 png bf16 dice
+fi
+
+if has cudnn_benchmark; then
+  # cuDNN benchmark mode (off by default: it breaks bit-identical results across processes).
+  tally_run lraspp_jpg_fp32_cudnnbench lraspp jpg fp32 dice --worker-flags=--cudnn-benchmark=true
+  tally_run deeplab_png_fp32_cudnnbench deeplabv3 png fp32 dice --worker-flags=--cudnn-benchmark=true
 fi
 
 if has metrics; then

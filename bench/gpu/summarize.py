@@ -47,6 +47,10 @@ def main(path):
         if base in tally and full in tally:
             a, b = tally[base]["steady_images_per_second"], tally[full]["steady_images_per_second"]
             print(f"| dice vs all | {label} | {a:.0f} | {b:.0f} | {b / a:.3f} |")
+    for base, bench in (("lraspp_jpg_fp32", "lraspp_jpg_fp32_cudnnbench"), ("deeplab_png_fp32", "deeplab_png_fp32_cudnnbench")):
+        if base in tally and bench in tally:
+            a, b = tally[base]["steady_images_per_second"], tally[bench]["steady_images_per_second"]
+            print(f"\ncuDNN benchmark mode, {base}: off {a:.0f} img/s, on {b:.0f} img/s ({b / a:.3f}x)")
     if "scaling_1gpu" in tally and "scaling_all" in tally:
         one, many = tally["scaling_1gpu"], tally["scaling_all"]
         same = [r for r in rows if r["kind"] == "scaling_identical"]
