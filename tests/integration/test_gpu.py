@@ -68,7 +68,7 @@ class GpuTest(unittest.TestCase):
         cpu = self.run_on("cpu_conv", "conv3.pt", "--workers", "1")
         gpu = self.run_on("gpu_conv", "conv3.pt", "--gpus", "0")
         a, b = tt.read_per_image(cpu), tt.read_per_image(gpu)
-        total = sum(int(r["tp"]) + int(r["fp"]) for r in a if r["class"] == "0")
+        total = sum(int(r["tp"]) + int(r["fp"]) + int(r["fn"]) + int(r["tn"]) for r in a if r["class"] == "0")
         rows, pixels = diff_rows(a, b)
         ties = [w["logit_ties"] for w in tt.read_report(gpu)["workers"]] + \
                [w["logit_ties"] for w in tt.read_report(cpu)["workers"]]
