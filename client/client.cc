@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 
 namespace tally {
 namespace {
@@ -124,15 +125,7 @@ absl::StatusOr<v1::Job> TallyClient::Watch(const std::string& job_id, int interv
 }
 
 absl::StatusOr<std::vector<std::string>> TallyClient::FetchReport(const std::string& job_id, const std::string& dir) {
-  std::string path;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!path.empty() && mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::PermissionDeniedError(absl::StrCat("cannot create '", path, "': ", std::strerror(errno)));
-      }
-    }
-    if (i < dir.size()) path.push_back(dir[i]);
-  }
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
   v1::FetchReportRequest request;
   request.set_job_id(job_id);
   grpc::ClientContext ctx;

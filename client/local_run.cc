@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/progress.h"
+#include "common/file_util.h"
 #include "common/log.h"
 #include "common/subprocess.h"
 #include "common/worker_launcher.h"
@@ -24,17 +25,6 @@ namespace tally {
 namespace {
 
 std::atomic<int> g_signal{0};
-
-bool MakeDirs(const std::string& dir) {
-  std::string path;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!path.empty() && mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return false;
-    }
-    if (i < dir.size()) path.push_back(dir[i]);
-  }
-  return true;
-}
 
 int Fail(const std::string& message) {
   std::cerr << "tally run: " << message << "\n";
@@ -60,7 +50,7 @@ void PrintSummary(const std::string& out_dir) {
 
 int RunLocally(const LocalRunOptions& options) {
   const std::string state_dir = options.out_dir + "/.tally";
-  if (!MakeDirs(state_dir)) return Fail(absl::StrCat("cannot create '", state_dir, "': ", std::strerror(errno)));
+  if (absl::Status s = MakeDirs(state_dir); !s.ok()) return Fail(std::string(s.message()));
   const std::string tallyd = FindExecutable("tallyd");
   if (tallyd.empty()) return Fail("cannot find the tallyd executable next to tally or on PATH");
   const std::string port_file = state_dir + "/port";

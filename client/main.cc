@@ -29,6 +29,7 @@
 #include "client/client.h"
 #include "client/local_run.h"
 #include "client/progress.h"
+#include "common/file_util.h"
 #include "common/flag_util.h"
 #include "common/gpu_inventory.h"
 #include "common/manifest.h"
@@ -91,19 +92,12 @@ int Usage(const std::string& error) {
   return 2;
 }
 
-std::string Absolute(const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  char buf[4096];
-  if (getcwd(buf, sizeof(buf)) == nullptr) return path;
-  return tally::ResolvePath(buf, path);
-}
-
 absl::StatusOr<tally::v1::JobSpec> SpecFromFlags() {
   tally::v1::JobSpec spec;
   if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("--model is required");
   if (absl::GetFlag(FLAGS_manifest).empty()) return absl::InvalidArgumentError("--manifest is required");
-  spec.set_model(Absolute(absl::GetFlag(FLAGS_model)));
-  spec.set_manifest(Absolute(absl::GetFlag(FLAGS_manifest)));
+  spec.set_model(tally::AbsolutePath(absl::GetFlag(FLAGS_model)));
+  spec.set_manifest(tally::AbsolutePath(absl::GetFlag(FLAGS_manifest)));
   spec.set_name(absl::GetFlag(FLAGS_name));
   auto metrics = tally::ParseMetricList(absl::GetFlag(FLAGS_metrics));
   if (!metrics.ok()) return absl::InvalidArgumentError(absl::StrCat("--metrics: ", metrics.status().message()));
@@ -200,7 +194,7 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_out).empty()) return Usage("--out is required");
     tally::LocalRunOptions options;
     options.spec = *spec;
-    options.out_dir = Absolute(absl::GetFlag(FLAGS_out));
+    options.out_dir = tally::AbsolutePath(absl::GetFlag(FLAGS_out));
     options.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
     if (!absl::GetFlag(FLAGS_gpus).empty()) {
       auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 
 namespace tally {
 namespace {
@@ -28,23 +29,7 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
-std::string AbsolutePath(const std::string& path) {
-  if (!path.empty() && path[0] == '/') return path;
-  char buf[4096];
-  if (getcwd(buf, sizeof(buf)) == nullptr) return path;
-  return ResolvePath(buf, path);
-}
-
 }  // namespace
-
-std::string ResolvePath(const std::string& base_dir, const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  std::string rel = path;
-  while (rel.size() > 2 && rel[0] == '.' && rel[1] == '/') rel = rel.substr(2);
-  if (base_dir.empty() || base_dir == ".") return rel;
-  if (base_dir.back() == '/') return base_dir + rel;
-  return base_dir + "/" + rel;
-}
 
 absl::StatusOr<std::vector<CsvRecord>> SplitCsv(absl::string_view text, const std::string& name) {
   std::vector<CsvRecord> records;

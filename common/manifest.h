@@ -47,9 +47,6 @@ struct CsvRecord {
 };
 absl::StatusOr<std::vector<CsvRecord>> SplitCsv(absl::string_view text, const std::string& name);
 
-// Joins `path` onto `base_dir` unless it is absolute; normalises "./" prefixes.
-std::string ResolvePath(const std::string& base_dir, const std::string& path);
-
 }  // namespace tally
 
 #endif  // TALLY_COMMON_MANIFEST_H_

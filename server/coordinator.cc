@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "common/log.h"
 #include "common/manifest.h"
 #include "common/metrics.h"
@@ -45,18 +46,11 @@ std::string NewJobId(double now) {
   return absl::StrCat("j", stamp, "-", RandomHex(6));
 }
 
-std::string MakeAbsolute(const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  char buf[4096];
-  if (getcwd(buf, sizeof(buf)) == nullptr) return path;
-  return ResolvePath(buf, path);
-}
-
 // Checks a submitted spec and fills defaults. Errors name the field.
 absl::Status NormalizeSpec(v1::JobSpec* spec) {
   if (spec->model().empty()) return absl::InvalidArgumentError("job spec: 'model' is required");
   if (spec->manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
-  spec->set_model(MakeAbsolute(spec->model()));
+  spec->set_model(AbsolutePath(spec->model()));
   struct stat st;
   if (stat(spec->model().c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat("model file '", spec->model(), "' does not exist"));
@@ -106,11 +100,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options) {
   if (!options.clock) options.clock = NowUnix;
   if (options.state_dir.empty()) return absl::InvalidArgumentError("coordinator: state_dir is required");
-  for (const std::string& dir : {options.state_dir, options.state_dir + "/reports"}) {
-    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot create '", dir, "': ", std::strerror(errno)));
-    }
-  }
+  RETURN_IF_ERROR(MakeDirs(options.state_dir + "/reports"));
   ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store, JobStore::Open(options.state_dir + "/tally.db"));
   const bool background = options.background_thread;
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), std::move(store)));
@@ -197,7 +187,7 @@ v1::Job Coordinator::Snapshot(const JobEntry& entry, double now) const {
 absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in) {
   v1::JobSpec spec = in;
   RETURN_IF_ERROR(NormalizeSpec(&spec));
-  ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(MakeAbsolute(spec.manifest())));
+  ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(AbsolutePath(spec.manifest())));
   spec.set_manifest(manifest.path);
   const double now = Now();
   JobRecord rec;

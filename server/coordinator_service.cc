@@ -176,11 +176,13 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
                                                             const v1::SubmitJobRequest* request,
                                                             v1::SubmitJobResponse* response) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<v1::Job> job = core_->SubmitJob(request->spec());
-  if (job.ok()) *response->mutable_job() = std::move(*job);
-  reactor->Finish(ToGrpcStatus(job.status()));
-  return reactor;
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::SubmitJobResponse> {
+    absl::StatusOr<v1::Job> job = core_->SubmitJob(request->spec());
+    if (!job.ok()) return job.status();
+    v1::SubmitJobResponse out;
+    *out.mutable_job() = std::move(*job);
+    return out;
+  });
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetJob(grpc::CallbackServerContext* ctx,

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "common/json_writer.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -31,19 +32,6 @@ std::string StateName(v1::JobState s) {
     case v1::JOB_STATE_CANCELLED: return "cancelled";
     default: return "unknown";
   }
-}
-
-absl::Status MakeDirs(const std::string& dir) {
-  std::string path;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!path.empty() && mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::PermissionDeniedError(absl::StrCat("cannot create '", path, "': ", std::strerror(errno)));
-      }
-    }
-    if (i < dir.size()) path.push_back(dir[i]);
-  }
-  return absl::OkStatus();
 }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {

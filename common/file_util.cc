@@ -1,0 +1,42 @@
+#include "common/file_util.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace tally {
+
+std::string ResolvePath(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  std::string rel = path;
+  while (rel.size() > 2 && rel[0] == '.' && rel[1] == '/') rel = rel.substr(2);
+  if (base_dir.empty() || base_dir == ".") return rel;
+  if (base_dir.back() == '/') return base_dir + rel;
+  return base_dir + "/" + rel;
+}
+
+std::string AbsolutePath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char buf[4096];
+  if (getcwd(buf, sizeof(buf)) == nullptr) return path;
+  return ResolvePath(buf, path);
+}
+
+absl::Status MakeDirs(const std::string& dir) {
+  std::string path;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!path.empty() && mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::PermissionDeniedError(absl::StrCat("cannot create '", path, "': ", std::strerror(errno)));
+      }
+    }
+    if (i < dir.size()) path.push_back(dir[i]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tally
