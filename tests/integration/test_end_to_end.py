@@ -194,6 +194,32 @@ class ServiceCliTest(unittest.TestCase):
         self.assertNotEqual(missing.returncode, 0)
         self.assertIn("no job", missing.stderr)
 
+    def test_tallyd_spawns_and_supervises_its_own_workers(self):
+        import signal
+        import subprocess
+        import time
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(8), 10, [(16, 16)], classes=2)
+        port_file = os.path.join(root, "port")
+        log = open(os.path.join(root, "tallyd.log"), "w")
+        self.addCleanup(log.close)
+        tallyd = subprocess.Popen([os.path.join(tt.BIN, "tallyd"), "--listen", "127.0.0.1:0", "--port-file", port_file,
+                                   "--state-dir", os.path.join(root, "state"), "--spawn-workers", "--workers", "2"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: (tallyd.poll() is None and tallyd.send_signal(signal.SIGTERM), tallyd.wait(20)))
+        deadline = time.time() + 30
+        while not os.path.exists(port_file) and time.time() < deadline:
+            time.sleep(0.05)
+        with open(port_file) as f:
+            server = "127.0.0.1:" + f.read().strip()
+        job = tt.tally("submit", "--server", server, "--model", tt.fixture("red_vs_rest.pt"), "--manifest",
+                       manifest).stdout.strip()
+        self.assertIn("succeeded", tt.tally("watch", job, "--server", server).stdout)
+        with open(os.path.join(root, "tallyd.log")) as f:
+            text = f.read()
+        self.assertIn("spawned 2 worker(s)", text)
+        self.assertEqual(text.count(" registered: "), 2)
+
 
 if __name__ == "__main__":
     unittest.main()
