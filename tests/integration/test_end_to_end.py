@@ -71,7 +71,7 @@ class EndToEndTest(unittest.TestCase):
         # Three workers registered before the job is submitted, a model slow enough that each takes
         # a share, small shards and batches; against one worker with the default shard size.
         root = tt.tmpdir(self)
-        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(5), 48,
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(5), 96,
                                     [(32, 32), (32, 32), (21, 27)], classes=2, jpeg_every=5)
         outs = {}
         for workers, extra in ((3, ("--shard-size", "4", "--batch-size", "2")), (1, ())):
@@ -94,8 +94,8 @@ class EndToEndTest(unittest.TestCase):
                 self.assertEqual(r1[key], r3[key], key)
         self.assertEqual(len(r3["workers"]), 3)
         self.assertTrue(all(w["images"] > 0 for w in r3["workers"]), r3["workers"])
-        self.assertEqual(sum(w["images"] for w in r3["workers"]), 48)
-        self.assertEqual(r3["images_evaluated"], 48)
+        self.assertEqual(sum(w["images"] for w in r3["workers"]), 96)
+        self.assertEqual(r3["images_evaluated"], 96)
 
     def test_report_json_accounts_for_every_row(self):
         out, p = self.run_tally("three_w1", "three_class.pt", "--workers", "1", "--metrics", "all")
