@@ -212,13 +212,19 @@ class ServiceCliTest(unittest.TestCase):
             time.sleep(0.05)
         with open(port_file) as f:
             server = "127.0.0.1:" + f.read().strip()
+
+        def log_text():
+            with open(os.path.join(root, "tallyd.log")) as f:
+                return f.read()
+
+        while log_text().count(" registered: ") < 2:  # Both spawned workers come up by themselves.
+            self.assertLess(time.time(), deadline + 30, log_text())
+            time.sleep(0.05)
+        self.assertIn("spawned 2 worker(s)", log_text())
         job = tt.tally("submit", "--server", server, "--model", tt.fixture("red_vs_rest.pt"), "--manifest",
                        manifest).stdout.strip()
         self.assertIn("succeeded", tt.tally("watch", job, "--server", server).stdout)
-        with open(os.path.join(root, "tallyd.log")) as f:
-            text = f.read()
-        self.assertIn("spawned 2 worker(s)", text)
-        self.assertEqual(text.count(" registered: "), 2)
+        self.assertIn("10/10", tt.tally("status", job, "--server", server).stdout)
 
 
 if __name__ == "__main__":
