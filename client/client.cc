@@ -1,12 +1,7 @@
 #include "client/client.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <fstream>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"

@@ -1,12 +1,9 @@
 #include "server/coordinator.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
