@@ -3,7 +3,10 @@
 #include <chrono>
 #include <fstream>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "common/backoff.h"
 #include "common/file_util.h"
 
 namespace tally {
@@ -82,41 +85,92 @@ absl::StatusOr<v1::Job> TallyClient::Cancel(const std::string& job_id) {
   return job;
 }
 
-absl::StatusOr<std::vector<v1::Job>> TallyClient::List(int limit) {
+absl::StatusOr<v1::ListJobsResponse> TallyClient::List(int limit, const std::string& page_token) {
   v1::ListJobsRequest request;
   request.set_limit(limit);
+  request.set_page_token(page_token);
   v1::ListJobsResponse response;
   grpc::ClientContext ctx;
   SetDeadline(&ctx, 30);
   grpc::Status s = stub_->ListJobs(&ctx, request, &response);
   if (!s.ok()) return FromGrpc(s, server_);
-  return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
+  return response;
+}
+
+absl::Status TallyClient::Delete(const std::string& job_id) {
+  v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  v1::DeleteJobResponse response;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 600);  // Millions of rows take a while to delete.
+  return FromGrpc(stub_->DeleteJob(&ctx, request, &response), server_);
+}
+
+absl::StatusOr<v1::ListWorkersResponse> TallyClient::Workers() {
+  v1::ListWorkersRequest request;
+  v1::ListWorkersResponse response;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 30);
+  grpc::Status s = stub_->ListWorkers(&ctx, request, &response);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return response;
 }
 
 absl::StatusOr<v1::Job> TallyClient::Watch(const std::string& job_id, int interval_ms,
                                            const std::function<void(const v1::Job&)>& on_update,
-                                           const std::function<bool()>& keep_going) {
+                                           const std::function<bool()>& keep_going,
+                                           const std::function<void(const std::string&)>& on_reconnect,
+                                           double reconnect_seconds) {
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
   request.set_interval_ms(interval_ms);
-  grpc::ClientContext ctx;
-  std::unique_ptr<grpc::ClientReader<v1::Job>> reader = stub_->WatchJob(&ctx, request);
-  v1::Job job;
   v1::Job last;
   bool any = false;
-  while (reader->Read(&job)) {
-    last = job;
-    any = true;
-    on_update(job);
-    if (keep_going && !keep_going()) {
-      ctx.TryCancel();
-      break;
+  Backoff backoff(0.25, 2.0);
+  auto give_up_at = std::chrono::steady_clock::now();
+  bool reconnecting = false;
+  while (true) {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::Job>> reader = stub_->WatchJob(&ctx, request);
+    v1::Job job;
+    bool stopped = false;
+    while (reader->Read(&job)) {
+      last = job;
+      any = true;
+      reconnecting = false;
+      backoff.Reset();
+      on_update(job);
+      if (keep_going && !keep_going()) {
+        ctx.TryCancel();
+        stopped = true;
+        break;
+      }
+    }
+    grpc::Status s = reader->Finish();
+    if (stopped || s.ok()) {
+      if (!any) return absl::UnavailableError(absl::StrCat("no update from tallyd at ", server_));
+      return last;
+    }
+    // The coordinator went away mid-watch (a restart, say): reconnect and carry on.
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::CANCELLED) {
+      return FromGrpc(s, server_);
+    }
+    if (!reconnecting) {
+      reconnecting = true;
+      give_up_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(reconnect_seconds * 1000));
+      if (on_reconnect) on_reconnect(s.error_message());
+    }
+    if (std::chrono::steady_clock::now() > give_up_at) return FromGrpc(s, server_);
+    const double delay = backoff.Next();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(delay * 1000));
+    while (std::chrono::steady_clock::now() < until) {
+      if (keep_going && !keep_going()) {
+        if (!any) return FromGrpc(s, server_);
+        return last;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
-  grpc::Status s = reader->Finish();
-  if (!s.ok() && !(s.error_code() == grpc::StatusCode::CANCELLED && any)) return FromGrpc(s, server_);
-  if (!any) return absl::UnavailableError(absl::StrCat("no update from tallyd at ", server_));
-  return last;
 }
 
 absl::StatusOr<std::vector<std::string>> TallyClient::FetchReport(const std::string& job_id, const std::string& dir) {

@@ -20,12 +20,18 @@ class TallyClient {
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> Get(const std::string& job_id);
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
-  absl::StatusOr<std::vector<v1::Job>> List(int limit);
+  absl::StatusOr<v1::ListJobsResponse> List(int limit, const std::string& page_token = "");
+  absl::Status Delete(const std::string& job_id);
+  absl::StatusOr<v1::ListWorkersResponse> Workers();
   // Calls `on_update` for every snapshot until the job has ended and its report is ready; returns
-  // the last snapshot. `keep_going` is polled between updates: returning false stops watching.
+  // the last snapshot. `keep_going` is polled between updates (and while reconnecting): returning
+  // false stops watching. When the coordinator goes away (restarted, say), the watch reconnects
+  // with backoff for up to `reconnect_seconds`, calling `on_reconnect` with the reason each time.
   absl::StatusOr<v1::Job> Watch(const std::string& job_id, int interval_ms,
                                 const std::function<void(const v1::Job&)>& on_update,
-                                const std::function<bool()>& keep_going = nullptr);
+                                const std::function<bool()>& keep_going = nullptr,
+                                const std::function<void(const std::string&)>& on_reconnect = nullptr,
+                                double reconnect_seconds = 600);
   // Writes the job's report files into `dir` (created if needed). Returns the file paths.
   absl::StatusOr<std::vector<std::string>> FetchReport(const std::string& job_id, const std::string& dir);
   // True once the server answers (used while tallyd starts).

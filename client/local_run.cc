@@ -126,7 +126,8 @@ int RunLocally(const LocalRunOptions& options) {
     return true;
   };
   absl::StatusOr<v1::Job> last = client.Watch(
-      job_id, 250, [&](const v1::Job& job) { progress.Update(job); }, keep_going);
+      job_id, 250, [&](const v1::Job& job) { progress.Update(job); }, keep_going,
+      [&](const std::string& why) { progress.Note("tally run: lost the coordinator (" + why + "); reconnecting"); });
   if (!abort_reason.empty()) return Fail(abort_reason);
   if (!last.ok()) return Fail(std::string(last.status().message()));
   progress.Done(*last);

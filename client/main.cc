@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/client.h"
@@ -52,6 +53,9 @@ ABSL_FLAG(bool, include_background, false, "Count class 0 in the foreground mean
 ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 (autocast)");
 ABSL_FLAG(bool, channels_last, false, "Run the model in channels-last memory format");
 ABSL_FLAG(std::string, max_memory, "", "With --batch-size auto: fraction of GPU memory (0.8) or GiB (20)");
+ABSL_FLAG(int64_t, max_image_pixels, 0, "Images/masks declaring more pixels fail their row (0 = 2^28)");
+ABSL_FLAG(double, batch_timeout, 0, "Seconds a decode or forward pass may take before its rows fail (0 = 600)");
+ABSL_FLAG(std::string, nonfinite, "fail", "Rows whose model output has NaN/Inf: fail, or warn (evaluate them)");
 // tally run.
 ABSL_FLAG(std::string, out, "", "Output folder for the reports");
 ABSL_FLAG(int, workers, 1, "tally run: number of CPU workers");
@@ -63,6 +67,7 @@ ABSL_FLAG(std::vector<std::string>, worker_flags, {},
           "tally run: extra tally-worker flags, comma-separated, e.g. --worker-flags=--gpu-memory-limit-gib=8");
 // Listing.
 ABSL_FLAG(int, limit, 20, "tally jobs: how many jobs to list");
+ABSL_FLAG(std::string, page_token, "", "tally jobs: continue after this job id (printed at the end of a page)");
 
 namespace {
 
@@ -75,11 +80,14 @@ Usage:
   tally status JOB --server HOST:PORT
   tally cancel JOB --server HOST:PORT
   tally report JOB --server HOST:PORT --out DIR
-  tally jobs   --server HOST:PORT [--limit N]
+  tally jobs   --server HOST:PORT [--limit N] [--page-token JOB]
+  tally delete JOB --server HOST:PORT      deletes a finished job's rows, results and reports
+  tally workers --server HOST:PORT         registered workers, and those out of service
 
 Job flags: --metrics dice,iou,precision,recall,hd95|all  --batch-size N|auto  --shard-size N
   --mean R,G,B --std R,G,B  --input-size HxW  --spacing sy,sx  --nsd-tolerance T
   --include-background  --precision fp32|bf16|fp16  --channels-last  --max-memory F|GiB
+  --max-image-pixels N  --batch-timeout S  --nonfinite fail|warn
 Run flags: --out DIR  --workers N  --gpus all|0,1  --lease-seconds S  --worker-threads N
   --count-logit-ties  --worker-flags=--flag=value,...
 
@@ -160,6 +168,15 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags() {
     if (gib && x <= 1) return absl::InvalidArgumentError("--max-memory: at least 1 GiB, or give a fraction");
     spec.set_max_memory(x);
   }
+  if (absl::GetFlag(FLAGS_max_image_pixels) < 0) return absl::InvalidArgumentError("--max-image-pixels must be >= 0");
+  spec.set_max_image_pixels(absl::GetFlag(FLAGS_max_image_pixels));
+  if (absl::GetFlag(FLAGS_batch_timeout) < 0) return absl::InvalidArgumentError("--batch-timeout must be >= 0");
+  spec.set_batch_timeout_seconds(absl::GetFlag(FLAGS_batch_timeout));
+  const std::string nonfinite = absl::AsciiStrToLower(absl::GetFlag(FLAGS_nonfinite));
+  if (nonfinite != "fail" && nonfinite != "warn") {
+    return absl::InvalidArgumentError(absl::StrCat("--nonfinite: expected fail or warn, got '", nonfinite, "'"));
+  }
+  spec.set_nonfinite(nonfinite);
   return spec;
 }
 
@@ -168,6 +185,13 @@ void PrintJob(const tally::v1::Job& job) {
                                tally::JobStateName(job.state()), job.images_evaluated() + job.images_failed(),
                                job.images_total(), job.images_failed(), job.images_per_second(), job.spec().model());
   if (!job.error().empty()) std::cout << "  error: " << job.error() << "\n";
+  if (!job.stalled().empty()) std::cout << "  " << job.stalled() << "\n";
+}
+
+void PrintWorker(const tally::v1::WorkerInfo& w) {
+  std::cout << absl::StrFormat("%-14s %-16s %-8s %-15s %-20s %s\n", w.worker_id(), w.name(), w.device(), w.state(),
+                               absl::StrCat(w.hostname(), ":", w.pid()), absl::StrJoin(w.jobs(), ","));
+  if (!w.reason().empty()) std::cout << "  reason: " << w.reason() << "\n";
 }
 
 int Finish(const absl::Status& s) {
@@ -222,12 +246,24 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "jobs") {
-    auto jobs = client.List(absl::GetFlag(FLAGS_limit));
-    if (!jobs.ok()) return Finish(jobs.status());
-    for (const auto& job : *jobs) PrintJob(job);
+    auto page = client.List(absl::GetFlag(FLAGS_limit), absl::GetFlag(FLAGS_page_token));
+    if (!page.ok()) return Finish(page.status());
+    for (const auto& job : page->jobs()) PrintJob(job);
+    if (!page->next_page_token().empty()) {
+      std::cout << "more: tally jobs --page-token " << page->next_page_token() << "\n";
+    }
     return 0;
   }
-  if (command != "watch" && command != "status" && command != "cancel" && command != "report") {
+  if (command == "workers") {
+    auto workers = client.Workers();
+    if (!workers.ok()) return Finish(workers.status());
+    std::cout << absl::StrFormat("%-14s %-16s %-8s %-15s %-20s %s\n", "WORKER", "NAME", "DEVICE", "STATE",
+                                 "HOST:PID", "JOBS");
+    for (const auto& w : workers->workers()) PrintWorker(w);
+    return 0;
+  }
+  if (command != "watch" && command != "status" && command != "cancel" && command != "report" &&
+      command != "delete") {
     return Usage(absl::StrCat("unknown command '", command, "'"));
   }
   if (job_id.empty()) return Usage(absl::StrCat("tally ", command, " needs a job id"));
@@ -243,9 +279,17 @@ int main(int argc, char** argv) {
     PrintJob(*job);
     return 0;
   }
+  if (command == "delete") {
+    absl::Status s = client.Delete(job_id);
+    if (!s.ok()) return Finish(s);
+    std::cout << "deleted " << job_id << "\n";
+    return 0;
+  }
   if (command == "watch") {
     tally::ProgressPrinter progress;
-    auto job = client.Watch(job_id, 500, [&](const tally::v1::Job& j) { progress.Update(j); });
+    auto job = client.Watch(
+        job_id, 500, [&](const tally::v1::Job& j) { progress.Update(j); }, nullptr,
+        [&](const std::string& why) { progress.Note("tally watch: lost the coordinator (" + why + "); reconnecting"); });
     if (!job.ok()) return Finish(job.status());
     progress.Done(*job);
     PrintJob(*job);

@@ -38,6 +38,7 @@ std::string ProgressPrinter::Line(const v1::Job& job) const {
   if (job.images_failed() > 0) absl::StrAppend(&line, "  ", job.images_failed(), " failed");
   absl::StrAppend(&line, "  ", job.workers_active(), " worker", job.workers_active() == 1 ? "" : "s");
   if (job.state() == v1::JOB_STATE_QUEUED) line += "  (waiting for workers)";
+  if (!job.stalled().empty()) absl::StrAppend(&line, "  ", job.stalled());
   return line;
 }
 
@@ -50,10 +51,12 @@ void ProgressPrinter::Update(const v1::Job& job) {
     std::fflush(stderr);
     bar_shown_ = true;
   } else {
-    if (now - last_print_ < 5.0 && !(last_done_ < 0)) return;
-    if (done == last_done_ && now - last_print_ < 30.0) return;
+    const bool stall_changed = job.stalled() != last_stalled_;
+    if (now - last_print_ < 5.0 && !(last_done_ < 0) && !stall_changed) return;
+    if (done == last_done_ && now - last_print_ < 30.0 && !stall_changed) return;
     std::fprintf(stderr, "%s\n", Line(job).c_str());
     last_done_ = done;
+    last_stalled_ = job.stalled();
   }
   last_print_ = now;
 }

@@ -27,6 +27,7 @@ class ProgressPrinter {
   bool tty_;
   double last_print_ = 0;
   bool bar_shown_ = false;
+  std::string last_stalled_;
   int64_t last_done_ = -1;
 };
 

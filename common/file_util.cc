@@ -1,5 +1,7 @@
 #include "common/file_util.h"
 
+#include <ftw.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,6 +38,16 @@ absl::Status MakeDirs(const std::string& dir) {
     }
     if (i < dir.size()) path.push_back(dir[i]);
   }
+  return absl::OkStatus();
+}
+
+absl::Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  const int rc = nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
+  if (rc != 0) return absl::PermissionDeniedError(absl::StrCat("cannot remove '", path, "': ", std::strerror(errno)));
   return absl::OkStatus();
 }
 

@@ -17,6 +17,9 @@ std::string AbsolutePath(const std::string& path);
 // Creates `dir` and its missing parents (mkdir -p). Errors name the folder that failed.
 absl::Status MakeDirs(const std::string& dir);
 
+// Removes `path` and everything under it (rm -rf); a missing path is not an error.
+absl::Status RemoveTree(const std::string& path);
+
 }  // namespace tally
 
 #endif  // TALLY_COMMON_FILE_UTIL_H_

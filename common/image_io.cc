@@ -55,8 +55,10 @@ enum class PngTarget { kRgb8, kLabels };
 
 // Decodes a PNG into either RGB8 (`rgb`) or uint16 labels (`labels`). Returns false and fills
 // `err` on failure. Kept free of objects with destructors between setjmp and longjmp.
-bool DecodePngRaw(const std::string& bytes, PngTarget target, int* height, int* width,
-                  std::vector<uint8_t>* rgb, std::vector<uint16_t>* labels, std::string* err) {
+// A header declaring more than `max_pixels` pixels sets `*too_large` (with the declared size in
+// `height` and `width`) and returns false before any pixel memory is allocated.
+bool DecodePngRaw(const std::string& bytes, PngTarget target, int64_t max_pixels, int* height, int* width,
+                  std::vector<uint8_t>* rgb, std::vector<uint16_t>* labels, std::string* err, bool* too_large) {
   PngReadState state;
   state.bytes = &bytes;
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &state, PngError, PngWarning);
@@ -78,6 +80,13 @@ bool DecodePngRaw(const std::string& bytes, PngTarget target, int* height, int* 
   const png_uint_32 h = png_get_image_height(png, info);
   const int depth = png_get_bit_depth(png, info);
   const int color = png_get_color_type(png, info);
+  if (static_cast<int64_t>(w) * h > max_pixels) {
+    *height = static_cast<int>(h);
+    *width = static_cast<int>(w);
+    *too_large = true;
+    png_destroy_read_struct(&png, &info, nullptr);
+    return false;
+  }
   if (target == PngTarget::kLabels) {
     if (color != PNG_COLOR_TYPE_GRAY && color != PNG_COLOR_TYPE_PALETTE) {
       std::snprintf(why, sizeof(why),
@@ -157,17 +166,21 @@ absl::Status JpegError(tjhandle tj, const std::string& name) {
 }  // namespace
 
 absl::Status ReadFileBytes(const std::string& path, std::string* out) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
     std::string msg = absl::StrCat("cannot open '", path, "': ", std::strerror(err));
     return err == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
+    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
+                       : (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) ? "a device" : "not a regular file";
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is ", kind, ", not a regular file"));
   }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   out->resize(static_cast<size_t>(st.st_size));
   size_t done = 0;
   while (done < out->size()) {
@@ -184,21 +197,37 @@ absl::Status ReadFileBytes(const std::string& path, std::string* out) {
   return absl::OkStatus();
 }
 
-absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out) {
+std::string TooManyPixels(const std::string& what, const std::string& name, int64_t height, int64_t width,
+                          int64_t max_pixels) {
+  return absl::StrCat(what, " '", name, "' declares ", height, "x", width, " pixels (", height * width,
+                      "), more than the limit of ", max_pixels,
+                      " (--max-image-pixels; a guard against decompression bombs)");
+}
+
+absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out, int64_t max_pixels) {
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is empty (0 bytes)"));
   if (IsPng(bytes)) {
     std::string err;
-    switch (DecodePngRgbFast(bytes, &out->height, &out->width, &out->pixels, &err)) {
+    int h = 0, w = 0;
+    switch (DecodePngRgbFast(bytes, max_pixels, &h, &w, &out->pixels, &err)) {
       case PngFastResult::kOk:
+        out->height = h;
+        out->width = w;
         return absl::OkStatus();
       case PngFastResult::kError:
         return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is not a valid PNG: ", err));
+      case PngFastResult::kTooLarge:
+        return absl::InvalidArgumentError(TooManyPixels("image", name, h, w, max_pixels));
       case PngFastResult::kUnsupported:
         break;  // Interlaced, palette, 16-bit...: libpng.
     }
-    if (!DecodePngRaw(bytes, PngTarget::kRgb8, &out->height, &out->width, &out->pixels, nullptr, &err)) {
+    bool too_large = false;
+    if (!DecodePngRaw(bytes, PngTarget::kRgb8, max_pixels, &h, &w, &out->pixels, nullptr, &err, &too_large)) {
+      if (too_large) return absl::InvalidArgumentError(TooManyPixels("image", name, h, w, max_pixels));
       return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is not a valid PNG: ", err));
     }
+    out->height = h;
+    out->width = w;
     return absl::OkStatus();
   }
   if (IsJpeg(bytes)) {
@@ -209,6 +238,9 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
     if (w <= 0 || h <= 0) {
       ThreadDecompressorSlot().reset();
       return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a JPEG of size ", h, "x", w));
+    }
+    if (static_cast<int64_t>(w) * h > max_pixels) {
+      return absl::InvalidArgumentError(TooManyPixels("image", name, h, w, max_pixels));
     }
     if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
       return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a CMYK JPEG; convert it to RGB"));
@@ -226,7 +258,7 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
       absl::StrCat("image '", name, "' is neither PNG nor JPEG (unrecognised file signature)"));
 }
 
-absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out) {
+absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out, int64_t max_pixels) {
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("mask '", name, "' is empty (0 bytes)"));
   if (!IsPng(bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -235,12 +267,20 @@ absl::Status DecodeMask(const std::string& bytes, const std::string& name, Label
   }
   std::string err;
   thread_local std::vector<uint8_t> scratch;
-  const PngFastResult fast = DecodePngLabelsFast(bytes, &out->height, &out->width, &out->labels, &err);
+  int h = 0, w = 0;
+  const PngFastResult fast = DecodePngLabelsFast(bytes, max_pixels, &h, &w, &out->labels, &err);
   if (fast == PngFastResult::kError) return absl::InvalidArgumentError(absl::StrCat("mask '", name, "': ", err));
+  bool too_large = fast == PngFastResult::kTooLarge;
   if (fast == PngFastResult::kUnsupported &&
-      !DecodePngRaw(bytes, PngTarget::kLabels, &out->height, &out->width, &scratch, &out->labels, &err)) {
+      !DecodePngRaw(bytes, PngTarget::kLabels, max_pixels, &h, &w, &scratch, &out->labels, &err, &too_large)) {
+    ShrinkIfLarger(&scratch, kKeepBufferBytes);
+    if (too_large) return absl::InvalidArgumentError(TooManyPixels("mask", name, h, w, max_pixels));
     return absl::InvalidArgumentError(absl::StrCat("mask '", name, "': ", err));
   }
+  ShrinkIfLarger(&scratch, kKeepBufferBytes);
+  if (too_large) return absl::InvalidArgumentError(TooManyPixels("mask", name, h, w, max_pixels));
+  out->height = h;
+  out->width = w;
   // Branch-free so that it vectorises: the largest label other than 255, -1 if there is none.
   uint16_t max_label = 0;
   size_t labelled = 0;
@@ -253,18 +293,29 @@ absl::Status DecodeMask(const std::string& bytes, const std::string& name, Label
   return absl::OkStatus();
 }
 
-absl::Status LoadImage(const std::string& path, RgbImage* out) {
+namespace {
+// Reads `path` into a per-thread buffer (released again after an outlier) and decodes it. Read
+// errors are prefixed with `what` ("image: cannot open ...").
+template <typename DecodeFn>
+absl::Status ReadAndDecode(const char* what, const std::string& path, DecodeFn decode) {
   thread_local std::string bytes;
   absl::Status s = ReadFileBytes(path, &bytes);
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("image: ", s.message()));
-  return DecodeImage(bytes, path, out);
+  if (!s.ok()) {
+    s = absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  } else {
+    s = decode(bytes);
+  }
+  if (bytes.capacity() > kKeepBufferBytes) std::string().swap(bytes);
+  return s;
+}
+}  // namespace
+
+absl::Status LoadImage(const std::string& path, RgbImage* out, int64_t max_pixels) {
+  return ReadAndDecode("image", path, [&](const std::string& bytes) { return DecodeImage(bytes, path, out, max_pixels); });
 }
 
-absl::Status LoadMask(const std::string& path, LabelMap* out) {
-  thread_local std::string bytes;
-  absl::Status s = ReadFileBytes(path, &bytes);
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("mask: ", s.message()));
-  return DecodeMask(bytes, path, out);
+absl::Status LoadMask(const std::string& path, LabelMap* out, int64_t max_pixels) {
+  return ReadAndDecode("mask", path, [&](const std::string& bytes) { return DecodeMask(bytes, path, out, max_pixels); });
 }
 
 std::string DescribeLabelOutOfRange(const uint16_t* labels, int height, int width, int num_classes) {

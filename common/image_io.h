@@ -19,6 +19,24 @@ namespace tally {
 
 inline constexpr uint16_t kIgnoreLabel = 255;
 
+// Default bound on the pixels an image or mask may declare (width x height), checked against the
+// header before any pixel memory is allocated: a guard against decompression bombs (a 74-byte PNG
+// can declare 60000x60000), like PIL's MAX_IMAGE_PIXELS. Jobs set their own (--max-image-pixels).
+inline constexpr int64_t kDefaultMaxImagePixels = int64_t{1} << 28;
+
+// Error text for a file whose header declares more than `max_pixels` pixels.
+std::string TooManyPixels(const std::string& what, const std::string& name, int64_t height, int64_t width,
+                          int64_t max_pixels);
+
+// Releases the memory of a reusable buffer that grew past `keep_bytes` for an outlier image, so
+// that one large image does not pin its memory for the rest of the process.
+template <typename T>
+void ShrinkIfLarger(std::vector<T>* buffer, size_t keep_bytes) {
+  if (buffer->capacity() * sizeof(T) > keep_bytes) std::vector<T>().swap(*buffer);
+}
+// Reusable buffers larger than this are released after use.
+inline constexpr size_t kKeepBufferBytes = size_t{64} << 20;
+
 struct RgbImage {
   int height = 0;
   int width = 0;
@@ -32,16 +50,21 @@ struct LabelMap {
   int max_label = -1;            // Largest label other than kIgnoreLabel; -1 if none.
 };
 
-// Reads a whole file into `out`. NOT_FOUND names the path when it does not exist.
+// Reads a whole regular file into `out`. NOT_FOUND names the path when it does not exist; a FIFO,
+// device, socket or directory is refused before it is opened for reading (opening a FIFO would
+// block forever).
 absl::Status ReadFileBytes(const std::string& path, std::string* out);
 
-// Decoders. `name` is used in error messages (usually the path).
-absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out);
-absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out);
+// Decoders. `name` is used in error messages (usually the path). A header declaring more than
+// `max_pixels` pixels fails (INVALID_ARGUMENT, naming the declared size) before pixels are allocated.
+absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out,
+                         int64_t max_pixels = kDefaultMaxImagePixels);
+absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out,
+                        int64_t max_pixels = kDefaultMaxImagePixels);
 
 // Convenience: read + decode. Errors name the file and say what is wrong with it.
-absl::Status LoadImage(const std::string& path, RgbImage* out);
-absl::Status LoadMask(const std::string& path, LabelMap* out);
+absl::Status LoadImage(const std::string& path, RgbImage* out, int64_t max_pixels = kDefaultMaxImagePixels);
+absl::Status LoadMask(const std::string& path, LabelMap* out, int64_t max_pixels = kDefaultMaxImagePixels);
 
 // Describes the first pixel whose label is >= num_classes and not kIgnoreLabel, e.g.
 // "mask value 7 at (y=3, x=10) >= number of classes 3"; empty if there is none.

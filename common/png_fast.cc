@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/image_io.h"
 
 namespace tally {
 namespace {
@@ -189,14 +190,38 @@ PngFastResult Inflate(const std::vector<uint8_t>& idat, const Header& h, size_t 
   return PngFastResult::kOk;
 }
 
+// The header's size against the caller's bound, before anything of that size is allocated.
+bool TooLarge(const Header& h, int64_t max_pixels, int* height, int* width) {
+  if (static_cast<int64_t>(h.width) * h.height <= max_pixels) return false;
+  *height = static_cast<int>(h.height);
+  *width = static_cast<int>(h.width);
+  return true;
+}
+
+// Gives the thread's scratch buffers back to the allocator when an outlier image grew them.
+class ScratchReleaser {
+ public:
+  ScratchReleaser(std::vector<uint8_t>* a, std::vector<uint8_t>* b) : a_(a), b_(b) {}
+  ~ScratchReleaser() {
+    ShrinkIfLarger(a_, kKeepBufferBytes);
+    ShrinkIfLarger(b_, kKeepBufferBytes);
+  }
+
+ private:
+  std::vector<uint8_t>* a_;
+  std::vector<uint8_t>* b_;
+};
+
 }  // namespace
 
-PngFastResult DecodePngRgbFast(const std::string& bytes, int* height, int* width, std::vector<uint8_t>* rgb,
-                               std::string* error) {
+PngFastResult DecodePngRgbFast(const std::string& bytes, int64_t max_pixels, int* height, int* width,
+                               std::vector<uint8_t>* rgb, std::string* error) {
   Header h;
   thread_local std::vector<uint8_t> idat, raw;
+  ScratchReleaser release(&idat, &raw);
   PngFastResult r = Parse(bytes, &h, &idat, error);
   if (r != PngFastResult::kOk) return r;
+  if (TooLarge(h, max_pixels, height, width)) return PngFastResult::kTooLarge;
   int channels = 0;
   switch (h.color) {
     case 0: channels = 1; break;
@@ -233,12 +258,14 @@ PngFastResult DecodePngRgbFast(const std::string& bytes, int* height, int* width
   return PngFastResult::kOk;
 }
 
-PngFastResult DecodePngLabelsFast(const std::string& bytes, int* height, int* width, std::vector<uint16_t>* labels,
-                                  std::string* error) {
+PngFastResult DecodePngLabelsFast(const std::string& bytes, int64_t max_pixels, int* height, int* width,
+                                  std::vector<uint16_t>* labels, std::string* error) {
   Header h;
   thread_local std::vector<uint8_t> idat, raw;
+  ScratchReleaser release(&idat, &raw);
   PngFastResult r = Parse(bytes, &h, &idat, error);
   if (r != PngFastResult::kOk) return r;
+  if (TooLarge(h, max_pixels, height, width)) return PngFastResult::kTooLarge;
   const bool gray = h.color == 0 && (h.depth == 8 || h.depth == 16);
   const bool palette = h.color == 3 && h.depth == 8;
   if (!(gray || palette) || h.interlace != 0) return PngFastResult::kUnsupported;

@@ -12,13 +12,14 @@
 
 namespace tally {
 
-enum class PngFastResult { kOk, kUnsupported, kError };
+enum class PngFastResult { kOk, kUnsupported, kError, kTooLarge };
 
-// On kError, `error` says what is wrong with the file.
-PngFastResult DecodePngRgbFast(const std::string& bytes, int* height, int* width, std::vector<uint8_t>* rgb,
-                               std::string* error);
-PngFastResult DecodePngLabelsFast(const std::string& bytes, int* height, int* width, std::vector<uint16_t>* labels,
-                                  std::string* error);
+// On kError, `error` says what is wrong with the file. kTooLarge: the header declares more than
+// `max_pixels` pixels; `height` and `width` hold the declared size and nothing was allocated.
+PngFastResult DecodePngRgbFast(const std::string& bytes, int64_t max_pixels, int* height, int* width,
+                               std::vector<uint8_t>* rgb, std::string* error);
+PngFastResult DecodePngLabelsFast(const std::string& bytes, int64_t max_pixels, int* height, int* width,
+                                  std::vector<uint16_t>* labels, std::string* error);
 
 }  // namespace tally
 

@@ -1,5 +1,7 @@
 #include "common/worker_launcher.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -51,15 +53,13 @@ int WorkerLauncher::Poll(std::vector<std::string>* exited) {
       ++alive;
       continue;
     }
-    if (!w.process) continue;
-    if (!w.reported) {
-      w.reported = true;
-      std::string line = absl::StrCat("worker ", i, " (pid ", w.process->pid(), ") ", w.process->ExitDescription());
-      if (!w.log_path.empty()) absl::StrAppend(&line, "; end of ", w.log_path, ":\n", TailOfFile(w.log_path, 1500));
-      if (exited) exited->push_back(line);
-      Log(line);
-    }
-    if (options_.restart) {
+    if (!w.process || w.reported) continue;
+    w.reported = true;
+    std::string line = absl::StrCat("worker ", i, " (pid ", w.process->pid(), ") ", w.process->ExitDescription());
+    if (!w.log_path.empty()) absl::StrAppend(&line, "; end of ", w.log_path, ":\n", TailOfFile(w.log_path, 1500));
+    if (exited) exited->push_back(line);
+    Log(line);
+    if (ShouldRestart(w)) {
       auto p = Subprocess::Spawn(w.spawn);
       if (p.ok()) {
         Log("restarted worker ", i, " as pid ", (*p)->pid());
@@ -70,6 +70,22 @@ int WorkerLauncher::Poll(std::vector<std::string>* exited) {
     }
   }
   return alive;
+}
+
+bool WorkerLauncher::ShouldRestart(Worker& w) const {
+  constexpr int kExitUsage = 2, kExitOutOfService = 3, kExitRestart = 75;  // worker/worker.h
+  const int code = w.process->exit_code();
+  const bool wanted = code == kExitRestart || (options_.restart && code != kExitUsage && code != kExitOutOfService);
+  if (!wanted) return false;
+  const double now = NowUnix();
+  w.restarts.erase(std::remove_if(w.restarts.begin(), w.restarts.end(), [&](double t) { return now - t > 60; }),
+                   w.restarts.end());
+  if (w.restarts.size() >= 5) {
+    Log("worker (pid ", w.process->pid(), ") restarted ", w.restarts.size(), " times within a minute; leaving it down");
+    return false;
+  }
+  w.restarts.push_back(now);
+  return true;
 }
 
 void WorkerLauncher::StopAll() {

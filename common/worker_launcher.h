@@ -21,7 +21,11 @@ struct WorkerLaunchOptions {
   int cpu_workers = 1;                   // Used when `gpus` is empty.
   std::string log_dir;                   // worker-<i>.log files go here.
   std::vector<std::string> extra_args;   // Passed to every worker.
-  bool restart = false;                  // Restart a worker that exits (service mode).
+  // Service mode: restart a worker that exits, unless with code 2 (usage) or 3 (out of service:
+  // its device or files are broken here). Without it, only exit code 75 (the worker timed out in a
+  // decode or forward pass and asks to be restarted) is restarted. Either way a worker restarted 5
+  // times within a minute is left down.
+  bool restart = false;
 };
 
 class WorkerLauncher {
@@ -44,7 +48,9 @@ class WorkerLauncher {
     std::string log_path;
     std::unique_ptr<Subprocess> process;
     bool reported = false;
+    std::vector<double> restarts;  // Times of recent restarts.
   };
+  bool ShouldRestart(Worker& w) const;
   explicit WorkerLauncher(WorkerLaunchOptions options) : options_(std::move(options)) {}
 
   WorkerLaunchOptions options_;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/image_io.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/manifest.h"
@@ -43,28 +44,68 @@ std::string NewJobId(double now) {
   return absl::StrCat("j", stamp, "-", RandomHex(6));
 }
 
-// Checks a submitted spec and fills defaults. Errors name the field.
-absl::Status NormalizeSpec(v1::JobSpec* spec) {
-  if (spec->model().empty()) return absl::InvalidArgumentError("job spec: 'model' is required");
-  if (spec->manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
-  spec->set_model(AbsolutePath(spec->model()));
+// Rows read from the manifest and inserted per transaction while a job is submitted.
+constexpr size_t kSubmitBatchRows = 10000;
+
+// A job summary for listings: the spec keeps only what identifies the job.
+v1::Job Summary(v1::Job job) {
+  v1::JobSpec small;
+  small.set_model(job.spec().model());
+  small.set_manifest(job.spec().manifest());
+  small.set_name(job.spec().name());
+  *job.mutable_spec() = std::move(small);
+  return job;
+}
+
+// The part of a database error worth showing a user ("database or disk is full").
+std::string StorageProblem(const absl::Status& s) {
+  const absl::string_view m = s.message();
+  const size_t colon = m.rfind(": ");
+  return std::string(colon == absl::string_view::npos ? m : m.substr(colon + 2));
+}
+
+bool IsStorageFailure(const absl::Status& s) { return absl::IsResourceExhausted(s) || absl::IsUnavailable(s); }
+
+std::string RowName(const ManifestRow& r) {
+  return absl::StrCat("row ", r.index, " (manifest line ", r.line, ", id '", r.id, "', image '", r.image, "')");
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> Coordinator::ValidateSpec(const v1::JobSpec& in) const {
+  v1::JobSpec spec = in;
+  if (spec.model().empty()) return absl::InvalidArgumentError("job spec: 'model' is required");
+  if (spec.manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
+  if (spec.name().size() > kMaxJobNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: 'name' is ", spec.name().size(),
+                                                   " bytes; the limit is ", kMaxJobNameBytes));
+  }
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"model", &spec.model()},
+                                     {"manifest", &spec.manifest()}}) {
+    if (value->size() > kMaxPathBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: '", field, "' is ", value->size(),
+                                                     " bytes; the limit is ", kMaxPathBytes));
+    }
+  }
+  spec.set_model(AbsolutePath(spec.model()));
   struct stat st;
-  if (stat(spec->model().c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("model file '", spec->model(), "' does not exist"));
+  if (stat(spec.model().c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("model file '", spec.model(), "' does not exist"));
   }
   if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("model '", spec->model(), "' is a directory, not a TorchScript file"));
+    return absl::InvalidArgumentError(absl::StrCat("model '", spec.model(), "' is a directory, not a TorchScript file"));
   }
-  ASSIGN_OR_RETURN(std::vector<Metric> metrics, ParseMetricNames({spec->metrics().begin(), spec->metrics().end()}));
-  spec->clear_metrics();
-  for (Metric m : metrics) spec->add_metrics(std::string(MetricName(m)));
-  const std::string& p = spec->precision();
+  if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");
+  ASSIGN_OR_RETURN(std::vector<Metric> metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
+  spec.clear_metrics();
+  for (Metric m : metrics) spec.add_metrics(std::string(MetricName(m)));
+  const std::string& p = spec.precision();
   if (p.empty()) {
-    spec->set_precision("fp32");
+    spec.set_precision("fp32");
   } else if (p != "fp32" && p != "bf16" && p != "fp16") {
     return absl::InvalidArgumentError(absl::StrCat("job spec: precision '", p, "' is not one of fp32, bf16, fp16"));
   }
-  for (auto* field : {spec->mutable_mean(), spec->mutable_std()}) {
+  for (auto* field : {spec.mutable_mean(), spec.mutable_std()}) {
     if (field->size() == 1) {
       const float v = field->Get(0);
       field->Add(v);
@@ -75,21 +116,27 @@ absl::Status NormalizeSpec(v1::JobSpec* spec) {
           absl::StrCat("job spec: mean/std need 1 or 3 values (R,G,B), got ", field->size()));
     }
   }
-  for (float s : spec->std()) {
+  for (float s : spec.std()) {
     if (!(s > 0)) return absl::InvalidArgumentError("job spec: every std value must be > 0");
   }
-  if ((spec->input_height() > 0) != (spec->input_width() > 0) || spec->input_height() < 0 || spec->input_width() < 0) {
+  if ((spec.input_height() > 0) != (spec.input_width() > 0) || spec.input_height() < 0 || spec.input_width() < 0) {
     return absl::InvalidArgumentError("job spec: input size needs both a height and a width > 0");
   }
-  if (spec->batch_size() < -1) return absl::InvalidArgumentError("job spec: batch_size must be >= 1, 0 (default) or -1 (auto)");
-  if (spec->shard_size() < 0) return absl::InvalidArgumentError("job spec: shard_size must be >= 0");
-  if (spec->spacing_y() < 0 || spec->spacing_x() < 0) return absl::InvalidArgumentError("job spec: spacing must be > 0");
-  if (spec->nsd_tolerance() < 0) return absl::InvalidArgumentError("job spec: nsd_tolerance must be >= 0");
-  if (spec->max_memory() < 0) return absl::InvalidArgumentError("job spec: max_memory must be >= 0");
-  return absl::OkStatus();
+  if (spec.batch_size() < -1) return absl::InvalidArgumentError("job spec: batch_size must be >= 1, 0 (default) or -1 (auto)");
+  if (spec.shard_size() < 0) return absl::InvalidArgumentError("job spec: shard_size must be >= 0");
+  if (spec.spacing_y() < 0 || spec.spacing_x() < 0) return absl::InvalidArgumentError("job spec: spacing must be > 0");
+  if (spec.nsd_tolerance() < 0) return absl::InvalidArgumentError("job spec: nsd_tolerance must be >= 0");
+  if (spec.max_memory() < 0) return absl::InvalidArgumentError("job spec: max_memory must be >= 0");
+  if (spec.max_image_pixels() < 0) return absl::InvalidArgumentError("job spec: max_image_pixels must be >= 0");
+  if (spec.max_image_pixels() == 0) spec.set_max_image_pixels(kDefaultMaxImagePixels);
+  if (spec.batch_timeout_seconds() < 0) return absl::InvalidArgumentError("job spec: batch_timeout_seconds must be >= 0");
+  if (spec.batch_timeout_seconds() == 0) spec.set_batch_timeout_seconds(kDefaultBatchTimeoutSeconds);
+  if (spec.nonfinite().empty()) spec.set_nonfinite("fail");
+  if (spec.nonfinite() != "fail" && spec.nonfinite() != "warn") {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: nonfinite '", spec.nonfinite(), "' is not fail or warn"));
+  }
+  return spec;
 }
-
-}  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store)
     : options_(std::move(options)), store_(std::move(store)) {}
@@ -118,6 +165,11 @@ std::string Coordinator::ReportPath(const std::string& job_id) const {
   return options_.state_dir + "/reports/" + job_id;
 }
 
+double Coordinator::BatchTimeout(const JobEntry& job) const {
+  const double t = job.record.job.spec().batch_timeout_seconds();
+  return t > 0 ? t : kDefaultBatchTimeoutSeconds;
+}
+
 absl::Status Coordinator::Resume() {
   ASSIGN_OR_RETURN(std::vector<JobRecord> records, store_->LoadJobs());
   for (JobRecord& rec : records) {
@@ -137,7 +189,10 @@ absl::Status Coordinator::Resume() {
         s.end = r.end;
         entry->shards.push_back(s);
       }
+      entry->base_shards = num_shards;
+      entry->committed_rows.assign(n, false);
       for (int64_t idx : done_rows) {
+        if (idx >= 0 && idx < n) entry->committed_rows[idx] = true;
         if (rec.shard_size > 0 && idx / rec.shard_size < num_shards) entry->shards[idx / rec.shard_size].committed++;
       }
       for (int64_t i = 0; i < num_shards; ++i) {
@@ -178,24 +233,53 @@ v1::Job Coordinator::Snapshot(const JobEntry& entry, double now) const {
     if (s.phase == ShardPhase::kLeased && !s.worker_id.empty()) active.insert(s.worker_id);
   }
   job.set_workers_active(static_cast<int32_t>(active.size()));
+  if (!IsTerminal(job.state()) && !storage_error_.empty()) {
+    job.set_stalled(absl::StrCat("stalled: ", storage_error_));
+  }
   return job;
 }
 
-absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in) {
-  v1::JobSpec spec = in;
-  RETURN_IF_ERROR(NormalizeSpec(&spec));
-  ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(AbsolutePath(spec.manifest())));
-  spec.set_manifest(manifest.path);
-  const double now = Now();
+// Streams the manifest into the database in bounded batches; the job is not visible until its
+// shards are stored too. On any error, the rows stored so far are deleted again.
+absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id) {
+  ManifestLimits limits;
+  limits.max_rows = options_.max_manifest_rows;
+  ASSIGN_OR_RETURN(std::unique_ptr<ManifestReader> reader, ManifestReader::Open(spec.manifest(), limits));
+  RETURN_IF_ERROR(store_->BeginSubmission(job_id));
+  auto stream = [&]() -> absl::Status {
+    std::vector<ManifestRow> batch;
+    while (true) {
+      RETURN_IF_ERROR(reader->NextBatch(kSubmitBatchRows, &batch));
+      if (batch.empty()) return absl::OkStatus();
+      RETURN_IF_ERROR(store_->InsertManifestRows(job_id, batch));
+    }
+  };
+  if (absl::Status s = stream(); !s.ok()) {
+    absl::Status cleanup = store_->DeleteJob(job_id);
+    if (!cleanup.ok()) Log("removing the rows of the refused submission ", job_id, " failed: ", cleanup.ToString());
+    return s;
+  }
   JobRecord rec;
-  rec.job.set_job_id(NewJobId(now));
+  rec.job.set_job_id(job_id);
   *rec.job.mutable_spec() = spec;
+  rec.job.mutable_spec()->set_manifest(reader->path());
   rec.job.set_state(v1::JOB_STATE_QUEUED);
-  rec.job.set_created_unix(now);
-  rec.job.set_images_total(static_cast<int64_t>(manifest.rows.size()));
+  rec.job.set_created_unix(Now());
+  rec.job.set_images_total(reader->rows_read());
   const int64_t alignment = spec.batch_size() > 0 ? spec.batch_size() : kDefaultBatchAlignment;
   rec.shard_size = EffectiveShardSize(rec.job.images_total(), spec.shard_size(), alignment);
-  RETURN_IF_ERROR(store_->CreateJob(rec, manifest.rows));
+  return rec;
+}
+
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in) {
+  ASSIGN_OR_RETURN(v1::JobSpec spec, ValidateSpec(in));
+  const std::string job_id = NewJobId(Now());
+  ASSIGN_OR_RETURN(JobRecord rec, StoreManifest(spec, job_id));
+  if (absl::Status s = store_->CreateJob(rec); !s.ok()) {
+    store_->DeleteJob(job_id).IgnoreError();
+    NoteStorage(s);
+    return s;
+  }
   auto entry = std::make_unique<JobEntry>();
   for (const ShardRange& r : MakeShards(rec.job.images_total(), rec.shard_size)) {
     Shard s;
@@ -204,15 +288,17 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in) {
     entry->pending.push_back(static_cast<int64_t>(entry->shards.size()));
     entry->shards.push_back(s);
   }
+  entry->base_shards = static_cast<int64_t>(entry->shards.size());
+  entry->committed_rows.assign(rec.job.images_total(), false);
   entry->record = rec;
-  Log("job ", rec.job.job_id(), " submitted: ", rec.job.images_total(), " images in ", entry->shards.size(),
-      " shards of ", rec.shard_size, ", model ", spec.model());
+  Log("job ", job_id, " submitted: ", rec.job.images_total(), " images in ", entry->shards.size(), " shards of ",
+      rec.shard_size, ", model ", rec.job.spec().model());
   absl::MutexLock lock(&mu_);
-  job_order_.push_back(rec.job.job_id());
+  job_order_.push_back(job_id);
   JobEntry* raw = entry.get();
-  jobs_[rec.job.job_id()] = std::move(entry);
+  jobs_[job_id] = std::move(entry);
   MaybeCompleteLocked(raw);  // An empty manifest is done at once.
-  return Snapshot(*raw, now);
+  return Snapshot(*raw, Now());
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
@@ -222,14 +308,48 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
   return Snapshot(*it->second, Now());
 }
 
-std::vector<v1::Job> Coordinator::ListJobs(int limit) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(int limit, const std::string& page_token) {
+  if (limit <= 0) limit = 20;
+  limit = std::min(limit, 1000);
   absl::MutexLock lock(&mu_);
-  std::vector<v1::Job> out;
+  v1::ListJobsResponse out;
   const double now = Now();
-  for (auto it = job_order_.rbegin(); it != job_order_.rend(); ++it) {
-    if (limit > 0 && static_cast<int>(out.size()) >= limit) break;
-    out.push_back(Snapshot(*jobs_.at(*it), now));
+  auto it = job_order_.rbegin();
+  if (!page_token.empty()) {
+    it = std::find(job_order_.rbegin(), job_order_.rend(), page_token);
+    if (it == job_order_.rend()) {
+      return absl::InvalidArgumentError(absl::StrCat("page token '", page_token, "' names no job"));
+    }
+    ++it;
   }
+  for (; it != job_order_.rend(); ++it) {
+    if (out.jobs_size() >= limit) {
+      out.set_next_page_token(out.jobs(out.jobs_size() - 1).job_id());
+      break;
+    }
+    *out.add_jobs() = Summary(Snapshot(*jobs_.at(*it), now));
+  }
+  return out;
+}
+
+v1::ListWorkersResponse Coordinator::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  v1::ListWorkersResponse out;
+  for (const auto& [id, w] : workers_) {
+    v1::WorkerInfo* info = out.add_workers();
+    info->set_worker_id(id);
+    info->set_name(w.info.name());
+    info->set_device(w.info.device());
+    info->set_hostname(w.info.hostname());
+    info->set_pid(w.info.pid());
+    info->set_state("serving");
+    info->set_registered_unix(w.registered);
+    info->set_last_seen_unix(w.last_seen);
+    std::set<std::string> jobs;
+    for (const auto& lease : w.leases) jobs.insert(lease.first);
+    for (const std::string& j : jobs) info->add_jobs(j);
+  }
+  for (const v1::WorkerInfo& r : retired_) *out.add_workers() = r;
   return out;
 }
 
@@ -249,6 +369,49 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
   return snapshot;
 }
 
+absl::Status Coordinator::DeleteJob(const std::string& job_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    const v1::Job& job = it->second->record.job;
+    if (!IsTerminal(job.state()) || it->second->finalize_queued) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has not ended",
+                                                        IsTerminal(job.state()) ? " (its report is being built)" : "",
+                                                        "; cancel it first, then delete it once it has ended"));
+    }
+    job_order_.erase(std::find(job_order_.begin(), job_order_.end(), job_id));
+    jobs_.erase(it);
+  }
+  RETURN_IF_ERROR(store_->DeleteJob(job_id));
+  RETURN_IF_ERROR(RemoveTree(ReportPath(job_id)));
+  Log("job ", job_id, " deleted");
+  return absl::OkStatus();
+}
+
+void Coordinator::ApplyRetention() {
+  if (options_.retain_days <= 0) return;
+  std::vector<std::string> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    const double now = Now();
+    if (now - last_retention_ < 60) return;
+    last_retention_ = now;
+    const double cutoff = now - options_.retain_days * 86400.0;
+    for (const std::string& id : job_order_) {
+      const JobEntry& job = *jobs_.at(id);
+      const v1::Job& j = job.record.job;
+      if (IsTerminal(j.state()) && !job.finalize_queued && j.finished_unix() > 0 && j.finished_unix() < cutoff) {
+        expired.push_back(id);
+      }
+    }
+  }
+  for (const std::string& id : expired) {
+    absl::Status s = DeleteJob(id);
+    if (!s.ok()) Log("retention: deleting job ", id, " failed: ", s.ToString());
+  }
+}
+
 absl::StatusOr<std::string> Coordinator::ReportDir(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
@@ -262,12 +425,29 @@ absl::StatusOr<std::string> Coordinator::ReportDir(const std::string& job_id) {
   return ReportPath(job_id);
 }
 
+bool Coordinator::Serving() {
+  absl::MutexLock lock(&mu_);
+  return storage_error_.empty();
+}
+
+void Coordinator::NoteStorage(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (status.ok()) {
+    if (!storage_error_.empty()) Log("the database accepts writes again; jobs resume");
+    storage_error_.clear();
+  } else if (IsStorageFailure(status)) {
+    const std::string problem = absl::StrCat(StorageProblem(status), " (", options_.state_dir, ")");
+    if (storage_error_ != problem) Log("cannot write the database: ", status.message(), "; jobs are stalled");
+    storage_error_ = problem;
+  }
+}
+
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1::RegisterWorkerRequest& request) {
   absl::MutexLock lock(&mu_);
   const std::string id = absl::StrCat("w", next_worker_seq_++, "-", RandomHex(4));
   WorkerEntry& w = workers_[id];
   w.info = request;
-  w.last_seen = Now();
+  w.registered = w.last_seen = w.last_progress = Now();
   Log("worker ", id, " registered: ", request.name(), " device ", request.device(), " (", request.device_name(),
       ") pid ", request.pid(), " on ", request.hostname());
   v1::RegisterWorkerResponse response;
@@ -294,10 +474,12 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::Acq
     WorkerEntry& worker = wit->second;
     const double now = Now();
     worker.last_seen = now;
+    // A worker that held nothing starts its progress clock with its first lease.
+    if (worker.leases.empty()) worker.last_progress = now;
     for (const std::string& id : job_order_) {
       JobEntry& job = *jobs_.at(id);
       const v1::JobState state = job.record.job.state();
-      if (IsTerminal(state) || job.pending.empty()) continue;
+      if (IsTerminal(state) || job.pending.empty() || job.excluded_workers.count(request.worker_id())) continue;
       shard_id = job.pending.front();
       job.pending.pop_front();
       Shard& s = job.shards[shard_id];
@@ -305,6 +487,7 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::Acq
       s.attempts++;
       s.lease_id = next_lease_id_++;
       s.worker_id = request.worker_id();
+      s.lease_unix = now;
       worker.leases.insert({id, shard_id});
       if (state == v1::JOB_STATE_QUEUED) {
         job.record.job.set_state(v1::JOB_STATE_RUNNING);
@@ -341,9 +524,8 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::Acq
     Deferred undo;
     {
       absl::MutexLock lock(&mu_);
-      JobEntry& job = *jobs_.at(job_id);
-      ReleaseShardLocked(&job, shard_id, "reading its rows failed", &undo);
-      workers_[request.worker_id()].leases.erase({job_id, shard_id});
+      auto jit = jobs_.find(job_id);
+      if (jit != jobs_.end()) ReleaseShardLocked(jit->second.get(), shard_id, "reading its rows failed", false, &undo);
     }
     Apply(undo);
     return rows.status();
@@ -366,10 +548,41 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::Acq
   return response;
 }
 
+absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
+                                       const v1::ReportResultsRequest& request, int32_t classes) const {
+  for (const v1::ImageResult& r : request.results()) {
+    if (r.index() < shard.begin || r.index() >= shard.end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("result for index ", r.index(), " outside shard [", shard.begin, ", ", shard.end, ")"));
+    }
+    if (!r.error().empty()) continue;
+    if (r.classes_size() != classes) {
+      return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " has ", r.classes_size(),
+                                                     " classes; the job has ", classes));
+    }
+    // Every class partitions the same valid pixels: tp + fp + fn + tn is one number per image, and
+    // at most its pixel count.
+    const int64_t pixels = static_cast<int64_t>(r.height()) * r.width();
+    int64_t valid = -1;
+    for (const v1::ClassResult& c : r.classes()) {
+      const int64_t sum = c.tp() + c.fp() + c.fn() + c.tn();
+      const bool negative = c.tp() < 0 || c.fp() < 0 || c.fn() < 0 || c.tn() < 0;
+      if (negative || (valid >= 0 && sum != valid) || sum > pixels) {
+        return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(),
+                                                       " has implausible counts (tp+fp+fn+tn differ between classes "
+                                                       "or exceed the image's ", pixels, " pixels)"));
+      }
+      valid = sum;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::ReportResultsRequest& request) {
   v1::ReportResultsResponse response;
   Deferred deferred;
   bool lease_valid = false;
+  absl::Status rejected;
   WorkerRecord worker_record;
   {
     absl::MutexLock lock(&mu_);
@@ -380,44 +593,46 @@ absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::R
     const double now = Now();
     wit->second.last_seen = now;
     auto jit = jobs_.find(request.job_id());
-    if (jit == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", request.job_id(), "'"));
-    JobEntry& job = *jit->second;
-    if (IsTerminal(job.record.job.state())) {
-      response.set_abandon(true);
+    if (jit == jobs_.end() || IsTerminal(jit->second->record.job.state())) {
+      response.set_abandon(true);  // Ended or deleted meanwhile.
       return response;
     }
+    JobEntry& job = *jit->second;
     if (request.shard_id() < 0 || request.shard_id() >= static_cast<int64_t>(job.shards.size())) {
       return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), " has no shard ", request.shard_id()));
     }
     const Shard& shard = job.shards[request.shard_id()];
-    for (const v1::ImageResult& r : request.results()) {
-      if (r.index() < shard.begin || r.index() >= shard.end) {
-        return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " outside shard [",
-                                                       shard.begin, ", ", shard.end, ")"));
-      }
-    }
+    lease_valid = shard.phase == ShardPhase::kLeased && shard.lease_id == request.lease_id() &&
+                  shard.worker_id == request.worker_id();
     int32_t classes = job.record.job.num_classes();
-    if (request.num_classes() > 0 && classes == 0) {
-      job.record.job.set_num_classes(request.num_classes());
-      deferred.job_updates.push_back(job.record);
-      classes = request.num_classes();
-    } else if (request.num_classes() > 0 && request.num_classes() != classes) {
-      EndJobLocked(&job,
-                   v1::JOB_STATE_FAILED,
-                   absl::StrCat("workers disagree on the number of classes of model '", job.record.job.spec().model(),
-                                "': ", classes, " and ", request.num_classes()),
-                   &deferred);
-      classes = -1;
+    // The class count comes with the results (older workers may leave the field 0).
+    int32_t reported = request.num_classes();
+    for (const v1::ImageResult& r : request.results()) {
+      if (reported == 0 && r.error().empty()) reported = r.classes_size();
     }
-    if (classes >= 0) {
-      for (const v1::ImageResult& r : request.results()) {
-        if (r.error().empty() && r.classes_size() != classes) {
-          return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " has ", r.classes_size(),
-                                                         " classes; the job has ", classes));
+    if (reported > 0 && classes == 0) {
+      job.record.job.set_num_classes(reported);
+      deferred.job_updates.push_back(job.record);
+      classes = reported;
+    } else if (reported > 0 && reported != classes) {
+      EndJobLocked(&job, v1::JOB_STATE_FAILED,
+                   absl::StrCat("workers disagree on the number of classes of model '", job.record.job.spec().model(),
+                                "': ", classes, " and ", reported),
+                   &deferred);
+      response.set_abandon(true);
+    }
+    if (!response.abandon()) {
+      rejected = CheckResults(job, shard, request, classes);
+      if (!rejected.ok()) {
+        // A rejected report must not orphan the shard: the lease ends here.
+        Log("rejected results from worker ", request.worker_id(), " (", wit->second.info.name(), ") for shard ",
+            request.shard_id(), " of job ", request.job_id(), ": ", rejected.message());
+        if (lease_valid) {
+          ReleaseShardLocked(&job, request.shard_id(), absl::StrCat("results rejected: ", rejected.message()), true,
+                             &deferred);
         }
       }
     }
-    lease_valid = shard.phase == ShardPhase::kLeased && shard.lease_id == request.lease_id();
     if (request.has_stats()) {
       worker_record.worker_id = request.worker_id();
       worker_record.name = wit->second.info.name();
@@ -425,21 +640,27 @@ absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::R
       worker_record.last_result_unix = now;
       worker_record.stats = request.stats();
     }
-    if (classes < 0) {
-      response.set_abandon(true);
-    }
+    if (rejected.ok() && !request.results().empty()) wit->second.last_progress = now;
   }
   Apply(deferred);
+  if (!rejected.ok()) return rejected;
   if (response.abandon()) return response;
   std::vector<v1::ImageResult> results(request.results().begin(), request.results().end());
-  ASSIGN_OR_RETURN(bool shard_done, CommitAndAccount(request.job_id(), request.shard_id(), request.worker_id(),
-                                                     results, request.shard_complete() && lease_valid));
+  absl::StatusOr<bool> shard_done = CommitAndAccount(request.job_id(), request.shard_id(), request.worker_id(),
+                                                     results, request.shard_complete() && lease_valid);
+  if (!shard_done.ok()) return shard_done.status();
   if (!worker_record.worker_id.empty()) {
     absl::Status s = store_->UpsertWorker(request.job_id(), worker_record);
     if (!s.ok()) Log("recording statistics of worker ", request.worker_id(), " failed: ", s.ToString());
   }
-  response.set_abandon(!lease_valid || (shard_done && !request.shard_complete()));
+  response.set_abandon(!lease_valid || (*shard_done && !request.shard_complete()));
   return response;
+}
+
+int64_t Coordinator::OwnerShard(const JobEntry& job, int64_t index) const {
+  auto it = job.row_shard.find(index);
+  if (it != job.row_shard.end()) return it->second;
+  return job.record.shard_size > 0 ? index / job.record.shard_size : 0;
 }
 
 absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, int64_t shard_id,
@@ -447,14 +668,18 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
                                                    const std::vector<v1::ImageResult>& results, bool shard_complete) {
   std::vector<bool> new_rows;
   const double now = Now();
-  RETURN_IF_ERROR(store_->CommitResults(job_id, worker_id, results, now, &new_rows));
+  absl::Status committed = store_->CommitResults(job_id, worker_id, results, now, &new_rows);
+  NoteStorage(committed);
+  RETURN_IF_ERROR(committed);
   Deferred deferred;
   bool done = false;
   {
     absl::MutexLock lock(&mu_);
-    JobEntry& job = *jobs_.at(job_id);
-    Shard& shard = job.shards[shard_id];
+    auto jit = jobs_.find(job_id);
+    if (jit == jobs_.end()) return false;
+    JobEntry& job = *jit->second;
     v1::Job& j = job.record.job;
+    std::set<int64_t> touched = {shard_id};
     for (size_t i = 0; i < results.size(); ++i) {
       if (!new_rows[i]) continue;
       if (results[i].error().empty()) {
@@ -462,28 +687,37 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
       } else {
         j.set_images_failed(j.images_failed() + 1);
       }
-      shard.committed++;
+      if (results[i].index() >= 0 && results[i].index() < static_cast<int64_t>(job.committed_rows.size())) {
+        job.committed_rows[results[i].index()] = true;
+      }
+      // Credited to the shard that owns the row now (a single-row shard after a split).
+      const int64_t owner = OwnerShard(job, results[i].index());
+      job.shards[owner].committed++;
+      touched.insert(owner);
     }
     if (!results.empty()) job.record.last_result_unix = now;
-    if (shard.committed >= shard.end - shard.begin) {
+    for (int64_t sid : touched) {
+      Shard& shard = job.shards[sid];
+      if (shard.split || shard.committed < shard.end - shard.begin) continue;
       if (shard.phase != ShardPhase::kDone) {
         if (!shard.worker_id.empty()) {
           auto wit = workers_.find(shard.worker_id);
-          if (wit != workers_.end()) wit->second.leases.erase({job_id, shard_id});
+          if (wit != workers_.end()) wit->second.leases.erase({job_id, sid});
         }
         shard.phase = ShardPhase::kDone;
         shard.worker_id.clear();
         job.shards_done++;
-        deferred.shard_done.emplace_back(job_id, shard_id, shard.attempts);
+        if (sid < job.base_shards) deferred.shard_done.emplace_back(job_id, sid, shard.attempts);
         MaybeCompleteLocked(&job);
       }
+    }
+    Shard& shard = job.shards[shard_id];
+    if (shard.phase == ShardPhase::kDone && !shard.split) {
       done = true;
     } else if (shard_complete && shard.phase == ShardPhase::kLeased) {
       Log("worker ", worker_id, " finished shard ", shard_id, " of job ", job_id, " with only ", shard.committed, "/",
           shard.end - shard.begin, " rows; queueing it again");
-      auto wit = workers_.find(worker_id);
-      if (wit != workers_.end()) wit->second.leases.erase({job_id, shard_id});
-      ReleaseShardLocked(&job, shard_id, "incomplete results", &deferred);
+      ReleaseShardLocked(&job, shard_id, "incomplete results", true, &deferred);
     }
   }
   Apply(deferred);
@@ -494,13 +728,67 @@ absl::Status Coordinator::ReportJobError(const v1::ReportJobErrorRequest& reques
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    auto jit = jobs_.find(request.job_id());
-    if (jit == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", request.job_id(), "'"));
     auto wit = workers_.find(request.worker_id());
     if (wit != workers_.end()) wit->second.last_seen = Now();
-    if (!IsTerminal(jit->second->record.job.state())) {
-      Log("job ", request.job_id(), " failed on worker ", request.worker_id(), ": ", request.message());
-      EndJobLocked(jit->second.get(), v1::JOB_STATE_FAILED, request.message(), &deferred);
+    auto jit = jobs_.find(request.job_id());
+    if (request.worker_local()) {
+      RetireWorkerLocked(request.worker_id(), request.message(), &deferred);
+    } else if (jit != jobs_.end() && !IsTerminal(jit->second->record.job.state())) {
+      RecordModelErrorLocked(jit->second.get(), request, &deferred);
+    }
+  }
+  Apply(deferred);
+  return absl::OkStatus();
+}
+
+void Coordinator::RecordModelErrorLocked(JobEntry* job_entry, const v1::ReportJobErrorRequest& request,
+                                         Deferred* deferred) {
+  JobEntry& job = *job_entry;
+  {
+    auto wit = workers_.find(request.worker_id());
+    Log("job ", request.job_id(), ": worker ", request.worker_id(), " reports", request.definitive() ? " (definitive)" : "",
+        ": ", request.message());
+    job.excluded_workers.insert(request.worker_id());
+    std::set<std::string>& reporters = job.model_errors[request.message()];
+    reporters.insert(request.worker_id());
+    // Every worker still in service has given up on this job: nobody is left to run it.
+    bool nobody_left = true;
+    for (const auto& [id, w] : workers_) nobody_left &= job.excluded_workers.count(id) > 0;
+    if (request.definitive() || reporters.size() >= 2 || nobody_left) {
+      EndJobLocked(&job, v1::JOB_STATE_FAILED, request.message(), deferred);
+    } else if (wit != workers_.end()) {
+      ReleaseWorkerLeasesLocked(&wit->second, request.worker_id(), request.job_id(),
+                                absl::StrCat("worker reported a model error: ", request.message()), false, deferred);
+    }
+  }
+}
+
+absl::Status Coordinator::ReleaseShard(const v1::ReleaseShardRequest& request) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    auto wit = workers_.find(request.worker_id());
+    if (wit == workers_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
+    }
+    wit->second.last_seen = Now();
+    auto jit = jobs_.find(request.job_id());
+    if (jit == jobs_.end()) return absl::OkStatus();
+    JobEntry& job = *jit->second;
+    if (request.shard_id() < 0 || request.shard_id() >= static_cast<int64_t>(job.shards.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), " has no shard ", request.shard_id()));
+    }
+    Shard& shard = job.shards[request.shard_id()];
+    if (shard.phase != ShardPhase::kLeased || shard.lease_id != request.lease_id()) return absl::OkStatus();
+    Log("worker ", request.worker_id(), " released shard ", request.shard_id(), " of job ", request.job_id(), ": ",
+        request.reason());
+    if (request.isolate_rows() && shard.end - shard.begin > 1 && !IsTerminal(job.record.job.state())) {
+      wit->second.leases.erase({request.job_id(), request.shard_id()});
+      shard.phase = ShardPhase::kPending;
+      shard.worker_id.clear();
+      SplitShardLocked(&job, request.shard_id());
+    } else {
+      ReleaseShardLocked(&job, request.shard_id(), request.reason(), true, &deferred);
     }
   }
   Apply(deferred);
@@ -509,23 +797,42 @@ absl::Status Coordinator::ReportJobError(const v1::ReportJobErrorRequest& reques
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   v1::HeartbeatResponse response;
-  absl::MutexLock lock(&mu_);
-  auto wit = workers_.find(request.worker_id());
-  if (wit == workers_.end()) {
-    response.set_reregister(true);
-    return response;
-  }
-  wit->second.last_seen = Now();
-  for (const v1::HeldLease& held : request.leases()) {
-    bool valid = false;
-    auto jit = jobs_.find(held.job_id());
-    if (jit != jobs_.end() && !IsTerminal(jit->second->record.job.state()) && held.shard_id() >= 0 &&
-        held.shard_id() < static_cast<int64_t>(jit->second->shards.size())) {
-      const Shard& s = jit->second->shards[held.shard_id()];
-      valid = s.phase == ShardPhase::kLeased && s.lease_id == held.lease_id();
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    auto wit = workers_.find(request.worker_id());
+    if (wit == workers_.end()) {
+      response.set_reregister(true);
+      return response;
     }
-    if (!valid) *response.add_revoked() = held;
+    WorkerEntry& worker = wit->second;
+    const double now = Now();
+    worker.last_seen = now;
+    std::set<int64_t> listed;
+    for (const v1::HeldLease& held : request.leases()) {
+      listed.insert(held.lease_id());
+      bool valid = false;
+      auto jit = jobs_.find(held.job_id());
+      if (jit != jobs_.end() && !IsTerminal(jit->second->record.job.state()) && held.shard_id() >= 0 &&
+          held.shard_id() < static_cast<int64_t>(jit->second->shards.size())) {
+        const Shard& s = jit->second->shards[held.shard_id()];
+        valid = s.phase == ShardPhase::kLeased && s.lease_id == held.lease_id() && s.worker_id == request.worker_id();
+      }
+      if (!valid) *response.add_revoked() = held;
+    }
+    // Leases granted a lease period ago that the worker no longer lists were lost on its side
+    // (an assignment it could not parse, results it dropped): they end here.
+    std::vector<std::pair<std::string, int64_t>> lost;
+    for (const auto& [job_id, shard_id] : worker.leases) {
+      const Shard& s = jobs_.at(job_id)->shards[shard_id];
+      if (!listed.count(s.lease_id) && now - s.lease_unix > options_.lease_seconds) lost.emplace_back(job_id, shard_id);
+    }
+    for (const auto& [job_id, shard_id] : lost) {
+      ReleaseShardLocked(jobs_.at(job_id).get(), shard_id,
+                         absl::StrCat("worker ", request.worker_id(), " no longer holds its lease"), true, &deferred);
+    }
   }
+  Apply(deferred);
   return response;
 }
 
@@ -535,44 +842,104 @@ void Coordinator::ExpireLeases() {
     absl::MutexLock lock(&mu_);
     const double now = Now();
     for (auto it = workers_.begin(); it != workers_.end();) {
-      const double silent = now - it->second.last_seen;
-      if (silent <= options_.lease_seconds) {
-        ++it;
+      WorkerEntry& w = it->second;
+      const double silent = now - w.last_seen;
+      if (silent > options_.lease_seconds) {
+        const std::string why = absl::StrCat("worker ", it->first, " (", w.info.name(), ") stopped responding");
+        Log(why, " for ", absl::StrFormat("%.1f", silent), " s: taking back its ", w.leases.size(), " shard(s)");
+        ReleaseWorkerLeasesLocked(&w, it->first, "", why, true, &deferred);
+        it = workers_.erase(it);
         continue;
       }
-      Log("worker ", it->first, " (", it->second.info.name(), ") silent for ", absl::StrFormat("%.1f", silent),
-          " s: taking back its ", it->second.leases.size(), " shard(s)");
-      for (const auto& [job_id, shard_id] : it->second.leases) {
-        auto jit = jobs_.find(job_id);
-        if (jit == jobs_.end()) continue;
-        ReleaseShardLocked(jit->second.get(), shard_id,
-                           absl::StrCat("worker ", it->first, " (", it->second.info.name(), ") stopped responding"),
-                           &deferred);
+      // Heartbeats alone do not keep a lease: a worker whose forward pass or decode hangs stops
+      // committing results. Its leases go back after the job's batch timeout plus a lease period.
+      std::vector<std::pair<std::string, int64_t>> stuck;
+      for (const auto& [job_id, shard_id] : w.leases) {
+        const JobEntry& job = *jobs_.at(job_id);
+        const Shard& s = job.shards[shard_id];
+        const double quiet = now - std::max(s.lease_unix, w.last_progress);
+        if (quiet > BatchTimeout(job) + options_.lease_seconds) stuck.emplace_back(job_id, shard_id);
       }
-      it = workers_.erase(it);
+      for (const auto& [job_id, shard_id] : stuck) {
+        JobEntry* job = jobs_.at(job_id).get();
+        ReleaseShardLocked(job, shard_id,
+                           absl::StrCat("worker ", it->first, " (", w.info.name(), ") made no progress for ",
+                                        absl::StrFormat("%.0f", BatchTimeout(*job) + options_.lease_seconds), " s"),
+                           true, &deferred);
+      }
+      ++it;
     }
   }
   Apply(deferred);
 }
 
-void Coordinator::ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std::string& why, Deferred* deferred) {
+void Coordinator::ReleaseWorkerLeasesLocked(WorkerEntry* worker, const std::string& worker_id,
+                                            const std::string& only_job, const std::string& why, bool count_attempt,
+                                            Deferred* deferred) {
+  const auto leases = worker->leases;  // ReleaseShardLocked edits the set.
+  for (const auto& [job_id, shard_id] : leases) {
+    if (!only_job.empty() && job_id != only_job) continue;
+    auto jit = jobs_.find(job_id);
+    if (jit == jobs_.end()) {
+      worker->leases.erase({job_id, shard_id});
+      continue;
+    }
+    ReleaseShardLocked(jit->second.get(), shard_id, why, count_attempt, deferred);
+  }
+}
+
+void Coordinator::ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std::string& why, bool count_attempt,
+                                     Deferred* deferred) {
   Shard& s = job->shards[shard_id];
   if (s.phase != ShardPhase::kLeased) return;
+  const std::string& job_id = job->record.job.job_id();
+  auto wit = workers_.find(s.worker_id);
+  if (wit != workers_.end()) wit->second.leases.erase({job_id, shard_id});
   s.worker_id.clear();
   s.lease_id = 0;
+  if (!count_attempt) s.attempts = std::max(0, s.attempts - 1);
   if (IsTerminal(job->record.job.state())) {
     s.phase = ShardPhase::kPending;
     return;
   }
   if (s.attempts >= options_.max_shard_attempts) {
-    Log("shard ", shard_id, " [", s.begin, ", ", s.end, ") of job ", job->record.job.job_id(), " lost ", s.attempts,
-        " times (", why, "); failing its remaining rows");
-    deferred->poisoned.emplace_back(job->record.job.job_id(), shard_id);  // Stays leased to nobody.
+    if (s.end - s.begin == 1) {
+      Log("row ", s.begin, " of job ", job_id, " lost ", s.attempts, " times (", why, "); failing it");
+      deferred->poisoned.emplace_back(job_id, shard_id);  // Stays leased to nobody until failed.
+      return;
+    }
+    Log("shard ", shard_id, " [", s.begin, ", ", s.end, ") of job ", job_id, " lost ", s.attempts, " times (", why,
+        "); splitting it into single rows to find the culprit");
+    s.phase = ShardPhase::kPending;
+    SplitShardLocked(job, shard_id);
     return;
   }
-  Log("shard ", shard_id, " [", s.begin, ", ", s.end, ") of job ", job->record.job.job_id(), " queued again: ", why);
+  Log("shard ", shard_id, " [", s.begin, ", ", s.end, ") of job ", job_id, " queued again: ", why);
   s.phase = ShardPhase::kPending;
   job->pending.push_front(shard_id);
+}
+
+void Coordinator::SplitShardLocked(JobEntry* job, int64_t shard_id) {
+  job->pending.erase(std::remove(job->pending.begin(), job->pending.end(), shard_id), job->pending.end());
+  const int64_t begin = job->shards[shard_id].begin, end = job->shards[shard_id].end;
+  std::vector<int64_t> children;
+  for (int64_t i = begin; i < end; ++i) {
+    if (job->committed_rows[i]) continue;
+    Shard child;
+    child.begin = i;
+    child.end = i + 1;
+    job->row_shard[i] = static_cast<int64_t>(job->shards.size());
+    children.push_back(static_cast<int64_t>(job->shards.size()));
+    job->shards.push_back(child);
+  }
+  Shard& parent = job->shards[shard_id];  // After the push_backs: the vector may have moved.
+  parent.split = true;
+  if (parent.phase != ShardPhase::kDone) {
+    parent.phase = ShardPhase::kDone;  // Its rows are committed or owned by the children.
+    job->shards_done++;
+  }
+  for (auto it = children.rbegin(); it != children.rend(); ++it) job->pending.push_front(*it);
+  MaybeCompleteLocked(job);
 }
 
 void Coordinator::EndJobLocked(JobEntry* job, v1::JobState state, const std::string& error, Deferred* deferred) {
@@ -581,10 +948,11 @@ void Coordinator::EndJobLocked(JobEntry* job, v1::JobState state, const std::str
   j.set_error(error);
   j.set_finished_unix(Now());
   job->pending.clear();
-  for (Shard& s : job->shards) {
+  for (size_t i = 0; i < job->shards.size(); ++i) {
+    Shard& s = job->shards[i];
     if (s.phase == ShardPhase::kLeased) {
       auto wit = workers_.find(s.worker_id);
-      if (wit != workers_.end()) wit->second.leases.erase({j.job_id(), &s - job->shards.data()});
+      if (wit != workers_.end()) wit->second.leases.erase({j.job_id(), static_cast<int64_t>(i)});
       s.phase = ShardPhase::kPending;
       s.worker_id.clear();
     }
@@ -603,38 +971,61 @@ void Coordinator::MaybeCompleteLocked(JobEntry* job) {
   finalize_queue_.push_back(job->record.job.job_id());
 }
 
-void Coordinator::FailPoisonedShard(const std::string& job_id, int64_t shard_id) {
-  int64_t begin = 0, end = 0;
+void Coordinator::RetireWorkerLocked(const std::string& worker_id, const std::string& reason, Deferred* deferred) {
+  auto wit = workers_.find(worker_id);
+  if (wit == workers_.end()) return;
+  WorkerEntry& w = wit->second;
+  Log("worker ", worker_id, " (", w.info.name(), ", ", w.info.device(), " on ", w.info.hostname(),
+      ") taken out of service: ", reason);
+  ReleaseWorkerLeasesLocked(&w, worker_id, "", absl::StrCat("worker ", worker_id, " went out of service"), false,
+                            deferred);
+  v1::WorkerInfo info;
+  info.set_worker_id(worker_id);
+  info.set_name(w.info.name());
+  info.set_device(w.info.device());
+  info.set_hostname(w.info.hostname());
+  info.set_pid(w.info.pid());
+  info.set_state("out of service");
+  info.set_reason(reason);
+  info.set_registered_unix(w.registered);
+  info.set_last_seen_unix(w.last_seen);
+  retired_.push_back(std::move(info));
+  while (retired_.size() > 100) retired_.pop_front();
+  workers_.erase(wit);
+}
+
+void Coordinator::FailPoisonedRow(const std::string& job_id, int64_t shard_id) {
+  int64_t index = 0;
   int attempts = 0;
   {
     absl::MutexLock lock(&mu_);
-    const Shard& s = jobs_.at(job_id)->shards[shard_id];
-    begin = s.begin;
-    end = s.end;
+    auto jit = jobs_.find(job_id);
+    if (jit == jobs_.end()) return;
+    const Shard& s = jit->second->shards[shard_id];
+    index = s.begin;
     attempts = s.attempts;
   }
-  std::vector<v1::ImageResult> failures;
-  for (int64_t i = begin; i < end; ++i) {
-    v1::ImageResult r;
-    r.set_index(i);
-    r.set_error(absl::StrCat("not evaluated: the workers holding shard [", begin, ", ", end, ") were lost ", attempts,
-                             " times (a row of it may crash or hang the worker)"));
-    failures.push_back(std::move(r));
-  }
-  absl::StatusOr<bool> done = CommitAndAccount(job_id, shard_id, "coordinator", failures, true);
-  if (!done.ok()) Log("failing rows of shard ", shard_id, " of job ", job_id, " failed: ", done.status().ToString());
+  absl::StatusOr<std::vector<ManifestRow>> rows = store_->ReadRows(job_id, index, index + 1);
+  const std::string name = rows.ok() && rows->size() == 1 ? RowName((*rows)[0]) : absl::StrCat("row ", index);
+  v1::ImageResult r;
+  r.set_index(index);
+  r.set_error(absl::StrCat("not evaluated: ", name, " was in hand each time a worker was lost or gave up (",
+                           attempts, " times); it may crash or hang the worker"));
+  absl::StatusOr<bool> done = CommitAndAccount(job_id, shard_id, "coordinator", {r}, true);
+  if (!done.ok()) Log("failing row ", index, " of job ", job_id, " failed: ", done.status().ToString());
 }
 
 void Coordinator::Apply(Deferred& deferred) {
   for (const JobRecord& rec : deferred.job_updates) {
     absl::Status s = store_->UpdateJob(rec);
+    NoteStorage(s);
     if (!s.ok()) Log("saving job ", rec.job.job_id(), " failed: ", s.ToString());
   }
   for (const auto& [job_id, shard_id, attempts] : deferred.shard_done) {
     absl::Status s = store_->SetShardState(job_id, shard_id, ShardState::kDone, attempts);
     if (!s.ok()) Log("saving shard ", shard_id, " of job ", job_id, " failed: ", s.ToString());
   }
-  for (const auto& [job_id, shard_id] : deferred.poisoned) FailPoisonedShard(job_id, shard_id);
+  for (const auto& [job_id, shard_id] : deferred.poisoned) FailPoisonedRow(job_id, shard_id);
 }
 
 void Coordinator::RunFinalizers() {
@@ -664,16 +1055,19 @@ void Coordinator::RunFinalizers() {
     }
     {
       absl::MutexLock lock(&mu_);
-      v1::Job& j = jobs_.at(job_id)->record.job;
+      JobEntry& job = *jobs_.at(job_id);
+      v1::Job& j = job.record.job;
       if (completing) {
         j.set_state(rec.job.state());
         j.set_error(rec.job.error());
         j.set_finished_unix(rec.job.finished_unix());
       }
       j.set_report_ready(s.ok());
-      rec = jobs_.at(job_id)->record;
+      job.finalize_queued = false;
+      rec = job.record;
     }
     absl::Status saved = store_->UpdateJob(rec);
+    NoteStorage(saved);
     if (!saved.ok()) Log("saving job ", job_id, " failed: ", saved.ToString());
     Log("job ", job_id, " ", v1::JobState_Name(rec.job.state()), ": ", rec.job.images_evaluated(), " evaluated, ",
         rec.job.images_failed(), " failed of ", rec.job.images_total());
@@ -688,6 +1082,7 @@ void Coordinator::BackgroundLoop() {
     }
     ExpireLeases();
     RunFinalizers();
+    ApplyRetention();
   }
 }
 

@@ -1,12 +1,22 @@
 // The coordinator's core: jobs, the shard ledger, worker leases and report building. Plain C++
-// with no gRPC dependency; coordinator_service.cc adapts it to the wire.
+// with no gRPC dependency; the service files adapt it to the wire.
 //
 // Scheduling: a job's manifest is cut into shards [begin, end). Workers pull shards one at a time
-// (AcquireShard), oldest job first. A worker's leases live as long as it heartbeats; when it stops
-// (process killed, host gone) its shards go back to the front of the queue. A shard is done when
-// every one of its rows has a committed result (evaluated or failed), whoever sent it: results
-// are keyed by manifest index, so a re-run can never count a row twice. A shard abandoned by
-// `max_shard_attempts` workers fails its remaining rows with a reason instead of looping forever.
+// (AcquireShard), oldest job first. A shard is done when every one of its rows has a committed
+// result (evaluated or failed), whoever sent it: results are keyed by manifest index, so a re-run
+// can never count a row twice.
+//
+// Invariant: every lease ends in a commit, an explicit release or an expiry. A lease is released
+// when the worker gives it back (ReleaseShard), when its results are rejected, when the worker's
+// heartbeat stops listing it, when the worker is taken out of service or goes silent for
+// `lease_seconds`, and when the worker makes no progress for the job's batch timeout. A shard
+// released `max_shard_attempts` times is split into single-row shards, so that only a row that
+// crashes or hangs workers fails (naming the row) and its neighbours are evaluated.
+//
+// Job-level failure: a model error reported by one worker takes that worker off the job; the job
+// fails when a second worker (or every worker in service) reports the same error, or at once when
+// the worker says it is definitive. A worker-local problem (its device, its copy of the model)
+// takes the worker out of service instead.
 //
 // Thread-safe. Methods never hold the internal lock across database I/O.
 #ifndef TALLY_SERVER_COORDINATOR_H_
@@ -35,12 +45,19 @@ struct CoordinatorOptions {
   double lease_seconds = 10.0;      // A worker silent for this long loses its shards.
   double heartbeat_seconds = 1.0;   // Told to workers at registration.
   int max_shard_attempts = 3;
+  int64_t max_manifest_rows = 50'000'000;
+  double retain_days = 0;           // Finished jobs older than this are deleted; 0 = kept forever.
   // Unix time in seconds; tests inject a fake clock. Default: the wall clock.
   std::function<double()> clock;
   // Run lease expiry and report building on a background thread. Tests may drive them by hand
   // with ExpireLeases() and RunFinalizers().
   bool background_thread = true;
 };
+
+// Bounds on what a client may submit (README "Bad input").
+inline constexpr size_t kMaxJobNameBytes = 256;
+inline constexpr size_t kMaxPathBytes = 4096;
+inline constexpr double kDefaultBatchTimeoutSeconds = 600;
 
 class Coordinator {
  public:
@@ -50,25 +67,35 @@ class Coordinator {
 
   // Client API. Errors: INVALID_ARGUMENT for a bad spec or manifest, NOT_FOUND for a missing
   // model/manifest/job, FAILED_PRECONDITION for "not until the job has finished".
+  // SubmitJob streams the manifest into the database; it blocks for as long as that takes.
   absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
-  std::vector<v1::Job> ListJobs(int limit);
+  // Deletes a finished job's rows, results and reports. Blocks on the database.
+  absl::Status DeleteJob(const std::string& job_id);
+  // Newest first, summaries only; `page_token` is the last job id of the previous page.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(int limit, const std::string& page_token);
+  v1::ListWorkersResponse ListWorkers();
   // Folder holding the report files of a finished job.
   absl::StatusOr<std::string> ReportDir(const std::string& job_id);
+  // False while the database cannot be written (disk full): health reports NOT_SERVING.
+  bool Serving();
 
   // Worker API. NOT_FOUND for an unknown worker id: the worker should register again.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& request);
   absl::StatusOr<v1::AcquireShardResponse> AcquireShard(const v1::AcquireShardRequest& request);
   absl::StatusOr<v1::ReportResultsResponse> ReportResults(const v1::ReportResultsRequest& request);
   absl::Status ReportJobError(const v1::ReportJobErrorRequest& request);
+  absl::Status ReleaseShard(const v1::ReleaseShardRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
 
-  // Takes shards back from workers silent for longer than the lease. Called periodically by the
-  // background thread.
+  // Takes shards back from workers silent for longer than the lease, and from workers that made
+  // no progress for the job's batch timeout. Called periodically by the background thread.
   void ExpireLeases();
   // Builds the reports of jobs that have reached the end. Called by the background thread.
   void RunFinalizers();
+  // Deletes finished jobs older than `retain_days`. Called by the background thread.
+  void ApplyRetention();
 
  private:
   enum class ShardPhase { kPending, kLeased, kDone };
@@ -79,45 +106,74 @@ class Coordinator {
     int attempts = 0;
     int64_t lease_id = 0;
     std::string worker_id;
-    int64_t committed = 0;  // Rows of this shard with a committed result.
+    double lease_unix = 0;   // When the current lease was granted.
+    int64_t committed = 0;   // Rows of this shard with a committed result.
+    bool split = false;      // Its remaining rows went to single-row shards.
   };
   struct JobEntry {
     JobRecord record;
-    std::vector<Shard> shards;
+    std::vector<Shard> shards;     // The manifest's shards, then single-row shards split off.
+    int64_t base_shards = 0;       // Shards [0, base_shards) are the manifest's own.
+    std::map<int64_t, int64_t> row_shard;  // Index -> single-row shard holding it.
+    std::vector<bool> committed_rows;      // By index: a result is committed.
     std::deque<int64_t> pending;
     int64_t shards_done = 0;
     bool finalize_queued = false;
-    std::set<std::string> known_workers;  // Workers with a job_workers row.
+    std::set<std::string> known_workers;    // Workers with a job_workers row.
+    std::set<std::string> excluded_workers; // Workers that reported a model error for this job.
+    std::map<std::string, std::set<std::string>> model_errors;  // Message -> reporting workers.
   };
   struct WorkerEntry {
     v1::RegisterWorkerRequest info;
+    double registered = 0;
     double last_seen = 0;
+    double last_progress = 0;  // Last committed result (or the first lease after a quiet time).
     std::set<std::pair<std::string, int64_t>> leases;  // (job_id, shard_id)
   };
   // Work to do after the lock is released.
   struct Deferred {
     std::vector<JobRecord> job_updates;
     std::vector<std::tuple<std::string, int64_t, int>> shard_done;  // job, shard, attempts
-    std::vector<std::pair<std::string, int64_t>> poisoned;           // shards out of attempts
+    std::vector<std::pair<std::string, int64_t>> poisoned;           // single rows out of attempts
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
   absl::Status Resume();
   double Now() const { return options_.clock(); }
+  absl::StatusOr<v1::JobSpec> ValidateSpec(const v1::JobSpec& in) const;
+  absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
   v1::Job Snapshot(const JobEntry& job, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a job (FAILED or CANCELLED) and revokes its leases.
   void EndJobLocked(JobEntry* job, v1::JobState state, const std::string& error, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std::string& why, Deferred* deferred)
+  // Ends a lease that did not end in a commit. `count_attempt`: the release says something about
+  // the rows (lost worker, rejected results); false when the worker, not the rows, is at fault.
+  void ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std::string& why, bool count_attempt,
+                          Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseWorkerLeasesLocked(WorkerEntry* worker, const std::string& worker_id, const std::string& only_job,
+                                 const std::string& why, bool count_attempt, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-queues the uncommitted rows of a shard as single-row shards.
+  void SplitShardLocked(JobEntry* job, int64_t shard_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteLocked(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Commits results and does the accounting; shared by workers' reports and poisoned shards.
+  int64_t OwnerShard(const JobEntry& job, int64_t index) const;
+  // Validates a report against the job; an error names what is wrong.
+  absl::Status CheckResults(const JobEntry& job, const Shard& shard, const v1::ReportResultsRequest& request,
+                            int32_t classes) const;
+  // Commits results and does the accounting; shared by workers' reports and poisoned rows.
   absl::StatusOr<bool> CommitAndAccount(const std::string& job_id, int64_t shard_id, const std::string& worker_id,
                                         const std::vector<v1::ImageResult>& results, bool shard_complete);
-  void FailPoisonedShard(const std::string& job_id, int64_t shard_id);
+  void FailPoisonedRow(const std::string& job_id, int64_t shard_id);
+  // A model error from one worker: takes the worker off the job, or fails the job (see above).
+  void RecordModelErrorLocked(JobEntry* job, const v1::ReportJobErrorRequest& request, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireWorkerLocked(const std::string& worker_id, const std::string& reason, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteStorage(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   void Apply(Deferred& deferred);
   void BackgroundLoop();
   std::string ReportPath(const std::string& job_id) const;
+  double BatchTimeout(const JobEntry& job) const;
 
   const CoordinatorOptions options_;
   const std::unique_ptr<JobStore> store_;
@@ -126,9 +182,12 @@ class Coordinator {
   std::map<std::string, std::unique_ptr<JobEntry>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // Submission order.
   std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::WorkerInfo> retired_ ABSL_GUARDED_BY(mu_);  // Out of service, newest last.
   int64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::string> finalize_queue_ ABSL_GUARDED_BY(mu_);
+  std::string storage_error_ ABSL_GUARDED_BY(mu_);  // Why the database cannot be written now.
+  double last_retention_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread background_;
 };

@@ -7,20 +7,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/alarm.h"
+#include "server/grpc_util.h"
 #include "server/report_writer.h"
 
 namespace tally {
 namespace {
-
-// Finishes a unary call with the result of `fn`, which returns absl::StatusOr<T>.
-template <typename T, typename Fn>
-grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, T* response, Fn fn) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto result = fn();
-  if (result.ok()) *response = std::move(*result);
-  reactor->Finish(ToGrpcStatus(result.status()));
-  return reactor;
-}
 
 bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
@@ -167,17 +158,12 @@ class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // absl and gRPC share the canonical code numbering.
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
                                                             const v1::SubmitJobRequest* request,
                                                             v1::SubmitJobResponse* response) {
-  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::SubmitJobResponse> {
-    absl::StatusOr<v1::Job> job = core_->SubmitJob(request->spec());
+  Coordinator* core = core_;
+  return UnaryBlocking(executor_, ctx, response, [core, request]() -> absl::StatusOr<v1::SubmitJobResponse> {
+    absl::StatusOr<v1::Job> job = core->SubmitJob(request->spec());
     if (!job.ok()) return job.status();
     v1::SubmitJobResponse out;
     *out.mutable_job() = std::move(*job);
@@ -204,11 +190,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::CancelJob(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
                                                            const v1::ListJobsRequest* request,
                                                            v1::ListJobsResponse* response) {
-  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListJobsResponse> {
-    v1::ListJobsResponse out;
-    for (v1::Job& job : core_->ListJobs(request->limit())) *out.add_jobs() = std::move(job);
-    return out;
-  });
+  return Unary(ctx, response, [&] { return core_->ListJobs(request->limit(), request->page_token()); });
 }
 
 grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::FetchReport(grpc::CallbackServerContext* ctx,
@@ -216,38 +198,21 @@ grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::FetchReport(g
   return new FetchReportReactor(core_->ReportDir(request->job_id()));
 }
 
-grpc::ServerUnaryReactor* WorkerControlServiceImpl::RegisterWorker(grpc::CallbackServerContext* ctx,
-                                                                   const v1::RegisterWorkerRequest* request,
-                                                                   v1::RegisterWorkerResponse* response) {
-  return Unary(ctx, response, [&] { return core_->RegisterWorker(*request); });
-}
-
-grpc::ServerUnaryReactor* WorkerControlServiceImpl::AcquireShard(grpc::CallbackServerContext* ctx,
-                                                                 const v1::AcquireShardRequest* request,
-                                                                 v1::AcquireShardResponse* response) {
-  return Unary(ctx, response, [&] { return core_->AcquireShard(*request); });
-}
-
-grpc::ServerUnaryReactor* WorkerControlServiceImpl::ReportResults(grpc::CallbackServerContext* ctx,
-                                                                  const v1::ReportResultsRequest* request,
-                                                                  v1::ReportResultsResponse* response) {
-  return Unary(ctx, response, [&] { return core_->ReportResults(*request); });
-}
-
-grpc::ServerUnaryReactor* WorkerControlServiceImpl::ReportJobError(grpc::CallbackServerContext* ctx,
-                                                                   const v1::ReportJobErrorRequest* request,
-                                                                   v1::ReportJobErrorResponse* response) {
-  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ReportJobErrorResponse> {
-    absl::Status s = core_->ReportJobError(*request);
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::DeleteJob(grpc::CallbackServerContext* ctx,
+                                                            const v1::DeleteJobRequest* request,
+                                                            v1::DeleteJobResponse* response) {
+  Coordinator* core = core_;
+  return UnaryBlocking(executor_, ctx, response, [core, request]() -> absl::StatusOr<v1::DeleteJobResponse> {
+    absl::Status s = core->DeleteJob(request->job_id());
     if (!s.ok()) return s;
-    return v1::ReportJobErrorResponse();
+    return v1::DeleteJobResponse();
   });
 }
 
-grpc::ServerUnaryReactor* WorkerControlServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
-                                                              const v1::HeartbeatRequest* request,
-                                                              v1::HeartbeatResponse* response) {
-  return Unary(ctx, response, [&] { return core_->Heartbeat(*request); });
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListWorkers(grpc::CallbackServerContext* ctx,
+                                                              const v1::ListWorkersRequest* request,
+                                                              v1::ListWorkersResponse* response) {
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListWorkersResponse> { return core_->ListWorkers(); });
 }
 
 }  // namespace tally

@@ -1,20 +1,20 @@
-// gRPC adapters: the Coordinator and WorkerControl services (callback API) over the plain
-// Coordinator core. No logic lives here; absl::Status becomes grpc::Status in ToGrpcStatus only.
+// The Coordinator service (what `tally` calls) over the plain Coordinator core, with the
+// callback API. No logic lives here. Blocking work (submission streams the manifest into the
+// database; deletion) runs on an executor, never on a callback thread.
 #ifndef TALLY_SERVER_COORDINATOR_SERVICE_H_
 #define TALLY_SERVER_COORDINATOR_SERVICE_H_
 
-#include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
 #include "server/coordinator.h"
+#include "server/executor.h"
 
 namespace tally {
 
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
 class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
  public:
-  explicit CoordinatorServiceImpl(Coordinator* core) : core_(core) {}
+  // `core` and `executor` must outlive the service.
+  CoordinatorServiceImpl(Coordinator* core, Executor* executor) : core_(core), executor_(executor) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* request,
                                       v1::SubmitJobResponse* response) override;
@@ -28,28 +28,14 @@ class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
                                      v1::ListJobsResponse* response) override;
   grpc::ServerWriteReactor<v1::ReportChunk>* FetchReport(grpc::CallbackServerContext* ctx,
                                                          const v1::FetchReportRequest* request) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* request,
+                                      v1::DeleteJobResponse* response) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const v1::ListWorkersRequest* request,
+                                        v1::ListWorkersResponse* response) override;
 
  private:
-  Coordinator* core_;
-};
-
-class WorkerControlServiceImpl final : public v1::WorkerControl::CallbackService {
- public:
-  explicit WorkerControlServiceImpl(Coordinator* core) : core_(core) {}
-
-  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* request,
-                                           v1::RegisterWorkerResponse* response) override;
-  grpc::ServerUnaryReactor* AcquireShard(grpc::CallbackServerContext* ctx, const v1::AcquireShardRequest* request,
-                                         v1::AcquireShardResponse* response) override;
-  grpc::ServerUnaryReactor* ReportResults(grpc::CallbackServerContext* ctx, const v1::ReportResultsRequest* request,
-                                          v1::ReportResultsResponse* response) override;
-  grpc::ServerUnaryReactor* ReportJobError(grpc::CallbackServerContext* ctx, const v1::ReportJobErrorRequest* request,
-                                           v1::ReportJobErrorResponse* response) override;
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request,
-                                      v1::HeartbeatResponse* response) override;
-
- private:
-  Coordinator* core_;
+  Coordinator* const core_;
+  Executor* const executor_;
 };
 
 }  // namespace tally

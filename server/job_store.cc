@@ -11,7 +11,11 @@ namespace tally {
 namespace {
 
 absl::Status SqlError(sqlite3* db, const std::string& what) {
-  return absl::InternalError(absl::StrCat("database: ", what, ": ", sqlite3_errmsg(db)));
+  const int code = sqlite3_extended_errcode(db) & 0xff;
+  const std::string msg = absl::StrCat("database: ", what, ": ", sqlite3_errmsg(db));
+  if (code == SQLITE_FULL) return absl::ResourceExhaustedError(msg);
+  if (code == SQLITE_IOERR || code == SQLITE_CANTOPEN || code == SQLITE_BUSY) return absl::UnavailableError(msg);
+  return absl::InternalError(msg);
 }
 
 // A prepared statement, finalised on scope exit.
@@ -93,6 +97,7 @@ CREATE TABLE IF NOT EXISTS shards(
 CREATE TABLE IF NOT EXISTS results(
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, worker_id TEXT NOT NULL, error TEXT NOT NULL,
   payload BLOB NOT NULL, committed REAL NOT NULL, PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS submissions(job_id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS job_workers(
   job_id TEXT NOT NULL, worker_id TEXT NOT NULL, name TEXT NOT NULL, device TEXT NOT NULL,
   first_lease REAL NOT NULL, last_result REAL NOT NULL, stats BLOB NOT NULL,
@@ -112,12 +117,24 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   }
   sqlite3_busy_timeout(db, 10000);
   std::unique_ptr<JobStore> store(new JobStore(db, path));
-  absl::MutexLock lock(&store->mu_);
+  absl::ReleasableMutexLock lock(&store->mu_);
   // WAL + synchronous=NORMAL: a committed transaction survives the death of any process; only a
   // power loss can roll back the last transactions (README "Durability").
+  // Deleted jobs give their pages back (PRAGMA incremental_vacuum); must precede the first table.
+  RETURN_IF_ERROR(store->Exec("PRAGMA auto_vacuum=INCREMENTAL"));
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
   RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
   RETURN_IF_ERROR(store->Exec(kSchema));
+  std::vector<std::string> abandoned;
+  {
+    Stmt q(store->db_, "SELECT job_id FROM submissions");
+    RETURN_IF_ERROR(q.status());
+    absl::Status s;
+    while (q.Step(&s)) abandoned.push_back(q.Text(0));
+    RETURN_IF_ERROR(s);
+  }
+  lock.Release();
+  for (const std::string& job_id : abandoned) RETURN_IF_ERROR(store->DeleteJob(job_id));
   return store;
 }
 
@@ -129,18 +146,46 @@ JobStore::~JobStore() {
 absl::Status JobStore::Exec(const char* sql) {
   char* err = nullptr;
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
     sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("database: ", msg));
+    return SqlError(db_, sql);
   }
   return absl::OkStatus();
 }
 
-absl::Status JobStore::CreateJob(const JobRecord& record, const std::vector<ManifestRow>& rows) {
+absl::Status JobStore::InTransaction(const std::function<absl::Status()>& body) {
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status s = body();
+  if (s.ok()) s = Exec("COMMIT");
+  if (!s.ok()) Exec("ROLLBACK").IgnoreError();
+  return s;
+}
+
+absl::Status JobStore::BeginSubmission(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt ins(db_, "INSERT OR IGNORE INTO submissions VALUES(?)");
+  RETURN_IF_ERROR(ins.status());
+  ins.Bind(1, job_id);
+  return ins.Run();
+}
+
+absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows) {
+  absl::MutexLock lock(&mu_);
+  return InTransaction([&]() -> absl::Status {
+    Stmt row(db_, "INSERT INTO manifest_rows VALUES(?,?,?,?,?,?,?,?,?)");
+    RETURN_IF_ERROR(row.status());
+    for (const ManifestRow& r : rows) {
+      row.Bind(1, job_id).Bind(2, r.index).Bind(3, r.line).Bind(4, r.id).Bind(5, r.image);
+      row.Bind(6, r.mask).Bind(7, r.image_path).Bind(8, r.mask_path).Bind(9, r.error);
+      RETURN_IF_ERROR(row.Run());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status JobStore::CreateJob(const JobRecord& record) {
   absl::MutexLock lock(&mu_);
   const v1::Job& job = record.job;
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  auto body = [&]() -> absl::Status {
+  return InTransaction([&]() -> absl::Status {
     Stmt ins(db_, "INSERT INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(ins.status());
     ins.Bind(1, job.job_id()).BindBlob(2, job.spec().SerializeAsString()).Bind(3, int64_t{job.state()});
@@ -148,13 +193,6 @@ absl::Status JobStore::CreateJob(const JobRecord& record, const std::vector<Mani
     ins.Bind(7, int64_t{job.num_classes()}).Bind(8, job.created_unix()).Bind(9, job.started_unix());
     ins.Bind(10, job.finished_unix()).Bind(11, record.last_result_unix);
     RETURN_IF_ERROR(ins.Run());
-    Stmt row(db_, "INSERT INTO manifest_rows VALUES(?,?,?,?,?,?,?,?,?)");
-    RETURN_IF_ERROR(row.status());
-    for (const ManifestRow& r : rows) {
-      row.Bind(1, job.job_id()).Bind(2, r.index).Bind(3, r.line).Bind(4, r.id).Bind(5, r.image);
-      row.Bind(6, r.mask).Bind(7, r.image_path).Bind(8, r.mask_path).Bind(9, r.error);
-      RETURN_IF_ERROR(row.Run());
-    }
     Stmt shard(db_, "INSERT INTO shards VALUES(?,?,0,0)");
     RETURN_IF_ERROR(shard.status());
     const int64_t n = job.images_total();
@@ -163,14 +201,42 @@ absl::Status JobStore::CreateJob(const JobRecord& record, const std::vector<Mani
       shard.Bind(1, job.job_id()).Bind(2, s);
       RETURN_IF_ERROR(shard.Run());
     }
-    return absl::OkStatus();
-  };
-  absl::Status s = body();
-  if (!s.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return s;
+    Stmt done(db_, "DELETE FROM submissions WHERE job_id=?");
+    RETURN_IF_ERROR(done.status());
+    done.Bind(1, job.job_id());
+    return done.Run();
+  });
+}
+
+absl::Status JobStore::DeleteInBatches(const char* table, const std::string& job_id) {
+  // Tables keyed by (job_id, idx) can hold millions of rows of a job: delete them in bounded
+  // transactions, so that other jobs' commits are not held up behind one large deletion.
+  const bool by_index = std::string(table) == "manifest_rows" || std::string(table) == "results";
+  const std::string sql = by_index ? absl::StrCat("DELETE FROM ", table, " WHERE job_id=?1 AND idx IN (SELECT idx FROM ",
+                                                  table, " WHERE job_id=?1 ORDER BY idx LIMIT 20000)")
+                                   : absl::StrCat("DELETE FROM ", table, " WHERE job_id=?1");
+  while (true) {
+    absl::MutexLock lock(&mu_);
+    int changes = 0;
+    RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+      Stmt del(db_, sql.c_str());
+      RETURN_IF_ERROR(del.status());
+      del.Bind(1, job_id);
+      RETURN_IF_ERROR(del.Run());
+      changes = sqlite3_changes(db_);
+      return absl::OkStatus();
+    }));
+    if (!by_index || changes == 0) return absl::OkStatus();
   }
-  return Exec("COMMIT");
+}
+
+absl::Status JobStore::DeleteJob(const std::string& job_id) {
+  for (const char* table : {"results", "manifest_rows", "shards", "job_workers", "jobs", "submissions"}) {
+    RETURN_IF_ERROR(DeleteInBatches(table, job_id));
+  }
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(Exec("PRAGMA incremental_vacuum"));
+  return Exec("PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
 absl::Status JobStore::UpdateJob(const JobRecord& record) {
@@ -255,8 +321,7 @@ absl::Status JobStore::CommitResults(const std::string& job_id, const std::strin
                                      std::vector<bool>* new_rows) {
   absl::MutexLock lock(&mu_);
   new_rows->assign(results.size(), false);
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  auto body = [&]() -> absl::Status {
+  absl::Status s = InTransaction([&]() -> absl::Status {
     Stmt ins(db_, "INSERT OR IGNORE INTO results VALUES(?,?,?,?,?,?)");
     RETURN_IF_ERROR(ins.status());
     std::string payload;
@@ -268,14 +333,9 @@ absl::Status JobStore::CommitResults(const std::string& job_id, const std::strin
       (*new_rows)[i] = sqlite3_changes(db_) > 0;
     }
     return absl::OkStatus();
-  };
-  absl::Status s = body();
-  if (!s.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    new_rows->assign(results.size(), false);
-    return s;
-  }
-  return Exec("COMMIT");
+  });
+  if (!s.ok()) new_rows->assign(results.size(), false);
+  return s;
 }
 
 absl::Status JobStore::SetShardState(const std::string& job_id, int64_t shard_id, ShardState state, int attempts) {

@@ -3,7 +3,9 @@
 // A result counts only once it is committed here; reports are built from here.
 //
 // Thread-safe: one connection, serialised by an internal mutex. Calls block on disk I/O, so
-// callers must not hold their own locks across them.
+// callers must not hold their own locks across them. Errors: RESOURCE_EXHAUSTED when the disk (or
+// the database) is full, UNAVAILABLE for other I/O errors (both pass once space or the disk
+// returns), INTERNAL otherwise; every message starts with "database".
 #ifndef TALLY_SERVER_JOB_STORE_H_
 #define TALLY_SERVER_JOB_STORE_H_
 
@@ -48,8 +50,16 @@ class JobStore {
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
   ~JobStore();
 
-  // Stores a new job with its manifest rows and all shards pending, in one transaction.
-  absl::Status CreateJob(const JobRecord& record, const std::vector<ManifestRow>& rows);
+  // A submission streams its manifest rows in with InsertManifestRows (one transaction per batch,
+  // so other jobs' commits interleave) and then makes the job visible with CreateJob (the job
+  // row and all its shards, pending, in one transaction). Rows of a submission that never reached
+  // CreateJob (an error, a crash) are deleted by DeleteJob or at the next Open.
+  absl::Status BeginSubmission(const std::string& job_id);
+  absl::Status InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows);
+  absl::Status CreateJob(const JobRecord& record);
+  // Deletes everything of a job (rows, results, shards, workers) in bounded transactions and gives
+  // the freed pages back to the file system.
+  absl::Status DeleteJob(const std::string& job_id);
   absl::Status UpdateJob(const JobRecord& record);
   absl::StatusOr<std::vector<JobRecord>> LoadJobs();
 
@@ -79,9 +89,14 @@ class JobStore {
       std::function<absl::Status(const v1::ImageResult&, const std::string& id, const std::string& image)>;
   absl::Status ForEachResult(const std::string& job_id, const ResultFn& fn);
 
+  const std::string& path() const { return path_; }
+
  private:
   JobStore(sqlite3* db, std::string path) : path_(std::move(path)), db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `body` between BEGIN IMMEDIATE and COMMIT; rolls back on error.
+  absl::Status InTransaction(const std::function<absl::Status()>& body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DeleteInBatches(const char* table, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string path_;
   absl::Mutex mu_;

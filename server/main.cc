@@ -25,7 +25,10 @@ ABSL_FLAG(std::string, state_dir, "./tally-state", "Folder for the database (tal
 ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once serving");
 ABSL_FLAG(double, lease_seconds, 10.0, "A worker silent this long loses its shards to others");
 ABSL_FLAG(double, heartbeat_seconds, 1.0, "How often workers heartbeat");
-ABSL_FLAG(int, max_shard_attempts, 3, "Shards lost this many times fail their remaining rows");
+ABSL_FLAG(int, max_shard_attempts, 3,
+          "A shard lost this many times is split into single rows; a single row lost this many times fails");
+ABSL_FLAG(int64_t, max_manifest_rows, 50000000, "Manifests with more data rows are refused");
+ABSL_FLAG(double, retain_days, 0, "Delete finished jobs (rows, results, reports) after this many days; 0 = keep");
 ABSL_FLAG(bool, spawn_workers, false, "Start and supervise local workers (--gpus or --workers)");
 ABSL_FLAG(std::string, gpus, "", "With --spawn-workers: all or 0,1,... (one worker per GPU)");
 ABSL_FLAG(int, workers, 0, "With --spawn-workers and no --gpus: number of CPU workers");
@@ -52,6 +55,8 @@ int main(int argc, char** argv) {
   options.coordinator.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
   options.coordinator.heartbeat_seconds = absl::GetFlag(FLAGS_heartbeat_seconds);
   options.coordinator.max_shard_attempts = absl::GetFlag(FLAGS_max_shard_attempts);
+  options.coordinator.max_manifest_rows = absl::GetFlag(FLAGS_max_manifest_rows);
+  options.coordinator.retain_days = absl::GetFlag(FLAGS_retain_days);
   options.spawn_workers = absl::GetFlag(FLAGS_spawn_workers);
   if (options.spawn_workers) {
     options.workers.worker_binary = absl::GetFlag(FLAGS_worker_binary);

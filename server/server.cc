@@ -7,21 +7,24 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/grpc_util.h"
 
 namespace tally {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions options) {
   std::unique_ptr<Server> server(new Server());
   ASSIGN_OR_RETURN(server->core_, Coordinator::Create(options.coordinator));
-  server->coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(server->core_.get());
+  server->executor_ = std::make_unique<Executor>(4);
+  server->coordinator_service_ =
+      std::make_unique<CoordinatorServiceImpl>(server->core_.get(), server->executor_.get());
   server->worker_service_ = std::make_unique<WorkerControlServiceImpl>(server->core_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->coordinator_service_.get());
   builder.RegisterService(server->worker_service_.get());
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
@@ -41,15 +44,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
     options.workers.restart = true;
     ASSIGN_OR_RETURN(server->launcher_, WorkerLauncher::Start(options.workers));
     Log("spawned ", server->launcher_->size(), " worker(s)");
-    server->supervisor_ = std::thread([s = server.get()] { s->SuperviseWorkers(); });
   }
+  server->supervisor_ = std::thread([s = server.get()] { s->Supervise(); });
   return server;
 }
 
-void Server::SuperviseWorkers() {
+void Server::Supervise() {
+  bool serving = true;
   while (!stopping_.load()) {
-    launcher_->Poll();
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (launcher_) launcher_->Poll();
+    const bool now_serving = core_->Serving();
+    if (now_serving != serving) {
+      serving = now_serving;
+      grpc_server_->GetHealthCheckService()->SetServingStatus(serving);
+      Log("health: ", serving ? "SERVING" : "NOT_SERVING (the database cannot be written)");
+    }
+    for (int i = 0; i < 10 && !stopping_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
@@ -65,6 +75,7 @@ void Server::Shutdown() {
 Server::~Server() {
   Shutdown();
   grpc_server_.reset();
+  executor_.reset();
   core_.reset();
 }
 

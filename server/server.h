@@ -14,6 +14,8 @@
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator.h"
 #include "server/coordinator_service.h"
+#include "server/executor.h"
+#include "server/worker_control_service.h"
 
 namespace tally {
 
@@ -37,9 +39,11 @@ class Server {
 
  private:
   Server() = default;
-  void SuperviseWorkers();
+  // Once a second: health follows the database's writability; spawned workers are restarted.
+  void Supervise();
 
   std::unique_ptr<Coordinator> core_;
+  std::unique_ptr<Executor> executor_;  // Blocking client calls (submission, deletion).
   std::unique_ptr<CoordinatorServiceImpl> coordinator_service_;
   std::unique_ptr<WorkerControlServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> grpc_server_;

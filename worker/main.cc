@@ -7,6 +7,10 @@
 //   CUDA_VISIBLE_DEVICES=3 tally-worker --coordinator host:50051 --device cuda:0
 //
 // SIGTERM/SIGINT: stop leasing, finish the rows in hand, send them, exit 0.
+// Exit codes: 0 stopped, 1 error (coordinator unreachable past --max-connect-seconds), 2 usage,
+// 3 out of service (the device does not work here, or the model file is missing on this host:
+// restarting will not help), 75 a decode or forward pass ran past the job's batch timeout (the
+// rows were failed or handed back; restart the worker).
 #include <signal.h>
 
 #include <iostream>
@@ -73,7 +77,8 @@ int main(int argc, char** argv) {
   if (!s.ok()) {
     tally::Log(s.message());
     std::cerr << "tally-worker: " << s.message() << "\n";
-    return 1;
+    // Out of service (this host's device or files): a restart would fail the same way.
+    return absl::IsFailedPrecondition(s) ? tally::kExitOutOfService : 1;
   }
   return 0;
 }

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 
 #if TALLY_CUDA_KERNELS
@@ -87,6 +88,7 @@ class TorchPendingBatch final : public PendingBatch {
   int num_classes() const override { return k_; }
   const int64_t* confusion(int i) const override { return counts_ + static_cast<size_t>(i) * k_ * k_; }
   const uint16_t* labels(int i) const override { return label_ptrs_[i]; }
+  int64_t nonfinite(int i) const override { return nonfinite_ptr_ ? nonfinite_ptr_[i] : 0; }
   int64_t logit_ties() const override { return ties_.defined() ? ties_.item<int64_t>() : 0; }
 
   int k_ = 0;
@@ -95,6 +97,8 @@ class TorchPendingBatch final : public PendingBatch {
   std::vector<at::Tensor> labels_host_;  // int16, host.
   std::vector<const uint16_t*> label_ptrs_;
   at::Tensor ties_;
+  at::Tensor nonfinite_host_;  // [n] int64, host.
+  const int64_t* nonfinite_ptr_ = nullptr;
 #if TALLY_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAEvent> done_;
 #endif
@@ -207,7 +211,7 @@ class TorchRunner final : public ModelRunner {
   // Turns logits [n, C, h, w] + reference labels [n, H, W] into counts and labels for one group.
   absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
                            bool want_labels, std::vector<at::Tensor>* counts, std::vector<at::Tensor>* labels,
-                           at::Tensor* ties, int* k);
+                           std::vector<at::Tensor>* nonfinite, at::Tensor* ties, int* k);
 
   const ModelRunnerOptions options_;
   const at::Device device_;
@@ -239,10 +243,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
                                                  "see README 'GPU box' to build against a CUDA LibTorch"));
   }
 #else
-  if (want_cuda && !torch::cuda::is_available()) {
-    return absl::FailedPreconditionError(absl::StrCat("device '", options.device, "': no CUDA device is visible"));
-  }
 #endif
+  if (absl::Status s = ModelRunner::CheckDevice(dev); !s.ok()) return s;
   if (options.precision == "fp16" && !want_cuda) {
     return absl::InvalidArgumentError("precision fp16 needs a CUDA device; use bf16 or fp32 on CPU");
   }
@@ -287,14 +289,18 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
 
-absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x, bool want_labels, std::vector<at::Tensor>* counts,
-                                      std::vector<at::Tensor>* labels, at::Tensor* ties, int* k) {
+absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
+                                      bool want_labels, std::vector<at::Tensor>* counts,
+                                      std::vector<at::Tensor>* labels, std::vector<at::Tensor>* nonfinite,
+                                      at::Tensor* ties, int* k) {
   const int64_t n = gt.size(0), H = gt.size(1), W = gt.size(2);
   if (raw_logits.dim() != 4 || raw_logits.size(0) != n || raw_logits.size(1) < 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "model '", options_.model_path, "' returned logits of shape ", Shape(raw_logits), " for an input of shape ",
         Shape(x), "; expected [N, C, H, W] with N = ", n, " and C >= 1"));
   }
+  // NaN/Inf per image, counted on the device from the model's own output.
+  nonfinite->push_back(at::isfinite(raw_logits).logical_not().sum({1, 2, 3}).to(at::kLong));
   at::Tensor logits = raw_logits.to(at::kFloat);
   if (logits.size(2) != H || logits.size(3) != W) {
     logits = at::upsample_bilinear2d(logits, {H, W}, /*align_corners=*/false);
@@ -420,14 +426,25 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
     x = at::cat(parts, 0);
   }
   *input_shape = Shape(x);
-  c10::IValue out = module_.forward({x});
+  c10::IValue out;
+  try {
+    out = module_.forward({x});
+  } catch (const c10::Error& e) {
+    if (IsOom(e)) throw;
+    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
+                                           *input_shape, ": ", ErrorText(e)));
+  } catch (const std::exception& e) {
+    if (LooksLikeOom(e.what())) throw;
+    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
+                                           *input_shape, ": ", ShortText(e.what())));
+  }
   absl::StatusOr<at::Tensor> logits = ExtractLogits(out, options_.model_path);
   if (!logits.ok()) return logits.status();
-  std::vector<at::Tensor> counts, labels;
+  std::vector<at::Tensor> counts, labels, nonfinite;
   at::Tensor ties;
   int k = 0;
   if (uniform) {
-    absl::Status s = Postprocess(*logits, mask_dev[0], x, batch.want_labels, &counts, &labels, &ties, &k);
+    absl::Status s = Postprocess(*logits, mask_dev[0], x, batch.want_labels, &counts, &labels, &nonfinite, &ties, &k);
     if (!s.ok()) return s;
   } else {
     if (logits->dim() != 4 || logits->size(0) != n) {
@@ -437,7 +454,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
     }
     for (int64_t i = 0; i < n; ++i) {
       absl::Status s = Postprocess(logits->narrow(0, i, 1), mask_dev[i], x, batch.want_labels, &counts, &labels,
-                                   &ties, &k);
+                                   &nonfinite, &ties, &k);
       if (!s.ok()) return s;
     }
   }
@@ -457,6 +474,10 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
     }
     pending->labels_host_.push_back(h);
   }
+  at::Tensor all_nonfinite = nonfinite.size() == 1 ? nonfinite[0] : at::cat(nonfinite, 0);
+  pending->nonfinite_host_ = at::empty(all_nonfinite.sizes(), host_opts.dtype(at::kLong));
+  pending->nonfinite_host_.copy_(all_nonfinite, /*non_blocking=*/cuda_);
+  pending->nonfinite_ptr_ = pending->nonfinite_host_.data_ptr<int64_t>();
   if (ties.defined()) {
     pending->ties_ = at::empty({}, host_opts.dtype(at::kLong));
     pending->ties_.copy_(ties, /*non_blocking=*/cuda_);
@@ -511,6 +532,37 @@ absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelRunnerOptions& options) {
   return TorchRunner::Create(options);
+}
+
+absl::Status ModelRunner::CheckDevice(const std::string& device) {
+  if (device.empty() || device == "cpu") return absl::OkStatus();
+  if (device.rfind("cuda", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown device '", device, "'; use cpu or cuda:N"));
+  }
+#if !TALLY_WITH_CUDA
+  return absl::UnimplementedError(absl::StrCat("device '", device,
+                                               "': this tally-worker was built against a CPU-only LibTorch; "
+                                               "see README 'GPU box' to build against a CUDA LibTorch"));
+#else
+  int index = 0;
+  if (device.size() > 5 && (device[4] != ':' || !absl::SimpleAtoi(device.substr(5), &index) || index < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown device '", device, "'; use cpu or cuda:N"));
+  }
+  try {
+    if (!torch::cuda::is_available()) {
+      return absl::UnavailableError(absl::StrCat("device '", device, "': no CUDA device is visible"));
+    }
+    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+    if (index >= count) {
+      return absl::UnavailableError(absl::StrCat("device '", device, "' does not exist: this host sees ", count,
+                                                 " CUDA device(s) (CUDA_VISIBLE_DEVICES renumbers them from 0)"));
+    }
+    at::empty({1}, at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index))));
+  } catch (const c10::Error& e) {
+    return absl::UnavailableError(absl::StrCat("device '", device, "' cannot be initialised: ", ErrorText(e)));
+  }
+  return absl::OkStatus();
+#endif
 }
 
 }  // namespace tally

@@ -70,6 +70,8 @@ class PendingBatch {
   virtual const int64_t* confusion(int i) const = 0;
   // Predicted labels of image i (H x W), when want_labels was set.
   virtual const uint16_t* labels(int i) const = 0;
+  // NaN and infinite values in the model's output for image i (before any resize).
+  virtual int64_t nonfinite(int i) const = 0;
   virtual int64_t logit_ties() const = 0;
 };
 
@@ -83,14 +85,20 @@ struct RunnerStats {
 class ModelRunner {
  public:
   // Loads the model. Errors name the model file: NOT_FOUND when missing, INVALID_ARGUMENT when it
-  // is not TorchScript, UNIMPLEMENTED when the device is not supported by this build.
+  // is not TorchScript, UNIMPLEMENTED when the device is not supported by this build, UNAVAILABLE
+  // when the device is not there or cannot be initialised. NOT_FOUND, UNIMPLEMENTED and UNAVAILABLE
+  // are problems of this worker's host, not of the model.
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const ModelRunnerOptions& options);
+  // Checks that `device` (cpu, cuda, cuda:N) exists and works here; UNAVAILABLE or UNIMPLEMENTED
+  // (as Create) when it does not.
+  static absl::Status CheckDevice(const std::string& device);
   virtual ~ModelRunner() = default;
 
   virtual std::unique_ptr<HostBuffer> AllocateHost(size_t bytes) = 0;
-  // Errors: RESOURCE_EXHAUSTED on device out-of-memory (the caller may retry smaller);
-  // FAILED_PRECONDITION when the model itself is unusable (wrong output rank or shape, forward
-  // error): the message names the model and the shapes.
+  // Errors: RESOURCE_EXHAUSTED on device out-of-memory (the caller may retry smaller); ABORTED when
+  // the model's forward pass raised (an input it cannot handle: the caller may retry the images one
+  // by one); FAILED_PRECONDITION when the model broke its output contract (wrong rank, batch size
+  // or class count): the message names the model and the shapes.
   virtual absl::StatusOr<std::unique_ptr<PendingBatch>> Launch(const BatchSpec& batch) = 0;
   // Frees cached device memory (after an out-of-memory error).
   virtual void ReleaseCachedMemory() = 0;

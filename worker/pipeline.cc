@@ -8,6 +8,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 
 namespace tally {
@@ -28,11 +29,36 @@ struct Pipeline::InFlight {
   std::vector<std::unique_ptr<LabelMap>> masks;         // For surface metrics: handed to their task.
 };
 
-Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_result, FatalFn on_fatal)
+// Registers what the calling thread is about to do with the watchdog, for the scope's lifetime.
+class Pipeline::ActivityScope {
+ public:
+  ActivityScope(Pipeline* p, const LeaseKey& lease, std::vector<int64_t> indices, std::string what) : p_(p) {
+    Activity a;
+    a.since = NowUnix();
+    a.what = std::move(what);
+    a.lease = lease;
+    a.indices = std::move(indices);
+    std::lock_guard<std::mutex> lock(p_->mu_);
+    id_ = p_->next_activity_++;
+    p_->activities_[id_] = std::move(a);
+  }
+  ~ActivityScope() {
+    std::lock_guard<std::mutex> lock(p_->mu_);
+    p_->activities_.erase(id_);
+  }
+
+ private:
+  Pipeline* p_;
+  int64_t id_ = 0;
+};
+
+Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_result, FatalFn on_fatal,
+                   TimeoutFn on_timeout)
     : runner_(runner),
       options_(std::move(options)),
       on_result_(std::move(on_result)),
       on_fatal_(std::move(on_fatal)),
+      on_timeout_(std::move(on_timeout)),
       surface_(AnySurfaceMetric(options_.metrics)) {
   batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
   const int b = batch_size_ > 0 ? batch_size_ : kDefaultBatchForBudget;
@@ -44,6 +70,26 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
   for (int i = 0; i < std::max(1, options_.decode_threads); ++i) threads_.emplace_back([this] { DecodeLoop(); });
   threads_.emplace_back([this] { BatchLoop(); });
   threads_.emplace_back([this] { CompletionLoop(); });
+  if (on_timeout_ && options_.batch_timeout_seconds > 0) threads_.emplace_back([this] { WatchdogLoop(); });
+}
+
+void Pipeline::WatchdogLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(200));
+    if (stopping_ || timed_out_) return;
+    const double now = NowUnix();
+    for (const auto& [id, a] : activities_) {
+      if (now - a.since <= options_.batch_timeout_seconds) continue;
+      timed_out_ = true;
+      const Activity stuck = a;
+      lock.unlock();
+      Log(stuck.what, " of ", stuck.indices.size(), " row(s) of job ", stuck.lease.job_id, " has run for ",
+          absl::StrFormat("%.0f", now - stuck.since), " s, past the batch timeout");
+      on_timeout_(stuck.lease, stuck.indices, stuck.what, options_.batch_timeout_seconds);
+      return;
+    }
+  }
 }
 
 Pipeline::~Pipeline() {
@@ -88,11 +134,6 @@ void Pipeline::WaitIdle() {
   cv_.wait(lock, [&] { return backlog_ == 0 || failed_ || stopping_; });
 }
 
-bool Pipeline::failed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return failed_;
-}
-
 int Pipeline::batch_size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return batch_size_;
@@ -124,6 +165,18 @@ v1::WorkerStats Pipeline::Stats() const {
   return s;
 }
 
+void Pipeline::RecycleLocked(std::unique_ptr<RgbImage> image) {
+  if (!image) return;
+  ShrinkIfLarger(&image->pixels, kKeepBufferBytes);
+  image_pool_.push_back(std::move(image));
+}
+
+void Pipeline::RecycleLocked(std::unique_ptr<LabelMap> mask) {
+  if (!mask) return;
+  ShrinkIfLarger(&mask->labels, kKeepBufferBytes);
+  mask_pool_.push_back(std::move(mask));
+}
+
 std::unique_ptr<RgbImage> Pipeline::TakeImage() {
   std::lock_guard<std::mutex> lock(mu_);
   if (image_pool_.empty()) return std::make_unique<RgbImage>();
@@ -146,12 +199,12 @@ void Pipeline::Decode(Item* item) {
     return;
   }
   std::unique_ptr<RgbImage> image = TakeImage();
-  absl::Status s = LoadImage(item->row.image(), image.get());
+  absl::Status s = LoadImage(item->row.image(), image.get(), options_.max_image_pixels);
   if (!s.ok()) {
     item->error = std::string(s.message());
   } else {
     std::unique_ptr<LabelMap> mask = TakeMask();
-    s = LoadMask(item->row.mask(), mask.get());
+    s = LoadMask(item->row.mask(), mask.get(), options_.max_image_pixels);
     if (!s.ok()) {
       item->error = std::string(s.message());
     } else if (mask->height != image->height || mask->width != image->width) {
@@ -195,7 +248,10 @@ void Pipeline::DecodeLoop() {
     }
     ++decoded_waiting_;
     lock.unlock();
-    Decode(item);
+    {
+      ActivityScope activity(this, shard->lease, {item->row.index()}, "decoding");
+      Decode(item);
+    }
     lock.lock();
     item->decoded = true;
     cv_.notify_all();
@@ -208,10 +264,16 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
     image_bytes += static_cast<size_t>(it->image->height) * it->image->width * 3;
     mask_words += static_cast<size_t>(it->mask->height) * it->mask->width;
   }
-  if (!slot->images || slot->images->size() < image_bytes) {
+  // Grown as needed; given back when an outlier left a buffer far larger than this batch needs.
+  auto fits = [](const std::unique_ptr<HostBuffer>& b, size_t bytes) {
+    return b && b->size() >= bytes && b->size() <= std::max(4 * bytes, kKeepBufferBytes);
+  };
+  if (!fits(slot->images, image_bytes)) {
+    slot->images.reset();
     slot->images = runner_->AllocateHost(image_bytes + image_bytes / 4);
   }
-  if (!slot->masks || slot->masks->size() < mask_words * 2) {
+  if (!fits(slot->masks, mask_words * 2)) {
+    slot->masks.reset();
     slot->masks = runner_->AllocateHost((mask_words + mask_words / 4) * 2);
   }
   spec->images = slot->images.get();
@@ -276,15 +338,28 @@ void Pipeline::Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult resu
   cv_.notify_all();
 }
 
-void Pipeline::Fail(const std::string& message) {
+void Pipeline::Fail(const std::string& message, bool definitive) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) return;
     failed_ = true;
   }
-  Log("job cannot continue: ", message);
+  Log("job cannot continue here: ", message);
   cv_.notify_all();
-  on_fatal_(message);
+  on_fatal_(message, definitive);
+}
+
+void Pipeline::NoteEarlyBatch(size_t rows, size_t failed, const std::string& message) {
+  bool give_up = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (early_batches_ >= 2) return;
+    ++early_batches_;
+    if (rows > 0 && failed == rows) ++early_batches_all_failed_;
+    give_up = early_batches_ == 2 && early_batches_all_failed_ == 2;
+  }
+  // The model raised on every image of its first two batches: a broken model, not bad rows.
+  if (give_up) Fail(absl::StrCat(message, " (and on every other image of the first two batches)"), true);
 }
 
 void Pipeline::BatchLoop() {
@@ -310,8 +385,8 @@ void Pipeline::BatchLoop() {
       backlog_ -= static_cast<int64_t>(n - shard->next_batch);
       for (size_t i = shard->next_batch; i < n; ++i) {
         Item& it = shard->items[i];
-        if (it.image) image_pool_.push_back(std::move(it.image));
-        if (it.mask) mask_pool_.push_back(std::move(it.mask));
+        RecycleLocked(std::move(it.image));
+        RecycleLocked(std::move(it.mask));
       }
       shard->next_batch = n;
       shards_.pop_front();
@@ -339,7 +414,7 @@ void Pipeline::BatchLoop() {
         lock.lock();
         if (!b.ok()) {
           lock.unlock();
-          Fail(std::string(b.status().message()));
+          Fail(std::string(b.status().message()), absl::IsFailedPrecondition(b.status()));
           lock.lock();
           continue;
         }
@@ -398,14 +473,15 @@ void Pipeline::BatchLoop() {
         batch->index.push_back(it->row.index());
         batch->max_label.push_back(it->mask->max_label);
         std::lock_guard<std::mutex> pool_lock(mu_);
-        image_pool_.push_back(std::move(it->image));
+        RecycleLocked(std::move(it->image));
         // Surface metrics read the reference labels after the batch has left the staging buffer.
         if (surface_) {
           batch->masks.push_back(std::move(it->mask));
         } else {
-          mask_pool_.push_back(std::move(it->mask));
+          RecycleLocked(std::move(it->mask));
         }
       }
+      ActivityScope activity(this, shard->lease, batch->index, "the model's forward pass");
       if (!warmed) {
         // TorchScript's profiling executor optimises after a few runs and cuDNN picks algorithms
         // on the first: run the first batch a few extra times before the clock starts.
@@ -425,11 +501,13 @@ void Pipeline::BatchLoop() {
           in_flight_.push_back(batch);
         }
         cv_.notify_all();
-      } else if (absl::IsResourceExhausted(pending.status())) {
-        RunNow(batch, 0, batch->index.size());
+      } else if (absl::IsResourceExhausted(pending.status()) || absl::IsAborted(pending.status())) {
+        std::string model_error = std::string(pending.status().message());
+        const size_t failed = RunNow(batch, 0, batch->index.size(), &model_error);
+        NoteEarlyBatch(batch->index.size(), failed, model_error);
         ReleaseSlot(batch->slot);
       } else {
-        Fail(std::string(pending.status().message()));
+        Fail(std::string(pending.status().message()), absl::IsFailedPrecondition(pending.status()));
         ReleaseSlot(slot);
       }
     }
@@ -445,25 +523,39 @@ void Pipeline::CompletionLoop() {
     std::shared_ptr<InFlight> batch = in_flight_.front();
     in_flight_.pop_front();
     lock.unlock();
-    absl::Status s = batch->pending->Wait();
+    absl::Status s;
+    {
+      ActivityScope activity(this, batch->shard->lease, batch->index, "the model's forward pass");
+      s = batch->pending->Wait();
+    }
     if (s.ok()) {
       Finish(batch, batch->pending.get(), 0, batch->index.size());
-    } else if (absl::IsResourceExhausted(s)) {
+      NoteEarlyBatch(batch->index.size(), 0, "");
+    } else if (absl::IsResourceExhausted(s) || absl::IsAborted(s)) {
       batch->pending.reset();
-      RunNow(batch, 0, batch->index.size());
+      std::string model_error = std::string(s.message());
+      const size_t failed = RunNow(batch, 0, batch->index.size(), &model_error);
+      NoteEarlyBatch(batch->index.size(), failed, model_error);
     } else {
-      Fail(std::string(s.message()));
+      Fail(std::string(s.message()), absl::IsFailedPrecondition(s));
     }
     ReleaseSlot(batch->slot);
     lock.lock();
   }
 }
 
-void Pipeline::RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end) {
+size_t Pipeline::RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end, std::string* model_error) {
   BatchSpec sub = batch->spec;
   sub.items.assign(batch->spec.items.begin() + begin, batch->spec.items.begin() + end);
-  absl::StatusOr<std::unique_ptr<PendingBatch>> pending = runner_->Launch(sub);
-  absl::Status s = pending.ok() ? (*pending)->Wait() : pending.status();
+  absl::Status s;
+  absl::StatusOr<std::unique_ptr<PendingBatch>> pending = absl::UnknownError("not launched");
+  {
+    ActivityScope activity(this, batch->shard->lease,
+                           std::vector<int64_t>(batch->index.begin() + begin, batch->index.begin() + end),
+                           "the model's forward pass");
+    pending = runner_->Launch(sub);
+    s = pending.ok() ? (*pending)->Wait() : pending.status();
+  }
   if (s.ok()) {
     std::shared_ptr<PendingBatch> shared(std::move(*pending));
     {
@@ -472,37 +564,45 @@ void Pipeline::RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end)
       batch->retries.push_back(shared);
     }
     Finish(batch, shared.get(), begin, end);
-    return;
+    return 0;
   }
-  if (!absl::IsResourceExhausted(s)) {
-    Fail(std::string(s.message()));
-    return;
+  const bool oom = absl::IsResourceExhausted(s);
+  if (!oom && !absl::IsAborted(s)) {
+    Fail(std::string(s.message()), absl::IsFailedPrecondition(s));
+    return 0;
   }
-  runner_->ReleaseCachedMemory();
-  {
+  if (oom) {
+    runner_->ReleaseCachedMemory();
     std::lock_guard<std::mutex> lock(mu_);
     ++oom_retries_;
     batch_size_ = std::max<int>(1, std::min<int>(batch_size_, static_cast<int>((end - begin) / 2)));
   }
-  Log("device out of memory on a batch of ", end - begin, "; retrying in halves (", s.message(), ")");
   if (end - begin == 1) {
     const BatchImage& it = batch->spec.items[begin];
     v1::ImageResult r;
     r.set_index(batch->index[begin]);
-    r.set_error(absl::StrCat("device out of memory even for this image alone (", it.height, "x", it.width, ")"));
+    if (oom) {
+      r.set_error(absl::StrCat("device out of memory even for this image alone (", it.height, "x", it.width, ")"));
+    } else {
+      *model_error = std::string(s.message());
+      r.set_error(*model_error);
+    }
     Deliver(batch->shard, std::move(r));
-    return;
+    return oom ? 0 : 1;
   }
+  Log(oom ? "device out of memory" : "the model raised", " on a batch of ", end - begin, "; retrying in halves (",
+      s.message(), ")");
   const size_t mid = begin + (end - begin) / 2;
-  RunNow(batch, begin, mid);
-  RunNow(batch, mid, end);
+  return RunNow(batch, begin, mid, model_error) + RunNow(batch, mid, end, model_error);
 }
 
 void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, size_t begin, size_t end) {
   const int k = pending->num_classes();
+  int job_classes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (num_classes_ == 0) num_classes_ = k;
+    job_classes = num_classes_;
     logit_ties_ += pending->logit_ties();
     if (first_batch_unix_ == 0) first_batch_unix_ = NowUnix();
   }
@@ -515,11 +615,29 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     r.set_height(it.height);
     r.set_width(it.width);
     const uint16_t* mask = masks + it.mask_offset;
-    if (batch->max_label[i] >= k) {
-      r.set_error(DescribeLabelOutOfRange(mask, it.height, it.width, k));
+    // Results carry the job's one class count: a model whose class count changes with the input
+    // fails those rows rather than sending results the coordinator must reject.
+    const int64_t nonfinite = pending->nonfinite(static_cast<int>(j));
+    std::string error;
+    if (k != job_classes) {
+      error = absl::StrCat("the model returned ", k, " classes for this input (", it.height, "x", it.width,
+                           ") but ", job_classes, " for earlier ones");
+    } else if (nonfinite > 0 && !options_.nonfinite_warn) {
+      error = absl::StrCat("model output has ", nonfinite,
+                           " non-finite values (NaN or infinity); --nonfinite warn evaluates such rows anyway");
+    } else if (batch->max_label[i] >= k) {
+      error = DescribeLabelOutOfRange(mask, it.height, it.width, k);
+    }
+    if (!error.empty()) {
+      r.set_error(error);
       Deliver(batch->shard, std::move(r));
+      if (surface_) {
+        std::lock_guard<std::mutex> lock(mu_);
+        RecycleLocked(std::move(batch->masks[i]));
+      }
       continue;
     }
+    r.set_nonfinite(nonfinite);
     const int64_t* m = pending->confusion(static_cast<int>(j));
     int64_t total = 0;
     for (int a = 0; a < k * k; ++a) total += m[a];
@@ -562,7 +680,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       auto recycled = std::make_unique<LabelMap>();
       recycled->labels.swap(ref->labels);  // Keeps the buffer's capacity for the next mask.
       std::lock_guard<std::mutex> lock(mu_);
-      mask_pool_.push_back(std::move(recycled));
+      RecycleLocked(std::move(recycled));
     };
     {
       std::lock_guard<std::mutex> lock(mu_);

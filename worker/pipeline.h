@@ -10,7 +10,9 @@
 //
 // Batches depend only on the manifest indices and the batch size, never on which shards a worker
 // got, so results are bit-identical across worker counts and shard sizes (README "Exact results").
-// On device out-of-memory the batch is split in halves and retried; nothing is dropped.
+// On device out-of-memory, and when the model raises on a batch, the batch is split in halves and
+// retried down to single images, so only the guilty rows fail (with the model's message). A
+// watchdog reports a decode or forward pass that runs past the batch timeout.
 //
 // Thread-safe. Callbacks run on pipeline threads and must not block for long.
 #ifndef TALLY_WORKER_PIPELINE_H_
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,16 +53,26 @@ struct PipelineOptions {
   std::vector<Metric> metrics;
   SurfaceOptions surface;
   bool any_input_size = false;  // Images of different sizes may share a batch (inputs are resized).
+  int64_t max_image_pixels = kDefaultMaxImagePixels;  // Larger declared images/masks fail their row.
+  double batch_timeout_seconds = 600;  // A decode or forward pass running longer calls on_timeout.
+  bool nonfinite_warn = false;  // Evaluate rows whose model output has NaN/Inf (else they fail).
 };
 
 class Pipeline {
  public:
   using ResultFn = std::function<void(const LeaseKey&, v1::ImageResult)>;
-  // A problem with the model itself (wrong output shape, ...): the job must fail.
-  using FatalFn = std::function<void(const std::string& message)>;
+  // A problem with the model itself: the job cannot go on here. `definitive`: it will recur on any
+  // worker (the model broke its output contract, or every image of its first batches failed).
+  using FatalFn = std::function<void(const std::string& message, bool definitive)>;
+  // A decode or forward pass of the rows `indices` of `lease` has run for `seconds`, past the batch
+  // timeout; `what` says which. Called once, from the watchdog thread; the stuck thread cannot be
+  // stopped, so the owner is expected to end the process.
+  using TimeoutFn = std::function<void(const LeaseKey& lease, const std::vector<int64_t>& indices,
+                                       const std::string& what, double seconds)>;
 
   // `runner` must outlive the pipeline.
-  Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_result, FatalFn on_fatal);
+  Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_result, FatalFn on_fatal,
+           TimeoutFn on_timeout = nullptr);
   ~Pipeline();  // Stops the threads; undelivered work is dropped.
 
   // Queues the rows of one leased shard. Never blocks on decoding.
@@ -70,7 +83,6 @@ class Pipeline {
   int64_t Backlog() const;
   // Blocks until the backlog is empty or the pipeline failed.
   void WaitIdle();
-  bool failed() const;
 
   int batch_size() const;
   v1::WorkerStats Stats() const;
@@ -96,26 +108,42 @@ class Pipeline {
     std::unique_ptr<HostBuffer> masks;
   };
   struct InFlight;
+  // What a pipeline thread is doing now, for the watchdog.
+  struct Activity {
+    double since = 0;
+    std::string what;
+    LeaseKey lease;
+    std::vector<int64_t> indices;
+  };
+  class ActivityScope;
 
   void DecodeLoop();
+  void WatchdogLoop();
+  // A top-level batch (not a retry) has finished; `failed` rows of it failed in the model.
+  void NoteEarlyBatch(size_t rows, size_t failed, const std::string& message);
   void BatchLoop();
   void CompletionLoop();
   void Decode(Item* item);
   // Packs `items` into `slot` and fills `spec`.
   void Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spec);
-  // Launches and waits (for warm-up and out-of-memory retries). Splits on out-of-memory.
-  void RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end);
+  // Launches and waits (for warm-up and retries). Splits on out-of-memory and when the model
+  // raises, down to single images. Returns the rows that failed because the model raised.
+  size_t RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end, std::string* model_error);
   void Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, size_t begin, size_t end);
   void Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result);
-  void Fail(const std::string& message);
+  void Fail(const std::string& message, bool definitive);
   void ReleaseSlot(Slot* slot);
   std::unique_ptr<RgbImage> TakeImage();
   std::unique_ptr<LabelMap> TakeMask();
+  // Back to the pools; buffers grown by an outlier image are released first.
+  void RecycleLocked(std::unique_ptr<RgbImage> image);
+  void RecycleLocked(std::unique_ptr<LabelMap> mask);
 
   ModelRunner* const runner_;
   PipelineOptions options_;
   const ResultFn on_result_;
   const FatalFn on_fatal_;
+  const TimeoutFn on_timeout_;
   const bool surface_;
 
   mutable std::mutex mu_;
@@ -136,6 +164,11 @@ class Pipeline {
   // Short tasks run by the decode threads before any decoding: staging copies (at the front) and
   // surface metrics.
   std::deque<std::function<void()>> metric_tasks_;
+  std::map<int64_t, Activity> activities_;
+  int64_t next_activity_ = 0;
+  bool timed_out_ = false;
+  int early_batches_ = 0;           // Top-level batches finished (counted up to 2).
+  int early_batches_all_failed_ = 0;
 
   // Statistics.
   int64_t images_done_ = 0;

@@ -4,11 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <random>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/backoff.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -17,6 +18,7 @@ namespace tally {
 namespace {
 
 constexpr double kFlushSeconds = 0.5;
+constexpr int kMaxMessageBytes = 64 << 20;
 
 std::chrono::system_clock::time_point Deadline(double seconds) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
@@ -26,6 +28,19 @@ std::string Hostname() {
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
   return buf;
+}
+
+// Errors of ModelRunner::Create that are this host's problem, not the model's.
+bool IsWorkerLocal(const absl::Status& s) {
+  return absl::IsNotFound(s) || absl::IsUnavailable(s) || absl::IsUnimplemented(s);
+}
+
+// The class count of a job as these results show it (0 when every row failed).
+int32_t ClassesOf(const std::vector<v1::ImageResult>& results) {
+  for (const v1::ImageResult& r : results) {
+    if (r.error().empty()) return r.classes_size();
+  }
+  return 0;
 }
 
 }  // namespace
@@ -38,10 +53,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   if (options.name.empty()) options.name = absl::StrCat(Hostname(), ":", options.device);
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Reconnect quickly after the coordinator comes back; our own loop does the backoff.
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   w->channel_ = grpc::CreateCustomChannel(w->options_.coordinator, grpc::InsecureChannelCredentials(), args);
   w->stub_ = v1::WorkerControl::NewStub(w->channel_);
   return w;
@@ -77,8 +94,14 @@ absl::Status Worker::Register(bool first) {
   request.set_hostname(Hostname());
   request.set_pid(getpid());
   const auto start = std::chrono::steady_clock::now();
-  double backoff = 0.25;
-  std::mt19937 rng(getpid());
+  // Capped near the heartbeat interval: after a coordinator restart every worker is back within
+  // about a second, without all of them dialling in the same instant.
+  double heartbeat = 1.0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    heartbeat = heartbeat_seconds_;
+  }
+  Backoff backoff(0.25, std::max(0.5, heartbeat));
   for (int attempt = 1;; ++attempt) {
     v1::RegisterWorkerResponse response;
     grpc::ClientContext ctx;
@@ -100,19 +123,22 @@ absl::Status Worker::Register(bool first) {
           "cannot reach the coordinator at %s: gave up after %d attempts over %.1f s (last error: %s)",
           options_.coordinator, attempt, waited, s.error_message()));
     }
-    const double delay = backoff * std::uniform_real_distribution<double>(0.8, 1.2)(rng);
+    const double delay = backoff.Next();
     Log("cannot reach the coordinator at ", options_.coordinator, " (", s.error_message(), "); attempt ", attempt,
         first ? "" : " (re-registering)", ", retrying in ", absl::StrFormat("%.1f", delay), " s");
     SleepFor(delay);
-    backoff = std::min(backoff * 2, 30.0);
   }
 }
 
 absl::Status Worker::Run() {
+  // A device that does not work here takes this worker out of service before it takes any lease.
+  if (absl::Status device = ModelRunner::CheckDevice(options_.device); !device.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("out of service: ", device.message()));
+  }
   RETURN_IF_ERROR(Register(true));
   reporter_ = std::thread([this] { ReporterLoop(); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-  double backoff = 0.25;
+  Backoff backoff(0.25, 2.0);
   while (!stop_) {
     bool reregister = false;
     size_t held = 0;
@@ -120,6 +146,7 @@ absl::Status Worker::Run() {
     int batch = 8;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!out_of_service_.empty()) break;
       reregister = need_register_;
       held = leases_.size();
       if (evaluator_) {
@@ -162,57 +189,99 @@ absl::Status Worker::Run() {
         need_register_ = true;
         continue;
       }
+      // An assignment that cannot be parsed lands here too: the coordinator takes that lease back
+      // once our heartbeats do not list it.
+      const double delay = backoff.Next();
       Log("leasing work from ", options_.coordinator, " failed (", s.error_message(), "); retrying in ",
-          absl::StrFormat("%.1f", backoff), " s");
-      SleepFor(backoff);
-      backoff = std::min(backoff * 2, 30.0);
+          absl::StrFormat("%.1f", delay), " s");
+      SleepFor(delay);
       continue;
     }
-    backoff = 0.25;
+    backoff.Reset();
     if (!response.has_assignment()) {
       SleepFor(std::max(0.02, response.retry_after_ms() / 1000.0));
       continue;
     }
     const v1::ShardAssignment& a = response.assignment();
+    LeaseKey key{a.job_id(), a.shard_id(), a.lease_id()};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      LeaseBuffer& lb = leases_[a.lease_id()];
+      lb.key = key;
+      lb.expected = a.rows_size();
+      lb.last_flush = NowUnix();
+    }
+    if (absl::Status ok = CheckAssignment(a); !ok.ok()) {
+      Release(key, std::string(ok.message()), false);
+      continue;
+    }
     bool known_bad = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       known_bad = failed_jobs_.count(a.job_id()) > 0;
     }
     if (known_bad) {
-      // The job already failed here and was reported; the coordinator will stop handing it out.
-      SleepFor(0.2);
+      Release(key, "this worker cannot run the job's model", false);
       continue;
     }
     absl::Status started = StartJob(a);
     if (!started.ok()) {
       Log("cannot run job ", a.job_id(), ": ", started.message());
-      OnFatal(a.job_id(), std::string(started.message()));
+      Release(key, std::string(started.message()), false);
+      OnFatal(JobError{a.job_id(), std::string(started.message()), false, IsWorkerLocal(started)});
       continue;
     }
-    LeaseKey key{a.job_id(), a.shard_id(), a.lease_id()};
     std::vector<v1::ManifestRow> rows(a.rows().begin(), a.rows().end());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      LeaseBuffer& lb = leases_[a.lease_id()];
-      lb.key = key;
-      lb.expected = static_cast<int64_t>(rows.size());
-      lb.last_flush = NowUnix();
-    }
     evaluator_->pipeline->Submit(key, std::move(rows));
+  }
+  std::string out_of_service;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out_of_service = out_of_service_;
+  }
+  if (!out_of_service.empty()) {
+    Flush(10);
+    return absl::FailedPreconditionError(absl::StrCat("out of service: ", out_of_service));
   }
   // Graceful stop: finish what is in hand and send it.
   Log("stopping: finishing the rows in hand");
   if (evaluator_) evaluator_->pipeline->WaitIdle();
-  for (int i = 0; i < 100; ++i) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (leases_.empty() && job_errors_.empty()) break;
+  Flush(10);
+  return absl::OkStatus();
+}
+
+absl::Status Worker::CheckAssignment(const v1::ShardAssignment& a) const {
+  if (a.end() - a.begin() != a.rows_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment of shard ", a.shard_id(), " has ", a.rows_size(),
+                                                   " rows for the range [", a.begin(), ", ", a.end(), ")"));
+  }
+  for (int i = 0; i < a.rows_size(); ++i) {
+    if (a.rows(i).index() != a.begin() + i) {
+      return absl::InvalidArgumentError(absl::StrCat("assignment of shard ", a.shard_id(), ": row ", i,
+                                                     " has index ", a.rows(i).index()));
     }
-    cv_.notify_all();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return absl::OkStatus();
+}
+
+void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolate_rows) {
+  v1::ReleaseShardRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_worker_id(worker_id_);
+  }
+  request.set_job_id(key.job_id);
+  request.set_shard_id(key.shard_id);
+  request.set_lease_id(key.lease_id);
+  request.set_reason(reason);
+  request.set_isolate_rows(isolate_rows);
+  v1::ReleaseShardResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(10));
+  grpc::Status s = stub_->ReleaseShard(&ctx, request, &response);
+  // If this fails the coordinator still takes the lease back: our heartbeats stop listing it.
+  if (!s.ok()) Log("releasing shard ", key.shard_id, " of job ", key.job_id, " failed: ", s.error_message());
+  DropLease(key.lease_id);
 }
 
 absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
@@ -257,10 +326,18 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   po.surface.spacing_x = spec.spacing_x() > 0 ? spec.spacing_x() : 1.0;
   po.surface.nsd_tolerance = spec.nsd_tolerance();
   po.any_input_size = spec.input_height() > 0;
+  if (spec.max_image_pixels() > 0) po.max_image_pixels = spec.max_image_pixels();
+  if (spec.batch_timeout_seconds() > 0) po.batch_timeout_seconds = spec.batch_timeout_seconds();
+  po.nonfinite_warn = spec.nonfinite() == "warn";
   const std::string job_id = a.job_id();
   evaluator->pipeline = std::make_unique<Pipeline>(
       evaluator->runner.get(), po, [this](const LeaseKey& k, v1::ImageResult r) { OnResult(k, std::move(r)); },
-      [this, job_id](const std::string& message) { OnFatal(job_id, message); });
+      [this, job_id](const std::string& message, bool definitive) {
+        OnFatal(JobError{job_id, message, definitive, false});
+      },
+      [this](const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what, double seconds) {
+        OnTimeout(lease, indices, what, seconds);
+      });
   std::lock_guard<std::mutex> lock(mu_);
   evaluator_ = std::move(evaluator);
   return absl::OkStatus();
@@ -277,18 +354,54 @@ void Worker::OnResult(const LeaseKey& lease, v1::ImageResult result) {
   cv_.notify_all();  // The leasing loop waits for room in the backlog; the reporter for complete shards.
 }
 
-void Worker::OnFatal(const std::string& job_id, const std::string& message) {
-  std::vector<int64_t> drop;
+void Worker::OnFatal(const JobError& error) {
+  std::vector<LeaseKey> drop;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    failed_jobs_[job_id] = message;
-    job_errors_.emplace_back(job_id, message);
+    failed_jobs_[error.job_id] = error.message;
+    job_errors_.push_back(error);
+    if (error.worker_local) out_of_service_ = error.message;
     for (auto& [id, lb] : leases_) {
-      if (lb.key.job_id == job_id) drop.push_back(id);
+      if (error.worker_local || lb.key.job_id == error.job_id) drop.push_back(lb.key);
     }
   }
-  for (int64_t id : drop) DropLease(id);
+  // Results already produced are still sent; the rows not yet evaluated go back to the coordinator
+  // (it also takes them back when it hears of the error).
+  for (const LeaseKey& key : drop) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (evaluator_) evaluator_->pipeline->Drop(key.lease_id);
+  }
   cv_.notify_all();
+}
+
+void Worker::OnTimeout(const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what,
+                       double seconds) {
+  const std::string message = absl::StrFormat("timed out after %.0f s (%s; --batch-timeout)", seconds, what);
+  if (indices.size() == 1) {
+    v1::ImageResult r;
+    r.set_index(indices[0]);
+    r.set_error(message);
+    OnResult(lease, std::move(r));
+  }
+  Flush(10);
+  // A batch: nobody knows which row hangs, so its rows are retried one by one (by a fresh process).
+  if (indices.size() > 1) Release(lease, message, true);
+  Log(message, "; restarting (exit code ", kExitRestart, ")");
+  std::_Exit(kExitRestart);  // The stuck thread cannot be stopped; the supervisor restarts us.
+}
+
+void Worker::Flush(double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bool pending = !job_errors_.empty();
+      for (const auto& [id, lb] : leases_) pending |= !lb.pending.empty() || lb.delivered >= lb.expected;
+      if (!pending) return;
+    }
+    cv_.notify_all();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 void Worker::DropLease(int64_t lease_id) {
@@ -302,11 +415,10 @@ bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bo
   {
     std::lock_guard<std::mutex> lock(mu_);
     request.set_worker_id(worker_id_);
-    if (evaluator_ && evaluator_->job_id == key.job_id) {
-      *request.mutable_stats() = evaluator_->pipeline->Stats();
-      request.set_num_classes(evaluator_->pipeline->num_classes());
-    }
+    if (evaluator_ && evaluator_->job_id == key.job_id) *request.mutable_stats() = evaluator_->pipeline->Stats();
   }
+  // The class count of the job these results belong to, whatever model this worker runs now.
+  request.set_num_classes(ClassesOf(*results));
   request.set_job_id(key.job_id);
   request.set_shard_id(key.shard_id);
   request.set_lease_id(key.lease_id);
@@ -321,15 +433,16 @@ bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bo
     return true;
   }
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-    Log("the coordinator no longer knows this worker or job (", s.error_message(), "); dropping shard ",
-        key.shard_id);
+    Log("the coordinator no longer knows this worker (", s.error_message(), "); dropping shard ", key.shard_id);
     std::lock_guard<std::mutex> lock(mu_);
     need_register_ = true;
     return true;  // Nothing to retry: the lease is gone with the coordinator's memory of us.
   }
   if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-    Log("the coordinator rejected results for shard ", key.shard_id, " of job ", key.job_id, ": ",
-        s.error_message());
+    // The coordinator ended the lease when it rejected the results; say so explicitly too, so the
+    // shard cannot stay orphaned whichever side saw what.
+    Log("the coordinator rejected results for shard ", key.shard_id, " of job ", key.job_id, ": ", s.error_message());
+    Release(key, absl::StrCat("results rejected: ", s.error_message()), false);
     return true;
   }
   // Keep the results and try again: they are not lost while this process lives.
@@ -339,10 +452,27 @@ bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bo
   return false;
 }
 
+bool Worker::SendJobError(const JobError& error) {
+  v1::ReportJobErrorRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_worker_id(worker_id_);
+  }
+  request.set_job_id(error.job_id);
+  request.set_message(error.message);
+  request.set_definitive(error.definitive);
+  request.set_worker_local(error.worker_local);
+  v1::ReportJobErrorResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(10));
+  grpc::Status s = stub_->ReportJobError(&ctx, request, &response);
+  return s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND;
+}
+
 void Worker::ReporterLoop() {
-  double backoff = 0.25;
+  Backoff backoff(0.25, 2.0);
   while (true) {
-    std::vector<std::pair<std::string, std::string>> errors;
+    std::vector<JobError> errors;
     struct Batch {
       LeaseKey key;
       std::vector<v1::ImageResult> results;
@@ -353,7 +483,6 @@ void Worker::ReporterLoop() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(100));
       if (done_) return;
-      errors.swap(job_errors_);
       const double now = NowUnix();
       for (auto& [id, lb] : leases_) {
         const bool complete = lb.delivered >= lb.expected;
@@ -364,23 +493,8 @@ void Worker::ReporterLoop() {
         lb.last_flush = now;
         batches.push_back(std::move(b));
       }
-    }
-    for (const auto& [job, message] : errors) {
-      v1::ReportJobErrorRequest request;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        request.set_worker_id(worker_id_);
-      }
-      request.set_job_id(job);
-      request.set_message(message);
-      v1::ReportJobErrorResponse response;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(Deadline(10));
-      grpc::Status s = stub_->ReportJobError(&ctx, request, &response);
-      if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
-        std::lock_guard<std::mutex> lock(mu_);
-        job_errors_.emplace_back(job, message);
-      }
+      // Results first: rows evaluated before a model error still count.
+      if (batches.empty()) errors.swap(job_errors_);
     }
     bool failed = false;
     for (Batch& b : batches) {
@@ -401,12 +515,19 @@ void Worker::ReporterLoop() {
         if (it != leases_.end() && it->second.pending.empty()) leases_.erase(it);
       }
     }
+    for (const JobError& e : errors) {
+      if (!SendJobError(e)) {
+        failed = true;
+        std::lock_guard<std::mutex> lock(mu_);
+        job_errors_.push_back(e);
+      }
+    }
     if (failed) {
+      const double delay = backoff.Next();
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)), [&] { return done_; });
-      backoff = std::min(backoff * 2, 10.0);
+      cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(delay * 1000)), [&] { return done_; });
     } else {
-      backoff = 0.25;
+      backoff.Reset();
     }
   }
 }

@@ -4,8 +4,16 @@
 //
 // Threads: Run()'s thread leases shards; a reporter thread sends results (every row of a shard,
 // then `shard_complete`); a heartbeat thread keeps the leases alive and learns about revoked ones.
-// A coordinator that cannot be reached is retried with exponential backoff, and said so in the log;
-// buffered results are kept meanwhile.
+// A coordinator that cannot be reached is retried with backoff capped near the heartbeat interval
+// (so a restarted coordinator sees its workers back within a few seconds), and said so in the
+// log; buffered results are kept meanwhile.
+//
+// Every lease ends in a commit or an explicit release: results the coordinator rejects, and
+// assignments this worker cannot use, are released with the reason. A problem of this worker's
+// own (its device, its copy of the model) takes it out of service (Run returns FAILED_PRECONDITION,
+// exit code 3); a decode or forward pass past the batch timeout fails those rows (or, for a batch,
+// hands its rows back to be retried one by one) and ends the process with exit code 75, for its
+// supervisor to restart it.
 #ifndef TALLY_WORKER_WORKER_H_
 #define TALLY_WORKER_WORKER_H_
 
@@ -43,13 +51,18 @@ struct WorkerOptions {
   double gpu_memory_limit_gib = 0;  // Cap on this worker's device memory (0 = none).
 };
 
+// Exit codes of tally-worker besides 0 (stopped), 1 (error) and 2 (usage).
+inline constexpr int kExitOutOfService = 3;  // A local problem; restarting will not help.
+inline constexpr int kExitRestart = 75;      // Timed out in a decode or forward pass; restart me.
+
 class Worker {
  public:
   static absl::StatusOr<std::unique_ptr<Worker>> Create(WorkerOptions options);
   ~Worker();
 
   // Serves until Stop(). Returns UNAVAILABLE if the coordinator could not be reached within
-  // max_connect_seconds.
+  // max_connect_seconds, FAILED_PRECONDITION when this worker is out of service (its device does
+  // not work, the model file is missing on this host).
   absl::Status Run();
   // Asks Run() to stop leasing, finish the rows in hand, send their results and return.
   void Stop();
@@ -71,12 +84,27 @@ class Worker {
   explicit Worker(WorkerOptions options);
   absl::Status Register(bool first);
   absl::Status StartJob(const v1::ShardAssignment& a);
+  struct JobError {
+    std::string job_id;
+    std::string message;
+    bool definitive = false;
+    bool worker_local = false;
+  };
   void OnResult(const LeaseKey& lease, v1::ImageResult result);
-  void OnFatal(const std::string& job_id, const std::string& message);
+  void OnFatal(const JobError& error);
+  void OnTimeout(const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what,
+                 double seconds);
   void ReporterLoop();
   void HeartbeatLoop();
   // Sends one ReportResults; returns false if it must be retried later.
   bool Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete);
+  bool SendJobError(const JobError& error);
+  // Gives a lease back to the coordinator (best effort) and forgets it.
+  void Release(const LeaseKey& key, const std::string& reason, bool isolate_rows);
+  // Checks an assignment before any of its rows is evaluated.
+  absl::Status CheckAssignment(const v1::ShardAssignment& a) const;
+  // Waits (up to `seconds`) until every produced result has been sent.
+  void Flush(double seconds);
   void DropLease(int64_t lease_id);
   void SleepFor(double seconds);
 
@@ -89,9 +117,10 @@ class Worker {
   std::string worker_id_;
   double heartbeat_seconds_ = 1.0;
   std::map<int64_t, LeaseBuffer> leases_;             // By lease id.
-  std::vector<std::pair<std::string, std::string>> job_errors_;  // (job, message) to report.
+  std::vector<JobError> job_errors_;                  // To report.
   std::map<std::string, std::string> failed_jobs_;    // Jobs this worker cannot run.
   bool need_register_ = false;
+  std::string out_of_service_;  // Non-empty: why this worker stopped serving.
   std::atomic<bool> stop_{false};
   bool done_ = false;  // Reporter and heartbeat threads exit.
 

@@ -218,20 +218,242 @@ TEST_F(CoordinatorTest, StaleLeaseResultsAreCommittedOnceAndAbandoned) {
   EXPECT_EQ(j->images_failed(), 0);
 }
 
-TEST_F(CoordinatorTest, ShardLostTooOftenFailsItsRowsWithAReason) {
+// A shard lost 3 times is split into single-row shards: only the row that keeps killing workers
+// fails, naming itself; its 9 neighbours are evaluated.
+TEST_F(CoordinatorTest, ShardLostTooOftenIsSplitAndOnlyTheCulpritFails) {
   auto job = core_->SubmitJob(Spec(10, 1));
   for (int attempt = 0; attempt < 3; ++attempt) {
     const std::string w = Register("crashy");
     v1::ShardAssignment a = Acquire(w);
     ASSERT_TRUE(a.has_spec()) << attempt;
+    EXPECT_EQ(a.rows_size(), 10);
     now_ += 11;
     core_->ExpireLeases();
   }
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_failed(), 0);
+  int culprit_losses = 0;
+  while (true) {
+    const std::string w = Register("w");
+    v1::ShardAssignment a = Acquire(w);
+    if (!a.has_spec()) break;
+    ASSERT_EQ(a.rows_size(), 1);
+    if (a.rows(0).index() == 7) {  // Row 7 kills every worker that touches it.
+      ++culprit_losses;
+      now_ += 11;
+      core_->ExpireLeases();
+      continue;
+    }
+    Complete(w, a);
+  }
+  EXPECT_EQ(culprit_losses, 3);
   auto j = core_->GetJob(job->job_id());
-  EXPECT_EQ(j->images_failed(), 10);
+  EXPECT_EQ(j->images_evaluated(), 9);
+  EXPECT_EQ(j->images_failed(), 1);
   core_->RunFinalizers();
   EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
-  EXPECT_THAT(ReadReport(job->job_id(), "report.json"), HasSubstr("were lost 3 times"));
+  const std::string report = ReadReport(job->job_id(), "report.json");
+  EXPECT_THAT(report, HasSubstr("row 7 (manifest line 9, id 'img7', image 'img7.png')"));
+  EXPECT_THAT(report, HasSubstr("3 times"));
+  EXPECT_THAT(report, HasSubstr("\"images_failed\": 1"));
+}
+
+// A report the coordinator rejects ends the lease at once: the shard goes to the next worker
+// without waiting for any expiry (the multi-job hang: results carrying the wrong class count).
+TEST_F(CoordinatorTest, RejectedReportReleasesTheLeaseAtOnce) {
+  auto job = core_->SubmitJob(Spec(5, 1));
+  const std::string a_worker = Register("a");
+  Complete(a_worker, Acquire(a_worker));  // Shard 0; sets the job's class count to 2.
+  v1::ShardAssignment a = Acquire(a_worker);
+  v1::ShardAssignment none = Acquire(Register("b"));
+  EXPECT_FALSE(none.has_spec());
+  v1::ReportResultsRequest r;
+  r.set_worker_id(a_worker);
+  r.set_job_id(a.job_id());
+  r.set_shard_id(a.shard_id());
+  r.set_lease_id(a.lease_id());
+  r.set_num_classes(2);
+  r.set_shard_complete(true);
+  v1::ImageResult* ir = r.add_results();
+  ir->set_index(5);
+  ir->set_height(2);
+  ir->set_width(2);
+  for (int c = 0; c < 3; ++c) ir->add_classes()->set_tn(4);  // 3 classes: the job has 2.
+  auto resp = core_->ReportResults(r);
+  EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(resp.status().message(), HasSubstr("has 3 classes; the job has 2"));
+  const std::string b = Register("b2");
+  v1::ShardAssignment again = Acquire(b);  // Same clock: no expiry happened.
+  ASSERT_TRUE(again.has_spec());
+  EXPECT_EQ(again.shard_id(), a.shard_id());
+  Complete(b, again);
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 10);
+}
+
+// Counts that cannot be right (classes partition different pixel sets) are rejected.
+TEST_F(CoordinatorTest, ImplausibleCountsAreRejected) {
+  core_->SubmitJob(Spec(10, 1)).IgnoreError();
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  v1::ReportResultsRequest r;
+  r.set_worker_id(w);
+  r.set_job_id(a.job_id());
+  r.set_shard_id(a.shard_id());
+  r.set_lease_id(a.lease_id());
+  r.set_num_classes(2);
+  v1::ImageResult* ir = r.add_results();
+  ir->set_index(0);
+  ir->set_height(2);
+  ir->set_width(2);
+  v1::ClassResult* c0 = ir->add_classes();
+  c0->set_tp(4);
+  v1::ClassResult* c1 = ir->add_classes();
+  c1->set_tp(1);  // Sums to 1, class 0 to 4: impossible.
+  auto resp = core_->ReportResults(r);
+  EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(resp.status().message(), HasSubstr("implausible"));
+}
+
+// A lease the worker stops listing in its heartbeats (it could not parse the assignment, or
+// dropped it) is taken back after a lease period, although the worker keeps heartbeating.
+TEST_F(CoordinatorTest, LeaseNoLongerListedByTheWorkerIsTakenBack) {
+  core_->SubmitJob(Spec(10, 1)).IgnoreError();
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w);
+  now_ += 5;
+  ASSERT_TRUE(core_->Heartbeat(hb).ok());  // Within the grace period: still leased.
+  EXPECT_FALSE(Acquire(Register("other")).has_spec());
+  now_ += 6;
+  ASSERT_TRUE(core_->Heartbeat(hb).ok());
+  EXPECT_EQ(Acquire(Register("third")).shard_id(), a.shard_id());
+}
+
+// Heartbeats alone do not keep a lease whose worker commits nothing for the batch timeout.
+TEST_F(CoordinatorTest, NoProgressPastTheBatchTimeoutReleasesTheLease) {
+  v1::JobSpec spec = Spec(10, 1);
+  spec.set_batch_timeout_seconds(30);
+  core_->SubmitJob(spec).IgnoreError();
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w);
+  v1::HeldLease* held = hb.add_leases();
+  held->set_job_id(a.job_id());
+  held->set_shard_id(a.shard_id());
+  held->set_lease_id(a.lease_id());
+  for (int t = 0; t < 8; ++t) {  // 32 s of heartbeats: < 30 + 10.
+    now_ += 4;
+    ASSERT_TRUE(core_->Heartbeat(hb).ok());
+    core_->ExpireLeases();
+  }
+  EXPECT_FALSE(Acquire(Register("other")).has_spec());
+  for (int t = 0; t < 3; ++t) {
+    now_ += 4;
+    ASSERT_TRUE(core_->Heartbeat(hb).ok());
+    core_->ExpireLeases();
+  }
+  EXPECT_EQ(Acquire(Register("third")).shard_id(), a.shard_id());
+  EXPECT_EQ(core_->Heartbeat(hb)->revoked_size(), 1);
+}
+
+// One worker's model error takes that worker off the job; a second worker reporting the same
+// error fails the job. A worker-local error takes the worker out of service, not the job.
+TEST_F(CoordinatorTest, ModelErrorsNeedTwoWorkersAndLocalErrorsRetireTheWorker) {
+  auto job = core_->SubmitJob(Spec(5, 1));
+  const std::string w1 = Register("w1"), w2 = Register("w2"), w3 = Register("w3");
+  v1::ShardAssignment a = Acquire(w1);
+  v1::ReportJobErrorRequest local;
+  local.set_worker_id(w1);
+  local.set_job_id(job->job_id());
+  local.set_worker_local(true);
+  local.set_message("device 'cuda:7' does not exist");
+  ASSERT_TRUE(core_->ReportJobError(local).ok());
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_RUNNING);
+  v1::ListWorkersResponse workers = core_->ListWorkers();
+  bool retired = false;
+  for (const auto& wi : workers.workers()) {
+    if (wi.worker_id() == w1) {
+      retired = wi.state() == "out of service" && wi.reason() == "device 'cuda:7' does not exist";
+    }
+  }
+  EXPECT_TRUE(retired);
+  v1::AcquireShardRequest gone;
+  gone.set_worker_id(w1);
+  EXPECT_EQ(core_->AcquireShard(gone).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Acquire(w2).shard_id(), a.shard_id());  // Released without waiting.
+
+  v1::ReportJobErrorRequest err;
+  err.set_worker_id(w2);
+  err.set_job_id(job->job_id());
+  err.set_message("model 'm.pt' is not a loadable TorchScript file");
+  ASSERT_TRUE(core_->ReportJobError(err).ok());
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(Acquire(w2).has_spec());  // w2 is off this job.
+  EXPECT_TRUE(Acquire(w3).has_spec());
+  err.set_worker_id(w3);
+  ASSERT_TRUE(core_->ReportJobError(err).ok());
+  auto j = core_->GetJob(job->job_id());
+  EXPECT_EQ(j->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(j->error(), HasSubstr("not a loadable TorchScript file"));
+}
+
+TEST_F(CoordinatorTest, OversizedNameAndTooManyRowsAreRefused) {
+  v1::JobSpec spec = Spec(10, 1);
+  spec.set_name(std::string(40 << 20, 'x'));
+  auto job = core_->SubmitJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("'name' is 41943040 bytes; the limit is 256"));
+  core_.reset();
+  CoordinatorOptions o;
+  o.state_dir = dir_ + "/state";
+  o.clock = [this] { return now_; };
+  o.background_thread = false;
+  o.max_manifest_rows = 9;
+  auto c = Coordinator::Create(o);
+  ASSERT_TRUE(c.ok());
+  auto refused = (*c)->SubmitJob(Spec(10, 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("more than 9 rows"));
+  auto listed = (*c)->ListJobs(10, "");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->jobs_size(), 0);  // Nothing of the refused submission is left.
+}
+
+TEST_F(CoordinatorTest, JobsArePaginatedAndDeletable) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    WriteManifest(0);
+    auto job = core_->SubmitJob(Spec(0, 0));
+    ASSERT_TRUE(job.ok());
+    ids.push_back(job->job_id());
+    now_ += 1;
+  }
+  core_->RunFinalizers();
+  auto page1 = core_->ListJobs(2, "");
+  ASSERT_TRUE(page1.ok());
+  ASSERT_EQ(page1->jobs_size(), 2);
+  EXPECT_EQ(page1->jobs(0).job_id(), ids[4]);  // Newest first.
+  EXPECT_EQ(page1->next_page_token(), ids[3]);
+  auto page2 = core_->ListJobs(2, page1->next_page_token());
+  EXPECT_EQ(page2->jobs(0).job_id(), ids[2]);
+  auto page3 = core_->ListJobs(2, page2->next_page_token());
+  EXPECT_EQ(page3->jobs_size(), 1);
+  EXPECT_EQ(page3->next_page_token(), "");
+  ASSERT_TRUE(core_->DeleteJob(ids[0]).ok());
+  EXPECT_EQ(core_->GetJob(ids[0]).status().code(), absl::StatusCode::kNotFound);
+  struct stat st;
+  EXPECT_NE(stat((dir_ + "/state/reports/" + ids[0]).c_str(), &st), 0);
+  Restart();  // Deleted for good, not only from memory.
+  EXPECT_EQ(core_->GetJob(ids[0]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(core_->GetJob(ids[1]).ok());
+}
+
+TEST_F(CoordinatorTest, RunningJobCannotBeDeleted) {
+  auto job = core_->SubmitJob(Spec(10, 1));
+  auto s = core_->DeleteJob(job->job_id());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("cancel it first"));
 }
 
 TEST_F(CoordinatorTest, IncompleteShardIsQueuedAgain) {

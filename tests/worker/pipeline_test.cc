@@ -56,6 +56,7 @@ class PipelineTest : public ::testing::Test {
   struct Outcome {
     std::map<int64_t, v1::ImageResult> results;
     std::string fatal;
+    bool definitive = false;
   };
 
   Outcome Evaluate(const std::string& model, std::vector<v1::ManifestRow> rows, int batch_size,
@@ -79,9 +80,10 @@ class PipelineTest : public ::testing::Test {
             std::lock_guard<std::mutex> lock(mu);
             out.results[r.index()] = r;
           },
-          [&](const std::string& m) {
+          [&](const std::string& m, bool definitive) {
             std::lock_guard<std::mutex> lock(mu);
             out.fatal = m;
+            out.definitive = definitive;
           });
       p.Submit(LeaseKey{"job", 0, 1}, std::move(rows));
       p.WaitIdle();
