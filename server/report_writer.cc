@@ -96,6 +96,8 @@ struct ReportData {
   std::vector<WorkerRecord> workers;
   int64_t evaluated = 0;
   int64_t failed = 0;
+  int64_t nonfinite_images = 0;  // Evaluated images whose model output had NaN/Inf (--nonfinite warn).
+  int64_t nonfinite_values = 0;
   int num_classes = 0;
   bool include_background = false;
   double wall_seconds = 0;
@@ -136,6 +138,9 @@ std::string BuildJson(const ReportData& d) {
   w.Field("nsd_tolerance", spec.nsd_tolerance());
   w.Field("precision", spec.precision().empty() ? "fp32" : spec.precision());
   w.Field("shard_size", d.record->shard_size);
+  w.Field("max_image_pixels", spec.max_image_pixels());
+  w.Field("batch_timeout_seconds", spec.batch_timeout_seconds());
+  w.Field("nonfinite", spec.nonfinite().empty() ? "fail" : spec.nonfinite());
   if (spec.input_height() > 0) {
     w.Key("input_size").BeginArray().Int(spec.input_height()).Int(spec.input_width()).EndArray();
   } else {
@@ -145,6 +150,8 @@ std::string BuildJson(const ReportData& d) {
   w.Field("images_evaluated", d.evaluated);
   w.Field("images_failed", d.failed);
   w.Field("images_missing", missing);
+  w.Field("nonfinite_images", d.nonfinite_images);
+  w.Field("nonfinite_values", d.nonfinite_values);
   w.Key("failures").BeginArray();
   for (const Failure& f : d.failures) {
     w.BeginObject().Field("index", f.index).Field("id", f.id).Field("image", f.image).Field("reason", f.reason);
@@ -252,6 +259,10 @@ std::string BuildMarkdown(const ReportData& d) {
   absl::StrAppend(&out, "- Model: `", job.spec().model(), "`\n- Manifest: `", job.spec().manifest(), "`\n");
   absl::StrAppend(&out, "- Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ",
                   d.failed, " failed", "\n");
+  if (d.nonfinite_images > 0) {
+    absl::StrAppend(&out, "- **Warning**: ", d.nonfinite_images, " evaluated images had NaN/Inf in the model output (",
+                    d.nonfinite_values, " values; --nonfinite warn)\n");
+  }
   absl::StrAppend(&out, "- Classes: ", d.num_classes, "; foreground means over classes ",
                   d.include_background ? "0" : "1", "..", std::max(0, d.num_classes - 1), "\n");
   absl::StrAppend(&out, absl::StrFormat("- Wall time: %.2f s (%.1f images/s)\n\n", d.wall_seconds,
@@ -479,8 +490,11 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
   const std::string csv_tmp = csv_path + ".tmp";
   std::ofstream csv(csv_tmp, std::ios::binary | std::ios::trunc);
   if (!csv) return absl::PermissionDeniedError(absl::StrCat("cannot write '", csv_tmp, "'"));
+  // Under --nonfinite warn, rows with NaN/Inf model output are evaluated: each row says how many.
+  const bool nonfinite_column = spec.nonfinite() == "warn";
   csv << "index,id,image,class,tp,fp,fn,tn";
   for (Metric m : d.metrics) csv << ',' << MetricName(m);
+  if (nonfinite_column) csv << ",nonfinite";
   csv << '\n';
   std::vector<std::pair<int64_t, std::string>> images_by_index;  // For worst-case tables.
   std::string line;
@@ -492,6 +506,10 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
           return absl::OkStatus();
         }
         ++d.evaluated;
+        if (r.nonfinite() > 0) {
+          ++d.nonfinite_images;
+          d.nonfinite_values += r.nonfinite();
+        }
         aggregator.Add(r);
         images_by_index.emplace_back(r.index(), image);
         const std::string prefix = absl::StrCat(r.index(), ",", CsvField(id), ",", CsvField(image), ",");
@@ -499,6 +517,7 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
           const v1::ClassResult& cr = r.classes(c);
           line = absl::StrCat(prefix, c, ",", cr.tp(), ",", cr.fp(), ",", cr.fn(), ",", cr.tn());
           for (Metric m : d.metrics) absl::StrAppend(&line, ",", FormatDouble(Aggregator::ImageMetric(r, c, m)));
+          if (nonfinite_column) absl::StrAppend(&line, ",", r.nonfinite());
           line.push_back('\n');
           csv << line;
         }

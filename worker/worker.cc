@@ -131,11 +131,14 @@ absl::Status Worker::Register(bool first) {
 }
 
 absl::Status Worker::Run() {
-  // A device that does not work here takes this worker out of service before it takes any lease.
+  RETURN_IF_ERROR(Register(true));
+  // A device that does not work here takes this worker out of service before it takes any lease;
+  // the coordinator lists it, with the reason, in `tally workers`.
   if (absl::Status device = ModelRunner::CheckDevice(options_.device); !device.ok()) {
+    Log("out of service: ", device.message());
+    SendJobError(JobError{"", std::string(device.message()), false, true});
     return absl::FailedPreconditionError(absl::StrCat("out of service: ", device.message()));
   }
-  RETURN_IF_ERROR(Register(true));
   reporter_ = std::thread([this] { ReporterLoop(); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   Backoff backoff(0.25, 2.0);

@@ -1,5 +1,8 @@
 #include "common/image_io.h"
 
+#include <sys/stat.h>
+#include <zlib.h>
+
 #include <fstream>
 
 #include "gmock/gmock.h"
@@ -109,6 +112,83 @@ TEST(ImageIoTest, CorruptAndMissingFilesNameTheFile) {
   std::ofstream(Tmp("empty.png"));
   s = LoadImage(Tmp("empty.png"), &img);
   EXPECT_THAT(s.message(), HasSubstr("empty"));
+}
+
+// A PNG that declares width x height but carries (almost) no data: a decompression bomb's header.
+std::string BombPng(uint32_t width, uint32_t height, uint8_t color, uint8_t interlace) {
+  auto be32 = [](std::string* out, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
+  };
+  auto chunk = [&](std::string* out, const char* type, const std::string& data) {
+    be32(out, static_cast<uint32_t>(data.size()));
+    std::string body = std::string(type, 4) + data;
+    out->append(body);
+    be32(out, static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size())));
+  };
+  std::string png("\x89PNG\r\n\x1a\n", 8);
+  std::string ihdr;
+  be32(&ihdr, width);
+  be32(&ihdr, height);
+  ihdr += std::string({8, static_cast<char>(color), 0, 0, static_cast<char>(interlace)});
+  chunk(&png, "IHDR", ihdr);
+  chunk(&png, "IDAT", std::string("\x78\x9c\x03\x00\x00\x00\x00\x01", 8));
+  chunk(&png, "IEND", "");
+  return png;
+}
+
+TEST(ImageIoTest, DecompressionBombIsRefusedBeforeAllocating) {
+  const std::string bomb = BombPng(60000, 60000, 2, 0);
+  EXPECT_LT(bomb.size(), 100u);
+  RgbImage img;
+  absl::Status s = DecodeImage(bomb, "bomb.png", &img);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("image 'bomb.png' declares 60000x60000 pixels (3600000000)"));
+  EXPECT_THAT(s.message(), HasSubstr("--max-image-pixels"));
+  EXPECT_LT(img.pixels.capacity(), 1000u);  // Nothing of that size was allocated.
+  LabelMap mask;
+  s = DecodeMask(BombPng(60000, 60000, 0, 0), "bomb_mask.png", &mask);
+  EXPECT_THAT(s.message(), HasSubstr("mask 'bomb_mask.png' declares 60000x60000"));
+  EXPECT_LT(mask.labels.capacity(), 1000u);
+  // Interlaced: libpng's path checks the same bound.
+  s = DecodeImage(BombPng(60000, 60000, 2, 1), "interlaced.png", &img);
+  EXPECT_THAT(s.message(), HasSubstr("declares 60000x60000"));
+  s = DecodeMask(BombPng(60000, 60000, 3, 1), "palette.png", &mask);
+  EXPECT_THAT(s.message(), HasSubstr("declares 60000x60000"));
+  // JPEG: a real 16x16 file whose frame header claims 60000x60000.
+  std::vector<uint8_t> flat(16 * 16 * 3, 90);
+  ASSERT_TRUE(WriteJpeg(Tmp("small.jpg"), 16, 16, flat.data(), 90).ok());
+  std::string jpeg;
+  ASSERT_TRUE(ReadFileBytes(Tmp("small.jpg"), &jpeg).ok());
+  const size_t sof = jpeg.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  jpeg[sof + 5] = jpeg[sof + 7] = static_cast<char>(0xEA);  // 0xEA60 = 60000
+  jpeg[sof + 6] = jpeg[sof + 8] = static_cast<char>(0x60);
+  s = DecodeImage(jpeg, "bomb.jpg", &img);
+  EXPECT_THAT(s.message(), HasSubstr("image 'bomb.jpg' declares 60000x60000"));
+  // The bound is the job's: a small image over a small limit fails the same way.
+  s = DecodeImage(BombPng(16, 16, 2, 0), "small.png", &img, /*max_pixels=*/255);
+  EXPECT_THAT(s.message(), HasSubstr("declares 16x16 pixels (256), more than the limit of 255"));
+}
+
+TEST(ImageIoTest, FifoAndDirectoryAreRefusedWithoutBlocking) {
+  const std::string fifo = Tmp("fifo.png");
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  RgbImage img;
+  absl::Status s = LoadImage(fifo, &img);  // Would block forever in open() without O_NONBLOCK.
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("is a FIFO, not a regular file"));
+  s = LoadImage(::testing::TempDir(), &img);
+  EXPECT_THAT(s.message(), HasSubstr("is a directory"));
+}
+
+TEST(ImageIoTest, OutlierBuffersAreReleased) {
+  std::vector<uint8_t> big(100 << 20);
+  ShrinkIfLarger(&big, kKeepBufferBytes);
+  EXPECT_EQ(big.capacity(), 0u);
+  std::vector<uint8_t> small(1 << 20);
+  ShrinkIfLarger(&small, kKeepBufferBytes);
+  EXPECT_EQ(small.capacity(), size_t{1} << 20);
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "common/manifest.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fstream>
 
 #include "gmock/gmock.h"
@@ -99,6 +102,68 @@ TEST(ManifestTest, ReadsFileRelativeToItsFolder) {
   std::string base = dir;
   while (!base.empty() && base.back() == '/') base.pop_back();
   EXPECT_EQ(m->rows[0].image_path, base + "/img/a.png");
+}
+
+TEST(ManifestTest, InvalidUtf8NamesLineAndColumn) {
+  auto m = ParseManifest("id,image,mask\nok,a.png,b.png\ncaf\xe9,c.png,d.png\n", ".", "latin1.csv");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.status().message(),
+              HasSubstr("manifest 'latin1.csv' line 3, column 1 ('id'): invalid UTF-8 (byte 0xE9 at byte 4"));
+  // Valid multi-byte UTF-8 is fine.
+  auto ok = ParseManifest("id,image,mask\ncaf\xc3\xa9,c.png,d.png\n", ".", "utf8.csv");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->rows[0].id, "caf\xc3\xa9");
+  EXPECT_EQ(FirstInvalidUtf8("\xed\xa0\x80"), 0);  // A UTF-16 surrogate.
+  EXPECT_EQ(FirstInvalidUtf8("a\xc0\xaf"), 1);      // Overlong '/'.
+}
+
+TEST(ManifestTest, LimitsOnFieldsAndRows) {
+  auto m = ParseManifest("image,mask\n" + std::string(5000, 'a') + ",m.png\n", ".", "long.csv");
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("line 2, column 1: field longer than 4096 bytes"));
+  ManifestLimits limits;
+  limits.max_rows = 2;
+  m = ParseManifest("image,mask\na,b\nc,d\ne,f\n", ".", "rows.csv", limits);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("more than 2 rows"));
+}
+
+// A file that is not a manifest (/etc/shadow, say) is refused without echoing any of its bytes.
+TEST(ManifestTest, ErrorsNeverEchoTheFile) {
+  auto m = ParseManifest("root:*:20228:0:99999:7:::\ndaemon:*:20228:0:99999:7:::\n", ".", "shadow");
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("line 1: the header has no 'image' column"));
+  EXPECT_THAT(std::string(m.status().message()), ::testing::Not(HasSubstr("root")));
+  EXPECT_THAT(std::string(m.status().message()), ::testing::Not(HasSubstr("20228")));
+}
+
+TEST(ManifestTest, FifoIsRefusedWithoutBlocking) {
+  const std::string fifo = ::testing::TempDir() + "/manifest_fifo.csv";
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto m = ReadManifest(fifo);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("not a regular file"));
+}
+
+// Streaming reads the file in 1 MiB chunks: records (quoted fields with commas and newlines
+// included) that straddle chunk boundaries come out exactly as from the whole text.
+TEST(ManifestTest, StreamingMatchesParsingTheWholeText) {
+  std::string text = "id,image,mask\n";
+  for (int i = 0; i < 40000; ++i) {
+    text += "\"case " + std::to_string(i) + ", with \"\"quotes\"\"\nand a newline\",img/" + std::to_string(i) +
+            ".png,msk/" + std::to_string(i) + ".png\r\n";
+  }
+  ASSERT_GT(text.size(), size_t{2} << 20);
+  const std::string path = ::testing::TempDir() + "/manifest_stream.csv";
+  std::ofstream(path, std::ios::binary) << text;
+  auto streamed = ReadManifest(path);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  ASSERT_EQ(streamed->rows.size(), 40000u);
+  EXPECT_EQ(streamed->rows[39999].id, "case 39999, with \"quotes\"\nand a newline");
+  EXPECT_EQ(streamed->rows[39999].line, 2 + 2 * 39999);
+  EXPECT_EQ(streamed->rows[12345].mask, "msk/12345.png");
 }
 
 }  // namespace

@@ -120,32 +120,42 @@ def tally_run(model, manifest, out, *extra, check=True):
 class Cluster:
     """A tallyd on a free loopback port plus workers started by hand (so tests can kill them)."""
 
-    def __init__(self, test, root, lease_seconds=2.0):
+    def __init__(self, test, root, lease_seconds=2.0, state=None, tallyd_args=()):
         self.root = root
         os.makedirs(root, exist_ok=True)
         self.workers = []
-        port_file = os.path.join(root, "port")
-        self.state = os.path.join(root, "state")
+        self.state = state or os.path.join(root, "state")
+        self.lease_seconds = lease_seconds
+        self.tallyd_args = list(tallyd_args)
         self.tallyd_log = open(os.path.join(root, "tallyd.log"), "w")
-        self.tallyd = subprocess.Popen(
-            [os.path.join(BIN, "tallyd"), "--listen", "127.0.0.1:0", "--port-file", port_file, "--state-dir",
-             self.state, "--lease-seconds", str(lease_seconds), "--heartbeat-seconds", "0.5"],
-            stdout=self.tallyd_log, stderr=subprocess.STDOUT)
+        self.logs = [self.tallyd_log]
+        self.address = None
         test.addCleanup(self.stop)
+        self.start_tallyd()
+
+    def start_tallyd(self):
+        """Starts tallyd (again, on the same port and state after the first time)."""
+        port_file = os.path.join(self.root, "port")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        listen = self.address or "127.0.0.1:0"
+        self.tallyd = subprocess.Popen(
+            [os.path.join(BIN, "tallyd"), "--listen", listen, "--port-file", port_file, "--state-dir",
+             self.state, "--lease-seconds", str(self.lease_seconds), "--heartbeat-seconds", "0.5"] + self.tallyd_args,
+            stdout=self.tallyd_log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while not os.path.exists(port_file):
             if time.time() > deadline or self.tallyd.poll() is not None:
-                raise AssertionError("tallyd did not start: " + open(os.path.join(root, "tallyd.log")).read())
+                raise AssertionError("tallyd did not start: " + self.log("tallyd.log"))
             time.sleep(0.05)
         with open(port_file) as f:
             self.address = "127.0.0.1:" + f.read().strip()
-        self.logs = [self.tallyd_log]
 
-    def start_worker(self, *extra, name=None):
+    def start_worker(self, *extra, name=None, device="cpu"):
         i = len(self.workers)
         log = open(os.path.join(self.root, f"worker-{i}.log"), "w")
         self.logs.append(log)
-        p = subprocess.Popen([os.path.join(BIN, "tally-worker"), "--coordinator", self.address, "--device", "cpu",
+        p = subprocess.Popen([os.path.join(BIN, "tally-worker"), "--coordinator", self.address, "--device", device,
                               "--threads", "1", "--name", name or f"w{i}"] + list(extra),
                              stdout=log, stderr=subprocess.STDOUT)
         self.workers.append(p)
@@ -174,9 +184,12 @@ class Cluster:
             time.sleep(0.2)
         if p.returncode != 0:
             raise AssertionError(p.stderr)
-        line = p.stdout.splitlines()[0].split()
+        lines = p.stdout.splitlines()
+        line = lines[0].split()
         done, total = line[2].split("/")
-        return {"state": line[1], "done": int(done), "total": int(total), "failed": int(line[3])}
+        stalled = [l.strip() for l in lines[1:] if l.strip().startswith("stalled:")]
+        return {"state": line[1], "done": int(done), "total": int(total), "failed": int(line[3]),
+                "stalled": stalled[0] if stalled else ""}
 
     def wait(self, job_id, timeout=300):
         deadline = time.time() + timeout
@@ -199,7 +212,7 @@ class Cluster:
             time.sleep(0.2)
 
     def log(self, name):
-        with open(os.path.join(self.root, name)) as f:
+        with open(os.path.join(self.root, name), errors="replace") as f:
             return f.read()
 
     def stop(self):
@@ -227,6 +240,20 @@ def read_per_image(out):
 def read_report(out):
     with open(os.path.join(out, "report.json")) as f:
         return json.load(f)
+
+
+def same_files(a, b, name="per_image.csv"):
+    with open(os.path.join(a, name), "rb") as fa, open(os.path.join(b, name), "rb") as fb:
+        return fa.read() == fb.read()
+
+
+def proc_status(pid, field):
+    """A field of /proc/PID/status in bytes (VmRSS, VmHWM)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for pid {pid}")
 
 
 def num(s):

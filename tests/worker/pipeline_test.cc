@@ -43,6 +43,12 @@ class PipelineTest : public ::testing::Test {
     ASSERT_TRUE(WritePng(dir_ + "/bad_mask.png", 4, 4, 1, 8, mask.data()).ok());
     std::vector<uint8_t> small(9, 0);
     ASSERT_TRUE(WritePng(dir_ + "/small_mask.png", 3, 3, 1, 8, small.data()).ok());
+    // The fixtures' mark: green 255 at pixel (0, 0); the red channel (what the models read) as a.png.
+    rgb[1] = 255;
+    ASSERT_TRUE(WritePng(dir_ + "/marked.png", 4, 4, 3, 8, rgb.data()).ok());
+    std::vector<uint8_t> wide(4 * 16 * 3, 30), wide_mask(4 * 16, 0);
+    ASSERT_TRUE(WritePng(dir_ + "/wide.png", 4, 16, 3, 8, wide.data()).ok());
+    ASSERT_TRUE(WritePng(dir_ + "/wide_mask.png", 4, 16, 1, 8, wide_mask.data()).ok());
   }
 
   v1::ManifestRow Row(int64_t index, const std::string& image, const std::string& mask) {
@@ -60,7 +66,7 @@ class PipelineTest : public ::testing::Test {
   };
 
   Outcome Evaluate(const std::string& model, std::vector<v1::ManifestRow> rows, int batch_size,
-                   std::vector<Metric> metrics = {Metric::kDice, Metric::kIou}) {
+                   std::vector<Metric> metrics = {Metric::kDice, Metric::kIou}, bool nonfinite_warn = false) {
     ModelRunnerOptions ro;
     ro.model_path = Fixture(model);
     ro.cpu_threads = 1;
@@ -71,6 +77,7 @@ class PipelineTest : public ::testing::Test {
     po.batch_size = batch_size;
     po.warmup_batches = 0;
     po.metrics = metrics;
+    po.nonfinite_warn = nonfinite_warn;
     Outcome out;
     std::mutex mu;
     {
@@ -163,6 +170,63 @@ TEST_F(PipelineTest, WrongOutputRankFailsTheJobNamingModelAndShape) {
   o = Evaluate("bad_batch.pt", {Row(0, "a.png", "a_mask.png"), Row(1, "a.png", "a_mask.png")}, 2);
   EXPECT_THAT(o.fatal, HasSubstr("bad_batch.pt"));
   EXPECT_THAT(o.fatal, HasSubstr("N = 2"));
+}
+
+// The model raises on one image of a batch: the batch is split down to single images, so only that
+// row fails, with the model's message, and its neighbours get their hand-worked counts.
+TEST_F(PipelineTest, ImageOnWhichTheModelRaisesFailsAlone) {
+  std::vector<v1::ManifestRow> rows;
+  for (int i = 0; i < 6; ++i) rows.push_back(Row(i, i == 3 ? "marked.png" : "a.png", "a_mask.png"));
+  Outcome o = Evaluate("raises_on_mark.pt", rows, 4);
+  ASSERT_EQ(o.fatal, "");
+  ASSERT_EQ(o.results.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    if (i == 3) {
+      EXPECT_THAT(o.results[i].error(), HasSubstr("cannot handle this input"));
+      EXPECT_THAT(o.results[i].error(), HasSubstr("raises_on_mark.pt"));
+      EXPECT_THAT(o.results[i].error(), HasSubstr("[1, 3, 4, 4]"));  // It failed alone.
+      continue;
+    }
+    ASSERT_EQ(o.results[i].error(), "") << i;
+    EXPECT_EQ(o.results[i].classes(1).tp(), 4) << i;
+    EXPECT_EQ(o.results[i].classes(1).tn(), 3) << i;
+  }
+}
+
+// ... but a model that raises on every image of its first two batches is broken: the job fails.
+TEST_F(PipelineTest, ModelRaisingOnEveryImageFailsTheJobDefinitively) {
+  std::vector<v1::ManifestRow> rows;
+  for (int i = 0; i < 4; ++i) rows.push_back(Row(i, "marked.png", "a_mask.png"));
+  Outcome o = Evaluate("raises_on_mark.pt", rows, 2);
+  EXPECT_THAT(o.fatal, HasSubstr("cannot handle this input"));
+  EXPECT_TRUE(o.definitive);
+}
+
+TEST_F(PipelineTest, NonFiniteOutputFailsTheRowUnlessWarned) {
+  std::vector<v1::ManifestRow> rows = {Row(0, "a.png", "a_mask.png"), Row(1, "marked.png", "a_mask.png")};
+  Outcome o = Evaluate("nan_on_mark.pt", rows, 2);
+  ASSERT_EQ(o.fatal, "");
+  EXPECT_EQ(o.results[0].error(), "");
+  EXPECT_EQ(o.results[0].nonfinite(), 0);
+  // 4 x 4 pixels x 2 logits, all NaN.
+  EXPECT_THAT(o.results[1].error(), HasSubstr("model output has 32 non-finite values"));
+  o = Evaluate("nan_on_mark.pt", rows, 2, {Metric::kDice, Metric::kIou}, /*nonfinite_warn=*/true);
+  EXPECT_EQ(o.results[1].error(), "");
+  EXPECT_EQ(o.results[1].nonfinite(), 32);
+  EXPECT_EQ(o.results[1].classes_size(), 2);
+}
+
+// A model whose class count depends on the input fails the rows that disagree with the first
+// batch, instead of sending results the coordinator would have to reject.
+TEST_F(PipelineTest, ClassCountChangingWithTheInputFailsThoseRows) {
+  std::vector<v1::ManifestRow> rows = {Row(0, "a.png", "a_mask.png"), Row(1, "wide.png", "wide_mask.png"),
+                                       Row(2, "a.png", "a_mask.png")};
+  Outcome o = Evaluate("classes_by_width.pt", rows, 1);
+  ASSERT_EQ(o.fatal, "");
+  EXPECT_EQ(o.results[0].error(), "");
+  EXPECT_THAT(o.results[1].error(), HasSubstr("returned 3 classes for this input (4x16) but 2 for earlier ones"));
+  EXPECT_EQ(o.results[2].error(), "");
+  EXPECT_EQ(o.results[2].classes_size(), 2);
 }
 
 TEST(ModelRunnerTest, MissingOrInvalidModelIsAClearError) {

@@ -1,0 +1,317 @@
+"""Every job finishes: many jobs at once, rows that throw, hang or bomb, broken workers, hostile
+files, a full disk and a restarted coordinator. Each test reproduces one failure that used to hang
+a job or fail it as a whole, and checks the outcome against an undisturbed run or a hand-made
+expectation."""
+import concurrent.futures
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+import zlib
+
+import numpy as np
+from PIL import Image
+
+import tallytest as tt
+
+
+def png_header_bomb(path, width, height, color=2):
+    """A ~60-byte PNG whose header declares width x height: a decompression bomb's header."""
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, color, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def marked_dataset(root, n, marked, size=8):
+    """n images whose left half is red (class 1 for the red_vs_rest family) and masks with class 1
+    on the top half; the rows in `marked` carry the fixtures' mark (green 255 at pixel (0, 0))."""
+    os.makedirs(root, exist_ok=True)
+    mask = np.zeros((size, size), np.uint8)
+    mask[: size // 2] = 1
+    Image.fromarray(mask).save(os.path.join(root, "mask.png"))
+    rows = ["id,image,mask"]
+    for i in range(n):
+        img = np.zeros((size, size, 3), np.uint8)
+        img[:, : size // 2, 0] = 220
+        img[:, :, 1] = 40
+        if i in marked:
+            img[0, 0, 1] = 255
+        Image.fromarray(img).save(os.path.join(root, f"i{i:03d}.png"))
+        rows.append(f"r{i:03d},i{i:03d}.png,mask.png")
+    path = os.path.join(root, "manifest.csv")
+    with open(path, "w") as f:
+        f.write("\n".join(rows) + "\n")
+    return path
+
+
+class ManyJobsTest(unittest.TestCase):
+    """The multi-job hang: workers move between jobs whose models have different class counts."""
+
+    def test_twenty_concurrent_jobs_all_succeed_identical_to_solo_runs(self):
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(5), 24, [(16, 16), (12, 20)],
+                                    classes=2)
+        models = [tt.fixture("red_vs_rest.pt"), tt.fixture("three_class.pt")]
+        flags = ["--metrics", "dice,hd95", "--shard-size", "4", "--batch-size", "2"]
+        solo = {}
+        for m in models:
+            solo[m] = os.path.join(root, "solo-" + os.path.basename(m))
+            tt.tally_run(m, manifest, solo[m], "--workers", "1", *flags)
+        cluster = tt.Cluster(self, os.path.join(root, "cluster"))
+        for _ in range(3):
+            cluster.start_worker()
+        cluster.wait_registered(3)
+        for round_ in range(2):
+            with concurrent.futures.ThreadPoolExecutor(20) as pool:
+                jobs = list(pool.map(lambda i: (models[i % 2], cluster.submit(models[i % 2], manifest, *flags)),
+                                     range(20)))
+            for model, job in jobs:
+                done = cluster.wait(job, timeout=240)
+                self.assertEqual(done["state"], "succeeded", job)
+                out = os.path.join(root, f"out-{round_}-{job}")
+                cluster.fetch(job, out)
+                self.assertTrue(tt.same_files(solo[model], out), f"round {round_} job {job} differs from solo")
+                self.assertTrue(tt.read_report(out)["complete"])
+
+
+class BadWorkerTest(unittest.TestCase):
+    def test_broken_worker_next_to_a_good_one_fails_no_job(self):
+        root = tt.tmpdir(self)
+        manifest = marked_dataset(os.path.join(root, "data"), 12, set())
+        cluster = tt.Cluster(self, os.path.join(root, "cluster"))
+        broken = cluster.start_worker(device="cuda:7", name="broken")
+        self.assertEqual(broken.wait(60), 3)  # Out of service: restarting will not help.
+        cluster.start_worker(name="good")
+        jobs = [cluster.submit(tt.fixture("red_vs_rest.pt"), manifest, "--shard-size", "4") for _ in range(3)]
+        for job in jobs:
+            self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        workers = cluster.cli("workers").stdout
+        self.assertRegex(workers, r"broken\s+cuda:7\s+out of service")
+        self.assertIn("reason: device 'cuda:7'", workers)
+        self.assertRegex(workers, r"good\s+cpu\s+serving")
+        self.assertIn("taken out of service", cluster.log("tallyd.log"))
+
+
+class BadRowsTest(unittest.TestCase):
+    def test_image_on_which_the_model_raises_fails_alone(self):
+        root = tt.tmpdir(self)
+        manifest = marked_dataset(os.path.join(root, "data"), 12, {5})
+        out = os.path.join(root, "out")
+        p = tt.tally_run(tt.fixture("raises_on_mark.pt"), manifest, out, "--batch-size", "4", "--workers", "2")
+        self.assertIn("1 failed", p.stdout)
+        report = tt.read_report(out)
+        self.assertEqual((report["images_evaluated"], report["images_failed"]), (11, 1))
+        self.assertEqual(report["failures"][0]["index"], 5)
+        self.assertIn("cannot handle this input", report["failures"][0]["reason"])
+        # The neighbours in its batch were evaluated, with the hand-worked counts (class 1 on the
+        # left half predicted, top half in the mask: 16 of each on 8x8).
+        rows = [r for r in tt.read_per_image(out) if r["class"] == "1"]
+        self.assertEqual(sorted(int(r["index"]) for r in rows), [i for i in range(12) if i != 5])
+        for r in rows:
+            self.assertEqual((r["tp"], r["fp"], r["fn"], r["tn"]), ("16", "16", "16", "16"))
+
+    def test_nan_logits_fail_the_row_or_are_counted_with_warn(self):
+        root = tt.tmpdir(self)
+        manifest = marked_dataset(os.path.join(root, "data"), 4, {2})
+        out = os.path.join(root, "out")
+        tt.tally_run(tt.fixture("nan_on_mark.pt"), manifest, out)
+        report = tt.read_report(out)
+        self.assertEqual((report["images_evaluated"], report["images_failed"]), (3, 1))
+        self.assertIn("model output has 128 non-finite values", report["failures"][0]["reason"])  # 8x8x2
+        warn = os.path.join(root, "warn")
+        tt.tally_run(tt.fixture("nan_on_mark.pt"), manifest, warn, "--nonfinite", "warn")
+        report = tt.read_report(warn)
+        self.assertEqual(report["images_evaluated"], 4)
+        self.assertEqual((report["nonfinite_images"], report["nonfinite_values"]), (1, 128))
+        rows = tt.read_per_image(warn)
+        self.assertEqual({r["index"]: r["nonfinite"] for r in rows}, {"0": "0", "1": "0", "2": "128", "3": "0"})
+        with open(os.path.join(warn, "summary.md")) as f:
+            self.assertIn("NaN/Inf", f.read())
+
+    def test_header_bombs_and_fifos_fail_their_rows_and_memory_stays_bounded(self):
+        root = tt.tmpdir(self)
+        manifest = marked_dataset(os.path.join(root, "data"), 4, set())
+        data = os.path.dirname(manifest)
+        png_header_bomb(os.path.join(data, "bomb.png"), 60000, 60000)
+        png_header_bomb(os.path.join(data, "bomb_mask.png"), 60000, 60000, color=0)
+        os.mkfifo(os.path.join(data, "fifo.png"))
+        # One large but allowed image (3000x3000): its buffers are given back afterwards.
+        big = np.zeros((3000, 3000, 3), np.uint8)
+        Image.fromarray(big).save(os.path.join(data, "big.png"))
+        Image.fromarray(np.zeros((3000, 3000), np.uint8)).save(os.path.join(data, "big_mask.png"))
+        with open(manifest, "a") as f:
+            f.write("bomb,bomb.png,mask.png\nbombmask,i000.png,bomb_mask.png\nfifo,fifo.png,mask.png\n"
+                    "fifomask,i000.png,fifo.png\nbig,big.png,big_mask.png\n")
+        cluster = tt.Cluster(self, os.path.join(root, "cluster"))
+        worker = cluster.start_worker()
+        job = cluster.submit(tt.fixture("red_vs_rest.pt"), manifest, "--batch-size", "1")
+        self.assertEqual(cluster.wait(job, timeout=120)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        report = tt.read_report(out)
+        self.assertEqual((report["images_evaluated"], report["images_failed"]), (5, 4))
+        reasons = {f["id"]: f["reason"] for f in report["failures"]}
+        self.assertIn("declares 60000x60000 pixels (3600000000)", reasons["bomb"])
+        self.assertIn("bomb.png", reasons["bomb"])
+        self.assertIn("mask", reasons["bombmask"])
+        self.assertIn("declares 60000x60000", reasons["bombmask"])
+        self.assertIn("is a FIFO, not a regular file", reasons["fifo"])
+        self.assertIn("is a FIFO, not a regular file", reasons["fifomask"])
+        # The bomb was never allocated (10.8 GB), and the large image's buffers went back.
+        peak = tt.proc_status(worker.pid, "VmHWM")
+        self.assertLess(peak, 1 << 30, f"worker peak memory {peak} bytes")
+        rss = tt.proc_status(worker.pid, "VmRSS")
+        self.assertLess(rss, 400 << 20, f"worker memory after the job {rss} bytes (peak {peak})")
+
+    def test_forward_pass_past_the_batch_timeout_fails_the_row_and_restarts_the_worker(self):
+        root = tt.tmpdir(self)
+        manifest = marked_dataset(os.path.join(root, "data"), 10, {5})
+        out = os.path.join(root, "out")
+        p = tt.tally_run(tt.fixture("hangs_on_mark.pt"), manifest, out, "--batch-size", "4", "--shard-size", "4",
+                         "--batch-timeout", "2", "--lease-seconds", "3")
+        report = tt.read_report(out)
+        self.assertEqual((report["images_evaluated"], report["images_failed"]), (9, 1))
+        self.assertEqual(report["failures"][0]["index"], 5)
+        self.assertIn("timed out after 2 s", report["failures"][0]["reason"])
+        self.assertIn("forward pass", report["failures"][0]["reason"])
+        self.assertIn("exit code 75", p.stderr)  # The worker restarted itself (twice: batch, then row).
+
+    def test_invalid_utf8_fails_the_submission_with_line_and_column(self):
+        root = tt.tmpdir(self)
+        manifest = marked_dataset(os.path.join(root, "data"), 2, set())
+        with open(manifest, "ab") as f:
+            f.write(b"caf\xe9,i000.png,mask.png\n")
+        start = time.time()
+        p = tt.tally_run(tt.fixture("red_vs_rest.pt"), manifest, os.path.join(root, "out"), check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("line 4, column 1 ('id'): invalid UTF-8 (byte 0xE9", p.stderr)
+        self.assertLess(time.time() - start, 60)
+
+
+class ServiceLimitsTest(unittest.TestCase):
+    def test_oversized_name_is_refused_and_listing_keeps_working(self):
+        root = tt.tmpdir(self)
+        manifest = marked_dataset(os.path.join(root, "data"), 2, set())
+        cluster = tt.Cluster(self, os.path.join(root, "cluster"))
+        p = cluster.cli("submit", "--model", tt.fixture("red_vs_rest.pt"), "--manifest", manifest, "--name",
+                        "x" * 100000, check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("'name' is 100000 bytes; the limit is 256", p.stderr)
+        ok = cluster.submit(tt.fixture("red_vs_rest.pt"), manifest, "--name", "fine")
+        jobs = cluster.cli("jobs").stdout
+        self.assertIn(ok, jobs)
+        self.assertEqual(len(jobs.splitlines()), 1)
+
+    def test_delete_removes_a_finished_job(self):
+        root = tt.tmpdir(self)
+        manifest = marked_dataset(os.path.join(root, "data"), 4, set())
+        cluster = tt.Cluster(self, os.path.join(root, "cluster"))
+        cluster.start_worker()
+        job = cluster.submit(tt.fixture("red_vs_rest.pt"), manifest)
+        cluster.wait(job)
+        cluster.fetch(job, os.path.join(root, "out"))
+        self.assertEqual(cluster.cli("delete", job).stdout.strip(), f"deleted {job}")
+        self.assertNotIn(job, cluster.cli("jobs").stdout)
+        self.assertFalse(os.path.exists(os.path.join(cluster.state, "reports", job)))
+        p = cluster.cli("status", job, check=False)
+        self.assertIn("no job", p.stderr)
+
+
+class RecoveryTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="tally-rec-")
+        cls.manifest = tt.write_dataset(os.path.join(cls.root, "data"), np.random.default_rng(31), 160,
+                                        [(48, 48)], classes=2)
+        cls.flags = ["--metrics", "dice,hd95", "--shard-size", "8", "--batch-size", "4"]
+        cls.reference = os.path.join(cls.root, "reference")
+        tt.tally_run(tt.fixture("slow.pt"), cls.manifest, cls.reference, "--workers", "1", *cls.flags)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.root, True)
+
+    def wait_for(self, cluster, job, fraction):
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            j = cluster.job(job)
+            if j["done"] >= fraction * j["total"]:
+                return j
+            time.sleep(0.05)
+        raise AssertionError("no progress")
+
+    def wait_log(self, cluster, needle, timeout=10):
+        deadline = time.time() + timeout  # Health follows the database within a second.
+        while needle not in cluster.log("tallyd.log") and time.time() < deadline:
+            time.sleep(0.1)
+        self.assertIn(needle, cluster.log("tallyd.log"))
+
+    def test_watch_rides_out_a_coordinator_restart(self):
+        root = tt.tmpdir(self)
+        cluster = tt.Cluster(self, root)
+        cluster.start_worker()
+        job = cluster.submit(tt.fixture("slow.pt"), self.manifest, *self.flags)
+        watch = subprocess.Popen([os.path.join(tt.BIN, "tally"), "watch", job, "--server", cluster.address],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: watch.poll() is None and watch.kill())
+        self.assertLess(self.wait_for(cluster, job, 0.2)["done"], 160)
+        cluster.tallyd.send_signal(signal.SIGKILL)
+        cluster.tallyd.wait(10)
+        time.sleep(1.0)
+        cluster.start_tallyd()
+        out, err = watch.communicate(timeout=240)
+        self.assertEqual(watch.returncode, 0, err)
+        self.assertIn("reconnecting", err)
+        self.assertIn("succeeded", out)
+        fetched = os.path.join(root, "out")
+        cluster.fetch(job, fetched)
+        self.assertTrue(tt.same_files(self.reference, fetched))
+
+    def test_full_disk_stalls_the_job_visibly_and_it_resumes(self):
+        root = tt.tmpdir(self)
+        state = os.path.join(root, "state")
+        os.makedirs(state)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", state],
+                          capture_output=True).returncode != 0:
+            self.skipTest("mounting a small tmpfs is not permitted here (needs root or CAP_SYS_ADMIN)")
+        self.addCleanup(subprocess.run, ["umount", "-l", state])
+        cluster = tt.Cluster(self, root, state=state)
+        cluster.start_worker()
+        job = cluster.submit(tt.fixture("slow.pt"), self.manifest, *self.flags)
+        self.wait_for(cluster, job, 0.2)
+        filler = os.path.join(state, "filler")
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+        deadline = time.time() + 120
+        while True:
+            j = cluster.job(job)
+            if j["stalled"] or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        self.assertEqual(j["state"], "running")
+        self.assertEqual(j["stalled"], f"stalled: database or disk is full ({state})")
+        self.wait_log(cluster, "health: NOT_SERVING")
+        os.unlink(filler)
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        self.wait_log(cluster, "health: SERVING")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        self.assertTrue(tt.same_files(self.reference, out))
+        self.assertTrue(tt.read_report(out)["complete"])
+
+
+if __name__ == "__main__":
+    unittest.main()
