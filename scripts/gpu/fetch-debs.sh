@@ -4,7 +4,7 @@
 # Usage: fetch-debs.sh DIR [EXTRA_PACKAGE ...]
 set -euo pipefail
 dir=${1:?usage: fetch-debs.sh DIR [EXTRA_PACKAGE ...]}; shift || true
-mkdir -p "$dir"; cd "$dir"
+mkdir -p "$dir"; dir=$(cd "$dir" && pwd); cd "$dir"
 pkgs=(libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29
       libprotobuf-dev libprotobuf-lite32 libprotobuf32 libprotoc32 libre2-9 libre2-dev protobuf-compiler
       protobuf-compiler-grpc libpng-dev libpng16-16 libturbojpeg0-dev libturbojpeg0 libjpeg62-turbo
