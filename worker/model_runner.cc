@@ -299,8 +299,6 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
         "model '", options_.model_path, "' returned logits of shape ", Shape(raw_logits), " for an input of shape ",
         Shape(x), "; expected [N, C, H, W] with N = ", n, " and C >= 1"));
   }
-  // NaN/Inf per image, counted on the device from the model's own output.
-  nonfinite->push_back(at::isfinite(raw_logits).logical_not().sum({1, 2, 3}).to(at::kLong));
   at::Tensor logits = raw_logits.to(at::kFloat);
   if (logits.size(2) != H || logits.size(3) != W) {
     logits = at::upsample_bilinear2d(logits, {H, W}, /*align_corners=*/false);
@@ -321,17 +319,21 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
     at::Tensor c = at::zeros({n, K, K}, long_opts);
     at::Tensor pred16 = want_labels ? at::empty({n, H, W}, ref16.options()) : at::Tensor();
     at::Tensor t = options_.count_logit_ties ? at::zeros({}, long_opts) : at::Tensor();
+    at::Tensor bad = at::zeros({n}, long_opts);
     if (LaunchConfusion(lg.data_ptr<float>(), ref16.data_ptr<int16_t>(), n, static_cast<int>(C), H * W,
                         want_labels ? pred16.data_ptr<int16_t>() : nullptr, c.data_ptr<int64_t>(),
-                        t.defined() ? t.data_ptr<int64_t>() : nullptr,
+                        t.defined() ? t.data_ptr<int64_t>() : nullptr, bad.data_ptr<int64_t>(),
                         at::cuda::getCurrentCUDAStream().stream())) {
       counts->push_back(c);
+      nonfinite->push_back(bad);
       if (want_labels) labels->push_back(pred16);
       if (t.defined()) *ties = ties->defined() ? *ties + t : t;
       return absl::OkStatus();
     }
   }
 #endif
+  // NaN/Inf per image in the logits as evaluated (float32, at the mask's size).
+  nonfinite->push_back(at::isfinite(logits).logical_not().sum({1, 2, 3}).to(at::kLong));
   at::Tensor pred = C == 1 ? logits.select(1, 0).gt(0).to(at::kLong) : logits.argmax(1);
   if (options_.count_logit_ties && C >= 2) {
     at::Tensor top2 = std::get<0>(logits.topk(2, 1));

@@ -70,7 +70,8 @@ class PendingBatch {
   virtual const int64_t* confusion(int i) const = 0;
   // Predicted labels of image i (H x W), when want_labels was set.
   virtual const uint16_t* labels(int i) const = 0;
-  // NaN and infinite values in the model's output for image i (before any resize).
+  // NaN and infinite values in the model's output for image i: the float32 logits at the mask's
+  // size (after the bilinear resize, when the model's output size differs), every channel.
   virtual int64_t nonfinite(int i) const = 0;
   virtual int64_t logit_ties() const = 0;
 };

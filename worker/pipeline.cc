@@ -67,7 +67,8 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
     slots_.push_back(std::make_unique<Slot>());
     free_slots_.push_back(slots_.back().get());
   }
-  for (int i = 0; i < std::max(1, options_.decode_threads); ++i) threads_.emplace_back([this] { DecodeLoop(); });
+  decoding_.resize(std::max(1, options_.decode_threads));
+  for (size_t i = 0; i < decoding_.size(); ++i) threads_.emplace_back([this, i] { DecodeLoop(i); });
   threads_.emplace_back([this] { BatchLoop(); });
   threads_.emplace_back([this] { CompletionLoop(); });
   if (on_timeout_ && options_.batch_timeout_seconds > 0) threads_.emplace_back([this] { WatchdogLoop(); });
@@ -79,7 +80,13 @@ void Pipeline::WatchdogLoop() {
     cv_.wait_for(lock, std::chrono::milliseconds(200));
     if (stopping_ || timed_out_) return;
     const double now = NowUnix();
-    for (const auto& [id, a] : activities_) {
+    std::vector<const Activity*> running;
+    for (const auto& [id, a] : activities_) running.push_back(&a);
+    for (const Activity& a : decoding_) {
+      if (a.since > 0) running.push_back(&a);
+    }
+    for (const Activity* p : running) {
+      const Activity& a = *p;
       if (now - a.since <= options_.batch_timeout_seconds) continue;
       timed_out_ = true;
       const Activity stuck = a;
@@ -217,7 +224,7 @@ void Pipeline::Decode(Item* item) {
   item->image = std::move(image);
 }
 
-void Pipeline::DecodeLoop() {
+void Pipeline::DecodeLoop(size_t slot) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     std::shared_ptr<Shard> shard;
@@ -247,12 +254,16 @@ void Pipeline::DecodeLoop() {
       }
     }
     ++decoded_waiting_;
+    // For the watchdog, set while the lock is held anyway: no extra locking per image.
+    Activity& activity = decoding_[slot];
+    activity.since = NowUnix();
+    activity.what = "decoding";
+    activity.lease = shard->lease;
+    activity.indices.assign(1, item->row.index());
     lock.unlock();
-    {
-      ActivityScope activity(this, shard->lease, {item->row.index()}, "decoding");
-      Decode(item);
-    }
+    Decode(item);
     lock.lock();
+    activity.since = 0;
     item->decoded = true;
     cv_.notify_all();
   }

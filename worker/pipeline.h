@@ -117,7 +117,7 @@ class Pipeline {
   };
   class ActivityScope;
 
-  void DecodeLoop();
+  void DecodeLoop(size_t slot);
   void WatchdogLoop();
   // A top-level batch (not a retry) has finished; `failed` rows of it failed in the model.
   void NoteEarlyBatch(size_t rows, size_t failed, const std::string& message);
@@ -164,8 +164,9 @@ class Pipeline {
   // Short tasks run by the decode threads before any decoding: staging copies (at the front) and
   // surface metrics.
   std::deque<std::function<void()>> metric_tasks_;
-  std::map<int64_t, Activity> activities_;
+  std::map<int64_t, Activity> activities_;  // Forward passes in progress.
   int64_t next_activity_ = 0;
+  std::vector<Activity> decoding_;          // Per decode thread; `since` 0 when idle.
   bool timed_out_ = false;
   int early_batches_ = 0;           // Top-level batches finished (counted up to 2).
   int early_batches_all_failed_ = 0;

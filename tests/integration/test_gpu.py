@@ -54,6 +54,38 @@ class GpuTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         return out
 
+    def test_nonfinite_counts_and_throwing_rows_equal_cpu(self):
+        # The fused kernel counts NaN logits per image; the CPU path uses torch ops: same numbers.
+        data = os.path.join(self.root, "marked")
+        os.makedirs(data, exist_ok=True)
+        from PIL import Image
+        rows = ["image,mask"]
+        for i in range(12):
+            img = np.zeros((24, 40, 3), np.uint8)
+            img[:, :20, 0] = 220
+            img[0, 0, 1] = 255 if i in (3, 8) else 40
+            Image.fromarray(img).save(os.path.join(data, f"{i}.png"))
+            rows.append(f"{i}.png,mask.png")
+        Image.fromarray((np.arange(24 * 40).reshape(24, 40) % 2).astype(np.uint8)).save(os.path.join(data, "mask.png"))
+        with open(os.path.join(data, "m.csv"), "w") as f:
+            f.write("\n".join(rows) + "\n")
+        for model in ("nan_on_mark.pt", "raises_on_mark.pt"):
+            outs = {}
+            for device, flags in (("cpu", ["--workers", "1"]), ("gpu", ["--gpus", "0"])):
+                out = os.path.join(self.root, f"{model}-{device}")
+                p = tt.tally_run(tt.fixture(model), os.path.join(data, "m.csv"), out, "--nonfinite", "warn",
+                                 "--batch-size", "4", *flags, check=False)
+                if p.returncode != 0 and "CPU-only LibTorch" in p.stderr:
+                    self.skipTest("this build has no CUDA support")
+                self.assertEqual(p.returncode, 0, p.stderr)
+                outs[device] = out
+            self.assertTrue(tt.same_files(outs["cpu"], outs["gpu"]), model)
+            report = tt.read_report(outs["gpu"])
+            if model == "nan_on_mark.pt":
+                self.assertEqual((report["nonfinite_images"], report["nonfinite_values"]), (2, 2 * 24 * 40 * 2))
+            else:
+                self.assertEqual(sorted(f["index"] for f in report["failures"]), [3, 8])
+
     def test_cuda_counts_equal_cpu_counts(self):
         cpu = self.run_on("cpu_three", "three_class.pt", "--workers", "1")
         gpu = self.run_on("gpu_three", "three_class.pt", "--gpus", "0")
