@@ -449,6 +449,30 @@ TEST_F(CoordinatorTest, JobsArePaginatedAndDeletable) {
   EXPECT_TRUE(core_->GetJob(ids[1]).ok());
 }
 
+TEST_F(CoordinatorTest, RetentionDeletesOnlyJobsFinishedLongEnoughAgo) {
+  core_.reset();
+  CoordinatorOptions o;
+  o.state_dir = dir_ + "/state";
+  o.clock = [this] { return now_; };
+  o.background_thread = false;
+  o.retain_days = 2;
+  auto c = Coordinator::Create(o);
+  ASSERT_TRUE(c.ok());
+  core_ = std::move(*c);
+  WriteManifest(0);
+  auto old_job = core_->SubmitJob(Spec(0, 0));  // Empty: finished as soon as its report is built.
+  core_->RunFinalizers();
+  now_ += 86400;
+  auto young_job = core_->SubmitJob(Spec(0, 0));
+  core_->RunFinalizers();
+  auto running = core_->SubmitJob(Spec(0, 0));
+  now_ += 1.5 * 86400;  // The first finished 2.5 days ago, the second 1.5 days ago.
+  core_->ApplyRetention();
+  EXPECT_EQ(core_->GetJob(old_job->job_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(core_->GetJob(young_job->job_id()).ok());
+  EXPECT_TRUE(core_->GetJob(running->job_id()).ok());  // Queued for its report: never deleted.
+}
+
 TEST_F(CoordinatorTest, RunningJobCannotBeDeleted) {
   auto job = core_->SubmitJob(Spec(10, 1));
   auto s = core_->DeleteJob(job->job_id());
