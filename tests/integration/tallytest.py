@@ -191,6 +191,16 @@ class Cluster:
         return {"state": line[1], "done": int(done), "total": int(total), "failed": int(line[3]),
                 "stalled": stalled[0] if stalled else ""}
 
+    def wait_for_progress(self, job_id, fraction, timeout=120):
+        """Waits until `fraction` of the job's rows are done; returns the job's fields."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            j = self.job(job_id)
+            if j["done"] >= fraction * j["total"]:
+                return j
+            time.sleep(0.05)
+        raise AssertionError(f"job {job_id} made no progress")
+
     def wait(self, job_id, timeout=300):
         deadline = time.time() + timeout
         while time.time() < deadline:

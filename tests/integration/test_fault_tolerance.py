@@ -48,15 +48,6 @@ class FaultToleranceTest(unittest.TestCase):
         self.assertEqual(len(keys), 240 * 2)
         self.assertEqual(sum(w["images"] for w in report["workers"]), 240)
 
-    def wait_for_progress(self, cluster, job, fraction, timeout=120):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            j = cluster.job(job)
-            if j["done"] >= fraction * j["total"]:
-                return j
-            time.sleep(0.05)
-        raise AssertionError("no progress")
-
     def test_sigkill_of_a_worker_mid_job_loses_nothing(self):
         root = tt.tmpdir(self)
         cluster = tt.Cluster(self, root, lease_seconds=2.0)
@@ -65,7 +56,7 @@ class FaultToleranceTest(unittest.TestCase):
         cluster.wait_registered(3)
         job = cluster.submit(tt.fixture("slow.pt"), self.manifest, "--metrics", "dice,hd95", "--shard-size", "8",
                              "--batch-size", "4")
-        at_kill = self.wait_for_progress(cluster, job, 0.25)
+        at_kill = cluster.wait_for_progress(job, 0.25)
         self.assertLess(at_kill["done"], 240, "the job finished before the kill; make it slower")
         victim = cluster.workers[0]
         victim.send_signal(signal.SIGKILL)
@@ -87,7 +78,7 @@ class FaultToleranceTest(unittest.TestCase):
         cluster.wait_registered(2)
         job = cluster.submit(tt.fixture("slow.pt"), self.manifest, "--metrics", "dice,hd95", "--shard-size", "8",
                              "--batch-size", "4")
-        self.wait_for_progress(cluster, job, 0.3)
+        cluster.wait_for_progress(job, 0.3)
         port = cluster.address.split(":")[1]
         cluster.tallyd.send_signal(signal.SIGKILL)
         cluster.tallyd.wait(10)

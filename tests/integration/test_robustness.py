@@ -248,15 +248,6 @@ class RecoveryTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.root, True)
 
-    def wait_for(self, cluster, job, fraction):
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            j = cluster.job(job)
-            if j["done"] >= fraction * j["total"]:
-                return j
-            time.sleep(0.05)
-        raise AssertionError("no progress")
-
     def wait_log(self, cluster, needle, timeout=10):
         deadline = time.time() + timeout  # Health follows the database within a second.
         while needle not in cluster.log("tallyd.log") and time.time() < deadline:
@@ -271,7 +262,7 @@ class RecoveryTest(unittest.TestCase):
         watch = subprocess.Popen([os.path.join(tt.BIN, "tally"), "watch", job, "--server", cluster.address],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(lambda: watch.poll() is None and watch.kill())
-        self.assertLess(self.wait_for(cluster, job, 0.2)["done"], 160)
+        self.assertLess(cluster.wait_for_progress(job, 0.2)["done"], 160)
         cluster.tallyd.send_signal(signal.SIGKILL)
         cluster.tallyd.wait(10)
         time.sleep(1.0)
@@ -295,7 +286,7 @@ class RecoveryTest(unittest.TestCase):
         cluster = tt.Cluster(self, root, state=state)
         cluster.start_worker()
         job = cluster.submit(tt.fixture("slow.pt"), self.manifest, *self.flags)
-        self.wait_for(cluster, job, 0.2)
+        cluster.wait_for_progress(job, 0.2)
         filler = os.path.join(state, "filler")
         with open(filler, "wb") as f:
             try:

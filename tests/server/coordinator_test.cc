@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -32,7 +33,8 @@ class CoordinatorTest : public ::testing::Test {
     for (int i = 0; i < rows; ++i) m << "img" << i << ".png,mask" << i << ".png\n";
   }
 
-  void Restart() {
+  // Restarts the coordinator on the same state; `tweak` may change the options.
+  void Restart(const std::function<void(CoordinatorOptions*)>& tweak = nullptr) {
     core_.reset();
     CoordinatorOptions o;
     o.state_dir = dir_ + "/state";
@@ -40,6 +42,7 @@ class CoordinatorTest : public ::testing::Test {
     o.max_shard_attempts = 3;
     o.clock = [this] { return now_; };
     o.background_thread = false;
+    if (tweak) tweak(&o);
     auto c = Coordinator::Create(o);
     ASSERT_TRUE(c.ok()) << c.status();
     core_ = std::move(*c);
@@ -404,18 +407,11 @@ TEST_F(CoordinatorTest, OversizedNameAndTooManyRowsAreRefused) {
   auto job = core_->SubmitJob(spec);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(job.status().message(), HasSubstr("'name' is 41943040 bytes; the limit is 256"));
-  core_.reset();
-  CoordinatorOptions o;
-  o.state_dir = dir_ + "/state";
-  o.clock = [this] { return now_; };
-  o.background_thread = false;
-  o.max_manifest_rows = 9;
-  auto c = Coordinator::Create(o);
-  ASSERT_TRUE(c.ok());
-  auto refused = (*c)->SubmitJob(Spec(10, 1));
+  Restart([](CoordinatorOptions* o) { o->max_manifest_rows = 9; });
+  auto refused = core_->SubmitJob(Spec(10, 1));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("more than 9 rows"));
-  auto listed = (*c)->ListJobs(10, "");
+  auto listed = core_->ListJobs(10, "");
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->jobs_size(), 0);  // Nothing of the refused submission is left.
 }
@@ -450,15 +446,7 @@ TEST_F(CoordinatorTest, JobsArePaginatedAndDeletable) {
 }
 
 TEST_F(CoordinatorTest, RetentionDeletesOnlyJobsFinishedLongEnoughAgo) {
-  core_.reset();
-  CoordinatorOptions o;
-  o.state_dir = dir_ + "/state";
-  o.clock = [this] { return now_; };
-  o.background_thread = false;
-  o.retain_days = 2;
-  auto c = Coordinator::Create(o);
-  ASSERT_TRUE(c.ok());
-  core_ = std::move(*c);
+  Restart([](CoordinatorOptions* o) { o->retain_days = 2; });
   WriteManifest(0);
   auto old_job = core_->SubmitJob(Spec(0, 0));  // Empty: finished as soon as its report is built.
   core_->RunFinalizers();
