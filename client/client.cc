@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backoff.h"
 #include "common/file_util.h"
+#include "common/rpc.h"
 
 namespace tally {
 namespace {
@@ -25,24 +26,9 @@ void SetDeadline(grpc::ClientContext* ctx, double seconds) {
 
 }  // namespace
 
-std::string JobStateName(v1::JobState state) {
-  switch (state) {
-    case v1::JOB_STATE_QUEUED: return "queued";
-    case v1::JOB_STATE_RUNNING: return "running";
-    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
-    case v1::JOB_STATE_FAILED: return "failed";
-    case v1::JOB_STATE_CANCELLED: return "cancelled";
-    default: return "unknown";
-  }
-}
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
-
 TallyClient::TallyClient(const std::string& server) : server_(server) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   channel_ = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::Coordinator::NewStub(channel_);
 }

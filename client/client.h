@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "common/rpc.h"
 #include "proto/tally.grpc.pb.h"
 
 namespace tally {
@@ -42,10 +43,6 @@ class TallyClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
-
-// "succeeded", "running", ...
-std::string JobStateName(v1::JobState state);
-bool IsTerminal(v1::JobState state);
 
 }  // namespace tally
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace tally {

@@ -1,4 +1,5 @@
 #include "common/log.h"
+#include "common/clock.h"
 
 #include <unistd.h>
 
@@ -15,10 +16,6 @@ std::string& Name() {
 }  // namespace
 
 void SetLogName(absl::string_view name) { Name() = std::string(name); }
-
-double NowUnix() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 void LogLine(absl::string_view message) {
   const double now = NowUnix();

@@ -17,9 +17,6 @@ void Log(const Args&... args) {
   LogLine(absl::StrCat(args...));
 }
 
-// Unix time in seconds (wall clock).
-double NowUnix();
-
 }  // namespace tally
 
 #endif  // TALLY_COMMON_LOG_H_

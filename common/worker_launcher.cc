@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 

@@ -8,12 +8,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "common/image_io.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/manifest.h"
 #include "common/metrics.h"
-#include "common/sharding.h"
+#include "common/rpc.h"
+#include "server/sharding.h"
 #include "common/status_macros.h"
 #include "server/report_writer.h"
 
@@ -23,10 +25,6 @@ namespace {
 // Shards are aligned to this many rows when the job leaves the batch size to the worker, so that
 // batch boundaries fall on the same indices whichever worker runs a shard (8, 16 and 32 divide it).
 constexpr int64_t kDefaultBatchAlignment = 32;
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
 
 std::string RandomHex(int digits) {
   static thread_local std::mt19937_64 rng(std::random_device{}());
@@ -180,7 +178,7 @@ absl::Status Coordinator::Resume() {
       rec.job.set_report_ready(stat((ReportPath(id) + "/report.json").c_str(), &st) == 0);
     } else {
       const int64_t n = rec.job.images_total();
-      const int64_t num_shards = rec.shard_size > 0 ? (n + rec.shard_size - 1) / rec.shard_size : 0;
+      const int64_t num_shards = NumShards(n, rec.shard_size);
       ASSIGN_OR_RETURN(std::vector<ShardState> states, store_->ReadShardStates(id, num_shards));
       ASSIGN_OR_RETURN(std::vector<int64_t> done_rows, store_->ReadResultIndices(id));
       for (const ShardRange& r : MakeShards(n, rec.shard_size)) {
@@ -453,7 +451,6 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   v1::RegisterWorkerResponse response;
   response.set_worker_id(id);
   response.set_heartbeat_seconds(options_.heartbeat_seconds);
-  response.set_lease_seconds(options_.lease_seconds);
   return response;
 }
 
@@ -541,8 +538,8 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::Acq
     v1::ManifestRow* row = a->add_rows();
     row->set_index(r.index);
     row->set_id(r.id);
-    row->set_image(r.image_path);
-    row->set_mask(r.mask_path);
+    row->set_image_path(r.image_path);
+    row->set_mask_path(r.mask_path);
     row->set_error(r.error);
   }
   return response;

@@ -6,16 +6,13 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc.h"
 #include "grpcpp/alarm.h"
 #include "server/grpc_util.h"
 #include "server/report_writer.h"
 
 namespace tally {
 namespace {
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
 
 // Streams job snapshots: one at once, then one per interval, until the job has ended and its report
 // is ready (or the client goes away). Waits on a grpc::Alarm, never blocking a reactor thread.

@@ -6,13 +6,11 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "common/rpc.h"
 #include "grpcpp/grpcpp.h"
 #include "server/executor.h"
 
 namespace tally {
-
-// Largest gRPC message either side accepts.
-inline constexpr int kMaxMessageBytes = 64 << 20;
 
 inline grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;

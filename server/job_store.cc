@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/sharding.h"
 
 namespace tally {
 namespace {
@@ -196,8 +197,7 @@ absl::Status JobStore::CreateJob(const JobRecord& record) {
     Stmt shard(db_, "INSERT INTO shards VALUES(?,?,0,0)");
     RETURN_IF_ERROR(shard.status());
     const int64_t n = job.images_total();
-    const int64_t num_shards = record.shard_size > 0 ? (n + record.shard_size - 1) / record.shard_size : 0;
-    for (int64_t s = 0; s < num_shards; ++s) {
+    for (int64_t s = 0; s < NumShards(n, record.shard_size); ++s) {
       shard.Bind(1, job.job_id()).Bind(2, s);
       RETURN_IF_ERROR(shard.Run());
     }

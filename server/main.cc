@@ -18,6 +18,7 @@
 #include "common/flag_util.h"
 #include "common/gpu_inventory.h"
 #include "common/log.h"
+#include "common/signals.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "Address to serve on (host:port; port 0 = any free port)");
@@ -41,12 +42,7 @@ int main(int argc, char** argv) {
   std::vector<char*> args = tally::ArgvPointers(normalized);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 
-  // Block the signals before any thread starts; one thread waits for them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  tally::BlockTerminationSignals();
 
   tally::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -77,9 +73,7 @@ int main(int argc, char** argv) {
     std::cerr << "tallyd: " << server.status().message() << "\n";
     return 1;
   }
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  std::thread waiter = tally::WaitForTerminationSignal([&](int sig) {
     tally::Log("received signal ", sig, ", shutting down");
     (*server)->Shutdown();
   });

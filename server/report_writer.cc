@@ -13,8 +13,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
-#include "common/json_writer.h"
+#include "server/json_writer.h"
+#include "server/number_format.h"
 #include "common/metrics.h"
+#include "common/rpc.h"
 #include "common/status_macros.h"
 #include "server/aggregator.h"
 
@@ -22,17 +24,6 @@ namespace tally {
 namespace {
 
 constexpr const char* kVersion = "0.1.0";
-
-std::string StateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_QUEUED: return "queued";
-    case v1::JOB_STATE_RUNNING: return "running";
-    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
-    case v1::JOB_STATE_FAILED: return "failed";
-    case v1::JOB_STATE_CANCELLED: return "cancelled";
-    default: return "unknown";
-  }
-}
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
   const std::string tmp = path + ".tmp";
@@ -122,7 +113,7 @@ std::string BuildJson(const ReportData& d) {
   w.Field("tally_version", kVersion);
   w.Field("job_id", job.job_id());
   w.Field("name", spec.name());
-  w.Field("state", StateName(job.state()));
+  w.Field("state", JobStateName(job.state()));
   const int64_t missing = job.images_total() - d.evaluated - d.failed;
   w.Field("complete", job.state() == v1::JOB_STATE_SUCCEEDED && missing == 0);
   w.Field("error", job.error());
@@ -254,7 +245,7 @@ std::string SummaryTable(const ReportData& d) {
 std::string BuildMarkdown(const ReportData& d) {
   const v1::Job& job = d.record->job;
   std::string out = absl::StrCat("# Tally report: ", job.job_id(), "\n\n");
-  absl::StrAppend(&out, "- State: **", StateName(job.state()), "**", job.error().empty() ? "" : " — " + job.error(),
+  absl::StrAppend(&out, "- State: **", JobStateName(job.state()), "**", job.error().empty() ? "" : " — " + job.error(),
                   "\n");
   absl::StrAppend(&out, "- Model: `", job.spec().model(), "`\n- Manifest: `", job.spec().manifest(), "`\n");
   absl::StrAppend(&out, "- Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ",
@@ -404,7 +395,7 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
 </style></head><body>
 )";
   absl::StrAppend(&h, "<h1>Tally report <code>", Html(job.job_id()), "</code></h1>\n<div class=\"meta\">");
-  absl::StrAppend(&h, "State: <span class=\"state-", StateName(job.state()), "\">", StateName(job.state()),
+  absl::StrAppend(&h, "State: <span class=\"state-", JobStateName(job.state()), "\">", JobStateName(job.state()),
                   "</span>", job.error().empty() ? "" : " — " + Html(job.error()), "<br>");
   absl::StrAppend(&h, "Model: <code>", Html(job.spec().model()), "</code><br>Manifest: <code>",
                   Html(job.spec().manifest()), "</code><br>");

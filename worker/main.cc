@@ -21,6 +21,7 @@
 #include "absl/flags/usage.h"
 #include "common/flag_util.h"
 #include "common/log.h"
+#include "common/signals.h"
 #include "worker/worker.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port");
@@ -43,11 +44,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   tally::SetLogName("tally-worker[" + absl::GetFlag(FLAGS_device) + "]");
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  tally::BlockTerminationSignals();
 
   tally::WorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -66,9 +63,7 @@ int main(int argc, char** argv) {
     std::cerr << "tally-worker: " << worker.status().message() << "\n";
     return 2;
   }
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  std::thread waiter = tally::WaitForTerminationSignal([&](int sig) {
     tally::Log("received signal ", sig, ", stopping");
     (*worker)->Stop();
   });

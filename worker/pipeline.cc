@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace tally {
@@ -166,7 +167,6 @@ v1::WorkerStats Pipeline::Stats() const {
   s.set_first_batch_unix(first_batch_unix_);
   s.set_logit_ties(logit_ties_);
   if (clock_start_ > 0 && last_result_ > clock_start_) {
-    s.set_busy_seconds(last_result_ - clock_start_);
     s.set_images_per_second(static_cast<double>(images_after_warmup_) / (last_result_ - clock_start_));
   }
   return s;
@@ -206,17 +206,17 @@ void Pipeline::Decode(Item* item) {
     return;
   }
   std::unique_ptr<RgbImage> image = TakeImage();
-  absl::Status s = LoadImage(item->row.image(), image.get(), options_.max_image_pixels);
+  absl::Status s = LoadImage(item->row.image_path(), image.get(), options_.max_image_pixels);
   if (!s.ok()) {
     item->error = std::string(s.message());
   } else {
     std::unique_ptr<LabelMap> mask = TakeMask();
-    s = LoadMask(item->row.mask(), mask.get(), options_.max_image_pixels);
+    s = LoadMask(item->row.mask_path(), mask.get(), options_.max_image_pixels);
     if (!s.ok()) {
       item->error = std::string(s.message());
     } else if (mask->height != image->height || mask->width != image->width) {
-      item->error = absl::StrCat("image '", item->row.image(), "' is ", image->height, "x", image->width,
-                                 " (height x width) but mask '", item->row.mask(), "' is ", mask->height, "x",
+      item->error = absl::StrCat("image '", item->row.image_path(), "' is ", image->height, "x", image->width,
+                                 " (height x width) but mask '", item->row.mask_path(), "' is ", mask->height, "x",
                                  mask->width);
     }
     item->mask = std::move(mask);

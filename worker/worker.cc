@@ -9,16 +9,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "common/backoff.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/rpc.h"
 #include "common/status_macros.h"
 
 namespace tally {
 namespace {
 
 constexpr double kFlushSeconds = 0.5;
-constexpr int kMaxMessageBytes = 64 << 20;
 
 std::chrono::system_clock::time_point Deadline(double seconds) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));

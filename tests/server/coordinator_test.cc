@@ -147,7 +147,7 @@ TEST_F(CoordinatorTest, ShardsCoverTheManifestAndTheJobSucceeds) {
   for (const auto& a : got) {
     EXPECT_EQ(a.end() - a.begin(), a.rows_size());
     for (const auto& row : a.rows()) covered[row.index()]++;
-    EXPECT_EQ(a.rows(0).image(), dir_ + "/img" + std::to_string(a.begin()) + ".png");
+    EXPECT_EQ(a.rows(0).image_path(), dir_ + "/img" + std::to_string(a.begin()) + ".png");
   }
   ASSERT_EQ(covered.size(), 10u);
   for (auto [i, n] : covered) EXPECT_EQ(n, 1) << i;

@@ -54,8 +54,8 @@ class PipelineTest : public ::testing::Test {
   v1::ManifestRow Row(int64_t index, const std::string& image, const std::string& mask) {
     v1::ManifestRow r;
     r.set_index(index);
-    r.set_image(dir_ + "/" + image);
-    r.set_mask(dir_ + "/" + mask);
+    r.set_image_path(dir_ + "/" + image);
+    r.set_mask_path(dir_ + "/" + mask);
     return r;
   }
 

@@ -1,4 +1,4 @@
-#include "common/sharding.h"
+#include "server/sharding.h"
 
 #include <algorithm>
 
@@ -14,6 +14,10 @@ int64_t EffectiveShardSize(int64_t total_rows, int64_t requested, int64_t batch_
   int64_t size = requested > 0 ? requested : DefaultShardSize(total_rows);
   if (batch_alignment > 1) size = (size + batch_alignment - 1) / batch_alignment * batch_alignment;
   return std::max<int64_t>(size, 1);
+}
+
+int64_t NumShards(int64_t total_rows, int64_t shard_size) {
+  return shard_size > 0 && total_rows > 0 ? (total_rows + shard_size - 1) / shard_size : 0;
 }
 
 std::vector<ShardRange> MakeShards(int64_t total_rows, int64_t shard_size) {

@@ -1,24 +1,13 @@
-#include "common/json_writer.h"
+#include "server/json_writer.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "server/number_format.h"
 
 namespace tally {
-
-std::string FormatDouble(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  // Shortest representation that parses back to the same double.
-  char buf[40];
-  for (int precision = 15; precision <= 17; ++precision) {
-    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  return buf;
-}
 
 std::string JsonEscape(absl::string_view s) {
   std::string out;

@@ -1,6 +1,6 @@
 // How a manifest of N rows is cut into shards: contiguous index ranges [begin, end).
-#ifndef TALLY_COMMON_SHARDING_H_
-#define TALLY_COMMON_SHARDING_H_
+#ifndef TALLY_SERVER_SHARDING_H_
+#define TALLY_SERVER_SHARDING_H_
 
 #include <cstdint>
 #include <vector>
@@ -21,9 +21,12 @@ int64_t DefaultShardSize(int64_t total_rows);
 // evaluates a shard (see README "Exact results").
 int64_t EffectiveShardSize(int64_t total_rows, int64_t requested, int64_t batch_alignment);
 
+// Shards of a manifest of `total_rows` rows cut at `shard_size` rows (0 when either is 0).
+int64_t NumShards(int64_t total_rows, int64_t shard_size);
+
 // Cuts [0, total_rows) into consecutive shards of `shard_size` rows (the last may be shorter).
 std::vector<ShardRange> MakeShards(int64_t total_rows, int64_t shard_size);
 
 }  // namespace tally
 
-#endif  // TALLY_COMMON_SHARDING_H_
+#endif  // TALLY_SERVER_SHARDING_H_

@@ -1,4 +1,4 @@
-#include "common/sharding.h"
+#include "server/sharding.h"
 
 #include "gtest/gtest.h"
 

@@ -1,8 +1,8 @@
 // A small streaming JSON writer for reports. Non-finite numbers: NaN is written as null and
 // +/-infinity as 1e999 / -1e999, which is valid JSON that Python's json and JavaScript's
 // JSON.parse read back as infinity. Not thread-safe.
-#ifndef TALLY_COMMON_JSON_WRITER_H_
-#define TALLY_COMMON_JSON_WRITER_H_
+#ifndef TALLY_SERVER_JSON_WRITER_H_
+#define TALLY_SERVER_JSON_WRITER_H_
 
 #include <cstdint>
 #include <string>
@@ -46,13 +46,9 @@ class JsonWriter {
   bool after_key_ = false;
 };
 
-// Round-trip formatting of a double ("%.17g" shortened to the shortest exact form), with
-// nan / inf / -inf for non-finite values. Used by the CSV writer.
-std::string FormatDouble(double v);
-
 // Escapes a string for JSON (without the quotes).
 std::string JsonEscape(absl::string_view s);
 
 }  // namespace tally
 
-#endif  // TALLY_COMMON_JSON_WRITER_H_
+#endif  // TALLY_SERVER_JSON_WRITER_H_
