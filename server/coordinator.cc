@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/job_config.h"
 #include "common/image_io.h"
 #include "common/file_util.h"
 #include "common/log.h"
@@ -17,14 +18,11 @@
 #include "common/rpc.h"
 #include "server/sharding.h"
 #include "common/status_macros.h"
+#include "server/job_spec_validation.h"
 #include "server/report_writer.h"
 
 namespace tally {
 namespace {
-
-// Shards are aligned to this many rows when the job leaves the batch size to the worker, so that
-// batch boundaries fall on the same indices whichever worker runs a shard (8, 16 and 32 divide it).
-constexpr int64_t kDefaultBatchAlignment = 32;
 
 std::string RandomHex(int digits) {
   static thread_local std::mt19937_64 rng(std::random_device{}());
@@ -69,72 +67,6 @@ std::string RowName(const ManifestRow& r) {
 }
 
 }  // namespace
-
-absl::StatusOr<v1::JobSpec> Coordinator::ValidateSpec(const v1::JobSpec& in) const {
-  v1::JobSpec spec = in;
-  if (spec.model().empty()) return absl::InvalidArgumentError("job spec: 'model' is required");
-  if (spec.manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
-  if (spec.name().size() > kMaxJobNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: 'name' is ", spec.name().size(),
-                                                   " bytes; the limit is ", kMaxJobNameBytes));
-  }
-  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"model", &spec.model()},
-                                     {"manifest", &spec.manifest()}}) {
-    if (value->size() > kMaxPathBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("job spec: '", field, "' is ", value->size(),
-                                                     " bytes; the limit is ", kMaxPathBytes));
-    }
-  }
-  spec.set_model(AbsolutePath(spec.model()));
-  struct stat st;
-  if (stat(spec.model().c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("model file '", spec.model(), "' does not exist"));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("model '", spec.model(), "' is a directory, not a TorchScript file"));
-  }
-  if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");
-  ASSIGN_OR_RETURN(std::vector<Metric> metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
-  spec.clear_metrics();
-  for (Metric m : metrics) spec.add_metrics(std::string(MetricName(m)));
-  const std::string& p = spec.precision();
-  if (p.empty()) {
-    spec.set_precision("fp32");
-  } else if (p != "fp32" && p != "bf16" && p != "fp16") {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: precision '", p, "' is not one of fp32, bf16, fp16"));
-  }
-  for (auto* field : {spec.mutable_mean(), spec.mutable_std()}) {
-    if (field->size() == 1) {
-      const float v = field->Get(0);
-      field->Add(v);
-      field->Add(v);
-    }
-    if (field->size() != 0 && field->size() != 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job spec: mean/std need 1 or 3 values (R,G,B), got ", field->size()));
-    }
-  }
-  for (float s : spec.std()) {
-    if (!(s > 0)) return absl::InvalidArgumentError("job spec: every std value must be > 0");
-  }
-  if ((spec.input_height() > 0) != (spec.input_width() > 0) || spec.input_height() < 0 || spec.input_width() < 0) {
-    return absl::InvalidArgumentError("job spec: input size needs both a height and a width > 0");
-  }
-  if (spec.batch_size() < -1) return absl::InvalidArgumentError("job spec: batch_size must be >= 1, 0 (default) or -1 (auto)");
-  if (spec.shard_size() < 0) return absl::InvalidArgumentError("job spec: shard_size must be >= 0");
-  if (spec.spacing_y() < 0 || spec.spacing_x() < 0) return absl::InvalidArgumentError("job spec: spacing must be > 0");
-  if (spec.nsd_tolerance() < 0) return absl::InvalidArgumentError("job spec: nsd_tolerance must be >= 0");
-  if (spec.max_memory() < 0) return absl::InvalidArgumentError("job spec: max_memory must be >= 0");
-  if (spec.max_image_pixels() < 0) return absl::InvalidArgumentError("job spec: max_image_pixels must be >= 0");
-  if (spec.max_image_pixels() == 0) spec.set_max_image_pixels(kDefaultMaxImagePixels);
-  if (spec.batch_timeout_seconds() < 0) return absl::InvalidArgumentError("job spec: batch_timeout_seconds must be >= 0");
-  if (spec.batch_timeout_seconds() == 0) spec.set_batch_timeout_seconds(kDefaultBatchTimeoutSeconds);
-  if (spec.nonfinite().empty()) spec.set_nonfinite("fail");
-  if (spec.nonfinite() != "fail" && spec.nonfinite() != "warn") {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: nonfinite '", spec.nonfinite(), "' is not fail or warn"));
-  }
-  return spec;
-}
 
 Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store)
     : options_(std::move(options)), store_(std::move(store)) {}
@@ -264,13 +196,12 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   rec.job.set_state(v1::JOB_STATE_QUEUED);
   rec.job.set_created_unix(Now());
   rec.job.set_images_total(reader->rows_read());
-  const int64_t alignment = spec.batch_size() > 0 ? spec.batch_size() : kDefaultBatchAlignment;
-  rec.shard_size = EffectiveShardSize(rec.job.images_total(), spec.shard_size(), alignment);
+  rec.shard_size = EffectiveShardSize(rec.job.images_total(), spec.shard_size(), spec.batch_alignment());
   return rec;
 }
 
 absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in) {
-  ASSIGN_OR_RETURN(v1::JobSpec spec, ValidateSpec(in));
+  ASSIGN_OR_RETURN(v1::JobSpec spec, ValidateJobSpec(in));
   const std::string job_id = NewJobId(Now());
   ASSIGN_OR_RETURN(JobRecord rec, StoreManifest(spec, job_id));
   if (absl::Status s = store_->CreateJob(rec); !s.ok()) {

@@ -54,10 +54,6 @@ struct CoordinatorOptions {
   bool background_thread = true;
 };
 
-// Bounds on what a client may submit (README "Bad input").
-inline constexpr size_t kMaxJobNameBytes = 256;
-inline constexpr size_t kMaxPathBytes = 4096;
-inline constexpr double kDefaultBatchTimeoutSeconds = 600;
 
 class Coordinator {
  public:
@@ -140,7 +136,6 @@ class Coordinator {
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
   absl::Status Resume();
   double Now() const { return options_.clock(); }
-  absl::StatusOr<v1::JobSpec> ValidateSpec(const v1::JobSpec& in) const;
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
   v1::Job Snapshot(const JobEntry& job, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a job (FAILED or CANCELLED) and revokes its leases.

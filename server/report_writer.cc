@@ -15,6 +15,7 @@
 #include "common/file_util.h"
 #include "server/json_writer.h"
 #include "server/number_format.h"
+#include "common/job_config.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -81,6 +82,7 @@ struct Failure {
 
 struct ReportData {
   const JobRecord* record = nullptr;
+  JobConfig config;
   std::vector<Metric> metrics;
   Aggregate aggregate;
   std::vector<Failure> failures;
@@ -124,14 +126,13 @@ std::string BuildJson(const ReportData& d) {
   for (Metric m : d.metrics) w.String(MetricName(m));
   w.EndArray();
   w.Field("include_background", d.include_background);
-  w.Key("spacing").BeginArray().Number(spec.spacing_y() > 0 ? spec.spacing_y() : 1.0).Number(
-      spec.spacing_x() > 0 ? spec.spacing_x() : 1.0).EndArray();
-  w.Field("nsd_tolerance", spec.nsd_tolerance());
-  w.Field("precision", spec.precision().empty() ? "fp32" : spec.precision());
+  w.Key("spacing").BeginArray().Number(d.config.spacing_y).Number(d.config.spacing_x).EndArray();
+  w.Field("nsd_tolerance", d.config.nsd_tolerance);
+  w.Field("precision", PrecisionName(d.config.precision));
   w.Field("shard_size", d.record->shard_size);
-  w.Field("max_image_pixels", spec.max_image_pixels());
-  w.Field("batch_timeout_seconds", spec.batch_timeout_seconds());
-  w.Field("nonfinite", spec.nonfinite().empty() ? "fail" : spec.nonfinite());
+  w.Field("max_image_pixels", d.config.max_image_pixels);
+  w.Field("batch_timeout_seconds", d.config.batch_timeout_seconds);
+  w.Field("nonfinite", NonfiniteName(d.config.nonfinite));
   if (spec.input_height() > 0) {
     w.Key("input_size").BeginArray().Int(spec.input_height()).Int(spec.input_width()).EndArray();
   } else {
@@ -467,10 +468,10 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
   RETURN_IF_ERROR(MakeDirs(dir));
   ReportData d;
   d.record = &record;
-  const v1::JobSpec& spec = record.job.spec();
-  ASSIGN_OR_RETURN(d.metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
+  ASSIGN_OR_RETURN(d.config, JobConfigFromSpec(record.job.spec()));
+  d.metrics = d.config.metrics;
   d.num_classes = record.job.num_classes();
-  d.include_background = spec.include_background();
+  d.include_background = d.config.include_background;
   AggregateOptions agg_options;
   agg_options.num_classes = d.num_classes;
   agg_options.metrics = d.metrics;
@@ -482,7 +483,7 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
   std::ofstream csv(csv_tmp, std::ios::binary | std::ios::trunc);
   if (!csv) return absl::PermissionDeniedError(absl::StrCat("cannot write '", csv_tmp, "'"));
   // Under --nonfinite warn, rows with NaN/Inf model output are evaluated: each row says how many.
-  const bool nonfinite_column = spec.nonfinite() == "warn";
+  const bool nonfinite_column = d.config.nonfinite == NonfinitePolicy::kWarn;
   csv << "index,id,image,class,tp,fp,fn,tn";
   for (Metric m : d.metrics) csv << ',' << MetricName(m);
   if (nonfinite_column) csv << ",nonfinite";

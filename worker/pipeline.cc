@@ -10,12 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/job_config.h"
 #include "common/log.h"
 
 namespace tally {
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr int kDefaultBatchForBudget = 32;
 }  // namespace
 
 // One launched batch: its staging slot, the rows in it and the device work.
@@ -62,7 +62,7 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       on_timeout_(std::move(on_timeout)),
       surface_(AnySurfaceMetric(options_.metrics)) {
   batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
-  const int b = batch_size_ > 0 ? batch_size_ : kDefaultBatchForBudget;
+  const int b = batch_size_ > 0 ? batch_size_ : kDefaultBatchAlignment;
   max_decoded_waiting_ = std::max({3 * b, 2 * options_.decode_threads, 16});
   for (int i = 0; i < std::max(2, options_.staging_slots); ++i) {
     slots_.push_back(std::make_unique<Slot>());
@@ -421,7 +421,8 @@ void Pipeline::BatchLoop() {
       } else {
         const int h = first.image->height, w = first.image->width;
         lock.unlock();
-        absl::StatusOr<int> b = runner_->FindMaxBatch(h, w, options_.max_memory, options_.max_batch_size, 8);
+        absl::StatusOr<int> b =
+            runner_->FindMaxBatch(h, w, options_.max_memory, options_.max_batch_size, options_.default_batch_size);
         lock.lock();
         if (!b.ok()) {
           lock.unlock();

@@ -45,7 +45,8 @@ struct LeaseKey {
 
 struct PipelineOptions {
   int decode_threads = 2;
-  int batch_size = 8;           // -1: pick the largest that fits (ModelRunner::FindMaxBatch).
+  int batch_size = 8;           // kBatchAuto: pick the largest that fits (ModelRunner::FindMaxBatch).
+  int default_batch_size = 8;   // What kBatchAuto falls back to where it cannot measure (CPU).
   double max_memory = 0;        // For batch_size -1.
   int max_batch_size = 256;     // Upper bound for the automatic choice.
   int staging_slots = 3;        // Batches in flight on the device.

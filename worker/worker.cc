@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/job_config.h"
 #include "common/backoff.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -48,8 +49,22 @@ int32_t ClassesOf(const std::vector<v1::ImageResult>& results) {
 
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
 
+int Worker::DefaultBatchSize(bool cuda) const {
+  if (options_.default_batch_size > 0) return options_.default_batch_size;
+  return cuda ? 32 : 8;
+}
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("--coordinator is required (host:port)");
+  // Jobs that leave the batch size to the workers are aligned to kDefaultBatchAlignment rows; a
+  // batch size that does not divide it would make results depend on which worker ran a shard.
+  if (options.default_batch_size < 0 ||
+      (options.default_batch_size > 0 && kDefaultBatchAlignment % options.default_batch_size != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch-size ", options.default_batch_size,
+                                                   " must divide ", kDefaultBatchAlignment,
+                                                   " (1, 2, 4, 8, 16 or 32), the shard alignment of jobs that "
+                                                   "leave the batch size to the workers"));
+  }
   if (options.threads <= 0) options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (options.name.empty()) options.name = absl::StrCat(Hostname(), ":", options.device);
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
@@ -300,39 +315,38 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     }
     old.reset();
   }
-  const v1::JobSpec& spec = a.spec();
+  ASSIGN_OR_RETURN(const JobConfig config, JobConfigFromSpec(a.spec()));
   ModelRunnerOptions ro;
-  ro.model_path = spec.model();
+  ro.model_path = config.model;
   ro.device = options_.device;
-  ro.precision = spec.precision().empty() ? "fp32" : spec.precision();
-  ro.channels_last = spec.channels_last();
-  ro.mean.assign(spec.mean().begin(), spec.mean().end());
-  ro.std.assign(spec.std().begin(), spec.std().end());
-  ro.input_height = spec.input_height();
-  ro.input_width = spec.input_width();
+  ro.precision = std::string(PrecisionName(config.precision));
+  ro.channels_last = config.channels_last;
+  ro.mean = config.mean;
+  ro.std = config.std;
+  ro.input_height = config.input_height;
+  ro.input_width = config.input_width;
   ro.cpu_threads = options_.threads;
   ro.count_logit_ties = options_.count_logit_ties;
   ro.cudnn_benchmark = options_.cudnn_benchmark;
   ro.memory_limit_gib = options_.gpu_memory_limit_gib;
-  Log("job ", a.job_id(), ": loading model ", spec.model(), " on ", options_.device);
+  Log("job ", a.job_id(), ": loading model ", config.model, " on ", options_.device);
   auto evaluator = std::make_unique<Evaluator>();
   evaluator->job_id = a.job_id();
   ASSIGN_OR_RETURN(evaluator->runner, ModelRunner::Create(ro));
   PipelineOptions po;
   po.decode_threads = options_.threads;
-  const int default_batch =
-      options_.default_batch_size > 0 ? options_.default_batch_size : (evaluator->runner->is_cuda() ? 32 : 8);
-  po.batch_size = spec.batch_size() == 0 ? default_batch : spec.batch_size();
-  po.max_memory = spec.max_memory();
+  po.default_batch_size = DefaultBatchSize(evaluator->runner->is_cuda());
+  ASSIGN_OR_RETURN(po.batch_size, WorkerBatchSize(config, po.default_batch_size));
+  po.max_memory = config.max_memory;
   po.warmup_batches = evaluator->runner->is_cuda() ? options_.warmup_batches : 0;
-  ASSIGN_OR_RETURN(po.metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
-  po.surface.spacing_y = spec.spacing_y() > 0 ? spec.spacing_y() : 1.0;
-  po.surface.spacing_x = spec.spacing_x() > 0 ? spec.spacing_x() : 1.0;
-  po.surface.nsd_tolerance = spec.nsd_tolerance();
-  po.any_input_size = spec.input_height() > 0;
-  if (spec.max_image_pixels() > 0) po.max_image_pixels = spec.max_image_pixels();
-  if (spec.batch_timeout_seconds() > 0) po.batch_timeout_seconds = spec.batch_timeout_seconds();
-  po.nonfinite_warn = spec.nonfinite() == "warn";
+  po.metrics = config.metrics;
+  po.surface.spacing_y = config.spacing_y;
+  po.surface.spacing_x = config.spacing_x;
+  po.surface.nsd_tolerance = config.nsd_tolerance;
+  po.any_input_size = config.input_height > 0;
+  po.max_image_pixels = config.max_image_pixels;
+  po.batch_timeout_seconds = config.batch_timeout_seconds;
+  po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
   const std::string job_id = a.job_id();
   evaluator->pipeline = std::make_unique<Pipeline>(
       evaluator->runner.get(), po, [this](const LeaseKey& k, v1::ImageResult r) { OnResult(k, std::move(r)); },

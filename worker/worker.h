@@ -40,6 +40,7 @@ struct WorkerOptions {
   std::string name;                 // Shown in reports; default host:device.
   int threads = 0;                  // Decode/metric threads (and intra-op threads on CPU); 0 = all cores.
   int default_batch_size = 0;       // For jobs that leave it to the worker; 0 = 8 on CPU, 32 on CUDA.
+                                    // Must divide kDefaultBatchAlignment (common/job_config.h).
   double max_connect_seconds = 0;   // Give up registering after this long; 0 = never.
   int max_leases = 16;              // Shards held at once; the backlog target usually limits first.
   bool count_logit_ties = false;
@@ -82,6 +83,8 @@ class Worker {
   };
 
   explicit Worker(WorkerOptions options);
+  // The batch size this worker uses for jobs that leave it to the workers.
+  int DefaultBatchSize(bool cuda) const;
   absl::Status Register(bool first);
   absl::Status StartJob(const v1::ShardAssignment& a);
   struct JobError {

@@ -100,6 +100,13 @@ class BadWorkerTest(unittest.TestCase):
         self.assertIn("taken out of service", cluster.log("tallyd.log"))
 
 
+    def test_worker_batch_size_that_breaks_the_alignment_is_refused(self):
+        p = subprocess.run([os.path.join(tt.BIN, "tally-worker"), "--coordinator", "127.0.0.1:1", "--batch-size", "12"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--batch-size 12 must divide 32", p.stderr)
+
+
 class BadRowsTest(unittest.TestCase):
     def test_image_on_which_the_model_raises_fails_alone(self):
         root = tt.tmpdir(self)

@@ -1,0 +1,70 @@
+#include "common/job_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tally {
+
+absl::string_view PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+    default: return "fp32";
+  }
+}
+
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
+  if (name.empty() || name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
+  if (name == "fp16") return Precision::kFp16;
+  return absl::InvalidArgumentError(absl::StrCat("precision '", name, "' is not one of fp32, bf16, fp16"));
+}
+
+absl::string_view NonfiniteName(NonfinitePolicy p) { return p == NonfinitePolicy::kWarn ? "warn" : "fail"; }
+
+absl::StatusOr<NonfinitePolicy> ParseNonfinite(absl::string_view name) {
+  if (name.empty() || name == "fail") return NonfinitePolicy::kFail;
+  if (name == "warn") return NonfinitePolicy::kWarn;
+  return absl::InvalidArgumentError(absl::StrCat("nonfinite '", name, "' is not fail or warn"));
+}
+
+absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
+  JobConfig c;
+  c.model = spec.model();
+  c.manifest = spec.manifest();
+  c.name = spec.name();
+  ASSIGN_OR_RETURN(c.metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
+  ASSIGN_OR_RETURN(c.precision, ParsePrecision(spec.precision()));
+  c.channels_last = spec.channels_last();
+  c.batch_size = spec.batch_size();
+  if (c.batch_size < kBatchAuto) return absl::InvalidArgumentError("job spec: batch_size must be >= -1");
+  c.batch_alignment = spec.batch_alignment() > 0 ? spec.batch_alignment()
+                      : spec.batch_size() > 0    ? spec.batch_size()
+                                                 : kDefaultBatchAlignment;
+  c.max_memory = spec.max_memory();
+  c.mean.assign(spec.mean().begin(), spec.mean().end());
+  c.std.assign(spec.std().begin(), spec.std().end());
+  c.input_height = spec.input_height();
+  c.input_width = spec.input_width();
+  if (spec.spacing_y() > 0) c.spacing_y = spec.spacing_y();
+  if (spec.spacing_x() > 0) c.spacing_x = spec.spacing_x();
+  c.nsd_tolerance = spec.nsd_tolerance();
+  c.include_background = spec.include_background();
+  if (spec.max_image_pixels() > 0) c.max_image_pixels = spec.max_image_pixels();
+  if (spec.batch_timeout_seconds() > 0) c.batch_timeout_seconds = spec.batch_timeout_seconds();
+  ASSIGN_OR_RETURN(c.nonfinite, ParseNonfinite(spec.nonfinite()));
+  return c;
+}
+
+absl::StatusOr<int> WorkerBatchSize(const JobConfig& config, int worker_default) {
+  if (config.batch_size != kBatchWorkerDefault) return config.batch_size;
+  if (worker_default <= 0 || config.batch_alignment % worker_default != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this worker's batch size ", worker_default, " does not divide the job's batch alignment ",
+                     config.batch_alignment, " (results would depend on which worker ran a shard); start the "
+                     "worker with a --batch-size that divides ", config.batch_alignment));
+  }
+  return worker_default;
+}
+
+}  // namespace tally

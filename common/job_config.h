@@ -1,0 +1,74 @@
+// A job's settings, typed and with every default applied: what workers and the report writer read
+// instead of the wire's JobSpec. The coordinator completes and validates a submitted spec once
+// (server/job_spec_validation.h); JobConfigFromSpec reads such a spec.
+//
+// The exact-results rule, stated once: batches are blocks of manifest indices aligned to multiples
+// of the batch size, never crossing a shard; shards are multiples of `batch_alignment` rows; the
+// batch size divides `batch_alignment`. So the same images are always evaluated together, with the
+// same tensor shapes, whichever worker runs a shard. `batch_alignment` travels in the spec, so the
+// rule does not rest on constants agreeing across processes: a worker whose batch size does not
+// divide it refuses the job.
+#ifndef TALLY_COMMON_JOB_CONFIG_H_
+#define TALLY_COMMON_JOB_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/metrics.h"
+#include "proto/tally.pb.h"
+
+namespace tally {
+
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class NonfinitePolicy { kFail, kWarn };
+
+// JobConfig::batch_size values besides a fixed size.
+inline constexpr int kBatchWorkerDefault = 0;  // Each worker's own (8 on CPU, 32 on CUDA, --batch-size).
+inline constexpr int kBatchAuto = -1;          // The largest that fits under max_memory.
+// Alignment of jobs that leave the batch size to the workers (or pick it automatically): the
+// workers' default batch sizes must divide it.
+inline constexpr int kDefaultBatchAlignment = 32;
+inline constexpr double kDefaultBatchTimeoutSeconds = 600;
+
+struct JobConfig {
+  std::string model;     // Absolute path.
+  std::string manifest;  // Absolute path.
+  std::string name;
+  std::vector<Metric> metrics;  // Canonical order; always holds dice and iou.
+  Precision precision = Precision::kFp32;
+  bool channels_last = false;
+  int batch_size = kBatchWorkerDefault;  // > 0, kBatchWorkerDefault or kBatchAuto.
+  int batch_alignment = kDefaultBatchAlignment;
+  double max_memory = 0;                 // For kBatchAuto: fraction (<= 1) or GiB (> 1); 0 = 0.9.
+  std::vector<float> mean;               // 0 or 3 values (R, G, B) on [0, 1] inputs.
+  std::vector<float> std;
+  int input_height = 0;                  // > 0: inputs are resized to this size.
+  int input_width = 0;
+  double spacing_y = 1.0;
+  double spacing_x = 1.0;
+  double nsd_tolerance = 1.0;
+  bool include_background = false;
+  int64_t max_image_pixels = int64_t{1} << 28;
+  double batch_timeout_seconds = 600;
+  NonfinitePolicy nonfinite = NonfinitePolicy::kFail;
+};
+
+// Reads a spec as the coordinator stored it. Specs stored before a field existed read as its
+// default. Errors name the field.
+absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec);
+
+absl::string_view PrecisionName(Precision p);  // fp32 | bf16 | fp16
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
+absl::string_view NonfiniteName(NonfinitePolicy p);  // fail | warn
+absl::StatusOr<NonfinitePolicy> ParseNonfinite(absl::string_view name);
+
+// The batch size a worker uses for `config` given its own default: a fixed size, kBatchAuto, or the
+// worker's default when it divides the job's alignment; else FAILED_PRECONDITION saying so.
+absl::StatusOr<int> WorkerBatchSize(const JobConfig& config, int worker_default);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_JOB_CONFIG_H_

@@ -1,0 +1,85 @@
+#include "server/job_spec_validation.h"
+
+#include <sys/stat.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/image_io.h"
+#include "common/job_config.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+
+namespace tally {
+
+absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
+  v1::JobSpec spec = in;
+  if (spec.model().empty()) return absl::InvalidArgumentError("job spec: 'model' is required");
+  if (spec.manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
+  if (spec.name().size() > kMaxJobNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: 'name' is ", spec.name().size(),
+                                                   " bytes; the limit is ", kMaxJobNameBytes));
+  }
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"model", &spec.model()},
+                                     {"manifest", &spec.manifest()}}) {
+    if (value->size() > kMaxPathBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: '", field, "' is ", value->size(),
+                                                     " bytes; the limit is ", kMaxPathBytes));
+    }
+  }
+  spec.set_model(AbsolutePath(spec.model()));
+  struct stat st;
+  if (stat(spec.model().c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("model file '", spec.model(), "' does not exist"));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", spec.model(), "' is a directory, not a TorchScript file"));
+  }
+  if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");
+  ASSIGN_OR_RETURN(std::vector<Metric> metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
+  spec.clear_metrics();
+  for (Metric m : metrics) spec.add_metrics(std::string(MetricName(m)));
+  absl::StatusOr<Precision> precision = ParsePrecision(spec.precision());
+  if (!precision.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", precision.status().message()));
+  spec.set_precision(std::string(PrecisionName(*precision)));
+  for (auto* field : {spec.mutable_mean(), spec.mutable_std()}) {
+    if (field->size() == 1) {
+      const float v = field->Get(0);
+      field->Add(v);
+      field->Add(v);
+    }
+    if (field->size() != 0 && field->size() != 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec: mean/std need 1 or 3 values (R,G,B), got ", field->size()));
+    }
+  }
+  for (float s : spec.std()) {
+    if (!(s > 0)) return absl::InvalidArgumentError("job spec: every std value must be > 0");
+  }
+  if ((spec.input_height() > 0) != (spec.input_width() > 0) || spec.input_height() < 0 || spec.input_width() < 0) {
+    return absl::InvalidArgumentError("job spec: input size needs both a height and a width > 0");
+  }
+  if (spec.batch_size() < -1) return absl::InvalidArgumentError("job spec: batch_size must be >= 1, 0 (default) or -1 (auto)");
+  if (spec.shard_size() < 0) return absl::InvalidArgumentError("job spec: shard_size must be >= 0");
+  if (spec.spacing_y() < 0 || spec.spacing_x() < 0) return absl::InvalidArgumentError("job spec: spacing must be > 0");
+  if (spec.spacing_y() == 0) spec.set_spacing_y(1.0);
+  if (spec.spacing_x() == 0) spec.set_spacing_x(1.0);
+  if (spec.nsd_tolerance() < 0) return absl::InvalidArgumentError("job spec: nsd_tolerance must be >= 0");
+  if (spec.max_memory() < 0) return absl::InvalidArgumentError("job spec: max_memory must be >= 0");
+  if (spec.max_image_pixels() < 0) return absl::InvalidArgumentError("job spec: max_image_pixels must be >= 0");
+  if (spec.max_image_pixels() == 0) spec.set_max_image_pixels(kDefaultMaxImagePixels);
+  if (spec.batch_timeout_seconds() < 0) return absl::InvalidArgumentError("job spec: batch_timeout_seconds must be >= 0");
+  if (spec.batch_timeout_seconds() == 0) spec.set_batch_timeout_seconds(kDefaultBatchTimeoutSeconds);
+  absl::StatusOr<NonfinitePolicy> nonfinite = ParseNonfinite(spec.nonfinite());
+  if (!nonfinite.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", nonfinite.status().message()));
+  spec.set_nonfinite(std::string(NonfiniteName(*nonfinite)));
+  // The exact-results rule (common/job_config.h): shards are multiples of the alignment, which
+  // every batch size used for the job divides.
+  spec.set_batch_alignment(spec.batch_size() > 0 ? spec.batch_size() : kDefaultBatchAlignment);
+  return spec;
+}
+
+}  // namespace tally
