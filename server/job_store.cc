@@ -153,9 +153,9 @@ absl::Status JobStore::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
-absl::Status JobStore::InTransaction(const std::function<absl::Status()>& body) {
+absl::Status JobStore::InTransaction(const std::function<absl::Status(sqlite3* db)>& body) {
   RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  absl::Status s = body();
+  absl::Status s = body(db_);
   if (s.ok()) s = Exec("COMMIT");
   if (!s.ok()) Exec("ROLLBACK").IgnoreError();
   return s;
@@ -171,8 +171,8 @@ absl::Status JobStore::BeginSubmission(const std::string& job_id) {
 
 absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows) {
   absl::MutexLock lock(&mu_);
-  return InTransaction([&]() -> absl::Status {
-    Stmt row(db_, "INSERT INTO manifest_rows VALUES(?,?,?,?,?,?,?,?,?)");
+  return InTransaction([&](sqlite3* db) -> absl::Status {
+    Stmt row(db, "INSERT INTO manifest_rows VALUES(?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(row.status());
     for (const ManifestRow& r : rows) {
       row.Bind(1, job_id).Bind(2, r.index).Bind(3, r.line).Bind(4, r.id).Bind(5, r.image);
@@ -186,22 +186,22 @@ absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::
 absl::Status JobStore::CreateJob(const JobRecord& record) {
   absl::MutexLock lock(&mu_);
   const v1::Job& job = record.job;
-  return InTransaction([&]() -> absl::Status {
-    Stmt ins(db_, "INSERT INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+  return InTransaction([&](sqlite3* db) -> absl::Status {
+    Stmt ins(db, "INSERT INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(ins.status());
     ins.Bind(1, job.job_id()).BindBlob(2, job.spec().SerializeAsString()).Bind(3, int64_t{job.state()});
     ins.Bind(4, job.error()).Bind(5, job.images_total()).Bind(6, record.shard_size);
     ins.Bind(7, int64_t{job.num_classes()}).Bind(8, job.created_unix()).Bind(9, job.started_unix());
     ins.Bind(10, job.finished_unix()).Bind(11, record.last_result_unix);
     RETURN_IF_ERROR(ins.Run());
-    Stmt shard(db_, "INSERT INTO shards VALUES(?,?,0,0)");
+    Stmt shard(db, "INSERT INTO shards VALUES(?,?,0,0)");
     RETURN_IF_ERROR(shard.status());
     const int64_t n = job.images_total();
     for (int64_t s = 0; s < NumShards(n, record.shard_size); ++s) {
       shard.Bind(1, job.job_id()).Bind(2, s);
       RETURN_IF_ERROR(shard.Run());
     }
-    Stmt done(db_, "DELETE FROM submissions WHERE job_id=?");
+    Stmt done(db, "DELETE FROM submissions WHERE job_id=?");
     RETURN_IF_ERROR(done.status());
     done.Bind(1, job.job_id());
     return done.Run();
@@ -218,12 +218,12 @@ absl::Status JobStore::DeleteInBatches(const char* table, const std::string& job
   while (true) {
     absl::MutexLock lock(&mu_);
     int changes = 0;
-    RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
-      Stmt del(db_, sql.c_str());
+    RETURN_IF_ERROR(InTransaction([&](sqlite3* db) -> absl::Status {
+      Stmt del(db, sql.c_str());
       RETURN_IF_ERROR(del.status());
       del.Bind(1, job_id);
       RETURN_IF_ERROR(del.Run());
-      changes = sqlite3_changes(db_);
+      changes = sqlite3_changes(db);
       return absl::OkStatus();
     }));
     if (!by_index || changes == 0) return absl::OkStatus();
@@ -321,8 +321,8 @@ absl::Status JobStore::CommitResults(const std::string& job_id, const std::strin
                                      std::vector<bool>* new_rows) {
   absl::MutexLock lock(&mu_);
   new_rows->assign(results.size(), false);
-  absl::Status s = InTransaction([&]() -> absl::Status {
-    Stmt ins(db_, "INSERT OR IGNORE INTO results VALUES(?,?,?,?,?,?)");
+  absl::Status s = InTransaction([&](sqlite3* db) -> absl::Status {
+    Stmt ins(db, "INSERT OR IGNORE INTO results VALUES(?,?,?,?,?,?)");
     RETURN_IF_ERROR(ins.status());
     std::string payload;
     for (size_t i = 0; i < results.size(); ++i) {
@@ -330,7 +330,7 @@ absl::Status JobStore::CommitResults(const std::string& job_id, const std::strin
       r.SerializeToString(&payload);
       ins.Bind(1, job_id).Bind(2, r.index()).Bind(3, worker_id).Bind(4, r.error()).BindBlob(5, payload).Bind(6, now);
       RETURN_IF_ERROR(ins.Run());
-      (*new_rows)[i] = sqlite3_changes(db_) > 0;
+      (*new_rows)[i] = sqlite3_changes(db) > 0;
     }
     return absl::OkStatus();
   });

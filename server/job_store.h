@@ -94,8 +94,10 @@ class JobStore {
  private:
   JobStore(sqlite3* db, std::string path) : path_(std::move(path)), db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs `body` between BEGIN IMMEDIATE and COMMIT; rolls back on error.
-  absl::Status InTransaction(const std::function<absl::Status()>& body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `body` with the connection between BEGIN IMMEDIATE and COMMIT; rolls back on error. The
+  // body gets the handle as an argument: lambdas are outside the lock analysis, so they must not
+  // read db_ themselves.
+  absl::Status InTransaction(const std::function<absl::Status(sqlite3* db)>& body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeleteInBatches(const char* table, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string path_;
