@@ -167,26 +167,22 @@ absl::StatusOr<std::vector<std::string>> TallyClient::FetchReport(const std::str
   std::unique_ptr<grpc::ClientReader<v1::ReportChunk>> reader = stub_->FetchReport(&ctx, request);
   v1::ReportChunk chunk;
   std::vector<std::string> written;
-  std::ofstream out;
-  std::string current, current_tmp;
+  std::unique_ptr<AtomicFile> out;
+  std::string current;
   while (reader->Read(&chunk)) {
     if (chunk.file_name().find('/') != std::string::npos || chunk.file_name().empty()) {
       return absl::DataLossError(absl::StrCat("tallyd sent a bad report file name '", chunk.file_name(), "'"));
     }
     if (chunk.file_name() != current) {
       current = chunk.file_name();
-      current_tmp = dir + "/" + current + ".part";
-      out.open(current_tmp, std::ios::binary | std::ios::trunc);
-      if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write '", current_tmp, "'"));
+      absl::StatusOr<std::unique_ptr<AtomicFile>> opened = AtomicFile::Open(dir + "/" + current);
+      if (!opened.ok()) return opened.status();
+      out = std::move(*opened);
     }
-    out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    out->out().write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
     if (chunk.last_chunk_of_file()) {
-      out.close();
-      const std::string final_path = dir + "/" + current;
-      if (!out || std::rename(current_tmp.c_str(), final_path.c_str()) != 0) {
-        return absl::DataLossError(absl::StrCat("cannot write '", final_path, "'"));
-      }
-      written.push_back(final_path);
+      if (absl::Status s = out->Commit(); !s.ok()) return s;
+      written.push_back(dir + "/" + current);
       current.clear();
     }
   }

@@ -31,21 +31,6 @@ int Fail(const std::string& message) {
 
 }  // namespace
 
-void PrintSummary(const std::string& out_dir) {
-  std::ifstream in(out_dir + "/summary.md");
-  std::string line;
-  bool in_table = false;
-  while (std::getline(in, line)) {
-    if (line.rfind("## Per class", 0) == 0) {
-      in_table = true;
-      continue;
-    }
-    if (!in_table) continue;
-    if (line.rfind("## ", 0) == 0) break;
-    if (line.rfind("|", 0) == 0) std::cout << line << "\n";
-  }
-}
-
 int RunLocally(const LocalRunOptions& options) {
   const std::string state_dir = options.out_dir + "/.tally";
   if (absl::Status s = MakeDirs(state_dir); !s.ok()) return Fail(std::string(s.message()));
@@ -144,7 +129,7 @@ int RunLocally(const LocalRunOptions& options) {
     return Fail(absl::StrCat("job ", job_id, " ", JobStateName(last->state()), ": ", last->error()));
   }
   std::cout << "\n";
-  PrintSummary(options.out_dir);
+  std::cout << last->summary();
   std::cout << "\n" << last->images_evaluated() << "/" << last->images_total() << " images evaluated";
   if (last->images_failed() > 0) std::cout << ", " << last->images_failed() << " failed (see report.json 'failures')";
   std::cout << absl::StrFormat("; %.1f images/s. Reports: %s/{report.json,per_image.csv,summary.md,report.html}\n",

@@ -25,8 +25,6 @@ struct LocalRunOptions {
 // with a reason; the report says which), 1 when it failed or could not run, 130 when interrupted.
 int RunLocally(const LocalRunOptions& options);
 
-// Prints the per-class table of OUT/summary.md to stdout.
-void PrintSummary(const std::string& out_dir);
 
 }  // namespace tally
 

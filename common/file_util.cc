@@ -41,6 +41,39 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Open(const std::string& path) {
+  std::unique_ptr<AtomicFile> f(new AtomicFile(path));
+  f->out_.open(f->tmp_, std::ios::binary | std::ios::trunc);
+  if (!f->out_) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot write '", f->tmp_, "': ", std::strerror(errno)));
+  }
+  return f;
+}
+
+AtomicFile::~AtomicFile() {
+  if (committed_) return;
+  out_.close();
+  unlink(tmp_.c_str());
+}
+
+absl::Status AtomicFile::Commit() {
+  out_.flush();
+  out_.close();
+  if (!out_) return absl::DataLossError(absl::StrCat("error writing '", tmp_, "'"));
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    return absl::DataLossError(absl::StrCat("cannot rename '", tmp_, "' to '", path_, "': ", std::strerror(errno)));
+  }
+  committed_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
+  auto f = AtomicFile::Open(path);
+  if (!f.ok()) return f.status();
+  (*f)->out() << content;
+  return (*f)->Commit();
+}
+
 absl::Status RemoveTree(const std::string& path) {
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();

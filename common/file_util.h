@@ -2,9 +2,12 @@
 #ifndef TALLY_COMMON_FILE_UTIL_H_
 #define TALLY_COMMON_FILE_UTIL_H_
 
+#include <fstream>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tally {
 
@@ -19,6 +22,27 @@ absl::Status MakeDirs(const std::string& dir);
 
 // Removes `path` and everything under it (rm -rf); a missing path is not an error.
 absl::Status RemoveTree(const std::string& path);
+
+// A file written under a temporary name and renamed into place by Commit(), so that readers see
+// the old file or the whole new one, never a part. Destroyed without Commit(), the temporary file
+// is removed.
+class AtomicFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<AtomicFile>> Open(const std::string& path);
+  ~AtomicFile();
+  std::ostream& out() { return out_; }
+  absl::Status Commit();
+
+ private:
+  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {}
+  std::string path_;
+  std::string tmp_;
+  std::ofstream out_;
+  bool committed_ = false;
+};
+
+// The whole of `content` into `path`, atomically (AtomicFile).
+absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 
 }  // namespace tally
 

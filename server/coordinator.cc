@@ -45,6 +45,7 @@ constexpr size_t kSubmitBatchRows = 10000;
 
 // A job summary for listings: the spec keeps only what identifies the job.
 v1::Job Summary(v1::Job job) {
+  job.clear_summary();
   v1::JobSpec small;
   small.set_model(job.spec().model());
   small.set_manifest(job.spec().manifest());
@@ -972,7 +973,8 @@ void Coordinator::RunFinalizers() {
       rec.job.set_state(v1::JOB_STATE_SUCCEEDED);
       rec.job.set_finished_unix(Now());
     }
-    absl::Status s = WriteReports(store_.get(), rec, ReportPath(job_id));
+    std::string summary;
+    absl::Status s = WriteReports(store_.get(), rec, ReportPath(job_id), &summary);
     if (!s.ok()) {
       Log("building the report of job ", job_id, " failed: ", s.ToString());
       if (completing) {
@@ -991,6 +993,7 @@ void Coordinator::RunFinalizers() {
         j.set_finished_unix(rec.job.finished_unix());
       }
       j.set_report_ready(s.ok());
+      j.set_summary(summary);
       job.finalize_queued = false;
       rec = job.record;
     }

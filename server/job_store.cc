@@ -87,7 +87,8 @@ constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs(
   job_id TEXT PRIMARY KEY, spec BLOB NOT NULL, state INTEGER NOT NULL, error TEXT NOT NULL,
   images_total INTEGER NOT NULL, shard_size INTEGER NOT NULL, num_classes INTEGER NOT NULL,
-  created REAL NOT NULL, started REAL NOT NULL, finished REAL NOT NULL, last_result REAL NOT NULL);
+  created REAL NOT NULL, started REAL NOT NULL, finished REAL NOT NULL, last_result REAL NOT NULL,
+  summary TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS manifest_rows(
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, line INTEGER NOT NULL, id TEXT NOT NULL,
   image TEXT NOT NULL, mask TEXT NOT NULL, image_path TEXT NOT NULL, mask_path TEXT NOT NULL,
@@ -126,6 +127,16 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
   RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
   RETURN_IF_ERROR(store->Exec(kSchema));
+  // Databases made before jobs had a summary column get it.
+  bool has_summary = false;
+  {
+    Stmt q(store->db_, "SELECT name FROM pragma_table_info('jobs')");
+    RETURN_IF_ERROR(q.status());
+    absl::Status s;
+    while (q.Step(&s)) has_summary |= q.Text(0) == "summary";
+    RETURN_IF_ERROR(s);
+  }
+  if (!has_summary) RETURN_IF_ERROR(store->Exec("ALTER TABLE jobs ADD COLUMN summary TEXT NOT NULL DEFAULT ''"));
   std::vector<std::string> abandoned;
   {
     Stmt q(store->db_, "SELECT job_id FROM submissions");
@@ -187,12 +198,12 @@ absl::Status JobStore::CreateJob(const JobRecord& record) {
   absl::MutexLock lock(&mu_);
   const v1::Job& job = record.job;
   return InTransaction([&](sqlite3* db) -> absl::Status {
-    Stmt ins(db, "INSERT INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+    Stmt ins(db, "INSERT INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(ins.status());
     ins.Bind(1, job.job_id()).BindBlob(2, job.spec().SerializeAsString()).Bind(3, int64_t{job.state()});
     ins.Bind(4, job.error()).Bind(5, job.images_total()).Bind(6, record.shard_size);
     ins.Bind(7, int64_t{job.num_classes()}).Bind(8, job.created_unix()).Bind(9, job.started_unix());
-    ins.Bind(10, job.finished_unix()).Bind(11, record.last_result_unix);
+    ins.Bind(10, job.finished_unix()).Bind(11, record.last_result_unix).Bind(12, job.summary());
     RETURN_IF_ERROR(ins.Run());
     Stmt shard(db, "INSERT INTO shards VALUES(?,?,0,0)");
     RETURN_IF_ERROR(shard.status());
@@ -243,10 +254,12 @@ absl::Status JobStore::UpdateJob(const JobRecord& record) {
   absl::MutexLock lock(&mu_);
   const v1::Job& job = record.job;
   Stmt up(db_,
-          "UPDATE jobs SET state=?, error=?, num_classes=?, started=?, finished=?, last_result=? WHERE job_id=?");
+          "UPDATE jobs SET state=?, error=?, num_classes=?, started=?, finished=?, last_result=?, summary=? "
+          "WHERE job_id=?");
   RETURN_IF_ERROR(up.status());
   up.Bind(1, int64_t{job.state()}).Bind(2, job.error()).Bind(3, int64_t{job.num_classes()});
-  up.Bind(4, job.started_unix()).Bind(5, job.finished_unix()).Bind(6, record.last_result_unix).Bind(7, job.job_id());
+  up.Bind(4, job.started_unix()).Bind(5, job.finished_unix()).Bind(6, record.last_result_unix).Bind(7, job.summary());
+  up.Bind(8, job.job_id());
   return up.Run();
 }
 
@@ -254,7 +267,7 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
   absl::MutexLock lock(&mu_);
   Stmt q(db_,
          "SELECT job_id, spec, state, error, images_total, shard_size, num_classes, created, started, finished, "
-         "last_result FROM jobs ORDER BY created");
+         "last_result, summary FROM jobs ORDER BY created");
   RETURN_IF_ERROR(q.status());
   std::vector<JobRecord> out;
   absl::Status s;
@@ -273,6 +286,7 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
     r.job.set_started_unix(q.Double(8));
     r.job.set_finished_unix(q.Double(9));
     r.last_result_unix = q.Double(10);
+    r.job.set_summary(q.Text(11));
     out.push_back(std::move(r));
   }
   RETURN_IF_ERROR(s);

@@ -1,6 +1,6 @@
 // Builds a job's report files from the database: report.json, per_image.csv, summary.md and
-// report.html (self-contained: inline CSS and SVG, no scripts, no network). Formats are specified
-// in README "Reports". Blocking; safe to call from any thread.
+// report.html. The data is gathered once (report_data.h); each format renders it
+// (report_formats.h). Blocking; safe to call from any thread.
 #ifndef TALLY_SERVER_REPORT_WRITER_H_
 #define TALLY_SERVER_REPORT_WRITER_H_
 
@@ -15,7 +15,9 @@ namespace tally {
 inline constexpr const char* kReportFiles[] = {"report.json", "per_image.csv", "summary.md", "report.html"};
 
 // Writes the four files into `dir` (created if needed), each atomically (temp file + rename).
-absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::string& dir);
+// `summary` (optional) receives the per-class table as Markdown, for `tally run` to print.
+absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::string& dir,
+                          std::string* summary = nullptr);
 
 }  // namespace tally
 

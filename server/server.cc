@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -32,13 +33,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
   server->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
   Log("serving on ", options.listen.substr(0, options.listen.rfind(':')), ":", server->port_, ", state in ",
       options.coordinator.state_dir);
-  if (!options.port_file.empty()) {
-    const std::string tmp = options.port_file + ".tmp";
-    std::ofstream(tmp) << server->port_ << "\n";
-    if (std::rename(tmp.c_str(), options.port_file.c_str()) != 0) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot write port file '", options.port_file, "'"));
-    }
-  }
+  if (!options.port_file.empty()) RETURN_IF_ERROR(WriteFileAtomically(options.port_file, absl::StrCat(server->port_, "\n")));
   if (options.spawn_workers) {
     options.workers.coordinator = absl::StrCat("127.0.0.1:", server->port_);
     options.workers.restart = true;

@@ -1,0 +1,43 @@
+#include "absl/strings/str_cat.h"
+#include "server/aggregator.h"
+#include "server/number_format.h"
+#include "server/report_formats.h"
+
+namespace tally {
+namespace {
+
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out.push_back('"');
+    out.push_back(c);
+  }
+  out.push_back('"');
+  return out;
+}
+
+}  // namespace
+
+std::string PerImageCsv::Header() const {
+  std::string h = "index,id,image,class,tp,fp,fn,tn";
+  for (Metric m : config_.metrics) absl::StrAppend(&h, ",", MetricName(m));
+  // Under --nonfinite warn, rows with NaN/Inf model output are evaluated: each row says how many.
+  if (config_.nonfinite == NonfinitePolicy::kWarn) h += ",nonfinite";
+  return h + "\n";
+}
+
+std::string PerImageCsv::Rows(const v1::ImageResult& r, const std::string& id, const std::string& image) const {
+  const std::string prefix = absl::StrCat(r.index(), ",", CsvField(id), ",", CsvField(image), ",");
+  std::string out;
+  for (int c = 0; c < r.classes_size(); ++c) {
+    const v1::ClassResult& cr = r.classes(c);
+    absl::StrAppend(&out, prefix, c, ",", cr.tp(), ",", cr.fp(), ",", cr.fn(), ",", cr.tn());
+    for (Metric m : config_.metrics) absl::StrAppend(&out, ",", FormatDouble(Aggregator::ImageMetric(r, c, m)));
+    if (config_.nonfinite == NonfinitePolicy::kWarn) absl::StrAppend(&out, ",", r.nonfinite());
+    out.push_back('\n');
+  }
+  return out;
+}
+
+}  // namespace tally

@@ -1,0 +1,55 @@
+// Everything the report formats show about one job, gathered once from the database (results in
+// index order, so every aggregate is the same whatever the number of workers). Each format
+// (report_json.cc, report_markdown.cc, report_html.cc, report_csv.cc) only renders it.
+#ifndef TALLY_SERVER_REPORT_DATA_H_
+#define TALLY_SERVER_REPORT_DATA_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_config.h"
+#include "server/aggregator.h"
+#include "server/job_store.h"
+
+namespace tally {
+
+struct Failure {
+  int64_t index = 0;
+  std::string id;
+  std::string image;
+  std::string reason;
+};
+
+struct ReportData {
+  const JobRecord* record = nullptr;  // Not owned; outlives the data.
+  JobConfig config;
+  Aggregate aggregate;
+  std::vector<Failure> failures;
+  std::vector<WorkerRecord> workers;
+  int64_t evaluated = 0;
+  int64_t failed = 0;
+  int64_t nonfinite_images = 0;  // Evaluated images whose model output had NaN/Inf (--nonfinite warn).
+  int64_t nonfinite_values = 0;
+  int num_classes = 0;
+  double wall_seconds = 0;
+  std::vector<std::pair<int64_t, std::string>> worst_images;  // Image path of each index in a worst list.
+
+  const std::vector<Metric>& metrics() const { return config.metrics; }
+  bool IsForeground(int class_id) const { return class_id != 0 || config.include_background; }
+  // Image path of `index` if it is in a worst list, else "".
+  std::string WorstImage(int64_t index) const;
+  double images_per_second() const { return wall_seconds > 0 ? (evaluated + failed) / wall_seconds : 0.0; }
+};
+
+// Reads the job's results once, in index order. `on_row` sees every evaluated result with its id
+// and image path as written (per_image.csv is streamed from it, so results are not held in memory).
+using ReportRowFn = std::function<void(const v1::ImageResult&, const std::string& id, const std::string& image)>;
+absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row);
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_REPORT_DATA_H_

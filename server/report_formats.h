@@ -1,0 +1,30 @@
+// The report files, one renderer per format, all from the same ReportData (report_data.h). Formats
+// are specified in README "Reports".
+#ifndef TALLY_SERVER_REPORT_FORMATS_H_
+#define TALLY_SERVER_REPORT_FORMATS_H_
+
+#include <string>
+
+#include "server/report_data.h"
+
+namespace tally {
+
+std::string ReportJson(const ReportData& d);      // report.json
+std::string ReportMarkdown(const ReportData& d);  // summary.md
+std::string ReportHtml(const ReportData& d);      // report.html: self-contained, inline CSS and SVG
+
+// per_image.csv, streamed: one row per evaluated image and class, in index order.
+class PerImageCsv {
+ public:
+  explicit PerImageCsv(const JobConfig& config) : config_(config) {}
+  std::string Header() const;
+  // The rows of one evaluated image.
+  std::string Rows(const v1::ImageResult& r, const std::string& id, const std::string& image) const;
+
+ private:
+  const JobConfig& config_;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_REPORT_FORMATS_H_

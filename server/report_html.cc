@@ -1,0 +1,148 @@
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/rpc.h"
+#include "server/report_formats.h"
+#include "server/report_table.h"
+
+namespace tally {
+namespace {
+
+// Bar chart of mean Dice per class with its bootstrap interval, as inline SVG.
+std::string DiceBarChart(const ReportData& d) {
+  const int n = static_cast<int>(d.aggregate.classes.size());
+  const int left = 50, top = 20, plot_h = 240, bottom = 40;
+  const int bar_w = 40, gap = 24;
+  const int width = std::max(320, left + n * (bar_w + gap) + gap);
+  const int height = top + plot_h + bottom;
+  std::string s = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" role=\"img\" "
+      "aria-label=\"mean Dice per class\">",
+      width, height);
+  for (int t = 0; t <= 10; t += 2) {
+    const double y = top + plot_h * (1.0 - t / 10.0);
+    absl::StrAppend(&s, absl::StrFormat("<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" class=\"grid\"/>", left, y,
+                                        width - 10, y));
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%d\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%.1f</text>",
+                                        left - 6, y + 4, t / 10.0));
+  }
+  for (int i = 0; i < n; ++i) {
+    const ClassAggregate& ca = d.aggregate.classes[i];
+    const double mean = ca.metrics[static_cast<int>(Metric::kDice)].mean;
+    const double x = left + gap + i * (bar_w + gap);
+    const bool fg = d.IsForeground(ca.class_id);
+    if (!std::isnan(mean)) {
+      const double h = plot_h * std::clamp(mean, 0.0, 1.0);
+      absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" class=\"%s\">"
+                                          "<title>class %d: %.4f</title></rect>",
+                                          x, top + plot_h - h, bar_w, h, fg ? "bar" : "bar bg", ca.class_id, mean));
+    }
+    if (!std::isnan(ca.dice_ci_low)) {
+      const double y1 = top + plot_h * (1.0 - std::clamp(ca.dice_ci_low, 0.0, 1.0));
+      const double y2 = top + plot_h * (1.0 - std::clamp(ca.dice_ci_high, 0.0, 1.0));
+      const double cx = x + bar_w / 2.0;
+      absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" class=\"ci\"/>", cx,
+                                          y1, cx, y2));
+      for (double y : {y1, y2}) {
+        absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" class=\"ci\"/>",
+                                            cx - 8, y, cx + 8, y));
+      }
+    }
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%d%s</text>",
+                                        x + bar_w / 2.0, top + plot_h + 18, ca.class_id, fg ? "" : " (bg)"));
+  }
+  absl::StrAppend(&s, absl::StrFormat("<text x=\"%d\" y=\"%d\" class=\"axis\" text-anchor=\"middle\">class</text>",
+                                      width / 2, height - 4));
+  return s + "</svg>";
+}
+
+// Histogram of per-image Dice for one class: 20 bins over [0, 1].
+std::string DiceHistogram(const ClassAggregate& ca) {
+  constexpr int kBins = 20;
+  std::array<int64_t, kBins> bins{};
+  for (double v : ca.dice_values) bins[std::clamp(static_cast<int>(v * kBins), 0, kBins - 1)]++;
+  const int64_t peak = std::max<int64_t>(1, *std::max_element(bins.begin(), bins.end()));
+  const int left = 40, top = 10, plot_w = 300, plot_h = 120, bottom = 30;
+  std::string s = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" role=\"img\" "
+      "aria-label=\"per-image Dice histogram, class %d\">",
+      left + plot_w + 24, top + plot_h + bottom, ca.class_id);
+  const double bw = static_cast<double>(plot_w) / kBins;
+  for (int b = 0; b < kBins; ++b) {
+    const double h = plot_h * static_cast<double>(bins[b]) / peak;
+    absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" class=\"bar\">"
+                                        "<title>[%.2f, %.2f): %d</title></rect>",
+                                        left + b * bw + 1, top + plot_h - h, bw - 2, h, b / 20.0, (b + 1) / 20.0,
+                                        bins[b]));
+  }
+  absl::StrAppend(&s, absl::StrFormat("<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" class=\"axisline\"/>", left,
+                                      top + plot_h, left + plot_w, top + plot_h));
+  for (int t = 0; t <= 4; ++t) {
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%.2f</text>",
+                                        left + plot_w * t / 4.0, top + plot_h + 16, t / 4.0));
+  }
+  absl::StrAppend(&s, absl::StrFormat("<text x=\"%d\" y=\"%d\" class=\"tick\" text-anchor=\"end\">%d</text>", left - 4,
+                                      top + 10, peak));
+  return s + "</svg>";
+}
+
+}  // namespace
+
+std::string ReportHtml(const ReportData& d) {
+  const v1::Job& job = d.record->job;
+  std::string h = R"(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Tally report )" +
+                  HtmlEscape(job.job_id()) + R"(</title>
+<style>
+body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:24px 32px;color:#1d232b;background:#fff}
+h1{font-size:22px;margin:0 0 8px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d8dde3;padding-bottom:4px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0} th,td{border:1px solid #d8dde3;padding:4px 8px;text-align:right}
+th{background:#f1f4f7} td.l,th.l{text-align:left} .meta{font-size:14px;color:#3c4650;line-height:1.6}
+.state-succeeded{color:#137333;font-weight:600}.state-failed,.state-cancelled{color:#b3261e;font-weight:600}
+svg .bar{fill:#3b6fd4} svg .bar.bg{fill:#a9b4c2} svg .ci{stroke:#111;stroke-width:1.5} svg .grid{stroke:#e3e7ec}
+svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} svg .axisline{stroke:#6b7682}
+.hists{display:flex;flex-wrap:wrap;gap:18px} .hist h3{font-size:14px;margin:4px 0}
+</style></head><body>
+)";
+  absl::StrAppend(&h, "<h1>Tally report <code>", HtmlEscape(job.job_id()), "</code></h1>\n<div class=\"meta\">");
+  absl::StrAppend(&h, "State: <span class=\"state-", JobStateName(job.state()), "\">", JobStateName(job.state()),
+                  "</span>", job.error().empty() ? "" : " — " + HtmlEscape(job.error()), "<br>");
+  absl::StrAppend(&h, "Model: <code>", HtmlEscape(job.spec().model()), "</code><br>Manifest: <code>",
+                  HtmlEscape(job.spec().manifest()), "</code><br>");
+  absl::StrAppend(&h, "Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ", d.failed,
+                  " failed<br>");
+  absl::StrAppend(&h, absl::StrFormat("Wall time: %.2f s (%.1f images/s)", d.wall_seconds,
+                                      d.wall_seconds > 0 ? (d.evaluated + d.failed) / d.wall_seconds : 0.0),
+                  "</div>\n");
+  h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
+       "bootstrap interval; global = from summed counts.</p>\n" + HtmlTable(ClassTable(d));
+  h += "<h2>Mean Dice per class (with 95% bootstrap interval)</h2>\n" + DiceBarChart(d) + "\n";
+  h += "<h2>Per-image Dice</h2>\n<div class=\"hists\">\n";
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    absl::StrAppend(&h, "<div class=\"hist\"><h3>class ", ca.class_id,
+                    d.IsForeground(ca.class_id) ? "" : " (background)", " — ", ca.dice_values.size(),
+                    " images</h3>", DiceHistogram(ca), "</div>\n");
+  }
+  h += "</div>\n<h2>Worst images by Dice</h2>\n";
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
+    absl::StrAppend(&h, "<h3>class ", ca.class_id, "</h3>", HtmlTable(WorstTable(d, ca)));
+  }
+  absl::StrAppend(&h, "<h2>Failures (", d.failures.size(), ")</h2>\n");
+  if (d.failures.empty()) {
+    h += "<p>None: every manifest row was evaluated.</p>\n";
+  } else {
+    h += HtmlTable(FailureTable(d));
+    if (d.failures.size() > kMaxFailuresShown) {
+      absl::StrAppend(&h, "<p>... and ", d.failures.size() - kMaxFailuresShown, " more in report.json</p>\n");
+    }
+  }
+  if (!d.workers.empty()) h += "<h2>Workers</h2>\n" + HtmlTable(WorkerTable(d));
+  h += "</body></html>\n";
+  return h;
+}
+
+}  // namespace tally

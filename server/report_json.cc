@@ -1,0 +1,115 @@
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/rpc.h"
+#include "server/json_writer.h"
+#include "server/report_formats.h"
+
+namespace tally {
+namespace {
+constexpr const char* kVersion = "0.1.0";
+}  // namespace
+
+std::string ReportJson(const ReportData& d) {
+  const v1::Job& job = d.record->job;
+  const v1::JobSpec& spec = job.spec();
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("tally_version", kVersion);
+  w.Field("job_id", job.job_id());
+  w.Field("name", spec.name());
+  w.Field("state", JobStateName(job.state()));
+  const int64_t missing = job.images_total() - d.evaluated - d.failed;
+  w.Field("complete", job.state() == v1::JOB_STATE_SUCCEEDED && missing == 0);
+  w.Field("error", job.error());
+  w.Field("model", spec.model());
+  w.Field("manifest", spec.manifest());
+  w.Field("num_classes", d.num_classes);
+  w.Key("metrics").BeginArray();
+  for (Metric m : d.metrics()) w.String(MetricName(m));
+  w.EndArray();
+  w.Field("include_background", d.config.include_background);
+  w.Key("spacing").BeginArray().Number(d.config.spacing_y).Number(d.config.spacing_x).EndArray();
+  w.Field("nsd_tolerance", d.config.nsd_tolerance);
+  w.Field("precision", PrecisionName(d.config.precision));
+  w.Field("shard_size", d.record->shard_size);
+  w.Field("max_image_pixels", d.config.max_image_pixels);
+  w.Field("batch_timeout_seconds", d.config.batch_timeout_seconds);
+  w.Field("nonfinite", NonfiniteName(d.config.nonfinite));
+  if (spec.input_height() > 0) {
+    w.Key("input_size").BeginArray().Int(spec.input_height()).Int(spec.input_width()).EndArray();
+  } else {
+    w.Key("input_size").Null();
+  }
+  w.Field("images_total", job.images_total());
+  w.Field("images_evaluated", d.evaluated);
+  w.Field("images_failed", d.failed);
+  w.Field("images_missing", missing);
+  w.Field("nonfinite_images", d.nonfinite_images);
+  w.Field("nonfinite_values", d.nonfinite_values);
+  w.Key("failures").BeginArray();
+  for (const Failure& f : d.failures) {
+    w.BeginObject().Field("index", f.index).Field("id", f.id).Field("image", f.image).Field("reason", f.reason);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("classes").BeginArray();
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    w.BeginObject();
+    w.Field("class", ca.class_id);
+    w.Field("foreground", d.IsForeground(ca.class_id));
+    w.Field("images", ca.metrics[static_cast<int>(Metric::kDice)].count);
+    w.Field("tp", ca.counts.tp).Field("fp", ca.counts.fp).Field("fn", ca.counts.fn).Field("tn", ca.counts.tn);
+    for (Metric m : d.metrics()) {
+      const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];
+      const std::string name(MetricName(m));
+      w.Field(name + "_mean", ma.mean);
+      w.Field(name + "_inf_count", ma.inf_count);
+      if (IsCountMetric(m)) {
+        w.Field(name + "_global", ma.global);
+      } else {
+        w.Field(name + "_median", ma.median);
+        w.Field(name + "_p95", ma.p95);
+      }
+      if (m == Metric::kDice) {
+        w.Key("dice_mean_ci95").BeginArray().Number(ca.dice_ci_low).Number(ca.dice_ci_high).EndArray();
+      }
+    }
+    w.EndObject();
+  }
+  w.EndArray();
+  for (Metric m : d.metrics()) {
+    w.Field(absl::StrCat("foreground_", MetricName(m), "_mean"), d.aggregate.foreground_mean[static_cast<int>(m)]);
+  }
+  w.Key("workers").BeginArray();
+  for (const WorkerRecord& wr : d.workers) {
+    const double seconds = std::max(0.0, wr.last_result_unix - wr.first_lease_unix);
+    w.BeginObject();
+    w.Field("id", wr.worker_id).Field("name", wr.name).Field("device", wr.device);
+    w.Field("images", wr.images).Field("seconds", seconds);
+    w.Field("gpu_name", wr.stats.gpu_name());
+    w.Field("peak_memory_bytes", wr.stats.peak_memory_bytes());
+    w.Field("batch_size", wr.stats.batch_size());
+    w.Field("oom_retries", wr.stats.oom_retries());
+    w.Field("images_per_second", wr.stats.images_per_second() > 0
+                                     ? wr.stats.images_per_second()
+                                     : (seconds > 0 ? static_cast<double>(wr.images) / seconds : 0.0));
+    w.Field("first_batch_seconds",
+            wr.stats.first_batch_unix() > 0 ? wr.stats.first_batch_unix() - job.created_unix() : 0.0);
+    w.Field("model_load_seconds", wr.stats.model_load_seconds());
+    w.Field("decode_threads", wr.stats.decode_threads());
+    w.Field("logit_ties", wr.stats.logit_ties());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Field("created_unix", job.created_unix());
+  w.Field("finished_unix", job.finished_unix());
+  w.Field("wall_seconds", d.wall_seconds);
+  w.Field("images_per_second",
+          d.wall_seconds > 0 ? static_cast<double>(d.evaluated + d.failed) / d.wall_seconds : 0.0);
+  w.EndObject();
+  return w.str() + "\n";
+}
+
+}  // namespace tally

@@ -1,0 +1,48 @@
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/rpc.h"
+#include "server/report_formats.h"
+#include "server/report_table.h"
+
+namespace tally {
+
+std::string ReportMarkdown(const ReportData& d) {
+  const v1::Job& job = d.record->job;
+  std::string out = absl::StrCat("# Tally report: ", job.job_id(), "\n\n");
+  absl::StrAppend(&out, "- State: **", JobStateName(job.state()), "**", job.error().empty() ? "" : " — " + job.error(),
+                  "\n");
+  absl::StrAppend(&out, "- Model: `", job.spec().model(), "`\n- Manifest: `", job.spec().manifest(), "`\n");
+  absl::StrAppend(&out, "- Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ",
+                  d.failed, " failed", "\n");
+  if (d.nonfinite_images > 0) {
+    absl::StrAppend(&out, "- **Warning**: ", d.nonfinite_images, " evaluated images had NaN/Inf in the model output (",
+                    d.nonfinite_values, " values; --nonfinite warn)\n");
+  }
+  absl::StrAppend(&out, "- Classes: ", d.num_classes, "; foreground means over classes ",
+                  d.config.include_background ? "0" : "1", "..", std::max(0, d.num_classes - 1), "\n");
+  absl::StrAppend(&out, absl::StrFormat("- Wall time: %.2f s (%.1f images/s)\n\n", d.wall_seconds,
+                                        d.images_per_second()));
+  out += "## Per class\n\nMeans over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
+         "bootstrap interval; global = from summed counts.\n\n";
+  out += MarkdownTable(ClassTable(d));
+  out += "\n## Worst images by Dice\n";
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
+    absl::StrAppend(&out, "\n### Class ", ca.class_id, "\n\n", MarkdownTable(WorstTable(d, ca)));
+  }
+  absl::StrAppend(&out, "\n## Failures (", d.failures.size(), ")\n\n");
+  if (d.failures.empty()) {
+    out += "None: every manifest row was evaluated.\n";
+  } else {
+    out += MarkdownTable(FailureTable(d));
+    if (d.failures.size() > kMaxFailuresShown) {
+      absl::StrAppend(&out, "\n... and ", d.failures.size() - kMaxFailuresShown, " more in report.json\n");
+    }
+  }
+  if (!d.workers.empty()) out += "\n## Workers\n\n" + MarkdownTable(WorkerTable(d));
+  return out;
+}
+
+}  // namespace tally

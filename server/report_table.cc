@@ -1,0 +1,142 @@
+#include "server/report_table.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tally {
+
+std::string FormatCell(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return absl::StrFormat("%.4f", v);
+}
+
+namespace {
+bool HasGlobalColumn(Metric m) { return m == Metric::kDice || m == Metric::kIou; }
+TableCell Text(std::string s) { return TableCell{std::move(s), false}; }
+TableCell Code(std::string s) { return TableCell{std::move(s), true}; }
+}  // namespace
+
+Table ClassTable(const ReportData& d) {
+  Table t;
+  t.header = {"class", "images"};
+  for (Metric m : d.metrics()) {
+    t.header.push_back(absl::StrCat(MetricName(m), " mean"));
+    if (HasGlobalColumn(m)) t.header.push_back(absl::StrCat(MetricName(m), " global"));
+  }
+  t.left.assign(t.header.size(), false);
+  t.left[0] = true;
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    std::vector<TableCell> row = {Text(absl::StrCat(ca.class_id, d.IsForeground(ca.class_id) ? "" : " (background)")),
+                                  Text(absl::StrCat(ca.metrics[static_cast<int>(Metric::kDice)].count))};
+    for (Metric m : d.metrics()) {
+      const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];
+      std::string cell = FormatCell(ma.mean);
+      if (m == Metric::kDice) absl::StrAppend(&cell, " [", FormatCell(ca.dice_ci_low), ", ", FormatCell(ca.dice_ci_high), "]");
+      if (ma.inf_count > 0) absl::StrAppend(&cell, " (", ma.inf_count, " inf)");
+      row.push_back(Text(cell));
+      if (HasGlobalColumn(m)) row.push_back(Text(FormatCell(ma.global)));
+    }
+    t.rows.push_back(std::move(row));
+  }
+  std::vector<TableCell> foreground = {Text("foreground mean"), Text("")};
+  for (Metric m : d.metrics()) {
+    foreground.push_back(Text(FormatCell(d.aggregate.foreground_mean[static_cast<int>(m)])));
+    if (HasGlobalColumn(m)) foreground.push_back(Text(""));
+  }
+  t.rows.push_back(std::move(foreground));
+  return t;
+}
+
+Table WorstTable(const ReportData& d, const ClassAggregate& ca) {
+  Table t;
+  t.header = {"index", "image", "dice"};
+  t.left = {false, true, false};
+  for (const auto& [dice, index] : ca.worst) {
+    t.rows.push_back({Text(absl::StrCat(index)), Code(d.WorstImage(index)), Text(FormatCell(dice))});
+  }
+  return t;
+}
+
+Table FailureTable(const ReportData& d) {
+  Table t;
+  t.header = {"index", "image", "reason"};
+  t.left = {false, true, true};
+  for (size_t i = 0; i < d.failures.size() && i < kMaxFailuresShown; ++i) {
+    const Failure& f = d.failures[i];
+    t.rows.push_back({Text(absl::StrCat(f.index)), Code(f.image), Text(f.reason)});
+  }
+  return t;
+}
+
+Table WorkerTable(const ReportData& d) {
+  Table t;
+  t.header = {"worker", "device", "images", "seconds", "images/s"};
+  t.left = {true, true, false, false, false};
+  for (const WorkerRecord& wr : d.workers) {
+    const double seconds = std::max(0.0, wr.last_result_unix - wr.first_lease_unix);
+    const double rate = wr.stats.images_per_second() > 0 ? wr.stats.images_per_second()
+                        : seconds > 0                    ? wr.images / seconds
+                                                         : 0.0;
+    t.rows.push_back({Text(wr.name.empty() ? wr.worker_id : wr.name),
+                      Text(absl::StrCat(wr.device, wr.stats.gpu_name().empty() ? "" : " (" + wr.stats.gpu_name() + ")")),
+                      Text(absl::StrCat(wr.images)), Text(absl::StrFormat("%.2f", seconds)),
+                      Text(absl::StrFormat("%.1f", rate))});
+  }
+  return t;
+}
+
+std::string MarkdownTable(const Table& t) {
+  auto cell = [](const TableCell& c) {
+    std::string s = c.code ? absl::StrCat("`", c.text, "`") : c.text;
+    std::replace(s.begin(), s.end(), '|', '/');  // Would end the cell.
+    std::replace(s.begin(), s.end(), '\n', ' ');
+    return s.empty() ? std::string(" |") : absl::StrCat(" ", s, " |");
+  };
+  std::string out = "|";
+  for (const std::string& h : t.header) out += cell(TableCell{h, false});
+  out += "\n|";
+  for (size_t i = 0; i < t.header.size(); ++i) out += "---|";
+  out += "\n";
+  for (const auto& row : t.rows) {
+    out += "|";
+    for (const TableCell& c : row) out += cell(c);
+    out += "\n";
+  }
+  return out;
+}
+
+std::string HtmlEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string HtmlTable(const Table& t) {
+  auto align = [&](size_t col) { return col < t.left.size() && t.left[col] ? " class=\"l\"" : ""; };
+  std::string out = "<table><tr>";
+  for (size_t i = 0; i < t.header.size(); ++i) absl::StrAppend(&out, "<th", align(i), ">", HtmlEscape(t.header[i]), "</th>");
+  out += "</tr>\n";
+  for (const auto& row : t.rows) {
+    out += "<tr>";
+    for (size_t i = 0; i < row.size(); ++i) {
+      const std::string text = HtmlEscape(row[i].text);
+      absl::StrAppend(&out, "<td", align(i), ">", row[i].code ? absl::StrCat("<code>", text, "</code>") : text, "</td>");
+    }
+    out += "</tr>\n";
+  }
+  return out + "</table>\n";
+}
+
+}  // namespace tally
