@@ -8,6 +8,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/job_config.h"
@@ -16,6 +17,7 @@
 namespace tally {
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+bool AllCopied(std::atomic<int>* remaining) { return remaining->load() == 0; }
 }  // namespace
 
 // One launched batch: its staging slot, the rows in it and the device work.
@@ -39,12 +41,12 @@ class Pipeline::ActivityScope {
     a.what = std::move(what);
     a.lease = lease;
     a.indices = std::move(indices);
-    std::lock_guard<std::mutex> lock(p_->mu_);
+    absl::MutexLock lock(&p_->mu_);
     id_ = p_->next_activity_++;
     p_->activities_[id_] = std::move(a);
   }
   ~ActivityScope() {
-    std::lock_guard<std::mutex> lock(p_->mu_);
+    absl::MutexLock lock(&p_->mu_);
     p_->activities_.erase(id_);
   }
 
@@ -61,6 +63,7 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       on_fatal_(std::move(on_fatal)),
       on_timeout_(std::move(on_timeout)),
       surface_(AnySurfaceMetric(options_.metrics)) {
+  absl::MutexLock lock(&mu_);  // No other thread yet; the analysis wants the guard all the same.
   batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
   const int b = batch_size_ > 0 ? batch_size_ : kDefaultBatchAlignment;
   max_decoded_waiting_ = std::max({3 * b, 2 * options_.decode_threads, 16});
@@ -76,9 +79,9 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
 }
 
 void Pipeline::WatchdogLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(200));
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200));
     if (stopping_ || timed_out_) return;
     const double now = NowUnix();
     std::vector<const Activity*> running;
@@ -91,10 +94,11 @@ void Pipeline::WatchdogLoop() {
       if (now - a.since <= options_.batch_timeout_seconds) continue;
       timed_out_ = true;
       const Activity stuck = a;
-      lock.unlock();
+      mu_.Unlock();
       Log(stuck.what, " of ", stuck.indices.size(), " row(s) of job ", stuck.lease.job_id, " has run for ",
           absl::StrFormat("%.0f", now - stuck.since), " s, past the batch timeout");
       on_timeout_(stuck.lease, stuck.indices, stuck.what, options_.batch_timeout_seconds);
+      mu_.Lock();  // Released by the scope.
       return;
     }
   }
@@ -102,10 +106,9 @@ void Pipeline::WatchdogLoop() {
 
 Pipeline::~Pipeline() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
   for (std::thread& t : threads_) t.join();
 }
 
@@ -115,46 +118,46 @@ void Pipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) 
   shard->items.resize(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) shard->items[i].row = std::move(rows[i]);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     backlog_ += static_cast<int64_t>(shard->items.size());
     shards_.push_back(std::move(shard));
   }
-  cv_.notify_all();
 }
 
 void Pipeline::Drop(int64_t lease_id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& s : shards_) {
       if (s->lease.lease_id == lease_id) s->dropped = true;
     }
   }
-  cv_.notify_all();
 }
 
 int64_t Pipeline::Backlog() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return backlog_;
 }
 
+bool Pipeline::IdleLocked() const { return backlog_ == 0 || failed_ || stopping_; }
+
 void Pipeline::WaitIdle() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return backlog_ == 0 || failed_ || stopping_; });
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &Pipeline::IdleLocked));
 }
 
 int Pipeline::batch_size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return batch_size_;
 }
 
 int Pipeline::num_classes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return num_classes_;
 }
 
 v1::WorkerStats Pipeline::Stats() const {
   RunnerStats rs = runner_->Stats();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   v1::WorkerStats s;
   s.set_device(rs.device);
   s.set_gpu_name(rs.gpu_name);
@@ -185,7 +188,7 @@ void Pipeline::RecycleLocked(std::unique_ptr<LabelMap> mask) {
 }
 
 std::unique_ptr<RgbImage> Pipeline::TakeImage() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (image_pool_.empty()) return std::make_unique<RgbImage>();
   auto p = std::move(image_pool_.back());
   image_pool_.pop_back();
@@ -193,7 +196,7 @@ std::unique_ptr<RgbImage> Pipeline::TakeImage() {
 }
 
 std::unique_ptr<LabelMap> Pipeline::TakeMask() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (mask_pool_.empty()) return std::make_unique<LabelMap>();
   auto p = std::move(mask_pool_.back());
   mask_pool_.pop_back();
@@ -224,26 +227,28 @@ void Pipeline::Decode(Item* item) {
   item->image = std::move(image);
 }
 
+bool Pipeline::DecodeWorkLocked() const {
+  if (stopping_ || !metric_tasks_.empty()) return true;
+  if (decoded_waiting_ >= max_decoded_waiting_) return false;
+  for (const auto& s : shards_) {
+    if (!s->dropped && s->next_decode < s->items.size()) return true;
+  }
+  return false;
+}
+
 void Pipeline::DecodeLoop(size_t slot) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (true) {
     std::shared_ptr<Shard> shard;
     Item* item = nullptr;
-    cv_.wait(lock, [&] {
-      if (stopping_ || !metric_tasks_.empty()) return true;
-      if (decoded_waiting_ >= max_decoded_waiting_) return false;
-      for (auto& s : shards_) {
-        if (!s->dropped && s->next_decode < s->items.size()) return true;
-      }
-      return false;
-    });
+    mu_.Await(absl::Condition(this, &Pipeline::DecodeWorkLocked));
     if (stopping_) return;
     if (!metric_tasks_.empty()) {
       std::function<void()> task = std::move(metric_tasks_.front());
       metric_tasks_.pop_front();
-      lock.unlock();
+      mu_.Unlock();
       task();
-      lock.lock();
+      mu_.Lock();
       continue;
     }
     for (auto& s : shards_) {
@@ -260,12 +265,11 @@ void Pipeline::DecodeLoop(size_t slot) {
     activity.what = "decoding";
     activity.lease = shard->lease;
     activity.indices.assign(1, item->row.index());
-    lock.unlock();
+    mu_.Unlock();
     Decode(item);
-    lock.lock();
+    mu_.Lock();
     activity.since = 0;
     item->decoded = true;
-    cv_.notify_all();
   }
 }
 
@@ -307,38 +311,31 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
   auto remaining = std::make_shared<std::atomic<int>>(static_cast<int>(items.size()));
   uint8_t* image_base = slot->images->data();
   uint16_t* mask_base = reinterpret_cast<uint16_t*>(slot->masks->data());
+  absl::MutexLock lock(&mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < items.size(); ++i) {
       const Item* it = items[i];
       const BatchImage b = spec->items[i];
       metric_tasks_.push_front([this, it, b, image_base, mask_base, remaining] {
         std::memcpy(image_base + b.image_offset, it->image->pixels.data(), it->image->pixels.size());
         std::memcpy(mask_base + b.mask_offset, it->mask->labels.data(), it->mask->labels.size() * sizeof(uint16_t));
-        if (--*remaining == 0) {
-          std::lock_guard<std::mutex> done(mu_);
-          cv_.notify_all();
-        }
+        // The batcher waits for the count to reach 0; releasing mu_ makes it look again.
+        if (--*remaining == 0) absl::MutexLock done(&mu_);
       });
     }
   }
-  cv_.notify_all();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return remaining->load() == 0; });
+  mu_.Await(absl::Condition(&AllCopied, remaining.get()));
 }
 
 void Pipeline::ReleaseSlot(Slot* slot) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_slots_.push_back(slot);
-  }
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  free_slots_.push_back(slot);
 }
 
 void Pipeline::Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result) {
   bool dropped = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     dropped = shard->dropped;
     --backlog_;
     ++images_done_;
@@ -346,24 +343,22 @@ void Pipeline::Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult resu
     if (clock_start_ > 0) ++images_after_warmup_;
   }
   if (!dropped) on_result_(shard->lease, std::move(result));
-  cv_.notify_all();
 }
 
 void Pipeline::Fail(const std::string& message, bool definitive) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (failed_) return;
     failed_ = true;
   }
   Log("job cannot continue here: ", message);
-  cv_.notify_all();
   on_fatal_(message, definitive);
 }
 
 void Pipeline::NoteEarlyBatch(size_t rows, size_t failed, const std::string& message) {
   bool give_up = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (early_batches_ >= 2) return;
     ++early_batches_;
     if (rows > 0 && failed == rows) ++early_batches_all_failed_;
@@ -373,168 +368,216 @@ void Pipeline::NoteEarlyBatch(size_t rows, size_t failed, const std::string& mes
   if (give_up) Fail(absl::StrCat(message, " (and on every other image of the first two batches)"), true);
 }
 
-void Pipeline::BatchLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  bool warmed = false;
-  while (true) {
-    if (stopping_) return;
-    if (failed_ || shards_.empty()) {
-      cv_.wait(lock);
-      continue;
+Pipeline::BatcherStep Pipeline::NextBatcherStepLocked() const {
+  if (stopping_) return BatcherStep::kStop;
+  if (failed_ || shards_.empty()) return BatcherStep::kWait;
+  const Shard& shard = *shards_.front();
+  const size_t n = shard.items.size();
+  if (shard.dropped) {
+    // Items handed to decoders finish decoding first; the rest are never decoded.
+    for (size_t i = shard.next_batch; i < shard.next_decode; ++i) {
+      if (!shard.items[i].decoded) return BatcherStep::kWait;
     }
-    std::shared_ptr<Shard> shard = shards_.front();
-    const size_t n = shard->items.size();
-    if (shard->dropped) {
-      // Items handed to decoders finish decoding first; the rest are never decoded.
-      bool busy = false;
-      for (size_t i = shard->next_batch; i < shard->next_decode; ++i) busy |= !shard->items[i].decoded;
-      if (busy) {
-        cv_.wait(lock);
-        continue;
-      }
-      decoded_waiting_ -= static_cast<int>(shard->next_decode - shard->next_batch);
-      backlog_ -= static_cast<int64_t>(n - shard->next_batch);
-      for (size_t i = shard->next_batch; i < n; ++i) {
-        Item& it = shard->items[i];
-        RecycleLocked(std::move(it.image));
-        RecycleLocked(std::move(it.mask));
-      }
-      shard->next_batch = n;
-      shards_.pop_front();
-      cv_.notify_all();
-      continue;
-    }
-    if (shard->next_batch >= n) {
-      shards_.pop_front();
-      continue;
-    }
-    const size_t i0 = shard->next_batch;
-    if (batch_size_ == 0) {
-      // Automatic batch size: trial passes at the size of the first decodable image.
-      if (!shard->items[i0].decoded) {
-        cv_.wait(lock);
-        continue;
-      }
-      const Item& first = shard->items[i0];
-      if (!first.image || !first.error.empty()) {
-        batch_size_ = 1;  // Fail this row alone; the next one sets the size.
-      } else {
-        const int h = first.image->height, w = first.image->width;
-        lock.unlock();
-        absl::StatusOr<int> b =
-            runner_->FindMaxBatch(h, w, options_.max_memory, options_.max_batch_size, options_.default_batch_size);
-        lock.lock();
-        if (!b.ok()) {
-          lock.unlock();
-          Fail(std::string(b.status().message()), absl::IsFailedPrecondition(b.status()));
-          lock.lock();
-          continue;
-        }
-        batch_size_ = *b;
-        max_decoded_waiting_ = std::max({3 * batch_size_, 2 * options_.decode_threads, 16});
-        Log("automatic batch size: ", batch_size_, " at ", h, "x", w);
-      }
-    }
-    const int64_t b = batch_size_;
-    const int64_t idx0 = shard->items[i0].row.index();
-    const int64_t block_end = (idx0 / b + 1) * b;  // Aligned to global index multiples of b.
-    const size_t i1 = std::min(n, i0 + static_cast<size_t>(block_end - idx0));
-    bool ready = true;
-    for (size_t i = i0; i < i1 && ready; ++i) ready = shard->items[i].decoded;
-    if (!ready) {
-      cv_.wait(lock);
-      continue;
-    }
-    shard->next_batch = i1;
-    decoded_waiting_ -= static_cast<int>(i1 - i0);
-    cv_.notify_all();
-    lock.unlock();
+    return BatcherStep::kDiscardShard;
+  }
+  if (shard.next_batch >= n) return BatcherStep::kNextShard;
+  const size_t i0 = shard.next_batch;
+  if (batch_size_ == 0) return shard.items[i0].decoded ? BatcherStep::kChooseBatchSize : BatcherStep::kWait;
+  const size_t i1 = BlockEndLocked(shard);
+  for (size_t i = i0; i < i1; ++i) {
+    if (!shard.items[i].decoded) return BatcherStep::kWait;
+  }
+  return BatcherStep::kTakeBlock;
+}
 
-    // Rows that failed to decode are reported now; the others are grouped by size.
-    std::vector<std::vector<Item*>> groups;
-    std::map<std::pair<int, int>, size_t> group_of_size;
-    for (size_t i = i0; i < i1; ++i) {
-      Item& it = shard->items[i];
-      if (!it.error.empty()) {
-        v1::ImageResult r;
-        r.set_index(it.row.index());
-        r.set_error(it.error);
-        Deliver(shard, std::move(r));
-        continue;
-      }
-      const auto key = options_.any_input_size ? std::make_pair(0, 0)
-                                               : std::make_pair(it.image->height, it.image->width);
-      auto [pos, inserted] = group_of_size.emplace(key, groups.size());
-      if (inserted) groups.emplace_back();
-      groups[pos->second].push_back(&it);
+bool Pipeline::BatcherCanActLocked() const { return NextBatcherStepLocked() != BatcherStep::kWait; }
+
+size_t Pipeline::BlockEndLocked(const Shard& shard) const {
+  const int64_t b = batch_size_;
+  const size_t i0 = shard.next_batch;
+  const int64_t idx0 = shard.items[i0].row.index();
+  const int64_t block_end = (idx0 / b + 1) * b;  // Aligned to global index multiples of b.
+  return std::min(shard.items.size(), i0 + static_cast<size_t>(block_end - idx0));
+}
+
+void Pipeline::DiscardFrontShardLocked() {
+  Shard& shard = *shards_.front();
+  const size_t n = shard.items.size();
+  decoded_waiting_ -= static_cast<int>(shard.next_decode - shard.next_batch);
+  backlog_ -= static_cast<int64_t>(n - shard.next_batch);
+  for (size_t i = shard.next_batch; i < n; ++i) {
+    RecycleLocked(std::move(shard.items[i].image));
+    RecycleLocked(std::move(shard.items[i].mask));
+  }
+  shard.next_batch = n;
+  shards_.pop_front();
+}
+
+void Pipeline::ChooseBatchSize() {
+  int h = 0, w = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const Shard& shard = *shards_.front();
+    const Item& first = shard.items[shard.next_batch];
+    if (!first.image || !first.error.empty()) {
+      batch_size_ = 1;  // Fail this row alone; the next one sets the size.
+      return;
     }
-    for (std::vector<Item*>& group : groups) {
-      Slot* slot = nullptr;
-      {
-        std::unique_lock<std::mutex> slot_lock(mu_);
-        cv_.wait(slot_lock, [&] { return stopping_ || failed_ || !free_slots_.empty(); });
-        if (stopping_ || failed_) break;
-        slot = free_slots_.back();
-        free_slots_.pop_back();
-      }
-      auto batch = std::make_shared<InFlight>();
-      batch->shard = shard;
-      batch->slot = slot;
-      Stage(group, slot, &batch->spec);
-      for (Item* it : group) {
-        batch->index.push_back(it->row.index());
-        batch->max_label.push_back(it->mask->max_label);
-        std::lock_guard<std::mutex> pool_lock(mu_);
-        RecycleLocked(std::move(it->image));
-        // Surface metrics read the reference labels after the batch has left the staging buffer.
-        if (surface_) {
-          batch->masks.push_back(std::move(it->mask));
-        } else {
-          RecycleLocked(std::move(it->mask));
-        }
-      }
-      ActivityScope activity(this, shard->lease, batch->index, "the model's forward pass");
-      if (!warmed) {
-        // TorchScript's profiling executor optimises after a few runs and cuDNN picks algorithms
-        // on the first: run the first batch a few extra times before the clock starts.
-        for (int k = 0; k < options_.warmup_batches; ++k) {
-          auto p = runner_->Launch(batch->spec);
-          if (!p.ok() || !(*p)->Wait().ok()) break;
-        }
-        warmed = true;
-        std::lock_guard<std::mutex> stats_lock(mu_);
-        clock_start_ = NowUnix();
-      }
-      absl::StatusOr<std::unique_ptr<PendingBatch>> pending = runner_->Launch(batch->spec);
-      if (pending.ok()) {
-        batch->pending = std::move(*pending);
-        {
-          std::lock_guard<std::mutex> q(mu_);
-          in_flight_.push_back(batch);
-        }
-        cv_.notify_all();
-      } else if (absl::IsResourceExhausted(pending.status()) || absl::IsAborted(pending.status())) {
-        std::string model_error = std::string(pending.status().message());
-        const size_t failed = RunNow(batch, 0, batch->index.size(), &model_error);
-        NoteEarlyBatch(batch->index.size(), failed, model_error);
-        ReleaseSlot(batch->slot);
-      } else {
-        Fail(std::string(pending.status().message()), absl::IsFailedPrecondition(pending.status()));
-        ReleaseSlot(slot);
-      }
+    h = first.image->height;
+    w = first.image->width;
+  }
+  // Trial passes at the size of the first decodable image.
+  absl::StatusOr<int> b =
+      runner_->FindMaxBatch(h, w, options_.max_memory, options_.max_batch_size, options_.default_batch_size);
+  if (!b.ok()) {
+    Fail(std::string(b.status().message()), absl::IsFailedPrecondition(b.status()));
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  batch_size_ = *b;
+  max_decoded_waiting_ = std::max({3 * batch_size_, 2 * options_.decode_threads, 16});
+  Log("automatic batch size: ", batch_size_, " at ", h, "x", w);
+}
+
+std::vector<std::vector<Pipeline::Item*>> Pipeline::GroupBlock(const std::shared_ptr<Shard>& shard, size_t i0,
+                                                                size_t i1) {
+  // Rows that failed to decode are reported now; the others are grouped by size.
+  std::vector<std::vector<Item*>> groups;
+  std::map<std::pair<int, int>, size_t> group_of_size;
+  for (size_t i = i0; i < i1; ++i) {
+    Item& it = shard->items[i];
+    if (!it.error.empty()) {
+      v1::ImageResult r;
+      r.set_index(it.row.index());
+      r.set_error(it.error);
+      Deliver(shard, std::move(r));
+      continue;
     }
-    lock.lock();
+    const auto key =
+        options_.any_input_size ? std::make_pair(0, 0) : std::make_pair(it.image->height, it.image->width);
+    auto [pos, inserted] = group_of_size.emplace(key, groups.size());
+    if (inserted) groups.emplace_back();
+    groups[pos->second].push_back(&it);
+  }
+  return groups;
+}
+
+bool Pipeline::SlotOrStopLocked() const { return stopping_ || failed_ || !free_slots_.empty(); }
+
+std::shared_ptr<Pipeline::InFlight> Pipeline::StageGroup(const std::shared_ptr<Shard>& shard,
+                                                         const std::vector<Item*>& group) {
+  Slot* slot = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Pipeline::SlotOrStopLocked));
+    if (stopping_ || failed_) return nullptr;
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  auto batch = std::make_shared<InFlight>();
+  batch->shard = shard;
+  batch->slot = slot;
+  Stage(group, slot, &batch->spec);
+  absl::MutexLock lock(&mu_);
+  for (Item* it : group) {
+    batch->index.push_back(it->row.index());
+    batch->max_label.push_back(it->mask->max_label);
+    RecycleLocked(std::move(it->image));
+    // Surface metrics read the reference labels after the batch has left the staging buffer.
+    if (surface_) {
+      batch->masks.push_back(std::move(it->mask));
+    } else {
+      RecycleLocked(std::move(it->mask));
+    }
+  }
+  return batch;
+}
+
+void Pipeline::WarmUp(const BatchSpec& spec) {
+  // TorchScript's profiling executor optimises after a few runs and cuDNN picks algorithms on the
+  // first: run the first batch a few extra times before the clock starts.
+  for (int k = 0; k < options_.warmup_batches; ++k) {
+    auto p = runner_->Launch(spec);
+    if (!p.ok() || !(*p)->Wait().ok()) break;
+  }
+  absl::MutexLock lock(&mu_);
+  clock_start_ = NowUnix();
+}
+
+void Pipeline::LaunchBatch(std::shared_ptr<InFlight> batch) {
+  absl::StatusOr<std::unique_ptr<PendingBatch>> pending = runner_->Launch(batch->spec);
+  if (pending.ok()) {
+    batch->pending = std::move(*pending);
+    absl::MutexLock q(&mu_);
+    in_flight_.push_back(std::move(batch));
+  } else if (absl::IsResourceExhausted(pending.status()) || absl::IsAborted(pending.status())) {
+    std::string model_error = std::string(pending.status().message());
+    const size_t failed = RunNow(batch, 0, batch->index.size(), &model_error);
+    NoteEarlyBatch(batch->index.size(), failed, model_error);
+    ReleaseSlot(batch->slot);
+  } else {
+    Fail(std::string(pending.status().message()), absl::IsFailedPrecondition(pending.status()));
+    ReleaseSlot(batch->slot);
   }
 }
 
-void Pipeline::CompletionLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+void Pipeline::BatchLoop() {
+  bool warmed = false;
   while (true) {
-    cv_.wait(lock, [&] { return stopping_ || !in_flight_.empty(); });
+    std::shared_ptr<Shard> shard;
+    size_t i0 = 0, i1 = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &Pipeline::BatcherCanActLocked));
+      switch (NextBatcherStepLocked()) {
+        case BatcherStep::kWait:
+          continue;
+        case BatcherStep::kStop:
+          return;
+        case BatcherStep::kDiscardShard:
+          DiscardFrontShardLocked();
+          continue;
+        case BatcherStep::kNextShard:
+          shards_.pop_front();
+          continue;
+        case BatcherStep::kChooseBatchSize:
+          break;
+        case BatcherStep::kTakeBlock:
+          shard = shards_.front();
+          i0 = shard->next_batch;
+          i1 = BlockEndLocked(*shard);
+          shard->next_batch = i1;
+          decoded_waiting_ -= static_cast<int>(i1 - i0);
+          break;
+      }
+    }
+    if (!shard) {
+      ChooseBatchSize();
+      continue;
+    }
+    for (const std::vector<Item*>& group : GroupBlock(shard, i0, i1)) {
+      std::shared_ptr<InFlight> batch = StageGroup(shard, group);
+      if (!batch) break;
+      ActivityScope activity(this, shard->lease, batch->index, "the model's forward pass");
+      if (!warmed) {
+        WarmUp(batch->spec);
+        warmed = true;
+      }
+      LaunchBatch(std::move(batch));
+    }
+  }
+}
+
+bool Pipeline::CompletionWorkLocked() const { return stopping_ || !in_flight_.empty(); }
+
+void Pipeline::CompletionLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    mu_.Await(absl::Condition(this, &Pipeline::CompletionWorkLocked));
     if (stopping_) return;
     std::shared_ptr<InFlight> batch = in_flight_.front();
     in_flight_.pop_front();
-    lock.unlock();
+    mu_.Unlock();
     absl::Status s;
     {
       ActivityScope activity(this, batch->shard->lease, batch->index, "the model's forward pass");
@@ -552,7 +595,7 @@ void Pipeline::CompletionLoop() {
       Fail(std::string(s.message()), absl::IsFailedPrecondition(s));
     }
     ReleaseSlot(batch->slot);
-    lock.lock();
+    mu_.Lock();
   }
 }
 
@@ -572,7 +615,7 @@ size_t Pipeline::RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t en
     std::shared_ptr<PendingBatch> shared(std::move(*pending));
     {
       // Metric tasks read the predicted labels; the batch (which they hold) owns the results.
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       batch->retries.push_back(shared);
     }
     Finish(batch, shared.get(), begin, end);
@@ -585,7 +628,7 @@ size_t Pipeline::RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t en
   }
   if (oom) {
     runner_->ReleaseCachedMemory();
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++oom_retries_;
     batch_size_ = std::max<int>(1, std::min<int>(batch_size_, static_cast<int>((end - begin) / 2)));
   }
@@ -612,7 +655,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
   const int k = pending->num_classes();
   int job_classes = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (num_classes_ == 0) num_classes_ = k;
     job_classes = num_classes_;
     logit_ties_ += pending->logit_ties();
@@ -644,7 +687,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       r.set_error(error);
       Deliver(batch->shard, std::move(r));
       if (surface_) {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         RecycleLocked(std::move(batch->masks[i]));
       }
       continue;
@@ -691,14 +734,11 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       Deliver(batch->shard, std::move(r));
       auto recycled = std::make_unique<LabelMap>();
       recycled->labels.swap(ref->labels);  // Keeps the buffer's capacity for the next mask.
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       RecycleLocked(std::move(recycled));
     };
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      metric_tasks_.push_back(std::move(task));
-    }
-    cv_.notify_all();
+    absl::MutexLock lock(&mu_);
+    metric_tasks_.push_back(std::move(task));
   }
 }
 

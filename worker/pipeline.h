@@ -18,17 +18,17 @@
 #ifndef TALLY_WORKER_PIPELINE_H_
 #define TALLY_WORKER_PIPELINE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/image_io.h"
 #include "common/metrics.h"
 #include "common/surface_distance.h"
@@ -97,6 +97,8 @@ class Pipeline {
     std::string error;
     bool decoded = false;
   };
+  // Guarded by the pipeline's mu_ (its items' `decoded` too); an item's buffers belong to the
+  // thread that took it (decoder, then batcher).
   struct Shard {
     LeaseKey lease;
     std::vector<Item> items;
@@ -118,6 +120,27 @@ class Pipeline {
   };
   class ActivityScope;
 
+  // What the batcher does next, decided from the state alone; kWait is its wait condition.
+  enum class BatcherStep { kWait, kStop, kDiscardShard, kNextShard, kChooseBatchSize, kTakeBlock };
+  BatcherStep NextBatcherStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool BatcherCanActLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // End of the index-aligned block starting at the front shard's next item.
+  size_t BlockEndLocked(const Shard& shard) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DiscardFrontShardLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ChooseBatchSize() ABSL_LOCKS_EXCLUDED(mu_);
+  // Reports the block's rows that failed to decode; groups the others by image size.
+  std::vector<std::vector<Item*>> GroupBlock(const std::shared_ptr<Shard>& shard, size_t i0, size_t i1);
+  // Takes a staging slot (waiting for one) and packs the group into it; null when stopping.
+  std::shared_ptr<InFlight> StageGroup(const std::shared_ptr<Shard>& shard, const std::vector<Item*>& group)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void WarmUp(const BatchSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
+  void LaunchBatch(std::shared_ptr<InFlight> batch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Wait conditions, one per wait.
+  bool DecodeWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SlotOrStopLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CompletionWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   void DecodeLoop(size_t slot);
   void WatchdogLoop();
   // A top-level batch (not a retry) has finished; `failed` rows of it failed in the model.
@@ -137,8 +160,8 @@ class Pipeline {
   std::unique_ptr<RgbImage> TakeImage();
   std::unique_ptr<LabelMap> TakeMask();
   // Back to the pools; buffers grown by an outlier image are released first.
-  void RecycleLocked(std::unique_ptr<RgbImage> image);
-  void RecycleLocked(std::unique_ptr<LabelMap> mask);
+  void RecycleLocked(std::unique_ptr<RgbImage> image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecycleLocked(std::unique_ptr<LabelMap> mask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ModelRunner* const runner_;
   PipelineOptions options_;
@@ -147,39 +170,38 @@ class Pipeline {
   const TimeoutFn on_timeout_;
   const bool surface_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Shard>> shards_;
-  int decoded_waiting_ = 0;     // Decoded or decoding items not yet taken by the batcher.
-  int max_decoded_waiting_ = 0;
-  int64_t backlog_ = 0;
-  bool stopping_ = false;
-  bool failed_ = false;
-  int batch_size_ = 0;          // Resolved (auto -> number) by the batcher.
-  int num_classes_ = 0;
-  std::vector<Slot*> free_slots_;
+  mutable absl::Mutex mu_;
+  std::deque<std::shared_ptr<Shard>> shards_ ABSL_GUARDED_BY(mu_);
+  int decoded_waiting_ ABSL_GUARDED_BY(mu_) = 0;  // Decoded or decoding items not yet taken by the batcher.
+  int max_decoded_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t backlog_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  int batch_size_ ABSL_GUARDED_BY(mu_) = 0;  // Resolved (auto -> number) by the batcher.
+  int num_classes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Slot*> free_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Slot>> slots_;
-  std::deque<std::shared_ptr<InFlight>> in_flight_;
-  std::vector<std::unique_ptr<RgbImage>> image_pool_;
-  std::vector<std::unique_ptr<LabelMap>> mask_pool_;
+  std::deque<std::shared_ptr<InFlight>> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<RgbImage>> image_pool_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<LabelMap>> mask_pool_ ABSL_GUARDED_BY(mu_);
   // Short tasks run by the decode threads before any decoding: staging copies (at the front) and
   // surface metrics.
-  std::deque<std::function<void()>> metric_tasks_;
-  std::map<int64_t, Activity> activities_;  // Forward passes in progress.
-  int64_t next_activity_ = 0;
-  std::vector<Activity> decoding_;          // Per decode thread; `since` 0 when idle.
-  bool timed_out_ = false;
-  int early_batches_ = 0;           // Top-level batches finished (counted up to 2).
-  int early_batches_all_failed_ = 0;
+  std::deque<std::function<void()>> metric_tasks_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Activity> activities_ ABSL_GUARDED_BY(mu_);  // Forward passes in progress.
+  int64_t next_activity_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Activity> decoding_ ABSL_GUARDED_BY(mu_);  // Per decode thread; `since` 0 when idle.
+  bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
+  int early_batches_ ABSL_GUARDED_BY(mu_) = 0;  // Top-level batches finished (counted up to 2).
+  int early_batches_all_failed_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Statistics.
-  int64_t images_done_ = 0;
-  int64_t images_after_warmup_ = 0;
-  double clock_start_ = 0;
-  double last_result_ = 0;
-  double first_batch_unix_ = 0;
-  int oom_retries_ = 0;
-  int64_t logit_ties_ = 0;
+  int64_t images_done_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t images_after_warmup_ ABSL_GUARDED_BY(mu_) = 0;
+  double clock_start_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_result_ ABSL_GUARDED_BY(mu_) = 0;
+  double first_batch_unix_ ABSL_GUARDED_BY(mu_) = 0;
+  int oom_retries_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t logit_ties_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::vector<std::thread> threads_;
 };
