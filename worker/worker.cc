@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/job_config.h"
 #include "common/backoff.h"
@@ -83,23 +84,32 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
 Worker::~Worker() {
   Stop();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     done_ = true;
   }
-  cv_.notify_all();
   if (reporter_.joinable()) reporter_.join();
   if (heartbeat_.joinable()) heartbeat_.join();
-  evaluator_.reset();
+  std::unique_ptr<Evaluator> evaluator;
+  {
+    absl::MutexLock lock(&mu_);
+    evaluator = std::move(evaluator_);
+  }
 }
 
 void Worker::Stop() {
+  absl::MutexLock lock(&mu_);
   stop_ = true;
-  cv_.notify_all();
+  wake_leaser_ = true;
+}
+
+bool Worker::Stopping() {
+  absl::MutexLock lock(&mu_);
+  return stop_;
 }
 
 void Worker::SleepFor(double seconds) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)), [&] { return stop_.load(); });
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Seconds(seconds));
 }
 
 absl::Status Worker::Register(bool first) {
@@ -114,7 +124,7 @@ absl::Status Worker::Register(bool first) {
   // about a second, without all of them dialling in the same instant.
   double heartbeat = 1.0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     heartbeat = heartbeat_seconds_;
   }
   Backoff backoff(0.25, std::max(0.5, heartbeat));
@@ -124,7 +134,7 @@ absl::Status Worker::Register(bool first) {
     ctx.set_deadline(Deadline(5));
     grpc::Status s = stub_->RegisterWorker(&ctx, request, &response);
     if (s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       worker_id_ = response.worker_id();
       heartbeat_seconds_ = response.heartbeat_seconds() > 0 ? response.heartbeat_seconds() : 1.0;
       need_register_ = false;
@@ -133,7 +143,7 @@ absl::Status Worker::Register(bool first) {
       return absl::OkStatus();
     }
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (stop_) return absl::CancelledError("stopped while registering");
+    if (Stopping()) return absl::CancelledError("stopped while registering");
     if (options_.max_connect_seconds > 0 && waited >= options_.max_connect_seconds) {
       return absl::UnavailableError(absl::StrFormat(
           "cannot reach the coordinator at %s: gave up after %d attempts over %.1f s (last error: %s)",
@@ -158,105 +168,119 @@ absl::Status Worker::Run() {
   reporter_ = std::thread([this] { ReporterLoop(); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   Backoff backoff(0.25, 2.0);
-  while (!stop_) {
-    bool reregister = false;
-    size_t held = 0;
-    int64_t backlog = 0;
-    int batch = 8;
+  while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!out_of_service_.empty()) break;
-      reregister = need_register_;
-      held = leases_.size();
-      if (evaluator_) {
-        backlog = evaluator_->pipeline->Backlog();
-        batch = std::max(1, evaluator_->pipeline->batch_size());
-      }
+      absl::MutexLock lock(&mu_);
+      if (stop_ || !out_of_service_.empty()) break;
     }
-    if (reregister) {
-      // The coordinator forgot us (restarted, or we were silent too long): our leases are gone.
-      std::vector<int64_t> ids;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (auto& [id, lb] : leases_) ids.push_back(id);
-      }
-      for (int64_t id : ids) DropLease(id);
-      absl::Status s = Register(false);
-      if (!s.ok()) return s;
-      continue;
-    }
-    // Keep enough rows queued that decoding runs ahead of the device, but no more.
-    const int64_t target = std::max<int64_t>(4 * batch, 2 * options_.threads);
-    if (held >= static_cast<size_t>(options_.max_leases) || (held > 0 && backlog >= target)) {
-      // Woken by every delivered result, so the next shard is leased as soon as there is room.
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(50));
-      continue;
-    }
-    v1::AcquireShardRequest request;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      request.set_worker_id(worker_id_);
-    }
-    v1::AcquireShardResponse response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(30));
-    grpc::Status s = stub_->AcquireShard(&ctx, request, &response);
-    if (!s.ok()) {
-      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-        std::lock_guard<std::mutex> lock(mu_);
-        need_register_ = true;
-        continue;
-      }
-      // An assignment that cannot be parsed lands here too: the coordinator takes that lease back
-      // once our heartbeats do not list it.
-      const double delay = backoff.Next();
-      Log("leasing work from ", options_.coordinator, " failed (", s.error_message(), "); retrying in ",
-          absl::StrFormat("%.1f", delay), " s");
-      SleepFor(delay);
-      continue;
-    }
-    backoff.Reset();
-    if (!response.has_assignment()) {
-      SleepFor(std::max(0.02, response.retry_after_ms() / 1000.0));
-      continue;
-    }
-    const v1::ShardAssignment& a = response.assignment();
-    LeaseKey key{a.job_id(), a.shard_id(), a.lease_id()};
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      LeaseBuffer& lb = leases_[a.lease_id()];
-      lb.key = key;
-      lb.expected = a.rows_size();
-      lb.last_flush = NowUnix();
-    }
-    if (absl::Status ok = CheckAssignment(a); !ok.ok()) {
-      Release(key, std::string(ok.message()), false);
-      continue;
-    }
-    bool known_bad = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      known_bad = failed_jobs_.count(a.job_id()) > 0;
-    }
-    if (known_bad) {
-      Release(key, "this worker cannot run the job's model", false);
-      continue;
-    }
-    absl::Status started = StartJob(a);
-    if (!started.ok()) {
-      Log("cannot run job ", a.job_id(), ": ", started.message());
-      Release(key, std::string(started.message()), false);
-      OnFatal(JobError{a.job_id(), std::string(started.message()), false, IsWorkerLocal(started)});
-      continue;
-    }
-    std::vector<v1::ManifestRow> rows(a.rows().begin(), a.rows().end());
-    evaluator_->pipeline->Submit(key, std::move(rows));
+    RETURN_IF_ERROR(ReregisterIfForgotten());
+    if (!HasRoomForAnotherShard()) continue;
+    std::optional<v1::ShardAssignment> assignment = LeaseOne(&backoff);
+    if (assignment) Accept(*assignment);
   }
-  std::string out_of_service;
+  return FinishRun();
+}
+
+absl::Status Worker::ReregisterIfForgotten() {
+  std::vector<int64_t> ids;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
+    if (!need_register_) return absl::OkStatus();
+    for (auto& [id, lb] : leases_) ids.push_back(id);
+  }
+  // Our leases went with the coordinator's memory of us.
+  for (int64_t id : ids) DropLease(id);
+  return Register(false);
+}
+
+bool Worker::HasRoomForAnotherShard() {
+  absl::MutexLock lock(&mu_);
+  size_t held = leases_.size();
+  int64_t backlog = 0;
+  int batch = 8;
+  if (evaluator_) {
+    backlog = evaluator_->pipeline->Backlog();
+    batch = std::max(1, evaluator_->pipeline->batch_size());
+  }
+  // Keep enough rows queued that decoding runs ahead of the device, but no more.
+  const int64_t target = std::max<int64_t>(4 * batch, 2 * options_.threads);
+  if (held < static_cast<size_t>(options_.max_leases) && (held == 0 || backlog < target)) return true;
+  // Woken by every delivered result, so the next shard is leased as soon as there is room.
+  wake_leaser_ = false;
+  mu_.AwaitWithTimeout(absl::Condition(&wake_leaser_), absl::Milliseconds(50));
+  return false;
+}
+
+std::optional<v1::ShardAssignment> Worker::LeaseOne(Backoff* backoff) {
+  v1::AcquireShardRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_worker_id(worker_id_);
+  }
+  v1::AcquireShardResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(30));
+  grpc::Status s = stub_->AcquireShard(&ctx, request, &response);
+  if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      absl::MutexLock lock(&mu_);
+      need_register_ = true;
+      return std::nullopt;
+    }
+    // An assignment that cannot be parsed lands here too: the coordinator takes that lease back
+    // once our heartbeats do not list it.
+    const double delay = backoff->Next();
+    Log("leasing work from ", options_.coordinator, " failed (", s.error_message(), "); retrying in ",
+        absl::StrFormat("%.1f", delay), " s");
+    SleepFor(delay);
+    return std::nullopt;
+  }
+  backoff->Reset();
+  if (!response.has_assignment()) {
+    SleepFor(std::max(0.02, response.retry_after_ms() / 1000.0));
+    return std::nullopt;
+  }
+  return std::move(*response.mutable_assignment());
+}
+
+void Worker::Accept(const v1::ShardAssignment& a) {
+  LeaseKey key{a.job_id(), a.shard_id(), a.lease_id()};
+  bool known_bad = false;
+  {
+    absl::MutexLock lock(&mu_);
+    LeaseBuffer& lb = leases_[a.lease_id()];
+    lb.key = key;
+    lb.expected = a.rows_size();
+    lb.last_flush = NowUnix();
+    known_bad = failed_jobs_.count(a.job_id()) > 0;
+  }
+  if (absl::Status ok = CheckAssignment(a); !ok.ok()) {
+    Release(key, std::string(ok.message()), false);
+    return;
+  }
+  if (known_bad) {
+    Release(key, "this worker cannot run the job's model", false);
+    return;
+  }
+  absl::Status started = StartJob(a);
+  if (!started.ok()) {
+    Log("cannot run job ", a.job_id(), ": ", started.message());
+    Release(key, std::string(started.message()), false);
+    OnFatal(JobError{a.job_id(), std::string(started.message()), false, IsWorkerLocal(started)});
+    return;
+  }
+  std::vector<v1::ManifestRow> rows(a.rows().begin(), a.rows().end());
+  absl::MutexLock lock(&mu_);
+  evaluator_->pipeline->Submit(key, std::move(rows));
+}
+
+absl::Status Worker::FinishRun() {
+  std::string out_of_service;
+  Pipeline* pipeline = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
     out_of_service = out_of_service_;
+    if (evaluator_) pipeline = evaluator_->pipeline.get();  // Replaced only by this thread.
   }
   if (!out_of_service.empty()) {
     Flush(10);
@@ -264,7 +288,7 @@ absl::Status Worker::Run() {
   }
   // Graceful stop: finish what is in hand and send it.
   Log("stopping: finishing the rows in hand");
-  if (evaluator_) evaluator_->pipeline->WaitIdle();
+  if (pipeline != nullptr) pipeline->WaitIdle();
   Flush(10);
   return absl::OkStatus();
 }
@@ -286,7 +310,7 @@ absl::Status Worker::CheckAssignment(const v1::ShardAssignment& a) const {
 void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolate_rows) {
   v1::ReleaseShardRequest request;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     request.set_worker_id(worker_id_);
   }
   request.set_job_id(key.job_id);
@@ -304,13 +328,18 @@ void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolat
 }
 
 absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
-  if (evaluator_ && evaluator_->job_id == a.job_id()) return absl::OkStatus();
-  if (evaluator_) {
+  Pipeline* previous = nullptr;  // evaluator_ is replaced only by this thread.
+  {
+    absl::MutexLock lock(&mu_);
+    if (evaluator_ && evaluator_->job_id == a.job_id()) return absl::OkStatus();
+    if (evaluator_) previous = evaluator_->pipeline.get();
+  }
+  if (previous != nullptr) {
     // One model at a time: let the previous job's rows finish before loading the next model.
-    evaluator_->pipeline->WaitIdle();
+    previous->WaitIdle();
     std::unique_ptr<Evaluator> old;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       old = std::move(evaluator_);
     }
     old.reset();
@@ -356,26 +385,26 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
       [this](const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what, double seconds) {
         OnTimeout(lease, indices, what, seconds);
       });
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   evaluator_ = std::move(evaluator);
   return absl::OkStatus();
 }
 
 void Worker::OnResult(const LeaseKey& lease, v1::ImageResult result) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = leases_.find(lease.lease_id);
-    if (it == leases_.end()) return;  // Revoked meanwhile.
-    it->second.pending.push_back(std::move(result));
-    ++it->second.delivered;
-  }
-  cv_.notify_all();  // The leasing loop waits for room in the backlog; the reporter for complete shards.
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease.lease_id);
+  if (it == leases_.end()) return;  // Revoked meanwhile.
+  it->second.pending.push_back(std::move(result));
+  ++it->second.delivered;
+  // The leasing loop waits for room in the backlog; the reporter for complete shards.
+  wake_leaser_ = true;
+  if (it->second.delivered >= it->second.expected) wake_reporter_ = true;
 }
 
 void Worker::OnFatal(const JobError& error) {
   std::vector<LeaseKey> drop;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     failed_jobs_[error.job_id] = error.message;
     job_errors_.push_back(error);
     if (error.worker_local) out_of_service_ = error.message;
@@ -385,11 +414,11 @@ void Worker::OnFatal(const JobError& error) {
   }
   // Results already produced are still sent; the rows not yet evaluated go back to the coordinator
   // (it also takes them back when it hears of the error).
+  absl::MutexLock lock(&mu_);
   for (const LeaseKey& key : drop) {
-    std::lock_guard<std::mutex> lock(mu_);
     if (evaluator_) evaluator_->pipeline->Drop(key.lease_id);
   }
-  cv_.notify_all();
+  wake_leaser_ = wake_reporter_ = true;
 }
 
 void Worker::OnTimeout(const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what,
@@ -412,18 +441,18 @@ void Worker::Flush(double seconds) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   while (std::chrono::steady_clock::now() < deadline) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       bool pending = !job_errors_.empty();
       for (const auto& [id, lb] : leases_) pending |= !lb.pending.empty() || lb.delivered >= lb.expected;
       if (!pending) return;
+      wake_reporter_ = true;
     }
-    cv_.notify_all();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
 void Worker::DropLease(int64_t lease_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   leases_.erase(lease_id);
   if (evaluator_) evaluator_->pipeline->Drop(lease_id);
 }
@@ -431,7 +460,7 @@ void Worker::DropLease(int64_t lease_id) {
 bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete) {
   v1::ReportResultsRequest request;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     request.set_worker_id(worker_id_);
     if (evaluator_ && evaluator_->job_id == key.job_id) *request.mutable_stats() = evaluator_->pipeline->Stats();
   }
@@ -452,7 +481,7 @@ bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bo
   }
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
     Log("the coordinator no longer knows this worker (", s.error_message(), "); dropping shard ", key.shard_id);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     need_register_ = true;
     return true;  // Nothing to retry: the lease is gone with the coordinator's memory of us.
   }
@@ -473,7 +502,7 @@ bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bo
 bool Worker::SendJobError(const JobError& error) {
   v1::ReportJobErrorRequest request;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     request.set_worker_id(worker_id_);
   }
   request.set_job_id(error.job_id);
@@ -498,8 +527,9 @@ void Worker::ReporterLoop() {
     };
     std::vector<Batch> batches;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&wake_reporter_), absl::Milliseconds(100));
+      wake_reporter_ = false;
       if (done_) return;
       const double now = NowUnix();
       for (auto& [id, lb] : leases_) {
@@ -519,7 +549,7 @@ void Worker::ReporterLoop() {
       if (failed || !Send(b.key, &b.results, b.complete)) {
         // Put the results back in front, to be sent again.
         failed = true;
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         auto it = leases_.find(b.key.lease_id);
         if (it != leases_.end()) {
           it->second.pending.insert(it->second.pending.begin(), std::make_move_iterator(b.results.begin()),
@@ -528,7 +558,7 @@ void Worker::ReporterLoop() {
         continue;
       }
       if (b.complete) {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         auto it = leases_.find(b.key.lease_id);
         if (it != leases_.end() && it->second.pending.empty()) leases_.erase(it);
       }
@@ -536,14 +566,14 @@ void Worker::ReporterLoop() {
     for (const JobError& e : errors) {
       if (!SendJobError(e)) {
         failed = true;
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         job_errors_.push_back(e);
       }
     }
     if (failed) {
       const double delay = backoff.Next();
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(delay * 1000)), [&] { return done_; });
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(delay));
     } else {
       backoff.Reset();
     }
@@ -555,9 +585,8 @@ void Worker::HeartbeatLoop() {
     v1::HeartbeatRequest request;
     double period = 1.0;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int64_t>(heartbeat_seconds_ * 1000)),
-                   [&] { return done_; });
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(heartbeat_seconds_));
       if (done_) return;
       period = heartbeat_seconds_;
       request.set_worker_id(worker_id_);
@@ -577,7 +606,7 @@ void Worker::HeartbeatLoop() {
       continue;
     }
     if (response.reregister()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       need_register_ = true;
     }
     for (const v1::HeldLease& r : response.revoked()) {

@@ -17,16 +17,17 @@
 #ifndef TALLY_WORKER_WORKER_H_
 #define TALLY_WORKER_WORKER_H_
 
-#include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/backoff.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
 #include "worker/model_runner.h"
@@ -64,9 +65,9 @@ class Worker {
   // Serves until Stop(). Returns UNAVAILABLE if the coordinator could not be reached within
   // max_connect_seconds, FAILED_PRECONDITION when this worker is out of service (its device does
   // not work, the model file is missing on this host).
-  absl::Status Run();
+  absl::Status Run() ABSL_LOCKS_EXCLUDED(mu_);
   // Asks Run() to stop leasing, finish the rows in hand, send their results and return.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct LeaseBuffer {
@@ -93,6 +94,19 @@ class Worker {
     bool definitive = false;
     bool worker_local = false;
   };
+  // The steps of Run().
+  // The coordinator forgot this worker (restarted, or it was silent too long): drop the leases
+  // it no longer knows and register again.
+  absl::Status ReregisterIfForgotten() ABSL_LOCKS_EXCLUDED(mu_);
+  // True when the worker should lease another shard now; else waits a little for room.
+  bool HasRoomForAnotherShard() ABSL_LOCKS_EXCLUDED(mu_);
+  // One AcquireShard call; the assignment, or nothing (retried after a pause).
+  std::optional<v1::ShardAssignment> LeaseOne(Backoff* backoff) ABSL_LOCKS_EXCLUDED(mu_);
+  // Checks an assignment, loads its job's model if needed and queues its rows, or releases it.
+  void Accept(const v1::ShardAssignment& a) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status FinishRun() ABSL_LOCKS_EXCLUDED(mu_);
+  bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
+
   void OnResult(const LeaseKey& lease, v1::ImageResult result);
   void OnFatal(const JobError& error);
   void OnTimeout(const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what,
@@ -115,19 +129,23 @@ class Worker {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerControl::Stub> stub_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::string worker_id_;
-  double heartbeat_seconds_ = 1.0;
-  std::map<int64_t, LeaseBuffer> leases_;             // By lease id.
-  std::vector<JobError> job_errors_;                  // To report.
-  std::map<std::string, std::string> failed_jobs_;    // Jobs this worker cannot run.
-  bool need_register_ = false;
-  std::string out_of_service_;  // Non-empty: why this worker stopped serving.
-  std::atomic<bool> stop_{false};
-  bool done_ = false;  // Reporter and heartbeat threads exit.
+  absl::Mutex mu_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  double heartbeat_seconds_ ABSL_GUARDED_BY(mu_) = 1.0;
+  std::map<int64_t, LeaseBuffer> leases_ ABSL_GUARDED_BY(mu_);           // By lease id.
+  std::vector<JobError> job_errors_ ABSL_GUARDED_BY(mu_);                // To report.
+  std::map<std::string, std::string> failed_jobs_ ABSL_GUARDED_BY(mu_);  // Jobs this worker cannot run.
+  bool need_register_ ABSL_GUARDED_BY(mu_) = false;
+  std::string out_of_service_ ABSL_GUARDED_BY(mu_);  // Non-empty: why this worker stopped serving.
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;           // Stop() was called.
+  bool done_ ABSL_GUARDED_BY(mu_) = false;           // Reporter and heartbeat threads exit.
+  // Wake-ups, each the condition of one wait: the leasing loop (a result freed room, or stop),
+  // the reporter (a shard completed, an error or a flush is waiting).
+  bool wake_leaser_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_reporter_ ABSL_GUARDED_BY(mu_) = false;
 
-  std::unique_ptr<Evaluator> evaluator_;  // Owned by Run()'s thread.
+  // Created and replaced by Run()'s thread (under mu_); read by the others under mu_.
+  std::unique_ptr<Evaluator> evaluator_ ABSL_GUARDED_BY(mu_);
   std::thread reporter_;
   std::thread heartbeat_;
 };
