@@ -386,86 +386,69 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   return response;
 }
 
-absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::AcquireShardRequest& request) {
-  v1::AcquireShardResponse response;
-  Deferred deferred;
-  std::string job_id;
-  v1::JobSpec spec;
-  Shard leased;
-  int64_t shard_id = -1;
-  std::vector<std::pair<std::string, WorkerRecord>> new_workers;
-  {
-    absl::MutexLock lock(&mu_);
-    auto wit = workers_.find(request.worker_id());
-    if (wit == workers_.end()) {
-      return absl::NotFoundError(absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
+std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::string& worker_id, WorkerEntry* worker,
+                                                                Deferred* deferred) {
+  const double now = Now();
+  worker->last_seen = now;
+  // A worker that held nothing starts its progress clock with its first lease.
+  if (worker->leases.empty()) worker->last_progress = now;
+  for (const std::string& id : job_order_) {
+    JobEntry& job = *jobs_.at(id);
+    const v1::JobState state = job.record.job.state();
+    if (IsTerminal(state) || job.pending.empty() || job.excluded_workers.count(worker_id)) continue;
+    Grant g;
+    g.job_id = id;
+    g.shard_id = job.pending.front();
+    job.pending.pop_front();
+    Shard& s = job.shards[g.shard_id];
+    s.phase = ShardPhase::kLeased;
+    s.attempts++;
+    s.lease_id = next_lease_id_++;
+    s.worker_id = worker_id;
+    s.lease_unix = now;
+    worker->leases.insert({id, g.shard_id});
+    if (state == v1::JOB_STATE_QUEUED) {
+      job.record.job.set_state(v1::JOB_STATE_RUNNING);
+      job.record.job.set_started_unix(now);
+      deferred->job_updates.push_back(job.record);
     }
-    WorkerEntry& worker = wit->second;
-    const double now = Now();
-    worker.last_seen = now;
-    // A worker that held nothing starts its progress clock with its first lease.
-    if (worker.leases.empty()) worker.last_progress = now;
-    for (const std::string& id : job_order_) {
-      JobEntry& job = *jobs_.at(id);
-      const v1::JobState state = job.record.job.state();
-      if (IsTerminal(state) || job.pending.empty() || job.excluded_workers.count(request.worker_id())) continue;
-      shard_id = job.pending.front();
-      job.pending.pop_front();
-      Shard& s = job.shards[shard_id];
-      s.phase = ShardPhase::kLeased;
-      s.attempts++;
-      s.lease_id = next_lease_id_++;
-      s.worker_id = request.worker_id();
-      s.lease_unix = now;
-      worker.leases.insert({id, shard_id});
-      if (state == v1::JOB_STATE_QUEUED) {
-        job.record.job.set_state(v1::JOB_STATE_RUNNING);
-        job.record.job.set_started_unix(now);
-        deferred.job_updates.push_back(job.record);
-      }
-      if (job.known_workers.insert(request.worker_id()).second) {
-        WorkerRecord wr;
-        wr.worker_id = request.worker_id();
-        wr.name = worker.info.name();
-        wr.device = worker.info.device();
-        wr.first_lease_unix = now;
-        wr.stats.set_device(worker.info.device());
-        wr.stats.set_gpu_name(worker.info.device_name());
-        new_workers.emplace_back(id, wr);
-      }
-      job_id = id;
-      spec = job.record.job.spec();
-      leased = s;
-      break;
+    if (job.known_workers.insert(worker_id).second) {
+      WorkerRecord wr;
+      wr.worker_id = worker_id;
+      wr.name = worker->info.name();
+      wr.device = worker->info.device();
+      wr.first_lease_unix = now;
+      wr.stats.set_device(worker->info.device());
+      wr.stats.set_gpu_name(worker->info.device_name());
+      g.new_worker = wr;
     }
+    g.spec = job.record.job.spec();
+    g.shard = s;
+    return g;
   }
-  Apply(deferred);
-  for (const auto& [jid, wr] : new_workers) {
-    absl::Status s = store_->UpsertWorker(jid, wr);
-    if (!s.ok()) Log("recording worker ", wr.worker_id, " failed: ", s.ToString());
-  }
-  if (shard_id < 0) {
-    response.set_retry_after_ms(200);
-    return response;
-  }
-  absl::StatusOr<std::vector<ManifestRow>> rows = store_->ReadRows(job_id, leased.begin, leased.end);
+  return std::nullopt;
+}
+
+absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Grant& g) {
+  absl::StatusOr<std::vector<ManifestRow>> rows = store_->ReadRows(g.job_id, g.shard.begin, g.shard.end);
   if (!rows.ok()) {
     Deferred undo;
     {
       absl::MutexLock lock(&mu_);
-      auto jit = jobs_.find(job_id);
-      if (jit != jobs_.end()) ReleaseShardLocked(jit->second.get(), shard_id, "reading its rows failed", false, &undo);
+      auto jit = jobs_.find(g.job_id);
+      if (jit != jobs_.end()) ReleaseShardLocked(jit->second.get(), g.shard_id, "reading its rows failed", false, &undo);
     }
     Apply(undo);
     return rows.status();
   }
+  v1::AcquireShardResponse response;
   v1::ShardAssignment* a = response.mutable_assignment();
-  a->set_job_id(job_id);
-  *a->mutable_spec() = spec;
-  a->set_shard_id(shard_id);
-  a->set_lease_id(leased.lease_id);
-  a->set_begin(leased.begin);
-  a->set_end(leased.end);
+  a->set_job_id(g.job_id);
+  *a->mutable_spec() = g.spec;
+  a->set_shard_id(g.shard_id);
+  a->set_lease_id(g.shard.lease_id);
+  a->set_begin(g.shard.begin);
+  a->set_end(g.shard.end);
   for (const ManifestRow& r : *rows) {
     v1::ManifestRow* row = a->add_rows();
     row->set_index(r.index);
@@ -475,6 +458,30 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::Acq
     row->set_error(r.error);
   }
   return response;
+}
+
+absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::AcquireShardRequest& request) {
+  Deferred deferred;
+  std::optional<Grant> grant;
+  {
+    absl::MutexLock lock(&mu_);
+    auto wit = workers_.find(request.worker_id());
+    if (wit == workers_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
+    }
+    grant = GrantShardLocked(request.worker_id(), &wit->second, &deferred);
+  }
+  Apply(deferred);
+  if (!grant) {
+    v1::AcquireShardResponse response;
+    response.set_retry_after_ms(200);
+    return response;
+  }
+  if (grant->new_worker) {
+    absl::Status s = store_->UpsertWorker(grant->job_id, *grant->new_worker);
+    if (!s.ok()) Log("recording worker ", request.worker_id(), " failed: ", s.ToString());
+  }
+  return BuildAssignment(*grant);
 }
 
 absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
@@ -507,82 +514,103 @@ absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
   return absl::OkStatus();
 }
 
+int32_t Coordinator::ReconcileClassesLocked(JobEntry* job, const v1::ReportResultsRequest& request,
+                                            Deferred* deferred) {
+  int32_t classes = job->record.job.num_classes();
+  // The class count comes with the results (older workers may leave the field 0).
+  int32_t reported = request.num_classes();
+  for (const v1::ImageResult& r : request.results()) {
+    if (reported == 0 && r.error().empty()) reported = r.classes_size();
+  }
+  if (reported > 0 && classes == 0) {
+    job->record.job.set_num_classes(reported);
+    deferred->job_updates.push_back(job->record);
+    return reported;
+  }
+  if (reported > 0 && reported != classes) {
+    EndJobLocked(job, v1::JOB_STATE_FAILED,
+                 absl::StrCat("workers disagree on the number of classes of model '", job->record.job.spec().model(),
+                              "': ", classes, " and ", reported),
+                 deferred);
+    return -1;
+  }
+  return classes;
+}
+
+absl::StatusOr<Coordinator::Admission> Coordinator::AdmitReportLocked(const v1::ReportResultsRequest& request,
+                                                                      Deferred* deferred) {
+  Admission a;
+  auto wit = workers_.find(request.worker_id());
+  if (wit == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
+  }
+  const double now = Now();
+  wit->second.last_seen = now;
+  auto jit = jobs_.find(request.job_id());
+  if (jit == jobs_.end() || IsTerminal(jit->second->record.job.state())) {
+    a.abandon = true;  // Ended or deleted meanwhile.
+    return a;
+  }
+  JobEntry& job = *jit->second;
+  if (request.shard_id() < 0 || request.shard_id() >= static_cast<int64_t>(job.shards.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), " has no shard ", request.shard_id()));
+  }
+  const Shard& shard = job.shards[request.shard_id()];
+  a.lease_valid = shard.phase == ShardPhase::kLeased && shard.lease_id == request.lease_id() &&
+                  shard.worker_id == request.worker_id();
+  const int32_t classes = ReconcileClassesLocked(&job, request, deferred);
+  if (classes < 0) {
+    a.abandon = true;
+    return a;
+  }
+  a.rejected = CheckResults(job, shard, request, classes);
+  if (!a.rejected.ok()) {
+    // A rejected report must not orphan the shard: the lease ends here.
+    Log("rejected results from worker ", request.worker_id(), " (", wit->second.info.name(), ") for shard ",
+        request.shard_id(), " of job ", request.job_id(), ": ", a.rejected.message());
+    if (a.lease_valid) {
+      ReleaseShardLocked(&job, request.shard_id(), absl::StrCat("results rejected: ", a.rejected.message()), true,
+                         deferred);
+    }
+    return a;
+  }
+  if (request.has_stats()) {
+    WorkerRecord wr;
+    wr.worker_id = request.worker_id();
+    wr.name = wit->second.info.name();
+    wr.device = wit->second.info.device();
+    wr.last_result_unix = now;
+    wr.stats = request.stats();
+    a.worker_record = std::move(wr);
+  }
+  if (!request.results().empty()) wit->second.last_progress = now;
+  return a;
+}
+
 absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::ReportResultsRequest& request) {
-  v1::ReportResultsResponse response;
   Deferred deferred;
-  bool lease_valid = false;
-  absl::Status rejected;
-  WorkerRecord worker_record;
+  absl::StatusOr<Admission> admitted;
   {
     absl::MutexLock lock(&mu_);
-    auto wit = workers_.find(request.worker_id());
-    if (wit == workers_.end()) {
-      return absl::NotFoundError(absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
-    }
-    const double now = Now();
-    wit->second.last_seen = now;
-    auto jit = jobs_.find(request.job_id());
-    if (jit == jobs_.end() || IsTerminal(jit->second->record.job.state())) {
-      response.set_abandon(true);  // Ended or deleted meanwhile.
-      return response;
-    }
-    JobEntry& job = *jit->second;
-    if (request.shard_id() < 0 || request.shard_id() >= static_cast<int64_t>(job.shards.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), " has no shard ", request.shard_id()));
-    }
-    const Shard& shard = job.shards[request.shard_id()];
-    lease_valid = shard.phase == ShardPhase::kLeased && shard.lease_id == request.lease_id() &&
-                  shard.worker_id == request.worker_id();
-    int32_t classes = job.record.job.num_classes();
-    // The class count comes with the results (older workers may leave the field 0).
-    int32_t reported = request.num_classes();
-    for (const v1::ImageResult& r : request.results()) {
-      if (reported == 0 && r.error().empty()) reported = r.classes_size();
-    }
-    if (reported > 0 && classes == 0) {
-      job.record.job.set_num_classes(reported);
-      deferred.job_updates.push_back(job.record);
-      classes = reported;
-    } else if (reported > 0 && reported != classes) {
-      EndJobLocked(&job, v1::JOB_STATE_FAILED,
-                   absl::StrCat("workers disagree on the number of classes of model '", job.record.job.spec().model(),
-                                "': ", classes, " and ", reported),
-                   &deferred);
-      response.set_abandon(true);
-    }
-    if (!response.abandon()) {
-      rejected = CheckResults(job, shard, request, classes);
-      if (!rejected.ok()) {
-        // A rejected report must not orphan the shard: the lease ends here.
-        Log("rejected results from worker ", request.worker_id(), " (", wit->second.info.name(), ") for shard ",
-            request.shard_id(), " of job ", request.job_id(), ": ", rejected.message());
-        if (lease_valid) {
-          ReleaseShardLocked(&job, request.shard_id(), absl::StrCat("results rejected: ", rejected.message()), true,
-                             &deferred);
-        }
-      }
-    }
-    if (request.has_stats()) {
-      worker_record.worker_id = request.worker_id();
-      worker_record.name = wit->second.info.name();
-      worker_record.device = wit->second.info.device();
-      worker_record.last_result_unix = now;
-      worker_record.stats = request.stats();
-    }
-    if (rejected.ok() && !request.results().empty()) wit->second.last_progress = now;
+    admitted = AdmitReportLocked(request, &deferred);
   }
   Apply(deferred);
-  if (!rejected.ok()) return rejected;
-  if (response.abandon()) return response;
+  if (!admitted.ok()) return admitted.status();
+  if (!admitted->rejected.ok()) return admitted->rejected;
+  v1::ReportResultsResponse response;
+  if (admitted->abandon) {
+    response.set_abandon(true);
+    return response;
+  }
   std::vector<v1::ImageResult> results(request.results().begin(), request.results().end());
-  absl::StatusOr<bool> shard_done = CommitAndAccount(request.job_id(), request.shard_id(), request.worker_id(),
-                                                     results, request.shard_complete() && lease_valid);
-  if (!shard_done.ok()) return shard_done.status();
-  if (!worker_record.worker_id.empty()) {
-    absl::Status s = store_->UpsertWorker(request.job_id(), worker_record);
+  ASSIGN_OR_RETURN(const bool shard_done,
+                   CommitAndAccount(request.job_id(), request.shard_id(), request.worker_id(), results,
+                                    request.shard_complete() && admitted->lease_valid));
+  if (admitted->worker_record) {
+    absl::Status s = store_->UpsertWorker(request.job_id(), *admitted->worker_record);
     if (!s.ok()) Log("recording statistics of worker ", request.worker_id(), " failed: ", s.ToString());
   }
-  response.set_abandon(!lease_valid || (*shard_done && !request.shard_complete()));
+  response.set_abandon(!admitted->lease_valid || (shard_done && !request.shard_complete()));
   return response;
 }
 

@@ -25,6 +25,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -133,7 +134,34 @@ class Coordinator {
     std::vector<std::pair<std::string, int64_t>> poisoned;           // single rows out of attempts
   };
 
+  // A shard just leased to a worker, and what to do about it after the lock is released.
+  struct Grant {
+    std::string job_id;
+    int64_t shard_id = -1;
+    Shard shard;
+    v1::JobSpec spec;
+    std::optional<WorkerRecord> new_worker;  // The worker's first lease of this job.
+  };
+  // How a ReportResults request was received: what to commit and what to answer.
+  struct Admission {
+    bool lease_valid = false;
+    bool abandon = false;       // The job ended (or the workers disagree): nothing to commit.
+    absl::Status rejected;      // The results cannot be right: the lease was released.
+    std::optional<WorkerRecord> worker_record;
+  };
+
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
+  // The oldest pending shard this worker may take, leased to it; nothing when there is none.
+  std::optional<Grant> GrantShardLocked(const std::string& worker_id, WorkerEntry* worker, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the granted shard's rows into an assignment; releases the lease if they cannot be read.
+  absl::StatusOr<v1::AcquireShardResponse> BuildAssignment(const Grant& grant) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Admission> AdmitReportLocked(const v1::ReportResultsRequest& request, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's class count after this report (set by the first results); -1 when the report
+  // contradicts it and the job failed.
+  int32_t ReconcileClassesLocked(JobEntry* job, const v1::ReportResultsRequest& request, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Resume();
   double Now() const { return options_.clock(); }
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);

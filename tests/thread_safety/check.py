@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Compiles every Tally translation unit but the LibTorch one (worker/model_runner.cc) and the CUDA
-kernel with clang's thread-safety analysis as errors (-Wthread-safety -Werror=thread-safety), so
+kernel with clang's thread-safety analysis and every warning as an error (-Wthread-safety -Werror), so
 that ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED annotations are checked, not just comments.
 Syntax only: no objects are written.
 
@@ -37,7 +37,7 @@ def main():
             i = args.index("-o")
             del args[i:i + 2]
         args = [a for a in args if a != "-c"]
-        jobs.append((source, [clang] + args + ["-fsyntax-only", "-Wthread-safety", "-Werror=thread-safety",
+        jobs.append((source, [clang] + args + ["-fsyntax-only", "-Wthread-safety", "-Werror",
                                                "-Wno-unknown-warning-option"], c["directory"]))
 
     def run(job):
