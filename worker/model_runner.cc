@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 #if TALLY_CUDA_KERNELS
 #include "worker/confusion_kernel.h"
@@ -128,6 +129,16 @@ absl::StatusOr<at::Tensor> ExtractLogits(const c10::IValue& out, const std::stri
       "; expected a Tensor of logits [N, C, H, W], a tuple whose first element is one, or a dict with key 'out'"));
 }
 
+// Keeps the compute stream current for the rest of a launch (CUDA only).
+#if TALLY_WITH_CUDA
+struct ComputeStreamScope {
+  explicit ComputeStreamScope(c10::cuda::CUDAStream stream) : guard(stream) {}
+  c10::cuda::CUDAStreamGuard guard;
+};
+#else
+struct ComputeStreamScope {};
+#endif
+
 class TorchRunner final : public ModelRunner {
  public:
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const ModelRunnerOptions& options);
@@ -207,7 +218,32 @@ class TorchRunner final : public ModelRunner {
 #endif
   }
 
+  // The images and masks of a batch as tensors: one group when all images have one size.
+  struct Groups {
+    std::vector<at::Tensor> images;  // uint8 [n, H, W, 3] per group.
+    std::vector<at::Tensor> masks;   // int16 [n, H, W] per group.
+    bool uniform = true;
+    int64_t n = 0;
+  };
+  // What the device produced for a batch, before it goes back to host memory.
+  struct Outputs {
+    std::vector<at::Tensor> counts, labels, nonfinite;
+    at::Tensor ties;
+    int k = 0;
+  };
+
+  // The steps of one launch.
   absl::StatusOr<std::unique_ptr<PendingBatch>> LaunchImpl(const BatchSpec& batch, std::string* input_shape);
+  absl::StatusOr<Groups> HostGroups(const BatchSpec& batch) const;
+  // On CUDA: copies on the copy stream, then makes the compute stream current for as long as
+  // `compute` lives, waiting for the copies. On CPU: the host tensors themselves.
+  Groups Upload(const Groups& host, std::unique_ptr<ComputeStreamScope>* compute);
+  at::Tensor Preprocess(const Groups& dev) const;
+  // ABORTED when the model raises (out-of-memory errors propagate as exceptions).
+  absl::StatusOr<at::Tensor> Forward(const at::Tensor& x, const std::string& input_shape);
+  absl::Status PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x, bool want_labels,
+                                 Outputs* outputs);
+  std::unique_ptr<PendingBatch> ResultsToHost(const Outputs& outputs);
   // Turns logits [n, C, h, w] + reference labels [n, H, W] into counts and labels for one group.
   absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
                            bool want_labels, std::vector<at::Tensor>* counts, std::vector<at::Tensor>* labels,
@@ -350,16 +386,16 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const BatchSpec& batch, std::string* input_shape) {
+absl::StatusOr<TorchRunner::Groups> TorchRunner::HostGroups(const BatchSpec& batch) const {
   auto* images = dynamic_cast<TorchHostBuffer*>(batch.images);
   auto* masks = dynamic_cast<TorchHostBuffer*>(batch.masks);
   if (images == nullptr || masks == nullptr || batch.items.empty()) {
     return absl::InternalError("Launch: buffers not allocated by this runner, or an empty batch");
   }
-  const int64_t n = static_cast<int64_t>(batch.items.size());
-  bool uniform = true;
+  Groups g;
+  g.n = static_cast<int64_t>(batch.items.size());
   for (const BatchImage& it : batch.items) {
-    uniform &= it.height == batch.items[0].height && it.width == batch.items[0].width;
+    g.uniform &= it.height == batch.items[0].height && it.width == batch.items[0].width;
   }
   const at::Tensor mask_words = masks->tensor().view(at::kShort);
   auto host_image = [&](const BatchImage& it, int64_t count) {
@@ -370,46 +406,48 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
     return mask_words.narrow(0, static_cast<int64_t>(it.mask_offset), count * it.height * it.width)
         .view({count, it.height, it.width});
   };
-  // Host tensors of each group of images uploaded together: the whole batch when uniform (the
-  // pipeline places its images back to back), else one group per image.
-  std::vector<at::Tensor> img_host, mask_host;
-  if (uniform) {
-    img_host.push_back(host_image(batch.items[0], n));
-    mask_host.push_back(host_mask(batch.items[0], n));
+  // The whole batch when uniform (the pipeline places its images back to back), else one group
+  // per image.
+  if (g.uniform) {
+    g.images.push_back(host_image(batch.items[0], g.n));
+    g.masks.push_back(host_mask(batch.items[0], g.n));
   } else {
     for (const BatchImage& it : batch.items) {
-      img_host.push_back(host_image(it, 1));
-      mask_host.push_back(host_mask(it, 1));
+      g.images.push_back(host_image(it, 1));
+      g.masks.push_back(host_mask(it, 1));
     }
   }
-  auto pending = std::make_unique<TorchPendingBatch>();
-  std::vector<at::Tensor> img_dev, mask_dev;
+  return g;
+}
+
+TorchRunner::Groups TorchRunner::Upload(const Groups& host, std::unique_ptr<ComputeStreamScope>* compute) {
+  if (!cuda_) return host;
+  Groups dev;
+  dev.uniform = host.uniform;
+  dev.n = host.n;
 #if TALLY_WITH_CUDA
-  std::unique_ptr<c10::cuda::CUDAStreamGuard> compute_guard;
-  if (cuda_) {
-    at::cuda::CUDAEvent uploaded;
-    {
-      c10::cuda::CUDAStreamGuard guard(*copy_stream_);
-      for (size_t g = 0; g < img_host.size(); ++g) {
-        img_dev.push_back(img_host[g].to(device_, /*non_blocking=*/true));
-        mask_dev.push_back(mask_host[g].to(device_, /*non_blocking=*/true));
-      }
-      uploaded.record(*copy_stream_);
+  at::cuda::CUDAEvent uploaded;
+  {
+    c10::cuda::CUDAStreamGuard guard(*copy_stream_);
+    for (size_t g = 0; g < host.images.size(); ++g) {
+      dev.images.push_back(host.images[g].to(device_, /*non_blocking=*/true));
+      dev.masks.push_back(host.masks[g].to(device_, /*non_blocking=*/true));
     }
-    compute_guard = std::make_unique<c10::cuda::CUDAStreamGuard>(*compute_stream_);
-    uploaded.block(*compute_stream_);
-    for (size_t g = 0; g < img_dev.size(); ++g) {
-      // Allocated on the copy stream, used on the compute stream: keep the allocator from
-      // handing the memory out again before the compute stream is done with it.
-      img_dev[g].record_stream(*compute_stream_);
-      mask_dev[g].record_stream(*compute_stream_);
-    }
+    uploaded.record(*copy_stream_);
+  }
+  *compute = std::make_unique<ComputeStreamScope>(*compute_stream_);
+  uploaded.block(*compute_stream_);
+  for (size_t g = 0; g < dev.images.size(); ++g) {
+    // Allocated on the copy stream, used on the compute stream: keep the allocator from handing
+    // the memory out again before the compute stream is done with it.
+    dev.images[g].record_stream(*compute_stream_);
+    dev.masks[g].record_stream(*compute_stream_);
   }
 #endif
-  if (!cuda_) {
-    img_dev = img_host;
-    mask_dev = mask_host;
-  }
+  return dev;
+}
+
+at::Tensor TorchRunner::Preprocess(const Groups& dev) const {
   auto preprocess = [&](const at::Tensor& u8) {
     at::Tensor x = u8.permute({0, 3, 1, 2}).to(at::kFloat).div_(255.0);
     if (mean_.defined()) x = x.sub_(mean_);
@@ -419,78 +457,89 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
     }
     return x.contiguous(options_.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
   };
-  at::Tensor x;
-  if (uniform) {
-    x = preprocess(img_dev[0]);
-  } else {
-    std::vector<at::Tensor> parts;
-    for (const at::Tensor& t : img_dev) parts.push_back(preprocess(t));
-    x = at::cat(parts, 0);
-  }
-  *input_shape = Shape(x);
+  if (dev.uniform) return preprocess(dev.images[0]);
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& t : dev.images) parts.push_back(preprocess(t));
+  return at::cat(parts, 0);
+}
+
+absl::StatusOr<at::Tensor> TorchRunner::Forward(const at::Tensor& x, const std::string& input_shape) {
   c10::IValue out;
   try {
     out = module_.forward({x});
   } catch (const c10::Error& e) {
-    if (IsOom(e)) throw;
+    if (IsOom(e)) throw;  // Launch turns it into RESOURCE_EXHAUSTED.
     return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
-                                           *input_shape, ": ", ErrorText(e)));
+                                           input_shape, ": ", ErrorText(e)));
   } catch (const std::exception& e) {
     if (LooksLikeOom(e.what())) throw;
     return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
-                                           *input_shape, ": ", ShortText(e.what())));
+                                           input_shape, ": ", ShortText(e.what())));
   }
-  absl::StatusOr<at::Tensor> logits = ExtractLogits(out, options_.model_path);
-  if (!logits.ok()) return logits.status();
-  std::vector<at::Tensor> counts, labels, nonfinite;
-  at::Tensor ties;
-  int k = 0;
-  if (uniform) {
-    absl::Status s = Postprocess(*logits, mask_dev[0], x, batch.want_labels, &counts, &labels, &nonfinite, &ties, &k);
-    if (!s.ok()) return s;
-  } else {
-    if (logits->dim() != 4 || logits->size(0) != n) {
-      return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned logits of shape ",
-                                                        Shape(*logits), " for an input of shape ", Shape(x),
-                                                        "; expected [N, C, H, W] with N = ", n));
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      absl::Status s = Postprocess(logits->narrow(0, i, 1), mask_dev[i], x, batch.want_labels, &counts, &labels,
-                                   &nonfinite, &ties, &k);
-      if (!s.ok()) return s;
-    }
+  return ExtractLogits(out, options_.model_path);
+}
+
+absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x,
+                                            bool want_labels, Outputs* o) {
+  if (dev.uniform) {
+    return Postprocess(logits, dev.masks[0], x, want_labels, &o->counts, &o->labels, &o->nonfinite, &o->ties, &o->k);
   }
-  at::Tensor all_counts = counts.size() == 1 ? counts[0] : at::cat(counts, 0);
-  pending->k_ = k;
+  if (logits.dim() != 4 || logits.size(0) != dev.n) {
+    return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned logits of shape ",
+                                                      Shape(logits), " for an input of shape ", Shape(x),
+                                                      "; expected [N, C, H, W] with N = ", dev.n));
+  }
+  for (int64_t i = 0; i < dev.n; ++i) {
+    RETURN_IF_ERROR(Postprocess(logits.narrow(0, i, 1), dev.masks[i], x, want_labels, &o->counts, &o->labels,
+                                &o->nonfinite, &o->ties, &o->k));
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o) {
+  auto pending = std::make_unique<TorchPendingBatch>();
+  pending->k_ = o.k;
   auto host_opts = at::TensorOptions().device(at::kCPU);
   if (cuda_) host_opts = host_opts.pinned_memory(true);
-  pending->counts_host_ = at::empty(all_counts.sizes(), host_opts.dtype(at::kLong));
-  pending->counts_host_.copy_(all_counts, /*non_blocking=*/cuda_);
+  // Small results back to (pinned) host memory, asynchronously on CUDA.
+  auto to_host = [&](const std::vector<at::Tensor>& parts, at::ScalarType type) {
+    const at::Tensor all = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+    at::Tensor h = at::empty(all.sizes(), host_opts.dtype(type));
+    h.copy_(all, /*non_blocking=*/cuda_);
+    return h;
+  };
+  pending->counts_host_ = to_host(o.counts, at::kLong);
   pending->counts_ = pending->counts_host_.data_ptr<int64_t>();
-  for (const at::Tensor& l : labels) {
-    at::Tensor h = at::empty(l.sizes(), host_opts.dtype(at::kShort));
-    h.copy_(l, /*non_blocking=*/cuda_);
+  for (const at::Tensor& l : o.labels) {
+    at::Tensor h = to_host({l}, at::kShort);
     const int64_t per_image = l.size(1) * l.size(2);
     for (int64_t i = 0; i < l.size(0); ++i) {
       pending->label_ptrs_.push_back(reinterpret_cast<const uint16_t*>(h.data_ptr<int16_t>() + i * per_image));
     }
     pending->labels_host_.push_back(h);
   }
-  at::Tensor all_nonfinite = nonfinite.size() == 1 ? nonfinite[0] : at::cat(nonfinite, 0);
-  pending->nonfinite_host_ = at::empty(all_nonfinite.sizes(), host_opts.dtype(at::kLong));
-  pending->nonfinite_host_.copy_(all_nonfinite, /*non_blocking=*/cuda_);
+  pending->nonfinite_host_ = to_host(o.nonfinite, at::kLong);
   pending->nonfinite_ptr_ = pending->nonfinite_host_.data_ptr<int64_t>();
-  if (ties.defined()) {
-    pending->ties_ = at::empty({}, host_opts.dtype(at::kLong));
-    pending->ties_.copy_(ties, /*non_blocking=*/cuda_);
-  }
+  if (o.ties.defined()) pending->ties_ = to_host({o.ties}, at::kLong);
 #if TALLY_WITH_CUDA
   if (cuda_) {
     pending->done_ = std::make_unique<at::cuda::CUDAEvent>();
     pending->done_->record(*compute_stream_);
   }
 #endif
-  return std::unique_ptr<PendingBatch>(std::move(pending));
+  return pending;
+}
+
+absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const BatchSpec& batch, std::string* input_shape) {
+  ASSIGN_OR_RETURN(const Groups host, HostGroups(batch));
+  std::unique_ptr<ComputeStreamScope> compute;  // On CUDA, the rest runs on the compute stream.
+  const Groups dev = Upload(host, &compute);
+  const at::Tensor x = Preprocess(dev);
+  *input_shape = Shape(x);
+  ASSIGN_OR_RETURN(const at::Tensor logits, Forward(x, *input_shape));
+  Outputs outputs;
+  RETURN_IF_ERROR(PostprocessGroups(logits, dev, x, batch.want_labels, &outputs));
+  return ResultsToHost(outputs);
 }
 
 absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) {
