@@ -39,12 +39,6 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
     return absl::InvalidArgumentError(absl::StrCat("model '", spec.model(), "' is a directory, not a TorchScript file"));
   }
   if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");
-  ASSIGN_OR_RETURN(std::vector<Metric> metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
-  spec.clear_metrics();
-  for (Metric m : metrics) spec.add_metrics(std::string(MetricName(m)));
-  absl::StatusOr<Precision> precision = ParsePrecision(spec.precision());
-  if (!precision.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", precision.status().message()));
-  spec.set_precision(std::string(PrecisionName(*precision)));
   for (auto* field : {spec.mutable_mean(), spec.mutable_std()}) {
     if (field->size() == 1) {
       const float v = field->Get(0);
@@ -73,9 +67,14 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   if (spec.max_image_pixels() == 0) spec.set_max_image_pixels(kDefaultMaxImagePixels);
   if (spec.batch_timeout_seconds() < 0) return absl::InvalidArgumentError("job spec: batch_timeout_seconds must be >= 0");
   if (spec.batch_timeout_seconds() == 0) spec.set_batch_timeout_seconds(kDefaultBatchTimeoutSeconds);
-  absl::StatusOr<NonfinitePolicy> nonfinite = ParseNonfinite(spec.nonfinite());
-  if (!nonfinite.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", nonfinite.status().message()));
-  spec.set_nonfinite(std::string(NonfiniteName(*nonfinite)));
+  // Names (metrics, precision, the non-finite policy) are parsed in one place, JobConfigFromSpec;
+  // the stored spec gets their canonical forms.
+  absl::StatusOr<JobConfig> config = JobConfigFromSpec(spec);
+  if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", config.status().message()));
+  spec.clear_metrics();
+  for (Metric m : config->metrics) spec.add_metrics(std::string(MetricName(m)));
+  spec.set_precision(std::string(PrecisionName(config->precision)));
+  spec.set_nonfinite(std::string(NonfiniteName(config->nonfinite)));
   // The exact-results rule (common/job_config.h): shards are multiples of the alignment, which
   // every batch size used for the job divides.
   spec.set_batch_alignment(spec.batch_size() > 0 ? spec.batch_size() : kDefaultBatchAlignment);
