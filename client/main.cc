@@ -56,6 +56,8 @@ ABSL_FLAG(std::string, max_memory, "", "With --batch-size auto: fraction of GPU 
 ABSL_FLAG(int64_t, max_image_pixels, 0, "Images/masks declaring more pixels fail their row (0 = 2^28)");
 ABSL_FLAG(double, batch_timeout, 0, "Seconds a decode or forward pass may take before its rows fail (0 = 600)");
 ABSL_FLAG(std::string, nonfinite, "fail", "Rows whose model output has NaN/Inf: fail, or warn (evaluate them)");
+ABSL_FLAG(std::string, ignore_index, "255", "Mask value that leaves every count, or none");
+ABSL_FLAG(std::string, label_map, "", "Mask value -> label before anything else, e.g. 0:0,255:1");
 // tally run.
 ABSL_FLAG(std::string, out, "", "Output folder for the reports");
 ABSL_FLAG(int, workers, 1, "tally run: number of CPU workers");
@@ -87,7 +89,8 @@ Usage:
 Job flags: --metrics dice,iou,precision,recall,hd95|all  --batch-size N|auto  --shard-size N
   --mean R,G,B --std R,G,B  --input-size HxW  --spacing sy,sx  --nsd-tolerance T
   --include-background  --precision fp32|bf16|fp16  --channels-last  --max-memory F|GiB
-  --max-image-pixels N  --batch-timeout S  --nonfinite fail|warn
+  --max-image-pixels N  --batch-timeout S  --nonfinite fail|warn  --ignore-index N|none
+  --label-map V:L,...  (mask value V becomes label L, before the ignore value applies)
 Run flags: --out DIR  --workers N  --gpus all|0,1  --lease-seconds S  --worker-threads N
   --count-logit-ties  --worker-flags=--flag=value,...
 
@@ -177,6 +180,25 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--nonfinite: expected fail or warn, got '", nonfinite, "'"));
   }
   spec.set_nonfinite(nonfinite);
+  const std::string ignore = absl::AsciiStrToLower(absl::GetFlag(FLAGS_ignore_index));
+  int ignore_index = 0;
+  if (ignore == "none") {
+    spec.set_ignore_index(-1);
+  } else if (absl::SimpleAtoi(ignore, &ignore_index) && ignore_index >= 0 && ignore_index <= 65534) {
+    spec.set_ignore_index(ignore_index);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--ignore-index: expected 0..65534 or none, got '", ignore, "'"));
+  }
+  for (absl::string_view pair : absl::StrSplit(absl::GetFlag(FLAGS_label_map), ',', absl::SkipWhitespace())) {
+    std::vector<std::string> parts = absl::StrSplit(pair, ':');
+    int from = 0, to = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &from) || !absl::SimpleAtoi(parts[1], &to) || from < 0 ||
+        to < 0 || from > 65534 || to > 65534) {
+      return absl::InvalidArgumentError(absl::StrCat("--label-map: expected VALUE:LABEL pairs such as 0:0,255:1, got '",
+                                                     pair, "'"));
+    }
+    (*spec.mutable_label_map())[from] = to;
+  }
   return spec;
 }
 

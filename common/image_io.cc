@@ -322,12 +322,38 @@ std::string DescribeLabelOutOfRange(const uint16_t* labels, int height, int widt
   const size_t n = static_cast<size_t>(height) * width;
   for (size_t i = 0; i < n; ++i) {
     const uint16_t v = labels[i];
-    if (v != kIgnoreLabel && v >= num_classes) {
+    if (v != kIgnoredPixel && v >= num_classes) {
       return absl::StrCat("mask value ", v, " at (y=", i / width, ", x=", i % width, ") >= number of classes ",
-                          num_classes, " (255 is the only ignore value)");
+                          num_classes, " (values are labels after --label-map; the ignore value is set by "
+                          "--ignore-index)");
     }
   }
   return "";
+}
+
+std::vector<uint16_t> MakeLabelLut(const std::vector<std::pair<int, int>>& label_map) {
+  std::vector<uint16_t> lut;
+  if (label_map.empty()) return lut;
+  lut.resize(65536);
+  for (size_t v = 0; v < lut.size(); ++v) lut[v] = static_cast<uint16_t>(v);
+  for (const auto& [from, to] : label_map) lut[from] = static_cast<uint16_t>(to);
+  return lut;
+}
+
+void PrepareMask(LabelMap* mask, const std::vector<uint16_t>& lut, int ignore_index) {
+  int max_label = -1;
+  int64_t ignored = 0;
+  for (uint16_t& v : mask->labels) {
+    if (!lut.empty()) v = lut[v];
+    if (static_cast<int>(v) == ignore_index) {
+      v = kIgnoredPixel;
+      ++ignored;
+    } else {
+      max_label = std::max<int>(max_label, v);
+    }
+  }
+  mask->max_label = max_label;
+  mask->ignored = ignored;
 }
 
 std::string DescribeLabelOutOfRange(const LabelMap& mask, int num_classes) {

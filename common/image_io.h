@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,8 +48,20 @@ struct LabelMap {
   int height = 0;
   int width = 0;
   std::vector<uint16_t> labels;  // height * width, row-major.
-  int max_label = -1;            // Largest label other than kIgnoreLabel; -1 if none.
+  int max_label = -1;            // Largest label other than the ignore value; -1 if none.
+  int64_t ignored = 0;           // Pixels equal to the ignore value.
 };
+
+// What an ignore pixel holds once a worker has prepared a mask (PrepareMask): -1 as int16, which
+// every count leaves out whatever the job's ignore index was.
+inline constexpr uint16_t kIgnoredPixel = 0xFFFF;
+
+// A lookup table for PrepareMask from value -> label pairs (empty for no mapping).
+std::vector<uint16_t> MakeLabelLut(const std::vector<std::pair<int, int>>& label_map);
+// Applies a job's mask conventions in place: the label lookup table first (empty: identity), then
+// pixels equal to `ignore_index` (none when it is -1) become kIgnoredPixel. Sets max_label and
+// ignored.
+void PrepareMask(LabelMap* mask, const std::vector<uint16_t>& label_lut, int ignore_index);
 
 // Reads a whole regular file into `out`. NOT_FOUND names the path when it does not exist; a FIFO,
 // device, socket or directory is refused before it is opened for reading (opening a FIFO would
@@ -66,8 +79,8 @@ absl::Status DecodeMask(const std::string& bytes, const std::string& name, Label
 absl::Status LoadImage(const std::string& path, RgbImage* out, int64_t max_pixels = kDefaultMaxImagePixels);
 absl::Status LoadMask(const std::string& path, LabelMap* out, int64_t max_pixels = kDefaultMaxImagePixels);
 
-// Describes the first pixel whose label is >= num_classes and not kIgnoreLabel, e.g.
-// "mask value 7 at (y=3, x=10) >= number of classes 3"; empty if there is none.
+// Describes the first pixel of a prepared mask (PrepareMask) whose label is >= num_classes and not
+// kIgnoredPixel, e.g. "mask value 7 at (y=3, x=10) >= number of classes 3"; empty if none.
 std::string DescribeLabelOutOfRange(const LabelMap& mask, int num_classes);
 std::string DescribeLabelOutOfRange(const uint16_t* labels, int height, int width, int num_classes);
 

@@ -1,5 +1,7 @@
 #include "common/job_config.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -53,6 +55,18 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   if (spec.max_image_pixels() > 0) c.max_image_pixels = spec.max_image_pixels();
   if (spec.batch_timeout_seconds() > 0) c.batch_timeout_seconds = spec.batch_timeout_seconds();
   ASSIGN_OR_RETURN(c.nonfinite, ParseNonfinite(spec.nonfinite()));
+  if (spec.has_ignore_index()) c.ignore_index = spec.ignore_index();
+  if (c.ignore_index < kNoIgnoreIndex || c.ignore_index > kMaxMaskValue) {
+    return absl::InvalidArgumentError(absl::StrCat("ignore_index ", c.ignore_index, " is not -1 (none) or 0..",
+                                                   kMaxMaskValue));
+  }
+  for (const auto& [from, to] : spec.label_map()) {
+    if (from < 0 || from > kMaxMaskValue || to < 0 || to > kMaxMaskValue) {
+      return absl::InvalidArgumentError(absl::StrCat("label_map entry ", from, ":", to, " is outside 0..", kMaxMaskValue));
+    }
+    c.label_map.emplace_back(from, to);
+  }
+  std::sort(c.label_map.begin(), c.label_map.end());
   return c;
 }
 

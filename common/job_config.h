@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,7 +55,13 @@ struct JobConfig {
   int64_t max_image_pixels = int64_t{1} << 28;
   double batch_timeout_seconds = 600;
   NonfinitePolicy nonfinite = NonfinitePolicy::kFail;
+  int ignore_index = 255;                        // kNoIgnoreIndex: every value is a label.
+  std::vector<std::pair<int, int>> label_map;    // Stored value -> label, sorted; applied first.
 };
+
+inline constexpr int kNoIgnoreIndex = -1;
+// Largest value a mask label (or the ignore index) may have: 65535 is reserved internally.
+inline constexpr int kMaxMaskValue = 65534;
 
 // Reads a spec as the coordinator stored it. Specs stored before a field existed read as its
 // default. Errors name the field.

@@ -1001,8 +1001,9 @@ void Coordinator::RunFinalizers() {
       rec.job.set_state(v1::JOB_STATE_SUCCEEDED);
       rec.job.set_finished_unix(Now());
     }
-    std::string summary;
-    absl::Status s = WriteReports(store_.get(), rec, ReportPath(job_id), &summary);
+    ReportOutcome outcome;
+    absl::Status s = WriteReports(store_.get(), rec, ReportPath(job_id), &outcome);
+    for (const std::string& w : outcome.warnings) Log("job ", job_id, ": warning: ", w);
     if (!s.ok()) {
       Log("building the report of job ", job_id, " failed: ", s.ToString());
       if (completing) {
@@ -1021,7 +1022,7 @@ void Coordinator::RunFinalizers() {
         j.set_finished_unix(rec.job.finished_unix());
       }
       j.set_report_ready(s.ok());
-      j.set_summary(summary);
+      j.set_summary(outcome.summary);
       job.finalize_queued = false;
       rec = job.record;
     }

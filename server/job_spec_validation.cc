@@ -75,6 +75,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   for (Metric m : config->metrics) spec.add_metrics(std::string(MetricName(m)));
   spec.set_precision(std::string(PrecisionName(config->precision)));
   spec.set_nonfinite(std::string(NonfiniteName(config->nonfinite)));
+  spec.set_ignore_index(config->ignore_index);
   // The exact-results rule (common/job_config.h): shards are multiples of the alignment, which
   // every batch size used for the job divides.
   spec.set_batch_alignment(spec.batch_size() > 0 ? spec.batch_size() : kDefaultBatchAlignment);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace tally {
@@ -36,6 +37,8 @@ absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& re
           ++d.nonfinite_images;
           d.nonfinite_values += r.nonfinite();
         }
+        d.mask_max_label = std::max(d.mask_max_label, r.mask_max_label());
+        d.mask_ignored += r.mask_ignored_pixels();
         aggregator.Add(r);
         images_by_index.emplace_back(r.index(), image);
         on_row(r, id, image);
@@ -51,6 +54,13 @@ absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& re
   ASSIGN_OR_RETURN(d.workers, store->ReadWorkers(record.job.job_id()));
   const double end = record.last_result_unix > 0 ? record.last_result_unix : record.job.finished_unix();
   d.wall_seconds = std::max(0.0, end - record.job.created_unix());
+  if (d.evaluated > 0 && d.mask_max_label <= 0 && d.mask_ignored > 0) {
+    // A binary mask stored as 0/255 with 255 the ignore value: its whole foreground is ignored.
+    d.warnings.push_back(absl::StrCat(
+        "every reference mask holds only 0 and the ignore value ", d.config.ignore_index, " (", d.mask_ignored,
+        " pixels ignored): if ", d.config.ignore_index, " marks the foreground, pass --label-map 0:0,",
+        d.config.ignore_index, ":1 (or --ignore-index none)"));
+  }
   return d;
 }
 

@@ -36,6 +36,10 @@ struct ReportData {
   int64_t nonfinite_values = 0;
   int num_classes = 0;
   double wall_seconds = 0;
+  int mask_max_label = -1;     // Over every evaluated image's reference mask, ignored pixels aside.
+  int64_t mask_ignored = 0;    // Reference pixels equal to the ignore index, summed.
+  // Conditions that make the numbers suspect (README "Mask conventions"), worded for the user.
+  std::vector<std::string> warnings;
   std::vector<std::pair<int64_t, std::string>> worst_images;  // Image path of each index in a worst list.
 
   const std::vector<Metric>& metrics() const { return config.metrics; }
@@ -43,6 +47,12 @@ struct ReportData {
   // Image path of `index` if it is in a worst list, else "".
   std::string WorstImage(int64_t index) const;
   double images_per_second() const { return wall_seconds > 0 ? (evaluated + failed) / wall_seconds : 0.0; }
+};
+
+// What the coordinator learns from building a report.
+struct ReportOutcome {
+  std::string summary;                // The per-class table as Markdown, for `tally run`.
+  std::vector<std::string> warnings;  // Logged once per job.
 };
 
 // Reads the job's results once, in index order. `on_row` sees every evaluated result with its id

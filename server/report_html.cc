@@ -117,6 +117,7 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
   absl::StrAppend(&h, absl::StrFormat("Wall time: %.2f s (%.1f images/s)", d.wall_seconds,
                                       d.wall_seconds > 0 ? (d.evaluated + d.failed) / d.wall_seconds : 0.0),
                   "</div>\n");
+  for (const std::string& w : d.warnings) absl::StrAppend(&h, "<p class=\"warn\">Warning: ", HtmlEscape(w), "</p>\n");
   h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
        "bootstrap interval; global = from summed counts.</p>\n" + HtmlTable(ClassTable(d));
   h += "<h2>Mean Dice per class (with 95% bootstrap interval)</h2>\n" + DiceBarChart(d) + "\n";

@@ -37,6 +37,14 @@ std::string ReportJson(const ReportData& d) {
   w.Field("max_image_pixels", d.config.max_image_pixels);
   w.Field("batch_timeout_seconds", d.config.batch_timeout_seconds);
   w.Field("nonfinite", NonfiniteName(d.config.nonfinite));
+  if (d.config.ignore_index == kNoIgnoreIndex) {
+    w.Key("ignore_index").Null();
+  } else {
+    w.Field("ignore_index", d.config.ignore_index);
+  }
+  w.Key("label_map").BeginObject();
+  for (const auto& [from, to] : d.config.label_map) w.Field(absl::StrCat(from), to);
+  w.EndObject();
   if (spec.input_height() > 0) {
     w.Key("input_size").BeginArray().Int(spec.input_height()).Int(spec.input_width()).EndArray();
   } else {
@@ -48,6 +56,9 @@ std::string ReportJson(const ReportData& d) {
   w.Field("images_missing", missing);
   w.Field("nonfinite_images", d.nonfinite_images);
   w.Field("nonfinite_values", d.nonfinite_values);
+  w.Key("warnings").BeginArray();
+  for (const std::string& warning : d.warnings) w.String(warning);
+  w.EndArray();
   w.Key("failures").BeginArray();
   for (const Failure& f : d.failures) {
     w.BeginObject().Field("index", f.index).Field("id", f.id).Field("image", f.image).Field("reason", f.reason);

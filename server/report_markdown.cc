@@ -20,6 +20,7 @@ std::string ReportMarkdown(const ReportData& d) {
     absl::StrAppend(&out, "- **Warning**: ", d.nonfinite_images, " evaluated images had NaN/Inf in the model output (",
                     d.nonfinite_values, " values; --nonfinite warn)\n");
   }
+  for (const std::string& w : d.warnings) absl::StrAppend(&out, "- **Warning**: ", w, "\n");
   absl::StrAppend(&out, "- Classes: ", d.num_classes, "; foreground means over classes ",
                   d.config.include_background ? "0" : "1", "..", std::max(0, d.num_classes - 1), "\n");
   absl::StrAppend(&out, absl::StrFormat("- Wall time: %.2f s (%.1f images/s)\n\n", d.wall_seconds,

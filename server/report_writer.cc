@@ -7,7 +7,7 @@
 
 namespace tally {
 
-absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::string& dir, std::string* summary) {
+absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::string& dir, ReportOutcome* outcome) {
   RETURN_IF_ERROR(MakeDirs(dir));
   ASSIGN_OR_RETURN(const JobConfig config, JobConfigFromSpec(record.job.spec()));
   ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> csv, AtomicFile::Open(dir + "/per_image.csv"));
@@ -20,7 +20,10 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.json", ReportJson(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/summary.md", ReportMarkdown(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.html", ReportHtml(d)));
-  if (summary != nullptr) *summary = MarkdownTable(ClassTable(d));
+  if (outcome != nullptr) {
+    outcome->summary = MarkdownTable(ClassTable(d));
+    outcome->warnings = d.warnings;
+  }
   return absl::OkStatus();
 }
 

@@ -9,15 +9,16 @@
 
 #include "absl/status/status.h"
 #include "server/job_store.h"
+#include "server/report_data.h"
 
 namespace tally {
 
 inline constexpr const char* kReportFiles[] = {"report.json", "per_image.csv", "summary.md", "report.html"};
 
 // Writes the four files into `dir` (created if needed), each atomically (temp file + rename).
-// `summary` (optional) receives the per-class table as Markdown, for `tally run` to print.
+// `outcome` (optional) receives the per-class table and the warnings.
 absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::string& dir,
-                          std::string* summary = nullptr);
+                          ReportOutcome* outcome = nullptr);
 
 }  // namespace tally
 

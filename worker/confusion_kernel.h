@@ -13,7 +13,7 @@ inline constexpr int kMaxKernelClasses = 64;
 
 // For n images: logits [n, C, hw] float32 (NCHW, contiguous), reference labels [n, hw] int16.
 // K = C == 1 ? 2 : C. Writes counts [n, K, K] (row = reference class, column = predicted class;
-// labels 255, < 0 or >= K are left out; `counts` must be zeroed), the predicted labels [n, hw]
+// labels < 0 (ignored pixels) or >= K are left out; `counts` must be zeroed), the predicted labels [n, hw]
 // when `pred` is not null, and adds to `ties` (when not null) the pixels whose two largest logits
 // are equal, and to `nonfinite` [n] (zeroed) each image's NaN and infinite logits. The predicted
 // class is the first maximum, NaN counting as the maximum (torch.argmax); for C == 1 it is

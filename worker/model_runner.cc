@@ -377,7 +377,8 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
     *ties = ties->defined() ? *ties + t : t;
   }
   at::Tensor ref = gt.to(at::kLong);
-  at::Tensor valid = ref.ne(255).logical_and(ref.ge(0)).logical_and(ref.lt(K));
+  // Prepared masks hold ignored pixels as -1 (common/image_io.h kIgnoredPixel): out of [0, K).
+  at::Tensor valid = ref.ge(0).logical_and(ref.lt(K));
   at::Tensor base = at::arange(n, ref.options()).view({n, 1, 1}).mul(K * K);
   at::Tensor idx = at::where(valid, base + ref * K + pred, at::full({}, n * K * K, ref.options()));
   at::Tensor c = at::bincount(idx.reshape({-1}), {}, n * K * K + 1).narrow(0, 0, n * K * K).view({n, K, K});

@@ -66,7 +66,7 @@ class PendingBatch {
   // K = number of classes (2 for a single-logit model). After Wait().
   virtual int num_classes() const = 0;
   // K x K counts of image i: row = reference class, column = predicted class; ignore pixels
-  // (label 255) and labels >= K are left out.
+  // (label -1 as int16: PrepareMask's kIgnoredPixel) and labels >= K are left out.
   virtual const int64_t* confusion(int i) const = 0;
   // Predicted labels of image i (H x W), when want_labels was set.
   virtual const uint16_t* labels(int i) const = 0;

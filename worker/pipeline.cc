@@ -27,6 +27,7 @@ struct Pipeline::InFlight {
   BatchSpec spec;
   std::vector<int64_t> index;
   std::vector<int> max_label;
+  std::vector<int64_t> mask_ignored;
   std::shared_ptr<PendingBatch> pending;
   std::vector<std::shared_ptr<PendingBatch>> retries;  // Results of out-of-memory retries.
   std::vector<std::unique_ptr<LabelMap>> masks;         // For surface metrics: handed to their task.
@@ -62,7 +63,8 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       on_result_(std::move(on_result)),
       on_fatal_(std::move(on_fatal)),
       on_timeout_(std::move(on_timeout)),
-      surface_(AnySurfaceMetric(options_.metrics)) {
+      surface_(AnySurfaceMetric(options_.metrics)),
+      label_lut_(MakeLabelLut(options_.label_map)) {
   absl::MutexLock lock(&mu_);  // No other thread yet; the analysis wants the guard all the same.
   batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
   const int b = batch_size_ > 0 ? batch_size_ : kDefaultBatchAlignment;
@@ -215,6 +217,7 @@ void Pipeline::Decode(Item* item) {
   } else {
     std::unique_ptr<LabelMap> mask = TakeMask();
     s = LoadMask(item->row.mask_path(), mask.get(), options_.max_image_pixels);
+    if (s.ok()) PrepareMask(mask.get(), label_lut_, options_.ignore_index);
     if (!s.ok()) {
       item->error = std::string(s.message());
     } else if (mask->height != image->height || mask->width != image->width) {
@@ -482,6 +485,7 @@ std::shared_ptr<Pipeline::InFlight> Pipeline::StageGroup(const std::shared_ptr<S
   for (Item* it : group) {
     batch->index.push_back(it->row.index());
     batch->max_label.push_back(it->mask->max_label);
+    batch->mask_ignored.push_back(it->mask->ignored);
     RecycleLocked(std::move(it->image));
     // Surface metrics read the reference labels after the batch has left the staging buffer.
     if (surface_) {
@@ -682,6 +686,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
                            " non-finite values (NaN or infinity); --nonfinite warn evaluates such rows anyway");
     } else if (batch->max_label[i] >= k) {
       error = DescribeLabelOutOfRange(mask, it.height, it.width, k);
+      if (error.empty()) error = absl::StrCat("mask label ", batch->max_label[i], " >= number of classes ", k);
     }
     if (!error.empty()) {
       r.set_error(error);
@@ -693,6 +698,8 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       continue;
     }
     r.set_nonfinite(nonfinite);
+    r.set_mask_max_label(batch->max_label[i]);
+    r.set_mask_ignored_pixels(batch->mask_ignored[i]);
     const int64_t* m = pending->confusion(static_cast<int>(j));
     int64_t total = 0;
     for (int a = 0; a < k * k; ++a) total += m[a];
@@ -723,7 +730,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     std::shared_ptr<LabelMap> ref(std::move(batch->masks[i]));
     auto task = [this, batch, pred, ref, k, h = it.height, w = it.width, r = std::move(r)]() mutable {
       std::vector<SurfaceValues> values;
-      ClassSurfaceMetrics(pred, ref->labels.data(), h, w, k, kIgnoreLabel, options_.surface, &values);
+      ClassSurfaceMetrics(pred, ref->labels.data(), h, w, k, kIgnoredPixel, options_.surface, &values);
       for (int c = 0; c < k; ++c) {
         v1::ClassResult* cr = r.mutable_classes(c);
         cr->set_hd(values[c].hd);

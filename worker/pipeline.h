@@ -57,6 +57,8 @@ struct PipelineOptions {
   int64_t max_image_pixels = kDefaultMaxImagePixels;  // Larger declared images/masks fail their row.
   double batch_timeout_seconds = 600;  // A decode or forward pass running longer calls on_timeout.
   bool nonfinite_warn = false;  // Evaluate rows whose model output has NaN/Inf (else they fail).
+  int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
+  std::vector<std::pair<int, int>> label_map;  // Applied to reference masks first (value -> label).
 };
 
 class Pipeline {
@@ -169,6 +171,7 @@ class Pipeline {
   const FatalFn on_fatal_;
   const TimeoutFn on_timeout_;
   const bool surface_;
+  const std::vector<uint16_t> label_lut_;  // From options_.label_map; empty = identity.
 
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<Shard>> shards_ ABSL_GUARDED_BY(mu_);

@@ -376,6 +376,8 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   po.max_image_pixels = config.max_image_pixels;
   po.batch_timeout_seconds = config.batch_timeout_seconds;
   po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
+  po.ignore_index = config.ignore_index;
+  po.label_map = config.label_map;
   const std::string job_id = a.job_id();
   evaluator->pipeline = std::make_unique<Pipeline>(
       evaluator->runner.get(), po, [this](const LeaseKey& k, v1::ImageResult r) { OnResult(k, std::move(r)); },

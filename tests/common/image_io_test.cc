@@ -182,6 +182,28 @@ TEST(ImageIoTest, FifoAndDirectoryAreRefusedWithoutBlocking) {
   EXPECT_THAT(s.message(), HasSubstr("is a directory"));
 }
 
+TEST(ImageIoTest, PrepareMaskAppliesTheLabelMapThenTheIgnoreValue) {
+  LabelMap m;
+  m.labels = {0, 255, 255, 7, 0, 3};
+  LabelMap mapped = m;
+  PrepareMask(&mapped, MakeLabelLut({{255, 1}, {7, 255}}), 255);  // 7 -> 255 then ignored.
+  EXPECT_EQ(mapped.labels, (std::vector<uint16_t>{0, 1, 1, kIgnoredPixel, 0, 3}));
+  EXPECT_EQ(mapped.max_label, 3);
+  EXPECT_EQ(mapped.ignored, 1);
+  LabelMap none = m;
+  PrepareMask(&none, {}, -1);  // No ignore value: 255 is a label.
+  EXPECT_EQ(none.labels, m.labels);
+  EXPECT_EQ(none.max_label, 255);
+  EXPECT_EQ(none.ignored, 0);
+  LabelMap zero = m;
+  PrepareMask(&zero, {}, 0);
+  EXPECT_EQ(zero.labels, (std::vector<uint16_t>{kIgnoredPixel, 255, 255, 7, kIgnoredPixel, 3}));
+  EXPECT_EQ(zero.ignored, 2);
+  EXPECT_EQ(zero.max_label, 255);
+  EXPECT_EQ(DescribeLabelOutOfRange(zero.labels.data(), 2, 3, 8), "mask value 255 at (y=0, x=1) >= number of classes 8 "
+            "(values are labels after --label-map; the ignore value is set by --ignore-index)");
+}
+
 TEST(ImageIoTest, OutlierBuffersAreReleased) {
   std::vector<uint8_t> big(100 << 20);
   ShrinkIfLarger(&big, kKeepBufferBytes);

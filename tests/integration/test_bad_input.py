@@ -133,6 +133,72 @@ class RowErrorsTest(unittest.TestCase):
             self.assertEqual((r["tp"], r["fp"], r["fn"], r["tn"]), ("16", "16", "16", "16"))
 
 
+class MaskConventionsTest(unittest.TestCase):
+    """A binary mask stored as 0/255 (a very common format) loses its whole foreground to the default
+    ignore value 255; Tally warns and --label-map / --ignore-index fix it."""
+
+    def setUp(self):
+        self.root = tt.tmpdir(self)
+        rng = np.random.default_rng(4)
+        rows = []
+        self.masks = []
+        for i in range(6):
+            img = np.zeros((12, 10, 3), np.uint8)
+            img[:, : 3 + i % 5, 0] = 220  # red_vs_rest.pt predicts class 1 on these columns.
+            mask = np.where(rng.random((12, 10)) < 0.4, 255, 0).astype(np.uint8)
+            Image.fromarray(img).save(os.path.join(self.root, f"i{i}.png"))
+            Image.fromarray(mask).save(os.path.join(self.root, f"m{i}.png"))
+            rows.append(f"i{i}.png,m{i}.png")
+            self.masks.append(((img[..., 0] > 127).astype(np.int64), mask))
+        self.manifest = write_rows(self.root, rows)
+
+    def test_binary_255_masks_warn_and_label_map_evaluates_them(self):
+        out = os.path.join(self.root, "default")
+        p = tt.tally_run(tt.fixture("red_vs_rest.pt"), self.manifest, out)
+        report = tt.read_report(out)
+        self.assertEqual(len(report["warnings"]), 1)
+        self.assertIn("every reference mask holds only 0 and the ignore value 255", report["warnings"][0])
+        self.assertIn("--label-map 0:0,255:1", report["warnings"][0])
+        with open(os.path.join(out, "summary.md")) as f:
+            self.assertIn("**Warning**: every reference mask holds only 0", f.read())
+        with open(os.path.join(out, ".tally", "tallyd.log")) as f:
+            self.assertEqual(f.read().count("warning: every reference mask"), 1)
+        self.assertEqual(report["classes"][1]["tp"] + report["classes"][1]["fn"], 0)  # Foreground lost.
+
+        mapped = os.path.join(self.root, "mapped")
+        tt.tally_run(tt.fixture("red_vs_rest.pt"), self.manifest, mapped, "--label-map", "0:0,255:1")
+        report = tt.read_report(mapped)
+        self.assertEqual(report["warnings"], [])
+        self.assertEqual(report["label_map"], {"0": 0, "255": 1})
+        rows = {(int(r["index"]), int(r["class"])): r for r in tt.read_per_image(mapped)}
+        for i, (pred, mask) in enumerate(self.masks):
+            ref = (mask == 255).astype(np.int64)
+            for c, (tp, fp, fn, tn) in enumerate(tt.counts(pred, ref, 2)):
+                r = rows[(i, c)]
+                self.assertEqual((int(r["tp"]), int(r["fp"]), int(r["fn"]), int(r["tn"])), (tp, fp, fn, tn))
+
+    def test_ignore_index_none_and_other_values(self):
+        out = os.path.join(self.root, "none")
+        tt.tally_run(tt.fixture("red_vs_rest.pt"), self.manifest, out, "--ignore-index", "none")
+        report = tt.read_report(out)
+        self.assertIsNone(report["ignore_index"])
+        self.assertEqual(report["images_failed"], 6)  # 255 is a label now, >= 2 classes.
+        self.assertIn("mask value 255", report["failures"][0]["reason"])
+        zero = os.path.join(self.root, "zero")
+        tt.tally_run(tt.fixture("red_vs_rest.pt"), self.manifest, zero, "--ignore-index", "0",
+                     "--label-map", "255:1")
+        rows = {(int(r["index"]), int(r["class"])): r for r in tt.read_per_image(zero)}
+        for i, (pred, mask) in enumerate(self.masks):
+            valid = mask == 255  # Background pixels (0) are ignored: only the foreground counts.
+            tp = int(np.sum((pred == 1) & valid))
+            fn = int(np.sum((pred == 0) & valid))
+            r = rows[(i, 1)]
+            self.assertEqual((int(r["tp"]), int(r["fp"]), int(r["fn"]), int(r["tn"])), (tp, 0, fn, 0))
+        bad = tt.tally_run(tt.fixture("red_vs_rest.pt"), self.manifest, zero, "--label-map", "255-1", check=False)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("--label-map", bad.stderr)
+
+
 class ModelErrorsTest(unittest.TestCase):
     def setUp(self):
         self.root = tt.tmpdir(self)
