@@ -69,8 +69,10 @@ void Server::Shutdown() {
 
 Server::~Server() {
   Shutdown();
-  grpc_server_.reset();
+  // Blocking calls still queued finish (and answer their callers) before the server that owns
+  // their reactors goes away.
   executor_.reset();
+  grpc_server_.reset();
   core_.reset();
 }
 
