@@ -2,6 +2,7 @@
 #ifndef TALLY_COMMON_FILE_UTIL_H_
 #define TALLY_COMMON_FILE_UTIL_H_
 
+#include <cstdint>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -19,6 +20,17 @@ std::string AbsolutePath(const std::string& path);
 
 // Creates `dir` and its missing parents (mkdir -p). Errors name the folder that failed.
 absl::Status MakeDirs(const std::string& dir);
+
+// A regular file opened for reading, and its size.
+struct RegularFile {
+  int fd = -1;  // The caller closes it.
+  int64_t size = 0;
+};
+// Opens `path` for reading only if it is a regular file, without ever blocking: a FIFO is checked
+// (O_NONBLOCK) before anything reads it. Errors carry no path, for the caller to word: NOT_FOUND or
+// PERMISSION_DENIED with strerror's text when it cannot be opened; INVALID_ARGUMENT whose message
+// says what it is instead ("a directory", "a FIFO", "a socket", "a device", "not a regular file").
+absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path);
 
 // Removes `path` and everything under it (rm -rf); a missing path is not an error.
 absl::Status RemoveTree(const std::string& path);

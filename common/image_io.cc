@@ -8,12 +8,11 @@
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
-#include <fcntl.h>
 #include <memory>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/png_fast.h"
 
 namespace tally {
@@ -166,22 +165,15 @@ absl::Status JpegError(tjhandle tj, const std::string& name) {
 }  // namespace
 
 absl::Status ReadFileBytes(const std::string& path, std::string* out) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
-  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    std::string msg = absl::StrCat("cannot open '", path, "': ", std::strerror(err));
-    return err == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+  if (absl::IsInvalidArgument(file.status())) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is ", file.status().message(), ", not a regular file"));
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
-                       : (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) ? "a device" : "not a regular file";
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is ", kind, ", not a regular file"));
+  if (!file.ok()) {
+    return absl::Status(file.status().code(), absl::StrCat("cannot open '", path, "': ", file.status().message()));
   }
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  out->resize(static_cast<size_t>(st.st_size));
+  const int fd = file->fd;
+  out->resize(static_cast<size_t>(file->size));
   size_t done = 0;
   while (done < out->size()) {
     ssize_t n = read(fd, out->data() + done, out->size() - done);

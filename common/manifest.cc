@@ -1,7 +1,5 @@
 #include "common/manifest.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -214,22 +212,17 @@ ManifestReader::~ManifestReader() {
 
 absl::StatusOr<std::unique_ptr<ManifestReader>> ManifestReader::Open(const std::string& path, ManifestLimits limits) {
   const std::string abs = AbsolutePath(path);
-  // O_NONBLOCK: a FIFO named as the manifest must not block the open.
-  const int fd = open(abs.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    std::string msg = absl::StrCat("manifest '", path, "' cannot be opened: ", std::strerror(err));
-    if (err == EISDIR) return absl::InvalidArgumentError(absl::StrCat("manifest '", path, "' is a directory, not a CSV file"));
-    return err == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const bool dir = S_ISDIR(st.st_mode);
-    close(fd);
+  absl::StatusOr<RegularFile> file = OpenRegularFile(abs);
+  if (absl::IsInvalidArgument(file.status())) {
+    const bool dir = file.status().message() == "a directory";
     return absl::InvalidArgumentError(
         absl::StrCat("manifest '", path, "' is ", dir ? "a directory" : "not a regular file", ", not a CSV file"));
   }
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(),
+                        absl::StrCat("manifest '", path, "' cannot be opened: ", file.status().message()));
+  }
+  const int fd = file->fd;
   std::unique_ptr<ManifestReader> r(new ManifestReader(abs, DirName(abs), path, limits));
   r->fd_ = fd;
   r->csv_ = std::make_unique<CsvReader>(
