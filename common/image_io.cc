@@ -251,6 +251,7 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
 }
 
 absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out, int64_t max_pixels) {
+  out->depth = 1;
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("mask '", name, "' is empty (0 bytes)"));
   if (!IsPng(bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -47,7 +47,8 @@ struct RgbImage {
 struct LabelMap {
   int height = 0;
   int width = 0;
-  std::vector<uint16_t> labels;  // height * width, row-major.
+  int depth = 1;                 // Slices of a 3D volume (common/volume_io.h).
+  std::vector<uint16_t> labels;  // depth * height * width, row-major.
   int max_label = -1;            // Largest label other than the ignore value; -1 if none.
   int64_t ignored = 0;           // Pixels equal to the ignore value.
 };

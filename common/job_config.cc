@@ -67,6 +67,31 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
     c.label_map.emplace_back(from, to);
   }
   std::sort(c.label_map.begin(), c.label_map.end());
+  c.num_classes = spec.num_classes();
+  if (c.num_classes < 0 || c.num_classes > kMaxClasses) {
+    return absl::InvalidArgumentError(absl::StrCat("num_classes ", c.num_classes, " is not in 0..", kMaxClasses));
+  }
+  if (spec.spacing_z() < 0) return absl::InvalidArgumentError("spacing must be > 0");
+  c.spacing_z = spec.spacing_z();
+  c.force_spacing = spec.force_spacing();
+  c.spacing_given = spec.spacing_z() > 0 || spec.spacing_y() != 1.0 || spec.spacing_x() != 1.0;
+  if (spec.regions_size() > kMaxClasses) return absl::InvalidArgumentError("too many regions");
+  for (int i = 0; i < spec.regions_size(); ++i) {
+    std::vector<int> labels(spec.regions(i).labels().begin(), spec.regions(i).labels().end());
+    std::sort(labels.begin(), labels.end());
+    labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
+    if (labels.empty()) return absl::InvalidArgumentError(absl::StrCat("region ", i + 1, " has no labels"));
+    for (int l : labels) {
+      if (l < 0 || l > kMaxMaskValue) {
+        return absl::InvalidArgumentError(absl::StrCat("region ", i + 1, ": label ", l, " is outside 0..", kMaxMaskValue));
+      }
+    }
+    c.regions.push_back(std::move(labels));
+  }
+  if (!c.regions.empty() && !c.predictions()) {
+    return absl::InvalidArgumentError("regions are for prediction manifests (no model) only");
+  }
+  c.nnunet_summary = spec.nnunet_summary();
   return c;
 }
 

@@ -57,7 +57,18 @@ struct JobConfig {
   NonfinitePolicy nonfinite = NonfinitePolicy::kFail;
   int ignore_index = 255;                        // kNoIgnoreIndex: every value is a label.
   std::vector<std::pair<int, int>> label_map;    // Stored value -> label, sorted; applied first.
+  // Prediction jobs (empty model): the manifest's `prediction` column is scored instead.
+  bool predictions() const { return model.empty(); }
+  int num_classes = 0;                 // Prediction jobs: fixed class count; 0 = from the data.
+  double spacing_z = 0;                // > 0: --spacing z,y,x overrides the volumes' headers.
+  bool force_spacing = false;          // Use spacing_z/y/x even where it contradicts a header.
+  bool spacing_given = false;          // spacing_y/x came from --spacing (not the default 1).
+  std::vector<std::vector<int>> regions;  // Each region: sorted, distinct labels. Empty: classes.
+  bool nnunet_summary = false;
 };
+
+// Most classes (or regions) a job may have: results carry one entry per class.
+inline constexpr int kMaxClasses = 4096;
 
 inline constexpr int kNoIgnoreIndex = -1;
 // Largest value a mask label (or the ignore index) may have: 65535 is reserved internally.

@@ -18,6 +18,7 @@ constexpr size_t kChunkBytes = 1 << 20;
 std::string Stem(const std::string& path) {
   size_t slash = path.find_last_of('/');
   std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.size() > 7 && base.compare(base.size() - 7, 7, ".nii.gz") == 0) return base.substr(0, base.size() - 7);
   size_t dot = base.find_last_of('.');
   return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
 }
@@ -275,7 +276,11 @@ absl::Status ManifestReader::ReadHeader() {
   for (size_t c = 0; c < rec.fields.size(); ++c) {
     std::string col = absl::AsciiStrToLower(absl::StripAsciiWhitespace(rec.fields[c]));
     header_.push_back(col);
-    int* slot = col == "image" ? &image_col_ : col == "mask" ? &mask_col_ : col == "id" ? &id_col_ : nullptr;
+    int* slot = col == "image"        ? &image_col_
+                : col == "mask"       ? &mask_col_
+                : col == "id"         ? &id_col_
+                : col == "prediction" ? &prediction_col_
+                                      : nullptr;
     if (slot == nullptr) continue;
     if (*slot >= 0) {
       return absl::InvalidArgumentError(absl::StrCat("manifest '", name_, "' header (line ", rec.line,
@@ -284,11 +289,13 @@ absl::Status ManifestReader::ReadHeader() {
     *slot = static_cast<int>(c);
   }
   // The header is not echoed: the file may not be a manifest at all (README "Bad input").
-  for (auto [col, idx] : {std::pair<const char*, int>{"image", image_col_}, {"mask", mask_col_}}) {
+  // A prediction manifest needs no images.
+  const int image_needed = prediction_col_ >= 0 ? 0 : image_col_;
+  for (auto [col, idx] : {std::pair<const char*, int>{"image", image_needed}, {"mask", mask_col_}}) {
     if (idx < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("manifest '", name_, "' line ", rec.line,
-                                                     ": the header has no '", col, "' column (it has ",
-                                                     rec.fields.size(), " columns); required columns: image, mask"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest '", name_, "' line ", rec.line, ": the header has no '", col, "' column (it has ",
+          rec.fields.size(), " columns); required columns: image, mask (or mask, prediction to score predictions)"));
     }
   }
   return absl::OkStatus();
@@ -316,17 +323,23 @@ absl::Status ManifestReader::NextBatch(size_t max_rows, std::vector<ManifestRow>
     row.image = get(image_col_);
     row.mask = get(mask_col_);
     row.id = get(id_col_);
+    row.prediction = get(prediction_col_);
     if (rec.fields.size() != ncols) {
       row.error = absl::StrCat("manifest line ", rec.line, ": ", rec.fields.size(), " fields, but the header has ",
                                ncols);
-    } else if (row.image.empty()) {
+    } else if (prediction_col_ >= 0 && row.prediction.empty()) {
+      row.error = absl::StrCat("manifest line ", rec.line, ": empty 'prediction' field");
+    } else if (row.image.empty() && prediction_col_ < 0) {
       row.error = absl::StrCat("manifest line ", rec.line, ": empty 'image' field");
     } else if (row.mask.empty()) {
       row.error = absl::StrCat("manifest line ", rec.line, ": empty 'mask' field");
     }
-    if (row.id.empty()) row.id = row.image.empty() ? absl::StrCat(row.index) : Stem(row.image);
-    row.image_path = ResolvePath(base_dir_, row.image);
+    if (row.id.empty()) {
+      row.id = !row.image.empty() ? Stem(row.image) : !row.mask.empty() ? Stem(row.mask) : absl::StrCat(row.index);
+    }
+    if (!row.image.empty()) row.image_path = ResolvePath(base_dir_, row.image);
     row.mask_path = ResolvePath(base_dir_, row.mask);
+    if (!row.prediction.empty()) row.prediction_path = ResolvePath(base_dir_, row.prediction);
     rows->push_back(std::move(row));
   }
   return status;
@@ -337,6 +350,7 @@ absl::StatusOr<Manifest> ReadAll(absl::StatusOr<std::unique_ptr<ManifestReader>>
   if (!reader.ok()) return reader.status();
   Manifest manifest;
   manifest.path = (*reader)->path();
+  manifest.has_prediction = (*reader)->has_prediction();
   std::vector<ManifestRow> batch;
   while (true) {
     if (absl::Status s = (*reader)->NextBatch(65536, &batch); !s.ok()) return s;

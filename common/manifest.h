@@ -1,5 +1,6 @@
 // Manifest parsing: a CSV file with a header row naming at least the columns `image` and `mask`
-// (`id` optional, any other column ignored). Paths are relative to the manifest's folder or
+// (`id` optional, any other column ignored), or, for scoring predictions that already exist,
+// `mask` and `prediction` (`image` optional). Paths are relative to the manifest's folder or
 // absolute.
 //
 // Manifests are untrusted input: the reader streams the file in bounded memory (rows come out in
@@ -23,11 +24,13 @@ namespace tally {
 struct ManifestRow {
   int64_t index = 0;       // 0-based data row (the header is not a row).
   int64_t line = 0;        // 1-based line of the file where the row starts, for messages.
-  std::string id;          // The `id` column, or the image file's stem when there is none.
+  std::string id;          // The `id` column, or else the stem of the image (or the mask) file.
   std::string image;       // As written in the manifest.
   std::string mask;        // As written in the manifest.
   std::string image_path;  // Resolved against the manifest's folder.
   std::string mask_path;
+  std::string prediction;       // As written; empty without a `prediction` column.
+  std::string prediction_path;
   std::string error;       // Non-empty when the row itself is malformed; the row fails with it.
 };
 
@@ -39,6 +42,7 @@ struct ManifestLimits {
 
 struct Manifest {
   std::string path;  // Absolute path of the manifest file.
+  bool has_prediction = false;
   std::vector<ManifestRow> rows;
 };
 
@@ -94,6 +98,8 @@ class ManifestReader {
   absl::Status NextBatch(size_t max_rows, std::vector<ManifestRow>* rows);
   const std::string& path() const { return path_; }
   int64_t rows_read() const { return next_index_; }
+  bool has_prediction() const { return prediction_col_ >= 0; }
+  bool has_image() const { return image_col_ >= 0; }
 
  private:
   ManifestReader(std::string path, std::string base_dir, std::string name, ManifestLimits limits)
@@ -108,7 +114,7 @@ class ManifestReader {
   int fd_ = -1;
   std::unique_ptr<CsvReader> csv_;
   std::vector<std::string> header_;
-  int image_col_ = -1, mask_col_ = -1, id_col_ = -1;
+  int image_col_ = -1, mask_col_ = -1, id_col_ = -1, prediction_col_ = -1;
   int64_t next_index_ = 0;
 };
 

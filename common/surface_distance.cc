@@ -201,6 +201,237 @@ SurfaceValues FromEdges(const std::vector<int32_t>& pred_edges, const std::vecto
   return out;
 }
 
+
+// ---- 3D --------------------------------------------------------------------------------------
+
+// Edge voxels of every class of a label volume, in one pass: a voxel of class L whose 6-neighbour
+// is not of class L or lies outside the volume (L's mask XOR its erosion by the 6-connected cross,
+// outside voxels as background). Linear indices (z, y, x row-major), ascending.
+template <typename LabelFn>
+void ExtractEdges3D(int depth, int height, int width, int num_classes, LabelFn label,
+                    std::vector<std::vector<int64_t>>* edges) {
+  edges->assign(num_classes, {});
+  const int64_t plane = static_cast<int64_t>(height) * width;
+  for (int z = 0; z < depth; ++z) {
+    for (int y = 0; y < height; ++y) {
+      const int64_t base = z * plane + static_cast<int64_t>(y) * width;
+      const bool inner_zy = z > 0 && z + 1 < depth && y > 0 && y + 1 < height;
+      for (int x = 0; x < width; ++x) {
+        const int64_t i = base + x;
+        const uint32_t l = label(i);
+        if (l >= static_cast<uint32_t>(num_classes)) continue;
+        const bool interior = inner_zy && x > 0 && x + 1 < width && label(i - 1) == l && label(i + 1) == l &&
+                              label(i - width) == l && label(i + width) == l && label(i - plane) == l &&
+                              label(i + plane) == l;
+        if (!interior) (*edges)[l].push_back(i);
+      }
+    }
+  }
+}
+
+// One dimension of the Felzenszwalb-Huttenlocher lower envelope: for sites p with cost f(p)
+// (kInf = no site), min over p of f(p) + w^2 (q - p)^2 at the sorted query positions `qs`; writes
+// the argmin site of each query to `arg` (-1 when no site has a finite cost).
+class Envelope1D {
+ public:
+  void Build(const double* f, int n, double w2) {
+    v_.resize(n);
+    z_.resize(n + 1);
+    fv_.resize(n);
+    k_ = -1;
+    for (int c = 0; c < n; ++c) {
+      const double fc = f[c];
+      if (fc == kInf) continue;
+      double s = 0;
+      while (k_ >= 0) {
+        const int p = v_[k_];
+        s = ((fc + w2 * c * static_cast<double>(c)) - (fv_[k_] + w2 * p * static_cast<double>(p))) /
+            (2.0 * w2 * (c - p));
+        if (s <= z_[k_]) {
+          --k_;
+        } else {
+          break;
+        }
+      }
+      ++k_;
+      v_[k_] = c;
+      fv_[k_] = fc;
+      z_[k_] = k_ == 0 ? -kInf : s;
+      z_[k_ + 1] = kInf;
+    }
+    j_ = 0;
+  }
+  bool empty() const { return k_ < 0; }
+  // Queries must come in non-decreasing order between Build calls.
+  int ArgMin(int q) {
+    if (k_ < 0) return -1;
+    while (z_[j_ + 1] < q) ++j_;
+    return v_[j_];
+  }
+
+ private:
+  std::vector<int> v_;
+  std::vector<double> z_;
+  std::vector<double> fv_;
+  int k_ = -1;
+  int j_ = 0;
+};
+
+struct Dims3 {
+  int64_t depth, height, width;
+};
+
+// For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
+// feature voxel (at least one exists), with spacing (sz, sy, sx). Separable: the features' column
+// index along z gives, for a slice z, each (y, x) column's distance in z to its nearest feature;
+// a lower-envelope pass along y (evaluated only at rows holding queries) and one along x (only at
+// the queries) finish the transform. Everything happens inside the bounding box of the queries
+// and features, slice by slice, and only on slices holding queries: memory is O(box area +
+// features), not O(volume). The nearest feature's offsets are tracked through the passes, so each
+// distance is computed as scipy's distance_transform_edt computes it, sqrt(sum of (s_i d_i)^2).
+void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
+                         double sz, double sy, double sx, std::vector<double>* out) {
+  const int64_t plane = dims.height * dims.width;
+  auto zyx = [&](int64_t i, int64_t* z, int64_t* y, int64_t* x) {
+    *z = i / plane;
+    const int64_t r = i - *z * plane;
+    *y = r / dims.width;
+    *x = r - *y * dims.width;
+  };
+  int64_t y0 = dims.height, y1 = -1, x0 = dims.width, x1 = -1;
+  for (const auto* set : {&queries, &features}) {
+    for (int64_t i : *set) {
+      int64_t z, y, x;
+      zyx(i, &z, &y, &x);
+      y0 = std::min(y0, y);
+      y1 = std::max(y1, y);
+      x0 = std::min(x0, x);
+      x1 = std::max(x1, x);
+    }
+  }
+  const int H = static_cast<int>(y1 - y0 + 1), W = static_cast<int>(x1 - x0 + 1);
+  const size_t area = static_cast<size_t>(H) * W;
+  // Features bucketed by (y, x) column of the box, z ascending (the input is z-major).
+  std::vector<int64_t> start(area + 1, 0);
+  std::vector<int32_t> fz(features.size());
+  for (int64_t i : features) {
+    int64_t z, y, x;
+    zyx(i, &z, &y, &x);
+    start[(y - y0) * W + (x - x0) + 1]++;
+  }
+  for (size_t c = 0; c < area; ++c) start[c + 1] += start[c];
+  std::vector<int64_t> cursor(start.begin(), start.end() - 1);
+  {
+    std::vector<int64_t> fill = cursor;
+    for (int64_t i : features) {
+      int64_t z, y, x;
+      zyx(i, &z, &y, &x);
+      fz[fill[(y - y0) * W + (x - x0)]++] = static_cast<int32_t>(z);
+    }
+  }
+  const double sz2 = sz * sz, sy2 = sy * sy, sx2 = sx * sx;
+  std::vector<int32_t> gz(area);      // Signed z offset to the column's nearest feature; kNoZ: none.
+  std::vector<double> cost(area);     // (sz * gz)^2, or kInf.
+  constexpr int32_t kNoZ = std::numeric_limits<int32_t>::max();
+  std::vector<double> column(H), row(W);
+  std::vector<int> query_rows;
+  std::vector<int32_t> best_y;  // Per (query row, x): the argmin row of the y pass.
+  Envelope1D env;
+  out->resize(queries.size());
+  size_t qi = 0;
+  while (qi < queries.size()) {
+    int64_t z, y, x;
+    zyx(queries[qi], &z, &y, &x);
+    const int64_t slice = z;
+    size_t slice_end = qi;
+    query_rows.clear();
+    while (slice_end < queries.size() && queries[slice_end] / plane == slice) {
+      zyx(queries[slice_end], &z, &y, &x);
+      const int r = static_cast<int>(y - y0);
+      if (query_rows.empty() || query_rows.back() != r) query_rows.push_back(r);
+      ++slice_end;
+    }
+    // 1. Distance in z from this slice to each column's nearest feature.
+    for (size_t c = 0; c < area; ++c) {
+      const int64_t end = start[c + 1];
+      int64_t& k = cursor[c];
+      while (k < end && fz[k] < slice) ++k;
+      int32_t best = kNoZ;
+      int64_t best_abs = std::numeric_limits<int64_t>::max();
+      if (k < end) {
+        best = static_cast<int32_t>(fz[k] - slice);
+        best_abs = best;
+      }
+      if (k > start[c] && slice - fz[k - 1] < best_abs) best = static_cast<int32_t>(fz[k - 1] - slice);
+      gz[c] = best;
+      if (best == kNoZ) {
+        cost[c] = kInf;
+      } else {
+        const double d = sz * static_cast<double>(best);
+        cost[c] = d * d;
+      }
+    }
+    // 2. Along y, for every column x, at the rows holding queries.
+    best_y.assign(query_rows.size() * W, -1);
+    for (int cx = 0; cx < W; ++cx) {
+      for (int r = 0; r < H; ++r) column[r] = cost[static_cast<size_t>(r) * W + cx];
+      env.Build(column.data(), H, sy2);
+      if (env.empty()) continue;
+      for (size_t qr = 0; qr < query_rows.size(); ++qr) best_y[qr * W + cx] = env.ArgMin(query_rows[qr]);
+    }
+    // 3. Along x, at the queries of each row.
+    size_t q = qi;
+    for (size_t qr = 0; qr < query_rows.size(); ++qr) {
+      const int r = query_rows[qr];
+      for (int cx = 0; cx < W; ++cx) {
+        const int by = best_y[qr * W + cx];
+        if (by < 0) {
+          row[cx] = kInf;
+        } else {
+          const double dy = sy * static_cast<double>(r - by);
+          row[cx] = cost[static_cast<size_t>(by) * W + cx] + dy * dy;
+        }
+      }
+      env.Build(row.data(), W, sx2);
+      for (; q < slice_end; ++q) {
+        zyx(queries[q], &z, &y, &x);
+        if (y - y0 != r) break;
+        const int qx = static_cast<int>(x - x0);
+        const int bx = env.ArgMin(qx);
+        const int by = bx < 0 ? -1 : best_y[qr * W + bx];
+        if (by < 0) {
+          (*out)[q] = kInf;  // Unreachable: the box holds a feature.
+          continue;
+        }
+        const double dz = sz * static_cast<double>(gz[static_cast<size_t>(by) * W + bx]);
+        const double dy = sy * static_cast<double>(r - by);
+        const double dx = sx * static_cast<double>(qx - bx);
+        // scipy's order: axis 0 first, for nibabel's (x, y, z) array.
+        (*out)[q] = std::sqrt((dx * dx + dy * dy) + dz * dz);
+      }
+    }
+    qi = slice_end;
+  }
+}
+
+SurfaceValues FromEdges3D(const std::vector<int64_t>& pred_edges, const std::vector<int64_t>& ref_edges,
+                          const Dims3& dims, const SurfaceOptions3D& o) {
+  SurfaceValues out;
+  if (pred_edges.empty() && ref_edges.empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
+  if (pred_edges.empty() || ref_edges.empty()) return SurfaceValues{kInf, kInf, kInf, 0.0};
+  std::vector<double> d_pg, d_gp;
+  DirectedDistances3D(pred_edges, ref_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_pg);
+  DirectedDistances3D(ref_edges, pred_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_gp);
+  const Directed a = Summarise(&d_pg, o.nsd_tolerance);
+  const Directed b = Summarise(&d_gp, o.nsd_tolerance);
+  out.hd = std::max(a.max, b.max);
+  out.hd95 = std::max(a.p95, b.p95);
+  const double n = static_cast<double>(a.n + b.n);
+  out.assd = (a.sum + b.sum) / n;
+  out.nsd = static_cast<double>(a.within + b.within) / n;
+  return out;
+}
+
 }  // namespace
 
 double PercentileLinear(std::vector<double>* values, double q) {
@@ -238,6 +469,33 @@ void ClassSurfaceMetrics(const uint16_t* pred, const uint16_t* ref, int height, 
       [&](int32_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(ref[i]); }, &ref_edges);
   out->resize(num_classes);
   for (int c = 0; c < num_classes; ++c) (*out)[c] = FromEdges(pred_edges[c], ref_edges[c], width, options);
+}
+
+}  // namespace tally
+
+namespace tally {
+
+SurfaceValues BinarySurfaceMetrics3D(const uint8_t* pred, const uint8_t* ref, int depth, int height, int width,
+                                     const SurfaceOptions3D& options) {
+  std::vector<std::vector<int64_t>> pred_edges, ref_edges;
+  ExtractEdges3D(depth, height, width, 1, [&](int64_t i) { return pred[i] ? 0u : kNone; }, &pred_edges);
+  ExtractEdges3D(depth, height, width, 1, [&](int64_t i) { return ref[i] ? 0u : kNone; }, &ref_edges);
+  return FromEdges3D(pred_edges[0], ref_edges[0], Dims3{depth, height, width}, options);
+}
+
+void ClassSurfaceMetrics3D(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,
+                           int num_classes, uint16_t ignore_label, const SurfaceOptions3D& options,
+                           std::vector<SurfaceValues>* out) {
+  std::vector<std::vector<int64_t>> pred_edges, ref_edges;
+  ExtractEdges3D(
+      depth, height, width, num_classes,
+      [&](int64_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(pred[i]); }, &pred_edges);
+  ExtractEdges3D(
+      depth, height, width, num_classes,
+      [&](int64_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(ref[i]); }, &ref_edges);
+  out->resize(num_classes);
+  const Dims3 dims{depth, height, width};
+  for (int c = 0; c < num_classes; ++c) (*out)[c] = FromEdges3D(pred_edges[c], ref_edges[c], dims, options);
 }
 
 }  // namespace tally

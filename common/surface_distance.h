@@ -44,6 +44,20 @@ void ClassSurfaceMetrics(const uint16_t* pred, const uint16_t* ref, int height, 
                          uint16_t ignore_label, const SurfaceOptions& options,
                          std::vector<SurfaceValues>* out);
 
+// 3D: the same definitions with the 6-connected cross for edges and (z, y, x) spacing. Volumes are
+// row-major (z, y, x). Memory: the edge voxels plus O(area of the edges' bounding box) scratch.
+struct SurfaceOptions3D {
+  double spacing_z = 1.0;
+  double spacing_y = 1.0;
+  double spacing_x = 1.0;
+  double nsd_tolerance = 1.0;
+};
+SurfaceValues BinarySurfaceMetrics3D(const uint8_t* pred, const uint8_t* ref, int depth, int height, int width,
+                                     const SurfaceOptions3D& options);
+void ClassSurfaceMetrics3D(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,
+                           int num_classes, uint16_t ignore_label, const SurfaceOptions3D& options,
+                           std::vector<SurfaceValues>* out);
+
 // Percentile with linear interpolation between closest ranks, as numpy.percentile's default.
 // q in [0, 1]. Reorders `values`. NaN for an empty vector.
 double PercentileLinear(std::vector<double>* values, double q);

@@ -176,6 +176,10 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   ManifestLimits limits;
   limits.max_rows = options_.max_manifest_rows;
   ASSIGN_OR_RETURN(std::unique_ptr<ManifestReader> reader, ManifestReader::Open(spec.manifest(), limits));
+  if (spec.model().empty() && !reader->has_prediction()) {
+    return absl::InvalidArgumentError(absl::StrCat("no model given, and manifest '", reader->path(),
+                                                   "' has no 'prediction' column to score instead"));
+  }
   RETURN_IF_ERROR(store_->BeginSubmission(job_id));
   auto stream = [&]() -> absl::Status {
     std::vector<ManifestRow> batch;
@@ -222,7 +226,8 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in) {
   entry->committed_rows.assign(rec.job.images_total(), false);
   entry->record = rec;
   Log("job ", job_id, " submitted: ", rec.job.images_total(), " images in ", entry->shards.size(), " shards of ",
-      rec.shard_size, ", model ", rec.job.spec().model());
+      rec.shard_size, rec.job.spec().model().empty() ? ", scoring predictions" : ", model ",
+      rec.job.spec().model());
   absl::MutexLock lock(&mu_);
   job_order_.push_back(job_id);
   JobEntry* raw = entry.get();
@@ -455,6 +460,7 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Gran
     row->set_id(r.id);
     row->set_image_path(r.image_path);
     row->set_mask_path(r.mask_path);
+    row->set_prediction_path(r.prediction_path);
     row->set_error(r.error);
   }
   return response;
@@ -492,13 +498,15 @@ absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
           absl::StrCat("result for index ", r.index(), " outside shard [", shard.begin, ", ", shard.end, ")"));
     }
     if (!r.error().empty()) continue;
-    if (r.classes_size() != classes) {
+    // classes 0: a prediction job whose class count comes from the data (each image up to its own
+    // largest label).
+    if (classes == 0 ? (r.classes_size() < 1 || r.classes_size() > kMaxClasses) : r.classes_size() != classes) {
       return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " has ", r.classes_size(),
                                                      " classes; the job has ", classes));
     }
     // Every class partitions the same valid pixels: tp + fp + fn + tn is one number per image, and
     // at most its pixel count.
-    const int64_t pixels = static_cast<int64_t>(r.height()) * r.width();
+    const int64_t pixels = static_cast<int64_t>(r.height()) * r.width() * std::max(1, r.depth());
     int64_t valid = -1;
     for (const v1::ClassResult& c : r.classes()) {
       const int64_t sum = c.tp() + c.fp() + c.fn() + c.tn();
@@ -517,6 +525,19 @@ absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
 int32_t Coordinator::ReconcileClassesLocked(JobEntry* job, const v1::ReportResultsRequest& request,
                                             Deferred* deferred) {
   int32_t classes = job->record.job.num_classes();
+  const v1::JobSpec& spec = job->record.job.spec();
+  if (spec.model().empty() && spec.regions_size() == 0 && spec.num_classes() == 0) {
+    // The class count is the largest label in the whole set plus one: the most any result has.
+    int32_t most = classes;
+    for (const v1::ImageResult& r : request.results()) {
+      if (r.error().empty() && r.classes_size() <= kMaxClasses) most = std::max(most, r.classes_size());
+    }
+    if (most > classes) {
+      job->record.job.set_num_classes(most);
+      deferred->job_updates.push_back(job->record);
+    }
+    return 0;
+  }
   // The class count comes with the results (older workers may leave the field 0).
   int32_t reported = request.num_classes();
   for (const v1::ImageResult& r : request.results()) {

@@ -17,7 +17,6 @@ namespace tally {
 
 absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   v1::JobSpec spec = in;
-  if (spec.model().empty()) return absl::InvalidArgumentError("job spec: 'model' is required");
   if (spec.manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
   if (spec.name().size() > kMaxJobNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: 'name' is ", spec.name().size(),
@@ -30,13 +29,20 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
                                                      " bytes; the limit is ", kMaxPathBytes));
     }
   }
-  spec.set_model(AbsolutePath(spec.model()));
-  struct stat st;
-  if (stat(spec.model().c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("model file '", spec.model(), "' does not exist"));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("model '", spec.model(), "' is a directory, not a TorchScript file"));
+  // No model: a prediction job, scoring the manifest's `prediction` column (checked with the
+  // manifest's header).
+  if (!spec.model().empty()) {
+    spec.set_model(AbsolutePath(spec.model()));
+    struct stat st;
+    if (stat(spec.model().c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat("model file '", spec.model(), "' does not exist"));
+    }
+    if (S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", spec.model(), "' is a directory, not a TorchScript file"));
+    }
+  } else if (spec.num_classes() == 1) {
+    return absl::InvalidArgumentError("job spec: num_classes must be >= 2 (background and one class) or 0 (from the data)");
   }
   if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");
   for (auto* field : {spec.mutable_mean(), spec.mutable_std()}) {
@@ -58,7 +64,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   }
   if (spec.batch_size() < -1) return absl::InvalidArgumentError("job spec: batch_size must be >= 1, 0 (default) or -1 (auto)");
   if (spec.shard_size() < 0) return absl::InvalidArgumentError("job spec: shard_size must be >= 0");
-  if (spec.spacing_y() < 0 || spec.spacing_x() < 0) return absl::InvalidArgumentError("job spec: spacing must be > 0");
+  if (spec.spacing_y() < 0 || spec.spacing_x() < 0 || spec.spacing_z() < 0) return absl::InvalidArgumentError("job spec: spacing must be > 0");
   if (spec.spacing_y() == 0) spec.set_spacing_y(1.0);
   if (spec.spacing_x() == 0) spec.set_spacing_x(1.0);
   if (spec.nsd_tolerance() < 0) return absl::InvalidArgumentError("job spec: nsd_tolerance must be >= 0");

@@ -92,7 +92,8 @@ CREATE TABLE IF NOT EXISTS jobs(
 CREATE TABLE IF NOT EXISTS manifest_rows(
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, line INTEGER NOT NULL, id TEXT NOT NULL,
   image TEXT NOT NULL, mask TEXT NOT NULL, image_path TEXT NOT NULL, mask_path TEXT NOT NULL,
-  error TEXT NOT NULL, PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
+  error TEXT NOT NULL, prediction TEXT NOT NULL DEFAULT '', prediction_path TEXT NOT NULL DEFAULT '',
+  PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS shards(
   job_id TEXT NOT NULL, shard_id INTEGER NOT NULL, state INTEGER NOT NULL, attempts INTEGER NOT NULL,
   PRIMARY KEY(job_id, shard_id)) WITHOUT ROWID;
@@ -137,6 +138,19 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     RETURN_IF_ERROR(s);
   }
   if (!has_summary) RETURN_IF_ERROR(store->Exec("ALTER TABLE jobs ADD COLUMN summary TEXT NOT NULL DEFAULT ''"));
+  // And those made before prediction manifests, their manifest rows a prediction.
+  bool has_prediction = false;
+  {
+    Stmt q(store->db_, "SELECT name FROM pragma_table_info('manifest_rows')");
+    RETURN_IF_ERROR(q.status());
+    absl::Status s;
+    while (q.Step(&s)) has_prediction |= q.Text(0) == "prediction";
+    RETURN_IF_ERROR(s);
+  }
+  if (!has_prediction) {
+    RETURN_IF_ERROR(store->Exec("ALTER TABLE manifest_rows ADD COLUMN prediction TEXT NOT NULL DEFAULT ''"));
+    RETURN_IF_ERROR(store->Exec("ALTER TABLE manifest_rows ADD COLUMN prediction_path TEXT NOT NULL DEFAULT ''"));
+  }
   std::vector<std::string> abandoned;
   {
     Stmt q(store->db_, "SELECT job_id FROM submissions");
@@ -183,11 +197,14 @@ absl::Status JobStore::BeginSubmission(const std::string& job_id) {
 absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows) {
   absl::MutexLock lock(&mu_);
   return InTransaction([&](sqlite3* db) -> absl::Status {
-    Stmt row(db, "INSERT INTO manifest_rows VALUES(?,?,?,?,?,?,?,?,?)");
+    Stmt row(db,
+             "INSERT INTO manifest_rows(job_id, idx, line, id, image, mask, image_path, mask_path, error, prediction, "
+             "prediction_path) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(row.status());
     for (const ManifestRow& r : rows) {
       row.Bind(1, job_id).Bind(2, r.index).Bind(3, r.line).Bind(4, r.id).Bind(5, r.image);
       row.Bind(6, r.mask).Bind(7, r.image_path).Bind(8, r.mask_path).Bind(9, r.error);
+      row.Bind(10, r.prediction).Bind(11, r.prediction_path);
       RETURN_IF_ERROR(row.Run());
     }
     return absl::OkStatus();
@@ -308,7 +325,8 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
 absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& job_id, int64_t begin, int64_t end) {
   absl::MutexLock lock(&mu_);
   Stmt q(db_,
-         "SELECT idx, line, id, image, mask, image_path, mask_path, error FROM manifest_rows "
+         "SELECT idx, line, id, image, mask, image_path, mask_path, error, prediction, prediction_path "
+         "FROM manifest_rows "
          "WHERE job_id=? AND idx>=? AND idx<? ORDER BY idx");
   RETURN_IF_ERROR(q.status());
   q.Bind(1, job_id).Bind(2, begin).Bind(3, end);
@@ -324,6 +342,8 @@ absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& j
     r.image_path = q.Text(5);
     r.mask_path = q.Text(6);
     r.error = q.Text(7);
+    r.prediction = q.Text(8);
+    r.prediction_path = q.Text(9);
     rows.push_back(std::move(r));
   }
   RETURN_IF_ERROR(s);
@@ -433,15 +453,20 @@ absl::Status JobStore::ForEachResult(const std::string& job_id, const ResultFn& 
   sqlite3_busy_timeout(reader, 10000);
   std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(reader, sqlite3_close);
   Stmt q(reader,
-         "SELECT r.payload, m.id, m.image FROM results r JOIN manifest_rows m "
+         "SELECT r.payload, m.id, m.image, m.mask, m.prediction FROM results r JOIN manifest_rows m "
          "ON m.job_id = r.job_id AND m.idx = r.idx WHERE r.job_id=? ORDER BY r.idx");
   RETURN_IF_ERROR(q.status());
   q.Bind(1, job_id);
   absl::Status s;
   v1::ImageResult r;
+  RowNames names;
   while (q.Step(&s)) {
     if (!r.ParseFromString(q.Blob(0))) return absl::DataLossError("database: unreadable result payload");
-    RETURN_IF_ERROR(fn(r, q.Text(1), q.Text(2)));
+    names.id = q.Text(1);
+    names.image = q.Text(2);
+    names.mask = q.Text(3);
+    names.prediction = q.Text(4);
+    RETURN_IF_ERROR(fn(r, names));
   }
   return s;
 }

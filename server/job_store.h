@@ -25,6 +25,14 @@ struct sqlite3;
 
 namespace tally {
 
+// A manifest row's id and paths as written in the manifest (reports show these).
+struct RowNames {
+  std::string id;
+  std::string image;       // Empty in prediction manifests without an image column.
+  std::string mask;
+  std::string prediction;  // Prediction manifests.
+};
+
 // What the store keeps about a job besides its results.
 struct JobRecord {
   v1::Job job;             // job_id, spec, state, error, totals and times.
@@ -84,9 +92,8 @@ class JobStore {
   // Calls `fn` for every committed result of a job in index order. Stops at the first error.
   // Reads through a connection of its own (WAL readers do not block the writer), so a long
   // report build does not stall commits.
-  // `fn` gets the result with the row's id and image path as written in the manifest.
-  using ResultFn =
-      std::function<absl::Status(const v1::ImageResult&, const std::string& id, const std::string& image)>;
+  // `fn` gets the result with the row's id and paths as written in the manifest.
+  using ResultFn = std::function<absl::Status(const v1::ImageResult&, const RowNames& names)>;
   absl::Status ForEachResult(const std::string& job_id, const ResultFn& fn);
 
   const std::string& path() const { return path_; }

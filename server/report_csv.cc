@@ -1,6 +1,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/aggregator.h"
 #include "server/number_format.h"
+#include "server/report_data.h"
 #include "server/report_formats.h"
 
 namespace tally {
@@ -27,12 +28,12 @@ std::string PerImageCsv::Header() const {
   return h + "\n";
 }
 
-std::string PerImageCsv::Rows(const v1::ImageResult& r, const std::string& id, const std::string& image) const {
-  const std::string prefix = absl::StrCat(r.index(), ",", CsvField(id), ",", CsvField(image), ",");
+std::string PerImageCsv::Rows(const v1::ImageResult& r, const RowNames& names) const {
+  const std::string prefix = absl::StrCat(r.index(), ",", CsvField(names.id), ",", CsvField(ShownImage(names)), ",");
   std::string out;
   for (int c = 0; c < r.classes_size(); ++c) {
     const v1::ClassResult& cr = r.classes(c);
-    absl::StrAppend(&out, prefix, c, ",", cr.tp(), ",", cr.fp(), ",", cr.fn(), ",", cr.tn());
+    absl::StrAppend(&out, prefix, ClassLabel(config_, c), ",", cr.tp(), ",", cr.fp(), ",", cr.fn(), ",", cr.tn());
     for (Metric m : config_.metrics) absl::StrAppend(&out, ",", FormatDouble(Aggregator::ImageMetric(r, c, m)));
     if (config_.nonfinite == NonfinitePolicy::kWarn) absl::StrAppend(&out, ",", r.nonfinite());
     out.push_back('\n');

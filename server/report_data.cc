@@ -2,10 +2,40 @@
 
 #include <algorithm>
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 namespace tally {
+
+std::string ClassLabel(const JobConfig& config, int class_id) {
+  if (config.regions.empty() || class_id < 0 || class_id >= static_cast<int>(config.regions.size())) {
+    return absl::StrCat(class_id);
+  }
+  return absl::StrJoin(config.regions[class_id], "+");
+}
+
+namespace {
+// Classes a result lacks (a prediction job gives each image the classes up to its own largest
+// label) are absent from its prediction and reference alike: no tp, fp or fn, every valid pixel a
+// true negative, surface distances of two empty masks (NaN).
+void PadClasses(v1::ImageResult* r, int num_classes) {
+  if (!r->error().empty() || r->classes_size() >= num_classes || r->classes_size() == 0) return;
+  const v1::ClassResult& first = r->classes(0);
+  const int64_t valid = first.tp() + first.fp() + first.fn() + first.tn();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  while (r->classes_size() < num_classes) {
+    v1::ClassResult* c = r->add_classes();
+    c->set_tn(valid);
+    c->set_hd(nan);
+    c->set_hd95(nan);
+    c->set_assd(nan);
+    c->set_nsd(nan);
+  }
+}
+}  // namespace
 
 std::string ReportData::WorstImage(int64_t index) const {
   for (const auto& [i, image] : worst_images) {
@@ -22,16 +52,25 @@ absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& re
   AggregateOptions agg_options;
   agg_options.num_classes = d.num_classes;
   agg_options.metrics = d.config.metrics;
-  agg_options.include_background = d.config.include_background;
+  agg_options.include_background = d.config.include_background || !d.config.regions.empty();
   Aggregator aggregator(agg_options);
   std::vector<std::pair<int64_t, std::string>> images_by_index;  // For the worst-case tables.
   RETURN_IF_ERROR(store->ForEachResult(
-      record.job.job_id(), [&](const v1::ImageResult& r, const std::string& id, const std::string& image) {
-        if (!r.error().empty()) {
-          d.failures.push_back({r.index(), id, image, r.error()});
+      record.job.job_id(), [&](const v1::ImageResult& stored, const RowNames& names) {
+        const std::string& image = ShownImage(names);
+        if (!stored.error().empty()) {
+          d.failures.push_back({stored.index(), names.id, image, stored.error()});
           ++d.failed;
           return absl::OkStatus();
         }
+        v1::ImageResult padded;
+        const v1::ImageResult* rp = &stored;
+        if (stored.classes_size() < d.num_classes) {
+          padded = stored;
+          PadClasses(&padded, d.num_classes);
+          rp = &padded;
+        }
+        const v1::ImageResult& r = *rp;
         ++d.evaluated;
         if (r.nonfinite() > 0) {
           ++d.nonfinite_images;
@@ -41,7 +80,7 @@ absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& re
         d.mask_ignored += r.mask_ignored_pixels();
         aggregator.Add(r);
         images_by_index.emplace_back(r.index(), image);
-        on_row(r, id, image);
+        on_row(r, names);
         return absl::OkStatus();
       }));
   d.aggregate = aggregator.Finish();

@@ -17,6 +17,9 @@
 
 namespace tally {
 
+// "3" for class 3; for a job with regions, region `class_id`'s labels joined by '+' ("1+2").
+std::string ClassLabel(const JobConfig& config, int class_id);
+
 struct Failure {
   int64_t index = 0;
   std::string id;
@@ -43,7 +46,12 @@ struct ReportData {
   std::vector<std::pair<int64_t, std::string>> worst_images;  // Image path of each index in a worst list.
 
   const std::vector<Metric>& metrics() const { return config.metrics; }
-  bool IsForeground(int class_id) const { return class_id != 0 || config.include_background; }
+  // Regions (--regions) are all foreground; of classes, 0 is background unless include_background.
+  bool IsForeground(int class_id) const {
+    return class_id != 0 || config.include_background || !config.regions.empty();
+  }
+  // How reports name class (or region) `class_id`: "3", or a region's labels as "1+2".
+  std::string ClassName(int class_id) const { return ClassLabel(config, class_id); }
   // Image path of `index` if it is in a worst list, else "".
   std::string WorstImage(int64_t index) const;
   double images_per_second() const { return wall_seconds > 0 ? (evaluated + failed) / wall_seconds : 0.0; }
@@ -55,9 +63,16 @@ struct ReportOutcome {
   std::vector<std::string> warnings;  // Logged once per job.
 };
 
-// Reads the job's results once, in index order. `on_row` sees every evaluated result with its id
-// and image path as written (per_image.csv is streamed from it, so results are not held in memory).
-using ReportRowFn = std::function<void(const v1::ImageResult&, const std::string& id, const std::string& image)>;
+// What the reports show as a row's image: the image as written, or the prediction for prediction
+// manifests without an image column.
+inline const std::string& ShownImage(const RowNames& names) {
+  return names.image.empty() ? names.prediction : names.image;
+}
+
+// Reads the job's results once, in index order. `on_row` sees every evaluated result with its
+// names as written (per_image.csv is streamed from it, so results are not held in memory). Results
+// of prediction jobs without a fixed class count arrive padded to the job's class count.
+using ReportRowFn = std::function<void(const v1::ImageResult&, const RowNames& names)>;
 absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row);
 
 }  // namespace tally

@@ -19,7 +19,7 @@ class PerImageCsv {
   explicit PerImageCsv(const JobConfig& config) : config_(config) {}
   std::string Header() const;
   // The rows of one evaluated image.
-  std::string Rows(const v1::ImageResult& r, const std::string& id, const std::string& image) const;
+  std::string Rows(const v1::ImageResult& r, const RowNames& names) const;
 
  private:
   const JobConfig& config_;

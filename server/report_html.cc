@@ -37,8 +37,8 @@ std::string DiceBarChart(const ReportData& d) {
     if (!std::isnan(mean)) {
       const double h = plot_h * std::clamp(mean, 0.0, 1.0);
       absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" class=\"%s\">"
-                                          "<title>class %d: %.4f</title></rect>",
-                                          x, top + plot_h - h, bar_w, h, fg ? "bar" : "bar bg", ca.class_id, mean));
+                                          "<title>class %s: %.4f</title></rect>",
+                                          x, top + plot_h - h, bar_w, h, fg ? "bar" : "bar bg", d.ClassName(ca.class_id), mean));
     }
     if (!std::isnan(ca.dice_ci_low)) {
       const double y1 = top + plot_h * (1.0 - std::clamp(ca.dice_ci_low, 0.0, 1.0));
@@ -51,8 +51,8 @@ std::string DiceBarChart(const ReportData& d) {
                                             cx - 8, y, cx + 8, y));
       }
     }
-    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%d%s</text>",
-                                        x + bar_w / 2.0, top + plot_h + 18, ca.class_id, fg ? "" : " (bg)"));
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%s%s</text>",
+                                        x + bar_w / 2.0, top + plot_h + 18, d.ClassName(ca.class_id), fg ? "" : " (bg)"));
   }
   absl::StrAppend(&s, absl::StrFormat("<text x=\"%d\" y=\"%d\" class=\"axis\" text-anchor=\"middle\">class</text>",
                                       width / 2, height - 4));
@@ -60,7 +60,7 @@ std::string DiceBarChart(const ReportData& d) {
 }
 
 // Histogram of per-image Dice for one class: 20 bins over [0, 1].
-std::string DiceHistogram(const ClassAggregate& ca) {
+std::string DiceHistogram(const ClassAggregate& ca, const std::string& name) {
   constexpr int kBins = 20;
   std::array<int64_t, kBins> bins{};
   for (double v : ca.dice_values) bins[std::clamp(static_cast<int>(v * kBins), 0, kBins - 1)]++;
@@ -68,8 +68,8 @@ std::string DiceHistogram(const ClassAggregate& ca) {
   const int left = 40, top = 10, plot_w = 300, plot_h = 120, bottom = 30;
   std::string s = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" role=\"img\" "
-      "aria-label=\"per-image Dice histogram, class %d\">",
-      left + plot_w + 24, top + plot_h + bottom, ca.class_id);
+      "aria-label=\"per-image Dice histogram, class %s\">",
+      left + plot_w + 24, top + plot_h + bottom, name);
   const double bw = static_cast<double>(plot_w) / kBins;
   for (int b = 0; b < kBins; ++b) {
     const double h = plot_h * static_cast<double>(bins[b]) / peak;
@@ -123,14 +123,14 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
   h += "<h2>Mean Dice per class (with 95% bootstrap interval)</h2>\n" + DiceBarChart(d) + "\n";
   h += "<h2>Per-image Dice</h2>\n<div class=\"hists\">\n";
   for (const ClassAggregate& ca : d.aggregate.classes) {
-    absl::StrAppend(&h, "<div class=\"hist\"><h3>class ", ca.class_id,
+    absl::StrAppend(&h, "<div class=\"hist\"><h3>class ", d.ClassName(ca.class_id),
                     d.IsForeground(ca.class_id) ? "" : " (background)", " — ", ca.dice_values.size(),
-                    " images</h3>", DiceHistogram(ca), "</div>\n");
+                    " images</h3>", DiceHistogram(ca, d.ClassName(ca.class_id)), "</div>\n");
   }
   h += "</div>\n<h2>Worst images by Dice</h2>\n";
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
-    absl::StrAppend(&h, "<h3>class ", ca.class_id, "</h3>", HtmlTable(WorstTable(d, ca)));
+    absl::StrAppend(&h, "<h3>class ", d.ClassName(ca.class_id), "</h3>", HtmlTable(WorstTable(d, ca)));
   }
   absl::StrAppend(&h, "<h2>Failures (", d.failures.size(), ")</h2>\n");
   if (d.failures.empty()) {

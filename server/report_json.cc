@@ -69,6 +69,13 @@ std::string ReportJson(const ReportData& d) {
   for (const ClassAggregate& ca : d.aggregate.classes) {
     w.BeginObject();
     w.Field("class", ca.class_id);
+    if (!d.config.regions.empty()) {
+      w.Key("region");
+      w.BeginArray();
+      for (int l : d.config.regions[ca.class_id]) w.Int(l);
+      w.EndArray();
+      w.Field("name", d.ClassName(ca.class_id));
+    }
     w.Field("foreground", d.IsForeground(ca.class_id));
     w.Field("images", ca.metrics[static_cast<int>(Metric::kDice)].count);
     w.Field("tp", ca.counts.tp).Field("fp", ca.counts.fp).Field("fn", ca.counts.fn).Field("tn", ca.counts.tn);

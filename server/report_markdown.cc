@@ -31,7 +31,7 @@ std::string ReportMarkdown(const ReportData& d) {
   out += "\n## Worst images by Dice\n";
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
-    absl::StrAppend(&out, "\n### Class ", ca.class_id, "\n\n", MarkdownTable(WorstTable(d, ca)));
+    absl::StrAppend(&out, "\n### ", d.config.regions.empty() ? "Class " : "Region ", d.ClassName(ca.class_id), "\n\n", MarkdownTable(WorstTable(d, ca)));
   }
   absl::StrAppend(&out, "\n## Failures (", d.failures.size(), ")\n\n");
   if (d.failures.empty()) {

@@ -30,7 +30,7 @@ Table ClassTable(const ReportData& d) {
   t.left.assign(t.header.size(), false);
   t.left[0] = true;
   for (const ClassAggregate& ca : d.aggregate.classes) {
-    std::vector<TableCell> row = {Text(absl::StrCat(ca.class_id, d.IsForeground(ca.class_id) ? "" : " (background)")),
+    std::vector<TableCell> row = {Text(absl::StrCat(d.ClassName(ca.class_id), d.IsForeground(ca.class_id) ? "" : " (background)")),
                                   Text(absl::StrCat(ca.metrics[static_cast<int>(Metric::kDice)].count))};
     for (Metric m : d.metrics()) {
       const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];

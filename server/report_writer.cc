@@ -14,8 +14,9 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
   const PerImageCsv rows(config);
   csv->out() << rows.Header();
   ASSIGN_OR_RETURN(ReportData d,
-                   GatherReportData(store, record, [&](const v1::ImageResult& r, const std::string& id,
-                                                       const std::string& image) { csv->out() << rows.Rows(r, id, image); }));
+                   GatherReportData(store, record, [&](const v1::ImageResult& r, const RowNames& names) {
+                     csv->out() << rows.Rows(r, names);
+                   }));
   RETURN_IF_ERROR(csv->Commit());
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.json", ReportJson(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/summary.md", ReportMarkdown(d)));

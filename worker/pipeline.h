@@ -34,14 +34,9 @@
 #include "common/surface_distance.h"
 #include "proto/tally.pb.h"
 #include "worker/model_runner.h"
+#include "worker/row_evaluator.h"
 
 namespace tally {
-
-struct LeaseKey {
-  std::string job_id;
-  int64_t shard_id = 0;
-  int64_t lease_id = 0;
-};
 
 struct PipelineOptions {
   int decode_threads = 2;
@@ -61,7 +56,7 @@ struct PipelineOptions {
   std::vector<std::pair<int, int>> label_map;  // Applied to reference masks first (value -> label).
 };
 
-class Pipeline {
+class Pipeline : public RowEvaluator {
  public:
   using ResultFn = std::function<void(const LeaseKey&, v1::ImageResult)>;
   // A problem with the model itself: the job cannot go on here. `definitive`: it will recur on any
@@ -76,19 +71,19 @@ class Pipeline {
   // `runner` must outlive the pipeline.
   Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_result, FatalFn on_fatal,
            TimeoutFn on_timeout = nullptr);
-  ~Pipeline();  // Stops the threads; undelivered work is dropped.
+  ~Pipeline() override;  // Stops the threads; undelivered work is dropped.
 
   // Queues the rows of one leased shard. Never blocks on decoding.
-  void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows);
+  void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) override;
   // Stops work for a lease (revoked, job cancelled): its remaining rows produce no results.
-  void Drop(int64_t lease_id);
+  void Drop(int64_t lease_id) override;
   // Rows accepted and not yet delivered or dropped.
-  int64_t Backlog() const;
+  int64_t Backlog() const override;
   // Blocks until the backlog is empty or the pipeline failed.
-  void WaitIdle();
+  void WaitIdle() override;
 
-  int batch_size() const;
-  v1::WorkerStats Stats() const;
+  int batch_size() const override;
+  v1::WorkerStats Stats() const override;
   int num_classes() const;
 
  private:

@@ -1,5 +1,7 @@
 #include "worker/worker.h"
 
+#include "worker/scoring.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -276,7 +278,7 @@ void Worker::Accept(const v1::ShardAssignment& a) {
 
 absl::Status Worker::FinishRun() {
   std::string out_of_service;
-  Pipeline* pipeline = nullptr;
+  RowEvaluator* pipeline = nullptr;
   {
     absl::MutexLock lock(&mu_);
     out_of_service = out_of_service_;
@@ -328,7 +330,7 @@ void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolat
 }
 
 absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
-  Pipeline* previous = nullptr;  // evaluator_ is replaced only by this thread.
+  RowEvaluator* previous = nullptr;  // evaluator_ is replaced only by this thread.
   {
     absl::MutexLock lock(&mu_);
     if (evaluator_ && evaluator_->job_id == a.job_id()) return absl::OkStatus();
@@ -345,6 +347,25 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     old.reset();
   }
   ASSIGN_OR_RETURN(const JobConfig config, JobConfigFromSpec(a.spec()));
+  const std::string job_id = a.job_id();
+  auto evaluator = std::make_unique<Evaluator>();
+  evaluator->job_id = job_id;
+  auto on_result = [this](const LeaseKey& k, v1::ImageResult r) { OnResult(k, std::move(r)); };
+  auto on_fatal = [this, job_id](const std::string& message, bool definitive) {
+    OnFatal(JobError{job_id, message, definitive, false});
+  };
+  auto on_timeout = [this](const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what,
+                           double seconds) { OnTimeout(lease, indices, what, seconds); };
+  if (config.predictions()) {
+    // No model: score the manifest's predictions on the CPU, one row per thread.
+    const int threads = options_.threads > 0 ? options_.threads
+                                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    Log("job ", job_id, ": scoring predictions on ", threads, " thread(s)");
+    evaluator->pipeline = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout);
+    absl::MutexLock lock(&mu_);
+    evaluator_ = std::move(evaluator);
+    return absl::OkStatus();
+  }
   ModelRunnerOptions ro;
   ro.model_path = config.model;
   ro.device = options_.device;
@@ -359,8 +380,6 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   ro.cudnn_benchmark = options_.cudnn_benchmark;
   ro.memory_limit_gib = options_.gpu_memory_limit_gib;
   Log("job ", a.job_id(), ": loading model ", config.model, " on ", options_.device);
-  auto evaluator = std::make_unique<Evaluator>();
-  evaluator->job_id = a.job_id();
   ASSIGN_OR_RETURN(evaluator->runner, ModelRunner::Create(ro));
   PipelineOptions po;
   po.decode_threads = options_.threads;
@@ -378,15 +397,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
   po.ignore_index = config.ignore_index;
   po.label_map = config.label_map;
-  const std::string job_id = a.job_id();
-  evaluator->pipeline = std::make_unique<Pipeline>(
-      evaluator->runner.get(), po, [this](const LeaseKey& k, v1::ImageResult r) { OnResult(k, std::move(r)); },
-      [this, job_id](const std::string& message, bool definitive) {
-        OnFatal(JobError{job_id, message, definitive, false});
-      },
-      [this](const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what, double seconds) {
-        OnTimeout(lease, indices, what, seconds);
-      });
+  evaluator->pipeline = std::make_unique<Pipeline>(evaluator->runner.get(), po, on_result, on_fatal, on_timeout);
   absl::MutexLock lock(&mu_);
   evaluator_ = std::move(evaluator);
   return absl::OkStatus();

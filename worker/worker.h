@@ -32,6 +32,7 @@
 #include "proto/tally.grpc.pb.h"
 #include "worker/model_runner.h"
 #include "worker/pipeline.h"
+#include "worker/row_evaluator.h"
 
 namespace tally {
 
@@ -79,8 +80,8 @@ class Worker {
   };
   struct Evaluator {
     std::string job_id;
-    std::unique_ptr<ModelRunner> runner;
-    std::unique_ptr<Pipeline> pipeline;
+    std::unique_ptr<ModelRunner> runner;     // Null for prediction jobs.
+    std::unique_ptr<RowEvaluator> pipeline;  // Pipeline (model) or ScoringPipeline (predictions).
   };
 
   explicit Worker(WorkerOptions options);

@@ -1,0 +1,328 @@
+#include "worker/scoring.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/image_io.h"
+#include "common/label_counts.h"
+#include "common/log.h"
+#include "common/surface_distance.h"
+#include "common/volume_io.h"
+
+namespace tally {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct LoadedMap {
+  LabelMap labels;
+  VolumeGeometry geometry;
+  bool volume = false;
+};
+
+absl::Status Load(const std::string& path, int64_t max_voxels, const char* what, LoadedMap* out) {
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("no ", what, " path"));
+  out->volume = IsNiftiPath(path);
+  if (out->volume) return LoadNiftiLabels(path, max_voxels, &out->labels, &out->geometry);
+  absl::Status s = LoadMask(path, &out->labels, max_voxels);
+  if (!s.ok()) return s;
+  out->geometry = VolumeGeometry{};
+  out->geometry.height = out->labels.height;
+  out->geometry.width = out->labels.width;
+  return absl::OkStatus();
+}
+
+std::string Position(const LabelMap& m, int64_t i) {
+  const int64_t plane = static_cast<int64_t>(m.height) * m.width;
+  const int64_t z = i / plane, r = i % plane;
+  if (m.depth > 1) return absl::StrCat("(x=", r % m.width, ", y=", r / m.width, ", z=", z, ")");
+  return absl::StrCat("(y=", r / m.width, ", x=", r % m.width, ")");
+}
+
+bool NearlyEqual(double a, double b) { return std::fabs(a - b) <= 1e-3 * std::max({1.0, std::fabs(a), std::fabs(b)}); }
+
+}  // namespace
+
+v1::ImageResult ScoringPipeline::ScoreRow(const JobConfig& config, const v1::ManifestRow& row, std::string* fatal) {
+  v1::ImageResult result;
+  result.set_index(row.index());
+  auto fail = [&](absl::string_view message) {
+    result.clear_classes();
+    result.set_error(std::string(message));
+    return result;
+  };
+  if (!row.error().empty()) return fail(row.error());
+  LoadedMap ref, pred;
+  if (absl::Status s = Load(row.mask_path(), config.max_image_pixels, "mask", &ref); !s.ok()) return fail(s.message());
+  if (absl::Status s = Load(row.prediction_path(), config.max_image_pixels, "prediction", &pred); !s.ok()) {
+    return fail(s.message());
+  }
+  if (ref.volume != pred.volume) {
+    return fail(absl::StrCat("prediction '", row.prediction_path(), "' is ", pred.volume ? "a NIfTI volume" : "a PNG image",
+                             " but reference '", row.mask_path(), "' is ", ref.volume ? "a NIfTI volume" : "a PNG image"));
+  }
+  if (ref.volume) {
+    if (absl::Status s = CheckSameGeometry(ref.geometry, row.mask_path(), pred.geometry, row.prediction_path());
+        !s.ok()) {
+      return fail(s.message());
+    }
+  } else if (ref.labels.height != pred.labels.height || ref.labels.width != pred.labels.width) {
+    return fail(absl::StrCat("prediction '", row.prediction_path(), "' is ", pred.labels.height, "x",
+                             pred.labels.width, " (HxW) but reference '", row.mask_path(), "' is ", ref.labels.height,
+                             "x", ref.labels.width));
+  }
+  // Mask conventions: the label map on both, then the ignore index on the reference.
+  const std::vector<uint16_t> lut = MakeLabelLut(config.label_map);
+  if (!lut.empty()) {
+    for (uint16_t& v : pred.labels.labels) v = lut[v];
+  }
+  PrepareMask(&ref.labels, lut, config.ignore_index);
+  const uint16_t* p = pred.labels.labels.data();
+  const uint16_t* r = ref.labels.labels.data();
+  const int64_t n = static_cast<int64_t>(ref.labels.labels.size());
+  const int depth = ref.labels.depth, height = ref.labels.height, width = ref.labels.width;
+  // Prediction labels: kIgnoredPixel (65535) is no label there, so the plain maximum is checked.
+  int pred_max = -1;
+  int64_t pred_max_at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (p[i] > pred_max) {
+      pred_max = p[i];
+      pred_max_at = i;
+    }
+  }
+  if (pred_max > kMaxMaskValue) {
+    return fail(absl::StrCat("prediction '", row.prediction_path(), "' holds label ", pred_max, " at ",
+                             Position(pred.labels, pred_max_at), "; labels are 0..", kMaxMaskValue));
+  }
+  int classes = 0;
+  if (!config.regions.empty()) {
+    classes = static_cast<int>(config.regions.size());
+  } else if (config.num_classes > 0) {
+    classes = config.num_classes;
+    if (pred_max >= classes) {
+      return fail(absl::StrCat("prediction value ", pred_max, " at ", Position(pred.labels, pred_max_at),
+                               " >= number of classes ", classes, " (--num-classes; values are labels after --label-map)"));
+    }
+    const int64_t bad = FirstLabelAtOrAbove(r, n, classes);
+    if (bad >= 0) {
+      return fail(absl::StrCat("mask value ", r[bad], " at ", Position(ref.labels, bad), " >= number of classes ",
+                               classes, " (--num-classes; values are labels after --label-map; the ignore value is "
+                               "set by --ignore-index)"));
+    }
+  } else {
+    classes = std::max({1, pred_max + 1, ref.labels.max_label + 1});
+  }
+  std::vector<ConfusionCounts> counts;
+  if (config.regions.empty()) {
+    CountClasses(p, r, n, classes, &counts);
+  } else {
+    CountRegions(p, r, n, config.regions, &counts);
+  }
+  std::vector<SurfaceValues> surface(classes, SurfaceValues{kNaN, kNaN, kNaN, kNaN});
+  if (AnySurfaceMetric(config.metrics)) {
+    // Spacing: a volume's header, unless --spacing z,y,x overrides it; 2D: --spacing y,x or 1.
+    double sz = 1, sy = config.spacing_y, sx = config.spacing_x;
+    if (ref.volume) {
+      const auto& h = ref.geometry.spacing;
+      if (config.spacing_z > 0) {
+        const bool contradicts = ref.geometry.spacing_in_header &&
+                                 (!NearlyEqual(config.spacing_z, h[0]) || !NearlyEqual(config.spacing_y, h[1]) ||
+                                  !NearlyEqual(config.spacing_x, h[2]));
+        if (contradicts && !config.force_spacing) {
+          *fatal = absl::StrFormat(
+              "--spacing %g,%g,%g (z,y,x) contradicts the spacing %g,%g,%g in the header of '%s' (pass "
+              "--force-spacing to use it anyway)",
+              config.spacing_z, config.spacing_y, config.spacing_x, h[0], h[1], h[2], row.mask_path());
+          return fail(*fatal);
+        }
+        sz = config.spacing_z;
+      } else if (config.spacing_given && depth > 1) {
+        *fatal = absl::StrCat("--spacing has two values (y,x) but '", row.mask_path(),
+                              "' is a 3D volume: give three (z,y,x), or none to use the header's");
+        return fail(*fatal);
+      } else {
+        sz = h[0];
+        sy = h[1];
+        sx = h[2];
+      }
+    }
+    if (config.regions.empty()) {
+      if (depth > 1) {
+        ClassSurfaceMetrics3D(p, r, depth, height, width, classes, kIgnoredPixel,
+                              SurfaceOptions3D{sz, sy, sx, config.nsd_tolerance}, &surface);
+      } else {
+        ClassSurfaceMetrics(p, r, height, width, classes, kIgnoredPixel, SurfaceOptions{sy, sx, config.nsd_tolerance},
+                            &surface);
+      }
+    } else {
+      std::vector<uint8_t> pm(n), rm(n), member(65536);
+      for (int c = 0; c < classes; ++c) {
+        std::fill(member.begin(), member.end(), 0);
+        for (int l : config.regions[c]) member[l] = 1;
+        for (int64_t i = 0; i < n; ++i) {
+          const bool ignored = r[i] == kIgnoredPixel;  // Outside every region, in both maps.
+          rm[i] = !ignored && member[r[i]];
+          pm[i] = !ignored && member[p[i]];
+        }
+        surface[c] = depth > 1 ? BinarySurfaceMetrics3D(pm.data(), rm.data(), depth, height, width,
+                                                        SurfaceOptions3D{sz, sy, sx, config.nsd_tolerance})
+                               : BinarySurfaceMetrics(pm.data(), rm.data(), height, width,
+                                                      SurfaceOptions{sy, sx, config.nsd_tolerance});
+      }
+    }
+  }
+  result.set_height(height);
+  result.set_width(width);
+  if (depth > 1) result.set_depth(depth);
+  result.set_mask_max_label(ref.labels.max_label);
+  result.set_mask_ignored_pixels(ref.labels.ignored);
+  for (int c = 0; c < classes; ++c) {
+    v1::ClassResult* cr = result.add_classes();
+    cr->set_tp(counts[c].tp);
+    cr->set_fp(counts[c].fp);
+    cr->set_fn(counts[c].fn);
+    cr->set_tn(counts[c].tn);
+    cr->set_hd(surface[c].hd);
+    cr->set_hd95(surface[c].hd95);
+    cr->set_assd(surface[c].assd);
+    cr->set_nsd(surface[c].nsd);
+  }
+  return result;
+}
+
+ScoringPipeline::ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal,
+                                 TimeoutFn on_timeout)
+    : config_(std::move(config)),
+      on_result_(std::move(on_result)),
+      on_fatal_(std::move(on_fatal)),
+      on_timeout_(std::move(on_timeout)) {
+  threads_count_ = std::max(1, threads);
+  absl::MutexLock lock(&mu_);
+  activity_.resize(threads_count_);
+  for (int i = 0; i < threads_count_; ++i) threads_.emplace_back([this, i] { Loop(i); });
+  if (on_timeout_ && config_.batch_timeout_seconds > 0) threads_.emplace_back([this] { WatchdogLoop(); });
+}
+
+ScoringPipeline::~ScoringPipeline() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void ScoringPipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) {
+  auto shard = std::make_shared<Shard>();
+  shard->lease = lease;
+  shard->rows = std::move(rows);
+  absl::MutexLock lock(&mu_);
+  backlog_ += static_cast<int64_t>(shard->rows.size());
+  shards_.push_back(std::move(shard));
+}
+
+void ScoringPipeline::Drop(int64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = shards_.begin(); it != shards_.end();) {
+    if ((*it)->lease.lease_id == lease_id) {
+      backlog_ -= static_cast<int64_t>((*it)->rows.size() - (*it)->next);
+      (*it)->dropped = true;
+      it = shards_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+int64_t ScoringPipeline::Backlog() const {
+  absl::MutexLock lock(&mu_);
+  return backlog_;
+}
+
+bool ScoringPipeline::IdleLocked() const { return backlog_ <= 0 || failed_ || stopping_; }
+
+void ScoringPipeline::WaitIdle() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &ScoringPipeline::IdleLocked));
+}
+
+bool ScoringPipeline::WorkOrStopLocked() const { return stopping_ || !shards_.empty(); }
+
+void ScoringPipeline::Loop(size_t slot) {
+  while (true) {
+    std::shared_ptr<Shard> shard;
+    v1::ManifestRow row;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &ScoringPipeline::WorkOrStopLocked));
+      if (stopping_) return;
+      shard = shards_.front();
+      row = shard->rows[shard->next++];
+      if (shard->next == shard->rows.size()) shards_.pop_front();
+      activity_[slot] = Activity{NowUnix(), shard->lease, row.index()};
+      if (clock_start_ == 0) clock_start_ = NowUnix();
+    }
+    std::string fatal;
+    v1::ImageResult result = ScoreRow(config_, row, &fatal);
+    bool deliver = false;
+    {
+      absl::MutexLock lock(&mu_);
+      activity_[slot].since = 0;
+      if (!fatal.empty()) {
+        if (failed_) continue;
+        failed_ = true;
+      } else if (!shard->dropped) {
+        deliver = true;
+        --backlog_;
+        ++images_done_;
+        last_result_ = NowUnix();
+        if (first_result_unix_ == 0) first_result_unix_ = last_result_;
+      }
+    }
+    if (!fatal.empty()) {
+      Log("job ", shard->lease.job_id, ": ", fatal);
+      on_fatal_(fatal, /*definitive=*/true);
+      continue;
+    }
+    if (deliver) on_result_(shard->lease, std::move(result));
+  }
+}
+
+void ScoringPipeline::WatchdogLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200));
+    if (stopping_ || timed_out_) return;
+    const double now = NowUnix();
+    for (const Activity& a : activity_) {
+      if (a.since == 0 || now - a.since <= config_.batch_timeout_seconds) continue;
+      timed_out_ = true;
+      const Activity stuck = a;
+      mu_.Unlock();
+      Log("scoring row ", stuck.index, " of job ", stuck.lease.job_id, " has run for ",
+          absl::StrFormat("%.0f", now - stuck.since), " s, past the batch timeout");
+      on_timeout_(stuck.lease, {stuck.index}, "scoring", config_.batch_timeout_seconds);
+      mu_.Lock();
+      return;
+    }
+  }
+}
+
+v1::WorkerStats ScoringPipeline::Stats() const {
+  absl::MutexLock lock(&mu_);
+  v1::WorkerStats s;
+  s.set_device("cpu");
+  s.set_gpu_name("cpu (scoring predictions)");
+  s.set_batch_size(1);
+  s.set_images(images_done_);
+  const double elapsed = last_result_ - clock_start_;
+  s.set_images_per_second(elapsed > 0 ? images_done_ / elapsed : 0.0);
+  s.set_first_batch_unix(first_result_unix_);
+  s.set_decode_threads(threads_count_);
+  return s;
+}
+
+}  // namespace tally

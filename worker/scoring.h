@@ -1,0 +1,95 @@
+// The worker's data path for prediction jobs (no model): each row's predicted label map and
+// reference, 2D PNGs or 3D NIfTI volumes, are read, put through the job's mask conventions and
+// scored on the CPU (counts for every class or region, surface distances when selected), one row
+// per thread at a time. No device is needed.
+//
+// Per row: the prediction gets the label map; the reference the label map and then the ignore
+// index; both must have the same geometry (size; for volumes also spacing and affine within a
+// tolerance), else the row fails naming both. The class count is the job's (--num-classes, or the
+// number of regions), or else the row's largest label plus one (the coordinator takes the largest
+// over the set and the report pads the rest). Surface distances of volumes use the header spacing
+// unless the job sets --spacing z,y,x; a spacing that contradicts a header fails the job (it is a
+// usage error, the same on every row) unless --force-spacing.
+//
+// Memory: each thread holds one row's pair (labels as uint16: 2 bytes per voxel and map, plus the
+// file's own data while it is converted) and the edge voxels of one class pair.
+// Thread-safe. Callbacks run on scoring threads.
+#ifndef TALLY_WORKER_SCORING_H_
+#define TALLY_WORKER_SCORING_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/job_config.h"
+#include "worker/row_evaluator.h"
+
+namespace tally {
+
+class ScoringPipeline : public RowEvaluator {
+ public:
+  using ResultFn = std::function<void(const LeaseKey&, v1::ImageResult)>;
+  using FatalFn = std::function<void(const std::string& message, bool definitive)>;
+  using TimeoutFn = std::function<void(const LeaseKey& lease, const std::vector<int64_t>& indices,
+                                       const std::string& what, double seconds)>;
+
+  ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal, TimeoutFn on_timeout);
+  ~ScoringPipeline() override;
+
+  void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) override;
+  void Drop(int64_t lease_id) override;
+  int64_t Backlog() const override;
+  void WaitIdle() override;
+  int batch_size() const override { return 1; }
+  v1::WorkerStats Stats() const override;
+
+  // Scores one row (exposed for tests and benchmarks). A job-level problem (contradicting spacing)
+  // comes back as a non-empty `fatal`.
+  static v1::ImageResult ScoreRow(const JobConfig& config, const v1::ManifestRow& row, std::string* fatal);
+
+ private:
+  struct Shard {
+    LeaseKey lease;
+    std::vector<v1::ManifestRow> rows;
+    size_t next = 0;
+    bool dropped = false;
+  };
+  struct Activity {
+    double since = 0;  // 0: idle.
+    LeaseKey lease;
+    int64_t index = 0;
+  };
+
+  void Loop(size_t slot);
+  void WatchdogLoop();
+  bool WorkOrStopLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const JobConfig config_;
+  const ResultFn on_result_;
+  const FatalFn on_fatal_;
+  const TimeoutFn on_timeout_;
+
+  mutable absl::Mutex mu_;
+  std::deque<std::shared_ptr<Shard>> shards_ ABSL_GUARDED_BY(mu_);
+  int64_t backlog_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Activity> activity_ ABSL_GUARDED_BY(mu_);
+  int64_t images_done_ ABSL_GUARDED_BY(mu_) = 0;
+  double clock_start_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_result_ ABSL_GUARDED_BY(mu_) = 0;
+  double first_result_unix_ ABSL_GUARDED_BY(mu_) = 0;
+  int threads_count_ = 1;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_WORKER_SCORING_H_
