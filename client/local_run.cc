@@ -81,7 +81,7 @@ int RunLocally(const LocalRunOptions& options) {
   auto submitted = client.Submit(options.spec);
   if (!submitted.ok()) return Fail(std::string(submitted.status().message()));
   const std::string job_id = submitted->job_id();
-  std::cerr << "tally run: job " << job_id << ": " << submitted->images_total() << " images, model "
+  std::cerr << "tally run: job " << job_id << ": " << submitted->images_total() << " images, "
             << options.spec.model() << "\n";
 
   ProgressPrinter progress;

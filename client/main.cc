@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/client.h"
+#include "client/folder_pairs.h"
 #include "client/local_run.h"
 #include "client/progress.h"
 #include "common/file_util.h"
@@ -38,8 +39,8 @@
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tallyd address (host:port) for submit/watch/status/...");
 // Job spec.
-ABSL_FLAG(std::string, model, "", "TorchScript model file");
-ABSL_FLAG(std::string, manifest, "", "Manifest CSV (columns image, mask[, id])");
+ABSL_FLAG(std::string, model, "", "TorchScript model file (none: score the manifest's prediction column)");
+ABSL_FLAG(std::string, manifest, "", "Manifest CSV (columns image, mask[, id]; or mask, prediction[, id])");
 ABSL_FLAG(std::string, name, "", "Job label");
 ABSL_FLAG(std::string, metrics, "dice,iou,precision,recall,hd95", "Comma list of metrics, or all");
 ABSL_FLAG(std::string, batch_size, "", "Images per forward pass, or auto (default: 8 on CPU, 32 on GPU)");
@@ -47,7 +48,15 @@ ABSL_FLAG(int, shard_size, 0, "Rows per shard (0 = automatic)");
 ABSL_FLAG(std::string, mean, "", "Per-channel mean on [0,1] inputs, e.g. 0.485,0.456,0.406");
 ABSL_FLAG(std::string, std, "", "Per-channel std, e.g. 0.229,0.224,0.225");
 ABSL_FLAG(std::string, input_size, "", "Resize inputs to HxW (bilinear) before the model");
-ABSL_FLAG(std::string, spacing, "", "Pixel spacing sy,sx for surface distances (default 1,1)");
+ABSL_FLAG(std::string, spacing, "",
+          "Spacing for surface distances: sy,sx (2D, default 1,1) or sz,sy,sx (3D, default: the NIfTI header)");
+ABSL_FLAG(bool, force_spacing, false, "Use --spacing z,y,x even where it contradicts a volume's header");
+ABSL_FLAG(int, num_classes, 0, "Predictions: number of classes (0 = the largest label in the set plus one)");
+ABSL_FLAG(std::string, regions, "", "Predictions: evaluate regions (unions of labels) instead of classes, e.g. \"1,2;2\"");
+ABSL_FLAG(bool, nnunet_summary, false, "Also write summary.json in nnU-Net v2's layout");
+ABSL_FLAG(std::string, predictions, "", "tally run: folder of predictions, paired by file name with --references");
+ABSL_FLAG(std::string, references, "", "tally run: folder of reference masks (nnU-Net's folder convention)");
+ABSL_FLAG(std::string, file_ending, ".nii.gz", "tally run --predictions: the files to pair, by ending");
 ABSL_FLAG(double, nsd_tolerance, 1.0, "Tolerance for nsd, in the units of the spacing");
 ABSL_FLAG(bool, include_background, false, "Count class 0 in the foreground means");
 ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 (autocast)");
@@ -77,6 +86,8 @@ constexpr const char* kUsage = R"(tally: evaluate segmentation models on many im
 
 Usage:
   tally run    --model M.pt --manifest data.csv --out DIR [--workers N | --gpus all|0,1] [job flags]
+  tally run    --manifest preds.csv --out DIR   (columns mask, prediction: score existing predictions)
+  tally run    --predictions DIR --references DIR [--file-ending .nii.gz] --out DIR
   tally submit --server HOST:PORT --model M.pt --manifest data.csv [job flags]   (prints the job id)
   tally watch  JOB --server HOST:PORT      progress until the job ends
   tally status JOB --server HOST:PORT
@@ -87,10 +98,11 @@ Usage:
   tally workers --server HOST:PORT         registered workers, and those out of service
 
 Job flags: --metrics dice,iou,precision,recall,hd95|all  --batch-size N|auto  --shard-size N
-  --mean R,G,B --std R,G,B  --input-size HxW  --spacing sy,sx  --nsd-tolerance T
+  --mean R,G,B --std R,G,B  --input-size HxW  --spacing sy,sx|sz,sy,sx  --nsd-tolerance T
   --include-background  --precision fp32|bf16|fp16  --channels-last  --max-memory F|GiB
   --max-image-pixels N  --batch-timeout S  --nonfinite fail|warn  --ignore-index N|none
   --label-map V:L,...  (mask value V becomes label L, before the ignore value applies)
+Prediction flags: --num-classes N  --regions "1,2;2"  --nnunet-summary  --force-spacing
 Run flags: --out DIR  --workers N  --gpus all|0,1  --lease-seconds S  --worker-threads N
   --count-logit-ties  --worker-flags=--flag=value,...
 
@@ -103,12 +115,42 @@ int Usage(const std::string& error) {
   return 2;
 }
 
-absl::StatusOr<tally::v1::JobSpec> SpecFromFlags() {
+// "1,2;2" -> {{1, 2}, {2}}.
+absl::Status ParseRegions(const std::string& text, tally::v1::JobSpec* spec) {
+  for (absl::string_view region : absl::StrSplit(text, ';', absl::SkipWhitespace())) {
+    tally::v1::Region* r = spec->add_regions();
+    for (absl::string_view label : absl::StrSplit(region, ',', absl::SkipWhitespace())) {
+      int l = 0;
+      if (!absl::SimpleAtoi(label, &l) || l < 0 || l > 65534) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--regions: expected labels separated by ',' and regions by ';' such as \"1,2;2\", got '",
+                         text, "'"));
+      }
+      r->add_labels(l);
+    }
+    if (r->labels().empty()) return absl::InvalidArgumentError(absl::StrCat("--regions: empty region in '", text, "'"));
+  }
+  return absl::OkStatus();
+}
+
+// `manifest`: the manifest to use instead of --manifest (tally run --predictions).
+absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "") {
   tally::v1::JobSpec spec;
-  if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("--model is required");
-  if (absl::GetFlag(FLAGS_manifest).empty()) return absl::InvalidArgumentError("--manifest is required");
-  spec.set_model(tally::AbsolutePath(absl::GetFlag(FLAGS_model)));
-  spec.set_manifest(tally::AbsolutePath(absl::GetFlag(FLAGS_manifest)));
+  const std::string manifest_path = manifest.empty() ? absl::GetFlag(FLAGS_manifest) : manifest;
+  if (manifest_path.empty()) {
+    return absl::InvalidArgumentError("--manifest is required (or, for tally run, --predictions and --references)");
+  }
+  if (!absl::GetFlag(FLAGS_model).empty()) spec.set_model(tally::AbsolutePath(absl::GetFlag(FLAGS_model)));
+  spec.set_manifest(tally::AbsolutePath(manifest_path));
+  if (absl::GetFlag(FLAGS_num_classes) < 0) return absl::InvalidArgumentError("--num-classes must be >= 0");
+  spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));
+  if (absl::Status s = ParseRegions(absl::GetFlag(FLAGS_regions), &spec); !s.ok()) return s;
+  if (!spec.model().empty() && (spec.regions_size() > 0 || spec.num_classes() > 0)) {
+    return absl::InvalidArgumentError(
+        "--regions and --num-classes are for scoring predictions (no --model): a model's output sets the classes");
+  }
+  spec.set_nnunet_summary(absl::GetFlag(FLAGS_nnunet_summary));
+  spec.set_force_spacing(absl::GetFlag(FLAGS_force_spacing));
   spec.set_name(absl::GetFlag(FLAGS_name));
   auto metrics = tally::ParseMetricList(absl::GetFlag(FLAGS_metrics));
   if (!metrics.ok()) return absl::InvalidArgumentError(absl::StrCat("--metrics: ", metrics.status().message()));
@@ -142,13 +184,16 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags() {
     spec.set_input_width(size->second);
   }
   if (!absl::GetFlag(FLAGS_spacing).empty()) {
-    auto v = tally::ParseFloatList("spacing", absl::GetFlag(FLAGS_spacing));
+    auto v = tally::ParseDoubleList("spacing", absl::GetFlag(FLAGS_spacing));
     if (!v.ok()) return v.status();
-    if (v->size() != 2 || !((*v)[0] > 0) || !((*v)[1] > 0)) {
-      return absl::InvalidArgumentError("--spacing: expected two positive numbers sy,sx");
+    bool positive = true;
+    for (double x : *v) positive &= x > 0;
+    if ((v->size() != 2 && v->size() != 3) || !positive) {
+      return absl::InvalidArgumentError("--spacing: expected two positive numbers sy,sx or three sz,sy,sx");
     }
-    spec.set_spacing_y((*v)[0]);
-    spec.set_spacing_x((*v)[1]);
+    if (v->size() == 3) spec.set_spacing_z(v->front());
+    spec.set_spacing_y((*v)[v->size() - 2]);
+    spec.set_spacing_x(v->back());
   }
   if (absl::GetFlag(FLAGS_nsd_tolerance) < 0) return absl::InvalidArgumentError("--nsd-tolerance must be >= 0");
   spec.set_nsd_tolerance(absl::GetFlag(FLAGS_nsd_tolerance));
@@ -205,7 +250,8 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags() {
 void PrintJob(const tally::v1::Job& job) {
   std::cout << absl::StrFormat("%-28s %-10s %8d/%-8d %6d failed  %8.1f img/s  %s\n", job.job_id(),
                                tally::JobStateName(job.state()), job.images_evaluated() + job.images_failed(),
-                               job.images_total(), job.images_failed(), job.images_per_second(), job.spec().model());
+                               job.images_total(), job.images_failed(), job.images_per_second(),
+                               job.spec().model().empty() ? "(scoring predictions)" : job.spec().model());
   if (!job.error().empty()) std::cout << "  error: " << job.error() << "\n";
   if (!job.stalled().empty()) std::cout << "  " << job.stalled() << "\n";
 }
@@ -235,9 +281,23 @@ int main(int argc, char** argv) {
   if (command == "help") return Usage("");
 
   if (command == "run") {
-    auto spec = SpecFromFlags();
-    if (!spec.ok()) return Usage(std::string(spec.status().message()));
     if (absl::GetFlag(FLAGS_out).empty()) return Usage("--out is required");
+    std::string manifest;
+    if (!absl::GetFlag(FLAGS_predictions).empty() || !absl::GetFlag(FLAGS_references).empty()) {
+      if (absl::GetFlag(FLAGS_predictions).empty() || absl::GetFlag(FLAGS_references).empty()) {
+        return Usage("--predictions and --references go together");
+      }
+      if (!absl::GetFlag(FLAGS_manifest).empty() || !absl::GetFlag(FLAGS_model).empty()) {
+        return Usage("--predictions/--references replace --manifest and --model");
+      }
+      auto paired = tally::PairFolders(absl::GetFlag(FLAGS_predictions), absl::GetFlag(FLAGS_references),
+                                       absl::GetFlag(FLAGS_file_ending),
+                                       tally::AbsolutePath(absl::GetFlag(FLAGS_out)) + "/.tally");
+      if (!paired.ok()) return Finish(paired.status());
+      manifest = *paired;
+    }
+    auto spec = SpecFromFlags(manifest);
+    if (!spec.ok()) return Usage(std::string(spec.status().message()));
     tally::LocalRunOptions options;
     options.spec = *spec;
     options.out_dir = tally::AbsolutePath(absl::GetFlag(FLAGS_out));

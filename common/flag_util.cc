@@ -41,6 +41,18 @@ absl::StatusOr<std::vector<float>> ParseFloatList(const std::string& flag, const
   return out;
 }
 
+absl::StatusOr<std::vector<double>> ParseDoubleList(const std::string& flag, const std::string& value) {
+  std::vector<double> out;
+  for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
+    double v = 0;
+    if (!absl::SimpleAtod(part, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", part, "' is not a number"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
 absl::StatusOr<std::pair<int, int>> ParseSize(const std::string& flag, const std::string& value) {
   std::vector<std::string> parts = absl::StrSplit(value, absl::ByAnyChar("x,X"));
   int h = 0, w = 0;

@@ -18,6 +18,8 @@ std::vector<char*> ArgvPointers(std::vector<std::string>& args);
 
 // "0.485,0.456,0.406" -> floats. Errors name the flag.
 absl::StatusOr<std::vector<float>> ParseFloatList(const std::string& flag, const std::string& value);
+// The same in double precision (spacings: 0.8 must stay 0.8, as the references use it).
+absl::StatusOr<std::vector<double>> ParseDoubleList(const std::string& flag, const std::string& value);
 // "512x512" (or "512,512") -> {height, width}.
 absl::StatusOr<std::pair<int, int>> ParseSize(const std::string& flag, const std::string& value);
 

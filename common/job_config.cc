@@ -74,7 +74,7 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   if (spec.spacing_z() < 0) return absl::InvalidArgumentError("spacing must be > 0");
   c.spacing_z = spec.spacing_z();
   c.force_spacing = spec.force_spacing();
-  c.spacing_given = spec.spacing_z() > 0 || spec.spacing_y() != 1.0 || spec.spacing_x() != 1.0;
+  c.spacing_given = spec.spacing_z() > 0 || spec.spacing_y() > 0 || spec.spacing_x() > 0;
   if (spec.regions_size() > kMaxClasses) return absl::InvalidArgumentError("too many regions");
   for (int i = 0; i < spec.regions_size(); ++i) {
     std::vector<int> labels(spec.regions(i).labels().begin(), spec.regions(i).labels().end());

@@ -62,7 +62,7 @@ struct JobConfig {
   int num_classes = 0;                 // Prediction jobs: fixed class count; 0 = from the data.
   double spacing_z = 0;                // > 0: --spacing z,y,x overrides the volumes' headers.
   bool force_spacing = false;          // Use spacing_z/y/x even where it contradicts a header.
-  bool spacing_given = false;          // spacing_y/x came from --spacing (not the default 1).
+  bool spacing_given = false;          // --spacing was given (2 or 3 values).
   std::vector<std::vector<int>> regions;  // Each region: sorted, distinct labels. Empty: classes.
   bool nnunet_summary = false;
 };

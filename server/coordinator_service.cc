@@ -107,6 +107,10 @@ class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk
       return;
     }
     dir_ = *dir;
+    for (const char* f : kReportFiles) files_.emplace_back(f);
+    for (const char* f : kOptionalReportFiles) {
+      if (std::ifstream(dir_ + "/" + f).good()) files_.emplace_back(f);
+    }
     Next();
   }
   void OnWriteDone(bool ok) override {
@@ -121,16 +125,16 @@ class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk
  private:
   void Next() {
     constexpr size_t kChunk = 1 << 20;
-    while (file_ < std::size(kReportFiles)) {
+    while (file_ < files_.size()) {
       if (!in_.is_open()) {
-        in_.open(dir_ + "/" + kReportFiles[file_], std::ios::binary);
+        in_.open(dir_ + "/" + files_[file_], std::ios::binary);
         if (!in_) {
-          Finish(grpc::Status(grpc::StatusCode::DATA_LOSS, std::string("report file missing: ") + kReportFiles[file_]));
+          Finish(grpc::Status(grpc::StatusCode::DATA_LOSS, "report file missing: " + files_[file_]));
           return;
         }
       }
       chunk_.Clear();
-      chunk_.set_file_name(kReportFiles[file_]);
+      chunk_.set_file_name(files_[file_]);
       std::string data(kChunk, '\0');
       in_.read(data.data(), kChunk);
       data.resize(static_cast<size_t>(in_.gcount()));
@@ -148,6 +152,7 @@ class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk
   }
 
   std::string dir_;
+  std::vector<std::string> files_;
   size_t file_ = 0;
   std::ifstream in_;
   v1::ReportChunk chunk_;

@@ -65,8 +65,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   if (spec.batch_size() < -1) return absl::InvalidArgumentError("job spec: batch_size must be >= 1, 0 (default) or -1 (auto)");
   if (spec.shard_size() < 0) return absl::InvalidArgumentError("job spec: shard_size must be >= 0");
   if (spec.spacing_y() < 0 || spec.spacing_x() < 0 || spec.spacing_z() < 0) return absl::InvalidArgumentError("job spec: spacing must be > 0");
-  if (spec.spacing_y() == 0) spec.set_spacing_y(1.0);
-  if (spec.spacing_x() == 0) spec.set_spacing_x(1.0);
+  // Spacing stays 0 when not given (JobConfig reads it as 1 for 2D, the header's for volumes).
   if (spec.nsd_tolerance() < 0) return absl::InvalidArgumentError("job spec: nsd_tolerance must be >= 0");
   if (spec.max_memory() < 0) return absl::InvalidArgumentError("job spec: max_memory must be >= 0");
   if (spec.max_image_pixels() < 0) return absl::InvalidArgumentError("job spec: max_image_pixels must be >= 0");

@@ -453,7 +453,8 @@ absl::Status JobStore::ForEachResult(const std::string& job_id, const ResultFn& 
   sqlite3_busy_timeout(reader, 10000);
   std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(reader, sqlite3_close);
   Stmt q(reader,
-         "SELECT r.payload, m.id, m.image, m.mask, m.prediction FROM results r JOIN manifest_rows m "
+         "SELECT r.payload, m.id, m.image, m.mask, m.prediction, m.mask_path, m.prediction_path "
+         "FROM results r JOIN manifest_rows m "
          "ON m.job_id = r.job_id AND m.idx = r.idx WHERE r.job_id=? ORDER BY r.idx");
   RETURN_IF_ERROR(q.status());
   q.Bind(1, job_id);
@@ -466,6 +467,8 @@ absl::Status JobStore::ForEachResult(const std::string& job_id, const ResultFn& 
     names.image = q.Text(2);
     names.mask = q.Text(3);
     names.prediction = q.Text(4);
+    names.mask_path = q.Text(5);
+    names.prediction_path = q.Text(6);
     RETURN_IF_ERROR(fn(r, names));
   }
   return s;

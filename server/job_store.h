@@ -31,6 +31,8 @@ struct RowNames {
   std::string image;       // Empty in prediction manifests without an image column.
   std::string mask;
   std::string prediction;  // Prediction manifests.
+  std::string mask_path;   // Resolved against the manifest's folder.
+  std::string prediction_path;
 };
 
 // What the store keeps about a job besides its results.

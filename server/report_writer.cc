@@ -3,6 +3,7 @@
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "server/report_formats.h"
+#include "server/report_nnunet.h"
 #include "server/report_table.h"
 
 namespace tally {
@@ -13,11 +14,15 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
   ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> csv, AtomicFile::Open(dir + "/per_image.csv"));
   const PerImageCsv rows(config);
   csv->out() << rows.Header();
+  std::unique_ptr<NnunetSummary> nnunet;
+  if (config.nnunet_summary) nnunet = std::make_unique<NnunetSummary>(config, record.job.num_classes());
   ASSIGN_OR_RETURN(ReportData d,
                    GatherReportData(store, record, [&](const v1::ImageResult& r, const RowNames& names) {
                      csv->out() << rows.Rows(r, names);
+                     if (nnunet) nnunet->Add(r, names);
                    }));
   RETURN_IF_ERROR(csv->Commit());
+  if (nnunet) RETURN_IF_ERROR(nnunet->Write(dir + "/summary.json"));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.json", ReportJson(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/summary.md", ReportMarkdown(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.html", ReportHtml(d)));
