@@ -201,7 +201,13 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   rec.job.set_state(v1::JOB_STATE_QUEUED);
   rec.job.set_created_unix(Now());
   rec.job.set_images_total(reader->rows_read());
-  rec.shard_size = EffectiveShardSize(rec.job.images_total(), spec.shard_size(), spec.batch_alignment());
+  int64_t requested = spec.shard_size();
+  if (requested == 0 && spec.model().empty()) {
+    // Scoring a row (a 3D volume especially) costs far more than a model's image: smaller shards
+    // spread a small set over every worker.
+    requested = std::clamp<int64_t>((rec.job.images_total() + 255) / 256, 1, 1024);
+  }
+  rec.shard_size = EffectiveShardSize(rec.job.images_total(), requested, spec.batch_alignment());
   return rec;
 }
 

@@ -83,7 +83,10 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.set_ignore_index(config->ignore_index);
   // The exact-results rule (common/job_config.h): shards are multiples of the alignment, which
   // every batch size used for the job divides.
-  spec.set_batch_alignment(spec.batch_size() > 0 ? spec.batch_size() : kDefaultBatchAlignment);
+  // Prediction jobs have no batches: any shard size keeps their results exact.
+  spec.set_batch_alignment(spec.model().empty() ? 1
+                           : spec.batch_size() > 0 ? spec.batch_size()
+                                                   : kDefaultBatchAlignment);
   return spec;
 }
 
