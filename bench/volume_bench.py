@@ -126,8 +126,40 @@ def main():
     ap.add_argument("--workers", default=f"1,{min(4, os.cpu_count())}")
     ap.add_argument("--monai-volumes", type=int, default=1)
     ap.add_argument("--cupy", action="store_true")
+    ap.add_argument("--memory-check", default="",
+                    help="XxYxZ: first score one pair of this size with 1 worker x 1 thread, report peak RSS")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    if args.memory_check:
+        import resource
+        shape = tuple(int(s) for s in args.memory_check.split("x"))
+        d = os.path.join(args.work, "memory")
+        os.makedirs(d, exist_ok=True)
+        rng = np.random.default_rng(1)
+        ref = organs(rng, shape, 5)
+        write_nifti(os.path.join(d, "ref.nii.gz"), ref, SPACING_XYZ)
+        write_nifti(os.path.join(d, "pred.nii.gz"), predicted(rng, ref), SPACING_XYZ)
+        del ref
+        with open(os.path.join(d, "m.csv"), "w") as f:
+            f.write("mask,prediction\nref.nii.gz,pred.nii.gz\n")
+        # A tiny pair first: the processes' own footprint (the worker links LibTorch).
+        tiny = organs(rng, (8, 8, 8), 2)
+        write_nifti(os.path.join(d, "tiny.nii.gz"), tiny, SPACING_XYZ)
+        with open(os.path.join(d, "tiny.csv"), "w") as f:
+            f.write("mask,prediction\ntiny.nii.gz,tiny.nii.gz\n")
+        subprocess.run([os.path.join(args.bin, "tally"), "run", "--manifest", os.path.join(d, "tiny.csv"), "--out",
+                        os.path.join(d, "tiny-out"), "--metrics", "all", "--worker-threads", "1"], check=True,
+                       capture_output=True)
+        base = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        t = time.time()
+        subprocess.run([os.path.join(args.bin, "tally"), "run", "--manifest", os.path.join(d, "m.csv"), "--out",
+                        os.path.join(d, "out"), "--metrics", "all", "--worker-threads", "1"], check=True,
+                       capture_output=True)
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        pair = 2 * int(np.prod(shape))  # uint8 on disk (uncompressed)
+        print(f"memory: {args.memory_check} uint8 pair = {pair / 2**20:.0f} MiB; peak RSS of the largest Tally "
+              f"process = {peak / 2**20:.0f} MiB, {base / 2**20:.0f} MiB of it before any volume "
+              f"(+{(peak - base) / pair:.1f}x the pair); {time.time() - t:.1f} s, all metrics")
     cores = os.cpu_count()
     results = []
     rows_md = ["| volume (x,y,z) | labels | volumes | metrics | workers x threads | volumes/s | Mvoxels/s | s/volume | "
