@@ -100,14 +100,38 @@ def monai_hd95_nsd(pred, ref, labels, spacing, tolerance, xp=np, edt=ndimage.dis
         if not p.any() or not r.any():
             out.append((float("inf"), 0.0))
             continue
-        ep = p ^ erode(p, structure=CROSS, border_value=0)
-        er = r ^ erode(r, structure=CROSS, border_value=0)
+        cross = xp.asarray(CROSS)
+        ep = p ^ erode(p, structure=cross, border_value=0)
+        er = r ^ erode(r, structure=cross, border_value=0)
         d_pg = edt(~er, sampling=spacing)[ep]
         d_gp = edt(~ep, sampling=spacing)[er]
         hd95 = max(float(xp.percentile(d_pg, 95)), float(xp.percentile(d_gp, 95)))
         nsd = float((xp.sum(d_pg <= tolerance) + xp.sum(d_gp <= tolerance)) / (d_pg.size + d_gp.size))
         out.append((hd95, nsd))
     return out
+
+
+def worker_peak(cmd):
+    """Runs `cmd` (a tally run) and returns the largest VmHWM of its tally-worker processes."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    while proc.poll() is None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() != "tally-worker":
+                        continue
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            peak = max(peak, int(line.split()[1]) * 1024)
+            except OSError:
+                pass
+        time.sleep(0.05)
+    assert proc.returncode == 0, cmd
+    return peak
 
 
 def same(a, b):
@@ -131,7 +155,6 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     if args.memory_check:
-        import resource
         shape = tuple(int(s) for s in args.memory_check.split("x"))
         d = os.path.join(args.work, "memory")
         os.makedirs(d, exist_ok=True)
@@ -147,18 +170,14 @@ def main():
         write_nifti(os.path.join(d, "tiny.nii.gz"), tiny, SPACING_XYZ)
         with open(os.path.join(d, "tiny.csv"), "w") as f:
             f.write("mask,prediction\ntiny.nii.gz,tiny.nii.gz\n")
-        subprocess.run([os.path.join(args.bin, "tally"), "run", "--manifest", os.path.join(d, "tiny.csv"), "--out",
-                        os.path.join(d, "tiny-out"), "--metrics", "all", "--worker-threads", "1"], check=True,
-                       capture_output=True)
-        base = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        base = worker_peak([os.path.join(args.bin, "tally"), "run", "--manifest", os.path.join(d, "tiny.csv"),
+                            "--out", os.path.join(d, "tiny-out"), "--metrics", "all", "--worker-threads", "1"])
         t = time.time()
-        subprocess.run([os.path.join(args.bin, "tally"), "run", "--manifest", os.path.join(d, "m.csv"), "--out",
-                        os.path.join(d, "out"), "--metrics", "all", "--worker-threads", "1"], check=True,
-                       capture_output=True)
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        peak = worker_peak([os.path.join(args.bin, "tally"), "run", "--manifest", os.path.join(d, "m.csv"), "--out",
+                            os.path.join(d, "out"), "--metrics", "all", "--worker-threads", "1"])
         pair = 2 * int(np.prod(shape))  # uint8 on disk (uncompressed)
-        print(f"memory: {args.memory_check} uint8 pair = {pair / 2**20:.0f} MiB; peak RSS of the largest Tally "
-              f"process = {peak / 2**20:.0f} MiB, {base / 2**20:.0f} MiB of it before any volume "
+        print(f"memory: {args.memory_check} uint8 pair = {pair / 2**20:.0f} MiB; the worker's peak RSS "
+              f"= {peak / 2**20:.0f} MiB, {base / 2**20:.0f} MiB with a tiny volume "
               f"(+{(peak - base) / pair:.1f}x the pair); {time.time() - t:.1f} s, all metrics")
     cores = os.cpu_count()
     results = []
@@ -213,6 +232,7 @@ def main():
                 results.append(r)
                 rows_md.append(f"| {dims} | 2-5 | {count} | {metrics} | {w} x {threads} | {count / job:.2f} | "
                                f"{count * voxels / job / 1e6:.0f} | {job / count:.3f} | {wall:.1f} |")
+                print(rows_md[-1], file=sys.stderr, flush=True)
                 if metrics.endswith("nsd") and w == 1:
                     # One worker, all cores: per-volume time (I/O included) vs MONAI's per volume.
                     tally_per_volume = job / count
@@ -254,6 +274,7 @@ def main():
                             "tally_s_per_volume": tally_per_volume, "tally_single_thread_s_per_volume": tally_single})
             compare_md.append(f"| {dims} | {name} | {per:.3f} | {per / tally_single:.1f}x (1 thread), "
                               f"{per / tally_per_volume:.1f}x ({cores} threads) | {equal} |")
+            print(compare_md[-1], file=sys.stderr, flush=True)
         compare_md.append(f"| {dims} | Tally, 1 thread, end to end (gzip read included) | {tally_single:.3f} | | |")
         compare_md.append(f"| {dims} | Tally, {cores} threads, end to end | {tally_per_volume:.3f} | | |")
     with open(os.path.join(args.work, "results.json"), "w") as f:
