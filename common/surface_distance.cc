@@ -282,15 +282,16 @@ struct Dims3 {
 };
 
 // For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
-// feature voxel (at least one exists), with spacing (sz, sy, sx). Separable: the features' column
+// feature voxel (at least one exists), with spacing (sz, sy, sx), for queries far from the features
+// (DirectedDistances3D handles the near ones). Separable: the features' column
 // index along z gives, for a slice z, each (y, x) column's distance in z to its nearest feature;
 // a lower-envelope pass along y (evaluated only at rows holding queries) and one along x (only at
 // the queries) finish the transform. Everything happens inside the bounding box of the queries
 // and features, slice by slice, and only on slices holding queries: memory is O(box area +
 // features), not O(volume). The nearest feature's offsets are tracked through the passes, so each
 // distance is computed as scipy's distance_transform_edt computes it, sqrt(sum of (s_i d_i)^2).
-void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
-                         double sz, double sy, double sx, std::vector<double>* out) {
+void SeparableDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
+                          double sz, double sy, double sx, std::vector<double>* out) {
   const int64_t plane = dims.height * dims.width;
   auto zyx = [&](int64_t i, int64_t* z, int64_t* y, int64_t* x) {
     *z = i / plane;
@@ -412,6 +413,89 @@ void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<
     }
     qi = slice_end;
   }
+}
+
+// For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
+// feature voxel (at least one exists). Most queries lie on or next to the other surface (a
+// prediction close to its reference): each searches a box around itself in a bitmap of the
+// features, growing the box's physical radius rho (doubling) until the best distance found is at
+// most rho, which proves it is the nearest (every voxel outside the box is farther than rho). A
+// query whose box would pass kMaxBox voxels, and every query once the searches have cost more than
+// a budget proportional to the number of queries, goes to the separable transform instead. So
+// close predictions cost a few voxel tests per query and far ones no more than the transform.
+void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
+                         double sz, double sy, double sx, std::vector<double>* out) {
+  constexpr int64_t kMaxBox = 4096;
+  const int64_t plane = dims.height * dims.width;
+  int64_t z0 = dims.depth, z1 = -1, y0 = dims.height, y1 = -1, x0 = dims.width, x1 = -1;
+  for (int64_t i : features) {
+    const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
+    z0 = std::min(z0, z), z1 = std::max(z1, z);
+    y0 = std::min(y0, y), y1 = std::max(y1, y);
+    x0 = std::min(x0, x), x1 = std::max(x1, x);
+  }
+  const int64_t bz = z1 - z0 + 1, by = y1 - y0 + 1, bx = x1 - x0 + 1;
+  std::vector<uint64_t> bits(static_cast<size_t>((bz * by * bx + 63) / 64), 0);
+  for (int64_t i : features) {
+    const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
+    const int64_t b = ((z - z0) * by + (y - y0)) * bx + (x - x0);
+    bits[b >> 6] |= uint64_t{1} << (b & 63);
+  }
+  auto feature = [&](int64_t z, int64_t y, int64_t x) {
+    const int64_t b = ((z - z0) * by + (y - y0)) * bx + (x - x0);
+    return (bits[b >> 6] >> (b & 63)) & 1;
+  };
+  const double smin = std::min({sz, sy, sx});
+  int64_t budget = 256 * static_cast<int64_t>(queries.size()) + (int64_t{1} << 20);
+  out->resize(queries.size());
+  std::vector<size_t> far;
+  for (size_t q = 0; q < queries.size(); ++q) {
+    const int64_t i = queries[q];
+    const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
+    if (budget < 0) {
+      far.push_back(q);
+      continue;
+    }
+    double best = kInf;  // Squared.
+    bool found = false;
+    for (double rho = 0;; rho = rho == 0 ? smin : 2 * rho) {
+      // Box radii: every feature within rho lies inside (the tiny excess only widens the box).
+      const int64_t rz = static_cast<int64_t>(std::floor(rho / sz * (1 + 1e-12)));
+      const int64_t ry = static_cast<int64_t>(std::floor(rho / sy * (1 + 1e-12)));
+      const int64_t rx = static_cast<int64_t>(std::floor(rho / sx * (1 + 1e-12)));
+      if ((2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1) > kMaxBox) break;
+      const int64_t za = std::max(z - rz, z0), zb = std::min(z + rz, z1);
+      const int64_t ya = std::max(y - ry, y0), yb = std::min(y + ry, y1);
+      const int64_t xa = std::max(x - rx, x0), xb = std::min(x + rx, x1);
+      budget -= (2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1);
+      for (int64_t cz = za; cz <= zb; ++cz) {
+        const double dz = sz * static_cast<double>(cz - z);
+        for (int64_t cy = ya; cy <= yb; ++cy) {
+          const double dy = sy * static_cast<double>(cy - y);
+          for (int64_t cx = xa; cx <= xb; ++cx) {
+            if (!feature(cz, cy, cx)) continue;
+            const double dx = sx * static_cast<double>(cx - x);
+            best = std::min(best, (dx * dx + dy * dy) + dz * dz);  // scipy's order, as below.
+          }
+        }
+      }
+      if (best <= rho * rho) {
+        found = true;
+        break;
+      }
+    }
+    if (found) {
+      (*out)[q] = std::sqrt(best);
+    } else {
+      far.push_back(q);
+    }
+  }
+  if (far.empty()) return;
+  std::vector<int64_t> far_queries(far.size());
+  for (size_t k = 0; k < far.size(); ++k) far_queries[k] = queries[far[k]];
+  std::vector<double> far_out;
+  SeparableDistances3D(far_queries, features, dims, sz, sy, sx, &far_out);
+  for (size_t k = 0; k < far.size(); ++k) (*out)[far[k]] = far_out[k];
 }
 
 SurfaceValues FromEdges3D(const std::vector<int64_t>& pred_edges, const std::vector<int64_t>& ref_edges,

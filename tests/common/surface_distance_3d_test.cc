@@ -135,6 +135,28 @@ TEST(SurfaceDistance3DTest, MatchesBruteForceOnRandomVolumes) {
   EXPECT_GT(finite, 100);  // Most trials compare real distances, not the empty cases.
 }
 
+TEST(SurfaceDistance3DTest, FarApartSurfacesTakeTheSeparablePath) {
+  // Distances past the local search's box (4096 voxels) come from the separable transform.
+  for (int trial = 0; trial < 4; ++trial) {
+    const int d = 30 + trial, h = 34, w = 38;
+    Vol p(d, h, w), r(d, h, w);
+    for (int z = 0; z < d; ++z)
+      for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x) {
+          if ((z - 4) * (z - 4) + (y - 5) * (y - 5) + (x - 5) * (x - 5) <= 9 + trial) p.v[p.I(z, y, x)] = 1;
+          if ((z - d + 5) * (z - d + 5) + (y - h + 6) * (y - h + 6) + (x - w + 4) * (x - w + 4) <= 16) r.v[r.I(z, y, x)] = 1;
+          if (trial % 2 && z == 12 && y == 3) r.v[r.I(z, y, x)] = 1;  // Plus a line: near and far queries mixed.
+        }
+    const double sz = trial == 2 ? 3.0 : 1.0, sy = 0.9, sx = 1.1;
+    const SurfaceValues got = BinarySurfaceMetrics3D(p.v.data(), r.v.data(), d, h, w, {sz, sy, sx, 2.0});
+    const SurfaceValues want = Brute(p, r, sz, sy, sx, 2.0);
+    ExpectNear(got.hd, want.hd);
+    ExpectNear(got.hd95, want.hd95);
+    ExpectNear(got.assd, want.assd);
+    ExpectNear(got.nsd, want.nsd);
+  }
+}
+
 TEST(SurfaceDistance3DTest, ClassesLeaveIgnoredVoxelsOut) {
   // Class c's masks are label == c with ignored reference voxels cleared in both.
   std::mt19937 rng(11);
