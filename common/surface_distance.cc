@@ -330,7 +330,7 @@ void SeparableDistances3D(const std::vector<int64_t>& queries, const std::vector
       fz[fill[(y - y0) * W + (x - x0)]++] = static_cast<int32_t>(z);
     }
   }
-  const double sz2 = sz * sz, sy2 = sy * sy, sx2 = sx * sx;
+  const double sy2 = sy * sy, sx2 = sx * sx;
   std::vector<int32_t> gz(area);      // Signed z offset to the column's nearest feature; kNoZ: none.
   std::vector<double> cost(area);     // (sz * gz)^2, or kInf.
   constexpr int32_t kNoZ = std::numeric_limits<int32_t>::max();

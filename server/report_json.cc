@@ -30,7 +30,16 @@ std::string ReportJson(const ReportData& d) {
   for (Metric m : d.metrics()) w.String(MetricName(m));
   w.EndArray();
   w.Field("include_background", d.config.include_background);
-  w.Key("spacing").BeginArray().Number(d.config.spacing_y).Number(d.config.spacing_x).EndArray();
+  // [sy, sx]; [sz, sy, sx] when --spacing gave three; a prediction job without --spacing takes each
+  // volume's from its header ("spacing_source": "header"; 2D images use [1, 1]).
+  w.Key("spacing").BeginArray();
+  if (d.config.spacing_z > 0) w.Number(d.config.spacing_z);
+  w.Number(d.config.spacing_y).Number(d.config.spacing_x).EndArray();
+  if (d.config.predictions()) {
+    w.Field("spacing_source", d.config.spacing_z > 0 ? (d.config.force_spacing ? "forced" : "flag")
+                              : d.config.spacing_given ? "flag (2D)" : "header");
+    w.Field("regions", static_cast<int>(d.config.regions.size()));
+  }
   w.Field("nsd_tolerance", d.config.nsd_tolerance);
   w.Field("precision", PrecisionName(d.config.precision));
   w.Field("shard_size", d.record->shard_size);
