@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "common/manifest.h"
 
 namespace tally {
 namespace {
@@ -29,16 +30,6 @@ absl::StatusOr<std::vector<std::string>> FilesEndingIn(const std::string& dir, c
   closedir(d);
   std::sort(names.begin(), names.end());
   return names;
-}
-
-std::string CsvField(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"') out.push_back('"');
-    out.push_back(c);
-  }
-  return out + "\"";
 }
 
 std::string Listing(const std::vector<std::string>& names) {

@@ -361,6 +361,17 @@ absl::StatusOr<Manifest> ReadAll(absl::StatusOr<std::unique_ptr<ManifestReader>>
 }
 }  // namespace
 
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out.push_back('"');
+    out.push_back(c);
+  }
+  out.push_back('"');
+  return out;
+}
+
 absl::StatusOr<Manifest> ReadManifest(const std::string& path, ManifestLimits limits) {
   return ReadAll(ManifestReader::Open(path, limits));
 }

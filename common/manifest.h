@@ -123,6 +123,9 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& path, ManifestLimits li
 absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string& base_dir, const std::string& name,
                                        ManifestLimits limits = {});
 
+// One CSV field as RFC 4180 writes it: quoted (with "" for ") when it holds a comma, quote or line end.
+std::string CsvField(const std::string& s);
+
 // Index of the first byte that is not part of valid UTF-8 in `text`, or -1 when it is all valid.
 int64_t FirstInvalidUtf8(absl::string_view text);
 

@@ -79,6 +79,54 @@ class ColumnIndex {
   std::vector<int32_t> cursor_;
 };
 
+// One dimension of the Felzenszwalb-Huttenlocher lower envelope of the parabolas
+// f(p) + w^2 (q - p)^2 over sites p with a finite cost f(p) (kInf = no site): after Build, ArgMin(q)
+// is the site minimising it at q (-1 when no site has a finite cost), for non-decreasing q.
+class Envelope1D {
+ public:
+  void Build(const double* f, int n, double w2) {
+    v_.resize(n);
+    z_.resize(n + 1);
+    fv_.resize(n);
+    k_ = -1;
+    for (int c = 0; c < n; ++c) {
+      const double fc = f[c];
+      if (fc == kInf) continue;
+      double s = 0;
+      while (k_ >= 0) {
+        const int p = v_[k_];
+        s = ((fc + w2 * c * static_cast<double>(c)) - (fv_[k_] + w2 * p * static_cast<double>(p))) /
+            (2.0 * w2 * (c - p));
+        if (s <= z_[k_]) {
+          --k_;
+        } else {
+          break;
+        }
+      }
+      ++k_;
+      v_[k_] = c;
+      fv_[k_] = fc;
+      z_[k_] = k_ == 0 ? -kInf : s;
+      z_[k_ + 1] = kInf;
+    }
+    j_ = 0;
+  }
+  bool empty() const { return k_ < 0; }
+  // Queries must come in non-decreasing order between Build calls.
+  int ArgMin(int q) {
+    if (k_ < 0) return -1;
+    while (z_[j_ + 1] < q) ++j_;
+    return v_[j_];
+  }
+
+ private:
+  std::vector<int> v_;
+  std::vector<double> z_;
+  std::vector<double> fv_;
+  int k_ = -1;
+  int j_ = 0;
+};
+
 // For every query pixel (row-major linear indices, sorted), the Euclidean distance to the nearest
 // feature pixel (at least one exists). Exact and separable: with g(y, c) the vertical distance from
 // row y to the nearest feature of column c, the squared distance of a query at (y, x) is
@@ -95,8 +143,8 @@ void DirectedDistances(const std::vector<int32_t>& queries, ColumnIndex index, i
     const int32_t gap = index.Gap(c, y);
     return gap < 0 ? kInf : sy2 * static_cast<double>(gap) * static_cast<double>(gap);
   };
-  std::vector<int> v;
-  std::vector<double> z, fsite, costs;
+  std::vector<double> costs;
+  Envelope1D envelope;
   out->resize(queries.size());
   size_t qi = 0;
   while (qi < queries.size()) {
@@ -120,37 +168,13 @@ void DirectedDistances(const std::vector<int32_t>& queries, ColumnIndex index, i
     }
     if (q < row_end) {
       // Far queries: the lower envelope of the parabolas sx^2 (x - c)^2 + f(c) of this row.
-      v.resize(width);
-      z.resize(width + 1);
-      fsite.resize(width);
       index.RowCosts(y, sy2, &costs);
-      int k = -1;
-      for (int c = 0; c < width; ++c) {
-        const double fc = costs[c];
-        if (fc == kInf) continue;
-        double s = 0;
-        while (k >= 0) {
-          const int p = v[k];
-          s = ((fc + sx2 * c * static_cast<double>(c)) - (fsite[k] + sx2 * p * static_cast<double>(p))) /
-              (2.0 * sx2 * (c - p));
-          if (s <= z[k]) {
-            --k;
-          } else {
-            break;
-          }
-        }
-        ++k;
-        v[k] = c;
-        fsite[k] = fc;
-        z[k] = k == 0 ? -kInf : s;
-        z[k + 1] = kInf;
-      }
-      int j = 0;
+      envelope.Build(costs.data(), width, sx2);
       for (; q < row_end; ++q) {
         const int x = queries[q] % width;
-        while (z[j + 1] < x) ++j;
-        const double dx = static_cast<double>(x - v[j]);
-        (*out)[q] = std::sqrt(sx2 * dx * dx + fsite[j]);
+        const int c = envelope.ArgMin(x);
+        const double dx = static_cast<double>(x - c);
+        (*out)[q] = std::sqrt(sx2 * dx * dx + costs[c]);
       }
     }
     qi = row_end;
@@ -228,54 +252,6 @@ void ExtractEdges3D(int depth, int height, int width, int num_classes, LabelFn l
     }
   }
 }
-
-// One dimension of the Felzenszwalb-Huttenlocher lower envelope: for sites p with cost f(p)
-// (kInf = no site), min over p of f(p) + w^2 (q - p)^2 at the sorted query positions `qs`; writes
-// the argmin site of each query to `arg` (-1 when no site has a finite cost).
-class Envelope1D {
- public:
-  void Build(const double* f, int n, double w2) {
-    v_.resize(n);
-    z_.resize(n + 1);
-    fv_.resize(n);
-    k_ = -1;
-    for (int c = 0; c < n; ++c) {
-      const double fc = f[c];
-      if (fc == kInf) continue;
-      double s = 0;
-      while (k_ >= 0) {
-        const int p = v_[k_];
-        s = ((fc + w2 * c * static_cast<double>(c)) - (fv_[k_] + w2 * p * static_cast<double>(p))) /
-            (2.0 * w2 * (c - p));
-        if (s <= z_[k_]) {
-          --k_;
-        } else {
-          break;
-        }
-      }
-      ++k_;
-      v_[k_] = c;
-      fv_[k_] = fc;
-      z_[k_] = k_ == 0 ? -kInf : s;
-      z_[k_ + 1] = kInf;
-    }
-    j_ = 0;
-  }
-  bool empty() const { return k_ < 0; }
-  // Queries must come in non-decreasing order between Build calls.
-  int ArgMin(int q) {
-    if (k_ < 0) return -1;
-    while (z_[j_ + 1] < q) ++j_;
-    return v_[j_];
-  }
-
- private:
-  std::vector<int> v_;
-  std::vector<double> z_;
-  std::vector<double> fv_;
-  int k_ = -1;
-  int j_ = 0;
-};
 
 struct Dims3 {
   int64_t depth, height, width;

@@ -81,11 +81,11 @@ absl::Status Convert(const nifti_image& nim, const std::string& path, bool scale
 
 std::string FormatTriple(const std::array<double, 3>& v) { return absl::StrFormat("%g,%g,%g", v[0], v[1], v[2]); }
 
-bool Near(double a, double b, double tolerance) {
+}  // namespace
+
+bool WithinTolerance(double a, double b, double tolerance) {
   return std::fabs(a - b) <= tolerance * std::max({1.0, std::fabs(a), std::fabs(b)});
 }
-
-}  // namespace
 
 bool IsNiftiPath(const std::string& path) {
   const std::string lower = absl::AsciiStrToLower(path);
@@ -240,7 +240,7 @@ absl::Status CheckSameGeometry(const VolumeGeometry& ref, const std::string& ref
         pred.depth, ref_name, ref.width, ref.height, ref.depth));
   }
   for (int a = 0; a < 3; ++a) {
-    if (!Near(ref.spacing[a], pred.spacing[a], tolerance)) {
+    if (!WithinTolerance(ref.spacing[a], pred.spacing[a], tolerance)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "prediction '%s' has spacing %s (z, y, x) but reference '%s' has %s", pred_name,
           FormatTriple(pred.spacing), ref_name, FormatTriple(ref.spacing)));
@@ -248,7 +248,7 @@ absl::Status CheckSameGeometry(const VolumeGeometry& ref, const std::string& ref
   }
   for (int r = 0; r < 3; ++r) {
     for (int c = 0; c < 4; ++c) {
-      if (!Near(ref.affine[r][c], pred.affine[r][c], tolerance)) {
+      if (!WithinTolerance(ref.affine[r][c], pred.affine[r][c], tolerance)) {
         auto row = [&](const VolumeGeometry& g) {
           return absl::StrFormat("[%g %g %g %g]", g.affine[r][0], g.affine[r][1], g.affine[r][2], g.affine[r][3]);
         };

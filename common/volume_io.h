@@ -47,11 +47,15 @@ absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelM
 absl::Status WriteNiftiLabels(const std::string& path, const VolumeGeometry& geometry, const uint16_t* labels,
                               int datatype, bool nifti2 = false);
 
+// How far spacings and affines may differ and still agree: absolute, in the header's units, and
+// relative for values above 1 (WithinTolerance).
+inline constexpr double kGeometryTolerance = 1e-3;
+bool WithinTolerance(double a, double b, double tolerance = kGeometryTolerance);
+
 // Checks that a prediction's geometry matches its reference's: dimensions exactly; spacing and
-// affine within `tolerance` (absolute, in the header's units; relative for values above 1).
-// The error names both files and both values.
+// affine within `tolerance`. The error names both files and both values.
 absl::Status CheckSameGeometry(const VolumeGeometry& ref, const std::string& ref_name, const VolumeGeometry& pred,
-                               const std::string& pred_name, double tolerance = 1e-3);
+                               const std::string& pred_name, double tolerance = kGeometryTolerance);
 
 }  // namespace tally
 

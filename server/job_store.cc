@@ -107,6 +107,28 @@ CREATE TABLE IF NOT EXISTS job_workers(
   PRIMARY KEY(job_id, worker_id)) WITHOUT ROWID;
 )sql";
 
+// Columns added after the first schema, with their definitions (the schema above has them all).
+struct ColumnMigration {
+  const char* table;
+  const char* column;
+  const char* definition;
+};
+constexpr ColumnMigration kColumnMigrations[] = {
+    {"jobs", "summary", "TEXT NOT NULL DEFAULT ''"},
+    {"manifest_rows", "prediction", "TEXT NOT NULL DEFAULT ''"},
+    {"manifest_rows", "prediction_path", "TEXT NOT NULL DEFAULT ''"},
+};
+
+absl::StatusOr<bool> HasColumn(sqlite3* db, const char* table, const char* column) {
+  Stmt q(db, absl::StrCat("SELECT name FROM pragma_table_info('", table, "')").c_str());
+  RETURN_IF_ERROR(q.status());
+  bool found = false;
+  absl::Status s;
+  while (q.Step(&s)) found |= q.Text(0) == column;
+  RETURN_IF_ERROR(s);
+  return found;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
@@ -128,28 +150,12 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
   RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
   RETURN_IF_ERROR(store->Exec(kSchema));
-  // Databases made before jobs had a summary column get it.
-  bool has_summary = false;
-  {
-    Stmt q(store->db_, "SELECT name FROM pragma_table_info('jobs')");
-    RETURN_IF_ERROR(q.status());
-    absl::Status s;
-    while (q.Step(&s)) has_summary |= q.Text(0) == "summary";
-    RETURN_IF_ERROR(s);
-  }
-  if (!has_summary) RETURN_IF_ERROR(store->Exec("ALTER TABLE jobs ADD COLUMN summary TEXT NOT NULL DEFAULT ''"));
-  // And those made before prediction manifests, their manifest rows a prediction.
-  bool has_prediction = false;
-  {
-    Stmt q(store->db_, "SELECT name FROM pragma_table_info('manifest_rows')");
-    RETURN_IF_ERROR(q.status());
-    absl::Status s;
-    while (q.Step(&s)) has_prediction |= q.Text(0) == "prediction";
-    RETURN_IF_ERROR(s);
-  }
-  if (!has_prediction) {
-    RETURN_IF_ERROR(store->Exec("ALTER TABLE manifest_rows ADD COLUMN prediction TEXT NOT NULL DEFAULT ''"));
-    RETURN_IF_ERROR(store->Exec("ALTER TABLE manifest_rows ADD COLUMN prediction_path TEXT NOT NULL DEFAULT ''"));
+  // Databases made before a column existed get it.
+  for (const ColumnMigration& m : kColumnMigrations) {
+    ASSIGN_OR_RETURN(const bool present, HasColumn(store->db_, m.table, m.column));
+    if (!present) {
+      RETURN_IF_ERROR(store->Exec(absl::StrCat("ALTER TABLE ", m.table, " ADD COLUMN ", m.column, " ", m.definition).c_str()));
+    }
   }
   std::vector<std::string> abandoned;
   {

@@ -1,24 +1,11 @@
 #include "absl/strings/str_cat.h"
+#include "common/manifest.h"
 #include "server/aggregator.h"
 #include "server/number_format.h"
 #include "server/report_data.h"
 #include "server/report_formats.h"
 
 namespace tally {
-namespace {
-
-std::string CsvField(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"') out.push_back('"');
-    out.push_back(c);
-  }
-  out.push_back('"');
-  return out;
-}
-
-}  // namespace
 
 std::string PerImageCsv::Header() const {
   std::string h = "index,id,image,class,tp,fp,fn,tn";

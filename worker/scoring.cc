@@ -43,11 +43,10 @@ std::string Position(const LabelMap& m, int64_t i) {
   return absl::StrCat("(y=", r / m.width, ", x=", r % m.width, ")");
 }
 
-bool NearlyEqual(double a, double b) { return std::fabs(a - b) <= 1e-3 * std::max({1.0, std::fabs(a), std::fabs(b)}); }
-
 }  // namespace
 
-v1::ImageResult ScoringPipeline::ScoreRow(const JobConfig& config, const v1::ManifestRow& row, std::string* fatal) {
+v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, std::string* fatal) const {
+  const JobConfig& config = config_;
   v1::ImageResult result;
   result.set_index(row.index());
   auto fail = [&](absl::string_view message) {
@@ -76,11 +75,10 @@ v1::ImageResult ScoringPipeline::ScoreRow(const JobConfig& config, const v1::Man
                              "x", ref.labels.width));
   }
   // Mask conventions: the label map on both, then the ignore index on the reference.
-  const std::vector<uint16_t> lut = MakeLabelLut(config.label_map);
-  if (!lut.empty()) {
-    for (uint16_t& v : pred.labels.labels) v = lut[v];
+  if (!label_lut_.empty()) {
+    for (uint16_t& v : pred.labels.labels) v = label_lut_[v];
   }
-  PrepareMask(&ref.labels, lut, config.ignore_index);
+  PrepareMask(&ref.labels, label_lut_, config.ignore_index);
   const uint16_t* p = pred.labels.labels.data();
   const uint16_t* r = ref.labels.labels.data();
   const int64_t n = static_cast<int64_t>(ref.labels.labels.size());
@@ -107,7 +105,8 @@ v1::ImageResult ScoringPipeline::ScoreRow(const JobConfig& config, const v1::Man
       return fail(absl::StrCat("prediction value ", pred_max, " at ", Position(pred.labels, pred_max_at),
                                " >= number of classes ", classes, " (--num-classes; values are labels after --label-map)"));
     }
-    const int64_t bad = FirstLabelAtOrAbove(r, n, classes);
+    // PrepareMask's max_label spares a scan of the reference on every good row.
+    const int64_t bad = ref.labels.max_label >= classes ? FirstLabelAtOrAbove(r, n, classes) : -1;
     if (bad >= 0) {
       return fail(absl::StrCat("mask value ", r[bad], " at ", Position(ref.labels, bad), " >= number of classes ",
                                classes, " (--num-classes; values are labels after --label-map; the ignore value is "
@@ -130,8 +129,8 @@ v1::ImageResult ScoringPipeline::ScoreRow(const JobConfig& config, const v1::Man
       const auto& h = ref.geometry.spacing;
       if (config.spacing_z > 0) {
         const bool contradicts = ref.geometry.spacing_in_header &&
-                                 (!NearlyEqual(config.spacing_z, h[0]) || !NearlyEqual(config.spacing_y, h[1]) ||
-                                  !NearlyEqual(config.spacing_x, h[2]));
+                                 (!WithinTolerance(config.spacing_z, h[0]) || !WithinTolerance(config.spacing_y, h[1]) ||
+                                  !WithinTolerance(config.spacing_x, h[2]));
         if (contradicts && !config.force_spacing) {
           *fatal = absl::StrFormat(
               "--spacing %g,%g,%g (z,y,x) contradicts the spacing %g,%g,%g in the header of '%s' (pass "
@@ -197,6 +196,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const JobConfig& config, const v1::Man
 ScoringPipeline::ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal,
                                  TimeoutFn on_timeout)
     : config_(std::move(config)),
+      label_lut_(MakeLabelLut(config_.label_map)),
       on_result_(std::move(on_result)),
       on_fatal_(std::move(on_fatal)),
       on_timeout_(std::move(on_timeout)) {
@@ -266,7 +266,7 @@ void ScoringPipeline::Loop(size_t slot) {
       if (clock_start_ == 0) clock_start_ = NowUnix();
     }
     std::string fatal;
-    v1::ImageResult result = ScoreRow(config_, row, &fatal);
+    v1::ImageResult result = ScoreRow(row, &fatal);
     bool deliver = false;
     {
       absl::MutexLock lock(&mu_);

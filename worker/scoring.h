@@ -48,11 +48,11 @@ class ScoringPipeline : public RowEvaluator {
   int batch_size() const override { return 1; }
   v1::WorkerStats Stats() const override;
 
-  // Scores one row (exposed for tests and benchmarks). A job-level problem (contradicting spacing)
-  // comes back as a non-empty `fatal`.
-  static v1::ImageResult ScoreRow(const JobConfig& config, const v1::ManifestRow& row, std::string* fatal);
 
  private:
+  // Scores one row. A job-level problem (contradicting spacing) comes back as a non-empty `fatal`.
+  v1::ImageResult ScoreRow(const v1::ManifestRow& row, std::string* fatal) const;
+
   struct Shard {
     LeaseKey lease;
     std::vector<v1::ManifestRow> rows;
@@ -71,6 +71,7 @@ class ScoringPipeline : public RowEvaluator {
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobConfig config_;
+  const std::vector<uint16_t> label_lut_;  // From config_.label_map, built once; empty = identity.
   const ResultFn on_result_;
   const FatalFn on_fatal_;
   const TimeoutFn on_timeout_;

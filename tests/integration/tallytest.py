@@ -331,19 +331,18 @@ def count_metrics(tp, fp, fn, tn):
     }
 
 
-CROSS = ndimage.generate_binary_structure(2, 1)
-
-
 def surface_metrics(pred_c, ref_c, spacing=(1.0, 1.0), tolerance=1.0):
-    """MONAI's definitions: edges by erosion (border counts as background), directed distances
-    from scipy's exact EDT, hd95 = max of the two 95th percentiles, assd pooled, nsd with <=."""
+    """MONAI's definitions: edges by erosion with the cross (4-connected in 2D, 6-connected in 3D;
+    the border counts as background), directed distances from scipy's exact EDT (spacing per
+    axis), hd95 = max of the two 95th percentiles, assd pooled, nsd with <=."""
     nan, inf = float("nan"), float("inf")
     if not pred_c.any() and not ref_c.any():
         return {"hd": nan, "hd95": nan, "assd": nan, "nsd": nan}
     if not pred_c.any() or not ref_c.any():
         return {"hd": inf, "hd95": inf, "assd": inf, "nsd": 0.0}
-    ep = pred_c ^ ndimage.binary_erosion(pred_c, structure=CROSS, border_value=0)
-    er = ref_c ^ ndimage.binary_erosion(ref_c, structure=CROSS, border_value=0)
+    cross = ndimage.generate_binary_structure(pred_c.ndim, 1)
+    ep = pred_c ^ ndimage.binary_erosion(pred_c, structure=cross, border_value=0)
+    er = ref_c ^ ndimage.binary_erosion(ref_c, structure=cross, border_value=0)
     d_pg = ndimage.distance_transform_edt(~er, sampling=spacing)[ep]
     d_gp = ndimage.distance_transform_edt(~ep, sampling=spacing)[er]
     both = np.concatenate([d_pg, d_gp])

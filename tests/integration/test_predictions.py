@@ -12,31 +12,10 @@ import unittest
 import nibabel as nib
 import numpy as np
 from PIL import Image
-from scipy import ndimage
 
 import tallytest as tt
 
-CROSS3 = ndimage.generate_binary_structure(3, 1)
 METRICS = ["dice", "iou", "precision", "recall", "specificity", "accuracy", "hd", "hd95", "assd", "nsd"]
-
-
-def surface3(pred_c, ref_c, spacing, tolerance):
-    nan, inf = float("nan"), float("inf")
-    if not pred_c.any() and not ref_c.any():
-        return {"hd": nan, "hd95": nan, "assd": nan, "nsd": nan}
-    if not pred_c.any() or not ref_c.any():
-        return {"hd": inf, "hd95": inf, "assd": inf, "nsd": 0.0}
-    ep = pred_c ^ ndimage.binary_erosion(pred_c, structure=CROSS3, border_value=0)
-    er = ref_c ^ ndimage.binary_erosion(ref_c, structure=CROSS3, border_value=0)
-    d_pg = ndimage.distance_transform_edt(~er, sampling=spacing)[ep]
-    d_gp = ndimage.distance_transform_edt(~ep, sampling=spacing)[er]
-    both = np.concatenate([d_pg, d_gp])
-    return {
-        "hd": float(max(d_pg.max(), d_gp.max())),
-        "hd95": float(max(np.percentile(d_pg, 95), np.percentile(d_gp, 95))),
-        "assd": float(both.mean()),
-        "nsd": float((np.sum(d_pg <= tolerance) + np.sum(d_gp <= tolerance)) / both.size),
-    }
 
 
 def reference3(pred, ref, k, spacing, tolerance=1.0, ignore=255):
@@ -49,7 +28,7 @@ def reference3(pred, ref, k, spacing, tolerance=1.0, ignore=255):
         tn = int(np.sum(valid)) - tp - fp - fn
         row = {"tp": tp, "fp": fp, "fn": fn, "tn": tn}
         row.update(tt.count_metrics(tp, fp, fn, tn))
-        row.update(surface3(p, r, spacing, tolerance))
+        row.update(tt.surface_metrics(p, r, spacing, tolerance))
         rows.append(row)
     return rows
 
@@ -317,7 +296,7 @@ class NnunetParityTest(unittest.TestCase):
         self.assertEqual([r["class"] for r in rows[:3]], ["1+2+3", "2+3", "3"])
         ref, pred = cases[names[0]]
         for r, (key, labels) in zip(rows[:3], regions):
-            want = surface3(np.isin(pred, labels), np.isin(ref, labels), (1.0, 1.0, 1.0), 1.0)
+            want = tt.surface_metrics(np.isin(pred, labels), np.isin(ref, labels), (1.0, 1.0, 1.0), 1.0)
             self.assertTrue(tt.same(tt.num(r["hd95"]), want["hd95"]), key)
         report = tt.read_report(out)
         self.assertEqual([c["region"] for c in report["classes"]], [[1, 2, 3], [2, 3], [3]])
