@@ -34,6 +34,7 @@
 #include "common/file_util.h"
 #include "common/flag_util.h"
 #include "common/gpu_inventory.h"
+#include "common/job_config.h"
 #include "common/manifest.h"
 #include "common/metrics.h"
 
@@ -67,6 +68,12 @@ ABSL_FLAG(double, batch_timeout, 0, "Seconds a decode or forward pass may take b
 ABSL_FLAG(std::string, nonfinite, "fail", "Rows whose model output has NaN/Inf: fail, or warn (evaluate them)");
 ABSL_FLAG(std::string, ignore_index, "255", "Mask value that leaves every count, or none");
 ABSL_FLAG(std::string, label_map, "", "Mask value -> label before anything else, e.g. 0:0,255:1");
+// Python models and referring-segmentation conventions.
+ABSL_FLAG(std::string, python, "", "Python models: the interpreter on the worker hosts (default python3)");
+ABSL_FLAG(std::string, thresholds, "", "Single-score outputs: also count at these probability thresholds, e.g. 0.3,0.5,0.7");
+ABSL_FLAG(std::string, empty_score, "nan", "dice/iou of an image whose prediction and reference are both empty: nan or one");
+ABSL_FLAG(std::string, iou_thresholds, "", "Per class, the share of images with IoU >= t, e.g. 0.5,0.7,0.9");
+ABSL_FLAG(int, gpus_per_worker, 1, "tally run --gpus: GPUs per worker (Python models spread over them)");
 // tally run.
 ABSL_FLAG(std::string, out, "", "Output folder for the reports");
 ABSL_FLAG(int, workers, 1, "tally run: number of CPU workers");
@@ -85,7 +92,7 @@ namespace {
 constexpr const char* kUsage = R"(tally: evaluate segmentation models on many images, on every GPU.
 
 Usage:
-  tally run    --model M.pt --manifest data.csv --out DIR [--workers N | --gpus all|0,1] [job flags]
+  tally run    --model M.pt|M.py --manifest data.csv --out DIR [--workers N | --gpus all|0,1] [job flags]
   tally run    --manifest preds.csv --out DIR   (columns mask, prediction: score existing predictions)
   tally run    --predictions DIR --references DIR [--file-ending .nii.gz] --out DIR
   tally submit --server HOST:PORT --model M.pt --manifest data.csv [job flags]   (prints the job id)
@@ -102,8 +109,11 @@ Job flags: --metrics dice,iou,precision,recall,hd95|all  --batch-size N|auto  --
   --include-background  --precision fp32|bf16|fp16  --channels-last  --max-memory F|GiB
   --max-image-pixels N  --batch-timeout S  --nonfinite fail|warn  --ignore-index N|none
   --label-map V:L,...  (mask value V becomes label L, before the ignore value applies)
+  --thresholds T,...  --empty-score nan|one  --iou-thresholds T,...
+Python models (--model PATH.py[:Class]): --python INTERPRETER  --model-option KEY=VALUE (repeatable)
+  --num-classes N (label-map outputs)
 Prediction flags: --num-classes N  --regions "1,2;2"  --nnunet-summary  --force-spacing
-Run flags: --out DIR  --workers N  --gpus all|0,1  --lease-seconds S  --worker-threads N
+Run flags: --out DIR  --workers N  --gpus all|0,1  --gpus-per-worker K  --lease-seconds S  --worker-threads N
   --count-logit-ties  --worker-flags=--flag=value,...
 
 Exit codes: 0 success, 1 failure, 2 bad usage, 130 interrupted. See README.md for details.
@@ -134,21 +144,61 @@ absl::Status ParseRegions(const std::string& text, tally::v1::JobSpec* spec) {
 }
 
 // `manifest`: the manifest to use instead of --manifest (tally run --predictions).
+// Values of the repeatable --model-option KEY=VALUE, taken out of argv before Abseil parses it.
+std::vector<std::string> model_options;
+
 absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "") {
   tally::v1::JobSpec spec;
   const std::string manifest_path = manifest.empty() ? absl::GetFlag(FLAGS_manifest) : manifest;
   if (manifest_path.empty()) {
     return absl::InvalidArgumentError("--manifest is required (or, for tally run, --predictions and --references)");
   }
-  if (!absl::GetFlag(FLAGS_model).empty()) spec.set_model(tally::AbsolutePath(absl::GetFlag(FLAGS_model)));
+  if (!absl::GetFlag(FLAGS_model).empty()) {
+    const tally::ModelRef ref = tally::ParseModelRef(absl::GetFlag(FLAGS_model));
+    const std::string path = tally::AbsolutePath(ref.path);
+    spec.set_model(ref.python && absl::GetFlag(FLAGS_model) != ref.path ? absl::StrCat(path, ":", ref.class_name) : path);
+  }
   spec.set_manifest(tally::AbsolutePath(manifest_path));
   if (absl::GetFlag(FLAGS_num_classes) < 0) return absl::InvalidArgumentError("--num-classes must be >= 0");
   spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));
   if (absl::Status s = ParseRegions(absl::GetFlag(FLAGS_regions), &spec); !s.ok()) return s;
-  if (!spec.model().empty() && (spec.regions_size() > 0 || spec.num_classes() > 0)) {
+  const bool python_model = tally::ParseModelRef(spec.model()).python;
+  if (!spec.model().empty() && (spec.regions_size() > 0 || (spec.num_classes() > 0 && !python_model))) {
     return absl::InvalidArgumentError(
-        "--regions and --num-classes are for scoring predictions (no --model): a model's output sets the classes");
+        "--regions and --num-classes are for scoring predictions (no --model) and, --num-classes, for Python models "
+        "returning label maps: a TorchScript model's output sets the classes");
   }
+  spec.set_python(absl::GetFlag(FLAGS_python));
+  for (const std::string& kv : model_options) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--model-option: expected KEY=VALUE, got '", kv, "'"));
+    }
+    (*spec.mutable_model_options())[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (!python_model && (!spec.python().empty() || !model_options.empty())) {
+    return absl::InvalidArgumentError("--python and --model-option are for Python models (--model PATH.py)");
+  }
+  auto thresholds = tally::ParseDoubleList("thresholds", absl::GetFlag(FLAGS_thresholds));
+  if (!thresholds.ok()) return thresholds.status();
+  for (double t : *thresholds) {
+    if (!(t > 0 && t < 1)) return absl::InvalidArgumentError(absl::StrCat("--thresholds: ", t, " is not in (0, 1)"));
+    spec.add_thresholds(t);
+  }
+  if (!thresholds->empty() && spec.model().empty()) {
+    return absl::InvalidArgumentError("--thresholds is for models with a single-score output, not for prediction manifests");
+  }
+  auto iou_thresholds = tally::ParseDoubleList("iou-thresholds", absl::GetFlag(FLAGS_iou_thresholds));
+  if (!iou_thresholds.ok()) return iou_thresholds.status();
+  for (double t : *iou_thresholds) {
+    if (!(t >= 0 && t <= 1)) return absl::InvalidArgumentError(absl::StrCat("--iou-thresholds: ", t, " is not in [0, 1]"));
+    spec.add_iou_thresholds(t);
+  }
+  const std::string empty_score = absl::AsciiStrToLower(absl::GetFlag(FLAGS_empty_score));
+  if (empty_score != "nan" && empty_score != "one") {
+    return absl::InvalidArgumentError(absl::StrCat("--empty-score: expected nan or one, got '", empty_score, "'"));
+  }
+  spec.set_empty_score(empty_score);
   spec.set_nnunet_summary(absl::GetFlag(FLAGS_nnunet_summary));
   spec.set_force_spacing(absl::GetFlag(FLAGS_force_spacing));
   spec.set_name(absl::GetFlag(FLAGS_name));
@@ -273,6 +323,7 @@ int Finish(const absl::Status& s) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  model_options = tally::TakeRepeatedFlag(&normalized, "model_option");
   std::vector<char*> args = tally::ArgvPointers(normalized);
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (positional.size() < 2) return Usage("");
@@ -305,8 +356,14 @@ int main(int argc, char** argv) {
     if (!absl::GetFlag(FLAGS_gpus).empty()) {
       auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));
       if (!gpus.ok()) return Finish(gpus.status());
-      options.gpus = *gpus;
+      auto grouped = tally::GroupGpus(*gpus, absl::GetFlag(FLAGS_gpus_per_worker));
+      if (!grouped.ok()) return Usage(std::string(grouped.status().message()));
+      if (absl::GetFlag(FLAGS_gpus_per_worker) > 1 && !tally::ParseModelRef(spec->model()).python) {
+        return Usage("--gpus-per-worker > 1 needs a Python model (--model PATH.py): a TorchScript model runs on one GPU");
+      }
+      options.gpus = *grouped;
     } else {
+      if (absl::GetFlag(FLAGS_gpus_per_worker) != 1) return Usage("--gpus-per-worker goes with --gpus");
       if (absl::GetFlag(FLAGS_workers) < 1) return Usage("--workers must be >= 1");
       options.cpu_workers = absl::GetFlag(FLAGS_workers);
     }

@@ -23,6 +23,27 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
   return out;
 }
 
+std::vector<std::string> TakeRepeatedFlag(std::vector<std::string>* args, const std::string& name) {
+  std::vector<std::string> values, kept;
+  const std::string bare = "--" + name, with_value = bare + "=";
+  for (size_t i = 0; i < args->size(); ++i) {
+    const std::string& a = (*args)[i];
+    if (a == "--") {
+      kept.insert(kept.end(), args->begin() + static_cast<std::ptrdiff_t>(i), args->end());
+      break;
+    }
+    if (a.rfind(with_value, 0) == 0) {
+      values.push_back(a.substr(with_value.size()));
+    } else if (a == bare && i + 1 < args->size()) {
+      values.push_back((*args)[++i]);
+    } else {
+      kept.push_back(a);
+    }
+  }
+  *args = std::move(kept);
+  return values;
+}
+
 std::vector<char*> ArgvPointers(std::vector<std::string>& args) {
   std::vector<char*> out;
   for (std::string& a : args) out.push_back(a.data());

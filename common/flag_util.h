@@ -13,6 +13,9 @@ namespace tally {
 // Copies argv, turning dashes in flag names into underscores (--batch-size=8 -> --batch_size=8),
 // so that users can write flags either way; Abseil flag names cannot contain dashes.
 std::vector<std::string> NormalizeFlagNames(int argc, char** argv);
+// Removes every occurrence of a repeatable flag (`--name=V` or `--name V`, name with underscores as
+// NormalizeFlagNames leaves it) from `args` and returns the values in order.
+std::vector<std::string> TakeRepeatedFlag(std::vector<std::string>* args, const std::string& name);
 // Pointers into `args` for absl::ParseCommandLine; valid while `args` lives.
 std::vector<char*> ArgvPointers(std::vector<std::string>& args);
 

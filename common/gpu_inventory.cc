@@ -67,3 +67,22 @@ absl::StatusOr<std::vector<std::string>> SelectGpus(const std::string& selection
 }
 
 }  // namespace tally
+
+namespace tally {
+
+absl::StatusOr<std::vector<std::string>> GroupGpus(const std::vector<std::string>& gpus, int per_worker) {
+  if (per_worker < 1) return absl::InvalidArgumentError("--gpus-per-worker must be >= 1");
+  if (gpus.size() % static_cast<size_t>(per_worker) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(gpus.size(), " GPU(s) cannot be split into workers of ", per_worker,
+                                                   " (--gpus-per-worker); select a multiple of ", per_worker));
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < gpus.size(); i += static_cast<size_t>(per_worker)) {
+    std::string group;
+    for (int j = 0; j < per_worker; ++j) group += (j ? "," : "") + gpus[i + static_cast<size_t>(j)];
+    out.push_back(group);
+  }
+  return out;
+}
+
+}  // namespace tally

@@ -17,6 +17,9 @@ std::vector<std::string> VisibleGpus();
 // Parses a --gpus selection: "all" (every visible GPU; an error if there is none) or a comma
 // list of indices into VisibleGpus().
 absl::StatusOr<std::vector<std::string>> SelectGpus(const std::string& selection);
+// Groups selected GPUs into workers of `per_worker` contiguous GPUs each ({"0","1","2","3"}, 2 ->
+// {"0,1","2,3"}: CUDA_VISIBLE_DEVICES values). INVALID_ARGUMENT unless the count divides evenly.
+absl::StatusOr<std::vector<std::string>> GroupGpus(const std::vector<std::string>& gpus, int per_worker);
 
 }  // namespace tally
 

@@ -30,6 +30,29 @@ absl::StatusOr<NonfinitePolicy> ParseNonfinite(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("nonfinite '", name, "' is not fail or warn"));
 }
 
+absl::string_view EmptyScoreName(EmptyScore e) { return e == EmptyScore::kOne ? "one" : "nan"; }
+
+absl::StatusOr<EmptyScore> ParseEmptyScore(absl::string_view name) {
+  if (name.empty() || name == "nan") return EmptyScore::kNaN;
+  if (name == "one") return EmptyScore::kOne;
+  return absl::InvalidArgumentError(absl::StrCat("empty_score '", name, "' is not nan or one"));
+}
+
+ModelRef ParseModelRef(const std::string& model) {
+  ModelRef ref;
+  ref.path = model;
+  const size_t colon = model.rfind(".py:");
+  if (colon != std::string::npos && colon + 4 < model.size() && model.find('/', colon) == std::string::npos) {
+    ref.path = model.substr(0, colon + 3);
+    ref.class_name = model.substr(colon + 4);
+    ref.python = true;
+  } else if (model.size() > 3 && model.compare(model.size() - 3, 3, ".py") == 0) {
+    ref.class_name = "Model";
+    ref.python = true;
+  }
+  return ref;
+}
+
 absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   JobConfig c;
   c.model = spec.model();
@@ -92,6 +115,28 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError("regions are for prediction manifests (no model) only");
   }
   c.nnunet_summary = spec.nnunet_summary();
+  c.python = spec.python();
+  for (const auto& [k, v] : spec.model_options()) c.model_options.emplace_back(k, v);
+  std::sort(c.model_options.begin(), c.model_options.end());
+  c.manifest_columns.assign(spec.manifest_columns().begin(), spec.manifest_columns().end());
+  c.thresholds.assign(spec.thresholds().begin(), spec.thresholds().end());
+  std::sort(c.thresholds.begin(), c.thresholds.end());
+  c.thresholds.erase(std::unique(c.thresholds.begin(), c.thresholds.end()), c.thresholds.end());
+  for (double t : c.thresholds) {
+    if (!(t > 0 && t < 1)) return absl::InvalidArgumentError(absl::StrCat("threshold ", t, " is not in (0, 1)"));
+  }
+  if (c.thresholds.size() > 256) return absl::InvalidArgumentError("at most 256 thresholds");
+  ASSIGN_OR_RETURN(c.empty_score, ParseEmptyScore(spec.empty_score()));
+  c.iou_thresholds.assign(spec.iou_thresholds().begin(), spec.iou_thresholds().end());
+  std::sort(c.iou_thresholds.begin(), c.iou_thresholds.end());
+  c.iou_thresholds.erase(std::unique(c.iou_thresholds.begin(), c.iou_thresholds.end()), c.iou_thresholds.end());
+  for (double t : c.iou_thresholds) {
+    if (!(t >= 0 && t <= 1)) return absl::InvalidArgumentError(absl::StrCat("iou threshold ", t, " is not in [0, 1]"));
+  }
+  if (c.iou_thresholds.size() > 64) return absl::InvalidArgumentError("at most 64 iou thresholds");
+  if (!c.thresholds.empty() && c.predictions()) {
+    return absl::InvalidArgumentError("thresholds are for models with a single-score output, not prediction manifests");
+  }
   return c;
 }
 

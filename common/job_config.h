@@ -25,6 +25,17 @@ namespace tally {
 
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class NonfinitePolicy { kFail, kWarn };
+// What dice and iou of a class are for an image where prediction and reference are both empty.
+enum class EmptyScore { kNaN, kOne };
+
+// Where a job's model lives and which backend runs it: `PATH.py` or `PATH.py:ClassName` is a Python
+// model (class `Model` by default), anything else TorchScript.
+struct ModelRef {
+  std::string path;        // The file, without ":ClassName".
+  std::string class_name;  // Python models only.
+  bool python = false;
+};
+ModelRef ParseModelRef(const std::string& model);
 
 // JobConfig::batch_size values besides a fixed size.
 inline constexpr int kBatchWorkerDefault = 0;  // Each worker's own (8 on CPU, 32 on CUDA, --batch-size).
@@ -65,6 +76,15 @@ struct JobConfig {
   bool spacing_given = false;          // --spacing was given (2 or 3 values).
   std::vector<std::vector<int>> regions;  // Each region: sorted, distinct labels. Empty: classes.
   bool nnunet_summary = false;
+  // Python model backend.
+  std::string python;                            // Interpreter; empty = python3.
+  std::vector<std::pair<std::string, std::string>> model_options;  // Sorted by key.
+  std::vector<std::string> manifest_columns;     // Extra manifest columns the rows carry.
+  bool python_model() const { return ParseModelRef(model).python; }
+  // Single-score outputs: the count metrics at each of these thresholds too (sorted, in (0, 1)).
+  std::vector<double> thresholds;
+  EmptyScore empty_score = EmptyScore::kNaN;
+  std::vector<double> iou_thresholds;            // Sorted, in [0, 1].
 };
 
 // Most classes (or regions) a job may have: results carry one entry per class.
@@ -82,6 +102,8 @@ absl::string_view PrecisionName(Precision p);  // fp32 | bf16 | fp16
 absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
 absl::string_view NonfiniteName(NonfinitePolicy p);  // fail | warn
 absl::StatusOr<NonfinitePolicy> ParseNonfinite(absl::string_view name);
+absl::string_view EmptyScoreName(EmptyScore e);  // nan | one
+absl::StatusOr<EmptyScore> ParseEmptyScore(absl::string_view name);
 
 // The batch size a worker uses for `config` given its own default: a fixed size, kBatchAuto, or the
 // worker's default when it divides the job's alignment; else FAILED_PRECONDITION saying so.

@@ -281,7 +281,14 @@ absl::Status ManifestReader::ReadHeader() {
                 : col == "id"         ? &id_col_
                 : col == "prediction" ? &prediction_col_
                                       : nullptr;
-    if (slot == nullptr) continue;
+    if (slot == nullptr) {
+      std::string name(absl::StripAsciiWhitespace(rec.fields[c]));
+      if (!name.empty()) {
+        extra_cols_.push_back(static_cast<int>(c));
+        extra_names_.push_back(std::move(name));
+      }
+      continue;
+    }
     if (*slot >= 0) {
       return absl::InvalidArgumentError(absl::StrCat("manifest '", name_, "' header (line ", rec.line,
                                                      ") names column '", col, "' twice"));
@@ -324,6 +331,9 @@ absl::Status ManifestReader::NextBatch(size_t max_rows, std::vector<ManifestRow>
     row.mask = get(mask_col_);
     row.id = get(id_col_);
     row.prediction = get(prediction_col_);
+    for (int col : extra_cols_) {
+      row.columns.push_back(static_cast<size_t>(col) < rec.fields.size() ? rec.fields[col] : std::string());
+    }
     if (rec.fields.size() != ncols) {
       row.error = absl::StrCat("manifest line ", rec.line, ": ", rec.fields.size(), " fields, but the header has ",
                                ncols);

@@ -32,6 +32,7 @@ struct ManifestRow {
   std::string prediction;       // As written; empty without a `prediction` column.
   std::string prediction_path;
   std::string error;       // Non-empty when the row itself is malformed; the row fails with it.
+  std::vector<std::string> columns;  // Values of the reader's extra_columns(), in order.
 };
 
 struct ManifestLimits {
@@ -100,6 +101,9 @@ class ManifestReader {
   int64_t rows_read() const { return next_index_; }
   bool has_prediction() const { return prediction_col_ >= 0; }
   bool has_image() const { return image_col_ >= 0; }
+  // Columns besides id, image, mask and prediction (header text, whitespace stripped; unnamed
+  // columns left out): rows carry their values, unstripped, in `columns`.
+  const std::vector<std::string>& extra_columns() const { return extra_names_; }
 
  private:
   ManifestReader(std::string path, std::string base_dir, std::string name, ManifestLimits limits)
@@ -115,6 +119,8 @@ class ManifestReader {
   std::unique_ptr<CsvReader> csv_;
   std::vector<std::string> header_;
   int image_col_ = -1, mask_col_ = -1, id_col_ = -1, prediction_col_ = -1;
+  std::vector<int> extra_cols_;
+  std::vector<std::string> extra_names_;
   int64_t next_index_ = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -28,9 +29,16 @@ absl::StatusOr<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Start(WorkerLaun
     } else {
       mine.push_back(cpus[i % ncpu]);
     }
+    // A worker owning several GPUs (--gpus-per-worker) sees them as cuda:0..K-1.
+    const int owned = gpu ? static_cast<int>(std::count(options.gpus[i].begin(), options.gpus[i].end(), ',')) + 1 : 0;
     w.spawn.argv = {options.worker_binary, "--coordinator", options.coordinator, "--device", gpu ? "cuda:0" : "cpu",
                     "--threads", absl::StrCat(mine.size()), "--name",
-                    gpu ? absl::StrCat("gpu", options.gpus[i]) : absl::StrCat("cpu", i)};
+                    gpu ? absl::StrCat("gpu", absl::StrReplaceAll(options.gpus[i], {{",", "+"}}))
+                        : absl::StrCat("cpu", i)};
+    if (owned > 1) {
+      w.spawn.argv.push_back("--gpus-per-worker");
+      w.spawn.argv.push_back(absl::StrCat(owned));
+    }
     for (const std::string& a : options.extra_args) w.spawn.argv.push_back(a);
     if (gpu) w.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpus[i]);
     w.spawn.cpu_affinity = mine;

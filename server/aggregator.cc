@@ -78,12 +78,21 @@ std::pair<double, double> BootstrapMeanCi95(const std::vector<double>& values, i
 
 Aggregator::Aggregator(AggregateOptions options) : options_(std::move(options)) {
   classes_.resize(std::max(0, options_.num_classes));
+  for (PerClass& pc : classes_) pc.iou_ge.assign(options_.iou_thresholds.size(), 0);
+  thresholds_.resize(options_.thresholds.size());
 }
 
-double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m) {
+namespace {
+double CountMetricWithEmpty(Metric m, const ConfusionCounts& c, EmptyScore empty) {
+  if (empty == EmptyScore::kOne && (m == Metric::kDice || m == Metric::kIou) && c.tp + c.fp + c.fn == 0) return 1.0;
+  return CountMetric(m, c);
+}
+}  // namespace
+
+double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m, EmptyScore empty) {
   if (c < 0 || c >= result.classes_size()) return kNaN;
   const v1::ClassResult& cr = result.classes(c);
-  if (IsCountMetric(m)) return CountMetric(m, ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()});
+  if (IsCountMetric(m)) return CountMetricWithEmpty(m, ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()}, empty);
   return SurfaceMetric(m, SurfaceValues{cr.hd(), cr.hd95(), cr.assd(), cr.nsd()});
 }
 
@@ -95,7 +104,11 @@ void Aggregator::Add(const v1::ImageResult& result) {
     pc.counts += ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()};
     for (Metric m : options_.metrics) {
       const int k = static_cast<int>(m);
-      const double v = ImageMetric(result, c, m);
+      const double v = ImageMetric(result, c, m, options_.empty_score);
+      if (m == Metric::kIou && !std::isnan(v)) {
+        ++pc.iou_defined;
+        for (size_t t = 0; t < options_.iou_thresholds.size(); ++t) pc.iou_ge[t] += v >= options_.iou_thresholds[t];
+      }
       if (std::isnan(v)) continue;
       if (std::isinf(v)) {
         ++pc.inf_count[k];
@@ -109,6 +122,22 @@ void Aggregator::Add(const v1::ImageResult& result) {
       } else if (IsSurfaceMetric(m)) {
         pc.values[k].push_back(v);
       }
+    }
+  }
+  for (size_t t = 0; t < thresholds_.size() && t < static_cast<size_t>(result.thresholds_size()); ++t) {
+    const v1::ThresholdCounts& tc = result.thresholds(static_cast<int>(t));
+    const ConfusionCounts counts{tc.tp(), tc.fp(), tc.fn(), tc.tn()};
+    PerThreshold& pt = thresholds_[t];
+    pt.counts += counts;
+    const double dice = CountMetricWithEmpty(Metric::kDice, counts, options_.empty_score);
+    const double iou = CountMetricWithEmpty(Metric::kIou, counts, options_.empty_score);
+    if (!std::isnan(dice)) {
+      CompensatedAdd(dice, &pt.dice_sum, &pt.dice_c);
+      ++pt.dice_n;
+    }
+    if (!std::isnan(iou)) {
+      CompensatedAdd(iou, &pt.iou_sum, &pt.iou_c);
+      ++pt.iou_n;
     }
   }
 }
@@ -149,6 +178,10 @@ Aggregate Aggregator::Finish() {
     std::partial_sort(all.begin(), all.begin() + keep, all.end());
     all.resize(keep);
     ca.worst = std::move(all);
+    for (size_t t = 0; t < options_.iou_thresholds.size(); ++t) {
+      ca.iou_ge.push_back(pc.iou_defined > 0 ? static_cast<double>(pc.iou_ge[t]) / static_cast<double>(pc.iou_defined)
+                                             : kNaN);
+    }
     out.classes.push_back(std::move(ca));
   }
   for (Metric m : options_.metrics) {
@@ -162,6 +195,20 @@ Aggregate Aggregator::Finish() {
       ++n;
     }
     out.foreground_mean[k] = n > 0 ? sum / n : kNaN;
+  }
+  for (size_t t = 0; t < thresholds_.size(); ++t) {
+    const PerThreshold& pt = thresholds_[t];
+    ThresholdAggregate ta;
+    ta.threshold = options_.thresholds[t];
+    ta.dice_mean = pt.dice_n > 0 ? (pt.dice_sum + pt.dice_c) / static_cast<double>(pt.dice_n) : kNaN;
+    ta.iou_mean = pt.iou_n > 0 ? (pt.iou_sum + pt.iou_c) / static_cast<double>(pt.iou_n) : kNaN;
+    ta.dice_global = CountMetric(Metric::kDice, pt.counts);
+    ta.iou_global = CountMetric(Metric::kIou, pt.counts);
+    if (!std::isnan(ta.dice_mean) &&
+        (out.best_threshold < 0 || ta.dice_mean > out.thresholds[static_cast<size_t>(out.best_threshold)].dice_mean)) {
+      out.best_threshold = static_cast<int>(t);
+    }
+    out.thresholds.push_back(ta);
   }
   return out;
 }

@@ -7,6 +7,11 @@
 //   <m>_median/p95 surface metrics only: percentiles across images (linear interpolation), NaN
 //                  skipped, inf kept (an image with an empty mask is infinitely far off);
 //   dice_mean_ci95 percentile bootstrap over images (1000 resamples, fixed seed).
+// With empty_score kOne, an image whose prediction and reference of a class are both empty scores 1
+// for that class's dice and iou (LISA/ReLA) instead of NaN (nnU-Net/MONAI). iou_ge[t]: the share of
+// images with IoU >= t among those whose IoU is defined (ReLA's Pr@t). Threshold sweep: per
+// threshold of JobSpec.thresholds, dice and iou of the foreground class (class 1) from each image's
+// counts at that threshold.
 // foreground_<m>_mean: mean of the per-class <m>_mean over foreground classes (class 0 is
 // background unless include_background), NaN class means skipped.
 #ifndef TALLY_SERVER_AGGREGATOR_H_
@@ -17,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/job_config.h"
 #include "common/metrics.h"
 #include "proto/tally.pb.h"
 
@@ -29,6 +35,14 @@ struct AggregateOptions {
   int bootstrap_resamples = 1000;
   uint64_t bootstrap_seed = 20261121;
   int threads = 0;  // For the bootstrap; 0 = hardware concurrency. Never changes the result.
+  EmptyScore empty_score = EmptyScore::kNaN;
+  std::vector<double> iou_thresholds;
+  std::vector<double> thresholds;  // Results carry counts at each (ImageResult.thresholds).
+};
+
+struct ThresholdAggregate {
+  double threshold = 0;
+  double dice_mean = 0, dice_global = 0, iou_mean = 0, iou_global = 0;
 };
 
 struct MetricAggregate {
@@ -48,12 +62,15 @@ struct ClassAggregate {
   double dice_ci_high = 0;
   std::vector<double> dice_values;             // Finite per-image Dice, index order (histograms).
   std::vector<std::pair<double, int64_t>> worst;  // Up to 10 lowest (dice, index), ascending.
+  std::vector<double> iou_ge;                  // Per AggregateOptions::iou_thresholds; NaN: no image.
 };
 
 struct Aggregate {
   std::vector<ClassAggregate> classes;
   std::array<double, kNumMetrics> foreground_mean{};
   int64_t images = 0;
+  std::vector<ThresholdAggregate> thresholds;  // Per AggregateOptions::thresholds.
+  int best_threshold = -1;                     // Index of the highest dice_mean (first on ties); -1: none.
 };
 
 class Aggregator {
@@ -66,7 +83,7 @@ class Aggregator {
   Aggregate Finish();
 
   // Per-image value of a metric for class `c` of `result` (NaN if not computable).
-  static double ImageMetric(const v1::ImageResult& result, int c, Metric m);
+  static double ImageMetric(const v1::ImageResult& result, int c, Metric m, EmptyScore empty = EmptyScore::kNaN);
 
  private:
   struct PerClass {
@@ -77,7 +94,15 @@ class Aggregator {
     std::array<int64_t, kNumMetrics> inf_count{};
     std::array<std::vector<double>, kNumMetrics> values;  // Kept for surface metrics and dice.
     std::vector<int64_t> dice_index;                       // Index of each dice value.
+    int64_t iou_defined = 0;
+    std::vector<int64_t> iou_ge;
   };
+  struct PerThreshold {
+    ConfusionCounts counts;
+    double dice_sum = 0, dice_c = 0, iou_sum = 0, iou_c = 0;
+    int64_t dice_n = 0, iou_n = 0;
+  };
+  std::vector<PerThreshold> thresholds_;
 
   AggregateOptions options_;
   std::vector<PerClass> classes_;

@@ -180,12 +180,17 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
     return absl::InvalidArgumentError(absl::StrCat("no model given, and manifest '", reader->path(),
                                                    "' has no 'prediction' column to score instead"));
   }
+  // Only Python models read the other columns (prompts, ...): other jobs do not store them.
+  const bool keep_columns = ParseModelRef(spec.model()).python;
   RETURN_IF_ERROR(store_->BeginSubmission(job_id));
   auto stream = [&]() -> absl::Status {
     std::vector<ManifestRow> batch;
     while (true) {
       RETURN_IF_ERROR(reader->NextBatch(kSubmitBatchRows, &batch));
       if (batch.empty()) return absl::OkStatus();
+      if (!keep_columns) {
+        for (ManifestRow& r : batch) r.columns.clear();
+      }
       RETURN_IF_ERROR(store_->InsertManifestRows(job_id, batch));
     }
   };
@@ -198,6 +203,9 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   rec.job.set_job_id(job_id);
   *rec.job.mutable_spec() = spec;
   rec.job.mutable_spec()->set_manifest(reader->path());
+  if (keep_columns) {
+    for (const std::string& c : reader->extra_columns()) rec.job.mutable_spec()->add_manifest_columns(c);
+  }
   rec.job.set_state(v1::JOB_STATE_QUEUED);
   rec.job.set_created_unix(Now());
   rec.job.set_images_total(reader->rows_read());
@@ -468,6 +476,7 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Gran
     row->set_mask_path(r.mask_path);
     row->set_prediction_path(r.prediction_path);
     row->set_error(r.error);
+    for (const std::string& v : r.columns) row->add_columns(v);
   }
   return response;
 }

@@ -32,14 +32,20 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   // No model: a prediction job, scoring the manifest's `prediction` column (checked with the
   // manifest's header).
   if (!spec.model().empty()) {
-    spec.set_model(AbsolutePath(spec.model()));
+    const ModelRef ref = ParseModelRef(spec.model());
+    const std::string path = AbsolutePath(ref.path);
+    spec.set_model(ref.python && ref.class_name != "Model" ? absl::StrCat(path, ":", ref.class_name) : path);
     struct stat st;
-    if (stat(spec.model().c_str(), &st) != 0) {
-      return absl::NotFoundError(absl::StrCat("model file '", spec.model(), "' does not exist"));
+    if (stat(path.c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat("model file '", path, "' does not exist"));
     }
     if (S_ISDIR(st.st_mode)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model '", spec.model(), "' is a directory, not a TorchScript file"));
+      return absl::InvalidArgumentError(absl::StrCat("model '", path, "' is a directory, not a ",
+                                                     ref.python ? "Python file" : "TorchScript file"));
+    }
+    if (!ref.python && (!spec.python().empty() || !spec.model_options().empty())) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: --python and --model-option are for Python models "
+                                                     "(PATH.py); '", path, "' is TorchScript"));
     }
   } else if (spec.num_classes() == 1) {
     return absl::InvalidArgumentError("job spec: num_classes must be >= 2 (background and one class) or 0 (from the data)");
@@ -81,6 +87,12 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.set_precision(std::string(PrecisionName(config->precision)));
   spec.set_nonfinite(std::string(NonfiniteName(config->nonfinite)));
   spec.set_ignore_index(config->ignore_index);
+  spec.set_empty_score(std::string(EmptyScoreName(config->empty_score)));
+  spec.clear_thresholds();
+  for (double t : config->thresholds) spec.add_thresholds(t);
+  spec.clear_iou_thresholds();
+  for (double t : config->iou_thresholds) spec.add_iou_thresholds(t);
+  spec.clear_manifest_columns();  // The coordinator fills it from the manifest's header.
   // The exact-results rule (common/job_config.h): shards are multiples of the alignment, which
   // every batch size used for the job divides.
   // Prediction jobs have no batches: any shard size keeps their results exact.

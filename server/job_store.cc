@@ -93,6 +93,7 @@ CREATE TABLE IF NOT EXISTS manifest_rows(
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, line INTEGER NOT NULL, id TEXT NOT NULL,
   image TEXT NOT NULL, mask TEXT NOT NULL, image_path TEXT NOT NULL, mask_path TEXT NOT NULL,
   error TEXT NOT NULL, prediction TEXT NOT NULL DEFAULT '', prediction_path TEXT NOT NULL DEFAULT '',
+  columns BLOB NOT NULL DEFAULT x'',
   PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS shards(
   job_id TEXT NOT NULL, shard_id INTEGER NOT NULL, state INTEGER NOT NULL, attempts INTEGER NOT NULL,
@@ -117,6 +118,7 @@ constexpr ColumnMigration kColumnMigrations[] = {
     {"jobs", "summary", "TEXT NOT NULL DEFAULT ''"},
     {"manifest_rows", "prediction", "TEXT NOT NULL DEFAULT ''"},
     {"manifest_rows", "prediction_path", "TEXT NOT NULL DEFAULT ''"},
+    {"manifest_rows", "columns", "BLOB NOT NULL DEFAULT x''"},
 };
 
 absl::StatusOr<bool> HasColumn(sqlite3* db, const char* table, const char* column) {
@@ -205,12 +207,16 @@ absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::
   return InTransaction([&](sqlite3* db) -> absl::Status {
     Stmt row(db,
              "INSERT INTO manifest_rows(job_id, idx, line, id, image, mask, image_path, mask_path, error, prediction, "
-             "prediction_path) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+             "prediction_path, columns) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(row.status());
     for (const ManifestRow& r : rows) {
       row.Bind(1, job_id).Bind(2, r.index).Bind(3, r.line).Bind(4, r.id).Bind(5, r.image);
       row.Bind(6, r.mask).Bind(7, r.image_path).Bind(8, r.mask_path).Bind(9, r.error);
       row.Bind(10, r.prediction).Bind(11, r.prediction_path);
+      // Extra columns (Python models' per-row inputs) as a serialized ManifestRow holding only them.
+      v1::ManifestRow extra;
+      for (const std::string& v : r.columns) extra.add_columns(v);
+      row.BindBlob(12, r.columns.empty() ? std::string() : extra.SerializeAsString());
       RETURN_IF_ERROR(row.Run());
     }
     return absl::OkStatus();
@@ -331,7 +337,7 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
 absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& job_id, int64_t begin, int64_t end) {
   absl::MutexLock lock(&mu_);
   Stmt q(db_,
-         "SELECT idx, line, id, image, mask, image_path, mask_path, error, prediction, prediction_path "
+         "SELECT idx, line, id, image, mask, image_path, mask_path, error, prediction, prediction_path, columns "
          "FROM manifest_rows "
          "WHERE job_id=? AND idx>=? AND idx<? ORDER BY idx");
   RETURN_IF_ERROR(q.status());
@@ -350,6 +356,11 @@ absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& j
     r.error = q.Text(7);
     r.prediction = q.Text(8);
     r.prediction_path = q.Text(9);
+    if (const std::string blob = q.Blob(10); !blob.empty()) {
+      v1::ManifestRow extra;
+      if (!extra.ParseFromString(blob)) return absl::DataLossError("manifest row " + std::to_string(r.index) + ": unreadable columns");
+      r.columns.assign(extra.columns().begin(), extra.columns().end());
+    }
     rows.push_back(std::move(r));
   }
   RETURN_IF_ERROR(s);

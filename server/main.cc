@@ -32,6 +32,7 @@ ABSL_FLAG(int64_t, max_manifest_rows, 50000000, "Manifests with more data rows a
 ABSL_FLAG(double, retain_days, 0, "Delete finished jobs (rows, results, reports) after this many days; 0 = keep");
 ABSL_FLAG(bool, spawn_workers, false, "Start and supervise local workers (--gpus or --workers)");
 ABSL_FLAG(std::string, gpus, "", "With --spawn-workers: all or 0,1,... (one worker per GPU)");
+ABSL_FLAG(int, gpus_per_worker, 1, "With --spawn-workers --gpus: GPUs per worker (for Python models spread over them)");
 ABSL_FLAG(int, workers, 0, "With --spawn-workers and no --gpus: number of CPU workers");
 ABSL_FLAG(std::string, worker_binary, "", "Path of tally-worker (default: next to tallyd, else PATH)");
 
@@ -63,7 +64,12 @@ int main(int argc, char** argv) {
         std::cerr << "tallyd: " << gpus.status().message() << "\n";
         return 2;
       }
-      options.workers.gpus = *gpus;
+      auto grouped = tally::GroupGpus(*gpus, absl::GetFlag(FLAGS_gpus_per_worker));
+      if (!grouped.ok()) {
+        std::cerr << "tallyd: " << grouped.status().message() << "\n";
+        return 2;
+      }
+      options.workers.gpus = *grouped;
     } else {
       options.workers.cpu_workers = std::max(1, absl::GetFlag(FLAGS_workers));
     }

@@ -21,7 +21,7 @@ std::string PerImageCsv::Rows(const v1::ImageResult& r, const RowNames& names) c
   for (int c = 0; c < r.classes_size(); ++c) {
     const v1::ClassResult& cr = r.classes(c);
     absl::StrAppend(&out, prefix, ClassLabel(config_, c), ",", cr.tp(), ",", cr.fp(), ",", cr.fn(), ",", cr.tn());
-    for (Metric m : config_.metrics) absl::StrAppend(&out, ",", FormatDouble(Aggregator::ImageMetric(r, c, m)));
+    for (Metric m : config_.metrics) absl::StrAppend(&out, ",", FormatDouble(Aggregator::ImageMetric(r, c, m, config_.empty_score)));
     if (config_.nonfinite == NonfinitePolicy::kWarn) absl::StrAppend(&out, ",", r.nonfinite());
     out.push_back('\n');
   }

@@ -53,6 +53,9 @@ absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& re
   agg_options.num_classes = d.num_classes;
   agg_options.metrics = d.config.metrics;
   agg_options.include_background = d.config.include_background || !d.config.regions.empty();
+  agg_options.empty_score = d.config.empty_score;
+  agg_options.iou_thresholds = d.config.iou_thresholds;
+  agg_options.thresholds = d.config.thresholds;
   Aggregator aggregator(agg_options);
   std::vector<std::pair<int64_t, std::string>> images_by_index;  // For the worst-case tables.
   RETURN_IF_ERROR(store->ForEachResult(

@@ -89,6 +89,60 @@ std::string DiceHistogram(const ClassAggregate& ca, const std::string& name) {
   return s + "</svg>";
 }
 
+// The threshold sweep: dice_mean and iou_mean (lines) against the threshold, the best marked.
+std::string ThresholdCurve(const ReportData& d) {
+  const std::vector<ThresholdAggregate>& ts = d.aggregate.thresholds;
+  const int left = 44, top = 12, plot_w = 420, plot_h = 200, bottom = 40;
+  std::string s = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" role=\"img\" "
+      "aria-label=\"Dice and IoU against the threshold\">",
+      left + plot_w + 120, top + plot_h + bottom);
+  auto x = [&](double t) { return left + plot_w * t; };
+  auto y = [&](double v) { return top + plot_h * (1.0 - v); };
+  for (int g = 0; g <= 4; ++g) {
+    absl::StrAppend(&s, absl::StrFormat("<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" class=\"grid\"/>"
+                                        "<text x=\"%d\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%.2f</text>"
+                                        "<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%.2f</text>",
+                                        left, y(g / 4.0), left + plot_w, y(g / 4.0), left - 4, y(g / 4.0) + 4,
+                                        g / 4.0, x(g / 4.0), top + plot_h + 16, g / 4.0));
+  }
+  struct Series {
+    const char* name;
+    const char* color;
+    double ThresholdAggregate::*value;
+  };
+  int legend = 0;
+  for (const Series& series : {Series{"dice_mean", "#3b6fd4", &ThresholdAggregate::dice_mean},
+                               Series{"iou_mean", "#d4793b", &ThresholdAggregate::iou_mean}}) {
+    std::string points;
+    for (const ThresholdAggregate& t : ts) {
+      const double v = t.*series.value;
+      if (std::isnan(v)) continue;
+      absl::StrAppend(&points, absl::StrFormat("%.1f,%.1f ", x(t.threshold), y(v)));
+      absl::StrAppend(&s, absl::StrFormat("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"><title>%s at %g: "
+                                          "%.4f</title></circle>",
+                                          x(t.threshold), y(v), series.color, series.name, t.threshold, v));
+    }
+    absl::StrAppend(&s, absl::StrFormat("<polyline points=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"2\"/>"
+                                        "<text x=\"%d\" y=\"%d\" class=\"axis\" fill=\"%s\">%s</text>",
+                                        points, series.color, left + plot_w + 12, top + 14 + 18 * legend, series.color,
+                                        series.name));
+    ++legend;
+  }
+  if (d.aggregate.best_threshold >= 0) {
+    const ThresholdAggregate& b = ts[static_cast<size_t>(d.aggregate.best_threshold)];
+    absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" class=\"ci\" "
+                                        "stroke-dasharray=\"4 3\"/><text x=\"%.1f\" y=\"%d\" class=\"tick\">best "
+                                        "%g</text>",
+                                        x(b.threshold), top, x(b.threshold), top + plot_h, x(b.threshold) + 4, top + 12,
+                                        b.threshold));
+  }
+  absl::StrAppend(&s, absl::StrFormat("<text x=\"%d\" y=\"%d\" class=\"axis\" text-anchor=\"middle\">threshold "
+                                      "(probability)</text>",
+                                      left + plot_w / 2, top + plot_h + 34));
+  return s + "</svg>";
+}
+
 }  // namespace
 
 std::string ReportHtml(const ReportData& d) {
@@ -121,6 +175,10 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
   h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
        "bootstrap interval; global = from summed counts.</p>\n" + HtmlTable(ClassTable(d));
   h += "<h2>Mean Dice per class (with 95% bootstrap interval)</h2>\n" + DiceBarChart(d) + "\n";
+  if (!d.aggregate.thresholds.empty()) {
+    h += "<h2>Threshold sweep (foreground class)</h2>\n<p>Dice and IoU means over images at each probability "
+         "threshold; the other metrics use the primary threshold 0.5.</p>\n" + ThresholdCurve(d) + "\n";
+  }
   h += "<h2>Per-image Dice</h2>\n<div class=\"hists\">\n";
   for (const ClassAggregate& ca : d.aggregate.classes) {
     absl::StrAppend(&h, "<div class=\"hist\"><h3>class ", d.ClassName(ca.class_id),

@@ -103,11 +103,33 @@ std::string ReportJson(const ReportData& d) {
         w.Key("dice_mean_ci95").BeginArray().Number(ca.dice_ci_low).Number(ca.dice_ci_high).EndArray();
       }
     }
+    // ReLA's Pr@t: the share of images (with a defined IoU) whose IoU is >= t.
+    for (size_t t = 0; t < ca.iou_ge.size(); ++t) {
+      w.Field(absl::StrCat("iou_ge_", d.config.iou_thresholds[t]), ca.iou_ge[t]);
+    }
     w.EndObject();
   }
   w.EndArray();
   for (Metric m : d.metrics()) {
     w.Field(absl::StrCat("foreground_", MetricName(m), "_mean"), d.aggregate.foreground_mean[static_cast<int>(m)]);
+  }
+  w.Field("empty_score", EmptyScoreName(d.config.empty_score));
+  if (!d.aggregate.thresholds.empty()) {
+    // The sweep of a single-score output, foreground class (1); the primary threshold stays 0.5.
+    w.Key("thresholds").BeginArray();
+    for (const ThresholdAggregate& t : d.aggregate.thresholds) {
+      w.BeginObject().Field("threshold", t.threshold).Field("dice_mean", t.dice_mean);
+      w.Field("dice_global", t.dice_global).Field("iou_mean", t.iou_mean).Field("iou_global", t.iou_global);
+      w.EndObject();
+    }
+    w.EndArray();
+    if (d.aggregate.best_threshold >= 0) {
+      const ThresholdAggregate& b = d.aggregate.thresholds[static_cast<size_t>(d.aggregate.best_threshold)];
+      w.Field("best_threshold", b.threshold);
+      w.Field("best_threshold_dice_mean", b.dice_mean);
+    } else {
+      w.Key("best_threshold").Null();
+    }
   }
   w.Key("workers").BeginArray();
   for (const WorkerRecord& wr : d.workers) {
@@ -127,6 +149,13 @@ std::string ReportJson(const ReportData& d) {
     w.Field("model_load_seconds", wr.stats.model_load_seconds());
     w.Field("decode_threads", wr.stats.decode_threads());
     w.Field("logit_ties", wr.stats.logit_ties());
+    // Every GPU the worker owns (--gpus-per-worker), with its peak memory.
+    w.Key("gpus").BeginArray();
+    for (const v1::GpuStats& g : wr.stats.gpus()) {
+      w.BeginObject().Field("device", g.device()).Field("name", g.name());
+      w.Field("peak_memory_bytes", g.peak_memory_bytes()).EndObject();
+    }
+    w.EndArray();
     w.EndObject();
   }
   w.EndArray();

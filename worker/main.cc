@@ -35,6 +35,8 @@ ABSL_FLAG(bool, count_logit_ties, false, "Count pixels whose two largest logits 
 ABSL_FLAG(bool, cudnn_benchmark, false,
           "Let cuDNN time its algorithms per input shape (may change results between processes)");
 ABSL_FLAG(int, warmup_batches, 2, "Extra passes over the first batch on CUDA before timing starts");
+ABSL_FLAG(int, gpus_per_worker, 1,
+          "GPUs this worker owns, from --device on (Python models get them all; TorchScript needs 1)");
 ABSL_FLAG(double, gpu_memory_limit_gib, 0, "Cap this worker's GPU memory (GiB; 0 = no cap), e.g. on a shared GPU");
 
 int main(int argc, char** argv) {
@@ -58,6 +60,11 @@ int main(int argc, char** argv) {
   options.cudnn_benchmark = absl::GetFlag(FLAGS_cudnn_benchmark);
   options.warmup_batches = absl::GetFlag(FLAGS_warmup_batches);
   options.gpu_memory_limit_gib = absl::GetFlag(FLAGS_gpu_memory_limit_gib);
+  options.gpus_per_worker = absl::GetFlag(FLAGS_gpus_per_worker);
+  if (options.gpus_per_worker < 1) {
+    std::cerr << "tally-worker: --gpus-per-worker must be >= 1\n";
+    return 2;
+  }
   auto worker = tally::Worker::Create(options);
   if (!worker.ok()) {
     std::cerr << "tally-worker: " << worker.status().message() << "\n";

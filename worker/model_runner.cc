@@ -91,6 +91,9 @@ class TorchPendingBatch final : public PendingBatch {
   const uint16_t* labels(int i) const override { return label_ptrs_[i]; }
   int64_t nonfinite(int i) const override { return nonfinite_ptr_ ? nonfinite_ptr_[i] : 0; }
   int64_t logit_ties() const override { return ties_.defined() ? ties_.item<int64_t>() : 0; }
+  const int64_t* threshold_counts(int i) const override {
+    return thresholds_ptr_ ? thresholds_ptr_ + static_cast<size_t>(i) * 4 * num_thresholds_ : nullptr;
+  }
 
   int k_ = 0;
   at::Tensor counts_host_;  // [n, K, K] int64, host.
@@ -100,6 +103,9 @@ class TorchPendingBatch final : public PendingBatch {
   at::Tensor ties_;
   at::Tensor nonfinite_host_;  // [n] int64, host.
   const int64_t* nonfinite_ptr_ = nullptr;
+  at::Tensor thresholds_host_;  // [n, T, 4] int64, host.
+  const int64_t* thresholds_ptr_ = nullptr;
+  size_t num_thresholds_ = 0;
 #if TALLY_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAEvent> done_;
 #endif
@@ -190,6 +196,7 @@ class TorchRunner final : public ModelRunner {
       s.gpu_name = at::cuda::getDeviceProperties(device_.index())->name;
       auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
       s.peak_memory_bytes = stats.reserved_bytes[0].peak;  // [0] = aggregate over pool types.
+      s.gpus.push_back(GpuUsage{options_.device, s.gpu_name, s.peak_memory_bytes});
     }
 #endif
     return s;
@@ -227,7 +234,7 @@ class TorchRunner final : public ModelRunner {
   };
   // What the device produced for a batch, before it goes back to host memory.
   struct Outputs {
-    std::vector<at::Tensor> counts, labels, nonfinite;
+    std::vector<at::Tensor> counts, labels, nonfinite, thresholds;
     at::Tensor ties;
     int k = 0;
   };
@@ -246,8 +253,9 @@ class TorchRunner final : public ModelRunner {
   std::unique_ptr<PendingBatch> ResultsToHost(const Outputs& outputs);
   // Turns logits [n, C, h, w] + reference labels [n, H, W] into counts and labels for one group.
   absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
-                           bool want_labels, std::vector<at::Tensor>* counts, std::vector<at::Tensor>* labels,
-                           std::vector<at::Tensor>* nonfinite, at::Tensor* ties, int* k);
+                           bool want_labels, Outputs* o);
+  // Threshold sweep of a single-logit output: [n, T, 4] tp, fp, fn, tn of the foreground class.
+  at::Tensor ThresholdCounts(const at::Tensor& logits, const at::Tensor& gt) const;
 
   const ModelRunnerOptions options_;
   const at::Device device_;
@@ -325,10 +333,29 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
 
+at::Tensor TorchRunner::ThresholdCounts(const at::Tensor& logits, const at::Tensor& gt) const {
+  // Foreground where sigmoid(x) > t, i.e. x > log(t / (1 - t)), compared in double precision.
+  std::vector<double> cuts;
+  for (double t : options_.thresholds) cuts.push_back(std::log(t / (1.0 - t)));
+  const int64_t n = gt.size(0), T = static_cast<int64_t>(cuts.size());
+  at::Tensor x = logits.select(1, 0).to(at::kDouble).unsqueeze(1);                       // [n, 1, H, W]
+  at::Tensor cut = at::tensor(cuts, x.options()).view({1, T, 1, 1});
+  at::Tensor fg = x.gt(cut);                                                             // [n, T, H, W]
+  at::Tensor ref = gt.to(at::kLong).unsqueeze(1);
+  at::Tensor is1 = ref.eq(1), is0 = ref.eq(0);  // Ignored pixels (-1) and labels >= 2 are neither.
+  auto count = [](const at::Tensor& b) { return b.sum({2, 3}).to(at::kLong); };
+  at::Tensor tp = count(fg.logical_and(is1)), fp = count(fg.logical_and(is0));
+  at::Tensor fn = count(fg.logical_not().logical_and(is1)), tn = count(fg.logical_not().logical_and(is0));
+  return at::stack({tp, fp, fn, tn}, 2).view({n, T, 4});
+}
+
 absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
-                                      bool want_labels, std::vector<at::Tensor>* counts,
-                                      std::vector<at::Tensor>* labels, std::vector<at::Tensor>* nonfinite,
-                                      at::Tensor* ties, int* k) {
+                                      bool want_labels, Outputs* o) {
+  std::vector<at::Tensor>* counts = &o->counts;
+  std::vector<at::Tensor>* labels = &o->labels;
+  std::vector<at::Tensor>* nonfinite = &o->nonfinite;
+  at::Tensor* ties = &o->ties;
+  int* k = &o->k;
   const int64_t n = gt.size(0), H = gt.size(1), W = gt.size(2);
   if (raw_logits.dim() != 4 || raw_logits.size(0) != n || raw_logits.size(1) < 1) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -341,6 +368,13 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
   }
   const int64_t C = logits.size(1);
   const int64_t K = C == 1 ? 2 : C;
+  if (!options_.thresholds.empty()) {
+    if (C != 1) {
+      return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned ", C,
+                                                        " channels; --thresholds needs a single-logit output (C = 1)"));
+    }
+    o->thresholds.push_back(ThresholdCounts(logits, gt));
+  }
   if (*k != 0 && *k != K) {
     return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned ", C,
                                                       " channels for one input and a different number for another"));
@@ -483,7 +517,7 @@ absl::StatusOr<at::Tensor> TorchRunner::Forward(const at::Tensor& x, const std::
 absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x,
                                             bool want_labels, Outputs* o) {
   if (dev.uniform) {
-    return Postprocess(logits, dev.masks[0], x, want_labels, &o->counts, &o->labels, &o->nonfinite, &o->ties, &o->k);
+    return Postprocess(logits, dev.masks[0], x, want_labels, o);
   }
   if (logits.dim() != 4 || logits.size(0) != dev.n) {
     return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned logits of shape ",
@@ -491,8 +525,7 @@ absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Grou
                                                       "; expected [N, C, H, W] with N = ", dev.n));
   }
   for (int64_t i = 0; i < dev.n; ++i) {
-    RETURN_IF_ERROR(Postprocess(logits.narrow(0, i, 1), dev.masks[i], x, want_labels, &o->counts, &o->labels,
-                                &o->nonfinite, &o->ties, &o->k));
+    RETURN_IF_ERROR(Postprocess(logits.narrow(0, i, 1), dev.masks[i], x, want_labels, o));
   }
   return absl::OkStatus();
 }
@@ -522,6 +555,11 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o) {
   pending->nonfinite_host_ = to_host(o.nonfinite, at::kLong);
   pending->nonfinite_ptr_ = pending->nonfinite_host_.data_ptr<int64_t>();
   if (o.ties.defined()) pending->ties_ = to_host({o.ties}, at::kLong);
+  if (!o.thresholds.empty()) {
+    pending->thresholds_host_ = to_host(o.thresholds, at::kLong);
+    pending->thresholds_ptr_ = pending->thresholds_host_.data_ptr<int64_t>();
+    pending->num_thresholds_ = options_.thresholds.size();
+  }
 #if TALLY_WITH_CUDA
   if (cuda_) {
     pending->done_ = std::make_unique<at::cuda::CUDAEvent>();

@@ -15,11 +15,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace tally {
+namespace v1 {
+class ManifestRow;
+}  // namespace v1
 
 struct ModelRunnerOptions {
   std::string model_path;
@@ -34,6 +38,16 @@ struct ModelRunnerOptions {
   bool count_logit_ties = false;  // Count pixels whose two largest logits are equal (costs a topk).
   bool cudnn_benchmark = false;  // cuDNN picks algorithms by timing them (per process: not exact).
   double memory_limit_gib = 0;    // CUDA: cap this process's device memory (0 = no cap).
+  // Single-score outputs: counts of the foreground class at each probability threshold (sorted,
+  // in (0, 1)); a model with another output shape fails with FAILED_PRECONDITION.
+  std::vector<double> thresholds;
+  // Python backend (worker/python_runner.h).
+  std::vector<std::string> devices;  // What the model is given: {"cpu"} or {"cuda:0", ...}.
+  std::string python;                // Interpreter; empty = python3.
+  std::string class_name = "Model";
+  std::vector<std::pair<std::string, std::string>> model_options;
+  std::vector<std::string> columns;  // Names of ManifestRow.columns.
+  int num_classes = 0;               // --num-classes: the class count of label-map outputs.
 };
 
 // Host memory from the runner: page-locked on CUDA, so uploads are asynchronous.
@@ -49,6 +63,7 @@ struct BatchImage {
   size_t mask_offset = 0;   // Element offset of H x W uint16 labels in the mask buffer.
   int height = 0;
   int width = 0;
+  const v1::ManifestRow* row = nullptr;  // The manifest row (Python models read its columns).
 };
 
 struct BatchSpec {
@@ -74,6 +89,17 @@ class PendingBatch {
   // size (after the bilinear resize, when the model's output size differs), every channel.
   virtual int64_t nonfinite(int i) const = 0;
   virtual int64_t logit_ties() const = 0;
+  // Non-empty: image i's output broke the model contract (shape, dtype, a label >= K); its row
+  // fails with this message and the rest of the batch stands.
+  virtual std::string error(int /*i*/) const { return std::string(); }
+  // With thresholds: tp, fp, fn, tn of the foreground class at each threshold for image i.
+  virtual const int64_t* threshold_counts(int /*i*/) const { return nullptr; }
+};
+
+struct GpuUsage {
+  std::string device;
+  std::string name;
+  int64_t peak_memory_bytes = 0;
 };
 
 struct RunnerStats {
@@ -81,6 +107,7 @@ struct RunnerStats {
   std::string gpu_name;
   int64_t peak_memory_bytes = 0;
   double load_seconds = 0;
+  std::vector<GpuUsage> gpus;  // Every GPU the model uses.
 };
 
 class ModelRunner {

@@ -171,6 +171,12 @@ v1::WorkerStats Pipeline::Stats() const {
   s.set_decode_threads(options_.decode_threads);
   s.set_first_batch_unix(first_batch_unix_);
   s.set_logit_ties(logit_ties_);
+  for (const GpuUsage& g : rs.gpus) {
+    v1::GpuStats* gs = s.add_gpus();
+    gs->set_device(g.device);
+    gs->set_name(g.name);
+    gs->set_peak_memory_bytes(g.peak_memory_bytes);
+  }
   if (clock_start_ > 0 && last_result_ > clock_start_) {
     s.set_images_per_second(static_cast<double>(images_after_warmup_) / (last_result_ - clock_start_));
   }
@@ -305,6 +311,7 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
     b.mask_offset = mask_off;
     b.height = it->image->height;
     b.width = it->image->width;
+    b.row = &it->row;
     image_off += it->image->pixels.size();
     mask_off += it->mask->labels.size();
     spec->items.push_back(b);
@@ -677,8 +684,10 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     // Results carry the job's one class count: a model whose class count changes with the input
     // fails those rows rather than sending results the coordinator must reject.
     const int64_t nonfinite = pending->nonfinite(static_cast<int>(j));
-    std::string error;
-    if (k != job_classes) {
+    std::string error = pending->error(static_cast<int>(j));
+    if (!error.empty()) {
+      // This image's output broke the model contract (Python models: shape, dtype, a label >= K).
+    } else if (k != job_classes) {
       error = absl::StrCat("the model returned ", k, " classes for this input (", it.height, "x", it.width,
                            ") but ", job_classes, " for earlier ones");
     } else if (nonfinite > 0 && !options_.nonfinite_warn) {
@@ -698,6 +707,15 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       continue;
     }
     r.set_nonfinite(nonfinite);
+    if (const int64_t* tc = pending->threshold_counts(static_cast<int>(j)); tc != nullptr) {
+      for (size_t t = 0; t < options_.num_thresholds; ++t) {
+        v1::ThresholdCounts* c = r.add_thresholds();
+        c->set_tp(tc[4 * t]);
+        c->set_fp(tc[4 * t + 1]);
+        c->set_fn(tc[4 * t + 2]);
+        c->set_tn(tc[4 * t + 3]);
+      }
+    }
     r.set_mask_max_label(batch->max_label[i]);
     r.set_mask_ignored_pixels(batch->mask_ignored[i]);
     const int64_t* m = pending->confusion(static_cast<int>(j));

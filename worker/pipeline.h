@@ -54,6 +54,7 @@ struct PipelineOptions {
   bool nonfinite_warn = false;  // Evaluate rows whose model output has NaN/Inf (else they fail).
   int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
   std::vector<std::pair<int, int>> label_map;  // Applied to reference masks first (value -> label).
+  size_t num_thresholds = 0;    // Results carry the runner's threshold counts (ModelRunnerOptions).
 };
 
 class Pipeline : public RowEvaluator {

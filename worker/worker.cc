@@ -1,5 +1,6 @@
 #include "worker/worker.h"
 
+#include "worker/python_runner.h"
 #include "worker/scoring.h"
 
 #include <unistd.h>
@@ -10,6 +11,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -329,6 +332,15 @@ void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolat
   DropLease(key.lease_id);
 }
 
+std::vector<std::string> Worker::Devices() const {
+  if (options_.device.rfind("cuda", 0) != 0) return {options_.device.empty() ? "cpu" : options_.device};
+  int first = 0;
+  if (options_.device.size() > 5) absl::SimpleAtoi(options_.device.substr(5), &first);
+  std::vector<std::string> out;
+  for (int i = 0; i < std::max(1, options_.gpus_per_worker); ++i) out.push_back(absl::StrCat("cuda:", first + i));
+  return out;
+}
+
 absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   RowEvaluator* previous = nullptr;  // evaluator_ is replaced only by this thread.
   {
@@ -379,8 +391,28 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   ro.count_logit_ties = options_.count_logit_ties;
   ro.cudnn_benchmark = options_.cudnn_benchmark;
   ro.memory_limit_gib = options_.gpu_memory_limit_gib;
-  Log("job ", a.job_id(), ": loading model ", config.model, " on ", options_.device);
-  ASSIGN_OR_RETURN(evaluator->runner, ModelRunner::Create(ro));
+  ro.thresholds = config.thresholds;
+  const ModelRef model = ParseModelRef(config.model);
+  const std::vector<std::string> devices = Devices();
+  if (model.python) {
+    ro.model_path = model.path;
+    ro.class_name = model.class_name;
+    ro.devices = devices;
+    ro.python = config.python;
+    ro.model_options = config.model_options;
+    ro.columns = config.manifest_columns;
+    ro.num_classes = config.num_classes;
+    Log("job ", a.job_id(), ": starting Python model ", config.model, " on ", absl::StrJoin(devices, ","));
+    ASSIGN_OR_RETURN(evaluator->runner, CreatePythonRunner(ro));
+  } else {
+    if (devices.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TorchScript models run on one GPU, but this worker owns ", devices.size(),
+          " (--gpus-per-worker); use a Python model (--model PATH.py) to spread a model over several GPUs"));
+    }
+    Log("job ", a.job_id(), ": loading model ", config.model, " on ", options_.device);
+    ASSIGN_OR_RETURN(evaluator->runner, ModelRunner::Create(ro));
+  }
   PipelineOptions po;
   po.decode_threads = options_.threads;
   po.default_batch_size = DefaultBatchSize(evaluator->runner->is_cuda());
@@ -397,6 +429,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
   po.ignore_index = config.ignore_index;
   po.label_map = config.label_map;
+  po.num_thresholds = config.thresholds.size();
   evaluator->pipeline = std::make_unique<Pipeline>(evaluator->runner.get(), po, on_result, on_fatal, on_timeout);
   absl::MutexLock lock(&mu_);
   evaluator_ = std::move(evaluator);

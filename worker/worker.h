@@ -52,6 +52,9 @@ struct WorkerOptions {
   bool cudnn_benchmark = false;
   int warmup_batches = 2;
   double gpu_memory_limit_gib = 0;  // Cap on this worker's device memory (0 = none).
+  // GPUs this worker owns, from `device` on (cuda:N .. cuda:N+K-1): Python models get them all;
+  // TorchScript jobs need K = 1.
+  int gpus_per_worker = 1;
 };
 
 // Exit codes of tally-worker besides 0 (stopped), 1 (error) and 2 (usage).
@@ -85,6 +88,8 @@ class Worker {
   };
 
   explicit Worker(WorkerOptions options);
+  // What a model on this worker is given: {"cpu"} or {"cuda:N", ...} (gpus_per_worker of them).
+  std::vector<std::string> Devices() const;
   // The batch size this worker uses for jobs that leave it to the workers.
   int DefaultBatchSize(bool cuda) const;
   absl::Status Register(bool first);

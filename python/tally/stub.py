@@ -1,0 +1,330 @@
+"""The stub process of Tally's Python model backend (run as `python -m tally.stub` by tally-worker).
+
+The worker talks to this process over a Unix socket (file descriptor $TALLY_STUB_FD): JSON
+messages (the StubRequest / StubResponse protos of proto/tally.proto), each framed by a 4-byte
+little-endian length. Pixels never cross the socket: the worker passes memfd buffers once
+(SCM_RIGHTS, "map"), puts each batch's decoded images in one of them and names, per request, the
+buffer the outputs go to. Outputs are canonicalised here, on the model's own device when it
+returns torch tensors:
+
+  * HxW (or 1xHxW) integers or bools  -> "labels": uint16 class labels, as given
+  * CxHxW floats, C >= 2              -> "argmax": uint16 argmax over C (first maximum on ties)
+  * HxW or 1xHxW floats               -> "score":  float32 single foreground score
+
+and the worker computes every count and metric from them. Requests are answered in order.
+"""
+
+import array
+import collections
+import contextlib
+import importlib.util
+import json
+import mmap
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+_MAX_ERROR = 2000
+_MAX_CLASSES = 4096
+
+
+class _Connection:
+    def __init__(self, fd):
+        os.set_inheritable(fd, False)
+        self.sock = socket.socket(fileno=fd)
+        self.buf = bytearray()
+        self.fds = collections.deque()
+        self.lock = threading.Lock()
+
+    def _recv(self):
+        data, anc, _, _ = self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(64 * 4))
+        for level, kind, cdata in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(cdata[: len(cdata) - len(cdata) % fds.itemsize])
+                self.fds.extend(fds)
+        if not data:
+            raise EOFError
+        self.buf += data
+
+    def read(self):
+        while len(self.buf) < 4:
+            self._recv()
+        (n,) = struct.unpack("<I", self.buf[:4])
+        while len(self.buf) < 4 + n:
+            self._recv()
+        msg = json.loads(bytes(self.buf[4 : 4 + n]))
+        del self.buf[: 4 + n]
+        return msg
+
+    def write(self, obj):
+        data = json.dumps(obj).encode()
+        with self.lock:
+            self.sock.sendall(struct.pack("<I", len(data)) + data)
+
+
+def _watch_parent(ppid):
+    # The stub dies with its worker, even while predict() is stuck.
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != ppid:
+            os._exit(1)
+
+
+def _short(text):
+    text = text.strip()
+    return text if len(text) <= _MAX_ERROR else "..." + text[-_MAX_ERROR:]
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _is_tensor(x):
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _gpu_stats(devices):
+    torch = _torch()
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return []
+    out = []
+    for d in devices:
+        if not d.startswith("cuda"):
+            continue
+        idx = int(d.split(":")[1]) if ":" in d else 0
+        out.append(
+            {
+                "device": d,
+                "name": torch.cuda.get_device_name(idx),
+                "peak_memory_bytes": int(torch.cuda.max_memory_reserved(idx)),
+            }
+        )
+    return out
+
+
+def _contract(shape, dtype, h, w):
+    return (
+        "the model's output has shape %s and dtype %s; expected the mask's size %dx%d: HxW integer class "
+        "labels, CxHxW float scores (C >= 2), or HxW / 1xHxW float single score" % (tuple(shape), dtype, h, w)
+    )
+
+
+def _first_position(flat_index, w):
+    return "(y=%d, x=%d)" % (flat_index // w, flat_index % w)
+
+
+def _convert(out, h, w, mm, offset):
+    """Writes one output into the output buffer at `offset`; returns its StubOutput."""
+    if _is_tensor(out):
+        torch = _torch()
+        t = out.detach()
+        shape, dtype = tuple(t.shape), str(t.dtype).replace("torch.", "")
+        if t.is_complex():
+            return {"error": _contract(shape, dtype, h, w)}
+        floating = t.is_floating_point()
+    else:
+        if not isinstance(out, np.ndarray):
+            try:
+                out = np.asarray(out)
+            except Exception:
+                return {"error": "the model's output is a %s; expected a numpy array or a torch tensor" % type(out).__name__}
+        a = out
+        shape, dtype = a.shape, str(a.dtype)
+        if a.dtype.kind not in "fiub":
+            return {"error": _contract(shape, dtype, h, w)}
+        floating = a.dtype.kind == "f"
+    single = shape == (h, w) or shape == (1, h, w)
+    if floating and len(shape) == 3 and shape[0] >= 2 and shape[1:] == (h, w):
+        c = shape[0]
+        if c > _MAX_CLASSES:
+            return {"error": "the model returned %d score channels; at most %d classes" % (c, _MAX_CLASSES)}
+        if _is_tensor(out):
+            nonfinite = int((~torch.isfinite(t)).sum().item())
+            dest = np.ndarray((h, w), np.int16, buffer=mm, offset=offset)
+            torch.from_numpy(dest).copy_(t.argmax(0).to(torch.int16))
+        else:
+            nonfinite = int(np.count_nonzero(~np.isfinite(a)))
+            dest = np.ndarray((h, w), np.uint16, buffer=mm, offset=offset)
+            dest[...] = np.argmax(a, axis=0)
+        return {"kind": "argmax", "channels": c, "nonfinite": nonfinite}
+    if floating and single:
+        dest = np.ndarray((h, w), np.float32, buffer=mm, offset=offset)
+        if _is_tensor(out):
+            torch.from_numpy(dest).copy_(t.reshape(h, w))
+        else:
+            np.copyto(dest, a.reshape(h, w), casting="unsafe")
+        return {"kind": "score"}
+    if not floating and single:
+        if _is_tensor(out):
+            lab = t.reshape(h, w)
+            if lab.dtype == torch.bool:
+                lab = lab.to(torch.uint8)
+            lo, hi = int(lab.min().item()), int(lab.max().item())
+            if lo < 0:
+                pos = int((lab.reshape(-1) < 0).nonzero()[0].item())
+                return {"error": "the model's output has label %d at %s; labels must be >= 0" % (lo, _first_position(pos, w))}
+            if hi > 65534:
+                pos = int((lab.reshape(-1) > 65534).nonzero()[0].item())
+                return {"error": "the model's output has label %d at %s; labels must be <= 65534" % (hi, _first_position(pos, w))}
+            if hi <= 32767:
+                dest = np.ndarray((h, w), np.int16, buffer=mm, offset=offset)
+                torch.from_numpy(dest).copy_(lab.to(torch.int16))
+                return {"kind": "labels"}
+            a = lab.cpu().numpy()
+        else:
+            a = a.reshape(h, w)
+            if a.size:
+                lo, hi = int(a.min()), int(a.max())
+                if lo < 0:
+                    pos = int(np.flatnonzero(a.reshape(-1) < 0)[0])
+                    return {"error": "the model's output has label %d at %s; labels must be >= 0" % (lo, _first_position(pos, w))}
+                if hi > 65534:
+                    pos = int(np.flatnonzero(a.reshape(-1) > 65534)[0])
+                    return {"error": "the model's output has label %d at %s; labels must be <= 65534" % (hi, _first_position(pos, w))}
+        dest = np.ndarray((h, w), np.uint16, buffer=mm, offset=offset)
+        dest[...] = a.reshape(h, w)
+        return {"kind": "labels"}
+    return {"error": _contract(shape, dtype, h, w)}
+
+
+class _Stub:
+    def __init__(self, conn):
+        self.conn = conn
+        self.buffers = {}
+        self.model = None
+        self.devices = []
+
+    def init(self, msg):
+        path = msg.get("model_path", "")
+        class_name = msg.get("class_name") or "Model"
+        self.devices = list(msg.get("devices", [])) or ["cpu"]
+        options = dict(msg.get("options", {}))
+        try:
+            folder = os.path.dirname(os.path.abspath(path))
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+            spec = importlib.util.spec_from_file_location("tally_user_model", path)
+            if spec is None or spec.loader is None:
+                raise ImportError("cannot import %s as a Python module" % path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["tally_user_model"] = module
+            spec.loader.exec_module(module)
+        except BaseException:
+            return {"op": "error", "error": _short(traceback.format_exc())}
+        cls = getattr(module, class_name, None)
+        if cls is None:
+            classes = sorted(n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)
+            return {
+                "op": "error",
+                "error": "%s defines no class '%s' (it defines: %s)" % (path, class_name, ", ".join(classes) or "no classes"),
+            }
+        try:
+            self.model = cls(list(self.devices), options)
+        except BaseException:
+            return {"op": "error", "error": _short(traceback.format_exc())}
+        num_classes = getattr(self.model, "num_classes", 0) or 0
+        try:
+            num_classes = int(num_classes)
+        except (TypeError, ValueError):
+            return {"op": "error", "error": "%s.num_classes is %r; expected an integer" % (class_name, num_classes)}
+        if num_classes == 1 or num_classes < 0 or num_classes > _MAX_CLASSES:
+            return {"op": "error", "error": "%s.num_classes is %d; expected 2..%d" % (class_name, num_classes, _MAX_CLASSES)}
+        return {
+            "op": "ready",
+            "num_classes": num_classes,
+            "outputs_probabilities": bool(getattr(self.model, "outputs_probabilities", False)),
+            "gpus": _gpu_stats(self.devices),
+        }
+
+    def predict(self, msg):
+        items = msg.get("items", [])
+        images_mm = self.buffers[int(msg["image_buffer"])]
+        out_mm = self.buffers[int(msg["output_buffer"])]
+        images, rows = [], []
+        for it in items:
+            h, w = int(it["height"]), int(it["width"])
+            # Views of the shared buffer, valid until predict returns: copy what must outlive it.
+            images.append(np.ndarray((h, w, 3), np.uint8, buffer=images_mm, offset=int(it.get("image_offset", 0))))
+            row = dict(it.get("row", {}))
+            row["index"] = int(it.get("index", 0))
+            rows.append(row)
+        torch = _torch()
+        grad = torch.no_grad() if torch is not None else contextlib.nullcontext()
+        try:
+            with grad:
+                outs = self.model.predict(images, rows)
+                if outs is None:
+                    raise TypeError("predict returned None; it must return one output per image")
+                outs = list(outs)
+                if len(outs) != len(items):
+                    raise ValueError("predict returned %d outputs for %d images; it must return one per image" % (len(outs), len(items)))
+                outputs = []
+                for it, out in zip(items, outs):
+                    outputs.append(_convert(out, int(it["height"]), int(it["width"]), out_mm, int(it.get("output_offset", 0))))
+        except Exception as e:
+            name = type(e).__name__
+            text = "%s: %s" % (name, e)
+            oom = "OutOfMemoryError" in name or "out of memory" in str(e).lower()
+            if oom and torch is not None and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return {"op": "result", "id": msg.get("id", 0), "error": _short(text), "oom": oom}
+        return {"op": "result", "id": msg.get("id", 0), "outputs": outputs, "gpus": _gpu_stats(self.devices)}
+
+    def serve(self):
+        while True:
+            try:
+                msg = self.conn.read()
+            except (EOFError, ConnectionError, OSError):
+                return
+            op = msg.get("op")
+            if op == "map":
+                fd = self.conn.fds.popleft()
+                try:
+                    self.buffers[int(msg["buffer"])] = mmap.mmap(fd, int(msg["size"]))
+                finally:
+                    os.close(fd)
+            elif op == "unmap":
+                # Views handed to the model may still refer to it: let the garbage collector unmap.
+                self.buffers.pop(int(msg.get("buffer", 0)), None)
+            elif op == "init":
+                reply = self.init(msg)
+                reply["id"] = msg.get("id", 0)
+                self.conn.write(reply)
+            elif op == "predict":
+                self.conn.write(self.predict(msg))
+            elif op == "stats":
+                self.conn.write({"op": "stats", "id": msg.get("id", 0), "gpus": _gpu_stats(self.devices)})
+            elif op == "empty_cache":
+                torch = _torch()
+                if torch is not None and torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            elif op == "exit":
+                return
+
+
+def main():
+    fd = int(os.environ.get("TALLY_STUB_FD", "-1"))
+    if fd < 0:
+        sys.stderr.write("tally.stub is started by tally-worker (TALLY_STUB_FD is not set)\n")
+        return 2
+    # Interrupts are for the worker, which stops this process itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    _Stub(_Connection(fd)).serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown (CUDA contexts, model threads): the worker waits for the exit.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
