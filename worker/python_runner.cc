@@ -74,6 +74,8 @@ std::string DescribeExit(int status) {
   return "unknown status";
 }
 
+class ShmBuffer;
+
 // A response, or the stub's death, for one request.
 struct Reply {
   absl::Notification done;
@@ -110,6 +112,13 @@ class Channel {
   void NoteGpus(const v1::StubResponse& r) ABSL_LOCKS_EXCLUDED(mu_);
   const ModelRunnerOptions& options() const { return options_; }
 
+  // Output buffers outlive their batch in a small pool: a new buffer costs a memfd, a mapping on
+  // both sides and, on CUDA, page-locking it in the stub.
+  std::unique_ptr<ShmBuffer> TakeOutput(std::shared_ptr<Channel> self, size_t bytes) ABSL_LOCKS_EXCLUDED(pool_mu_);
+  void ReturnOutput(std::unique_ptr<ShmBuffer> buffer) ABSL_LOCKS_EXCLUDED(pool_mu_);
+  // Drops the pool (its buffers refer back to this channel) and stops pooling.
+  void ClosePool() ABSL_LOCKS_EXCLUDED(pool_mu_);
+
  private:
   absl::Status Spawn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(start_mu_);
   bool SendFrame(const std::string& json, int fd_to_pass) ABSL_LOCKS_EXCLUDED(mu_);
@@ -130,6 +139,9 @@ class Channel {
   std::vector<GpuUsage> gpus_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> model_classes_{0};
   std::atomic<bool> probabilities_{false};
+  absl::Mutex pool_mu_;
+  std::vector<std::unique_ptr<ShmBuffer>> pool_ ABSL_GUARDED_BY(pool_mu_);
+  bool pool_closed_ ABSL_GUARDED_BY(pool_mu_) = false;
 };
 
 class ShmBuffer final : public HostBuffer {
@@ -169,6 +181,41 @@ class ShmBuffer final : public HostBuffer {
   size_t size_;
   int64_t id_ = 0;
 };
+
+std::unique_ptr<ShmBuffer> Channel::TakeOutput(std::shared_ptr<Channel> self, size_t bytes) {
+  {
+    absl::MutexLock lock(&pool_mu_);
+    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+      if ((*it)->size() >= bytes && (*it)->size() <= 4 * bytes + (1 << 20)) {
+        std::unique_ptr<ShmBuffer> b = std::move(*it);
+        pool_.erase(it);
+        return b;
+      }
+    }
+  }
+  return ShmBuffer::Create(std::move(self), bytes + bytes / 4);
+}
+
+void Channel::ReturnOutput(std::unique_ptr<ShmBuffer> buffer) {
+  std::unique_ptr<ShmBuffer> drop;
+  absl::MutexLock lock(&pool_mu_);
+  if (pool_closed_) {
+    drop = std::move(buffer);
+    return;
+  }
+  pool_.push_back(std::move(buffer));
+  if (pool_.size() > 8) {
+    drop = std::move(pool_.front());
+    pool_.erase(pool_.begin());
+  }
+}
+
+void Channel::ClosePool() {
+  std::vector<std::unique_ptr<ShmBuffer>> drop;
+  absl::MutexLock lock(&pool_mu_);
+  pool_closed_ = true;
+  drop.swap(pool_);
+}
 
 int64_t Channel::RegisterBuffer(int fd, size_t size) {
   int64_t id = 0;
@@ -508,6 +555,10 @@ class PythonPendingBatch final : public PendingBatch {
         spec_(std::move(spec)),
         output_(std::move(output)),
         reply_(std::move(reply)) {}
+  ~PythonPendingBatch() override {
+    // The stub has answered (or died): nothing writes to the buffer any more.
+    if (reply_->done.HasBeenNotified()) channel_->ReturnOutput(std::move(output_));
+  }
 
   absl::Status Wait() override;
   int num_classes() const override { return k_; }
@@ -698,7 +749,10 @@ class PythonRunner final : public ModelRunner {
  public:
   explicit PythonRunner(std::shared_ptr<Channel> channel, double load_seconds)
       : channel_(std::move(channel)), load_seconds_(load_seconds) {}
-  ~PythonRunner() override { channel_->Stop(); }
+  ~PythonRunner() override {
+    channel_->Stop();
+    channel_->ClosePool();
+  }
 
   std::unique_ptr<HostBuffer> AllocateHost(size_t bytes) override { return ShmBuffer::Create(channel_, bytes); }
 
@@ -710,7 +764,7 @@ class PythonRunner final : public ModelRunner {
     if (absl::Status s = channel_->EnsureRunning(); !s.ok()) return absl::FailedPreconditionError(s.message());
     size_t need = 0;
     for (const BatchImage& it : batch.items) need += static_cast<size_t>(it.height) * it.width * 4;
-    std::unique_ptr<ShmBuffer> output = TakeOutput(need);
+    std::unique_ptr<ShmBuffer> output = channel_->TakeOutput(channel_, need);
     if (!output) return absl::ResourceExhaustedError("cannot allocate shared memory for the model's outputs");
     v1::StubRequest req;
     req.set_op("predict");
@@ -768,25 +822,8 @@ class PythonRunner final : public ModelRunner {
   }
 
  private:
-  // Output buffers are per batch; a few are kept for reuse.
-  std::unique_ptr<ShmBuffer> TakeOutput(size_t bytes) {
-    {
-      absl::MutexLock lock(&pool_mu_);
-      for (auto it = pool_.begin(); it != pool_.end(); ++it) {
-        if ((*it)->size() >= bytes && (*it)->size() <= 4 * bytes + (1 << 20)) {
-          std::unique_ptr<ShmBuffer> b = std::move(*it);
-          pool_.erase(it);
-          return b;
-        }
-      }
-    }
-    return ShmBuffer::Create(channel_, bytes + bytes / 4);
-  }
-
   std::shared_ptr<Channel> channel_;
   double load_seconds_;
-  absl::Mutex pool_mu_;
-  std::vector<std::unique_ptr<ShmBuffer>> pool_ ABSL_GUARDED_BY(pool_mu_);
 };
 
 }  // namespace

@@ -196,12 +196,36 @@ def _convert(out, h, w, mm, offset):
     return {"error": _contract(shape, dtype, h, w)}
 
 
+def _cuda_ready():
+    torch = _torch()
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 class _Stub:
     def __init__(self, conn):
         self.conn = conn
         self.buffers = {}
+        self.registered = {}  # buffer id -> address registered with CUDA (page-locked)
         self.model = None
         self.devices = []
+
+    def _register(self):
+        # Page-lock the shared buffers once the model has initialised CUDA: host<->device copies
+        # from and to them are then direct and, with non_blocking=True, asynchronous.
+        if not _cuda_ready() or not any(d.startswith("cuda") for d in self.devices):
+            return
+        cudart = _torch().cuda.cudart()
+        for bid, mm in self.buffers.items():
+            if bid in self.registered:
+                continue
+            addr = np.frombuffer(mm, np.uint8).__array_interface__["data"][0]
+            err = cudart.cudaHostRegister(addr, len(mm), 0)
+            self.registered[bid] = addr if int(err) == 0 else None
+
+    def _unregister(self, bid):
+        addr = self.registered.pop(bid, None)
+        if addr is not None and _cuda_ready():
+            _torch().cuda.cudart().cudaHostUnregister(addr)
 
     def init(self, msg):
         path = msg.get("model_path", "")
@@ -246,6 +270,7 @@ class _Stub:
         }
 
     def predict(self, msg):
+        self._register()
         items = msg.get("items", [])
         images_mm = self.buffers[int(msg["image_buffer"])]
         out_mm = self.buffers[int(msg["output_buffer"])]
@@ -264,6 +289,9 @@ class _Stub:
                 outs = self.model.predict(images, rows)
                 if outs is None:
                     raise TypeError("predict returned None; it must return one output per image")
+                batched = self._convert_batch(outs, items, out_mm)
+                if batched is not None:
+                    return {"op": "result", "id": msg.get("id", 0), "outputs": batched, "gpus": _gpu_stats(self.devices)}
                 outs = list(outs)
                 if len(outs) != len(items):
                     raise ValueError("predict returned %d outputs for %d images; it must return one per image" % (len(outs), len(items)))
@@ -279,8 +307,35 @@ class _Stub:
             return {"op": "result", "id": msg.get("id", 0), "error": _short(text), "oom": oom}
         return {"op": "result", "id": msg.get("id", 0), "outputs": outputs, "gpus": _gpu_stats(self.devices)}
 
+    def _convert_batch(self, outs, items, out_mm):
+        """One N x C x H x W float tensor for a batch of one size: argmax and non-finite counts in one
+        pass on the model's device. None when the output is anything else (converted per image)."""
+        if not _is_tensor(outs) or outs.dim() != 4 or not outs.is_floating_point() or not items:
+            return None
+        n, c, h, w = outs.shape
+        if n != len(items) or c < 2 or c > _MAX_CLASSES:
+            return None
+        if any((int(it["height"]), int(it["width"])) != (h, w) for it in items):
+            return None
+        torch = _torch()
+        t = outs.detach()
+        nonfinite = (~torch.isfinite(t)).sum(dim=(1, 2, 3)).tolist()
+        labels = t.argmax(1).to(torch.int16)
+        result = []
+        for i, it in enumerate(items):
+            dest = np.ndarray((h, w), np.int16, buffer=out_mm, offset=int(it.get("output_offset", 0)))
+            torch.from_numpy(dest).copy_(labels[i])
+            result.append({"kind": "argmax", "channels": int(c), "nonfinite": int(nonfinite[i])})
+        return result
+
     def serve(self):
+        # TALLY_STUB_PROFILE=1: every 50 batches, where the stub's time went (waiting for requests,
+        # in predict() and converting outputs, answering), to the worker's log.
+        profile = os.environ.get("TALLY_STUB_PROFILE") == "1"
+        times = collections.Counter()
+        batches = 0
         while True:
+            t0 = time.perf_counter()
             try:
                 msg = self.conn.read()
             except (EOFError, ConnectionError, OSError):
@@ -294,13 +349,25 @@ class _Stub:
                     os.close(fd)
             elif op == "unmap":
                 # Views handed to the model may still refer to it: let the garbage collector unmap.
+                self._unregister(int(msg.get("buffer", 0)))
                 self.buffers.pop(int(msg.get("buffer", 0)), None)
             elif op == "init":
                 reply = self.init(msg)
                 reply["id"] = msg.get("id", 0)
                 self.conn.write(reply)
             elif op == "predict":
-                self.conn.write(self.predict(msg))
+                t1 = time.perf_counter()
+                reply = self.predict(msg)
+                t2 = time.perf_counter()
+                self.conn.write(reply)
+                if profile:
+                    times["wait"] += t1 - t0
+                    times["predict+convert"] += t2 - t1
+                    times["answer"] += time.perf_counter() - t2
+                    batches += 1
+                    if batches % 50 == 0:
+                        print("stub profile over %d batches: %s" % (batches, ", ".join(
+                            "%s %.1f ms/batch" % (k, 1000 * v / batches) for k, v in sorted(times.items()))), flush=True)
             elif op == "stats":
                 self.conn.write({"op": "stats", "id": msg.get("id", 0), "gpus": _gpu_stats(self.devices)})
             elif op == "empty_cache":
