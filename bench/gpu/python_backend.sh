@@ -38,7 +38,7 @@ for arch in lraspp deeplabv3; do
     --gpus all --metrics dice --batch-size 32 > "$work/out/ts_$arch.log" 2>&1 || tail -20 "$work/out/ts_$arch.log"
   summarize "ts_$arch" torchscript "$arch"
   "$bin/tally" run --model "$src/bench/gpu/torchvision_model.py" --model-option "arch=$arch" --python "$py" \
-    --manifest "$work/png/manifest.csv" --out "$work/out/py_$arch" --gpus all --metrics dice --batch-size 32 \
+    --manifest "$work/png/manifest.csv" --out "$work/out/py_$arch" --gpus all --worker-flags=--warmup-batches=2 --metrics dice --batch-size 32 \
     > "$work/out/py_$arch.log" 2>&1 || tail -20 "$work/out/py_$arch.log"
   summarize "py_$arch" python "$arch"
 done

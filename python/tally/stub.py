@@ -64,6 +64,14 @@ class _Connection:
         del self.buf[: 4 + n]
         return msg
 
+    def ready(self):
+        """True when a request is already waiting (buffered or on the socket)."""
+        if len(self.buf) >= 4:
+            return True
+        import select
+
+        return bool(select.select([self.sock], [], [], 0)[0])
+
     def write(self, obj):
         data = json.dumps(obj).encode()
         with self.lock:
@@ -208,6 +216,10 @@ class _Stub:
         self.registered = {}  # buffer id -> address registered with CUDA (page-locked)
         self.model = None
         self.devices = []
+        self.deferred = None  # A predict answer waiting for its GPU copies (see serve()).
+
+    def _answer(self, deferred):
+        self.conn.write(deferred())
 
     def _register(self):
         # Page-lock the shared buffers once the model has initialised CUDA: host<->device copies
@@ -291,7 +303,15 @@ class _Stub:
                     raise TypeError("predict returned None; it must return one output per image")
                 batched = self._convert_batch(outs, items, out_mm)
                 if batched is not None:
-                    return {"op": "result", "id": msg.get("id", 0), "outputs": batched, "gpus": _gpu_stats(self.devices)}
+                    rid = msg.get("id", 0)
+
+                    def answer():
+                        try:
+                            return {"op": "result", "id": rid, "outputs": batched(), "gpus": _gpu_stats(self.devices)}
+                        except Exception as e:  # A CUDA error surfacing at the synchronisation.
+                            return {"op": "result", "id": rid, "error": _short("%s: %s" % (type(e).__name__, e))}
+
+                    return answer
                 outs = list(outs)
                 if len(outs) != len(items):
                     raise ValueError("predict returned %d outputs for %d images; it must return one per image" % (len(outs), len(items)))
@@ -319,14 +339,31 @@ class _Stub:
             return None
         torch = _torch()
         t = outs.detach()
-        nonfinite = (~torch.isfinite(t)).sum(dim=(1, 2, 3)).tolist()
+        nonfinite = (~torch.isfinite(t)).sum(dim=(1, 2, 3))
         labels = t.argmax(1).to(torch.int16)
-        result = []
-        for i, it in enumerate(items):
-            dest = np.ndarray((h, w), np.int16, buffer=out_mm, offset=int(it.get("output_offset", 0)))
-            torch.from_numpy(dest).copy_(labels[i])
-            result.append({"kind": "argmax", "channels": int(c), "nonfinite": int(nonfinite[i])})
-        return result
+        if t.is_cuda:
+            # Asynchronous: the copies go straight into the page-locked output buffer; the answer
+            # waits for an event, so the stub can start the next batch first (serve()).
+            counts = torch.empty(n, dtype=torch.int64, pin_memory=True)
+            counts.copy_(nonfinite, non_blocking=True)
+            for i, it in enumerate(items):
+                dest = np.ndarray((h, w), np.int16, buffer=out_mm, offset=int(it.get("output_offset", 0)))
+                torch.from_numpy(dest).copy_(labels[i], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            counts = nonfinite
+            for i, it in enumerate(items):
+                dest = np.ndarray((h, w), np.int16, buffer=out_mm, offset=int(it.get("output_offset", 0)))
+                torch.from_numpy(dest).copy_(labels[i])
+            done = None
+
+        def finish():
+            if done is not None:
+                done.synchronize()
+            return [{"kind": "argmax", "channels": int(c), "nonfinite": int(v)} for v in counts.tolist()]
+
+        return finish
 
     def serve(self):
         # TALLY_STUB_PROFILE=1: every 50 batches, where the stub's time went (waiting for requests,
@@ -338,6 +375,19 @@ class _Stub:
             t0 = time.perf_counter()
             try:
                 msg = self.conn.read()
+                if self.deferred is not None:
+                    previous, self.deferred = self.deferred, None
+                    if msg.get("op") == "predict":
+                        # Launch this batch, then answer the previous one.
+                        reply = self.predict(msg)
+                        self._answer(previous)
+                        if callable(reply) and self.conn.ready():
+                            self.deferred = reply
+                            continue
+                        self.conn.write(reply() if callable(reply) else reply)
+                        batches += 1
+                        continue
+                    self._answer(previous)
             except (EOFError, ConnectionError, OSError):
                 return
             op = msg.get("op")
@@ -358,6 +408,13 @@ class _Stub:
             elif op == "predict":
                 t1 = time.perf_counter()
                 reply = self.predict(msg)
+                if callable(reply):
+                    # Outputs still on their way from the GPU. If the next request is already here, start
+                    # it before answering this one, so the GPU never waits for the stub.
+                    if self.deferred is None and self.conn.ready():
+                        self.deferred = reply
+                        continue
+                    reply = reply()
                 t2 = time.perf_counter()
                 self.conn.write(reply)
                 if profile:
