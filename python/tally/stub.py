@@ -217,6 +217,7 @@ class _Stub:
         self.model = None
         self.devices = []
         self.deferred = None  # A predict answer waiting for its GPU copies (see serve()).
+        self.times = collections.Counter()  # TALLY_STUB_PROFILE
 
     def _answer(self, deferred):
         self.conn.write(deferred())
@@ -233,6 +234,8 @@ class _Stub:
             addr = np.frombuffer(mm, np.uint8).__array_interface__["data"][0]
             err = cudart.cudaHostRegister(addr, len(mm), 0)
             self.registered[bid] = addr if int(err) == 0 else None
+            if int(err) != 0:
+                print("cudaHostRegister of a %d-byte buffer failed (%s): copies will be synchronous" % (len(mm), err), flush=True)
 
     def _unregister(self, bid):
         addr = self.registered.pop(bid, None)
@@ -298,7 +301,9 @@ class _Stub:
         grad = torch.no_grad() if torch is not None else contextlib.nullcontext()
         try:
             with grad:
+                t0 = time.perf_counter()
                 outs = self.model.predict(images, rows)
+                self.times["predict()"] += time.perf_counter() - t0
                 if outs is None:
                     raise TypeError("predict returned None; it must return one output per image")
                 batched = self._convert_batch(outs, items, out_mm)
@@ -360,7 +365,9 @@ class _Stub:
 
         def finish():
             if done is not None:
+                t0 = time.perf_counter()
                 done.synchronize()
+                self.times["wait for GPU"] += time.perf_counter() - t0
             return [{"kind": "argmax", "channels": int(c), "nonfinite": int(v)} for v in counts.tolist()]
 
         return finish
@@ -369,12 +376,20 @@ class _Stub:
         # TALLY_STUB_PROFILE=1: every 50 batches, where the stub's time went (waiting for requests,
         # in predict() and converting outputs, answering), to the worker's log.
         profile = os.environ.get("TALLY_STUB_PROFILE") == "1"
-        times = collections.Counter()
+        times = self.times
         batches = 0
+        msg_count = [0]
         while True:
             t0 = time.perf_counter()
+            if profile and msg_count[0] and msg_count[0] % 100 == 0:
+                print("stub profile over %d requests (%d registered buffers): %s" % (msg_count[0], sum(v is not None for v in self.registered.values()), ", ".join(
+                    "%s %.2f ms/request" % (k, 1000 * v / msg_count[0]) for k, v in sorted(times.items()))), flush=True)
             try:
+                t_read = time.perf_counter()
                 msg = self.conn.read()
+                times["read request"] += time.perf_counter() - t_read
+                if msg.get("op") == "predict":
+                    msg_count[0] += 1
                 if self.deferred is not None:
                     previous, self.deferred = self.deferred, None
                     if msg.get("op") == "predict":
@@ -417,14 +432,6 @@ class _Stub:
                     reply = reply()
                 t2 = time.perf_counter()
                 self.conn.write(reply)
-                if profile:
-                    times["wait"] += t1 - t0
-                    times["predict+convert"] += t2 - t1
-                    times["answer"] += time.perf_counter() - t2
-                    batches += 1
-                    if batches % 50 == 0:
-                        print("stub profile over %d batches: %s" % (batches, ", ".join(
-                            "%s %.1f ms/batch" % (k, 1000 * v / batches) for k, v in sorted(times.items()))), flush=True)
             elif op == "stats":
                 self.conn.write({"op": "stats", "id": msg.get("id", 0), "gpus": _gpu_stats(self.devices)})
             elif op == "empty_cache":
