@@ -335,7 +335,7 @@ void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolat
 std::vector<std::string> Worker::Devices() const {
   if (options_.device.rfind("cuda", 0) != 0) return {options_.device.empty() ? "cpu" : options_.device};
   int first = 0;
-  if (options_.device.size() > 5) absl::SimpleAtoi(options_.device.substr(5), &first);
+  if (options_.device.size() > 5 && !absl::SimpleAtoi(options_.device.substr(5), &first)) first = 0;
   std::vector<std::string> out;
   for (int i = 0; i < std::max(1, options_.gpus_per_worker); ++i) out.push_back(absl::StrCat("cuda:", first + i));
   return out;

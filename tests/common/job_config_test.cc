@@ -28,6 +28,31 @@ TEST(JobConfigTest, OldSpecReadsAsDefaults) {
   EXPECT_THAT(JobConfigFromSpec(spec).status().message(), HasSubstr("fp8"));
 }
 
+TEST(JobConfigTest, ModelRefPicksTheBackend) {
+  EXPECT_FALSE(ParseModelRef("/m/model.pt").python);
+  ModelRef a = ParseModelRef("/m/seg.py");
+  EXPECT_TRUE(a.python);
+  EXPECT_EQ(a.path, "/m/seg.py");
+  EXPECT_EQ(a.class_name, "Model");
+  ModelRef b = ParseModelRef("/m/seg.py:Sa2Va");
+  EXPECT_TRUE(b.python);
+  EXPECT_EQ(b.path, "/m/seg.py");
+  EXPECT_EQ(b.class_name, "Sa2Va");
+  EXPECT_FALSE(ParseModelRef("/m/x.py:dir/model.pt").python);  // A folder named "x.py:dir".
+  v1::JobSpec spec;
+  spec.set_model("/m/seg.py");
+  spec.add_thresholds(0.7);
+  spec.add_thresholds(0.3);
+  spec.add_thresholds(0.3);
+  spec.set_empty_score("one");
+  auto c = JobConfigFromSpec(spec);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->thresholds, (std::vector<double>{0.3, 0.7}));
+  EXPECT_EQ(c->empty_score, EmptyScore::kOne);
+  spec.add_thresholds(1.0);
+  EXPECT_FALSE(JobConfigFromSpec(spec).ok());
+}
+
 TEST(JobConfigTest, WorkerBatchMustDivideTheJobsAlignment) {
   JobConfig c;
   c.batch_alignment = 32;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "gtest/gtest.h"
 
@@ -92,6 +93,48 @@ TEST_F(AggregatorTest, DiceIntervalIsDeterministicAndInRange) {
   EXPECT_EQ(a.classes[1].dice_ci_high, b.classes[1].dice_ci_high);
   EXPECT_GE(a.classes[1].dice_ci_low, 0.4);
   EXPECT_LE(a.classes[1].dice_ci_high, 4.0 / 6.0);
+}
+
+TEST(AggregatorConventions, EmptyScoreIouSharesAndThresholdSweep) {
+  AggregateOptions o;
+  o.num_classes = 2;
+  o.metrics = {Metric::kDice, Metric::kIou};
+  o.empty_score = EmptyScore::kOne;
+  o.iou_thresholds = {0.5, 0.9};
+  o.thresholds = {0.3, 0.7};
+  Aggregator agg(o);
+  // Image 0: class 1 tp 3 fp 1 fn 0 (iou 0.75); image 1: class 1 empty on both sides (1 under kOne).
+  v1::ImageResult a = Image(0, {{{10, 0, 1, 3}}, {{3, 1, 0, 10}}}, {kNaN, kNaN});
+  v1::ImageResult b = Image(1, {{{14, 0, 0, 0}}, {{0, 0, 0, 14}}}, {kNaN, kNaN});
+  // Sweep counts: at 0.3 image 0 has tp 4 fp 2 fn 0, image 1 fp 2; at 0.7 image 0 tp 1 fn 3, image 1 empty.
+  for (auto [r, t03, t07] : {std::tuple{&a, std::array<int64_t, 4>{4, 2, 0, 8}, std::array<int64_t, 4>{1, 0, 3, 10}},
+                             std::tuple{&b, std::array<int64_t, 4>{0, 2, 0, 12}, std::array<int64_t, 4>{0, 0, 0, 14}}}) {
+    for (const auto& c : {t03, t07}) {
+      v1::ThresholdCounts* tc = r->add_thresholds();
+      tc->set_tp(c[0]);
+      tc->set_fp(c[1]);
+      tc->set_fn(c[2]);
+      tc->set_tn(c[3]);
+    }
+  }
+  agg.Add(a);
+  agg.Add(b);
+  EXPECT_DOUBLE_EQ(Aggregator::ImageMetric(b, 1, Metric::kDice, EmptyScore::kOne), 1.0);
+  EXPECT_TRUE(std::isnan(Aggregator::ImageMetric(b, 1, Metric::kDice, EmptyScore::kNaN)));
+  Aggregate out = agg.Finish();
+  const ClassAggregate& c1 = out.classes[1];
+  EXPECT_DOUBLE_EQ(c1.metrics[static_cast<int>(Metric::kIou)].mean, (0.75 + 1.0) / 2);
+  ASSERT_EQ(c1.iou_ge.size(), 2u);
+  EXPECT_DOUBLE_EQ(c1.iou_ge[0], 1.0);  // 0.75 and 1 are >= 0.5
+  EXPECT_DOUBLE_EQ(c1.iou_ge[1], 0.5);  // only the empty pair's 1 is >= 0.9
+  ASSERT_EQ(out.thresholds.size(), 2u);
+  // 0.3: dice 8/10 and 0 (tp 0, fp 2); global 2*4 / (2*4 + 4).
+  EXPECT_DOUBLE_EQ(out.thresholds[0].dice_mean, (0.8 + 0.0) / 2);
+  EXPECT_DOUBLE_EQ(out.thresholds[0].dice_global, 8.0 / 12.0);
+  EXPECT_DOUBLE_EQ(out.thresholds[0].iou_global, 4.0 / 8.0);
+  // 0.7: dice 2/5 and 1 (empty pair); the best threshold by dice_mean.
+  EXPECT_DOUBLE_EQ(out.thresholds[1].dice_mean, (0.4 + 1.0) / 2);
+  EXPECT_EQ(out.best_threshold, 1);
 }
 
 TEST(BootstrapTest, ConstantValuesGiveAPointInterval) {

@@ -1,0 +1,315 @@
+"""The Python model backend (--model PATH.py), end to end with real processes: tally run, tallyd,
+workers and their stub processes running Debian's python3.
+
+Expected values come from numpy here (the same formulas as tallytest's reference), never from Tally.
+"""
+import math
+import os
+import textwrap
+import unittest
+
+import numpy as np
+from PIL import Image
+
+import tallytest as tt
+
+PY = "/usr/bin/python3"  # Debian's, with numpy and torch (the python3 first on PATH may lack them).
+
+
+def write_model(root, name, source):
+    path = os.path.join(root, name)
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(source))
+    return path
+
+
+def run(model, manifest, out, *extra, check=True):
+    return tt.tally_run(model, manifest, out, "--python", PY, *extra, check=check)
+
+
+# A model computing in numpy float32 what the reference below computes: foreground score
+# 8 * (r - b) / 255 - 1.5 for the prompt "red", 8 * (b - r) / 255 - 1.5 for "blue".
+PROMPT_MODEL = """
+import os, signal, time
+import numpy as np
+
+class Model:
+    def __init__(self, devices, options):
+        assert devices == ["cpu"], devices
+        self.kind = options.get("kind", "score")
+
+    def predict(self, images, rows):
+        outs = []
+        for image, row in zip(images, rows):
+            for key in ("index", "id", "image", "mask", "prompt", "note"):
+                assert key in row, (key, row)
+            prompt = row["prompt"]
+            if prompt == "boom":
+                raise ValueError("boom on " + row["id"])
+            if prompt == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if prompt == "hang":
+                time.sleep(1000)
+            rgb = image.astype(np.float32)
+            r, b = rgb[..., 0], rgb[..., 2]
+            diff = (r - b) if prompt == "red" else (b - r)
+            score = np.float32(8.0) * diff / np.float32(255.0) - np.float32(1.5)
+            if prompt == "wrongshape":
+                score = score[:-1]
+            if self.kind == "labels":
+                outs.append((score > 0).astype(np.int32))
+            else:
+                outs.append(score)
+        return outs
+"""
+
+
+def reference_score(image, prompt):
+    rgb = image.astype(np.float32)
+    r, b = rgb[..., 0], rgb[..., 2]
+    diff = (r - b) if prompt == "red" else (b - r)
+    return np.float32(8.0) * diff / np.float32(255.0) - np.float32(1.5)
+
+
+def write_referring_set(root, rng, n_images=6, h=20, w=28):
+    """Referring-segmentation style: each image has two rows (one per expression, "red" and "blue"),
+    each with its own binary mask; some masks are empty. Returns (manifest, rows) with rows =
+    [(image array, mask array, prompt, id)]."""
+    os.makedirs(os.path.join(root, "img"), exist_ok=True)
+    os.makedirs(os.path.join(root, "msk"), exist_ok=True)
+    lines = ["id,image,mask,prompt,note"]
+    rows = []
+    for i in range(n_images):
+        img = rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+        Image.fromarray(img).save(os.path.join(root, "img", f"im{i}.png"))
+        for prompt in ("red", "blue"):
+            if i % 3 == 2 and prompt == "blue":
+                mask = np.zeros((h, w), np.uint8)  # an empty reference
+            else:
+                mask = (rng.random((h, w)) < 0.4).astype(np.uint8)
+            mask[0, : (i % 4)] = 255  # a few ignored pixels
+            name = f"im{i}_{prompt}"
+            Image.fromarray(mask).save(os.path.join(root, "msk", name + ".png"))
+            lines.append(f'{name},img/im{i}.png,msk/{name}.png,{prompt},"a, quoted ""note"""')
+            rows.append((img, mask, prompt, name))
+    path = os.path.join(root, "refs.csv")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path, rows
+
+
+def binary_counts(fg, mask):
+    valid = mask != 255
+    ref = (mask == 1) & valid
+    pred = fg & valid
+    tp = int(np.sum(pred & ref))
+    fp = int(np.sum(pred & ~ref))
+    fn = int(np.sum(~pred & ref))
+    tn = int(np.sum(valid)) - tp - fp - fn
+    return tp, fp, fn, tn
+
+
+def dice_iou(tp, fp, fn, empty_one):
+    if tp + fp + fn == 0:
+        return (1.0, 1.0) if empty_one else (math.nan, math.nan)
+    return 2 * tp / (2 * tp + fp + fn), tp / (tp + fp + fn)
+
+
+def nanmean(values):
+    v = [x for x in values if not math.isnan(x)]
+    return sum(v) / len(v) if v else math.nan
+
+
+class PythonBackendTest(unittest.TestCase):
+    def test_same_results_as_torchscript_for_the_same_model(self):
+        # A Python class running the very TorchScript file: per_image.csv must equal the TorchScript
+        # backend's, byte for byte, with one worker and with three.
+        root = tt.tmpdir(self)
+        rng = np.random.default_rng(7)
+        manifest = tt.write_dataset(os.path.join(root, "data"), rng, 20, [(24, 32), (17, 29)], classes=3)
+        model = write_model(root, "wrap.py", """
+            import numpy as np, torch
+            class Model:
+                def __init__(self, devices, options):
+                    self.net = torch.jit.load(options["pt"]).eval()
+                def predict(self, images, rows):
+                    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
+                    return list(self.net(x))
+        """)
+        pt = tt.fixture("three_class.pt")
+        tt.tally_run(pt, manifest, os.path.join(root, "ts"), "--batch-size", "4", "--workers", "1")
+        run(model, manifest, os.path.join(root, "py1"), "--model-option", f"pt={pt}", "--batch-size", "4",
+            "--workers", "1")
+        run(model, manifest, os.path.join(root, "py3"), "--model-option", f"pt={pt}", "--batch-size", "4",
+            "--workers", "3", "--shard-size", "4")
+        self.assertTrue(tt.same_files(os.path.join(root, "ts"), os.path.join(root, "py1")))
+        self.assertTrue(tt.same_files(os.path.join(root, "py1"), os.path.join(root, "py3")))
+        report = tt.read_report(os.path.join(root, "py1"))
+        self.assertEqual(report["images_evaluated"], 20)
+        self.assertEqual(report["num_classes"], 3)
+
+    def test_colour_segmenter_example_equals_the_torchscript_demo(self):
+        root = tt.tmpdir(self)
+        demo = os.path.join(tt.SRC, "examples", "demo")
+        tt.tally_run(os.path.join(demo, "model.pt"), os.path.join(demo, "manifest.csv"), os.path.join(root, "ts"))
+        run(os.path.join(tt.SRC, "examples", "python-model", "colour_segmenter.py"), os.path.join(demo, "manifest.csv"),
+            os.path.join(root, "py"), "--workers", "2")
+        self.assertTrue(tt.same_files(os.path.join(root, "ts"), os.path.join(root, "py")))
+
+    def test_prompts_several_rows_per_image_and_every_convention_against_numpy(self):
+        root = tt.tmpdir(self)
+        manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(3))
+        model = write_model(root, "prompt_model.py", PROMPT_MODEL)
+        thresholds = [0.2, 0.5, 0.8]
+        iou_ts = [0.3, 0.5]
+        out = os.path.join(root, "out")
+        run(model, manifest, out, "--workers", "2", "--batch-size", "2", "--thresholds", "0.8,0.2,0.5",
+            "--empty-score", "one", "--iou-thresholds", "0.3,0.5")
+        report = tt.read_report(out)
+        per_image = tt.read_per_image(out)
+        self.assertEqual(report["images_evaluated"], len(rows))
+        self.assertEqual(report["empty_score"], "one")
+        # Primary threshold: logit > 0. Per image and class, dice/iou with empty -> 1.
+        by_id = {}
+        for r in per_image:
+            by_id.setdefault(r["id"], {})[r["class"]] = r
+        dice_fg, iou_fg = [], []
+        for img, mask, prompt, name in rows:
+            score = reference_score(img, prompt)
+            fg = score > 0
+            for c, pred in ((0, ~fg), (1, fg)):
+                m = mask.copy()
+                if c == 0:
+                    m = np.where(mask == 255, 255, 1 - mask).astype(np.uint8)
+                tp, fp, fn, tn = binary_counts(pred, m)
+                got = by_id[name][str(c)]
+                self.assertEqual((int(got["tp"]), int(got["fp"]), int(got["fn"]), int(got["tn"])), (tp, fp, fn, tn),
+                                 f"{name} class {c}")
+                d, i = dice_iou(tp, fp, fn, True)
+                self.assertTrue(tt.same(tt.num(got["dice"]), d), (name, c, got["dice"], d))
+                self.assertTrue(tt.same(tt.num(got["iou"]), i), (name, c, got["iou"], i))
+                if c == 1:
+                    dice_fg.append(d)
+                    iou_fg.append(i)
+        cls1 = report["classes"][1]
+        self.assertTrue(tt.same(cls1["dice_mean"], nanmean(dice_fg)))
+        self.assertTrue(tt.same(cls1["iou_mean"], nanmean(iou_fg)))
+        for t in iou_ts:
+            share = sum(1 for v in iou_fg if v >= t) / len(iou_fg)
+            self.assertTrue(tt.same(cls1[f"iou_ge_{t}"], share), (t, cls1.get(f"iou_ge_{t}"), share))
+        # The sweep: foreground where sigmoid(score) > t.
+        sweep = report["thresholds"]
+        self.assertEqual([s["threshold"] for s in sweep], sorted(thresholds))
+        best, best_dice = None, -1
+        for s in sweep:
+            t = s["threshold"]
+            dices, ious, total = [], [], np.zeros(4, np.int64)
+            for img, mask, prompt, name in rows:
+                prob = 1.0 / (1.0 + np.exp(-reference_score(img, prompt).astype(np.float64)))
+                tp, fp, fn, tn = binary_counts(prob > t, mask)
+                total += (tp, fp, fn, tn)
+                d, i = dice_iou(tp, fp, fn, True)
+                dices.append(d)
+                ious.append(i)
+            self.assertTrue(tt.same(s["dice_mean"], nanmean(dices)), (t, s, nanmean(dices)))
+            self.assertTrue(tt.same(s["iou_mean"], nanmean(ious)))
+            tp, fp, fn, _ = total
+            self.assertTrue(tt.same(s["dice_global"], 2 * tp / (2 * tp + fp + fn)))
+            self.assertTrue(tt.same(s["iou_global"], tp / (tp + fp + fn)))
+            if nanmean(dices) > best_dice:
+                best, best_dice = t, nanmean(dices)
+        self.assertEqual(report["best_threshold"], best)
+        with open(os.path.join(out, "report.html")) as f:
+            self.assertIn("Threshold sweep", f.read())
+
+    def test_empty_score_nan_leaves_empty_pairs_out(self):
+        root = tt.tmpdir(self)
+        manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(5), n_images=3)
+        model = write_model(root, "prompt_model.py", PROMPT_MODEL)
+        out = os.path.join(root, "out")
+        run(model, manifest, out, "--model-option", "kind=labels", "--num-classes", "2")
+        per_image = tt.read_per_image(out)
+        for img, mask, prompt, name in rows:
+            fg = reference_score(img, prompt) > 0
+            tp, fp, fn, _ = binary_counts(fg, mask)
+            got = next(r for r in per_image if r["id"] == name and r["class"] == "1")
+            d, _ = dice_iou(tp, fp, fn, False)
+            self.assertTrue(tt.same(tt.num(got["dice"]), d), (name, got["dice"], d))
+        self.assertEqual(tt.read_report(out)["empty_score"], "nan")
+
+    def test_raising_crashing_wrong_shape_and_hanging_rows_fail_alone(self):
+        root = tt.tmpdir(self)
+        manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(9), n_images=6)
+        # Rewrite some prompts: row 1 raises, row 4 kills the stub, row 6 has the wrong shape, row 9 hangs.
+        with open(manifest) as f:
+            lines = f.read().splitlines()
+        bad = {1: "boom", 4: "die", 6: "wrongshape", 9: "hang"}
+        for row, prompt in bad.items():
+            parts = lines[row + 1].split(",", 4)
+            parts[3] = prompt
+            lines[row + 1] = ",".join(parts)
+        with open(manifest, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        model = write_model(root, "prompt_model.py", PROMPT_MODEL)
+        out = os.path.join(root, "out")
+        p = run(model, manifest, out, "--batch-size", "4", "--shard-size", "4", "--batch-timeout", "3",
+                "--lease-seconds", "3")
+        report = tt.read_report(out)
+        self.assertEqual(report["images_evaluated"] + report["images_failed"], len(rows))
+        reasons = {f["index"]: f["reason"] for f in report["failures"]}
+        self.assertEqual(set(reasons), set(bad), reasons)
+        self.assertIn("ValueError: boom on", reasons[1])
+        self.assertIn("model process died (signal 9)", reasons[4])
+        self.assertIn("shape (19, 28) and dtype float32", reasons[6])
+        self.assertIn("20x28", reasons[6])
+        self.assertIn("timed out after 3 s", reasons[9])
+        # The others match the reference.
+        per_image = tt.read_per_image(out)
+        for k, (img, mask, prompt, name) in enumerate(rows):
+            if k in bad:
+                continue
+            tp, fp, fn, tn = binary_counts(reference_score(img, prompt) > 0, mask)
+            got = next(r for r in per_image if r["id"] == name and r["class"] == "1")
+            self.assertEqual((int(got["tp"]), int(got["fp"]), int(got["fn"]), int(got["tn"])), (tp, fp, fn, tn))
+        del p
+
+    def test_init_raising_or_missing_class_fails_the_job_with_the_reason(self):
+        root = tt.tmpdir(self)
+        manifest, _ = write_referring_set(os.path.join(root, "data"), np.random.default_rng(1), n_images=2)
+        broken = write_model(root, "broken.py", """
+            class Model:
+                def __init__(self, devices, options):
+                    raise RuntimeError("weights file is missing: /nowhere/model.safetensors")
+                def predict(self, images, rows):
+                    return []
+        """)
+        p = run(broken, manifest, os.path.join(root, "o1"), check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("weights file is missing: /nowhere/model.safetensors", p.stderr)
+        self.assertIn("Traceback", tt.read_report(os.path.join(root, "o1"))["error"])
+        p = run(broken + ":Segmenter", manifest, os.path.join(root, "o2"), check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("defines no class 'Segmenter' (it defines: Model)", p.stderr)
+
+    def test_label_maps_need_a_class_count(self):
+        root = tt.tmpdir(self)
+        manifest, _ = write_referring_set(os.path.join(root, "data"), np.random.default_rng(2), n_images=2)
+        model = write_model(root, "prompt_model.py", PROMPT_MODEL)
+        p = run(model, manifest, os.path.join(root, "o"), "--model-option", "kind=labels", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("neither its num_classes attribute nor --num-classes", p.stderr)
+
+    def test_usage_errors(self):
+        root = tt.tmpdir(self)
+        manifest, _ = write_referring_set(os.path.join(root, "data"), np.random.default_rng(2), n_images=1)
+        p = tt.tally_run(tt.fixture("three_class.pt"), manifest, os.path.join(root, "o"), "--python", PY,
+                         check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--python and --model-option are for Python models", p.stderr)
+        p = tt.tally_run(tt.fixture("three_class.pt"), manifest, os.path.join(root, "o"), "--gpus", "0",
+                         "--gpus-per-worker", "2", check=False)
+        self.assertNotEqual(p.returncode, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
