@@ -153,11 +153,7 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "
   if (manifest_path.empty()) {
     return absl::InvalidArgumentError("--manifest is required (or, for tally run, --predictions and --references)");
   }
-  if (!absl::GetFlag(FLAGS_model).empty()) {
-    const tally::ModelRef ref = tally::ParseModelRef(absl::GetFlag(FLAGS_model));
-    const std::string path = tally::AbsolutePath(ref.path);
-    spec.set_model(ref.python && absl::GetFlag(FLAGS_model) != ref.path ? absl::StrCat(path, ":", ref.class_name) : path);
-  }
+  if (!absl::GetFlag(FLAGS_model).empty()) spec.set_model(tally::AbsoluteModel(absl::GetFlag(FLAGS_model)));
   spec.set_manifest(tally::AbsolutePath(manifest_path));
   if (absl::GetFlag(FLAGS_num_classes) < 0) return absl::InvalidArgumentError("--num-classes must be >= 0");
   spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));

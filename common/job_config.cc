@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 
 namespace tally {
@@ -51,6 +52,12 @@ ModelRef ParseModelRef(const std::string& model) {
     ref.python = true;
   }
   return ref;
+}
+
+std::string AbsoluteModel(const std::string& model) {
+  const ModelRef ref = ParseModelRef(model);
+  const std::string path = AbsolutePath(ref.path);
+  return ref.python && ref.class_name != "Model" ? absl::StrCat(path, ":", ref.class_name) : path;
 }
 
 absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {

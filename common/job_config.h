@@ -36,6 +36,8 @@ struct ModelRef {
   bool python = false;
 };
 ModelRef ParseModelRef(const std::string& model);
+// `model` with its file made absolute (AbsolutePath), keeping a class name other than the default.
+std::string AbsoluteModel(const std::string& model);
 
 // JobConfig::batch_size values besides a fixed size.
 inline constexpr int kBatchWorkerDefault = 0;  // Each worker's own (8 on CPU, 32 on CUDA, --batch-size).

@@ -331,7 +331,7 @@ absl::Status ManifestReader::NextBatch(size_t max_rows, std::vector<ManifestRow>
     row.mask = get(mask_col_);
     row.id = get(id_col_);
     row.prediction = get(prediction_col_);
-    for (int col : extra_cols_) {
+    for (int col : keep_extra_ ? extra_cols_ : std::vector<int>{}) {
       row.columns.push_back(static_cast<size_t>(col) < rec.fields.size() ? rec.fields[col] : std::string());
     }
     if (rec.fields.size() != ncols) {

@@ -102,8 +102,10 @@ class ManifestReader {
   bool has_prediction() const { return prediction_col_ >= 0; }
   bool has_image() const { return image_col_ >= 0; }
   // Columns besides id, image, mask and prediction (header text, whitespace stripped; unnamed
-  // columns left out): rows carry their values, unstripped, in `columns`.
+  // columns left out). Rows carry their values, unstripped, in `columns` once KeepExtraColumns()
+  // was called (Python models read them; other jobs do not pay for copying them).
   const std::vector<std::string>& extra_columns() const { return extra_names_; }
+  void KeepExtraColumns() { keep_extra_ = true; }
 
  private:
   ManifestReader(std::string path, std::string base_dir, std::string name, ManifestLimits limits)
@@ -121,6 +123,7 @@ class ManifestReader {
   int image_col_ = -1, mask_col_ = -1, id_col_ = -1, prediction_col_ = -1;
   std::vector<int> extra_cols_;
   std::vector<std::string> extra_names_;
+  bool keep_extra_ = false;
   int64_t next_index_ = 0;
 };
 

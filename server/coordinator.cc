@@ -182,15 +182,13 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   }
   // Only Python models read the other columns (prompts, ...): other jobs do not store them.
   const bool keep_columns = ParseModelRef(spec.model()).python;
+  if (keep_columns) reader->KeepExtraColumns();
   RETURN_IF_ERROR(store_->BeginSubmission(job_id));
   auto stream = [&]() -> absl::Status {
     std::vector<ManifestRow> batch;
     while (true) {
       RETURN_IF_ERROR(reader->NextBatch(kSubmitBatchRows, &batch));
       if (batch.empty()) return absl::OkStatus();
-      if (!keep_columns) {
-        for (ManifestRow& r : batch) r.columns.clear();
-      }
       RETURN_IF_ERROR(store_->InsertManifestRows(job_id, batch));
     }
   };

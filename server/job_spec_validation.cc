@@ -32,9 +32,9 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   // No model: a prediction job, scoring the manifest's `prediction` column (checked with the
   // manifest's header).
   if (!spec.model().empty()) {
+    spec.set_model(AbsoluteModel(spec.model()));
     const ModelRef ref = ParseModelRef(spec.model());
-    const std::string path = AbsolutePath(ref.path);
-    spec.set_model(ref.python && ref.class_name != "Model" ? absl::StrCat(path, ":", ref.class_name) : path);
+    const std::string& path = ref.path;
     struct stat st;
     if (stat(path.c_str(), &st) != 0) {
       return absl::NotFoundError(absl::StrCat("model file '", path, "' does not exist"));

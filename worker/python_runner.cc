@@ -122,6 +122,9 @@ class Channel {
  private:
   absl::Status Spawn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(start_mu_);
   bool SendFrame(const std::string& json, int fd_to_pass) ABSL_LOCKS_EXCLUDED(mu_);
+  // Passes a buffer's descriptor to the stub, which maps it.
+  void SendMap(int64_t id, int fd, size_t size) ABSL_LOCKS_EXCLUDED(mu_);
+  void SendExit() ABSL_LOCKS_EXCLUDED(mu_);
   void ReaderLoop(int sock, pid_t pid);
 
   const ModelRunnerOptions options_;
@@ -226,14 +229,22 @@ int64_t Channel::RegisterBuffer(int fd, size_t size) {
     buffers_[id] = {fd, size};
     alive = alive_;
   }
-  if (alive) {
-    v1::StubRequest map;
-    map.set_op("map");
-    map.set_buffer(id);
-    map.set_size(static_cast<int64_t>(size));
-    SendFrame(ToJson(map), fd);
-  }
+  if (alive) SendMap(id, fd, size);
   return id;
+}
+
+void Channel::SendMap(int64_t id, int fd, size_t size) {
+  v1::StubRequest map;
+  map.set_op("map");
+  map.set_buffer(id);
+  map.set_size(static_cast<int64_t>(size));
+  SendFrame(ToJson(map), fd);
+}
+
+void Channel::SendExit() {
+  v1::StubRequest exit;
+  exit.set_op("exit");
+  SendFrame(ToJson(exit), -1);
 }
 
 void Channel::UnregisterBuffer(int64_t id) {
@@ -466,13 +477,7 @@ absl::Status Channel::Spawn() {
     buffers.assign(buffers_.begin(), buffers_.end());
   }
   reader_ = std::thread(&Channel::ReaderLoop, this, sv[0], pid);
-  for (const auto& [id, b] : buffers) {
-    v1::StubRequest map;
-    map.set_op("map");
-    map.set_buffer(id);
-    map.set_size(static_cast<int64_t>(b.second));
-    SendFrame(ToJson(map), b.first);
-  }
+  for (const auto& [id, b] : buffers) SendMap(id, b.first, b.second);
   return absl::OkStatus();
 }
 
@@ -498,11 +503,7 @@ absl::Status Channel::EnsureRunning() {
                                                    "); its output is in the worker's log"));
   }
   if (!reply->response.error().empty()) {
-    SendNoReply([] {
-      v1::StubRequest exit;
-      exit.set_op("exit");
-      return exit;
-    }());
+    SendExit();
     return absl::InvalidArgumentError(
         absl::StrCat("model '", options_.model_path, "' could not be loaded: ", reply->response.error()));
   }
@@ -523,9 +524,7 @@ void Channel::Stop() {
     }
   }
   if (pid > 0) {
-    v1::StubRequest exit;
-    exit.set_op("exit");
-    SendFrame(ToJson(exit), -1);
+    SendExit();
     shutdown(sock, SHUT_WR);
     // Up to 5 s to exit by itself (the reader thread reaps it), then SIGKILL.
     for (int i = 0; i < 50; ++i) {

@@ -130,6 +130,18 @@ def _first_position(flat_index, w):
     return "(y=%d, x=%d)" % (flat_index // w, flat_index % w)
 
 
+def _label_range_error(lo, hi, first_index, w):
+    """The row's error when label-map values fall outside 0..65534, else None; first_index(bad)
+    gives the flat index of the first value for which bad(values) holds."""
+    if lo < 0:
+        pos = first_index(lambda v: v < 0)
+        return "the model's output has label %d at %s; labels must be >= 0" % (lo, _first_position(pos, w))
+    if hi > 65534:
+        pos = first_index(lambda v: v > 65534)
+        return "the model's output has label %d at %s; labels must be <= 65534" % (hi, _first_position(pos, w))
+    return None
+
+
 def _convert(out, h, w, mm, offset):
     """Writes one output into the output buffer at `offset`; returns its StubOutput."""
     if _is_tensor(out):
@@ -177,12 +189,9 @@ def _convert(out, h, w, mm, offset):
             if lab.dtype == torch.bool:
                 lab = lab.to(torch.uint8)
             lo, hi = int(lab.min().item()), int(lab.max().item())
-            if lo < 0:
-                pos = int((lab.reshape(-1) < 0).nonzero()[0].item())
-                return {"error": "the model's output has label %d at %s; labels must be >= 0" % (lo, _first_position(pos, w))}
-            if hi > 65534:
-                pos = int((lab.reshape(-1) > 65534).nonzero()[0].item())
-                return {"error": "the model's output has label %d at %s; labels must be <= 65534" % (hi, _first_position(pos, w))}
+            error = _label_range_error(lo, hi, lambda bad: int(bad(lab.reshape(-1)).nonzero()[0].item()), w)
+            if error:
+                return {"error": error}
             if hi <= 32767:
                 dest = np.ndarray((h, w), np.int16, buffer=mm, offset=offset)
                 torch.from_numpy(dest).copy_(lab.to(torch.int16))
@@ -191,13 +200,9 @@ def _convert(out, h, w, mm, offset):
         else:
             a = a.reshape(h, w)
             if a.size:
-                lo, hi = int(a.min()), int(a.max())
-                if lo < 0:
-                    pos = int(np.flatnonzero(a.reshape(-1) < 0)[0])
-                    return {"error": "the model's output has label %d at %s; labels must be >= 0" % (lo, _first_position(pos, w))}
-                if hi > 65534:
-                    pos = int(np.flatnonzero(a.reshape(-1) > 65534)[0])
-                    return {"error": "the model's output has label %d at %s; labels must be <= 65534" % (hi, _first_position(pos, w))}
+                error = _label_range_error(int(a.min()), int(a.max()), lambda bad: int(np.flatnonzero(bad(a.reshape(-1)))[0]), w)
+                if error:
+                    return {"error": error}
         dest = np.ndarray((h, w), np.uint16, buffer=mm, offset=offset)
         dest[...] = a.reshape(h, w)
         return {"kind": "labels"}
@@ -373,23 +378,22 @@ class _Stub:
         return finish
 
     def serve(self):
-        # TALLY_STUB_PROFILE=1: every 50 batches, where the stub's time went (waiting for requests,
-        # in predict() and converting outputs, answering), to the worker's log.
+        # TALLY_STUB_PROFILE=1: every 100 predict requests, where the stub's time went (reading
+        # requests, inside the model's predict(), waiting for the GPU), to the worker's log.
         profile = os.environ.get("TALLY_STUB_PROFILE") == "1"
         times = self.times
-        batches = 0
-        msg_count = [0]
+        requests = 0
         while True:
-            t0 = time.perf_counter()
-            if profile and msg_count[0] and msg_count[0] % 100 == 0:
-                print("stub profile over %d requests (%d registered buffers): %s" % (msg_count[0], sum(v is not None for v in self.registered.values()), ", ".join(
-                    "%s %.2f ms/request" % (k, 1000 * v / msg_count[0]) for k, v in sorted(times.items()))), flush=True)
             try:
                 t_read = time.perf_counter()
                 msg = self.conn.read()
                 times["read request"] += time.perf_counter() - t_read
                 if msg.get("op") == "predict":
-                    msg_count[0] += 1
+                    requests += 1
+                    if profile and requests % 100 == 0:
+                        registered = sum(v is not None for v in self.registered.values())
+                        print("stub profile over %d requests (%d registered buffers): %s" % (requests, registered, ", ".join(
+                            "%s %.2f ms/request" % (k, 1000 * v / requests) for k, v in sorted(times.items()))), flush=True)
                 if self.deferred is not None:
                     previous, self.deferred = self.deferred, None
                     if msg.get("op") == "predict":
@@ -400,7 +404,6 @@ class _Stub:
                             self.deferred = reply
                             continue
                         self.conn.write(reply() if callable(reply) else reply)
-                        batches += 1
                         continue
                     self._answer(previous)
             except (EOFError, ConnectionError, OSError):
@@ -421,7 +424,6 @@ class _Stub:
                 reply["id"] = msg.get("id", 0)
                 self.conn.write(reply)
             elif op == "predict":
-                t1 = time.perf_counter()
                 reply = self.predict(msg)
                 if callable(reply):
                     # Outputs still on their way from the GPU. If the next request is already here, start
@@ -430,10 +432,7 @@ class _Stub:
                         self.deferred = reply
                         continue
                     reply = reply()
-                t2 = time.perf_counter()
                 self.conn.write(reply)
-            elif op == "stats":
-                self.conn.write({"op": "stats", "id": msg.get("id", 0), "gpus": _gpu_stats(self.devices)})
             elif op == "empty_cache":
                 torch = _torch()
                 if torch is not None and torch.cuda.is_available():
