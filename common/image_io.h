@@ -35,8 +35,9 @@ template <typename T>
 void ShrinkIfLarger(std::vector<T>* buffer, size_t keep_bytes) {
   if (buffer->capacity() * sizeof(T) > keep_bytes) std::vector<T>().swap(*buffer);
 }
-// Reusable buffers larger than this are released after use.
-inline constexpr size_t kKeepBufferBytes = size_t{64} << 20;
+// Reusable buffers larger than this are released after use (16 MiB: a 2300x2300 RGB image; staging
+// buffers keep up to 4x what their batch needs, see Pipeline::Stage).
+inline constexpr size_t kKeepBufferBytes = size_t{16} << 20;
 
 struct RgbImage {
   int height = 0;

@@ -11,6 +11,7 @@
 // 3 out of service (the device does not work here, or the model file is missing on this host:
 // restarting will not help), 75 a decode or forward pass ran past the job's batch timeout (the
 // rows were failed or handed back; restart the worker).
+#include <malloc.h>
 #include <signal.h>
 
 #include <iostream>
@@ -47,6 +48,12 @@ int main(int argc, char** argv) {
   tally::SetLogName("tally-worker[" + absl::GetFlag(FLAGS_device) + "]");
 
   tally::BlockTerminationSignals();
+  // Fixed allocator thresholds. glibc otherwise raises its mmap threshold to the largest block
+  // freed (up to 32 MiB) and its trim threshold to twice that, so one large image leaves every
+  // decode thread's arena holding tens of MiB for the rest of the process. Blocks of 16 MiB and
+  // more (a 2300x2300 RGB image) are mapped and go straight back to the system when freed.
+  mallopt(M_MMAP_THRESHOLD, 16 << 20);
+  mallopt(M_TRIM_THRESHOLD, 16 << 20);
 
   tally::WorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);

@@ -1,8 +1,6 @@
 #include "worker/worker.h"
 
-#include "worker/python_runner.h"
-#include "worker/scoring.h"
-
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +20,8 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "worker/python_runner.h"
+#include "worker/scoring.h"
 
 namespace tally {
 namespace {
@@ -242,6 +242,7 @@ std::optional<v1::ShardAssignment> Worker::LeaseOne(Backoff* backoff) {
   }
   backoff->Reset();
   if (!response.has_assignment()) {
+    TrimMemoryWhenIdle();
     SleepFor(std::max(0.02, response.retry_after_ms() / 1000.0));
     return std::nullopt;
   }
@@ -253,6 +254,7 @@ void Worker::Accept(const v1::ShardAssignment& a) {
   bool known_bad = false;
   {
     absl::MutexLock lock(&mu_);
+    trimmed_ = false;
     LeaseBuffer& lb = leases_[a.lease_id()];
     lb.key = key;
     lb.expected = a.rows_size();
@@ -495,6 +497,15 @@ void Worker::Flush(double seconds) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+void Worker::TrimMemoryWhenIdle() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (trimmed_ || !leases_.empty() || (evaluator_ && evaluator_->pipeline->Backlog() > 0)) return;
+    trimmed_ = true;
+  }
+  malloc_trim(0);
 }
 
 void Worker::DropLease(int64_t lease_id) {

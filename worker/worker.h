@@ -130,6 +130,9 @@ class Worker {
   void Flush(double seconds);
   void DropLease(int64_t lease_id);
   void SleepFor(double seconds);
+  // Once per idle spell (no lease held, nothing queued): gives the allocator's free memory back
+  // to the system, so a finished job's large images do not stay in the worker's RSS.
+  void TrimMemoryWhenIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   const WorkerOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -149,6 +152,7 @@ class Worker {
   // the reporter (a shard completed, an error or a flush is waiting).
   bool wake_leaser_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_reporter_ ABSL_GUARDED_BY(mu_) = false;
+  bool trimmed_ ABSL_GUARDED_BY(mu_) = false;  // TrimMemoryWhenIdle ran since the last lease.
 
   // Created and replaced by Run()'s thread (under mu_); read by the others under mu_.
   std::unique_ptr<Evaluator> evaluator_ ABSL_GUARDED_BY(mu_);

@@ -185,7 +185,7 @@ class BadRowsTest(unittest.TestCase):
         self.assertLess(peak - baseline, 4 << 30, f"worker peak {peak} bytes over a baseline of {baseline}")
         rss = tt.proc_status(worker.pid, "VmRSS")
         print(f"worker memory: baseline {baseline >> 20} MiB, peak {peak >> 20} MiB, after {rss >> 20} MiB")
-        self.assertLess(rss - baseline, 120 << 20, f"worker memory {rss} bytes after the job, baseline {baseline}")
+        self.assertLess(rss - baseline, 64 << 20, f"worker memory {rss} bytes after the job, baseline {baseline}")
 
     def test_forward_pass_past_the_batch_timeout_fails_the_row_and_restarts_the_worker(self):
         root = tt.tmpdir(self)
