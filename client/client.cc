@@ -26,11 +26,16 @@ void SetDeadline(grpc::ClientContext* ctx, double seconds) {
 
 }  // namespace
 
-TallyClient::TallyClient(const std::string& server) : server_(server) {
+absl::StatusOr<std::unique_ptr<TallyClient>> TallyClient::Create(const std::string& server,
+                                                                 const ClientSecurityOptions& security) {
+  std::unique_ptr<TallyClient> client(new TallyClient(server));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  channel_ = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
-  stub_ = v1::Coordinator::NewStub(channel_);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateClientChannel(server, security, args);
+  if (!channel.ok()) return channel.status();
+  client->channel_ = *std::move(channel);
+  client->stub_ = v1::Coordinator::NewStub(client->channel_);
+  return client;
 }
 
 bool TallyClient::WaitUntilReady(double seconds) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "common/channel_security.h"
 #include "common/rpc.h"
 #include "proto/tally.grpc.pb.h"
 
@@ -16,7 +17,9 @@ namespace tally {
 
 class TallyClient {
  public:
-  explicit TallyClient(const std::string& server);
+  // Errors: a TLS file that cannot be read (common/channel_security.h).
+  static absl::StatusOr<std::unique_ptr<TallyClient>> Create(const std::string& server,
+                                                             const ClientSecurityOptions& security = {});
 
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> Get(const std::string& job_id);
@@ -39,6 +42,8 @@ class TallyClient {
   bool WaitUntilReady(double seconds);
 
  private:
+  explicit TallyClient(std::string server) : server_(std::move(server)) {}
+
   std::string server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;

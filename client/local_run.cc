@@ -1,5 +1,6 @@
 #include "client/local_run.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/progress.h"
+#include "common/auth_tokens.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/subprocess.h"
@@ -46,9 +48,23 @@ int RunLocally(const LocalRunOptions& options) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  // Fresh tokens for this run's own processes, so that other users of the machine cannot reach
+  // its coordinator: an admin token for this client, a worker token for the workers.
+  const std::string client_token = NewToken(), worker_token = NewToken();
+  const std::string tokens_file = state_dir + "/tokens";
+  {
+    unlink(tokens_file.c_str());
+    const int fd = open(tokens_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const std::string text = absl::StrCat(TokenLine("tally-run", Role::kAdmin, client_token), "\n",
+                                          TokenLine("tally-run-workers", Role::kWorker, worker_token), "\n");
+    const bool written = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    if (fd >= 0) close(fd);
+    if (!written) return Fail(absl::StrCat("cannot write '", tokens_file, "'"));
+  }
+
   SpawnOptions coordinator;
   coordinator.argv = {tallyd, "--listen", "127.0.0.1:0", "--port-file", port_file, "--state-dir", state_dir,
-                      "--lease-seconds", absl::StrCat(options.lease_seconds)};
+                      "--lease-seconds", absl::StrCat(options.lease_seconds), "--auth-tokens", tokens_file};
   coordinator.log_path = state_dir + "/tallyd.log";
   auto server = Subprocess::Spawn(coordinator);
   if (!server.ok()) return Fail(std::string(server.status().message()));
@@ -71,13 +87,18 @@ int RunLocally(const LocalRunOptions& options) {
   wl.cpu_workers = options.cpu_workers;
   wl.log_dir = state_dir;
   wl.extra_args = options.worker_args;
+  wl.env.emplace_back("TALLY_TOKEN", worker_token);
   auto workers = WorkerLauncher::Start(wl);
   if (!workers.ok()) return Fail(std::string(workers.status().message()));
   const int n = (*workers)->size();
   std::cerr << "tally run: " << n << (options.gpus.empty() ? " CPU" : " GPU") << " worker" << (n == 1 ? "" : "s")
             << ", coordinator at " << address << ", logs in " << state_dir << "\n";
 
-  TallyClient client(address);
+  ClientSecurityOptions security;
+  security.token = client_token;
+  auto connected = TallyClient::Create(address, security);
+  if (!connected.ok()) return Fail(std::string(connected.status().message()));
+  TallyClient& client = **connected;
   auto submitted = client.Submit(options.spec);
   if (!submitted.ok()) return Fail(std::string(submitted.status().message()));
   const std::string job_id = submitted->job_id();

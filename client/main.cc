@@ -7,9 +7,11 @@
 //   tally jobs --server host:50051
 //
 // Flags accept dashes or underscores. See README "CLI" for every flag.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <iostream>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -31,6 +33,7 @@
 #include "client/folder_pairs.h"
 #include "client/local_run.h"
 #include "client/progress.h"
+#include "common/auth_tokens.h"
 #include "common/file_util.h"
 #include "common/flag_util.h"
 #include "common/gpu_inventory.h"
@@ -39,6 +42,13 @@
 #include "common/metrics.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tallyd address (host:port) for submit/watch/status/...");
+// Security (SECURITY.md).
+ABSL_FLAG(std::string, tls_ca, "", "Connect with TLS, trusting this CA for tallyd's certificate");
+ABSL_FLAG(std::string, tls_cert, "", "Client certificate for mutual TLS (with --tls-key)");
+ABSL_FLAG(std::string, tls_key, "", "Private key of --tls-cert");
+ABSL_FLAG(std::string, tls_server_name, "", "Name to check tallyd's certificate against (default: the host of --server)");
+ABSL_FLAG(std::string, token_file, "", "File holding your token (default: the TALLY_TOKEN environment variable)");
+ABSL_FLAG(std::string, tokens_file, "", "tally token: append the new token's line to this --auth-tokens file");
 // Job spec.
 ABSL_FLAG(std::string, model, "", "TorchScript model file (none: score the manifest's prediction column)");
 ABSL_FLAG(std::string, manifest, "", "Manifest CSV (columns image, mask[, id]; or mask, prediction[, id])");
@@ -103,6 +113,8 @@ Usage:
   tally jobs   --server HOST:PORT [--limit N] [--page-token JOB]
   tally delete JOB --server HOST:PORT      deletes a finished job's rows, results and reports
   tally workers --server HOST:PORT         registered workers, and those out of service
+  tally token  NAME client|worker|admin [--tokens-file F]   makes a token: prints it, and the
+                                           line for tallyd --auth-tokens (appended to F if given)
 
 Job flags: --metrics dice,iou,precision,recall,hd95|all  --batch-size N|auto  --shard-size N
   --mean R,G,B --std R,G,B  --input-size HxW  --spacing sy,sx|sz,sy,sx  --nsd-tolerance T
@@ -115,6 +127,9 @@ Python models (--model PATH.py[:Class]): --python INTERPRETER  --model-option KE
 Prediction flags: --num-classes N  --regions "1,2;2"  --nnunet-summary  --force-spacing
 Run flags: --out DIR  --workers N  --gpus all|0,1  --gpus-per-worker K  --lease-seconds S  --worker-threads N
   --count-logit-ties  --worker-flags=--flag=value,...
+
+Connection flags: --server HOST:PORT  --token-file F (default $TALLY_TOKEN)  --tls-ca F
+  [--tls-cert F --tls-key F]  --tls-server-name NAME
 
 Exit codes: 0 success, 1 failure, 2 bad usage, 130 interrupted. See README.md for details.
 )";
@@ -314,6 +329,35 @@ int Finish(const absl::Status& s) {
   return 1;
 }
 
+// tally token NAME ROLE [--tokens-file F]: a fresh token on stdout (shown once), its hashed line
+// for tallyd's --auth-tokens file on stderr or appended to F (created readable by its owner only).
+int MakeToken(const std::vector<char*>& positional) {
+  if (positional.size() != 4) return Usage("usage: tally token NAME client|worker|admin [--tokens-file F]");
+  const std::string name = positional[2];
+  const std::optional<tally::Role> role = tally::ParseRole(positional[3]);
+  if (!tally::ValidTokenName(name)) return Usage("the token name must be 1-64 of A-Z a-z 0-9 . _ @ -");
+  if (!role) return Usage("the role must be client, worker or admin");
+  const std::string token = tally::NewToken();
+  const std::string line = tally::TokenLine(name, *role, token);
+  const std::string file = absl::GetFlag(FLAGS_tokens_file);
+  if (file.empty()) {
+    std::cerr << "tally token: add this line to tallyd's --auth-tokens file, then send tallyd SIGHUP:\n"
+              << line << "\n";
+  } else {
+    const int fd = open(file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    const std::string text = line + "\n";
+    if (fd < 0 || write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+      if (fd >= 0) close(fd);
+      return Finish(absl::PermissionDeniedError(absl::StrCat("cannot append to '", file, "'")));
+    }
+    close(fd);
+    std::cerr << "tally token: added '" << name << "' (" << positional[3] << ") to " << file
+              << "; send tallyd SIGHUP to load it\n";
+  }
+  std::cout << token << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -371,7 +415,19 @@ int main(int argc, char** argv) {
     return tally::RunLocally(options);
   }
 
-  tally::TallyClient client(absl::GetFlag(FLAGS_server));
+  if (command == "token") return MakeToken(positional);
+
+  auto token = tally::ReadToken(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) return Finish(token.status());
+  tally::ClientSecurityOptions security;
+  security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  security.token = *token;
+  auto connected = tally::TallyClient::Create(absl::GetFlag(FLAGS_server), security);
+  if (!connected.ok()) return Finish(connected.status());
+  tally::TallyClient& client = **connected;
   if (command == "submit") {
     auto spec = SpecFromFlags();
     if (!spec.ok()) return Usage(std::string(spec.status().message()));

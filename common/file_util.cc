@@ -1,5 +1,7 @@
 #include "common/file_util.h"
 
+#include "common/data_roots.h"
+
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -43,8 +45,11 @@ absl::Status MakeDirs(const std::string& dir) {
 }
 
 absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
+  // With data roots, the resolved path is opened (no symlink is followed after the check).
+  absl::StatusOr<std::string> resolved = ProcessDataRoots().Resolve(path);
+  if (!resolved.ok()) return resolved.status();
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
-  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const int fd = open(resolved->c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     return err == ENOENT ? absl::NotFoundError(std::strerror(err)) : absl::PermissionDeniedError(std::strerror(err));

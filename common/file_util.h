@@ -30,6 +30,8 @@ struct RegularFile {
 // (O_NONBLOCK) before anything reads it. Errors carry no path, for the caller to word: NOT_FOUND or
 // PERMISSION_DENIED with strerror's text when it cannot be opened; INVALID_ARGUMENT whose message
 // says what it is instead ("a directory", "a FIFO", "a socket", "a device", "not a regular file").
+// With process data roots (common/data_roots.h), a path outside them is PERMISSION_DENIED
+// kOutsideDataRoots before anything else is looked at.
 absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path);
 
 // Removes `path` and everything under it (rm -rf); a missing path is not an error.

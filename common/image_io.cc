@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/data_roots.h"
 #include "common/file_util.h"
 #include "common/png_fast.h"
 
@@ -166,6 +167,7 @@ absl::Status JpegError(tjhandle tj, const std::string& name) {
 
 absl::Status ReadFileBytes(const std::string& path, std::string* out) {
   absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+  if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("", path);
   if (absl::IsInvalidArgument(file.status())) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is ", file.status().message(), ", not a regular file"));
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/data_roots.h"
 #include "common/file_util.h"
 
 namespace tally {
@@ -214,6 +215,7 @@ ManifestReader::~ManifestReader() {
 absl::StatusOr<std::unique_ptr<ManifestReader>> ManifestReader::Open(const std::string& path, ManifestLimits limits) {
   const std::string abs = AbsolutePath(path);
   absl::StatusOr<RegularFile> file = OpenRegularFile(abs);
+  if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("manifest", path);
   if (absl::IsInvalidArgument(file.status())) {
     const bool dir = file.status().message() == "a directory";
     return absl::InvalidArgumentError(

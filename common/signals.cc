@@ -27,4 +27,23 @@ std::thread WaitForTerminationSignal(std::function<void(int)> on_signal) {
   });
 }
 
+void BlockReloadSignal() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+void HandleReloadSignals(std::function<void()> on_reload) {
+  std::thread([on_reload = std::move(on_reload)] {
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGHUP);
+    while (true) {
+      int sig = 0;
+      if (sigwait(&signals, &sig) == 0) on_reload();
+    }
+  }).detach();
+}
+
 }  // namespace tally

@@ -13,6 +13,11 @@ void BlockTerminationSignals();
 // A thread that waits for SIGINT or SIGTERM and then calls `on_signal(signal)` once.
 std::thread WaitForTerminationSignal(std::function<void(int)> on_signal);
 
+// SIGHUP as "reload your configuration" (tallyd): block it first thing in main(), then start a
+// detached thread that calls `on_reload()` for every SIGHUP.
+void BlockReloadSignal();
+void HandleReloadSignals(std::function<void()> on_reload);
+
 }  // namespace tally
 
 #endif  // TALLY_COMMON_SIGNALS_H_

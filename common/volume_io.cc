@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/data_roots.h"
 #include "common/file_util.h"
 #include "common/job_config.h"
 
@@ -97,6 +98,7 @@ absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelM
   {
     // Refuses FIFOs, devices and directories before nifti_clib opens the path (it would block).
     absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+    if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("volume", path);
     if (absl::IsInvalidArgument(file.status())) {
       return absl::InvalidArgumentError(absl::StrCat("'", path, "' is ", file.status().message(), ", not a regular file"));
     }

@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Start(WorkerLaun
     }
     for (const std::string& a : options.extra_args) w.spawn.argv.push_back(a);
     if (gpu) w.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpus[i]);
+    for (const auto& kv : options.env) w.spawn.env.push_back(kv);
     w.spawn.cpu_affinity = mine;
     if (!options.log_dir.empty()) {
       w.log_path = absl::StrCat(options.log_dir, "/worker-", i, ".log");

@@ -217,10 +217,11 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   return rec;
 }
 
-absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in) {
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in, const std::string& owner) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, ValidateJobSpec(in));
   const std::string job_id = NewJobId(Now());
   ASSIGN_OR_RETURN(JobRecord rec, StoreManifest(spec, job_id));
+  rec.job.set_owner(owner);
   if (absl::Status s = store_->CreateJob(rec); !s.ok()) {
     store_->DeleteJob(job_id).IgnoreError();
     NoteStorage(s);
@@ -255,7 +256,8 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
   return Snapshot(*it->second, Now());
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(int limit, const std::string& page_token) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(int limit, const std::string& page_token,
+                                                           const std::optional<std::string>& owner) {
   if (limit <= 0) limit = 20;
   limit = std::min(limit, 1000);
   absl::MutexLock lock(&mu_);
@@ -264,7 +266,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(int limit, const std:
   auto it = job_order_.rbegin();
   if (!page_token.empty()) {
     it = std::find(job_order_.rbegin(), job_order_.rend(), page_token);
-    if (it == job_order_.rend()) {
+    if (it == job_order_.rend() || (owner && jobs_.at(*it)->record.job.owner() != *owner)) {
       return absl::InvalidArgumentError(absl::StrCat("page token '", page_token, "' names no job"));
     }
     ++it;
@@ -274,7 +276,9 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(int limit, const std:
       out.set_next_page_token(out.jobs(out.jobs_size() - 1).job_id());
       break;
     }
-    *out.add_jobs() = Summary(Snapshot(*jobs_.at(*it), now));
+    const JobEntry& entry = *jobs_.at(*it);
+    if (owner && entry.record.job.owner() != *owner) continue;
+    *out.add_jobs() = Summary(Snapshot(entry, now));
   }
   return out;
 }
@@ -517,19 +521,32 @@ absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
       return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " has ", r.classes_size(),
                                                      " classes; the job has ", classes));
     }
-    // Every class partitions the same valid pixels: tp + fp + fn + tn is one number per image, and
-    // at most its pixel count.
+    // Every class partitions the same valid pixels (those the ignore value leaves): tp + fp + fn + tn
+    // is that number for every class, and for every threshold of a sweep.
     const int64_t pixels = static_cast<int64_t>(r.height()) * r.width() * std::max(1, r.depth());
-    int64_t valid = -1;
-    for (const v1::ClassResult& c : r.classes()) {
-      const int64_t sum = c.tp() + c.fp() + c.fn() + c.tn();
-      const bool negative = c.tp() < 0 || c.fp() < 0 || c.fn() < 0 || c.tn() < 0;
-      if (negative || (valid >= 0 && sum != valid) || sum > pixels) {
-        return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(),
-                                                       " has implausible counts (tp+fp+fn+tn differ between classes "
-                                                       "or exceed the image's ", pixels, " pixels)"));
+    const int64_t valid = pixels - r.mask_ignored_pixels();
+    const auto implausible = [&](const std::string& what) {
+      return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " has implausible counts: ", what));
+    };
+    if (r.height() < 0 || r.width() < 0 || r.mask_ignored_pixels() < 0 || valid < 0) {
+      return implausible(absl::StrCat("size ", r.height(), "x", r.width(), " with ", r.mask_ignored_pixels(),
+                                      " ignored pixels"));
+    }
+    for (int k = 0; k < r.classes_size(); ++k) {
+      const v1::ClassResult& c = r.classes(k);
+      if (c.tp() < 0 || c.fp() < 0 || c.fn() < 0 || c.tn() < 0 || c.tp() + c.fp() + c.fn() + c.tn() != valid) {
+        return implausible(absl::StrCat("class ", k, " has tp+fp+fn+tn = ", c.tp() + c.fp() + c.fn() + c.tn(),
+                                        ", the image has ", valid, " valid pixels"));
       }
-      valid = sum;
+    }
+    if (r.thresholds_size() != job.record.job.spec().thresholds_size()) {
+      return implausible(absl::StrCat(r.thresholds_size(), " threshold counts for ",
+                                      job.record.job.spec().thresholds_size(), " thresholds"));
+    }
+    for (const v1::ThresholdCounts& t : r.thresholds()) {
+      if (t.tp() < 0 || t.fp() < 0 || t.fn() < 0 || t.tn() < 0 || t.tp() + t.fp() + t.fn() + t.tn() != valid) {
+        return implausible(absl::StrCat("a threshold's tp+fp+fn+tn differs from the image's ", valid, " valid pixels"));
+      }
     }
   }
   return absl::OkStatus();

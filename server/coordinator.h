@@ -65,13 +65,16 @@ class Coordinator {
   // Client API. Errors: INVALID_ARGUMENT for a bad spec or manifest, NOT_FOUND for a missing
   // model/manifest/job, FAILED_PRECONDITION for "not until the job has finished".
   // SubmitJob streams the manifest into the database; it blocks for as long as that takes.
-  absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec);
+  // `owner` is the name of the token that submitted the job ("" without tokens).
+  absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec, const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
   // Deletes a finished job's rows, results and reports. Blocks on the database.
   absl::Status DeleteJob(const std::string& job_id);
-  // Newest first, summaries only; `page_token` is the last job id of the previous page.
-  absl::StatusOr<v1::ListJobsResponse> ListJobs(int limit, const std::string& page_token);
+  // Newest first, summaries only; `page_token` is the last job id of the previous page. With
+  // `owner`, only the jobs that token name submitted.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(int limit, const std::string& page_token,
+                                                const std::optional<std::string>& owner = std::nullopt);
   v1::ListWorkersResponse ListWorkers();
   // Folder holding the report files of a finished job.
   absl::StatusOr<std::string> ReportDir(const std::string& job_id);

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/rpc.h"
@@ -160,49 +161,88 @@ class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk
 
 }  // namespace
 
+absl::StatusOr<Caller> CoordinatorServiceImpl::Authenticate(grpc::CallbackServerContext* ctx) const {
+  return auth_->Check(AuthorizationOf(ctx), Api::kCoordinator);
+}
+
+absl::StatusOr<v1::Job> CoordinatorServiceImpl::VisibleJob(const Caller& caller, const std::string& job_id) const {
+  absl::StatusOr<v1::Job> job = core_->GetJob(job_id);
+  if (job.ok() && !caller.CanSee(job->owner())) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return job;
+}
+
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
                                                             const v1::SubmitJobRequest* request,
                                                             v1::SubmitJobResponse* response) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
   Coordinator* core = core_;
-  return UnaryBlocking(executor_, ctx, response, [core, request]() -> absl::StatusOr<v1::SubmitJobResponse> {
-    absl::StatusOr<v1::Job> job = core->SubmitJob(request->spec());
-    if (!job.ok()) return job.status();
-    v1::SubmitJobResponse out;
-    *out.mutable_job() = std::move(*job);
-    return out;
-  });
+  return UnaryBlocking(executor_, ctx, response,
+                       [core, request, owner = caller->name]() -> absl::StatusOr<v1::SubmitJobResponse> {
+                         absl::StatusOr<v1::Job> job = core->SubmitJob(request->spec(), owner);
+                         if (!job.ok()) return job.status();
+                         v1::SubmitJobResponse out;
+                         *out.mutable_job() = std::move(*job);
+                         return out;
+                       });
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
                                                          const v1::GetJobRequest* request, v1::Job* response) {
-  return Unary(ctx, response, [&] { return core_->GetJob(request->job_id()); });
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, response, [&] { return VisibleJob(*caller, request->job_id()); });
 }
 
 grpc::ServerWriteReactor<v1::Job>* CoordinatorServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
                                                                     const v1::WatchJobRequest* request) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return new RefusedWriter<v1::Job>(caller.status());
+  if (absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->job_id()); !job.ok()) {
+    return new RefusedWriter<v1::Job>(job.status());
+  }
   const int ms = request->interval_ms() > 0 ? request->interval_ms() : 250;
   return new WatchJobReactor(core_, request->job_id(), absl::Milliseconds(ms));
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::CancelJob(grpc::CallbackServerContext* ctx,
                                                             const v1::CancelJobRequest* request, v1::Job* response) {
-  return Unary(ctx, response, [&] { return core_->CancelJob(request->job_id()); });
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::Job> {
+    absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->job_id());
+    if (!job.ok()) return job.status();
+    return core_->CancelJob(request->job_id());
+  });
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
                                                            const v1::ListJobsRequest* request,
                                                            v1::ListJobsResponse* response) {
-  return Unary(ctx, response, [&] { return core_->ListJobs(request->limit(), request->page_token()); });
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  const std::optional<std::string> owner = caller->sees_all ? std::nullopt : std::optional<std::string>(caller->name);
+  return Unary(ctx, response, [&] { return core_->ListJobs(request->limit(), request->page_token(), owner); });
 }
 
 grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::FetchReport(grpc::CallbackServerContext* ctx,
                                                                                const v1::FetchReportRequest* request) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return new RefusedWriter<v1::ReportChunk>(caller.status());
+  if (absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->job_id()); !job.ok()) {
+    return new RefusedWriter<v1::ReportChunk>(job.status());
+  }
   return new FetchReportReactor(core_->ReportDir(request->job_id()));
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::DeleteJob(grpc::CallbackServerContext* ctx,
                                                             const v1::DeleteJobRequest* request,
                                                             v1::DeleteJobResponse* response) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  if (absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->job_id()); !job.ok()) {
+    return Refuse(ctx, job.status());
+  }
   Coordinator* core = core_;
   return UnaryBlocking(executor_, ctx, response, [core, request]() -> absl::StatusOr<v1::DeleteJobResponse> {
     absl::Status s = core->DeleteJob(request->job_id());
@@ -214,7 +254,22 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::DeleteJob(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListWorkers(grpc::CallbackServerContext* ctx,
                                                               const v1::ListWorkersRequest* request,
                                                               v1::ListWorkersResponse* response) {
-  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListWorkersResponse> { return core_->ListWorkers(); });
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListWorkersResponse> {
+    v1::ListWorkersResponse out = core_->ListWorkers();
+    if (caller->sees_all) return out;
+    // A client sees which workers serve, and its own jobs among theirs.
+    for (v1::WorkerInfo& w : *out.mutable_workers()) {
+      std::vector<std::string> mine;
+      for (const std::string& j : w.jobs()) {
+        if (VisibleJob(*caller, j).ok()) mine.push_back(j);
+      }
+      w.clear_jobs();
+      for (std::string& j : mine) w.add_jobs(std::move(j));
+    }
+    return out;
+  });
 }
 
 }  // namespace tally

@@ -6,6 +6,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
+#include "server/authorizer.h"
 #include "server/coordinator.h"
 #include "server/executor.h"
 
@@ -13,8 +14,9 @@ namespace tally {
 
 class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
  public:
-  // `core` and `executor` must outlive the service.
-  CoordinatorServiceImpl(Coordinator* core, Executor* executor) : core_(core), executor_(executor) {}
+  // `core`, `executor` and `auth` must outlive the service.
+  CoordinatorServiceImpl(Coordinator* core, Executor* executor, const Authorizer* auth)
+      : core_(core), executor_(executor), auth_(auth) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* request,
                                       v1::SubmitJobResponse* response) override;
@@ -34,8 +36,14 @@ class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
                                         v1::ListWorkersResponse* response) override;
 
  private:
+  // The caller, if its token may use this service.
+  absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* ctx) const;
+  // The job, if the caller may see it; a job it may not see is NOT_FOUND, as a missing one.
+  absl::StatusOr<v1::Job> VisibleJob(const Caller& caller, const std::string& job_id) const;
+
   Coordinator* const core_;
   Executor* const executor_;
+  const Authorizer* const auth_;
 };
 
 }  // namespace tally

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "common/channel_security.h"
 #include "common/rpc.h"
 #include "grpcpp/grpcpp.h"
 #include "server/executor.h"
@@ -40,6 +41,28 @@ grpc::ServerUnaryReactor* UnaryBlocking(Executor* executor, grpc::CallbackServer
   });
   return reactor;
 }
+
+// The call's "authorization" metadata value, or "".
+inline std::string AuthorizationOf(const grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kAuthorizationKey);
+  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+// Ends a unary call at once with an error.
+inline grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// Ends a server-streaming call at once with an error.
+template <typename T>
+class RefusedWriter final : public grpc::ServerWriteReactor<T> {
+ public:
+  explicit RefusedWriter(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
 
 }  // namespace tally
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/image_io.h"
+#include "common/data_roots.h"
 #include "common/job_config.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -35,6 +36,8 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
     spec.set_model(AbsoluteModel(spec.model()));
     const ModelRef ref = ParseModelRef(spec.model());
     const std::string& path = ref.path;
+    // Before anything about the file is looked at: outside the roots, its existence is not told.
+    if (!ProcessDataRoots().Resolve(path).ok()) return OutsideDataRootsError("model", path);
     struct stat st;
     if (stat(path.c_str(), &st) != 0) {
       return absl::NotFoundError(absl::StrCat("model file '", path, "' does not exist"));

@@ -88,7 +88,7 @@ CREATE TABLE IF NOT EXISTS jobs(
   job_id TEXT PRIMARY KEY, spec BLOB NOT NULL, state INTEGER NOT NULL, error TEXT NOT NULL,
   images_total INTEGER NOT NULL, shard_size INTEGER NOT NULL, num_classes INTEGER NOT NULL,
   created REAL NOT NULL, started REAL NOT NULL, finished REAL NOT NULL, last_result REAL NOT NULL,
-  summary TEXT NOT NULL DEFAULT '');
+  summary TEXT NOT NULL DEFAULT '', owner TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS manifest_rows(
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, line INTEGER NOT NULL, id TEXT NOT NULL,
   image TEXT NOT NULL, mask TEXT NOT NULL, image_path TEXT NOT NULL, mask_path TEXT NOT NULL,
@@ -116,6 +116,7 @@ struct ColumnMigration {
 };
 constexpr ColumnMigration kColumnMigrations[] = {
     {"jobs", "summary", "TEXT NOT NULL DEFAULT ''"},
+    {"jobs", "owner", "TEXT NOT NULL DEFAULT ''"},
     {"manifest_rows", "prediction", "TEXT NOT NULL DEFAULT ''"},
     {"manifest_rows", "prediction_path", "TEXT NOT NULL DEFAULT ''"},
     {"manifest_rows", "columns", "BLOB NOT NULL DEFAULT x''"},
@@ -227,12 +228,13 @@ absl::Status JobStore::CreateJob(const JobRecord& record) {
   absl::MutexLock lock(&mu_);
   const v1::Job& job = record.job;
   return InTransaction([&](sqlite3* db) -> absl::Status {
-    Stmt ins(db, "INSERT INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
+    Stmt ins(db, "INSERT INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(ins.status());
     ins.Bind(1, job.job_id()).BindBlob(2, job.spec().SerializeAsString()).Bind(3, int64_t{job.state()});
     ins.Bind(4, job.error()).Bind(5, job.images_total()).Bind(6, record.shard_size);
     ins.Bind(7, int64_t{job.num_classes()}).Bind(8, job.created_unix()).Bind(9, job.started_unix());
     ins.Bind(10, job.finished_unix()).Bind(11, record.last_result_unix).Bind(12, job.summary());
+    ins.Bind(13, job.owner());
     RETURN_IF_ERROR(ins.Run());
     Stmt shard(db, "INSERT INTO shards VALUES(?,?,0,0)");
     RETURN_IF_ERROR(shard.status());
@@ -296,7 +298,7 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
   absl::MutexLock lock(&mu_);
   Stmt q(db_,
          "SELECT job_id, spec, state, error, images_total, shard_size, num_classes, created, started, finished, "
-         "last_result, summary FROM jobs ORDER BY created");
+         "last_result, summary, owner FROM jobs ORDER BY created");
   RETURN_IF_ERROR(q.status());
   std::vector<JobRecord> out;
   absl::Status s;
@@ -316,6 +318,7 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
     r.job.set_finished_unix(q.Double(9));
     r.last_result_unix = q.Double(10);
     r.job.set_summary(q.Text(11));
+    r.job.set_owner(q.Text(12));
     out.push_back(std::move(r));
   }
   RETURN_IF_ERROR(s);

@@ -1,11 +1,15 @@
 // tallyd: Tally's coordinator. Accepts jobs from `tally`, hands index ranges of their manifests to
 // `tally-worker` processes, commits every per-image result to SQLite and builds the reports.
 //
-//   tallyd --listen 0.0.0.0:50051 --state-dir /var/lib/tally
+//   tallyd --state-dir /var/lib/tally                                          # 127.0.0.1:50051
 //   tallyd --listen 127.0.0.1:0 --port-file /tmp/port --state-dir /tmp/tally   # any free port
 //   tallyd --spawn-workers --gpus all                                          # plus one worker per GPU
+//   tallyd --listen 0.0.0.0:50051 --tls-cert server.pem --tls-key server.key \
+//          --auth-tokens tokens --data-root /datasets                          # on a shared network
 //
-// Flags accept dashes or underscores (--state-dir == --state_dir).
+// Flags accept dashes or underscores (--state-dir == --state_dir). --data-root repeats.
+// SIGHUP re-reads the tokens file; certificate files are re-read when they change. SECURITY.md
+// has the trust model.
 #include <signal.h>
 
 #include <cstdlib>
@@ -15,13 +19,21 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/data_roots.h"
 #include "common/flag_util.h"
 #include "common/gpu_inventory.h"
 #include "common/log.h"
 #include "common/signals.h"
 #include "server/server.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "Address to serve on (host:port; port 0 = any free port)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "Address to serve on (host:port; port 0 = any free port). Beyond loopback, use TLS and tokens");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain to serve TLS with (re-read when it changes)");
+ABSL_FLAG(std::string, tls_key, "", "Private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "", "Require client certificates signed by this CA (mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "Tokens file: NAME ROLE sha256:HEX per line (roles client, worker, admin; `tally token` makes one); "
+          "re-read on SIGHUP");
 ABSL_FLAG(std::string, state_dir, "./tally-state", "Folder for the database (tally.db) and reports");
 ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once serving");
 ABSL_FLAG(double, lease_seconds, 10.0, "A worker silent this long loses its shards to others");
@@ -40,13 +52,26 @@ int main(int argc, char** argv) {
   tally::SetLogName("tallyd");
   absl::SetProgramUsageMessage("Tally coordinator. Usage: tallyd [--listen host:port] [--state-dir DIR]");
   std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  const std::vector<std::string> data_roots = tally::TakeRepeatedFlag(&normalized, "data_root");
   std::vector<char*> args = tally::ArgvPointers(normalized);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 
   tally::BlockTerminationSignals();
+  tally::BlockReloadSignal();
 
   tally::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  auto roots = tally::DataRoots::Create(data_roots);
+  if (!roots.ok()) {
+    std::cerr << "tallyd: " << roots.status().message() << "\n";
+    return 2;
+  }
+  options.data_roots = roots->roots();
+  tally::SetProcessDataRoots(*std::move(roots));
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.coordinator.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.coordinator.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
@@ -79,6 +104,10 @@ int main(int argc, char** argv) {
     std::cerr << "tallyd: " << server.status().message() << "\n";
     return 1;
   }
+  tally::HandleReloadSignals([s = server->get()] {
+    tally::Log("received SIGHUP: re-reading the tokens file");
+    s->Reload();
+  });
   std::thread waiter = tally::WaitForTerminationSignal([&](int sig) {
     tally::Log("received signal ", sig, ", shutting down");
     (*server)->Shutdown();

@@ -3,7 +3,12 @@
 #include <chrono>
 #include <fstream>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth_tokens.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -14,29 +19,54 @@ namespace tally {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions options) {
   std::unique_ptr<Server> server(new Server());
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, CreateServerCredentials(options.tls));
+  ASSIGN_OR_RETURN(server->auth_, Authorizer::Create(options.auth_tokens));
+  std::string worker_token;
+  if (options.spawn_workers && server->auth_->enabled()) {
+    // The workers this tallyd spawns get a token of their own, never written to disk.
+    worker_token = NewToken();
+    server->auth_->AddToken("tallyd-spawned-workers", Role::kWorker, worker_token);
+  }
   ASSIGN_OR_RETURN(server->core_, Coordinator::Create(options.coordinator));
   server->executor_ = std::make_unique<Executor>(4);
   server->coordinator_service_ =
-      std::make_unique<CoordinatorServiceImpl>(server->core_.get(), server->executor_.get());
-  server->worker_service_ = std::make_unique<WorkerControlServiceImpl>(server->core_.get());
+      std::make_unique<CoordinatorServiceImpl>(server->core_.get(), server->executor_.get(), server->auth_.get());
+  server->worker_service_ = std::make_unique<WorkerControlServiceImpl>(server->core_.get(), server->auth_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, credentials, &server->port_);
+  // Spawned workers of a TLS tallyd dial a Unix socket in the state folder instead (plaintext,
+  // made reachable only by this user below; tokens still apply).
+  const bool tls = !options.tls.cert.empty();
+  const std::string socket_path = absl::StrCat(options.coordinator.state_dir, "/tallyd.sock");
+  const bool local_socket = options.spawn_workers && tls;
+  if (local_socket) {
+    unlink(socket_path.c_str());
+    builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
+  }
   builder.RegisterService(server->coordinator_service_.get());
   builder.RegisterService(server->worker_service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   server->grpc_server_ = builder.BuildAndStart();
+  if (local_socket && server->grpc_server_ != nullptr) chmod(socket_path.c_str(), 0600);
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
   }
   server->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
-  Log("serving on ", options.listen.substr(0, options.listen.rfind(':')), ":", server->port_, ", state in ",
-      options.coordinator.state_dir);
+  Log("serving on ", options.listen.substr(0, options.listen.rfind(':')), ":", server->port_,
+      tls ? (options.tls.client_ca.empty() ? " (TLS)" : " (mutual TLS)") : " (plaintext)",
+      server->auth_->enabled() ? ", tokens required" : "", ", state in ", options.coordinator.state_dir);
+  WarnAboutExposure(options, tls, !options.auth_tokens.empty());
   if (!options.port_file.empty()) RETURN_IF_ERROR(WriteFileAtomically(options.port_file, absl::StrCat(server->port_, "\n")));
   if (options.spawn_workers) {
-    options.workers.coordinator = absl::StrCat("127.0.0.1:", server->port_);
+    options.workers.coordinator = local_socket ? "unix:" + socket_path : absl::StrCat("127.0.0.1:", server->port_);
     options.workers.restart = true;
+    if (!worker_token.empty()) options.workers.env.emplace_back("TALLY_TOKEN", worker_token);
+    for (const std::string& root : options.data_roots) {
+      options.workers.extra_args.push_back("--data-root");
+      options.workers.extra_args.push_back(root);
+    }
     ASSIGN_OR_RETURN(server->launcher_, WorkerLauncher::Start(options.workers));
     Log("spawned ", server->launcher_->size(), " worker(s)");
   }
@@ -55,6 +85,30 @@ void Server::Supervise() {
       Log("health: ", serving ? "SERVING" : "NOT_SERVING (the database cannot be written)");
     }
     for (int i = 0; i < 10 && !stopping_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void Server::WarnAboutExposure(const ServerOptions& options, bool tls, bool tokens) {
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  const bool loopback = host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]" ||
+                        absl::StartsWith(options.listen, "unix:");
+  if (!tokens) {
+    Log("WARNING: no --auth-tokens", tls ? "" : " and no TLS", ": ",
+        loopback ? "every user of this machine" : "anyone who can reach this port",
+        " controls this tallyd: submits jobs (whose models run as code on the workers), reads, cancels and "
+        "deletes every job, and can pose as a worker. See SECURITY.md.");
+  } else if (!tls && !loopback) {
+    Log("WARNING: no TLS on ", options.listen, ": tokens, paths and results cross the network in plaintext. "
+        "See SECURITY.md.");
+  }
+  if (options.data_roots.empty()) {
+    Log("WARNING: no --data-root: jobs may name any file that tallyd and its workers can read");
+  }
+}
+
+void Server::Reload() {
+  if (absl::Status s = auth_->Reload(); !s.ok()) {
+    Log("reload: ", s.message(), "; the previous tokens stay in force");
   }
 }
 

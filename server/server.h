@@ -8,10 +8,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/channel_security.h"
 #include "common/worker_launcher.h"
 #include "grpcpp/grpcpp.h"
+#include "server/authorizer.h"
 #include "server/coordinator.h"
 #include "server/coordinator_service.h"
 #include "server/executor.h"
@@ -20,8 +23,13 @@
 namespace tally {
 
 struct ServerOptions {
-  std::string listen = "0.0.0.0:50051";  // host:port; port 0 picks a free port.
-  std::string port_file;                 // If set, the bound port is written here once serving.
+  std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free port.
+  std::string port_file;                   // If set, the bound port is written here once serving.
+  ServerTlsOptions tls;                    // No certificate: plaintext.
+  std::string auth_tokens;                 // Tokens file (common/auth_tokens.h); empty: no authentication.
+  // Folders clients may name files in; empty: any. Enforced in this process (the caller sets the
+  // process data roots, common/data_roots.h) and passed to the workers it spawns.
+  std::vector<std::string> data_roots;
   CoordinatorOptions coordinator;
   bool spawn_workers = false;
   WorkerLaunchOptions workers;           // `coordinator` is filled in with the bound address.
@@ -36,13 +44,19 @@ class Server {
   // Blocks until Shutdown() is called (from a signal handler thread, say).
   void Wait();
   void Shutdown();
+  // SIGHUP: re-reads the tokens file (certificate files are watched and re-read by themselves).
+  void Reload();
 
  private:
   Server() = default;
   // Once a second: health follows the database's writability; spawned workers are restarted.
   void Supervise();
 
+  // What start-up says about who can reach and control this tallyd.
+  static void WarnAboutExposure(const ServerOptions& options, bool tls, bool tokens);
+
   std::unique_ptr<Coordinator> core_;
+  std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<Executor> executor_;  // Blocking client calls (submission, deletion).
   std::unique_ptr<CoordinatorServiceImpl> coordinator_service_;
   std::unique_ptr<WorkerControlServiceImpl> worker_service_;

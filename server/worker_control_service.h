@@ -5,13 +5,16 @@
 
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
+#include "server/authorizer.h"
+#include "server/grpc_util.h"
 #include "server/coordinator.h"
 
 namespace tally {
 
 class WorkerControlServiceImpl final : public v1::WorkerControl::CallbackService {
  public:
-  explicit WorkerControlServiceImpl(Coordinator* core) : core_(core) {}
+  // `core` and `auth` must outlive the service.
+  WorkerControlServiceImpl(Coordinator* core, const Authorizer* auth) : core_(core), auth_(auth) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) override;
@@ -27,7 +30,13 @@ class WorkerControlServiceImpl final : public v1::WorkerControl::CallbackService
                                       v1::HeartbeatResponse* response) override;
 
  private:
+  // OK if the call's token may use WorkerControl (a worker token, or no tokens configured).
+  absl::Status Authenticate(grpc::CallbackServerContext* ctx) const {
+    return auth_->Check(AuthorizationOf(ctx), Api::kWorkerControl).status();
+  }
+
   Coordinator* const core_;
+  const Authorizer* const auth_;
 };
 
 }  // namespace tally

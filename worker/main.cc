@@ -5,7 +5,9 @@
 //
 //   tally-worker --coordinator 10.0.0.5:50051 --device cuda:0 --threads 16
 //   CUDA_VISIBLE_DEVICES=3 tally-worker --coordinator host:50051 --device cuda:0
+//   TALLY_TOKEN=... tally-worker --coordinator tally.lab:50051 --tls-ca ca.pem --data-root /datasets
 //
+// --data-root repeats: with it, models, images and masks must resolve inside one (SECURITY.md).
 // SIGTERM/SIGINT: stop leasing, finish the rows in hand, send them, exit 0.
 // Exit codes: 0 stopped, 1 error (coordinator unreachable past --max-connect-seconds), 2 usage,
 // 3 out of service (the device does not work here, or the model file is missing on this host:
@@ -20,6 +22,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/auth_tokens.h"
+#include "common/data_roots.h"
 #include "common/flag_util.h"
 #include "common/log.h"
 #include "common/signals.h"
@@ -38,11 +42,17 @@ ABSL_FLAG(bool, cudnn_benchmark, false,
 ABSL_FLAG(int, warmup_batches, 2, "Extra passes over the first batch on CUDA before timing starts");
 ABSL_FLAG(int, gpus_per_worker, 1,
           "GPUs this worker owns, from --device on (Python models get them all; TorchScript needs 1)");
+ABSL_FLAG(std::string, tls_ca, "", "Connect with TLS, trusting this CA for tallyd's certificate");
+ABSL_FLAG(std::string, tls_cert, "", "Client certificate for mutual TLS (with --tls-key)");
+ABSL_FLAG(std::string, tls_key, "", "Private key of --tls-cert");
+ABSL_FLAG(std::string, tls_server_name, "", "Name to check tallyd's certificate against (default: the host of --coordinator)");
+ABSL_FLAG(std::string, token_file, "", "File holding this worker's token (default: the TALLY_TOKEN environment variable)");
 ABSL_FLAG(double, gpu_memory_limit_gib, 0, "Cap this worker's GPU memory (GiB; 0 = no cap), e.g. on a shared GPU");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N");
   std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  const std::vector<std::string> data_roots = tally::TakeRepeatedFlag(&normalized, "data_root");
   std::vector<char*> args = tally::ArgvPointers(normalized);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   tally::SetLogName("tally-worker[" + absl::GetFlag(FLAGS_device) + "]");
@@ -55,8 +65,25 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 16 << 20);
   mallopt(M_TRIM_THRESHOLD, 16 << 20);
 
+  auto roots = tally::DataRoots::Create(data_roots);
+  if (!roots.ok()) {
+    std::cerr << "tally-worker: " << roots.status().message() << "\n";
+    return 2;
+  }
+  tally::SetProcessDataRoots(*std::move(roots));
+  auto token = tally::ReadToken(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) {
+    std::cerr << "tally-worker: " << token.status().message() << "\n";
+    return 2;
+  }
+
   tally::WorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  options.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  options.security.token = *token;
   options.device = absl::GetFlag(FLAGS_device);
   options.name = absl::GetFlag(FLAGS_name);
   options.threads = absl::GetFlag(FLAGS_threads);

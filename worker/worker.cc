@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/data_roots.h"
 #include "common/job_config.h"
 #include "common/backoff.h"
 #include "common/log.h"
@@ -39,6 +40,20 @@ std::string Hostname() {
 }
 
 // Errors of ModelRunner::Create that are this host's problem, not the model's.
+// A model is code (SECURITY.md): with data roots it must lie inside them, and so must a Python
+// interpreter named by path (a bare python3/python is looked up on PATH). Returns the model's
+// resolved path. PERMISSION_DENIED fails the job, never this worker.
+absl::StatusOr<std::string> CheckModelAllowed(const ModelRef& model, const std::string& python) {
+  const DataRoots& roots = ProcessDataRoots();
+  absl::StatusOr<std::string> path = roots.Resolve(model.path);
+  if (!path.ok()) return OutsideDataRootsError("model", model.path);
+  if (model.python && !roots.empty() && !python.empty() && python != "python3" && python != "python" &&
+      !roots.Resolve(python).ok()) {
+    return OutsideDataRootsError("--python", python);
+  }
+  return *path;
+}
+
 bool IsWorkerLocal(const absl::Status& s) {
   return absl::IsNotFound(s) || absl::IsUnavailable(s) || absl::IsUnimplemented(s);
 }
@@ -81,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  w->channel_ = grpc::CreateCustomChannel(w->options_.coordinator, grpc::InsecureChannelCredentials(), args);
+  ASSIGN_OR_RETURN(w->channel_, CreateClientChannel(w->options_.coordinator, w->options_.security, args));
   w->stub_ = v1::WorkerControl::NewStub(w->channel_);
   return w;
 }
@@ -380,8 +395,10 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     evaluator_ = std::move(evaluator);
     return absl::OkStatus();
   }
+  const ModelRef model = ParseModelRef(config.model);
+  ASSIGN_OR_RETURN(const std::string model_path, CheckModelAllowed(model, config.python));
   ModelRunnerOptions ro;
-  ro.model_path = config.model;
+  ro.model_path = model_path;
   ro.device = options_.device;
   ro.precision = std::string(PrecisionName(config.precision));
   ro.channels_last = config.channels_last;
@@ -394,10 +411,8 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   ro.cudnn_benchmark = options_.cudnn_benchmark;
   ro.memory_limit_gib = options_.gpu_memory_limit_gib;
   ro.thresholds = config.thresholds;
-  const ModelRef model = ParseModelRef(config.model);
   const std::vector<std::string> devices = Devices();
   if (model.python) {
-    ro.model_path = model.path;
     ro.class_name = model.class_name;
     ro.devices = devices;
     ro.python = config.python;

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/backoff.h"
+#include "common/channel_security.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
 #include "worker/model_runner.h"
@@ -38,6 +39,7 @@ namespace tally {
 
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:50051";
+  ClientSecurityOptions security;   // TLS files and the worker token (common/channel_security.h).
   std::string device = "cpu";       // cpu | cuda:N
   std::string name;                 // Shown in reports; default host:device.
   int threads = 0;                  // Decode/metric threads (and intra-op threads on CPU); 0 = all cores.

@@ -120,8 +120,9 @@ def tally_run(model, manifest, out, *extra, check=True):
 class Cluster:
     """A tallyd on a free loopback port plus workers started by hand (so tests can kill them)."""
 
-    def __init__(self, test, root, lease_seconds=2.0, state=None, tallyd_args=()):
+    def __init__(self, test, root, lease_seconds=2.0, state=None, tallyd_args=(), client_args=()):
         self.root = root
+        self.client_args = list(client_args)  # Added to every `tally` call (tokens, TLS).
         os.makedirs(root, exist_ok=True)
         self.workers = []
         self.state = state or os.path.join(root, "state")
@@ -169,7 +170,7 @@ class Cluster:
             time.sleep(0.05)
 
     def cli(self, *args, check=True):
-        return tally(*args, "--server", self.address, check=check)
+        return tally(*args, "--server", self.address, *self.client_args, check=check)
 
     def submit(self, model, manifest, *extra):
         return self.cli("submit", "--model", model, "--manifest", manifest, *extra).stdout.strip()
