@@ -252,6 +252,27 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
       absl::StrCat("image '", name, "' is neither PNG nor JPEG (unrecognised file signature)"));
 }
 
+absl::Status DecodePngWithLibpng(const std::string& bytes, int64_t max_pixels, RgbImage* rgb, LabelMap* labels) {
+  std::vector<uint8_t> scratch;
+  std::string err;
+  bool too_large = false;
+  int h = 0, w = 0;
+  const bool ok = rgb != nullptr
+                      ? DecodePngRaw(bytes, PngTarget::kRgb8, max_pixels, &h, &w, &rgb->pixels, nullptr, &err, &too_large)
+                      : DecodePngRaw(bytes, PngTarget::kLabels, max_pixels, &h, &w, &scratch, &labels->labels, &err,
+                                     &too_large);
+  if (too_large) return absl::InvalidArgumentError(TooManyPixels("png", "input", h, w, max_pixels));
+  if (!ok) return absl::InvalidArgumentError(err);
+  if (rgb != nullptr) {
+    rgb->height = h;
+    rgb->width = w;
+  } else {
+    labels->height = h;
+    labels->width = w;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out, int64_t max_pixels) {
   out->depth = 1;
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("mask '", name, "' is empty (0 bytes)"));

@@ -77,6 +77,11 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
 absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out,
                         int64_t max_pixels = kDefaultMaxImagePixels);
 
+// The libpng decoder alone, which DecodeImage/DecodeMask fall back on for layouts the fast decoder
+// leaves (interlaced, 16-bit RGB, palette images...); exactly one of `rgb` and `labels` is non-null.
+// For tests and the fuzz targets (tests/fuzz), which must reach it with every input.
+absl::Status DecodePngWithLibpng(const std::string& bytes, int64_t max_pixels, RgbImage* rgb, LabelMap* labels);
+
 // Convenience: read + decode. Errors name the file and say what is wrong with it.
 absl::Status LoadImage(const std::string& path, RgbImage* out, int64_t max_pixels = kDefaultMaxImagePixels);
 absl::Status LoadMask(const std::string& path, LabelMap* out, int64_t max_pixels = kDefaultMaxImagePixels);

@@ -46,7 +46,7 @@ class JsonWriter {
   bool after_key_ = false;
 };
 
-// Escapes a string for JSON (without the quotes).
+// Escapes a string for JSON (without the quotes). Bytes that are not valid UTF-8 become U+FFFD.
 std::string JsonEscape(absl::string_view s);
 
 }  // namespace tally

@@ -1,0 +1,78 @@
+"""Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>): small valid files of
+every layout the decoders handle, and manifests with the features the parser handles. Run with
+Debian's python3 (PIL, numpy); the output is committed."""
+import io
+import os
+
+import numpy as np
+from PIL import Image
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def save(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def png(img, **kw):
+    b = io.BytesIO()
+    img.save(b, format="PNG", **kw)
+    return b.getvalue()
+
+
+def main():
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    labels = rng.integers(0, 4, (6, 5), dtype=np.uint8)
+    pngs = {
+        "rgb8.png": png(Image.fromarray(rgb)),
+        "rgba8.png": png(Image.fromarray(np.dstack([rgb, rgb[..., :1]]))),
+        "gray8.png": png(Image.fromarray(labels)),
+        "gray_alpha.png": png(Image.fromarray(np.dstack([labels, labels])).convert("LA")),
+        "gray16.png": png(Image.fromarray(labels.astype(np.uint16) * 300)),
+        "palette.png": png(Image.fromarray(labels).convert("P")),
+        "one_bit.png": png(Image.fromarray(labels > 1)),
+    }
+    # An Adam7-interlaced PNG (PIL cannot write one): 2x2 gray, hand-made.
+    import zlib, struct
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
+    raw = b"".join(b"\x00" + bytes([v]) for v in (10,)) + b"\x00" + bytes([20]) + b"\x00" + bytes([30, 40])
+    pngs["adam7.png"] = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 0, 0, 0, 1)) +
+                         chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    for target in ("png_fast", "png_libpng", "image"):
+        for name, data in pngs.items():
+            save(target, name, data)
+    b = io.BytesIO()
+    Image.fromarray(rgb).save(b, format="JPEG", quality=90)
+    save("image", "rgb.jpg", b.getvalue())
+    b = io.BytesIO()
+    Image.fromarray(labels * 60).save(b, format="JPEG", quality=50)
+    save("image", "gray.jpg", b.getvalue())
+    b = io.BytesIO()
+    Image.fromarray(rgb).save(b, format="JPEG", progressive=True)
+    save("image", "progressive.jpg", b.getvalue())
+
+    manifests = {
+        "basic.csv": "id,image,mask\na,a.png,a_mask.png\nb,b.jpg,b_mask.png\n",
+        "quoted.csv": 'image,mask,prompt\n"x, y.png",m.png,"the ""left"" lung"\n',
+        "crlf.csv": "image,mask\r\n/abs/a.png,../m.png\r\n",
+        "prediction.csv": "mask,prediction,id\nref.nii.gz,pred.nii.gz,case1\n",
+        "bom.csv": "\ufeffimage,mask\na.png,b.png\n",
+        "ragged.csv": "image,mask\na.png\nb.png,c.png,d.png\n,\n",
+        "utf8.csv": "image,mask,id\nbild\u00e4.png,maske.png,\u5927\n",
+        "no_header_cols.csv": "root:*:20228:0:99999:7:::\n",
+    }
+    for name, text in manifests.items():
+        save("manifest", name, text.encode("utf-8"))
+    save("manifest", "invalid_utf8.csv", b"image,mask\n\xff\xfe.png,m.png\n")
+    for i, s in enumerate([b"plain", b"with,comma", b'quote"inside', b"new\nline", b"\x00\x01\x1f\x7f",
+                           "\u00e9\u4e2d\U0001F600".encode(), b"\xc3\x28 invalid", b"\xed\xa0\x80 surrogate"]):
+        save("report_strings", f"s{i}", s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan + UBSan) into BUILD_DIR and runs each for SECONDS on a
+# copy of its seed corpus (tests/fuzz/corpus/<target>). Fails if any target finds a crash, a leak
+# or a failed check; the input that did it is left in BUILD_DIR/artifacts.
+#   tests/fuzz/run.sh build/fuzz 20          # what ctest's fuzz.short runs
+#   tests/fuzz/run.sh build/fuzz 3600 4      # a long run: an hour per target, 4 jobs each
+set -euo pipefail
+src=$(cd "$(dirname "$0")" && pwd)
+build=${1:?usage: run.sh BUILD_DIR SECONDS [JOBS]}
+seconds=${2:?usage: run.sh BUILD_DIR SECONDS [JOBS]}
+jobs=${3:-1}
+CC=clang CXX=clang++ cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build "$build" -j "$(nproc)" >/dev/null
+mkdir -p "$build/artifacts"
+status=0
+for target in manifest png_fast png_libpng image report_strings; do
+  work="$build/corpus/$target"
+  mkdir -p "$work"
+  log="$build/$target.log"
+  # New inputs go to the work folder; the repository's seeds are only read.
+  if ! (cd "$build" && "$build/${target}_fuzz" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=20 -jobs="$jobs" \
+       -workers="$jobs" -print_final_stats=1 -artifact_prefix="$build/artifacts/$target-" \
+       "$work" "$src/corpus/$target" >"$log" 2>&1); then
+    echo "fuzz $target: FAILED (see $log)"; tail -30 "$log"; status=1; continue
+  fi
+  runs=$(grep -h "stat::number_of_executed_units" "$log" "$build"/fuzz-*.log 2>/dev/null | awk '{s+=$2} END {print s+0}')
+  echo "fuzz $target: ${runs} executions in ${seconds} s, corpus $(ls "$work" | wc -l) + $(ls "$src/corpus/$target" | wc -l) seeds, no crash"
+done
+exit $status
