@@ -366,6 +366,28 @@ class MutualTlsTest(unittest.TestCase):
         self.assertEqual(c.tallyd.poll(), None)
 
 
+class SpawnedWorkersTest(unittest.TestCase):
+    def test_spawned_workers_get_their_own_token_and_reach_a_tls_tallyd(self):
+        root = tt.tmpdir(self)
+        pki = os.path.join(root, "pki")
+        os.makedirs(pki)
+        ca, _ = make_ca(pki, "ca")
+        cert, key = make_cert(pki, "server", "ca")
+        tokens = os.path.join(root, "tokens")
+        _, alice_file = make_token(root, "alice", "client", tokens)
+        data = os.path.join(root, "data")
+        manifest = small_dataset(data, 3)
+        c = tt.Cluster(self, os.path.join(root, "c"), tallyd_args=[
+            "--tls-cert", cert, "--tls-key", key, "--auth-tokens", tokens, "--spawn-workers", "--workers", "1",
+            "--data-root", data, "--data-root", tt.FIXTURES], client_args=["--tls-ca", ca, "--token-file", alice_file])
+        job = c.submit(tt.fixture("red_vs_rest.pt"), manifest)
+        self.assertEqual(c.wait(job, timeout=120)["state"], "succeeded")
+        sock = os.path.join(c.state, "tallyd.sock")
+        self.assertEqual(stat.S_IMODE(os.stat(sock).st_mode), 0o600)
+        with open(os.path.join(c.state, "worker-0.log")) as f:
+            self.assertNotIn("UNAUTHENTICATED", f.read())
+
+
 class LocalRunTest(unittest.TestCase):
     def test_tally_run_secures_its_own_coordinator(self):
         root = tt.tmpdir(self)
