@@ -26,6 +26,18 @@ void SetDeadline(grpc::ClientContext* ctx, double seconds) {
 
 }  // namespace
 
+int JobExitCode(const v1::Job& job) {
+  switch (job.state()) {
+    case v1::JOB_STATE_SUCCEEDED: {
+      const double allowed = job.spec().max_failed_fraction() * static_cast<double>(job.images_total());
+      return job.images_failed() > 0 && static_cast<double>(job.images_failed()) > allowed ? kExitTooManyFailedRows
+                                                                                          : kExitSucceeded;
+    }
+    case v1::JOB_STATE_CANCELLED: return kExitCancelled;
+    default: return kExitFailed;
+  }
+}
+
 absl::StatusOr<std::unique_ptr<TallyClient>> TallyClient::Create(const std::string& server,
                                                                  const ClientSecurityOptions& security) {
   std::unique_ptr<TallyClient> client(new TallyClient(server));

@@ -15,6 +15,19 @@
 
 namespace tally {
 
+// Exit codes of `tally` (README "CLI"): 0 succeeded, 1 failed (or an error), 2 bad usage, 3 the job
+// succeeded but more rows failed than its max_failed_fraction allows, 4 cancelled, 5 tallyd could
+// not be reached, 130 interrupted.
+inline constexpr int kExitSucceeded = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitTooManyFailedRows = 3;
+inline constexpr int kExitCancelled = 4;
+inline constexpr int kExitUnreachable = 5;
+inline constexpr int kExitInterrupted = 130;
+// The exit code a finished job gives.
+int JobExitCode(const v1::Job& job);
+
 class TallyClient {
  public:
   // Errors: a TLS file that cannot be read (common/channel_security.h).

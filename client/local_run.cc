@@ -147,7 +147,8 @@ int RunLocally(const LocalRunOptions& options) {
     return 130;
   }
   if (last->state() != v1::JOB_STATE_SUCCEEDED) {
-    return Fail(absl::StrCat("job ", job_id, " ", JobStateName(last->state()), ": ", last->error()));
+    Fail(absl::StrCat("job ", job_id, " ", JobStateName(last->state()), ": ", last->error()));
+    return JobExitCode(*last);
   }
   std::cout << "\n";
   std::cout << last->summary();
@@ -155,7 +156,14 @@ int RunLocally(const LocalRunOptions& options) {
   if (last->images_failed() > 0) std::cout << ", " << last->images_failed() << " failed (see report.json 'failures')";
   std::cout << absl::StrFormat("; %.1f images/s. Reports: %s/{report.json,per_image.csv,summary.md,report.html}\n",
                                last->images_per_second(), options.out_dir);
-  return 0;
+  const int code = JobExitCode(*last);
+  if (code == kExitTooManyFailedRows) {
+    std::cerr << absl::StrFormat(
+        "tally run: %d of %d rows failed, more than --max-failed-fraction %g allows (exit code %d); the reasons are "
+        "above and in report.json 'failures'\n",
+        last->images_failed(), last->images_total(), last->spec().max_failed_fraction(), code);
+  }
+  return code;
 }
 
 }  // namespace tally

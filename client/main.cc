@@ -83,6 +83,8 @@ ABSL_FLAG(std::string, python, "", "Python models: the interpreter on the worker
 ABSL_FLAG(std::string, thresholds, "", "Single-score outputs: also count at these probability thresholds, e.g. 0.3,0.5,0.7");
 ABSL_FLAG(std::string, empty_score, "nan", "dice/iou of an image whose prediction and reference are both empty: nan or one");
 ABSL_FLAG(std::string, iou_thresholds, "", "Per class, the share of images with IoU >= t, e.g. 0.5,0.7,0.9");
+ABSL_FLAG(double, max_failed_fraction, 0,
+          "More failed rows than this share of the manifest: a warning, and exit code 3 (0 = any failed row)");
 ABSL_FLAG(int, gpus_per_worker, 1, "tally run --gpus: GPUs per worker (Python models spread over them)");
 // tally run.
 ABSL_FLAG(std::string, out, "", "Output folder for the reports");
@@ -121,7 +123,7 @@ Job flags: --metrics dice,iou,precision,recall,hd95|all  --batch-size N|auto  --
   --include-background  --precision fp32|bf16|fp16  --channels-last  --max-memory F|GiB
   --max-image-pixels N  --batch-timeout S  --nonfinite fail|warn  --ignore-index N|none
   --label-map V:L,...  (mask value V becomes label L, before the ignore value applies)
-  --thresholds T,...  --empty-score nan|one  --iou-thresholds T,...
+  --thresholds T,...  --empty-score nan|one  --iou-thresholds T,...  --max-failed-fraction F
 Python models (--model PATH.py[:Class]): --python INTERPRETER  --model-option KEY=VALUE (repeatable)
   --num-classes N (label-map outputs)
 Prediction flags: --num-classes N  --regions "1,2;2"  --nnunet-summary  --force-spacing
@@ -131,7 +133,8 @@ Run flags: --out DIR  --workers N  --gpus all|0,1  --gpus-per-worker K  --lease-
 Connection flags: --server HOST:PORT  --token-file F (default $TALLY_TOKEN)  --tls-ca F
   [--tls-cert F --tls-key F]  --tls-server-name NAME
 
-Exit codes: 0 success, 1 failure, 2 bad usage, 130 interrupted. See README.md for details.
+Exit codes: 0 succeeded, 1 failed (or an error), 2 bad usage, 3 succeeded but more rows failed than
+--max-failed-fraction allows (default 0: any), 4 cancelled, 5 tallyd unreachable, 130 interrupted.
 )";
 
 int Usage(const std::string& error) {
@@ -210,6 +213,11 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "
     return absl::InvalidArgumentError(absl::StrCat("--empty-score: expected nan or one, got '", empty_score, "'"));
   }
   spec.set_empty_score(empty_score);
+  const double max_failed = absl::GetFlag(FLAGS_max_failed_fraction);
+  if (!(max_failed >= 0 && max_failed <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-failed-fraction: ", max_failed, " is not in [0, 1]"));
+  }
+  spec.set_max_failed_fraction(max_failed);
   spec.set_nnunet_summary(absl::GetFlag(FLAGS_nnunet_summary));
   spec.set_force_spacing(absl::GetFlag(FLAGS_force_spacing));
   spec.set_name(absl::GetFlag(FLAGS_name));
@@ -326,7 +334,7 @@ void PrintWorker(const tally::v1::WorkerInfo& w) {
 int Finish(const absl::Status& s) {
   if (s.ok()) return 0;
   std::cerr << "tally: " << s.message() << "\n";
-  return 1;
+  return absl::IsUnavailable(s) ? tally::kExitUnreachable : tally::kExitFailed;
 }
 
 // tally token NAME ROLE [--tokens-file F]: a fresh token on stdout (shown once), its hashed line
@@ -484,7 +492,7 @@ int main(int argc, char** argv) {
     if (!job.ok()) return Finish(job.status());
     progress.Done(*job);
     PrintJob(*job);
-    return job->state() == tally::v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+    return tally::JobExitCode(*job);
   }
   // report
   if (absl::GetFlag(FLAGS_out).empty()) return Usage("tally report needs --out DIR");

@@ -141,6 +141,10 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
     if (!(t >= 0 && t <= 1)) return absl::InvalidArgumentError(absl::StrCat("iou threshold ", t, " is not in [0, 1]"));
   }
   if (c.iou_thresholds.size() > 64) return absl::InvalidArgumentError("at most 64 iou thresholds");
+  c.max_failed_fraction = spec.max_failed_fraction();
+  if (!(c.max_failed_fraction >= 0 && c.max_failed_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_failed_fraction ", c.max_failed_fraction, " is not in [0, 1]"));
+  }
   if (!c.thresholds.empty() && c.predictions()) {
     return absl::InvalidArgumentError("thresholds are for models with a single-score output, not prediction manifests");
   }

@@ -102,6 +102,8 @@ void Aggregator::Add(const v1::ImageResult& result) {
     PerClass& pc = classes_[c];
     const v1::ClassResult& cr = result.classes(c);
     pc.counts += ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()};
+    pc.reference_images += cr.tp() + cr.fn() > 0;
+    pc.predicted_images += cr.tp() + cr.fp() > 0;
     for (Metric m : options_.metrics) {
       const int k = static_cast<int>(m);
       const double v = ImageMetric(result, c, m, options_.empty_score);
@@ -150,6 +152,8 @@ Aggregate Aggregator::Finish() {
     ClassAggregate ca;
     ca.class_id = c;
     ca.counts = pc.counts;
+    ca.reference_images = pc.reference_images;
+    ca.predicted_images = pc.predicted_images;
     for (Metric m : options_.metrics) {
       const int k = static_cast<int>(m);
       MetricAggregate& ma = ca.metrics[k];
@@ -184,12 +188,16 @@ Aggregate Aggregator::Finish() {
     }
     out.classes.push_back(std::move(ca));
   }
+  for (ClassAggregate& ca : out.classes) {
+    ca.in_foreground_mean = (ca.class_id != 0 || options_.include_background) && ca.reference_images > 0;
+  }
   for (Metric m : options_.metrics) {
     const int k = static_cast<int>(m);
     double sum = 0;
     int n = 0;
     for (const ClassAggregate& ca : out.classes) {
-      if (ca.class_id == 0 && !options_.include_background) continue;
+      if (!ca.in_foreground_mean) continue;
+      // A class whose every image is undefined for this metric (NaN) has no mean to add.
       if (std::isnan(ca.metrics[k].mean)) continue;
       sum += ca.metrics[k].mean;
       ++n;

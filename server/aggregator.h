@@ -63,6 +63,11 @@ struct ClassAggregate {
   std::vector<double> dice_values;             // Finite per-image Dice, index order (histograms).
   std::vector<std::pair<double, int64_t>> worst;  // Up to 10 lowest (dice, index), ascending.
   std::vector<double> iou_ge;                  // Per AggregateOptions::iou_thresholds; NaN: no image.
+  int64_t reference_images = 0;  // Images whose reference mask holds the class (tp + fn > 0).
+  int64_t predicted_images = 0;  // Images where the model predicts it (tp + fp > 0).
+  // In the foreground means: a foreground class (or region) present in at least one reference
+  // mask. The same classes for every metric (README "Aggregation").
+  bool in_foreground_mean = false;
 };
 
 struct Aggregate {
@@ -96,6 +101,8 @@ class Aggregator {
     std::vector<int64_t> dice_index;                       // Index of each dice value.
     int64_t iou_defined = 0;
     std::vector<int64_t> iou_ge;
+    int64_t reference_images = 0;
+    int64_t predicted_images = 0;
   };
   struct PerThreshold {
     ConfusionCounts counts;

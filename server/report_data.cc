@@ -3,8 +3,10 @@
 #include <algorithm>
 
 #include <limits>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
@@ -43,6 +45,74 @@ std::string ReportData::WorstImage(int64_t index) const {
   }
   return "";
 }
+
+std::string FailureKind(const std::string& reason) {
+  std::string out;
+  bool quoted = false;
+  for (size_t i = 0; i < reason.size(); ++i) {
+    const char c = reason[i];
+    if (c == '\'') {
+      if (!quoted) out += "'\xE2\x80\xA6'";
+      quoted = !quoted;
+      continue;
+    }
+    if (quoted) continue;
+    if (c >= '0' && c <= '9') {
+      if (out.empty() || out.back() != '#') out.push_back('#');
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+namespace {
+
+// The warnings that catch wrong numbers (README "Warnings"), and the failed rows grouped by reason.
+void AddWarnings(ReportData* d) {
+  std::map<std::string, size_t> group_of;
+  for (const Failure& f : d->failures) {
+    const std::string kind = FailureKind(f.reason);
+    auto [it, added] = group_of.emplace(kind, d->failure_groups.size());
+    if (added) d->failure_groups.push_back({kind, 0, f.reason});
+    ++d->failure_groups[it->second].count;
+  }
+  std::stable_sort(d->failure_groups.begin(), d->failure_groups.end(),
+                   [](const FailureGroup& a, const FailureGroup& b) { return a.count > b.count; });
+  const bool classes = d->config.regions.empty();
+  const std::string what = classes ? "class " : "region ";
+  if (d->evaluated > 0) {
+    for (const ClassAggregate& ca : d->aggregate.classes) {
+      if (!d->IsForeground(ca.class_id)) continue;
+      const std::string name = what + d->ClassName(ca.class_id);
+      if (ca.reference_images == 0 && ca.predicted_images > 0) {
+        d->warnings.push_back(absl::StrCat(name, " is in no reference mask, but the model predicts it in ",
+                                           ca.predicted_images, " of ", d->evaluated,
+                                           " images; it is left out of the foreground means (a model for another "
+                                           "label set, or the wrong --num-classes?)"));
+      } else if (ca.reference_images == 0) {
+        d->warnings.push_back(absl::StrCat(name, " is in no reference mask and never predicted; it is left out of the "
+                                           "foreground means"));
+      } else if (ca.predicted_images == 0) {
+        d->warnings.push_back(absl::StrCat("the model never predicts ", name, ", which is in ", ca.reference_images,
+                                           " reference masks"));
+      }
+    }
+    if (classes && !d->config.predictions() && d->mask_max_label >= 0 && d->mask_max_label + 1 < d->num_classes) {
+      d->warnings.push_back(absl::StrCat("the model has ", d->num_classes, " classes, but the reference masks hold labels ",
+                                         "0..", d->mask_max_label, " only"));
+    }
+  }
+  const int64_t total = d->record->job.images_total();
+  if (d->config.TooManyFailed(d->failed, total)) {
+    d->warnings.push_back(absl::StrFormat(
+        "%d of %d rows failed (%.1f%%), more than --max-failed-fraction %g allows; most often: %s (%d rows)",
+        d->failed, total, 100.0 * static_cast<double>(d->failed) / static_cast<double>(std::max<int64_t>(1, total)),
+        d->config.max_failed_fraction, d->failure_groups.front().kind, d->failure_groups.front().count));
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row) {
   ReportData d;
@@ -103,6 +173,7 @@ absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& re
         " pixels ignored): if ", d.config.ignore_index, " marks the foreground, pass --label-map 0:0,",
         d.config.ignore_index, ":1 (or --ignore-index none)"));
   }
+  AddWarnings(&d);
   return d;
 }
 

@@ -27,11 +27,20 @@ struct Failure {
   std::string reason;
 };
 
+// Failed rows that share a reason once file names and numbers are left out (FailureKind).
+struct FailureGroup {
+  std::string kind;     // The reason with every '...' quoted part as '…' and every number as #.
+  int64_t count = 0;
+  std::string example;  // The first such row's full reason.
+};
+std::string FailureKind(const std::string& reason);
+
 struct ReportData {
   const JobRecord* record = nullptr;  // Not owned; outlives the data.
   JobConfig config;
   Aggregate aggregate;
   std::vector<Failure> failures;
+  std::vector<FailureGroup> failure_groups;  // Most common first.
   std::vector<WorkerRecord> workers;
   int64_t evaluated = 0;
   int64_t failed = 0;
@@ -41,7 +50,7 @@ struct ReportData {
   double wall_seconds = 0;
   int mask_max_label = -1;     // Over every evaluated image's reference mask, ignored pixels aside.
   int64_t mask_ignored = 0;    // Reference pixels equal to the ignore index, summed.
-  // Conditions that make the numbers suspect (README "Mask conventions"), worded for the user.
+  // Conditions that make the numbers suspect (README "Warnings"), worded for the user.
   std::vector<std::string> warnings;
   std::vector<std::pair<int64_t, std::string>> worst_images;  // Image path of each index in a worst list.
 

@@ -191,6 +191,11 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
     absl::StrAppend(&h, "<h3>class ", d.ClassName(ca.class_id), "</h3>", HtmlTable(WorstTable(d, ca)));
   }
   absl::StrAppend(&h, "<h2>Failures (", d.failures.size(), ")</h2>\n");
+  if (!d.failure_groups.empty()) {
+    h += "<ul class=\"reasons\">\n";
+    for (const FailureGroup& g : d.failure_groups) absl::StrAppend(&h, "<li>", g.count, " &times; ", HtmlEscape(g.kind), "</li>\n");
+    h += "</ul>\n";
+  }
   if (d.failures.empty()) {
     h += "<p>None: every manifest row was evaluated.</p>\n";
   } else {

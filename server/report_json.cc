@@ -68,6 +68,12 @@ std::string ReportJson(const ReportData& d) {
   w.Key("warnings").BeginArray();
   for (const std::string& warning : d.warnings) w.String(warning);
   w.EndArray();
+  w.Field("max_failed_fraction", d.config.max_failed_fraction);
+  w.Key("failure_reasons").BeginArray();
+  for (const FailureGroup& g : d.failure_groups) {
+    w.BeginObject().Field("reason", g.kind).Field("count", g.count).Field("example", g.example).EndObject();
+  }
+  w.EndArray();
   w.Key("failures").BeginArray();
   for (const Failure& f : d.failures) {
     w.BeginObject().Field("index", f.index).Field("id", f.id).Field("image", f.image).Field("reason", f.reason);
@@ -86,6 +92,8 @@ std::string ReportJson(const ReportData& d) {
       w.Field("name", d.ClassName(ca.class_id));
     }
     w.Field("foreground", d.IsForeground(ca.class_id));
+    w.Field("in_foreground_mean", ca.in_foreground_mean);
+    w.Field("reference_images", ca.reference_images).Field("predicted_images", ca.predicted_images);
     w.Field("images", ca.metrics[static_cast<int>(Metric::kDice)].count);
     w.Field("tp", ca.counts.tp).Field("fp", ca.counts.fp).Field("fn", ca.counts.fn).Field("tn", ca.counts.tn);
     for (Metric m : d.metrics()) {

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/rpc.h"
 #include "server/report_formats.h"
 #include "server/report_table.h"
@@ -21,8 +22,13 @@ std::string ReportMarkdown(const ReportData& d) {
                     d.nonfinite_values, " values; --nonfinite warn)\n");
   }
   for (const std::string& w : d.warnings) absl::StrAppend(&out, "- **Warning**: ", w, "\n");
-  absl::StrAppend(&out, "- Classes: ", d.num_classes, "; foreground means over classes ",
-                  d.config.include_background ? "0" : "1", "..", std::max(0, d.num_classes - 1), "\n");
+  std::vector<std::string> in_mean;
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    if (ca.in_foreground_mean) in_mean.push_back(d.ClassName(ca.class_id));
+  }
+  absl::StrAppend(&out, "- Classes: ", d.num_classes, "; foreground means over ",
+                  in_mean.empty() ? "none" : absl::StrJoin(in_mean, ", "),
+                  " (foreground classes present in at least one reference mask)\n");
   absl::StrAppend(&out, absl::StrFormat("- Wall time: %.2f s (%.1f images/s)\n\n", d.wall_seconds,
                                         d.images_per_second()));
   out += "## Per class\n\nMeans over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
@@ -34,6 +40,11 @@ std::string ReportMarkdown(const ReportData& d) {
     absl::StrAppend(&out, "\n### ", d.config.regions.empty() ? "Class " : "Region ", d.ClassName(ca.class_id), "\n\n", MarkdownTable(WorstTable(d, ca)));
   }
   absl::StrAppend(&out, "\n## Failures (", d.failures.size(), ")\n\n");
+  if (!d.failure_groups.empty()) {
+    out += "By reason (file names as '…', numbers as #):\n\n";
+    for (const FailureGroup& g : d.failure_groups) absl::StrAppend(&out, "- ", g.count, " x ", g.kind, "\n");
+    out += "\n";
+  }
   if (d.failures.empty()) {
     out += "None: every manifest row was evaluated.\n";
   } else {

@@ -1,5 +1,6 @@
 #include "server/report_writer.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
 #include "server/report_formats.h"
@@ -27,7 +28,19 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/summary.md", ReportMarkdown(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.html", ReportHtml(d)));
   if (outcome != nullptr) {
+    // The table `tally run` and `tally status` print, then what makes the numbers suspect and the
+    // failed rows grouped by reason.
     outcome->summary = MarkdownTable(ClassTable(d));
+    for (const std::string& w : d.warnings) absl::StrAppend(&outcome->summary, "\nWarning: ", w);
+    if (!d.failure_groups.empty()) absl::StrAppend(&outcome->summary, "\nFailed rows by reason:");
+    for (size_t i = 0; i < d.failure_groups.size() && i < 10; ++i) {
+      absl::StrAppend(&outcome->summary, "\n  ", d.failure_groups[i].count, " x ", d.failure_groups[i].kind,
+                      "\n      e.g. ", d.failure_groups[i].example);
+    }
+    if (d.failure_groups.size() > 10) {
+      absl::StrAppend(&outcome->summary, "\n  ... ", d.failure_groups.size() - 10, " more reasons in report.json");
+    }
+    if (!d.warnings.empty() || !d.failure_groups.empty()) outcome->summary += "\n";
     outcome->warnings = d.warnings;
   }
   return absl::OkStatus();

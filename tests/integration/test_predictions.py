@@ -192,7 +192,8 @@ class Volumes3DTest(unittest.TestCase):
             ["affine", good_r, affine_p], ["png", good_r, png_p], ["float", good_r, float_p],
             ["missing", good_r, os.path.join(root, "nope.nii.gz")]])
         out = os.path.join(root, "o")
-        tt.tally("run", "--manifest", manifest, "--out", out)
+        p = tt.tally("run", "--manifest", manifest, "--out", out, check=False)
+        self.assertEqual(p.returncode, 3, p.stderr)  # Rows failed: more than --max-failed-fraction 0.
         report = tt.read_report(out)
         self.assertEqual(report["images_evaluated"], 1)
         failures = {f["id"]: f["reason"] for f in report["failures"]}
@@ -351,7 +352,7 @@ class Predictions2DTest(unittest.TestCase):
             f.write("mask,prediction\nr.png,p.png\nr.png,bad.png\n")
         out = os.path.join(root, "o")
         tt.tally("run", "--manifest", os.path.join(root, "m.csv"), "--out", out, "--label-map", "0:0,255:1",
-                 "--num-classes", "2")
+                 "--num-classes", "2", "--max-failed-fraction", "0.5")
         report = tt.read_report(out)
         self.assertEqual(report["images_evaluated"], 1)
         self.assertIn("prediction value 9", report["failures"][0]["reason"])

@@ -164,5 +164,28 @@ TEST(BootstrapTest, WidthMatchesTheNormalApproximation) {
   EXPECT_NEAR(ci.second, 0.5 + 0.0219, 0.004);
 }
 
+// Class 2 is in no reference mask but predicted in image 0 (its Dice there is 0): it is left out of
+// the foreground means of every metric, so they are class 1's means (hand-worked: dice 4/6 and 2/5).
+TEST(AggregatorForeground, ClassesAbsentFromEveryReferenceLeaveEveryMean) {
+  AggregateOptions o;
+  o.num_classes = 3;
+  o.metrics = {Metric::kDice, Metric::kIou, Metric::kHd95};
+  Aggregator agg(o);
+  agg.Add(Image(0, {{6, 1, 1, 2}, {2, 1, 1, 6}, {0, 2, 0, 8}}, {1.0, 2.0, kInf}));
+  agg.Add(Image(1, {{6, 0, 3, 1}, {1, 3, 0, 6}, {0, 0, 0, 10}}, {3.0, 4.0, kNaN}));
+  const Aggregate a = agg.Finish();
+  EXPECT_EQ(a.classes[2].reference_images, 0);
+  EXPECT_EQ(a.classes[2].predicted_images, 1);
+  EXPECT_EQ(a.classes[1].reference_images, 2);
+  EXPECT_EQ(a.classes[1].predicted_images, 2);
+  EXPECT_FALSE(a.classes[0].in_foreground_mean);
+  EXPECT_TRUE(a.classes[1].in_foreground_mean);
+  EXPECT_FALSE(a.classes[2].in_foreground_mean);
+  const int d = static_cast<int>(Metric::kDice);
+  EXPECT_DOUBLE_EQ(a.classes[2].metrics[d].mean, 0.0);
+  EXPECT_DOUBLE_EQ(a.foreground_mean[d], (4.0 / 6.0 + 2.0 / 5.0) / 2.0);
+  EXPECT_DOUBLE_EQ(a.foreground_mean[static_cast<int>(Metric::kHd95)], 3.0);
+}
+
 }  // namespace
 }  // namespace tally

@@ -1,5 +1,8 @@
-// JSON string escaping of odd strings (ids, paths, error texts), hand-worked against RFC 8259.
+// JSON string escaping of odd strings (ids, paths, error texts), hand-worked against RFC 8259; the
+// grouping of failure reasons.
 #include "server/json_writer.h"
+
+#include "server/report_data.h"
 
 #include "gtest/gtest.h"
 
@@ -21,6 +24,14 @@ TEST(JsonEscapeTest, ValidUtf8IsKeptInvalidBytesBecomeReplacementCharacters) {
   EXPECT_EQ(JsonEscape("\xed\xa0\x80"), fffd + fffd + fffd);  // A UTF-16 surrogate.
   EXPECT_EQ(JsonEscape("\xf4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // Past U+10FFFF.
   EXPECT_EQ(JsonEscape("ok\xe4\xb8"), "ok" + fffd + fffd);  // Cut at the end.
+}
+
+TEST(FailureKindTest, FileNamesAndNumbersAreLeftOut) {
+  EXPECT_EQ(FailureKind("mask value 2 at (y=10, x=3) >= number of classes 2"),
+            "mask value # at (y=#, x=#) >= number of classes #");
+  EXPECT_EQ(FailureKind("image: cannot open '/d/a1.png': No such file"), "image: cannot open '\xE2\x80\xA6': No such file");
+  EXPECT_EQ(FailureKind("image 'x' is 3x4 (height x width) but mask 'y' is 5x6"),
+            "image '\xE2\x80\xA6' is #x# (height x width) but mask '\xE2\x80\xA6' is #x#");
 }
 
 }  // namespace
