@@ -88,8 +88,9 @@ absl::StatusOr<v1::Job> TallyClient::Cancel(const std::string& job_id) {
   return job;
 }
 
-absl::StatusOr<v1::ListJobsResponse> TallyClient::List(int limit, const std::string& page_token) {
-  v1::ListJobsRequest request;
+absl::StatusOr<v1::ListJobsResponse> TallyClient::List(int limit, const std::string& page_token,
+                                                       const v1::ListJobsRequest& filter) {
+  v1::ListJobsRequest request = filter;
   request.set_limit(limit);
   request.set_page_token(page_token);
   v1::ListJobsResponse response;

@@ -17,13 +17,14 @@ namespace tally {
 
 // Exit codes of `tally` (README "CLI"): 0 succeeded, 1 failed (or an error), 2 bad usage, 3 the job
 // succeeded but more rows failed than its max_failed_fraction allows, 4 cancelled, 5 tallyd could
-// not be reached, 130 interrupted.
+// not be reached, 6 timed out (watch/wait --timeout), 130 interrupted.
 inline constexpr int kExitSucceeded = 0;
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitTooManyFailedRows = 3;
 inline constexpr int kExitCancelled = 4;
 inline constexpr int kExitUnreachable = 5;
+inline constexpr int kExitTimedOut = 6;      // watch/wait --timeout passed; the jobs go on.
 inline constexpr int kExitInterrupted = 130;
 // The exit code a finished job gives.
 int JobExitCode(const v1::Job& job);
@@ -37,7 +38,9 @@ class TallyClient {
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> Get(const std::string& job_id);
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
-  absl::StatusOr<v1::ListJobsResponse> List(int limit, const std::string& page_token = "");
+  // `filter`: its state and labels narrow the listing.
+  absl::StatusOr<v1::ListJobsResponse> List(int limit, const std::string& page_token = "",
+                                            const v1::ListJobsRequest& filter = v1::ListJobsRequest());
   absl::Status Delete(const std::string& job_id);
   absl::StatusOr<v1::ListWorkersResponse> Workers();
   // Calls `on_update` for every snapshot until the job has ended and its report is ready; returns

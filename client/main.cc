@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <optional>
 #include <tuple>
@@ -20,6 +21,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/cli.h"
+#include "google/protobuf/util/json_util.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
@@ -98,49 +104,21 @@ ABSL_FLAG(std::vector<std::string>, worker_flags, {},
 // Listing.
 ABSL_FLAG(int, limit, 20, "tally jobs: how many jobs to list");
 ABSL_FLAG(std::string, page_token, "", "tally jobs: continue after this job id (printed at the end of a page)");
+ABSL_FLAG(std::string, state, "", "tally jobs: only jobs in this state (queued, running, succeeded, failed, cancelled)");
+// Scripting.
+ABSL_FLAG(bool, json, false, "Print JSON (one object; watch: one per line) instead of text");
+ABSL_FLAG(double, timeout, 0, "watch/wait: give up after this many seconds with exit code 6 (0 = never)");
 
 namespace {
 
-constexpr const char* kUsage = R"(tally: evaluate segmentation models on many images, on every GPU.
+std::string g_verb;  // The verb being run, for usage errors.
 
-Usage:
-  tally run    --model M.pt|M.py --manifest data.csv --out DIR [--workers N | --gpus all|0,1] [job flags]
-  tally run    --manifest preds.csv --out DIR   (columns mask, prediction: score existing predictions)
-  tally run    --predictions DIR --references DIR [--file-ending .nii.gz] --out DIR
-  tally submit --server HOST:PORT --model M.pt --manifest data.csv [job flags]   (prints the job id)
-  tally watch  JOB --server HOST:PORT      progress until the job ends
-  tally status JOB --server HOST:PORT
-  tally cancel JOB --server HOST:PORT
-  tally report JOB --server HOST:PORT --out DIR
-  tally jobs   --server HOST:PORT [--limit N] [--page-token JOB]
-  tally delete JOB --server HOST:PORT      deletes a finished job's rows, results and reports
-  tally workers --server HOST:PORT         registered workers, and those out of service
-  tally token  NAME client|worker|admin [--tokens-file F]   makes a token: prints it, and the
-                                           line for tallyd --auth-tokens (appended to F if given)
-
-Job flags: --metrics dice,iou,precision,recall,hd95|all  --batch-size N|auto  --shard-size N
-  --mean R,G,B --std R,G,B  --input-size HxW  --spacing sy,sx|sz,sy,sx  --nsd-tolerance T
-  --include-background  --precision fp32|bf16|fp16  --channels-last  --max-memory F|GiB
-  --max-image-pixels N  --batch-timeout S  --nonfinite fail|warn  --ignore-index N|none
-  --label-map V:L,...  (mask value V becomes label L, before the ignore value applies)
-  --thresholds T,...  --empty-score nan|one  --iou-thresholds T,...  --max-failed-fraction F
-Python models (--model PATH.py[:Class]): --python INTERPRETER  --model-option KEY=VALUE (repeatable)
-  --num-classes N (label-map outputs)
-Prediction flags: --num-classes N  --regions "1,2;2"  --nnunet-summary  --force-spacing
-Run flags: --out DIR  --workers N  --gpus all|0,1  --gpus-per-worker K  --lease-seconds S  --worker-threads N
-  --count-logit-ties  --worker-flags=--flag=value,...
-
-Connection flags: --server HOST:PORT  --token-file F (default $TALLY_TOKEN)  --tls-ca F
-  [--tls-cert F --tls-key F]  --tls-server-name NAME
-
-Exit codes: 0 succeeded, 1 failed (or an error), 2 bad usage, 3 succeeded but more rows failed than
---max-failed-fraction allows (default 0: any), 4 cancelled, 5 tallyd unreachable, 130 interrupted.
-)";
-
+// A usage error: exit code 2, with where to look.
 int Usage(const std::string& error) {
-  if (!error.empty()) std::cerr << "tally: " << error << "\n\n";
-  std::cerr << kUsage;
-  return 2;
+  std::cerr << "tally: " << error << "\n";
+  std::cerr << (g_verb.empty() ? std::string("`tally help` lists the verbs") : "`tally " + g_verb + " --help` lists its flags")
+            << "\n";
+  return tally::kExitUsage;
 }
 
 // "1,2;2" -> {{1, 2}, {2}}.
@@ -162,8 +140,24 @@ absl::Status ParseRegions(const std::string& text, tally::v1::JobSpec* spec) {
 }
 
 // `manifest`: the manifest to use instead of --manifest (tally run --predictions).
-// Values of the repeatable --model-option KEY=VALUE, taken out of argv before Abseil parses it.
+// Values of the repeatable --model-option KEY=VALUE and --label KEY=VALUE, taken out of argv
+// before Abseil parses it.
 std::vector<std::string> model_options;
+std::vector<std::string> labels;
+
+// KEY=VALUE pairs of a repeatable flag into a map.
+absl::Status ParsePairs(const char* flag, const std::vector<std::string>& pairs,
+                        google::protobuf::Map<std::string, std::string>* out) {
+  for (const std::string& kv : pairs) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected KEY=VALUE, got '", kv, "'"));
+    }
+    if (tally::FirstInvalidUtf8(kv) >= 0) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": not UTF-8"));
+    (*out)[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "") {
   tally::v1::JobSpec spec;
@@ -183,13 +177,8 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "
         "returning label maps: a TorchScript model's output sets the classes");
   }
   spec.set_python(absl::GetFlag(FLAGS_python));
-  for (const std::string& kv : model_options) {
-    const size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--model-option: expected KEY=VALUE, got '", kv, "'"));
-    }
-    (*spec.mutable_model_options())[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
+  if (absl::Status s = ParsePairs("model-option", model_options, spec.mutable_model_options()); !s.ok()) return s;
+  if (absl::Status s = ParsePairs("label", labels, spec.mutable_labels()); !s.ok()) return s;
   if (!python_model && (!spec.python().empty() || !model_options.empty())) {
     return absl::InvalidArgumentError("--python and --model-option are for Python models (--model PATH.py)");
   }
@@ -325,6 +314,37 @@ void PrintJob(const tally::v1::Job& job) {
   if (!job.stalled().empty()) std::cout << "  " << job.stalled() << "\n";
 }
 
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(m, &out, o).ok()) return "{}";
+  return out;
+}
+
+std::string Time(double unix_seconds) {
+  if (unix_seconds <= 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixSeconds(static_cast<int64_t>(unix_seconds)),
+                          absl::UTCTimeZone());
+}
+
+std::string Clip(const std::string& s, size_t n) { return s.size() <= n ? s : s.substr(0, n - 3) + "..."; }
+
+void PrintJobsTable(const tally::v1::ListJobsResponse& page) {
+  std::cout << absl::StrFormat("%-28s %-10s %17s %7s  %-19s  %-19s  %-20s %s\n", "JOB", "STATE", "DONE/TOTAL",
+                               "FAILED", "CREATED (UTC)", "FINISHED (UTC)", "NAME", "LABELS");
+  for (const auto& job : page.jobs()) {
+    std::vector<std::string> l;
+    for (const auto& [k, v] : job.spec().labels()) l.push_back(absl::StrCat(k, "=", v));
+    std::sort(l.begin(), l.end());
+    std::cout << absl::StrFormat("%-28s %-10s %8d/%-8d %7d  %-19s  %-19s  %-20s %s\n", job.job_id(),
+                                 tally::JobStateName(job.state()), job.images_evaluated() + job.images_failed(),
+                                 job.images_total(), job.images_failed(), Time(job.created_unix()),
+                                 Time(job.finished_unix()), Clip(job.spec().name().empty() ? "-" : job.spec().name(), 20),
+                                 absl::StrJoin(l, ","));
+  }
+}
+
 void PrintWorker(const tally::v1::WorkerInfo& w) {
   std::cout << absl::StrFormat("%-14s %-16s %-8s %-15s %-20s %s\n", w.worker_id(), w.name(), w.device(), w.state(),
                                absl::StrCat(w.hostname(), ":", w.pid()), absl::StrJoin(w.jobs(), ","));
@@ -337,20 +357,43 @@ int Finish(const absl::Status& s) {
   return absl::IsUnavailable(s) ? tally::kExitUnreachable : tally::kExitFailed;
 }
 
+// A job id, or an unambiguous prefix of one (the caller's visible jobs).
+absl::StatusOr<std::string> ResolveJobId(tally::TallyClient& client, const std::string& id) {
+  absl::StatusOr<tally::v1::Job> exact = client.Get(id);
+  if (exact.ok() || !absl::IsNotFound(exact.status()) || id.empty()) {
+    if (!exact.ok()) return exact.status();
+    return id;
+  }
+  std::vector<std::string> matches;
+  std::string token;
+  do {
+    auto page = client.List(1000, token);
+    if (!page.ok()) return page.status();
+    for (const auto& j : page->jobs()) {
+      if (absl::StartsWith(j.job_id(), id)) matches.push_back(j.job_id());
+    }
+    token = page->next_page_token();
+  } while (!token.empty());
+  if (matches.size() == 1) return matches[0];
+  if (matches.empty()) return exact.status();
+  if (matches.size() > 5) matches.resize(5);
+  return absl::InvalidArgumentError(absl::StrCat("job id prefix '", id, "' is ambiguous: ", absl::StrJoin(matches, ", "),
+                                                 matches.size() == 5 ? ", ..." : ""));
+}
+
 // tally token NAME ROLE [--tokens-file F]: a fresh token on stdout (shown once), its hashed line
 // for tallyd's --auth-tokens file on stderr or appended to F (created readable by its owner only).
-int MakeToken(const std::vector<char*>& positional) {
-  if (positional.size() != 4) return Usage("usage: tally token NAME client|worker|admin [--tokens-file F]");
-  const std::string name = positional[2];
-  const std::optional<tally::Role> role = tally::ParseRole(positional[3]);
+int MakeToken(const std::vector<std::string>& positional) {
+  if (positional.size() != 2) return Usage("usage: tally token NAME client|worker|admin [--tokens-file F]");
+  const std::string name = positional[0];
+  const std::optional<tally::Role> role = tally::ParseRole(positional[1]);
   if (!tally::ValidTokenName(name)) return Usage("the token name must be 1-64 of A-Z a-z 0-9 . _ @ -");
   if (!role) return Usage("the role must be client, worker or admin");
   const std::string token = tally::NewToken();
   const std::string line = tally::TokenLine(name, *role, token);
   const std::string file = absl::GetFlag(FLAGS_tokens_file);
   if (file.empty()) {
-    std::cerr << "tally token: add this line to tallyd's --auth-tokens file, then send tallyd SIGHUP:\n"
-              << line << "\n";
+    std::cerr << "tally token: add this line to tallyd's --auth-tokens file, then send tallyd SIGHUP:\n" << line << "\n";
   } else {
     const int fd = open(file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
     const std::string text = line + "\n";
@@ -359,25 +402,81 @@ int MakeToken(const std::vector<char*>& positional) {
       return Finish(absl::PermissionDeniedError(absl::StrCat("cannot append to '", file, "'")));
     }
     close(fd);
-    std::cerr << "tally token: added '" << name << "' (" << positional[3] << ") to " << file
+    std::cerr << "tally token: added '" << name << "' (" << positional[1] << ") to " << file
               << "; send tallyd SIGHUP to load it\n";
   }
   std::cout << token << "\n";
   return 0;
 }
 
+// tally wait JOB...: until every job has ended (and its report is ready), or --timeout. The exit
+// code is the worst of the jobs' (failed > cancelled > too many failed rows > succeeded).
+int WaitForJobs(tally::TallyClient& client, const std::vector<std::string>& ids) {
+  const double timeout = absl::GetFlag(FLAGS_timeout);
+  const absl::Time deadline = timeout > 0 ? absl::Now() + absl::Seconds(timeout) : absl::InfiniteFuture();
+  std::vector<std::string> pending = ids;
+  int worst = tally::kExitSucceeded;
+  auto rank = [](int code) {
+    return code == tally::kExitFailed ? 3 : code == tally::kExitCancelled ? 2 : code == tally::kExitTooManyFailedRows ? 1 : 0;
+  };
+  while (!pending.empty()) {
+    std::vector<std::string> still;
+    for (const std::string& id : pending) {
+      auto job = client.Get(id);
+      if (!job.ok()) return Finish(job.status());
+      if (!tally::IsTerminal(job->state()) || !job->report_ready()) {
+        still.push_back(id);
+        continue;
+      }
+      if (absl::GetFlag(FLAGS_json)) {
+        std::cout << ToJson(*job) << std::endl;
+      } else {
+        PrintJob(*job);
+      }
+      const int code = tally::JobExitCode(*job);
+      if (rank(code) > rank(worst)) worst = code;
+    }
+    pending = std::move(still);
+    if (pending.empty()) break;
+    if (absl::Now() >= deadline) {
+      std::cerr << "tally wait: timed out after " << timeout << " s; still running: " << absl::StrJoin(pending, ", ")
+                << "\n";
+      return tally::kExitTimedOut;
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  return worst;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
+  absl::SetProgramUsageMessage("tally VERB [flags]; `tally help` lists the verbs");
   std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  // Before Abseil sees argv: help, the version, and flags the verb does not take (exit 2).
+  const tally::CommandLine cl = tally::CheckCommandLine(normalized);
+  g_verb = tally::FindVerb(cl.verb) != nullptr ? cl.verb : "";
+  if (cl.version || cl.verb == "version") {
+    std::cout << tally::VersionText();
+    return 0;
+  }
+  if (cl.help || cl.verb == "help") {
+    const std::string topic = cl.help ? cl.verb : (cl.positional.empty() ? "" : cl.positional[0]);
+    const tally::Verb* verb = tally::FindVerb(topic);
+    std::cout << (verb != nullptr && topic != "help" ? tally::VerbHelp(*verb) : tally::GeneralHelp());
+    return 0;
+  }
+  if (!cl.error.empty()) return Usage(cl.error);
+  if (cl.verb.empty()) {
+    std::cerr << tally::GeneralHelp();
+    return tally::kExitUsage;
+  }
   model_options = tally::TakeRepeatedFlag(&normalized, "model_option");
+  labels = tally::TakeRepeatedFlag(&normalized, "label");
   std::vector<char*> args = tally::ArgvPointers(normalized);
-  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  if (positional.size() < 2) return Usage("");
-  const std::string command = positional[1];
-  const std::string job_id = positional.size() > 2 ? positional[2] : "";
-  if (command == "help") return Usage("");
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  const std::string command = cl.verb;
+  const std::vector<std::string>& positional = cl.positional;
 
   if (command == "run") {
     if (absl::GetFlag(FLAGS_out).empty()) return Usage("--out is required");
@@ -436,46 +535,88 @@ int main(int argc, char** argv) {
   auto connected = tally::TallyClient::Create(absl::GetFlag(FLAGS_server), security);
   if (!connected.ok()) return Finish(connected.status());
   tally::TallyClient& client = **connected;
+  const bool json = absl::GetFlag(FLAGS_json);
   if (command == "submit") {
     auto spec = SpecFromFlags();
     if (!spec.ok()) return Usage(std::string(spec.status().message()));
     auto job = client.Submit(*spec);
     if (!job.ok()) return Finish(job.status());
-    std::cout << job->job_id() << "\n";
+    std::cout << (json ? ToJson(*job) : job->job_id()) << "\n";
     return 0;
   }
   if (command == "jobs") {
-    auto page = client.List(absl::GetFlag(FLAGS_limit), absl::GetFlag(FLAGS_page_token));
+    tally::v1::ListJobsRequest filter;
+    const std::string state = absl::AsciiStrToLower(absl::GetFlag(FLAGS_state));
+    if (!state.empty()) {
+      tally::v1::JobState s = tally::v1::JOB_STATE_UNSPECIFIED;
+      for (auto candidate : {tally::v1::JOB_STATE_QUEUED, tally::v1::JOB_STATE_RUNNING, tally::v1::JOB_STATE_SUCCEEDED,
+                             tally::v1::JOB_STATE_FAILED, tally::v1::JOB_STATE_CANCELLED}) {
+        if (tally::JobStateName(candidate) == state) s = candidate;
+      }
+      if (s == tally::v1::JOB_STATE_UNSPECIFIED) {
+        return Usage(absl::StrCat("--state: expected queued, running, succeeded, failed or cancelled, got '", state, "'"));
+      }
+      filter.set_state(s);
+    }
+    if (absl::Status s = ParsePairs("label", labels, filter.mutable_labels()); !s.ok()) return Usage(std::string(s.message()));
+    auto page = client.List(absl::GetFlag(FLAGS_limit), absl::GetFlag(FLAGS_page_token), filter);
     if (!page.ok()) return Finish(page.status());
-    for (const auto& job : page->jobs()) PrintJob(job);
+    if (json) {
+      std::cout << ToJson(*page) << "\n";
+      return 0;
+    }
+    PrintJobsTable(*page);
     if (!page->next_page_token().empty()) {
-      std::cout << "more: tally jobs --page-token " << page->next_page_token() << "\n";
+      std::cerr << "more: tally jobs --page-token " << page->next_page_token() << "\n";
     }
     return 0;
   }
   if (command == "workers") {
     auto workers = client.Workers();
     if (!workers.ok()) return Finish(workers.status());
+    if (json) {
+      std::cout << ToJson(*workers) << "\n";
+      return 0;
+    }
     std::cout << absl::StrFormat("%-14s %-16s %-8s %-15s %-20s %s\n", "WORKER", "NAME", "DEVICE", "STATE",
                                  "HOST:PID", "JOBS");
     for (const auto& w : workers->workers()) PrintWorker(w);
     return 0;
   }
-  if (command != "watch" && command != "status" && command != "cancel" && command != "report" &&
-      command != "delete") {
-    return Usage(absl::StrCat("unknown command '", command, "'"));
+  if (command == "token" || command == "run") return Usage("internal: unhandled verb");
+  if (positional.empty()) return Usage(absl::StrCat("tally ", command, " needs a job id"));
+  if (command == "wait") {
+    std::vector<std::string> ids;
+    for (const std::string& p : positional) {
+      auto id = ResolveJobId(client, p);
+      if (!id.ok()) return Finish(id.status());
+      ids.push_back(*id);
+    }
+    return WaitForJobs(client, ids);
   }
-  if (job_id.empty()) return Usage(absl::StrCat("tally ", command, " needs a job id"));
+  if (positional.size() > 1) return Usage(absl::StrCat("tally ", command, " takes one job id"));
+  auto resolved = ResolveJobId(client, positional[0]);
+  if (!resolved.ok()) return Finish(resolved.status());
+  const std::string job_id = *resolved;
   if (command == "status") {
     auto job = client.Get(job_id);
     if (!job.ok()) return Finish(job.status());
-    PrintJob(*job);
+    if (json) {
+      std::cout << ToJson(*job) << "\n";
+    } else {
+      PrintJob(*job);
+      if (!job->summary().empty()) std::cout << "\n" << job->summary();
+    }
     return 0;
   }
   if (command == "cancel") {
     auto job = client.Cancel(job_id);
     if (!job.ok()) return Finish(job.status());
-    PrintJob(*job);
+    if (json) {
+      std::cout << ToJson(*job) << "\n";
+    } else {
+      PrintJob(*job);
+    }
     return 0;
   }
   if (command == "delete") {
@@ -485,13 +626,33 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "watch") {
+    const double timeout = absl::GetFlag(FLAGS_timeout);
+    const absl::Time deadline = timeout > 0 ? absl::Now() + absl::Seconds(timeout) : absl::InfiniteFuture();
+    bool timed_out = false;
     tally::ProgressPrinter progress;
     auto job = client.Watch(
-        job_id, 500, [&](const tally::v1::Job& j) { progress.Update(j); }, nullptr,
+        job_id, 500,
+        [&](const tally::v1::Job& j) {
+          if (json) {
+            std::cout << ToJson(j) << std::endl;  // One object per line (NDJSON).
+          } else {
+            progress.Update(j);
+          }
+        },
+        [&] {
+          timed_out = absl::Now() >= deadline;
+          return !timed_out;
+        },
         [&](const std::string& why) { progress.Note("tally watch: lost the coordinator (" + why + "); reconnecting"); });
+    if (timed_out) {
+      std::cerr << "tally watch: timed out after " << timeout << " s; the job goes on\n";
+      return tally::kExitTimedOut;
+    }
     if (!job.ok()) return Finish(job.status());
-    progress.Done(*job);
-    PrintJob(*job);
+    if (!json) {
+      progress.Done(*job);
+      PrintJob(*job);
+    }
     return tally::JobExitCode(*job);
   }
   // report

@@ -50,6 +50,7 @@ v1::Job Summary(v1::Job job) {
   small.set_model(job.spec().model());
   small.set_manifest(job.spec().manifest());
   small.set_name(job.spec().name());
+  *small.mutable_labels() = job.spec().labels();
   *job.mutable_spec() = std::move(small);
   return job;
 }
@@ -257,7 +258,8 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
 }
 
 absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(int limit, const std::string& page_token,
-                                                           const std::optional<std::string>& owner) {
+                                                           const std::optional<std::string>& owner,
+                                                           const v1::ListJobsRequest& filter) {
   if (limit <= 0) limit = 20;
   limit = std::min(limit, 1000);
   absl::MutexLock lock(&mu_);
@@ -278,6 +280,13 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(int limit, const std:
     }
     const JobEntry& entry = *jobs_.at(*it);
     if (owner && entry.record.job.owner() != *owner) continue;
+    if (filter.state() != v1::JOB_STATE_UNSPECIFIED && entry.record.job.state() != filter.state()) continue;
+    bool labelled = true;
+    for (const auto& [key, value] : filter.labels()) {
+      auto l = entry.record.job.spec().labels().find(key);
+      labelled &= l != entry.record.job.spec().labels().end() && l->second == value;
+    }
+    if (!labelled) continue;
     *out.add_jobs() = Summary(Snapshot(entry, now));
   }
   return out;

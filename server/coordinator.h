@@ -73,8 +73,10 @@ class Coordinator {
   absl::Status DeleteJob(const std::string& job_id);
   // Newest first, summaries only; `page_token` is the last job id of the previous page. With
   // `owner`, only the jobs that token name submitted.
+  // `filter` (state, labels) narrows the listing; its limit and page_token are ignored.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(int limit, const std::string& page_token,
-                                                const std::optional<std::string>& owner = std::nullopt);
+                                                const std::optional<std::string>& owner = std::nullopt,
+                                                const v1::ListJobsRequest& filter = v1::ListJobsRequest());
   v1::ListWorkersResponse ListWorkers();
   // Folder holding the report files of a finished job.
   absl::StatusOr<std::string> ReportDir(const std::string& job_id);

@@ -222,7 +222,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListJobs(grpc::CallbackServerC
   absl::StatusOr<Caller> caller = Authenticate(ctx);
   if (!caller.ok()) return Refuse(ctx, caller.status());
   const std::optional<std::string> owner = caller->sees_all ? std::nullopt : std::optional<std::string>(caller->name);
-  return Unary(ctx, response, [&] { return core_->ListJobs(request->limit(), request->page_token(), owner); });
+  return Unary(ctx, response, [&] { return core_->ListJobs(request->limit(), request->page_token(), owner, *request); });
 }
 
 grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::FetchReport(grpc::CallbackServerContext* ctx,

@@ -222,9 +222,11 @@ class ServiceLimitsTest(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("'name' is 100000 bytes; the limit is 256", p.stderr)
         ok = cluster.submit(tt.fixture("red_vs_rest.pt"), manifest, "--name", "fine")
-        jobs = cluster.cli("jobs").stdout
-        self.assertIn(ok, jobs)
-        self.assertEqual(len(jobs.splitlines()), 1)
+        jobs = cluster.cli("jobs").stdout.splitlines()
+        self.assertEqual(jobs[0].split()[:2], ["JOB", "STATE"])  # A header, then one line per job.
+        self.assertEqual(len(jobs), 2)
+        self.assertEqual(jobs[1].split()[0], ok)
+        self.assertIn(" fine ", jobs[1])
 
     def test_delete_removes_a_finished_job(self):
         root = tt.tmpdir(self)
