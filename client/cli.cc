@@ -19,7 +19,8 @@ const std::vector<std::string> kJob = {
     "model", "manifest", "name", "label", "metrics", "batch_size", "shard_size", "mean", "std", "input_size",
     "spacing", "force_spacing", "num_classes", "regions", "nnunet_summary", "nsd_tolerance", "include_background",
     "precision", "channels_last", "max_memory", "max_image_pixels", "batch_timeout", "nonfinite", "ignore_index",
-    "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction"};
+    "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction",
+    "json_infinity"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",
                                        "count_logit_ties", "worker_threads", "worker_flags", "predictions",
                                        "references", "file_ending"};

@@ -89,6 +89,8 @@ ABSL_FLAG(std::string, python, "", "Python models: the interpreter on the worker
 ABSL_FLAG(std::string, thresholds, "", "Single-score outputs: also count at these probability thresholds, e.g. 0.3,0.5,0.7");
 ABSL_FLAG(std::string, empty_score, "nan", "dice/iou of an image whose prediction and reference are both empty: nan or one");
 ABSL_FLAG(std::string, iou_thresholds, "", "Per class, the share of images with IoU >= t, e.g. 0.5,0.7,0.9");
+ABSL_FLAG(std::string, json_infinity, "number",
+          "How report.json writes infinity: number (1e999) or string (\"inf\", for jq and other strict tools)");
 ABSL_FLAG(double, max_failed_fraction, 0,
           "More failed rows than this share of the manifest: a warning, and exit code 3 (0 = any failed row)");
 ABSL_FLAG(int, gpus_per_worker, 1, "tally run --gpus: GPUs per worker (Python models spread over them)");
@@ -207,6 +209,11 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "
     return absl::InvalidArgumentError(absl::StrCat("--max-failed-fraction: ", max_failed, " is not in [0, 1]"));
   }
   spec.set_max_failed_fraction(max_failed);
+  const std::string infinity = absl::AsciiStrToLower(absl::GetFlag(FLAGS_json_infinity));
+  if (infinity != "number" && infinity != "string") {
+    return absl::InvalidArgumentError(absl::StrCat("--json-infinity: expected number or string, got '", infinity, "'"));
+  }
+  spec.set_json_infinity(infinity);
   spec.set_nnunet_summary(absl::GetFlag(FLAGS_nnunet_summary));
   spec.set_force_spacing(absl::GetFlag(FLAGS_force_spacing));
   spec.set_name(absl::GetFlag(FLAGS_name));

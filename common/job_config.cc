@@ -122,6 +122,11 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError("regions are for prediction manifests (no model) only");
   }
   c.nnunet_summary = spec.nnunet_summary();
+  if (spec.json_infinity() != "" && spec.json_infinity() != "number" && spec.json_infinity() != "string") {
+    return absl::InvalidArgumentError(absl::StrCat("json_infinity: expected number or string, got '",
+                                                   spec.json_infinity(), "'"));
+  }
+  c.json_infinity_string = spec.json_infinity() == "string";
   c.python = spec.python();
   for (const auto& [k, v] : spec.model_options()) c.model_options.emplace_back(k, v);
   std::sort(c.model_options.begin(), c.model_options.end());

@@ -78,6 +78,7 @@ struct JobConfig {
   bool spacing_given = false;          // --spacing was given (2 or 3 values).
   std::vector<std::vector<int>> regions;  // Each region: sorted, distinct labels. Empty: classes.
   bool nnunet_summary = false;
+  bool json_infinity_string = false;             // report.json writes infinity as "inf".
   // Python model backend.
   std::string python;                            // Interpreter; empty = python3.
   std::vector<std::pair<std::string, std::string>> model_options;  // Sorted by key.

@@ -143,7 +143,11 @@ JsonWriter& JsonWriter::Number(double value) {
   if (std::isnan(value)) {
     out_ += "null";
   } else if (std::isinf(value)) {
-    out_ += value > 0 ? "1e999" : "-1e999";
+    if (infinity_as_string_) {
+      out_ += value > 0 ? "\"inf\"" : "\"-inf\"";
+    } else {
+      out_ += value > 0 ? "1e999" : "-1e999";
+    }
   } else {
     out_ += FormatDouble(value);
   }

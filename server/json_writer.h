@@ -13,7 +13,9 @@ namespace tally {
 
 class JsonWriter {
  public:
-  explicit JsonWriter(bool pretty = true) : pretty_(pretty) {}
+  // `infinity_as_string`: +/-infinity as the strings "inf" / "-inf" instead of 1e999 / -1e999.
+  explicit JsonWriter(bool pretty = true, bool infinity_as_string = false)
+      : pretty_(pretty), infinity_as_string_(infinity_as_string) {}
 
   JsonWriter& BeginObject();
   JsonWriter& EndObject();
@@ -41,6 +43,7 @@ class JsonWriter {
   void Newline();
 
   bool pretty_;
+  bool infinity_as_string_;
   std::string out_;
   std::vector<bool> first_;  // Per open container: no element written yet.
   bool after_key_ = false;

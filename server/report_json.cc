@@ -14,7 +14,7 @@ constexpr const char* kVersion = "0.1.0";
 std::string ReportJson(const ReportData& d) {
   const v1::Job& job = d.record->job;
   const v1::JobSpec& spec = job.spec();
-  JsonWriter w;
+  JsonWriter w(true, d.config.json_infinity_string);
   w.BeginObject();
   w.Field("tally_version", kVersion);
   w.Field("job_id", job.job_id());

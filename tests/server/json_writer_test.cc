@@ -4,6 +4,9 @@
 
 #include "server/report_data.h"
 
+#include <cmath>
+#include <limits>
+
 #include "gtest/gtest.h"
 
 namespace tally {
@@ -24,6 +27,16 @@ TEST(JsonEscapeTest, ValidUtf8IsKeptInvalidBytesBecomeReplacementCharacters) {
   EXPECT_EQ(JsonEscape("\xed\xa0\x80"), fffd + fffd + fffd);  // A UTF-16 surrogate.
   EXPECT_EQ(JsonEscape("\xf4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // Past U+10FFFF.
   EXPECT_EQ(JsonEscape("ok\xe4\xb8"), "ok" + fffd + fffd);  // Cut at the end.
+}
+
+TEST(JsonWriterTest, InfinityAsNumberOrString) {
+  const double inf = std::numeric_limits<double>::infinity();
+  JsonWriter numbers(false);
+  numbers.BeginArray().Number(inf).Number(-inf).Number(std::nan("")).Number(0.5).EndArray();
+  EXPECT_EQ(numbers.str(), "[1e999,-1e999,null,0.5]");
+  JsonWriter strings(false, true);
+  strings.BeginArray().Number(inf).Number(-inf).Number(std::nan("")).Number(0.5).EndArray();
+  EXPECT_EQ(strings.str(), "[\"inf\",\"-inf\",null,0.5]");
 }
 
 TEST(FailureKindTest, FileNamesAndNumbersAreLeftOut) {
