@@ -1,0 +1,234 @@
+"""Tally's Python client: submit jobs to a tallyd, wait for them, read their reports.
+
+    from tally.client import Client
+
+    client = Client("tally.lab:50051", token=open("alice.token").read().strip(), tls_ca="ca.pem")
+    jobs = [client.submit(model="/models/unet.pt", manifest=f"/data/shard{i}.csv", labels={"sweep": "a"})
+            for i in range(4)]
+    client.wait(jobs)
+    for job in client.jobs(label={"sweep": "a"}):
+        report = client.report(job["job_id"])          # report.json, parsed
+        print(job["job_id"], report["foreground_dice_mean"])
+    rows = client.per_image(jobs[0])                    # a pandas DataFrame (ids as str), else dicts
+
+Needs grpcio and protobuf (Debian: python3-grpcio, python3-protobuf); pandas is optional. The gRPC
+modules (tally_pb2, tally_pb2_grpc) are generated from proto/tally.proto by the build into
+BUILD/python: put that folder on PYTHONPATH next to this package's (README "Python client").
+"""
+
+import csv
+import io
+import json
+import os
+import sys
+import time
+
+import grpc
+
+try:
+    import tally_pb2
+    import tally_pb2_grpc
+except ImportError:  # A checkout with a build/ folder: use the modules the build generated.
+    _generated = os.environ.get("TALLY_PROTO_DIR") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "python")
+    sys.path.insert(0, _generated)
+    try:
+        import tally_pb2
+        import tally_pb2_grpc
+    except ImportError as e:
+        raise ImportError("tally.client needs tally_pb2 and tally_pb2_grpc, which the build generates into "
+                          "BUILD/python: put that folder on PYTHONPATH (or set TALLY_PROTO_DIR)") from e
+
+from google.protobuf import json_format
+
+__all__ = ["Client", "TallyError", "JobFailed"]
+
+_STATES = {v: k[len("JOB_STATE_"):].lower() for k, v in tally_pb2.JobState.items()}
+_TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+class TallyError(Exception):
+    """A call tallyd refused or could not answer; `code` is the grpc.StatusCode."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class JobFailed(TallyError):
+    pass
+
+
+def _job_dict(job):
+    d = json_format.MessageToDict(job, preserving_proto_field_name=True)
+    d["state"] = _STATES.get(job.state, "unknown")
+    for k in ("images_total", "images_evaluated", "images_failed"):
+        d[k] = int(d.get(k, 0))
+    return d
+
+
+def _absolute_model(model):
+    """PATH or PATH.py:Class with PATH made absolute, as the CLI sends it."""
+    path, sep, cls = model.rpartition(":")
+    if sep and path.endswith(".py") and cls.isidentifier():
+        return os.path.abspath(path) + ":" + cls
+    return os.path.abspath(model)
+
+
+class Client:
+    """A connection to one tallyd. Thread-safe as gRPC channels are."""
+
+    def __init__(self, address="127.0.0.1:50051", token=None, tls_ca=None, tls_cert=None, tls_key=None,
+                 timeout=60.0):
+        if token is None:
+            token = os.environ.get("TALLY_TOKEN") or None
+        if tls_ca:
+            def read(p):
+                with open(p, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key) if tls_key else None,
+                                                 read(tls_cert) if tls_cert else None)
+            self._channel = grpc.secure_channel(address, creds)
+        else:
+            self._channel = grpc.insecure_channel(address)
+        self._stub = tally_pb2_grpc.CoordinatorStub(self._channel)
+        self._metadata = [("authorization", f"Bearer {token}")] if token else []
+        self._timeout = timeout
+        self.address = address
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request, timeout=None):
+        try:
+            return getattr(self._stub, method)(request, metadata=self._metadata, timeout=timeout or self._timeout)
+        except grpc.RpcError as e:
+            raise TallyError(e.code(), e.details()) from None
+
+    # Jobs -----------------------------------------------------------------------------------
+
+    def submit(self, manifest, model=None, **options):
+        """Submits a job; returns its id. `options` are JobSpec fields (proto/tally.proto) by name:
+        name, labels={...}, metrics=[...] or "dice,iou", batch_size, shard_size, mean, std,
+        num_classes, thresholds, iou_thresholds, empty_score, max_failed_fraction, python,
+        model_options={...}, ignore_index, label_map={...}, precision, ... Paths are made absolute
+        here, as tallyd and the workers read them."""
+        spec = tally_pb2.JobSpec(manifest=os.path.abspath(manifest))
+        if model:
+            spec.model = _absolute_model(model)
+        fields = spec.DESCRIPTOR.fields_by_name
+        for key, value in options.items():
+            if key not in fields:
+                raise TypeError(f"submit() got an unknown option {key!r}; JobSpec fields: {', '.join(sorted(fields))}")
+            field = fields[key]
+            if key == "metrics" and isinstance(value, str):
+                value = [m for m in value.split(",") if m]
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                getattr(spec, key).update({k: v for k, v in value.items()})
+            elif field.label == field.LABEL_REPEATED:
+                getattr(spec, key).extend(value)
+            else:
+                setattr(spec, key, value)
+        return self._call("SubmitJob", tally_pb2.SubmitJobRequest(spec=spec), timeout=600).job.job_id
+
+    def job(self, job_id):
+        """The job as a dict (Job's fields; `state` as "queued", "running", "succeeded", ...)."""
+        return _job_dict(self._call("GetJob", tally_pb2.GetJobRequest(job_id=job_id)))
+
+    def jobs(self, label=None, state=None):
+        """Every job this token may see, newest first, optionally only those with all of `label`'s
+        key/values and in `state`."""
+        request = tally_pb2.ListJobsRequest(limit=1000)
+        if label:
+            request.labels.update(label)
+        if state:
+            request.state = getattr(tally_pb2, "JOB_STATE_" + state.upper())
+        out = []
+        while True:
+            page = self._call("ListJobs", request)
+            out.extend(_job_dict(j) for j in page.jobs)
+            if not page.next_page_token:
+                return out
+            request.page_token = page.next_page_token
+
+    def cancel(self, job_id):
+        return _job_dict(self._call("CancelJob", tally_pb2.CancelJobRequest(job_id=job_id)))
+
+    def wait(self, job_ids, timeout=None, poll=0.25, raise_on_failure=False):
+        """Blocks until every job has ended and its report is ready. Returns the jobs (a dict for
+        one id, a list for several). TimeoutError after `timeout` seconds (the jobs go on); with
+        `raise_on_failure`, JobFailed for a job that failed or was cancelled."""
+        single = isinstance(job_ids, str)
+        ids = [job_ids] if single else list(job_ids)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = {}
+        while len(done) < len(ids):
+            for i in ids:
+                if i in done:
+                    continue
+                j = self.job(i)
+                if j["state"] in _TERMINAL and j.get("report_ready"):
+                    if raise_on_failure and j["state"] != "succeeded":
+                        raise JobFailed(grpc.StatusCode.ABORTED, f"job {i} {j['state']}: {j.get('error', '')}")
+                    done[i] = j
+            if len(done) < len(ids):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"jobs still running after {timeout} s: {[i for i in ids if i not in done]}")
+                time.sleep(poll)
+        return done[ids[0]] if single else [done[i] for i in ids]
+
+    # Reports --------------------------------------------------------------------------------
+
+    def report_files(self, job_id):
+        """The job's report files as {name: bytes}."""
+        request = tally_pb2.FetchReportRequest(job_id=job_id)
+        files = {}
+        try:
+            for chunk in self._stub.FetchReport(request, metadata=self._metadata, timeout=600):
+                files[chunk.file_name] = files.get(chunk.file_name, b"") + chunk.data
+        except grpc.RpcError as e:
+            raise TallyError(e.code(), e.details()) from None
+        return files
+
+    def fetch(self, job_id, out_dir):
+        """Writes the report files into `out_dir`; returns their paths."""
+        os.makedirs(out_dir, exist_ok=True)
+        paths = []
+        for name, data in self.report_files(job_id).items():
+            path = os.path.join(out_dir, os.path.basename(name))
+            with open(path, "wb") as f:
+                f.write(data)
+            paths.append(path)
+        return paths
+
+    def report(self, job_id):
+        """report.json, parsed (infinity as float('inf') whichever --json-infinity the job used)."""
+        text = self.report_files(job_id)["report.json"].decode("utf-8")
+        return json.loads(text, parse_constant=float,
+                          object_hook=lambda o: {k: (float(v) if v in ("inf", "-inf") else v) for k, v in o.items()})
+
+    def per_image(self, job_id):
+        """per_image.csv as a pandas DataFrame when pandas is installed (ids, images and masks kept as
+        strings: "000123" stays "000123"), else a list of dicts of strings."""
+        data = self.report_files(job_id)["per_image.csv"].decode("utf-8")
+        try:
+            import pandas as pd
+        except ImportError:
+            return list(csv.DictReader(io.StringIO(data)))
+        text = ("id", "image", "mask", "prediction", "class", "region")
+        frame = pd.read_csv(io.StringIO(data), dtype=str, keep_default_na=False)
+        integers = ("index", "tp", "fp", "fn", "tn", "nonfinite")
+        for column in frame.columns:
+            if column in integers:
+                frame[column] = frame[column].astype("int64")
+            elif column not in text:
+                # Exactly the written values (pandas' own float parser is not round-trip).
+                frame[column] = frame[column].replace({"": "nan"}).astype(float)
+        return frame
