@@ -70,6 +70,9 @@ int main(int argc, char** argv) {
     std::cerr << "tally-worker: " << roots.status().message() << "\n";
     return 2;
   }
+  if (roots->empty()) {
+    tally::Log("WARNING: no --data-root: jobs may make this worker read any file it can (SECURITY.md)");
+  }
   tally::SetProcessDataRoots(*std::move(roots));
   auto token = tally::ReadToken(absl::GetFlag(FLAGS_token_file));
   if (!token.ok()) {
