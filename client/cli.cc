@@ -87,6 +87,8 @@ const std::vector<Verb>& Verbs() {
       {"jobs", "[--state S] [--label K=V] [--limit N] [--page-token JOB]", "list jobs, newest first",
        Join({kConnection, {"json", "limit", "page_token", "state", "label"}})},
       {"delete", "JOB", "delete a finished job's rows, results and reports", kConnection},
+      {"merge", "JOB JOB... --out DIR", "one report over several jobs' rows (a set evaluated as several jobs)",
+       Join({kConnection, {"out"}})},
       {"workers", "", "registered workers, their device, state and current jobs", Join({kConnection, {"json"}})},
       {"token", "NAME client|worker|admin [--tokens-file F]", "make a token and its line for tallyd --auth-tokens",
        {"tokens_file"}},

@@ -182,7 +182,20 @@ absl::StatusOr<std::vector<std::string>> TallyClient::FetchReport(const std::str
   v1::FetchReportRequest request;
   request.set_job_id(job_id);
   grpc::ClientContext ctx;
-  std::unique_ptr<grpc::ClientReader<v1::ReportChunk>> reader = stub_->FetchReport(&ctx, request);
+  return WriteReportFiles(stub_->FetchReport(&ctx, request).get(), dir);
+}
+
+absl::StatusOr<std::vector<std::string>> TallyClient::MergeReports(const std::vector<std::string>& job_ids,
+                                                                   const std::string& dir) {
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  v1::MergeReportsRequest request;
+  for (const std::string& id : job_ids) request.add_job_ids(id);
+  grpc::ClientContext ctx;
+  return WriteReportFiles(stub_->MergeReports(&ctx, request).get(), dir);
+}
+
+absl::StatusOr<std::vector<std::string>> TallyClient::WriteReportFiles(grpc::ClientReader<v1::ReportChunk>* reader,
+                                                                       const std::string& dir) {
   v1::ReportChunk chunk;
   std::vector<std::string> written;
   std::unique_ptr<AtomicFile> out;

@@ -54,10 +54,15 @@ class TallyClient {
                                 double reconnect_seconds = 600);
   // Writes the job's report files into `dir` (created if needed). Returns the file paths.
   absl::StatusOr<std::vector<std::string>> FetchReport(const std::string& job_id, const std::string& dir);
+  // One report over several finished jobs' rows, in the order given, written into `dir`.
+  absl::StatusOr<std::vector<std::string>> MergeReports(const std::vector<std::string>& job_ids, const std::string& dir);
   // True once the server answers (used while tallyd starts).
   bool WaitUntilReady(double seconds);
 
  private:
+  // Reads a stream of report chunks into files in `dir`.
+  absl::StatusOr<std::vector<std::string>> WriteReportFiles(grpc::ClientReader<v1::ReportChunk>* reader,
+                                                            const std::string& dir);
   explicit TallyClient(std::string server) : server_(std::move(server)) {}
 
   std::string server_;

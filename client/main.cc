@@ -601,6 +601,20 @@ int main(int argc, char** argv) {
     }
     return WaitForJobs(client, ids);
   }
+  if (command == "merge") {
+    if (positional.size() < 2) return Usage("tally merge needs two job ids or more");
+    if (absl::GetFlag(FLAGS_out).empty()) return Usage("tally merge needs --out DIR");
+    std::vector<std::string> ids;
+    for (const std::string& p : positional) {
+      auto id = ResolveJobId(client, p);
+      if (!id.ok()) return Finish(id.status());
+      ids.push_back(*id);
+    }
+    auto files = client.MergeReports(ids, absl::GetFlag(FLAGS_out));
+    if (!files.ok()) return Finish(files.status());
+    for (const std::string& f : *files) std::cout << f << "\n";
+    return 0;
+  }
   if (positional.size() > 1) return Usage(absl::StrCat("tally ", command, " takes one job id"));
   auto resolved = ResolveJobId(client, positional[0]);
   if (!resolved.ok()) return Finish(resolved.status());

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/job_config.h"
@@ -370,6 +371,55 @@ void Coordinator::ApplyRetention() {
     absl::Status s = DeleteJob(id);
     if (!s.ok()) Log("retention: deleting job ", id, " failed: ", s.ToString());
   }
+}
+
+absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::string>& job_ids) {
+  if (job_ids.size() < 2) return absl::InvalidArgumentError("merge needs two jobs or more");
+  if (job_ids.size() > 1000) return absl::InvalidArgumentError("merge takes at most 1000 jobs");
+  std::vector<JobRecord> parts;
+  for (const std::string& id : job_ids) {
+    RETURN_IF_ERROR(ReportDir(id).status());  // Exists and has ended.
+    absl::MutexLock lock(&mu_);
+    parts.push_back(jobs_.at(id)->record);
+  }
+  // One job's settings must describe them all: the report shows them once.
+  ASSIGN_OR_RETURN(const JobConfig first, JobConfigFromSpec(parts[0].job.spec()));
+  JobRecord merged;
+  merged.job = parts[0].job;
+  merged.job.set_job_id(absl::StrCat("merge-", parts.size(), "-", job_ids.front(), "-", job_ids.back()));
+  std::vector<std::string> manifests;
+  int64_t total = 0, evaluated = 0, failed = 0;
+  for (const JobRecord& p : parts) {
+    ASSIGN_OR_RETURN(const JobConfig c, JobConfigFromSpec(p.job.spec()));
+    const auto differs = [&](const char* what) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot merge ", p.job.job_id(), " with ", parts[0].job.job_id(),
+                                                     ": their ", what, " differ"));
+    };
+    if (c.metrics != first.metrics) return differs("metrics");
+    if (p.job.num_classes() != parts[0].job.num_classes() || c.regions != first.regions) return differs("classes");
+    if (c.include_background != first.include_background || c.empty_score != first.empty_score ||
+        c.iou_thresholds != first.iou_thresholds || c.thresholds != first.thresholds) {
+      return differs("aggregation settings (--include-background, --empty-score, --iou-thresholds, --thresholds)");
+    }
+    manifests.push_back(p.job.spec().manifest());
+    total += p.job.images_total();
+    evaluated += p.job.images_evaluated();
+    failed += p.job.images_failed();
+    merged.job.set_created_unix(std::min(merged.job.created_unix(), p.job.created_unix()));
+    merged.job.set_finished_unix(std::max(merged.job.finished_unix(), p.job.finished_unix()));
+    merged.last_result_unix = std::max(merged.last_result_unix, p.last_result_unix);
+    if (p.job.state() != v1::JOB_STATE_SUCCEEDED) merged.job.set_state(p.job.state());
+  }
+  merged.job.mutable_spec()->set_manifest(absl::StrJoin(manifests, " + "));
+  merged.job.mutable_spec()->set_name(absl::StrCat("merge of ", absl::StrJoin(job_ids, ", ")));
+  merged.job.set_images_total(total);
+  merged.job.set_images_evaluated(evaluated);
+  merged.job.set_images_failed(failed);
+  std::vector<const JobRecord*> pointers;
+  for (const JobRecord& p : parts) pointers.push_back(&p);
+  const std::string dir = absl::StrCat(options_.state_dir, "/merged/", merged.job.job_id(), "-", RandomHex(6));
+  RETURN_IF_ERROR(WriteMergedReports(store_.get(), pointers, merged, dir));
+  return dir;
 }
 
 absl::StatusOr<std::string> Coordinator::ReportDir(const std::string& job_id) {

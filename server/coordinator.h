@@ -80,6 +80,10 @@ class Coordinator {
   v1::ListWorkersResponse ListWorkers();
   // Folder holding the report files of a finished job.
   absl::StatusOr<std::string> ReportDir(const std::string& job_id);
+  // Builds one report over the rows of several finished jobs, in the order given (tally merge),
+  // and returns its folder. INVALID_ARGUMENT when their settings differ (metrics, classes, ...);
+  // FAILED_PRECONDITION while one has no report yet. Blocks on the database.
+  absl::StatusOr<std::string> MergeReports(const std::vector<std::string>& job_ids);
   // False while the database cannot be written (disk full): health reports NOT_SERVING.
   bool Serving();
 

@@ -1,12 +1,14 @@
 #include "server/coordinator_service.h"
 
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/file_util.h"
 #include "common/rpc.h"
 #include "grpcpp/alarm.h"
 #include "server/grpc_util.h"
@@ -99,10 +101,21 @@ class WatchJobReactor final : public grpc::ServerWriteReactor<v1::Job> {
   bool alarm_pending_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// Streams the report files of a job in 1 MiB chunks.
+// Streams the report files of a job in 1 MiB chunks. With `remove_after`, the folder is a
+// temporary one (a merged report) and is deleted when the call ends.
 class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk> {
  public:
-  explicit FetchReportReactor(absl::StatusOr<std::string> dir) {
+  explicit FetchReportReactor(absl::StatusOr<std::string> dir, bool remove_after = false)
+      : remove_after_(remove_after) {
+    Start(std::move(dir));
+  }
+  // Builds the folder on `executor` first (blocking work stays off the callback threads).
+  FetchReportReactor(Executor* executor, std::function<absl::StatusOr<std::string>()> build) : remove_after_(true) {
+    executor->Schedule([this, build = std::move(build)] { Start(build()); });
+  }
+
+ private:
+  void Start(absl::StatusOr<std::string> dir) {
     if (!dir.ok()) {
       Finish(ToGrpcStatus(dir.status()));
       return;
@@ -114,6 +127,8 @@ class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk
     }
     Next();
   }
+
+ public:
   void OnWriteDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
@@ -121,7 +136,11 @@ class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk
     }
     Next();
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (in_.is_open()) in_.close();
+    if (remove_after_ && !dir_.empty()) RemoveTree(dir_).IgnoreError();
+    delete this;
+  }
 
  private:
   void Next() {
@@ -152,6 +171,7 @@ class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk
     Finish(grpc::Status::OK);
   }
 
+  const bool remove_after_;
   std::string dir_;
   std::vector<std::string> files_;
   size_t file_ = 0;
@@ -233,6 +253,20 @@ grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::FetchReport(g
     return new RefusedWriter<v1::ReportChunk>(job.status());
   }
   return new FetchReportReactor(core_->ReportDir(request->job_id()));
+}
+
+grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::MergeReports(grpc::CallbackServerContext* ctx,
+                                                                                const v1::MergeReportsRequest* request) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return new RefusedWriter<v1::ReportChunk>(caller.status());
+  std::vector<std::string> ids(request->job_ids().begin(), request->job_ids().end());
+  for (const std::string& id : ids) {
+    if (absl::StatusOr<v1::Job> job = VisibleJob(*caller, id); !job.ok()) {
+      return new RefusedWriter<v1::ReportChunk>(job.status());
+    }
+  }
+  Coordinator* core = core_;
+  return new FetchReportReactor(executor_, [core, ids] { return core->MergeReports(ids); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::DeleteJob(grpc::CallbackServerContext* ctx,

@@ -30,6 +30,8 @@ class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
                                      v1::ListJobsResponse* response) override;
   grpc::ServerWriteReactor<v1::ReportChunk>* FetchReport(grpc::CallbackServerContext* ctx,
                                                          const v1::FetchReportRequest* request) override;
+  grpc::ServerWriteReactor<v1::ReportChunk>* MergeReports(grpc::CallbackServerContext* ctx,
+                                                          const v1::MergeReportsRequest* request) override;
   grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* request,
                                       v1::DeleteJobResponse* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const v1::ListWorkersRequest* request,

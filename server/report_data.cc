@@ -115,6 +115,11 @@ void AddWarnings(ReportData* d) {
 }  // namespace
 
 absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row) {
+  return GatherMergedReportData(store, {&record}, record, on_row);
+}
+
+absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::vector<const JobRecord*>& parts,
+                                                  const JobRecord& record, const ReportRowFn& on_row) {
   ReportData d;
   d.record = &record;
   ASSIGN_OR_RETURN(d.config, JobConfigFromSpec(record.job.spec()));
@@ -128,8 +133,18 @@ absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& re
   agg_options.thresholds = d.config.thresholds;
   Aggregator aggregator(agg_options);
   std::vector<std::pair<int64_t, std::string>> images_by_index;  // For the worst-case tables.
+  int64_t offset = 0;  // Index of the part's first row in the merged order.
+  for (const JobRecord* part : parts) {
   RETURN_IF_ERROR(store->ForEachResult(
-      record.job.job_id(), [&](const v1::ImageResult& stored, const RowNames& names) {
+      part->job.job_id(), [&](const v1::ImageResult& original, const RowNames& names) {
+        v1::ImageResult shifted;
+        const v1::ImageResult* sp = &original;
+        if (offset > 0) {
+          shifted = original;
+          shifted.set_index(original.index() + offset);
+          sp = &shifted;
+        }
+        const v1::ImageResult& stored = *sp;
         const std::string& image = ShownImage(names);
         if (!stored.error().empty()) {
           d.failures.push_back({stored.index(), names.id, image, stored.error()});
@@ -156,6 +171,8 @@ absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& re
         on_row(r, names);
         return absl::OkStatus();
       }));
+    offset += part->job.images_total();
+  }
   d.aggregate = aggregator.Finish();
   for (const ClassAggregate& ca : d.aggregate.classes) {
     for (const auto& [dice, index] : ca.worst) {
@@ -163,7 +180,10 @@ absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& re
       if (it != images_by_index.end() && it->first == index) d.worst_images.emplace_back(index, it->second);
     }
   }
-  ASSIGN_OR_RETURN(d.workers, store->ReadWorkers(record.job.job_id()));
+  for (const JobRecord* part : parts) {
+    ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store->ReadWorkers(part->job.job_id()));
+    d.workers.insert(d.workers.end(), workers.begin(), workers.end());
+  }
   const double end = record.last_result_unix > 0 ? record.last_result_unix : record.job.finished_unix();
   d.wall_seconds = std::max(0.0, end - record.job.created_unix());
   if (d.evaluated > 0 && d.mask_max_label <= 0 && d.mask_ignored > 0) {

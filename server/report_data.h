@@ -83,6 +83,11 @@ inline const std::string& ShownImage(const RowNames& names) {
 // of prediction jobs without a fixed class count arrive padded to the job's class count.
 using ReportRowFn = std::function<void(const v1::ImageResult&, const RowNames& names)>;
 absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row);
+// The same over several jobs' rows as one set (tally merge): `parts` in order, each part's indices
+// shifted by the rows of the parts before it, so that the aggregates (bootstrap included) are those
+// of one job over the concatenated manifests. `record` describes the merged job.
+absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::vector<const JobRecord*>& parts,
+                                                  const JobRecord& record, const ReportRowFn& on_row);
 
 }  // namespace tally
 

@@ -10,6 +10,11 @@
 namespace tally {
 
 absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::string& dir, ReportOutcome* outcome) {
+  return WriteMergedReports(store, {&record}, record, dir, outcome);
+}
+
+absl::Status WriteMergedReports(JobStore* store, const std::vector<const JobRecord*>& parts, const JobRecord& record,
+                                const std::string& dir, ReportOutcome* outcome) {
   RETURN_IF_ERROR(MakeDirs(dir));
   ASSIGN_OR_RETURN(const JobConfig config, JobConfigFromSpec(record.job.spec()));
   ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> csv, AtomicFile::Open(dir + "/per_image.csv"));
@@ -18,7 +23,7 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
   std::unique_ptr<NnunetSummary> nnunet;
   if (config.nnunet_summary) nnunet = std::make_unique<NnunetSummary>(config, record.job.num_classes());
   ASSIGN_OR_RETURN(ReportData d,
-                   GatherReportData(store, record, [&](const v1::ImageResult& r, const RowNames& names) {
+                   GatherMergedReportData(store, parts, record, [&](const v1::ImageResult& r, const RowNames& names) {
                      csv->out() << rows.Rows(r, names);
                      if (nnunet) nnunet->Add(r, names);
                    }));

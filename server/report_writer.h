@@ -21,6 +21,9 @@ inline constexpr const char* kOptionalReportFiles[] = {"summary.json"};
 // `outcome` (optional) receives the per-class table and the warnings.
 absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::string& dir,
                           ReportOutcome* outcome = nullptr);
+// The report over several jobs' rows as one set (GatherMergedReportData); `record` describes it.
+absl::Status WriteMergedReports(JobStore* store, const std::vector<const JobRecord*>& parts, const JobRecord& record,
+                                const std::string& dir, ReportOutcome* outcome = nullptr);
 
 }  // namespace tally
 
