@@ -194,6 +194,16 @@ absl::StatusOr<std::vector<std::string>> TallyClient::MergeReports(const std::ve
   return WriteReportFiles(stub_->MergeReports(&ctx, request).get(), dir);
 }
 
+absl::StatusOr<std::vector<std::string>> TallyClient::CompareJobs(const std::string& a, const std::string& b,
+                                                                  const std::string& dir) {
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  v1::CompareJobsRequest request;
+  request.set_a(a);
+  request.set_b(b);
+  grpc::ClientContext ctx;
+  return WriteReportFiles(stub_->CompareJobs(&ctx, request).get(), dir);
+}
+
 absl::StatusOr<std::vector<std::string>> TallyClient::WriteReportFiles(grpc::ClientReader<v1::ReportChunk>* reader,
                                                                        const std::string& dir) {
   v1::ReportChunk chunk;

@@ -56,6 +56,9 @@ class TallyClient {
   absl::StatusOr<std::vector<std::string>> FetchReport(const std::string& job_id, const std::string& dir);
   // One report over several finished jobs' rows, in the order given, written into `dir`.
   absl::StatusOr<std::vector<std::string>> MergeReports(const std::vector<std::string>& job_ids, const std::string& dir);
+  // Two finished runs of the same manifest compared (B - A), written into `dir`.
+  absl::StatusOr<std::vector<std::string>> CompareJobs(const std::string& a, const std::string& b,
+                                                       const std::string& dir);
   // True once the server answers (used while tallyd starts).
   bool WaitUntilReady(double seconds);
 

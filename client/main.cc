@@ -601,6 +601,18 @@ int main(int argc, char** argv) {
     }
     return WaitForJobs(client, ids);
   }
+  if (command == "compare") {
+    if (positional.size() != 2) return Usage("tally compare takes two job ids: A (the base) and B");
+    if (absl::GetFlag(FLAGS_out).empty()) return Usage("tally compare needs --out DIR");
+    auto a = ResolveJobId(client, positional[0]);
+    if (!a.ok()) return Finish(a.status());
+    auto b = ResolveJobId(client, positional[1]);
+    if (!b.ok()) return Finish(b.status());
+    auto files = client.CompareJobs(*a, *b, absl::GetFlag(FLAGS_out));
+    if (!files.ok()) return Finish(files.status());
+    for (const std::string& f : *files) std::cout << f << "\n";
+    return 0;
+  }
   if (command == "merge") {
     if (positional.size() < 2) return Usage("tally merge needs two job ids or more");
     if (absl::GetFlag(FLAGS_out).empty()) return Usage("tally merge needs --out DIR");

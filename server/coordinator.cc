@@ -20,6 +20,7 @@
 #include "server/sharding.h"
 #include "common/status_macros.h"
 #include "server/job_spec_validation.h"
+#include "server/compare.h"
 #include "server/report_writer.h"
 
 namespace tally {
@@ -419,6 +420,19 @@ absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::str
   for (const JobRecord& p : parts) pointers.push_back(&p);
   const std::string dir = absl::StrCat(options_.state_dir, "/merged/", merged.job.job_id(), "-", RandomHex(6));
   RETURN_IF_ERROR(WriteMergedReports(store_.get(), pointers, merged, dir));
+  return dir;
+}
+
+absl::StatusOr<std::string> Coordinator::CompareJobs(const std::string& a, const std::string& b) {
+  std::vector<JobRecord> runs;
+  for (const std::string& id : {a, b}) {
+    RETURN_IF_ERROR(ReportDir(id).status());  // Exists and has ended.
+    absl::MutexLock lock(&mu_);
+    runs.push_back(jobs_.at(id)->record);
+  }
+  ASSIGN_OR_RETURN(const Comparison c, ::tally::CompareJobs(store_.get(), runs[0], runs[1]));
+  const std::string dir = absl::StrCat(options_.state_dir, "/merged/compare-", a, "-", b, "-", RandomHex(6));
+  RETURN_IF_ERROR(WriteComparison(c, dir));
   return dir;
 }
 

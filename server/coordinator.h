@@ -84,6 +84,9 @@ class Coordinator {
   // and returns its folder. INVALID_ARGUMENT when their settings differ (metrics, classes, ...);
   // FAILED_PRECONDITION while one has no report yet. Blocks on the database.
   absl::StatusOr<std::string> MergeReports(const std::vector<std::string>& job_ids);
+  // Pairs two finished runs of the same manifest (server/compare.h) and returns the folder of the
+  // comparison files. Blocks on the database.
+  absl::StatusOr<std::string> CompareJobs(const std::string& a, const std::string& b);
   // False while the database cannot be written (disk full): health reports NOT_SERVING.
   bool Serving();
 

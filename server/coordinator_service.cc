@@ -12,6 +12,7 @@
 #include "common/rpc.h"
 #include "grpcpp/alarm.h"
 #include "server/grpc_util.h"
+#include "server/compare.h"
 #include "server/report_writer.h"
 
 namespace tally {
@@ -105,24 +106,27 @@ class WatchJobReactor final : public grpc::ServerWriteReactor<v1::Job> {
 // temporary one (a merged report) and is deleted when the call ends.
 class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk> {
  public:
-  explicit FetchReportReactor(absl::StatusOr<std::string> dir, bool remove_after = false)
-      : remove_after_(remove_after) {
-    Start(std::move(dir));
+  explicit FetchReportReactor(absl::StatusOr<std::string> dir) : remove_after_(false) {
+    for (const char* f : kReportFiles) files_.emplace_back(f);
+    Start(std::move(dir), kOptionalReportFiles);
   }
-  // Builds the folder on `executor` first (blocking work stays off the callback threads).
-  FetchReportReactor(Executor* executor, std::function<absl::StatusOr<std::string>()> build) : remove_after_(true) {
-    executor->Schedule([this, build = std::move(build)] { Start(build()); });
+  // Builds the folder (holding `files`) on `executor` first: blocking work stays off the callback
+  // threads. The folder is removed when the call ends.
+  FetchReportReactor(Executor* executor, std::vector<std::string> files,
+                     std::function<absl::StatusOr<std::string>()> build)
+      : remove_after_(true), files_(std::move(files)) {
+    executor->Schedule([this, build = std::move(build)] { Start(build(), std::vector<const char*>()); });
   }
 
  private:
-  void Start(absl::StatusOr<std::string> dir) {
+  template <typename Optional>
+  void Start(absl::StatusOr<std::string> dir, const Optional& optional) {
     if (!dir.ok()) {
       Finish(ToGrpcStatus(dir.status()));
       return;
     }
     dir_ = *dir;
-    for (const char* f : kReportFiles) files_.emplace_back(f);
-    for (const char* f : kOptionalReportFiles) {
+    for (const char* f : optional) {
       if (std::ifstream(dir_ + "/" + f).good()) files_.emplace_back(f);
     }
     Next();
@@ -266,7 +270,23 @@ grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::MergeReports(
     }
   }
   Coordinator* core = core_;
-  return new FetchReportReactor(executor_, [core, ids] { return core->MergeReports(ids); });
+  std::vector<std::string> files(std::begin(kReportFiles), std::end(kReportFiles));
+  return new FetchReportReactor(executor_, std::move(files), [core, ids] { return core->MergeReports(ids); });
+}
+
+grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::CompareJobs(grpc::CallbackServerContext* ctx,
+                                                                               const v1::CompareJobsRequest* request) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return new RefusedWriter<v1::ReportChunk>(caller.status());
+  for (const std::string& id : {request->a(), request->b()}) {
+    if (absl::StatusOr<v1::Job> job = VisibleJob(*caller, id); !job.ok()) {
+      return new RefusedWriter<v1::ReportChunk>(job.status());
+    }
+  }
+  Coordinator* core = core_;
+  std::vector<std::string> files(std::begin(kCompareFiles), std::end(kCompareFiles));
+  return new FetchReportReactor(executor_, std::move(files),
+                                [core, a = request->a(), b = request->b()] { return core->CompareJobs(a, b); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::DeleteJob(grpc::CallbackServerContext* ctx,

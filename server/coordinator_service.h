@@ -32,6 +32,8 @@ class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
                                                          const v1::FetchReportRequest* request) override;
   grpc::ServerWriteReactor<v1::ReportChunk>* MergeReports(grpc::CallbackServerContext* ctx,
                                                           const v1::MergeReportsRequest* request) override;
+  grpc::ServerWriteReactor<v1::ReportChunk>* CompareJobs(grpc::CallbackServerContext* ctx,
+                                                         const v1::CompareJobsRequest* request) override;
   grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* request,
                                       v1::DeleteJobResponse* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const v1::ListWorkersRequest* request,

@@ -57,3 +57,62 @@ class MergeTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CompareTest(unittest.TestCase):
+    def test_two_runs_paired_against_scipy(self):
+        import warnings
+        from scipy import stats
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(12), 60, [(16, 16)], classes=3)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        a = c.submit(tt.fixture("three_class.pt"), manifest, "--metrics", "dice,iou,hd95")
+        b = c.submit(tt.fixture("three_class.pt"), manifest, "--metrics", "dice,iou", "--input-size", "8x8")
+        for j in (a, b):
+            self.assertEqual(c.wait(j)["state"], "succeeded")
+        ra, rb = os.path.join(root, "a"), os.path.join(root, "b")
+        c.fetch(a, ra)
+        c.fetch(b, rb)
+        out = os.path.join(root, "cmp")
+        c.cli("compare", a, b, "--out", out)
+        for name in ("compare.json", "compare.csv", "compare.md", "compare.html"):
+            self.assertTrue(os.path.exists(os.path.join(out, name)), name)
+        with open(os.path.join(out, "compare.json")) as f:
+            cmp = json.load(f)
+        self.assertEqual((cmp["a"], cmp["b"], cmp["paired_images"]), (a, b, 60))
+        rows_a, rows_b = tt.read_per_image(ra), tt.read_per_image(rb)
+        for k in (1, 2):
+            for metric in ("dice", "iou"):
+                pa = {r["index"]: tt.num(r[metric]) for r in rows_a if r["class"] == str(k)}
+                pb = {r["index"]: tt.num(r[metric]) for r in rows_b if r["class"] == str(k)}
+                pairs = [(pa[i], pb[i]) for i in pa if np.isfinite(pa[i]) and np.isfinite(pb[i])]
+                diffs = np.array([y - x for x, y in pairs])
+                got = cmp["classes"][k][metric]
+                self.assertEqual(got["pairs"], len(pairs))
+                self.assertTrue(tt.same(got["mean_diff"], float(np.mean(diffs)), 1e-9))
+                self.assertTrue(tt.same(got["mean_a"], float(np.mean([x for x, _ in pairs])), 1e-9))
+                self.assertLessEqual(got["diff_ci95"][0], got["mean_diff"])
+                self.assertGreaterEqual(got["diff_ci95"][1], got["mean_diff"])
+                self.assertEqual(got["b_higher"], int(np.sum(diffs > 0)))
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    p = stats.wilcoxon(diffs, zero_method="wilcox", correction=False, method="approx").pvalue
+                self.assertTrue(tt.same(got["wilcoxon_p"], float(p), 1e-9), (got["wilcoxon_p"], p))
+            changed = cmp["classes"][k]["most_changed"]
+            if changed:
+                pa = {int(r["index"]): tt.num(r["dice"]) for r in rows_a if r["class"] == str(k)}
+                pb = {int(r["index"]): tt.num(r["dice"]) for r in rows_b if r["class"] == str(k)}
+                biggest = max(abs(pb[i] - pa[i]) for i in pa if np.isfinite(pa[i]) and np.isfinite(pb[i]))
+                self.assertTrue(tt.same(abs(changed[0]["dice_b"] - changed[0]["dice_a"]), biggest, 1e-12))
+        # hd95 was selected in A only: it is not compared.
+        self.assertNotIn("hd95", cmp["classes"][1])
+        with open(os.path.join(out, "compare.md")) as f:
+            self.assertIn("Wilcoxon p", f.read())
+        # Different manifests do not pair.
+        other = tt.write_dataset(os.path.join(root, "other"), np.random.default_rng(13), 10, [(16, 16)], classes=3)
+        o = c.submit(tt.fixture("three_class.pt"), other)
+        c.wait(o)
+        p = c.cli("compare", a, o, "--out", os.path.join(root, "bad"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("compare two runs of the same manifest", p.stderr)
