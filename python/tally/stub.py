@@ -21,6 +21,7 @@ import importlib.util
 import json
 import mmap
 import os
+import queue
 import signal
 import socket
 import struct
@@ -63,14 +64,6 @@ class _Connection:
         msg = json.loads(bytes(self.buf[4 : 4 + n]))
         del self.buf[: 4 + n]
         return msg
-
-    def ready(self):
-        """True when a request is already waiting (buffered or on the socket)."""
-        if len(self.buf) >= 4:
-            return True
-        import select
-
-        return bool(select.select([self.sock], [], [], 0)[0])
 
     def write(self, obj):
         data = json.dumps(obj).encode()
@@ -221,11 +214,24 @@ class _Stub:
         self.registered = {}  # buffer id -> address registered with CUDA (page-locked)
         self.model = None
         self.devices = []
-        self.deferred = None  # A predict answer waiting for its GPU copies (see serve()).
+        # Predict answers waiting for their GPU copies: the answer thread sends each once its copies
+        # have landed, while this thread already launches the next batch (see serve()).
+        self.answers = queue.Queue()
         self.times = collections.Counter()  # TALLY_STUB_PROFILE
+        threading.Thread(target=self._answer_loop, daemon=True).start()
 
-    def _answer(self, deferred):
-        self.conn.write(deferred())
+    def _answer_loop(self):
+        while True:
+            answer = self.answers.get()
+            try:
+                t0 = time.perf_counter()
+                reply = answer()  # Waits on a CUDA event (the GIL is released meanwhile).
+                self.times["wait for GPU (answer thread)"] += time.perf_counter() - t0
+                self.conn.write(reply)
+            except (EOFError, ConnectionError, OSError):
+                os._exit(0)  # The worker went away.
+            finally:
+                self.answers.task_done()
 
     def _register(self):
         # Page-lock the shared buffers once the model has initialised CUDA: host<->device copies
@@ -394,18 +400,10 @@ class _Stub:
                         registered = sum(v is not None for v in self.registered.values())
                         print("stub profile over %d requests (%d registered buffers): %s" % (requests, registered, ", ".join(
                             "%s %.2f ms/request" % (k, 1000 * v / requests) for k, v in sorted(times.items()))), flush=True)
-                if self.deferred is not None:
-                    previous, self.deferred = self.deferred, None
-                    if msg.get("op") == "predict":
-                        # Launch this batch, then answer the previous one.
-                        reply = self.predict(msg)
-                        self._answer(previous)
-                        if callable(reply) and self.conn.ready():
-                            self.deferred = reply
-                            continue
-                        self.conn.write(reply() if callable(reply) else reply)
-                        continue
-                    self._answer(previous)
+                else:
+                    # Buffers may be unmapped, the model replaced or the stub stopped: let every
+                    # answer in flight land first.
+                    self.answers.join()
             except (EOFError, ConnectionError, OSError):
                 return
             op = msg.get("op")
@@ -426,13 +424,12 @@ class _Stub:
             elif op == "predict":
                 reply = self.predict(msg)
                 if callable(reply):
-                    # Outputs still on their way from the GPU. If the next request is already here, start
-                    # it before answering this one, so the GPU never waits for the stub.
-                    if self.deferred is None and self.conn.ready():
-                        self.deferred = reply
-                        continue
-                    reply = reply()
-                self.conn.write(reply)
+                    # Outputs still on their way from the GPU: the answer thread sends them, and this
+                    # thread reads and launches the next batch meanwhile, so the GPU never waits for it.
+                    self.answers.put(reply)
+                else:
+                    self.answers.join()  # Answers leave in request order.
+                    self.conn.write(reply)
             elif op == "empty_cache":
                 torch = _torch()
                 if torch is not None and torch.cuda.is_available():
