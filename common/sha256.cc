@@ -1,6 +1,13 @@
 #include "common/sha256.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <algorithm>
 #include <cstring>
+
+#include "common/file_util.h"
 
 namespace tally {
 namespace {
@@ -51,41 +58,92 @@ void Compress(uint32_t h[8], const uint8_t block[64]) {
   h[7] += k;
 }
 
-}  // namespace
-
-std::array<uint8_t, 32> Sha256(absl::string_view data) {
-  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  const auto* p = reinterpret_cast<const uint8_t*>(data.data());
-  size_t n = data.size();
-  while (n >= 64) {
-    Compress(h, p);
-    p += 64;
-    n -= 64;
+// Incremental SHA-256: Update with any number of pieces, then Finish.
+class Hasher {
+ public:
+  void Update(absl::string_view data) {
+    total_ += data.size();
+    const auto* p = reinterpret_cast<const uint8_t*>(data.data());
+    size_t n = data.size();
+    if (fill_ > 0) {
+      const size_t take = std::min(n, size_t{64} - fill_);
+      std::memcpy(block_ + fill_, p, take);
+      fill_ += take;
+      p += take;
+      n -= take;
+      if (fill_ < 64) return;
+      Compress(h_, block_);
+      fill_ = 0;
+    }
+    while (n >= 64) {
+      Compress(h_, p);
+      p += 64;
+      n -= 64;
+    }
+    std::memcpy(block_, p, n);
+    fill_ = n;
   }
-  // Padding: 0x80, zeros, then the message length in bits as a 64-bit big-endian number.
-  uint8_t tail[128] = {0};
-  std::memcpy(tail, p, n);
-  tail[n] = 0x80;
-  const size_t tail_size = n + 9 <= 64 ? 64 : 128;
-  const uint64_t bits = static_cast<uint64_t>(data.size()) * 8;
-  for (int i = 0; i < 8; ++i) tail[tail_size - 1 - i] = static_cast<uint8_t>(bits >> (8 * i));
-  Compress(h, tail);
-  if (tail_size == 128) Compress(h, tail + 64);
-  std::array<uint8_t, 32> out;
-  for (int i = 0; i < 8; ++i) {
-    for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<uint8_t>(h[i] >> (24 - 8 * j));
+  std::array<uint8_t, 32> Finish() {
+    // Padding: 0x80, zeros, then the message length in bits as a 64-bit big-endian number.
+    uint8_t tail[128] = {0};
+    std::memcpy(tail, block_, fill_);
+    tail[fill_] = 0x80;
+    const size_t tail_size = fill_ + 9 <= 64 ? 64 : 128;
+    const uint64_t bits = total_ * 8;
+    for (int i = 0; i < 8; ++i) tail[tail_size - 1 - i] = static_cast<uint8_t>(bits >> (8 * i));
+    Compress(h_, tail);
+    if (tail_size == 128) Compress(h_, tail + 64);
+    std::array<uint8_t, 32> out;
+    for (int i = 0; i < 8; ++i) {
+      for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<uint8_t>(h_[i] >> (24 - 8 * j));
+    }
+    return out;
   }
-  return out;
-}
 
-std::string Sha256Hex(absl::string_view data) {
+ private:
+  uint32_t h_[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  uint8_t block_[64] = {0};
+  size_t fill_ = 0;
+  uint64_t total_ = 0;
+};
+
+std::string Hex(const std::array<uint8_t, 32>& digest) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  for (uint8_t b : Sha256(data)) {
+  for (uint8_t b : digest) {
     out.push_back(kHex[b >> 4]);
     out.push_back(kHex[b & 15]);
   }
   return out;
 }
+
+}  // namespace
+
+std::array<uint8_t, 32> Sha256(absl::string_view data) {
+  Hasher h;
+  h.Update(data);
+  return h.Finish();
+}
+
+std::string Sha256FileHex(const std::string& path) {
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path);  // Never blocks on a FIFO.
+  if (!file.ok()) return "";
+  Hasher h;
+  std::string buf(1 << 20, '\0');
+  while (true) {
+    const ssize_t n = read(file->fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      close(file->fd);
+      return "";
+    }
+    if (n == 0) break;
+    h.Update(absl::string_view(buf.data(), static_cast<size_t>(n)));
+  }
+  close(file->fd);
+  return Hex(h.Finish());
+}
+
+std::string Sha256Hex(absl::string_view data) { return Hex(Sha256(data)); }
 
 }  // namespace tally

@@ -14,6 +14,8 @@ namespace tally {
 std::array<uint8_t, 32> Sha256(absl::string_view data);
 // The digest as 64 lowercase hex digits (what `sha256sum` prints).
 std::string Sha256Hex(absl::string_view data);
+// Of a file's bytes, read in 1 MiB blocks; "" if it cannot be read.
+std::string Sha256FileHex(const std::string& path);
 
 }  // namespace tally
 

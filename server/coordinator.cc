@@ -17,6 +17,7 @@
 #include "common/manifest.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
+#include "common/sha256.h"
 #include "server/sharding.h"
 #include "common/status_macros.h"
 #include "server/job_spec_validation.h"
@@ -204,6 +205,8 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   rec.job.set_job_id(job_id);
   *rec.job.mutable_spec() = spec;
   rec.job.mutable_spec()->set_manifest(reader->path());
+  rec.job.mutable_spec()->set_manifest_sha256(Sha256FileHex(reader->path()));
+  if (!spec.model().empty()) rec.job.mutable_spec()->set_model_sha256(Sha256FileHex(ParseModelRef(spec.model()).path));
   if (keep_columns) {
     for (const std::string& c : reader->extra_columns()) rec.job.mutable_spec()->add_manifest_columns(c);
   }

@@ -54,6 +54,8 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
     return absl::InvalidArgumentError("job spec: num_classes must be >= 2 (background and one class) or 0 (from the data)");
   }
   if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");
+  spec.clear_model_sha256();  // The coordinator's to set.
+  spec.clear_manifest_sha256();
   if (spec.labels_size() > 32) return absl::InvalidArgumentError("job spec: at most 32 labels");
   for (const auto& [key, value] : spec.labels()) {
     if (key.empty() || key.size() > 64 || value.size() > 256) {

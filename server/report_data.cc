@@ -46,6 +46,16 @@ std::string ReportData::WorstImage(int64_t index) const {
   return "";
 }
 
+int64_t ReportData::DiceZeroImages(const ClassAggregate& ca) {
+  return std::count(ca.dice_values.begin(), ca.dice_values.end(), 0.0);
+}
+
+std::string ReportData::DiceTieNote(const ClassAggregate& ca) {
+  const int64_t zeros = DiceZeroImages(ca);
+  if (zeros <= static_cast<int64_t>(ca.worst.size())) return "";
+  return absl::StrCat(zeros, " images tie at Dice 0; the ", ca.worst.size(), " listed are the first of them by index");
+}
+
 std::string FailureKind(const std::string& reason) {
   std::string out;
   bool quoted = false;

@@ -61,6 +61,10 @@ struct ReportData {
   }
   // How reports name class (or region) `class_id`: "3", or a region's labels as "1+2".
   std::string ClassName(int class_id) const { return ClassLabel(config, class_id); }
+  // Images of a class whose Dice is exactly 0, and the note the worst-images tables carry when more
+  // of them tie than a table shows ("" otherwise).
+  static int64_t DiceZeroImages(const ClassAggregate& ca);
+  static std::string DiceTieNote(const ClassAggregate& ca);
   // Image path of `index` if it is in a worst list, else "".
   std::string WorstImage(int64_t index) const;
   double images_per_second() const { return wall_seconds > 0 ? (evaluated + failed) / wall_seconds : 0.0; }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rpc.h"
+#include "common/build_info.h"
 #include "server/report_formats.h"
 #include "server/report_table.h"
 
@@ -170,7 +171,10 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
                   " failed<br>");
   absl::StrAppend(&h, absl::StrFormat("Wall time: %.2f s (%.1f images/s)", d.wall_seconds,
                                       d.wall_seconds > 0 ? (d.evaluated + d.failed) / d.wall_seconds : 0.0),
-                  "</div>\n");
+                  "<br>");
+  absl::StrAppend(&h, "Provenance: Tally ", kTallyVersion, " (git ", kGitRevision, "), model sha256 <code>",
+                  job.spec().model_sha256().empty() ? "-" : job.spec().model_sha256(), "</code>, manifest sha256 <code>",
+                  job.spec().manifest_sha256().empty() ? "-" : job.spec().manifest_sha256(), "</code></div>\n");
   for (const std::string& w : d.warnings) absl::StrAppend(&h, "<p class=\"warn\">Warning: ", HtmlEscape(w), "</p>\n");
   h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
        "bootstrap interval; global = from summed counts.</p>\n" + HtmlTable(ClassTable(d));
@@ -188,7 +192,9 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
   h += "</div>\n<h2>Worst images by Dice</h2>\n";
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
-    absl::StrAppend(&h, "<h3>class ", d.ClassName(ca.class_id), "</h3>", HtmlTable(WorstTable(d, ca)));
+    const std::string note = ReportData::DiceTieNote(ca);
+    absl::StrAppend(&h, "<h3>class ", d.ClassName(ca.class_id), "</h3>",
+                    note.empty() ? "" : "<p class=\"ties\">" + HtmlEscape(note) + "</p>", HtmlTable(WorstTable(d, ca)));
   }
   absl::StrAppend(&h, "<h2>Failures (", d.failures.size(), ")</h2>\n");
   if (!d.failure_groups.empty()) {

@@ -4,6 +4,7 @@
 #include "common/job_config.h"
 #include "common/rpc.h"
 #include "server/json_writer.h"
+#include "common/build_info.h"
 #include "server/report_formats.h"
 
 namespace tally {
@@ -59,6 +60,11 @@ std::string ReportJson(const ReportData& d) {
   } else {
     w.Key("input_size").Null();
   }
+  w.Key("provenance").BeginObject();
+  w.Field("tally_version", kTallyVersion).Field("git_revision", kGitRevision);
+  w.Field("torch_version", kTorchVersion).Field("cuda_version", kCudaVersion);
+  w.Field("model_sha256", job.spec().model_sha256()).Field("manifest_sha256", job.spec().manifest_sha256());
+  w.EndObject();
   w.Field("images_total", job.images_total());
   w.Field("images_evaluated", d.evaluated);
   w.Field("images_failed", d.failed);
@@ -94,6 +100,7 @@ std::string ReportJson(const ReportData& d) {
     w.Field("foreground", d.IsForeground(ca.class_id));
     w.Field("in_foreground_mean", ca.in_foreground_mean);
     w.Field("reference_images", ca.reference_images).Field("predicted_images", ca.predicted_images);
+    w.Field("dice_zero_images", ReportData::DiceZeroImages(ca));
     w.Field("images", ca.metrics[static_cast<int>(Metric::kDice)].count);
     w.Field("tp", ca.counts.tp).Field("fp", ca.counts.fp).Field("fn", ca.counts.fn).Field("tn", ca.counts.tn);
     for (Metric m : d.metrics()) {

@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/rpc.h"
+#include "common/build_info.h"
 #include "server/report_formats.h"
 #include "server/report_table.h"
 
@@ -15,6 +16,9 @@ std::string ReportMarkdown(const ReportData& d) {
   absl::StrAppend(&out, "- State: **", JobStateName(job.state()), "**", job.error().empty() ? "" : " — " + job.error(),
                   "\n");
   absl::StrAppend(&out, "- Model: `", job.spec().model(), "`\n- Manifest: `", job.spec().manifest(), "`\n");
+  absl::StrAppend(&out, "- Provenance: Tally ", kTallyVersion, " (git ", kGitRevision, "); model sha256 `",
+                  job.spec().model_sha256().empty() ? "-" : job.spec().model_sha256(), "`; manifest sha256 `",
+                  job.spec().manifest_sha256().empty() ? "-" : job.spec().manifest_sha256(), "`\n");
   absl::StrAppend(&out, "- Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ",
                   d.failed, " failed", "\n");
   if (d.nonfinite_images > 0) {
@@ -37,7 +41,9 @@ std::string ReportMarkdown(const ReportData& d) {
   out += "\n## Worst images by Dice\n";
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
-    absl::StrAppend(&out, "\n### ", d.config.regions.empty() ? "Class " : "Region ", d.ClassName(ca.class_id), "\n\n", MarkdownTable(WorstTable(d, ca)));
+    const std::string note = ReportData::DiceTieNote(ca);
+    absl::StrAppend(&out, "\n### ", d.config.regions.empty() ? "Class " : "Region ", d.ClassName(ca.class_id), "\n\n",
+                    note.empty() ? "" : note + ".\n\n", MarkdownTable(WorstTable(d, ca)));
   }
   absl::StrAppend(&out, "\n## Failures (", d.failures.size(), ")\n\n");
   if (!d.failure_groups.empty()) {

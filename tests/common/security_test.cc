@@ -28,6 +28,15 @@ TEST(Sha256Test, MatchesPublishedVectors) {
   EXPECT_EQ(Sha256Hex(std::string(56, 'a')), "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a");
   EXPECT_EQ(Sha256Hex(std::string(64, 'a')), "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
   EXPECT_EQ(Sha256Hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  // The same million bytes from a file, read in blocks (`head -c 1000000 ... | sha256sum`).
+  char dir[] = "/tmp/tally-sha-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string file = std::string(dir) + "/a";
+  std::ofstream(file) << std::string(1000000, 'a');
+  EXPECT_EQ(Sha256FileHex(file), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(Sha256FileHex(std::string(dir) + "/missing"), "");
+  EXPECT_EQ(Sha256FileHex(dir), "");  // A folder.
+  RemoveTree(dir).IgnoreError();
 }
 
 TEST(TokenTableTest, FindsHolderByHashAndRole) {

@@ -99,3 +99,30 @@ class WrongNumbersTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ProvenanceTest(unittest.TestCase):
+    def test_report_records_versions_hashes_and_dice_ties(self):
+        import hashlib
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(21), 30, [(12, 12)], classes=3)
+        out = os.path.join(root, "out")
+        tt.tally_run(tt.fixture("three_class.pt"), manifest, out, "--metrics", "dice")
+        report = tt.read_report(out)
+        prov = report["provenance"]
+        with open(tt.fixture("three_class.pt"), "rb") as f:
+            self.assertEqual(prov["model_sha256"], hashlib.sha256(f.read()).hexdigest())
+        with open(manifest, "rb") as f:
+            self.assertEqual(prov["manifest_sha256"], hashlib.sha256(f.read()).hexdigest())
+        version = tt.tally("--version").stdout
+        self.assertIn(f"tally {prov['tally_version']} (git {prov['git_revision']})", version)
+        # Dice 0 ties, counted by the reference from per_image.csv.
+        rows = tt.read_per_image(out)
+        for c in report["classes"]:
+            zeros = sum(1 for r in rows if r["class"] == str(c["class"]) and r["dice"] != "" and tt.num(r["dice"]) == 0)
+            self.assertEqual(c["dice_zero_images"], zeros)
+        with open(os.path.join(out, "summary.md")) as f:
+            md = f.read()
+        self.assertIn(f"model sha256 `{prov['model_sha256']}`", md)
+        with open(os.path.join(out, "report.html")) as f:
+            self.assertIn(prov["manifest_sha256"], f.read())
