@@ -117,6 +117,9 @@ void Aggregator::Add(const v1::ImageResult& result) {
       } else {
         CompensatedAdd(v, &pc.sum[k], &pc.compensation[k]);
         ++pc.count[k];
+        if (IsCountMetric(m)) {
+          pc.unit_bins[k][std::clamp(static_cast<int>(v * kHistogramBins), 0, kHistogramBins - 1)]++;
+        }
       }
       if (m == Metric::kDice) {
         pc.values[k].push_back(v);
@@ -154,6 +157,23 @@ Aggregate Aggregator::Finish() {
     ca.counts = pc.counts;
     ca.reference_images = pc.reference_images;
     ca.predicted_images = pc.predicted_images;
+    for (Metric m : options_.metrics) {
+      const int k = static_cast<int>(m);
+      Histogram& h = ca.histograms[k];
+      if (IsCountMetric(m)) {
+        h.bins = pc.unit_bins[k];
+        continue;
+      }
+      h.max = 0;
+      for (double v : pc.values[k]) {
+        if (std::isfinite(v)) h.max = std::max(h.max, v);
+      }
+      for (double v : pc.values[k]) {
+        if (!std::isfinite(v)) continue;
+        const int b = h.max > 0 ? static_cast<int>(v / h.max * kHistogramBins) : 0;
+        h.bins[std::clamp(b, 0, kHistogramBins - 1)]++;
+      }
+    }
     for (Metric m : options_.metrics) {
       const int k = static_cast<int>(m);
       MetricAggregate& ma = ca.metrics[k];

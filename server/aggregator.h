@@ -54,6 +54,16 @@ struct MetricAggregate {
   double p95 = 0;
 };
 
+// Per-image distributions in the reports: this many equal bins.
+inline constexpr int kHistogramBins = 20;
+
+// One metric's per-image values of one class, binned: over [0, 1] for count metrics, over
+// [0, max] of the finite values for surface distances (infinities are in inf_count).
+struct Histogram {
+  double max = 1;
+  std::array<int64_t, kHistogramBins> bins{};
+};
+
 struct ClassAggregate {
   int class_id = 0;
   ConfusionCounts counts;
@@ -68,6 +78,7 @@ struct ClassAggregate {
   // In the foreground means: a foreground class (or region) present in at least one reference
   // mask. The same classes for every metric (README "Aggregation").
   bool in_foreground_mean = false;
+  std::array<Histogram, kNumMetrics> histograms;  // Of the selected metrics.
 };
 
 struct Aggregate {
@@ -103,6 +114,7 @@ class Aggregator {
     std::vector<int64_t> iou_ge;
     int64_t reference_images = 0;
     int64_t predicted_images = 0;
+    std::array<std::array<int64_t, kHistogramBins>, kNumMetrics> unit_bins{};  // Count metrics, [0, 1].
   };
   struct PerThreshold {
     ConfusionCounts counts;

@@ -60,30 +60,31 @@ std::string DiceBarChart(const ReportData& d) {
   return s + "</svg>";
 }
 
-// Histogram of per-image Dice for one class: 20 bins over [0, 1].
-std::string DiceHistogram(const ClassAggregate& ca, const std::string& name) {
-  constexpr int kBins = 20;
-  std::array<int64_t, kBins> bins{};
-  for (double v : ca.dice_values) bins[std::clamp(static_cast<int>(v * kBins), 0, kBins - 1)]++;
+// Histogram of one metric's per-image values for one class (Histogram: 20 bins over [0, 1], or
+// over [0, max] for distances).
+std::string MetricHistogram(const Histogram& hist, const std::string& metric, const std::string& name) {
+  constexpr int kBins = kHistogramBins;
+  const auto& bins = hist.bins;
   const int64_t peak = std::max<int64_t>(1, *std::max_element(bins.begin(), bins.end()));
-  const int left = 40, top = 10, plot_w = 300, plot_h = 120, bottom = 30;
+  const int left = 40, top = 10, plot_w = 240, plot_h = 100, bottom = 30;
   std::string s = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" role=\"img\" "
-      "aria-label=\"per-image Dice histogram, class %s\">",
-      left + plot_w + 24, top + plot_h + bottom, name);
+      "aria-label=\"per-image %s histogram, class %s\">",
+      left + plot_w + 24, top + plot_h + bottom, metric, name);
   const double bw = static_cast<double>(plot_w) / kBins;
+  const double step = hist.max / kBins;
   for (int b = 0; b < kBins; ++b) {
     const double h = plot_h * static_cast<double>(bins[b]) / peak;
     absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" class=\"bar\">"
-                                        "<title>[%.2f, %.2f): %d</title></rect>",
-                                        left + b * bw + 1, top + plot_h - h, bw - 2, h, b / 20.0, (b + 1) / 20.0,
+                                        "<title>[%.3g, %.3g): %d</title></rect>",
+                                        left + b * bw + 1, top + plot_h - h, bw - 2, h, b * step, (b + 1) * step,
                                         bins[b]));
   }
   absl::StrAppend(&s, absl::StrFormat("<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" class=\"axisline\"/>", left,
                                       top + plot_h, left + plot_w, top + plot_h));
   for (int t = 0; t <= 4; ++t) {
-    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%.2f</text>",
-                                        left + plot_w * t / 4.0, top + plot_h + 16, t / 4.0));
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%.3g</text>",
+                                        left + plot_w * t / 4.0, top + plot_h + 16, hist.max * t / 4.0));
   }
   absl::StrAppend(&s, absl::StrFormat("<text x=\"%d\" y=\"%d\" class=\"tick\" text-anchor=\"end\">%d</text>", left - 4,
                                       top + 10, peak));
@@ -159,7 +160,8 @@ th{background:#f1f4f7} td.l,th.l{text-align:left} .meta{font-size:14px;color:#3c
 .state-succeeded{color:#137333;font-weight:600}.state-failed,.state-cancelled{color:#b3261e;font-weight:600}
 svg .bar{fill:#3b6fd4} svg .bar.bg{fill:#a9b4c2} svg .ci{stroke:#111;stroke-width:1.5} svg .grid{stroke:#e3e7ec}
 svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} svg .axisline{stroke:#6b7682}
-.hists{display:flex;flex-wrap:wrap;gap:18px} .hist h3{font-size:14px;margin:4px 0}
+.hists{display:flex;flex-wrap:wrap;gap:14px} .hist h4{font-size:13px;margin:4px 0;font-weight:500}
+.table-wrap{overflow-x:auto;max-width:100%}
 </style></head><body>
 )";
   absl::StrAppend(&h, "<h1>Tally report <code>", HtmlEscape(job.job_id()), "</code></h1>\n<div class=\"meta\">");
@@ -177,19 +179,28 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
                   job.spec().manifest_sha256().empty() ? "-" : job.spec().manifest_sha256(), "</code></div>\n");
   for (const std::string& w : d.warnings) absl::StrAppend(&h, "<p class=\"warn\">Warning: ", HtmlEscape(w), "</p>\n");
   h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
-       "bootstrap interval; global = from summed counts.</p>\n" + HtmlTable(ClassTable(d));
+       "bootstrap interval; global = from summed counts.</p>\n<div class=\"table-wrap\">" + HtmlTable(ClassTable(d)) +
+       "</div>\n";
   h += "<h2>Mean Dice per class (with 95% bootstrap interval)</h2>\n" + DiceBarChart(d) + "\n";
   if (!d.aggregate.thresholds.empty()) {
     h += "<h2>Threshold sweep (foreground class)</h2>\n<p>Dice and IoU means over images at each probability "
          "threshold; the other metrics use the primary threshold 0.5.</p>\n" + ThresholdCurve(d) + "\n";
   }
-  h += "<h2>Per-image Dice</h2>\n<div class=\"hists\">\n";
-  for (const ClassAggregate& ca : d.aggregate.classes) {
-    absl::StrAppend(&h, "<div class=\"hist\"><h3>class ", d.ClassName(ca.class_id),
-                    d.IsForeground(ca.class_id) ? "" : " (background)", " — ", ca.dice_values.size(),
-                    " images</h3>", DiceHistogram(ca, d.ClassName(ca.class_id)), "</div>\n");
+  h += "<h2>Per-image distributions</h2>\n<p>Per class, each selected metric's per-image values in 20 bins "
+       "(distances over [0, largest finite value]; infinite ones are counted in the table).</p>\n";
+  for (Metric m : d.metrics()) {
+    const std::string label = m == Metric::kDice ? "Dice" : std::string(MetricName(m));
+    absl::StrAppend(&h, "<h3>", label, "</h3>\n<div class=\"hists\">\n");
+    for (const ClassAggregate& ca : d.aggregate.classes) {
+      const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];
+      absl::StrAppend(&h, "<div class=\"hist\"><h4>class ", d.ClassName(ca.class_id),
+                      d.IsForeground(ca.class_id) ? "" : " (background)", " — ", ma.count, " images",
+                      ma.inf_count > 0 ? absl::StrCat(", ", ma.inf_count, " inf") : "", "</h4>",
+                      MetricHistogram(ca.histograms[static_cast<int>(m)], label, d.ClassName(ca.class_id)), "</div>\n");
+    }
+    h += "</div>\n";
   }
-  h += "</div>\n<h2>Worst images by Dice</h2>\n";
+  h += "<h2>Worst images by Dice</h2>\n";
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
     const std::string note = ReportData::DiceTieNote(ca);

@@ -40,6 +40,12 @@ class ReportHtmlTest(unittest.TestCase):
         # The pieces the issue asks for.
         self.assertIn('aria-label="mean Dice per class"', self.html)
         self.assertEqual(self.html.count('aria-label="per-image Dice histogram'), 3)
+        # A histogram per selected metric and class (--metrics all: 10 metrics, 3 classes).
+        self.assertEqual(self.html.count('aria-label="per-image '), 30)
+        self.assertIn('aria-label="per-image hd95 histogram, class 1"', self.html)
+        self.assertIn("Provenance: Tally", self.html)
+        # The per-class table scrolls inside its box instead of widening the page.
+        self.assertIn('<div class="table-wrap"><table>', self.html)
         self.assertIn("Worst images by Dice", self.html)
         self.assertIn("class=\"ci\"", self.html)
 
