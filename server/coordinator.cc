@@ -415,6 +415,11 @@ absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::str
     if (p.job.state() != v1::JOB_STATE_SUCCEEDED) merged.job.set_state(p.job.state());
   }
   merged.job.mutable_spec()->set_manifest(absl::StrJoin(manifests, " + "));
+  // Provenance: one model hash if every part ran the same file; no single manifest hash.
+  for (const JobRecord& p : parts) {
+    if (p.job.spec().model_sha256() != parts[0].job.spec().model_sha256()) merged.job.mutable_spec()->clear_model_sha256();
+  }
+  merged.job.mutable_spec()->clear_manifest_sha256();
   merged.job.mutable_spec()->set_name(absl::StrCat("merge of ", absl::StrJoin(job_ids, ", ")));
   merged.job.set_images_total(total);
   merged.job.set_images_evaluated(evaluated);

@@ -10,7 +10,7 @@ import tallytest as tt
 
 # Fields that describe the run rather than the results.
 RUN_FIELDS = {"job_id", "name", "manifest", "created_unix", "finished_unix", "wall_seconds", "images_per_second",
-              "workers", "state", "shard_size"}
+              "workers", "state", "shard_size", "provenance"}
 
 
 class MergeTest(unittest.TestCase):
@@ -45,6 +45,8 @@ class MergeTest(unittest.TestCase):
                          {k: v for k, v in b.items() if k not in RUN_FIELDS})
         self.assertEqual(a["classes"][1]["dice_mean_ci95"], b["classes"][1]["dice_mean_ci95"])
         self.assertTrue(tt.same_files(one, merged, "per_image.csv"))
+        self.assertEqual(b["provenance"]["model_sha256"], a["provenance"]["model_sha256"])
+        self.assertEqual(b["provenance"]["manifest_sha256"], "")  # Several manifests.
         # Jobs with different settings do not merge.
         other = c.submit(tt.fixture("three_class.pt"), parts[0], "--batch-size", "4", "--metrics", "dice")
         c.wait(other)
