@@ -137,19 +137,18 @@ absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, cons
       const auto& p = pairs[k][m];
       mc.pairs = static_cast<int64_t>(p.size());
       std::vector<double> diffs;
-      double sa = 0, sb = 0;
+      double sa = 0, sb = 0, sd = 0;
       for (const auto& [x, y] : p) {
         sa += x;
         sb += y;
         diffs.push_back(y - x);
+        sd += diffs.back();
         mc.higher += y > x;
         mc.lower += y < x;
       }
       const double n = static_cast<double>(p.size());
       mc.mean_a = p.empty() ? kNaN : sa / n;
       mc.mean_b = p.empty() ? kNaN : sb / n;
-      double sd = 0;
-      for (double d : diffs) sd += d;
       mc.mean_diff = p.empty() ? kNaN : sd / n;
       std::tie(mc.ci_low, mc.ci_high) = BootstrapMeanCi95(diffs, 1000, kBootstrapSeed, 0);
       mc.wilcoxon_p = WilcoxonSignedRankP(diffs);

@@ -262,11 +262,10 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
   return Snapshot(*it->second, Now());
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(int limit, const std::string& page_token,
-                                                           const std::optional<std::string>& owner,
-                                                           const v1::ListJobsRequest& filter) {
-  if (limit <= 0) limit = 20;
-  limit = std::min(limit, 1000);
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request,
+                                                           const std::optional<std::string>& owner) {
+  const int limit = request.limit() <= 0 ? 20 : std::min(request.limit(), 1000);
+  const std::string& page_token = request.page_token();
   absl::MutexLock lock(&mu_);
   v1::ListJobsResponse out;
   const double now = Now();
@@ -285,9 +284,9 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(int limit, const std:
     }
     const JobEntry& entry = *jobs_.at(*it);
     if (owner && entry.record.job.owner() != *owner) continue;
-    if (filter.state() != v1::JOB_STATE_UNSPECIFIED && entry.record.job.state() != filter.state()) continue;
+    if (request.state() != v1::JOB_STATE_UNSPECIFIED && entry.record.job.state() != request.state()) continue;
     bool labelled = true;
-    for (const auto& [key, value] : filter.labels()) {
+    for (const auto& [key, value] : request.labels()) {
       auto l = entry.record.job.spec().labels().find(key);
       labelled &= l != entry.record.job.spec().labels().end() && l->second == value;
     }
@@ -381,10 +380,12 @@ absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::str
   if (job_ids.size() < 2) return absl::InvalidArgumentError("merge needs two jobs or more");
   if (job_ids.size() > 1000) return absl::InvalidArgumentError("merge takes at most 1000 jobs");
   std::vector<JobRecord> parts;
-  for (const std::string& id : job_ids) {
-    RETURN_IF_ERROR(ReportDir(id).status());  // Exists and has ended.
+  {
     absl::MutexLock lock(&mu_);
-    parts.push_back(jobs_.at(id)->record);
+    for (const std::string& id : job_ids) {
+      ASSIGN_OR_RETURN(JobRecord record, FinishedRecordLocked(id));
+      parts.push_back(std::move(record));
+    }
   }
   // One job's settings must describe them all: the report shows them once.
   ASSIGN_OR_RETURN(const JobConfig first, JobConfigFromSpec(parts[0].job.spec()));
@@ -432,20 +433,19 @@ absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::str
 }
 
 absl::StatusOr<std::string> Coordinator::CompareJobs(const std::string& a, const std::string& b) {
-  std::vector<JobRecord> runs;
-  for (const std::string& id : {a, b}) {
-    RETURN_IF_ERROR(ReportDir(id).status());  // Exists and has ended.
+  JobRecord run_a, run_b;
+  {
     absl::MutexLock lock(&mu_);
-    runs.push_back(jobs_.at(id)->record);
+    ASSIGN_OR_RETURN(run_a, FinishedRecordLocked(a));
+    ASSIGN_OR_RETURN(run_b, FinishedRecordLocked(b));
   }
-  ASSIGN_OR_RETURN(const Comparison c, ::tally::CompareJobs(store_.get(), runs[0], runs[1]));
+  ASSIGN_OR_RETURN(const Comparison c, ::tally::CompareJobs(store_.get(), run_a, run_b));
   const std::string dir = absl::StrCat(options_.state_dir, "/merged/compare-", a, "-", b, "-", RandomHex(6));
   RETURN_IF_ERROR(WriteComparison(c, dir));
   return dir;
 }
 
-absl::StatusOr<std::string> Coordinator::ReportDir(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<JobRecord> Coordinator::FinishedRecordLocked(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   const v1::Job& job = it->second->record.job;
@@ -454,6 +454,12 @@ absl::StatusOr<std::string> Coordinator::ReportDir(const std::string& job_id) {
         "job ", job_id, " has no report yet (", job.images_evaluated() + job.images_failed(), "/",
         job.images_total(), " images done); reports are built when the job ends"));
   }
+  return it->second->record;
+}
+
+absl::StatusOr<std::string> Coordinator::ReportDir(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(FinishedRecordLocked(job_id).status());
   return ReportPath(job_id);
 }
 

@@ -71,12 +71,11 @@ class Coordinator {
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
   // Deletes a finished job's rows, results and reports. Blocks on the database.
   absl::Status DeleteJob(const std::string& job_id);
-  // Newest first, summaries only; `page_token` is the last job id of the previous page. With
-  // `owner`, only the jobs that token name submitted.
-  // `filter` (state, labels) narrows the listing; its limit and page_token are ignored.
-  absl::StatusOr<v1::ListJobsResponse> ListJobs(int limit, const std::string& page_token,
-                                                const std::optional<std::string>& owner = std::nullopt,
-                                                const v1::ListJobsRequest& filter = v1::ListJobsRequest());
+  // Newest first, summaries only, `request.limit` at a time (0 = 20, at most 1000) after the job
+  // `request.page_token`, narrowed by `request.state` and `request.labels`. With `owner`, only the
+  // jobs that token name submitted.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
+                                                const std::optional<std::string>& owner = std::nullopt);
   v1::ListWorkersResponse ListWorkers();
   // Folder holding the report files of a finished job.
   absl::StatusOr<std::string> ReportDir(const std::string& job_id);
@@ -192,6 +191,8 @@ class Coordinator {
   void SplitShardLocked(JobEntry* job, int64_t shard_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteLocked(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t OwnerShard(const JobEntry& job, int64_t index) const;
+  // A copy of the record of a job whose report is built; NOT_FOUND or FAILED_PRECONDITION otherwise.
+  absl::StatusOr<JobRecord> FinishedRecordLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates a report against the job; an error names what is wrong.
   absl::Status CheckResults(const JobEntry& job, const Shard& shard, const v1::ReportResultsRequest& request,
                             int32_t classes) const;

@@ -195,6 +195,13 @@ absl::StatusOr<v1::Job> CoordinatorServiceImpl::VisibleJob(const Caller& caller,
   return job;
 }
 
+absl::Status CoordinatorServiceImpl::AllVisible(const Caller& caller, const std::vector<std::string>& job_ids) const {
+  for (const std::string& id : job_ids) {
+    if (absl::StatusOr<v1::Job> job = VisibleJob(caller, id); !job.ok()) return job.status();
+  }
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
                                                             const v1::SubmitJobRequest* request,
                                                             v1::SubmitJobResponse* response) {
@@ -246,7 +253,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListJobs(grpc::CallbackServerC
   absl::StatusOr<Caller> caller = Authenticate(ctx);
   if (!caller.ok()) return Refuse(ctx, caller.status());
   const std::optional<std::string> owner = caller->sees_all ? std::nullopt : std::optional<std::string>(caller->name);
-  return Unary(ctx, response, [&] { return core_->ListJobs(request->limit(), request->page_token(), owner, *request); });
+  return Unary(ctx, response, [&] { return core_->ListJobs(*request, owner); });
 }
 
 grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::FetchReport(grpc::CallbackServerContext* ctx,
@@ -264,11 +271,7 @@ grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::MergeReports(
   absl::StatusOr<Caller> caller = Authenticate(ctx);
   if (!caller.ok()) return new RefusedWriter<v1::ReportChunk>(caller.status());
   std::vector<std::string> ids(request->job_ids().begin(), request->job_ids().end());
-  for (const std::string& id : ids) {
-    if (absl::StatusOr<v1::Job> job = VisibleJob(*caller, id); !job.ok()) {
-      return new RefusedWriter<v1::ReportChunk>(job.status());
-    }
-  }
+  if (absl::Status s = AllVisible(*caller, ids); !s.ok()) return new RefusedWriter<v1::ReportChunk>(s);
   Coordinator* core = core_;
   std::vector<std::string> files(std::begin(kReportFiles), std::end(kReportFiles));
   return new FetchReportReactor(executor_, std::move(files), [core, ids] { return core->MergeReports(ids); });
@@ -278,10 +281,8 @@ grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::CompareJobs(g
                                                                                const v1::CompareJobsRequest* request) {
   absl::StatusOr<Caller> caller = Authenticate(ctx);
   if (!caller.ok()) return new RefusedWriter<v1::ReportChunk>(caller.status());
-  for (const std::string& id : {request->a(), request->b()}) {
-    if (absl::StatusOr<v1::Job> job = VisibleJob(*caller, id); !job.ok()) {
-      return new RefusedWriter<v1::ReportChunk>(job.status());
-    }
+  if (absl::Status s = AllVisible(*caller, {request->a(), request->b()}); !s.ok()) {
+    return new RefusedWriter<v1::ReportChunk>(s);
   }
   Coordinator* core = core_;
   std::vector<std::string> files(std::begin(kCompareFiles), std::end(kCompareFiles));

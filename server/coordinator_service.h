@@ -44,6 +44,8 @@ class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
   absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* ctx) const;
   // The job, if the caller may see it; a job it may not see is NOT_FOUND, as a missing one.
   absl::StatusOr<v1::Job> VisibleJob(const Caller& caller, const std::string& job_id) const;
+  // OK if the caller may see every one of the jobs; else the first one's NOT_FOUND.
+  absl::Status AllVisible(const Caller& caller, const std::vector<std::string>& job_ids) const;
 
   Coordinator* const core_;
   Executor* const executor_;

@@ -14,6 +14,14 @@
 namespace tally {
 namespace {
 
+// A ListJobs request for one page.
+v1::ListJobsRequest Page(int limit, const std::string& token) {
+  v1::ListJobsRequest r;
+  r.set_limit(limit);
+  r.set_page_token(token);
+  return r;
+}
+
 using ::testing::HasSubstr;
 
 // Drives the coordinator core directly, with a fake clock and no background thread.
@@ -411,7 +419,7 @@ TEST_F(CoordinatorTest, OversizedNameAndTooManyRowsAreRefused) {
   auto refused = core_->SubmitJob(Spec(10, 1));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("more than 9 rows"));
-  auto listed = core_->ListJobs(10, "");
+  auto listed = core_->ListJobs(Page(10, ""));
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->jobs_size(), 0);  // Nothing of the refused submission is left.
 }
@@ -426,14 +434,14 @@ TEST_F(CoordinatorTest, JobsArePaginatedAndDeletable) {
     now_ += 1;
   }
   core_->RunFinalizers();
-  auto page1 = core_->ListJobs(2, "");
+  auto page1 = core_->ListJobs(Page(2, ""));
   ASSERT_TRUE(page1.ok());
   ASSERT_EQ(page1->jobs_size(), 2);
   EXPECT_EQ(page1->jobs(0).job_id(), ids[4]);  // Newest first.
   EXPECT_EQ(page1->next_page_token(), ids[3]);
-  auto page2 = core_->ListJobs(2, page1->next_page_token());
+  auto page2 = core_->ListJobs(Page(2, page1->next_page_token()));
   EXPECT_EQ(page2->jobs(0).job_id(), ids[2]);
-  auto page3 = core_->ListJobs(2, page2->next_page_token());
+  auto page3 = core_->ListJobs(Page(2, page2->next_page_token()));
   EXPECT_EQ(page3->jobs_size(), 1);
   EXPECT_EQ(page3->next_page_token(), "");
   ASSERT_TRUE(core_->DeleteJob(ids[0]).ok());
