@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backoff.h"
 #include "common/file_util.h"
+#include "common/job_config.h"
 #include "common/rpc.h"
 
 namespace tally {
@@ -28,11 +29,10 @@ void SetDeadline(grpc::ClientContext* ctx, double seconds) {
 
 int JobExitCode(const v1::Job& job) {
   switch (job.state()) {
-    case v1::JOB_STATE_SUCCEEDED: {
-      const double allowed = job.spec().max_failed_fraction() * static_cast<double>(job.images_total());
-      return job.images_failed() > 0 && static_cast<double>(job.images_failed()) > allowed ? kExitTooManyFailedRows
-                                                                                          : kExitSucceeded;
-    }
+    case v1::JOB_STATE_SUCCEEDED:
+      return TooManyFailedRows(job.images_failed(), job.images_total(), job.spec().max_failed_fraction())
+                 ? kExitTooManyFailedRows
+                 : kExitSucceeded;
     case v1::JOB_STATE_CANCELLED: return kExitCancelled;
     default: return kExitFailed;
   }

@@ -1,6 +1,5 @@
 #include "client/local_run.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -52,14 +51,13 @@ int RunLocally(const LocalRunOptions& options) {
   // its coordinator: an admin token for this client, a worker token for the workers.
   const std::string client_token = NewToken(), worker_token = NewToken();
   const std::string tokens_file = state_dir + "/tokens";
-  {
-    unlink(tokens_file.c_str());
-    const int fd = open(tokens_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    const std::string text = absl::StrCat(TokenLine("tally-run", Role::kAdmin, client_token), "\n",
-                                          TokenLine("tally-run-workers", Role::kWorker, worker_token), "\n");
-    const bool written = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    if (fd >= 0) close(fd);
-    if (!written) return Fail(absl::StrCat("cannot write '", tokens_file, "'"));
+  unlink(tokens_file.c_str());
+  if (absl::Status s = WritePrivateFile(tokens_file,
+                                        absl::StrCat(TokenLine("tally-run", Role::kAdmin, client_token), "\n",
+                                                     TokenLine("tally-run-workers", Role::kWorker, worker_token), "\n"),
+                                        /*append=*/false);
+      !s.ok()) {
+    return Fail(std::string(s.message()));
   }
 
   SpawnOptions coordinator;

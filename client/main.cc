@@ -7,7 +7,6 @@
 //   tally jobs --server host:50051
 //
 // Flags accept dashes or underscores. See README "CLI" for every flag.
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -402,13 +401,7 @@ int MakeToken(const std::vector<std::string>& positional) {
   if (file.empty()) {
     std::cerr << "tally token: add this line to tallyd's --auth-tokens file, then send tallyd SIGHUP:\n" << line << "\n";
   } else {
-    const int fd = open(file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-    const std::string text = line + "\n";
-    if (fd < 0 || write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-      if (fd >= 0) close(fd);
-      return Finish(absl::PermissionDeniedError(absl::StrCat("cannot append to '", file, "'")));
-    }
-    close(fd);
+    if (absl::Status s = tally::WritePrivateFile(file, line + "\n", /*append=*/true); !s.ok()) return Finish(s);
     std::cerr << "tally token: added '" << name << "' (" << positional[1] << ") to " << file
               << "; send tallyd SIGHUP to load it\n";
   }

@@ -99,6 +99,15 @@ absl::Status AtomicFile::Commit() {
   return absl::OkStatus();
 }
 
+absl::Status WritePrivateFile(const std::string& path, const std::string& text, bool append) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_EXCL), 0600);
+  const bool written = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int err = errno;
+  if (fd >= 0) close(fd);
+  if (!written) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "': ", std::strerror(err)));
+  return absl::OkStatus();
+}
+
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
   auto f = AtomicFile::Open(path);
   if (!f.ok()) return f.status();

@@ -55,6 +55,11 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Secrets (tokens files): writes `text` to `path`, creating it readable and writable by its owner
+// only (0600). `append` adds to an existing file; otherwise the file must be new (O_EXCL: a
+// pre-existing file or link there is an error). Errors name the file.
+absl::Status WritePrivateFile(const std::string& path, const std::string& text, bool append);
+
 // The whole of `content` into `path`, atomically (AtomicFile).
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 

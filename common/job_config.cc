@@ -156,6 +156,14 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   return c;
 }
 
+bool TooManyFailedRows(int64_t failed, int64_t total, double max_failed_fraction) {
+  return failed > 0 && static_cast<double>(failed) > max_failed_fraction * static_cast<double>(total);
+}
+
+bool JobConfig::TooManyFailed(int64_t failed, int64_t total) const {
+  return TooManyFailedRows(failed, total, max_failed_fraction);
+}
+
 absl::StatusOr<int> WorkerBatchSize(const JobConfig& config, int worker_default) {
   if (config.batch_size != kBatchWorkerDefault) return config.batch_size;
   if (worker_default <= 0 || config.batch_alignment % worker_default != 0) {

@@ -89,11 +89,12 @@ struct JobConfig {
   EmptyScore empty_score = EmptyScore::kNaN;
   std::vector<double> iou_thresholds;            // Sorted, in [0, 1].
   double max_failed_fraction = 0;                // In [0, 1]; more failed rows is a warning.
-  // True when `failed` of `total` rows is more than max_failed_fraction allows.
-  bool TooManyFailed(int64_t failed, int64_t total) const {
-    return failed > 0 && static_cast<double>(failed) > max_failed_fraction * static_cast<double>(total);
-  }
+  bool TooManyFailed(int64_t failed, int64_t total) const;
 };
+
+// True when `failed` of `total` rows is more than `max_failed_fraction` allows (the report's
+// warning and `tally`'s exit code 3 both ask this).
+bool TooManyFailedRows(int64_t failed, int64_t total, double max_failed_fraction);
 
 // Most classes (or regions) a job may have: results carry one entry per class.
 inline constexpr int kMaxClasses = 4096;
