@@ -207,22 +207,25 @@ Directed Summarise(std::vector<double>* d, double tolerance) {
   return s;
 }
 
-SurfaceValues FromEdges(const std::vector<int32_t>& pred_edges, const std::vector<int32_t>& ref_edges, int width,
-                        const SurfaceOptions& options) {
+// The symmetric values from the two directed summaries (prediction -> reference and back).
+SurfaceValues Combine(const Directed& a, const Directed& b) {
   SurfaceValues out;
-  if (pred_edges.empty() && ref_edges.empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
-  if (pred_edges.empty() || ref_edges.empty()) return SurfaceValues{kInf, kInf, kInf, 0.0};
-  std::vector<double> d_pg, d_gp;
-  DirectedDistances(pred_edges, ColumnIndex(ref_edges, width), width, options.spacing_y, options.spacing_x, &d_pg);
-  DirectedDistances(ref_edges, ColumnIndex(pred_edges, width), width, options.spacing_y, options.spacing_x, &d_gp);
-  const Directed a = Summarise(&d_pg, options.nsd_tolerance);
-  const Directed b = Summarise(&d_gp, options.nsd_tolerance);
   out.hd = std::max(a.max, b.max);
   out.hd95 = std::max(a.p95, b.p95);
   const double n = static_cast<double>(a.n + b.n);
   out.assd = (a.sum + b.sum) / n;
   out.nsd = static_cast<double>(a.within + b.within) / n;
   return out;
+}
+
+SurfaceValues FromEdges(const std::vector<int32_t>& pred_edges, const std::vector<int32_t>& ref_edges, int width,
+                        const SurfaceOptions& options) {
+  if (pred_edges.empty() && ref_edges.empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
+  if (pred_edges.empty() || ref_edges.empty()) return SurfaceValues{kInf, kInf, kInf, 0.0};
+  std::vector<double> d_pg, d_gp;
+  DirectedDistances(pred_edges, ColumnIndex(ref_edges, width), width, options.spacing_y, options.spacing_x, &d_pg);
+  DirectedDistances(ref_edges, ColumnIndex(pred_edges, width), width, options.spacing_y, options.spacing_x, &d_gp);
+  return Combine(Summarise(&d_pg, options.nsd_tolerance), Summarise(&d_gp, options.nsd_tolerance));
 }
 
 
@@ -476,20 +479,12 @@ void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<
 
 SurfaceValues FromEdges3D(const std::vector<int64_t>& pred_edges, const std::vector<int64_t>& ref_edges,
                           const Dims3& dims, const SurfaceOptions3D& o) {
-  SurfaceValues out;
   if (pred_edges.empty() && ref_edges.empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
   if (pred_edges.empty() || ref_edges.empty()) return SurfaceValues{kInf, kInf, kInf, 0.0};
   std::vector<double> d_pg, d_gp;
   DirectedDistances3D(pred_edges, ref_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_pg);
   DirectedDistances3D(ref_edges, pred_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_gp);
-  const Directed a = Summarise(&d_pg, o.nsd_tolerance);
-  const Directed b = Summarise(&d_gp, o.nsd_tolerance);
-  out.hd = std::max(a.max, b.max);
-  out.hd95 = std::max(a.p95, b.p95);
-  const double n = static_cast<double>(a.n + b.n);
-  out.assd = (a.sum + b.sum) / n;
-  out.nsd = static_cast<double>(a.within + b.within) / n;
-  return out;
+  return Combine(Summarise(&d_pg, o.nsd_tolerance), Summarise(&d_gp, o.nsd_tolerance));
 }
 
 }  // namespace
