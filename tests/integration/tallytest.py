@@ -81,6 +81,28 @@ def write_dataset(root, rng, n, sizes, classes=3, jpeg_every=0):
     return path
 
 
+def marked_dataset(root, n, marked, size=8):
+    """n images whose left half is red (class 1 for the red_vs_rest family) and masks with class 1
+    on the top half; the rows in `marked` carry the fixtures' mark (green 255 at pixel (0, 0))."""
+    os.makedirs(root, exist_ok=True)
+    mask = np.zeros((size, size), np.uint8)
+    mask[: size // 2] = 1
+    Image.fromarray(mask).save(os.path.join(root, "mask.png"))
+    rows = ["id,image,mask"]
+    for i in range(n):
+        img = np.zeros((size, size, 3), np.uint8)
+        img[:, : size // 2, 0] = 220
+        img[:, :, 1] = 40
+        if i in marked:
+            img[0, 0, 1] = 255
+        Image.fromarray(img).save(os.path.join(root, f"i{i:03d}.png"))
+        rows.append(f"r{i:03d},i{i:03d}.png,mask.png")
+    path = os.path.join(root, "manifest.csv")
+    with open(path, "w") as f:
+        f.write("\n".join(rows) + "\n")
+    return path
+
+
 def write_pairs(root, pairs):
     """Writes (pred, ref) label-map pairs for the echo4.pt model: the image's red channel holds the
     predicted label. Returns the manifest path."""

@@ -30,28 +30,6 @@ def png_header_bomb(path, width, height, color=2):
         f.write(data)
 
 
-def marked_dataset(root, n, marked, size=8):
-    """n images whose left half is red (class 1 for the red_vs_rest family) and masks with class 1
-    on the top half; the rows in `marked` carry the fixtures' mark (green 255 at pixel (0, 0))."""
-    os.makedirs(root, exist_ok=True)
-    mask = np.zeros((size, size), np.uint8)
-    mask[: size // 2] = 1
-    Image.fromarray(mask).save(os.path.join(root, "mask.png"))
-    rows = ["id,image,mask"]
-    for i in range(n):
-        img = np.zeros((size, size, 3), np.uint8)
-        img[:, : size // 2, 0] = 220
-        img[:, :, 1] = 40
-        if i in marked:
-            img[0, 0, 1] = 255
-        Image.fromarray(img).save(os.path.join(root, f"i{i:03d}.png"))
-        rows.append(f"r{i:03d},i{i:03d}.png,mask.png")
-    path = os.path.join(root, "manifest.csv")
-    with open(path, "w") as f:
-        f.write("\n".join(rows) + "\n")
-    return path
-
-
 class ManyJobsTest(unittest.TestCase):
     """The multi-job hang: workers move between jobs whose models have different class counts."""
 
@@ -85,7 +63,7 @@ class ManyJobsTest(unittest.TestCase):
 class BadWorkerTest(unittest.TestCase):
     def test_broken_worker_next_to_a_good_one_fails_no_job(self):
         root = tt.tmpdir(self)
-        manifest = marked_dataset(os.path.join(root, "data"), 12, set())
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 12, set())
         cluster = tt.Cluster(self, os.path.join(root, "cluster"))
         broken = cluster.start_worker(device="cuda:7", name="broken")
         self.assertEqual(broken.wait(60), 3)  # Out of service: restarting will not help.
@@ -110,7 +88,7 @@ class BadWorkerTest(unittest.TestCase):
 class BadRowsTest(unittest.TestCase):
     def test_image_on_which_the_model_raises_fails_alone(self):
         root = tt.tmpdir(self)
-        manifest = marked_dataset(os.path.join(root, "data"), 12, {5})
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 12, {5})
         out = os.path.join(root, "out")
         p = tt.tally_run(tt.fixture("raises_on_mark.pt"), manifest, out, "--batch-size", "4", "--workers", "2")
         self.assertIn("1 failed", p.stdout)
@@ -127,7 +105,7 @@ class BadRowsTest(unittest.TestCase):
 
     def test_nan_logits_fail_the_row_or_are_counted_with_warn(self):
         root = tt.tmpdir(self)
-        manifest = marked_dataset(os.path.join(root, "data"), 4, {2})
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 4, {2})
         out = os.path.join(root, "out")
         tt.tally_run(tt.fixture("nan_on_mark.pt"), manifest, out)
         report = tt.read_report(out)
@@ -145,7 +123,7 @@ class BadRowsTest(unittest.TestCase):
 
     def test_header_bombs_and_fifos_fail_their_rows_and_memory_stays_bounded(self):
         root = tt.tmpdir(self)
-        manifest = marked_dataset(os.path.join(root, "data"), 4, set())
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 4, set())
         data = os.path.dirname(manifest)
         png_header_bomb(os.path.join(data, "bomb.png"), 60000, 60000)
         png_header_bomb(os.path.join(data, "bomb_mask.png"), 60000, 60000, color=0)
@@ -189,7 +167,7 @@ class BadRowsTest(unittest.TestCase):
 
     def test_forward_pass_past_the_batch_timeout_fails_the_row_and_restarts_the_worker(self):
         root = tt.tmpdir(self)
-        manifest = marked_dataset(os.path.join(root, "data"), 10, {5})
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 10, {5})
         out = os.path.join(root, "out")
         p = tt.tally_run(tt.fixture("hangs_on_mark.pt"), manifest, out, "--batch-size", "4", "--shard-size", "4",
                          "--batch-timeout", "2", "--lease-seconds", "3")
@@ -202,7 +180,7 @@ class BadRowsTest(unittest.TestCase):
 
     def test_invalid_utf8_fails_the_submission_with_line_and_column(self):
         root = tt.tmpdir(self)
-        manifest = marked_dataset(os.path.join(root, "data"), 2, set())
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 2, set())
         with open(manifest, "ab") as f:
             f.write(b"caf\xe9,i000.png,mask.png\n")
         start = time.time()
@@ -215,7 +193,7 @@ class BadRowsTest(unittest.TestCase):
 class ServiceLimitsTest(unittest.TestCase):
     def test_oversized_name_is_refused_and_listing_keeps_working(self):
         root = tt.tmpdir(self)
-        manifest = marked_dataset(os.path.join(root, "data"), 2, set())
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 2, set())
         cluster = tt.Cluster(self, os.path.join(root, "cluster"))
         p = cluster.cli("submit", "--model", tt.fixture("red_vs_rest.pt"), "--manifest", manifest, "--name",
                         "x" * 100000, check=False)
@@ -230,7 +208,7 @@ class ServiceLimitsTest(unittest.TestCase):
 
     def test_delete_removes_a_finished_job(self):
         root = tt.tmpdir(self)
-        manifest = marked_dataset(os.path.join(root, "data"), 4, set())
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 4, set())
         cluster = tt.Cluster(self, os.path.join(root, "cluster"))
         cluster.start_worker()
         job = cluster.submit(tt.fixture("red_vs_rest.pt"), manifest)

@@ -12,8 +12,6 @@ import time
 import unittest
 
 import grpc
-import numpy as np
-from PIL import Image
 
 import tallytest as tt
 
@@ -61,22 +59,13 @@ def make_token(root, name, role, tokens_file):
     return token, path
 
 
-def small_dataset(d, n=4):
-    """n 8x8 images (red left half) and masks (class 1 in the top half), tally's test layout."""
-    os.makedirs(d, exist_ok=True)
-    rows = ["id,image,mask"]
-    for i in range(n):
-        img = np.zeros((8, 8, 3), np.uint8)
-        img[:, :4, 0] = 255
-        mask = np.zeros((8, 8), np.uint8)
-        mask[:4] = 1
-        Image.fromarray(img).save(os.path.join(d, f"i{i}.png"))
-        Image.fromarray(mask).save(os.path.join(d, f"m{i}.png"))
-        rows.append(f"r{i},i{i}.png,m{i}.png")
-    path = os.path.join(d, "manifest.csv")
-    with open(path, "w") as f:
-        f.write("\n".join(rows) + "\n")
-    return path
+def server_pki(root):
+    """A folder with a CA and a server certificate it signed (for 127.0.0.1 and localhost)."""
+    pki = os.path.join(root, "pki")
+    os.makedirs(pki, exist_ok=True)
+    ca, _ = make_ca(pki, "ca")
+    cert, key = make_cert(pki, "server", "ca")
+    return pki, ca, cert, key
 
 
 class Rpc:
@@ -112,10 +101,7 @@ class SecureServiceTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory(prefix="tally-sec-")
         root = cls.root = cls.tmp.name
-        cls.pki = os.path.join(root, "pki")
-        os.makedirs(cls.pki)
-        cls.ca, _ = make_ca(cls.pki, "ca")
-        cls.server_cert, cls.server_key = make_cert(cls.pki, "server", "ca")
+        cls.pki, cls.ca, cls.server_cert, cls.server_key = server_pki(root)
         cls.other_ca, _ = make_ca(cls.pki, "otherca")
         cls.tokens = os.path.join(root, "tokens")
         cls.alice, cls.alice_file = make_token(root, "alice", "client", cls.tokens)
@@ -123,7 +109,7 @@ class SecureServiceTest(unittest.TestCase):
         cls.admin, cls.admin_file = make_token(root, "root-admin", "admin", cls.tokens)
         cls.worker, cls.worker_file = make_token(root, "gpu-box", "worker", cls.tokens)
         cls.data = os.path.join(root, "data")
-        cls.manifest = small_dataset(cls.data)
+        cls.manifest = tt.marked_dataset(cls.data, 4, set())
         cls.pb = proto_module(root)
 
     @classmethod
@@ -232,8 +218,9 @@ class SecureServiceTest(unittest.TestCase):
         # Rows naming files outside the roots fail with that reason alone; the others are evaluated.
         hostile = os.path.join(self.data, "hostile.csv")
         with open(hostile, "w") as f:
-            f.write("id,image,mask\nok,i0.png,m0.png\nshadow,/etc/shadow,m0.png\nenv,/proc/self/environ,m0.png\n"
-                    "maskenv,i0.png,/proc/self/environ\nmissing,/nonexistent/a.png,m0.png\nlinked,innocent.csv,m0.png\n")
+            f.write("id,image,mask\nok,i000.png,mask.png\nshadow,/etc/shadow,mask.png\nenv,/proc/self/environ,mask.png\n"
+                    "maskenv,i000.png,/proc/self/environ\nmissing,/nonexistent/a.png,mask.png\n"
+                    "linked,innocent.csv,mask.png\n")
         job = c.submit(tt.fixture("red_vs_rest.pt"), hostile)
         self.assertEqual(c.wait(job)["state"], "succeeded")
         out = os.path.join(self.root, "hostile-out")
@@ -278,7 +265,7 @@ class PlaintextTest(unittest.TestCase):
         alice, alice_file = make_token(root, "alice", "client", tokens)
         c = tt.Cluster(self, os.path.join(root, "c"), tallyd_args=["--auth-tokens", tokens],
                        client_args=["--token-file", alice_file])
-        manifest = small_dataset(os.path.join(root, "data"), 2)
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 2, set())
         job = c.submit(tt.fixture("red_vs_rest.pt"), manifest, "--batch-size", "1", "--shard-size", "1")
         rpc = Rpc(pb, c.address, worker)
         reg = rpc.call("WorkerControl", "RegisterWorker",
@@ -323,10 +310,7 @@ class PlaintextTest(unittest.TestCase):
 class MutualTlsTest(unittest.TestCase):
     def test_client_certificates_are_required_with_a_client_ca(self):
         root = tt.tmpdir(self)
-        pki = os.path.join(root, "pki")
-        os.makedirs(pki)
-        ca, _ = make_ca(pki, "ca")
-        cert, key = make_cert(pki, "server", "ca")
+        pki, ca, cert, key = server_pki(root)
         client_cert, client_key = make_cert(pki, "client", "ca", san="DNS:client")
         make_ca(pki, "rogueca")
         rogue_cert, rogue_key = make_cert(pki, "rogue", "rogueca", san="DNS:client")
@@ -369,14 +353,11 @@ class MutualTlsTest(unittest.TestCase):
 class SpawnedWorkersTest(unittest.TestCase):
     def test_spawned_workers_get_their_own_token_and_reach_a_tls_tallyd(self):
         root = tt.tmpdir(self)
-        pki = os.path.join(root, "pki")
-        os.makedirs(pki)
-        ca, _ = make_ca(pki, "ca")
-        cert, key = make_cert(pki, "server", "ca")
+        _, ca, cert, key = server_pki(root)
         tokens = os.path.join(root, "tokens")
         _, alice_file = make_token(root, "alice", "client", tokens)
         data = os.path.join(root, "data")
-        manifest = small_dataset(data, 3)
+        manifest = tt.marked_dataset(data, 3, set())
         c = tt.Cluster(self, os.path.join(root, "c"), tallyd_args=[
             "--tls-cert", cert, "--tls-key", key, "--auth-tokens", tokens, "--spawn-workers", "--workers", "1",
             "--data-root", data, "--data-root", tt.FIXTURES], client_args=["--tls-ca", ca, "--token-file", alice_file])
@@ -391,7 +372,7 @@ class SpawnedWorkersTest(unittest.TestCase):
 class LocalRunTest(unittest.TestCase):
     def test_tally_run_secures_its_own_coordinator(self):
         root = tt.tmpdir(self)
-        manifest = small_dataset(os.path.join(root, "data"), 3)
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 3, set())
         out = os.path.join(root, "out")
         tt.tally_run(tt.fixture("red_vs_rest.pt"), manifest, out, "--workers", "2")
         self.assertEqual(tt.read_report(out)["images_evaluated"], 3)
