@@ -4,8 +4,8 @@
 //   tallyd --state-dir /var/lib/tally                                          # 127.0.0.1:50051
 //   tallyd --listen 127.0.0.1:0 --port-file /tmp/port --state-dir /tmp/tally   # any free port
 //   tallyd --spawn-workers --gpus all                                          # plus one worker per GPU
-//   tallyd --listen 0.0.0.0:50051 --tls-cert server.pem --tls-key server.key \
-//          --auth-tokens tokens --data-root /datasets                          # on a shared network
+//   tallyd --listen 0.0.0.0:50051 --tls-cert server.pem --tls-key server.key
+//          --auth-tokens tokens --data-root /datasets       # on a shared network (one command line)
 //
 // Flags accept dashes or underscores (--state-dir == --state_dir). --data-root repeats.
 // SIGHUP re-reads the tokens file; certificate files are re-read when they change. SECURITY.md
