@@ -92,6 +92,9 @@ ABSL_FLAG(std::string, json_infinity, "number",
           "How report.json writes infinity: number (1e999) or string (\"inf\", for jq and other strict tools)");
 ABSL_FLAG(double, max_failed_fraction, 0,
           "More failed rows than this share of the manifest: a warning, and exit code 3 (0 = any failed row)");
+ABSL_FLAG(int, thumbnails, 5, "report.html: thumbnails of this many worst images per class (0-10; 0 = none)");
+ABSL_FLAG(std::string, save_predictions, "",
+          "Models: write every predicted label map into this folder on the worker hosts, as <id>.png");
 ABSL_FLAG(int, gpus_per_worker, 1, "tally run --gpus: GPUs per worker (Python models spread over them)");
 // tally run.
 ABSL_FLAG(std::string, out, "", "Output folder for the reports");
@@ -213,6 +216,18 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "
     return absl::InvalidArgumentError(absl::StrCat("--json-infinity: expected number or string, got '", infinity, "'"));
   }
   spec.set_json_infinity(infinity);
+  const int thumbnails = absl::GetFlag(FLAGS_thumbnails);
+  if (thumbnails < 0 || thumbnails > 10) {
+    return absl::InvalidArgumentError(absl::StrCat("--thumbnails: ", thumbnails, " is not in 0..10"));
+  }
+  spec.set_thumbnails(thumbnails);
+  if (const std::string save = absl::GetFlag(FLAGS_save_predictions); !save.empty()) {
+    if (spec.model().empty()) {
+      return absl::InvalidArgumentError(
+          "--save-predictions is for jobs with a model (--model); a prediction manifest's predictions are files already");
+    }
+    spec.set_save_predictions(tally::AbsolutePath(save));
+  }
   spec.set_nnunet_summary(absl::GetFlag(FLAGS_nnunet_summary));
   spec.set_force_spacing(absl::GetFlag(FLAGS_force_spacing));
   spec.set_name(absl::GetFlag(FLAGS_name));

@@ -414,17 +414,25 @@ absl::Status WritePng(const std::string& path, int height, int width, int channe
   return absl::OkStatus();
 }
 
-absl::Status WriteJpeg(const std::string& path, int height, int width, const uint8_t* rgb, int quality) {
+absl::StatusOr<std::string> EncodeJpeg(const uint8_t* rgb, int height, int width, int quality, bool full_chroma) {
   std::unique_ptr<void, TjDeleter> tj(tjInitCompress());
   unsigned char* buf = nullptr;
   unsigned long size = 0;
-  if (tjCompress2(tj.get(), rgb, width, 0, height, TJPF_RGB, &buf, &size, TJSAMP_420, quality, 0) != 0) {
+  if (tjCompress2(tj.get(), rgb, width, 0, height, TJPF_RGB, &buf, &size, full_chroma ? TJSAMP_444 : TJSAMP_420,
+                  quality, 0) != 0) {
     return absl::InternalError(absl::StrCat("JPEG encode failed: ", tjGetErrorStr2(tj.get())));
   }
-  FILE* f = std::fopen(path.c_str(), "wb");
-  bool ok = f != nullptr && std::fwrite(buf, 1, size, f) == size;
-  if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+  std::string out(reinterpret_cast<const char*>(buf), size);
   tjFree(buf);
+  return out;
+}
+
+absl::Status WriteJpeg(const std::string& path, int height, int width, const uint8_t* rgb, int quality) {
+  absl::StatusOr<std::string> jpeg = EncodeJpeg(rgb, height, width, quality);
+  if (!jpeg.ok()) return jpeg.status();
+  FILE* f = std::fopen(path.c_str(), "wb");
+  bool ok = f != nullptr && std::fwrite(jpeg->data(), 1, jpeg->size(), f) == jpeg->size();
+  if (f != nullptr) ok = std::fclose(f) == 0 && ok;
   if (!ok) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "'"));
   return absl::OkStatus();
 }

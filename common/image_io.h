@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tally {
 
@@ -95,7 +96,9 @@ std::string DescribeLabelOutOfRange(const uint16_t* labels, int height, int widt
 // 4 (RGBA); `bit_depth` 8 or 16 (16: data holds native-endian uint16 values).
 absl::Status WritePng(const std::string& path, int height, int width, int channels, int bit_depth,
                       const void* data, int compression_level = 6);
-// JPEG writer (RGB input, 4:2:0), for benchmarks.
+// JPEG encoder and writer (RGB input, 4:2:0, or 4:4:4 with `full_chroma`): thumbnails, benchmarks.
+absl::StatusOr<std::string> EncodeJpeg(const uint8_t* rgb, int height, int width, int quality,
+                                       bool full_chroma = false);
 absl::Status WriteJpeg(const std::string& path, int height, int width, const uint8_t* rgb, int quality);
 
 }  // namespace tally

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "common/thumbnail.h"
 
 namespace tally {
 
@@ -153,7 +154,32 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   if (!c.thresholds.empty() && c.predictions()) {
     return absl::InvalidArgumentError("thresholds are for models with a single-score output, not prediction manifests");
   }
+  c.thumbnails = spec.has_thumbnails() ? spec.thumbnails() : kDefaultThumbnails;
+  if (c.thumbnails < 0 || c.thumbnails > kMaxThumbnails) {
+    return absl::InvalidArgumentError(absl::StrCat("thumbnails ", c.thumbnails, " is not in 0..", kMaxThumbnails));
+  }
+  c.save_predictions = spec.save_predictions();
+  if (!c.save_predictions.empty()) {
+    if (c.predictions()) {
+      return absl::InvalidArgumentError("save_predictions is for jobs with a model: a prediction manifest's "
+                                        "predictions are already files");
+    }
+    if (c.save_predictions[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat("save_predictions '", c.save_predictions, "' is not an absolute path"));
+    }
+  }
   return c;
+}
+
+double CountMetricWithEmpty(Metric m, const ConfusionCounts& c, EmptyScore empty) {
+  if (empty == EmptyScore::kOne && (m == Metric::kDice || m == Metric::kIou) && c.tp + c.fp + c.fn == 0) return 1.0;
+  return CountMetric(m, c);
+}
+
+std::string PredictionFileName(const std::string& id, int64_t index) {
+  bool plain = !id.empty() && id.size() <= 200 && id != "." && id != "..";
+  for (char ch : id) plain = plain && ch != '/' && static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f;
+  return plain ? absl::StrCat(id, ".png") : absl::StrCat("row", index, ".png");
 }
 
 bool TooManyFailedRows(int64_t failed, int64_t total, double max_failed_fraction) {

@@ -90,11 +90,26 @@ struct JobConfig {
   std::vector<double> iou_thresholds;            // Sorted, in [0, 1].
   double max_failed_fraction = 0;                // In [0, 1]; more failed rows is a warning.
   bool TooManyFailed(int64_t failed, int64_t total) const;
+  // Report thumbnails: the worst rows of each class that get one (common/thumbnail.h); 0 = none.
+  int thumbnails = 5;
+  // Non-empty: workers write every predicted label map into this folder (absolute) as <id>.png.
+  std::string save_predictions;
+  // Classes the report treats as foreground: regions all, class 0 only with include_background.
+  bool IsForegroundClass(int c) const { return c != 0 || include_background || !regions.empty(); }
 };
 
 // True when `failed` of `total` rows is more than `max_failed_fraction` allows (the report's
 // warning and `tally`'s exit code 3 both ask this).
 bool TooManyFailedRows(int64_t failed, int64_t total, double max_failed_fraction);
+
+// Value of count metric `m` on one image under the job's empty-score convention: with kOne, dice
+// and iou are 1 where prediction and reference are both empty.
+double CountMetricWithEmpty(Metric m, const ConfusionCounts& c, EmptyScore empty);
+
+// File name of row `index`'s saved prediction (--save-predictions): "<id>.png" when the id is a
+// plain file name (no '/', no control character, not "." or "..", at most 200 bytes), else
+// "row<index>.png".
+std::string PredictionFileName(const std::string& id, int64_t index);
 
 // Most classes (or regions) a job may have: results carry one entry per class.
 inline constexpr int kMaxClasses = 4096;

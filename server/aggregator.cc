@@ -82,13 +82,6 @@ Aggregator::Aggregator(AggregateOptions options) : options_(std::move(options)) 
   thresholds_.resize(options_.thresholds.size());
 }
 
-namespace {
-double CountMetricWithEmpty(Metric m, const ConfusionCounts& c, EmptyScore empty) {
-  if (empty == EmptyScore::kOne && (m == Metric::kDice || m == Metric::kIou) && c.tp + c.fp + c.fn == 0) return 1.0;
-  return CountMetric(m, c);
-}
-}  // namespace
-
 double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m, EmptyScore empty) {
   if (c < 0 || c >= result.classes_size()) return kNaN;
   const v1::ClassResult& cr = result.classes(c);

@@ -18,6 +18,7 @@
 #include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/sha256.h"
+#include "common/thumbnail.h"
 #include "server/sharding.h"
 #include "common/status_macros.h"
 #include "server/job_spec_validation.h"
@@ -26,6 +27,26 @@
 
 namespace tally {
 namespace {
+
+// Moves the thumbnails out of `results` (stored results carry none), each with its row's Dice.
+std::vector<StoredThumbnail> TakeThumbnails(std::vector<v1::ImageResult>* results, EmptyScore empty) {
+  std::vector<StoredThumbnail> out;
+  for (v1::ImageResult& r : *results) {
+    for (v1::Thumbnail& t : *r.mutable_thumbnails()) {
+      const v1::ClassResult& c = r.classes(t.class_index());  // In range: CheckResults.
+      StoredThumbnail st;
+      st.index = r.index();
+      st.class_index = t.class_index();
+      st.dice = CountMetricWithEmpty(Metric::kDice, ConfusionCounts{c.tp(), c.fp(), c.fn(), c.tn()}, empty);
+      st.slice = t.slice();
+      st.jpeg = std::move(*t.mutable_jpeg());
+      out.push_back(std::move(st));
+    }
+    r.clear_thumbnails();
+  }
+  return out;
+}
+
 
 std::string RandomHex(int digits) {
   static thread_local std::mt19937_64 rng(std::random_device{}());
@@ -601,7 +622,10 @@ absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
       return absl::InvalidArgumentError(
           absl::StrCat("result for index ", r.index(), " outside shard [", shard.begin, ", ", shard.end, ")"));
     }
-    if (!r.error().empty()) continue;
+    if (!r.error().empty()) {
+      if (r.thumbnails_size() > 0) return absl::InvalidArgumentError(absl::StrCat("failed row ", r.index(), " has thumbnails"));
+      continue;
+    }
     // classes 0: a prediction job whose class count comes from the data (each image up to its own
     // largest label).
     if (classes == 0 ? (r.classes_size() < 1 || r.classes_size() > kMaxClasses) : r.classes_size() != classes) {
@@ -624,6 +648,19 @@ absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
       if (c.tp() < 0 || c.fp() < 0 || c.fn() < 0 || c.tn() < 0 || c.tp() + c.fp() + c.fn() + c.tn() != valid) {
         return implausible(absl::StrCat("class ", k, " has tp+fp+fn+tn = ", c.tp() + c.fp() + c.fn() + c.tn(),
                                         ", the image has ", valid, " valid pixels"));
+      }
+    }
+    if (r.thumbnails_size() > r.classes_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " has ", r.thumbnails_size(),
+                                                     " thumbnails for ", r.classes_size(), " classes"));
+    }
+    for (const v1::Thumbnail& t : r.thumbnails()) {
+      // A JPEG (it is put into report.html as one) of a class of this result, and of a sane size.
+      if (t.class_index() < 0 || t.class_index() >= r.classes_size() || t.jpeg().size() > kMaxThumbnailBytes ||
+          t.jpeg().size() < 4 || static_cast<unsigned char>(t.jpeg()[0]) != 0xFF ||
+          static_cast<unsigned char>(t.jpeg()[1]) != 0xD8 || t.slice() < 0 || t.slice() >= std::max(1, r.depth())) {
+        return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " has a thumbnail that is not a ",
+                                                       "JPEG of one of its classes"));
       }
     }
     if (r.thresholds_size() != job.record.job.spec().thresholds_size()) {
@@ -722,6 +759,9 @@ absl::StatusOr<Coordinator::Admission> Coordinator::AdmitReportLocked(const v1::
     a.worker_record = std::move(wr);
   }
   if (!request.results().empty()) wit->second.last_progress = now;
+  const v1::JobSpec& spec = job.record.job.spec();
+  a.keep_thumbnails = spec.has_thumbnails() ? spec.thumbnails() : kDefaultThumbnails;
+  a.empty_score = spec.empty_score() == "one" ? EmptyScore::kOne : EmptyScore::kNaN;
   return a;
 }
 
@@ -741,9 +781,11 @@ absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::R
     return response;
   }
   std::vector<v1::ImageResult> results(request.results().begin(), request.results().end());
+  const std::vector<StoredThumbnail> thumbnails = TakeThumbnails(&results, admitted->empty_score);
   ASSIGN_OR_RETURN(const bool shard_done,
                    CommitAndAccount(request.job_id(), request.shard_id(), request.worker_id(), results,
-                                    request.shard_complete() && admitted->lease_valid));
+                                    request.shard_complete() && admitted->lease_valid, thumbnails,
+                                    admitted->keep_thumbnails));
   if (admitted->worker_record) {
     absl::Status s = store_->UpsertWorker(request.job_id(), *admitted->worker_record);
     if (!s.ok()) Log("recording statistics of worker ", request.worker_id(), " failed: ", s.ToString());
@@ -760,10 +802,13 @@ int64_t Coordinator::OwnerShard(const JobEntry& job, int64_t index) const {
 
 absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, int64_t shard_id,
                                                    const std::string& worker_id,
-                                                   const std::vector<v1::ImageResult>& results, bool shard_complete) {
+                                                   const std::vector<v1::ImageResult>& results, bool shard_complete,
+                                                   const std::vector<StoredThumbnail>& thumbnails,
+                                                   int keep_thumbnails) {
   std::vector<bool> new_rows;
   const double now = Now();
-  absl::Status committed = store_->CommitResults(job_id, worker_id, results, now, &new_rows);
+  absl::Status committed =
+      store_->CommitResults(job_id, worker_id, results, now, &new_rows, thumbnails, keep_thumbnails);
   NoteStorage(committed);
   RETURN_IF_ERROR(committed);
   Deferred deferred;

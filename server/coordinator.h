@@ -36,6 +36,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/job_config.h"
 #include "proto/tally.pb.h"
 #include "server/job_store.h"
 
@@ -159,6 +160,8 @@ class Coordinator {
     bool abandon = false;       // The job ended (or the workers disagree): nothing to commit.
     absl::Status rejected;      // The results cannot be right: the lease was released.
     std::optional<WorkerRecord> worker_record;
+    int keep_thumbnails = 0;    // The job's thumbnails per class, and the Dice convention that orders them.
+    EmptyScore empty_score = EmptyScore::kNaN;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
@@ -198,7 +201,8 @@ class Coordinator {
                             int32_t classes) const;
   // Commits results and does the accounting; shared by workers' reports and poisoned rows.
   absl::StatusOr<bool> CommitAndAccount(const std::string& job_id, int64_t shard_id, const std::string& worker_id,
-                                        const std::vector<v1::ImageResult>& results, bool shard_complete);
+                                        const std::vector<v1::ImageResult>& results, bool shard_complete,
+                                        const std::vector<StoredThumbnail>& thumbnails = {}, int keep_thumbnails = 0);
   void FailPoisonedRow(const std::string& job_id, int64_t shard_id);
   // A model error from one worker: takes the worker off the job, or fails the job (see above).
   void RecordModelErrorLocked(JobEntry* job, const v1::ReportJobErrorRequest& request, Deferred* deferred)

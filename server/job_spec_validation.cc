@@ -24,7 +24,8 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
                                                    " bytes; the limit is ", kMaxJobNameBytes));
   }
   for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"model", &spec.model()},
-                                     {"manifest", &spec.manifest()}}) {
+                                     {"manifest", &spec.manifest()},
+                                     {"save_predictions", &spec.save_predictions()}}) {
     if (value->size() > kMaxPathBytes) {
       return absl::InvalidArgumentError(absl::StrCat("job spec: '", field, "' is ", value->size(),
                                                      " bytes; the limit is ", kMaxPathBytes));
@@ -104,6 +105,11 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.clear_iou_thresholds();
   for (double t : config->iou_thresholds) spec.add_iou_thresholds(t);
   spec.clear_manifest_columns();  // The coordinator fills it from the manifest's header.
+  spec.set_thumbnails(config->thumbnails);
+  // Workers write there: with data roots, only inside them (checked again where the files are written).
+  if (!config->save_predictions.empty() && !ProcessDataRoots().Resolve(config->save_predictions).ok()) {
+    return OutsideDataRootsError("save_predictions", config->save_predictions);
+  }
   // The exact-results rule (common/job_config.h): shards are multiples of the alignment, which
   // every batch size used for the job divides.
   // Prediction jobs have no batches: any shard size keeps their results exact.

@@ -2,7 +2,9 @@
 
 #include <sqlite3.h>
 
+#include <cmath>
 #include <memory>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -102,6 +104,9 @@ CREATE TABLE IF NOT EXISTS results(
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, worker_id TEXT NOT NULL, error TEXT NOT NULL,
   payload BLOB NOT NULL, committed REAL NOT NULL, PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS submissions(job_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS thumbnails(
+  job_id TEXT NOT NULL, cls INTEGER NOT NULL, idx INTEGER NOT NULL, dice REAL NOT NULL, slice INTEGER NOT NULL,
+  jpeg BLOB NOT NULL, PRIMARY KEY(job_id, cls, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS job_workers(
   job_id TEXT NOT NULL, worker_id TEXT NOT NULL, name TEXT NOT NULL, device TEXT NOT NULL,
   first_lease REAL NOT NULL, last_result REAL NOT NULL, stats BLOB NOT NULL,
@@ -273,7 +278,7 @@ absl::Status JobStore::DeleteInBatches(const char* table, const std::string& job
 }
 
 absl::Status JobStore::DeleteJob(const std::string& job_id) {
-  for (const char* table : {"results", "manifest_rows", "shards", "job_workers", "jobs", "submissions"}) {
+  for (const char* table : {"results", "manifest_rows", "shards", "job_workers", "thumbnails", "jobs", "submissions"}) {
     RETURN_IF_ERROR(DeleteInBatches(table, job_id));
   }
   absl::MutexLock lock(&mu_);
@@ -372,24 +377,66 @@ absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& j
 
 absl::Status JobStore::CommitResults(const std::string& job_id, const std::string& worker_id,
                                      const std::vector<v1::ImageResult>& results, double now,
-                                     std::vector<bool>* new_rows) {
+                                     std::vector<bool>* new_rows, const std::vector<StoredThumbnail>& thumbnails,
+                                     int keep_thumbnails) {
   absl::MutexLock lock(&mu_);
   new_rows->assign(results.size(), false);
   absl::Status s = InTransaction([&](sqlite3* db) -> absl::Status {
     Stmt ins(db, "INSERT OR IGNORE INTO results VALUES(?,?,?,?,?,?)");
     RETURN_IF_ERROR(ins.status());
     std::string payload;
+    std::set<int64_t> inserted;
     for (size_t i = 0; i < results.size(); ++i) {
       const v1::ImageResult& r = results[i];
       r.SerializeToString(&payload);
       ins.Bind(1, job_id).Bind(2, r.index()).Bind(3, worker_id).Bind(4, r.error()).BindBlob(5, payload).Bind(6, now);
       RETURN_IF_ERROR(ins.Run());
       (*new_rows)[i] = sqlite3_changes(db) > 0;
+      if ((*new_rows)[i]) inserted.insert(r.index());
+    }
+    std::set<int> classes;
+    if (thumbnails.empty()) return absl::OkStatus();
+    Stmt th(db, "INSERT OR IGNORE INTO thumbnails VALUES(?,?,?,?,?,?)");
+    RETURN_IF_ERROR(th.status());
+    for (const StoredThumbnail& t : thumbnails) {
+      if (inserted.count(t.index) == 0 || !std::isfinite(t.dice)) continue;
+      th.Bind(1, job_id).Bind(2, int64_t{t.class_index}).Bind(3, t.index).Bind(4, t.dice).Bind(5, int64_t{t.slice});
+      th.BindBlob(6, t.jpeg);
+      RETURN_IF_ERROR(th.Run());
+      classes.insert(t.class_index);
+    }
+    for (int c : classes) {
+      Stmt prune(db,
+                 "DELETE FROM thumbnails WHERE job_id=?1 AND cls=?2 AND idx NOT IN (SELECT idx FROM thumbnails "
+                 "WHERE job_id=?1 AND cls=?2 ORDER BY dice, idx LIMIT ?3)");
+      RETURN_IF_ERROR(prune.status());
+      prune.Bind(1, job_id).Bind(2, int64_t{c}).Bind(3, int64_t{keep_thumbnails});
+      RETURN_IF_ERROR(prune.Run());
     }
     return absl::OkStatus();
   });
   if (!s.ok()) new_rows->assign(results.size(), false);
   return s;
+}
+
+absl::StatusOr<std::vector<StoredThumbnail>> JobStore::ReadThumbnails(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT cls, idx, dice, slice, jpeg FROM thumbnails WHERE job_id=? ORDER BY cls, idx");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, job_id);
+  std::vector<StoredThumbnail> out;
+  absl::Status s;
+  while (q.Step(&s)) {
+    StoredThumbnail t;
+    t.class_index = static_cast<int>(q.Int(0));
+    t.index = q.Int(1);
+    t.dice = q.Double(2);
+    t.slice = static_cast<int>(q.Int(3));
+    t.jpeg = q.Blob(4);
+    out.push_back(std::move(t));
+  }
+  RETURN_IF_ERROR(s);
+  return out;
 }
 
 absl::Status JobStore::SetShardState(const std::string& job_id, int64_t shard_id, ShardState state, int attempts) {

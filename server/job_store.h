@@ -35,6 +35,15 @@ struct RowNames {
   std::string prediction_path;
 };
 
+// One report thumbnail (common/thumbnail.h) as the store keeps it, stripped from its result.
+struct StoredThumbnail {
+  int64_t index = 0;
+  int class_index = 0;
+  double dice = 0;  // The row's Dice for the class under the job's empty-score convention.
+  int slice = 0;
+  std::string jpeg;
+};
+
 // What the store keeps about a job besides its results.
 struct JobRecord {
   v1::Job job;             // job_id, spec, state, error, totals and times.
@@ -78,10 +87,15 @@ class JobStore {
 
   // Commits results in one transaction; rows that already have a result are left as they are
   // (a re-run of a shard produces the same values). `new_rows` receives, for each result, whether
-  // it was newly inserted.
+  // it was newly inserted. In the same transaction, the thumbnails of newly inserted rows join the
+  // job's, of which only the `keep_thumbnails` lowest (dice, index) per class stay: so the table
+  // holds exactly the job's worst rows once every shard's worst sent theirs (common/thumbnail.h).
   absl::Status CommitResults(const std::string& job_id, const std::string& worker_id,
                              const std::vector<v1::ImageResult>& results, double now,
-                             std::vector<bool>* new_rows);
+                             std::vector<bool>* new_rows, const std::vector<StoredThumbnail>& thumbnails = {},
+                             int keep_thumbnails = 0);
+  // A job's thumbnails, by class then index.
+  absl::StatusOr<std::vector<StoredThumbnail>> ReadThumbnails(const std::string& job_id);
   absl::Status SetShardState(const std::string& job_id, int64_t shard_id, ShardState state, int attempts);
   // Shard states of a job, by shard id.
   absl::StatusOr<std::vector<ShardState>> ReadShardStates(const std::string& job_id, int64_t num_shards);

@@ -1,9 +1,9 @@
 #include "server/report_data.h"
 
 #include <algorithm>
-
 #include <limits>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -40,10 +40,13 @@ void PadClasses(v1::ImageResult* r, int num_classes) {
 }  // namespace
 
 std::string ReportData::WorstImage(int64_t index) const {
-  for (const auto& [i, image] : worst_images) {
-    if (i == index) return image;
-  }
-  return "";
+  auto it = worst_rows.find(index);
+  return it == worst_rows.end() ? "" : it->second.image;
+}
+
+std::string ReportData::WorstId(int64_t index) const {
+  auto it = worst_rows.find(index);
+  return it == worst_rows.end() ? "" : it->second.id;
 }
 
 int64_t ReportData::DiceZeroImages(const ClassAggregate& ca) {
@@ -142,7 +145,13 @@ absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::ve
   agg_options.iou_thresholds = d.config.iou_thresholds;
   agg_options.thresholds = d.config.thresholds;
   Aggregator aggregator(agg_options);
-  std::vector<std::pair<int64_t, std::string>> images_by_index;  // For the worst-case tables.
+  struct Named {
+    int64_t index;
+    std::string id;
+    std::string image;
+    bool operator<(const Named& o) const { return index < o.index; }
+  };
+  std::vector<Named> names_by_index;  // For the worst-case tables.
   int64_t offset = 0;  // Index of the part's first row in the merged order.
   for (const JobRecord* part : parts) {
   RETURN_IF_ERROR(store->ForEachResult(
@@ -177,18 +186,29 @@ absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::ve
         d.mask_max_label = std::max(d.mask_max_label, r.mask_max_label());
         d.mask_ignored += r.mask_ignored_pixels();
         aggregator.Add(r);
-        images_by_index.emplace_back(r.index(), image);
+        names_by_index.push_back(Named{r.index(), names.id, image});
         on_row(r, names);
         return absl::OkStatus();
       }));
     offset += part->job.images_total();
   }
   d.aggregate = aggregator.Finish();
+  std::set<std::pair<int, int64_t>> worst;
   for (const ClassAggregate& ca : d.aggregate.classes) {
     for (const auto& [dice, index] : ca.worst) {
-      auto it = std::lower_bound(images_by_index.begin(), images_by_index.end(), std::make_pair(index, std::string()));
-      if (it != images_by_index.end() && it->first == index) d.worst_images.emplace_back(index, it->second);
+      worst.insert({ca.class_id, index});
+      auto it = std::lower_bound(names_by_index.begin(), names_by_index.end(), Named{index, "", ""});
+      if (it != names_by_index.end() && it->index == index) d.worst_rows[index] = ReportData::WorstRow{it->id, it->image};
     }
+  }
+  offset = 0;
+  for (const JobRecord* part : parts) {
+    ASSIGN_OR_RETURN(std::vector<StoredThumbnail> thumbnails, store->ReadThumbnails(part->job.job_id()));
+    for (StoredThumbnail& t : thumbnails) {
+      t.index += offset;
+      if (worst.count({t.class_index, t.index}) > 0) d.thumbnails[{t.class_index, t.index}] = std::move(t);
+    }
+    offset += part->job.images_total();
   }
   for (const JobRecord* part : parts) {
     ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store->ReadWorkers(part->job.job_id()));

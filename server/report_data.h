@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,7 +53,13 @@ struct ReportData {
   int64_t mask_ignored = 0;    // Reference pixels equal to the ignore index, summed.
   // Conditions that make the numbers suspect (README "Warnings"), worded for the user.
   std::vector<std::string> warnings;
-  std::vector<std::pair<int64_t, std::string>> worst_images;  // Image path of each index in a worst list.
+  struct WorstRow {
+    std::string id;
+    std::string image;
+  };
+  std::map<int64_t, WorstRow> worst_rows;  // Each index in a worst list.
+  // Thumbnails of worst rows by (class, index) (common/thumbnail.h); rows without one are absent.
+  std::map<std::pair<int, int64_t>, StoredThumbnail> thumbnails;
 
   const std::vector<Metric>& metrics() const { return config.metrics; }
   // Regions (--regions) are all foreground; of classes, 0 is background unless include_background.
@@ -65,8 +72,14 @@ struct ReportData {
   // of them tie than a table shows ("" otherwise).
   static int64_t DiceZeroImages(const ClassAggregate& ca);
   static std::string DiceTieNote(const ClassAggregate& ca);
-  // Image path of `index` if it is in a worst list, else "".
+  // Image path and id of `index` if it is in a worst list, else "".
   std::string WorstImage(int64_t index) const;
+  std::string WorstId(int64_t index) const;
+  // The thumbnail of row `index` for class `class_id`, or null.
+  const StoredThumbnail* Thumbnail(int class_id, int64_t index) const {
+    auto it = thumbnails.find({class_id, index});
+    return it == thumbnails.end() ? nullptr : &it->second;
+  }
   double images_per_second() const { return wall_seconds > 0 ? (evaluated + failed) / wall_seconds : 0.0; }
 };
 

@@ -2,6 +2,7 @@
 #include <array>
 #include <cmath>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rpc.h"
@@ -145,6 +146,22 @@ std::string ThresholdCurve(const ReportData& d) {
   return s + "</svg>";
 }
 
+// The class's worst rows that have a thumbnail, in the table's order, each with its id and Dice.
+std::string Thumbnails(const ReportData& d, const ClassAggregate& ca) {
+  std::string h;
+  for (const auto& [dice, index] : ca.worst) {
+    const StoredThumbnail* t = d.Thumbnail(ca.class_id, index);
+    if (t == nullptr) continue;
+    const std::string id = d.WorstId(index);
+    absl::StrAppend(&h, "<figure data-index=\"", index, "\" data-class=\"", ca.class_id,
+                    "\"><img src=\"data:image/jpeg;base64,", absl::Base64Escape(t->jpeg), "\" alt=\"",
+                    HtmlEscape(absl::StrCat("row ", id, ", class ", d.ClassName(ca.class_id))),
+                    "\"><figcaption><code>", HtmlEscape(id), "</code> · Dice ", FormatCell(dice),
+                    t->slice > 0 ? absl::StrCat(" · slice ", t->slice) : "", "</figcaption></figure>\n");
+  }
+  return h.empty() ? h : "<div class=\"thumbs\">\n" + h + "</div>\n";
+}
+
 }  // namespace
 
 std::string ReportHtml(const ReportData& d) {
@@ -162,6 +179,9 @@ svg .bar{fill:#3b6fd4} svg .bar.bg{fill:#a9b4c2} svg .ci{stroke:#111;stroke-widt
 svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} svg .axisline{stroke:#6b7682}
 .hists{display:flex;flex-wrap:wrap;gap:14px} .hist h4{font-size:13px;margin:4px 0;font-weight:500}
 .table-wrap{overflow-x:auto;max-width:100%}
+.thumbs{display:flex;flex-wrap:wrap;gap:12px;margin:8px 0} .thumbs figure{margin:0;font-size:12px;color:#3c4650}
+.thumbs img{display:block;border:1px solid #d8dde3;image-rendering:pixelated} .thumbs figcaption{max-width:260px;overflow-wrap:anywhere}
+.key{display:inline-block;width:11px;height:11px;vertical-align:-1px;border:1px solid #777}
 </style></head><body>
 )";
   absl::StrAppend(&h, "<h1>Tally report <code>", HtmlEscape(job.job_id()), "</code></h1>\n<div class=\"meta\">");
@@ -201,11 +221,20 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
     h += "</div>\n";
   }
   h += "<h2>Worst images by Dice</h2>\n";
+  if (!d.thumbnails.empty()) {
+    h += "<p class=\"legend\">Thumbnails: the image, and the image with the class coloured: <span class=\"key\" "
+         "style=\"background:#00c800\"></span> reference and prediction, <span class=\"key\" "
+         "style=\"background:#eb1e1e\"></span> prediction only (false positive), <span class=\"key\" "
+         "style=\"background:#1e6eff\"></span> reference only (false negative), <span class=\"key\" "
+         "style=\"background:#808080\"></span> ignored. Without an image, the reference is shown in white.</p>\n";
+  }
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
     const std::string note = ReportData::DiceTieNote(ca);
     absl::StrAppend(&h, "<h3>class ", d.ClassName(ca.class_id), "</h3>",
-                    note.empty() ? "" : "<p class=\"ties\">" + HtmlEscape(note) + "</p>", HtmlTable(WorstTable(d, ca)));
+                    note.empty() ? "" : "<p class=\"ties\">" + HtmlEscape(note) + "</p>");
+    h += Thumbnails(d, ca);
+    h += HtmlTable(WorstTable(d, ca));
   }
   absl::StrAppend(&h, "<h2>Failures (", d.failures.size(), ")</h2>\n");
   if (!d.failure_groups.empty()) {

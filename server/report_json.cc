@@ -75,6 +75,8 @@ std::string ReportJson(const ReportData& d) {
   for (const std::string& warning : d.warnings) w.String(warning);
   w.EndArray();
   w.Field("max_failed_fraction", d.config.max_failed_fraction);
+  w.Field("thumbnails", d.config.thumbnails);
+  if (!d.config.save_predictions.empty()) w.Field("save_predictions", d.config.save_predictions);
   w.Key("failure_reasons").BeginArray();
   for (const FailureGroup& g : d.failure_groups) {
     w.BeginObject().Field("reason", g.kind).Field("count", g.count).Field("example", g.example).EndObject();
@@ -122,6 +124,17 @@ std::string ReportJson(const ReportData& d) {
     for (size_t t = 0; t < ca.iou_ge.size(); ++t) {
       w.Field(absl::StrCat("iou_ge_", d.config.iou_thresholds[t]), ca.iou_ge[t]);
     }
+    // The lowest Dice, by (dice, index); `thumbnail`: report.html shows this row's thumbnail.
+    w.Key("worst").BeginArray();
+    for (const auto& [dice, index] : ca.worst) {
+      w.BeginObject().Field("index", index).Field("id", d.WorstId(index)).Field("image", d.WorstImage(index));
+      w.Field("dice", dice);
+      const StoredThumbnail* t = d.Thumbnail(ca.class_id, index);
+      w.Field("thumbnail", t != nullptr);
+      if (t != nullptr && t->slice > 0) w.Field("thumbnail_slice", t->slice);
+      w.EndObject();
+    }
+    w.EndArray();
     w.EndObject();
   }
   w.EndArray();

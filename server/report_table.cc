@@ -53,10 +53,11 @@ Table ClassTable(const ReportData& d) {
 
 Table WorstTable(const ReportData& d, const ClassAggregate& ca) {
   Table t;
-  t.header = {"index", "image", "dice"};
-  t.left = {false, true, false};
+  t.header = {"index", "id", "image", "dice"};
+  t.left = {false, true, true, false};
   for (const auto& [dice, index] : ca.worst) {
-    t.rows.push_back({Text(absl::StrCat(index)), Code(d.WorstImage(index)), Text(FormatCell(dice))});
+    t.rows.push_back(
+        {Text(absl::StrCat(index)), Code(d.WorstId(index)), Code(d.WorstImage(index)), Text(FormatCell(dice))});
   }
   return t;
 }

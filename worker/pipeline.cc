@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
+
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -18,6 +21,29 @@ namespace tally {
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 bool AllCopied(std::atomic<int>* remaining) { return remaining->load() == 0; }
+
+// Writes labels (K classes) as folder/PredictionFileName: 8-bit PNG up to 256 classes, else 16-bit.
+// Through a temporary file and a rename, so a file there is always whole.
+absl::Status SavePrediction(const std::string& folder, const std::string& id, int64_t index, const uint16_t* labels,
+                            int height, int width, int k) {
+  const std::string path = absl::StrCat(folder, "/", PredictionFileName(id, index));
+  const std::string temp = absl::StrCat(path, ".tmp", getpid());
+  absl::Status s;
+  if (k <= 256) {
+    std::vector<uint8_t> bytes(labels, labels + static_cast<size_t>(height) * width);
+    s = WritePng(temp, height, width, 1, 8, bytes.data(), 1);
+  } else {
+    s = WritePng(temp, height, width, 1, 16, labels, 1);
+  }
+  if (s.ok() && std::rename(temp.c_str(), path.c_str()) != 0) {
+    s = absl::InternalError(absl::StrCat("rename to '", path, "': ", std::strerror(errno)));
+  }
+  if (!s.ok()) {
+    std::remove(temp.c_str());
+    return absl::Status(s.code(), absl::StrCat("cannot save the prediction (--save-predictions): ", s.message()));
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 // One launched batch: its staging slot, the rows in it and the device work.
@@ -64,6 +90,7 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       on_fatal_(std::move(on_fatal)),
       on_timeout_(std::move(on_timeout)),
       surface_(AnySurfaceMetric(options_.metrics)),
+      saving_(!options_.save_predictions.empty()),
       label_lut_(MakeLabelLut(options_.label_map)) {
   absl::MutexLock lock(&mu_);  // No other thread yet; the analysis wants the guard all the same.
   batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
@@ -119,6 +146,10 @@ void Pipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) 
   shard->lease = lease;
   shard->items.resize(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) shard->items[i].row = std::move(rows[i]);
+  if (options_.thumbnails > 0) {
+    shard->thumbnails =
+        std::make_shared<ShardThumbnails>(options_.thumbnails, options_.empty_score, options_.all_foreground);
+  }
   {
     absl::MutexLock lock(&mu_);
     backlog_ += static_cast<int64_t>(shard->items.size());
@@ -302,7 +333,7 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
   }
   spec->images = slot->images.get();
   spec->masks = slot->masks.get();
-  spec->want_labels = surface_;
+  spec->want_labels = surface_ || saving_ || options_.thumbnails > 0;
   spec->items.clear();
   size_t image_off = 0, mask_off = 0;
   for (const Item* it : items) {
@@ -738,32 +769,65 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       cr->set_assd(kNaN);
       cr->set_nsd(kNaN);
     }
-    if (!surface_) {
+    if (batch->shard->thumbnails) AddThumbnails(*batch, pending, i, j, &r);
+    if (!surface_ && !saving_) {
       Deliver(batch->shard, std::move(r));
       continue;
     }
     const uint16_t* pred = pending->labels(static_cast<int>(j));
     // The task owns the reference labels and keeps `batch` (hence the predicted labels) alive; it
     // does not hold the staging buffer, which goes back to the batcher at once.
-    std::shared_ptr<LabelMap> ref(std::move(batch->masks[i]));
-    auto task = [this, batch, pred, ref, k, h = it.height, w = it.width, r = std::move(r)]() mutable {
-      std::vector<SurfaceValues> values;
-      ClassSurfaceMetrics(pred, ref->labels.data(), h, w, k, kIgnoredPixel, options_.surface, &values);
-      for (int c = 0; c < k; ++c) {
-        v1::ClassResult* cr = r.mutable_classes(c);
-        cr->set_hd(values[c].hd);
-        cr->set_hd95(values[c].hd95);
-        cr->set_assd(values[c].assd);
-        cr->set_nsd(values[c].nsd);
+    std::shared_ptr<LabelMap> ref(surface_ ? std::move(batch->masks[i]) : nullptr);
+    auto task = [this, batch, pred, ref, k, h = it.height, w = it.width, id = it.row->id(),
+                 r = std::move(r)]() mutable {
+      if (surface_) {
+        std::vector<SurfaceValues> values;
+        ClassSurfaceMetrics(pred, ref->labels.data(), h, w, k, kIgnoredPixel, options_.surface, &values);
+        for (int c = 0; c < k; ++c) {
+          v1::ClassResult* cr = r.mutable_classes(c);
+          cr->set_hd(values[c].hd);
+          cr->set_hd95(values[c].hd95);
+          cr->set_assd(values[c].assd);
+          cr->set_nsd(values[c].nsd);
+        }
+      }
+      if (saving_) {
+        if (absl::Status s = SavePrediction(options_.save_predictions, id, r.index(), pred, h, w, k); !s.ok()) {
+          v1::ImageResult failed;
+          failed.set_index(r.index());
+          failed.set_error(std::string(s.message()));
+          r = std::move(failed);
+        }
       }
       Deliver(batch->shard, std::move(r));
-      auto recycled = std::make_unique<LabelMap>();
-      recycled->labels.swap(ref->labels);  // Keeps the buffer's capacity for the next mask.
-      absl::MutexLock lock(&mu_);
-      RecycleLocked(std::move(recycled));
+      if (ref) {
+        auto recycled = std::make_unique<LabelMap>();
+        recycled->labels.swap(ref->labels);  // Keeps the buffer's capacity for the next mask.
+        absl::MutexLock lock(&mu_);
+        RecycleLocked(std::move(recycled));
+      }
     };
     absl::MutexLock lock(&mu_);
     metric_tasks_.push_back(std::move(task));
+  }
+}
+
+void Pipeline::AddThumbnails(const InFlight& batch, PendingBatch* pending, size_t i, size_t j, v1::ImageResult* r) {
+  const std::vector<int> classes = batch.shard->thumbnails->Enter(*r);
+  const uint16_t* pred = pending->labels(static_cast<int>(j));
+  if (classes.empty() || pred == nullptr) return;
+  const BatchImage& it = batch.spec.items[i];
+  const uint8_t* rgb = batch.slot->images->data() + it.image_offset;
+  const uint16_t* mask = reinterpret_cast<const uint16_t*>(batch.slot->masks->data()) + it.mask_offset;
+  for (int c : classes) {
+    int slice = 0;
+    absl::StatusOr<std::string> jpeg =
+        RenderClassThumbnail(rgb, pred, mask, 1, it.height, it.width, c, nullptr, &slice);
+    if (!jpeg.ok()) {
+      Log("no thumbnail for row ", r->index(), " class ", c, ": ", jpeg.status().message());
+    } else if (!batch.shard->thumbnails->Attach(r, c, slice, *std::move(jpeg))) {
+      return;  // The shard's budget is spent.
+    }
   }
 }
 

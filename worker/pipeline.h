@@ -31,7 +31,9 @@
 #include "absl/synchronization/mutex.h"
 #include "common/image_io.h"
 #include "common/metrics.h"
+#include "common/job_config.h"
 #include "common/surface_distance.h"
+#include "common/thumbnail.h"
 #include "proto/tally.pb.h"
 #include "worker/model_runner.h"
 #include "worker/row_evaluator.h"
@@ -55,6 +57,12 @@ struct PipelineOptions {
   int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
   std::vector<std::pair<int, int>> label_map;  // Applied to reference masks first (value -> label).
   size_t num_thresholds = 0;    // Results carry the runner's threshold counts (ModelRunnerOptions).
+  // Report thumbnails (common/thumbnail.h): the worst rows per class and shard that get one.
+  int thumbnails = 0;
+  EmptyScore empty_score = EmptyScore::kNaN;  // The Dice that orders them.
+  bool all_foreground = false;                // Class 0 gets thumbnails too.
+  // Non-empty: an existing folder (resolved) where every predicted label map is written as PNG.
+  std::string save_predictions;
 };
 
 class Pipeline : public RowEvaluator {
@@ -103,6 +111,7 @@ class Pipeline : public RowEvaluator {
     size_t next_decode = 0;  // Next item to hand to a decode thread.
     size_t next_batch = 0;   // Next item the batcher takes.
     bool dropped = false;
+    std::shared_ptr<ShardThumbnails> thumbnails;  // Null when the job has none.
   };
   struct Slot {
     std::unique_ptr<HostBuffer> images;
@@ -152,6 +161,8 @@ class Pipeline : public RowEvaluator {
   // raises, down to single images. Returns the rows that failed because the model raised.
   size_t RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end, std::string* model_error);
   void Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, size_t begin, size_t end);
+  // Renders the thumbnails item `i` of `batch` (result `j` of `pending`) earns into `r`.
+  void AddThumbnails(const InFlight& batch, PendingBatch* pending, size_t i, size_t j, v1::ImageResult* r);
   void Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result);
   void Fail(const std::string& message, bool definitive);
   void ReleaseSlot(Slot* slot);
@@ -167,6 +178,7 @@ class Pipeline : public RowEvaluator {
   const FatalFn on_fatal_;
   const TimeoutFn on_timeout_;
   const bool surface_;
+  const bool saving_;  // options_.save_predictions is set.
   const std::vector<uint16_t> label_lut_;  // From options_.label_map; empty = identity.
 
   mutable absl::Mutex mu_;

@@ -45,7 +45,8 @@ std::string Position(const LabelMap& m, int64_t i) {
 
 }  // namespace
 
-v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, std::string* fatal) const {
+v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails,
+                                          std::string* fatal) const {
   const JobConfig& config = config_;
   v1::ImageResult result;
   result.set_index(row.index());
@@ -190,7 +191,36 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, std::strin
     cr->set_assd(surface[c].assd);
     cr->set_nsd(surface[c].nsd);
   }
+  if (thumbnails != nullptr) AddThumbnails(row, p, r, depth, height, width, thumbnails, &result);
   return result;
+}
+
+void ScoringPipeline::AddThumbnails(const v1::ManifestRow& row, const uint16_t* prediction, const uint16_t* reference,
+                                    int depth, int height, int width, ShardThumbnails* thumbnails,
+                                    v1::ImageResult* result) const {
+  const std::vector<int> classes = thumbnails->Enter(*result);
+  if (classes.empty()) return;
+  // The row's image, where the manifest has one of the same size (2D only).
+  RgbImage image;
+  const bool with_image = depth <= 1 && !row.image_path().empty() &&
+                          LoadImage(row.image_path(), &image, config_.max_image_pixels).ok() &&
+                          image.height == height && image.width == width;
+  std::vector<uint8_t> member;
+  for (int c : classes) {
+    if (!config_.regions.empty()) {
+      member.assign(65536, 0);
+      for (int l : config_.regions[c]) member[l] = 1;
+    }
+    int slice = 0;
+    absl::StatusOr<std::string> jpeg =
+        RenderClassThumbnail(with_image ? image.pixels.data() : nullptr, prediction, reference, std::max(1, depth),
+                             height, width, c, member.empty() ? nullptr : member.data(), &slice);
+    if (!jpeg.ok()) {
+      Log("no thumbnail for row ", row.index(), " class ", c, ": ", jpeg.status().message());
+    } else if (!thumbnails->Attach(result, c, slice, *std::move(jpeg))) {
+      return;
+    }
+  }
 }
 
 ScoringPipeline::ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal,
@@ -219,6 +249,10 @@ void ScoringPipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow>
   auto shard = std::make_shared<Shard>();
   shard->lease = lease;
   shard->rows = std::move(rows);
+  if (config_.thumbnails > 0) {
+    shard->thumbnails = std::make_shared<ShardThumbnails>(config_.thumbnails, config_.empty_score,
+                                                          config_.IsForegroundClass(0));
+  }
   absl::MutexLock lock(&mu_);
   backlog_ += static_cast<int64_t>(shard->rows.size());
   shards_.push_back(std::move(shard));
@@ -266,7 +300,7 @@ void ScoringPipeline::Loop(size_t slot) {
       if (clock_start_ == 0) clock_start_ = NowUnix();
     }
     std::string fatal;
-    v1::ImageResult result = ScoreRow(row, &fatal);
+    v1::ImageResult result = ScoreRow(row, shard->thumbnails.get(), &fatal);
     bool deliver = false;
     {
       absl::MutexLock lock(&mu_);

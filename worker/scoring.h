@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/job_config.h"
+#include "common/thumbnail.h"
 #include "worker/row_evaluator.h"
 
 namespace tally {
@@ -51,13 +52,17 @@ class ScoringPipeline : public RowEvaluator {
 
  private:
   // Scores one row. A job-level problem (contradicting spacing) comes back as a non-empty `fatal`.
-  v1::ImageResult ScoreRow(const v1::ManifestRow& row, std::string* fatal) const;
+  // Rows entering the shard's worst get thumbnails (`thumbnails` may be null).
+  v1::ImageResult ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails, std::string* fatal) const;
+  void AddThumbnails(const v1::ManifestRow& row, const uint16_t* prediction, const uint16_t* reference, int depth,
+                     int height, int width, ShardThumbnails* thumbnails, v1::ImageResult* result) const;
 
   struct Shard {
     LeaseKey lease;
     std::vector<v1::ManifestRow> rows;
     size_t next = 0;
     bool dropped = false;
+    std::shared_ptr<ShardThumbnails> thumbnails;  // Null when the job has none.
   };
   struct Activity {
     double since = 0;  // 0: idle.

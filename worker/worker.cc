@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,22 @@ absl::StatusOr<std::string> CheckModelAllowed(const ModelRef& model, const std::
     return OutsideDataRootsError("--python", python);
   }
   return *path;
+}
+
+// The --save-predictions folder, created when missing, resolved (symlinks followed); with data
+// roots, only inside them.
+absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder) {
+  const DataRoots& roots = ProcessDataRoots();
+  if (!roots.Resolve(folder).ok()) return OutsideDataRootsError("--save-predictions", folder);
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec || !std::filesystem::is_directory(folder)) {
+    return absl::PermissionDeniedError(absl::StrCat("--save-predictions '", folder, "': cannot create the folder",
+                                                    ec ? absl::StrCat(" (", ec.message(), ")") : std::string()));
+  }
+  absl::StatusOr<std::string> resolved = roots.Resolve(folder);
+  if (!resolved.ok()) return OutsideDataRootsError("--save-predictions", folder);
+  return roots.empty() ? std::filesystem::canonical(folder, ec).string() : *resolved;
 }
 
 bool IsWorkerLocal(const absl::Status& s) {
@@ -447,6 +464,12 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   po.ignore_index = config.ignore_index;
   po.label_map = config.label_map;
   po.num_thresholds = config.thresholds.size();
+  po.thumbnails = config.thumbnails;
+  po.empty_score = config.empty_score;
+  po.all_foreground = config.IsForegroundClass(0);
+  if (!config.save_predictions.empty()) {
+    ASSIGN_OR_RETURN(po.save_predictions, PreparePredictionFolder(config.save_predictions));
+  }
   evaluator->pipeline = std::make_unique<Pipeline>(evaluator->runner.get(), po, on_result, on_fatal, on_timeout);
   absl::MutexLock lock(&mu_);
   evaluator_ = std::move(evaluator);
