@@ -118,7 +118,8 @@ class Client:
         """Submits a job; returns its id. `options` are JobSpec fields (proto/tally.proto) by name:
         name, labels={...}, metrics=[...] or "dice,iou", batch_size, shard_size, mean, std,
         num_classes, thresholds, iou_thresholds, empty_score, max_failed_fraction, python,
-        model_options={...}, ignore_index, label_map={...}, precision, ... Paths are made absolute
+        model_options={...}, ignore_index, label_map={...}, precision, thumbnails,
+        save_predictions, ... Paths are made absolute
         here, as tallyd and the workers read them."""
         spec = tally_pb2.JobSpec(manifest=os.path.abspath(manifest))
         if model:
@@ -128,6 +129,8 @@ class Client:
             if key not in fields:
                 raise TypeError(f"submit() got an unknown option {key!r}; JobSpec fields: {', '.join(sorted(fields))}")
             field = fields[key]
+            if key == "save_predictions" and value:
+                value = os.path.abspath(value)
             if key == "metrics" and isinstance(value, str):
                 value = [m for m in value.split(",") if m]
             if field.message_type is not None and field.message_type.GetOptions().map_entry:

@@ -12,7 +12,7 @@ from PIL import Image
 import tallytest as tt
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-WIDTH, HEIGHT = 1200, 2400
+WIDTH, HEIGHT = 1200, 6000
 
 
 class ReportHtmlTest(unittest.TestCase):
@@ -34,7 +34,8 @@ class ReportHtmlTest(unittest.TestCase):
     def test_self_contained(self):
         self.assertNotIn("<script", self.html.lower())
         self.assertNotIn("<link", self.html.lower())
-        external = [u for u in re.findall(r"(?:src|href)=\"([^\"]+)\"", self.html)]
+        external = [u for u in re.findall(r"(?:src|href)=\"([^\"]+)\"", self.html)
+                    if not u.startswith("data:image/jpeg;base64,")]
         self.assertEqual(external, [])
         self.assertNotRegex(self.html, r"url\(\s*['\"]?https?:")
         # The pieces the issue asks for.
@@ -48,6 +49,10 @@ class ReportHtmlTest(unittest.TestCase):
         self.assertIn('<div class="table-wrap"><table>', self.html)
         self.assertIn("Worst images by Dice", self.html)
         self.assertIn("class=\"ci\"", self.html)
+        # Thumbnails of the five worst rows of each foreground class, with a legend.
+        self.assertEqual(len(re.findall(r'<figure data-index="\d+" data-class="[12]"><img src="data:image/jpeg;base64,',
+                                        self.html)), 10)
+        self.assertIn("prediction only (false positive)", self.html)
 
     @unittest.skipIf(CHROMIUM is None, "chromium is not installed (scripts/install-deps.sh installs it)")
     def test_renders_in_headless_chromium(self):
@@ -67,6 +72,11 @@ class ReportHtmlTest(unittest.TestCase):
         # The bars are drawn in the report's blue (#3b6fd4): the chart rendered, not just text.
         blue = np.sum(np.all(np.abs(pixels.astype(int) - [0x3b, 0x6f, 0xd4]) < 12, axis=1))
         self.assertGreater(blue, 2000)
+        # The worst-image thumbnails rendered: their overlay's true positives are green-dominant
+        # (0.7 * #00c800 over darkened grey), far more pixels than the legend's swatch.
+        p = pixels.astype(int)
+        green = np.sum((p[:, 1] > p[:, 0] + 60) & (p[:, 1] > p[:, 2] + 60))
+        self.assertGreater(green, 1500)
         keep = os.environ.get("TALLY_KEEP_RENDER")
         if keep:
             shutil.copy(png, keep)
