@@ -166,10 +166,14 @@ class MetricsReferenceTest(unittest.TestCase):
         pairs = random_pairs(np.random.default_rng(3), 10)
         _, _, plain, _ = self.compare(pairs, (1.0, 1.0), 1.0)
         _, _, with_bg, _ = self.compare(pairs, (1.0, 1.0), 1.0, ("--include-background",))
-        strip = lambda classes: [{k: v for k, v in c.items() if k not in ("foreground", "in_foreground_mean")}  # noqa: E731
-                                 for c in classes]
+        # Background is foreground now: it gets thumbnails too; the worst rows themselves stay.
+        strip = lambda classes: [  # noqa: E731
+            {k: ([{f: x for f, x in w.items() if f != "thumbnail"} for w in v] if k == "worst" else v)
+             for k, v in c.items() if k not in ("foreground", "in_foreground_mean")} for c in classes]
         self.assertEqual(strip(plain["classes"]), strip(with_bg["classes"]))
         self.assertTrue(with_bg["classes"][0]["foreground"])
+        self.assertTrue(with_bg["classes"][0]["worst"][0]["thumbnail"])
+        self.assertFalse(plain["classes"][0]["worst"][0]["thumbnail"])
         means = [c["dice_mean"] for c in with_bg["classes"]]
         self.assertTrue(tt.same(with_bg["foreground_dice_mean"], float(np.mean(means)), 1e-12))
         self.assertTrue(with_bg["include_background"])
