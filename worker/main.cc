@@ -13,6 +13,7 @@
 // 3 out of service (the device does not work here, or the model file is missing on this host:
 // restarting will not help), 75 a decode or forward pass ran past the job's batch timeout (the
 // rows were failed or handed back; restart the worker).
+#include <algorithm>
 #include <malloc.h>
 #include <signal.h>
 
@@ -40,6 +41,7 @@ ABSL_FLAG(bool, count_logit_ties, false, "Count pixels whose two largest logits 
 ABSL_FLAG(bool, cudnn_benchmark, false,
           "Let cuDNN time its algorithms per input shape (may change results between processes)");
 ABSL_FLAG(int, warmup_batches, 2, "Extra passes over the first batch on CUDA before timing starts");
+ABSL_FLAG(int, staging_slots, 3, "Batches staged or in flight at once (2-16): more overlap, more host memory");
 ABSL_FLAG(int, gpus_per_worker, 1,
           "GPUs this worker owns, from --device on (Python models get them all; TorchScript needs 1)");
 ABSL_FLAG(std::string, tls_ca, "", "Connect with TLS, trusting this CA for tallyd's certificate");
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
   options.count_logit_ties = absl::GetFlag(FLAGS_count_logit_ties);
   options.cudnn_benchmark = absl::GetFlag(FLAGS_cudnn_benchmark);
   options.warmup_batches = absl::GetFlag(FLAGS_warmup_batches);
+  options.staging_slots = std::clamp(absl::GetFlag(FLAGS_staging_slots), 2, 16);
   options.gpu_memory_limit_gib = absl::GetFlag(FLAGS_gpu_memory_limit_gib);
   options.gpus_per_worker = absl::GetFlag(FLAGS_gpus_per_worker);
   if (options.gpus_per_worker < 1) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -91,6 +92,7 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       on_timeout_(std::move(on_timeout)),
       surface_(AnySurfaceMetric(options_.metrics)),
       saving_(!options_.save_predictions.empty()),
+      profile_enabled_(std::getenv("TALLY_PIPELINE_PROFILE") != nullptr),
       label_lut_(MakeLabelLut(options_.label_map)) {
   absl::MutexLock lock(&mu_);  // No other thread yet; the analysis wants the guard all the same.
   batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
@@ -139,6 +141,13 @@ Pipeline::~Pipeline() {
     stopping_ = true;
   }
   for (std::thread& t : threads_) t.join();
+  if (profile_enabled_ && profile_.batches > 0) {
+    const double n = static_cast<double>(profile_.batches);
+    auto ms = [n](const std::atomic<int64_t>& us) { return absl::StrFormat("%.2f", us.load() / n / 1000.0); };
+    Log("pipeline profile (ms per batch, ", profile_.batches.load(), " batches): batcher slot wait ",
+        ms(profile_.slot_wait), ", stage ", ms(profile_.stage), ", launch ", ms(profile_.launch),
+        "; completion wait ", ms(profile_.wait), ", finish ", ms(profile_.finish));
+  }
 }
 
 void Pipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) {
@@ -508,6 +517,7 @@ bool Pipeline::SlotOrStopLocked() const { return stopping_ || failed_ || !free_s
 std::shared_ptr<Pipeline::InFlight> Pipeline::StageGroup(const std::shared_ptr<Shard>& shard,
                                                          const std::vector<Item*>& group) {
   Slot* slot = nullptr;
+  const double t0 = NowUnix();
   {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(this, &Pipeline::SlotOrStopLocked));
@@ -515,10 +525,15 @@ std::shared_ptr<Pipeline::InFlight> Pipeline::StageGroup(const std::shared_ptr<S
     slot = free_slots_.back();
     free_slots_.pop_back();
   }
+  const double t1 = NowUnix();
   auto batch = std::make_shared<InFlight>();
   batch->shard = shard;
   batch->slot = slot;
   Stage(group, slot, &batch->spec);
+  if (profile_enabled_) {
+    profile_.slot_wait += static_cast<int64_t>((t1 - t0) * 1e6);
+    profile_.stage += static_cast<int64_t>((NowUnix() - t1) * 1e6);
+  }
   absl::MutexLock lock(&mu_);
   for (Item* it : group) {
     batch->index.push_back(it->row.index());
@@ -605,7 +620,9 @@ void Pipeline::BatchLoop() {
         WarmUp(batch->spec);
         warmed = true;
       }
+      const double t0 = NowUnix();
       LaunchBatch(std::move(batch));
+      if (profile_enabled_) profile_.launch += static_cast<int64_t>((NowUnix() - t0) * 1e6);
     }
   }
 }
@@ -621,13 +638,20 @@ void Pipeline::CompletionLoop() {
     in_flight_.pop_front();
     mu_.Unlock();
     absl::Status s;
+    const double t0 = NowUnix();
     {
       ActivityScope activity(this, batch->shard->lease, batch->index, "the model's forward pass");
       s = batch->pending->Wait();
     }
+    const double t1 = NowUnix();
     if (s.ok()) {
       Finish(batch, batch->pending.get(), 0, batch->index.size());
       NoteEarlyBatch(batch->index.size(), 0, "");
+      if (profile_enabled_) {
+        ++profile_.batches;
+        profile_.wait += static_cast<int64_t>((t1 - t0) * 1e6);
+        profile_.finish += static_cast<int64_t>((NowUnix() - t1) * 1e6);
+      }
     } else if (absl::IsResourceExhausted(s) || absl::IsAborted(s)) {
       batch->pending.reset();
       std::string model_error = std::string(s.message());

@@ -18,6 +18,7 @@
 #ifndef TALLY_WORKER_PIPELINE_H_
 #define TALLY_WORKER_PIPELINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -179,6 +180,7 @@ class Pipeline : public RowEvaluator {
   const TimeoutFn on_timeout_;
   const bool surface_;
   const bool saving_;  // options_.save_predictions is set.
+  const bool profile_enabled_;  // TALLY_PIPELINE_PROFILE is set (Profile below).
   const std::vector<uint16_t> label_lut_;  // From options_.label_map; empty = identity.
 
   mutable absl::Mutex mu_;
@@ -213,6 +215,13 @@ class Pipeline : public RowEvaluator {
   double first_batch_unix_ ABSL_GUARDED_BY(mu_) = 0;
   int oom_retries_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t logit_ties_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // TALLY_PIPELINE_PROFILE=1: where the batcher and the completion thread spend their time,
+  // logged when the pipeline ends (microseconds, summed over batches).
+  struct Profile {
+    std::atomic<int64_t> batches{0}, slot_wait{0}, stage{0}, launch{0}, wait{0}, finish{0};
+  };
+  Profile profile_;
 
   std::vector<std::thread> threads_;
 };

@@ -453,6 +453,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   ASSIGN_OR_RETURN(po.batch_size, WorkerBatchSize(config, po.default_batch_size));
   po.max_memory = config.max_memory;
   po.warmup_batches = evaluator->runner->is_cuda() ? options_.warmup_batches : 0;
+  po.staging_slots = options_.staging_slots;
   po.metrics = config.metrics;
   po.surface.spacing_y = config.spacing_y;
   po.surface.spacing_x = config.spacing_x;

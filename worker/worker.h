@@ -53,6 +53,7 @@ struct WorkerOptions {
   // between a 1-GPU and a 2-GPU run) for no measured speed-up; see BENCHMARKS.md.
   bool cudnn_benchmark = false;
   int warmup_batches = 2;
+  int staging_slots = 3;  // PipelineOptions::staging_slots.
   double gpu_memory_limit_gib = 0;  // Cap on this worker's device memory (0 = none).
   // GPUs this worker owns, from `device` on (cuda:N .. cuda:N+K-1): Python models get them all;
   // TorchScript jobs need K = 1.
