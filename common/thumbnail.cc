@@ -67,41 +67,58 @@ absl::StatusOr<std::string> RenderThumbnail(const uint8_t* rgb, const uint8_t* o
   const int ow = std::max(1, static_cast<int>(std::lround(width * scale)));
   const int out_w = 2 * ow + kGap;
   std::vector<uint8_t> out(static_cast<size_t>(oh) * out_w * 3, 255);
+  // Box of output column ox: source columns [x0[ox], x1[ox]); rows likewise. Source rows are read
+  // in order, each once per output row whose box holds it, into per-column sums.
+  std::vector<int> x0(ow), x1(ow);
+  for (int ox = 0; ox < ow; ++ox) {
+    x0[ox] = static_cast<int>(static_cast<int64_t>(ox) * width / ow);
+    x1[ox] = std::max(x0[ox] + 1, static_cast<int>(static_cast<int64_t>(ox + 1) * width / ow));
+  }
+  std::vector<uint32_t> sum(static_cast<size_t>(ow) * 3), count(static_cast<size_t>(ow) * 5);
   for (int oy = 0; oy < oh; ++oy) {
     const int y0 = static_cast<int>(static_cast<int64_t>(oy) * height / oh);
     const int y1 = std::max(y0 + 1, static_cast<int>(static_cast<int64_t>(oy + 1) * height / oh));
-    for (int ox = 0; ox < ow; ++ox) {
-      const int x0 = static_cast<int>(static_cast<int64_t>(ox) * width / ow);
-      const int x1 = std::max(x0 + 1, static_cast<int>(static_cast<int64_t>(ox + 1) * width / ow));
-      int64_t sum[3] = {0, 0, 0};
-      int64_t count[5] = {0, 0, 0, 0, 0};
-      for (int y = y0; y < y1; ++y) {
-        for (int x = x0; x < x1; ++x) {
-          const size_t i = static_cast<size_t>(y) * width + x;
-          if (rgb != nullptr) {
-            for (int ch = 0; ch < 3; ++ch) sum[ch] += rgb[3 * i + ch];
+    std::fill(sum.begin(), sum.end(), 0);
+    std::fill(count.begin(), count.end(), 0);
+    for (int y = y0; y < y1; ++y) {
+      const uint8_t* orow = outcomes + static_cast<size_t>(y) * width;
+      const uint8_t* prow = rgb != nullptr ? rgb + static_cast<size_t>(y) * width * 3 : nullptr;
+      for (int ox = 0; ox < ow; ++ox) {
+        uint32_t* c = &count[static_cast<size_t>(ox) * 5];
+        for (int x = x0[ox]; x < x1[ox]; ++x) ++c[orow[x] <= kOutcomeIgnored ? orow[x] : 0];
+        if (prow != nullptr) {
+          uint32_t r = 0, g = 0, b = 0;
+          for (int x = x0[ox]; x < x1[ox]; ++x) {
+            r += prow[3 * x];
+            g += prow[3 * x + 1];
+            b += prow[3 * x + 2];
           }
-          ++count[outcomes[i] <= kOutcomeIgnored ? outcomes[i] : static_cast<uint8_t>(kOutcomeNone)];
+          sum[3 * ox] += r;
+          sum[3 * ox + 1] += g;
+          sum[3 * ox + 2] += b;
         }
       }
-      const int64_t area = static_cast<int64_t>(y1 - y0) * (x1 - x0);
+    }
+    for (int ox = 0; ox < ow; ++ox) {
+      const uint32_t* c = &count[static_cast<size_t>(ox) * 5];
+      const uint32_t area = static_cast<uint32_t>(y1 - y0) * static_cast<uint32_t>(x1[ox] - x0[ox]);
       // Any error in the box shows; otherwise a hit; otherwise ignored if the box is mostly so.
       int outcome = kOutcomeNone;
-      if (count[kOutcomeFp] + count[kOutcomeFn] > 0) {
-        outcome = count[kOutcomeFp] > count[kOutcomeFn] ? kOutcomeFp : kOutcomeFn;
-      } else if (count[kOutcomeTp] > 0) {
+      if (c[kOutcomeFp] + c[kOutcomeFn] > 0) {
+        outcome = c[kOutcomeFp] > c[kOutcomeFn] ? kOutcomeFp : kOutcomeFn;
+      } else if (c[kOutcomeTp] > 0) {
         outcome = kOutcomeTp;
-      } else if (2 * count[kOutcomeIgnored] > area) {
+      } else if (2 * c[kOutcomeIgnored] > area) {
         outcome = kOutcomeIgnored;
       }
       uint8_t* left = &out[(static_cast<size_t>(oy) * out_w + ox) * 3];
       uint8_t* right = &out[(static_cast<size_t>(oy) * out_w + ow + kGap + ox) * 3];
       uint8_t base[3];
       if (rgb != nullptr) {
-        for (int ch = 0; ch < 3; ++ch) base[ch] = static_cast<uint8_t>((sum[ch] + area / 2) / area);
+        for (int ch = 0; ch < 3; ++ch) base[ch] = static_cast<uint8_t>((sum[3 * ox + ch] + area / 2) / area);
       } else {
         // No image: the reference (tp + fn) in white on black.
-        const uint8_t v = count[kOutcomeTp] + count[kOutcomeFn] > 0 ? 255 : 0;
+        const uint8_t v = c[kOutcomeTp] + c[kOutcomeFn] > 0 ? 255 : 0;
         base[0] = base[1] = base[2] = v;
       }
       for (int ch = 0; ch < 3; ++ch) left[ch] = base[ch];
@@ -111,8 +128,8 @@ absl::StatusOr<std::string> RenderThumbnail(const uint8_t* rgb, const uint8_t* o
         for (int ch = 0; ch < 3; ++ch) right[ch] = static_cast<uint8_t>(std::lround(grey));
         continue;
       }
-      const Rgb c = kColours[outcome];
-      const uint8_t colour[3] = {c.r, c.g, c.b};
+      const Rgb col = kColours[outcome];
+      const uint8_t colour[3] = {col.r, col.g, col.b};
       for (int ch = 0; ch < 3; ++ch) {
         right[ch] = rgb != nullptr ? static_cast<uint8_t>(std::lround(kAlpha * colour[ch] + (1 - kAlpha) * grey))
                                    : colour[ch];
@@ -154,6 +171,12 @@ bool RunningWorst::Offer(int cls, double score, int64_t index) {
 }
 
 
+bool RunningWorst::Contains(int cls, double score, int64_t index) const {
+  auto it = worst_.find(cls);
+  return it != worst_.end() &&
+         std::binary_search(it->second.begin(), it->second.end(), std::make_pair(score, index));
+}
+
 std::vector<int> ShardThumbnails::Enter(const v1::ImageResult& result) {
   std::vector<int> classes;
   if (!result.error().empty()) return classes;
@@ -164,6 +187,17 @@ std::vector<int> ShardThumbnails::Enter(const v1::ImageResult& result) {
     if (worst_.Offer(c, dice, result.index())) classes.push_back(c);
   }
   return classes;
+}
+
+std::vector<int> ShardThumbnails::StillAmongWorst(const v1::ImageResult& result, const std::vector<int>& classes) {
+  std::vector<int> still;
+  absl::MutexLock lock(&mu_);
+  for (int c : classes) {
+    const v1::ClassResult& cr = result.classes(c);
+    const double dice = CountMetricWithEmpty(Metric::kDice, ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()}, empty_);
+    if (worst_.Contains(c, dice, result.index())) still.push_back(c);
+  }
+  return still;
 }
 
 bool ShardThumbnails::Attach(v1::ImageResult* result, int cls, int slice, std::string jpeg) {

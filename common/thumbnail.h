@@ -74,6 +74,8 @@ class RunningWorst {
   explicit RunningWorst(int keep) : keep_(keep) {}
   // True when (score, index) is now among the `keep` lowest of its class.
   bool Offer(int cls, double score, int64_t index);
+  // True while it still is (a later, lower pair may push it out for good).
+  bool Contains(int cls, double score, int64_t index) const;
 
  private:
   int keep_;
@@ -88,6 +90,9 @@ class ShardThumbnails {
       : worst_(keep), empty_(empty), all_foreground_(all_foreground) {}
   // The classes of `result` (its counts filled) to render now.
   std::vector<int> Enter(const v1::ImageResult& result) ABSL_LOCKS_EXCLUDED(mu_);
+  // Of `classes` (what Enter returned for `result`), those where the row is still among the worst.
+  std::vector<int> StillAmongWorst(const v1::ImageResult& result, const std::vector<int>& classes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Attaches a rendered thumbnail to `result` unless the shard's budget is spent (then false).
   bool Attach(v1::ImageResult* result, int cls, int slice, std::string jpeg) ABSL_LOCKS_EXCLUDED(mu_);
 

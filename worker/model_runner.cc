@@ -88,7 +88,9 @@ class TorchPendingBatch final : public PendingBatch {
   }
   int num_classes() const override { return k_; }
   const int64_t* confusion(int i) const override { return counts_ + static_cast<size_t>(i) * k_ * k_; }
-  const uint16_t* labels(int i) const override { return label_ptrs_[i]; }
+  const uint16_t* labels(int i) const override {
+    return static_cast<size_t>(i) < label_ptrs_.size() ? label_ptrs_[i] : nullptr;  // None without want_labels.
+  }
   int64_t nonfinite(int i) const override { return nonfinite_ptr_ ? nonfinite_ptr_[i] : 0; }
   int64_t logit_ties() const override { return ties_.defined() ? ties_.item<int64_t>() : 0; }
   const int64_t* threshold_counts(int i) const override {

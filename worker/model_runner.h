@@ -83,7 +83,7 @@ class PendingBatch {
   // K x K counts of image i: row = reference class, column = predicted class; ignore pixels
   // (label -1 as int16: PrepareMask's kIgnoredPixel) and labels >= K are left out.
   virtual const int64_t* confusion(int i) const = 0;
-  // Predicted labels of image i (H x W), when want_labels was set.
+  // Predicted labels of image i (H x W) when want_labels was set; else null or the labels.
   virtual const uint16_t* labels(int i) const = 0;
   // NaN and infinite values in the model's output for image i: the float32 logits at the mask's
   // size (after the bilinear resize, when the model's output size differs), every channel.

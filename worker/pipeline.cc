@@ -728,6 +728,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     if (first_batch_unix_ == 0) first_batch_unix_ = NowUnix();
   }
   const uint16_t* masks = reinterpret_cast<const uint16_t*>(batch->slot->masks->data());
+  std::vector<std::pair<size_t, v1::ImageResult>> ok;  // (item, result) of the rows evaluated.
   for (size_t i = begin; i < end; ++i) {
     const size_t j = i - begin;
     const BatchImage& it = batch->spec.items[i];
@@ -793,17 +794,40 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       cr->set_assd(kNaN);
       cr->set_nsd(kNaN);
     }
-    if (batch->shard->thumbnails) AddThumbnails(*batch, pending, i, j, &r);
-    if (!surface_ && !saving_) {
+    ok.emplace_back(i, std::move(r));
+  }
+  // Thumbnails: every row is offered in index order first; only the rows still among the shard's
+  // worst once the whole batch is in are rendered (a row pushed out by a later row of the same
+  // batch never comes back), so a batch renders at most `thumbnails` rows per class.
+  std::vector<std::vector<int>> thumbs(ok.size());
+  if (ShardThumbnails* st = batch->shard->thumbnails.get(); st != nullptr) {
+    for (size_t n = 0; n < ok.size(); ++n) thumbs[n] = st->Enter(ok[n].second);
+    for (size_t n = 0; n < ok.size(); ++n) thumbs[n] = st->StillAmongWorst(ok[n].second, thumbs[n]);
+  }
+  for (size_t n = 0; n < ok.size(); ++n) {
+    const size_t i = ok[n].first;
+    const size_t j = i - begin;
+    v1::ImageResult& r = ok[n].second;
+    const BatchImage& it = batch->spec.items[i];
+    const uint16_t* pred = pending->labels(static_cast<int>(j));
+    if (pred == nullptr) thumbs[n].clear();  // Not asked for (want_labels): nothing to show.
+    if (!surface_ && !saving_ && thumbs[n].empty()) {
       Deliver(batch->shard, std::move(r));
       continue;
     }
-    const uint16_t* pred = pending->labels(static_cast<int>(j));
     // The task owns the reference labels and keeps `batch` (hence the predicted labels) alive; it
-    // does not hold the staging buffer, which goes back to the batcher at once.
+    // does not hold the staging buffer, which goes back to the batcher at once: a row that gets a
+    // thumbnail takes a copy of its image (and reference) along.
     std::shared_ptr<LabelMap> ref(surface_ ? std::move(batch->masks[i]) : nullptr);
-    auto task = [this, batch, pred, ref, k, h = it.height, w = it.width, id = it.row->id(),
-                 r = std::move(r)]() mutable {
+    std::vector<uint8_t> rgb;
+    std::vector<uint16_t> ref_copy;
+    if (!thumbs[n].empty()) {
+      const uint8_t* image = batch->slot->images->data() + it.image_offset;
+      rgb.assign(image, image + static_cast<size_t>(it.height) * it.width * 3);
+      if (!ref) ref_copy.assign(masks + it.mask_offset, masks + it.mask_offset + static_cast<size_t>(it.height) * it.width);
+    }
+    auto task = [this, batch, pred, ref, k, h = it.height, w = it.width, id = it.row->id(), classes = std::move(thumbs[n]),
+                 rgb = std::move(rgb), ref_copy = std::move(ref_copy), r = std::move(r)]() mutable {
       if (surface_) {
         std::vector<SurfaceValues> values;
         ClassSurfaceMetrics(pred, ref->labels.data(), h, w, k, kIgnoredPixel, options_.surface, &values);
@@ -814,6 +838,9 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
           cr->set_assd(values[c].assd);
           cr->set_nsd(values[c].nsd);
         }
+      }
+      if (!classes.empty()) {
+        AddThumbnails(batch->shard.get(), rgb.data(), pred, ref ? ref->labels.data() : ref_copy.data(), h, w, classes, &r);
       }
       if (saving_) {
         if (absl::Status s = SavePrediction(options_.save_predictions, id, r.index(), pred, h, w, k); !s.ok()) {
@@ -836,20 +863,14 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
   }
 }
 
-void Pipeline::AddThumbnails(const InFlight& batch, PendingBatch* pending, size_t i, size_t j, v1::ImageResult* r) {
-  const std::vector<int> classes = batch.shard->thumbnails->Enter(*r);
-  const uint16_t* pred = pending->labels(static_cast<int>(j));
-  if (classes.empty() || pred == nullptr) return;
-  const BatchImage& it = batch.spec.items[i];
-  const uint8_t* rgb = batch.slot->images->data() + it.image_offset;
-  const uint16_t* mask = reinterpret_cast<const uint16_t*>(batch.slot->masks->data()) + it.mask_offset;
+void Pipeline::AddThumbnails(Shard* shard, const uint8_t* rgb, const uint16_t* pred, const uint16_t* ref, int height,
+                             int width, const std::vector<int>& classes, v1::ImageResult* r) {
   for (int c : classes) {
     int slice = 0;
-    absl::StatusOr<std::string> jpeg =
-        RenderClassThumbnail(rgb, pred, mask, 1, it.height, it.width, c, nullptr, &slice);
+    absl::StatusOr<std::string> jpeg = RenderClassThumbnail(rgb, pred, ref, 1, height, width, c, nullptr, &slice);
     if (!jpeg.ok()) {
       Log("no thumbnail for row ", r->index(), " class ", c, ": ", jpeg.status().message());
-    } else if (!batch.shard->thumbnails->Attach(r, c, slice, *std::move(jpeg))) {
+    } else if (!shard->thumbnails->Attach(r, c, slice, *std::move(jpeg))) {
       return;  // The shard's budget is spent.
     }
   }

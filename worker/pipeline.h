@@ -162,8 +162,9 @@ class Pipeline : public RowEvaluator {
   // raises, down to single images. Returns the rows that failed because the model raised.
   size_t RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end, std::string* model_error);
   void Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, size_t begin, size_t end);
-  // Renders the thumbnails item `i` of `batch` (result `j` of `pending`) earns into `r`.
-  void AddThumbnails(const InFlight& batch, PendingBatch* pending, size_t i, size_t j, v1::ImageResult* r);
+  // Renders the thumbnails of `classes` of one row into `r` (a pool task).
+  void AddThumbnails(Shard* shard, const uint8_t* rgb, const uint16_t* pred, const uint16_t* ref, int height, int width,
+                     const std::vector<int>& classes, v1::ImageResult* r);
   void Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result);
   void Fail(const std::string& message, bool definitive);
   void ReleaseSlot(Slot* slot);
