@@ -741,17 +741,6 @@ void PythonPendingBatch::EvaluateImage(size_t i, const v1::StubOutput& out) {
         tc[4 * t + 3] = tn;
       }
     }
-  } else if (out.counted()) {
-    // Counted on the model's GPU (stub.py): the counts follow the labels, which are there only
-    // when the batch wanted them.
-    const size_t counts_at = (hw * 2 + 7) / 8 * 8;
-    if (counts_at + static_cast<size_t>(K) * K * 8 > hw * 4) {
-      errors_[i] = "the model process wrote confusion counts that do not fit its output";
-      return;
-    }
-    std::memcpy(counts_.data() + i * K * K, base + counts_at, static_cast<size_t>(K) * K * 8);
-    label_ptrs_[i] = spec_.want_labels ? reinterpret_cast<const uint16_t*>(base) : nullptr;
-    return;
   } else {
     pred = reinterpret_cast<const uint16_t*>(base);
   }
@@ -795,16 +784,11 @@ class PythonRunner final : public ModelRunner {
     req.set_op("predict");
     req.set_image_buffer(images->id());
     req.set_output_buffer(output->id());
-    if (auto* masks = dynamic_cast<ShmBuffer*>(batch.masks); masks != nullptr) {
-      req.set_mask_buffer(masks->id());
-      req.set_want_labels(batch.want_labels);
-    }
     const std::vector<std::string>& columns = channel_->options().columns;
     size_t off = 0;
     for (const BatchImage& it : batch.items) {
       v1::StubItem* item = req.add_items();
       item->set_image_offset(static_cast<int64_t>(it.image_offset));
-      item->set_mask_offset(static_cast<int64_t>(it.mask_offset * 2));
       item->set_output_offset(static_cast<int64_t>(off));
       item->set_height(it.height);
       item->set_width(it.width);

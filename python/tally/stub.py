@@ -11,10 +11,7 @@ returns torch tensors:
   * CxHxW floats, C >= 2              -> "argmax": uint16 argmax over C (first maximum on ties)
   * HxW or 1xHxW floats               -> "score":  float32 single foreground score
 
-and the worker computes every count and metric from them, except that a batch of one CUDA score
-tensor (N x C x H x W) is counted here, on the GPU, against the reference masks the worker staged
-(StubOutput.counted): the counts follow each item's labels in its output, and the labels cross
-only when the worker asks for them. Requests are answered in order.
+and the worker computes every count and metric from them. Requests are answered in order.
 """
 
 import array
@@ -320,7 +317,7 @@ class _Stub:
                 self.times["predict()"] += time.perf_counter() - t0
                 if outs is None:
                     raise TypeError("predict returned None; it must return one output per image")
-                batched = self._convert_batch(outs, items, out_mm, msg)
+                batched = self._convert_batch(outs, items, out_mm)
                 if batched is not None:
                     rid = msg.get("id", 0)
 
@@ -346,11 +343,9 @@ class _Stub:
             return {"op": "result", "id": msg.get("id", 0), "error": _short(text), "oom": oom}
         return {"op": "result", "id": msg.get("id", 0), "outputs": outputs, "gpus": _gpu_stats(self.devices)}
 
-    def _convert_batch(self, outs, items, out_mm, msg):
+    def _convert_batch(self, outs, items, out_mm):
         """One N x C x H x W float tensor for a batch of one size: argmax and non-finite counts in one
-        pass on the model's device, and on a GPU the confusion counts against the reference masks
-        too (the worker then counts nothing; the labels cross only when it wants them). None when
-        the output is anything else (converted per image)."""
+        pass on the model's device. None when the output is anything else (converted per image)."""
         if not _is_tensor(outs) or outs.dim() != 4 or not outs.is_floating_point() or not items:
             return None
         n, c, h, w = outs.shape
@@ -362,36 +357,18 @@ class _Stub:
         t = outs.detach()
         nonfinite = (~torch.isfinite(t)).sum(dim=(1, 2, 3))
         labels = t.argmax(1).to(torch.int16)
-        masks_mm = self.buffers.get(int(msg.get("mask_buffer", 0))) if msg.get("mask_buffer") else None
-        counts_at = (h * w * 2 + 7) // 8 * 8  # Where the counts go in an item's output (4 bytes per pixel).
-        count_here = (t.is_cuda and masks_mm is not None and counts_at + c * c * 8 <= h * w * 4
-                      and os.environ.get("TALLY_STUB_COUNT_ON_GPU") != "0")  # 0: for comparing the two paths
-        copy_labels = not count_here or bool(msg.get("want_labels"))
         if t.is_cuda:
             # Asynchronous: the copies go straight into the page-locked output buffer; the answer
             # waits for an event, so the stub can start the next batch first (serve()).
-            stats = torch.empty(n, dtype=torch.int64, pin_memory=True)
-            stats.copy_(nonfinite, non_blocking=True)
-            if copy_labels:
-                for i, it in enumerate(items):
-                    dest = np.ndarray((h, w), np.int16, buffer=out_mm, offset=int(it.get("output_offset", 0)))
-                    torch.from_numpy(dest).copy_(labels[i], non_blocking=True)
-            if count_here:
-                ref = torch.stack([torch.from_numpy(np.ndarray((h, w), np.int16, buffer=masks_mm,
-                                                               offset=int(it.get("mask_offset", 0))))
-                                   for it in items]).to(t.device, non_blocking=True).to(torch.int64)
-                # Ignored pixels (65535, -1 as int16) and labels >= C are left out, as the worker does.
-                valid = (ref >= 0) & (ref < c)
-                base = torch.arange(n, device=t.device, dtype=torch.int64).view(n, 1, 1) * (c * c)
-                idx = torch.where(valid, base + ref * c + labels.to(torch.int64), torch.full_like(ref, n * c * c))
-                confusion = torch.bincount(idx.view(-1), minlength=n * c * c + 1)[: n * c * c].view(n, c * c)
-                for i, it in enumerate(items):
-                    dest = np.ndarray((c * c,), np.int64, buffer=out_mm, offset=int(it.get("output_offset", 0)) + counts_at)
-                    torch.from_numpy(dest).copy_(confusion[i], non_blocking=True)
+            counts = torch.empty(n, dtype=torch.int64, pin_memory=True)
+            counts.copy_(nonfinite, non_blocking=True)
+            for i, it in enumerate(items):
+                dest = np.ndarray((h, w), np.int16, buffer=out_mm, offset=int(it.get("output_offset", 0)))
+                torch.from_numpy(dest).copy_(labels[i], non_blocking=True)
             done = torch.cuda.Event()
             done.record()
         else:
-            stats = nonfinite
+            counts = nonfinite
             for i, it in enumerate(items):
                 dest = np.ndarray((h, w), np.int16, buffer=out_mm, offset=int(it.get("output_offset", 0)))
                 torch.from_numpy(dest).copy_(labels[i])
@@ -402,8 +379,7 @@ class _Stub:
                 t0 = time.perf_counter()
                 done.synchronize()
                 self.times["wait for GPU"] += time.perf_counter() - t0
-            return [{"kind": "argmax", "channels": int(c), "nonfinite": int(v), "counted": count_here}
-                    for v in stats.tolist()]
+            return [{"kind": "argmax", "channels": int(c), "nonfinite": int(v)} for v in counts.tolist()]
 
         return finish
 
