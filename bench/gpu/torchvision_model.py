@@ -21,8 +21,9 @@ class Model:
         self.bf16 = options.get("precision", "fp32") == "bf16"
 
     def predict(self, images, rows):
-        # One zero-copy view of the batch in Tally's (page-locked) buffer; an asynchronous upload.
-        x = torch.from_numpy(tally.stack_images(images)).to(self.device, non_blocking=True)
-        x = x.permute(0, 3, 1, 2).float().div_(255.0)
+        # One asynchronous upload of Tally's (page-locked) buffer, then NCHW and [0, 1] on the GPU:
+        # contiguous, as the TorchScript backend feeds the model (a permuted, channels-last input
+        # makes eager LRASPP run channels-last: 1662 instead of 2292 img/s on an H100).
+        x = tally.to_tensor(images, self.device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16):
             return self.model(x)["out"]  # N x 2 x H x W: Tally takes the argmax on the GPU

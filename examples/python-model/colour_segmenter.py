@@ -30,5 +30,5 @@ class Model:
     def predict(self, images, rows):
         # Tally batches images of one size together; stack them as the TorchScript path does.
         x = torch.from_numpy(np.stack(images)).to(self.device)
-        x = x.permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
+        x = x.permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)  # NCHW, not channels-last
         return list(self.net(x))  # One 3 x H x W score tensor per image.

@@ -7,9 +7,10 @@ machines: the shape of a real `from_pretrained` model behind Tally's Python back
 Options: num_labels (default 3), dtype (float32 | bfloat16 | float16), device_map (none | auto: let
 accelerate spread the layers over every device this worker owns, with max_memory per GPU).
 """
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+import tally
 
 
 class Model:
@@ -41,8 +42,8 @@ class Model:
         self.std = torch.tensor([0.229, 0.224, 0.225], device=self.input_device).view(1, 3, 1, 1)
 
     def predict(self, images, rows):
-        x = torch.from_numpy(np.stack(images)).to(self.input_device, non_blocking=True)
-        x = x.permute(0, 3, 1, 2).float().div_(255.0).sub_(self.mean).div_(self.std).to(self.dtype)
+        # Contiguous N x 3 x H x W in [0, 1] (tally.to_tensor: a permuted tensor would run channels-last).
+        x = tally.to_tensor(images, self.input_device).sub_(self.mean).div_(self.std).to(self.dtype)
         logits = self.model(pixel_values=x).logits  # [N, C, H/4, W/4]
         logits = F.interpolate(logits.float(), size=x.shape[-2:], mode="bilinear", align_corners=False)
         return list(logits)

@@ -14,7 +14,7 @@ the model returns torch tensors.
 
 import numpy as _np
 
-__all__ = ["stack_images"]
+__all__ = ["stack_images", "to_tensor"]
 
 
 def stack_images(images):
@@ -35,3 +35,17 @@ def stack_images(images):
     if contiguous:
         return _np.lib.stride_tricks.as_strided(first, shape=(len(images),) + shape, strides=(step,) + first.strides)
     return _np.stack(images)
+
+
+def to_tensor(images, device="cpu", dtype=None):
+    """The batch as one contiguous N x 3 x H x W torch tensor of values in [0, 1] on `device`, as the
+    TorchScript backend feeds its models: one asynchronous upload of Tally's shared buffer
+    (stack_images), then the layout change and the conversion on the device.
+
+    Contiguous matters: `x.permute(0, 3, 1, 2)` alone is a channels-last tensor, and eager
+    convolutions then run channels-last through the whole network (torchvision's LRASPP on an
+    H100: 1662 img/s instead of 2292 for the same model fed NCHW). Needs torch."""
+    import torch
+
+    x = torch.from_numpy(stack_images(images)).to(device, non_blocking=True)
+    return x.permute(0, 3, 1, 2).contiguous().to(dtype or torch.float32).div_(255.0)
