@@ -91,6 +91,16 @@ class TorchPendingBatch final : public PendingBatch {
   const uint16_t* labels(int i) const override {
     return static_cast<size_t>(i) < label_ptrs_.size() ? label_ptrs_[i] : nullptr;  // None without want_labels.
   }
+  bool CopyLabels(int i, size_t pixels, std::vector<uint16_t>* out) const override {
+    if (static_cast<size_t>(i) < label_ptrs_.size()) return PendingBatch::CopyLabels(i, pixels, out);
+    if (static_cast<size_t>(i) >= device_labels_.size()) return false;
+    const auto& [group, j] = device_labels_[i];
+    const at::Tensor h = group.select(0, j).to(at::kCPU).contiguous();  // The batch is done: no wait.
+    if (static_cast<size_t>(h.numel()) != pixels) return false;
+    const auto* p = reinterpret_cast<const uint16_t*>(h.data_ptr<int16_t>());
+    out->assign(p, p + pixels);
+    return true;
+  }
   int64_t nonfinite(int i) const override { return nonfinite_ptr_ ? nonfinite_ptr_[i] : 0; }
   int64_t logit_ties() const override { return ties_.defined() ? ties_.item<int64_t>() : 0; }
   const int64_t* threshold_counts(int i) const override {
@@ -102,6 +112,7 @@ class TorchPendingBatch final : public PendingBatch {
   const int64_t* counts_ = nullptr;
   std::vector<at::Tensor> labels_host_;  // int16, host.
   std::vector<const uint16_t*> label_ptrs_;
+  std::vector<std::pair<at::Tensor, int64_t>> device_labels_;  // keep_labels: image i's group and row.
   at::Tensor ties_;
   at::Tensor nonfinite_host_;  // [n] int64, host.
   const int64_t* nonfinite_ptr_ = nullptr;
@@ -252,7 +263,9 @@ class TorchRunner final : public ModelRunner {
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& x, const std::string& input_shape);
   absl::Status PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x, bool want_labels,
                                  Outputs* outputs);
-  std::unique_ptr<PendingBatch> ResultsToHost(const Outputs& outputs);
+  // Counts and the rest to (pinned) host memory; the labels too with `want_labels`, else they stay
+  // where they are (CopyLabels).
+  std::unique_ptr<PendingBatch> ResultsToHost(const Outputs& outputs, bool want_labels);
   // Turns logits [n, C, h, w] + reference labels [n, H, W] into counts and labels for one group.
   absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
                            bool want_labels, Outputs* o);
@@ -532,7 +545,7 @@ absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Grou
   return absl::OkStatus();
 }
 
-std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o) {
+std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool want_labels) {
   auto pending = std::make_unique<TorchPendingBatch>();
   pending->k_ = o.k;
   auto host_opts = at::TensorOptions().device(at::kCPU);
@@ -546,7 +559,12 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o) {
   };
   pending->counts_host_ = to_host(o.counts, at::kLong);
   pending->counts_ = pending->counts_host_.data_ptr<int64_t>();
-  for (const at::Tensor& l : o.labels) {
+  if (!want_labels) {
+    for (const at::Tensor& l : o.labels) {
+      for (int64_t i = 0; i < l.size(0); ++i) pending->device_labels_.emplace_back(l, i);
+    }
+  }
+  for (const at::Tensor& l : want_labels ? o.labels : std::vector<at::Tensor>()) {
     at::Tensor h = to_host({l}, at::kShort);
     const int64_t per_image = l.size(1) * l.size(2);
     for (int64_t i = 0; i < l.size(0); ++i) {
@@ -579,8 +597,8 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
   *input_shape = Shape(x);
   ASSIGN_OR_RETURN(const at::Tensor logits, Forward(x, *input_shape));
   Outputs outputs;
-  RETURN_IF_ERROR(PostprocessGroups(logits, dev, x, batch.want_labels, &outputs));
-  return ResultsToHost(outputs);
+  RETURN_IF_ERROR(PostprocessGroups(logits, dev, x, batch.want_labels || batch.keep_labels, &outputs));
+  return ResultsToHost(outputs, batch.want_labels);
 }
 
 absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) {

@@ -71,6 +71,9 @@ struct BatchSpec {
   HostBuffer* masks = nullptr;  // uint16 elements.
   std::vector<BatchImage> items;
   bool want_labels = false;     // Return the predicted label map of each image.
+  // Keep them where they were computed instead (on the device): PendingBatch::CopyLabels fetches
+  // one image's when asked (report thumbnails need a few per batch, not a copy of every one).
+  bool keep_labels = false;
 };
 
 class PendingBatch {
@@ -85,6 +88,14 @@ class PendingBatch {
   virtual const int64_t* confusion(int i) const = 0;
   // Predicted labels of image i (H x W) when want_labels was set; else null or the labels.
   virtual const uint16_t* labels(int i) const = 0;
+  // Copies the `pixels` predicted labels of image i into `out`, from the host or, with keep_labels,
+  // from the device (synchronously; after Wait()). False when there are none.
+  virtual bool CopyLabels(int i, size_t pixels, std::vector<uint16_t>* out) const {
+    const uint16_t* l = labels(i);
+    if (l == nullptr) return false;
+    out->assign(l, l + pixels);
+    return true;
+  }
   // NaN and infinite values in the model's output for image i: the float32 logits at the mask's
   // size (after the bilinear resize, when the model's output size differs), every channel.
   virtual int64_t nonfinite(int i) const = 0;

@@ -342,7 +342,8 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
   }
   spec->images = slot->images.get();
   spec->masks = slot->masks.get();
-  spec->want_labels = surface_ || saving_ || options_.thumbnails > 0;
+  spec->want_labels = surface_ || saving_;
+  spec->keep_labels = options_.thumbnails > 0;  // A few rows per batch copy theirs (Finish).
   spec->items.clear();
   size_t image_off = 0, mask_off = 0;
   for (const Item* it : items) {
@@ -810,7 +811,14 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     v1::ImageResult& r = ok[n].second;
     const BatchImage& it = batch->spec.items[i];
     const uint16_t* pred = pending->labels(static_cast<int>(j));
-    if (pred == nullptr) thumbs[n].clear();  // Not asked for (want_labels): nothing to show.
+    std::vector<uint16_t> pred_copy;  // The row's labels when they stayed on the device.
+    if (!thumbs[n].empty() && pred == nullptr) {
+      if (pending->CopyLabels(static_cast<int>(j), static_cast<size_t>(it.height) * it.width, &pred_copy)) {
+        pred = pred_copy.data();  // Only for the check below: the task points at its own copy.
+      } else {
+        thumbs[n].clear();
+      }
+    }
     if (!surface_ && !saving_ && thumbs[n].empty()) {
       Deliver(batch->shard, std::move(r));
       continue;
@@ -827,7 +835,9 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       if (!ref) ref_copy.assign(masks + it.mask_offset, masks + it.mask_offset + static_cast<size_t>(it.height) * it.width);
     }
     auto task = [this, batch, pred, ref, k, h = it.height, w = it.width, id = it.row->id(), classes = std::move(thumbs[n]),
-                 rgb = std::move(rgb), ref_copy = std::move(ref_copy), r = std::move(r)]() mutable {
+                 rgb = std::move(rgb), ref_copy = std::move(ref_copy), pred_copy = std::move(pred_copy),
+                 r = std::move(r)]() mutable {
+      if (!pred_copy.empty()) pred = pred_copy.data();  // Fetched from the device for the thumbnails.
       if (surface_) {
         std::vector<SurfaceValues> values;
         ClassSurfaceMetrics(pred, ref->labels.data(), h, w, k, kIgnoredPixel, options_.surface, &values);
