@@ -251,6 +251,7 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
     }
   }
   if (!d.workers.empty()) h += "<h2>Workers</h2>\n" + HtmlTable(WorkerTable(d));
+  h += "<h2>Parameters</h2>\n" + HtmlTable(ParameterTable(d));
   h += "</body></html>\n";
   return h;
 }

@@ -60,6 +60,7 @@ std::string ReportMarkdown(const ReportData& d) {
     }
   }
   if (!d.workers.empty()) out += "\n## Workers\n\n" + MarkdownTable(WorkerTable(d));
+  out += "\n## Parameters\n\n" + MarkdownTable(ParameterTable(d));
   return out;
 }
 

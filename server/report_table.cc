@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace tally {
 
@@ -59,6 +60,60 @@ Table WorstTable(const ReportData& d, const ClassAggregate& ca) {
     t.rows.push_back(
         {Text(absl::StrCat(index)), Code(d.WorstId(index)), Code(d.WorstImage(index)), Text(FormatCell(dice))});
   }
+  return t;
+}
+
+Table ParameterTable(const ReportData& d) {
+  const JobConfig& c = d.config;
+  const v1::JobSpec& spec = d.record->job.spec();
+  Table t;
+  t.header = {"parameter", "value"};
+  t.left = {true, true};
+  auto add = [&t](const std::string& name, const std::string& value, bool code = false) {
+    t.rows.push_back({TableCell{name, false}, TableCell{value, code}});
+  };
+  auto list = [](const auto& values) {
+    std::vector<std::string> parts;
+    for (const auto& v : values) parts.push_back(absl::StrCat(v));
+    return parts.empty() ? std::string("none") : absl::StrJoin(parts, ",");
+  };
+  std::vector<std::string> metrics;
+  for (Metric m : c.metrics) metrics.emplace_back(MetricName(m));
+  add("metrics", absl::StrJoin(metrics, ","));
+  add("classes", absl::StrCat(d.num_classes, c.regions.empty() ? "" : absl::StrCat(" (", c.regions.size(), " regions)")));
+  add("include background", c.include_background ? "yes" : "no");
+  add("ignore index", c.ignore_index == kNoIgnoreIndex ? "none" : absl::StrCat(c.ignore_index));
+  std::vector<std::string> label_map;
+  for (const auto& [from, to] : c.label_map) label_map.push_back(absl::StrCat(from, ":", to));
+  add("label map", label_map.empty() ? "none" : absl::StrJoin(label_map, ","));
+  add("empty score", std::string(EmptyScoreName(c.empty_score)));
+  if (!c.thresholds.empty()) add("thresholds", list(c.thresholds));
+  if (!c.iou_thresholds.empty()) add("iou thresholds", list(c.iou_thresholds));
+  add("spacing", c.spacing_z > 0 ? absl::StrCat(c.spacing_z, ",", c.spacing_y, ",", c.spacing_x)
+                                 : absl::StrCat(c.spacing_y, ",", c.spacing_x));
+  add("nsd tolerance", absl::StrCat(c.nsd_tolerance));
+  if (!c.predictions()) {
+    add("precision", std::string(PrecisionName(c.precision)));
+    add("channels last", c.channels_last ? "yes" : "no");
+    add("batch size", c.batch_size > 0 ? absl::StrCat(c.batch_size) : c.batch_size == kBatchAuto ? "auto" : "worker default");
+    add("input size", c.input_height > 0 ? absl::StrCat(c.input_height, "x", c.input_width) : "as decoded");
+    add("mean / std", absl::StrCat(list(c.mean), " / ", list(c.std)));
+    add("non-finite outputs", std::string(NonfiniteName(c.nonfinite)));
+    if (c.python_model()) {
+      add("python", c.python.empty() ? "python3" : c.python, true);
+      std::vector<std::string> options;
+      for (const auto& [k, v] : c.model_options) options.push_back(absl::StrCat(k, "=", v));
+      if (!options.empty()) add("model options", absl::StrJoin(options, " "));
+    }
+  }
+  add("shard size", absl::StrCat(d.record->shard_size));
+  add("max failed fraction", absl::StrCat(c.max_failed_fraction));
+  add("thumbnails", absl::StrCat(c.thumbnails));
+  if (!c.save_predictions.empty()) add("save predictions", c.save_predictions, true);
+  std::vector<std::string> labels;
+  for (const auto& [k, v] : spec.labels()) labels.push_back(absl::StrCat(k, "=", v));
+  std::sort(labels.begin(), labels.end());
+  if (!labels.empty()) add("labels", absl::StrJoin(labels, " "));
   return t;
 }
 

@@ -35,6 +35,8 @@ Table WorstTable(const ReportData& d, const ClassAggregate& ca);
 // The first kMaxFailuresShown failures.
 Table FailureTable(const ReportData& d);
 Table WorkerTable(const ReportData& d);
+// The job's parameters, one per row: what it was run with (the settings that change numbers first).
+Table ParameterTable(const ReportData& d);
 
 std::string MarkdownTable(const Table& t);
 std::string HtmlTable(const Table& t);

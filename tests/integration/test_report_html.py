@@ -53,6 +53,10 @@ class ReportHtmlTest(unittest.TestCase):
         self.assertEqual(len(re.findall(r'<figure data-index="\d+" data-class="[12]"><img src="data:image/jpeg;base64,',
                                         self.html)), 10)
         self.assertIn("prediction only (false positive)", self.html)
+        # The job's parameters, in their own table.
+        self.assertIn("<h2>Parameters</h2>", self.html)
+        self.assertRegex(self.html, r"<td class=\"l\">metrics</td><td class=\"l\">dice,iou,precision,recall,"
+                                    r"specificity,accuracy,hd,hd95,assd,nsd</td>")
 
     @unittest.skipIf(CHROMIUM is None, "chromium is not installed (scripts/install-deps.sh installs it)")
     def test_renders_in_headless_chromium(self):
