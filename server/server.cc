@@ -11,6 +11,7 @@
 #include "common/auth_tokens.h"
 #include "common/file_util.h"
 #include "common/log.h"
+#include "common/sd_notify.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/grpc_util.h"
@@ -71,14 +72,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
     Log("spawned ", server->launcher_->size(), " worker(s)");
   }
   server->supervisor_ = std::thread([s = server.get()] { s->Supervise(); });
+  SdNotify(absl::StrCat("READY=1\nSTATUS=serving on ", options.listen));  // systemd Type=notify (deploy/).
   return server;
 }
 
 void Server::Supervise() {
   bool serving = true;
+  SdWatchdog watchdog;  // WatchdogSec= of the unit: the coordinator answering Serving() proves it alive.
   while (!stopping_.load()) {
     if (launcher_) launcher_->Poll();
     const bool now_serving = core_->Serving();
+    watchdog.Kick();
     if (now_serving != serving) {
       serving = now_serving;
       grpc_server_->GetHealthCheckService()->SetServingStatus(serving);
@@ -116,6 +120,7 @@ void Server::Wait() { grpc_server_->Wait(); }
 
 void Server::Shutdown() {
   if (stopping_.exchange(true)) return;
+  SdNotify("STOPPING=1");
   if (supervisor_.joinable()) supervisor_.join();
   if (launcher_) launcher_->StopAll();
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -33,7 +33,9 @@
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(std::string, name, "", "Name shown in reports (default host:device)");
-ABSL_FLAG(int, threads, 0, "Decode/metric threads, and LibTorch threads on CPU (0 = all cores)");
+ABSL_FLAG(int, threads, 0,
+          "Decode/metric threads, and LibTorch threads on CPU (0 = all cores for a CPU worker, the cores "
+          "divided by the host's GPUs for a GPU worker)");
 ABSL_FLAG(int, batch_size, 0, "Batch size for jobs that leave it to the worker (0 = 8 on CPU, 32 on CUDA)");
 ABSL_FLAG(double, max_connect_seconds, 0, "Give up if the coordinator stays unreachable this long (0 = never)");
 ABSL_FLAG(int, max_leases, 16, "Most shards held at once (the worker leases while fewer than ~4 batches are queued)");

@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include <malloc.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
+#include "common/sd_notify.h"
 #include "common/status_macros.h"
 #include "worker/python_runner.h"
 #include "worker/scoring.h"
@@ -71,6 +73,26 @@ absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder) {
   return roots.empty() ? std::filesystem::canonical(folder, ec).string() : *resolved;
 }
 
+// --threads 0: this worker's share of the cores it may run on: all of them for a CPU worker; for a
+// GPU worker, divided among the host's GPUs (/dev/nvidiaN), one worker per GPU as the systemd
+// template and `tallyd --spawn-workers` run them.
+int DefaultThreads(const std::string& device) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0
+                        ? CPU_COUNT(&set)
+                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (device.rfind("cuda", 0) != 0) return std::max(1, cores);
+  int gpus = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev", ec)) {
+    const std::string name = entry.path().filename().string();
+    gpus += name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
+            name.find_first_not_of("0123456789", 6) == std::string::npos;
+  }
+  return std::max(1, cores / std::max(1, gpus));
+}
+
 bool IsWorkerLocal(const absl::Status& s) {
   return absl::IsNotFound(s) || absl::IsUnavailable(s) || absl::IsUnimplemented(s);
 }
@@ -103,7 +125,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
                                                    " (1, 2, 4, 8, 16 or 32), the shard alignment of jobs that "
                                                    "leave the batch size to the workers"));
   }
-  if (options.threads <= 0) options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (options.threads <= 0) options.threads = DefaultThreads(options.device);
   if (options.name.empty()) options.name = absl::StrCat(Hostname(), ":", options.device);
   std::unique_ptr<Worker> w(new Worker(std::move(options)));
   grpc::ChannelArguments args;
@@ -204,6 +226,7 @@ absl::Status Worker::Run() {
   }
   reporter_ = std::thread([this] { ReporterLoop(); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  SdNotify("READY=1\nSTATUS=registered with " + options_.coordinator);  // systemd Type=notify (deploy/).
   Backoff backoff(0.25, 2.0);
   while (true) {
     {
@@ -314,6 +337,7 @@ void Worker::Accept(const v1::ShardAssignment& a) {
 }
 
 absl::Status Worker::FinishRun() {
+  SdNotify("STOPPING=1");
   std::string out_of_service;
   RowEvaluator* pipeline = nullptr;
   {
@@ -677,6 +701,7 @@ void Worker::ReporterLoop() {
 }
 
 void Worker::HeartbeatLoop() {
+  SdWatchdog watchdog;  // WatchdogSec= of the unit: this loop (it takes mu_) proves the worker alive.
   while (true) {
     v1::HeartbeatRequest request;
     double period = 1.0;
@@ -684,6 +709,7 @@ void Worker::HeartbeatLoop() {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(heartbeat_seconds_));
       if (done_) return;
+      watchdog.Kick();
       period = heartbeat_seconds_;
       request.set_worker_id(worker_id_);
       for (auto& [id, lb] : leases_) {

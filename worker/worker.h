@@ -42,7 +42,8 @@ struct WorkerOptions {
   ClientSecurityOptions security;   // TLS files and the worker token (common/channel_security.h).
   std::string device = "cpu";       // cpu | cuda:N
   std::string name;                 // Shown in reports; default host:device.
-  int threads = 0;                  // Decode/metric threads (and intra-op threads on CPU); 0 = all cores.
+  int threads = 0;                  // Decode/metric threads (and intra-op threads on CPU); 0 = this
+                                    // worker's share of the cores (DefaultThreads in worker.cc).
   int default_batch_size = 0;       // For jobs that leave it to the worker; 0 = 8 on CPU, 32 on CUDA.
                                     // Must divide kDefaultBatchAlignment (common/job_config.h).
   double max_connect_seconds = 0;   // Give up registering after this long; 0 = never.
