@@ -44,6 +44,59 @@ class UnitTest(unittest.TestCase):
                 self.assertRegex(helptext, r"--%s\b" % flag.replace("-", "[-_]"), f"{name}: --{flag}")
 
 
+# In every Debian image already.
+BASE_PACKAGES = {"libc6", "libgcc-s1", "libstdc++6"}
+
+
+def package_of(path):
+    """The Debian package that installed a library file (merged /usr: try both spellings)."""
+    real = os.path.realpath(path)
+    for candidate in (path, "/usr" + path, real, "/usr" + real):
+        p = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True)
+        if p.returncode == 0:
+            return p.stdout.split(":")[0]
+    return None
+
+
+class DockerfileTest(unittest.TestCase):
+    def setUp(self):
+        with open(os.path.join(tt.SRC, "Dockerfile")) as f:
+            self.text = f.read()
+
+    def test_the_build_stage_is_the_readme_s(self):
+        with open(os.path.join(tt.SRC, "README.md")) as f:
+            readme = f.read()
+        build = self.text[self.text.index(" AS build"):self.text.index(" AS runtime")]
+        for script in ("scripts/install-deps.sh", "scripts/build.sh"):
+            self.assertIn(script, build)
+        with open(os.path.join(tt.SRC, "scripts", "demo.sh")) as f:
+            demo = f.read()
+        # The README's set-up command is scripts/demo.sh, which runs the same two scripts.
+        self.assertIn("./scripts/demo.sh", readme)
+        self.assertIn("scripts/install-deps.sh", demo)
+        self.assertIn("scripts/build.sh", demo)
+
+    @unittest.skipIf(shutil.which("dpkg") is None or shutil.which("readelf") is None, "needs dpkg and readelf")
+    def test_the_runtime_image_has_every_library_the_binaries_link_and_no_root(self):
+        runtime = self.text[self.text.index(" AS runtime"):]
+        install = re.search(r"apt-get install -y --no-install-recommends(.*?)&&", runtime, re.S).group(1)
+        packages = set(install.replace("\\", " ").split())
+        for binary in ("tallyd", "tally-worker", "tally"):
+            path = os.path.join(tt.BIN, binary)
+            needed = re.findall(r"\(NEEDED\).*\[(.+)\]", subprocess.run(["readelf", "-d", path], capture_output=True,
+                                                                        text=True).stdout)
+            resolved = dict(re.findall(r"^\s*(\S+) => (/\S+)", subprocess.run(["ldd", path], capture_output=True,
+                                                                           text=True).stdout, re.M))
+            self.assertTrue(needed)
+            for lib in needed:
+                package = package_of(resolved[lib])
+                self.assertIsNotNone(package, f"{binary}: {lib}")
+                if package not in BASE_PACKAGES:
+                    self.assertIn(package, packages, f"{binary} links {lib} from {package}, missing in the runtime image")
+        self.assertRegex(runtime, r"\nUSER tally\n")
+        self.assertIn("python3-numpy", packages)  # The Python backend's stub.
+
+
 class NotifyTest(unittest.TestCase):
     """tallyd and tally-worker tell a NOTIFY_SOCKET READY=1 once they serve, WATCHDOG=1 at half
     WATCHDOG_USEC while alive, and STOPPING=1 when stopped."""
