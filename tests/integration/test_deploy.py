@@ -97,6 +97,95 @@ class DockerfileTest(unittest.TestCase):
         self.assertIn("python3-numpy", packages)  # The Python backend's stub.
 
 
+def known_flags(binary):
+    """Flags a binary takes: its --helpfull (tally: the help of the verbs used here), plus
+    --data-root, which tallyd and tally-worker read by hand because it repeats."""
+    if binary == "tally":
+        text = "".join(subprocess.run([os.path.join(tt.BIN, "tally"), verb, "--help"], capture_output=True,
+                                      text=True).stdout for verb in ("submit", "wait", "report", "jobs"))
+    else:
+        text = subprocess.run([os.path.join(tt.BIN, binary), "--helpfull"], capture_output=True, text=True).stdout
+    flags = {f.replace("-", "_") for f in re.findall(r"--([a-z][a-z0-9_-]*)", text)}
+    return flags | ({"data_root"} if binary != "tally" else set())
+
+
+def flag_names(args):
+    return {a[2:].split("=")[0].replace("-", "_") for a in args if a.startswith("--")}
+
+
+class KubernetesTest(unittest.TestCase):
+    DIR = os.path.join(tt.SRC, "deploy", "kubernetes")
+
+    def load(self, name):
+        import yaml
+        with open(os.path.join(self.DIR, name)) as f:
+            return [d for d in yaml.safe_load_all(f) if d]
+
+    def test_manifests(self):
+        kustomization = self.load("kustomization.yaml")[0]
+        files = sorted(f for f in os.listdir(self.DIR) if f.endswith(".yaml") and f != "kustomization.yaml")
+        self.assertEqual(sorted(kustomization["resources"]), files)
+        docs = {}
+        for f in files:
+            for d in self.load(f):
+                docs[(d["kind"], d["metadata"]["name"])] = d
+        tallyd = docs[("StatefulSet", "tallyd")]
+        self.assertEqual(tallyd["spec"]["replicas"], 1)
+        self.assertEqual(tallyd["spec"]["volumeClaimTemplates"][0]["metadata"]["name"], "state")
+        c = tallyd["spec"]["template"]["spec"]["containers"][0]
+        self.assertEqual(c["args"][0], "tallyd")
+        self.assertLessEqual(flag_names(c["args"]), known_flags("tallyd"))
+        port = c["ports"][0]["containerPort"]
+        self.assertIn(f"--listen=0.0.0.0:{port}", c["args"])
+        for probe in ("readinessProbe", "livenessProbe"):
+            self.assertEqual(c[probe]["grpc"]["port"], port)  # grpc.health.v1 (README "Deployment").
+        self.assertIn({"name": "state", "mountPath": "/var/lib/tally"}, c["volumeMounts"])
+        self.assertIn("--state-dir=/var/lib/tally", c["args"])
+        service = docs[("Service", "tallyd")]
+        self.assertEqual(service["spec"]["ports"][0]["port"], port)
+        self.assertEqual(service["spec"]["selector"], tallyd["spec"]["template"]["metadata"]["labels"])
+        workers = docs[("Deployment", "tally-worker")]
+        w = workers["spec"]["template"]["spec"]["containers"][0]
+        self.assertEqual(w["args"][0], "tally-worker")
+        self.assertEqual(w["args"][2], "--device=cuda:0")  # The overlay replaces args[2].
+        self.assertLessEqual(flag_names(w["args"]), known_flags("tally-worker"))
+        self.assertIn(f"--coordinator=tallyd:{port}", w["args"])
+        self.assertEqual(w["resources"]["limits"]["nvidia.com/gpu"], 1)
+        for pod in (tallyd, workers):
+            spec = pod["spec"]["template"]["spec"]
+            self.assertTrue(spec["securityContext"]["runAsNonRoot"])
+            self.assertEqual(spec["securityContext"]["runAsUser"], 10001)  # The image's user.
+            mounted = {m["name"] for m in spec["containers"][0]["volumeMounts"]}
+            self.assertEqual(mounted, {v["name"] for v in spec["volumes"]} | ({"state"} if pod is tallyd else set()))
+            for v in spec["volumes"]:
+                if "secret" in v:  # Every Secret a pod needs is one kustomization.yaml says to create.
+                    with open(os.path.join(self.DIR, "kustomization.yaml")) as f:
+                        self.assertIn(v["secret"]["secretName"], f.read())
+        overlay = self.load(os.path.join("overlays", "cpu-workers", "kustomization.yaml"))[0]
+        self.assertEqual(overlay["resources"], ["../.."])
+
+    @unittest.skipIf(shutil.which("yamllint") is None, "yamllint is not installed")
+    def test_yamllint(self):
+        p = subprocess.run(["yamllint", "-d", "{extends: default, rules: {line-length: {max: 120}, document-start: disable}}",
+                            self.DIR], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+
+
+class SlurmTest(unittest.TestCase):
+    def test_scripts_parse_and_use_flags_the_binaries_know(self):
+        wanted = {"tallyd": {"listen", "state_dir"}, "tally-worker": {"coordinator", "device", "threads", "name"},
+                  "tally": {"server", "model", "manifest", "out"}}
+        for name in ("tally.sbatch", "workers.sbatch"):
+            path = os.path.join(tt.SRC, "deploy", "slurm", name)
+            self.assertEqual(subprocess.run(["bash", "-n", path]).returncode, 0, name)
+            with open(path) as f:
+                text = f.read()
+            self.assertIn("--gpus-per-task=1", text)
+            self.assertIn("--device cuda:0", text)
+        for binary, flags in wanted.items():
+            self.assertLessEqual(flags, known_flags(binary), binary)
+
+
 class NotifyTest(unittest.TestCase):
     """tallyd and tally-worker tell a NOTIFY_SOCKET READY=1 once they serve, WATCHDOG=1 at half
     WATCHDOG_USEC while alive, and STOPPING=1 when stopped."""
