@@ -93,6 +93,8 @@ const std::vector<Verb>& Verbs() {
       {"merge", "JOB JOB... --out DIR", "one report over several jobs' rows (a set evaluated as several jobs)",
        Join({kConnection, {"out"}})},
       {"workers", "", "registered workers, their device, state and current jobs", Join({kConnection, {"json"}})},
+      {"gpus", "[--json]",
+       "this machine's GPUs: memory, processes, links, and whether each is ready (exit 0: one is)", {"json"}},
       {"token", "NAME client|worker|admin [--tokens-file F]", "make a token and its line for tallyd --auth-tokens",
        {"tokens_file"}},
       {"help", "[VERB]", "this help, or a verb's", {}},

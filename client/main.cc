@@ -36,6 +36,7 @@
 #include "absl/strings/strip.h"
 #include "client/client.h"
 #include "client/folder_pairs.h"
+#include "client/gpus.h"
 #include "client/local_run.h"
 #include "client/progress.h"
 #include "common/auth_tokens.h"
@@ -538,6 +539,15 @@ int main(int argc, char** argv) {
   }
 
   if (command == "token") return MakeToken(positional);
+  if (command == "gpus") {
+    // This machine's GPUs (client/gpus.h); 0 when at least one is ready, 1 otherwise.
+    const tally::GpuInventoryReport gpus = tally::InspectGpus();
+    std::cout << (absl::GetFlag(FLAGS_json) ? tally::GpusJson(gpus) + "\n" : tally::GpusText(gpus));
+    for (const tally::GpuReport& g : gpus.gpus) {
+      if (g.verdict == "ready") return 0;
+    }
+    return 1;
+  }
 
   auto token = tally::ReadToken(absl::GetFlag(FLAGS_token_file));
   if (!token.ok()) return Finish(token.status());

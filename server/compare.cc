@@ -14,8 +14,8 @@
 #include "common/manifest.h"
 #include "common/status_macros.h"
 #include "server/aggregator.h"
-#include "server/json_writer.h"
-#include "server/number_format.h"
+#include "common/json_writer.h"
+#include "common/number_format.h"
 #include "server/report_table.h"
 
 namespace tally {

@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "common/rpc.h"
-#include "server/json_writer.h"
+#include "common/json_writer.h"
 #include "common/build_info.h"
 #include "server/report_formats.h"
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
-#include "server/json_writer.h"
+#include "common/json_writer.h"
 
 namespace tally {
 namespace {

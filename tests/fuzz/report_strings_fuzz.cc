@@ -5,7 +5,7 @@
 
 #include "common/manifest.h"
 #include "fuzz_util.h"
-#include "server/json_writer.h"
+#include "common/json_writer.h"
 
 namespace {
 

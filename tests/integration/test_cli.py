@@ -98,5 +98,58 @@ class ScriptingTest(unittest.TestCase):
         self.assertEqual(json.loads(c.cli("cancel", b, "--json").stdout)["state"], "JOB_STATE_SUCCEEDED")
 
 
+FAKE_NVIDIA_SMI = r"""#!/bin/sh
+case "$*" in
+  *--query-gpu=*) cat <<'X'
+0, NVIDIA H100 80GB HBM3, GPU-aaa, 00000000:19:00.0, 81559, 80900, 659, 0, 580.65.06
+1, NVIDIA H100 80GB HBM3, GPU-bbb, 00000000:3B:00.0, 81559, 59000, 22559, 97, 580.65.06
+X
+  ;;
+  *--query-compute-apps=*) echo "GPU-bbb, 4242, 21800" ;;
+  "topo -m") printf '\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tNV18\t0-15\t0\nGPU1\tNV18\t X \t0-15\t0\n' ;;
+  "") echo "| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0 |" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+class GpusTest(unittest.TestCase):
+    """`tally gpus` from `nvidia-smi`'s output (a stand-in script: NVML is switched off), and with
+    no driver at all."""
+
+    def run_gpus(self, path, *args):
+        env = dict(os.environ, TALLY_NVML="off", PATH=path)
+        import subprocess
+        return subprocess.run([os.path.join(tt.BIN, "tally"), "gpus", *args], capture_output=True, text=True, env=env)
+
+    def test_verdicts_memory_processes_and_links(self):
+        bin_dir = tt.tmpdir(self)
+        with open(os.path.join(bin_dir, "nvidia-smi"), "w") as f:
+            f.write(FAKE_NVIDIA_SMI)
+        os.chmod(os.path.join(bin_dir, "nvidia-smi"), 0o755)
+        p = self.run_gpus(bin_dir + ":/usr/bin:/bin", "--json")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        r = json.loads(p.stdout)
+        self.assertEqual((r["source"], r["driver_version"], r["cuda_version"]), ("nvidia-smi", "580.65.06", "13.0"))
+        a, b = r["gpus"]
+        self.assertEqual((a["index"], a["name"], a["bus_id"]), (0, "NVIDIA H100 80GB HBM3", "00000000:19:00.0"))
+        self.assertEqual(a["memory_total_bytes"], 81559 * 2**20)
+        self.assertEqual((a["ready"], a["verdict"], a["processes"]), (True, "ready", []))
+        self.assertEqual(b["processes"], [{"pid": 4242, "used_bytes": 21800 * 2**20}])
+        self.assertEqual(b["utilization_percent"], 97)
+        self.assertEqual((b["ready"], b["verdict"]), (False, "busy: 22.0 GiB used by pid 4242"))
+        self.assertEqual(r["links"], [["X", "NV18"], ["NV18", "X"]])
+        self.assertEqual(r["ready"], 1)
+        text = self.run_gpus(bin_dir + ":/usr/bin:/bin").stdout
+        self.assertIn("driver 580.65.06, CUDA 13.0 (via nvidia-smi); 2 GPU(s)", text)
+        self.assertRegex(text, r"1 +NVIDIA H100 80GB HBM3 +22\.0/79\.6 GiB +97%  busy: 22\.0 GiB used by pid 4242")
+        self.assertRegex(text, r"GPU0 +X +NV18")
+
+    def test_no_driver(self):
+        p = self.run_gpus(tt.tmpdir(self))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("no NVIDIA driver found", p.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,6 +1,6 @@
 // JSON string escaping of odd strings (ids, paths, error texts), hand-worked against RFC 8259; the
 // grouping of failure reasons.
-#include "server/json_writer.h"
+#include "common/json_writer.h"
 
 #include "server/report_data.h"
 

@@ -1,6 +1,6 @@
 // Numbers in report files: the shortest text that reads back to the same double.
-#ifndef TALLY_SERVER_NUMBER_FORMAT_H_
-#define TALLY_SERVER_NUMBER_FORMAT_H_
+#ifndef TALLY_COMMON_NUMBER_FORMAT_H_
+#define TALLY_COMMON_NUMBER_FORMAT_H_
 
 #include <string>
 
@@ -12,4 +12,4 @@ std::string FormatDouble(double v);
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_NUMBER_FORMAT_H_
+#endif  // TALLY_COMMON_NUMBER_FORMAT_H_

@@ -1,8 +1,8 @@
 // A small streaming JSON writer for reports. Non-finite numbers: NaN is written as null and
 // +/-infinity as 1e999 / -1e999, which is valid JSON that Python's json and JavaScript's
 // JSON.parse read back as infinity. Not thread-safe.
-#ifndef TALLY_SERVER_JSON_WRITER_H_
-#define TALLY_SERVER_JSON_WRITER_H_
+#ifndef TALLY_COMMON_JSON_WRITER_H_
+#define TALLY_COMMON_JSON_WRITER_H_
 
 #include <cstdint>
 #include <string>
@@ -54,4 +54,4 @@ std::string JsonEscape(absl::string_view s);
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_JSON_WRITER_H_
+#endif  // TALLY_COMMON_JSON_WRITER_H_

@@ -1,11 +1,11 @@
-#include "server/json_writer.h"
+#include "common/json_writer.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "server/number_format.h"
+#include "common/number_format.h"
 
 namespace tally {
 
