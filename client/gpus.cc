@@ -25,6 +25,12 @@ using Device = void*;
 struct NvmlMemory {
   unsigned long long total, free, used;
 };
+struct NvmlMemoryV2 {  // nvmlMemory_v2_t: `used` without the driver's reserved memory, as nvidia-smi shows it.
+  unsigned int version;
+  unsigned long long total, reserved, free, used;
+};
+constexpr unsigned int kMemoryV2 = sizeof(NvmlMemoryV2) | (2u << 24);  // NVML_STRUCT_VERSION(Memory, 2)
+constexpr int kP2pNvlink = 2;  // NVML_P2P_CAPS_INDEX_NVLINK; status 0 = NVML_P2P_STATUS_OK.
 struct NvmlUtilization {
   unsigned int gpu, memory;
 };
@@ -102,6 +108,8 @@ bool FromNvml(GpuInventoryReport* r) {
   auto uuid = nvml->Fn<int (*)(Device, char*, unsigned)>("nvmlDeviceGetUUID");
   auto pci = nvml->Fn<int (*)(Device, NvmlPci*)>("nvmlDeviceGetPciInfo_v3");
   auto memory = nvml->Fn<int (*)(Device, NvmlMemory*)>("nvmlDeviceGetMemoryInfo");
+  auto memory_v2 = nvml->Fn<int (*)(Device, NvmlMemoryV2*)>("nvmlDeviceGetMemoryInfo_v2");
+  auto p2p = nvml->Fn<int (*)(Device, Device, int, int*)>("nvmlDeviceGetP2PStatus");
   auto util = nvml->Fn<int (*)(Device, NvmlUtilization*)>("nvmlDeviceGetUtilizationRates");
   auto procs = nvml->Fn<int (*)(Device, unsigned*, NvmlProcess*)>("nvmlDeviceGetComputeRunningProcesses_v3");
   auto ancestor = nvml->Fn<int (*)(Device, Device, int*)>("nvmlDeviceGetTopologyCommonAncestor");
@@ -118,8 +126,14 @@ bool FromNvml(GpuInventoryReport* r) {
     if (uuid && uuid(d, text, sizeof(text)) == 0) g.uuid = text;
     NvmlPci p{};
     if (pci && pci(d, &p) == 0) g.bus_id = Lower(p.bus_id);
+    NvmlMemoryV2 m2{};
+    m2.version = kMemoryV2;
     NvmlMemory m{};
-    if (memory && memory(d, &m) == 0) {
+    if (memory_v2 && memory_v2(d, &m2) == 0) {
+      g.memory_total = static_cast<int64_t>(m2.total);
+      g.memory_free = static_cast<int64_t>(m2.free);
+      g.memory_used = static_cast<int64_t>(m2.used);
+    } else if (memory && memory(d, &m) == 0) {
       g.memory_total = static_cast<int64_t>(m.total);
       g.memory_free = static_cast<int64_t>(m.free);
       g.memory_used = static_cast<int64_t>(m.used);
@@ -140,20 +154,28 @@ bool FromNvml(GpuInventoryReport* r) {
   const size_t n = devices.size();
   r->links.assign(n, std::vector<std::string>(n));
   for (size_t i = 0; i < n; ++i) {
-    std::map<size_t, int> nvlinks;  // Peer -> active links.
-    for (unsigned l = 0; link_state && link_remote && l < kMaxLinks; ++l) {
+    std::map<size_t, int> nvlinks;  // Peer -> active links whose far end is that GPU.
+    int active_links = 0;
+    for (unsigned l = 0; link_state && l < kMaxLinks; ++l) {
       int active = 0;
+      if (link_state(devices[i], l, &active) != 0 || !active) continue;
+      ++active_links;
       NvmlPci remote{};
-      if (link_state(devices[i], l, &active) != 0 || !active || link_remote(devices[i], l, &remote) != 0) continue;
+      if (!link_remote || link_remote(devices[i], l, &remote) != 0) continue;
       for (size_t j = 0; j < n; ++j) {
         if (j != i && Lower(remote.bus_id) == r->gpus[j].bus_id) ++nvlinks[j];
       }
     }
     for (size_t j = 0; j < n; ++j) {
+      int status = -1;
       if (i == j) {
         r->links[i][j] = "X";
       } else if (nvlinks.count(j)) {
         r->links[i][j] = absl::StrCat("NV", nvlinks[j]);
+      } else if (active_links > 0 && p2p && p2p(devices[i], devices[j], kP2pNvlink, &status) == 0 && status == 0) {
+        // NVLink peers whose far-end PCI address differs from what this (virtual) machine shows, or
+        // behind an NVSwitch: every active link serves the pair, as nvidia-smi topo counts them.
+        r->links[i][j] = absl::StrCat("NV", active_links);
       } else if (int level = 0; ancestor && ancestor(devices[i], devices[j], &level) == 0) {
         r->links[i][j] = TopologyName(level);
       }
