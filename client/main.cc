@@ -46,6 +46,7 @@
 #include "common/job_config.h"
 #include "common/manifest.h"
 #include "common/metrics.h"
+#include "common/thumbnail.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tallyd address (host:port) for submit/watch/status/...");
 // Security (SECURITY.md).
@@ -218,8 +219,9 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "
   }
   spec.set_json_infinity(infinity);
   const int thumbnails = absl::GetFlag(FLAGS_thumbnails);
-  if (thumbnails < 0 || thumbnails > 10) {
-    return absl::InvalidArgumentError(absl::StrCat("--thumbnails: ", thumbnails, " is not in 0..10"));
+  if (thumbnails < 0 || thumbnails > tally::kMaxThumbnails) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--thumbnails: ", thumbnails, " is not in 0..", tally::kMaxThumbnails));
   }
   spec.set_thumbnails(thumbnails);
   if (const std::string save = absl::GetFlag(FLAGS_save_predictions); !save.empty()) {

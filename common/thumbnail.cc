@@ -160,6 +160,10 @@ absl::StatusOr<std::string> RenderClassThumbnail(const uint8_t* rgb, const uint1
   return jpeg;
 }
 
+double RowDice(const v1::ClassResult& c, EmptyScore empty) {
+  return CountMetricWithEmpty(Metric::kDice, ConfusionCounts{c.tp(), c.fp(), c.fn(), c.tn()}, empty);
+}
+
 bool RunningWorst::Offer(int cls, double score, int64_t index) {
   if (keep_ <= 0 || std::isnan(score)) return false;
   std::vector<std::pair<double, int64_t>>& w = worst_[cls];
@@ -182,9 +186,7 @@ std::vector<int> ShardThumbnails::Enter(const v1::ImageResult& result) {
   if (!result.error().empty()) return classes;
   absl::MutexLock lock(&mu_);
   for (int c = all_foreground_ ? 0 : 1; c < result.classes_size(); ++c) {
-    const v1::ClassResult& cr = result.classes(c);
-    const double dice = CountMetricWithEmpty(Metric::kDice, ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()}, empty_);
-    if (worst_.Offer(c, dice, result.index())) classes.push_back(c);
+    if (worst_.Offer(c, RowDice(result.classes(c), empty_), result.index())) classes.push_back(c);
   }
   return classes;
 }
@@ -193,9 +195,7 @@ std::vector<int> ShardThumbnails::StillAmongWorst(const v1::ImageResult& result,
   std::vector<int> still;
   absl::MutexLock lock(&mu_);
   for (int c : classes) {
-    const v1::ClassResult& cr = result.classes(c);
-    const double dice = CountMetricWithEmpty(Metric::kDice, ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()}, empty_);
-    if (worst_.Contains(c, dice, result.index())) still.push_back(c);
+    if (worst_.Contains(c, RowDice(result.classes(c), empty_), result.index())) still.push_back(c);
   }
   return still;
 }

@@ -68,6 +68,10 @@ absl::StatusOr<std::string> RenderClassThumbnail(const uint8_t* rgb, const uint1
                                                  const uint16_t* reference, int depth, int height, int width,
                                                  int cls, const uint8_t* member, int* slice);
 
+// The Dice of one class of a result under the job's empty-score convention: what orders the worst
+// rows, on workers and on the coordinator alike (the aggregator's per-image Dice).
+double RowDice(const v1::ClassResult& c, EmptyScore empty);
+
 // The `keep` lowest (score, index) pairs offered so far, per class; NaN scores never enter.
 class RunningWorst {
  public:

@@ -33,11 +33,10 @@ std::vector<StoredThumbnail> TakeThumbnails(std::vector<v1::ImageResult>* result
   std::vector<StoredThumbnail> out;
   for (v1::ImageResult& r : *results) {
     for (v1::Thumbnail& t : *r.mutable_thumbnails()) {
-      const v1::ClassResult& c = r.classes(t.class_index());  // In range: CheckResults.
       StoredThumbnail st;
       st.index = r.index();
       st.class_index = t.class_index();
-      st.dice = CountMetricWithEmpty(Metric::kDice, ConfusionCounts{c.tp(), c.fp(), c.fn(), c.tn()}, empty);
+      st.dice = RowDice(r.classes(t.class_index()), empty);  // In range: CheckResults.
       st.slice = t.slice();
       st.jpeg = std::move(*t.mutable_jpeg());
       out.push_back(std::move(st));
@@ -761,7 +760,7 @@ absl::StatusOr<Coordinator::Admission> Coordinator::AdmitReportLocked(const v1::
   if (!request.results().empty()) wit->second.last_progress = now;
   const v1::JobSpec& spec = job.record.job.spec();
   a.keep_thumbnails = spec.has_thumbnails() ? spec.thumbnails() : kDefaultThumbnails;
-  a.empty_score = spec.empty_score() == "one" ? EmptyScore::kOne : EmptyScore::kNaN;
+  a.empty_score = ParseEmptyScore(spec.empty_score()).value_or(EmptyScore::kNaN);  // Validated at submission.
   return a;
 }
 
