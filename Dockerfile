@@ -4,8 +4,8 @@
 # and the shared libraries they link (tests/integration/test_deploy.py keeps that list true).
 #
 #   docker build -t tally .
-#   docker run -d --name tallyd -p 50051:50051 -v tally-state:/var/lib/tally tally \
-#       tallyd --listen 0.0.0.0:50051 --state-dir /var/lib/tally --data-root /datasets ...
+#   docker run -d --name tallyd -p 50051:50051 -p 9464:9464 -v tally-state:/var/lib/tally tally \
+#       tallyd --listen 0.0.0.0:50051 --metrics-listen 0.0.0.0:9464 --state-dir /var/lib/tally --data-root /datasets ...
 #   docker run -d -v /datasets:/datasets:ro tally tally-worker --coordinator tallyd:50051 --device cpu
 #
 # Both run as the unprivileged user `tally` (uid 10001); mount state and data so that it may read
@@ -23,14 +23,15 @@ FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libabsl20220623 libgrpc29 libgrpc++1.51 libprotobuf32 libtorch1.13 libpng16-16 libdeflate0 \
-      libturbojpeg0 libsqlite3-0 zlib1g ca-certificates python3 python3-numpy \
+      libturbojpeg0 libsqlite3-0 zlib1g libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 \
+      ca-certificates python3 python3-numpy \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /var/lib/tally --create-home tally
 COPY --from=build /opt/tally /opt/tally
 ENV PATH=/opt/tally/bin:$PATH
 USER tally
 WORKDIR /var/lib/tally
-EXPOSE 50051
+EXPOSE 50051 9464
 CMD ["tallyd", "--listen", "0.0.0.0:50051", "--state-dir", "/var/lib/tally"]
 
 # GPU variant (not built here: it needs NVIDIA's CUDA and a CUDA LibTorch): build on a host or

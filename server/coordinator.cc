@@ -329,6 +329,7 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
     info->set_state("serving");
     info->set_registered_unix(w.registered);
     info->set_last_seen_unix(w.last_seen);
+    *info->mutable_gauges() = w.gauges;
     std::set<std::string> jobs;
     for (const auto& lease : w.leases) jobs.insert(lease.first);
     for (const std::string& j : jobs) info->add_jobs(j);
@@ -488,6 +489,65 @@ bool Coordinator::Serving() {
   return storage_error_.empty();
 }
 
+namespace {
+// Upper bounds of the commit-latency histogram, in seconds (a commit is one SQLite transaction:
+// about a millisecond on a local SSD, tens of milliseconds on network storage).
+constexpr double kCommitBounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+}  // namespace
+
+void Coordinator::NoteCommitLocked(double seconds) {
+  constexpr size_t kBounds = sizeof(kCommitBounds) / sizeof(kCommitBounds[0]);
+  if (counters_.commit_buckets.empty()) counters_.commit_buckets.assign(kBounds + 1, 0);
+  size_t b = 0;
+  while (b < kBounds && seconds > kCommitBounds[b]) ++b;
+  counters_.commit_buckets[b]++;
+  counters_.commit_count++;
+  counters_.commit_seconds_sum += seconds;
+}
+
+CoordinatorMetrics Coordinator::Metrics() {
+  CoordinatorMetrics m;
+  for (v1::JobState state : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
+                             v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+    m.jobs_by_state[JobStateName(state)] = 0;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      const v1::Job& j = job->record.job;
+      m.jobs_by_state[JobStateName(j.state())]++;
+      if (!IsTerminal(j.state())) {
+        m.images_remaining += std::max<int64_t>(0, j.images_total() - j.images_evaluated() - j.images_failed());
+      }
+    }
+    m.images_evaluated = counters_.images_evaluated;
+    m.images_failed = counters_.images_failed;
+    m.shards_leased = counters_.shards_leased;
+    m.shards_expired = counters_.shards_expired;
+    m.shards_retried = counters_.shards_retried;
+    m.workers_registered = static_cast<int64_t>(workers_.size());
+    m.workers_out_of_service = static_cast<int64_t>(retired_.size());
+    for (const auto& [id, w] : workers_) {
+      const bool busy = !w.leases.empty();
+      m.workers_busy += busy ? 1 : 0;
+      m.workers.push_back(CoordinatorMetrics::Worker{id, w.info.name(), w.info.device(), busy, w.gauges});
+    }
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < sizeof(kCommitBounds) / sizeof(kCommitBounds[0]); ++b) {
+      if (b < counters_.commit_buckets.size()) cumulative += counters_.commit_buckets[b];
+      m.commit_bounds.push_back(kCommitBounds[b]);
+      m.commit_counts.push_back(cumulative);
+    }
+    m.commit_count = counters_.commit_count;
+    m.commit_seconds_sum = counters_.commit_seconds_sum;
+  }
+  for (const char* suffix : {"", "-wal"}) {
+    struct stat st;
+    if (stat((options_.state_dir + "/tally.db" + suffix).c_str(), &st) == 0) m.database_bytes += st.st_size;
+  }
+  return m;
+}
+
 void Coordinator::NoteStorage(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   if (status.ok()) {
@@ -535,6 +595,7 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
     s.worker_id = worker_id;
     s.lease_unix = now;
     worker->leases.insert({id, g.shard_id});
+    counters_.shards_leased++;
     if (state == v1::JOB_STATE_QUEUED) {
       job.record.job.set_state(v1::JOB_STATE_RUNNING);
       job.record.job.set_started_unix(now);
@@ -806,14 +867,17 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
                                                    int keep_thumbnails) {
   std::vector<bool> new_rows;
   const double now = Now();
+  const auto commit_start = std::chrono::steady_clock::now();
   absl::Status committed =
       store_->CommitResults(job_id, worker_id, results, now, &new_rows, thumbnails, keep_thumbnails);
+  const double commit_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_start).count();
   NoteStorage(committed);
   RETURN_IF_ERROR(committed);
   Deferred deferred;
   bool done = false;
   {
     absl::MutexLock lock(&mu_);
+    NoteCommitLocked(commit_seconds);
     auto jit = jobs_.find(job_id);
     if (jit == jobs_.end()) return false;
     JobEntry& job = *jit->second;
@@ -823,8 +887,10 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
       if (!new_rows[i]) continue;
       if (results[i].error().empty()) {
         j.set_images_evaluated(j.images_evaluated() + 1);
+        counters_.images_evaluated++;
       } else {
         j.set_images_failed(j.images_failed() + 1);
+        counters_.images_failed++;
       }
       if (results[i].index() >= 0 && results[i].index() < static_cast<int64_t>(job.committed_rows.size())) {
         job.committed_rows[results[i].index()] = true;
@@ -947,6 +1013,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     WorkerEntry& worker = wit->second;
     const double now = Now();
     worker.last_seen = now;
+    worker.gauges = request.gauges();
     std::set<int64_t> listed;
     for (const v1::HeldLease& held : request.leases()) {
       listed.insert(held.lease_id());
@@ -986,6 +1053,7 @@ void Coordinator::ExpireLeases() {
       if (silent > options_.lease_seconds) {
         const std::string why = absl::StrCat("worker ", it->first, " (", w.info.name(), ") stopped responding");
         Log(why, " for ", absl::StrFormat("%.1f", silent), " s: taking back its ", w.leases.size(), " shard(s)");
+        counters_.shards_expired += static_cast<int64_t>(w.leases.size());
         ReleaseWorkerLeasesLocked(&w, it->first, "", why, true, &deferred);
         it = workers_.erase(it);
         continue;
@@ -999,6 +1067,7 @@ void Coordinator::ExpireLeases() {
         const double quiet = now - std::max(s.lease_unix, w.last_progress);
         if (quiet > BatchTimeout(job) + options_.lease_seconds) stuck.emplace_back(job_id, shard_id);
       }
+      counters_.shards_expired += static_cast<int64_t>(stuck.size());
       for (const auto& [job_id, shard_id] : stuck) {
         JobEntry* job = jobs_.at(job_id).get();
         ReleaseShardLocked(job, shard_id,
@@ -1051,9 +1120,11 @@ void Coordinator::ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std:
         "); splitting it into single rows to find the culprit");
     s.phase = ShardPhase::kPending;
     SplitShardLocked(job, shard_id);
+    counters_.shards_retried++;
     return;
   }
   Log("shard ", shard_id, " [", s.begin, ", ", s.end, ") of job ", job_id, " queued again: ", why);
+  counters_.shards_retried++;
   s.phase = ShardPhase::kPending;
   job->pending.push_front(shard_id);
 }

@@ -57,6 +57,35 @@ struct CoordinatorOptions {
 };
 
 
+// What /metrics shows (server/metrics_exporter.h): counters since this tallyd started, gauges now.
+struct CoordinatorMetrics {
+  std::map<std::string, int64_t> jobs_by_state;  // queued, running, succeeded, failed, cancelled: all present.
+  int64_t images_evaluated = 0;   // Rows committed with a result, since start.
+  int64_t images_failed = 0;      // Rows committed as failed (bad input, a lost row), since start.
+  int64_t images_remaining = 0;   // Rows of unfinished jobs without a committed result, now.
+  int64_t shards_leased = 0;      // Leases granted.
+  int64_t shards_expired = 0;     // Leases taken back from silent or stuck workers.
+  int64_t shards_retried = 0;     // Leases that ended without a commit and put their shard back in the queue
+                                  // (whole, or split into single rows).
+  int64_t workers_registered = 0; // In service now.
+  int64_t workers_busy = 0;       // Of those, holding a lease.
+  int64_t workers_out_of_service = 0;
+  // Time to commit one ReportResults (one SQLite transaction): cumulative counts per upper bound.
+  std::vector<double> commit_bounds;
+  std::vector<uint64_t> commit_counts;  // Cumulative: commit_counts[i] = commits taking <= commit_bounds[i].
+  uint64_t commit_count = 0;
+  double commit_seconds_sum = 0;
+  int64_t database_bytes = 0;     // tally.db and its write-ahead log.
+  struct Worker {
+    std::string worker_id;
+    std::string name;
+    std::string device;
+    bool busy = false;
+    v1::WorkerGauges gauges;
+  };
+  std::vector<Worker> workers;    // In service.
+};
+
 class Coordinator {
  public:
   // Opens or creates the state directory and database; resumes unfinished jobs found there.
@@ -89,6 +118,8 @@ class Coordinator {
   absl::StatusOr<std::string> CompareJobs(const std::string& a, const std::string& b);
   // False while the database cannot be written (disk full): health reports NOT_SERVING.
   bool Serving();
+  // The figures /metrics exports.
+  CoordinatorMetrics Metrics();
 
   // Worker API. NOT_FOUND for an unknown worker id: the worker should register again.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& request);
@@ -138,6 +169,18 @@ class Coordinator {
     double last_seen = 0;
     double last_progress = 0;  // Last committed result (or the first lease after a quiet time).
     std::set<std::pair<std::string, int64_t>> leases;  // (job_id, shard_id)
+    v1::WorkerGauges gauges;   // From its latest heartbeat.
+  };
+  // Counters behind CoordinatorMetrics (since this process started).
+  struct Counters {
+    int64_t images_evaluated = 0;
+    int64_t images_failed = 0;
+    int64_t shards_leased = 0;
+    int64_t shards_expired = 0;
+    int64_t shards_retried = 0;
+    std::vector<uint64_t> commit_buckets;  // Per bound of kCommitBounds, not cumulative; one more for +Inf.
+    uint64_t commit_count = 0;
+    double commit_seconds_sum = 0;
   };
   // Work to do after the lock is released.
   struct Deferred {
@@ -210,6 +253,8 @@ class Coordinator {
   void RetireWorkerLocked(const std::string& worker_id, const std::string& reason, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteStorage(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts one commit of `seconds` in the latency histogram.
+  void NoteCommitLocked(double seconds) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Apply(Deferred& deferred);
   void BackgroundLoop();
   std::string ReportPath(const std::string& job_id) const;
@@ -228,6 +273,7 @@ class Coordinator {
   std::deque<std::string> finalize_queue_ ABSL_GUARDED_BY(mu_);
   std::string storage_error_ ABSL_GUARDED_BY(mu_);  // Why the database cannot be written now.
   double last_retention_ ABSL_GUARDED_BY(mu_) = 0;
+  Counters counters_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread background_;
 };

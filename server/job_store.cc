@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "server/sharding.h"
 
@@ -113,6 +114,14 @@ CREATE TABLE IF NOT EXISTS job_workers(
   PRIMARY KEY(job_id, worker_id)) WITHOUT ROWID;
 )sql";
 
+// The schema's version, kept in the database (PRAGMA user_version). 0: a new file, or a database
+// from before versions were kept; both are brought to this schema by creating what is missing
+// (the statements above) and adding the columns below. A database of a newer version than this
+// is refused: it was written by a newer tallyd, and this one could misread it. A change of the
+// schema bumps this number and, where the statements above do not suffice, adds a step to
+// MigrateSchema (README "Operating tallyd": backups and upgrades).
+constexpr int kSchemaVersion = 2;
+
 // Columns added after the first schema, with their definitions (the schema above has them all).
 struct ColumnMigration {
   const char* table;
@@ -151,6 +160,24 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   sqlite3_busy_timeout(db, 10000);
   std::unique_ptr<JobStore> store(new JobStore(db, path));
   absl::ReleasableMutexLock lock(&store->mu_);
+  int64_t version = 0;
+  bool existing = false;
+  {
+    Stmt q(store->db_, "PRAGMA user_version");
+    RETURN_IF_ERROR(q.status());
+    absl::Status s;
+    if (q.Step(&s)) version = q.Int(0);
+    RETURN_IF_ERROR(s);
+    Stmt t(store->db_, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'jobs'");
+    RETURN_IF_ERROR(t.status());
+    if (t.Step(&s)) existing = t.Int(0) > 0;
+    RETURN_IF_ERROR(s);
+  }
+  if (version > kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "database '", path, "' has schema version ", version, ", newer than this tallyd's (", kSchemaVersion,
+        "): it was written by a newer tallyd; run that one, or restore the backup taken before the upgrade"));
+  }
   // WAL + synchronous=NORMAL: a committed transaction survives the death of any process; only a
   // power loss can roll back the last transactions (README "Durability").
   // Deleted jobs give their pages back (PRAGMA incremental_vacuum); must precede the first table.
@@ -165,6 +192,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
       RETURN_IF_ERROR(store->Exec(absl::StrCat("ALTER TABLE ", m.table, " ADD COLUMN ", m.column, " ", m.definition).c_str()));
     }
   }
+  if (version != kSchemaVersion) {
+    RETURN_IF_ERROR(store->Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str()));
+    if (existing) Log("database ", path, ": schema version ", version, " migrated to ", kSchemaVersion);
+  }
   std::vector<std::string> abandoned;
   {
     Stmt q(store->db_, "SELECT job_id FROM submissions");
@@ -177,6 +208,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   for (const std::string& job_id : abandoned) RETURN_IF_ERROR(store->DeleteJob(job_id));
   return store;
 }
+
+int JobStore::SchemaVersion() { return kSchemaVersion; }
 
 JobStore::~JobStore() {
   absl::MutexLock lock(&mu_);

@@ -65,8 +65,11 @@ struct WorkerRecord {
 
 class JobStore {
  public:
-  // Opens (creating if needed) the database file. Errors name the path.
+  // Opens (creating if needed) the database file and brings its schema to this version (creating
+  // tables, adding columns; PRAGMA user_version records it). Errors name the path;
+  // FAILED_PRECONDITION for a database written by a newer tallyd (a newer schema version).
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  static int SchemaVersion();
   ~JobStore();
 
   // A submission streams its manifest rows in with InsertManifestRows (one transaction per batch,

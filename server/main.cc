@@ -4,6 +4,7 @@
 //   tallyd --state-dir /var/lib/tally                                          # 127.0.0.1:50051
 //   tallyd --listen 127.0.0.1:0 --port-file /tmp/port --state-dir /tmp/tally   # any free port
 //   tallyd --spawn-workers --gpus all                                          # plus one worker per GPU
+//   tallyd --metrics-listen 127.0.0.1:9464                                     # Prometheus /metrics
 //   tallyd --listen 0.0.0.0:50051 --tls-cert server.pem --tls-key server.key
 //          --auth-tokens tokens --data-root /datasets       # on a shared network (one command line)
 //
@@ -36,6 +37,9 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "re-read on SIGHUP");
 ABSL_FLAG(std::string, state_dir, "./tally-state", "Folder for the database (tally.db) and reports");
 ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once serving");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus metrics at http://host:port/metrics (port 0 = any free port; no TLS or tokens: "
+          "a trusted network only). Empty: off");
 ABSL_FLAG(double, lease_seconds, 10.0, "A worker silent this long loses its shards to others");
 ABSL_FLAG(double, heartbeat_seconds, 1.0, "How often workers heartbeat");
 ABSL_FLAG(int, max_shard_attempts, 3,
@@ -73,6 +77,7 @@ int main(int argc, char** argv) {
   options.data_roots = roots->roots();
   tally::SetProcessDataRoots(*std::move(roots));
   options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.coordinator.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.coordinator.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
   options.coordinator.heartbeat_seconds = absl::GetFlag(FLAGS_heartbeat_seconds);

@@ -59,6 +59,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
       tls ? (options.tls.client_ca.empty() ? " (TLS)" : " (mutual TLS)") : " (plaintext)",
       server->auth_->enabled() ? ", tokens required" : "", ", state in ", options.coordinator.state_dir);
   WarnAboutExposure(options, tls, !options.auth_tokens.empty());
+  if (!options.metrics_listen.empty()) {
+    ASSIGN_OR_RETURN(server->metrics_, MetricsExporter::Start(options.metrics_listen, server->core_.get()));
+    Log("metrics on http://", options.metrics_listen.substr(0, options.metrics_listen.rfind(':')), ":",
+        server->metrics_->port(), "/metrics (no TLS, no tokens: keep it on a trusted network)");
+  }
   if (!options.port_file.empty()) RETURN_IF_ERROR(WriteFileAtomically(options.port_file, absl::StrCat(server->port_, "\n")));
   if (options.spawn_workers) {
     options.workers.coordinator = local_socket ? "unix:" + socket_path : absl::StrCat("127.0.0.1:", server->port_);
@@ -75,6 +80,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
   SdNotify(absl::StrCat("READY=1\nSTATUS=serving on ", options.listen));  // systemd Type=notify (deploy/).
   return server;
 }
+
+int Server::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
 void Server::Supervise() {
   bool serving = true;

@@ -18,6 +18,7 @@
 #include "server/coordinator.h"
 #include "server/coordinator_service.h"
 #include "server/executor.h"
+#include "server/metrics_exporter.h"
 #include "server/worker_control_service.h"
 
 namespace tally {
@@ -25,6 +26,7 @@ namespace tally {
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free port.
   std::string port_file;                   // If set, the bound port is written here once serving.
+  std::string metrics_listen;              // host:port of the Prometheus /metrics endpoint; empty: none.
   ServerTlsOptions tls;                    // No certificate: plaintext.
   std::string auth_tokens;                 // Tokens file (common/auth_tokens.h); empty: no authentication.
   // Folders clients may name files in; empty: any. Enforced in this process (the caller sets the
@@ -41,6 +43,7 @@ class Server {
   ~Server();
 
   int port() const { return port_; }
+  int metrics_port() const;  // 0 without --metrics-listen.
   // Blocks until Shutdown() is called (from a signal handler thread, say).
   void Wait();
   void Shutdown();
@@ -56,6 +59,7 @@ class Server {
   static void WarnAboutExposure(const ServerOptions& options, bool tls, bool tokens);
 
   std::unique_ptr<Coordinator> core_;
+  std::unique_ptr<MetricsExporter> metrics_;  // Declared after core_: stops before it.
   std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<Executor> executor_;  // Blocking client calls (submission, deletion).
   std::unique_ptr<CoordinatorServiceImpl> coordinator_service_;

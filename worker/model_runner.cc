@@ -209,7 +209,17 @@ class TorchRunner final : public ModelRunner {
       s.gpu_name = at::cuda::getDeviceProperties(device_.index())->name;
       auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
       s.peak_memory_bytes = stats.reserved_bytes[0].peak;  // [0] = aggregate over pool types.
-      s.gpus.push_back(GpuUsage{options_.device, s.gpu_name, s.peak_memory_bytes});
+      GpuUsage g{options_.device, s.gpu_name, s.peak_memory_bytes};
+      // Any thread may ask (the heartbeat does): the guard makes the query about this device.
+      c10::cuda::CUDAGuard guard(device_.index());
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+        g.memory_used_bytes = static_cast<int64_t>(total_bytes - free_bytes);
+        g.memory_total_bytes = static_cast<int64_t>(total_bytes);
+      } else {
+        cudaGetLastError();  // Clear it: the next kernel launch must not see it.
+      }
+      s.gpus.push_back(std::move(g));
     }
 #endif
     return s;

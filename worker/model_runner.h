@@ -110,7 +110,9 @@ class PendingBatch {
 struct GpuUsage {
   std::string device;
   std::string name;
-  int64_t peak_memory_bytes = 0;
+  int64_t peak_memory_bytes = 0;   // The most this process's allocator reserved on it.
+  int64_t memory_used_bytes = 0;   // The whole device's, when the stats were taken (0: unknown).
+  int64_t memory_total_bytes = 0;
 };
 
 struct RunnerStats {

@@ -269,7 +269,9 @@ void Channel::NoteGpus(const v1::StubResponse& r) {
   if (r.gpus_size() == 0) return;
   absl::MutexLock lock(&mu_);
   gpus_.clear();
-  for (const v1::GpuStats& g : r.gpus()) gpus_.push_back(GpuUsage{g.device(), g.name(), g.peak_memory_bytes()});
+  for (const v1::GpuStats& g : r.gpus()) {
+    gpus_.push_back(GpuUsage{g.device(), g.name(), g.peak_memory_bytes(), g.memory_used_bytes(), g.memory_total_bytes()});
+  }
 }
 
 bool Channel::SendFrame(const std::string& json, int fd_to_pass) {

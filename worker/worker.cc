@@ -503,6 +503,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
 
 void Worker::OnResult(const LeaseKey& lease, v1::ImageResult result) {
   absl::MutexLock lock(&mu_);
+  ++images_total_;
   auto it = leases_.find(lease.lease_id);
   if (it == leases_.end()) return;  // Revoked meanwhile.
   it->second.pending.push_back(std::move(result));
@@ -700,8 +701,36 @@ void Worker::ReporterLoop() {
   }
 }
 
+v1::WorkerGauges Worker::Gauges(std::deque<std::pair<double, int64_t>>* samples) {
+  constexpr double kRateWindowSeconds = 10;
+  v1::WorkerGauges g;
+  const double now = NowUnix();
+  g.set_images_total(images_total_);
+  samples->emplace_back(now, images_total_);
+  // Keep one sample at least the window old (the rate's start), and nothing older than that.
+  while (samples->size() > 2 && now - (*samples)[1].first >= kRateWindowSeconds) samples->pop_front();
+  const auto& [t0, n0] = samples->front();
+  if (now > t0) g.set_images_per_second(static_cast<double>(images_total_ - n0) / (now - t0));
+  if (evaluator_ != nullptr && evaluator_->runner != nullptr) {
+    for (const GpuUsage& u : evaluator_->runner->Stats().gpus) {
+      v1::GpuStats* gs = g.add_gpus();
+      gs->set_device(u.device);
+      gs->set_name(u.name);
+      gs->set_peak_memory_bytes(u.peak_memory_bytes);
+      gs->set_memory_used_bytes(u.memory_used_bytes);
+      gs->set_memory_total_bytes(u.memory_total_bytes);
+    }
+  }
+  return g;
+}
+
 void Worker::HeartbeatLoop() {
   SdWatchdog watchdog;  // WatchdogSec= of the unit: this loop (it takes mu_) proves the worker alive.
+  std::deque<std::pair<double, int64_t>> rate_samples;
+  {
+    absl::MutexLock lock(&mu_);
+    rate_samples.emplace_back(NowUnix(), images_total_);  // The rate's start before the first heartbeat.
+  }
   while (true) {
     v1::HeartbeatRequest request;
     double period = 1.0;
@@ -718,6 +747,7 @@ void Worker::HeartbeatLoop() {
         h->set_shard_id(lb.key.shard_id);
         h->set_lease_id(lb.key.lease_id);
       }
+      *request.mutable_gauges() = Gauges(&rate_samples);
     }
     v1::HeartbeatResponse response;
     grpc::ClientContext ctx;

@@ -17,11 +17,13 @@
 #ifndef TALLY_WORKER_WORKER_H_
 #define TALLY_WORKER_WORKER_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -157,6 +159,11 @@ class Worker {
   bool wake_leaser_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_reporter_ ABSL_GUARDED_BY(mu_) = false;
   bool trimmed_ ABSL_GUARDED_BY(mu_) = false;  // TrimMemoryWhenIdle ran since the last lease.
+  int64_t images_total_ ABSL_GUARDED_BY(mu_) = 0;  // Rows with a result since start (WorkerGauges).
+
+  // The gauges a heartbeat carries: rows done, their recent rate, the model's GPUs. `samples` is
+  // the heartbeat thread's history of (time, images_total) for the rate.
+  v1::WorkerGauges Gauges(std::deque<std::pair<double, int64_t>>* samples) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Created and replaced by Run()'s thread (under mu_); read by the others under mu_.
   std::unique_ptr<Evaluator> evaluator_ ABSL_GUARDED_BY(mu_);

@@ -102,14 +102,30 @@ def _gpu_stats(devices):
         if not d.startswith("cuda"):
             continue
         idx = int(d.split(":")[1]) if ":" in d else 0
+        free, total = _mem_get_info(torch, idx)
         out.append(
             {
                 "device": d,
                 "name": torch.cuda.get_device_name(idx),
                 "peak_memory_bytes": int(torch.cuda.max_memory_reserved(idx)),
+                "memory_used_bytes": int(total - free),
+                "memory_total_bytes": int(total),
             }
         )
     return out
+
+
+_MEM_INFO = {}  # device index -> (monotonic time, (free, total))
+
+
+def _mem_get_info(torch, idx):
+    """The device's free and total memory, asked of the driver at most once a second."""
+    now = time.monotonic()
+    cached = _MEM_INFO.get(idx)
+    if cached is None or now - cached[0] > 1.0:
+        cached = (now, torch.cuda.mem_get_info(idx))
+        _MEM_INFO[idx] = cached
+    return cached[1]
 
 
 def _contract(shape, dtype, h, w):

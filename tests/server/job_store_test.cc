@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <random>
 
+#include <sqlite3.h>
+
 #include "gtest/gtest.h"
 
 namespace tally {
@@ -32,6 +34,72 @@ v1::ImageResult Result(int64_t index) {
   v1::ImageResult r;
   r.set_index(index);
   return r;
+}
+
+// Runs `sql` on the database file at `path` with SQLite directly (no JobStore); returns the first
+// column of the first row as text ("" when there is none).
+std::string Sql(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  std::string out;
+  sqlite3_stmt* stmt = nullptr;
+  const char* tail = sql.c_str();
+  while (*tail != '\0') {
+    EXPECT_EQ(sqlite3_prepare_v2(db, tail, -1, &stmt, &tail), SQLITE_OK) << sqlite3_errmsg(db) << " in " << sql;
+    if (stmt == nullptr) break;
+    if (sqlite3_step(stmt) == SQLITE_ROW && out.empty() && sqlite3_column_text(stmt, 0) != nullptr) {
+      out = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return out;
+}
+
+// A database from before schema versions (the first schema: no owner, summary, prediction or
+// columns columns, no thumbnails or job_workers tables) opens, keeps its job and is brought to
+// the current version.
+TEST_F(JobStoreTest, OldDatabaseIsMigratedOnOpen) {
+  const std::string path = dir_ + "/old.db";
+  Sql(path,
+      "CREATE TABLE jobs(job_id TEXT PRIMARY KEY, spec BLOB NOT NULL, state INTEGER NOT NULL, error TEXT NOT NULL,"
+      " images_total INTEGER NOT NULL, shard_size INTEGER NOT NULL, num_classes INTEGER NOT NULL,"
+      " created REAL NOT NULL, started REAL NOT NULL, finished REAL NOT NULL, last_result REAL NOT NULL);"
+      "CREATE TABLE manifest_rows(job_id TEXT NOT NULL, idx INTEGER NOT NULL, line INTEGER NOT NULL, id TEXT NOT NULL,"
+      " image TEXT NOT NULL, mask TEXT NOT NULL, image_path TEXT NOT NULL, mask_path TEXT NOT NULL,"
+      " error TEXT NOT NULL, PRIMARY KEY(job_id, idx)) WITHOUT ROWID;"
+      "INSERT INTO jobs VALUES('j1', x'', 3, '', 10, 5, 2, 1.0, 2.0, 3.0, 3.0);");
+  ASSERT_EQ(Sql(path, "PRAGMA user_version"), "0");
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  store->reset();
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), std::to_string(JobStore::SchemaVersion()));
+  EXPECT_EQ(Sql(path, "SELECT count(*) FROM pragma_table_info('jobs') WHERE name IN ('owner', 'summary')"), "2");
+  EXPECT_EQ(Sql(path, "SELECT count(*) FROM pragma_table_info('manifest_rows') "
+                      "WHERE name IN ('prediction', 'prediction_path', 'columns')"),
+            "3");
+  EXPECT_EQ(Sql(path, "SELECT count(*) FROM sqlite_master WHERE name IN ('thumbnails', 'job_workers')"), "2");
+  EXPECT_EQ(Sql(path, "SELECT job_id || ':' || owner || ':' || images_total FROM jobs"), "j1::10");
+  // Opening again changes nothing.
+  ASSERT_TRUE(JobStore::Open(path).ok());
+  EXPECT_EQ(Sql(path, "PRAGMA user_version"), std::to_string(JobStore::SchemaVersion()));
+}
+
+// A database written by a newer tallyd (a higher schema version) is refused, untouched.
+TEST_F(JobStoreTest, NewerSchemaIsRefused) {
+  const std::string path = dir_ + "/new.db";
+  Sql(path, "CREATE TABLE future(x INTEGER); PRAGMA user_version = " + std::to_string(JobStore::SchemaVersion() + 1));
+  auto store = JobStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(store.status().message().find(path), std::string::npos) << store.status();
+  EXPECT_NE(store.status().message().find("newer than this tallyd"), std::string::npos) << store.status();
+  EXPECT_EQ(Sql(path, "SELECT count(*) FROM sqlite_master WHERE name = 'jobs'"), "0");
+}
+
+// A new database starts at the current version.
+TEST_F(JobStoreTest, NewDatabaseHasTheCurrentVersion) {
+  EXPECT_EQ(Sql(dir_ + "/state.db", "PRAGMA user_version"), std::to_string(JobStore::SchemaVersion()));
 }
 
 // Shards commit their rows' thumbnails in any order; the table keeps the job's `keep` lowest
