@@ -46,6 +46,7 @@
 #include "common/job_config.h"
 #include "common/manifest.h"
 #include "common/metrics.h"
+#include "common/subprocess.h"
 #include "common/thumbnail.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tallyd address (host:port) for submit/watch/status/...");
@@ -107,6 +108,8 @@ ABSL_FLAG(bool, count_logit_ties, false, "tally run: workers count pixels whose 
 ABSL_FLAG(int, worker_threads, 0, "tally run: decode threads per worker (0 = its share of the cores)");
 ABSL_FLAG(std::vector<std::string>, worker_flags, {},
           "tally run: extra tally-worker flags, comma-separated, e.g. --worker-flags=--gpu-memory-limit-gib=8");
+// tally estimate.
+ABSL_FLAG(int, max_batch, 0, "tally estimate: largest batch size to try (0 = 512 on a GPU, 16 on CPU)");
 // Listing.
 ABSL_FLAG(int, limit, 20, "tally jobs: how many jobs to list");
 ABSL_FLAG(std::string, page_token, "", "tally jobs: continue after this job id (printed at the end of a page)");
@@ -468,6 +471,58 @@ int WaitForJobs(tally::TallyClient& client, const std::vector<std::string>& ids)
 
 }  // namespace
 
+// tally estimate: the model's trial passes run in a tally-worker (it has the model backends) on
+// the first of the chosen GPUs (or the CPU); it prints the table or the JSON itself.
+int Estimate() {
+  auto spec = SpecFromFlags();
+  if (!spec.ok()) return Usage(std::string(spec.status().message()));
+  if (spec->model().empty()) return Usage("tally estimate needs --model: it measures the model");
+  if (absl::GetFlag(FLAGS_max_batch) < 0) return Usage("--max-batch must be >= 0");
+  const std::string worker = tally::FindExecutable("tally-worker");
+  if (worker.empty()) return Finish(absl::NotFoundError("tally-worker not found next to tally or on PATH"));
+  std::vector<std::string> gpu_groups;
+  int workers = std::max(1, absl::GetFlag(FLAGS_workers));
+  const int per_worker = absl::GetFlag(FLAGS_gpus_per_worker);
+  if (!absl::GetFlag(FLAGS_gpus).empty()) {
+    auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));
+    if (!gpus.ok()) return Finish(gpus.status());
+    auto grouped = tally::GroupGpus(*gpus, per_worker);
+    if (!grouped.ok()) return Usage(std::string(grouped.status().message()));
+    if (per_worker > 1 && !tally::ParseModelRef(spec->model()).python) {
+      return Usage("--gpus-per-worker > 1 needs a Python model (--model PATH.py): a TorchScript model runs on one GPU");
+    }
+    gpu_groups = *grouped;
+    workers = static_cast<int>(gpu_groups.size());
+  } else if (per_worker != 1) {
+    return Usage("--gpus-per-worker goes with --gpus");
+  }
+  char path[] = "/tmp/tally-estimate-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return Finish(absl::InternalError("cannot create a temporary file in /tmp"));
+  close(fd);
+  if (absl::Status s = tally::WriteFileAtomically(path, spec->SerializeAsString()); !s.ok()) return Finish(s);
+  tally::SpawnOptions options;
+  const bool gpu = !gpu_groups.empty();
+  options.argv = {worker, "--estimate", path, "--device", gpu ? "cuda:0" : "cpu",
+                  absl::StrCat("--gpus-per-worker=", gpu ? per_worker : 1), absl::StrCat("--estimate-workers=", workers),
+                  absl::StrCat("--estimate-max-batch=", absl::GetFlag(FLAGS_max_batch))};
+  if (absl::GetFlag(FLAGS_worker_threads) > 0) {
+    options.argv.push_back(absl::StrCat("--threads=", absl::GetFlag(FLAGS_worker_threads)));
+    options.argv.push_back(absl::StrCat("--estimate-decode-threads=", absl::GetFlag(FLAGS_worker_threads) * workers));
+  }
+  if (absl::GetFlag(FLAGS_json)) options.argv.push_back("--estimate-json");
+  for (const std::string& f : absl::GetFlag(FLAGS_worker_flags)) options.argv.push_back(f);
+  if (gpu) options.env.emplace_back("CUDA_VISIBLE_DEVICES", gpu_groups.front());
+  auto child = tally::Subprocess::Spawn(options);
+  if (!child.ok()) {
+    unlink(path);
+    return Finish(child.status());
+  }
+  while ((*child)->Running()) absl::SleepFor(absl::Milliseconds(20));
+  unlink(path);
+  return (*child)->exit_code() >= 0 ? (*child)->exit_code() : 1;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("tally VERB [flags]; `tally help` lists the verbs");
   std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
@@ -541,6 +596,7 @@ int main(int argc, char** argv) {
   }
 
   if (command == "token") return MakeToken(positional);
+  if (command == "estimate") return Estimate();
   if (command == "gpus") {
     // This machine's GPUs (client/gpus.h); 0 when at least one is ready, 1 otherwise.
     const tally::GpuInventoryReport gpus = tally::InspectGpus();

@@ -28,6 +28,8 @@
 #include "common/flag_util.h"
 #include "common/log.h"
 #include "common/signals.h"
+#include "common/image_io.h"
+#include "worker/estimate.h"
 #include "worker/worker.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port");
@@ -51,7 +53,46 @@ ABSL_FLAG(std::string, tls_cert, "", "Client certificate for mutual TLS (with --
 ABSL_FLAG(std::string, tls_key, "", "Private key of --tls-cert");
 ABSL_FLAG(std::string, tls_server_name, "", "Name to check tallyd's certificate against (default: the host of --coordinator)");
 ABSL_FLAG(std::string, token_file, "", "File holding this worker's token (default: the TALLY_TOKEN environment variable)");
+ABSL_FLAG(std::string, estimate, "",
+          "Instead of serving: tally estimate's trial passes for the JobSpec in this file (binary protobuf); "
+          "the result goes to stdout");
+ABSL_FLAG(int, estimate_workers, 1, "With --estimate: workers the evaluation will run, for the prediction");
+ABSL_FLAG(int, estimate_decode_threads, 0, "With --estimate: decode threads of the host in all (0 = its cores)");
+ABSL_FLAG(int, estimate_max_batch, 0, "With --estimate: largest batch to try (0 = 512 on CUDA, 16 on CPU)");
+ABSL_FLAG(double, estimate_seconds, 0.5, "With --estimate: timed passes per batch size last at least this long");
+ABSL_FLAG(bool, estimate_json, false, "With --estimate: print JSON");
 ABSL_FLAG(double, gpu_memory_limit_gib, 0, "Cap this worker's GPU memory (GiB; 0 = no cap), e.g. on a shared GPU");
+
+namespace {
+
+// tally-worker --estimate SPEC: tally estimate's trials (worker/estimate.h), run by `tally estimate`.
+int RunEstimateCommand(const tally::WorkerOptions& worker) {
+  tally::EstimateOptions options;
+  std::string bytes;
+  if (absl::Status s = tally::ReadFileBytes(absl::GetFlag(FLAGS_estimate), &bytes); !s.ok()) {
+    std::cerr << "tally-worker: " << s.message() << "\n";
+    return 2;
+  }
+  if (!options.spec.ParseFromString(bytes)) {
+    std::cerr << "tally-worker: --estimate " << absl::GetFlag(FLAGS_estimate) << ": not a JobSpec\n";
+    return 2;
+  }
+  options.worker = worker;
+  options.workers = std::max(1, absl::GetFlag(FLAGS_estimate_workers));
+  options.decode_threads = absl::GetFlag(FLAGS_estimate_decode_threads);
+  options.max_batch = absl::GetFlag(FLAGS_estimate_max_batch);
+  options.seconds_per_trial = absl::GetFlag(FLAGS_estimate_seconds);
+  options.json = absl::GetFlag(FLAGS_estimate_json);
+  absl::StatusOr<tally::EstimateResult> r = tally::RunEstimate(options);
+  if (!r.ok()) {
+    std::cerr << "tally estimate: " << r.status().message() << "\n";
+    return absl::IsInvalidArgument(r.status()) || absl::IsNotFound(r.status()) ? 2 : 1;
+  }
+  std::cout << (options.json ? tally::EstimateJson(*r) : tally::EstimateText(*r)) << std::flush;
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N");
@@ -61,7 +102,6 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   tally::SetLogName("tally-worker[" + absl::GetFlag(FLAGS_device) + "]");
 
-  tally::BlockTerminationSignals();
   // Fixed allocator thresholds. glibc otherwise raises its mmap threshold to the largest block
   // freed (up to 32 MiB) and its trim threshold to twice that, so one large image leaves every
   // decode thread's arena holding tens of MiB for the rest of the process. Blocks of 16 MiB and
@@ -74,7 +114,7 @@ int main(int argc, char** argv) {
     std::cerr << "tally-worker: " << roots.status().message() << "\n";
     return 2;
   }
-  if (roots->empty()) {
+  if (roots->empty() && absl::GetFlag(FLAGS_estimate).empty()) {
     tally::Log("WARNING: no --data-root: jobs may make this worker read any file it can (SECURITY.md)");
   }
   tally::SetProcessDataRoots(*std::move(roots));
@@ -107,6 +147,9 @@ int main(int argc, char** argv) {
     std::cerr << "tally-worker: --gpus-per-worker must be >= 1\n";
     return 2;
   }
+  if (!absl::GetFlag(FLAGS_estimate).empty()) return RunEstimateCommand(options);
+  // Termination signals go to one thread (WaitForTerminationSignal): blocked before any thread starts.
+  tally::BlockTerminationSignals();
   auto worker = tally::Worker::Create(options);
   if (!worker.ok()) {
     std::cerr << "tally-worker: " << worker.status().message() << "\n";

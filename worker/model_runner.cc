@@ -198,6 +198,15 @@ class TorchRunner final : public ModelRunner {
 #endif
   }
 
+  void ResetPeakMemory() override {
+#if TALLY_WITH_CUDA
+    if (cuda_) {
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+    }
+#endif
+  }
+
   absl::StatusOr<int> FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) override;
 
   RunnerStats Stats() override {

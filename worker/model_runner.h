@@ -143,6 +143,9 @@ class ModelRunner {
   virtual absl::StatusOr<std::unique_ptr<PendingBatch>> Launch(const BatchSpec& batch) = 0;
   // Frees cached device memory (after an out-of-memory error).
   virtual void ReleaseCachedMemory() = 0;
+  // Frees cached device memory and restarts the peak that Stats() reports (GpuUsage's
+  // peak_memory_bytes), so the next passes' own peak can be read (tally estimate).
+  virtual void ResetPeakMemory() {}
   // Largest batch (a power of two up to `limit`) whose forward pass at height x width fits in
   // `max_memory` (a fraction of the device memory if <= 1, else GiB), found by trial passes.
   // CPU: returns `fallback`.

@@ -817,6 +817,12 @@ class PythonRunner final : public ModelRunner {
     channel_->SendNoReply(req);
   }
 
+  void ResetPeakMemory() override {
+    v1::StubRequest req;
+    req.set_op("reset_peak");
+    channel_->SendNoReply(req);
+  }
+
   absl::StatusOr<int> FindMaxBatch(int, int, double, int, int fallback) override { return fallback; }
 
   RunnerStats Stats() override {

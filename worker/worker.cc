@@ -73,6 +73,43 @@ absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder) {
   return roots.empty() ? std::filesystem::canonical(folder, ec).string() : *resolved;
 }
 
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
+                                                             const std::vector<std::string>& devices) {
+  const ModelRef model = ParseModelRef(config.model);
+  ASSIGN_OR_RETURN(const std::string model_path, CheckModelAllowed(model, config.python));
+  ModelRunnerOptions ro;
+  ro.model_path = model_path;
+  ro.device = options.device;
+  ro.precision = std::string(PrecisionName(config.precision));
+  ro.channels_last = config.channels_last;
+  ro.mean = config.mean;
+  ro.std = config.std;
+  ro.input_height = config.input_height;
+  ro.input_width = config.input_width;
+  ro.cpu_threads = options.threads;
+  ro.count_logit_ties = options.count_logit_ties;
+  ro.cudnn_benchmark = options.cudnn_benchmark;
+  ro.memory_limit_gib = options.gpu_memory_limit_gib;
+  ro.thresholds = config.thresholds;
+  if (model.python) {
+    ro.class_name = model.class_name;
+    ro.devices = devices;
+    ro.python = config.python;
+    ro.model_options = config.model_options;
+    ro.columns = config.manifest_columns;
+    ro.num_classes = config.num_classes;
+    return CreatePythonRunner(ro);
+  }
+  if (devices.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TorchScript models run on one GPU, but this worker owns ", devices.size(),
+        " (--gpus-per-worker); use a Python model (--model PATH.py) to spread a model over several GPUs"));
+  }
+  return ModelRunner::Create(ro);
+}
+
 // --threads 0: this worker's share of the cores it may run on: all of them for a CPU worker; for a
 // GPU worker, divided among the host's GPUs (/dev/nvidiaN), one worker per GPU as the systemd
 // template and `tallyd --spawn-workers` run them.
@@ -92,6 +129,8 @@ int DefaultThreads(const std::string& device) {
   }
   return std::max(1, cores / std::max(1, gpus));
 }
+
+namespace {
 
 bool IsWorkerLocal(const absl::Status& s) {
   return absl::IsNotFound(s) || absl::IsUnavailable(s) || absl::IsUnimplemented(s);
@@ -436,41 +475,8 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     evaluator_ = std::move(evaluator);
     return absl::OkStatus();
   }
-  const ModelRef model = ParseModelRef(config.model);
-  ASSIGN_OR_RETURN(const std::string model_path, CheckModelAllowed(model, config.python));
-  ModelRunnerOptions ro;
-  ro.model_path = model_path;
-  ro.device = options_.device;
-  ro.precision = std::string(PrecisionName(config.precision));
-  ro.channels_last = config.channels_last;
-  ro.mean = config.mean;
-  ro.std = config.std;
-  ro.input_height = config.input_height;
-  ro.input_width = config.input_width;
-  ro.cpu_threads = options_.threads;
-  ro.count_logit_ties = options_.count_logit_ties;
-  ro.cudnn_benchmark = options_.cudnn_benchmark;
-  ro.memory_limit_gib = options_.gpu_memory_limit_gib;
-  ro.thresholds = config.thresholds;
-  const std::vector<std::string> devices = Devices();
-  if (model.python) {
-    ro.class_name = model.class_name;
-    ro.devices = devices;
-    ro.python = config.python;
-    ro.model_options = config.model_options;
-    ro.columns = config.manifest_columns;
-    ro.num_classes = config.num_classes;
-    Log("job ", a.job_id(), ": starting Python model ", config.model, " on ", absl::StrJoin(devices, ","));
-    ASSIGN_OR_RETURN(evaluator->runner, CreatePythonRunner(ro));
-  } else {
-    if (devices.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TorchScript models run on one GPU, but this worker owns ", devices.size(),
-          " (--gpus-per-worker); use a Python model (--model PATH.py) to spread a model over several GPUs"));
-    }
-    Log("job ", a.job_id(), ": loading model ", config.model, " on ", options_.device);
-    ASSIGN_OR_RETURN(evaluator->runner, ModelRunner::Create(ro));
-  }
+  Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(Devices(), ","));
+  ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_, Devices()));
   PipelineOptions po;
   po.decode_threads = options_.threads;
   po.default_batch_size = DefaultBatchSize(evaluator->runner->is_cuda());

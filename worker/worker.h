@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/backoff.h"
 #include "common/channel_security.h"
+#include "common/job_config.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
 #include "worker/model_runner.h"
@@ -66,6 +67,16 @@ struct WorkerOptions {
 // Exit codes of tally-worker besides 0 (stopped), 1 (error) and 2 (usage).
 inline constexpr int kExitOutOfService = 3;  // A local problem; restarting will not help.
 inline constexpr int kExitRestart = 75;      // Timed out in a decode or forward pass; restart me.
+
+// The model runner of a job on this worker's devices (`devices`: what Devices() says), with the
+// job's settings and the worker's: TorchScript or Python by the model's name. Checks the model
+// (and a Python interpreter named by path) against the data roots.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
+                                                             const std::vector<std::string>& devices);
+
+// --threads 0: this worker's share of the cores it may run on: all of them for a CPU worker; for a
+// GPU worker, divided among the host's GPUs (/dev/nvidiaN).
+int DefaultThreads(const std::string& device);
 
 class Worker {
  public:

@@ -450,6 +450,15 @@ class _Stub:
                 torch = _torch()
                 if torch is not None and torch.cuda.is_available():
                     torch.cuda.empty_cache()
+            elif op == "reset_peak":
+                # tally estimate: the next batches' peak alone (after the answers in flight left).
+                self.answers.join()
+                torch = _torch()
+                if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()
+                    for d in self.devices:
+                        if d.startswith("cuda"):
+                            torch.cuda.reset_peak_memory_stats(int(d.split(":")[1]) if ":" in d else 0)
             elif op == "exit":
                 return
 

@@ -134,6 +134,84 @@ class GpuTest(unittest.TestCase):
         self.assertEqual(tt.read_report(out)["images_evaluated"], 64)
 
     @unittest.skipIf(GPUS < 2, "needs two GPUs")
+    def test_estimate_peak_memory_against_torch(self):
+        # tally estimate's per-batch peak against torch's own measurement of the same work on the
+        # same GPU (upload uint8, scale to float, forward, argmax), done in this process.
+        import json
+        import torch
+        from PIL import Image
+        if not torch.cuda.is_available():
+            self.skipTest("this Python's torch has no CUDA")
+        data = os.path.join(self.root, "est")
+        os.makedirs(data, exist_ok=True)
+        rng = np.random.default_rng(4)
+        rows = ["id,image,mask"]
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 255, (512, 512, 3), dtype=np.uint8)).save(os.path.join(data, f"i{i}.png"))
+            Image.fromarray(rng.integers(0, 3, (512, 512), dtype=np.uint8)).save(os.path.join(data, f"m{i}.png"))
+            rows.append(f"r{i},i{i}.png,m{i}.png")
+        with open(os.path.join(data, "manifest.csv"), "w") as f:
+            f.write("\n".join(rows) + "\n")
+        model = tt.fixture("conv3.pt")
+        p = tt.tally("estimate", "--model", model, "--manifest", os.path.join(data, "manifest.csv"), "--gpus", "0",
+                     "--max-batch", "32", "--json", check=False)
+        if p.returncode != 0 and "CPU-only LibTorch" in p.stderr:
+            self.skipTest("this build has no CUDA support")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        r = json.loads(p.stdout)
+        self.assertEqual(r["image_size"], [512, 512])
+        self.assertEqual([t["batch_size"] for t in r["trials"]], [1, 2, 4, 8, 16, 32])
+        total = torch.cuda.get_device_properties(0).total_memory
+        self.assertEqual(r["memory_total_bytes"], total)
+        self.assertEqual(r["memory_budget_bytes"], int(0.9 * total))
+        net = torch.jit.load(model).cuda().eval()
+        for t in r["trials"]:
+            b = t["batch_size"]
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(0)
+            with torch.no_grad():
+                x = torch.randint(0, 255, (b, 512, 512, 3), dtype=torch.uint8, device="cuda")
+                y = net(x.permute(0, 3, 1, 2).float().div(255)).argmax(1)
+                torch.cuda.synchronize()
+            ref = torch.cuda.max_memory_reserved(0)
+            del x, y
+            print(f"batch {b}: tally {t['peak_memory_bytes'] / 2**20:.1f} MiB, torch {ref / 2**20:.1f} MiB")
+            self.assertTrue(t["fits"])
+            if ref > 64 << 20:
+                self.assertGreater(t["peak_memory_bytes"], 0.5 * ref)
+                self.assertLess(t["peak_memory_bytes"], 2.5 * ref)
+        peaks = [t["peak_memory_bytes"] for t in r["trials"]]
+        self.assertGreater(peaks[-1], 4 * peaks[2])  # Per batch size, not cumulative nor fixed.
+
+    def test_metrics_show_the_workers_gpu_memory(self):
+        import re
+        import urllib.request
+        c = tt.Cluster(self, os.path.join(self.root, "metrics"), tallyd_args=["--metrics-listen", "127.0.0.1:0"])
+        c.start_worker(device="cuda:0", name="gpu0")
+        c.wait_registered(1)
+        job = c.submit(tt.fixture("conv3.pt"), self.manifest)
+        self.assertEqual(c.wait(job)["state"], "succeeded")
+        url = re.search(r"metrics on (http://\S+/metrics)", c.log("tallyd.log")).group(1)
+        import time
+        time.sleep(1.5)  # A heartbeat after the job.
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        def sample(name):
+            m = re.search(r"^" + name + r"\{[^}]*worker=\"gpu0\"[^}]*\} (\S+)$", text, re.M)
+            self.assertIsNotNone(m, name + " missing:\n" + text)
+            return float(m.group(1))
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits",
+                              "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
+                             capture_output=True, text=True).stdout.split(",")
+        total_mib, used_mib = float(smi[0]), float(smi[1])
+        print("metrics: total", sample("tally_worker_gpu_memory_total_bytes") / 2**20, "MiB, used",
+              sample("tally_worker_gpu_memory_used_bytes") / 2**20, "MiB; nvidia-smi", total_mib, used_mib)
+        # cudaMemGetInfo's total is the memory CUDA may use: nvidia-smi's total less the driver's reserve.
+        self.assertLessEqual(sample("tally_worker_gpu_memory_total_bytes") / 2**20, total_mib + 1)
+        self.assertGreater(sample("tally_worker_gpu_memory_total_bytes") / 2**20, 0.9 * total_mib)
+        self.assertGreater(sample("tally_worker_gpu_memory_used_bytes"), 0)
+        self.assertGreater(sample("tally_worker_gpu_memory_peak_bytes"), 0)
+        self.assertLessEqual(sample("tally_worker_gpu_memory_peak_bytes"), sample("tally_worker_gpu_memory_used_bytes"))
+
     def test_all_gpus_give_the_same_report_as_one(self):
         one = self.run_on("one_gpu", "conv3.pt", "--gpus", "0", "--shard-size", "32", "--batch-size", "8")
         many = self.run_on("all_gpus", "conv3.pt", "--gpus", "all", "--shard-size", "8", "--batch-size", "8")
