@@ -40,6 +40,7 @@
 #include "client/local_run.h"
 #include "client/progress.h"
 #include "common/auth_tokens.h"
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "common/flag_util.h"
 #include "common/gpu_inventory.h"
@@ -513,6 +514,7 @@ int Estimate() {
   if (absl::GetFlag(FLAGS_json)) options.argv.push_back("--estimate-json");
   for (const std::string& f : absl::GetFlag(FLAGS_worker_flags)) options.argv.push_back(f);
   if (gpu) options.env.emplace_back("CUDA_VISIBLE_DEVICES", gpu_groups.front());
+  options.argv.push_back(absl::StrFormat("--estimate-spawned-unix=%.6f", tally::NowUnix()));
   auto child = tally::Subprocess::Spawn(options);
   if (!child.ok()) {
     unlink(path);

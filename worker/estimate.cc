@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/image_io.h"
 #include "common/job_config.h"
 #include "common/json_writer.h"
@@ -28,6 +30,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
 
 int AllowedCores() {
   cpu_set_t set;
@@ -62,6 +65,9 @@ int64_t PeakMemory(ModelRunner* runner, int64_t* total) {
 }  // namespace
 
 absl::StatusOr<EstimateResult> RunEstimate(const EstimateOptions& options) {
+  const auto estimate_start = Clock::now();
+  // The process's age: it started when the client spawned it (LibTorch's libraries load before main).
+  const double age_at_start = options.spawned_unix > 0 ? std::max(0.0, NowUnix() - options.spawned_unix) : 0;
   ASSIGN_OR_RETURN(JobConfig config, JobConfigFromSpec(options.spec));
   if (config.predictions()) {
     return absl::InvalidArgumentError("tally estimate needs a model (--model): prediction manifests run no model");
@@ -155,9 +161,13 @@ absl::StatusOr<EstimateResult> RunEstimate(const EstimateOptions& options) {
     devices.push_back("cpu");
   }
   r.device = absl::StrJoin(devices, ",");
+  const double sampling_seconds = Since(estimate_start);
   const auto load_start = Clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateJobRunner(config, options.worker, devices));
   r.load_seconds = Since(load_start);
+  // What a worker spends before its first batch: the process start (LibTorch's libraries), CUDA's
+  // initialisation and the model load; not this estimate's manifest scan and decoding.
+  r.startup_seconds = age_at_start + Since(estimate_start) - sampling_seconds;
   const bool cuda = runner->is_cuda();
   const int max_batch = options.max_batch > 0 ? options.max_batch : (cuda ? 512 : 16);
   Log("estimate: model loaded in ", absl::StrFormat("%.2f", r.load_seconds), " s; trying batch sizes up to ", max_batch,
@@ -194,36 +204,40 @@ absl::StatusOr<EstimateResult> RunEstimate(const EstimateOptions& options) {
       spec.items.push_back(BatchImage{image_bytes * i, mask_elems * i, r.height, r.width, &proto_rows[k]});
     }
     runner->ResetPeakMemory();
-    // A warm-up pass (cuDNN's plans, the allocator's pools), then timed passes with two batches in flight.
+    // Warm-up passes (TorchScript's profiling runs, cuDNN's plans, the allocator's pools), then timed
+    // passes with as many batches in flight as the worker's pipeline keeps (--staging-slots).
     absl::Status s;
     double elapsed = 0;
     int passes = 0;
-    {
+    for (int w = 0; w < 3 && s.ok(); ++w) {
       auto first = runner->Launch(spec);
       s = first.ok() ? (*first)->Wait() : first.status();
     }
+    const size_t depth = static_cast<size_t>(std::max(2, options.worker.staging_slots));
     const auto start = Clock::now();
-    std::unique_ptr<PendingBatch> in_flight;
+    std::deque<std::unique_ptr<PendingBatch>> in_flight;
     while (s.ok()) {
       auto next = runner->Launch(spec);
       if (!next.ok()) {
         s = next.status();
         break;
       }
-      if (in_flight != nullptr) {
-        s = in_flight->Wait();
+      in_flight.push_back(*std::move(next));
+      if (in_flight.size() >= depth) {
+        s = in_flight.front()->Wait();
+        in_flight.pop_front();
         if (!s.ok()) break;
         ++passes;
       }
-      in_flight = *std::move(next);
       elapsed = Since(start);
-      if ((passes >= 2 && elapsed >= options.seconds_per_trial) || passes >= 500) break;
+      if ((passes >= 3 && elapsed >= options.seconds_per_trial) || passes >= 500) break;
     }
-    if (s.ok() && in_flight != nullptr) {
-      s = in_flight->Wait();
+    while (s.ok() && !in_flight.empty()) {
+      s = in_flight.front()->Wait();
+      in_flight.pop_front();
       ++passes;
     }
-    in_flight.reset();
+    in_flight.clear();
     elapsed = Since(start);
     if (absl::IsResourceExhausted(s)) {
       trial.error = "out of memory";
@@ -255,16 +269,28 @@ absl::StatusOr<EstimateResult> RunEstimate(const EstimateOptions& options) {
     if (r.gpu_name.empty()) r.gpu_name = g.name;
   }
 
+  // The prediction's batch size: the job's (--batch-size N), the largest that fits (auto), or the
+  // workers' default (32 on CUDA, 8 on CPU) when the job leaves it to them, never past what fits.
+  const int job_batch = options.spec.batch_size() > 0   ? options.spec.batch_size()
+                        : options.spec.batch_size() < 0 ? r.batch_size
+                        : options.worker.default_batch_size > 0 ? options.worker.default_batch_size
+                                                                 : (cuda ? 32 : 8);
+  for (const EstimateTrial& t : r.trials) {
+    if (t.fits && t.batch_size <= job_batch) {
+      r.prediction_batch_size = t.batch_size;
+      r.prediction_images_per_worker = t.images_per_second;
+    }
+  }
   r.workers = std::max(1, options.workers);
   r.decode_threads = options.decode_threads > 0 ? options.decode_threads : AllowedCores();
-  const double model_rate = r.images_per_second * r.workers;
+  const double model_rate = r.prediction_images_per_worker * r.workers;
   const double decode_rate =
       r.decode_seconds_per_row > 0 ? r.decode_threads / r.decode_seconds_per_row : model_rate;
   r.limited_by = decode_rate < model_rate ? "decoding" : "model";
   r.predicted_images_per_second = std::min(model_rate, decode_rate);
   const int64_t to_evaluate = r.rows - r.rows_with_errors;
   r.predicted_seconds = r.predicted_images_per_second > 0
-                            ? static_cast<double>(to_evaluate) / r.predicted_images_per_second + r.load_seconds
+                            ? static_cast<double>(to_evaluate) / r.predicted_images_per_second + r.startup_seconds
                             : 0;
   return r;
 }
@@ -303,9 +329,10 @@ std::string EstimateText(const EstimateResult& r) {
                   " per row (image and mask) on one core; ", r.decode_threads, " threads: ",
                   absl::StrFormat("%.0f", r.decode_seconds_per_row > 0 ? r.decode_threads / r.decode_seconds_per_row : 0),
                   " rows/s\n");
-  absl::StrAppend(&out, "predicted ", r.rows - r.rows_with_errors, " rows on ", r.workers, " worker(s): ",
-                  absl::StrFormat("%.1f", r.predicted_images_per_second), " images/s (limited by ", r.limited_by,
-                  "), ", Duration(r.predicted_seconds), " with the model load\n");
+  absl::StrAppend(&out, "predicted ", r.rows - r.rows_with_errors, " rows on ", r.workers, " worker(s) at batch size ",
+                  r.prediction_batch_size, ": ", absl::StrFormat("%.1f", r.predicted_images_per_second),
+                  " images/s (limited by ", r.limited_by, "), ", Duration(r.predicted_seconds), " with ",
+                  absl::StrFormat("%.1f s", r.startup_seconds), " of start-up (process, CUDA, model load)\n");
   return out;
 }
 
@@ -330,6 +357,9 @@ std::string EstimateJson(const EstimateResult& r) {
   }
   w.EndArray();
   w.Field("batch_size", r.batch_size).Field("images_per_second", r.images_per_second);
+  w.Field("startup_seconds", r.startup_seconds);
+  w.Field("prediction_batch_size", r.prediction_batch_size);
+  w.Field("prediction_images_per_worker", r.prediction_images_per_worker);
   w.Field("workers", r.workers).Field("decode_threads", r.decode_threads);
   w.Field("predicted_images_per_second", r.predicted_images_per_second);
   w.Field("predicted_seconds", r.predicted_seconds).Field("limited_by", r.limited_by);

@@ -29,6 +29,7 @@ struct EstimateOptions {
   double seconds_per_trial = 0.5; // Timed passes per batch size last at least this long (and 2 passes).
   int sample_rows = 32;
   bool json = false;
+  double spawned_unix = 0;        // When the client started this process (wall clock); 0: unknown.
 };
 
 struct EstimateTrial {
@@ -58,10 +59,13 @@ struct EstimateResult {
   std::vector<EstimateTrial> trials;
   int batch_size = 0;             // The largest that fits (0: none).
   double images_per_second = 0;   // One worker at batch_size.
+  double startup_seconds = 0;     // Process start, CUDA initialisation and model load.
+  int prediction_batch_size = 0;  // The job's batch size (or the workers' default), capped at what fits.
+  double prediction_images_per_worker = 0;
   int workers = 1;
   int decode_threads = 1;
   double predicted_images_per_second = 0;
-  double predicted_seconds = 0;   // The whole manifest, model load included.
+  double predicted_seconds = 0;   // The whole manifest, start-up included.
   std::string limited_by;         // "model" or "decoding".
 };
 

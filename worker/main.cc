@@ -61,6 +61,7 @@ ABSL_FLAG(int, estimate_decode_threads, 0, "With --estimate: decode threads of t
 ABSL_FLAG(int, estimate_max_batch, 0, "With --estimate: largest batch to try (0 = 512 on CUDA, 16 on CPU)");
 ABSL_FLAG(double, estimate_seconds, 0.5, "With --estimate: timed passes per batch size last at least this long");
 ABSL_FLAG(bool, estimate_json, false, "With --estimate: print JSON");
+ABSL_FLAG(double, estimate_spawned_unix, 0, "With --estimate: when the client started this process (Unix time)");
 ABSL_FLAG(double, gpu_memory_limit_gib, 0, "Cap this worker's GPU memory (GiB; 0 = no cap), e.g. on a shared GPU");
 
 namespace {
@@ -83,6 +84,7 @@ int RunEstimateCommand(const tally::WorkerOptions& worker) {
   options.max_batch = absl::GetFlag(FLAGS_estimate_max_batch);
   options.seconds_per_trial = absl::GetFlag(FLAGS_estimate_seconds);
   options.json = absl::GetFlag(FLAGS_estimate_json);
+  options.spawned_unix = absl::GetFlag(FLAGS_estimate_spawned_unix);
   absl::StatusOr<tally::EstimateResult> r = tally::RunEstimate(options);
   if (!r.ok()) {
     std::cerr << "tally estimate: " << r.status().message() << "\n";

@@ -40,11 +40,14 @@ class EstimateTest(unittest.TestCase):
     def check_prediction(self, r):
         """The prediction follows from the figures printed beside it."""
         decode_rate = r["decode_threads"] / r["decode_seconds_per_row"]
-        model_rate = r["workers"] * r["images_per_second"]
+        at = [t for t in r["trials"] if t["batch_size"] == r["prediction_batch_size"]][0]
+        self.assertEqual(r["prediction_images_per_worker"], at["images_per_second"])
+        model_rate = r["workers"] * at["images_per_second"]
         self.assertAlmostEqual(r["predicted_images_per_second"], min(decode_rate, model_rate), delta=1e-6 * model_rate)
         self.assertEqual(r["limited_by"], "decoding" if decode_rate < model_rate else "model")
         rows = r["rows"] - r["rows_with_errors"]
-        self.assertAlmostEqual(r["predicted_seconds"], rows / r["predicted_images_per_second"] + r["model_load_seconds"],
+        self.assertGreaterEqual(r["startup_seconds"], r["model_load_seconds"])
+        self.assertAlmostEqual(r["predicted_seconds"], rows / r["predicted_images_per_second"] + r["startup_seconds"],
                                delta=1e-6 * r["predicted_seconds"])
 
     def test_torchscript_on_cpu(self):
@@ -73,6 +76,7 @@ class EstimateTest(unittest.TestCase):
         self.assertEqual(r["workers"], 2)
         self.assertEqual(r["decode_threads"], 2)
         self.assertEqual(r["device"], "cpu")
+        self.assertEqual(r["prediction_batch_size"], 8)  # The CPU workers' default batch.
         self.check_prediction(r)
 
         # The text form says the same.
@@ -81,7 +85,14 @@ class EstimateTest(unittest.TestCase):
         self.assertIn("64x40, the largest of 32 sampled rows", p.stdout)
         self.assertRegex(p.stdout, r"\n\s+2\s+-\s+[0-9.]+\s+fits\n")
         self.assertIn("batch size 2: the largest tried that fits", p.stdout)
-        self.assertIn("predicted 40 rows on 1 worker(s)", p.stdout)
+        self.assertIn("predicted 40 rows on 1 worker(s) at batch size 2", p.stdout)
+
+        # The job's batch size sets the prediction's.
+        r = json.loads(estimate("--model", tt.fixture("three_class.pt"), "--manifest", manifest, "--max-batch", "8",
+                                "--batch-size", "4", "--json").stdout)
+        self.assertEqual(r["prediction_batch_size"], 4)
+        self.assertEqual(r["batch_size"], 8)
+        self.check_prediction(r)
 
     def test_python_model(self):
         root = tt.tmpdir(self)
