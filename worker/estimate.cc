@@ -21,6 +21,7 @@
 #include "common/json_writer.h"
 #include "common/log.h"
 #include "common/manifest.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "worker/model_runner.h"
 
@@ -198,6 +199,10 @@ absl::StatusOr<EstimateResult> RunEstimate(const EstimateOptions& options) {
     BatchSpec spec;
     spec.images = images.get();
     spec.masks = masks.get();
+    // The label maps the job's pipeline asks for (worker/pipeline.cc): on the host for surface
+    // metrics and saved predictions, kept on the device for thumbnails. They cost device memory.
+    spec.want_labels = AnySurfaceMetric(config.metrics) || !config.save_predictions.empty();
+    spec.keep_labels = config.thumbnails > 0;
     for (int i = 0; i < b; ++i) {
       const size_t k = static_cast<size_t>(i) % trial_rows.size();
       std::memcpy(images->data() + image_bytes * i, trial_rows[k]->image.pixels.data(), image_bytes);
