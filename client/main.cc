@@ -472,6 +472,24 @@ int WaitForJobs(tally::TallyClient& client, const std::vector<std::string>& ids)
 
 }  // namespace
 
+// --gpus and --gpus-per-worker of tally run and tally estimate: each worker's CUDA_VISIBLE_DEVICES
+// into `groups` (none: CPU workers). Returns 0, or the exit code of the error it reported.
+int SelectWorkerGpus(const std::string& model, std::vector<std::string>* groups) {
+  const int per_worker = absl::GetFlag(FLAGS_gpus_per_worker);
+  if (absl::GetFlag(FLAGS_gpus).empty()) {
+    return per_worker != 1 ? Usage("--gpus-per-worker goes with --gpus") : 0;
+  }
+  auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));
+  if (!gpus.ok()) return Finish(gpus.status());
+  auto grouped = tally::GroupGpus(*gpus, per_worker);
+  if (!grouped.ok()) return Usage(std::string(grouped.status().message()));
+  if (per_worker > 1 && !tally::ParseModelRef(model).python) {
+    return Usage("--gpus-per-worker > 1 needs a Python model (--model PATH.py): a TorchScript model runs on one GPU");
+  }
+  *groups = *std::move(grouped);
+  return 0;
+}
+
 // tally estimate: the model's trial passes run in a tally-worker (it has the model backends) on
 // the first of the chosen GPUs (or the CPU); it prints the table or the JSON itself.
 int Estimate() {
@@ -482,21 +500,10 @@ int Estimate() {
   const std::string worker = tally::FindExecutable("tally-worker");
   if (worker.empty()) return Finish(absl::NotFoundError("tally-worker not found next to tally or on PATH"));
   std::vector<std::string> gpu_groups;
-  int workers = std::max(1, absl::GetFlag(FLAGS_workers));
+  if (const int rc = SelectWorkerGpus(spec->model(), &gpu_groups); rc != 0) return rc;
   const int per_worker = absl::GetFlag(FLAGS_gpus_per_worker);
-  if (!absl::GetFlag(FLAGS_gpus).empty()) {
-    auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));
-    if (!gpus.ok()) return Finish(gpus.status());
-    auto grouped = tally::GroupGpus(*gpus, per_worker);
-    if (!grouped.ok()) return Usage(std::string(grouped.status().message()));
-    if (per_worker > 1 && !tally::ParseModelRef(spec->model()).python) {
-      return Usage("--gpus-per-worker > 1 needs a Python model (--model PATH.py): a TorchScript model runs on one GPU");
-    }
-    gpu_groups = *grouped;
-    workers = static_cast<int>(gpu_groups.size());
-  } else if (per_worker != 1) {
-    return Usage("--gpus-per-worker goes with --gpus");
-  }
+  const int workers =
+      gpu_groups.empty() ? std::max(1, absl::GetFlag(FLAGS_workers)) : static_cast<int>(gpu_groups.size());
   char path[] = "/tmp/tally-estimate-XXXXXX";
   const int fd = mkstemp(path);
   if (fd < 0) return Finish(absl::InternalError("cannot create a temporary file in /tmp"));
@@ -575,17 +582,8 @@ int main(int argc, char** argv) {
     options.spec = *spec;
     options.out_dir = tally::AbsolutePath(absl::GetFlag(FLAGS_out));
     options.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
-    if (!absl::GetFlag(FLAGS_gpus).empty()) {
-      auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));
-      if (!gpus.ok()) return Finish(gpus.status());
-      auto grouped = tally::GroupGpus(*gpus, absl::GetFlag(FLAGS_gpus_per_worker));
-      if (!grouped.ok()) return Usage(std::string(grouped.status().message()));
-      if (absl::GetFlag(FLAGS_gpus_per_worker) > 1 && !tally::ParseModelRef(spec->model()).python) {
-        return Usage("--gpus-per-worker > 1 needs a Python model (--model PATH.py): a TorchScript model runs on one GPU");
-      }
-      options.gpus = *grouped;
-    } else {
-      if (absl::GetFlag(FLAGS_gpus_per_worker) != 1) return Usage("--gpus-per-worker goes with --gpus");
+    if (const int rc = SelectWorkerGpus(spec->model(), &options.gpus); rc != 0) return rc;
+    if (options.gpus.empty()) {
       if (absl::GetFlag(FLAGS_workers) < 1) return Usage("--workers must be >= 1");
       options.cpu_workers = absl::GetFlag(FLAGS_workers);
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -496,7 +497,7 @@ constexpr double kCommitBounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 }  // namespace
 
 void Coordinator::NoteCommitLocked(double seconds) {
-  constexpr size_t kBounds = sizeof(kCommitBounds) / sizeof(kCommitBounds[0]);
+  constexpr size_t kBounds = std::size(kCommitBounds);
   if (counters_.commit_buckets.empty()) counters_.commit_buckets.assign(kBounds + 1, 0);
   size_t b = 0;
   while (b < kBounds && seconds > kCommitBounds[b]) ++b;
@@ -533,7 +534,7 @@ CoordinatorMetrics Coordinator::Metrics() {
       m.workers.push_back(CoordinatorMetrics::Worker{id, w.info.name(), w.info.device(), busy, w.gauges});
     }
     uint64_t cumulative = 0;
-    for (size_t b = 0; b < sizeof(kCommitBounds) / sizeof(kCommitBounds[0]); ++b) {
+    for (size_t b = 0; b < std::size(kCommitBounds); ++b) {
       if (b < counters_.commit_buckets.size()) cumulative += counters_.commit_buckets[b];
       m.commit_bounds.push_back(kCommitBounds[b]);
       m.commit_counts.push_back(cumulative);

@@ -1,7 +1,5 @@
 #include "worker/estimate.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -9,7 +7,6 @@
 #include <map>
 #include <memory>
 #include <random>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +20,7 @@
 #include "common/manifest.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
+#include "common/subprocess.h"
 #include "worker/model_runner.h"
 
 namespace tally {
@@ -32,13 +30,6 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-
-int AllowedCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 std::string Gib(int64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / 1073741824.0); }
 
@@ -153,18 +144,10 @@ absl::StatusOr<EstimateResult> RunEstimate(const EstimateOptions& options) {
   }
 
   // The model, as a job would load it.
-  std::vector<std::string> devices;
-  if (options.worker.device.rfind("cuda", 0) == 0) {
-    int first = 0;
-    if (options.worker.device.size() > 5) first = std::atoi(options.worker.device.c_str() + 5);
-    for (int i = 0; i < std::max(1, options.worker.gpus_per_worker); ++i) devices.push_back(absl::StrCat("cuda:", first + i));
-  } else {
-    devices.push_back("cpu");
-  }
-  r.device = absl::StrJoin(devices, ",");
+  r.device = absl::StrJoin(WorkerDevices(options.worker), ",");
   const double sampling_seconds = Since(estimate_start);
   const auto load_start = Clock::now();
-  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateJobRunner(config, options.worker, devices));
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateJobRunner(config, options.worker));
   r.load_seconds = Since(load_start);
   // What a worker spends before its first batch: the process start (LibTorch's libraries), CUDA's
   // initialisation and the model load; not this estimate's manifest scan and decoding.
@@ -287,7 +270,7 @@ absl::StatusOr<EstimateResult> RunEstimate(const EstimateOptions& options) {
     }
   }
   r.workers = std::max(1, options.workers);
-  r.decode_threads = options.decode_threads > 0 ? options.decode_threads : AllowedCores();
+  r.decode_threads = options.decode_threads > 0 ? options.decode_threads : static_cast<int>(AllowedCpus().size());
   const double model_rate = r.prediction_images_per_worker * r.workers;
   const double decode_rate =
       r.decode_seconds_per_row > 0 ? r.decode_threads / r.decode_seconds_per_row : model_rate;

@@ -1,7 +1,6 @@
 #include "worker/worker.h"
 
 #include <malloc.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +23,7 @@
 #include "common/rpc.h"
 #include "common/sd_notify.h"
 #include "common/status_macros.h"
+#include "common/subprocess.h"
 #include "worker/python_runner.h"
 #include "worker/scoring.h"
 
@@ -75,8 +75,8 @@ absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
-                                                             const std::vector<std::string>& devices) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options) {
+  const std::vector<std::string> devices = WorkerDevices(options);
   const ModelRef model = ParseModelRef(config.model);
   ASSIGN_OR_RETURN(const std::string model_path, CheckModelAllowed(model, config.python));
   ModelRunnerOptions ro;
@@ -114,11 +114,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
 // GPU worker, divided among the host's GPUs (/dev/nvidiaN), one worker per GPU as the systemd
 // template and `tallyd --spawn-workers` run them.
 int DefaultThreads(const std::string& device) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0
-                        ? CPU_COUNT(&set)
-                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = static_cast<int>(AllowedCpus().size());
   if (device.rfind("cuda", 0) != 0) return std::max(1, cores);
   int gpus = 0;
   std::error_code ec;
@@ -429,12 +425,12 @@ void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolat
   DropLease(key.lease_id);
 }
 
-std::vector<std::string> Worker::Devices() const {
-  if (options_.device.rfind("cuda", 0) != 0) return {options_.device.empty() ? "cpu" : options_.device};
+std::vector<std::string> WorkerDevices(const WorkerOptions& options) {
+  if (options.device.rfind("cuda", 0) != 0) return {options.device.empty() ? "cpu" : options.device};
   int first = 0;
-  if (options_.device.size() > 5 && !absl::SimpleAtoi(options_.device.substr(5), &first)) first = 0;
+  if (options.device.size() > 5 && !absl::SimpleAtoi(options.device.substr(5), &first)) first = 0;
   std::vector<std::string> out;
-  for (int i = 0; i < std::max(1, options_.gpus_per_worker); ++i) out.push_back(absl::StrCat("cuda:", first + i));
+  for (int i = 0; i < std::max(1, options.gpus_per_worker); ++i) out.push_back(absl::StrCat("cuda:", first + i));
   return out;
 }
 
@@ -475,8 +471,8 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     evaluator_ = std::move(evaluator);
     return absl::OkStatus();
   }
-  Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(Devices(), ","));
-  ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_, Devices()));
+  Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(WorkerDevices(options_), ","));
+  ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_));
   PipelineOptions po;
   po.decode_threads = options_.threads;
   po.default_batch_size = DefaultBatchSize(evaluator->runner->is_cuda());

@@ -68,11 +68,14 @@ struct WorkerOptions {
 inline constexpr int kExitOutOfService = 3;  // A local problem; restarting will not help.
 inline constexpr int kExitRestart = 75;      // Timed out in a decode or forward pass; restart me.
 
-// The model runner of a job on this worker's devices (`devices`: what Devices() says), with the
-// job's settings and the worker's: TorchScript or Python by the model's name. Checks the model
-// (and a Python interpreter named by path) against the data roots.
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
-                                                             const std::vector<std::string>& devices);
+// What a model on a worker with these options is given: {"cpu"} or {"cuda:N", ...}
+// (gpus_per_worker of them, from `device` on).
+std::vector<std::string> WorkerDevices(const WorkerOptions& options);
+
+// The model runner of a job on the worker's devices (WorkerDevices), with the job's settings and
+// the worker's: TorchScript or Python by the model's name. Checks the model (and a Python
+// interpreter named by path) against the data roots.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options);
 
 // --threads 0: this worker's share of the cores it may run on: all of them for a CPU worker; for a
 // GPU worker, divided among the host's GPUs (/dev/nvidiaN).
@@ -105,8 +108,6 @@ class Worker {
   };
 
   explicit Worker(WorkerOptions options);
-  // What a model on this worker is given: {"cpu"} or {"cuda:N", ...} (gpus_per_worker of them).
-  std::vector<std::string> Devices() const;
   // The batch size this worker uses for jobs that leave it to the workers.
   int DefaultBatchSize(bool cuda) const;
   absl::Status Register(bool first);
