@@ -182,9 +182,15 @@ absl::StatusOr<EstimateResult> RunEstimate(const EstimateOptions& options) {
     BatchSpec spec;
     spec.images = images.get();
     spec.masks = masks.get();
-    // The label maps the job's pipeline asks for (worker/pipeline.cc): on the host for surface
-    // metrics and saved predictions, kept on the device for thumbnails. They cost device memory.
-    spec.want_labels = AnySurfaceMetric(config.metrics) || !config.save_predictions.empty();
+    // The label maps and work the job's pipeline asks for (worker/pipeline.cc): surface metrics on
+    // the device where the runner can (else the labels on the host), labels on the host for saved
+    // predictions, kept on the device for thumbnails. They cost device memory.
+    const bool surface = AnySurfaceMetric(config.metrics);
+    spec.surface.enabled = surface && runner->ScoresSurfaceOnDevice();
+    spec.surface.spacing_y = config.spacing_y;
+    spec.surface.spacing_x = config.spacing_x;
+    spec.surface.nsd_tolerance = config.nsd_tolerance;
+    spec.want_labels = (surface && !spec.surface.enabled) || !config.save_predictions.empty();
     spec.keep_labels = config.thumbnails > 0;
     for (int i = 0; i < b; ++i) {
       const size_t k = static_cast<size_t>(i) % trial_rows.size();

@@ -20,6 +20,7 @@
 
 #if TALLY_CUDA_KERNELS
 #include "worker/confusion_kernel.h"
+#include "worker/surface_kernel.h"
 #endif
 
 #if TALLY_WITH_CUDA
@@ -106,6 +107,9 @@ class TorchPendingBatch final : public PendingBatch {
   const int64_t* threshold_counts(int i) const override {
     return thresholds_ptr_ ? thresholds_ptr_ + static_cast<size_t>(i) * 4 * num_thresholds_ : nullptr;
   }
+  const double* surface(int i) const override {
+    return surface_ptr_ ? surface_ptr_ + static_cast<size_t>(i) * 4 * k_ : nullptr;
+  }
 
   int k_ = 0;
   at::Tensor counts_host_;  // [n, K, K] int64, host.
@@ -119,6 +123,8 @@ class TorchPendingBatch final : public PendingBatch {
   at::Tensor thresholds_host_;  // [n, T, 4] int64, host.
   const int64_t* thresholds_ptr_ = nullptr;
   size_t num_thresholds_ = 0;
+  at::Tensor surface_host_;  // [n, K, 4] double, host.
+  const double* surface_ptr_ = nullptr;
 #if TALLY_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAEvent> done_;
 #endif
@@ -236,6 +242,14 @@ class TorchRunner final : public ModelRunner {
 
   bool is_cuda() const override { return cuda_; }
 
+  bool ScoresSurfaceOnDevice() const override {
+#if TALLY_CUDA_KERNELS
+    return cuda_;
+#else
+    return false;
+#endif
+  }
+
  private:
   TorchRunner(ModelRunnerOptions options, at::Device device, torch::jit::Module module)
       : options_(std::move(options)), device_(device), module_(std::move(module)), cuda_(device.is_cuda()) {}
@@ -267,6 +281,8 @@ class TorchRunner final : public ModelRunner {
   // What the device produced for a batch, before it goes back to host memory.
   struct Outputs {
     std::vector<at::Tensor> counts, labels, nonfinite, thresholds;
+    std::vector<at::Tensor> surface;  // [n, K, 4] double per group, when asked for and computed.
+    bool surface_missing = false;     // Asked for but not computed for some group.
     at::Tensor ties;
     int k = 0;
   };
@@ -280,14 +296,16 @@ class TorchRunner final : public ModelRunner {
   at::Tensor Preprocess(const Groups& dev) const;
   // ABORTED when the model raises (out-of-memory errors propagate as exceptions).
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& x, const std::string& input_shape);
-  absl::Status PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x, bool want_labels,
-                                 Outputs* outputs);
+  // `device_labels`: compute the predicted labels (they stay on the device unless ResultsToHost
+  // copies them). `surface`: surface metrics on the device, where the kernels can.
+  absl::Status PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x, bool device_labels,
+                                 const SurfaceRequest& surface, Outputs* outputs);
   // Counts and the rest to (pinned) host memory; the labels too with `want_labels`, else they stay
   // where they are (CopyLabels).
   std::unique_ptr<PendingBatch> ResultsToHost(const Outputs& outputs, bool want_labels);
   // Turns logits [n, C, h, w] + reference labels [n, H, W] into counts and labels for one group.
   absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
-                           bool want_labels, Outputs* o);
+                           bool want_labels, const SurfaceRequest& surface, Outputs* o);
   // Threshold sweep of a single-logit output: [n, T, 4] tp, fp, fn, tn of the foreground class.
   at::Tensor ThresholdCounts(const at::Tensor& logits, const at::Tensor& gt) const;
 
@@ -384,7 +402,7 @@ at::Tensor TorchRunner::ThresholdCounts(const at::Tensor& logits, const at::Tens
 }
 
 absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
-                                      bool want_labels, Outputs* o) {
+                                      bool want_labels, const SurfaceRequest& surface, Outputs* o) {
   std::vector<at::Tensor>* counts = &o->counts;
   std::vector<at::Tensor>* labels = &o->labels;
   std::vector<at::Tensor>* nonfinite = &o->nonfinite;
@@ -432,10 +450,26 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
       nonfinite->push_back(bad);
       if (want_labels) labels->push_back(pred16);
       if (t.defined()) *ties = ties->defined() ? *ties + t : t;
+      if (surface.enabled) {
+        bool done = false;
+        if (SurfaceKernelSupports(static_cast<int>(K), H, W)) {
+          // Scratch from the caching allocator on this stream: released when the tensor goes, reused
+          // only by work queued after this batch's.
+          at::Tensor scratch =
+              at::empty({static_cast<int64_t>(SurfaceScratchBytes(n, H, W, static_cast<int>(K)))}, ref16.options().dtype(at::kByte));
+          at::Tensor values = at::empty({n, K, 4}, ref16.options().dtype(at::kDouble));
+          SurfaceKernelOptions so{surface.spacing_y, surface.spacing_x, surface.nsd_tolerance};
+          done = LaunchSurface(pred16.data_ptr<int16_t>(), ref16.data_ptr<int16_t>(), n, H, W, static_cast<int>(K), so,
+                               scratch.data_ptr(), values.data_ptr<double>(), at::cuda::getCurrentCUDAStream().stream());
+          if (done) o->surface.push_back(values);
+        }
+        if (!done) o->surface_missing = true;
+      }
       return absl::OkStatus();
     }
   }
 #endif
+  if (surface.enabled) o->surface_missing = true;
   // NaN/Inf per image in the logits as evaluated (float32, at the mask's size).
   nonfinite->push_back(at::isfinite(logits).logical_not().sum({1, 2, 3}).to(at::kLong));
   at::Tensor pred = C == 1 ? logits.select(1, 0).gt(0).to(at::kLong) : logits.argmax(1);
@@ -549,9 +583,9 @@ absl::StatusOr<at::Tensor> TorchRunner::Forward(const at::Tensor& x, const std::
 }
 
 absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x,
-                                            bool want_labels, Outputs* o) {
+                                            bool device_labels, const SurfaceRequest& surface, Outputs* o) {
   if (dev.uniform) {
-    return Postprocess(logits, dev.masks[0], x, want_labels, o);
+    return Postprocess(logits, dev.masks[0], x, device_labels, surface, o);
   }
   if (logits.dim() != 4 || logits.size(0) != dev.n) {
     return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned logits of shape ",
@@ -559,7 +593,7 @@ absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Grou
                                                       "; expected [N, C, H, W] with N = ", dev.n));
   }
   for (int64_t i = 0; i < dev.n; ++i) {
-    RETURN_IF_ERROR(Postprocess(logits.narrow(0, i, 1), dev.masks[i], x, want_labels, o));
+    RETURN_IF_ERROR(Postprocess(logits.narrow(0, i, 1), dev.masks[i], x, device_labels, surface, o));
   }
   return absl::OkStatus();
 }
@@ -599,6 +633,10 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
     pending->thresholds_ptr_ = pending->thresholds_host_.data_ptr<int64_t>();
     pending->num_thresholds_ = options_.thresholds.size();
   }
+  if (!o.surface.empty() && !o.surface_missing) {
+    pending->surface_host_ = to_host(o.surface, at::kDouble);
+    pending->surface_ptr_ = pending->surface_host_.data_ptr<double>();
+  }
 #if TALLY_WITH_CUDA
   if (cuda_) {
     pending->done_ = std::make_unique<at::cuda::CUDAEvent>();
@@ -616,8 +654,10 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
   *input_shape = Shape(x);
   ASSIGN_OR_RETURN(const at::Tensor logits, Forward(x, *input_shape));
   Outputs outputs;
-  RETURN_IF_ERROR(PostprocessGroups(logits, dev, x, batch.want_labels || batch.keep_labels, &outputs));
-  return ResultsToHost(outputs, batch.want_labels);
+  RETURN_IF_ERROR(PostprocessGroups(logits, dev, x, batch.want_labels || batch.keep_labels || batch.surface.enabled,
+                                    batch.surface, &outputs));
+  // Where the device could not score the surfaces, the labels go to the host for the CPU to.
+  return ResultsToHost(outputs, batch.want_labels || (batch.surface.enabled && outputs.surface_missing));
 }
 
 absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) {

@@ -66,6 +66,16 @@ struct BatchImage {
   const v1::ManifestRow* row = nullptr;  // The manifest row (Python models read its columns).
 };
 
+// Surface metrics (hd, hd95, assd, nsd of every class) computed where the labels are, when the runner
+// can (ModelRunner::ScoresSurfaceOnDevice): the values of common/surface_distance.h's
+// ClassSurfaceMetrics to the bit, with the reference's ignored pixels outside every mask.
+struct SurfaceRequest {
+  bool enabled = false;
+  double spacing_y = 1.0;
+  double spacing_x = 1.0;
+  double nsd_tolerance = 1.0;
+};
+
 struct BatchSpec {
   HostBuffer* images = nullptr;
   HostBuffer* masks = nullptr;  // uint16 elements.
@@ -74,6 +84,10 @@ struct BatchSpec {
   // Keep them where they were computed instead (on the device): PendingBatch::CopyLabels fetches
   // one image's when asked (report thumbnails need a few per batch, not a copy of every one).
   bool keep_labels = false;
+  // Surface metrics on the device. Where the runner cannot for this batch (too many classes, too
+  // large an image), PendingBatch::surface is null and the labels come to the host as with
+  // want_labels, so the caller computes them itself.
+  SurfaceRequest surface;
 };
 
 class PendingBatch {
@@ -103,6 +117,9 @@ class PendingBatch {
   // Non-empty: image i's output broke the model contract (shape, dtype, a label >= K); its row
   // fails with this message and the rest of the batch stands.
   virtual std::string error(int /*i*/) const { return std::string(); }
+  // With BatchSpec::surface: K x 4 values (hd, hd95, assd, nsd per class) of image i; null when the
+  // runner did not compute them (then labels(i) holds the predicted labels).
+  virtual const double* surface(int /*i*/) const { return nullptr; }
   // With thresholds: tp, fp, fn, tn of the foreground class at each threshold for image i.
   virtual const int64_t* threshold_counts(int /*i*/) const { return nullptr; }
 };
@@ -152,6 +169,8 @@ class ModelRunner {
   virtual absl::StatusOr<int> FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) = 0;
   virtual RunnerStats Stats() = 0;
   virtual bool is_cuda() const = 0;
+  // Whether BatchSpec::surface can be honoured here (CUDA builds with Tally's kernels).
+  virtual bool ScoresSurfaceOnDevice() const { return false; }
 };
 
 }  // namespace tally

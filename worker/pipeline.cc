@@ -91,6 +91,7 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       on_fatal_(std::move(on_fatal)),
       on_timeout_(std::move(on_timeout)),
       surface_(AnySurfaceMetric(options_.metrics)),
+      device_surface_(surface_ && runner_->ScoresSurfaceOnDevice()),
       saving_(!options_.save_predictions.empty()),
       profile_enabled_(std::getenv("TALLY_PIPELINE_PROFILE") != nullptr),
       label_lut_(MakeLabelLut(options_.label_map)) {
@@ -342,7 +343,11 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
   }
   spec->images = slot->images.get();
   spec->masks = slot->masks.get();
-  spec->want_labels = surface_ || saving_;
+  spec->want_labels = (surface_ && !device_surface_) || saving_;
+  spec->surface.enabled = device_surface_;
+  spec->surface.spacing_y = options_.surface.spacing_y;
+  spec->surface.spacing_x = options_.surface.spacing_x;
+  spec->surface.nsd_tolerance = options_.surface.nsd_tolerance;
   spec->keep_labels = options_.thumbnails > 0;  // A few rows per batch copy theirs (Finish).
   spec->items.clear();
   size_t image_off = 0, mask_off = 0;
@@ -776,6 +781,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     r.set_mask_max_label(batch->max_label[i]);
     r.set_mask_ignored_pixels(batch->mask_ignored[i]);
     const int64_t* m = pending->confusion(static_cast<int>(j));
+    const double* sv = surface_ ? pending->surface(static_cast<int>(j)) : nullptr;  // From the device.
     int64_t total = 0;
     for (int a = 0; a < k * k; ++a) total += m[a];
     for (int c = 0; c < k; ++c) {
@@ -790,10 +796,14 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       cr->set_fp(col - tp);
       cr->set_fn(row - tp);
       cr->set_tn(total - row - col + tp);
-      cr->set_hd(kNaN);
-      cr->set_hd95(kNaN);
-      cr->set_assd(kNaN);
-      cr->set_nsd(kNaN);
+      cr->set_hd(sv ? sv[4 * c] : kNaN);
+      cr->set_hd95(sv ? sv[4 * c + 1] : kNaN);
+      cr->set_assd(sv ? sv[4 * c + 2] : kNaN);
+      cr->set_nsd(sv ? sv[4 * c + 3] : kNaN);
+    }
+    if (sv != nullptr) {  // The reference labels were kept for the CPU's surface metrics: not needed.
+      absl::MutexLock lock(&mu_);
+      RecycleLocked(std::move(batch->masks[i]));
     }
     ok.emplace_back(i, std::move(r));
   }
@@ -819,14 +829,15 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
         thumbs[n].clear();
       }
     }
-    if (!surface_ && !saving_ && thumbs[n].empty()) {
+    const bool cpu_surface = surface_ && batch->masks[i] != nullptr;  // Not scored on the device.
+    if (!cpu_surface && !saving_ && thumbs[n].empty()) {
       Deliver(batch->shard, std::move(r));
       continue;
     }
     // The task owns the reference labels and keeps `batch` (hence the predicted labels) alive; it
     // does not hold the staging buffer, which goes back to the batcher at once: a row that gets a
     // thumbnail takes a copy of its image (and reference) along.
-    std::shared_ptr<LabelMap> ref(surface_ ? std::move(batch->masks[i]) : nullptr);
+    std::shared_ptr<LabelMap> ref(cpu_surface ? std::move(batch->masks[i]) : nullptr);
     std::vector<uint8_t> rgb;
     std::vector<uint16_t> ref_copy;
     if (!thumbs[n].empty()) {
@@ -838,7 +849,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
                  rgb = std::move(rgb), ref_copy = std::move(ref_copy), pred_copy = std::move(pred_copy),
                  r = std::move(r)]() mutable {
       if (!pred_copy.empty()) pred = pred_copy.data();  // Fetched from the device for the thumbnails.
-      if (surface_) {
+      if (ref) {  // Surface metrics on the CPU.
         std::vector<SurfaceValues> values;
         ClassSurfaceMetrics(pred, ref->labels.data(), h, w, k, kIgnoredPixel, options_.surface, &values);
         for (int c = 0; c < k; ++c) {

@@ -180,6 +180,7 @@ class Pipeline : public RowEvaluator {
   const FatalFn on_fatal_;
   const TimeoutFn on_timeout_;
   const bool surface_;
+  const bool device_surface_;  // surface_, computed by the runner on the device (ScoresSurfaceOnDevice).
   const bool saving_;  // options_.save_predictions is set.
   const bool profile_enabled_;  // TALLY_PIPELINE_PROFILE is set (Profile below).
   const std::vector<uint16_t> label_lut_;  // From options_.label_map; empty = identity.
