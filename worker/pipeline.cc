@@ -91,7 +91,8 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       on_fatal_(std::move(on_fatal)),
       on_timeout_(std::move(on_timeout)),
       surface_(AnySurfaceMetric(options_.metrics)),
-      device_surface_(surface_ && runner_->ScoresSurfaceOnDevice()),
+      // TALLY_CPU_SURFACE=1: the CPU path on a GPU worker too (benchmarks and tests compare them).
+      device_surface_(surface_ && runner_->ScoresSurfaceOnDevice() && std::getenv("TALLY_CPU_SURFACE") == nullptr),
       saving_(!options_.save_predictions.empty()),
       profile_enabled_(std::getenv("TALLY_PIPELINE_PROFILE") != nullptr),
       label_lut_(MakeLabelLut(options_.label_map)) {

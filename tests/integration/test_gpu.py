@@ -1,6 +1,7 @@
 """GPU checks, skipped where no NVIDIA GPU is visible or the build has no CUDA: a worker on cuda:0
 counts the same as on CPU, the out-of-memory path loses nothing, and two GPUs give the same
 report as one."""
+import csv
 import os
 import shutil
 import subprocess
@@ -109,6 +110,38 @@ class GpuTest(unittest.TestCase):
         # TF32/cuDNN and CPU convolutions round differently: a pixel may flip only where the two
         # best logits are within rounding of each other. Allow one in a hundred thousand.
         self.assertLessEqual(pixels, max(1, total // 100000))
+
+    def test_surface_metrics_on_the_gpu_equal_the_cpus(self):
+        # The same predictions scored three ways: surface metrics on the device (the default on a
+        # GPU worker), on the worker's CPUs (TALLY_CPU_SURFACE=1), and by a prediction job over the
+        # label maps the GPU run saved (CPU workers, no model). Every value equal, to the digit;
+        # three classes, ignored pixels, two image sizes, and anisotropic spacing.
+        for name, flags in (("iso", []), ("aniso", ["--spacing", "0.7,1.3", "--nsd-tolerance", "2"])):
+            saved = os.path.join(self.root, f"saved-{name}")
+            device = self.run_on(f"surface-gpu-{name}", "conv3.pt", "--gpus", "0", "--save-predictions", saved, *flags)
+            os.environ["TALLY_CPU_SURFACE"] = "1"
+            try:
+                host = self.run_on(f"surface-cpu-{name}", "conv3.pt", "--gpus", "0", *flags)
+            finally:
+                del os.environ["TALLY_CPU_SURFACE"]
+            with open(os.path.join(device, "per_image.csv"), "rb") as a, \
+                    open(os.path.join(host, "per_image.csv"), "rb") as b:
+                self.assertEqual(a.read(), b.read(), name)
+            pairs = os.path.join(self.root, f"pairs-{name}.csv")
+            data = os.path.dirname(self.manifest)
+            with open(self.manifest) as f, open(pairs, "w") as out:
+                out.write("id,mask,prediction\n")
+                for row in list(csv.DictReader(f)):
+                    out.write(f"{row['id']},{os.path.join(data, row['mask'])},{os.path.join(saved, row['id'])}.png\n")
+            scored = os.path.join(self.root, f"surface-scored-{name}")
+            tt.tally("run", "--manifest", pairs, "--out", scored, "--workers", "2", "--metrics", "all",
+                     "--num-classes", "3", "--max-failed-fraction", "1", *flags)
+            keys = ("hd", "hd95", "assd", "nsd")
+            a = {(r["index"], r["class"]): tuple(r[k] for k in keys) for r in tt.read_per_image(device)}
+            b = {(r["index"], r["class"]): tuple(r[k] for k in keys) for r in tt.read_per_image(scored)}
+            self.assertEqual(a, b, name)
+            finite = sum(1 for v in a.values() if v[0] not in ("", "nan", "inf", "NaN"))
+            self.assertGreater(finite, 64, name)
 
     def test_out_of_memory_halves_the_batch_and_loses_nothing(self):
         root = tt.tmpdir(self)
