@@ -80,7 +80,9 @@ ABSL_FLAG(std::string, file_ending, ".nii.gz", "tally run --predictions: the fil
 ABSL_FLAG(double, nsd_tolerance, 1.0, "Tolerance for nsd, in the units of the spacing");
 ABSL_FLAG(bool, include_background, false, "Count class 0 in the foreground means");
 ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 (autocast)");
-ABSL_FLAG(bool, channels_last, false, "Run the model in channels-last memory format");
+ABSL_FLAG(std::string, channels_last, "auto",
+          "auto (a timed trial on the first batch picks the faster layout; TorchScript on CUDA), on or off; "
+          "a bare --channels-last means on");
 ABSL_FLAG(std::string, max_memory, "", "With --batch-size auto: fraction of GPU memory (0.8) or GiB (20)");
 ABSL_FLAG(int64_t, max_image_pixels, 0, "Images/masks declaring more pixels fail their row (0 = 2^28)");
 ABSL_FLAG(double, batch_timeout, 0, "Seconds a decode or forward pass may take before its rows fail (0 = 600)");
@@ -289,7 +291,15 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "
     return absl::InvalidArgumentError(absl::StrCat("--precision: expected fp32, bf16 or fp16, got '", precision, "'"));
   }
   spec.set_precision(precision);
-  spec.set_channels_last(absl::GetFlag(FLAGS_channels_last));
+  const std::string layout = absl::AsciiStrToLower(absl::GetFlag(FLAGS_channels_last));
+  if (layout == "auto" || layout == "on" || layout == "off") {
+    spec.set_channels_last_mode(layout);
+  } else if (layout == "true" || layout == "yes" || layout == "1" || layout == "false" || layout == "no" || layout == "0") {
+    spec.set_channels_last_mode(layout == "true" || layout == "yes" || layout == "1" ? "on" : "off");
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--channels-last: expected auto, on or off, got '", layout, "'"));
+  }
+  spec.set_channels_last(spec.channels_last_mode() == "on");
   std::string mem = absl::AsciiStrToLower(absl::GetFlag(FLAGS_max_memory));
   if (!mem.empty()) {
     absl::string_view v = mem;
@@ -535,6 +545,11 @@ int Estimate() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("tally VERB [flags]; `tally help` lists the verbs");
   std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  // --channels-last was a bare boolean before it took auto|on|off: a bare one still means on.
+  for (size_t i = 1; i < normalized.size() && normalized[i] != "--"; ++i) {
+    if (normalized[i] != "--channels_last") continue;
+    if (i + 1 == normalized.size() || absl::StartsWith(normalized[i + 1], "-")) normalized[i] = "--channels_last=on";
+  }
   // Before Abseil sees argv: help, the version, and flags the verb does not take (exit 2).
   const tally::CommandLine cl = tally::CheckCommandLine(normalized);
   g_verb = tally::FindVerb(cl.verb) != nullptr ? cl.verb : "";

@@ -53,7 +53,12 @@ struct JobConfig {
   std::string name;
   std::vector<Metric> metrics;  // Canonical order; always holds dice and iou.
   Precision precision = Precision::kFp32;
+  // The layout to run: channels_last once fixed ("on"/"off", or "auto" resolved by the coordinator);
+  // channels_last_auto while "auto" waits for a worker's trial (worker/pipeline.cc).
   bool channels_last = false;
+  bool channels_last_auto = false;
+  std::string channels_last_mode = "auto";  // As asked: auto | on | off.
+  std::string channels_last_trial;          // The trial that resolved "auto".
   int batch_size = kBatchWorkerDefault;  // > 0, kBatchWorkerDefault or kBatchAuto.
   int batch_alignment = kDefaultBatchAlignment;
   double max_memory = 0;                 // For kBatchAuto: fraction (<= 1) or GiB (> 1); 0 = 0.9.

@@ -969,6 +969,30 @@ void Coordinator::RecordModelErrorLocked(JobEntry* job_entry, const v1::ReportJo
   }
 }
 
+absl::StatusOr<v1::ResolveLayoutResponse> Coordinator::ResolveLayout(const v1::ResolveLayoutRequest& request) {
+  if (request.channels_last() != "on" && request.channels_last() != "off") {
+    return absl::InvalidArgumentError("ResolveLayout: channels_last must be on or off");
+  }
+  absl::MutexLock lock(&mu_);
+  auto wit = workers_.find(request.worker_id());
+  if (wit != workers_.end()) wit->second.last_seen = Now();
+  auto jit = jobs_.find(request.job_id());
+  if (jit == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
+  v1::JobSpec* spec = jit->second->record.job.mutable_spec();
+  if (spec->channels_last_resolved().empty()) {
+    v1::JobSpec updated = *spec;
+    updated.set_channels_last_resolved(request.channels_last());
+    updated.set_channels_last_trial(request.trial());
+    RETURN_IF_ERROR(store_->UpdateSpec(request.job_id(), updated));
+    *spec = std::move(updated);
+    Log("job ", request.job_id(), ": channels-last ", request.channels_last(), " (worker ", request.worker_id(),
+        "'s trial: ", request.trial(), ")");
+  }
+  v1::ResolveLayoutResponse response;
+  response.set_channels_last(spec->channels_last_resolved());
+  return response;
+}
+
 absl::Status Coordinator::ReleaseShard(const v1::ReleaseShardRequest& request) {
   Deferred deferred;
   {

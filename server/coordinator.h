@@ -127,6 +127,9 @@ class Coordinator {
   absl::StatusOr<v1::ReportResultsResponse> ReportResults(const v1::ReportResultsRequest& request);
   absl::Status ReportJobError(const v1::ReportJobErrorRequest& request);
   absl::Status ReleaseShard(const v1::ReleaseShardRequest& request);
+  // First proposal wins: the job's channels-last choice (kept in its spec and the database), for
+  // jobs whose spec leaves it to the workers' trial. NOT_FOUND for an unknown job.
+  absl::StatusOr<v1::ResolveLayoutResponse> ResolveLayout(const v1::ResolveLayoutRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
 
   // Takes shards back from workers silent for longer than the lease, and from workers that made

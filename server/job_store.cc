@@ -332,6 +332,14 @@ absl::Status JobStore::UpdateJob(const JobRecord& record) {
   return up.Run();
 }
 
+absl::Status JobStore::UpdateSpec(const std::string& job_id, const v1::JobSpec& spec) {
+  absl::MutexLock lock(&mu_);
+  Stmt up(db_, "UPDATE jobs SET spec=? WHERE job_id=?");
+  RETURN_IF_ERROR(up.status());
+  up.BindBlob(1, spec.SerializeAsString()).Bind(2, job_id);
+  return up.Run();
+}
+
 absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
   absl::MutexLock lock(&mu_);
   Stmt q(db_,

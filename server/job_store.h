@@ -83,6 +83,8 @@ class JobStore {
   // the freed pages back to the file system.
   absl::Status DeleteJob(const std::string& job_id);
   absl::Status UpdateJob(const JobRecord& record);
+  // Replaces the stored spec (the coordinator's resolved settings).
+  absl::Status UpdateSpec(const std::string& job_id, const v1::JobSpec& spec);
   absl::StatusOr<std::vector<JobRecord>> LoadJobs();
 
   // Manifest rows [begin, end) of a job, in index order.

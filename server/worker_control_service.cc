@@ -50,6 +50,13 @@ grpc::ServerUnaryReactor* WorkerControlServiceImpl::ReleaseShard(grpc::CallbackS
   });
 }
 
+grpc::ServerUnaryReactor* WorkerControlServiceImpl::ResolveLayout(grpc::CallbackServerContext* ctx,
+                                                                  const v1::ResolveLayoutRequest* request,
+                                                                  v1::ResolveLayoutResponse* response) {
+  if (absl::Status s = Authenticate(ctx); !s.ok()) return Refuse(ctx, s);
+  return Unary(ctx, response, [&] { return core_->ResolveLayout(*request); });
+}
+
 grpc::ServerUnaryReactor* WorkerControlServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
                                                               const v1::HeartbeatRequest* request,
                                                               v1::HeartbeatResponse* response) {

@@ -26,6 +26,8 @@ class WorkerControlServiceImpl final : public v1::WorkerControl::CallbackService
                                            v1::ReportJobErrorResponse* response) override;
   grpc::ServerUnaryReactor* ReleaseShard(grpc::CallbackServerContext* ctx, const v1::ReleaseShardRequest* request,
                                          v1::ReleaseShardResponse* response) override;
+  grpc::ServerUnaryReactor* ResolveLayout(grpc::CallbackServerContext* ctx, const v1::ResolveLayoutRequest* request,
+                                          v1::ResolveLayoutResponse* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
 

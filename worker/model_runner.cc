@@ -9,11 +9,14 @@
 #include <torch/script.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -242,6 +245,9 @@ class TorchRunner final : public ModelRunner {
 
   bool is_cuda() const override { return cuda_; }
 
+  std::string TrialLayout(const BatchSpec& batch, std::string* trial) override;
+  void SetChannelsLast(bool on) override;
+
   bool ScoresSurfaceOnDevice() const override {
 #if TALLY_CUDA_KERNELS
     return cuda_;
@@ -252,7 +258,11 @@ class TorchRunner final : public ModelRunner {
 
  private:
   TorchRunner(ModelRunnerOptions options, at::Device device, torch::jit::Module module)
-      : options_(std::move(options)), device_(device), module_(std::move(module)), cuda_(device.is_cuda()) {}
+      : options_(std::move(options)),
+        device_(device),
+        module_(std::move(module)),
+        cuda_(device.is_cuda()),
+        channels_last_(options_.channels_last) {}
 
   void EnableAutocast() {
     if (options_.precision == "fp32") return;
@@ -313,6 +323,8 @@ class TorchRunner final : public ModelRunner {
   const at::Device device_;
   torch::jit::Module module_;
   const bool cuda_;
+  bool channels_last_;  // The layout now (options_.channels_last at first; SetChannelsLast).
+  std::map<std::string, std::pair<std::string, std::string>> trials_;  // Batch shape -> (choice, trial).
   double load_seconds_ = 0;
   at::Tensor mean_, std_;
 #if TALLY_WITH_CUDA
@@ -355,13 +367,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
                                                    ErrorText(e), ")"));
   }
   module.eval();
-  if (options.channels_last) {
-    c10::InferenceMode guard;
-    for (at::Tensor p : module.parameters()) {
-      if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
-    }
-  }
   std::unique_ptr<TorchRunner> runner(new TorchRunner(options, device, std::move(module)));
+  if (options.channels_last) {
+    runner->channels_last_ = false;
+    runner->SetChannelsLast(true);
+  }
   if (!options.mean.empty()) {
     runner->mean_ = at::tensor(options.mean, at::TensorOptions().dtype(at::kFloat)).to(device).view({1, 3, 1, 1});
   }
@@ -558,7 +568,7 @@ at::Tensor TorchRunner::Preprocess(const Groups& dev) const {
     if (options_.input_height > 0) {
       x = at::upsample_bilinear2d(x, {options_.input_height, options_.input_width}, /*align_corners=*/false);
     }
-    return x.contiguous(options_.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
+    return x.contiguous(channels_last_ ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
   };
   if (dev.uniform) return preprocess(dev.images[0]);
   std::vector<at::Tensor> parts;
@@ -658,6 +668,53 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
                                     batch.surface, &outputs));
   // Where the device could not score the surfaces, the labels go to the host for the CPU to.
   return ResultsToHost(outputs, batch.want_labels || (batch.surface.enabled && outputs.surface_missing));
+}
+
+void TorchRunner::SetChannelsLast(bool on) {
+  if (on == channels_last_) return;
+  c10::InferenceMode guard;
+  const auto format = on ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  for (at::Tensor p : module_.parameters()) {
+    if (p.dim() == 4) p.set_data(p.contiguous(format));
+  }
+  channels_last_ = on;
+}
+
+std::string TorchRunner::TrialLayout(const BatchSpec& batch, std::string* trial) {
+  if (!cuda_ || batch.items.empty()) return "";
+  const std::string shape =
+      absl::StrCat(batch.items.size(), " x ", batch.items[0].height, "x", batch.items[0].width, " ", options_.precision);
+  if (auto it = trials_.find(shape); it != trials_.end()) {
+    *trial = it->second.second;
+    return it->second.first;
+  }
+  // Per layout: warm-up passes (TorchScript specialises on the new strides, cuDNN plans), then the
+  // best of a few timed passes. Channels-last must win by 3%: the default layout is kept when the
+  // two are within noise of each other, so repeated trials agree.
+  auto time_layout = [&](bool on) -> double {
+    SetChannelsLast(on);
+    for (int k = 0; k < 3; ++k) {
+      auto p = Launch(batch);
+      if (!p.ok() || !(*p)->Wait().ok()) return -1;
+    }
+    double best = 1e30;
+    for (int k = 0; k < 3; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto p = Launch(batch);
+      if (!p.ok() || !(*p)->Wait().ok()) return -1;
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  const bool before = channels_last_;
+  const double contiguous = time_layout(false);
+  const double cl = time_layout(true);
+  SetChannelsLast(before);
+  if (contiguous < 0 || cl < 0) return "";  // The batch fails in a layout: leave the choice alone.
+  const bool on = cl < 0.97 * contiguous;
+  *trial = absl::StrFormat("batch %s: %.2f ms channels-last, %.2f ms contiguous", shape, cl * 1e3, contiguous * 1e3);
+  trials_[shape] = {on ? "on" : "off", *trial};
+  return on ? "on" : "off";
 }
 
 absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) {

@@ -171,6 +171,13 @@ class ModelRunner {
   virtual bool is_cuda() const = 0;
   // Whether BatchSpec::surface can be honoured here (CUDA builds with Tally's kernels).
   virtual bool ScoresSurfaceOnDevice() const { return false; }
+  // --channels-last auto: times the forward pass of `batch` in both memory layouts (warm-up passes
+  // first in each) and returns "on" or "off", what it measured in `trial`. The answer is kept per
+  // batch shape: asked again (a later job on a cached runner), it answers without timing. Runners
+  // with no layout to choose (CPU, Python models) return "" and leave it.
+  virtual std::string TrialLayout(const BatchSpec& /*batch*/, std::string* /*trial*/) { return ""; }
+  // Runs the model channels-last (parameters and inputs) or not from the next Launch on.
+  virtual void SetChannelsLast(bool /*on*/) {}
 };
 
 }  // namespace tally

@@ -558,6 +558,21 @@ std::shared_ptr<Pipeline::InFlight> Pipeline::StageGroup(const std::shared_ptr<S
 }
 
 void Pipeline::WarmUp(const BatchSpec& spec) {
+  if (options_.resolve_layout) {
+    std::string trial;
+    const std::string choice = runner_->TrialLayout(spec, &trial);
+    if (!choice.empty()) {
+      absl::StatusOr<bool> on = options_.resolve_layout(choice == "on", trial);
+      if (!on.ok()) {
+        Fail(absl::StrCat("cannot agree on the job's memory layout with the coordinator: ", on.status().message()),
+             false);
+        return;
+      }
+      runner_->SetChannelsLast(*on);
+      Log("channels-last ", *on ? "on" : "off", " for this job (", choice == (*on ? "on" : "off") ? "" : "not ",
+          "this worker's choice; ", trial, ")");
+    }
+  }
   // TorchScript's profiling executor optimises after a few runs and cuDNN picks algorithms on the
   // first: run the first batch a few extra times before the clock starts.
   for (int k = 0; k < options_.warmup_batches; ++k) {

@@ -64,6 +64,10 @@ struct PipelineOptions {
   bool all_foreground = false;                // Class 0 gets thumbnails too.
   // Non-empty: an existing folder (resolved) where every predicted label map is written as PNG.
   std::string save_predictions;
+  // --channels-last auto, not yet resolved for the job: before the first batch, the runner's trial
+  // (ModelRunner::TrialLayout) is proposed here and the answer (the job's choice, the first
+  // worker's) is what runs. An error fails the job here. Null: the layout is already fixed.
+  std::function<absl::StatusOr<bool>(bool channels_last, const std::string& trial)> resolve_layout;
 };
 
 class Pipeline : public RowEvaluator {

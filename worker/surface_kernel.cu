@@ -330,9 +330,20 @@ __global__ void SummaryKernel(const double* __restrict__ values, int64_t hw, int
     const double b = s_less_equal > lo + 1 ? a : __longlong_as_double(static_cast<long long>(s_above));
     p95 = Lerp(a, b, t);
   }
+  // The sum: in row-major order, one rounding per addition, as the CPU adds. One thread adds; the
+  // block stages the values in shared memory first, so the chain waits on additions, not on loads.
+  __shared__ double staged[kTile];
+  double sum = 0.0;
+  for (long long c0 = 0; c0 < n; c0 += kTile) {
+    const int m = static_cast<int>(min(static_cast<long long>(kTile), n - c0));
+    for (int i = threadIdx.x; i < m; i += blockDim.x) staged[i] = v[c0 + i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < m; ++i) sum = __dadd_rn(sum, staged[i]);
+    }
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
-    double sum = 0.0;  // In row-major order, one rounding per addition, as the CPU adds.
-    for (long long i = 0; i < n; ++i) sum = __dadd_rn(sum, v[i]);
     out.max = mx;
     out.p95 = p95;
     out.sum = sum;

@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include <malloc.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -108,6 +109,29 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
         " (--gpus-per-worker); use a Python model (--model PATH.py) to spread a model over several GPUs"));
   }
   return ModelRunner::Create(ro);
+}
+
+std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, const WorkerOptions& options) {
+  const ModelRef model = ParseModelRef(config.model);
+  std::string identity = model_sha256;
+  if (identity.empty()) {
+    struct stat st;
+    identity = stat(model.path.c_str(), &st) == 0
+                   ? absl::StrCat(model.path, ":", st.st_size, ":", st.st_ino, ":", st.st_mtim.tv_sec, ".",
+                                  st.st_mtim.tv_nsec)
+                   : absl::StrCat(model.path, ":unreadable:", NowUnix());  // Never matches again.
+  }
+  std::vector<std::string> options_kv;
+  for (const auto& [k, v] : config.model_options) options_kv.push_back(absl::StrCat(k, "=", v));
+  return absl::StrJoin(
+      {identity, model.class_name, absl::StrJoin(WorkerDevices(options), ","), std::string(PrecisionName(config.precision)),
+       absl::StrJoin(config.mean, ","), absl::StrJoin(config.std, ","),
+       absl::StrCat(config.input_height, "x", config.input_width), absl::StrJoin(config.thresholds, ","),
+       absl::StrCat(options.threads, ",", options.count_logit_ties, ",", options.cudnn_benchmark, ",",
+                    options.gpu_memory_limit_gib),
+       config.python, absl::StrJoin(options_kv, "\x1f"), absl::StrJoin(config.manifest_columns, "\x1f"),
+       absl::StrCat(config.num_classes)},
+      "\x1e");
 }
 
 // --threads 0: this worker's share of the cores it may run on: all of them for a CPU worker; for a
@@ -449,6 +473,11 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
       absl::MutexLock lock(&mu_);
       old = std::move(evaluator_);
     }
+    old->pipeline.reset();
+    if (old->runner) {  // Kept for the next job, which may run the same model.
+      idle_runner_key_ = old->runner_key;
+      idle_runner_ = std::move(old->runner);
+    }
     old.reset();
   }
   ASSIGN_OR_RETURN(const JobConfig config, JobConfigFromSpec(a.spec()));
@@ -471,14 +500,32 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     evaluator_ = std::move(evaluator);
     return absl::OkStatus();
   }
-  Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(WorkerDevices(options_), ","));
-  ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_));
+  evaluator->runner_key = RunnerKey(config, a.spec().model_sha256(), options_);
+  bool reused = false;
+  if (idle_runner_ && idle_runner_key_ == evaluator->runner_key) {
+    Log("job ", a.job_id(), ": model ", config.model, " is loaded already (sha256 ", a.spec().model_sha256().substr(0, 12),
+        "); reusing it");
+    evaluator->runner = std::move(idle_runner_);
+    if (!config.channels_last_auto) evaluator->runner->SetChannelsLast(config.channels_last);
+    reused = true;
+  } else {
+    if (idle_runner_) {
+      idle_runner_.reset();  // Its memory first: the next model may need all of it.
+      Log("job ", a.job_id(), ": unloaded the previous job's model");
+    }
+    Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(WorkerDevices(options_), ","));
+    ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_));
+  }
+  idle_runner_key_.clear();
   PipelineOptions po;
   po.decode_threads = options_.threads;
   po.default_batch_size = DefaultBatchSize(evaluator->runner->is_cuda());
   ASSIGN_OR_RETURN(po.batch_size, WorkerBatchSize(config, po.default_batch_size));
   po.max_memory = config.max_memory;
-  po.warmup_batches = evaluator->runner->is_cuda() ? options_.warmup_batches : 0;
+  po.warmup_batches = evaluator->runner->is_cuda() && !reused ? options_.warmup_batches : 0;
+  if (config.channels_last_auto) {
+    po.resolve_layout = [this, job_id](bool on, const std::string& trial) { return ResolveLayout(job_id, on, trial); };
+  }
   po.staging_slots = options_.staging_slots;
   po.metrics = config.metrics;
   po.surface.spacing_y = config.spacing_y;
@@ -501,6 +548,31 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   absl::MutexLock lock(&mu_);
   evaluator_ = std::move(evaluator);
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Worker::ResolveLayout(const std::string& job_id, bool channels_last, const std::string& trial) {
+  v1::ResolveLayoutRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_worker_id(worker_id_);
+  }
+  request.set_job_id(job_id);
+  request.set_channels_last(channels_last ? "on" : "off");
+  request.set_trial(trial);
+  Backoff backoff(0.25, 5.0);
+  const double give_up = NowUnix() + 60;
+  while (true) {
+    v1::ResolveLayoutResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(10));
+    const grpc::Status s = stub_->ResolveLayout(&ctx, request, &response);
+    if (s.ok()) return response.channels_last() == "on";
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    }
+    if (NowUnix() > give_up) return absl::UnavailableError(s.error_message());
+    SleepFor(backoff.Next());
+  }
 }
 
 void Worker::OnResult(const LeaseKey& lease, v1::ImageResult result) {

@@ -76,6 +76,11 @@ std::vector<std::string> WorkerDevices(const WorkerOptions& options);
 // the worker's: TorchScript or Python by the model's name. Checks the model (and a Python
 // interpreter named by path) against the data roots.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options);
+// What a runner from CreateJobRunner is, for reuse by a later job: the model file's SHA-256 (the
+// coordinator's, from the job spec; where it has none, the file's path, size, inode and mtime)
+// and every option the runner was built with except the memory layout, which a runner changes in
+// place (ModelRunner::SetChannelsLast).
+std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, const WorkerOptions& options);
 
 // --threads 0: this worker's share of the cores it may run on: all of them for a CPU worker; for a
 // GPU worker, divided among the host's GPUs (/dev/nvidiaN).
@@ -103,9 +108,13 @@ class Worker {
   };
   struct Evaluator {
     std::string job_id;
+    std::string runner_key;                  // RunnerKey() of the runner's job: what it can be reused for.
     std::unique_ptr<ModelRunner> runner;     // Null for prediction jobs.
     std::unique_ptr<RowEvaluator> pipeline;  // Pipeline (model) or ScoringPipeline (predictions).
   };
+  // --channels-last auto: proposes this worker's trial for the job and returns the job's choice
+  // (the coordinator keeps the first proposal). Retries for up to a minute.
+  absl::StatusOr<bool> ResolveLayout(const std::string& job_id, bool channels_last, const std::string& trial);
 
   explicit Worker(WorkerOptions options);
   // The batch size this worker uses for jobs that leave it to the workers.
@@ -153,6 +162,11 @@ class Worker {
   void TrimMemoryWhenIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   const WorkerOptions options_;
+  // The last job's model, loaded, while no job runs it: the next job with the same RunnerKey (the
+  // model file's SHA-256 and everything the runner was built with) takes it instead of loading
+  // again (and skips the warm-up passes). Touched only by the thread that starts jobs.
+  std::string idle_runner_key_;
+  std::unique_ptr<ModelRunner> idle_runner_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerControl::Stub> stub_;
 

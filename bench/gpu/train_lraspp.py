@@ -58,6 +58,16 @@ def main():
         opt.step()
         if step % 50 == 0 or step == args.steps - 1:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+    # MobileNetV3's batch norms keep running statistics with momentum 0.01: after a few hundred
+    # steps they still lag the weights, and eval-mode predictions come out all background.
+    # Recompute them as plain averages over the training images.
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None
+    with torch.no_grad():
+        for i in range(0, train_x.shape[0], args.batch):
+            model(train_x[i : i + args.batch].float().div(255))
     model.eval()
     with torch.no_grad():
         pred = torch.cat([model(test_x[i : i + 16].float().div(255))["out"].argmax(1) for i in range(0, test_x.shape[0], 16)])

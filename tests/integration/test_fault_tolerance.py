@@ -94,6 +94,94 @@ class FaultToleranceTest(unittest.TestCase):
         self.assertIn("resuming job", cluster.log("tallyd2.log"))
 
 
+class LayoutResolutionTest(unittest.TestCase):
+    """--channels-last auto: the first worker's trial decides for the whole job (the coordinator
+    keeps the first proposal, in the database), so every result comes from one layout."""
+
+    def test_first_proposal_wins_and_survives_a_restart(self):
+        import grpc
+        import tally_pb2
+        import tally_pb2_grpc
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(5), 12, [(24, 32)], classes=2)
+        cluster = tt.Cluster(self, root, lease_seconds=2.0)
+        job = cluster.submit(tt.fixture("conv3.pt"), manifest, "--metrics", "dice", "--batch-size", "4")
+
+        def resolve(proposal, trial, job_id=job):
+            with grpc.insecure_channel(cluster.address) as channel:
+                stub = tally_pb2_grpc.WorkerControlStub(channel)
+                return stub.ResolveLayout(tally_pb2.ResolveLayoutRequest(
+                    worker_id="probe", job_id=job_id, channels_last=proposal, trial=trial), timeout=10).channels_last
+
+        self.assertEqual(resolve("on", "trial A"), "on")
+        self.assertEqual(resolve("off", "trial B"), "on")  # Later proposals get the job's choice.
+        for bad, code in ((("maybe", "x"), grpc.StatusCode.INVALID_ARGUMENT),
+                          (("off", "x", "no-such-job"), grpc.StatusCode.NOT_FOUND)):
+            with self.assertRaises(grpc.RpcError) as e:
+                resolve(*bad)
+            self.assertEqual(e.exception.code(), code)
+        port = cluster.address.split(":")[1]
+        cluster.tallyd.send_signal(signal.SIGKILL)
+        cluster.tallyd.wait(10)
+        with open(os.path.join(root, "tallyd2.log"), "w") as log:
+            tallyd = subprocess.Popen([os.path.join(tt.BIN, "tallyd"), "--listen", f"127.0.0.1:{port}", "--state-dir",
+                                       cluster.state, "--lease-seconds", "2"], stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: (tallyd.poll() is None and tallyd.terminate(), tallyd.wait(10)))
+        deadline = time.time() + 30
+        while True:
+            try:
+                self.assertEqual(resolve("off", "trial C"), "on")  # Kept in the database.
+                break
+            except grpc.RpcError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.1)
+        cluster.start_worker()  # A CPU worker runs the resolved layout (no trial of its own).
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        report = tt.read_report(out)
+        self.assertEqual((report["channels_last_mode"], report["channels_last"], report["channels_last_trial"]),
+                         ("auto", "on", "trial A"))
+        self.assertEqual(report["images_evaluated"], 12)
+
+    def test_a_loaded_model_serves_the_next_job(self):
+        # The worker keeps the last job's model (keyed by the file's SHA-256 and the runner's
+        # settings): a second job with the same model reuses it; another model replaces it.
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(8), 16, [(24, 32)], classes=2)
+        cluster = tt.Cluster(self, root)
+        cluster.start_worker()
+        cluster.wait_registered(1)
+        outs = []
+        for k, (model, flags) in enumerate((("conv3.pt", []), ("conv3.pt", []), ("conv3.pt", ["--precision", "bf16"]),
+                                            ("three_class.pt", []))):
+            job = cluster.submit(tt.fixture(model), manifest, "--metrics", "dice,hd95", *flags)
+            self.assertEqual(cluster.wait(job)["state"], "succeeded")
+            outs.append(os.path.join(root, f"out{k}"))
+            cluster.fetch(job, outs[-1])
+        log = cluster.log("worker-0.log")
+        self.assertEqual(log.count("reusing it"), 1, log)  # Job 2 only: bf16 and another file load anew.
+        self.assertEqual(log.count("loading model"), 3, log)
+        self.assertEqual(log.count("unloaded the previous job's model"), 2, log)
+        self.assertTrue(tt.same_files(outs[0], outs[1]))
+
+    def test_flag_values(self):
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(6), 4, [(16, 16)], classes=2)
+        for flags, mode, resolved in ((["--channels-last", "--metrics", "dice"], "on", "on"),  # Bare: on.
+                                      (["--channels-last", "off"], "off", "off"),
+                                      ([], "auto", "auto")):  # CPU workers run no trial.
+            out = os.path.join(root, f"out-{mode}")
+            tt.tally_run(tt.fixture("conv3.pt"), manifest, out, "--workers", "1", *flags)
+            report = tt.read_report(out)
+            self.assertEqual((report["channels_last_mode"], report["channels_last"]), (mode, resolved), flags)
+        p = tt.tally_run(tt.fixture("conv3.pt"), manifest, os.path.join(root, "bad"), "--workers", "1",
+                         "--channels-last", "sideways", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--channels-last: expected auto, on or off, got 'sideways'", p.stderr)
+
+
 class UnreachableCoordinatorTest(unittest.TestCase):
     def test_worker_retries_with_backoff_and_says_so(self):
         port = free_port()

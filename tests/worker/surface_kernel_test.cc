@@ -3,7 +3,9 @@
 // from one map or both, ignored reference pixels, images of one row or column, anisotropic spacing,
 // noise (edges everywhere) and more classes than the kernels hold column gaps for at once. Built
 // only with the CUDA kernels; skipped when no GPU is visible.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -150,6 +152,20 @@ TEST_F(SurfaceKernelTest, DegenerateImages) {
   Maps one_sided{1, 16, 16, 2, std::vector<uint16_t>(256, 0), std::vector<uint16_t>(256, 0)};
   one_sided.pred[5 * 16 + 5] = 1;  // Class 1 only in the prediction: inf, inf, inf, 0.
   ExpectSame(one_sided, SurfaceOptions());
+}
+
+TEST_F(SurfaceKernelTest, DeviceTimeOfABatch) {
+  // Not an assertion on time: prints what a batch of 32 realistic 512 x 512 pairs costs the device.
+  const Maps m = Draw(61, 32, 512, 512, 2, 0, false, 0.02);
+  std::vector<int16_t> pred(m.pred.begin(), m.pred.end()), ref(m.ref.begin(), m.ref.end());
+  std::vector<double> out(static_cast<size_t>(m.n) * m.k * 4);
+  double ms = 0, best = 1e9;
+  for (int rep = 0; rep < 5; ++rep) {
+    ASSERT_EQ(SurfaceOnDeviceSync(pred.data(), ref.data(), m.n, m.h, m.w, m.k, SurfaceKernelOptions(), out.data(), &ms),
+              "");
+    best = std::min(best, ms);
+  }
+  std::printf("surface kernels, 32 x 512 x 512, 2 classes: %.3f ms (best of 5)\n", best);
 }
 
 TEST_F(SurfaceKernelTest, RealisticSizeAndMoreClassesThanOneChunk) {
