@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
@@ -69,7 +70,7 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(c.metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
   ASSIGN_OR_RETURN(c.precision, ParsePrecision(spec.precision()));
   c.channels_last_mode = spec.channels_last_mode().empty() ? (spec.channels_last() ? "on" : "auto")
-                                                           : spec.channels_last_mode();
+                                                           : absl::AsciiStrToLower(spec.channels_last_mode());
   if (c.channels_last_mode == "auto") {
     c.channels_last = spec.channels_last_resolved() == "on";
     c.channels_last_auto = spec.channels_last_resolved().empty();
@@ -78,7 +79,7 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
     c.channels_last = c.channels_last_mode == "on";
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("job spec: channels_last_mode '", c.channels_last_mode, "' is not one of auto, on, off"));
+        absl::StrCat("channels_last_mode '", spec.channels_last_mode(), "' is not one of auto, on, off"));
   }
   c.batch_size = spec.batch_size();
   if (c.batch_size < kBatchAuto) return absl::InvalidArgumentError("job spec: batch_size must be >= -1");

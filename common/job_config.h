@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/metrics.h"
+#include "common/surface_distance.h"
 #include "proto/tally.pb.h"
 
 namespace tally {
@@ -77,6 +78,12 @@ struct JobConfig {
   std::vector<std::pair<int, int>> label_map;    // Stored value -> label, sorted; applied first.
   // Prediction jobs (empty model): the manifest's `prediction` column is scored instead.
   bool predictions() const { return model.empty(); }
+  // The 2D surface-distance settings (spacing, nsd tolerance).
+  SurfaceOptions surface_options() const { return SurfaceOptions{spacing_y, spacing_x, nsd_tolerance}; }
+  // The layout the job runs as the report shows it: "on" or "off", or "auto" while unresolved.
+  std::string channels_last_ran() const {
+    return channels_last_mode == "auto" && channels_last_auto ? "auto" : channels_last ? "on" : "off";
+  }
   int num_classes = 0;                 // Prediction jobs: fixed class count; 0 = from the data.
   double spacing_z = 0;                // > 0: --spacing z,y,x overrides the volumes' headers.
   bool force_spacing = false;          // Use spacing_z/y/x even where it contradicts a header.

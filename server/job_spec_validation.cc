@@ -6,7 +6,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/image_io.h"
@@ -59,16 +58,6 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.clear_model_sha256();  // The coordinator's to set.
   spec.clear_channels_last_resolved();
   spec.clear_channels_last_trial();
-  {
-    std::string mode = absl::AsciiStrToLower(spec.channels_last_mode());
-    if (mode.empty()) mode = spec.channels_last() ? "on" : "auto";
-    if (mode != "auto" && mode != "on" && mode != "off") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job spec: channels_last_mode '", spec.channels_last_mode(), "' is not one of auto, on, off"));
-    }
-    spec.set_channels_last_mode(mode);
-    spec.set_channels_last(mode == "on");
-  }
   spec.clear_manifest_sha256();
   if (spec.labels_size() > 32) return absl::InvalidArgumentError("job spec: at most 32 labels");
   for (const auto& [key, value] : spec.labels()) {
@@ -110,6 +99,8 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.clear_metrics();
   for (Metric m : config->metrics) spec.add_metrics(std::string(MetricName(m)));
   spec.set_precision(std::string(PrecisionName(config->precision)));
+  spec.set_channels_last_mode(config->channels_last_mode);
+  spec.set_channels_last(config->channels_last_mode == "on");
   spec.set_nonfinite(std::string(NonfiniteName(config->nonfinite)));
   spec.set_ignore_index(config->ignore_index);
   spec.set_empty_score(std::string(EmptyScoreName(config->empty_score)));

@@ -46,10 +46,7 @@ std::string ReportJson(const ReportData& d) {
   // "auto" resolves to "on"/"off" by the first worker's timed trial (TorchScript on CUDA); it
   // stays "auto" where no worker ran one (CPU, Python models).
   w.Field("channels_last_mode", d.config.channels_last_mode);
-  w.Field("channels_last", d.config.channels_last_mode != "auto" ? d.config.channels_last_mode
-                           : d.config.channels_last_auto     ? std::string("auto")
-                           : d.config.channels_last          ? std::string("on")
-                                                             : std::string("off"));
+  w.Field("channels_last", d.config.channels_last_ran());
   w.Field("channels_last_trial", d.config.channels_last_trial);
   w.Field("shard_size", d.record->shard_size);
   w.Field("max_image_pixels", d.config.max_image_pixels);

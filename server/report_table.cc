@@ -94,12 +94,13 @@ Table ParameterTable(const ReportData& d) {
   add("nsd tolerance", absl::StrCat(c.nsd_tolerance));
   if (!c.predictions()) {
     add("precision", std::string(PrecisionName(c.precision)));
+    const std::string ran = c.channels_last_ran() == "on" ? "yes" : "no";
     if (c.channels_last_mode != "auto") {
-      add("channels last", c.channels_last ? "yes" : "no");
+      add("channels last", ran);
     } else if (c.channels_last_auto) {
       add("channels last", "auto (no worker ran a trial)");
     } else {
-      add("channels last", absl::StrCat("auto: ", c.channels_last ? "yes" : "no", " (", c.channels_last_trial, ")"));
+      add("channels last", absl::StrCat("auto: ", ran, " (", c.channels_last_trial, ")"));
     }
     add("batch size", c.batch_size > 0 ? absl::StrCat(c.batch_size) : c.batch_size == kBatchAuto ? "auto" : "worker default");
     add("input size", c.input_height > 0 ? absl::StrCat(c.input_height, "x", c.input_width) : "as decoded");

@@ -186,10 +186,7 @@ absl::StatusOr<EstimateResult> RunEstimate(const EstimateOptions& options) {
     // the device where the runner can (else the labels on the host), labels on the host for saved
     // predictions, kept on the device for thumbnails. They cost device memory.
     const bool surface = AnySurfaceMetric(config.metrics);
-    spec.surface.enabled = surface && runner->ScoresSurfaceOnDevice();
-    spec.surface.spacing_y = config.spacing_y;
-    spec.surface.spacing_x = config.spacing_x;
-    spec.surface.nsd_tolerance = config.nsd_tolerance;
+    spec.surface = SurfaceRequest{surface && runner->ScoresSurfaceOnDevice(), config.surface_options()};
     spec.want_labels = (surface && !spec.surface.enabled) || !config.save_predictions.empty();
     spec.keep_labels = config.thumbnails > 0;
     for (int i = 0; i < b; ++i) {

@@ -465,12 +465,12 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
         if (SurfaceKernelSupports(static_cast<int>(K), H, W)) {
           // Scratch from the caching allocator on this stream: released when the tensor goes, reused
           // only by work queued after this batch's.
-          at::Tensor scratch =
-              at::empty({static_cast<int64_t>(SurfaceScratchBytes(n, H, W, static_cast<int>(K)))}, ref16.options().dtype(at::kByte));
+          const int64_t scratch_bytes = static_cast<int64_t>(SurfaceScratchBytes(n, H, W, static_cast<int>(K)));
+          at::Tensor scratch = at::empty({scratch_bytes}, ref16.options().dtype(at::kByte));
           at::Tensor values = at::empty({n, K, 4}, ref16.options().dtype(at::kDouble));
-          SurfaceKernelOptions so{surface.spacing_y, surface.spacing_x, surface.nsd_tolerance};
-          done = LaunchSurface(pred16.data_ptr<int16_t>(), ref16.data_ptr<int16_t>(), n, H, W, static_cast<int>(K), so,
-                               scratch.data_ptr(), values.data_ptr<double>(), at::cuda::getCurrentCUDAStream().stream());
+          done = LaunchSurface(pred16.data_ptr<int16_t>(), ref16.data_ptr<int16_t>(), n, H, W, static_cast<int>(K),
+                               surface.options, scratch.data_ptr(), values.data_ptr<double>(),
+                               at::cuda::getCurrentCUDAStream().stream());
           if (done) o->surface.push_back(values);
         }
         if (!done) o->surface_missing = true;

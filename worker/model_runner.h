@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/surface_distance.h"
 
 namespace tally {
 namespace v1 {
@@ -71,9 +72,7 @@ struct BatchImage {
 // ClassSurfaceMetrics to the bit, with the reference's ignored pixels outside every mask.
 struct SurfaceRequest {
   bool enabled = false;
-  double spacing_y = 1.0;
-  double spacing_x = 1.0;
-  double nsd_tolerance = 1.0;
+  SurfaceOptions options;
 };
 
 struct BatchSpec {

@@ -345,10 +345,7 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
   spec->images = slot->images.get();
   spec->masks = slot->masks.get();
   spec->want_labels = (surface_ && !device_surface_) || saving_;
-  spec->surface.enabled = device_surface_;
-  spec->surface.spacing_y = options_.surface.spacing_y;
-  spec->surface.spacing_x = options_.surface.spacing_x;
-  spec->surface.nsd_tolerance = options_.surface.nsd_tolerance;
+  spec->surface = SurfaceRequest{device_surface_, options_.surface};
   spec->keep_labels = options_.thumbnails > 0;  // A few rows per batch copy theirs (Finish).
   spec->items.clear();
   size_t image_off = 0, mask_off = 0;

@@ -387,7 +387,7 @@ size_t SurfaceScratchBytes(int64_t n, int64_t height, int64_t width, int num_cla
 }
 
 bool LaunchSurface(const int16_t* pred, const int16_t* ref, int64_t n, int64_t height, int64_t width, int num_classes,
-                   const SurfaceKernelOptions& options, void* scratch, double* out, void* stream) {
+                   const SurfaceOptions& options, void* scratch, double* out, void* stream) {
   if (!SurfaceKernelSupports(num_classes, height, width) || n <= 0 || 2 * n > 65535) return false;
   const int k = num_classes;
   const Layout l = MakeLayout(n, height, width, k);
@@ -426,7 +426,7 @@ bool LaunchSurface(const int16_t* pred, const int16_t* ref, int64_t n, int64_t h
 }
 
 std::string SurfaceOnDeviceSync(const int16_t* pred, const int16_t* ref, int64_t n, int64_t height, int64_t width,
-                                int num_classes, const SurfaceKernelOptions& options, double* out, double* kernel_ms) {
+                                int num_classes, const SurfaceOptions& options, double* out, double* kernel_ms) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();

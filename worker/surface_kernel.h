@@ -24,13 +24,9 @@
 #include <cstdint>
 #include <string>
 
-namespace tally {
+#include "common/surface_distance.h"
 
-struct SurfaceKernelOptions {
-  double spacing_y = 1.0;
-  double spacing_x = 1.0;
-  double nsd_tolerance = 1.0;
-};
+namespace tally {
 
 // Classes and sizes the kernels take (labels are held in bytes, column gaps in 16 bits).
 bool SurfaceKernelSupports(int num_classes, int64_t height, int64_t width);
@@ -43,14 +39,14 @@ size_t SurfaceScratchBytes(int64_t n, int64_t height, int64_t width, int num_cla
 // must stay untouched until the stream passes this work. Returns false when unsupported or a launch
 // failed.
 bool LaunchSurface(const int16_t* pred, const int16_t* ref, int64_t n, int64_t height, int64_t width, int num_classes,
-                   const SurfaceKernelOptions& options, void* scratch, double* out, void* stream);
+                   const SurfaceOptions& options, void* scratch, double* out, void* stream);
 
 // For tests and benchmarks: copies host label maps to the device, runs LaunchSurface on a stream of
 // its own, waits and copies the values back (`out`: n x K x 4). Returns an empty string, or why it
 // could not (no device, unsupported sizes, a CUDA error). `kernel_ms`, when not null, gets the
 // device time of LaunchSurface's work.
 std::string SurfaceOnDeviceSync(const int16_t* pred, const int16_t* ref, int64_t n, int64_t height, int64_t width,
-                                int num_classes, const SurfaceKernelOptions& options, double* out, double* kernel_ms);
+                                int num_classes, const SurfaceOptions& options, double* out, double* kernel_ms);
 
 }  // namespace tally
 

@@ -528,9 +528,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   }
   po.staging_slots = options_.staging_slots;
   po.metrics = config.metrics;
-  po.surface.spacing_y = config.spacing_y;
-  po.surface.spacing_x = config.spacing_x;
-  po.surface.nsd_tolerance = config.nsd_tolerance;
+  po.surface = config.surface_options();
   po.any_input_size = config.input_height > 0;
   po.max_image_pixels = config.max_image_pixels;
   po.batch_timeout_seconds = config.batch_timeout_seconds;

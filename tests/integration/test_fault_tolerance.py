@@ -17,6 +17,18 @@ def free_port():
         return s.getsockname()[1]
 
 
+def kill_and_restart_tallyd(test, cluster, root):
+    """SIGKILLs the cluster's tallyd and starts another on its port and state, logging to
+    ROOT/tallyd2.log."""
+    port = cluster.address.split(":")[1]
+    cluster.tallyd.send_signal(signal.SIGKILL)
+    cluster.tallyd.wait(10)
+    with open(os.path.join(root, "tallyd2.log"), "w") as log:
+        tallyd = subprocess.Popen([os.path.join(tt.BIN, "tallyd"), "--listen", f"127.0.0.1:{port}", "--state-dir",
+                                   cluster.state, "--lease-seconds", "2"], stdout=log, stderr=subprocess.STDOUT)
+    test.addCleanup(lambda: (tallyd.poll() is None and tallyd.terminate(), tallyd.wait(10)))
+
+
 class FaultToleranceTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -79,13 +91,7 @@ class FaultToleranceTest(unittest.TestCase):
         job = cluster.submit(tt.fixture("slow.pt"), self.manifest, "--metrics", "dice,hd95", "--shard-size", "8",
                              "--batch-size", "4")
         cluster.wait_for_progress(job, 0.3)
-        port = cluster.address.split(":")[1]
-        cluster.tallyd.send_signal(signal.SIGKILL)
-        cluster.tallyd.wait(10)
-        with open(os.path.join(root, "tallyd2.log"), "w") as log:
-            tallyd = subprocess.Popen([os.path.join(tt.BIN, "tallyd"), "--listen", f"127.0.0.1:{port}", "--state-dir",
-                                       cluster.state, "--lease-seconds", "2"], stdout=log, stderr=subprocess.STDOUT)
-        self.addCleanup(lambda: (tallyd.poll() is None and tallyd.terminate(), tallyd.wait(10)))
+        kill_and_restart_tallyd(self, cluster, root)
         done = cluster.wait(job)
         self.assertEqual(done["state"], "succeeded")
         out = os.path.join(root, "out")
@@ -120,13 +126,7 @@ class LayoutResolutionTest(unittest.TestCase):
             with self.assertRaises(grpc.RpcError) as e:
                 resolve(*bad)
             self.assertEqual(e.exception.code(), code)
-        port = cluster.address.split(":")[1]
-        cluster.tallyd.send_signal(signal.SIGKILL)
-        cluster.tallyd.wait(10)
-        with open(os.path.join(root, "tallyd2.log"), "w") as log:
-            tallyd = subprocess.Popen([os.path.join(tt.BIN, "tallyd"), "--listen", f"127.0.0.1:{port}", "--state-dir",
-                                       cluster.state, "--lease-seconds", "2"], stdout=log, stderr=subprocess.STDOUT)
-        self.addCleanup(lambda: (tallyd.poll() is None and tallyd.terminate(), tallyd.wait(10)))
+        kill_and_restart_tallyd(self, cluster, root)
         deadline = time.time() + 30
         while True:
             try:

@@ -82,8 +82,7 @@ std::string Bits(double v) {
 int ExpectSame(const Maps& m, const SurfaceOptions& o) {
   std::vector<int16_t> pred(m.pred.begin(), m.pred.end()), ref(m.ref.begin(), m.ref.end());
   std::vector<double> gpu(static_cast<size_t>(m.n) * m.k * 4);
-  SurfaceKernelOptions ko{o.spacing_y, o.spacing_x, o.nsd_tolerance};
-  const std::string error = SurfaceOnDeviceSync(pred.data(), ref.data(), m.n, m.h, m.w, m.k, ko, gpu.data(), nullptr);
+  const std::string error = SurfaceOnDeviceSync(pred.data(), ref.data(), m.n, m.h, m.w, m.k, o, gpu.data(), nullptr);
   if (!error.empty()) {
     ADD_FAILURE() << error;
     return -1;
@@ -112,7 +111,7 @@ class SurfaceKernelTest : public ::testing::Test {
   void SetUp() override {
     int16_t z = 0;
     double out[4];
-    if (SurfaceOnDeviceSync(&z, &z, 1, 1, 1, 1, SurfaceKernelOptions(), out, nullptr) == "no CUDA device") {
+    if (SurfaceOnDeviceSync(&z, &z, 1, 1, 1, 1, SurfaceOptions(), out, nullptr) == "no CUDA device") {
       GTEST_SKIP() << "no CUDA device visible";
     }
   }
@@ -161,7 +160,7 @@ TEST_F(SurfaceKernelTest, DeviceTimeOfABatch) {
   std::vector<double> out(static_cast<size_t>(m.n) * m.k * 4);
   double ms = 0, best = 1e9;
   for (int rep = 0; rep < 5; ++rep) {
-    ASSERT_EQ(SurfaceOnDeviceSync(pred.data(), ref.data(), m.n, m.h, m.w, m.k, SurfaceKernelOptions(), out.data(), &ms),
+    ASSERT_EQ(SurfaceOnDeviceSync(pred.data(), ref.data(), m.n, m.h, m.w, m.k, SurfaceOptions(), out.data(), &ms),
               "");
     best = std::min(best, ms);
   }
