@@ -18,7 +18,7 @@ const std::vector<std::string> kConnection = {"server", "token_file", "tls_ca", 
 const std::vector<std::string> kJob = {
     "model", "manifest", "name", "label", "metrics", "batch_size", "shard_size", "mean", "std", "input_size",
     "spacing", "force_spacing", "num_classes", "regions", "nnunet_summary", "nsd_tolerance", "include_background",
-    "precision", "channels_last", "max_memory", "max_image_pixels", "batch_timeout", "nonfinite", "ignore_index",
+    "precision", "channels_last", "decode", "max_memory", "max_image_pixels", "batch_timeout", "nonfinite", "ignore_index",
     "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction",
     "json_infinity", "thumbnails", "save_predictions"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",

@@ -83,6 +83,9 @@ ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 (autocast)");
 ABSL_FLAG(std::string, channels_last, "auto",
           "auto (a timed trial on the first batch picks the faster layout; TorchScript on CUDA), on or off; "
           "a bare --channels-last means on");
+ABSL_FLAG(std::string, decode, "cpu",
+          "Where JPEG images are decoded: cpu (libjpeg-turbo: the same pixels on every machine), gpu (nvJPEG: "
+          "pixels differ by a few levels) or auto (gpu when the CPU decoders cannot keep up with the model)");
 ABSL_FLAG(std::string, max_memory, "", "With --batch-size auto: fraction of GPU memory (0.8) or GiB (20)");
 ABSL_FLAG(int64_t, max_image_pixels, 0, "Images/masks declaring more pixels fail their row (0 = 2^28)");
 ABSL_FLAG(double, batch_timeout, 0, "Seconds a decode or forward pass may take before its rows fail (0 = 600)");
@@ -300,6 +303,11 @@ absl::StatusOr<tally::v1::JobSpec> SpecFromFlags(const std::string& manifest = "
     return absl::InvalidArgumentError(absl::StrCat("--channels-last: expected auto, on or off, got '", layout, "'"));
   }
   spec.set_channels_last(spec.channels_last_mode() == "on");
+  const std::string decode = absl::AsciiStrToLower(absl::GetFlag(FLAGS_decode));
+  if (decode != "cpu" && decode != "gpu" && decode != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--decode: expected cpu, gpu or auto, got '", decode, "'"));
+  }
+  if (decode != "cpu") spec.set_decode(decode);
   std::string mem = absl::AsciiStrToLower(absl::GetFlag(FLAGS_max_memory));
   if (!mem.empty()) {
     absl::string_view v = mem;

@@ -205,6 +205,29 @@ std::string TooManyPixels(const std::string& what, const std::string& name, int6
                       " (--max-image-pixels; a guard against decompression bombs)");
 }
 
+bool LooksLikeJpeg(const std::string& bytes) { return IsJpeg(bytes); }
+
+absl::Status InspectJpeg(const std::string& bytes, const std::string& name, int64_t max_pixels, int* height,
+                         int* width) {
+  tjhandle tj = ThreadDecompressor();
+  int w = 0, h = 0, subsamp = 0, colorspace = 0;
+  auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (tjDecompressHeader3(tj, data, bytes.size(), &w, &h, &subsamp, &colorspace) != 0) return JpegError(tj, name);
+  if (w <= 0 || h <= 0) {
+    ThreadDecompressorSlot().reset();
+    return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a JPEG of size ", h, "x", w));
+  }
+  if (static_cast<int64_t>(w) * h > max_pixels) {
+    return absl::InvalidArgumentError(TooManyPixels("image", name, h, w, max_pixels));
+  }
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
+    return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a CMYK JPEG; convert it to RGB"));
+  }
+  *height = h;
+  *width = w;
+  return absl::OkStatus();
+}
+
 absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out, int64_t max_pixels) {
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is empty (0 bytes)"));
   if (IsPng(bytes)) {
@@ -232,20 +255,11 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
     return absl::OkStatus();
   }
   if (IsJpeg(bytes)) {
+    int w = 0, h = 0;
+    absl::Status header = InspectJpeg(bytes, name, max_pixels, &h, &w);
+    if (!header.ok()) return header;
     tjhandle tj = ThreadDecompressor();
-    int w = 0, h = 0, subsamp = 0, colorspace = 0;
     auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
-    if (tjDecompressHeader3(tj, data, bytes.size(), &w, &h, &subsamp, &colorspace) != 0) return JpegError(tj, name);
-    if (w <= 0 || h <= 0) {
-      ThreadDecompressorSlot().reset();
-      return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a JPEG of size ", h, "x", w));
-    }
-    if (static_cast<int64_t>(w) * h > max_pixels) {
-      return absl::InvalidArgumentError(TooManyPixels("image", name, h, w, max_pixels));
-    }
-    if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
-      return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a CMYK JPEG; convert it to RGB"));
-    }
     out->height = h;
     out->width = w;
     out->pixels.resize(static_cast<size_t>(h) * w * 3);

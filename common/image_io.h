@@ -78,6 +78,13 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
 absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out,
                         int64_t max_pixels = kDefaultMaxImagePixels);
 
+// JPEG signature check (FF D8 FF), and the header checks DecodeImage makes before decoding a JPEG
+// (valid header, size, pixel limit, not CMYK), with the same errors; sets the declared size. For
+// decoders other than libjpeg-turbo (worker/gpu_jpeg.h), which must refuse what it refuses.
+bool LooksLikeJpeg(const std::string& bytes);
+absl::Status InspectJpeg(const std::string& bytes, const std::string& name, int64_t max_pixels, int* height,
+                         int* width);
+
 // The libpng decoder alone, which DecodeImage/DecodeMask fall back on for layouts the fast decoder
 // leaves (interlaced, 16-bit RGB, palette images...); exactly one of `rgb` and `labels` is non-null.
 // For tests and the fuzz targets (tests/fuzz), which must reach it with every input.

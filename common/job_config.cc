@@ -81,6 +81,16 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("channels_last_mode '", spec.channels_last_mode(), "' is not one of auto, on, off"));
   }
+  c.decode_mode = spec.decode().empty() ? "cpu" : absl::AsciiStrToLower(spec.decode());
+  if (c.decode_mode == "auto") {
+    c.decode_gpu = spec.decode_resolved() == "gpu";
+    c.decode_auto = spec.decode_resolved().empty();
+    c.decode_trial = spec.decode_trial();
+  } else if (c.decode_mode == "cpu" || c.decode_mode == "gpu") {
+    c.decode_gpu = c.decode_mode == "gpu";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("decode '", spec.decode(), "' is not one of cpu, gpu, auto"));
+  }
   c.batch_size = spec.batch_size();
   if (c.batch_size < kBatchAuto) return absl::InvalidArgumentError("job spec: batch_size must be >= -1");
   c.batch_alignment = spec.batch_alignment() > 0 ? spec.batch_alignment()

@@ -60,6 +60,12 @@ struct JobConfig {
   bool channels_last_auto = false;
   std::string channels_last_mode = "auto";  // As asked: auto | on | off.
   std::string channels_last_trial;          // The trial that resolved "auto".
+  // Where JPEG images are decoded (worker/gpu_jpeg.h): decode_gpu once fixed ("cpu"/"gpu", or
+  // "auto" resolved by the coordinator); decode_auto while "auto" waits for a worker's trial.
+  bool decode_gpu = false;
+  bool decode_auto = false;
+  std::string decode_mode = "cpu";  // As asked: cpu | gpu | auto.
+  std::string decode_trial;         // The trial that resolved "auto".
   int batch_size = kBatchWorkerDefault;  // > 0, kBatchWorkerDefault or kBatchAuto.
   int batch_alignment = kDefaultBatchAlignment;
   double max_memory = 0;                 // For kBatchAuto: fraction (<= 1) or GiB (> 1); 0 = 0.9.
@@ -84,6 +90,8 @@ struct JobConfig {
   std::string channels_last_ran() const {
     return channels_last_mode == "auto" && channels_last_auto ? "auto" : channels_last ? "on" : "off";
   }
+  // The decoder the job runs as the report shows it: "cpu" or "gpu", or "auto" while unresolved.
+  std::string decode_ran() const { return decode_auto ? "auto" : decode_gpu ? "gpu" : "cpu"; }
   int num_classes = 0;                 // Prediction jobs: fixed class count; 0 = from the data.
   double spacing_z = 0;                // > 0: --spacing z,y,x overrides the volumes' headers.
   bool force_spacing = false;          // Use spacing_z/y/x even where it contradicts a header.

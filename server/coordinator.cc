@@ -970,26 +970,42 @@ void Coordinator::RecordModelErrorLocked(JobEntry* job_entry, const v1::ReportJo
 }
 
 absl::StatusOr<v1::ResolveLayoutResponse> Coordinator::ResolveLayout(const v1::ResolveLayoutRequest& request) {
-  if (request.channels_last() != "on" && request.channels_last() != "off") {
+  const std::string& layout = request.channels_last();
+  const std::string& decode = request.decode();
+  if (!layout.empty() && layout != "on" && layout != "off") {
     return absl::InvalidArgumentError("ResolveLayout: channels_last must be on or off");
   }
+  if (!decode.empty() && decode != "cpu" && decode != "gpu") {
+    return absl::InvalidArgumentError("ResolveLayout: decode must be cpu or gpu");
+  }
+  if (layout.empty() && decode.empty()) return absl::InvalidArgumentError("ResolveLayout: nothing proposed");
   absl::MutexLock lock(&mu_);
   auto wit = workers_.find(request.worker_id());
   if (wit != workers_.end()) wit->second.last_seen = Now();
   auto jit = jobs_.find(request.job_id());
   if (jit == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
   v1::JobSpec* spec = jit->second->record.job.mutable_spec();
-  if (spec->channels_last_resolved().empty()) {
-    v1::JobSpec updated = *spec;
-    updated.set_channels_last_resolved(request.channels_last());
+  v1::JobSpec updated = *spec;
+  if (!layout.empty() && spec->channels_last_resolved().empty()) {
+    updated.set_channels_last_resolved(layout);
     updated.set_channels_last_trial(request.trial());
-    RETURN_IF_ERROR(store_->UpdateSpec(request.job_id(), updated));
-    *spec = std::move(updated);
-    Log("job ", request.job_id(), ": channels-last ", request.channels_last(), " (worker ", request.worker_id(),
+    Log("job ", request.job_id(), ": channels-last ", layout, " (worker ", request.worker_id(),
         "'s trial: ", request.trial(), ")");
   }
+  if (!decode.empty() && spec->decode_resolved().empty()) {
+    updated.set_decode_resolved(decode);
+    updated.set_decode_trial(request.decode_trial());
+    Log("job ", request.job_id(), ": JPEG decoding on the ", decode, " (worker ", request.worker_id(),
+        "'s trial: ", request.decode_trial(), ")");
+  }
+  if (updated.channels_last_resolved() != spec->channels_last_resolved() ||
+      updated.decode_resolved() != spec->decode_resolved()) {
+    RETURN_IF_ERROR(store_->UpdateSpec(request.job_id(), updated));
+    *spec = std::move(updated);
+  }
   v1::ResolveLayoutResponse response;
-  response.set_channels_last(spec->channels_last_resolved());
+  if (!layout.empty()) response.set_channels_last(spec->channels_last_resolved());
+  if (!decode.empty()) response.set_decode(spec->decode_resolved());
   return response;
 }
 

@@ -58,6 +58,8 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.clear_model_sha256();  // The coordinator's to set.
   spec.clear_channels_last_resolved();
   spec.clear_channels_last_trial();
+  spec.clear_decode_resolved();
+  spec.clear_decode_trial();
   spec.clear_manifest_sha256();
   if (spec.labels_size() > 32) return absl::InvalidArgumentError("job spec: at most 32 labels");
   for (const auto& [key, value] : spec.labels()) {
@@ -101,6 +103,10 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.set_precision(std::string(PrecisionName(config->precision)));
   spec.set_channels_last_mode(config->channels_last_mode);
   spec.set_channels_last(config->channels_last_mode == "on");
+  if (config->predictions() && config->decode_mode != "cpu") {
+    return absl::InvalidArgumentError("job spec: --decode is for jobs with a model (a prediction job decodes no images)");
+  }
+  spec.set_decode(config->decode_mode);
   spec.set_nonfinite(std::string(NonfiniteName(config->nonfinite)));
   spec.set_ignore_index(config->ignore_index);
   spec.set_empty_score(std::string(EmptyScoreName(config->empty_score)));

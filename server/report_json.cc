@@ -48,6 +48,10 @@ std::string ReportJson(const ReportData& d) {
   w.Field("channels_last_mode", d.config.channels_last_mode);
   w.Field("channels_last", d.config.channels_last_ran());
   w.Field("channels_last_trial", d.config.channels_last_trial);
+  // JPEG decoding: "cpu" | "gpu"; "auto" resolves to one of them by the first worker's trial.
+  w.Field("decode_mode", d.config.decode_mode);
+  w.Field("decode", d.config.decode_ran());
+  w.Field("decode_trial", d.config.decode_trial);
   w.Field("shard_size", d.record->shard_size);
   w.Field("max_image_pixels", d.config.max_image_pixels);
   w.Field("batch_timeout_seconds", d.config.batch_timeout_seconds);

@@ -102,6 +102,13 @@ Table ParameterTable(const ReportData& d) {
     } else {
       add("channels last", absl::StrCat("auto: ", ran, " (", c.channels_last_trial, ")"));
     }
+    if (c.decode_mode != "auto") {
+      add("JPEG decoding", c.decode_mode);
+    } else if (c.decode_auto) {
+      add("JPEG decoding", "auto (no worker ran a trial)");
+    } else {
+      add("JPEG decoding", absl::StrCat("auto: ", c.decode_ran(), " (", c.decode_trial, ")"));
+    }
     add("batch size", c.batch_size > 0 ? absl::StrCat(c.batch_size) : c.batch_size == kBatchAuto ? "auto" : "worker default");
     add("input size", c.input_height > 0 ? absl::StrCat(c.input_height, "x", c.input_width) : "as decoded");
     add("mean / std", absl::StrCat(list(c.mean), " / ", list(c.std)));

@@ -36,6 +36,7 @@
 #include "common/surface_distance.h"
 #include "common/thumbnail.h"
 #include "proto/tally.pb.h"
+#include "worker/gpu_jpeg.h"
 #include "worker/model_runner.h"
 #include "worker/row_evaluator.h"
 
@@ -68,6 +69,15 @@ struct PipelineOptions {
   // (ModelRunner::TrialLayout) is proposed here and the answer (the job's choice, the first
   // worker's) is what runs. An error fails the job here. Null: the layout is already fixed.
   std::function<absl::StatusOr<bool>(bool channels_last, const std::string& trial)> resolve_layout;
+  // JPEG decoding (worker/gpu_jpeg.h): on the GPU `decode_device` (a CUDA device index) when
+  // decode_gpu; else libjpeg-turbo on the decode threads.
+  bool decode_gpu = false;
+  int decode_device = -1;
+  // --decode auto, not yet resolved for the job: the images are decoded on the CPU until the first
+  // batch has run, then the decode threads' measured rate is compared with the model's and the
+  // proposal made here; the answer (the job's choice) is what runs from then on, and images already
+  // decoded the other way are decoded again, so every row of the job comes from one decoder.
+  std::function<absl::StatusOr<bool>(bool gpu, const std::string& trial)> resolve_decode;
 };
 
 class Pipeline : public RowEvaluator {
@@ -107,6 +117,8 @@ class Pipeline : public RowEvaluator {
     std::unique_ptr<LabelMap> mask;
     std::string error;
     bool decoded = false;
+    bool jpeg = false;        // The image is a JPEG...
+    bool gpu_pixels = false;  // ...decoded by nvJPEG.
   };
   // Guarded by the pipeline's mu_ (its items' `decoded` too); an item's buffers belong to the
   // thread that took it (decoder, then batcher).
@@ -145,7 +157,9 @@ class Pipeline : public RowEvaluator {
   // Takes a staging slot (waiting for one) and packs the group into it; null when stopping.
   std::shared_ptr<InFlight> StageGroup(const std::shared_ptr<Shard>& shard, const std::vector<Item*>& group)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void WarmUp(const BatchSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns true when it switched JPEG decoding to the GPU (--decode auto): the batch is to be
+  // decoded again (RedecodeStaged).
+  bool WarmUp(const BatchSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
   void LaunchBatch(std::shared_ptr<InFlight> batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Wait conditions, one per wait.
   bool DecodeWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -160,6 +174,20 @@ class Pipeline : public RowEvaluator {
   void BatchLoop();
   void CompletionLoop();
   void Decode(Item* item);
+  // The mask half of Decode: loads and prepares the item's mask and checks it against `image`.
+  void DecodeMask(Item* item, std::unique_ptr<RgbImage> image);
+  // Decodes `items` (consecutive rows of one shard) with nvJPEG (the `slot`'s decoder): JPEG images
+  // in one call, PNG images and masks on this thread.
+  void DecodeOnGpu(const std::vector<Item*>& items, size_t slot);
+  // The decoder of decode thread `slot` (the batcher's is the last), created on first use; null
+  // (the pipeline failed) when nvJPEG cannot start.
+  GpuJpegDecoder* GpuDecoder(size_t slot);
+  // After "auto" resolved to the GPU: decodes again with nvJPEG, straight into the staging
+  // buffer, the JPEG images of `spec` that `redo` marks (decoded on the CPU before the answer).
+  void RedecodeStaged(const BatchSpec& spec, const std::vector<bool>& redo);
+  // --decode auto: times a forward pass of the first batch against the decode threads' rate, asks
+  // the coordinator and switches decoders; true when the job decodes on the GPU from now on.
+  bool ResolveDecode(const BatchSpec& spec);
   // Packs `items` into `slot` and fills `spec`.
   void Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spec);
   // Launches and waits (for warm-up and retries). Splits on out-of-memory and when the model
@@ -228,6 +256,14 @@ class Pipeline : public RowEvaluator {
     std::atomic<int64_t> batches{0}, slot_wait{0}, stage{0}, launch{0}, wait{0}, finish{0};
   };
   Profile profile_;
+
+  // JPEG decoding: on the GPU now (options_.decode_gpu, or "auto" resolved to it).
+  bool gpu_decode_ ABSL_GUARDED_BY(mu_) = false;
+  // --decode auto's trial: CPU decode time of rows with JPEG images so far.
+  double cpu_jpeg_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cpu_jpeg_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex gpu_decoders_mu_;
+  std::vector<std::unique_ptr<GpuJpegDecoder>> gpu_decoders_ ABSL_GUARDED_BY(gpu_decoders_mu_);
 
   std::vector<std::thread> threads_;
 };

@@ -449,6 +449,16 @@ void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolat
   DropLease(key.lease_id);
 }
 
+namespace {
+// "cuda:N" -> N ("cuda" -> 0); -1 for anything else.
+int CudaDeviceIndex(const std::string& device) {
+  if (device.rfind("cuda", 0) != 0) return -1;
+  int index = 0;
+  if (device.size() > 5 && !absl::SimpleAtoi(device.substr(5), &index)) return -1;
+  return index;
+}
+}  // namespace
+
 std::vector<std::string> WorkerDevices(const WorkerOptions& options) {
   if (options.device.rfind("cuda", 0) != 0) return {options.device.empty() ? "cpu" : options.device};
   int first = 0;
@@ -524,7 +534,25 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   po.max_memory = config.max_memory;
   po.warmup_batches = evaluator->runner->is_cuda() && !reused ? options_.warmup_batches : 0;
   if (config.channels_last_auto) {
-    po.resolve_layout = [this, job_id](bool on, const std::string& trial) { return ResolveLayout(job_id, on, trial); };
+    po.resolve_layout = [this, job_id](bool on, const std::string& trial) -> absl::StatusOr<bool> {
+      v1::ResolveLayoutRequest request;
+      request.set_channels_last(on ? "on" : "off");
+      request.set_trial(trial);
+      ASSIGN_OR_RETURN(v1::ResolveLayoutResponse r, Resolve(job_id, std::move(request)));
+      return r.channels_last() == "on";
+    };
+  }
+  // JPEG decoding: on the first device of the worker's model.
+  po.decode_gpu = config.decode_gpu;
+  po.decode_device = evaluator->runner->is_cuda() ? CudaDeviceIndex(WorkerDevices(options_).front()) : -1;
+  if (config.decode_auto) {
+    po.resolve_decode = [this, job_id](bool gpu, const std::string& trial) -> absl::StatusOr<bool> {
+      v1::ResolveLayoutRequest request;
+      request.set_decode(gpu ? "gpu" : "cpu");
+      request.set_decode_trial(trial);
+      ASSIGN_OR_RETURN(v1::ResolveLayoutResponse r, Resolve(job_id, std::move(request)));
+      return r.decode() == "gpu";
+    };
   }
   po.staging_slots = options_.staging_slots;
   po.metrics = config.metrics;
@@ -548,15 +576,12 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> Worker::ResolveLayout(const std::string& job_id, bool channels_last, const std::string& trial) {
-  v1::ResolveLayoutRequest request;
+absl::StatusOr<v1::ResolveLayoutResponse> Worker::Resolve(const std::string& job_id, v1::ResolveLayoutRequest request) {
   {
     absl::MutexLock lock(&mu_);
     request.set_worker_id(worker_id_);
   }
   request.set_job_id(job_id);
-  request.set_channels_last(channels_last ? "on" : "off");
-  request.set_trial(trial);
   Backoff backoff(0.25, 5.0);
   const double give_up = NowUnix() + 60;
   while (true) {
@@ -564,7 +589,7 @@ absl::StatusOr<bool> Worker::ResolveLayout(const std::string& job_id, bool chann
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(10));
     const grpc::Status s = stub_->ResolveLayout(&ctx, request, &response);
-    if (s.ok()) return response.channels_last() == "on";
+    if (s.ok()) return response;
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
     }

@@ -114,7 +114,10 @@ class Worker {
   };
   // --channels-last auto: proposes this worker's trial for the job and returns the job's choice
   // (the coordinator keeps the first proposal). Retries for up to a minute.
-  absl::StatusOr<bool> ResolveLayout(const std::string& job_id, bool channels_last, const std::string& trial);
+  // Proposes this worker's trial for a job-wide "auto" choice (the request's channels_last and/or
+  // decode) to the coordinator and returns the job's choice (first proposal wins). Retries for up
+  // to a minute while the coordinator is unreachable.
+  absl::StatusOr<v1::ResolveLayoutResponse> Resolve(const std::string& job_id, v1::ResolveLayoutRequest request);
 
   explicit Worker(WorkerOptions options);
   // The batch size this worker uses for jobs that leave it to the workers.

@@ -82,6 +82,34 @@ TEST(ImageIoTest, JpegDecodesAndIsRejectedAsMask) {
   EXPECT_THAT(s.message(), HasSubstr("JPEG"));
 }
 
+// What a GPU decoder is handed (worker/gpu_jpeg.h): the JPEG's declared size, or DecodeImage's own
+// error for a stream it would refuse, before any pixel is decoded.
+TEST(ImageIoTest, InspectJpegChecksTheHeaderAsDecodeImageDoes) {
+  std::vector<uint8_t> rgb(30 * 50 * 3, 77);
+  absl::StatusOr<std::string> jpeg = EncodeJpeg(rgb.data(), 30, 50, 90);
+  ASSERT_TRUE(jpeg.ok());
+  EXPECT_TRUE(LooksLikeJpeg(*jpeg));
+  EXPECT_FALSE(LooksLikeJpeg(std::string("\x89PNG\r\n\x1a\n")));
+  int h = 0, w = 0;
+  ASSERT_TRUE(InspectJpeg(*jpeg, "a.jpg", kDefaultMaxImagePixels, &h, &w).ok());
+  EXPECT_EQ(h, 30);
+  EXPECT_EQ(w, 50);
+  // Over the pixel limit: the same message as DecodeImage's.
+  absl::Status inspect = InspectJpeg(*jpeg, "a.jpg", 30 * 50 - 1, &h, &w);
+  RgbImage img;
+  absl::Status decode = DecodeImage(*jpeg, "a.jpg", &img, 30 * 50 - 1);
+  ASSERT_FALSE(inspect.ok());
+  EXPECT_EQ(inspect, decode);
+  EXPECT_THAT(inspect.message(), HasSubstr("30x50"));
+  // A header cut short: refused, by name, as DecodeImage refuses it.
+  inspect = InspectJpeg(jpeg->substr(0, 12), "b.jpg", kDefaultMaxImagePixels, &h, &w);
+  ASSERT_FALSE(inspect.ok());
+  EXPECT_THAT(inspect.message(), HasSubstr("image 'b.jpg' is"));
+  EXPECT_EQ(inspect, DecodeImage(jpeg->substr(0, 12), "b.jpg", &img));
+  // And the decoder still works afterwards on this thread.
+  EXPECT_TRUE(InspectJpeg(*jpeg, "a.jpg", kDefaultMaxImagePixels, &h, &w).ok());
+}
+
 TEST(ImageIoTest, CorruptAndMissingFilesNameTheFile) {
   std::vector<uint8_t> rgb(64 * 64 * 3, 7);
   ASSERT_TRUE(WritePng(Tmp("whole.png"), 64, 64, 3, 8, rgb.data(), 0).ok());

@@ -1,5 +1,8 @@
 #include "common/job_config.h"
 
+#include <string>
+#include <utility>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,6 +29,34 @@ TEST(JobConfigTest, OldSpecReadsAsDefaults) {
   EXPECT_EQ(JobConfigFromSpec(spec)->batch_alignment, 12);
   spec.set_precision("fp8");
   EXPECT_THAT(JobConfigFromSpec(spec).status().message(), HasSubstr("fp8"));
+}
+
+// --decode: cpu unless asked; "auto" waits for a worker's trial, then runs what the coordinator kept.
+TEST(JobConfigTest, DecodeModes) {
+  v1::JobSpec spec;
+  spec.set_model("/m.pt");
+  auto c = JobConfigFromSpec(spec);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((std::pair<std::string, std::string>(c->decode_mode, c->decode_ran())),
+            (std::pair<std::string, std::string>("cpu", "cpu")));
+  EXPECT_FALSE(c->decode_gpu);
+  spec.set_decode("GPU");
+  c = JobConfigFromSpec(spec);
+  EXPECT_TRUE(c->decode_gpu);
+  EXPECT_EQ(c->decode_ran(), "gpu");
+  spec.set_decode("auto");
+  c = JobConfigFromSpec(spec);
+  EXPECT_TRUE(c->decode_auto);
+  EXPECT_FALSE(c->decode_gpu);
+  EXPECT_EQ(c->decode_ran(), "auto");
+  spec.set_decode_resolved("gpu");
+  spec.set_decode_trial("CPU decoders 900 img/s");
+  c = JobConfigFromSpec(spec);
+  EXPECT_FALSE(c->decode_auto);
+  EXPECT_TRUE(c->decode_gpu);
+  EXPECT_EQ(c->decode_trial, "CPU decoders 900 img/s");
+  spec.set_decode("fpga");
+  EXPECT_THAT(JobConfigFromSpec(spec).status().message(), HasSubstr("decode 'fpga' is not one of cpu, gpu, auto"));
 }
 
 TEST(JobConfigTest, ModelRefPicksTheBackend) {

@@ -182,6 +182,69 @@ class LayoutResolutionTest(unittest.TestCase):
         self.assertIn("--channels-last: expected auto, on or off, got 'sideways'", p.stderr)
 
 
+class DecodeResolutionTest(unittest.TestCase):
+    """--decode cpu|gpu|auto: "auto" is resolved once per job like the layout (first proposal wins,
+    kept in the database); a worker that cannot decode on a GPU says so instead of guessing."""
+
+    def test_auto_resolves_once_per_job_and_every_row_follows_it(self):
+        import grpc
+        import tally_pb2
+        import tally_pb2_grpc
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(15), 12, [(24, 32)], classes=2,
+                                    jpeg_every=2)
+        cluster = tt.Cluster(self, root, lease_seconds=2.0)
+        job = cluster.submit(tt.fixture("conv3.pt"), manifest, "--metrics", "dice", "--batch-size", "4",
+                             "--decode", "auto")
+
+        def resolve(**proposal):
+            with grpc.insecure_channel(cluster.address) as channel:
+                stub = tally_pb2_grpc.WorkerControlStub(channel)
+                return stub.ResolveLayout(tally_pb2.ResolveLayoutRequest(worker_id="probe", job_id=job, **proposal),
+                                          timeout=10)
+
+        r = resolve(decode="cpu", decode_trial="trial D")
+        self.assertEqual((r.decode, r.channels_last), ("cpu", ""))  # Only what was proposed comes back.
+        self.assertEqual(resolve(decode="gpu", decode_trial="trial E").decode, "cpu")
+        for bad in ({"decode": "tpu"}, {}):
+            with self.assertRaises(grpc.RpcError) as e:
+                resolve(**bad)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        cluster.start_worker()
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        report = tt.read_report(out)
+        self.assertEqual((report["decode_mode"], report["decode"], report["decode_trial"]), ("auto", "cpu", "trial D"))
+        self.assertEqual(report["images_evaluated"], 12)
+        # The same rows with the CPU decoder chosen up front: the same results.
+        ref = os.path.join(root, "ref")
+        tt.tally_run(tt.fixture("conv3.pt"), manifest, ref, "--workers", "2", "--metrics", "dice", "--batch-size", "4")
+        self.assertEqual(tt.read_report(ref)["decode"], "cpu")
+        self.assertTrue(tt.same_files(out, ref))
+
+    def test_a_cpu_worker_resolves_auto_to_the_cpu_and_refuses_gpu(self):
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(16), 8, [(16, 16)], classes=2,
+                                    jpeg_every=1)
+        out = os.path.join(root, "auto")
+        tt.tally_run(tt.fixture("conv3.pt"), manifest, out, "--workers", "1", "--decode", "auto")
+        report = tt.read_report(out)
+        self.assertEqual((report["decode_mode"], report["decode"]), ("auto", "cpu"))
+        self.assertIn("nvJPEG unavailable", report["decode_trial"])
+        self.assertEqual(report["images_evaluated"], 8)
+        p = tt.tally_run(tt.fixture("conv3.pt"), manifest, os.path.join(root, "gpu"), "--workers", "1",
+                         "--decode", "gpu", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--decode gpu: ", p.stdout + p.stderr)
+        self.assertIn("use --decode cpu", p.stdout + p.stderr)
+        for flags, message in ((["--decode", "fpga"], "--decode: expected cpu, gpu or auto, got 'fpga'"),):
+            p = tt.tally_run(tt.fixture("conv3.pt"), manifest, os.path.join(root, "bad"), "--workers", "1", *flags,
+                             check=False)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn(message, p.stderr)
+
+
 class UnreachableCoordinatorTest(unittest.TestCase):
     def test_worker_retries_with_backoff_and_says_so(self):
         port = free_port()

@@ -143,6 +143,97 @@ class GpuTest(unittest.TestCase):
             finite = sum(1 for v in a.values() if v[0] not in ("", "nan", "inf", "NaN"))
             self.assertGreater(finite, 20, name)
 
+    def test_jpeg_decoding_on_the_gpu(self):
+        # --decode gpu: every kind of JPEG (4:2:0, 4:4:4, gray, progressive: the hardware engines
+        # take the first two, nvJPEG's CUDA decoder the others) and PNG rows evaluate; the results
+        # are the same with one worker or two on the GPU and whatever the batch size; pixels differ
+        # from libjpeg-turbo's, so the scores may differ from --decode cpu a little, not much.
+        from PIL import Image
+        data = os.path.join(self.root, "jpeg-kinds")
+        os.makedirs(data, exist_ok=True)
+        rng = np.random.default_rng(3)
+        rows = ["id,image,mask"]
+        for i in range(40):
+            h, w = ((96, 128), (61, 77))[i % 2]
+            mask = tt.blob_mask(rng, h, w, 3, ignore=(i % 4 == 1))
+            base = np.where(mask[..., None] == 1, [200, 60, 40], np.where(mask[..., None] == 2, [40, 60, 200], [90, 90, 90]))
+            img = Image.fromarray(np.clip(base + rng.normal(0, 40, (h, w, 3)), 0, 255).astype(np.uint8))
+            kind = i % 5
+            name = f"k{i:03d}." + ("png" if kind == 4 else "jpg")
+            if kind == 0:
+                img.save(os.path.join(data, name), quality=90)
+            elif kind == 1:
+                img.save(os.path.join(data, name), quality=95, subsampling=0)
+            elif kind == 2:
+                img.convert("L").save(os.path.join(data, name), quality=90)
+            elif kind == 3:
+                img.save(os.path.join(data, name), quality=85, progressive=True)
+            else:
+                img.save(os.path.join(data, name))
+            Image.fromarray(mask).save(os.path.join(data, f"m{i:03d}.png"))
+            rows.append(f"r{i},{name},m{i:03d}.png")
+        manifest = os.path.join(data, "m.csv")
+        with open(manifest, "w") as f:
+            f.write("\n".join(rows) + "\n")
+        outs = {}
+        for label, flags in (("cpu", ["--decode", "cpu"]), ("gpu", ["--decode", "gpu"]),
+                             ("gpu-b3", ["--decode", "gpu", "--batch-size", "3"])):
+            out = os.path.join(self.root, f"decode-{label}")
+            p = tt.tally_run(tt.fixture("conv3.pt"), manifest, out, "--gpus", "0", "--metrics", "dice,iou",
+                             "--batch-size", "4", *flags, check=False)
+            if p.returncode != 0 and "CPU-only LibTorch" in p.stderr:
+                self.skipTest("this build has no CUDA support")
+            if p.returncode != 0 and "without nvJPEG" in p.stdout + p.stderr:
+                self.skipTest("this build has no nvJPEG")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            report = tt.read_report(out)
+            self.assertEqual((report["images_evaluated"], report["images_failed"]), (40, 0), label)
+            self.assertEqual(report["decode"], label[:3])
+            outs[label] = out
+        self.assertTrue(tt.same_files(outs["gpu"], outs["gpu-b3"]))
+        # Two workers on the one GPU, shards of 6 rows: the same per-row results.
+        cluster = tt.Cluster(self, os.path.join(self.root, "decode-cluster"))
+        for _ in range(2):
+            cluster.start_worker(device="cuda:0")
+        job = cluster.submit(tt.fixture("conv3.pt"), manifest, "--metrics", "dice,iou", "--batch-size", "4",
+                             "--shard-size", "8", "--decode", "gpu")
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        two = os.path.join(self.root, "decode-gpu-two")
+        cluster.fetch(job, two)
+        self.assertTrue(tt.same_files(outs["gpu"], two))
+        # Against the CPU decoder: PNG rows equal; JPEG rows close.
+        cpu = {(r["index"], r["class"]): float(r["dice"] or "nan") for r in tt.read_per_image(outs["cpu"])}
+        gpu = {(r["index"], r["class"]): float(r["dice"] or "nan") for r in tt.read_per_image(outs["gpu"])}
+        self.assertEqual(cpu.keys(), gpu.keys())
+        for (index, c), d in cpu.items():
+            g = gpu[(index, c)]
+            if int(index) % 5 == 4:
+                self.assertTrue(d == g or (d != d and g != g), (index, c, d, g))
+            elif d == d:
+                self.assertLess(abs(d - g), 0.05, (index, c, d, g))
+
+    def test_decode_auto_decodes_every_row_with_the_jobs_choice(self):
+        # A fast model and one decode thread: the CPU cannot keep up, so auto picks the GPU on the
+        # first batch; rows decoded on the CPU before the answer are decoded again, so the results
+        # equal --decode gpu's to the byte.
+        manifest = os.path.join(self.root, "jpeg-auto.csv")
+        data = os.path.join(self.root, "jpeg-auto")
+        tt.write_dataset(data, np.random.default_rng(21), 48, [(256, 256)], classes=3, jpeg_every=1)
+        manifest = os.path.join(data, "manifest.csv")
+        outs = {}
+        for label in ("auto", "gpu"):
+            out = os.path.join(self.root, f"decode-{label}-fast")
+            p = tt.tally_run(tt.fixture("conv3.pt"), manifest, out, "--gpus", "0", "--metrics", "dice",
+                             "--batch-size", "8", "--worker-threads", "1", "--decode", label, check=False)
+            if p.returncode != 0 and ("CPU-only LibTorch" in p.stderr or "without nvJPEG" in p.stdout + p.stderr):
+                self.skipTest("this build has no CUDA or no nvJPEG")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            outs[label] = out
+        report = tt.read_report(outs["auto"])
+        self.assertEqual((report["decode_mode"], report["decode"]), ("auto", "gpu"), report["decode_trial"])
+        self.assertIn("CPU decoders", report["decode_trial"])
+        self.assertTrue(tt.same_files(outs["auto"], outs["gpu"]))
+
     def test_channels_last_auto_resolves_and_a_loaded_model_serves_the_next_job(self):
         # Default --channels-last auto on a GPU: the trial's choice is in the report, and the
         # results equal a run with that layout given explicitly.
