@@ -62,6 +62,40 @@ std::string AbsoluteModel(const std::string& model) {
   return ref.python && ref.class_name != "Model" ? absl::StrCat(path, ":", ref.class_name) : path;
 }
 
+namespace {
+
+// A job-wide choice between two values that "auto" leaves to the first worker's trial, which the
+// coordinator keeps in the spec (`resolved`, `trial`): the memory layout, the JPEG decoder.
+struct AutoChoice {
+  AutoChoice(const char* field, const char* yes_value, const char* no_value, const char* allowed)
+      : field(field), yes_value(yes_value), no_value(no_value), allowed(allowed) {}
+  const char* field;
+  const char* yes_value;
+  const char* no_value;
+  const char* allowed;  // For the error.
+  std::string mode;     // As asked, lower case.
+  bool yes = false;     // The value to run: yes_value (or "auto" resolved to it).
+  bool pending = false; // "auto" not resolved yet.
+  std::string trial;
+
+  absl::Status Parse(const std::string& asked, const std::string& unset, const std::string& resolved,
+                     const std::string& trial_in) {
+    mode = asked.empty() ? unset : absl::AsciiStrToLower(asked);
+    if (mode == "auto") {
+      yes = resolved == yes_value;
+      pending = resolved.empty();
+      trial = trial_in;
+    } else if (mode == yes_value || mode == no_value) {
+      yes = mode == yes_value;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(field, " '", asked, "' is not one of ", allowed));
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
 absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   JobConfig c;
   c.model = spec.model();
@@ -69,28 +103,19 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   c.name = spec.name();
   ASSIGN_OR_RETURN(c.metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
   ASSIGN_OR_RETURN(c.precision, ParsePrecision(spec.precision()));
-  c.channels_last_mode = spec.channels_last_mode().empty() ? (spec.channels_last() ? "on" : "auto")
-                                                           : absl::AsciiStrToLower(spec.channels_last_mode());
-  if (c.channels_last_mode == "auto") {
-    c.channels_last = spec.channels_last_resolved() == "on";
-    c.channels_last_auto = spec.channels_last_resolved().empty();
-    c.channels_last_trial = spec.channels_last_trial();
-  } else if (c.channels_last_mode == "on" || c.channels_last_mode == "off") {
-    c.channels_last = c.channels_last_mode == "on";
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("channels_last_mode '", spec.channels_last_mode(), "' is not one of auto, on, off"));
-  }
-  c.decode_mode = spec.decode().empty() ? "cpu" : absl::AsciiStrToLower(spec.decode());
-  if (c.decode_mode == "auto") {
-    c.decode_gpu = spec.decode_resolved() == "gpu";
-    c.decode_auto = spec.decode_resolved().empty();
-    c.decode_trial = spec.decode_trial();
-  } else if (c.decode_mode == "cpu" || c.decode_mode == "gpu") {
-    c.decode_gpu = c.decode_mode == "gpu";
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("decode '", spec.decode(), "' is not one of cpu, gpu, auto"));
-  }
+  AutoChoice layout{"channels_last_mode", "on", "off", "auto, on, off"};
+  RETURN_IF_ERROR(layout.Parse(spec.channels_last_mode(), spec.channels_last() ? "on" : "auto",
+                               spec.channels_last_resolved(), spec.channels_last_trial()));
+  c.channels_last_mode = layout.mode;
+  c.channels_last = layout.yes;
+  c.channels_last_auto = layout.pending;
+  c.channels_last_trial = layout.trial;
+  AutoChoice decode{"decode", "gpu", "cpu", "cpu, gpu, auto"};
+  RETURN_IF_ERROR(decode.Parse(spec.decode(), "cpu", spec.decode_resolved(), spec.decode_trial()));
+  c.decode_mode = decode.mode;
+  c.decode_gpu = decode.yes;
+  c.decode_auto = decode.pending;
+  c.decode_trial = decode.trial;
   c.batch_size = spec.batch_size();
   if (c.batch_size < kBatchAuto) return absl::InvalidArgumentError("job spec: batch_size must be >= -1");
   c.batch_alignment = spec.batch_alignment() > 0 ? spec.batch_alignment()

@@ -477,7 +477,9 @@ void Pipeline::DecodeLoop(size_t slot) {
     decoded_waiting_ += static_cast<int>(items.size());
     // For the watchdog, set while the lock is held anyway: no extra locking per image.
     Activity& activity = decoding_[slot];
-    const double cpu0 = gpu ? 0 : ThreadCpuSeconds();
+    // Timed only while --decode auto waits for its trial.
+    const bool timed = !gpu && options_.resolve_decode;
+    const double cpu0 = timed ? ThreadCpuSeconds() : 0;
     activity.since = NowUnix();
     activity.what = "decoding";
     activity.lease = shard->lease;
@@ -491,7 +493,7 @@ void Pipeline::DecodeLoop(size_t slot) {
     }
     mu_.Lock();
     activity.since = 0;
-    if (!gpu && items[0]->jpeg && items[0]->error.empty()) {
+    if (timed && items[0]->jpeg && items[0]->error.empty()) {
       cpu_jpeg_seconds_ += ThreadCpuSeconds() - cpu0;
       ++cpu_jpeg_rows_;
     }

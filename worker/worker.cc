@@ -461,8 +461,7 @@ int CudaDeviceIndex(const std::string& device) {
 
 std::vector<std::string> WorkerDevices(const WorkerOptions& options) {
   if (options.device.rfind("cuda", 0) != 0) return {options.device.empty() ? "cpu" : options.device};
-  int first = 0;
-  if (options.device.size() > 5 && !absl::SimpleAtoi(options.device.substr(5), &first)) first = 0;
+  const int first = std::max(0, CudaDeviceIndex(options.device));
   std::vector<std::string> out;
   for (int i = 0; i < std::max(1, options.gpus_per_worker); ++i) out.push_back(absl::StrCat("cuda:", first + i));
   return out;
