@@ -153,6 +153,14 @@ Pipeline::~Pipeline() {
         ms(profile_.slot_wait), ", stage ", ms(profile_.stage), ", launch ", ms(profile_.launch),
         "; completion wait ", ms(profile_.wait), ", finish ", ms(profile_.finish));
   }
+  if (profile_enabled_ && profile_.rows > 0) {
+    const double n = static_cast<double>(profile_.rows);
+    auto ms = [n](const std::atomic<int64_t>& us) { return absl::StrFormat("%.3f", us.load() / n / 1000.0); };
+    Log("decode profile (ms per row summed over ", decoding_.size(), " threads, ", profile_.rows.load(),
+        " rows): decoding ", ms(profile_.decoding), " (on the GPU path: files ", ms(profile_.gpu_read), ", queue ",
+        ms(profile_.gpu_start), ", PNG and masks ", ms(profile_.gpu_cpu), ", wait and copy ",
+        ms(profile_.gpu_finish), "), tasks ", ms(profile_.tasks), ", idle ", ms(profile_.idle));
+  }
 }
 
 void Pipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) {
@@ -278,13 +286,14 @@ double ThreadCpuSeconds() {
 constexpr double kCpuDecodeMargin = 1.5;
 
 // Rows nvJPEG decodes in one call per decode thread: enough to keep the JPEG engines busy, few
-// enough that the rows reach the batcher in time.
+// enough that the rows reach the batcher in time (8: 1997 img/s with 4 threads on the H100 against
+// 1844-1924 with 16, BENCHMARKS.md).
 // TALLY_GPU_DECODE_ROWS overrides it (benchmarks).
 size_t GpuDecodeRows() {
   static const size_t rows = [] {
     const char* v = std::getenv("TALLY_GPU_DECODE_ROWS");
     const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
-    return n > 0 && n <= 256 ? static_cast<size_t>(n) : size_t{16};
+    return n > 0 && n <= 256 ? static_cast<size_t>(n) : size_t{8};
   }();
   return rows;
 }
@@ -355,6 +364,7 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
   std::vector<Item*> jpeg_items;
   std::vector<std::unique_ptr<RgbImage>> images(items.size());
   std::vector<absl::Status> status(items.size());
+  const double t0 = profile_enabled_ ? NowUnix() : 0;
   for (size_t i = 0; i < items.size(); ++i) {
     Item* item = items[i];
     if (!item->row.error().empty()) continue;
@@ -380,7 +390,9 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
     jobs.push_back(std::move(job));
     jpeg_items.push_back(item);
   }
+  const double t1 = profile_enabled_ ? NowUnix() : 0;
   if (!jobs.empty()) decoder->Start(&jobs);
+  const double t2 = profile_enabled_ ? NowUnix() : 0;
   for (size_t i = 0; i < items.size(); ++i) {
     Item* item = items[i];
     if (!item->row.error().empty()) {
@@ -396,8 +408,17 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
       continue;
     }
     DecodeMask(item, std::move(images[i]));  // The pixels' buffer stays where the decoder writes.
+    HelpStage();  // A group takes tens of milliseconds; the batcher should not wait that long.
   }
+  const double t3 = profile_enabled_ ? NowUnix() : 0;
   if (!jobs.empty()) decoder->Finish();
+  if (profile_enabled_) {
+    const double t4 = NowUnix();
+    profile_.gpu_read += static_cast<int64_t>((t1 - t0) * 1e6);
+    profile_.gpu_start += static_cast<int64_t>((t2 - t1) * 1e6);
+    profile_.gpu_cpu += static_cast<int64_t>((t3 - t2) * 1e6);
+    profile_.gpu_finish += static_cast<int64_t>((t4 - t3) * 1e6);
+  }
   for (size_t k = 0; k < jobs.size(); ++k) {
     if (!jobs[k].status.ok()) {
       if (jpeg_items[k]->error.empty()) jpeg_items[k]->error = std::string(jobs[k].status.message());
@@ -439,7 +460,7 @@ void Pipeline::RedecodeStaged(const BatchSpec& spec, const std::vector<bool>& re
 }
 
 bool Pipeline::DecodeWorkLocked() const {
-  if (stopping_ || !metric_tasks_.empty()) return true;
+  if (stopping_ || !copy_tasks_.empty() || !metric_tasks_.empty()) return true;
   if (decoded_waiting_ >= max_decoded_waiting_) return false;
   for (const auto& s : shards_) {
     if (!s->dropped && s->next_decode < s->items.size()) return true;
@@ -451,13 +472,19 @@ void Pipeline::DecodeLoop(size_t slot) {
   absl::MutexLock lock(&mu_);
   while (true) {
     std::shared_ptr<Shard> shard;
+    const double idle0 = profile_enabled_ ? NowUnix() : 0;
     mu_.Await(absl::Condition(this, &Pipeline::DecodeWorkLocked));
     if (stopping_) return;
-    if (!metric_tasks_.empty()) {
-      std::function<void()> task = std::move(metric_tasks_.front());
-      metric_tasks_.pop_front();
+    const double busy0 = profile_enabled_ ? NowUnix() : 0;
+    if (profile_enabled_) profile_.idle += static_cast<int64_t>((busy0 - idle0) * 1e6);
+    if (!copy_tasks_.empty() || !metric_tasks_.empty()) {
+      std::deque<std::function<void()>>& queue = copy_tasks_.empty() ? metric_tasks_ : copy_tasks_;
+      std::function<void()> task = std::move(queue.front());
+      queue.pop_front();
+      if (&queue == &copy_tasks_) --copy_tasks_queued_;
       mu_.Unlock();
       task();
+      if (profile_enabled_) profile_.tasks += static_cast<int64_t>((NowUnix() - busy0) * 1e6);
       mu_.Lock();
       continue;
     }
@@ -490,6 +517,10 @@ void Pipeline::DecodeLoop(size_t slot) {
       DecodeOnGpu(items, slot);
     } else {
       Decode(items[0]);
+    }
+    if (profile_enabled_) {
+      profile_.decoding += static_cast<int64_t>((NowUnix() - busy0) * 1e6);
+      profile_.rows += static_cast<int64_t>(items.size());
     }
     mu_.Lock();
     activity.since = 0;
@@ -542,20 +573,37 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
   auto remaining = std::make_shared<std::atomic<int>>(static_cast<int>(items.size()));
   uint8_t* image_base = slot->images->data();
   uint16_t* mask_base = reinterpret_cast<uint16_t*>(slot->masks->data());
-  absl::MutexLock lock(&mu_);
   {
+    absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < items.size(); ++i) {
       const Item* it = items[i];
       const BatchImage b = spec->items[i];
-      metric_tasks_.push_front([this, it, b, image_base, mask_base, remaining] {
+      copy_tasks_.push_back([this, it, b, image_base, mask_base, remaining] {
         std::memcpy(image_base + b.image_offset, it->image->pixels.data(), it->image->pixels.size());
         std::memcpy(mask_base + b.mask_offset, it->mask->labels.data(), it->mask->labels.size() * sizeof(uint16_t));
         // The batcher waits for the count to reach 0; releasing mu_ makes it look again.
         if (--*remaining == 0) absl::MutexLock done(&mu_);
       });
     }
+    copy_tasks_queued_ += static_cast<int>(items.size());
   }
+  HelpStage();  // With the decode threads, whichever is free.
+  absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(&AllCopied, remaining.get()));
+}
+
+void Pipeline::HelpStage() {
+  while (copy_tasks_queued_.load(std::memory_order_relaxed) > 0) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      if (copy_tasks_.empty()) return;
+      task = std::move(copy_tasks_.front());
+      copy_tasks_.pop_front();
+      --copy_tasks_queued_;
+    }
+    task();
+  }
 }
 
 void Pipeline::ReleaseSlot(Slot* slot) {
@@ -799,6 +847,7 @@ bool Pipeline::ResolveDecode(const BatchSpec& spec) {
 }
 
 bool Pipeline::WarmUp(const BatchSpec& spec) {
+  const double t0 = NowUnix();
   if (options_.resolve_layout) {
     std::string trial;
     const std::string choice = runner_->TrialLayout(spec, &trial);
@@ -816,11 +865,17 @@ bool Pipeline::WarmUp(const BatchSpec& spec) {
   }
   // TorchScript's profiling executor optimises after a few runs and cuDNN picks algorithms on the
   // first: run the first batch a few extra times before the clock starts.
+  const double t1 = NowUnix();
   for (int k = 0; k < options_.warmup_batches; ++k) {
     auto p = runner_->Launch(spec);
     if (!p.ok() || !(*p)->Wait().ok()) break;
   }
+  const double t2 = NowUnix();
   const bool redecode = options_.resolve_decode && ResolveDecode(spec);
+  Log("warm-up on the first batch (", spec.items.size(), " rows): ",
+      options_.resolve_layout ? absl::StrFormat("layout trial %.2f s, ", t1 - t0) : "", options_.warmup_batches,
+      absl::StrFormat(" passes %.2f s", t2 - t1),
+      options_.resolve_decode ? absl::StrFormat(", decoder trial %.2f s", NowUnix() - t2) : "");
   absl::MutexLock lock(&mu_);
   clock_start_ = NowUnix();
   return redecode;
@@ -990,7 +1045,10 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     if (num_classes_ == 0) num_classes_ = k;
     job_classes = num_classes_;
     logit_ties_ += pending->logit_ties();
-    if (first_batch_unix_ == 0) first_batch_unix_ = NowUnix();
+    if (first_batch_unix_ == 0) {
+      first_batch_unix_ = NowUnix();
+      if (profile_enabled_) Log("first batch's results");
+    }
   }
   const uint16_t* masks = reinterpret_cast<const uint16_t*>(batch->slot->masks->data());
   std::vector<std::pair<size_t, v1::ImageResult>> ok;  // (item, result) of the rows evaluated.

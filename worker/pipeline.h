@@ -188,6 +188,8 @@ class Pipeline : public RowEvaluator {
   // --decode auto: times a forward pass of the first batch against the decode threads' rate, asks
   // the coordinator and switches decoders; true when the job decodes on the GPU from now on.
   bool ResolveDecode(const BatchSpec& spec);
+  // Runs queued staging copies (copy_tasks_) until none is left; any thread, without mu_ held.
+  void HelpStage();
   // Packs `items` into `slot` and fills `spec`.
   void Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spec);
   // Launches and waits (for warm-up and retries). Splits on out-of-memory and when the model
@@ -234,6 +236,11 @@ class Pipeline : public RowEvaluator {
   // Short tasks run by the decode threads before any decoding: staging copies (at the front) and
   // surface metrics.
   std::deque<std::function<void()>> metric_tasks_ ABSL_GUARDED_BY(mu_);
+  // The copies of decoded rows into a staging buffer: the batcher waits on them, so they go
+  // before any other work, and threads in the middle of a long piece of work (a GPU decode
+  // group, the batcher itself) run them between rows (HelpStage).
+  std::deque<std::function<void()>> copy_tasks_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> copy_tasks_queued_{0};  // copy_tasks_.size(), read without the lock.
   std::map<int64_t, Activity> activities_ ABSL_GUARDED_BY(mu_);  // Forward passes in progress.
   int64_t next_activity_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Activity> decoding_ ABSL_GUARDED_BY(mu_);  // Per decode thread; `since` 0 when idle.
@@ -254,6 +261,11 @@ class Pipeline : public RowEvaluator {
   // logged when the pipeline ends (microseconds, summed over batches).
   struct Profile {
     std::atomic<int64_t> batches{0}, slot_wait{0}, stage{0}, launch{0}, wait{0}, finish{0};
+    // Decode threads: rows decoded; time decoding, running tasks (staging copies, CPU metrics,
+    // thumbnails) and waiting for work; --decode gpu's phases (files and headers, queueing to
+    // nvJPEG, PNG images and masks, waiting for the GPU and copying its pixels out).
+    std::atomic<int64_t> rows{0}, decoding{0}, tasks{0}, idle{0}, gpu_read{0}, gpu_start{0}, gpu_cpu{0},
+        gpu_finish{0};
   };
   Profile profile_;
 
