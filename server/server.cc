@@ -76,8 +76,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
     ASSIGN_OR_RETURN(server->launcher_, WorkerLauncher::Start(options.workers));
     Log("spawned ", server->launcher_->size(), " worker(s)");
   }
-  server->supervisor_ = std::thread([s = server.get()] { s->Supervise(); });
+  // READY before the supervisor's first WATCHDOG=1: systemd (and test_deploy) read them in order.
   SdNotify(absl::StrCat("READY=1\nSTATUS=serving on ", options.listen));  // systemd Type=notify (deploy/).
+  server->supervisor_ = std::thread([s = server.get()] { s->Supervise(); });
   return server;
 }
 

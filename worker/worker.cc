@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   ro.cpu_threads = options.threads;
   ro.count_logit_ties = options.count_logit_ties;
   ro.cudnn_benchmark = options.cudnn_benchmark;
+  ro.jit_optimize = options.jit_optimize;
   ro.memory_limit_gib = options.gpu_memory_limit_gib;
   ro.thresholds = config.thresholds;
   if (model.python) {
@@ -128,7 +129,7 @@ std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, 
        absl::StrJoin(config.mean, ","), absl::StrJoin(config.std, ","),
        absl::StrCat(config.input_height, "x", config.input_width), absl::StrJoin(config.thresholds, ","),
        absl::StrCat(options.threads, ",", options.count_logit_ties, ",", options.cudnn_benchmark, ",",
-                    options.gpu_memory_limit_gib),
+                    options.gpu_memory_limit_gib, ",", options.jit_optimize),
        config.python, absl::StrJoin(options_kv, "\x1f"), absl::StrJoin(config.manifest_columns, "\x1f"),
        absl::StrCat(config.num_classes)},
       "\x1e");
@@ -283,9 +284,10 @@ absl::Status Worker::Run() {
     SendJobError(JobError{"", std::string(device.message()), false, true});
     return absl::FailedPreconditionError(absl::StrCat("out of service: ", device.message()));
   }
+  // READY before the heartbeat loop's first WATCHDOG=1: they are read in order.
+  SdNotify("READY=1\nSTATUS=registered with " + options_.coordinator);  // systemd Type=notify (deploy/).
   reporter_ = std::thread([this] { ReporterLoop(); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-  SdNotify("READY=1\nSTATUS=registered with " + options_.coordinator);  // systemd Type=notify (deploy/).
   Backoff backoff(0.25, 2.0);
   while (true) {
     {
@@ -523,7 +525,9 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
       Log("job ", a.job_id(), ": unloaded the previous job's model");
     }
     Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(WorkerDevices(options_), ","));
+    const double t0 = NowUnix();
     ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_));
+    Log("job ", a.job_id(), ": model loaded in ", absl::StrFormat("%.2f", NowUnix() - t0), " s");
   }
   idle_runner_key_.clear();
   PipelineOptions po;
