@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <sys/stat.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/version.h>
 
@@ -579,6 +580,8 @@ at::Tensor TorchRunner::Preprocess(const Groups& dev) const {
 absl::StatusOr<at::Tensor> TorchRunner::Forward(const at::Tensor& x, const std::string& input_shape) {
   c10::IValue out;
   try {
+    // Per calling thread: the batcher's, the completion thread's retries and estimate's trials alike.
+    torch::jit::GraphOptimizerEnabledGuard optimize(options_.jit_optimize);
     out = module_.forward({x});
   } catch (const c10::Error& e) {
     if (IsOom(e)) throw;  // Launch turns it into RESOURCE_EXHAUSTED.

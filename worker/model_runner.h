@@ -38,6 +38,7 @@ struct ModelRunnerOptions {
   int cpu_threads = 0;            // Intra-op threads on CPU; 0 = LibTorch's default.
   bool count_logit_ties = false;  // Count pixels whose two largest logits are equal (costs a topk).
   bool cudnn_benchmark = false;  // cuDNN picks algorithms by timing them (per process: not exact).
+  bool jit_optimize = false;     // TorchScript's graph executor optimisations (WorkerOptions).
   double memory_limit_gib = 0;    // CUDA: cap this process's device memory (0 = no cap).
   // Single-score outputs: counts of the foreground class at each probability threshold (sorted,
   // in (0, 1)); a model with another output shape fails with FAILED_PRECONDITION.

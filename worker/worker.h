@@ -56,6 +56,10 @@ struct WorkerOptions {
   // algorithms, so two GPUs can round differently (measured: DeepLabV3, 3e-6 of pixels flipped
   // between a 1-GPU and a 2-GPU run) for no measured speed-up; see BENCHMARKS.md.
   bool cudnn_benchmark = false;
+  // TorchScript's profiling executor optimisations (fusion). Off by default: on the benchmark
+  // models they gave no speed and cost 0.7-1 s of start-up, 3 s more with the layout trial
+  // (BENCHMARKS.md, issue 14).
+  bool jit_optimize = false;
   int warmup_batches = 2;
   int staging_slots = 3;  // PipelineOptions::staging_slots.
   double gpu_memory_limit_gib = 0;  // Cap on this worker's device memory (0 = none).

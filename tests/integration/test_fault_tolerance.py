@@ -166,6 +166,18 @@ class LayoutResolutionTest(unittest.TestCase):
         self.assertEqual(log.count("unloaded the previous job's model"), 2, log)
         self.assertTrue(tt.same_files(outs[0], outs[1]))
 
+    def test_jit_optimize_is_the_workers_and_leaves_cpu_results_alone(self):
+        # --jit_optimize (off by default) turns TorchScript's graph optimisations on; they fuse
+        # operators on CUDA only, so on the CPU both settings give the same bytes.
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(9), 6, [(20, 28)], classes=3)
+        outs = [os.path.join(root, "plain"), os.path.join(root, "optimized")]
+        tt.tally_run(tt.fixture("conv3.pt"), manifest, outs[0], "--workers", "1", "--metrics", "dice,hd95")
+        tt.tally_run(tt.fixture("conv3.pt"), manifest, outs[1], "--workers", "1", "--metrics", "dice,hd95",
+                     "--worker-flags=--jit_optimize")
+        self.assertEqual(tt.read_report(outs[1])["images_evaluated"], 6)
+        self.assertTrue(tt.same_files(outs[0], outs[1]))
+
     def test_flag_values(self):
         root = tt.tmpdir(self)
         manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(6), 4, [(16, 16)], classes=2)

@@ -319,7 +319,8 @@ class GpuTest(unittest.TestCase):
             b = t["batch_size"]
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(0)
-            with torch.no_grad():
+            # As the worker runs TorchScript by default (--jit_optimize off): op by op, no fusion.
+            with torch.no_grad(), torch.jit.optimized_execution(False):
                 x = torch.randint(0, 255, (b, 512, 512, 3), dtype=torch.uint8, device="cuda")
                 y = net(x.permute(0, 3, 1, 2).float().div(255)).argmax(1)
                 torch.cuda.synchronize()
