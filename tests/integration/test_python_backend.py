@@ -57,7 +57,10 @@ class Model:
             if prompt == "wrongshape":
                 score = score[:-1]
             if self.kind == "labels":
-                outs.append((score > 0).astype(np.int32))
+                labels = (score > 0).astype(np.int32)
+                if prompt == "label5":
+                    labels[2, 3] = 5  # Past the class count.
+                outs.append(labels)
             else:
                 outs.append(score)
         return outs
@@ -236,6 +239,35 @@ class PythonBackendTest(unittest.TestCase):
             d, _ = dice_iou(tp, fp, fn, False)
             self.assertTrue(tt.same(tt.num(got["dice"]), d), (name, got["dice"], d))
         self.assertEqual(tt.read_report(out)["empty_score"], "nan")
+
+    def test_label_maps_count_like_numpy_and_a_label_past_the_classes_fails_its_row(self):
+        # Label maps are counted on the worker's CPUs (four interleaved tables); a label >= the class
+        # count fails that row alone, naming the first such pixel.
+        root = tt.tmpdir(self)
+        manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(13), n_images=5,
+                                             h=23, w=37)
+        with open(manifest) as f:
+            lines = f.read().splitlines()
+        parts = lines[3 + 1].split(",", 4)
+        parts[3] = "label5"
+        lines[3 + 1] = ",".join(parts)
+        with open(manifest, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        model = write_model(root, "prompt_model.py", PROMPT_MODEL)
+        out = os.path.join(root, "out")
+        run(model, manifest, out, "--model-option", "kind=labels", "--num-classes", "2", "--batch-size", "3")
+        report = tt.read_report(out)
+        self.assertEqual((report["images_evaluated"], report["images_failed"]), (len(rows) - 1, 1))
+        self.assertEqual(report["failures"][0]["index"], 3)
+        self.assertIn("the model's output has label 5 at (y=2, x=3) >= number of classes 2",
+                      report["failures"][0]["reason"])
+        per_image = tt.read_per_image(out)
+        for k, (img, mask, prompt, name) in enumerate(rows):
+            if k == 3:
+                continue
+            tp, fp, fn, tn = binary_counts(reference_score(img, prompt) > 0, mask)
+            got = next(r for r in per_image if r["id"] == name and r["class"] == "1")
+            self.assertEqual((int(got["tp"]), int(got["fp"]), int(got["fn"]), int(got["tn"])), (tp, fp, fn, tn))
 
     def test_raising_crashing_wrong_shape_and_hanging_rows_fail_alone(self):
         root = tt.tmpdir(self)
