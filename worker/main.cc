@@ -14,6 +14,7 @@
 // restarting will not help), 75 a decode or forward pass ran past the job's batch timeout (the
 // rows were failed or handed back; restart the worker).
 #include <algorithm>
+#include <cstdlib>
 #include <malloc.h>
 #include <signal.h>
 
@@ -48,6 +49,9 @@ ABSL_FLAG(bool, jit_optimize, false,
           "TorchScript's profiling optimisations (operator fusion) for the model: for models that gain from "
           "fusion, at about a second more start-up (seconds with the channels-last trial); off, the graph "
           "runs op by op as in eager PyTorch");
+ABSL_FLAG(std::string, cache_dir, "auto",
+          "Where --channels-last auto's trial results are kept, so a model tried on this machine starts "
+          "without the trial: auto ($XDG_CACHE_HOME/tally, else $HOME/.cache/tally) or a folder; none keeps none");
 ABSL_FLAG(int, warmup_batches, 2, "Extra passes over the first batch on CUDA before timing starts");
 ABSL_FLAG(int, staging_slots, 3, "Batches staged or in flight at once (2-16): more overlap, more host memory");
 ABSL_FLAG(int, gpus_per_worker, 1,
@@ -146,6 +150,16 @@ int main(int argc, char** argv) {
   options.count_logit_ties = absl::GetFlag(FLAGS_count_logit_ties);
   options.cudnn_benchmark = absl::GetFlag(FLAGS_cudnn_benchmark);
   options.jit_optimize = absl::GetFlag(FLAGS_jit_optimize);
+  options.cache_dir = absl::GetFlag(FLAGS_cache_dir);
+  if (options.cache_dir == "none") {
+    options.cache_dir.clear();
+  } else if (options.cache_dir == "auto") {
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    options.cache_dir = xdg != nullptr && xdg[0] == '/' ? std::string(xdg) + "/tally"
+                        : home != nullptr && home[0] == '/' ? std::string(home) + "/.cache/tally"
+                                                          : std::string();
+  }
   options.warmup_batches = absl::GetFlag(FLAGS_warmup_batches);
   options.staging_slots = std::clamp(absl::GetFlag(FLAGS_staging_slots), 2, 16);
   options.gpu_memory_limit_gib = absl::GetFlag(FLAGS_gpu_memory_limit_gib);

@@ -14,12 +14,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "common/sha256.h"
 #include "common/status_macros.h"
 
 #if TALLY_CUDA_KERNELS
@@ -29,6 +33,7 @@
 
 #if TALLY_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -247,6 +252,8 @@ class TorchRunner final : public ModelRunner {
   bool is_cuda() const override { return cuda_; }
 
   std::string TrialLayout(const BatchSpec& batch, std::string* trial) override;
+  // Where TrialLayout keeps its result for `shape` across processes; "" when it keeps none.
+  std::string TrialCacheFile(const std::string& shape) const;
   void SetChannelsLast(bool on) override;
 
   bool ScoresSurfaceOnDevice() const override {
@@ -691,6 +698,17 @@ std::string TorchRunner::TrialLayout(const BatchSpec& batch, std::string* trial)
     *trial = it->second.second;
     return it->second.first;
   }
+  // An earlier process's trial of this model, options, shape, GPU and libraries.
+  const std::string cache_file = TrialCacheFile(shape);
+  if (!cache_file.empty()) {
+    std::ifstream in(cache_file);
+    std::string choice, text;
+    if (std::getline(in, choice) && std::getline(in, text) && (choice == "on" || choice == "off")) {
+      *trial = absl::StrCat(text, " (kept from an earlier trial on this machine: ", cache_file, ")");
+      trials_[shape] = {choice, *trial};
+      return choice;
+    }
+  }
   // Per layout: warm-up passes (TorchScript specialises on the new strides, cuDNN plans), then the
   // best of a few timed passes. Channels-last must win by 3%: the default layout is kept when the
   // two are within noise of each other, so repeated trials agree.
@@ -717,7 +735,24 @@ std::string TorchRunner::TrialLayout(const BatchSpec& batch, std::string* trial)
   const bool on = cl < 0.97 * contiguous;
   *trial = absl::StrFormat("batch %s: %.2f ms channels-last, %.2f ms contiguous", shape, cl * 1e3, contiguous * 1e3);
   trials_[shape] = {on ? "on" : "off", *trial};
+  if (!cache_file.empty()) {
+    absl::Status s = MakeDirs(options_.trial_cache_dir);
+    if (s.ok()) s = WriteFileAtomically(cache_file, absl::StrCat(on ? "on" : "off", "\n", *trial, "\n"));
+    if (!s.ok()) Log("the layout trial is not kept for later runs: ", s.message());
+  }
   return on ? "on" : "off";
+}
+
+std::string TorchRunner::TrialCacheFile(const std::string& shape) const {
+  if (options_.trial_cache_dir.empty() || options_.trial_cache_key.empty() || !cuda_) return "";
+  std::string gpu;
+#if TALLY_WITH_CUDA
+  gpu = absl::StrCat(at::cuda::getDeviceProperties(device_.index())->name, " cuDNN ",
+                     at::detail::getCUDAHooks().versionCuDNN(), " CUDA ", at::detail::getCUDAHooks().versionCUDART());
+#endif
+  const std::string key = absl::StrCat(options_.trial_cache_key, "\x1e", shape, "\x1e", gpu, "\x1e LibTorch ",
+                                       TORCH_VERSION, "\x1e", options_.jit_optimize);
+  return absl::StrCat(options_.trial_cache_dir, "/", Sha256Hex(key).substr(0, 32), ".txt");
 }
 
 absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) {

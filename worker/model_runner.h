@@ -39,6 +39,10 @@ struct ModelRunnerOptions {
   bool count_logit_ties = false;  // Count pixels whose two largest logits are equal (costs a topk).
   bool cudnn_benchmark = false;  // cuDNN picks algorithms by timing them (per process: not exact).
   bool jit_optimize = false;     // TorchScript's graph executor optimisations (WorkerOptions).
+  // TrialLayout's results on disk (WorkerOptions::cache_dir): the folder, and what identifies this
+  // runner there (the model's SHA-256 and options; the batch shape, GPU and versions are added).
+  std::string trial_cache_dir;
+  std::string trial_cache_key;
   double memory_limit_gib = 0;    // CUDA: cap this process's device memory (0 = no cap).
   // Single-score outputs: counts of the foreground class at each probability threshold (sorted,
   // in (0, 1)); a model with another output shape fails with FAILED_PRECONDITION.

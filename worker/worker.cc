@@ -76,7 +76,8 @@ absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
+                                                             const std::string& model_sha256) {
   const std::vector<std::string> devices = WorkerDevices(options);
   const ModelRef model = ParseModelRef(config.model);
   ASSIGN_OR_RETURN(const std::string model_path, CheckModelAllowed(model, config.python));
@@ -93,6 +94,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   ro.count_logit_ties = options.count_logit_ties;
   ro.cudnn_benchmark = options.cudnn_benchmark;
   ro.jit_optimize = options.jit_optimize;
+  if (!model_sha256.empty() && !options.cache_dir.empty()) {
+    ro.trial_cache_dir = options.cache_dir + "/layout-trials";
+    ro.trial_cache_key = RunnerKey(config, model_sha256, options);
+  }
   ro.memory_limit_gib = options.gpu_memory_limit_gib;
   ro.thresholds = config.thresholds;
   if (model.python) {
@@ -526,7 +531,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     }
     Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(WorkerDevices(options_), ","));
     const double t0 = NowUnix();
-    ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_));
+    ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_, a.spec().model_sha256()));
     Log("job ", a.job_id(), ": model loaded in ", absl::StrFormat("%.2f", NowUnix() - t0), " s");
   }
   idle_runner_key_.clear();

@@ -60,6 +60,10 @@ struct WorkerOptions {
   // models they gave no speed and cost 0.7-1 s of start-up, 3 s more with the layout trial
   // (BENCHMARKS.md, issue 14).
   bool jit_optimize = false;
+  // Where --channels-last auto's trial results are kept between processes (one small file per
+  // model file's SHA-256, runner options, batch shape, GPU and library versions), so a model that
+  // was tried on this machine starts without the trial; "" keeps none.
+  std::string cache_dir;
   int warmup_batches = 2;
   int staging_slots = 3;  // PipelineOptions::staging_slots.
   double gpu_memory_limit_gib = 0;  // Cap on this worker's device memory (0 = none).
@@ -79,7 +83,9 @@ std::vector<std::string> WorkerDevices(const WorkerOptions& options);
 // The model runner of a job on the worker's devices (WorkerDevices), with the job's settings and
 // the worker's: TorchScript or Python by the model's name. Checks the model (and a Python
 // interpreter named by path) against the data roots.
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options);
+// `model_sha256` (the job spec's) keys the runner's on-disk layout trials (WorkerOptions::cache_dir).
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
+                                                             const std::string& model_sha256 = "");
 // What a runner from CreateJobRunner is, for reuse by a later job: the model file's SHA-256 (the
 // coordinator's, from the job spec; where it has none, the file's path, size, inode and mtime)
 // and every option the runner was built with except the memory layout, which a runner changes in

@@ -261,6 +261,26 @@ class GpuTest(unittest.TestCase):
                 open(os.path.join(outs[1], "per_image.csv"), "rb") as b:
             self.assertEqual(a.read(), b.read())
 
+    def test_a_layout_trial_is_kept_for_the_next_process(self):
+        # The second `tally run` of the same model on this GPU takes the first one's trial from the
+        # worker's cache folder instead of running it again: same layout, same bytes.
+        cache = os.path.join(tt.tmpdir(self), "cache")
+        outs = [self.run_on(f"kept-{k}", "conv3.pt", "--gpus", "0", f"--worker-flags=--cache-dir={cache}")
+                for k in range(2)]
+        first, second = (tt.read_report(o) for o in outs)
+        self.assertIn("ms channels-last", first["channels_last_trial"])
+        self.assertNotIn("kept from an earlier trial", first["channels_last_trial"])
+        self.assertIn("kept from an earlier trial", second["channels_last_trial"])
+        self.assertTrue(second["channels_last_trial"].startswith(first["channels_last_trial"]))
+        self.assertEqual(first["channels_last"], second["channels_last"])
+        self.assertTrue(tt.same_files(outs[0], outs[1]))
+        self.assertEqual(len(os.listdir(os.path.join(cache, "layout-trials"))), 1)
+        # Another model (another SHA-256) has a trial of its own; --cache-dir none keeps nothing.
+        self.run_on("kept-other", "three_class.pt", "--gpus", "0", f"--worker-flags=--cache-dir={cache}")
+        self.assertEqual(len(os.listdir(os.path.join(cache, "layout-trials"))), 2)
+        none = self.run_on("kept-none", "conv3.pt", "--gpus", "0", "--worker-flags=--cache-dir=none")
+        self.assertNotIn("kept from an earlier trial", tt.read_report(none)["channels_last_trial"])
+
     def test_out_of_memory_halves_the_batch_and_loses_nothing(self):
         root = tt.tmpdir(self)
         manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(4), 48, [(512, 512)], classes=3)
