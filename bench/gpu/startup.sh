@@ -6,6 +6,7 @@
 set -uo pipefail
 scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; tail -30 $OUT/build.log; exit 1; }
 bin=$PWD/build-gpu/bin; work=/tmp/x; mkdir -p $work/out
+export XDG_CACHE_HOME=$work/cache; rm -rf $XDG_CACHE_HOME  # Kept layout trials: none at first.
 export TALLY_BIN=$bin TALLY_SOURCE=$PWD PYTHONPATH=$PWD/python:$PWD/build-gpu/python
 (cd tests/integration && timeout 300 python3 -m unittest -v test_gpu.GpuTest.test_estimate_peak_memory_against_torch \
    test_gpu.GpuTest.test_jpeg_decoding_on_the_gpu test_gpu.GpuTest.test_decode_auto_decodes_every_row_with_the_jobs_choice \
@@ -59,3 +60,10 @@ python3 -c "
 rows=open('$work/png/manifest.csv').read().splitlines(); print(rows[0]); [print(r) for _ in range(10) for r in rows[1:]]" > $work/png/m32000.csv
 run lr-32000 --model $work/lr_png.pt --manifest $work/png/m32000.csv --metrics dice
 run lr-32000-off --model $work/lr_png.pt --manifest $work/png/m32000.csv --metrics dice --channels-last off
+run lr-32000-kept --model $work/lr_png.pt --manifest $work/png/m32000.csv --metrics dice  # The trial kept by lr-32000.
+echo "== Python backend (LRASPP, random weights) vs TorchScript"
+python3 bench/gpu/export_models.py $work/models lraspp > /dev/null 2>&1
+TALLY_STUB_PROFILE=1 run py --model bench/gpu/torchvision_model.py --model-option arch=lraspp --manifest $work/png/manifest.csv \
+  --metrics dice --worker-flags=--warmup-batches=2
+grep -h "stub profile" $work/out/py/.tally/worker-0.log | tail -1 | cut -c 25-
+run ts --model $work/models/lraspp.pt --manifest $work/png/manifest.csv --metrics dice
