@@ -13,7 +13,9 @@
 // the `keep` lowest of a whole set is among the `keep` lowest of every subset that holds it, so each
 // of a shard's final worst rows got a thumbnail whatever the order of evaluation; the coordinator
 // keeps the job's `keep` lowest of those (server/job_store.h), which are then exactly the job's
-// worst rows, whichever workers evaluated which shards.
+// worst rows, whichever workers evaluated which shards. The model pipeline also keeps one
+// RunningWorst over all of its job's rows and renders only rows inside both (the same argument
+// over a larger subset; worker/pipeline.cc AmongWorkersWorst): far fewer renders, same report.
 #ifndef TALLY_COMMON_THUMBNAIL_H_
 #define TALLY_COMMON_THUMBNAIL_H_
 

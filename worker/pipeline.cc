@@ -97,7 +97,8 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       device_surface_(surface_ && runner_->ScoresSurfaceOnDevice() && std::getenv("TALLY_CPU_SURFACE") == nullptr),
       saving_(!options_.save_predictions.empty()),
       profile_enabled_(std::getenv("TALLY_PIPELINE_PROFILE") != nullptr),
-      label_lut_(MakeLabelLut(options_.label_map)) {
+      label_lut_(MakeLabelLut(options_.label_map)),
+      workers_worst_(options_.thumbnails) {
   absl::MutexLock lock(&mu_);  // No other thread yet; the analysis wants the guard all the same.
   gpu_decode_ = options_.decode_gpu;
   batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
@@ -159,7 +160,8 @@ Pipeline::~Pipeline() {
     Log("decode profile (ms per row summed over ", decoding_.size(), " threads, ", profile_.rows.load(),
         " rows): decoding ", ms(profile_.decoding), " (on the GPU path: files ", ms(profile_.gpu_read), ", queue ",
         ms(profile_.gpu_start), ", PNG and masks ", ms(profile_.gpu_cpu), ", wait and copy ",
-        ms(profile_.gpu_finish), "), tasks ", ms(profile_.tasks), ", idle ", ms(profile_.idle));
+        ms(profile_.gpu_finish), "), tasks ", ms(profile_.tasks), ", idle ", ms(profile_.idle), "; ",
+        profile_.thumbnails.load(), " thumbnails rendered");
   }
 }
 
@@ -1131,6 +1133,9 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
   if (ShardThumbnails* st = batch->shard->thumbnails.get(); st != nullptr) {
     for (size_t n = 0; n < ok.size(); ++n) thumbs[n] = st->Enter(ok[n].second);
     for (size_t n = 0; n < ok.size(); ++n) thumbs[n] = st->StillAmongWorst(ok[n].second, thumbs[n]);
+    std::vector<const v1::ImageResult*> rows;
+    for (const auto& [i, r] : ok) rows.push_back(&r);
+    AmongWorkersWorst(rows, &thumbs);
   }
   for (size_t n = 0; n < ok.size(); ++n) {
     const size_t i = ok[n].first;
@@ -1201,11 +1206,34 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
   }
 }
 
+void Pipeline::AmongWorkersWorst(const std::vector<const v1::ImageResult*>& rows,
+                                 std::vector<std::vector<int>>* thumbs) {
+  absl::MutexLock lock(&worst_mu_);
+  for (const v1::ImageResult* r : rows) {
+    for (int c = options_.all_foreground ? 0 : 1; c < r->classes_size(); ++c) {
+      const double score = RowDice(r->classes(c), options_.empty_score);
+      // A row evaluated again (its shard leased again) is already there: offered twice, it would
+      // push out another row.
+      if (!workers_worst_.Contains(c, score, r->index())) workers_worst_.Offer(c, score, r->index());
+    }
+  }
+  for (size_t n = 0; n < rows.size(); ++n) {
+    std::vector<int>& classes = (*thumbs)[n];
+    classes.erase(std::remove_if(classes.begin(), classes.end(),
+                                 [&](int c) {
+                                   return !workers_worst_.Contains(
+                                       c, RowDice(rows[n]->classes(c), options_.empty_score), rows[n]->index());
+                                 }),
+                  classes.end());
+  }
+}
+
 void Pipeline::AddThumbnails(Shard* shard, const uint8_t* rgb, const uint16_t* pred, const uint16_t* ref, int height,
                              int width, const std::vector<int>& classes, v1::ImageResult* r) {
   for (int c : classes) {
     int slice = 0;
     absl::StatusOr<std::string> jpeg = RenderClassThumbnail(rgb, pred, ref, 1, height, width, c, nullptr, &slice);
+    if (profile_enabled_) ++profile_.thumbnails;
     if (!jpeg.ok()) {
       Log("no thumbnail for row ", r->index(), " class ", c, ": ", jpeg.status().message());
     } else if (!shard->thumbnails->Attach(r, c, slice, *std::move(jpeg))) {

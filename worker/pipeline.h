@@ -196,6 +196,12 @@ class Pipeline : public RowEvaluator {
   // raises, down to single images. Returns the rows that failed because the model raised.
   size_t RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end, std::string* model_error);
   void Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, size_t begin, size_t end);
+  // Of `thumbs` (per row of `rows`, the classes its shard would render), those where the row is
+  // also among this worker's worst of the job so far (every row is offered first). A shard's worst
+  // rows are rendered so that any order of evaluation keeps the job's worst; most of them are not
+  // among the job's, and this filter (the same argument over all of this worker's rows) skips
+  // them: a few dozen renders for thousands of rows instead of `thumbnails` per shard and class.
+  void AmongWorkersWorst(const std::vector<const v1::ImageResult*>& rows, std::vector<std::vector<int>>* thumbs);
   // Renders the thumbnails of `classes` of one row into `r` (a pool task).
   void AddThumbnails(Shard* shard, const uint8_t* rgb, const uint16_t* pred, const uint16_t* ref, int height, int width,
                      const std::vector<int>& classes, v1::ImageResult* r);
@@ -266,8 +272,12 @@ class Pipeline : public RowEvaluator {
     // nvJPEG, PNG images and masks, waiting for the GPU and copying its pixels out).
     std::atomic<int64_t> rows{0}, decoding{0}, tasks{0}, idle{0}, gpu_read{0}, gpu_start{0}, gpu_cpu{0},
         gpu_finish{0};
+    std::atomic<int64_t> thumbnails{0};  // Rendered.
   };
   Profile profile_;
+
+  absl::Mutex worst_mu_;
+  RunningWorst workers_worst_ ABSL_GUARDED_BY(worst_mu_);  // AmongWorkersWorst's, per job.
 
   // JPEG decoding: on the GPU now (options_.decode_gpu, or "auto" resolved to it).
   bool gpu_decode_ ABSL_GUARDED_BY(mu_) = false;
