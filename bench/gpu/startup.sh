@@ -56,6 +56,7 @@ echo "== metrics dice vs all"
 for k in 1 2; do for m in dice all; do run png-$m-$k $P --metrics $m; done; done
 for m in dice all; do run jpg-$m $J --metrics $m; done
 echo "== 32000 rows"
+export XDG_CACHE_HOME=$work/cache32k  # A fresh cache: png-auto above kept this model's trial.
 python3 -c "
 rows=open('$work/png/manifest.csv').read().splitlines(); print(rows[0]); [print(r) for _ in range(10) for r in rows[1:]]" > $work/png/m32000.csv
 run lr-32000 --model $work/lr_png.pt --manifest $work/png/m32000.csv --metrics dice
