@@ -1218,13 +1218,13 @@ void Pipeline::AmongWorkersWorst(const std::vector<const v1::ImageResult*>& rows
     }
   }
   for (size_t n = 0; n < rows.size(); ++n) {
-    std::vector<int>& classes = (*thumbs)[n];
-    classes.erase(std::remove_if(classes.begin(), classes.end(),
-                                 [&](int c) {
-                                   return !workers_worst_.Contains(
-                                       c, RowDice(rows[n]->classes(c), options_.empty_score), rows[n]->index());
-                                 }),
-                  classes.end());
+    std::vector<int> kept;
+    for (int c : (*thumbs)[n]) {
+      if (workers_worst_.Contains(c, RowDice(rows[n]->classes(c), options_.empty_score), rows[n]->index())) {
+        kept.push_back(c);
+      }
+    }
+    (*thumbs)[n] = std::move(kept);
   }
 }
 

@@ -275,11 +275,12 @@ class RecoveryTest(unittest.TestCase):
         job = cluster.submit(tt.fixture("slow.pt"), self.manifest, *self.flags)
         cluster.wait_for_progress(job, 0.2)
         filler = os.path.join(state, "filler")
-        with open(filler, "wb") as f:
+        # Unbuffered: a buffered file would keep the bytes that did not fit and raise ENOSPC again
+        # when closed.
+        with open(filler, "wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * (1 << 20))
-                    f.flush()
             except OSError:
                 pass
         deadline = time.time() + 120
