@@ -744,7 +744,7 @@ std::string TorchRunner::TrialLayout(const BatchSpec& batch, std::string* trial)
 }
 
 std::string TorchRunner::TrialCacheFile(const std::string& shape) const {
-  if (options_.trial_cache_dir.empty() || options_.trial_cache_key.empty() || !cuda_) return "";
+  if (options_.trial_cache_dir.empty() || options_.trial_cache_key.empty()) return "";
   std::string gpu;
 #if TALLY_WITH_CUDA
   gpu = absl::StrCat(at::cuda::getDeviceProperties(device_.index())->name, " cuDNN ",

@@ -480,12 +480,17 @@ void Pipeline::DecodeLoop(size_t slot) {
     const double busy0 = profile_enabled_ ? NowUnix() : 0;
     if (profile_enabled_) profile_.idle += static_cast<int64_t>((busy0 - idle0) * 1e6);
     if (!copy_tasks_.empty() || !metric_tasks_.empty()) {
-      std::deque<std::function<void()>>& queue = copy_tasks_.empty() ? metric_tasks_ : copy_tasks_;
-      std::function<void()> task = std::move(queue.front());
-      queue.pop_front();
-      if (&queue == &copy_tasks_) --copy_tasks_queued_;
+      std::function<void()> task;
+      if (copy_tasks_.empty()) {  // Staging copies first (HelpStage takes them all).
+        task = std::move(metric_tasks_.front());
+        metric_tasks_.pop_front();
+      }
       mu_.Unlock();
-      task();
+      if (task) {
+        task();
+      } else {
+        HelpStage();
+      }
       if (profile_enabled_) profile_.tasks += static_cast<int64_t>((NowUnix() - busy0) * 1e6);
       mu_.Lock();
       continue;

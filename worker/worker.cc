@@ -77,7 +77,7 @@ absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
-                                                             const std::string& model_sha256) {
+                                                             const std::string& trial_cache_key) {
   const std::vector<std::string> devices = WorkerDevices(options);
   const ModelRef model = ParseModelRef(config.model);
   ASSIGN_OR_RETURN(const std::string model_path, CheckModelAllowed(model, config.python));
@@ -94,9 +94,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   ro.count_logit_ties = options.count_logit_ties;
   ro.cudnn_benchmark = options.cudnn_benchmark;
   ro.jit_optimize = options.jit_optimize;
-  if (!model_sha256.empty() && !options.cache_dir.empty()) {
+  if (!trial_cache_key.empty() && !options.cache_dir.empty()) {
     ro.trial_cache_dir = options.cache_dir + "/layout-trials";
-    ro.trial_cache_key = RunnerKey(config, model_sha256, options);
+    ro.trial_cache_key = trial_cache_key;
   }
   ro.memory_limit_gib = options.gpu_memory_limit_gib;
   ro.thresholds = config.thresholds;
@@ -531,7 +531,9 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     }
     Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(WorkerDevices(options_), ","));
     const double t0 = NowUnix();
-    ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_, a.spec().model_sha256()));
+    // Trials are kept on disk only under the file's content hash (not its path and mtime).
+    ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_,
+                                                        a.spec().model_sha256().empty() ? "" : evaluator->runner_key));
     Log("job ", a.job_id(), ": model loaded in ", absl::StrFormat("%.2f", NowUnix() - t0), " s");
   }
   idle_runner_key_.clear();

@@ -83,9 +83,10 @@ std::vector<std::string> WorkerDevices(const WorkerOptions& options);
 // The model runner of a job on the worker's devices (WorkerDevices), with the job's settings and
 // the worker's: TorchScript or Python by the model's name. Checks the model (and a Python
 // interpreter named by path) against the data roots.
-// `model_sha256` (the job spec's) keys the runner's on-disk layout trials (WorkerOptions::cache_dir).
+// `trial_cache_key` (the runner's RunnerKey, where the model file's SHA-256 is known) keys its
+// on-disk layout trials (WorkerOptions::cache_dir); "" keeps none.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
-                                                             const std::string& model_sha256 = "");
+                                                             const std::string& trial_cache_key = "");
 // What a runner from CreateJobRunner is, for reuse by a later job: the model file's SHA-256 (the
 // coordinator's, from the job spec; where it has none, the file's path, size, inode and mtime)
 // and every option the runner was built with except the memory layout, which a runner changes in
