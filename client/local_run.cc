@@ -1,6 +1,9 @@
 #include "client/local_run.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,6 +31,30 @@ std::atomic<int> g_signal{0};
 int Fail(const std::string& message) {
   std::cerr << "tally run: " << message << "\n";
   return 1;
+}
+
+// A loopback port for tallyd, chosen before it starts so that the workers, whose start-up is the
+// longest (loading LibTorch, initialising CUDA), start beside tallyd instead of after it. The
+// socket stays bound, never listening, until tallyd listens on the same port: SO_REUSEPORT lets
+// tallyd bind it too (gRPC servers set it), and only processes of this user could join it. 0 (and
+// *fd -1) when it cannot be had; tallyd then picks its own port and the workers wait for it.
+int ReservePort(int* fd) {
+  *fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (*fd < 0) return 0;
+  const int one = 1;
+  sockaddr_in addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (setsockopt(*fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0 ||
+      bind(*fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(*fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(*fd);
+    *fd = -1;
+    return 0;
+  }
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace
@@ -60,34 +87,47 @@ int RunLocally(const LocalRunOptions& options) {
     return Fail(std::string(s.message()));
   }
 
+  int reservation = -1;
+  const int reserved = ReservePort(&reservation);
   SpawnOptions coordinator;
-  coordinator.argv = {tallyd, "--listen", "127.0.0.1:0", "--port-file", port_file, "--state-dir", state_dir,
-                      "--lease-seconds", absl::StrCat(options.lease_seconds), "--auth-tokens", tokens_file};
+  coordinator.argv = {tallyd, "--listen", absl::StrCat("127.0.0.1:", reserved), "--port-file", port_file, "--state-dir",
+                      state_dir, "--lease-seconds", absl::StrCat(options.lease_seconds), "--auth-tokens", tokens_file};
   coordinator.log_path = state_dir + "/tallyd.log";
   auto server = Subprocess::Spawn(coordinator);
   if (!server.ok()) return Fail(std::string(server.status().message()));
+  WorkerLaunchOptions wl;
+  wl.gpus = options.gpus;
+  wl.cpu_workers = options.cpu_workers;
+  wl.log_dir = state_dir;
+  wl.extra_args = options.worker_args;
+  wl.env.emplace_back("TALLY_TOKEN", worker_token);
+  absl::StatusOr<std::unique_ptr<WorkerLauncher>> workers = absl::UnavailableError("not started");
+  if (reserved != 0) {  // Workers dial tallyd's port while it starts (gRPC retries the connection).
+    wl.coordinator = absl::StrCat("127.0.0.1:", reserved);
+    workers = WorkerLauncher::Start(wl);
+    if (!workers.ok()) return Fail(std::string(workers.status().message()));
+  }
   int port = 0;
-  for (int i = 0; i < 600 && port == 0; ++i) {
+  for (int i = 0; i < 3000 && port == 0; ++i) {
     std::ifstream in(port_file);
     if (in >> port) break;
     if (!(*server)->Running()) {
       return Fail(absl::StrCat("tallyd exited (", (*server)->ExitDescription(), "):\n",
                                TailOfFile(coordinator.log_path)));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  if (reservation >= 0) close(reservation);
   if (port == 0) return Fail(absl::StrCat("tallyd did not start within 30 s; see ", coordinator.log_path));
+  if (reserved != 0 && port != reserved) {
+    return Fail(absl::StrCat("tallyd listens on port ", port, ", not on the port reserved for it (", reserved, ")"));
+  }
   const std::string address = absl::StrCat("127.0.0.1:", port);
-
-  WorkerLaunchOptions wl;
-  wl.coordinator = address;
-  wl.gpus = options.gpus;
-  wl.cpu_workers = options.cpu_workers;
-  wl.log_dir = state_dir;
-  wl.extra_args = options.worker_args;
-  wl.env.emplace_back("TALLY_TOKEN", worker_token);
-  auto workers = WorkerLauncher::Start(wl);
-  if (!workers.ok()) return Fail(std::string(workers.status().message()));
+  if (reserved == 0) {
+    wl.coordinator = address;
+    workers = WorkerLauncher::Start(wl);
+    if (!workers.ok()) return Fail(std::string(workers.status().message()));
+  }
   const int n = (*workers)->size();
   std::cerr << "tally run: " << n << (options.gpus.empty() ? " CPU" : " GPU") << " worker" << (n == 1 ? "" : "s")
             << ", coordinator at " << address << ", logs in " << state_dir << "\n";
