@@ -18,12 +18,19 @@
 #include <malloc.h>
 #include <signal.h>
 
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <time.h>
+#include <unistd.h>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
 #include "common/auth_tokens.h"
 #include "common/data_roots.h"
 #include "common/flag_util.h"
@@ -74,6 +81,26 @@ ABSL_FLAG(double, gpu_memory_limit_gib, 0, "Cap this worker's GPU memory (GiB; 0
 
 namespace {
 
+// Seconds since this process was exec'd, from /proc (10 ms resolution); -1 if unknown. A GPU
+// worker spends about half a second in the dynamic loader and LibTorch's static initialisers
+// before main runs: the first line of its log says how long.
+double ProcessAgeSeconds() {
+  std::ifstream stat("/proc/self/stat");
+  const std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');  // The command name may hold spaces.
+  if (paren == std::string::npos || paren + 2 > text.size()) return -1;
+  std::istringstream fields(text.substr(paren + 2));  // From field 3 (state) on.
+  std::string field;
+  for (int i = 3; fields >> field; ++i) {
+    if (i != 22) continue;  // starttime, in clock ticks after boot.
+    timespec now;
+    clock_gettime(CLOCK_BOOTTIME, &now);
+    const double started = std::strtod(field.c_str(), nullptr) / static_cast<double>(sysconf(_SC_CLK_TCK));
+    return static_cast<double>(now.tv_sec) + now.tv_nsec * 1e-9 - started;
+  }
+  return -1;
+}
+
 // tally-worker --estimate SPEC: tally estimate's trials (worker/estimate.h), run by `tally estimate`.
 int RunEstimateCommand(const tally::WorkerOptions& worker) {
   tally::EstimateOptions options;
@@ -105,12 +132,17 @@ int RunEstimateCommand(const tally::WorkerOptions& worker) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const double started_after = ProcessAgeSeconds();
   absl::SetProgramUsageMessage("Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N");
   std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
   const std::vector<std::string> data_roots = tally::TakeRepeatedFlag(&normalized, "data_root");
   std::vector<char*> args = tally::ArgvPointers(normalized);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   tally::SetLogName("tally-worker[" + absl::GetFlag(FLAGS_device) + "]");
+  if (absl::GetFlag(FLAGS_estimate).empty() && started_after >= 0) {
+    tally::Log("starting: main reached ", absl::StrFormat("%.2f", started_after),
+               " s after exec (loading and initialising libraries)");
+  }
 
   // Fixed allocator thresholds. glibc otherwise raises its mmap threshold to the largest block
   // freed (up to 32 MiB) and its trim threshold to twice that, so one large image leaves every
