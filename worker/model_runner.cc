@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <sys/stat.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/version.h>
@@ -340,6 +342,79 @@ class TorchRunner final : public ModelRunner {
 #endif
 };
 
+// Whether `v` holds a tensor (in a list, tuple, dict or object too). Objects of C++ classes count
+// as holding one: what they hold cannot be seen from here.
+bool HoldsTensor(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().defined();
+  if (v.isTensorList()) return !v.toTensorList().empty();
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (HoldsTensor(e)) return true;
+    }
+    return false;
+  }
+  if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      if (HoldsTensor(e)) return true;
+    }
+    return false;
+  }
+  if (v.isGenericDict()) {
+    for (const auto& kv : v.toGenericDict()) {
+      if (HoldsTensor(kv.key()) || HoldsTensor(kv.value())) return true;
+    }
+    return false;
+  }
+  if (v.isObject()) {
+    const c10::intrusive_ptr<c10::ivalue::Object> o = v.toObject();
+    for (size_t i = 0; i < o->slots().size(); ++i) {
+      if (HoldsTensor(o->getSlot(i))) return true;
+    }
+    return false;
+  }
+  return v.isCapsule() || v.isCustomClass();
+}
+
+// Whether Module::to(device) moves every tensor of `module` (loaded to the CPU), so that the result
+// equals loading it onto the device: its parameters and buffers move; tensor attributes that are
+// neither, and tensor constants in its code (a traced model keeps tensors made in forward as
+// constants), stay. `stays` names the first that would.
+bool MovesWithTo(const torch::jit::Module& module, std::string* stays) {
+  for (const torch::jit::Module& m : module.modules()) {
+    const c10::ClassTypePtr& type = m.type();
+    for (size_t i = 0; i < type->numAttributes(); ++i) {
+      if (type->is_parameter(i) || type->is_buffer(i)) continue;
+      const c10::IValue v = m._ivalue()->getSlot(i);
+      if (v.isModule()) continue;  // Visited by modules().
+      if (HoldsTensor(v)) {
+        *stays = absl::StrCat("attribute '", type->getAttributeName(i), "' of ", type->name()->qualifiedName(),
+                              " holds a tensor that is neither a parameter nor a buffer");
+        return false;
+      }
+    }
+  }
+  std::vector<torch::jit::Block*> blocks;
+  for (torch::jit::Function* f : module._ivalue()->compilation_unit()->get_functions()) {
+    torch::jit::GraphFunction* g = torch::jit::tryToGraphFunction(*f);
+    if (g == nullptr) continue;
+    blocks.assign(1, g->graph()->block());
+    while (!blocks.empty()) {
+      torch::jit::Block* b = blocks.back();
+      blocks.pop_back();
+      for (torch::jit::Node* n : b->nodes()) {
+        for (torch::jit::Block* inner : n->blocks()) blocks.push_back(inner);
+        if (n->kind() != c10::prim::Constant || n->outputs().size() != 1) continue;
+        const auto v = torch::jit::toIValue(n->output());
+        if (v && HoldsTensor(*v)) {
+          *stays = absl::StrCat("a tensor constant in ", f->qualname().qualifiedName());
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunnerOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   struct stat st;
@@ -360,20 +435,45 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
   }
 #else
 #endif
-  if (absl::Status s = ModelRunner::CheckDevice(dev); !s.ok()) return s;
+  if (!want_cuda) {
+    if (absl::Status s = ModelRunner::CheckDevice(dev); !s.ok()) return s;
+  }
   if (options.precision == "fp16" && !want_cuda) {
     return absl::InvalidArgumentError("precision fp16 needs a CUDA device; use bf16 or fp32 on CPU");
   }
   if (!want_cuda && options.cpu_threads > 0) at::set_num_threads(options.cpu_threads);
-  at::Device device(dev);
   torch::jit::Module module;
-  try {
-    module = torch::jit::load(options.model_path, device);
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("model '", options.model_path,
-                                                   "' is not a loadable TorchScript file (torch.jit.load failed: ",
-                                                   ErrorText(e), ")"));
+  // For a GPU the model is read into host memory first, which needs no CUDA: the worker initialises
+  // CUDA on another thread meanwhile (Worker::Run), and the two take ~0.3 s each. Then it moves to
+  // the device, or, if Module::to() would leave some of its tensors behind, is read again onto it.
+  // Either way the weights are the file's, bit for bit.
+  auto load = [&](const at::Device& to) -> absl::Status {
+    try {
+      module = torch::jit::load(options.model_path, to);
+    } catch (const c10::Error& e) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", options.model_path,
+                                                     "' is not a loadable TorchScript file (torch.jit.load failed: ",
+                                                     ErrorText(e), ")"));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(load(want_cuda ? at::Device(at::kCPU) : at::Device(dev)));
+  if (want_cuda) {
+    if (absl::Status s = ModelRunner::CheckDevice(dev); !s.ok()) return s;
+    std::string stays;
+    if (MovesWithTo(module, &stays)) {
+      try {
+        module.to(at::Device(dev));
+      } catch (const c10::Error& e) {
+        return absl::UnavailableError(absl::StrCat("cannot move model '", options.model_path, "' to ", dev, ": ",
+                                                   ErrorText(e)));
+      }
+    } else {
+      Log("model ", options.model_path, ": read again straight onto ", dev, " (", stays, ")");
+      RETURN_IF_ERROR(load(at::Device(dev)));
+    }
   }
+  at::Device device(dev);
   module.eval();
   std::unique_ptr<TorchRunner> runner(new TorchRunner(options, device, std::move(module)));
   if (options.channels_last) {
@@ -793,6 +893,14 @@ absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_
 }
 
 }  // namespace
+
+absl::StatusOr<bool> TorchScriptMovesWithTo(const std::string& path, std::string* stays) {
+  try {
+    return MovesWithTo(torch::jit::load(path, at::Device(at::kCPU)), stays);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a loadable TorchScript file: ", ErrorText(e)));
+  }
+}
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelRunnerOptions& options) {
   return TorchRunner::Create(options);

@@ -144,6 +144,12 @@ struct RunnerStats {
   std::vector<GpuUsage> gpus;  // Every GPU the model uses.
 };
 
+// Whether the TorchScript file at `path`, loaded to the CPU, moves to a GPU whole with Module::to():
+// what a CUDA worker does when it loads a model (the CPU part overlaps CUDA's initialisation), reading
+// the file again onto the GPU when not. `stays` names the first tensor that would stay behind. For
+// tests and diagnostics; INVALID_ARGUMENT when the file is not TorchScript.
+absl::StatusOr<bool> TorchScriptMovesWithTo(const std::string& path, std::string* stays);
+
 class ModelRunner {
  public:
   // Loads the model. Errors name the model file: NOT_FOUND when missing, INVALID_ARGUMENT when it

@@ -242,5 +242,43 @@ TEST(ModelRunnerTest, MissingOrInvalidModelIsAClearError) {
   EXPECT_THAT(r.status().message(), HasSubstr("TorchScript"));
 }
 
+// A CUDA worker reads a model into host memory and moves it with Module::to() (its CPU part overlaps
+// CUDA's initialisation), unless some tensor would stay behind: then it reads the file again onto
+// the GPU. The analysis runs here on the CPU; the fixtures say by construction what it must find.
+TEST(ModelRunnerTest, KnowsWhichModelsModuleToMovesWhole) {
+  std::string stays;
+  for (const char* whole : {"conv3.pt", "red_vs_rest.pt", "slow.pt", "dict_output.pt", "hangs_on_mark.pt"}) {
+    auto moves = TorchScriptMovesWithTo(Fixture(whole), &stays);
+    ASSERT_TRUE(moves.ok()) << moves.status();
+    EXPECT_TRUE(*moves) << whole << ": " << stays;
+  }
+  auto traced = TorchScriptMovesWithTo(Fixture("traced_constant.pt"), &stays);
+  ASSERT_TRUE(traced.ok()) << traced.status();
+  EXPECT_FALSE(*traced);
+  EXPECT_THAT(stays, HasSubstr("a tensor constant in __torch__.TracedConstant.forward"));
+  auto attribute = TorchScriptMovesWithTo(Fixture("tensor_attribute.pt"), &stays);
+  ASSERT_TRUE(attribute.ok()) << attribute.status();
+  EXPECT_FALSE(*attribute);
+  EXPECT_THAT(stays, HasSubstr("attribute 'offset' of __torch__.TensorAttribute"));
+  EXPECT_EQ(TorchScriptMovesWithTo(Fixture("not_torchscript.pt"), &stays).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Both models compute red_vs_rest's logits with their 0.5 held where Module::to() cannot reach it;
+// on the CPU they evaluate exactly as red_vs_rest does.
+TEST_F(PipelineTest, ModelsHoldingTensorsOutsideParametersEvaluateAsTheirTwin) {
+  std::vector<v1::ManifestRow> rows = {Row(0, "a.png", "a_mask.png"), Row(1, "wide.png", "wide_mask.png")};
+  Outcome twin = Evaluate("red_vs_rest.pt", rows, 1);
+  ASSERT_EQ(twin.fatal, "");
+  for (const char* model : {"traced_constant.pt", "tensor_attribute.pt"}) {
+    Outcome o = Evaluate(model, rows, 1);
+    ASSERT_EQ(o.fatal, "") << model;
+    ASSERT_EQ(o.results.size(), twin.results.size()) << model;
+    for (const auto& [index, result] : twin.results) {
+      EXPECT_EQ(o.results[index].SerializeAsString(), result.SerializeAsString()) << model << " row " << index;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tally
