@@ -207,6 +207,7 @@ class Worker {
 
   // Created and replaced by Run()'s thread (under mu_); read by the others under mu_.
   std::unique_ptr<Evaluator> evaluator_ ABSL_GUARDED_BY(mu_);
+  std::thread device_check_;  // A GPU's check, beside the first lease (Run).
   std::thread reporter_;
   std::thread heartbeat_;
 };
