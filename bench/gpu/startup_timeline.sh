@@ -30,7 +30,7 @@ def rel(line):
     return datetime.datetime.strptime(m.group(1), '%Y-%m-%dT%H:%M:%S.%f').replace(tzinfo=datetime.timezone.utc).timestamp() - t0
 for name in ('tallyd.log', 'worker-0.log'):
     lines = open(out + '/.tally/' + name).read().splitlines()
-    keep = [l for l in lines if re.search(r'main reached|CUDA driver|registered|listening|loading model|model loaded|warm-up|first batch|profile|channels-last|decod', l)]
+    keep = [l for l in lines if re.search(r'main reached|CUDA driver|read again|out of service|registered|listening|loading model|model loaded|warm-up|first batch|profile|channels-last|decod', l)]
     for l in (lines[:1] + keep)[:14]:
         t = rel(l)
         if t is not None: print(f"   {name[:6]} {t:6.3f} {l[24:][:150]}")
