@@ -106,59 +106,67 @@ inline uint8_t Paeth(int a, int b, int c) {
   return static_cast<uint8_t>(pa <= pb && pa <= pc ? a : bc);
 }
 
-// Paeth rows of 3- and 4-byte pixels: the channels are independent chains, so unrolling them by
-// pixel lets the CPU run them in parallel.
+// One row's filter reversed, for pixels of kBpp bytes. Sub, Average and Paeth read the byte kBpp to
+// the left, which was just written: the previous pixel's bytes (a) and the row above's (c) are
+// carried in registers instead of read back from memory, which would chain every byte through a
+// store and a load (most of a mask's decode time went there). The channels are independent chains.
 template <int kBpp>
-void PaethRow(uint8_t* cur, const uint8_t* prev, size_t rowbytes) {
-  for (int i = 0; i < kBpp; ++i) cur[i] = static_cast<uint8_t>(cur[i] + prev[i]);
-  for (size_t i = kBpp; i + kBpp <= rowbytes; i += kBpp) {
-    for (int k = 0; k < kBpp; ++k) {
-      cur[i + k] = static_cast<uint8_t>(cur[i + k] + Paeth(cur[i + k - kBpp], prev[i + k], prev[i + k - kBpp]));
-    }
+void UnfilterRow(uint8_t filter, uint8_t* cur, const uint8_t* prev, size_t rowbytes) {
+  uint8_t a[kBpp], c[kBpp];
+  switch (filter) {
+    case 1:
+      for (int k = 0; k < kBpp; ++k) a[k] = cur[k];
+      for (size_t i = kBpp; i < rowbytes; i += kBpp) {
+        for (int k = 0; k < kBpp; ++k) cur[i + k] = a[k] = static_cast<uint8_t>(cur[i + k] + a[k]);
+      }
+      break;
+    case 2:
+      for (size_t i = 0; i < rowbytes; ++i) cur[i] = static_cast<uint8_t>(cur[i] + prev[i]);
+      break;
+    case 3:
+      for (int k = 0; k < kBpp; ++k) cur[k] = a[k] = static_cast<uint8_t>(cur[k] + (prev[k] >> 1));
+      for (size_t i = kBpp; i < rowbytes; i += kBpp) {
+        for (int k = 0; k < kBpp; ++k) cur[i + k] = a[k] = static_cast<uint8_t>(cur[i + k] + ((a[k] + prev[i + k]) >> 1));
+      }
+      break;
+    case 4:
+      for (int k = 0; k < kBpp; ++k) {
+        cur[k] = a[k] = static_cast<uint8_t>(cur[k] + prev[k]);
+        c[k] = prev[k];
+      }
+      for (size_t i = kBpp; i < rowbytes; i += kBpp) {
+        for (int k = 0; k < kBpp; ++k) {
+          const uint8_t b = prev[i + k];
+          cur[i + k] = a[k] = static_cast<uint8_t>(cur[i + k] + Paeth(a[k], b, c[k]));
+          c[k] = b;
+        }
+      }
+      break;
+    default:
+      break;
   }
 }
 
-// Reverses the per-row filters in place. `raw` holds height rows of (1 filter byte + rowbytes).
+// Reverses the per-row filters in place. `raw` holds height rows of (1 filter byte + rowbytes), and
+// rowbytes is a whole number of bpp-byte pixels.
 bool Unfilter(uint8_t* raw, uint32_t height, size_t rowbytes, int bpp) {
+  if (bpp < 1 || bpp > 4 || rowbytes % static_cast<size_t>(bpp) != 0) return false;
   std::vector<uint8_t> zero_row;
   const uint8_t* prev = nullptr;
   for (uint32_t y = 0; y < height; ++y) {
     uint8_t* row = raw + y * (rowbytes + 1);
     const uint8_t f = row[0];
+    if (f > 4) return false;
     uint8_t* cur = row + 1;
-    if (prev == nullptr && (f == 2 || f == 3 || f == 4)) {
+    if (prev == nullptr && f >= 2) {
       zero_row.assign(rowbytes, 0);
       prev = zero_row.data();
     }
-    switch (f) {
-      case 0:
-        break;
-      case 1:
-        for (size_t i = bpp; i < rowbytes; ++i) cur[i] = static_cast<uint8_t>(cur[i] + cur[i - bpp]);
-        break;
-      case 2:
-        for (size_t i = 0; i < rowbytes; ++i) cur[i] = static_cast<uint8_t>(cur[i] + prev[i]);
-        break;
-      case 3:
-        for (int i = 0; i < bpp; ++i) cur[i] = static_cast<uint8_t>(cur[i] + (prev[i] >> 1));
-        for (size_t i = bpp; i < rowbytes; ++i) {
-          cur[i] = static_cast<uint8_t>(cur[i] + ((cur[i - bpp] + prev[i]) >> 1));
-        }
-        break;
-      case 4:
-        if (bpp == 3) {
-          PaethRow<3>(cur, prev, rowbytes);
-        } else if (bpp == 4) {
-          PaethRow<4>(cur, prev, rowbytes);
-        } else {
-          for (int i = 0; i < bpp; ++i) cur[i] = static_cast<uint8_t>(cur[i] + prev[i]);
-          for (size_t i = bpp; i < rowbytes; ++i) {
-            cur[i] = static_cast<uint8_t>(cur[i] + Paeth(cur[i - bpp], prev[i], prev[i - bpp]));
-          }
-        }
-        break;
-      default:
-        return false;
+    switch (bpp) {
+      case 1: UnfilterRow<1>(f, cur, prev, rowbytes); break;
+      case 2: UnfilterRow<2>(f, cur, prev, rowbytes); break;
+      case 3: UnfilterRow<3>(f, cur, prev, rowbytes); break;
+      default: UnfilterRow<4>(f, cur, prev, rowbytes); break;
     }
     prev = cur;
   }

@@ -3,8 +3,14 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <random>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -142,25 +148,32 @@ TEST(ImageIoTest, CorruptAndMissingFilesNameTheFile) {
   EXPECT_THAT(s.message(), HasSubstr("empty"));
 }
 
-// A PNG that declares width x height but carries (almost) no data: a decompression bomb's header.
-std::string BombPng(uint32_t width, uint32_t height, uint8_t color, uint8_t interlace) {
-  auto be32 = [](std::string* out, uint32_t v) {
-    for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
-  };
-  auto chunk = [&](std::string* out, const char* type, const std::string& data) {
-    be32(out, static_cast<uint32_t>(data.size()));
-    std::string body = std::string(type, 4) + data;
-    out->append(body);
-    be32(out, static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size())));
-  };
+void AppendBe32(std::string* out, uint32_t v) {
+  for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
+}
+
+void AppendChunk(std::string* out, const char* type, const std::string& data) {
+  AppendBe32(out, static_cast<uint32_t>(data.size()));
+  const std::string body = std::string(type, 4) + data;
+  out->append(body);
+  AppendBe32(out, static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size())));
+}
+
+std::string PngHeader(uint32_t width, uint32_t height, uint8_t depth, uint8_t color, uint8_t interlace) {
   std::string png("\x89PNG\r\n\x1a\n", 8);
   std::string ihdr;
-  be32(&ihdr, width);
-  be32(&ihdr, height);
-  ihdr += std::string({8, static_cast<char>(color), 0, 0, static_cast<char>(interlace)});
-  chunk(&png, "IHDR", ihdr);
-  chunk(&png, "IDAT", std::string("\x78\x9c\x03\x00\x00\x00\x00\x01", 8));
-  chunk(&png, "IEND", "");
+  AppendBe32(&ihdr, width);
+  AppendBe32(&ihdr, height);
+  ihdr += std::string({static_cast<char>(depth), static_cast<char>(color), 0, 0, static_cast<char>(interlace)});
+  AppendChunk(&png, "IHDR", ihdr);
+  return png;
+}
+
+// A PNG that declares width x height but carries (almost) no data: a decompression bomb's header.
+std::string BombPng(uint32_t width, uint32_t height, uint8_t color, uint8_t interlace) {
+  std::string png = PngHeader(width, height, 8, color, interlace);
+  AppendChunk(&png, "IDAT", std::string("\x78\x9c\x03\x00\x00\x00\x00\x01", 8));
+  AppendChunk(&png, "IEND", "");
   return png;
 }
 
@@ -239,6 +252,124 @@ TEST(ImageIoTest, OutlierBuffersAreReleased) {
   std::vector<uint8_t> small(1 << 20);
   ShrinkIfLarger(&small, kKeepBufferBytes);
   EXPECT_EQ(small.capacity(), size_t{1} << 20);
+}
+
+// PNG's forward filter of one byte (ISO 15948 9.2): x is the byte, a the one bpp to the left, b
+// the one above, c the one above a. The Paeth predictor as the standard writes it.
+uint8_t FilterByte(int type, int x, int a, int b, int c) {
+  switch (type) {
+    case 1: return static_cast<uint8_t>(x - a);
+    case 2: return static_cast<uint8_t>(x - b);
+    case 3: return static_cast<uint8_t>(x - (a + b) / 2);
+    case 4: {
+      const int p = a + b - c, pa = std::abs(p - a), pb = std::abs(p - b), pc = std::abs(p - c);
+      const int pred = (pa <= pb && pa <= pc) ? a : (pb <= pc ? b : c);
+      return static_cast<uint8_t>(x - pred);
+    }
+    default: return static_cast<uint8_t>(x);
+  }
+}
+
+// A PNG of `pixels` (height rows of width * bpp bytes) with row filter (y * 7 + seed) % 5 on row y,
+// so that every filter type follows every other; a 256-entry palette for colour type 3.
+std::string FilteredPng(uint32_t width, uint32_t height, uint8_t depth, uint8_t color, int bpp,
+                        const std::vector<uint8_t>& pixels, int seed) {
+  const size_t rowbytes = static_cast<size_t>(width) * bpp;
+  std::string filtered;
+  for (uint32_t y = 0; y < height; ++y) {
+    const int type = static_cast<int>((y * 7 + static_cast<uint32_t>(seed)) % 5);
+    filtered.push_back(static_cast<char>(type));
+    const uint8_t* row = pixels.data() + y * rowbytes;
+    const uint8_t* up = y > 0 ? row - rowbytes : nullptr;
+    for (size_t i = 0; i < rowbytes; ++i) {
+      const int a = i >= static_cast<size_t>(bpp) ? row[i - bpp] : 0;
+      const int b = up ? up[i] : 0;
+      const int c = up && i >= static_cast<size_t>(bpp) ? up[i - bpp] : 0;
+      filtered.push_back(static_cast<char>(FilterByte(type, row[i], a, b, c)));
+    }
+  }
+  uLongf size = compressBound(filtered.size());
+  std::string z(size, '\0');
+  EXPECT_EQ(compress2(reinterpret_cast<Bytef*>(z.data()), &size, reinterpret_cast<const Bytef*>(filtered.data()),
+                      filtered.size(), 6),
+            Z_OK);
+  z.resize(size);
+  std::string png = PngHeader(width, height, depth, color, 0);
+  if (color == 3) {
+    std::string palette;
+    for (int i = 0; i < 256; ++i) palette += std::string({static_cast<char>(i), static_cast<char>(255 - i), 0});
+    AppendChunk(&png, "PLTE", palette);
+  }
+  AppendChunk(&png, "IDAT", z);
+  AppendChunk(&png, "IEND", "");
+  return png;
+}
+
+// The fast PNG path (common/png_fast.cc) reverses every row filter for every pixel size it takes
+// (1 to 4 bytes): random pixels written with all five filters, in every order, come back exactly.
+// Smooth pixels too, where the filters' predictions are right and the residuals small.
+TEST(ImageIoTest, FastPngPathReversesEveryFilterExactly) {
+  std::mt19937 rng(7);
+  struct Kind {
+    uint8_t depth, color;
+    int bpp;
+    bool labels;
+  };
+  const Kind kinds[] = {{8, 0, 1, false}, {8, 4, 2, false}, {8, 2, 3, false}, {8, 6, 4, false},
+                        {8, 0, 1, true},  {16, 0, 2, true}, {8, 3, 1, true}};
+  for (const Kind& kind : kinds) {
+    for (const auto& [width, height] : std::vector<std::pair<uint32_t, uint32_t>>{{1, 1}, {1, 9}, {7, 5}, {64, 33}, {131, 20}}) {
+      for (int smooth = 0; smooth < 2; ++smooth) {
+        std::vector<uint8_t> pixels(static_cast<size_t>(width) * height * kind.bpp);
+        for (size_t i = 0; i < pixels.size(); ++i) {
+          pixels[i] = smooth ? static_cast<uint8_t>((i / kind.bpp) % width + (i / kind.bpp) / width + 3 * (i % kind.bpp))
+                             : static_cast<uint8_t>(rng());
+        }
+        for (int seed = 0; seed < 5; ++seed) {
+          const std::string png = FilteredPng(width, height, kind.depth, kind.color, kind.bpp, pixels, seed);
+          const std::string what = absl::StrCat("depth ", kind.depth, " colour ", kind.color, " ", width, "x", height,
+                                                smooth ? " smooth" : " random", " seed ", seed);
+          if (kind.labels) {
+            LabelMap mask;
+            ASSERT_TRUE(DecodeMask(png, "m.png", &mask, kDefaultMaxImagePixels).ok()) << what;
+            ASSERT_EQ(mask.labels.size(), static_cast<size_t>(width) * height) << what;
+            int expected_max = -1;
+            for (size_t p = 0; p < mask.labels.size(); ++p) {
+              const uint16_t v = kind.bpp == 2 ? static_cast<uint16_t>(pixels[2 * p] << 8 | pixels[2 * p + 1]) : pixels[p];
+              ASSERT_EQ(mask.labels[p], v) << what << " pixel " << p;
+              if (v != kIgnoreLabel) expected_max = std::max<int>(expected_max, v);
+            }
+            EXPECT_EQ(mask.max_label, expected_max) << what;
+          } else {
+            RgbImage img;
+            ASSERT_TRUE(DecodeImage(png, "i.png", &img, kDefaultMaxImagePixels).ok()) << what;
+            ASSERT_EQ(img.pixels.size(), static_cast<size_t>(width) * height * 3) << what;
+            for (size_t p = 0; p < static_cast<size_t>(width) * height; ++p) {
+              const uint8_t* src = pixels.data() + p * kind.bpp;
+              for (int ch = 0; ch < 3; ++ch) {
+                ASSERT_EQ(img.pixels[3 * p + ch], kind.bpp >= 3 ? src[ch] : src[0]) << what << " pixel " << p;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// max_label ignores 255 and is -1 when nothing else is there, whatever the map's length (the
+// decoder scans it in blocks of 64).
+TEST(ImageIoTest, MaskMaxLabelSkipsTheIgnoreValue) {
+  for (const uint32_t width : {1u, 63u, 64u, 65u, 200u}) {
+    std::vector<uint8_t> pixels(width * 3, 255);
+    LabelMap mask;
+    ASSERT_TRUE(DecodeMask(FilteredPng(width, 3, 8, 0, 1, pixels, 0), "m.png", &mask, kDefaultMaxImagePixels).ok());
+    EXPECT_EQ(mask.max_label, -1) << width;
+    pixels[pixels.size() - 1] = 254;  // The last pixel: the scan's tail.
+    pixels[0] = 7;
+    ASSERT_TRUE(DecodeMask(FilteredPng(width, 3, 8, 0, 1, pixels, 0), "m.png", &mask, kDefaultMaxImagePixels).ok());
+    EXPECT_EQ(mask.max_label, 254) << width;
+  }
 }
 
 }  // namespace
