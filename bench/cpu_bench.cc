@@ -134,7 +134,11 @@ int RunDecode() {
       const int64_t n = static_cast<int64_t>(manifest->rows.size());
       while (!stop) {
         const auto& row = manifest->rows[next++ % n];
-        if (tally::LoadImage(row.image_path, &img).ok() && tally::LoadMask(row.mask_path, &mask).ok()) ++done;
+        // As a decode thread does a row: the image, the mask, the job's mask conventions (defaults).
+        if (tally::LoadImage(row.image_path, &img).ok() && tally::LoadMask(row.mask_path, &mask).ok()) {
+          tally::PrepareMask(&mask, {}, 255);
+          ++done;
+        }
         if (Seconds(start, Clock::now()) > seconds) stop = true;
       }
     });

@@ -358,8 +358,10 @@ TEST(ImageIoTest, FastPngPathReversesEveryFilterExactly) {
 }
 
 // max_label ignores 255 and is -1 when nothing else is there, whatever the map's length (the
-// decoder scans it in blocks of 64).
-TEST(ImageIoTest, MaskMaxLabelSkipsTheIgnoreValue) {
+// scans work in blocks of 64); PrepareMask's max_label, ignored count and rewritten pixels equal a
+// plain loop's, with and without a label map and for every kind of ignore value.
+TEST(ImageIoTest, MaskScansAgreeWithAPlainLoopAtEveryLength) {
+  std::mt19937 rng(11);
   for (const uint32_t width : {1u, 63u, 64u, 65u, 200u}) {
     std::vector<uint8_t> pixels(width * 3, 255);
     LabelMap mask;
@@ -369,6 +371,34 @@ TEST(ImageIoTest, MaskMaxLabelSkipsTheIgnoreValue) {
     pixels[0] = 7;
     ASSERT_TRUE(DecodeMask(FilteredPng(width, 3, 8, 0, 1, pixels, 0), "m.png", &mask, kDefaultMaxImagePixels).ok());
     EXPECT_EQ(mask.max_label, 254) << width;
+
+    for (const int ignore_index : {-1, 0, 3, 255, 65535}) {
+      for (const bool mapped : {false, true}) {
+        const std::vector<uint16_t> lut = mapped ? MakeLabelLut({{3, 9}, {9, 3}, {65535, 1}}) : std::vector<uint16_t>();
+        LabelMap m;
+        for (uint32_t i = 0; i < width * 3; ++i) {
+          const uint32_t r = rng() % 8;
+          m.labels.push_back(static_cast<uint16_t>(r < 5 ? r : r == 5 ? 9 : r == 6 ? 255 : 65535));
+        }
+        std::vector<uint16_t> expected = m.labels;
+        int expected_max = -1;
+        int64_t expected_ignored = 0;
+        for (uint16_t& v : expected) {
+          if (!lut.empty()) v = lut[v];
+          if (static_cast<int>(v) == ignore_index) {
+            v = kIgnoredPixel;
+            ++expected_ignored;
+          } else {
+            expected_max = std::max<int>(expected_max, v);
+          }
+        }
+        PrepareMask(&m, lut, ignore_index);
+        const std::string what = absl::StrCat(width, " x 3, ignore ", ignore_index, mapped ? ", mapped" : "");
+        EXPECT_EQ(m.labels, expected) << what;
+        EXPECT_EQ(m.max_label, expected_max) << what;
+        EXPECT_EQ(m.ignored, expected_ignored) << what;
+      }
+    }
   }
 }
 
