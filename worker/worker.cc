@@ -330,6 +330,17 @@ absl::Status Worker::ReregisterIfForgotten() {
   return Register(false);
 }
 
+int64_t Worker::LeaseTargetRows(int batch) const {
+  static const int64_t fixed = [] {
+    const char* v = std::getenv("TALLY_LEASE_TARGET_ROWS");  // Benchmarks only (BENCHMARKS.md).
+    int64_t rows = 0;
+    return v != nullptr && absl::SimpleAtoi(v, &rows) && rows > 0 ? rows : int64_t{0};
+  }();
+  if (fixed > 0) return fixed;
+  const int64_t window = std::max({3 * batch, 2 * options_.threads, 16});
+  return std::max(2, options_.staging_slots) * batch + window + batch;
+}
+
 bool Worker::HasRoomForAnotherShard() {
   absl::MutexLock lock(&mu_);
   size_t held = leases_.size();
@@ -339,8 +350,11 @@ bool Worker::HasRoomForAnotherShard() {
     backlog = evaluator_->pipeline->Backlog();
     batch = std::max(1, evaluator_->pipeline->batch_size());
   }
-  // Keep enough rows queued that decoding runs ahead of the device, but no more.
-  const int64_t target = std::max<int64_t>(4 * batch, 2 * options_.threads);
+  // Keep enough rows queued that decoding runs ahead of the device, but no more: the batches staged
+  // or in flight, the decode threads' window (Pipeline's max_decoded_waiting_) and one batch more
+  // not yet decoded. With 4 decode threads a batch takes as long to decode as to run (H100, LRASPP):
+  // a backlog of 4 batches left them a single batch of runway, and each late lease idled the GPU.
+  const int64_t target = LeaseTargetRows(batch);
   if (held < static_cast<size_t>(options_.max_leases) && (held == 0 || backlog < target)) return true;
   // Woken by every delivered result, so the next shard is leased as soon as there is room.
   wake_leaser_ = false;

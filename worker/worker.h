@@ -147,6 +147,8 @@ class Worker {
   absl::Status ReregisterIfForgotten() ABSL_LOCKS_EXCLUDED(mu_);
   // True when the worker should lease another shard now; else waits a little for room.
   bool HasRoomForAnotherShard() ABSL_LOCKS_EXCLUDED(mu_);
+  // The backlog (rows accepted, not yet delivered) under which it leases more, for `batch`.
+  int64_t LeaseTargetRows(int batch) const;
   // One AcquireShard call; the assignment, or nothing (retried after a pause).
   std::optional<v1::ShardAssignment> LeaseOne(Backoff* backoff) ABSL_LOCKS_EXCLUDED(mu_);
   // Checks an assignment, loads its job's model if needed and queues its rows, or releases it.
