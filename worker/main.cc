@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "common/signals.h"
 #include "common/image_io.h"
+#include "worker/early_cuda.h"
 #include "worker/estimate.h"
 #include "worker/worker.h"
 
@@ -59,7 +60,11 @@ ABSL_FLAG(bool, jit_optimize, false,
 ABSL_FLAG(std::string, cache_dir, "auto",
           "Where --channels-last auto's trial results are kept, so a model tried on this machine starts "
           "without the trial: auto ($XDG_CACHE_HOME/tally, else $HOME/.cache/tally) or a folder; none keeps none");
-ABSL_FLAG(int, warmup_batches, 2, "Extra passes over the first batch on CUDA before timing starts");
+ABSL_FLAG(int, warmup_batches, -1,
+          "Extra passes over the first batch on CUDA before its results (-1 = 2 with --jit_optimize, whose "
+          "first passes run unoptimised, else 0: the first batch's own pass is its warm-up)");
+ABSL_FLAG(bool, warm_up_device, true,
+          "On CUDA, a generic warm-up on the device (cuDNN's libraries, kernel loading) while the model is read");
 ABSL_FLAG(int, staging_slots, 3, "Batches staged or in flight at once (2-16): more overlap, more host memory");
 ABSL_FLAG(int, gpus_per_worker, 1,
           "GPUs this worker owns, from --device on (Python models get them all; TorchScript needs 1)");
@@ -133,6 +138,7 @@ int RunEstimateCommand(const tally::WorkerOptions& worker) {
 
 int main(int argc, char** argv) {
   const double started_after = ProcessAgeSeconds();
+  std::atexit(tally::JoinEarlyCuda);  // Before any exit path: see worker/early_cuda.h.
   absl::SetProgramUsageMessage("Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N");
   std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
   const std::vector<std::string> data_roots = tally::TakeRepeatedFlag(&normalized, "data_root");
@@ -193,6 +199,8 @@ int main(int argc, char** argv) {
                                                           : std::string();
   }
   options.warmup_batches = absl::GetFlag(FLAGS_warmup_batches);
+  if (options.warmup_batches < 0) options.warmup_batches = options.jit_optimize ? 2 : 0;
+  options.warm_up_device = absl::GetFlag(FLAGS_warm_up_device);
   options.staging_slots = std::clamp(absl::GetFlag(FLAGS_staging_slots), 2, 16);
   options.gpu_memory_limit_gib = absl::GetFlag(FLAGS_gpu_memory_limit_gib);
   options.gpus_per_worker = absl::GetFlag(FLAGS_gpus_per_worker);

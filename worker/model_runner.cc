@@ -13,12 +13,15 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
@@ -38,6 +41,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -336,6 +340,10 @@ class TorchRunner final : public ModelRunner {
   bool channels_last_;  // The layout now (options_.channels_last at first; SetChannelsLast).
   std::map<std::string, std::pair<std::string, std::string>> trials_;  // Batch shape -> (choice, trial).
   double load_seconds_ = 0;
+  // TALLY_PIPELINE_PROFILE: the first launch's steps are timed (the device synchronised after each)
+  // and logged, to show where a fresh worker's first batch goes.
+  bool profile_first_launch_ = false;
+  bool launched_ = false;
   at::Tensor mean_, std_;
 #if TALLY_WITH_CUDA
   std::unique_ptr<c10::cuda::CUDAStream> copy_stream_, compute_stream_;
@@ -415,6 +423,45 @@ bool MovesWithTo(const torch::jit::Module& module, std::string* stays) {
   return true;
 }
 
+#if TALLY_WITH_CUDA
+// A fresh process's first forward pass on a GPU spends 0.3-0.9 s (H100, LRASPP) on start-up that
+// does not depend on the model or the input's shape: cuDNN's sub-libraries and NVRTC are loaded,
+// cuDNN's handle made, each kernel loaded at its first launch. The layers common to segmentation
+// networks, on a tiny input, take that cost (bench/gpu/first_pass_probe.py: the model's first pass
+// 0.40-0.94 s alone, 0.10 s after this), on threads of their own while the model is read: one for
+// cuDNN (convolutions, batch norm), one for the other kernels. Results are untouched: cuDNN plans
+// and caches per shape, and none of these shapes is the model's.
+void WarmUpDevice(const at::Device& device, bool convolutions) {
+  try {
+    c10::InferenceMode guard;
+    c10::cuda::CUDAGuard device_guard(device);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    at::Tensor x = at::rand({2, 16, 32, 32}, f32);
+    if (convolutions) {
+      const at::Tensor w3 = at::rand({16, 3, 3, 3}, f32), dw = at::rand({16, 1, 3, 3}, f32);
+      const at::Tensor w1 = at::rand({8, 16, 1, 1}, f32), bias = at::zeros({8}, f32);
+      const at::Tensor ones = at::ones({16}, f32), zeros = at::zeros({16}, f32);
+      at::Tensor y = at::conv2d(at::rand({2, 3, 64, 64}, f32), w3, {}, {2, 2}, {1, 1});
+      y = at::batch_norm(y, ones, zeros, zeros, ones, false, 0.1, 1e-5, true);
+      y = at::conv2d(y, dw, {}, {1, 1}, {1, 1}, {1, 1}, 16);
+      y = at::conv2d(y, w1, bias);
+      y.sum().item<float>();
+      return;
+    }
+    at::Tensor y = at::hardswish(at::relu(x));
+    y = y * at::hardsigmoid(y.mean({2, 3}, true)) + at::sigmoid(y) * at::gelu(y);
+    y = at::adaptive_avg_pool2d(y, {1, 1}) + at::max_pool2d(y, {2, 2}).repeat({1, 1, 2, 2});
+    y = at::upsample_bilinear2d(y, {64, 64}, false);
+    at::Tensor labels = at::cat({y, y}, 1).softmax(1).argmax(1);
+    // The input side of every batch: uint8 RGB to normalised float; labels to int64.
+    x = at::randint(0, 255, {2, 64, 64, 3}, f32.dtype(at::kByte)).permute({0, 3, 1, 2}).to(at::kFloat).div(255);
+    (x.sub(0.5).div(0.25).sum() + labels.to(at::kLong).sum()).item<float>();
+  } catch (const c10::Error& e) {
+    Log("warm-up of ", device.str(), " failed (the model's first pass will take its start-up): ", ErrorText(e));
+  }
+}
+#endif
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunnerOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   struct stat st;
@@ -444,9 +491,30 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
   if (!want_cuda && options.cpu_threads > 0) at::set_num_threads(options.cpu_threads);
   torch::jit::Module module;
   // For a GPU the model is read into host memory first, which needs no CUDA: the worker initialises
-  // CUDA on another thread meanwhile (Worker::Run), and the two take ~0.3 s each. Then it moves to
+  // CUDA on another thread meanwhile (worker/early_cuda.h, Worker::Run), and a third thread takes
+  // the device's shape-independent start-up (WarmUpDevice) once CUDA is up. Then the model moves to
   // the device, or, if Module::to() would leave some of its tensors behind, is read again onto it.
   // Either way the weights are the file's, bit for bit.
+  std::vector<std::thread> warm_up;
+  std::atomic<double> warm_up_seconds{0};
+#if TALLY_WITH_CUDA
+  for (bool convolutions : {true, false}) {
+    if (!want_cuda || !options.warm_up_device) break;
+    warm_up.emplace_back([dev, convolutions, start, &warm_up_seconds] {
+      if (ModelRunner::CheckDevice(dev).ok()) WarmUpDevice(at::Device(dev), convolutions);
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      for (double seen = warm_up_seconds.load(); took > seen && !warm_up_seconds.compare_exchange_weak(seen, took);) {
+      }
+    });
+  }
+#endif
+  double read_seconds = 0;
+  auto join_warm_up = [&warm_up] {
+    for (std::thread& t : warm_up) {
+      if (t.joinable()) t.join();
+    }
+  };
+  absl::Cleanup join_on_return = join_warm_up;
   auto load = [&](const at::Device& to) -> absl::Status {
     try {
       module = torch::jit::load(options.model_path, to);
@@ -458,6 +526,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(load(want_cuda ? at::Device(at::kCPU) : at::Device(dev)));
+  read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (want_cuda) {
     if (absl::Status s = ModelRunner::CheckDevice(dev); !s.ok()) return s;
     std::string stays;
@@ -499,6 +568,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
         std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device.index()));
   }
 #endif
+  join_warm_up();
+  if (!warm_up.empty()) {
+    Log("model ", options.model_path, absl::StrFormat(": read in %.2f s; the device's warm-up beside it done at %.2f s",
+                                                       read_seconds, warm_up_seconds.load()));
+  }
+  runner->profile_first_launch_ = std::getenv("TALLY_PIPELINE_PROFILE") != nullptr;
   runner->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
@@ -767,17 +842,37 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
 }
 
 absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const BatchSpec& batch, std::string* input_shape) {
+  const bool timed = profile_first_launch_ && !launched_;
+  launched_ = true;
+  std::string steps;
+  auto t = std::chrono::steady_clock::now();
+  auto step = [&](const char* what) {
+    if (!timed) return;
+#if TALLY_WITH_CUDA
+    c10::cuda::device_synchronize();
+#endif
+    const auto now = std::chrono::steady_clock::now();
+    absl::StrAppend(&steps, steps.empty() ? "" : ", ", what, absl::StrFormat(" %.1f ms", 1e3 * std::chrono::duration<double>(now - t).count()));
+    t = now;
+  };
   ASSIGN_OR_RETURN(const Groups host, HostGroups(batch));
   std::unique_ptr<ComputeStreamScope> compute;  // On CUDA, the rest runs on the compute stream.
   const Groups dev = Upload(host, &compute);
+  step("upload");
   const at::Tensor x = Preprocess(dev);
+  step("preprocess");
   *input_shape = Shape(x);
   ASSIGN_OR_RETURN(const at::Tensor logits, Forward(x, *input_shape));
+  step("forward");
   Outputs outputs;
   RETURN_IF_ERROR(PostprocessGroups(logits, dev, x, batch.want_labels || batch.keep_labels || batch.surface.enabled,
                                     batch.surface, &outputs));
+  step("postprocess");
   // Where the device could not score the surfaces, the labels go to the host for the CPU to.
-  return ResultsToHost(outputs, batch.want_labels || (batch.surface.enabled && outputs.surface_missing));
+  auto pending = ResultsToHost(outputs, batch.want_labels || (batch.surface.enabled && outputs.surface_missing));
+  step("results to host");
+  if (timed) Log("first launch (", *input_shape, "): ", steps);
+  return pending;
 }
 
 void TorchRunner::SetChannelsLast(bool on) {

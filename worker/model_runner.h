@@ -39,6 +39,9 @@ struct ModelRunnerOptions {
   bool count_logit_ties = false;  // Count pixels whose two largest logits are equal (costs a topk).
   bool cudnn_benchmark = false;  // cuDNN picks algorithms by timing them (per process: not exact).
   bool jit_optimize = false;     // TorchScript's graph executor optimisations (WorkerOptions).
+  // CUDA: while the model is read, a generic warm-up on the device takes the first pass's
+  // shape-independent start-up (cuDNN's libraries, kernel loading): ~0.3-0.8 s off the first batch.
+  bool warm_up_device = true;
   // TrialLayout's results on disk (WorkerOptions::cache_dir): the folder, and what identifies this
   // runner there (the model's SHA-256 and options; the batch shape, GPU and versions are added).
   std::string trial_cache_dir;

@@ -50,6 +50,9 @@ struct PipelineOptions {
   int max_batch_size = 256;     // Upper bound for the automatic choice.
   int staging_slots = 3;        // Batches in flight on the device.
   int warmup_batches = 2;       // Extra forward passes on the first batch before the clock starts.
+  // The runner has not run a batch yet (a fresh CUDA model): with no warm-up passes the first
+  // batch's own pass takes the start-up, so the steady rate's clock starts when it completes.
+  bool cold_runner = false;
   std::vector<Metric> metrics;
   SurfaceOptions surface;
   bool any_input_size = false;  // Images of different sizes may share a batch (inputs are resized).
@@ -258,6 +261,7 @@ class Pipeline : public RowEvaluator {
   int64_t images_done_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t images_after_warmup_ ABSL_GUARDED_BY(mu_) = 0;
   double clock_start_ ABSL_GUARDED_BY(mu_) = 0;
+  bool clock_after_first_batch_ ABSL_GUARDED_BY(mu_) = false;  // clock_start_ set by the first completion.
   double last_result_ ABSL_GUARDED_BY(mu_) = 0;
   double first_batch_unix_ ABSL_GUARDED_BY(mu_) = 0;
   int oom_retries_ ABSL_GUARDED_BY(mu_) = 0;

@@ -94,6 +94,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   ro.count_logit_ties = options.count_logit_ties;
   ro.cudnn_benchmark = options.cudnn_benchmark;
   ro.jit_optimize = options.jit_optimize;
+  ro.warm_up_device = options.warm_up_device;
   if (!trial_cache_key.empty() && !options.cache_dir.empty()) {
     ro.trial_cache_dir = options.cache_dir + "/layout-trials";
     ro.trial_cache_key = trial_cache_key;
@@ -293,6 +294,8 @@ absl::Status Worker::Run() {
       if (absl::Status device = ModelRunner::CheckDevice(options_.device); !device.ok()) {
         Log("out of service: ", device.message());
         OnFatal(JobError{"", std::string(device.message()), false, true});
+      } else {
+        Log("device ", options_.device, " ready (CUDA initialised)");
       }
     });
   } else if (absl::Status device = ModelRunner::CheckDevice(options_.device); !device.ok()) {
@@ -567,7 +570,8 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   po.default_batch_size = DefaultBatchSize(evaluator->runner->is_cuda());
   ASSIGN_OR_RETURN(po.batch_size, WorkerBatchSize(config, po.default_batch_size));
   po.max_memory = config.max_memory;
-  po.warmup_batches = evaluator->runner->is_cuda() && !reused ? options_.warmup_batches : 0;
+  po.cold_runner = evaluator->runner->is_cuda() && !reused;
+  po.warmup_batches = po.cold_runner ? options_.warmup_batches : 0;
   if (config.channels_last_auto) {
     po.resolve_layout = [this, job_id](bool on, const std::string& trial) -> absl::StatusOr<bool> {
       v1::ResolveLayoutRequest request;

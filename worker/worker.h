@@ -64,7 +64,11 @@ struct WorkerOptions {
   // model file's SHA-256, runner options, batch shape, GPU and library versions), so a model that
   // was tried on this machine starts without the trial; "" keeps none.
   std::string cache_dir;
-  int warmup_batches = 2;
+  // Extra passes over a fresh CUDA model's first batch before its results: only the JIT optimiser
+  // needs them (its first passes run unoptimised and round differently). Without them the first
+  // batch is its own warm-up and the steady rate is timed from its end.
+  int warmup_batches = 0;
+  bool warm_up_device = true;  // ModelRunnerOptions::warm_up_device.
   int staging_slots = 3;  // PipelineOptions::staging_slots.
   double gpu_memory_limit_gib = 0;  // Cap on this worker's device memory (0 = none).
   // GPUs this worker owns, from `device` on (cuda:N .. cuda:N+K-1): Python models get them all;

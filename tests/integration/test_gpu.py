@@ -281,6 +281,25 @@ class GpuTest(unittest.TestCase):
         none = self.run_on("kept-none", "conv3.pt", "--gpus", "0", "--worker-flags=--cache-dir=none")
         self.assertNotIn("kept from an earlier trial", tt.read_report(none)["channels_last_trial"])
 
+    def test_the_first_batch_is_its_own_warm_up(self):
+        # With the JIT optimiser off (the default) a fresh GPU worker runs no extra passes before
+        # its first batch, and warms the device up while it reads the model: the first batch's own
+        # pass takes what start-up is left. Results must equal those of a worker that warmed up
+        # with two passes over the first batch and no device warm-up (the old way).
+        fresh = self.run_on("warm-default", "conv3.pt", "--gpus", "0", "--channels-last", "off")
+        old = self.run_on("warm-passes", "conv3.pt", "--gpus", "0", "--channels-last", "off",
+                          "--worker-flags=--warmup_batches=2,--warm_up_device=false")
+        self.assertTrue(tt.same_files(fresh, old))
+        with open(os.path.join(fresh, ".tally", "worker-0.log")) as f:
+            log = f.read()
+        self.assertIn("the device's warm-up beside it", log)
+        self.assertNotIn("passes", log)
+        with open(os.path.join(old, ".tally", "worker-0.log")) as f:
+            log = f.read()
+        self.assertIn("rows): 2 passes", log)
+        self.assertNotIn("the device's warm-up beside it", log)
+        self.assertGreater(tt.read_report(fresh)["workers"][0]["images_per_second"], 0)
+
     def test_out_of_memory_halves_the_batch_and_loses_nothing(self):
         root = tt.tmpdir(self)
         manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(4), 48, [(512, 512)], classes=3)
