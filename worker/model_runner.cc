@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -421,6 +422,56 @@ bool MovesWithTo(const torch::jit::Module& module, std::string* stays) {
     }
   }
   return true;
+}
+
+// `text` without TorchScript's type-name mangling (".___torch_mangle_12."): the numbers count the
+// classes scripted before in the saving process, so two checkpoints of one network saved by
+// different scripts differ in them alone. Layers that differ still differ in their code's constants
+// and their parameters' shapes.
+std::string WithoutNameMangling(const std::string& text) {
+  static constexpr char kMangle[] = "___torch_mangle_";
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  for (size_t at = text.find(kMangle); at != std::string::npos; at = text.find(kMangle, i)) {
+    size_t end = at + sizeof(kMangle) - 1;
+    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+    if (end < text.size() && text[end] == '.') ++end;
+    out.append(text, i, at - i);
+    i = end;
+  }
+  out.append(text, i, std::string::npos);
+  return out;
+}
+
+std::string ArchitectureFingerprint(const torch::jit::Module& module) {
+  // Every submodule's type, scalar attributes and methods' code (graphs without source locations),
+  // and the name, shape and dtype of every parameter and buffer; no tensor values. Retrained
+  // weights of one network give the same text.
+  std::string text;
+  for (const torch::jit::NameModule& m : module.named_modules()) {
+    const auto& name = m.value.type()->name();
+    absl::StrAppend(&text, "module '", m.name, "' ", name ? name->qualifiedName() : "?", "\n");
+    for (const torch::jit::NameValue& a : m.value.named_attributes(/*recurse=*/false)) {
+      const c10::IValue& v = a.value;
+      if (!v.isInt() && !v.isDouble() && !v.isBool() && !v.isString() && !v.isNone()) continue;
+      std::ostringstream value;
+      value << v;
+      absl::StrAppend(&text, "attribute ", a.name, " = ", value.str(), "\n");
+    }
+    for (const torch::jit::Method& method : m.value.get_methods()) {
+      torch::jit::GraphFunction* g = torch::jit::tryToGraphFunction(method.function());
+      absl::StrAppend(&text, "method ", method.name(), "\n", g ? g->graph()->toString(/*print_source_locations=*/false) : "?",
+                      "\n");
+    }
+  }
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    absl::StrAppend(&text, "parameter ", p.name, " ", Shape(p.value), " ", c10::toString(p.value.scalar_type()), "\n");
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+    absl::StrAppend(&text, "buffer ", b.name, " ", Shape(b.value), " ", c10::toString(b.value.scalar_type()), "\n");
+  }
+  return Sha256Hex(WithoutNameMangling(text));
 }
 
 #if TALLY_WITH_CUDA
@@ -945,8 +996,8 @@ std::string TorchRunner::TrialCacheFile(const std::string& shape) const {
   gpu = absl::StrCat(at::cuda::getDeviceProperties(device_.index())->name, " cuDNN ",
                      at::detail::getCUDAHooks().versionCuDNN(), " CUDA ", at::detail::getCUDAHooks().versionCUDART());
 #endif
-  const std::string key = absl::StrCat(options_.trial_cache_key, "\x1e", shape, "\x1e", gpu, "\x1e LibTorch ",
-                                       TORCH_VERSION, "\x1e", options_.jit_optimize);
+  const std::string key = absl::StrCat(options_.trial_cache_key, "\x1e", ArchitectureFingerprint(module_), "\x1e", shape,
+                                       "\x1e", gpu, "\x1e LibTorch ", TORCH_VERSION, "\x1e", options_.jit_optimize);
   return absl::StrCat(options_.trial_cache_dir, "/", Sha256Hex(key).substr(0, 32), ".txt");
 }
 
@@ -988,6 +1039,14 @@ absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> TorchScriptArchitecture(const std::string& path) {
+  try {
+    return ArchitectureFingerprint(torch::jit::load(path, at::Device(at::kCPU)));
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a loadable TorchScript file: ", ErrorText(e)));
+  }
+}
 
 absl::StatusOr<bool> TorchScriptMovesWithTo(const std::string& path, std::string* stays) {
   try {

@@ -43,7 +43,8 @@ struct ModelRunnerOptions {
   // shape-independent start-up (cuDNN's libraries, kernel loading): ~0.3-0.8 s off the first batch.
   bool warm_up_device = true;
   // TrialLayout's results on disk (WorkerOptions::cache_dir): the folder, and what identifies this
-  // runner there (the model's SHA-256 and options; the batch shape, GPU and versions are added).
+  // runner's options there (the model's network, TorchScriptArchitecture, the batch shape, GPU and
+  // versions are added; the weights are not part of it).
   std::string trial_cache_dir;
   std::string trial_cache_key;
   double memory_limit_gib = 0;    // CUDA: cap this process's device memory (0 = no cap).
@@ -152,6 +153,13 @@ struct RunnerStats {
 // the file again onto the GPU when not. `stays` names the first tensor that would stay behind. For
 // tests and diagnostics; INVALID_ARGUMENT when the file is not TorchScript.
 absl::StatusOr<bool> TorchScriptMovesWithTo(const std::string& path, std::string* stays);
+
+// What --channels-last auto's kept trials (ModelRunnerOptions::trial_cache_dir) are keyed by, of
+// the TorchScript file at `path`: the SHA-256 (hex) of its network, i.e. the code of its methods and
+// the names, shapes and dtypes of its parameters and buffers, not their values, so a retrained
+// checkpoint of a network takes the trial kept for another. For tests and diagnostics;
+// INVALID_ARGUMENT when the file is not TorchScript.
+absl::StatusOr<std::string> TorchScriptArchitecture(const std::string& path);
 
 class ModelRunner {
  public:

@@ -118,6 +118,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   return ModelRunner::Create(ro);
 }
 
+std::string LayoutTrialKey(const JobConfig& config, const WorkerOptions& options) {
+  return RunnerKey(config, "any weights of the network", options);
+}
+
 std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, const WorkerOptions& options) {
   const ModelRef model = ParseModelRef(config.model);
   std::string identity = model_sha256;
@@ -559,9 +563,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     }
     Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(WorkerDevices(options_), ","));
     const double t0 = NowUnix();
-    // Trials are kept on disk only under the file's content hash (not its path and mtime).
-    ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_,
-                                                        a.spec().model_sha256().empty() ? "" : evaluator->runner_key));
+    ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_, LayoutTrialKey(config, options_)));
     Log("job ", a.job_id(), ": model loaded in ", absl::StrFormat("%.2f", NowUnix() - t0), " s");
   }
   idle_runner_key_.clear();

@@ -87,8 +87,8 @@ std::vector<std::string> WorkerDevices(const WorkerOptions& options);
 // The model runner of a job on the worker's devices (WorkerDevices), with the job's settings and
 // the worker's: TorchScript or Python by the model's name. Checks the model (and a Python
 // interpreter named by path) against the data roots.
-// `trial_cache_key` (the runner's RunnerKey, where the model file's SHA-256 is known) keys its
-// on-disk layout trials (WorkerOptions::cache_dir); "" keeps none.
+// `trial_cache_key` (LayoutTrialKey) keys its on-disk layout trials (WorkerOptions::cache_dir) with
+// the network the runner loads; "" keeps none.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
                                                              const std::string& trial_cache_key = "");
 // What a runner from CreateJobRunner is, for reuse by a later job: the model file's SHA-256 (the
@@ -96,6 +96,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
 // and every option the runner was built with except the memory layout, which a runner changes in
 // place (ModelRunner::SetChannelsLast).
 std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, const WorkerOptions& options);
+// What a kept --channels-last auto trial depends on besides the network and the batch shape: the
+// runner's options of RunnerKey without the model file's identity. Layout speed is a property of a
+// network, not of its weights: a new checkpoint of a network tried on this machine needs no trial.
+std::string LayoutTrialKey(const JobConfig& config, const WorkerOptions& options);
 
 // --threads 0: this worker's share of the cores it may run on: all of them for a CPU worker; for a
 // GPU worker, divided among the host's GPUs (/dev/nvidiaN).

@@ -263,7 +263,8 @@ class GpuTest(unittest.TestCase):
 
     def test_a_layout_trial_is_kept_for_the_next_process(self):
         # The second `tally run` of the same model on this GPU takes the first one's trial from the
-        # worker's cache folder instead of running it again: same layout, same bytes.
+        # worker's cache folder instead of running it again: same layout, same bytes. So does a
+        # retrained checkpoint of the same network.
         cache = os.path.join(tt.tmpdir(self), "cache")
         outs = [self.run_on(f"kept-{k}", "conv3.pt", "--gpus", "0", f"--worker-flags=--cache-dir={cache}")
                 for k in range(2)]
@@ -275,7 +276,14 @@ class GpuTest(unittest.TestCase):
         self.assertEqual(first["channels_last"], second["channels_last"])
         self.assertTrue(tt.same_files(outs[0], outs[1]))
         self.assertEqual(len(os.listdir(os.path.join(cache, "layout-trials"))), 1)
-        # Another model (another SHA-256) has a trial of its own; --cache-dir none keeps nothing.
+        # A retrained checkpoint of the network (other weights, other SHA-256) takes the same trial:
+        # layout speed is the network's. Another network has a trial of its own; --cache-dir none
+        # keeps nothing.
+        retrained = tt.read_report(self.run_on("kept-retrained", "conv3_retrained.pt", "--gpus", "0",
+                                               f"--worker-flags=--cache-dir={cache}"))
+        self.assertIn("kept from an earlier trial", retrained["channels_last_trial"])
+        self.assertEqual(retrained["channels_last"], first["channels_last"])
+        self.assertEqual(len(os.listdir(os.path.join(cache, "layout-trials"))), 1)
         self.run_on("kept-other", "three_class.pt", "--gpus", "0", f"--worker-flags=--cache-dir={cache}")
         self.assertEqual(len(os.listdir(os.path.join(cache, "layout-trials"))), 2)
         none = self.run_on("kept-none", "conv3.pt", "--gpus", "0", "--worker-flags=--cache-dir=none")

@@ -3,8 +3,11 @@
 #include <stdlib.h>
 
 #include <condition_variable>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "common/image_io.h"
 #include "gmock/gmock.h"
@@ -262,6 +265,30 @@ TEST(ModelRunnerTest, KnowsWhichModelsModuleToMovesWhole) {
   EXPECT_THAT(stays, HasSubstr("attribute 'offset' of __torch__.TensorAttribute"));
   EXPECT_EQ(TorchScriptMovesWithTo(Fixture("not_torchscript.pt"), &stays).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// --channels-last auto's kept trials are keyed by the network, not the file: conv3_retrained.pt is
+// conv3's network with other weights, saved by another script (so its TorchScript type names carry
+// other mangling numbers); it must share conv3's key, and networks that differ must not.
+TEST(ModelRunnerTest, LayoutTrialsAreKeptPerNetworkNotPerCheckpoint) {
+  auto key = [](const char* name) {
+    absl::StatusOr<std::string> k = TorchScriptArchitecture(Fixture(name));
+    EXPECT_TRUE(k.ok()) << name << ": " << k.status();
+    return k.ok() ? *k : std::string(name);
+  };
+  std::ifstream a(Fixture("conv3.pt"), std::ios::binary), b(Fixture("conv3_retrained.pt"), std::ios::binary);
+  const std::string bytes_a((std::istreambuf_iterator<char>(a)), {}), bytes_b((std::istreambuf_iterator<char>(b)), {});
+  ASSERT_NE(bytes_a, bytes_b);
+  const std::string conv3 = key("conv3.pt");
+  EXPECT_EQ(conv3.size(), 64u);
+  EXPECT_EQ(conv3, key("conv3_retrained.pt"));
+  std::set<std::string> distinct;
+  for (const char* other : {"conv3.pt", "red_vs_rest.pt", "slow.pt", "half_res.pt", "dict_output.pt", "three_class.pt",
+                            "traced_constant.pt", "tensor_attribute.pt"}) {
+    distinct.insert(key(other));
+  }
+  EXPECT_EQ(distinct.size(), 8u);
+  EXPECT_EQ(TorchScriptArchitecture(Fixture("not_torchscript.pt")).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Both models compute red_vs_rest's logits with their 0.5 held where Module::to() cannot reach it;
