@@ -344,7 +344,7 @@ class TorchRunner final : public ModelRunner {
   // TALLY_PIPELINE_PROFILE: the first launch's steps are timed (the device synchronised after each)
   // and logged, to show where a fresh worker's first batch goes.
   bool profile_first_launch_ = false;
-  bool launched_ = false;
+  std::atomic<bool> launched_{false};  // Launches come from the batcher and, for retries, the completion thread.
   at::Tensor mean_, std_;
 #if TALLY_WITH_CUDA
   std::unique_ptr<c10::cuda::CUDAStream> copy_stream_, compute_stream_;
@@ -893,8 +893,7 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
 }
 
 absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const BatchSpec& batch, std::string* input_shape) {
-  const bool timed = profile_first_launch_ && !launched_;
-  launched_ = true;
+  const bool timed = !launched_.exchange(true) && profile_first_launch_;
   std::string steps;
   auto t = std::chrono::steady_clock::now();
   auto step = [&](const char* what) {
