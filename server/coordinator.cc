@@ -106,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), std::move(store)));
   RETURN_IF_ERROR(c->Resume());
   if (background) c->background_ = std::thread([p = c.get()] { p->BackgroundLoop(); });
+  c->waiter_thread_ = std::thread([p = c.get()] { p->WaiterLoop(); });
   return c;
 }
 
@@ -115,6 +116,7 @@ Coordinator::~Coordinator() {
     stopping_ = true;
   }
   if (background_.joinable()) background_.join();
+  if (waiter_thread_.joinable()) waiter_thread_.join();  // Answers every waiter left.
 }
 
 std::string Coordinator::ReportPath(const std::string& job_id) const {
@@ -272,6 +274,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in, const std:
   job_order_.push_back(job_id);
   JobEntry* raw = entry.get();
   jobs_[job_id] = std::move(entry);
+  NoteWorkLocked();
   MaybeCompleteLocked(raw);  // An empty manifest is done at once.
   return Snapshot(*raw, Now());
 }
@@ -652,6 +655,23 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Gran
   return response;
 }
 
+v1::AcquireShardResponse Coordinator::NothingNow(bool waited) {
+  v1::AcquireShardResponse response;
+  // After a long poll's full wait the worker asks again at once. A worker that does not wait
+  // (max_wait_ms 0; shutting down) asks again this soon: a new job's first shard waits at most
+  // this long for it.
+  response.set_retry_after_ms(waited ? 0 : 100);
+  return response;
+}
+
+absl::StatusOr<v1::AcquireShardResponse> Coordinator::FinishGrant(const std::string& worker_id, const Grant& grant) {
+  if (grant.new_worker) {
+    absl::Status s = store_->UpsertWorker(grant.job_id, *grant.new_worker);
+    if (!s.ok()) Log("recording worker ", worker_id, " failed: ", s.ToString());
+  }
+  return BuildAssignment(grant);
+}
+
 absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::AcquireShardRequest& request) {
   Deferred deferred;
   std::optional<Grant> grant;
@@ -664,19 +684,99 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::Acq
     grant = GrantShardLocked(request.worker_id(), &wit->second, &deferred);
   }
   Apply(deferred);
-  if (!grant) {
-    v1::AcquireShardResponse response;
-    // An idle worker asks again this soon: a new job's first shard waits at most this long (the
-    // next job on a worker with its model loaded starts within ~0.1 s plus its first batch); ten
-    // small RPCs a second per idle worker cost tallyd nothing measurable.
-    response.set_retry_after_ms(100);
-    return response;
+  if (!grant) return NothingNow(false);
+  return FinishGrant(request.worker_id(), *grant);
+}
+
+int64_t Coordinator::AcquireShardAsync(const v1::AcquireShardRequest& request, AcquireDone done) {
+  Deferred deferred;
+  std::optional<Grant> grant;
+  bool known = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto wit = workers_.find(request.worker_id());
+    known = wit != workers_.end();
+    if (known) grant = GrantShardLocked(request.worker_id(), &wit->second, &deferred);
+    const int wait_ms = std::min(request.max_wait_ms(), kMaxAcquireWaitMs);
+    if (known && !grant && wait_ms > 0 && !no_waiting_ && !stopping_) {
+      const int64_t id = next_waiter_++;
+      waiters_[id] = AcquireWaiter{request.worker_id(), absl::Now() + absl::Milliseconds(wait_ms), std::move(done)};
+      NoteWorkLocked();  // The waiter thread learns its deadline.
+      return id;
+    }
   }
-  if (grant->new_worker) {
-    absl::Status s = store_->UpsertWorker(grant->job_id, *grant->new_worker);
-    if (!s.ok()) Log("recording worker ", request.worker_id(), " failed: ", s.ToString());
+  Apply(deferred);
+  if (!known) {
+    done(absl::NotFoundError(absl::StrCat("unknown worker '", request.worker_id(), "'; register again")));
+  } else {
+    done(grant ? FinishGrant(request.worker_id(), *grant) : NothingNow(false));
   }
-  return BuildAssignment(*grant);
+  return 0;
+}
+
+void Coordinator::CancelAcquire(int64_t id) {
+  AcquireDone done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiters_.find(id);
+    if (it == waiters_.end()) return;  // Answered already.
+    done = std::move(it->second.done);
+    waiters_.erase(it);
+  }
+  done(absl::CancelledError("the caller gave up waiting for a shard"));
+}
+
+void Coordinator::StopWaiting() {
+  absl::MutexLock lock(&mu_);
+  no_waiting_ = true;
+  NoteWorkLocked();
+}
+
+bool Coordinator::WaiterWorkLocked() const { return work_epoch_ != waiter_seen_epoch_ || stopping_; }
+
+void Coordinator::WaiterLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const auto& [id, w] : waiters_) next = std::min(next, w.deadline);
+    mu_.AwaitWithDeadline(absl::Condition(this, &Coordinator::WaiterWorkLocked), next);
+    waiter_seen_epoch_ = work_epoch_;
+    const bool ending = stopping_ || no_waiting_;
+    const absl::Time now = absl::Now();
+    // Oldest waiter first: each gets what GrantShardLocked gives it now, or its answer when its
+    // wait is over.
+    struct Answer {
+      AcquireWaiter waiter;
+      std::optional<Grant> grant;
+      bool known = true;
+    };
+    std::vector<Answer> answers;
+    Deferred deferred;
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      AcquireWaiter& w = it->second;
+      auto wit = workers_.find(w.worker_id);
+      const bool known = wit != workers_.end();  // Retired or forgotten meanwhile: it registers again.
+      std::optional<Grant> grant;
+      if (known && !stopping_) grant = GrantShardLocked(w.worker_id, &wit->second, &deferred);
+      if (grant || ending || !known || now >= w.deadline) {
+        answers.push_back(Answer{std::move(w), std::move(grant), known});
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    mu_.Unlock();
+    Apply(deferred);
+    for (Answer& a : answers) {
+      if (!a.known) {
+        a.waiter.done(absl::NotFoundError(absl::StrCat("unknown worker '", a.waiter.worker_id, "'; register again")));
+      } else {
+        a.waiter.done(a.grant ? FinishGrant(a.waiter.worker_id, *a.grant) : NothingNow(/*waited=*/!ending));
+      }
+    }
+    mu_.Lock();
+    if (stopping_ && waiters_.empty()) return;
+  }
 }
 
 absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
@@ -1171,6 +1271,7 @@ void Coordinator::ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std:
   counters_.shards_retried++;
   s.phase = ShardPhase::kPending;
   job->pending.push_front(shard_id);
+  NoteWorkLocked();
 }
 
 void Coordinator::SplitShardLocked(JobEntry* job, int64_t shard_id) {
@@ -1193,6 +1294,7 @@ void Coordinator::SplitShardLocked(JobEntry* job, int64_t shard_id) {
     job->shards_done++;
   }
   for (auto it = children.rbegin(); it != children.rend(); ++it) job->pending.push_front(*it);
+  NoteWorkLocked();
   MaybeCompleteLocked(job);
 }
 

@@ -36,6 +36,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/job_config.h"
 #include "proto/tally.pb.h"
 #include "server/job_store.h"
@@ -124,6 +125,19 @@ class Coordinator {
   // Worker API. NOT_FOUND for an unknown worker id: the worker should register again.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& request);
   absl::StatusOr<v1::AcquireShardResponse> AcquireShard(const v1::AcquireShardRequest& request);
+  // AcquireShard as a long poll (AcquireShardRequest.max_wait_ms > 0): with no shard to grant now,
+  // the request waits (up to max_wait_ms, at most kMaxAcquireWaitMs) and `done` runs as soon as a
+  // shard is granted to it, or with an empty response (retry_after_ms) when the wait ends, when
+  // StopWaiting is called or when the coordinator goes away. `done` runs exactly once, on the
+  // calling thread or the coordinator's waiter thread, without the lock held; it must not block.
+  // Returns an id for CancelAcquire, or 0 when `done` has already run.
+  using AcquireDone = std::function<void(absl::StatusOr<v1::AcquireShardResponse>)>;
+  static constexpr int kMaxAcquireWaitMs = 5000;
+  int64_t AcquireShardAsync(const v1::AcquireShardRequest& request, AcquireDone done);
+  // The caller gave up (its RPC was cancelled): `done` runs now with CANCELLED, unless it has run.
+  void CancelAcquire(int64_t id);
+  // Ends every wait now (empty responses) and answers later long polls at once: for shutdown.
+  void StopWaiting();
   absl::StatusOr<v1::ReportResultsResponse> ReportResults(const v1::ReportResultsRequest& request);
   absl::Status ReportJobError(const v1::ReportJobErrorRequest& request);
   absl::Status ReleaseShard(const v1::ReleaseShardRequest& request);
@@ -279,6 +293,29 @@ class Coordinator {
   Counters counters_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread background_;
+
+  // Long polls (AcquireShardAsync) waiting for a shard to grant.
+  struct AcquireWaiter {
+    std::string worker_id;
+    absl::Time deadline;
+    AcquireDone done;
+  };
+  // Serves the waiters whenever a shard may have become grantable, a wait ends or a waiter comes.
+  void WaiterLoop();
+  bool WaiterWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Something a waiter may now be granted (a job's shards queued, a shard back in its queue).
+  void NoteWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++work_epoch_; }
+  // After a grant: records the worker on the job and builds the assignment (database reads).
+  absl::StatusOr<v1::AcquireShardResponse> FinishGrant(const std::string& worker_id, const Grant& grant)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // No shard: when to ask again (at once after a long poll's full wait, else soon).
+  static v1::AcquireShardResponse NothingNow(bool waited);
+  std::map<int64_t, AcquireWaiter> waiters_ ABSL_GUARDED_BY(mu_);
+  int64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t work_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t waiter_seen_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  bool no_waiting_ ABSL_GUARDED_BY(mu_) = false;  // StopWaiting was called.
+  std::thread waiter_thread_;
 };
 
 }  // namespace tally

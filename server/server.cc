@@ -131,6 +131,7 @@ void Server::Shutdown() {
   SdNotify("STOPPING=1");
   if (supervisor_.joinable()) supervisor_.join();
   if (launcher_) launcher_->StopAll();
+  core_->StopWaiting();  // Workers' long polls answer now, not at their deadlines.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 

@@ -1,5 +1,7 @@
 #include "server/worker_control_service.h"
 
+#include <atomic>
+
 #include "server/grpc_util.h"
 
 namespace tally {
@@ -14,11 +16,46 @@ grpc::ServerUnaryReactor* WorkerControlServiceImpl::RegisterWorker(grpc::Callbac
   return Unary(ctx, response, [&] { return core_->RegisterWorker(*request); });
 }
 
+namespace {
+
+// A long poll (max_wait_ms > 0): the call stays open, without a thread, until the core answers it
+// (a shard granted, the wait over) or the worker cancels it.
+class AcquireReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit AcquireReactor(Coordinator* core) : core_(core) {}
+
+  // Called from the method handler, before gRPC may call OnDone.
+  void Start(const v1::AcquireShardRequest& request, v1::AcquireShardResponse* response) {
+    const int64_t id = core_->AcquireShardAsync(request, [this, response](absl::StatusOr<v1::AcquireShardResponse> r) {
+      if (r.ok()) *response = std::move(*r);
+      Finish(ToGrpcStatus(r.status()));
+    });
+    id_.store(id);
+    if (id != 0 && cancelled_.load()) core_->CancelAcquire(id);  // Cancelled before the id was known.
+  }
+
+  void OnCancel() override {
+    cancelled_.store(true);
+    if (const int64_t id = id_.load(); id != 0) core_->CancelAcquire(id);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Coordinator* const core_;
+  std::atomic<int64_t> id_{0};
+  std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* WorkerControlServiceImpl::AcquireShard(grpc::CallbackServerContext* ctx,
                                                                  const v1::AcquireShardRequest* request,
                                                                  v1::AcquireShardResponse* response) {
   if (absl::Status s = Authenticate(ctx); !s.ok()) return Refuse(ctx, s);
-  return Unary(ctx, response, [&] { return core_->AcquireShard(*request); });
+  if (request->max_wait_ms() <= 0) return Unary(ctx, response, [&] { return core_->AcquireShard(*request); });
+  auto* reactor = new AcquireReactor(core_);
+  reactor->Start(*request, response);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* WorkerControlServiceImpl::ReportResults(grpc::CallbackServerContext* ctx,

@@ -230,6 +230,7 @@ void Worker::Stop() {
   absl::MutexLock lock(&mu_);
   stop_ = true;
   wake_leaser_ = true;
+  if (lease_call_ != nullptr) lease_call_->TryCancel();
 }
 
 bool Worker::Stopping() {
@@ -371,14 +372,24 @@ bool Worker::HasRoomForAnotherShard() {
 
 std::optional<v1::ShardAssignment> Worker::LeaseOne(Backoff* backoff) {
   v1::AcquireShardRequest request;
-  {
-    absl::MutexLock lock(&mu_);
-    request.set_worker_id(worker_id_);
-  }
-  v1::AcquireShardResponse response;
+  // A long poll: with nothing to do now, tallyd answers as soon as a shard is there (a new job's
+  // first shard reaches an idle worker at once, not at its next poll). Stop() cancels the call.
+  request.set_max_wait_ms(kLeaseWaitMs);
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(30));
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return std::nullopt;
+    request.set_worker_id(worker_id_);
+    lease_call_ = &ctx;
+  }
+  v1::AcquireShardResponse response;
+  const double t0 = NowUnix();
   grpc::Status s = stub_->AcquireShard(&ctx, request, &response);
+  {
+    absl::MutexLock lock(&mu_);
+    lease_call_ = nullptr;
+  }
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       absl::MutexLock lock(&mu_);
@@ -396,7 +407,9 @@ std::optional<v1::ShardAssignment> Worker::LeaseOne(Backoff* backoff) {
   backoff->Reset();
   if (!response.has_assignment()) {
     TrimMemoryWhenIdle();
-    SleepFor(std::max(0.02, response.retry_after_ms() / 1000.0));
+    // retry_after_ms 0 follows a full wait; a server that did not wait gets no busy loop.
+    const double retry = response.retry_after_ms() / 1000.0;
+    if (retry > 0 || NowUnix() - t0 < 0.1) SleepFor(std::max(0.02, retry));
     return std::nullopt;
   }
   return std::move(*response.mutable_assignment());

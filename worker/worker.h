@@ -203,6 +203,8 @@ class Worker {
   bool need_register_ ABSL_GUARDED_BY(mu_) = false;
   std::string out_of_service_ ABSL_GUARDED_BY(mu_);  // Non-empty: why this worker stopped serving.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;           // Stop() was called.
+  grpc::ClientContext* lease_call_ ABSL_GUARDED_BY(mu_) = nullptr;  // The AcquireShard call in flight.
+  static constexpr int kLeaseWaitMs = 2000;  // AcquireShardRequest.max_wait_ms.
   bool done_ ABSL_GUARDED_BY(mu_) = false;           // Reporter and heartbeat threads exit.
   // Wake-ups, each the condition of one wait: the leasing loop (a result freed room, or stop),
   // the reporter (a shard completed, an error or a flush is waiting).

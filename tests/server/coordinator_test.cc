@@ -6,8 +6,12 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -542,6 +546,137 @@ TEST_F(CoordinatorTest, ResumesAnUnfinishedJobFromTheDatabase) {
   j = core_->GetJob(job->job_id());
   EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(j->images_evaluated(), 10);
+}
+
+// The answers a long poll (AcquireShardAsync) receives, in order; every `done` call is counted.
+class PollAnswers {
+ public:
+  Coordinator::AcquireDone Done() {
+    return [this](absl::StatusOr<v1::AcquireShardResponse> r) {
+      absl::MutexLock lock(&mu_);
+      got_.push_back(std::move(r));
+    };
+  }
+  // Waits up to `seconds` for the first answer (a bound against a hang, not a timing assertion).
+  std::optional<absl::StatusOr<v1::AcquireShardResponse>> First(double seconds = 30) {
+    absl::MutexLock lock(&mu_);
+    auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !got_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&any), absl::Seconds(seconds));
+    if (got_.empty()) return std::nullopt;
+    return got_.front();
+  }
+  size_t Count() {
+    absl::MutexLock lock(&mu_);
+    return got_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<absl::StatusOr<v1::AcquireShardResponse>> got_ ABSL_GUARDED_BY(mu_);
+};
+
+v1::AcquireShardRequest Poll(const std::string& worker, int wait_ms) {
+  v1::AcquireShardRequest r;
+  r.set_worker_id(worker);
+  r.set_max_wait_ms(wait_ms);
+  return r;
+}
+
+// An idle worker's long poll is answered with the first shard of a job submitted while it waits
+// (its wait is far longer than the test: an empty answer would mean nobody woke it).
+TEST_F(CoordinatorTest, LongPollGetsTheShardOfAJobSubmittedWhileItWaits) {
+  const std::string w = Register("w");
+  PollAnswers answers;
+  const int64_t id = core_->AcquireShardAsync(Poll(w, 5000), answers.Done());
+  EXPECT_NE(id, 0);
+  EXPECT_EQ(answers.Count(), 0u);
+  auto job = core_->SubmitJob(Spec(5, 1));
+  ASSERT_TRUE(job.ok());
+  auto first = answers.First();
+  ASSERT_TRUE(first.has_value());
+  ASSERT_TRUE(first->ok()) << first->status();
+  EXPECT_EQ((*first)->assignment().job_id(), job->job_id());
+  EXPECT_EQ((*first)->assignment().begin(), 0);
+  EXPECT_EQ((*first)->assignment().rows_size(), 5);
+  core_->CancelAcquire(id);  // Answered already: nothing happens.
+  EXPECT_EQ(answers.Count(), 1u);
+  EXPECT_EQ(Acquire(w).begin(), 5);  // The lease it got is recorded: the next shard is the second.
+}
+
+// A shard given back by one worker goes to another worker waiting for work.
+TEST_F(CoordinatorTest, LongPollGetsAShardReleasedWhileItWaits) {
+  core_->SubmitJob(Spec(10, 1));
+  const std::string a = Register("a"), b = Register("b");
+  v1::ShardAssignment only = Acquire(a);
+  PollAnswers answers;
+  ASSERT_NE(core_->AcquireShardAsync(Poll(b, 5000), answers.Done()), 0);
+  v1::ReleaseShardRequest release;
+  release.set_worker_id(a);
+  release.set_job_id(only.job_id());
+  release.set_shard_id(only.shard_id());
+  release.set_lease_id(only.lease_id());
+  release.set_reason("test");
+  ASSERT_TRUE(core_->ReleaseShard(release).ok());
+  auto first = answers.First();
+  ASSERT_TRUE(first.has_value() && first->ok());
+  EXPECT_EQ((*first)->assignment().shard_id(), only.shard_id());
+  EXPECT_NE((*first)->assignment().lease_id(), only.lease_id());
+}
+
+TEST_F(CoordinatorTest, LongPollEndsEmptyAtItsDeadlineAndAsksForTheNextAtOnce) {
+  const std::string w = Register("w");
+  PollAnswers answers;
+  ASSERT_NE(core_->AcquireShardAsync(Poll(w, 20), answers.Done()), 0);
+  auto first = answers.First();
+  ASSERT_TRUE(first.has_value() && first->ok());
+  EXPECT_FALSE((*first)->has_assignment());
+  EXPECT_EQ((*first)->retry_after_ms(), 0);
+  // No wait asked for: answered at once, to be asked again after a pause.
+  PollAnswers now;
+  EXPECT_EQ(core_->AcquireShardAsync(Poll(w, 0), now.Done()), 0);
+  ASSERT_EQ(now.Count(), 1u);
+  EXPECT_EQ((*now.First())->retry_after_ms(), 100);
+}
+
+// A cancelled poll is answered once, with CANCELLED, and no shard is leased to it afterwards.
+TEST_F(CoordinatorTest, CancelledLongPollIsAnsweredOnceAndLeasesNothing) {
+  const std::string w = Register("w");
+  PollAnswers answers;
+  const int64_t id = core_->AcquireShardAsync(Poll(w, 5000), answers.Done());
+  ASSERT_NE(id, 0);
+  core_->CancelAcquire(id);
+  core_->CancelAcquire(id);
+  ASSERT_EQ(answers.Count(), 1u);
+  EXPECT_EQ(answers.First()->status().code(), absl::StatusCode::kCancelled);
+  core_->SubmitJob(Spec(5, 1));
+  EXPECT_EQ(Acquire(w).begin(), 0);
+  EXPECT_EQ(answers.Count(), 1u);
+}
+
+TEST_F(CoordinatorTest, UnknownWorkerIsToldAtOnceToRegister) {
+  PollAnswers answers;
+  EXPECT_EQ(core_->AcquireShardAsync(Poll("nobody", 5000), answers.Done()), 0);
+  ASSERT_EQ(answers.Count(), 1u);
+  EXPECT_EQ(answers.First()->status().code(), absl::StatusCode::kNotFound);
+}
+
+// Shutdown: StopWaiting answers every poll now and later ones at once; so does the destructor.
+TEST_F(CoordinatorTest, StopWaitingAndShutdownAnswerEveryPoll) {
+  const std::string w = Register("w");
+  PollAnswers waiting, later, at_exit;
+  ASSERT_NE(core_->AcquireShardAsync(Poll(w, 5000), waiting.Done()), 0);
+  core_->StopWaiting();
+  auto first = waiting.First();
+  ASSERT_TRUE(first.has_value() && first->ok());
+  EXPECT_EQ((*first)->retry_after_ms(), 100);
+  EXPECT_EQ(core_->AcquireShardAsync(Poll(w, 5000), later.Done()), 0);
+  EXPECT_EQ(later.Count(), 1u);
+  Restart();
+  const std::string w2 = Register("w2");
+  ASSERT_NE(core_->AcquireShardAsync(Poll(w2, 5000), at_exit.Done()), 0);
+  core_.reset();
+  EXPECT_EQ(at_exit.Count(), 1u);
+  Restart();
 }
 
 TEST_F(CoordinatorTest, EmptyManifestSucceedsAtOnce) {
