@@ -60,6 +60,7 @@ struct Pipeline::InFlight {
   std::shared_ptr<PendingBatch> pending;
   std::vector<std::shared_ptr<PendingBatch>> retries;  // Results of out-of-memory retries.
   std::vector<std::unique_ptr<LabelMap>> masks;         // For surface metrics: handed to their task.
+  std::string error;  // Why the model failed on the whole batch (Complete), for its retry.
 };
 
 // Registers what the calling thread is about to do with the watchdog, for the scope's lifetime.
@@ -898,6 +899,10 @@ bool Pipeline::WarmUp(const BatchSpec& spec) {
 }
 
 void Pipeline::LaunchBatch(std::shared_ptr<InFlight> batch) {
+  {
+    absl::MutexLock lock(&mu_);  // Not while the completion thread retries a batch (CompletionLoop).
+    mu_.Await(absl::Condition(this, &Pipeline::LaunchesAllowedLocked));
+  }
   absl::StatusOr<std::unique_ptr<PendingBatch>> pending = runner_->Launch(batch->spec);
   if (pending.ok()) {
     batch->pending = std::move(*pending);
@@ -965,6 +970,45 @@ void Pipeline::BatchLoop() {
 
 bool Pipeline::CompletionWorkLocked() const { return stopping_ || !in_flight_.empty(); }
 
+bool Pipeline::Complete(const std::shared_ptr<InFlight>& batch) {
+  absl::Status s;
+  const double t0 = NowUnix();
+  {
+    ActivityScope activity(this, batch->shard->lease, batch->index, "the model's forward pass");
+    s = batch->pending->Wait();
+  }
+  const double t1 = NowUnix();
+  if (absl::IsResourceExhausted(s) || absl::IsAborted(s)) {
+    batch->pending.reset();
+    batch->error = std::string(s.message());
+    return false;  // The slot stays with the batch until its retry.
+  }
+  if (s.ok()) {
+    Finish(batch, batch->pending.get(), 0, batch->index.size());
+    NoteEarlyBatch(batch->index.size(), 0, "");
+    {
+      absl::MutexLock lock(&mu_);
+      if (clock_after_first_batch_ && clock_start_ == 0) clock_start_ = NowUnix();
+    }
+    if (profile_enabled_) {
+      ++profile_.batches;
+      profile_.wait += static_cast<int64_t>((t1 - t0) * 1e6);
+      profile_.finish += static_cast<int64_t>((NowUnix() - t1) * 1e6);
+    }
+  } else {
+    Fail(std::string(s.message()), absl::IsFailedPrecondition(s));
+  }
+  ReleaseSlot(batch->slot);
+  return true;
+}
+
+bool Pipeline::LaunchesAllowedLocked() const { return stopping_ || !launches_paused_; }
+
+bool Pipeline::Stopped() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
 void Pipeline::CompletionLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
@@ -973,34 +1017,41 @@ void Pipeline::CompletionLoop() {
     std::shared_ptr<InFlight> batch = in_flight_.front();
     in_flight_.pop_front();
     mu_.Unlock();
-    absl::Status s;
-    const double t0 = NowUnix();
-    {
-      ActivityScope activity(this, batch->shard->lease, batch->index, "the model's forward pass");
-      s = batch->pending->Wait();
-    }
-    const double t1 = NowUnix();
-    if (s.ok()) {
-      Finish(batch, batch->pending.get(), 0, batch->index.size());
-      NoteEarlyBatch(batch->index.size(), 0, "");
+    if (!Complete(batch)) {
+      // The model raised or ran out of memory: the batch is retried in parts. The batches launched
+      // after it are ahead of any retry in the model's queue (the device's stream, the Python
+      // stub's requests), so they are finished first, with no new launches meanwhile: each retry's
+      // wait, which the watchdog holds against the batch timeout, is then its own, and a batch that
+      // hangs is blamed as itself rather than on a retried row queued behind it (its memory is
+      // free for the retries too).
+      std::vector<std::shared_ptr<InFlight>> retries = {batch};
       {
-        absl::MutexLock lock(&mu_);
-        if (clock_after_first_batch_ && clock_start_ == 0) clock_start_ = NowUnix();
+        absl::MutexLock pause(&mu_);
+        launches_paused_ = true;
       }
-      if (profile_enabled_) {
-        ++profile_.batches;
-        profile_.wait += static_cast<int64_t>((t1 - t0) * 1e6);
-        profile_.finish += static_cast<int64_t>((NowUnix() - t1) * 1e6);
+      while (true) {
+        std::shared_ptr<InFlight> next;
+        {
+          absl::MutexLock drain(&mu_);
+          if (stopping_ || in_flight_.empty()) break;
+          next = in_flight_.front();
+          in_flight_.pop_front();
+        }
+        if (!Complete(next)) retries.push_back(next);
       }
-    } else if (absl::IsResourceExhausted(s) || absl::IsAborted(s)) {
-      batch->pending.reset();
-      std::string model_error = std::string(s.message());
-      const size_t failed = RunNow(batch, 0, batch->index.size(), &model_error);
-      NoteEarlyBatch(batch->index.size(), failed, model_error);
-    } else {
-      Fail(std::string(s.message()), absl::IsFailedPrecondition(s));
+      for (const std::shared_ptr<InFlight>& r : retries) {
+        if (Stopped()) {
+          ReleaseSlot(r->slot);
+          continue;
+        }
+        std::string model_error = r->error;
+        const size_t failed = RunNow(r, 0, r->index.size(), &model_error);
+        NoteEarlyBatch(r->index.size(), failed, model_error);
+        ReleaseSlot(r->slot);
+      }
+      absl::MutexLock resume(&mu_);
+      launches_paused_ = false;
     }
-    ReleaseSlot(batch->slot);
     mu_.Lock();
   }
 }

@@ -169,6 +169,8 @@ class Pipeline : public RowEvaluator {
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool SlotOrStopLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CompletionWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool LaunchesAllowedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Stopped() const ABSL_LOCKS_EXCLUDED(mu_);
 
   void DecodeLoop(size_t slot);
   void WatchdogLoop();
@@ -176,6 +178,9 @@ class Pipeline : public RowEvaluator {
   void NoteEarlyBatch(size_t rows, size_t failed, const std::string& message);
   void BatchLoop();
   void CompletionLoop();
+  // Waits for `batch` and delivers its results (or fails the pipeline), releasing its slot; false
+  // when the model raised or ran out of memory on it: the batch, slot and error kept for a retry.
+  bool Complete(const std::shared_ptr<InFlight>& batch) ABSL_LOCKS_EXCLUDED(mu_);
   void Decode(Item* item);
   // The mask half of Decode: loads and prepares the item's mask and checks it against `image`.
   void DecodeMask(Item* item, std::unique_ptr<RgbImage> image);
@@ -240,6 +245,9 @@ class Pipeline : public RowEvaluator {
   std::vector<Slot*> free_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Slot>> slots_;
   std::deque<std::shared_ptr<InFlight>> in_flight_ ABSL_GUARDED_BY(mu_);
+  // The completion thread is finishing the batches in flight before retrying a failed one: the
+  // batcher launches nothing meanwhile.
+  bool launches_paused_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<RgbImage>> image_pool_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<LabelMap>> mask_pool_ ABSL_GUARDED_BY(mu_);
   // Short tasks run by the decode threads before any decoding: staging copies (at the front) and

@@ -46,6 +46,9 @@ class Model:
             prompt = row["prompt"]
             if prompt == "boom":
                 raise ValueError("boom on " + row["id"])
+            if prompt == "slowboom":
+                time.sleep(1.0)
+                raise ValueError("slow boom on " + row["id"])
             if prompt == "die":
                 os.kill(os.getpid(), signal.SIGKILL)
             if prompt == "hang":
@@ -304,6 +307,37 @@ class PythonBackendTest(unittest.TestCase):
             got = next(r for r in per_image if r["id"] == name and r["class"] == "1")
             self.assertEqual((int(got["tp"]), int(got["fp"]), int(got["fn"]), int(got["tn"])), (tp, fp, fn, tn))
         del p
+
+    def test_a_hang_is_blamed_on_its_batch_not_on_a_retry_queued_behind_it(self):
+        # Rows 0-1 raise after a second; by then the batch of rows 2-3 (row 2 hangs) is in the
+        # stub's queue, ahead of any retry of rows 0-1. The worker finishes that batch before it
+        # retries, so the batch timeout catches the hanging batch itself: tallyd's first release
+        # names its shard (1), and only the two guilty rows fail.
+        root = tt.tmpdir(self)
+        manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(5), n_images=3)
+        with open(manifest) as f:
+            lines = f.read().splitlines()
+        bad = {0: "slowboom", 2: "hang"}
+        for row, prompt in bad.items():
+            parts = lines[row + 1].split(",", 4)
+            parts[3] = prompt
+            lines[row + 1] = ",".join(parts)
+        with open(manifest, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        model = write_model(root, "prompt_model.py", PROMPT_MODEL)
+        out = os.path.join(root, "out")
+        run(model, manifest, out, "--batch-size", "2", "--shard-size", "2", "--batch-timeout", "3",
+            "--lease-seconds", "3", check=False)
+        report = tt.read_report(out)
+        self.assertEqual(report["images_evaluated"] + report["images_failed"], len(rows))
+        reasons = {f["index"]: f["reason"] for f in report["failures"]}
+        self.assertEqual(set(reasons), set(bad), reasons)
+        self.assertIn("slow boom on", reasons[0])
+        self.assertIn("timed out after 3 s", reasons[2])
+        with open(os.path.join(out, ".tally", "tallyd.log")) as f:
+            releases = [line for line in f if " released shard " in line]
+        self.assertTrue(releases)
+        self.assertIn(" released shard 1 of job", releases[0])
 
     def test_init_raising_or_missing_class_fails_the_job_with_the_reason(self):
         root = tt.tmpdir(self)
