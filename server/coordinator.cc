@@ -673,19 +673,11 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::FinishGrant(const std::str
 }
 
 absl::StatusOr<v1::AcquireShardResponse> Coordinator::AcquireShard(const v1::AcquireShardRequest& request) {
-  Deferred deferred;
-  std::optional<Grant> grant;
-  {
-    absl::MutexLock lock(&mu_);
-    auto wit = workers_.find(request.worker_id());
-    if (wit == workers_.end()) {
-      return absl::NotFoundError(absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
-    }
-    grant = GrantShardLocked(request.worker_id(), &wit->second, &deferred);
-  }
-  Apply(deferred);
-  if (!grant) return NothingNow(false);
-  return FinishGrant(request.worker_id(), *grant);
+  v1::AcquireShardRequest now = request;
+  now.set_max_wait_ms(0);  // Answered on this thread, before AcquireShardAsync returns.
+  absl::StatusOr<v1::AcquireShardResponse> answer = absl::InternalError("not answered");
+  AcquireShardAsync(now, [&answer](absl::StatusOr<v1::AcquireShardResponse> r) { answer = std::move(r); });
+  return answer;
 }
 
 int64_t Coordinator::AcquireShardAsync(const v1::AcquireShardRequest& request, AcquireDone done) {

@@ -124,6 +124,8 @@ class Coordinator {
 
   // Worker API. NOT_FOUND for an unknown worker id: the worker should register again.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& request);
+  // The oldest pending shard for the worker, or none now (retry_after_ms); never waits, whatever
+  // max_wait_ms says.
   absl::StatusOr<v1::AcquireShardResponse> AcquireShard(const v1::AcquireShardRequest& request);
   // AcquireShard as a long poll (AcquireShardRequest.max_wait_ms > 0): with no shard to grant now,
   // the request waits (up to max_wait_ms, at most kMaxAcquireWaitMs) and `done` runs as soon as a

@@ -547,25 +547,19 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
   // the device, or, if Module::to() would leave some of its tensors behind, is read again onto it.
   // Either way the weights are the file's, bit for bit.
   std::vector<std::thread> warm_up;
-  std::atomic<double> warm_up_seconds{0};
+  double warm_up_done[2] = {0, 0};  // Seconds after `start`, per warm-up thread.
 #if TALLY_WITH_CUDA
-  for (bool convolutions : {true, false}) {
-    if (!want_cuda || !options.warm_up_device) break;
-    warm_up.emplace_back([dev, convolutions, start, &warm_up_seconds] {
+  for (int i = 0; i < 2 && want_cuda && options.warm_up_device; ++i) {
+    warm_up.emplace_back([dev, convolutions = i == 0, start, done = &warm_up_done[i]] {
       if (ModelRunner::CheckDevice(dev).ok()) WarmUpDevice(at::Device(dev), convolutions);
-      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      for (double seen = warm_up_seconds.load(); took > seen && !warm_up_seconds.compare_exchange_weak(seen, took);) {
-      }
+      *done = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     });
   }
 #endif
   double read_seconds = 0;
-  auto join_warm_up = [&warm_up] {
-    for (std::thread& t : warm_up) {
-      if (t.joinable()) t.join();
-    }
+  absl::Cleanup join_warm_up = [&warm_up] {
+    for (std::thread& t : warm_up) t.join();
   };
-  absl::Cleanup join_on_return = join_warm_up;
   auto load = [&](const at::Device& to) -> absl::Status {
     try {
       module = torch::jit::load(options.model_path, to);
@@ -619,10 +613,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
         std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device.index()));
   }
 #endif
-  join_warm_up();
+  std::move(join_warm_up).Invoke();
   if (!warm_up.empty()) {
     Log("model ", options.model_path, absl::StrFormat(": read in %.2f s; the device's warm-up beside it done at %.2f s",
-                                                       read_seconds, warm_up_seconds.load()));
+                                                       read_seconds, std::max(warm_up_done[0], warm_up_done[1])));
   }
   runner->profile_first_launch_ = std::getenv("TALLY_PIPELINE_PROFILE") != nullptr;
   runner->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

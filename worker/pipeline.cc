@@ -104,7 +104,7 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
   gpu_decode_ = options_.decode_gpu;
   batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
   const int b = batch_size_ > 0 ? batch_size_ : kDefaultBatchAlignment;
-  max_decoded_waiting_ = std::max({3 * b, 2 * options_.decode_threads, 16});
+  max_decoded_waiting_ = DecodeWindowRows(b, options_.decode_threads);
   for (int i = 0; i < std::max(2, options_.staging_slots); ++i) {
     slots_.push_back(std::make_unique<Slot>());
     free_slots_.push_back(slots_.back().get());
@@ -722,7 +722,7 @@ void Pipeline::ChooseBatchSize() {
   }
   absl::MutexLock lock(&mu_);
   batch_size_ = *b;
-  max_decoded_waiting_ = std::max({3 * batch_size_, 2 * options_.decode_threads, 16});
+  max_decoded_waiting_ = DecodeWindowRows(batch_size_, options_.decode_threads);
   Log("automatic batch size: ", batch_size_, " at ", h, "x", w);
 }
 

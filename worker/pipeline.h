@@ -18,6 +18,7 @@
 #ifndef TALLY_WORKER_PIPELINE_H_
 #define TALLY_WORKER_PIPELINE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -41,6 +42,12 @@
 #include "worker/row_evaluator.h"
 
 namespace tally {
+
+// Rows the decode threads may hold decoded (or decoding) ahead of the batcher: three batches, and
+// at least two rows per thread. The worker's lease target counts on it (Worker::LeaseTargetRows).
+inline int DecodeWindowRows(int batch_size, int decode_threads) {
+  return std::max({3 * batch_size, 2 * decode_threads, 16});
+}
 
 struct PipelineOptions {
   int decode_threads = 2;

@@ -345,8 +345,7 @@ int64_t Worker::LeaseTargetRows(int batch) const {
     return v != nullptr && absl::SimpleAtoi(v, &rows) && rows > 0 ? rows : int64_t{0};
   }();
   if (fixed > 0) return fixed;
-  const int64_t window = std::max({3 * batch, 2 * options_.threads, 16});
-  return std::max(2, options_.staging_slots) * batch + window + batch;
+  return std::max(2, options_.staging_slots) * batch + DecodeWindowRows(batch, options_.threads) + batch;
 }
 
 bool Worker::HasRoomForAnotherShard() {
@@ -359,7 +358,7 @@ bool Worker::HasRoomForAnotherShard() {
     batch = std::max(1, evaluator_->pipeline->batch_size());
   }
   // Keep enough rows queued that decoding runs ahead of the device, but no more: the batches staged
-  // or in flight, the decode threads' window (Pipeline's max_decoded_waiting_) and one batch more
+  // or in flight, the decode threads' window (DecodeWindowRows) and one batch more
   // not yet decoded. With 4 decode threads a batch takes as long to decode as to run (H100, LRASPP):
   // a backlog of 4 batches left them a single batch of runway, and each late lease idled the GPU.
   const int64_t target = LeaseTargetRows(batch);
