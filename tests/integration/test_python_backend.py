@@ -104,6 +104,18 @@ def write_referring_set(root, rng, n_images=6, h=20, w=28):
     return path, rows
 
 
+def set_prompts(manifest, prompts):
+    """Rewrites the prompt of the manifest rows given ({row: prompt}, rows counted from 0)."""
+    with open(manifest) as f:
+        lines = f.read().splitlines()
+    for row, prompt in prompts.items():
+        parts = lines[row + 1].split(",", 4)
+        parts[3] = prompt
+        lines[row + 1] = ",".join(parts)
+    with open(manifest, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def binary_counts(fg, mask):
     valid = mask != 255
     ref = (mask == 1) & valid
@@ -249,13 +261,7 @@ class PythonBackendTest(unittest.TestCase):
         root = tt.tmpdir(self)
         manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(13), n_images=5,
                                              h=23, w=37)
-        with open(manifest) as f:
-            lines = f.read().splitlines()
-        parts = lines[3 + 1].split(",", 4)
-        parts[3] = "label5"
-        lines[3 + 1] = ",".join(parts)
-        with open(manifest, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        set_prompts(manifest, {3: "label5"})
         model = write_model(root, "prompt_model.py", PROMPT_MODEL)
         out = os.path.join(root, "out")
         run(model, manifest, out, "--model-option", "kind=labels", "--num-classes", "2", "--batch-size", "3")
@@ -276,15 +282,8 @@ class PythonBackendTest(unittest.TestCase):
         root = tt.tmpdir(self)
         manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(9), n_images=6)
         # Rewrite some prompts: row 1 raises, row 4 kills the stub, row 6 has the wrong shape, row 9 hangs.
-        with open(manifest) as f:
-            lines = f.read().splitlines()
         bad = {1: "boom", 4: "die", 6: "wrongshape", 9: "hang"}
-        for row, prompt in bad.items():
-            parts = lines[row + 1].split(",", 4)
-            parts[3] = prompt
-            lines[row + 1] = ",".join(parts)
-        with open(manifest, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        set_prompts(manifest, bad)
         model = write_model(root, "prompt_model.py", PROMPT_MODEL)
         out = os.path.join(root, "out")
         p = run(model, manifest, out, "--batch-size", "4", "--shard-size", "4", "--batch-timeout", "3",
@@ -315,15 +314,8 @@ class PythonBackendTest(unittest.TestCase):
         # names its shard (1), and only the two guilty rows fail.
         root = tt.tmpdir(self)
         manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(5), n_images=3)
-        with open(manifest) as f:
-            lines = f.read().splitlines()
         bad = {0: "slowboom", 2: "hang"}
-        for row, prompt in bad.items():
-            parts = lines[row + 1].split(",", 4)
-            parts[3] = prompt
-            lines[row + 1] = ",".join(parts)
-        with open(manifest, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        set_prompts(manifest, bad)
         model = write_model(root, "prompt_model.py", PROMPT_MODEL)
         out = os.path.join(root, "out")
         run(model, manifest, out, "--batch-size", "2", "--shard-size", "2", "--batch-timeout", "3",

@@ -605,7 +605,7 @@ TEST_F(CoordinatorTest, LongPollGetsTheShardOfAJobSubmittedWhileItWaits) {
 
 // A shard given back by one worker goes to another worker waiting for work.
 TEST_F(CoordinatorTest, LongPollGetsAShardReleasedWhileItWaits) {
-  core_->SubmitJob(Spec(10, 1));
+  ASSERT_TRUE(core_->SubmitJob(Spec(10, 1)).ok());
   const std::string a = Register("a"), b = Register("b");
   v1::ShardAssignment only = Acquire(a);
   PollAnswers answers;
@@ -648,7 +648,7 @@ TEST_F(CoordinatorTest, CancelledLongPollIsAnsweredOnceAndLeasesNothing) {
   core_->CancelAcquire(id);
   ASSERT_EQ(answers.Count(), 1u);
   EXPECT_EQ(answers.First()->status().code(), absl::StatusCode::kCancelled);
-  core_->SubmitJob(Spec(5, 1));
+  ASSERT_TRUE(core_->SubmitJob(Spec(5, 1)).ok());
   EXPECT_EQ(Acquire(w).begin(), 0);
   EXPECT_EQ(answers.Count(), 1u);
 }
