@@ -17,7 +17,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -27,6 +29,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/sha256.h"
@@ -180,9 +185,57 @@ struct ComputeStreamScope {
 struct ComputeStreamScope {};
 #endif
 
+// Runs functions on a thread of its own, in order: launches made there share that thread's cuDNN
+// plans, which PyTorch keeps per thread.
+class LaunchThread {
+ public:
+  LaunchThread() : thread_([this] { Loop(); }) {}
+  ~LaunchThread() {  // Runs what is queued first.
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  void Post(std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(fn));
+  }
+  // Runs `fn` there and waits for it to return.
+  void Run(const std::function<void()>& fn) {
+    absl::Notification done;
+    Post([&] {
+      fn();
+      done.Notify();
+    });
+    done.WaitForNotification();
+  }
+
+ private:
+  bool WorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      mu_.Await(absl::Condition(this, &LaunchThread::WorkLocked));
+      if (queue_.empty()) return;
+      std::function<void()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      mu_.Unlock();
+      fn();
+      mu_.Lock();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // Last: it starts once the rest is built.
+};
+
 class TorchRunner final : public ModelRunner {
  public:
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const ModelRunnerOptions& options);
+  ~TorchRunner() override { CancelLayoutTrial(); }  // Before the streams and the model go.
 
   std::unique_ptr<HostBuffer> AllocateHost(size_t bytes) override {
     auto opts = at::TensorOptions().dtype(at::kByte);
@@ -191,11 +244,24 @@ class TorchRunner final : public ModelRunner {
   }
 
   absl::StatusOr<std::unique_ptr<PendingBatch>> Launch(const BatchSpec& batch) override {
+    if (!launch_thread_) return LaunchWith(module_, channels_last_, batch);
+    absl::StatusOr<std::unique_ptr<PendingBatch>> out = absl::UnknownError("not launched");
+    launch_thread_->Run([&] { out = LaunchWith(module_, channels_last_, batch); });
+    return out;
+  }
+
+  // One pass of `module` (its parameters in the layout `channels_last` says) on the calling thread.
+  absl::StatusOr<std::unique_ptr<PendingBatch>> LaunchWith(torch::jit::Module& module, bool channels_last,
+                                                           const BatchSpec& batch) {
     std::string input_shape = "?";
     try {
       c10::InferenceMode inference;
+#if TALLY_WITH_CUDA
+      c10::cuda::OptionalCUDAGuard device_guard;  // Threads of the runner's own start on device 0.
+      if (cuda_) device_guard.set_index(device_.index());
+#endif
       EnableAutocast();
-      return LaunchImpl(batch, &input_shape);
+      return LaunchImpl(module, channels_last, batch, &input_shape);
     } catch (const c10::OutOfMemoryError& e) {
       return absl::ResourceExhaustedError(ErrorText(e));
     } catch (const c10::Error& e) {
@@ -262,6 +328,11 @@ class TorchRunner final : public ModelRunner {
   // Where TrialLayout keeps its result for `shape` across processes; "" when it keeps none.
   std::string TrialCacheFile(const std::string& shape) const;
   void SetChannelsLast(bool on) override;
+  bool ChannelsLast() const override { return channels_last_; }
+  bool PrepareLayoutTrial(const BatchSpec& batch) override;
+  bool StartLayoutTrial(std::function<void()> on_ready) override;
+  std::string FinishLayoutTrial(std::string* trial) override;
+  void CancelLayoutTrial() override;
 
   bool ScoresSurfaceOnDevice() const override {
 #if TALLY_CUDA_KERNELS
@@ -313,14 +384,30 @@ class TorchRunner final : public ModelRunner {
   };
 
   // The steps of one launch.
-  absl::StatusOr<std::unique_ptr<PendingBatch>> LaunchImpl(const BatchSpec& batch, std::string* input_shape);
+  absl::StatusOr<std::unique_ptr<PendingBatch>> LaunchImpl(torch::jit::Module& module, bool channels_last,
+                                                           const BatchSpec& batch, std::string* input_shape);
   absl::StatusOr<Groups> HostGroups(const BatchSpec& batch) const;
   // On CUDA: copies on the copy stream, then makes the compute stream current for as long as
   // `compute` lives, waiting for the copies. On CPU: the host tensors themselves.
   Groups Upload(const Groups& host, std::unique_ptr<ComputeStreamScope>* compute);
-  at::Tensor Preprocess(const Groups& dev) const;
+  at::Tensor Preprocess(const Groups& dev, bool channels_last) const;
   // ABORTED when the model raises (out-of-memory errors propagate as exceptions).
-  absl::StatusOr<at::Tensor> Forward(const at::Tensor& x, const std::string& input_shape);
+  absl::StatusOr<at::Tensor> Forward(torch::jit::Module& module, const at::Tensor& x, const std::string& input_shape);
+
+  // Layout trials. "batch 32 x 512x512 fp32": what a trial is kept under.
+  std::string TrialShape(const BatchSpec& batch) const;
+  // An answer for `shape` from this process or, on disk, an earlier one; false when none.
+  bool KeptTrial(const std::string& shape, std::string* choice, std::string* trial);
+  // The best of `timed` passes of `batch` after `warm` untimed ones (seconds; -1 when a pass fails).
+  double TimePasses(torch::jit::Module& module, bool channels_last, const BatchSpec& batch, int warm, int timed);
+  // Channels-last must win by 3%: the default layout is kept when the two are within noise of each
+  // other, so repeated trials agree. Keeps the answer (this process, and on disk); "on" or "off".
+  std::string DecideLayout(const std::string& shape, double cl, double contiguous, const std::string& how,
+                           std::string* trial);
+  // Where layout trials run: CUDA, and CPU runners under the tests' TALLY_TEST_LAYOUT_TRIAL.
+  bool LayoutTrialsHere() const { return cuda_ || !test_trial_choice_.empty(); }
+  // Whether the device can take the trial's copy of the weights and a batch beside the evaluation.
+  bool MemoryForTrial(std::string* why) const;
   // `device_labels`: compute the predicted labels (they stay on the device unless ResultsToHost
   // copies them). `surface`: surface metrics on the device, where the kernels can.
   absl::Status PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x, bool device_labels,
@@ -340,6 +427,25 @@ class TorchRunner final : public ModelRunner {
   const bool cuda_;
   bool channels_last_;  // The layout now (options_.channels_last at first; SetChannelsLast).
   std::map<std::string, std::pair<std::string, std::string>> trials_;  // Batch shape -> (choice, trial).
+  // The trial beside the evaluation (PrepareLayoutTrial ... FinishLayoutTrial).
+  struct BesideTrial {
+    std::string shape;
+    std::unique_ptr<HostBuffer> images, masks;  // The batch's copy...
+    BatchSpec batch;                             // ...pointing at them.
+    bool channels_last = false;                  // The other layout.
+    torch::jit::Module module;                   // Made on `thread`.
+    std::atomic<bool> cancel{false};
+    absl::Notification warm;  // Its warm-up passes are done, or `failed` says why not.
+    std::string failed;
+    std::unique_ptr<LaunchThread> thread;  // Last: joined before the rest goes.
+  };
+  std::unique_ptr<BesideTrial> beside_;
+  // Set when SetChannelsLast adopted a trial's copy: every launch runs on its thread.
+  std::unique_ptr<LaunchThread> launch_thread_;
+  // TALLY_TEST_LAYOUT_TRIAL=on|off[:seconds] (tests only): trials also on CPU, with this answer,
+  // ready only after `seconds`, never kept on disk.
+  std::string test_trial_choice_;
+  double test_trial_delay_ = 0;
   double load_seconds_ = 0;
   // TALLY_PIPELINE_PROFILE: the first launch's steps are timed (the device synchronised after each)
   // and logged, to show where a fresh worker's first batch goes.
@@ -619,6 +725,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
                                                        read_seconds, std::max(warm_up_done[0], warm_up_done[1])));
   }
   runner->profile_first_launch_ = std::getenv("TALLY_PIPELINE_PROFILE") != nullptr;
+  if (const char* hook = std::getenv("TALLY_TEST_LAYOUT_TRIAL"); hook != nullptr && *hook != '\0') {
+    const std::vector<std::string> parts = absl::StrSplit(hook, ':');
+    if ((parts[0] != "on" && parts[0] != "off") || parts.size() > 2 ||
+        (parts.size() == 2 && !absl::SimpleAtod(parts[1], &runner->test_trial_delay_))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TALLY_TEST_LAYOUT_TRIAL='", hook, "': expected on or off, then :seconds optionally"));
+    }
+    runner->test_trial_choice_ = parts[0];
+  }
   runner->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
@@ -788,7 +903,7 @@ TorchRunner::Groups TorchRunner::Upload(const Groups& host, std::unique_ptr<Comp
   return dev;
 }
 
-at::Tensor TorchRunner::Preprocess(const Groups& dev) const {
+at::Tensor TorchRunner::Preprocess(const Groups& dev, bool channels_last) const {
   auto preprocess = [&](const at::Tensor& u8) {
     at::Tensor x = u8.permute({0, 3, 1, 2}).to(at::kFloat).div_(255.0);
     if (mean_.defined()) x = x.sub_(mean_);
@@ -796,7 +911,7 @@ at::Tensor TorchRunner::Preprocess(const Groups& dev) const {
     if (options_.input_height > 0) {
       x = at::upsample_bilinear2d(x, {options_.input_height, options_.input_width}, /*align_corners=*/false);
     }
-    return x.contiguous(channels_last_ ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
+    return x.contiguous(channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
   };
   if (dev.uniform) return preprocess(dev.images[0]);
   std::vector<at::Tensor> parts;
@@ -804,12 +919,13 @@ at::Tensor TorchRunner::Preprocess(const Groups& dev) const {
   return at::cat(parts, 0);
 }
 
-absl::StatusOr<at::Tensor> TorchRunner::Forward(const at::Tensor& x, const std::string& input_shape) {
+absl::StatusOr<at::Tensor> TorchRunner::Forward(torch::jit::Module& module, const at::Tensor& x,
+                                                const std::string& input_shape) {
   c10::IValue out;
   try {
     // Per calling thread: the batcher's, the completion thread's retries and estimate's trials alike.
     torch::jit::GraphOptimizerEnabledGuard optimize(options_.jit_optimize);
-    out = module_.forward({x});
+    out = module.forward({x});
   } catch (const c10::Error& e) {
     if (IsOom(e)) throw;  // Launch turns it into RESOURCE_EXHAUSTED.
     return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
@@ -886,7 +1002,9 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
   return pending;
 }
 
-absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const BatchSpec& batch, std::string* input_shape) {
+absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit::Module& module, bool channels_last,
+                                                                      const BatchSpec& batch,
+                                                                      std::string* input_shape) {
   const bool timed = !launched_.exchange(true) && profile_first_launch_;
   std::string steps;
   auto t = std::chrono::steady_clock::now();
@@ -903,10 +1021,10 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
   std::unique_ptr<ComputeStreamScope> compute;  // On CUDA, the rest runs on the compute stream.
   const Groups dev = Upload(host, &compute);
   step("upload");
-  const at::Tensor x = Preprocess(dev);
+  const at::Tensor x = Preprocess(dev, channels_last);
   step("preprocess");
   *input_shape = Shape(x);
-  ASSIGN_OR_RETURN(const at::Tensor logits, Forward(x, *input_shape));
+  ASSIGN_OR_RETURN(const at::Tensor logits, Forward(module, x, *input_shape));
   step("forward");
   Outputs outputs;
   RETURN_IF_ERROR(PostprocessGroups(logits, dev, x, batch.want_labels || batch.keep_labels || batch.surface.enabled,
@@ -920,6 +1038,17 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(const Batc
 }
 
 void TorchRunner::SetChannelsLast(bool on) {
+  if (beside_) {
+    // A trial's copy in the layout asked for: adopted, with the thread whose plans are warm.
+    std::unique_ptr<BesideTrial> t = std::move(beside_);
+    if (on != channels_last_ && t->channels_last == on && t->thread && t->warm.HasBeenNotified() &&
+        t->failed.empty()) {
+      module_ = t->module;
+      channels_last_ = on;
+      launch_thread_ = std::move(t->thread);
+      return;
+    }
+  }
   if (on == channels_last_) return;
   c10::InferenceMode guard;
   const auto format = on ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
@@ -929,57 +1058,214 @@ void TorchRunner::SetChannelsLast(bool on) {
   channels_last_ = on;
 }
 
-std::string TorchRunner::TrialLayout(const BatchSpec& batch, std::string* trial) {
-  if (!cuda_ || batch.items.empty()) return "";
-  const std::string shape =
-      absl::StrCat(batch.items.size(), " x ", batch.items[0].height, "x", batch.items[0].width, " ", options_.precision);
+std::string TorchRunner::TrialShape(const BatchSpec& batch) const {
+  return absl::StrCat(batch.items.size(), " x ", batch.items[0].height, "x", batch.items[0].width, " ",
+                      options_.precision);
+}
+
+bool TorchRunner::KeptTrial(const std::string& shape, std::string* choice, std::string* trial) {
   if (auto it = trials_.find(shape); it != trials_.end()) {
+    *choice = it->second.first;
     *trial = it->second.second;
-    return it->second.first;
+    return true;
   }
   // An earlier process's trial of this model, options, shape, GPU and libraries.
-  const std::string cache_file = TrialCacheFile(shape);
-  if (!cache_file.empty()) {
-    std::ifstream in(cache_file);
-    std::string choice, text;
-    if (std::getline(in, choice) && std::getline(in, text) && (choice == "on" || choice == "off")) {
-      *trial = absl::StrCat(text, " (kept from an earlier trial on this machine: ", cache_file, ")");
-      trials_[shape] = {choice, *trial};
-      return choice;
-    }
+  const std::string cache_file = test_trial_choice_.empty() ? TrialCacheFile(shape) : "";
+  if (cache_file.empty()) return false;
+  std::ifstream in(cache_file);
+  std::string c, text;
+  if (!std::getline(in, c) || !std::getline(in, text) || (c != "on" && c != "off")) return false;
+  *choice = c;
+  *trial = absl::StrCat(text, " (kept from an earlier trial on this machine: ", cache_file, ")");
+  trials_[shape] = {*choice, *trial};
+  return true;
+}
+
+double TorchRunner::TimePasses(torch::jit::Module& module, bool channels_last, const BatchSpec& batch, int warm,
+                               int timed) {
+  for (int k = 0; k < warm; ++k) {
+    auto p = LaunchWith(module, channels_last, batch);
+    if (!p.ok() || !(*p)->Wait().ok()) return -1;
   }
-  // Per layout: warm-up passes (TorchScript specialises on the new strides, cuDNN plans), then the
-  // best of a few timed passes. Channels-last must win by 3%: the default layout is kept when the
-  // two are within noise of each other, so repeated trials agree.
-  auto time_layout = [&](bool on) -> double {
-    SetChannelsLast(on);
-    for (int k = 0; k < 3; ++k) {
-      auto p = Launch(batch);
-      if (!p.ok() || !(*p)->Wait().ok()) return -1;
-    }
-    double best = 1e30;
-    for (int k = 0; k < 3; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      auto p = Launch(batch);
-      if (!p.ok() || !(*p)->Wait().ok()) return -1;
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-  };
-  const bool before = channels_last_;
-  const double contiguous = time_layout(false);
-  const double cl = time_layout(true);
-  SetChannelsLast(before);
-  if (contiguous < 0 || cl < 0) return "";  // The batch fails in a layout: leave the choice alone.
-  const bool on = cl < 0.97 * contiguous;
-  *trial = absl::StrFormat("batch %s: %.2f ms channels-last, %.2f ms contiguous", shape, cl * 1e3, contiguous * 1e3);
+  double best = 1e30;
+  for (int k = 0; k < timed; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto p = LaunchWith(module, channels_last, batch);
+    if (!p.ok() || !(*p)->Wait().ok()) return -1;
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+std::string TorchRunner::DecideLayout(const std::string& shape, double cl, double contiguous, const std::string& how,
+                                      std::string* trial) {
+  bool on = cl < 0.97 * contiguous;
+  *trial = absl::StrFormat("batch %s: %.2f ms channels-last, %.2f ms contiguous%s", shape, cl * 1e3,
+                           contiguous * 1e3, how);
+  if (!test_trial_choice_.empty()) {
+    on = test_trial_choice_ == "on";
+    absl::StrAppend(trial, "; ", on ? "on" : "off", " as TALLY_TEST_LAYOUT_TRIAL says");
+  }
   trials_[shape] = {on ? "on" : "off", *trial};
+  const std::string cache_file = test_trial_choice_.empty() ? TrialCacheFile(shape) : "";
   if (!cache_file.empty()) {
     absl::Status s = MakeDirs(options_.trial_cache_dir);
     if (s.ok()) s = WriteFileAtomically(cache_file, absl::StrCat(on ? "on" : "off", "\n", *trial, "\n"));
     if (!s.ok()) Log("the layout trial is not kept for later runs: ", s.message());
   }
   return on ? "on" : "off";
+}
+
+std::string TorchRunner::TrialLayout(const BatchSpec& batch, std::string* trial) {
+  if (!LayoutTrialsHere() || batch.items.empty()) return "";
+  const std::string shape = TrialShape(batch);
+  std::string choice;
+  if (KeptTrial(shape, &choice, trial)) return choice;
+  // Per layout: warm-up passes (TorchScript specialises on the new strides, cuDNN plans), then the
+  // best of a few timed passes.
+  const bool before = channels_last_;
+  SetChannelsLast(false);
+  const double contiguous = TimePasses(module_, false, batch, 3, 3);
+  SetChannelsLast(true);
+  const double cl = TimePasses(module_, true, batch, 3, 3);
+  SetChannelsLast(before);
+  if (contiguous < 0 || cl < 0) return "";  // The batch fails in a layout: leave the choice alone.
+  return DecideLayout(shape, cl, contiguous, "", trial);
+}
+
+bool TorchRunner::PrepareLayoutTrial(const BatchSpec& batch) {
+  if (!LayoutTrialsHere() || batch.items.empty()) return false;
+  const std::string shape = TrialShape(batch);
+  std::string choice, text;
+  if (KeptTrial(shape, &choice, &text)) return false;
+  CancelLayoutTrial();
+  auto t = std::make_unique<BesideTrial>();
+  t->shape = shape;
+  t->channels_last = !channels_last_;
+  // The batch's bytes: the staging buffer goes back to the pipeline.
+  size_t image_end = 0, mask_end = 0;
+  for (const BatchImage& it : batch.items) {
+    const size_t pixels = static_cast<size_t>(it.height) * it.width;
+    image_end = std::max(image_end, it.image_offset + 3 * pixels);
+    mask_end = std::max(mask_end, it.mask_offset + pixels);
+  }
+  t->images = AllocateHost(image_end);
+  t->masks = AllocateHost(2 * mask_end);
+  std::memcpy(t->images->data(), batch.images->data(), image_end);
+  std::memcpy(t->masks->data(), batch.masks->data(), 2 * mask_end);
+  t->batch = batch;
+  t->batch.images = t->images.get();
+  t->batch.masks = t->masks.get();
+  for (BatchImage& it : t->batch.items) it.row = nullptr;
+  beside_ = std::move(t);
+  return true;
+}
+
+bool TorchRunner::MemoryForTrial(std::string* why) const {
+#if TALLY_WITH_CUDA
+  if (!cuda_) return true;
+  const int dev = device_.index();
+  int64_t weights = 0;
+  for (const at::Tensor& p : module_.parameters()) weights += static_cast<int64_t>(p.nbytes());
+  for (const at::Tensor& b : module_.buffers()) weights += static_cast<int64_t>(b.nbytes());
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev);
+  const int64_t allocated = stats.allocated_bytes[0].current;
+  const int64_t reserved = stats.reserved_bytes[0].current;
+  const int64_t peak = stats.allocated_bytes[0].peak;  // Weights and the evaluation's batches so far.
+  size_t free_bytes = 0, total_bytes = 0;
+  {
+    c10::cuda::CUDAGuard guard(dev);
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      cudaGetLastError();
+      *why = "cannot read the device's free memory";
+      return false;
+    }
+  }
+  double available = static_cast<double>(free_bytes) + static_cast<double>(reserved - allocated);
+  if (options_.memory_limit_gib > 0) {
+    available = std::min(available, options_.memory_limit_gib * 1073741824.0 - static_cast<double>(allocated));
+  }
+  // The copy of the weights and one batch's passes beside the evaluation's (at most what the
+  // evaluation has used beyond its weights), with 5% of the device to spare.
+  const double need = static_cast<double>(weights) + static_cast<double>(std::max<int64_t>(0, peak - weights)) +
+                      0.05 * static_cast<double>(total_bytes);
+  if (available < need) {
+    *why = absl::StrFormat("%.1f GiB free on the device, %.1f GiB needed beside the evaluation",
+                           available / 1073741824.0, need / 1073741824.0);
+    return false;
+  }
+#else
+  (void)why;
+#endif
+  return true;
+}
+
+bool TorchRunner::StartLayoutTrial(std::function<void()> on_ready) {
+  if (!beside_) return false;
+  std::string why;
+  if (!MemoryForTrial(&why)) {
+    Log("layout trial: not beside the evaluation (", why, ")");
+    return false;
+  }
+  BesideTrial* t = beside_.get();
+  t->thread = std::make_unique<LaunchThread>();
+  t->thread->Post([this, t, on_ready = std::move(on_ready)] {
+    try {
+      c10::InferenceMode guard;
+      t->module = module_.deepcopy();
+      const auto format = t->channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+      for (at::Tensor p : t->module.parameters()) {
+        if (p.dim() == 4) p.set_data(p.contiguous(format));
+      }
+    } catch (const std::exception& e) {
+      t->failed = absl::StrCat("cannot copy the model: ", ShortText(e.what()));
+    }
+    // Three warm-up passes, as TrialLayout's: the first builds the layout's kernels and plans.
+    for (int k = 0; k < 3 && t->failed.empty() && !t->cancel; ++k) {
+      auto p = LaunchWith(t->module, t->channels_last, t->batch);
+      absl::Status s = p.ok() ? (*p)->Wait() : p.status();
+      if (!s.ok()) t->failed = std::string(s.message());
+    }
+    if (test_trial_delay_ > 0 && !t->cancel) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(test_trial_delay_));
+    }
+    t->warm.Notify();
+    on_ready();
+  });
+  return true;
+}
+
+std::string TorchRunner::FinishLayoutTrial(std::string* trial) {
+  if (!beside_) return "";
+  BesideTrial* t = beside_.get();
+  if (!t->thread) {  // Never started beside the evaluation: the whole trial here.
+    const BatchSpec batch = t->batch;
+    std::unique_ptr<BesideTrial> keep = std::move(beside_);  // Its buffers, for the passes.
+    return TrialLayout(batch, trial);
+  }
+  t->warm.WaitForNotification();
+  if (!t->failed.empty()) {
+    Log("layout trial: the ", t->channels_last ? "channels-last" : "contiguous", " layout failed (", t->failed,
+        "); the layout stays");
+    beside_.reset();
+    return "";
+  }
+  // Each layout on the thread whose plans it built, one after the other.
+  const double here = TimePasses(module_, channels_last_, t->batch, 1, 3);
+  double there = -1;
+  t->thread->Run([&] { there = TimePasses(t->module, t->channels_last, t->batch, 1, 3); });
+  if (here < 0 || there < 0) {
+    beside_.reset();
+    return "";
+  }
+  return DecideLayout(t->shape, channels_last_ ? here : there, channels_last_ ? there : here,
+                      " (the trial beside the evaluation)", trial);
+}
+
+void TorchRunner::CancelLayoutTrial() {
+  if (!beside_) return;
+  beside_->cancel = true;
+  beside_.reset();  // Joins its thread after the pass in progress.
 }
 
 std::string TorchRunner::TrialCacheFile(const std::string& shape) const {

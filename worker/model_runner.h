@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -199,6 +200,28 @@ class ModelRunner {
   virtual std::string TrialLayout(const BatchSpec& /*batch*/, std::string* /*trial*/) { return ""; }
   // Runs the model channels-last (parameters and inputs) or not from the next Launch on.
   virtual void SetChannelsLast(bool /*on*/) {}
+  virtual bool ChannelsLast() const { return false; }
+
+  // --channels-last auto beside the evaluation (worker/pipeline.h): the caller goes on launching in
+  // the current layout while a copy of the weights in the other layout warms up on a thread of its
+  // own (cuDNN's channels-last first pass compiles kernels for seconds), then both are timed with
+  // the device to themselves.
+  //   PrepareLayoutTrial(batch): copies `batch` for the trial. False when the runner has no layout
+  //     to choose or already knows the answer for the batch's shape (TrialLayout answers at once).
+  //   StartLayoutTrial(on_ready): starts the other layout's warm-up; `on_ready` is called from its
+  //     thread when FinishLayoutTrial will not wait. False when device memory cannot hold a second
+  //     copy of the weights and a second batch beside the evaluation's: FinishLayoutTrial then runs
+  //     the whole trial on the caller's thread, as TrialLayout does.
+  //   FinishLayoutTrial(trial): times both layouts (nothing else may run on the device meanwhile)
+  //     and answers as TrialLayout does, keeping the answer as it does. The copy stays until
+  //     SetChannelsLast, which adopts it (with the thread its cuDNN plans were built on: PyTorch
+  //     keeps them per thread) when it switches to its layout, or CancelLayoutTrial.
+  //   CancelLayoutTrial(): drops a trial, after the pass in progress.
+  // One caller at a time (the pipeline's batcher), and CancelLayoutTrial once nothing else calls.
+  virtual bool PrepareLayoutTrial(const BatchSpec& /*batch*/) { return false; }
+  virtual bool StartLayoutTrial(std::function<void()> /*on_ready*/) { return false; }
+  virtual std::string FinishLayoutTrial(std::string* /*trial*/) { return ""; }
+  virtual void CancelLayoutTrial() {}
 };
 
 }  // namespace tally
