@@ -61,6 +61,7 @@ struct Pipeline::InFlight {
   std::vector<std::shared_ptr<PendingBatch>> retries;  // Results of out-of-memory retries.
   std::vector<std::unique_ptr<LabelMap>> masks;         // For surface metrics: handed to their task.
   std::string error;  // Why the model failed on the whole batch (Complete), for its retry.
+  bool provisional = false;  // Launched while the layout trial ran beside: its results are held.
 };
 
 // Registers what the calling thread is about to do with the watchdog, for the scope's lifetime.
@@ -148,6 +149,7 @@ Pipeline::~Pipeline() {
     stopping_ = true;
   }
   for (std::thread& t : threads_) t.join();
+  runner_->CancelLayoutTrial();  // Its thread calls back into this pipeline.
   if (profile_enabled_ && profile_.batches > 0) {
     const double n = static_cast<double>(profile_.batches);
     auto ms = [n](const std::atomic<int64_t>& us) { return absl::StrFormat("%.2f", us.load() / n / 1000.0); };
@@ -193,7 +195,12 @@ void Pipeline::Drop(int64_t lease_id) {
 
 int64_t Pipeline::Backlog() const {
   absl::MutexLock lock(&mu_);
-  return backlog_;
+  return backlog_ - static_cast<int64_t>(held_.size());
+}
+
+bool Pipeline::HoldingResults() const {
+  absl::MutexLock lock(&mu_);
+  return layout_provisional_;
 }
 
 bool Pipeline::IdleLocked() const { return backlog_ == 0 || failed_ || stopping_; }
@@ -619,10 +626,15 @@ void Pipeline::ReleaseSlot(Slot* slot) {
   free_slots_.push_back(slot);
 }
 
-void Pipeline::Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result) {
+void Pipeline::Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result, bool provisional) {
   bool dropped = false;
   {
     absl::MutexLock lock(&mu_);
+    if (provisional) {
+      --provisional_rows_;
+      held_.emplace_back(shard, std::move(result));
+      return;
+    }
     dropped = shard->dropped;
     --backlog_;
     ++images_done_;
@@ -657,6 +669,10 @@ void Pipeline::NoteEarlyBatch(size_t rows, size_t failed, const std::string& mes
 
 Pipeline::BatcherStep Pipeline::NextBatcherStepLocked() const {
   if (stopping_) return BatcherStep::kStop;
+  if (!failed_ && layout_trial_ == LayoutTrial::kAfterFirstBatch && early_batches_ >= 1) {
+    return BatcherStep::kStartLayoutTrial;
+  }
+  if (!failed_ && layout_trial_ == LayoutTrial::kReady) return BatcherStep::kResolveLayout;
   if (failed_ || shards_.empty()) return BatcherStep::kWait;
   const Shard& shard = *shards_.front();
   const size_t n = shard.items.size();
@@ -684,7 +700,11 @@ size_t Pipeline::BlockEndLocked(const Shard& shard) const {
   const size_t i0 = shard.next_batch;
   const int64_t idx0 = shard.items[i0].row.index();
   const int64_t block_end = (idx0 / b + 1) * b;  // Aligned to global index multiples of b.
-  return std::min(shard.items.size(), i0 + static_cast<size_t>(block_end - idx0));
+  // A leased shard's rows are consecutive; rows queued again after a layout trial may have gaps
+  // (rows that failed to decode were not held), so the block ends at the first index past it.
+  size_t i1 = std::min(shard.items.size(), i0 + static_cast<size_t>(block_end - idx0));
+  while (i1 > i0 + 1 && shard.items[i1 - 1].row.index() >= block_end) --i1;
+  return i1;
 }
 
 void Pipeline::DiscardFrontShardLocked() {
@@ -854,21 +874,106 @@ bool Pipeline::ResolveDecode(const BatchSpec& spec) {
   return true;
 }
 
+bool Pipeline::AgreeLayout(const std::string& choice, const std::string& trial) {
+  if (choice.empty()) return true;
+  absl::StatusOr<bool> on = options_.resolve_layout(choice == "on", trial);
+  if (!on.ok()) {
+    Fail(absl::StrCat("cannot agree on the job's memory layout with the coordinator: ", on.status().message()), false);
+    return false;
+  }
+  runner_->SetChannelsLast(*on);
+  Log("channels-last ", *on ? "on" : "off", " for this job (", choice == (*on ? "on" : "off") ? "" : "not ",
+      "this worker's choice; ", trial, ")");
+  return true;
+}
+
+bool Pipeline::ProvisionalSettledLocked() const {
+  return stopping_ || failed_ || (provisional_rows_ == 0 && in_flight_.empty() && !launches_paused_);
+}
+
+void Pipeline::ResolveLayoutTrial() {
+  const double t0 = NowUnix();
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Pipeline::ProvisionalSettledLocked));
+    if (stopping_ || failed_) return;
+  }
+  const double t1 = NowUnix();
+  const bool ran_channels_last = runner_->ChannelsLast();
+  std::string trial;
+  const std::string choice = runner_->FinishLayoutTrial(&trial);
+  if (!AgreeLayout(choice, trial)) return;
+  const bool again = runner_->ChannelsLast() != ran_channels_last;
+  std::vector<std::pair<std::shared_ptr<Shard>, v1::ImageResult>> held;
+  {
+    absl::MutexLock lock(&mu_);
+    layout_provisional_ = false;
+    held.swap(held_);
+    if (!again && !held.empty() && first_batch_unix_ == 0) first_batch_unix_ = NowUnix();
+  }
+  Log("layout trial beside the evaluation: ", held.size(), " rows evaluated meanwhile ",
+      again ? "are evaluated again in the job's layout" : "are delivered",
+      absl::StrFormat(" (waited %.2f s for them, timed and agreed in %.2f s)", t1 - t0, NowUnix() - t1));
+  if (!again) {
+    for (auto& [shard, result] : held) Deliver(shard, std::move(result));
+    return;
+  }
+  // The held results go, with their places among the worst rows: every thumbnail selection starts
+  // again from the rows evaluated from now on (a subset of the job's rows: the argument of
+  // common/thumbnail.h holds for it).
+  {
+    absl::MutexLock lock(&worst_mu_);
+    workers_worst_ = RunningWorst(options_.thumbnails);
+  }
+  auto fresh_thumbnails = [this]() -> std::shared_ptr<ShardThumbnails> {
+    if (options_.thumbnails <= 0) return nullptr;
+    return std::make_shared<ShardThumbnails>(options_.thumbnails, options_.empty_score, options_.all_foreground);
+  };
+  absl::MutexLock lock(&mu_);
+  for (const std::shared_ptr<Shard>& shard : shards_) shard->thumbnails = fresh_thumbnails();
+  // The rows again, per shard, at the back of the queue: they form the same batches as before
+  // (batches are index-aligned blocks of a shard's consecutive rows, and these are whole batches).
+  std::vector<std::shared_ptr<Shard>> order;
+  std::map<const Shard*, std::vector<int64_t>> rows;
+  for (const auto& [shard, result] : held) {
+    auto [it, inserted] = rows.try_emplace(shard.get());
+    if (inserted) order.push_back(shard);
+    it->second.push_back(result.index());
+  }
+  for (const std::shared_ptr<Shard>& old : order) {
+    std::vector<int64_t>& indices = rows[old.get()];
+    if (old->dropped) {
+      backlog_ -= static_cast<int64_t>(indices.size());
+      continue;
+    }
+    std::sort(indices.begin(), indices.end());
+    auto shard = std::make_shared<Shard>();
+    shard->lease = old->lease;
+    shard->thumbnails = fresh_thumbnails();
+    for (const Item& it : old->items) {
+      if (std::binary_search(indices.begin(), indices.end(), it.row.index())) {
+        shard->items.emplace_back();
+        shard->items.back().row = it.row;
+      }
+    }
+    shards_.push_back(std::move(shard));
+  }
+}
+
 bool Pipeline::WarmUp(const BatchSpec& spec) {
   const double t0 = NowUnix();
+  bool beside = false;
   if (options_.resolve_layout) {
-    std::string trial;
-    const std::string choice = runner_->TrialLayout(spec, &trial);
-    if (!choice.empty()) {
-      absl::StatusOr<bool> on = options_.resolve_layout(choice == "on", trial);
-      if (!on.ok()) {
-        Fail(absl::StrCat("cannot agree on the job's memory layout with the coordinator: ", on.status().message()),
-             false);
-        return false;
-      }
-      runner_->SetChannelsLast(*on);
-      Log("channels-last ", *on ? "on" : "off", " for this job (", choice == (*on ? "on" : "off") ? "" : "not ",
-          "this worker's choice; ", trial, ")");
+    if (!saving_ && runner_->PrepareLayoutTrial(spec)) {
+      // The trial starts after this batch and runs beside the evaluation; results wait for it.
+      beside = true;
+      absl::MutexLock lock(&mu_);
+      layout_trial_ = LayoutTrial::kAfterFirstBatch;
+      layout_provisional_ = true;
+    } else {
+      std::string trial;
+      const std::string choice = runner_->TrialLayout(spec, &trial);
+      if (!AgreeLayout(choice, trial)) return false;
     }
   }
   // TorchScript's profiling executor optimises after a few runs (--jit-optimize): run the first
@@ -885,7 +990,10 @@ bool Pipeline::WarmUp(const BatchSpec& spec) {
   const bool redecode = options_.resolve_decode && ResolveDecode(spec);
   if (options_.resolve_layout || passes > 0 || options_.resolve_decode) {
     Log("warm-up on the first batch (", spec.items.size(), " rows): ",
-        options_.resolve_layout ? absl::StrFormat("layout trial %.2f s, ", t1 - t0) : "", passes,
+        !options_.resolve_layout ? ""
+        : beside                 ? "layout trial beside the evaluation from the next batch on, "
+                                 : absl::StrFormat("layout trial %.2f s, ", t1 - t0),
+        passes,
         absl::StrFormat(" passes %.2f s", t2 - t1),
         options_.resolve_decode ? absl::StrFormat(", decoder trial %.2f s", NowUnix() - t2) : "");
   }
@@ -902,6 +1010,8 @@ void Pipeline::LaunchBatch(std::shared_ptr<InFlight> batch) {
   {
     absl::MutexLock lock(&mu_);  // Not while the completion thread retries a batch (CompletionLoop).
     mu_.Await(absl::Condition(this, &Pipeline::LaunchesAllowedLocked));
+    batch->provisional = layout_provisional_;
+    if (batch->provisional) provisional_rows_ += static_cast<int64_t>(batch->index.size());
   }
   absl::StatusOr<std::unique_ptr<PendingBatch>> pending = runner_->Launch(batch->spec);
   if (pending.ok()) {
@@ -924,14 +1034,22 @@ void Pipeline::BatchLoop() {
   while (true) {
     std::shared_ptr<Shard> shard;
     size_t i0 = 0, i1 = 0;
+    BatcherStep step = BatcherStep::kWait;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &Pipeline::BatcherCanActLocked));
-      switch (NextBatcherStepLocked()) {
+      step = NextBatcherStepLocked();
+      switch (step) {
         case BatcherStep::kWait:
           continue;
         case BatcherStep::kStop:
           return;
+        case BatcherStep::kStartLayoutTrial:
+          layout_trial_ = LayoutTrial::kRunning;
+          break;
+        case BatcherStep::kResolveLayout:
+          layout_trial_ = LayoutTrial::kNone;
+          break;
         case BatcherStep::kDiscardShard:
           DiscardFrontShardLocked();
           continue;
@@ -948,6 +1066,22 @@ void Pipeline::BatchLoop() {
           decoded_waiting_ -= static_cast<int>(i1 - i0);
           break;
       }
+    }
+    if (step == BatcherStep::kStartLayoutTrial) {
+      // After the first batch, whose passes show what the evaluation needs of the device's memory.
+      const bool beside = runner_->StartLayoutTrial([this] {
+        absl::MutexLock lock(&mu_);
+        if (layout_trial_ == LayoutTrial::kRunning) layout_trial_ = LayoutTrial::kReady;
+      });
+      if (!beside) {
+        absl::MutexLock lock(&mu_);
+        layout_trial_ = LayoutTrial::kReady;  // The whole trial on this thread, now.
+      }
+      continue;
+    }
+    if (step == BatcherStep::kResolveLayout) {
+      ResolveLayoutTrial();
+      continue;
     }
     if (!shard) {
       ChooseBatchSize();
@@ -1099,7 +1233,7 @@ size_t Pipeline::RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t en
       *model_error = std::string(s.message());
       r.set_error(*model_error);
     }
-    Deliver(batch->shard, std::move(r));
+    Deliver(batch->shard, std::move(r), batch->provisional);
     return oom ? 0 : 1;
   }
   Log(oom ? "device out of memory" : "the model raised", " on a batch of ", end - begin, "; retrying in halves (",
@@ -1116,7 +1250,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     if (num_classes_ == 0) num_classes_ = k;
     job_classes = num_classes_;
     logit_ties_ += pending->logit_ties();
-    if (first_batch_unix_ == 0) {
+    if (first_batch_unix_ == 0 && !batch->provisional) {  // Held results: when they are delivered.
       first_batch_unix_ = NowUnix();
       if (profile_enabled_) Log("first batch's results");
     }
@@ -1149,7 +1283,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     }
     if (!error.empty()) {
       r.set_error(error);
-      Deliver(batch->shard, std::move(r));
+      Deliver(batch->shard, std::move(r), batch->provisional);
       if (surface_) {
         absl::MutexLock lock(&mu_);
         RecycleLocked(std::move(batch->masks[i]));
@@ -1222,7 +1356,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     }
     const bool cpu_surface = surface_ && batch->masks[i] != nullptr;  // Not scored on the device.
     if (!cpu_surface && !saving_ && thumbs[n].empty()) {
-      Deliver(batch->shard, std::move(r));
+      Deliver(batch->shard, std::move(r), batch->provisional);
       continue;
     }
     // The task owns the reference labels and keeps `batch` (hence the predicted labels) alive; it
@@ -1262,7 +1396,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
           r = std::move(failed);
         }
       }
-      Deliver(batch->shard, std::move(r));
+      Deliver(batch->shard, std::move(r), batch->provisional);
       if (ref) {
         auto recycled = std::make_unique<LabelMap>();
         recycled->labels.swap(ref->labels);  // Keeps the buffer's capacity for the next mask.

@@ -75,9 +75,14 @@ struct PipelineOptions {
   bool all_foreground = false;                // Class 0 gets thumbnails too.
   // Non-empty: an existing folder (resolved) where every predicted label map is written as PNG.
   std::string save_predictions;
-  // --channels-last auto, not yet resolved for the job: before the first batch, the runner's trial
-  // (ModelRunner::TrialLayout) is proposed here and the answer (the job's choice, the first
-  // worker's) is what runs. An error fails the job here. Null: the layout is already fixed.
+  // --channels-last auto, not yet resolved for the job: the runner's trial is proposed here and the
+  // answer (the job's choice, the first worker's) is what runs. An error fails the job here. Null:
+  // the layout is already fixed. When the runner keeps no answer for the first batch's shape, the
+  // trial runs beside the evaluation (ModelRunner::PrepareLayoutTrial): rows are evaluated in the
+  // current layout meanwhile and their results held back until the job's layout is agreed; they
+  // are delivered if it is the layout they ran in, else evaluated again (every row's result comes
+  // from the job's layout, whichever rows a worker evaluated while its trial ran). Jobs that save
+  // predictions run the trial before their first batch instead (nothing is written twice).
   std::function<absl::StatusOr<bool>(bool channels_last, const std::string& trial)> resolve_layout;
   // JPEG decoding (worker/gpu_jpeg.h): on the GPU `decode_device` (a CUDA device index) when
   // decode_gpu; else libjpeg-turbo on the decode threads.
@@ -111,8 +116,9 @@ class Pipeline : public RowEvaluator {
   void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) override;
   // Stops work for a lease (revoked, job cancelled): its remaining rows produce no results.
   void Drop(int64_t lease_id) override;
-  // Rows accepted and not yet delivered or dropped.
+  // Rows accepted and not yet delivered, held or dropped.
   int64_t Backlog() const override;
+  bool HoldingResults() const override;
   // Blocks until the backlog is empty or the pipeline failed.
   void WaitIdle() override;
 
@@ -155,7 +161,18 @@ class Pipeline : public RowEvaluator {
   class ActivityScope;
 
   // What the batcher does next, decided from the state alone; kWait is its wait condition.
-  enum class BatcherStep { kWait, kStop, kDiscardShard, kNextShard, kChooseBatchSize, kTakeBlock };
+  enum class BatcherStep {
+    kWait,
+    kStop,
+    kDiscardShard,
+    kNextShard,
+    kChooseBatchSize,
+    kTakeBlock,
+    kStartLayoutTrial,  // The first batch is done: the trial beside the evaluation may start.
+    kResolveLayout,     // The trial can be timed: the job's layout is agreed, held results settled.
+  };
+  // The trial beside the evaluation (PipelineOptions::resolve_layout).
+  enum class LayoutTrial { kNone, kAfterFirstBatch, kRunning, kReady };
   BatcherStep NextBatcherStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BatcherCanActLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // End of the index-aligned block starting at the front shard's next item.
@@ -170,6 +187,13 @@ class Pipeline : public RowEvaluator {
   // Returns true when it switched JPEG decoding to the GPU (--decode auto): the batch is to be
   // decoded again (RedecodeStaged).
   bool WarmUp(const BatchSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
+  // Proposes the runner's layout trial (`choice`, "" when it made none) and switches to the
+  // job's answer; false when the pipeline failed.
+  bool AgreeLayout(const std::string& choice, const std::string& trial) ABSL_LOCKS_EXCLUDED(mu_);
+  // The trial beside the evaluation is ready: waits until every row evaluated meanwhile is held,
+  // times the layouts, agrees the job's and delivers the held results or queues their rows again.
+  void ResolveLayoutTrial() ABSL_LOCKS_EXCLUDED(mu_);
+  bool ProvisionalSettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchBatch(std::shared_ptr<InFlight> batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Wait conditions, one per wait.
   bool DecodeWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,7 +244,8 @@ class Pipeline : public RowEvaluator {
   // Renders the thumbnails of `classes` of one row into `r` (a pool task).
   void AddThumbnails(Shard* shard, const uint8_t* rgb, const uint16_t* pred, const uint16_t* ref, int height, int width,
                      const std::vector<int>& classes, v1::ImageResult* r);
-  void Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result);
+  // `provisional`: the row ran while the layout trial was beside the evaluation; its result is held.
+  void Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result, bool provisional = false);
   void Fail(const std::string& message, bool definitive);
   void ReleaseSlot(Slot* slot);
   std::unique_ptr<RgbImage> TakeImage();
@@ -271,6 +296,13 @@ class Pipeline : public RowEvaluator {
   bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
   int early_batches_ ABSL_GUARDED_BY(mu_) = 0;  // Top-level batches finished (counted up to 2).
   int early_batches_all_failed_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The layout trial beside the evaluation: batches launched while `layout_provisional_` are
+  // provisional; their rows count in `provisional_rows_` until their results are held in `held_`.
+  LayoutTrial layout_trial_ ABSL_GUARDED_BY(mu_) = LayoutTrial::kNone;
+  bool layout_provisional_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t provisional_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<std::shared_ptr<Shard>, v1::ImageResult>> held_ ABSL_GUARDED_BY(mu_);
 
   // Statistics.
   int64_t images_done_ ABSL_GUARDED_BY(mu_) = 0;

@@ -26,8 +26,11 @@ class RowEvaluator {
   virtual void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) = 0;
   // Stops work for a lease (revoked, job cancelled): its remaining rows produce no results.
   virtual void Drop(int64_t lease_id) = 0;
-  // Rows accepted and not yet delivered or dropped.
+  // Rows accepted and not yet evaluated (delivered or held back) or dropped.
   virtual int64_t Backlog() const = 0;
+  // Results are being held back (a layout trial beside the evaluation, worker/pipeline.h): the
+  // leases they belong to stay open meanwhile, and need not count against the worker's lease cap.
+  virtual bool HoldingResults() const { return false; }
   // Blocks until the backlog is empty or the evaluator failed.
   virtual void WaitIdle() = 0;
   // Rows evaluated together (the leasing loop keeps a few of these queued).

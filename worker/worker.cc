@@ -353,16 +353,21 @@ bool Worker::HasRoomForAnotherShard() {
   size_t held = leases_.size();
   int64_t backlog = 0;
   int batch = 8;
+  bool holding = false;
   if (evaluator_) {
     backlog = evaluator_->pipeline->Backlog();
     batch = std::max(1, evaluator_->pipeline->batch_size());
+    holding = evaluator_->pipeline->HoldingResults();
   }
   // Keep enough rows queued that decoding runs ahead of the device, but no more: the batches staged
   // or in flight, the decode threads' window (DecodeWindowRows) and one batch more
   // not yet decoded. With 4 decode threads a batch takes as long to decode as to run (H100, LRASPP):
   // a backlog of 4 batches left them a single batch of runway, and each late lease idled the GPU.
   const int64_t target = LeaseTargetRows(batch);
-  if (held < static_cast<size_t>(options_.max_leases) && (held == 0 || backlog < target)) return true;
+  // While results are held back (a layout trial beside the evaluation: seconds) the leases they
+  // keep open do not count against --max-leases, or the device would idle once it had that many.
+  const bool under_cap = held < static_cast<size_t>(options_.max_leases) || holding;
+  if (under_cap && (held == 0 || backlog < target)) return true;
   // Woken by every delivered result, so the next shard is leased as soon as there is room.
   wake_leaser_ = false;
   mu_.AwaitWithTimeout(absl::Condition(&wake_leaser_), absl::Milliseconds(50));

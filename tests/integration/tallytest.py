@@ -178,13 +178,14 @@ class Cluster:
         with open(port_file) as f:
             self.address = "127.0.0.1:" + f.read().strip()
 
-    def start_worker(self, *extra, name=None, device="cpu"):
+    def start_worker(self, *extra, name=None, device="cpu", env=None):
+        """`env`: variables added to the worker's environment."""
         i = len(self.workers)
         log = open(os.path.join(self.root, f"worker-{i}.log"), "w")
         self.logs.append(log)
         p = subprocess.Popen([os.path.join(BIN, "tally-worker"), "--coordinator", self.address, "--device", device,
                               "--threads", "1", "--name", name or f"w{i}"] + list(extra),
-                             stdout=log, stderr=subprocess.STDOUT)
+                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.workers.append(p)
         return p
 

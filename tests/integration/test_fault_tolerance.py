@@ -1,5 +1,7 @@
 """Processes die; results do not get lost or counted twice."""
+import base64
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -9,6 +11,14 @@ import unittest
 import numpy as np
 
 import tallytest as tt
+
+
+def figures(out):
+    """report.html's thumbnails: (class, row index) -> JPEG bytes."""
+    with open(os.path.join(out, "report.html")) as f:
+        html = f.read()
+    pattern = r'<figure data-index="(\d+)" data-class="(\d+)"><img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)"'
+    return {(int(c), int(i)): base64.b64decode(b) for i, c, b in re.findall(pattern, html)}
 
 
 def free_port():
@@ -144,6 +154,46 @@ class LayoutResolutionTest(unittest.TestCase):
         self.assertEqual((report["channels_last_mode"], report["channels_last"], report["channels_last_trial"]),
                          ("auto", "on", "trial A"))
         self.assertEqual(report["images_evaluated"], 12)
+
+    def test_a_trial_beside_the_evaluation_holds_its_rows_back_until_the_layout_is_agreed(self):
+        # With no kept answer, a worker evaluates rows in its current layout while the trial runs
+        # beside them, holds their results until the job's layout is agreed, then delivers them
+        # (the same layout) or evaluates them again (the other). layout_marks.pt predicts the other
+        # class when run channels-last, so every row shows the layout its result came from; the
+        # tests' hook TALLY_TEST_LAYOUT_TRIAL runs the trial on CPU workers with a given answer, ready
+        # only after 0.4 s (rows are evaluated meanwhile). Reports, thumbnails included, must be
+        # those of the answer's fixed layout, with one worker or two.
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(12), 64, [(24, 32)], classes=2)
+        flags = ("--metrics", "dice,hd95", "--batch-size", "4", "--shard-size", "16")
+        fixed = {}
+        for layout in ("on", "off"):
+            fixed[layout] = os.path.join(root, f"fixed-{layout}")
+            tt.tally_run(tt.fixture("layout_marks.pt"), manifest, fixed[layout], "--workers", "1", "--channels-last",
+                         layout, *flags)
+        self.assertFalse(tt.same_files(fixed["on"], fixed["off"]))  # The layouts' results differ.
+        for answer in ("on", "off"):
+            for workers in (1, 2):
+                run = os.path.join(root, f"{answer}-{workers}")
+                cluster = tt.Cluster(self, run)
+                for _ in range(workers):
+                    cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": f"{answer}:0.4"})
+                cluster.wait_registered(workers)
+                job = cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags)
+                self.assertEqual(cluster.wait(job)["state"], "succeeded")
+                out = os.path.join(run, "out")
+                cluster.fetch(job, out)
+                report = tt.read_report(out)
+                self.assertEqual((report["channels_last_mode"], report["channels_last"]), ("auto", answer))
+                self.assertIn("the trial beside the evaluation", report["channels_last_trial"])
+                self.assertEqual(report["images_evaluated"], 64)
+                self.assertTrue(tt.same_files(out, fixed[answer]), (answer, workers))
+                self.assertEqual(figures(out), figures(fixed[answer]), (answer, workers))
+                logs = "".join(cluster.log(f"worker-{k}.log") for k in range(workers))
+                said = re.findall(r"layout trial beside the evaluation: (\d+) rows evaluated meanwhile (are \w+)", logs)
+                self.assertTrue(said, logs)
+                self.assertTrue(all(int(n) > 0 for n, _ in said), said)  # The first batch at least.
+                self.assertEqual({verb for _, verb in said}, {"are evaluated" if answer == "on" else "are delivered"})
 
     def test_a_loaded_model_serves_the_next_job(self):
         # The worker keeps the last job's model (keyed by the file's SHA-256 and the runner's

@@ -289,6 +289,42 @@ class GpuTest(unittest.TestCase):
         none = self.run_on("kept-none", "conv3.pt", "--gpus", "0", "--worker-flags=--cache-dir=none")
         self.assertNotIn("kept from an earlier trial", tt.read_report(none)["channels_last_trial"])
 
+    def test_a_trial_beside_the_evaluation_gives_the_fixed_layouts_results(self):
+        # The trial beside the evaluation on CUDA: layout_marks.pt predicts the other class when run
+        # channels-last. With the answer forced each way (TALLY_TEST_LAYOUT_TRIAL), the held rows
+        # are delivered or evaluated again on the adopted copy (and its launch thread): the report
+        # equals the fixed layout's. A real trial (conv3, fresh cache) equals its answer's layout.
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(7), 160, [(64, 96)], classes=2)
+        flags = ("--gpus", "0", "--metrics", "all", "--batch-size", "8", "--worker-flags=--cache-dir=none")
+
+        def run(name, model, *extra, env=None):
+            out = os.path.join(root, name)
+            saved = dict(os.environ)
+            os.environ.update(env or {})
+            try:
+                p = tt.tally_run(tt.fixture(model), manifest, out, *flags, *extra, check=False)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            if p.returncode != 0 and "CPU-only LibTorch" in p.stderr:
+                self.skipTest("this build has no CUDA support")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            return out
+
+        fixed = {layout: run(f"fixed-{layout}", "layout_marks.pt", "--channels-last", layout) for layout in ("on", "off")}
+        self.assertFalse(tt.same_files(fixed["on"], fixed["off"]))
+        for answer in ("on", "off"):
+            out = run(f"beside-{answer}", "layout_marks.pt", env={"TALLY_TEST_LAYOUT_TRIAL": f"{answer}:0.3"})
+            report = tt.read_report(out)
+            self.assertEqual(report["channels_last"], answer)
+            self.assertIn("the trial beside the evaluation", report["channels_last_trial"])
+            self.assertTrue(tt.same_files(out, fixed[answer]), answer)
+        real = run("beside-real", "conv3.pt")
+        report = tt.read_report(real)
+        self.assertIn("the trial beside the evaluation", report["channels_last_trial"])
+        self.assertTrue(tt.same_files(real, run("real-fixed", "conv3.pt", "--channels-last", report["channels_last"])))
+
     def test_the_first_batch_is_its_own_warm_up(self):
         # With the JIT optimiser off (the default) a fresh GPU worker runs no extra passes before
         # its first batch, and warms the device up while it reads the model: the first batch's own
