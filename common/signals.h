@@ -18,6 +18,13 @@ std::thread WaitForTerminationSignal(std::function<void(int)> on_signal);
 void BlockReloadSignal();
 void HandleReloadSignals(std::function<void()> on_reload);
 
+// SIGQUIT (kill -QUIT PID) as "print every thread's stack to stderr" for the long-running mains, to
+// see where a stuck process waits without a debugger: the first thread to get it sends it on to the
+// others; each prints its thread id, name and return addresses (backtrace_symbols_fd: functions
+// local to the executable show as offsets, for `addr2line -f -C -e BINARY OFFSET`). The process
+// goes on. Call once, early in main().
+void DumpStacksOnQuitSignal();
+
 }  // namespace tally
 
 #endif  // TALLY_COMMON_SIGNALS_H_

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 
   tally::BlockTerminationSignals();
+  tally::DumpStacksOnQuitSignal();
   tally::BlockReloadSignal();
 
   tally::ServerOptions options;

@@ -211,6 +211,7 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_estimate).empty()) return RunEstimateCommand(options);
   // Termination signals go to one thread (WaitForTerminationSignal): blocked before any thread starts.
   tally::BlockTerminationSignals();
+  tally::DumpStacksOnQuitSignal();
   auto worker = tally::Worker::Create(options);
   if (!worker.ok()) {
     std::cerr << "tally-worker: " << worker.status().message() << "\n";

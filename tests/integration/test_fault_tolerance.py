@@ -110,6 +110,31 @@ class FaultToleranceTest(unittest.TestCase):
         self.assertIn("resuming job", cluster.log("tallyd2.log"))
 
 
+class StackDumpTest(unittest.TestCase):
+    def test_sigquit_prints_every_threads_stack_and_the_processes_carry_on(self):
+        # kill -QUIT: a stuck process shows where each thread waits, and goes on working.
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(4), 8, [(16, 16)], classes=2)
+        cluster = tt.Cluster(self, root)
+        worker = cluster.start_worker()
+        cluster.wait_registered(1)
+        for p, log in ((worker, "worker-0.log"), (cluster.tallyd, "tallyd.log")):
+            threads = len(os.listdir(f"/proc/{p.pid}/task"))
+            os.kill(p.pid, signal.SIGQUIT)
+            deadline = time.time() + 10
+            while "=== end of stacks" not in cluster.log(log) and time.time() < deadline:
+                time.sleep(0.1)
+            text = cluster.log(log)
+            self.assertIn("=== SIGQUIT: every thread's stack", text)
+            self.assertIn("=== end of stacks", text)
+            # Every thread (a few may come or go meanwhile), each with its frames.
+            self.assertGreaterEqual(text.count("--- thread "), threads - 2, text)
+            self.assertRegex(text, r"--- thread \d+ \([^)]*\):\n\S+\(")
+            self.assertIsNone(p.poll())
+        job = cluster.submit(tt.fixture("red_vs_rest.pt"), manifest, "--metrics", "dice")
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+
+
 class LayoutResolutionTest(unittest.TestCase):
     """--channels-last auto: the first worker's trial decides for the whole job (the coordinator
     keeps the first proposal, in the database), so every result comes from one layout."""
