@@ -11,6 +11,9 @@
 #   long      32 000 rows, default flags: a network's first run (fresh trial cache), then a
 #             retrained checkpoint of it (the kept trial), then --channels-last off
 #   python    the Python backend against the same network as TorchScript (goal 5)
+#   beside    (session 9) the layout trial beside the evaluation: DeepLabV3 bf16 (channels-last
+#             wins: held rows evaluated again) and LRASPP (contiguous wins: held rows delivered) on a
+#             network's first run, each against its fixed layout's per_image.csv and a kept trial
 # Data and the trained LRASPPs are made once per machine under /tmp/x. $OUT: logs.
 #   OUT=/tmp/logs bash bench/gpu/cold_start.sh [STAGES]
 set -uo pipefail
@@ -101,6 +104,7 @@ if has long; then
 rows=open('$work/png/manifest.csv').read().splitlines(); print(rows[0]); [print(r) for _ in range(10) for r in rows[1:]]" > $work/png/m32000.csv
   export XDG_CACHE_HOME=$work/cache32k; rm -rf $XDG_CACHE_HOME
   LINES=6 run lr-32000-first --model $work/lr_png.pt --manifest $work/png/m32000.csv --metrics dice
+  grep -h "layout trial\|channels-last" $work/out/lr-32000-first/.tally/worker-0.log | cut -c 25- | sed 's/^/   /' | head -4
   run lr-32000-retrained --model $work/lr_jpg.pt --manifest $work/png/m32000.csv --metrics dice
   run lr-32000-off --model $work/lr_png.pt --manifest $work/png/m32000.csv --metrics dice --channels-last off
 fi
@@ -110,6 +114,20 @@ if has python; then
   for k in 1 2; do
     run py-$k --model bench/gpu/torchvision_model.py --model-option arch=lraspp --manifest $work/png/manifest.csv --metrics dice
     run ts-$k --model $work/models/lraspp.pt --manifest $work/png/manifest.csv --metrics dice --channels-last off
+  done
+fi
+if has beside; then
+  echo "== the layout trial beside the evaluation, a network's first run (fresh cache) vs the fixed layout"
+  python3 bench/gpu/export_models.py $work/models deeplabv3 > /dev/null 2>&1
+  for m in "dl $work/models/deeplabv3.pt --precision bf16" "lr $work/lr_png.pt"; do
+    set -- $m; name=$1; shift
+    export XDG_CACHE_HOME=$work/cache-$name; rm -rf $XDG_CACHE_HOME
+    run $name-first --model "$@" --manifest $work/png/manifest.csv --metrics dice
+    grep -h "layout trial\|channels-last" $work/out/$name-first/.tally/worker-0.log | cut -c 25- | sed 's/^/   /' | head -4
+    run $name-kept --model "$@" --manifest $work/png/manifest.csv --metrics dice
+    layout=$(python3 -c "import json; print(json.load(open('$work/out/$name-first/report.json'))['channels_last'])")
+    run $name-fixed --model "$@" --manifest $work/png/manifest.csv --metrics dice --channels-last $layout
+    for v in kept fixed; do cmp -s $work/out/$name-first/per_image.csv $work/out/$name-$v/per_image.csv && echo "per_image.csv: $name-first = $name-$v" || echo "per_image.csv: $name-first DIFFERS from $name-$v"; done
   done
 fi
 echo "all done at $(( $(date +%s) - t_start )) s"
