@@ -293,17 +293,18 @@ class GpuTest(unittest.TestCase):
         # The trial beside the evaluation on CUDA: layout_marks.pt predicts the other class when run
         # channels-last. With the answer forced each way (TALLY_TEST_LAYOUT_TRIAL), the held rows
         # are delivered or evaluated again on the adopted copy (and its launch thread): the report
-        # equals the fixed layout's. A real trial (conv3, fresh cache) equals its answer's layout.
+        # equals the fixed layout's (one GPU), with every GPU's worker running a trial of its own
+        # too. A real trial (conv3, fresh cache) equals its answer's layout.
         root = tt.tmpdir(self)
         manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(7), 160, [(64, 96)], classes=2)
-        flags = ("--gpus", "0", "--metrics", "all", "--batch-size", "8", "--worker-flags=--cache-dir=none")
+        flags = ("--metrics", "all", "--batch-size", "8", "--shard-size", "16", "--worker-flags=--cache-dir=none")
 
-        def run(name, model, *extra, env=None):
+        def run(name, model, *extra, env=None, gpus="0"):
             out = os.path.join(root, name)
             saved = dict(os.environ)
             os.environ.update(env or {})
             try:
-                p = tt.tally_run(tt.fixture(model), manifest, out, *flags, *extra, check=False)
+                p = tt.tally_run(tt.fixture(model), manifest, out, "--gpus", gpus, *flags, *extra, check=False)
             finally:
                 os.environ.clear()
                 os.environ.update(saved)
@@ -314,16 +315,19 @@ class GpuTest(unittest.TestCase):
 
         fixed = {layout: run(f"fixed-{layout}", "layout_marks.pt", "--channels-last", layout) for layout in ("on", "off")}
         self.assertFalse(tt.same_files(fixed["on"], fixed["off"]))
-        for answer in ("on", "off"):
-            out = run(f"beside-{answer}", "layout_marks.pt", env={"TALLY_TEST_LAYOUT_TRIAL": f"{answer}:0.3"})
-            report = tt.read_report(out)
-            self.assertEqual(report["channels_last"], answer)
+        for gpus in ("0", "all") if GPUS >= 2 else ("0",):
+            for answer in ("on", "off"):
+                out = run(f"beside-{answer}-{gpus}", "layout_marks.pt", env={"TALLY_TEST_LAYOUT_TRIAL": f"{answer}:0.3"},
+                          gpus=gpus)
+                report = tt.read_report(out)
+                self.assertEqual(report["channels_last"], answer)
+                self.assertIn("the trial beside the evaluation", report["channels_last_trial"])
+                self.assertTrue(tt.same_files(out, fixed[answer]), (answer, gpus))
+            real = run(f"beside-real-{gpus}", "conv3.pt", gpus=gpus)
+            report = tt.read_report(real)
             self.assertIn("the trial beside the evaluation", report["channels_last_trial"])
-            self.assertTrue(tt.same_files(out, fixed[answer]), answer)
-        real = run("beside-real", "conv3.pt")
-        report = tt.read_report(real)
-        self.assertIn("the trial beside the evaluation", report["channels_last_trial"])
-        self.assertTrue(tt.same_files(real, run("real-fixed", "conv3.pt", "--channels-last", report["channels_last"])))
+            fixed_real = run(f"real-fixed-{gpus}", "conv3.pt", "--channels-last", report["channels_last"])
+            self.assertTrue(tt.same_files(real, fixed_real), gpus)
 
     def test_the_first_batch_is_its_own_warm_up(self):
         # With the JIT optimiser off (the default) a fresh GPU worker runs no extra passes before
