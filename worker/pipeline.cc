@@ -190,6 +190,10 @@ void Pipeline::Drop(int64_t lease_id) {
     for (auto& s : shards_) {
       if (s->lease.lease_id == lease_id) s->dropped = true;
     }
+    // Shards the batcher is done with whose results wait for a layout trial.
+    for (auto& [s, result] : held_) {
+      if (s->lease.lease_id == lease_id) s->dropped = true;
+    }
   }
 }
 
@@ -911,10 +915,10 @@ void Pipeline::ResolveLayoutTrial() {
     held.swap(held_);
     if (!again && !held.empty() && first_batch_unix_ == 0) first_batch_unix_ = NowUnix();
   }
-  Log("layout trial beside the evaluation: ", held.size(), " rows evaluated meanwhile ",
-      again ? "are evaluated again in the job's layout" : "are delivered",
-      absl::StrFormat(" (waited %.2f s for them, timed and agreed in %.2f s)", t1 - t0, NowUnix() - t1));
+  const std::string timing =
+      absl::StrFormat(" (waited %.2f s for them, timed and agreed in %.2f s)", t1 - t0, NowUnix() - t1);
   if (!again) {
+    Log("layout trial beside the evaluation: ", held.size(), " rows evaluated meanwhile are delivered", timing);
     for (auto& [shard, result] : held) Deliver(shard, std::move(result));
     return;
   }
@@ -940,10 +944,12 @@ void Pipeline::ResolveLayoutTrial() {
     if (inserted) order.push_back(shard);
     it->second.push_back(result.index());
   }
+  size_t dropped = 0;
   for (const std::shared_ptr<Shard>& old : order) {
     std::vector<int64_t>& indices = rows[old.get()];
-    if (old->dropped) {
+    if (old->dropped) {  // Its lease went meanwhile (revoked, job cancelled).
       backlog_ -= static_cast<int64_t>(indices.size());
+      dropped += indices.size();
       continue;
     }
     std::sort(indices.begin(), indices.end());
@@ -958,6 +964,9 @@ void Pipeline::ResolveLayoutTrial() {
     }
     shards_.push_back(std::move(shard));
   }
+  Log("layout trial beside the evaluation: ", held.size() - dropped,
+      " rows evaluated meanwhile are evaluated again in the job's layout", timing,
+      dropped > 0 ? absl::StrCat("; ", dropped, " more were dropped with their leases") : "");
 }
 
 bool Pipeline::WarmUp(const BatchSpec& spec) {

@@ -220,6 +220,47 @@ class LayoutResolutionTest(unittest.TestCase):
                 self.assertTrue(all(int(n) > 0 for n, _ in said), said)  # The first batch at least.
                 self.assertEqual({verb for _, verb in said}, {"are evaluated" if answer == "on" else "are delivered"})
 
+    def test_held_rows_go_with_a_cancelled_job_and_a_stopping_worker_sends_them(self):
+        # While its trial runs beside the evaluation a worker holds results back: a job cancelled
+        # then leaves nothing behind (its held rows are dropped, the worker serves the next job),
+        # and SIGTERM waits for the trial and sends the held rows, evaluated in the job's layout.
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(13), 200, [(24, 32)], classes=2)
+        flags = ("--metrics", "dice", "--batch-size", "4", "--shard-size", "16")
+        fixed = os.path.join(root, "fixed")
+        tt.tally_run(tt.fixture("layout_marks.pt"), manifest, fixed, "--workers", "1", "--channels-last", "on", *flags)
+        cluster = tt.Cluster(self, root)
+        holding = "layout trial beside the evaluation from the next batch on"
+
+        def wait_for(log, text, timeout=30):
+            deadline = time.time() + timeout
+            while text not in cluster.log(log):
+                self.assertLess(time.time(), deadline, cluster.log(log))
+                time.sleep(0.05)
+
+        first = cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": "on:2"})
+        cancelled = cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags)
+        wait_for("worker-0.log", holding)
+        cluster.cli("cancel", cancelled)
+        self.assertEqual(cluster.wait(cancelled)["state"], "cancelled")
+        wait_for("worker-0.log", "more were dropped with their leases")
+        first.send_signal(signal.SIGTERM)
+        self.assertEqual(first.wait(30), 0)
+        stopping = cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": "on:2"})
+        job = cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags)
+        wait_for("worker-1.log", holding)
+        stopping.send_signal(signal.SIGTERM)
+        self.assertEqual(stopping.wait(30), 0)
+        log = cluster.log("worker-1.log")
+        self.assertIn("stopping: finishing the rows in hand", log)
+        self.assertIn("rows evaluated meanwhile are evaluated again in the job's layout", log)
+        cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": "off"})  # The job's layout is on by now.
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        self.assertEqual(tt.read_report(out)["channels_last"], "on")
+        self.assertTrue(tt.same_files(out, fixed))
+
     def test_a_loaded_model_serves_the_next_job(self):
         # The worker keeps the last job's model (keyed by the file's SHA-256 and the runner's
         # settings): a second job with the same model reuses it; another model replaces it.
