@@ -11,6 +11,8 @@
 #   long      32 000 rows, default flags: a network's first run (fresh trial cache), then a
 #             retrained checkpoint of it (the kept trial), then --channels-last off
 #   python    the Python backend against the same network as TorchScript (goal 5)
+#   dl32k     (session 9) 32 000 rows of DeepLabV3 bf16, a network's first run (its trial picks
+#             channels-last: the rows held meanwhile are evaluated again) against a kept trial
 #   beside    (session 9) the layout trial beside the evaluation: DeepLabV3 bf16 (channels-last
 #             wins: held rows evaluated again) and LRASPP (contiguous wins: held rows delivered) on a
 #             network's first run, each against its fixed layout's per_image.csv and a kept trial
@@ -98,10 +100,10 @@ if has decode4; then
   cmp -s $work/out/t4-cpu-1/per_image.csv $work/out/t4-cpu-2/per_image.csv && echo "cpu decode: two runs identical"
   cmp -s $work/out/t4-gpu-1/per_image.csv $work/out/t4-gpu-old-target/per_image.csv && echo "gpu decode: identical with either lease target"
 fi
+python3 -c "
+rows=open('$work/png/manifest.csv').read().splitlines(); print(rows[0]); [print(r) for _ in range(10) for r in rows[1:]]" > $work/png/m32000.csv
 if has long; then
   echo "== 32 000 rows, default flags: a network's first run here (fresh cache), then a retrained checkpoint"
-  python3 -c "
-rows=open('$work/png/manifest.csv').read().splitlines(); print(rows[0]); [print(r) for _ in range(10) for r in rows[1:]]" > $work/png/m32000.csv
   export XDG_CACHE_HOME=$work/cache32k; rm -rf $XDG_CACHE_HOME
   LINES=6 run lr-32000-first --model $work/lr_png.pt --manifest $work/png/m32000.csv --metrics dice
   grep -h "layout trial\|channels-last" $work/out/lr-32000-first/.tally/worker-0.log | cut -c 25- | sed 's/^/   /' | head -4
@@ -115,6 +117,15 @@ if has python; then
     run py-$k --model bench/gpu/torchvision_model.py --model-option arch=lraspp --manifest $work/png/manifest.csv --metrics dice
     run ts-$k --model $work/models/lraspp.pt --manifest $work/png/manifest.csv --metrics dice --channels-last off
   done
+fi
+if has dl32k; then
+  echo "== 32 000 rows, DeepLabV3 bf16, default flags: its first run here (fresh cache), then with the kept trial"
+  python3 bench/gpu/export_models.py $work/models deeplabv3 > /dev/null 2>&1
+  export XDG_CACHE_HOME=$work/cache-dl32k; rm -rf $XDG_CACHE_HOME
+  run dl-32000-first --model $work/models/deeplabv3.pt --precision bf16 --manifest $work/png/m32000.csv --metrics dice
+  grep -h "layout trial\|channels-last" $work/out/dl-32000-first/.tally/worker-0.log | cut -c 25- | sed 's/^/   /' | head -4
+  run dl-32000-kept --model $work/models/deeplabv3.pt --precision bf16 --manifest $work/png/m32000.csv --metrics dice
+  cmp -s $work/out/dl-32000-first/per_image.csv $work/out/dl-32000-kept/per_image.csv && echo "per_image.csv: first = kept" || echo "per_image.csv: first DIFFERS from kept"
 fi
 if has beside; then
   echo "== the layout trial beside the evaluation, a network's first run (fresh cache) vs the fixed layout"
