@@ -442,10 +442,12 @@ class TorchRunner final : public ModelRunner {
   std::unique_ptr<BesideTrial> beside_;
   // Set when SetChannelsLast adopted a trial's copy: every launch runs on its thread.
   std::unique_ptr<LaunchThread> launch_thread_;
-  // TALLY_TEST_LAYOUT_TRIAL=on|off[:seconds] (tests only): trials also on CPU, with this answer,
-  // ready only after `seconds`, never kept on disk.
+  // TALLY_TEST_LAYOUT_TRIAL=on|off[:seconds|:inline] (tests only): trials also on CPU, with this
+  // answer, ready only after `seconds` (or, `inline`, as where the device has no room for a trial
+  // beside the evaluation), never kept on disk.
   std::string test_trial_choice_;
   double test_trial_delay_ = 0;
+  bool test_trial_inline_ = false;
   double load_seconds_ = 0;
   // TALLY_PIPELINE_PROFILE: the first launch's steps are timed (the device synchronised after each)
   // and logged, to show where a fresh worker's first batch goes.
@@ -728,10 +730,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::Create(const ModelRunn
   if (const char* hook = std::getenv("TALLY_TEST_LAYOUT_TRIAL"); hook != nullptr && *hook != '\0') {
     const std::vector<std::string> parts = absl::StrSplit(hook, ':');
     if ((parts[0] != "on" && parts[0] != "off") || parts.size() > 2 ||
-        (parts.size() == 2 && !absl::SimpleAtod(parts[1], &runner->test_trial_delay_))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TALLY_TEST_LAYOUT_TRIAL='", hook, "': expected on or off, then :seconds optionally"));
+        (parts.size() == 2 && parts[1] != "inline" && !absl::SimpleAtod(parts[1], &runner->test_trial_delay_))) {
+      return absl::InvalidArgumentError(absl::StrCat("TALLY_TEST_LAYOUT_TRIAL='", hook,
+                                                     "': expected on or off, then :seconds or :inline optionally"));
     }
+    runner->test_trial_inline_ = parts.size() == 2 && parts[1] == "inline";
     runner->test_trial_choice_ = parts[0];
   }
   runner->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -1162,6 +1165,10 @@ bool TorchRunner::PrepareLayoutTrial(const BatchSpec& batch) {
 }
 
 bool TorchRunner::MemoryForTrial(std::string* why) const {
+  if (test_trial_inline_) {
+    *why = "TALLY_TEST_LAYOUT_TRIAL says there is no room";
+    return false;
+  }
 #if TALLY_WITH_CUDA
   if (!cuda_) return true;
   const int dev = device_.index();
@@ -1186,9 +1193,11 @@ bool TorchRunner::MemoryForTrial(std::string* why) const {
     available = std::min(available, options_.memory_limit_gib * 1073741824.0 - static_cast<double>(allocated));
   }
   // The copy of the weights and one batch's passes beside the evaluation's (at most what the
-  // evaluation has used beyond its weights), with 5% of the device to spare.
+  // evaluation has used beyond its weights), with 5% of what this process may use to spare.
+  double capacity = static_cast<double>(total_bytes);
+  if (options_.memory_limit_gib > 0) capacity = std::min(capacity, options_.memory_limit_gib * 1073741824.0);
   const double need = static_cast<double>(weights) + static_cast<double>(std::max<int64_t>(0, peak - weights)) +
-                      0.05 * static_cast<double>(total_bytes);
+                      0.05 * capacity;
   if (available < need) {
     *why = absl::StrFormat("%.1f GiB free on the device, %.1f GiB needed beside the evaluation",
                            available / 1073741824.0, need / 1073741824.0);

@@ -197,28 +197,35 @@ class LayoutResolutionTest(unittest.TestCase):
             tt.tally_run(tt.fixture("layout_marks.pt"), manifest, fixed[layout], "--workers", "1", "--channels-last",
                          layout, *flags)
         self.assertFalse(tt.same_files(fixed["on"], fixed["off"]))  # The layouts' results differ.
-        for answer in ("on", "off"):
-            for workers in (1, 2):
-                run = os.path.join(root, f"{answer}-{workers}")
-                cluster = tt.Cluster(self, run)
-                for _ in range(workers):
-                    cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": f"{answer}:0.4"})
-                cluster.wait_registered(workers)
-                job = cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags)
-                self.assertEqual(cluster.wait(job)["state"], "succeeded")
-                out = os.path.join(run, "out")
-                cluster.fetch(job, out)
-                report = tt.read_report(out)
-                self.assertEqual((report["channels_last_mode"], report["channels_last"]), ("auto", answer))
+        # "inline": as on a GPU with no room for the trial's copy beside the evaluation, the trial
+        # runs on the batcher after the first batch (whose results are held all the same).
+        for answer, workers, how in (("on", 1, "0.4"), ("on", 2, "0.4"), ("off", 1, "0.4"), ("off", 2, "0.4"),
+                                     ("on", 1, "inline")):
+            run = os.path.join(root, f"{answer}-{workers}-{how}")
+            cluster = tt.Cluster(self, run)
+            for _ in range(workers):
+                cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": f"{answer}:{how}"})
+            cluster.wait_registered(workers)
+            job = cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags)
+            self.assertEqual(cluster.wait(job)["state"], "succeeded")
+            out = os.path.join(run, "out")
+            cluster.fetch(job, out)
+            report = tt.read_report(out)
+            self.assertEqual((report["channels_last_mode"], report["channels_last"]), ("auto", answer))
+            if how == "inline":
+                self.assertNotIn("the trial beside the evaluation", report["channels_last_trial"])
+            else:
                 self.assertIn("the trial beside the evaluation", report["channels_last_trial"])
-                self.assertEqual(report["images_evaluated"], 64)
-                self.assertTrue(tt.same_files(out, fixed[answer]), (answer, workers))
-                self.assertEqual(figures(out), figures(fixed[answer]), (answer, workers))
-                logs = "".join(cluster.log(f"worker-{k}.log") for k in range(workers))
-                said = re.findall(r"layout trial beside the evaluation: (\d+) rows evaluated meanwhile (are \w+)", logs)
-                self.assertTrue(said, logs)
-                self.assertTrue(all(int(n) > 0 for n, _ in said), said)  # The first batch at least.
-                self.assertEqual({verb for _, verb in said}, {"are evaluated" if answer == "on" else "are delivered"})
+            self.assertEqual(report["images_evaluated"], 64)
+            self.assertTrue(tt.same_files(out, fixed[answer]), (answer, workers))
+            self.assertEqual(figures(out), figures(fixed[answer]), (answer, workers))
+            logs = "".join(cluster.log(f"worker-{k}.log") for k in range(workers))
+            said = re.findall(r"layout trial beside the evaluation: (\d+) rows evaluated meanwhile (are \w+)", logs)
+            self.assertTrue(said, logs)
+            self.assertTrue(all(int(n) > 0 for n, _ in said), said)  # The first batch at least.
+            self.assertEqual({verb for _, verb in said}, {"are evaluated" if answer == "on" else "are delivered"})
+            self.assertEqual("not beside the evaluation (TALLY_TEST_LAYOUT_TRIAL says there is no room)" in logs,
+                             how == "inline")
 
     def test_held_rows_go_with_a_cancelled_job_and_a_stopping_worker_sends_them(self):
         # While its trial runs beside the evaluation a worker holds results back: a job cancelled

@@ -316,13 +316,14 @@ class GpuTest(unittest.TestCase):
         fixed = {layout: run(f"fixed-{layout}", "layout_marks.pt", "--channels-last", layout) for layout in ("on", "off")}
         self.assertFalse(tt.same_files(fixed["on"], fixed["off"]))
         for gpus in ("0", "all") if GPUS >= 2 else ("0",):
-            for answer in ("on", "off"):
-                out = run(f"beside-{answer}-{gpus}", "layout_marks.pt", env={"TALLY_TEST_LAYOUT_TRIAL": f"{answer}:0.3"},
-                          gpus=gpus)
+            # "inline": as where the GPU has no room for the copy, the trial on the batcher instead.
+            for answer, how in (("on", "0.3"), ("off", "0.3"), ("on", "inline")):
+                out = run(f"beside-{answer}-{how}-{gpus}", "layout_marks.pt",
+                          env={"TALLY_TEST_LAYOUT_TRIAL": f"{answer}:{how}"}, gpus=gpus)
                 report = tt.read_report(out)
                 self.assertEqual(report["channels_last"], answer)
-                self.assertIn("the trial beside the evaluation", report["channels_last_trial"])
-                self.assertTrue(tt.same_files(out, fixed[answer]), (answer, gpus))
+                self.assertEqual("the trial beside the evaluation" in report["channels_last_trial"], how != "inline")
+                self.assertTrue(tt.same_files(out, fixed[answer]), (answer, how, gpus))
             real = run(f"beside-real-{gpus}", "conv3.pt", gpus=gpus)
             report = tt.read_report(real)
             self.assertIn("the trial beside the evaluation", report["channels_last_trial"])
