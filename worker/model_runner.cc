@@ -325,7 +325,8 @@ class TorchRunner final : public ModelRunner {
   bool is_cuda() const override { return cuda_; }
 
   std::string TrialLayout(const BatchSpec& batch, std::string* trial) override;
-  // Where TrialLayout keeps its result for `shape` across processes; "" when it keeps none.
+  // Where TrialLayout keeps its result for `shape` across processes; "" when it keeps none (no cache
+  // folder, or TALLY_TEST_LAYOUT_TRIAL).
   std::string TrialCacheFile(const std::string& shape) const;
   void SetChannelsLast(bool on) override;
   bool ChannelsLast() const override { return channels_last_; }
@@ -530,6 +531,15 @@ bool MovesWithTo(const torch::jit::Module& module, std::string* stays) {
     }
   }
   return true;
+}
+
+// The 4-D parameters of `module` (convolution weights) in the given memory layout, in place.
+void SetParameterLayout(torch::jit::Module& module, bool channels_last) {
+  c10::InferenceMode guard;
+  const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  for (at::Tensor p : module.parameters()) {
+    if (p.dim() == 4) p.set_data(p.contiguous(format));
+  }
 }
 
 // `text` without TorchScript's type-name mangling (".___torch_mangle_12."): the numbers count the
@@ -1053,11 +1063,7 @@ void TorchRunner::SetChannelsLast(bool on) {
     }
   }
   if (on == channels_last_) return;
-  c10::InferenceMode guard;
-  const auto format = on ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  for (at::Tensor p : module_.parameters()) {
-    if (p.dim() == 4) p.set_data(p.contiguous(format));
-  }
+  SetParameterLayout(module_, on);
   channels_last_ = on;
 }
 
@@ -1073,7 +1079,7 @@ bool TorchRunner::KeptTrial(const std::string& shape, std::string* choice, std::
     return true;
   }
   // An earlier process's trial of this model, options, shape, GPU and libraries.
-  const std::string cache_file = test_trial_choice_.empty() ? TrialCacheFile(shape) : "";
+  const std::string cache_file = TrialCacheFile(shape);
   if (cache_file.empty()) return false;
   std::ifstream in(cache_file);
   std::string c, text;
@@ -1110,7 +1116,7 @@ std::string TorchRunner::DecideLayout(const std::string& shape, double cl, doubl
     absl::StrAppend(trial, "; ", on ? "on" : "off", " as TALLY_TEST_LAYOUT_TRIAL says");
   }
   trials_[shape] = {on ? "on" : "off", *trial};
-  const std::string cache_file = test_trial_choice_.empty() ? TrialCacheFile(shape) : "";
+  const std::string cache_file = TrialCacheFile(shape);
   if (!cache_file.empty()) {
     absl::Status s = MakeDirs(options_.trial_cache_dir);
     if (s.ok()) s = WriteFileAtomically(cache_file, absl::StrCat(on ? "on" : "off", "\n", *trial, "\n"));
@@ -1222,10 +1228,7 @@ bool TorchRunner::StartLayoutTrial(std::function<void()> on_ready) {
     try {
       c10::InferenceMode guard;
       t->module = module_.deepcopy();
-      const auto format = t->channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-      for (at::Tensor p : t->module.parameters()) {
-        if (p.dim() == 4) p.set_data(p.contiguous(format));
-      }
+      SetParameterLayout(t->module, t->channels_last);
     } catch (const std::exception& e) {
       t->failed = absl::StrCat("cannot copy the model: ", ShortText(e.what()));
     }
@@ -1278,7 +1281,8 @@ void TorchRunner::CancelLayoutTrial() {
 }
 
 std::string TorchRunner::TrialCacheFile(const std::string& shape) const {
-  if (options_.trial_cache_dir.empty() || options_.trial_cache_key.empty()) return "";
+  // TALLY_TEST_LAYOUT_TRIAL's answers are the tests', not this machine's: never kept.
+  if (options_.trial_cache_dir.empty() || options_.trial_cache_key.empty() || !test_trial_choice_.empty()) return "";
   std::string gpu;
 #if TALLY_WITH_CUDA
   gpu = absl::StrCat(at::cuda::getDeviceProperties(device_.index())->name, " cuDNN ",
