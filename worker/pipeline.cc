@@ -569,6 +569,11 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
     slot->masks.reset();
     slot->masks = runner_->AllocateHost((mask_words + mask_words / 4) * 2);
   }
+  {
+    absl::MutexLock lock(&mu_);
+    last_image_bytes_ = image_bytes;
+    last_mask_bytes_ = mask_words * 2;
+  }
   spec->images = slot->images.get();
   spec->masks = slot->masks.get();
   spec->want_labels = (surface_ && !device_surface_) || saving_;
@@ -625,9 +630,27 @@ void Pipeline::HelpStage() {
   }
 }
 
+void Pipeline::OutlierBuffersLocked(Slot* slot, std::vector<std::unique_ptr<HostBuffer>>* out) {
+  auto outlier = [](const std::unique_ptr<HostBuffer>& b, size_t last) {
+    return b && b->size() > std::max(4 * last, kKeepBufferBytes);
+  };
+  if (outlier(slot->images, last_image_bytes_)) out->push_back(std::move(slot->images));
+  if (outlier(slot->masks, last_mask_bytes_)) out->push_back(std::move(slot->masks));
+}
+
 void Pipeline::ReleaseSlot(Slot* slot) {
+  std::vector<std::unique_ptr<HostBuffer>> released;  // Freed after the lock.
   absl::MutexLock lock(&mu_);
+  OutlierBuffersLocked(slot, &released);
   free_slots_.push_back(slot);
+}
+
+void Pipeline::ReleaseIdleBuffers() {
+  std::vector<std::unique_ptr<HostBuffer>> released;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Slot* slot : free_slots_) OutlierBuffersLocked(slot, &released);
+  }
 }
 
 void Pipeline::Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result, bool provisional) {

@@ -119,6 +119,7 @@ class Pipeline : public RowEvaluator {
   // Rows accepted and not yet delivered, held or dropped.
   int64_t Backlog() const override;
   bool HoldingResults() const override;
+  void ReleaseIdleBuffers() override;
   // Blocks until the backlog is empty or the pipeline failed.
   void WaitIdle() override;
 
@@ -247,7 +248,13 @@ class Pipeline : public RowEvaluator {
   // `provisional`: the row ran while the layout trial was beside the evaluation; its result is held.
   void Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult result, bool provisional = false);
   void Fail(const std::string& message, bool definitive);
+  // Back to the batcher; its buffers are released when an outlier batch grew them past what the
+  // batch staged last needs (OutlierBuffersLocked).
   void ReleaseSlot(Slot* slot);
+  // Moves out of `slot` the buffers larger than max(4 x the last staged batch's bytes, 16 MiB), for
+  // the caller to free outside the lock (freeing pinned memory synchronises the device).
+  void OutlierBuffersLocked(Slot* slot, std::vector<std::unique_ptr<HostBuffer>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<RgbImage> TakeImage();
   std::unique_ptr<LabelMap> TakeMask();
   // Back to the pools; buffers grown by an outlier image are released first.
@@ -275,6 +282,9 @@ class Pipeline : public RowEvaluator {
   int batch_size_ ABSL_GUARDED_BY(mu_) = 0;  // Resolved (auto -> number) by the batcher.
   int num_classes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Slot*> free_slots_ ABSL_GUARDED_BY(mu_);
+  // What the batch staged last needed (Stage): the measure of an outlier slot buffer.
+  size_t last_image_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t last_mask_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::deque<std::shared_ptr<InFlight>> in_flight_ ABSL_GUARDED_BY(mu_);
   // The completion thread is finishing the batches in flight before retrying a failed one: the

@@ -31,6 +31,9 @@ class RowEvaluator {
   // Results are being held back (a layout trial beside the evaluation, worker/pipeline.h): the
   // leases they belong to stay open meanwhile, and need not count against the worker's lease cap.
   virtual bool HoldingResults() const { return false; }
+  // The worker is idle: give back buffers that an outlier row grew (its last batch may have
+  // staged in a buffer no later batch reused).
+  virtual void ReleaseIdleBuffers() {}
   // Blocks until the backlog is empty or the evaluator failed.
   virtual void WaitIdle() = 0;
   // Rows evaluated together (the leasing loop keeps a few of these queued).

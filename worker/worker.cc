@@ -719,11 +719,14 @@ void Worker::Flush(double seconds) {
 }
 
 void Worker::TrimMemoryWhenIdle() {
+  RowEvaluator* pipeline = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (trimmed_ || !leases_.empty() || (evaluator_ && evaluator_->pipeline->Backlog() > 0)) return;
     trimmed_ = true;
+    if (evaluator_) pipeline = evaluator_->pipeline.get();  // Replaced only by this thread.
   }
+  if (pipeline) pipeline->ReleaseIdleBuffers();
   malloc_trim(0);
 }
 
