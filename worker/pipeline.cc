@@ -168,15 +168,22 @@ Pipeline::~Pipeline() {
   }
 }
 
-void Pipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) {
+std::shared_ptr<ShardThumbnails> Pipeline::NewShardThumbnails() const {
+  if (options_.thumbnails <= 0) return nullptr;
+  return std::make_shared<ShardThumbnails>(options_.thumbnails, options_.empty_score, options_.all_foreground);
+}
+
+std::shared_ptr<Pipeline::Shard> Pipeline::NewShard(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) const {
   auto shard = std::make_shared<Shard>();
   shard->lease = lease;
   shard->items.resize(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) shard->items[i].row = std::move(rows[i]);
-  if (options_.thumbnails > 0) {
-    shard->thumbnails =
-        std::make_shared<ShardThumbnails>(options_.thumbnails, options_.empty_score, options_.all_foreground);
-  }
+  shard->thumbnails = NewShardThumbnails();
+  return shard;
+}
+
+void Pipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) {
+  std::shared_ptr<Shard> shard = NewShard(lease, std::move(rows));
   {
     absl::MutexLock lock(&mu_);
     backlog_ += static_cast<int64_t>(shard->items.size());
@@ -952,12 +959,8 @@ void Pipeline::ResolveLayoutTrial() {
     absl::MutexLock lock(&worst_mu_);
     workers_worst_ = RunningWorst(options_.thumbnails);
   }
-  auto fresh_thumbnails = [this]() -> std::shared_ptr<ShardThumbnails> {
-    if (options_.thumbnails <= 0) return nullptr;
-    return std::make_shared<ShardThumbnails>(options_.thumbnails, options_.empty_score, options_.all_foreground);
-  };
   absl::MutexLock lock(&mu_);
-  for (const std::shared_ptr<Shard>& shard : shards_) shard->thumbnails = fresh_thumbnails();
+  for (const std::shared_ptr<Shard>& shard : shards_) shard->thumbnails = NewShardThumbnails();
   // The rows again, per shard, at the back of the queue: they form the same batches as before
   // (batches are index-aligned blocks of a shard's consecutive rows, and these are whole batches).
   std::vector<std::shared_ptr<Shard>> order;
@@ -976,16 +979,11 @@ void Pipeline::ResolveLayoutTrial() {
       continue;
     }
     std::sort(indices.begin(), indices.end());
-    auto shard = std::make_shared<Shard>();
-    shard->lease = old->lease;
-    shard->thumbnails = fresh_thumbnails();
+    std::vector<v1::ManifestRow> again;
     for (const Item& it : old->items) {
-      if (std::binary_search(indices.begin(), indices.end(), it.row.index())) {
-        shard->items.emplace_back();
-        shard->items.back().row = it.row;
-      }
+      if (std::binary_search(indices.begin(), indices.end(), it.row.index())) again.push_back(it.row);
     }
-    shards_.push_back(std::move(shard));
+    shards_.push_back(NewShard(old->lease, std::move(again)));
   }
   Log("layout trial beside the evaluation: ", held.size() - dropped,
       " rows evaluated meanwhile are evaluated again in the job's layout", timing,

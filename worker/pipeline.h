@@ -161,6 +161,10 @@ class Pipeline : public RowEvaluator {
   };
   class ActivityScope;
 
+  // A shard of `rows` for `lease`, with its thumbnail selection when the job has thumbnails.
+  std::shared_ptr<Shard> NewShard(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) const;
+  std::shared_ptr<ShardThumbnails> NewShardThumbnails() const;
+
   // What the batcher does next, decided from the state alone; kWait is its wait condition.
   enum class BatcherStep {
     kWait,
