@@ -358,6 +358,10 @@ void PrintJob(const tally::v1::Job& job) {
                                job.spec().model().empty() ? "(scoring predictions)" : job.spec().model());
   if (!job.error().empty()) std::cout << "  error: " << job.error() << "\n";
   if (!job.stalled().empty()) std::cout << "  " << job.stalled() << "\n";
+  if (job.images_held() > 0) {
+    std::cout << "  held: " << job.images_held()
+              << " more rows evaluated; their results wait for the layout trial (--channels-last auto)\n";
+  }
 }
 
 std::string ToJson(const google::protobuf::Message& m) {

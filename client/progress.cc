@@ -37,6 +37,7 @@ std::string ProgressPrinter::Line(const v1::Job& job) const {
   absl::StrAppend(&line, absl::StrFormat("  %.1f img/s", job.images_per_second()));
   absl::StrAppend(&line, "  ETA ", job.eta_seconds() >= 0 ? FormatDuration(job.eta_seconds()) : "?");
   if (job.images_failed() > 0) absl::StrAppend(&line, "  ", job.images_failed(), " failed");
+  if (job.images_held() > 0) absl::StrAppend(&line, "  ", job.images_held(), " evaluated, held until the layout trial ends");
   absl::StrAppend(&line, "  ", job.workers_active(), " worker", job.workers_active() == 1 ? "" : "s");
   if (job.state() == v1::JOB_STATE_QUEUED) line += "  (waiting for workers)";
   if (!job.stalled().empty()) absl::StrAppend(&line, "  ", job.stalled());
@@ -52,12 +53,13 @@ void ProgressPrinter::Update(const v1::Job& job) {
     std::fflush(stderr);
     bar_shown_ = true;
   } else {
-    const bool stall_changed = job.stalled() != last_stalled_;
+    const bool stall_changed = job.stalled() != last_stalled_ || (job.images_held() > 0) != last_held_;
     if (now - last_print_ < 5.0 && !(last_done_ < 0) && !stall_changed) return;
     if (done == last_done_ && now - last_print_ < 30.0 && !stall_changed) return;
     std::fprintf(stderr, "%s\n", Line(job).c_str());
     last_done_ = done;
     last_stalled_ = job.stalled();
+    last_held_ = job.images_held() > 0;
   }
   last_print_ = now;
 }

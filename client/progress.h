@@ -28,6 +28,7 @@ class ProgressPrinter {
   double last_print_ = 0;
   bool bar_shown_ = false;
   std::string last_stalled_;
+  bool last_held_ = false;
   int64_t last_done_ = -1;
 };
 

@@ -191,6 +191,14 @@ v1::Job Coordinator::Snapshot(const JobEntry& entry, double now) const {
     if (s.phase == ShardPhase::kLeased && !s.worker_id.empty()) active.insert(s.worker_id);
   }
   job.set_workers_active(static_cast<int32_t>(active.size()));
+  if (!IsTerminal(job.state())) {
+    int64_t held = 0;
+    for (const std::string& id : active) {
+      auto w = workers_.find(id);
+      if (w != workers_.end() && w->second.gauges.job_id() == job.job_id()) held += w->second.gauges.images_held();
+    }
+    job.set_images_held(held);
+  }
   if (!IsTerminal(job.state()) && !storage_error_.empty()) {
     job.set_stalled(absl::StrCat("stalled: ", storage_error_));
   }

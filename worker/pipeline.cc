@@ -209,6 +209,11 @@ int64_t Pipeline::Backlog() const {
   return backlog_ - static_cast<int64_t>(held_.size());
 }
 
+int64_t Pipeline::HeldRows() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(held_.size());
+}
+
 bool Pipeline::HoldingResults() const {
   absl::MutexLock lock(&mu_);
   return layout_provisional_;

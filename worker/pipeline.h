@@ -119,6 +119,7 @@ class Pipeline : public RowEvaluator {
   // Rows accepted and not yet delivered, held or dropped.
   int64_t Backlog() const override;
   bool HoldingResults() const override;
+  int64_t HeldRows() const override;
   void ReleaseIdleBuffers() override;
   // Blocks until the backlog is empty or the pipeline failed.
   void WaitIdle() override;

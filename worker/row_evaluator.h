@@ -31,6 +31,8 @@ class RowEvaluator {
   // Results are being held back (a layout trial beside the evaluation, worker/pipeline.h): the
   // leases they belong to stay open meanwhile, and need not count against the worker's lease cap.
   virtual bool HoldingResults() const { return false; }
+  // Rows evaluated whose results are held back now.
+  virtual int64_t HeldRows() const { return 0; }
   // The worker is idle: give back buffers that an outlier row grew (its last batch may have
   // staged in a buffer no later batch reused).
   virtual void ReleaseIdleBuffers() {}

@@ -869,6 +869,10 @@ v1::WorkerGauges Worker::Gauges(std::deque<std::pair<double, int64_t>>* samples)
   while (samples->size() > 2 && now - (*samples)[1].first >= kRateWindowSeconds) samples->pop_front();
   const auto& [t0, n0] = samples->front();
   if (now > t0) g.set_images_per_second(static_cast<double>(images_total_ - n0) / (now - t0));
+  if (evaluator_ != nullptr) {
+    g.set_job_id(evaluator_->job_id);
+    g.set_images_held(evaluator_->pipeline->HeldRows());
+  }
   if (evaluator_ != nullptr && evaluator_->runner != nullptr) {
     for (const GpuUsage& u : evaluator_->runner->Stats().gpus) {
       v1::GpuStats* gs = g.add_gpus();

@@ -63,7 +63,7 @@ class JobFailed(TallyError):
 def _job_dict(job):
     d = json_format.MessageToDict(job, preserving_proto_field_name=True)
     d["state"] = _STATES.get(job.state, "unknown")
-    for k in ("images_total", "images_evaluated", "images_failed"):
+    for k in ("images_total", "images_evaluated", "images_failed", "images_held"):
         d[k] = int(d.get(k, 0))
     return d
 

@@ -245,9 +245,22 @@ class LayoutResolutionTest(unittest.TestCase):
                 self.assertLess(time.time(), deadline, cluster.log(log))
                 time.sleep(0.05)
 
-        first = cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": "on:2"})
+        first = cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": "on:4"})
         cancelled = cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags)
         wait_for("worker-0.log", holding)
+        # While the trial runs, `tally status` shows the rows evaluated and held (from the worker's
+        # heartbeats), and none of them as done: nothing is delivered before the layout is agreed.
+        deadline = time.time() + 3
+        while True:
+            status = cluster.cli("status", cancelled).stdout
+            held = re.search(r"held: (\d+) more rows evaluated", status)
+            if held or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        self.assertTrue(held, status)
+        self.assertGreater(int(held.group(1)), 0)
+        self.assertEqual(int(held.group(1)) % 4, 0, status)  # Whole batches of 4.
+        self.assertEqual(status.split()[2], f"0/200", status)
         cluster.cli("cancel", cancelled)
         self.assertEqual(cluster.wait(cancelled)["state"], "cancelled")
         wait_for("worker-0.log", "more were dropped with their leases")
