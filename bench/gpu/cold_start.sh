@@ -16,6 +16,8 @@
 #   beside    (session 9) the layout trial beside the evaluation: DeepLabV3 bf16 (channels-last
 #             wins: held rows evaluated again) and LRASPP (contiguous wins: held rows delivered) on a
 #             network's first run, each against its fixed layout's per_image.csv and a kept trial
+#   held      (session 10) `tally run`'s progress lines, timed, on a network's first run: rows held
+#             for the trial show before any result is delivered
 # Data and the trained LRASPPs are made once per machine under /tmp/x. $OUT: logs.
 #   OUT=/tmp/logs bash bench/gpu/cold_start.sh [STAGES]
 set -uo pipefail
@@ -139,6 +141,18 @@ if has beside; then
     layout=$(python3 -c "import json; print(json.load(open('$work/out/$name-first/report.json'))['channels_last'])")
     run $name-fixed --model "$@" --manifest $work/png/manifest.csv --metrics dice --channels-last $layout
     for v in kept fixed; do cmp -s $work/out/$name-first/per_image.csv $work/out/$name-$v/per_image.csv && echo "per_image.csv: $name-first = $name-$v" || echo "per_image.csv: $name-first DIFFERS from $name-$v"; done
+  done
+fi
+if has held; then
+  echo "== progress of a network's first run (fresh cache; session 10): when held rows show, when results come"
+  for k in 1 2; do
+    export XDG_CACHE_HOME=$work/cache-held-$k; rm -rf $XDG_CACHE_HOME
+    t0=$(date +%s.%N)
+    $bin/tally run --out $work/out/held-$k --gpus 0 --batch-size 32 --model $work/lr_png.pt --manifest $work/png/manifest.csv \
+      --metrics dice 2>&1 >/dev/null | python3 -c '
+import sys, time
+t0 = float(sys.argv[1])
+for line in sys.stdin: print(f"   {time.time() - t0:6.2f} s  {line.rstrip()}", flush=True)' $t0
   done
 fi
 echo "all done at $(( $(date +%s) - t_start )) s"
