@@ -935,6 +935,15 @@ absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::R
   {
     absl::MutexLock lock(&mu_);
     admitted = AdmitReportLocked(request, &deferred);
+    // Evaluated rows from a worker that held rows of this job: it holds none now (while it holds
+    // any, every row it evaluates is held; rows that failed to decode may still come), so progress
+    // does not count them twice until its next heartbeat.
+    auto w = workers_.find(request.worker_id());
+    if (w != workers_.end() && w->second.gauges.images_held() > 0 && w->second.gauges.job_id() == request.job_id() &&
+        std::any_of(request.results().begin(), request.results().end(),
+                    [](const v1::ImageResult& r) { return r.error().empty(); })) {
+      w->second.gauges.set_images_held(0);
+    }
   }
   Apply(deferred);
   if (!admitted.ok()) return admitted.status();

@@ -893,12 +893,18 @@ void Worker::HeartbeatLoop() {
     absl::MutexLock lock(&mu_);
     rate_samples.emplace_back(NowUnix(), images_total_);  // The rate's start before the first heartbeat.
   }
+  bool sent_held = false;  // The last heartbeat said rows were held (Job.images_held).
   while (true) {
     v1::HeartbeatRequest request;
     double period = 1.0;
     {
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(heartbeat_seconds_));
+      // One period, or less when rows start or stop being held: progress shows them at once.
+      const absl::Time until = absl::Now() + absl::Seconds(heartbeat_seconds_);
+      while (!done_ && absl::Now() < until) {
+        mu_.AwaitWithTimeout(absl::Condition(&done_), std::min(absl::Milliseconds(100), until - absl::Now()));
+        if (evaluator_ != nullptr && (evaluator_->pipeline->HeldRows() > 0) != sent_held) break;
+      }
       if (done_) return;
       watchdog.Kick();
       period = heartbeat_seconds_;
@@ -910,6 +916,7 @@ void Worker::HeartbeatLoop() {
         h->set_lease_id(lb.key.lease_id);
       }
       *request.mutable_gauges() = Gauges(&rate_samples);
+      sent_held = request.gauges().images_held() > 0;
     }
     v1::HeartbeatResponse response;
     grpc::ClientContext ctx;

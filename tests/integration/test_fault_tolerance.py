@@ -5,6 +5,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import unittest
 
@@ -268,9 +269,27 @@ class LayoutResolutionTest(unittest.TestCase):
         self.assertEqual(first.wait(30), 0)
         stopping = cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": "on:2"})
         job = cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags)
+        # Progress never counts a row twice: done (delivered) + held <= total at every moment,
+        # also when the held rows are evaluated again and delivered.
+        samples, watching = [], threading.Event()
+
+        def watch():
+            while not watching.is_set():
+                status = cluster.cli("status", job, check=False).stdout
+                if status:
+                    held = re.search(r"held: (\d+) more rows evaluated", status)
+                    samples.append((int(status.split()[2].split("/")[0]), int(held.group(1)) if held else 0))
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
         wait_for("worker-1.log", holding)
         stopping.send_signal(signal.SIGTERM)
         self.assertEqual(stopping.wait(30), 0)
+        watching.set()
+        watcher.join()
+        self.assertTrue(any(held > 0 for _, held in samples), samples)
+        self.assertTrue(all(done + held <= 200 for done, held in samples), samples)
         log = cluster.log("worker-1.log")
         self.assertIn("stopping: finishing the rows in hand", log)
         self.assertIn("rows evaluated meanwhile are evaluated again in the job's layout", log)
