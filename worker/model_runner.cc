@@ -1194,14 +1194,14 @@ bool TorchRunner::MemoryForTrial(std::string* why) const {
       return false;
     }
   }
-  double available = static_cast<double>(free_bytes) + static_cast<double>(reserved - allocated);
-  if (options_.memory_limit_gib > 0) {
-    available = std::min(available, options_.memory_limit_gib * 1073741824.0 - static_cast<double>(allocated));
-  }
-  // The copy of the weights and one batch's passes beside the evaluation's (at most what the
-  // evaluation has used beyond its weights), with 5% of what this process may use to spare.
+  // What this process may use: the device, or --gpu-memory-limit-gib of it. What it may still
+  // take: the free memory and its cache, within that (free + cached <= total - allocated anyway).
   double capacity = static_cast<double>(total_bytes);
   if (options_.memory_limit_gib > 0) capacity = std::min(capacity, options_.memory_limit_gib * 1073741824.0);
+  const double available = std::min(static_cast<double>(free_bytes) + static_cast<double>(reserved - allocated),
+                                    capacity - static_cast<double>(allocated));
+  // The copy of the weights and one batch's passes beside the evaluation's (at most what the
+  // evaluation has used beyond its weights), with 5% of what this process may use to spare.
   const double need = static_cast<double>(weights) + static_cast<double>(std::max<int64_t>(0, peak - weights)) +
                       0.05 * capacity;
   if (available < need) {
