@@ -246,6 +246,13 @@ class LayoutResolutionTest(unittest.TestCase):
                 self.assertLess(time.time(), deadline, cluster.log(log))
                 time.sleep(0.05)
 
+        def progress(job_id):
+            """(done, total, held) from `tally status`: rows delivered, rows, rows evaluated and held."""
+            status = cluster.cli("status", job_id).stdout
+            done, total = status.split()[2].split("/")
+            held = re.search(r"held: (\d+) more rows evaluated", status)
+            return int(done), int(total), int(held.group(1)) if held else 0
+
         first = cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": "on:4"})
         cancelled = cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags)
         wait_for("worker-0.log", holding)
@@ -253,15 +260,13 @@ class LayoutResolutionTest(unittest.TestCase):
         # heartbeats), and none of them as done: nothing is delivered before the layout is agreed.
         deadline = time.time() + 3
         while True:
-            status = cluster.cli("status", cancelled).stdout
-            held = re.search(r"held: (\d+) more rows evaluated", status)
+            done, total, held = progress(cancelled)
             if held or time.time() > deadline:
                 break
             time.sleep(0.1)
-        self.assertTrue(held, status)
-        self.assertGreater(int(held.group(1)), 0)
-        self.assertEqual(int(held.group(1)) % 4, 0, status)  # Whole batches of 4.
-        self.assertEqual(status.split()[2], f"0/200", status)
+        self.assertGreater(held, 0)
+        self.assertEqual(held % 4, 0)  # Whole batches of 4.
+        self.assertEqual((done, total), (0, 200))
         cluster.cli("cancel", cancelled)
         self.assertEqual(cluster.wait(cancelled)["state"], "cancelled")
         wait_for("worker-0.log", "more were dropped with their leases")
@@ -275,10 +280,7 @@ class LayoutResolutionTest(unittest.TestCase):
 
         def watch():
             while not watching.is_set():
-                status = cluster.cli("status", job, check=False).stdout
-                if status:
-                    held = re.search(r"held: (\d+) more rows evaluated", status)
-                    samples.append((int(status.split()[2].split("/")[0]), int(held.group(1)) if held else 0))
+                samples.append(progress(job))
                 time.sleep(0.02)
 
         watcher = threading.Thread(target=watch)
@@ -288,8 +290,8 @@ class LayoutResolutionTest(unittest.TestCase):
         self.assertEqual(stopping.wait(30), 0)
         watching.set()
         watcher.join()
-        self.assertTrue(any(held > 0 for _, held in samples), samples)
-        self.assertTrue(all(done + held <= 200 for done, held in samples), samples)
+        self.assertTrue(any(held > 0 for _, _, held in samples), samples)
+        self.assertTrue(all(done + held <= total == 200 for done, total, held in samples), samples)
         log = cluster.log("worker-1.log")
         self.assertIn("stopping: finishing the rows in hand", log)
         self.assertIn("rows evaluated meanwhile are evaluated again in the job's layout", log)
