@@ -17,11 +17,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "common/flag_util.h"
-#include "common/image_io.h"
-#include "common/manifest.h"
-#include "common/metrics.h"
-#include "common/surface_distance.h"
+#include "common/base/flag_util.h"
+#include "common/io/image_io.h"
+#include "common/io/manifest.h"
+#include "metrics/overlap.h"
+#include "metrics/surface_distance.h"
 
 ABSL_FLAG(std::string, mode, "metrics", "metrics or decode");
 ABSL_FLAG(int, size, 512, "metrics: image size");

@@ -22,8 +22,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "common/flag_util.h"
-#include "common/image_io.h"
+#include "common/base/flag_util.h"
+#include "common/io/image_io.h"
 
 ABSL_FLAG(std::string, out, "", "Output folder (created): manifest.csv, images/, masks/");
 ABSL_FLAG(int, count, 100, "Number of image/mask pairs");

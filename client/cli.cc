@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "common/build_info.h"
+#include "common/base/build_info.h"
 
 namespace tally {
 namespace {

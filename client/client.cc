@@ -6,10 +6,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/backoff.h"
-#include "common/file_util.h"
-#include "common/job_config.h"
-#include "common/rpc.h"
+#include "common/base/backoff.h"
+#include "common/base/file_util.h"
+#include "common/job/job_config.h"
+#include "common/job/rpc.h"
 
 namespace tally {
 namespace {

@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
-#include "common/channel_security.h"
-#include "common/rpc.h"
+#include "common/security/channel_security.h"
+#include "common/job/rpc.h"
 #include "proto/tally.grpc.pb.h"
 
 namespace tally {
@@ -31,7 +31,7 @@ int JobExitCode(const v1::Job& job);
 
 class TallyClient {
  public:
-  // Errors: a TLS file that cannot be read (common/channel_security.h).
+  // Errors: a TLS file that cannot be read (common/security/channel_security.h).
   static absl::StatusOr<std::unique_ptr<TallyClient>> Create(const std::string& server,
                                                              const ClientSecurityOptions& security = {});
 

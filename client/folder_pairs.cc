@@ -10,8 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/file_util.h"
-#include "common/manifest.h"
+#include "common/base/file_util.h"
+#include "common/io/manifest.h"
 
 namespace tally {
 namespace {

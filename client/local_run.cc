@@ -17,11 +17,11 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/progress.h"
-#include "common/auth_tokens.h"
-#include "common/file_util.h"
-#include "common/log.h"
-#include "common/subprocess.h"
-#include "common/worker_launcher.h"
+#include "common/security/auth_tokens.h"
+#include "common/base/file_util.h"
+#include "common/base/log.h"
+#include "common/process/subprocess.h"
+#include "common/process/worker_launcher.h"
 
 namespace tally {
 namespace {

@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
-#include "common/clock.h"
-#include "common/log.h"
+#include "common/base/clock.h"
+#include "common/base/log.h"
 
 namespace tally {
 

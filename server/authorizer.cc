@@ -3,8 +3,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/channel_security.h"
-#include "common/log.h"
+#include "common/security/channel_security.h"
+#include "common/base/log.h"
 
 namespace tally {
 

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "common/auth_tokens.h"
+#include "common/security/auth_tokens.h"
 
 namespace tally {
 

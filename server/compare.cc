@@ -2,26 +2,24 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <map>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "common/file_util.h"
-#include "common/job_config.h"
-#include "common/manifest.h"
-#include "common/status_macros.h"
-#include "server/aggregator.h"
-#include "common/json_writer.h"
-#include "common/number_format.h"
+#include "common/base/file_util.h"
+#include "common/job/job_config.h"
+#include "common/io/manifest.h"
+#include "common/base/status_macros.h"
+#include "metrics/aggregator.h"
+#include "metrics/statistics.h"
+#include "common/base/json_writer.h"
+#include "common/base/number_format.h"
 #include "server/report_table.h"
 
 namespace tally {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr uint64_t kBootstrapSeed = 20261123;
 
 struct Evaluated {
@@ -44,33 +42,6 @@ absl::StatusOr<std::vector<Evaluated>> ReadJob(JobStore* store, const JobRecord&
 std::string Cell(double v) { return FormatCell(v); }
 
 }  // namespace
-
-double WilcoxonSignedRankP(std::vector<double> diffs) {
-  diffs.erase(std::remove(diffs.begin(), diffs.end(), 0.0), diffs.end());
-  const size_t n = diffs.size();
-  if (n == 0) return kNaN;
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return std::fabs(diffs[x]) < std::fabs(diffs[y]); });
-  double w_plus = 0, tie_term = 0;
-  for (size_t i = 0; i < n;) {
-    size_t j = i;
-    while (j + 1 < n && std::fabs(diffs[order[j + 1]]) == std::fabs(diffs[order[i]])) ++j;
-    const double rank = (static_cast<double>(i + 1) + static_cast<double>(j + 1)) / 2.0;  // Average rank.
-    const double t = static_cast<double>(j - i + 1);
-    tie_term += t * t * t - t;
-    for (size_t k = i; k <= j; ++k) {
-      if (diffs[order[k]] > 0) w_plus += rank;
-    }
-    i = j + 1;
-  }
-  const double nn = static_cast<double>(n);
-  const double mean = nn * (nn + 1) / 4.0;
-  const double var = nn * (nn + 1) * (2 * nn + 1) / 24.0 - tie_term / 48.0;
-  if (var <= 0) return 1.0;
-  const double z = (w_plus - mean) / std::sqrt(var);
-  return std::erfc(std::fabs(z) / std::sqrt(2.0));
-}
 
 absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, const JobRecord& b) {
   Comparison c;
@@ -134,24 +105,7 @@ absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, cons
     for (size_t m = 0; m < c.metrics.size(); ++m) {
       MetricComparison mc;
       mc.metric = c.metrics[m];
-      const auto& p = pairs[k][m];
-      mc.pairs = static_cast<int64_t>(p.size());
-      std::vector<double> diffs;
-      double sa = 0, sb = 0, sd = 0;
-      for (const auto& [x, y] : p) {
-        sa += x;
-        sb += y;
-        diffs.push_back(y - x);
-        sd += diffs.back();
-        mc.higher += y > x;
-        mc.lower += y < x;
-      }
-      const double n = static_cast<double>(p.size());
-      mc.mean_a = p.empty() ? kNaN : sa / n;
-      mc.mean_b = p.empty() ? kNaN : sb / n;
-      mc.mean_diff = p.empty() ? kNaN : sd / n;
-      std::tie(mc.ci_low, mc.ci_high) = BootstrapMeanCi95(diffs, 1000, kBootstrapSeed, 0);
-      mc.wilcoxon_p = WilcoxonSignedRankP(diffs);
+      static_cast<PairedSummary&>(mc) = SummarisePairs(pairs[k][m], 1000, kBootstrapSeed);
       cc.metrics.push_back(mc);
     }
     std::stable_sort(changed[k].begin(), changed[k].end(), [](const ChangedImage& x, const ChangedImage& y) {

@@ -10,19 +10,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/metrics.h"
+#include "metrics/overlap.h"
+#include "metrics/statistics.h"
 #include "server/job_store.h"
 
 namespace tally {
 
-struct MetricComparison {
+// One metric of one class, paired (metrics/statistics.h): pairs, means, mean(B - A) with a paired
+// bootstrap 95% interval (1000 resamples of the pairs, fixed seed), the Wilcoxon p-value (NaN when
+// every difference is 0), and how many pairs went up and down.
+struct MetricComparison : PairedSummary {
   Metric metric = Metric::kDice;
-  int64_t pairs = 0;                  // Images with a finite value in both runs.
-  double mean_a = 0, mean_b = 0;      // Over those pairs.
-  double mean_diff = 0;               // mean(B - A).
-  double ci_low = 0, ci_high = 0;     // Paired bootstrap (1000 resamples of the pairs, fixed seed).
-  double wilcoxon_p = 0;              // Two-sided; NaN when every difference is 0.
-  int64_t higher = 0, lower = 0;      // Pairs where B is above / below A.
 };
 
 struct ChangedImage {
@@ -58,12 +56,6 @@ absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, cons
 // Writes compare.json, compare.csv, compare.md and compare.html into `dir`.
 absl::Status WriteComparison(const Comparison& c, const std::string& dir);
 inline constexpr const char* kCompareFiles[] = {"compare.json", "compare.csv", "compare.md", "compare.html"};
-
-// Two-sided p-value of the Wilcoxon signed-rank test of `diffs` against 0: zero differences
-// dropped (Wilcoxon's method), average ranks for ties, normal approximation with the tie
-// correction and without continuity correction (scipy.stats.wilcoxon(..., method="approx")).
-// NaN with no non-zero difference.
-double WilcoxonSignedRankP(std::vector<double> diffs);
 
 }  // namespace tally
 

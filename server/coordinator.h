@@ -37,7 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/job_config.h"
+#include "common/job/job_config.h"
 #include "proto/tally.pb.h"
 #include "server/job_store.h"
 

@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "common/channel_security.h"
-#include "common/rpc.h"
+#include "common/security/channel_security.h"
+#include "common/job/rpc.h"
 #include "grpcpp/grpcpp.h"
 #include "server/executor.h"
 

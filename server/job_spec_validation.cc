@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/image_io.h"
-#include "common/data_roots.h"
-#include "common/job_config.h"
-#include "common/metrics.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/io/image_io.h"
+#include "common/security/data_roots.h"
+#include "common/job/job_config.h"
+#include "metrics/overlap.h"
+#include "common/base/status_macros.h"
 
 namespace tally {
 
@@ -120,7 +120,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   if (!config->save_predictions.empty() && !ProcessDataRoots().Resolve(config->save_predictions).ok()) {
     return OutsideDataRootsError("save_predictions", config->save_predictions);
   }
-  // The exact-results rule (common/job_config.h): shards are multiples of the alignment, which
+  // The exact-results rule (common/job/job_config.h): shards are multiples of the alignment, which
   // every batch size used for the job divides.
   // Prediction jobs have no batches: any shard size keeps their results exact.
   spec.set_batch_alignment(spec.model().empty() ? 1

@@ -1,6 +1,6 @@
 // Checks a submitted JobSpec and completes it: canonical metric, precision and policy names, every
 // default written out (spacing, pixel limit, batch timeout) and the batch alignment that shards and
-// workers follow (common/job_config.h). The coordinator stores the completed spec; workers and
+// workers follow (common/job/job_config.h). The coordinator stores the completed spec; workers and
 // the report writer read it through JobConfigFromSpec. Errors name the field.
 #ifndef TALLY_SERVER_JOB_SPEC_VALIDATION_H_
 #define TALLY_SERVER_JOB_SPEC_VALIDATION_H_

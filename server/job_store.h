@@ -18,7 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/manifest.h"
+#include "common/io/manifest.h"
 #include "proto/tally.pb.h"
 
 struct sqlite3;
@@ -35,7 +35,7 @@ struct RowNames {
   std::string prediction_path;
 };
 
-// One report thumbnail (common/thumbnail.h) as the store keeps it, stripped from its result.
+// One report thumbnail (common/io/thumbnail.h) as the store keeps it, stripped from its result.
 struct StoredThumbnail {
   int64_t index = 0;
   int class_index = 0;
@@ -94,7 +94,7 @@ class JobStore {
   // (a re-run of a shard produces the same values). `new_rows` receives, for each result, whether
   // it was newly inserted. In the same transaction, the thumbnails of newly inserted rows join the
   // job's, of which only the `keep_thumbnails` lowest (dice, index) per class stay: so the table
-  // holds exactly the job's worst rows once every shard's worst sent theirs (common/thumbnail.h).
+  // holds exactly the job's worst rows once every shard's worst sent theirs (common/io/thumbnail.h).
   absl::Status CommitResults(const std::string& job_id, const std::string& worker_id,
                              const std::vector<v1::ImageResult>& results, double now,
                              std::vector<bool>* new_rows, const std::vector<StoredThumbnail>& thumbnails = {},

@@ -20,11 +20,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/data_roots.h"
-#include "common/flag_util.h"
-#include "common/gpu_inventory.h"
-#include "common/log.h"
-#include "common/signals.h"
+#include "common/security/data_roots.h"
+#include "common/base/flag_util.h"
+#include "common/process/gpu_inventory.h"
+#include "common/base/log.h"
+#include "common/process/signals.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",

@@ -1,7 +1,7 @@
 #include "absl/strings/str_cat.h"
-#include "common/manifest.h"
-#include "server/aggregator.h"
-#include "common/number_format.h"
+#include "common/io/manifest.h"
+#include "metrics/aggregator.h"
+#include "common/base/number_format.h"
 #include "server/report_data.h"
 #include "server/report_formats.h"
 

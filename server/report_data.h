@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/job_config.h"
-#include "server/aggregator.h"
+#include "common/job/job_config.h"
+#include "metrics/aggregator.h"
 #include "server/job_store.h"
 
 namespace tally {
@@ -58,7 +58,7 @@ struct ReportData {
     std::string image;
   };
   std::map<int64_t, WorstRow> worst_rows;  // Each index in a worst list.
-  // Thumbnails of worst rows by (class, index) (common/thumbnail.h); rows without one are absent.
+  // Thumbnails of worst rows by (class, index) (common/io/thumbnail.h); rows without one are absent.
   std::map<std::pair<int, int64_t>, StoredThumbnail> thumbnails;
 
   const std::vector<Metric>& metrics() const { return config.metrics; }

@@ -5,8 +5,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/rpc.h"
-#include "common/build_info.h"
+#include "common/job/rpc.h"
+#include "common/base/build_info.h"
 #include "server/report_formats.h"
 #include "server/report_table.h"
 

@@ -1,10 +1,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_config.h"
-#include "common/rpc.h"
-#include "common/json_writer.h"
-#include "common/build_info.h"
+#include "common/job/job_config.h"
+#include "common/job/rpc.h"
+#include "common/base/json_writer.h"
+#include "common/base/build_info.h"
 #include "server/report_formats.h"
 
 namespace tally {

@@ -7,8 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/file_util.h"
-#include "common/json_writer.h"
+#include "common/base/file_util.h"
+#include "common/base/json_writer.h"
+#include "metrics/overlap.h"
 
 namespace tally {
 namespace {
@@ -81,7 +82,6 @@ void NnunetSummary::Add(const v1::ImageResult& r, const RowNames& names) {
   if (cases_ == nullptr) return;
   std::string s = num_cases_ == 0 ? "\n" : ",\n";
   absl::StrAppend(&s, "        {\n            \"metrics\": {");
-  const double nan = std::numeric_limits<double>::quiet_NaN();
   for (size_t k = 0; k < keys_.size(); ++k) {
     const int c = keys_[k].class_id;
     int64_t tp = 0, fp = 0, fn = 0, tn = 0;
@@ -91,9 +91,8 @@ void NnunetSummary::Add(const v1::ImageResult& r, const RowNames& names) {
       fn = r.classes(c).fn();
       tn = r.classes(c).tn();
     }
-    const int64_t denominator = tp + fp + fn;
-    const double dice = denominator == 0 ? nan : 2.0 * tp / static_cast<double>(2 * tp + fp + fn);
-    const double iou = denominator == 0 ? nan : tp / static_cast<double>(denominator);
+    const ConfusionCounts counts{tp, fp, fn, tn};
+    const double dice = Dice(counts), iou = Iou(counts);  // nnU-Net's: NaN where tp + fp + fn = 0.
     const std::array<double, kMetrics> values = {dice, double(fn), double(fp), iou, double(tn), double(tp),
                                                  double(fp + tp), double(fn + tp)};
     for (int m = 0; m < kMetrics; ++m) {

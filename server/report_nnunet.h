@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/job_config.h"
+#include "common/job/job_config.h"
 #include "server/job_store.h"
 
 namespace tally {

@@ -1,8 +1,8 @@
 #include "server/report_writer.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 #include "server/report_formats.h"
 #include "server/report_nnunet.h"
 #include "server/report_table.h"

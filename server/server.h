@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/channel_security.h"
-#include "common/worker_launcher.h"
+#include "common/security/channel_security.h"
+#include "common/process/worker_launcher.h"
 #include "grpcpp/grpcpp.h"
 #include "server/authorizer.h"
 #include "server/coordinator.h"
@@ -28,9 +28,9 @@ struct ServerOptions {
   std::string port_file;                   // If set, the bound port is written here once serving.
   std::string metrics_listen;              // host:port of the Prometheus /metrics endpoint; empty: none.
   ServerTlsOptions tls;                    // No certificate: plaintext.
-  std::string auth_tokens;                 // Tokens file (common/auth_tokens.h); empty: no authentication.
+  std::string auth_tokens;                 // Tokens file (common/security/auth_tokens.h); empty: no authentication.
   // Folders clients may name files in; empty: any. Enforced in this process (the caller sets the
-  // process data roots, common/data_roots.h) and passed to the workers it spawns.
+  // process data roots, common/security/data_roots.h) and passed to the workers it spawns.
   std::vector<std::string> data_roots;
   CoordinatorOptions coordinator;
   bool spawn_workers = false;

@@ -28,7 +28,7 @@ namespace tally {
 bool GpuJpegBuilt();
 
 struct GpuJpegImage {
-  const std::string* bytes = nullptr;  // A JPEG that passed InspectJpeg (common/image_io.h).
+  const std::string* bytes = nullptr;  // A JPEG that passed InspectJpeg (common/io/image_io.h).
   std::string name;                    // For errors.
   int height = 0;
   int width = 0;

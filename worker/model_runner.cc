@@ -32,14 +32,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/file_util.h"
-#include "common/log.h"
-#include "common/sha256.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/log.h"
+#include "common/security/sha256.h"
+#include "common/base/status_macros.h"
 
 #if TALLY_CUDA_KERNELS
-#include "worker/confusion_kernel.h"
-#include "worker/surface_kernel.h"
+#include "metrics/gpu/confusion_kernel.h"
+#include "metrics/gpu/surface_kernel.h"
 #endif
 
 #if TALLY_WITH_CUDA
@@ -845,7 +845,7 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
     *ties = ties->defined() ? *ties + t : t;
   }
   at::Tensor ref = gt.to(at::kLong);
-  // Prepared masks hold ignored pixels as -1 (common/image_io.h kIgnoredPixel): out of [0, K).
+  // Prepared masks hold ignored pixels as -1 (common/io/image_io.h kIgnoredPixel): out of [0, K).
   at::Tensor valid = ref.ge(0).logical_and(ref.lt(K));
   at::Tensor base = at::arange(n, ref.options()).view({n, 1, 1}).mul(K * K);
   at::Tensor idx = at::where(valid, base + ref * K + pred, at::full({}, n * K * K, ref.options()));

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/surface_distance.h"
+#include "metrics/surface_distance.h"
 
 namespace tally {
 namespace v1 {
@@ -78,7 +78,7 @@ struct BatchImage {
 };
 
 // Surface metrics (hd, hd95, assd, nsd of every class) computed where the labels are, when the runner
-// can (ModelRunner::ScoresSurfaceOnDevice): the values of common/surface_distance.h's
+// can (ModelRunner::ScoresSurfaceOnDevice): the values of metrics/surface_distance.h's
 // ClassSurfaceMetrics to the bit, with the reference's ignored pixels outside every mask.
 struct SurfaceRequest {
   bool enabled = false;

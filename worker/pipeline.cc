@@ -16,9 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_format.h"
-#include "common/clock.h"
-#include "common/job_config.h"
-#include "common/log.h"
+#include "common/base/clock.h"
+#include "common/job/job_config.h"
+#include "common/base/log.h"
 
 namespace tally {
 namespace {
@@ -959,7 +959,7 @@ void Pipeline::ResolveLayoutTrial() {
   }
   // The held results go, with their places among the worst rows: every thumbnail selection starts
   // again from the rows evaluated from now on (a subset of the job's rows: the argument of
-  // common/thumbnail.h holds for it).
+  // common/io/thumbnail.h holds for it).
   {
     absl::MutexLock lock(&worst_mu_);
     workers_worst_ = RunningWorst(options_.thumbnails);

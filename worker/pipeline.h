@@ -31,11 +31,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "common/image_io.h"
-#include "common/metrics.h"
-#include "common/job_config.h"
-#include "common/surface_distance.h"
-#include "common/thumbnail.h"
+#include "common/io/image_io.h"
+#include "metrics/overlap.h"
+#include "common/job/job_config.h"
+#include "metrics/surface_distance.h"
+#include "common/io/thumbnail.h"
 #include "proto/tally.pb.h"
 #include "worker/gpu_jpeg.h"
 #include "worker/model_runner.h"
@@ -69,7 +69,7 @@ struct PipelineOptions {
   int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
   std::vector<std::pair<int, int>> label_map;  // Applied to reference masks first (value -> label).
   size_t num_thresholds = 0;    // Results carry the runner's threshold counts (ModelRunnerOptions).
-  // Report thumbnails (common/thumbnail.h): the worst rows per class and shard that get one.
+  // Report thumbnails (common/io/thumbnail.h): the worst rows per class and shard that get one.
   int thumbnails = 0;
   EmptyScore empty_score = EmptyScore::kNaN;  // The Dice that orders them.
   bool all_foreground = false;                // Class 0 gets thumbnails too.

@@ -27,9 +27,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/clock.h"
-#include "common/log.h"
-#include "common/subprocess.h"
+#include "common/base/clock.h"
+#include "common/base/log.h"
+#include "common/process/subprocess.h"
+#include "metrics/label_counts.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/tally.pb.h"
 
@@ -38,11 +39,9 @@ extern char** environ;
 namespace tally {
 namespace {
 
-constexpr uint16_t kIgnored = 0xFFFF;  // PrepareMask's ignored pixel (common/image_io.h).
 
 // Adds the k x k confusion counts (row = reference, column = prediction) of n pixels to `counts`;
 // predictions must be < k, reference pixels that are ignored or >= k are left out.
-void CountConfusion(const uint16_t* pred, const uint16_t* ref, size_t n, int k, int64_t* counts);
 constexpr uint32_t kMaxFrameBytes = 64u << 20;
 
 std::string ToJson(const google::protobuf::Message& m) {
@@ -734,7 +733,7 @@ void PythonPendingBatch::EvaluateImage(size_t i, const v1::StubOutput& out) {
         int64_t tp = 0, fp = 0, fn = 0, tn = 0;
         for (size_t p = 0; p < hw; ++p) {
           const uint16_t ref = mask[p];
-          if (ref == kIgnored || ref >= 2) continue;
+          if (ref == kIgnoredPixel || ref >= 2) continue;
           const bool fg = static_cast<double>(score[p]) > c;
           tp += fg && ref == 1;
           fp += fg && ref == 0;
@@ -763,31 +762,7 @@ void PythonPendingBatch::EvaluateImage(size_t i, const v1::StubOutput& out) {
       }
     }
   }
-  CountConfusion(pred, mask, hw, K, counts_.data() + i * K * K);
-}
-
-void CountConfusion(const uint16_t* pred, const uint16_t* ref, size_t n, int k, int64_t* counts) {
-  // Neighbouring pixels mostly fall in the same cell, and one table would make every increment
-  // wait for the previous one's store: four tables, one per pixel mod 4, summed at the end (3-4x
-  // faster on the completion thread, where the Python backend's counting runs). Ignored pixels and
-  // reference labels >= k (they fail the row in the pipeline) go to a spare cell, without a branch.
-  const size_t cells = static_cast<size_t>(k) * k;
-  thread_local std::vector<uint32_t> tables;  // Per image: at most 2^28 pixels, so 32 bits suffice.
-  tables.assign(4 * (cells + 1), 0);
-  uint32_t* t[4] = {tables.data(), tables.data() + (cells + 1), tables.data() + 2 * (cells + 1),
-                    tables.data() + 3 * (cells + 1)};
-  auto cell = [k, cells](uint16_t r, uint16_t q) -> size_t {
-    return r != kIgnored && r < k ? static_cast<size_t>(r) * k + q : cells;
-  };
-  size_t p = 0;
-  for (; p + 4 <= n; p += 4) {
-    ++t[0][cell(ref[p], pred[p])];
-    ++t[1][cell(ref[p + 1], pred[p + 1])];
-    ++t[2][cell(ref[p + 2], pred[p + 2])];
-    ++t[3][cell(ref[p + 3], pred[p + 3])];
-  }
-  for (; p < n; ++p) ++t[0][cell(ref[p], pred[p])];
-  for (size_t c = 0; c < cells; ++c) counts[c] += static_cast<int64_t>(t[0][c]) + t[1][c] + t[2][c] + t[3][c];
+  CountConfusionMatrix(pred, mask, hw, K, counts_.data() + i * K * K);
 }
 
 class PythonRunner final : public ModelRunner {

@@ -6,12 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/clock.h"
-#include "common/image_io.h"
-#include "common/label_counts.h"
-#include "common/log.h"
-#include "common/surface_distance.h"
-#include "common/volume_io.h"
+#include "common/base/clock.h"
+#include "common/io/image_io.h"
+#include "metrics/label_counts.h"
+#include "common/base/log.h"
+#include "metrics/surface_distance.h"
+#include "common/io/volume_io.h"
 
 namespace tally {
 namespace {

@@ -26,8 +26,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "common/job_config.h"
-#include "common/thumbnail.h"
+#include "common/job/job_config.h"
+#include "common/io/thumbnail.h"
 #include "worker/row_evaluator.h"
 
 namespace tally {

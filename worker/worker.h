@@ -29,9 +29,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/backoff.h"
-#include "common/channel_security.h"
-#include "common/job_config.h"
+#include "common/base/backoff.h"
+#include "common/security/channel_security.h"
+#include "common/job/job_config.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
 #include "worker/model_runner.h"
@@ -42,13 +42,13 @@ namespace tally {
 
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:50051";
-  ClientSecurityOptions security;   // TLS files and the worker token (common/channel_security.h).
+  ClientSecurityOptions security;   // TLS files and the worker token (common/security/channel_security.h).
   std::string device = "cpu";       // cpu | cuda:N
   std::string name;                 // Shown in reports; default host:device.
   int threads = 0;                  // Decode/metric threads (and intra-op threads on CPU); 0 = this
                                     // worker's share of the cores (DefaultThreads in worker.cc).
   int default_batch_size = 0;       // For jobs that leave it to the worker; 0 = 8 on CPU, 32 on CUDA.
-                                    // Must divide kDefaultBatchAlignment (common/job_config.h).
+                                    // Must divide kDefaultBatchAlignment (common/job/job_config.h).
   double max_connect_seconds = 0;   // Give up registering after this long; 0 = never.
   int max_leases = 16;              // Shards held at once; the backlog target usually limits first.
   bool count_logit_ties = false;

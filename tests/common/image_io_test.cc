@@ -1,4 +1,4 @@
-#include "common/image_io.h"
+#include "common/io/image_io.h"
 
 #include <sys/stat.h>
 #include <zlib.h>
@@ -305,7 +305,7 @@ std::string FilteredPng(uint32_t width, uint32_t height, uint8_t depth, uint8_t 
   return png;
 }
 
-// The fast PNG path (common/png_fast.cc) reverses every row filter for every pixel size it takes
+// The fast PNG path (common/io/png_fast.cc) reverses every row filter for every pixel size it takes
 // (1 to 4 bytes): random pixels written with all five filters, in every order, come back exactly.
 // Smooth pixels too, where the filters' predictions are right and the residuals small.
 TEST(ImageIoTest, FastPngPathReversesEveryFilterExactly) {

@@ -1,4 +1,4 @@
-#include "common/job_config.h"
+#include "common/job/job_config.h"
 
 #include <string>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "common/manifest.h"
+#include "common/io/manifest.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

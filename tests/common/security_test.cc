@@ -8,10 +8,10 @@
 #include <set>
 #include <string>
 
-#include "common/auth_tokens.h"
-#include "common/data_roots.h"
-#include "common/file_util.h"
-#include "common/sha256.h"
+#include "common/security/auth_tokens.h"
+#include "common/security/data_roots.h"
+#include "common/base/file_util.h"
+#include "common/security/sha256.h"
 #include "gtest/gtest.h"
 
 namespace tally {

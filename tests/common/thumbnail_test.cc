@@ -1,4 +1,5 @@
-#include "common/thumbnail.h"
+#include "common/io/thumbnail.h"
+#include "common/job/job_config.h"
 
 #include <algorithm>
 #include <array>
@@ -7,7 +8,7 @@
 #include <random>
 #include <set>
 
-#include "common/image_io.h"
+#include "common/io/image_io.h"
 #include "gtest/gtest.h"
 
 namespace tally {

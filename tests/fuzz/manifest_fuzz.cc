@@ -1,6 +1,6 @@
 // The manifest parser on arbitrary bytes: no crash, rows numbered in order, and no error message
 // that carries the header's bytes (a non-manifest must not leak its content, SECURITY.md).
-#include "common/manifest.h"
+#include "common/io/manifest.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

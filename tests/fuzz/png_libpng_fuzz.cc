@@ -1,5 +1,5 @@
-// The libpng fallback decoder (common/image_io.cc) on arbitrary bytes, as RGB and as labels.
-#include "common/image_io.h"
+// The libpng fallback decoder (common/io/image_io.cc) on arbitrary bytes, as RGB and as labels.
+#include "common/io/image_io.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

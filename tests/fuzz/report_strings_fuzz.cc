@@ -3,9 +3,9 @@
 // as exactly the bytes written.
 #include <string>
 
-#include "common/manifest.h"
+#include "common/io/manifest.h"
 #include "fuzz_util.h"
-#include "common/json_writer.h"
+#include "common/base/json_writer.h"
 
 namespace {
 

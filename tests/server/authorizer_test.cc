@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "gtest/gtest.h"
 
 namespace tally {

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <set>
 
-#include "common/image_io.h"
+#include "common/io/image_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/model_runner.h"

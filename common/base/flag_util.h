@@ -1,0 +1,31 @@
+// Command-line helpers shared by the three executables' main.cc files (flags themselves are
+// defined only in those files).
+#ifndef TALLY_COMMON_BASE_FLAG_UTIL_H_
+#define TALLY_COMMON_BASE_FLAG_UTIL_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tally {
+
+// Copies argv, turning dashes in flag names into underscores (--batch-size=8 -> --batch_size=8),
+// so that users can write flags either way; Abseil flag names cannot contain dashes.
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv);
+// Removes every occurrence of a repeatable flag (`--name=V` or `--name V`, name with underscores as
+// NormalizeFlagNames leaves it) from `args` and returns the values in order.
+std::vector<std::string> TakeRepeatedFlag(std::vector<std::string>* args, const std::string& name);
+// Pointers into `args` for absl::ParseCommandLine; valid while `args` lives.
+std::vector<char*> ArgvPointers(std::vector<std::string>& args);
+
+// "0.485,0.456,0.406" -> floats. Errors name the flag.
+absl::StatusOr<std::vector<float>> ParseFloatList(const std::string& flag, const std::string& value);
+// The same in double precision (spacings: 0.8 must stay 0.8, as the references use it).
+absl::StatusOr<std::vector<double>> ParseDoubleList(const std::string& flag, const std::string& value);
+// "512x512" (or "512,512") -> {height, width}.
+absl::StatusOr<std::pair<int, int>> ParseSize(const std::string& flag, const std::string& value);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_BASE_FLAG_UTIL_H_

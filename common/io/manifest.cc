@@ -1,0 +1,396 @@
+#include "common/io/manifest.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/security/data_roots.h"
+#include "common/base/file_util.h"
+
+namespace tally {
+namespace {
+
+constexpr size_t kChunkBytes = 1 << 20;
+
+std::string Stem(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.size() > 7 && base.compare(base.size() - 7, 7, ".nii.gz") == 0) return base.substr(0, base.size() - 7);
+  size_t dot = base.find_last_of('.');
+  return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+int64_t FirstInvalidUtf8(absl::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint32_t cp = 0;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return static_cast<int64_t>(i);
+    }
+    if (i + len > n) return static_cast<int64_t>(i);
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are invalid too.
+    const bool overlong = (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
+    if (overlong || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return static_cast<int64_t>(i);
+    i += len;
+  }
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CsvReader
+// ---------------------------------------------------------------------------------------------
+
+CsvReader::CsvReader(ReadFn read, std::string name, ManifestLimits limits)
+    : read_(std::move(read)), name_(std::move(name)), limits_(limits) {}
+
+CsvReader::CsvReader(absl::string_view text, std::string name, ManifestLimits limits)
+    : name_(std::move(name)), limits_(limits), view_(text), eof_(true) {}
+
+bool CsvReader::Refill() {
+  if (eof_) return false;
+  // Keep nothing: fields are copied out as they are read.
+  buffer_.resize(kChunkBytes);
+  const int64_t n = read_(buffer_.data(), buffer_.size());
+  if (n <= 0) {
+    eof_ = true;
+    read_error_ = n < 0;
+    buffer_.clear();
+    view_ = absl::string_view();
+    pos_ = 0;
+    return false;
+  }
+  buffer_.resize(static_cast<size_t>(n));
+  view_ = buffer_;
+  pos_ = 0;
+  return true;
+}
+
+int CsvReader::Peek() {
+  if (pos_ >= view_.size() && !Refill()) return -1;
+  return static_cast<unsigned char>(view_[pos_]);
+}
+
+bool CsvReader::Next(CsvRecord* rec, absl::Status* status) {
+  if (!started_) {
+    started_ = true;
+    // UTF-8 byte order mark, as spreadsheet programs write it.
+    static constexpr unsigned char kBom[3] = {0xEF, 0xBB, 0xBF};
+    if (Peek() == kBom[0]) {
+      // The BOM can only straddle a chunk boundary in a file of a 1-byte first chunk; ignore that.
+      if (pos_ + 2 < view_.size() && static_cast<unsigned char>(view_[pos_ + 1]) == kBom[1] &&
+          static_cast<unsigned char>(view_[pos_ + 2]) == kBom[2]) {
+        pos_ += 3;
+      }
+    }
+  }
+  auto too_long = [&](size_t column) {
+    *status = absl::InvalidArgumentError(absl::StrCat("manifest '", name_, "' line ", line_, ", column ", column,
+                                                      ": field longer than ", limits_.max_field_bytes, " bytes"));
+    return false;
+  };
+  while (Peek() >= 0) {
+    rec->line = line_;
+    rec->fields.clear();
+    std::string field;
+    bool any_content = false;
+    while (true) {
+      const size_t column = rec->fields.size() + 1;
+      if (Peek() == '"') {
+        any_content = true;
+        Skip();
+        const int64_t quote_line = line_;
+        bool closed = false;
+        int c;
+        while ((c = Peek()) >= 0) {
+          Skip();
+          if (c == '"') {
+            if (Peek() == '"') {
+              Skip();
+              field.push_back('"');
+              continue;
+            }
+            closed = true;
+            break;
+          }
+          if (c == '\n') ++line_;
+          field.push_back(static_cast<char>(c));
+          if (field.size() > limits_.max_field_bytes) return too_long(column);
+        }
+        if (!closed) {
+          *status = absl::InvalidArgumentError(
+              absl::StrCat("manifest '", name_, "' line ", quote_line, ": unterminated quoted field"));
+          return false;
+        }
+        // Text after the closing quote up to the separator is kept, as most readers do.
+        while ((c = Peek()) >= 0 && c != ',' && c != '\n' && c != '\r') {
+          field.push_back(static_cast<char>(c));
+          Skip();
+          if (field.size() > limits_.max_field_bytes) return too_long(column);
+        }
+      } else {
+        int c;
+        while ((c = Peek()) >= 0 && c != ',' && c != '\n' && c != '\r') {
+          field.push_back(static_cast<char>(c));
+          Skip();
+          any_content = true;
+          if (field.size() > limits_.max_field_bytes) return too_long(column);
+        }
+      }
+      rec->fields.push_back(std::move(field));
+      field.clear();
+      if (rec->fields.size() > limits_.max_fields) {
+        *status = absl::InvalidArgumentError(absl::StrCat("manifest '", name_, "' line ", rec->line, ": more than ",
+                                                          limits_.max_fields, " fields"));
+        return false;
+      }
+      if (Peek() == ',') {
+        any_content = true;
+        Skip();
+        continue;
+      }
+      break;
+    }
+    // End of record: CRLF, LF, lone CR or end of text.
+    if (Peek() == '\r') Skip();
+    if (Peek() == '\n') Skip();
+    ++line_;
+    if (any_content) return true;
+  }
+  if (read_error_) *status = absl::DataLossError(absl::StrCat("manifest '", name_, "': read error"));
+  return false;
+}
+
+absl::StatusOr<std::vector<CsvRecord>> SplitCsv(absl::string_view text, const std::string& name) {
+  CsvReader reader(text, name, ManifestLimits{});
+  std::vector<CsvRecord> records;
+  CsvRecord rec;
+  absl::Status status;
+  while (reader.Next(&rec, &status)) records.push_back(std::move(rec));
+  if (!status.ok()) return status;
+  return records;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ManifestReader
+// ---------------------------------------------------------------------------------------------
+
+ManifestReader::~ManifestReader() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<std::unique_ptr<ManifestReader>> ManifestReader::Open(const std::string& path, ManifestLimits limits) {
+  const std::string abs = AbsolutePath(path);
+  absl::StatusOr<RegularFile> file = OpenRegularFile(abs);
+  if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("manifest", path);
+  if (absl::IsInvalidArgument(file.status())) {
+    const bool dir = file.status().message() == "a directory";
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest '", path, "' is ", dir ? "a directory" : "not a regular file", ", not a CSV file"));
+  }
+  if (!file.ok()) {
+    return absl::Status(file.status().code(),
+                        absl::StrCat("manifest '", path, "' cannot be opened: ", file.status().message()));
+  }
+  const int fd = file->fd;
+  std::unique_ptr<ManifestReader> r(new ManifestReader(abs, DirName(abs), path, limits));
+  r->fd_ = fd;
+  r->csv_ = std::make_unique<CsvReader>(
+      [fd](char* buf, size_t cap) -> int64_t {
+        while (true) {
+          const ssize_t n = read(fd, buf, cap);
+          if (n < 0 && errno == EINTR) continue;
+          return n;
+        }
+      },
+      path, limits);
+  if (absl::Status s = r->ReadHeader(); !s.ok()) return s;
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<ManifestReader>> ManifestReader::FromText(absl::string_view text,
+                                                                         const std::string& base_dir,
+                                                                         const std::string& name,
+                                                                         ManifestLimits limits) {
+  std::unique_ptr<ManifestReader> r(new ManifestReader(name, base_dir, name, limits));
+  r->csv_ = std::make_unique<CsvReader>(text, name, limits);
+  if (absl::Status s = r->ReadHeader(); !s.ok()) return s;
+  return r;
+}
+
+absl::Status ManifestReader::CheckText(const CsvRecord& rec) const {
+  for (size_t c = 0; c < rec.fields.size(); ++c) {
+    const int64_t bad = FirstInvalidUtf8(rec.fields[c]);
+    if (bad < 0) continue;
+    const std::string col = c < header_.size() && !header_[c].empty() && rec.line > 1
+                                ? absl::StrCat(" ('", header_[c], "')")
+                                : std::string();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "manifest '%s' line %d, column %d%s: invalid UTF-8 (byte 0x%02X at byte %d of the field); save the "
+        "manifest as UTF-8",
+        name_, rec.line, c + 1, col, static_cast<unsigned char>(rec.fields[c][bad]), bad + 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ManifestReader::ReadHeader() {
+  CsvRecord rec;
+  absl::Status status;
+  if (!csv_->Next(&rec, &status)) {
+    if (!status.ok()) return status;
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest '", name_, "' is empty: expected a header row with columns 'image' and 'mask'"));
+  }
+  if (absl::Status s = CheckText(rec); !s.ok()) return s;
+  for (size_t c = 0; c < rec.fields.size(); ++c) {
+    std::string col = absl::AsciiStrToLower(absl::StripAsciiWhitespace(rec.fields[c]));
+    header_.push_back(col);
+    int* slot = col == "image"        ? &image_col_
+                : col == "mask"       ? &mask_col_
+                : col == "id"         ? &id_col_
+                : col == "prediction" ? &prediction_col_
+                                      : nullptr;
+    if (slot == nullptr) {
+      std::string name(absl::StripAsciiWhitespace(rec.fields[c]));
+      if (!name.empty()) {
+        extra_cols_.push_back(static_cast<int>(c));
+        extra_names_.push_back(std::move(name));
+      }
+      continue;
+    }
+    if (*slot >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest '", name_, "' header (line ", rec.line,
+                                                     ") names column '", col, "' twice"));
+    }
+    *slot = static_cast<int>(c);
+  }
+  // The header is not echoed: the file may not be a manifest at all (README "Bad input").
+  // A prediction manifest needs no images.
+  const int image_needed = prediction_col_ >= 0 ? 0 : image_col_;
+  for (auto [col, idx] : {std::pair<const char*, int>{"image", image_needed}, {"mask", mask_col_}}) {
+    if (idx < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest '", name_, "' line ", rec.line, ": the header has no '", col, "' column (it has ",
+          rec.fields.size(), " columns); required columns: image, mask (or mask, prediction to score predictions)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ManifestReader::NextBatch(size_t max_rows, std::vector<ManifestRow>* rows) {
+  rows->clear();
+  CsvRecord rec;
+  absl::Status status;
+  const size_t ncols = header_.size();
+  while (rows->size() < max_rows && csv_->Next(&rec, &status)) {
+    if (next_index_ >= limits_.max_rows) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest '", name_, "' has more than ", limits_.max_rows,
+                                                     " rows (tallyd --max-manifest-rows)"));
+    }
+    if (absl::Status s = CheckText(rec); !s.ok()) return s;
+    ManifestRow row;
+    row.index = next_index_++;
+    row.line = rec.line;
+    auto get = [&](int col) -> std::string {
+      return col >= 0 && static_cast<size_t>(col) < rec.fields.size()
+                 ? std::string(absl::StripAsciiWhitespace(rec.fields[col]))
+                 : std::string();
+    };
+    row.image = get(image_col_);
+    row.mask = get(mask_col_);
+    row.id = get(id_col_);
+    row.prediction = get(prediction_col_);
+    for (int col : keep_extra_ ? extra_cols_ : std::vector<int>{}) {
+      row.columns.push_back(static_cast<size_t>(col) < rec.fields.size() ? rec.fields[col] : std::string());
+    }
+    if (rec.fields.size() != ncols) {
+      row.error = absl::StrCat("manifest line ", rec.line, ": ", rec.fields.size(), " fields, but the header has ",
+                               ncols);
+    } else if (prediction_col_ >= 0 && row.prediction.empty()) {
+      row.error = absl::StrCat("manifest line ", rec.line, ": empty 'prediction' field");
+    } else if (row.image.empty() && prediction_col_ < 0) {
+      row.error = absl::StrCat("manifest line ", rec.line, ": empty 'image' field");
+    } else if (row.mask.empty()) {
+      row.error = absl::StrCat("manifest line ", rec.line, ": empty 'mask' field");
+    }
+    if (row.id.empty()) {
+      row.id = !row.image.empty() ? Stem(row.image) : !row.mask.empty() ? Stem(row.mask) : absl::StrCat(row.index);
+    }
+    if (!row.image.empty()) row.image_path = ResolvePath(base_dir_, row.image);
+    row.mask_path = ResolvePath(base_dir_, row.mask);
+    if (!row.prediction.empty()) row.prediction_path = ResolvePath(base_dir_, row.prediction);
+    rows->push_back(std::move(row));
+  }
+  return status;
+}
+
+namespace {
+absl::StatusOr<Manifest> ReadAll(absl::StatusOr<std::unique_ptr<ManifestReader>> reader) {
+  if (!reader.ok()) return reader.status();
+  Manifest manifest;
+  manifest.path = (*reader)->path();
+  manifest.has_prediction = (*reader)->has_prediction();
+  std::vector<ManifestRow> batch;
+  while (true) {
+    if (absl::Status s = (*reader)->NextBatch(65536, &batch); !s.ok()) return s;
+    if (batch.empty()) break;
+    for (ManifestRow& r : batch) manifest.rows.push_back(std::move(r));
+  }
+  return manifest;
+}
+}  // namespace
+
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out.push_back('"');
+    out.push_back(c);
+  }
+  out.push_back('"');
+  return out;
+}
+
+absl::StatusOr<Manifest> ReadManifest(const std::string& path, ManifestLimits limits) {
+  return ReadAll(ManifestReader::Open(path, limits));
+}
+
+absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string& base_dir, const std::string& name,
+                                       ManifestLimits limits) {
+  return ReadAll(ManifestReader::FromText(text, base_dir, name, limits));
+}
+
+}  // namespace tally

@@ -1,0 +1,143 @@
+// Manifest parsing: a CSV file with a header row naming at least the columns `image` and `mask`
+// (`id` optional, any other column ignored), or, for scoring predictions that already exist,
+// `mask` and `prediction` (`image` optional). Paths are relative to the manifest's folder or
+// absolute.
+//
+// Manifests are untrusted input: the reader streams the file in bounded memory (rows come out in
+// batches), enforces limits on rows, fields and field sizes, requires text to be valid UTF-8, and
+// its error messages name the file, the line and the column but never echo the file's bytes.
+// Thread-compatible.
+#ifndef TALLY_COMMON_IO_MANIFEST_H_
+#define TALLY_COMMON_IO_MANIFEST_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tally {
+
+struct ManifestRow {
+  int64_t index = 0;       // 0-based data row (the header is not a row).
+  int64_t line = 0;        // 1-based line of the file where the row starts, for messages.
+  std::string id;          // The `id` column, or else the stem of the image (or the mask) file.
+  std::string image;       // As written in the manifest.
+  std::string mask;        // As written in the manifest.
+  std::string image_path;  // Resolved against the manifest's folder.
+  std::string mask_path;
+  std::string prediction;       // As written; empty without a `prediction` column.
+  std::string prediction_path;
+  std::string error;       // Non-empty when the row itself is malformed; the row fails with it.
+  std::vector<std::string> columns;  // Values of the reader's extra_columns(), in order.
+};
+
+struct ManifestLimits {
+  int64_t max_rows = 50'000'000;    // More data rows fail the manifest (tallyd --max-manifest-rows).
+  size_t max_field_bytes = 4096;    // One field (a path, an id).
+  size_t max_fields = 1024;         // Columns of one record.
+};
+
+struct Manifest {
+  std::string path;  // Absolute path of the manifest file.
+  bool has_prediction = false;
+  std::vector<ManifestRow> rows;
+};
+
+// Splits CSV text (RFC 4180: quoted fields, "" escapes, CRLF or LF) into records, reading from
+// `read` in chunks. Each record keeps the 1-based line where it starts. Blank lines are skipped.
+struct CsvRecord {
+  int64_t line = 0;
+  std::vector<std::string> fields;
+};
+class CsvReader {
+ public:
+  // Fills up to `capacity` bytes of `buffer`; returns the count, 0 at the end, -1 on a read error.
+  using ReadFn = std::function<int64_t(char* buffer, size_t capacity)>;
+  CsvReader(ReadFn read, std::string name, ManifestLimits limits);
+  // A reader over text already in memory.
+  CsvReader(absl::string_view text, std::string name, ManifestLimits limits);
+  // The next record: true and `record` filled, or false at the end or on an error (`status`).
+  bool Next(CsvRecord* record, absl::Status* status);
+
+ private:
+  int Peek();  // Next byte, or -1 at the end.
+  void Skip() { ++pos_; }
+  bool Refill();
+
+  ReadFn read_;
+  std::string name_;
+  ManifestLimits limits_;
+  std::string buffer_;
+  absl::string_view view_;
+  size_t pos_ = 0;
+  bool eof_ = false;
+  bool read_error_ = false;
+  bool started_ = false;
+  int64_t line_ = 1;
+};
+absl::StatusOr<std::vector<CsvRecord>> SplitCsv(absl::string_view text, const std::string& name);
+
+// Streams a manifest's rows in batches. Open() checks the file (a regular, readable file) and its
+// header; NextBatch() parses up to `max_rows` further rows.
+class ManifestReader {
+ public:
+  // Errors name the file: NOT_FOUND when it does not exist, PERMISSION_DENIED when it cannot be
+  // read, INVALID_ARGUMENT when it is not a regular file or the header lacks a required column.
+  static absl::StatusOr<std::unique_ptr<ManifestReader>> Open(const std::string& path, ManifestLimits limits = {});
+  // The same over text in memory; `base_dir` resolves relative paths, `name` is used in messages.
+  static absl::StatusOr<std::unique_ptr<ManifestReader>> FromText(absl::string_view text, const std::string& base_dir,
+                                                                  const std::string& name, ManifestLimits limits = {});
+  ~ManifestReader();
+
+  // Appends up to `max_rows` rows to `rows` (cleared first); an empty batch means the end.
+  // Malformed data rows do not fail the manifest: they carry `error` so the job fails just that
+  // row. Unterminated quotes, invalid UTF-8, oversized fields and too many rows fail it.
+  absl::Status NextBatch(size_t max_rows, std::vector<ManifestRow>* rows);
+  const std::string& path() const { return path_; }
+  int64_t rows_read() const { return next_index_; }
+  bool has_prediction() const { return prediction_col_ >= 0; }
+  bool has_image() const { return image_col_ >= 0; }
+  // Columns besides id, image, mask and prediction (header text, whitespace stripped; unnamed
+  // columns left out). Rows carry their values, unstripped, in `columns` once KeepExtraColumns()
+  // was called (Python models read them; other jobs do not pay for copying them).
+  const std::vector<std::string>& extra_columns() const { return extra_names_; }
+  void KeepExtraColumns() { keep_extra_ = true; }
+
+ private:
+  ManifestReader(std::string path, std::string base_dir, std::string name, ManifestLimits limits)
+      : path_(std::move(path)), base_dir_(std::move(base_dir)), name_(std::move(name)), limits_(limits) {}
+  absl::Status ReadHeader();
+  absl::Status CheckText(const CsvRecord& record) const;
+
+  std::string path_;
+  std::string base_dir_;
+  std::string name_;
+  ManifestLimits limits_;
+  int fd_ = -1;
+  std::unique_ptr<CsvReader> csv_;
+  std::vector<std::string> header_;
+  int image_col_ = -1, mask_col_ = -1, id_col_ = -1, prediction_col_ = -1;
+  std::vector<int> extra_cols_;
+  std::vector<std::string> extra_names_;
+  bool keep_extra_ = false;
+  int64_t next_index_ = 0;
+};
+
+// Reads and parses a whole manifest into memory (tests, benchmarks, small manifests).
+absl::StatusOr<Manifest> ReadManifest(const std::string& path, ManifestLimits limits = {});
+absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string& base_dir, const std::string& name,
+                                       ManifestLimits limits = {});
+
+// One CSV field as RFC 4180 writes it: quoted (with "" for ") when it holds a comma, quote or line end.
+std::string CsvField(const std::string& s);
+
+// Index of the first byte that is not part of valid UTF-8 in `text`, or -1 when it is all valid.
+int64_t FirstInvalidUtf8(absl::string_view text);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_IO_MANIFEST_H_

@@ -1,0 +1,265 @@
+#include "common/io/volume_io.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+
+#include <unistd.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/security/data_roots.h"
+#include "common/base/file_util.h"
+
+extern "C" {
+#include "nifti2_io.h"
+}
+
+namespace tally {
+namespace {
+
+void QuietNifti() {
+  static std::once_flag once;
+  std::call_once(once, [] { nifti_set_debug_level(0); });
+}
+
+struct NimDeleter {
+  void operator()(nifti_image* nim) const { nifti_image_free(nim); }
+};
+using NimPtr = std::unique_ptr<nifti_image, NimDeleter>;
+
+bool IsIntegerType(int dt) {
+  switch (dt) {
+    case NIFTI_TYPE_UINT8: case NIFTI_TYPE_INT8: case NIFTI_TYPE_INT16: case NIFTI_TYPE_UINT16:
+    case NIFTI_TYPE_INT32: case NIFTI_TYPE_UINT32: case NIFTI_TYPE_INT64: case NIFTI_TYPE_UINT64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <typename T>
+double ValueAt(const void* data, int64_t i) {
+  return static_cast<double>(static_cast<const T*>(data)[i]);
+}
+
+// Converts the voxels to labels; the first value that is not a label in 0..kMaxMaskValue fails.
+template <typename T>
+absl::Status Convert(const nifti_image& nim, const std::string& path, bool scaled, std::vector<uint16_t>* out) {
+  const T* data = static_cast<const T*>(nim.data);
+  const int64_t n = nim.nvox;
+  out->resize(n);
+  const int64_t nx = nim.dim[1], ny = std::max<int64_t>(1, nim.dim[2]);
+  auto bad = [&](int64_t i, double v, const char* why) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "volume '%s': value %.17g at (x=%d, y=%d, z=%d) %s (labels must be integers in 0..%d)", path, v, i % nx,
+        (i / nx) % ny, i / (nx * ny), why, kMaxMaskValue));
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    double v = static_cast<double>(data[i]);
+    if (scaled) v = static_cast<double>(nim.scl_slope) * v + static_cast<double>(nim.scl_inter);
+    if constexpr (std::is_integral_v<T>) {
+      if (!scaled) {
+        if (data[i] < 0 || static_cast<uint64_t>(data[i]) > static_cast<uint64_t>(kMaxMaskValue)) {
+          return bad(i, v, "is out of range");
+        }
+        (*out)[i] = static_cast<uint16_t>(data[i]);
+        continue;
+      }
+    }
+    if (!(v == std::floor(v))) return bad(i, v, "is not an integer");
+    if (v < 0 || v > kMaxMaskValue) return bad(i, v, "is out of range");
+    (*out)[i] = static_cast<uint16_t>(v);
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatTriple(const std::array<double, 3>& v) { return absl::StrFormat("%g,%g,%g", v[0], v[1], v[2]); }
+
+}  // namespace
+
+bool WithinTolerance(double a, double b, double tolerance) {
+  return std::fabs(a - b) <= tolerance * std::max({1.0, std::fabs(a), std::fabs(b)});
+}
+
+bool IsNiftiPath(const std::string& path) {
+  const std::string lower = absl::AsciiStrToLower(path);
+  return absl::EndsWith(lower, ".nii") || absl::EndsWith(lower, ".nii.gz");
+}
+
+absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelMap* out, VolumeGeometry* geometry) {
+  QuietNifti();
+  {
+    // Refuses FIFOs, devices and directories before nifti_clib opens the path (it would block).
+    absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+    if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("volume", path);
+    if (absl::IsInvalidArgument(file.status())) {
+      return absl::InvalidArgumentError(absl::StrCat("'", path, "' is ", file.status().message(), ", not a regular file"));
+    }
+    if (!file.ok()) {
+      return absl::Status(file.status().code(), absl::StrCat("cannot open '", path, "': ", file.status().message()));
+    }
+    close(file->fd);
+  }
+  NimPtr nim(nifti_image_read(path.c_str(), 0));
+  if (nim == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
+  }
+  for (int d = 4; d <= 7; ++d) {
+    if (d <= nim->dim[0] && nim->dim[d] > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' has ", nim->dim[0], " dimensions (dim[", d,
+                                                     "] = ", nim->dim[d], "); label volumes have at most 3"));
+    }
+  }
+  VolumeGeometry g;
+  g.width = nim->dim[0] >= 1 ? nim->dim[1] : 1;
+  g.height = nim->dim[0] >= 2 ? nim->dim[2] : 1;
+  g.depth = nim->dim[0] >= 3 ? nim->dim[3] : 1;
+  if (g.width < 1 || g.height < 1 || g.depth < 1 || g.width > (1 << 30) || g.height > (1 << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' has invalid dimensions ", g.width, "x",
+                                                   g.height, "x", g.depth));
+  }
+  const double voxels = static_cast<double>(g.width) * static_cast<double>(g.height) * static_cast<double>(g.depth);
+  if (voxels > static_cast<double>(max_voxels)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "volume '%s' declares %dx%dx%d (x, y, z) = %.0f voxels, more than the limit of %d (--max-image-pixels)",
+        path, g.width, g.height, g.depth, voxels, max_voxels));
+  }
+  const bool integer = IsIntegerType(nim->datatype);
+  if (!integer && nim->datatype != NIFTI_TYPE_FLOAT32 && nim->datatype != NIFTI_TYPE_FLOAT64) {
+    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' has data type ",
+                                                   nifti_datatype_string(nim->datatype),
+                                                   "; label volumes need an integer (or integral float) type"));
+  }
+  for (int a = 0; a < 3; ++a) {
+    const double p = nim->pixdim[3 - a];
+    g.spacing[a] = p > 0 && std::isfinite(p) ? p : 1.0;
+  }
+  const bool unit_pixdim = g.spacing[0] == 1 && g.spacing[1] == 1 && g.spacing[2] == 1;
+  const nifti_dmat44* m = nullptr;
+  if (nim->sform_code > 0) {
+    m = &nim->sto_xyz;
+    g.affine_source = "sform";
+  } else if (nim->qform_code > 0) {
+    m = &nim->qto_xyz;
+    g.affine_source = "qform";
+  }
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 4; ++c) {
+      if (m != nullptr) {
+        g.affine[r][c] = m->m[r][c];
+      } else {
+        g.affine[r][c] = r == c ? g.spacing[2 - r] : 0.0;
+      }
+    }
+  }
+  g.spacing_in_header = m != nullptr || !unit_pixdim;
+  if (nifti_image_load(nim.get()) != 0 || nim->data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "': reading its ", g.width, "x", g.height, "x",
+                                                   g.depth, " voxels failed (truncated or corrupt file?)"));
+  }
+  const bool scaled = nim->scl_slope != 0 && std::isfinite(nim->scl_slope) &&
+                      (nim->scl_slope != 1 || nim->scl_inter != 0);
+  absl::Status s;
+  switch (nim->datatype) {
+    case NIFTI_TYPE_UINT8: s = Convert<uint8_t>(*nim, path, scaled, &out->labels); break;
+    case NIFTI_TYPE_INT8: s = Convert<int8_t>(*nim, path, scaled, &out->labels); break;
+    case NIFTI_TYPE_INT16: s = Convert<int16_t>(*nim, path, scaled, &out->labels); break;
+    case NIFTI_TYPE_UINT16: s = Convert<uint16_t>(*nim, path, scaled, &out->labels); break;
+    case NIFTI_TYPE_INT32: s = Convert<int32_t>(*nim, path, scaled, &out->labels); break;
+    case NIFTI_TYPE_UINT32: s = Convert<uint32_t>(*nim, path, scaled, &out->labels); break;
+    case NIFTI_TYPE_INT64: s = Convert<int64_t>(*nim, path, scaled, &out->labels); break;
+    case NIFTI_TYPE_UINT64: s = Convert<uint64_t>(*nim, path, scaled, &out->labels); break;
+    case NIFTI_TYPE_FLOAT32: s = Convert<float>(*nim, path, scaled, &out->labels); break;
+    default: s = Convert<double>(*nim, path, scaled, &out->labels); break;
+  }
+  if (!s.ok()) return s;
+  out->depth = static_cast<int>(g.depth);
+  out->height = static_cast<int>(g.height);
+  out->width = static_cast<int>(g.width);
+  out->max_label = -1;
+  out->ignored = 0;
+  *geometry = g;
+  return absl::OkStatus();
+}
+
+absl::Status WriteNiftiLabels(const std::string& path, const VolumeGeometry& g, const uint16_t* labels, int datatype,
+                              bool nifti2) {
+  QuietNifti();
+  const int64_t dims[8] = {3, g.width, g.height, g.depth, 1, 1, 1, 1};
+  NimPtr nim(nifti_make_new_nim(dims, datatype, 1));
+  if (nim == nullptr) return absl::InternalError(absl::StrCat("cannot make a NIfTI image for '", path, "'"));
+  const int64_t n = g.width * g.height * g.depth;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t v = labels[i];
+    switch (datatype) {
+      case NIFTI_TYPE_UINT8: static_cast<uint8_t*>(nim->data)[i] = static_cast<uint8_t>(v); break;
+      case NIFTI_TYPE_INT8: static_cast<int8_t*>(nim->data)[i] = static_cast<int8_t>(v); break;
+      case NIFTI_TYPE_INT16: static_cast<int16_t*>(nim->data)[i] = static_cast<int16_t>(v); break;
+      case NIFTI_TYPE_UINT16: static_cast<uint16_t*>(nim->data)[i] = v; break;
+      case NIFTI_TYPE_INT32: static_cast<int32_t*>(nim->data)[i] = v; break;
+      case NIFTI_TYPE_UINT32: static_cast<uint32_t*>(nim->data)[i] = v; break;
+      case NIFTI_TYPE_INT64: static_cast<int64_t*>(nim->data)[i] = v; break;
+      case NIFTI_TYPE_UINT64: static_cast<uint64_t*>(nim->data)[i] = v; break;
+      case NIFTI_TYPE_FLOAT32: static_cast<float*>(nim->data)[i] = v; break;
+      default: return absl::InvalidArgumentError(absl::StrCat("cannot write NIfTI data type ", datatype));
+    }
+  }
+  nim->pixdim[1] = nim->dx = g.spacing[2];
+  nim->pixdim[2] = nim->dy = g.spacing[1];
+  nim->pixdim[3] = nim->dz = g.spacing[0];
+  nim->xyz_units = NIFTI_UNITS_MM;
+  nim->sform_code = NIFTI_XFORM_SCANNER_ANAT;
+  nim->qform_code = 0;
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 4; ++c) nim->sto_xyz.m[r][c] = r < 3 ? g.affine[r][c] : (c == 3 ? 1.0 : 0.0);
+  }
+  if (g.affine_source == "pixdim") {
+    for (int r = 0; r < 3; ++r) {
+      for (int c = 0; c < 4; ++c) nim->sto_xyz.m[r][c] = r == c ? g.spacing[2 - r] : 0.0;
+    }
+  }
+  nim->nifti_type = nifti2 ? NIFTI_FTYPE_NIFTI2_1 : NIFTI_FTYPE_NIFTI1_1;
+  if (nifti_set_filenames(nim.get(), path.c_str(), 0, 1) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot write NIfTI file '", path, "' (name must end .nii or .nii.gz)"));
+  }
+  nifti_image_write(nim.get());
+  if (nifti_get_filesize(path.c_str()) <= 0) return absl::InternalError(absl::StrCat("writing '", path, "' failed"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameGeometry(const VolumeGeometry& ref, const std::string& ref_name, const VolumeGeometry& pred,
+                               const std::string& pred_name, double tolerance) {
+  if (ref.width != pred.width || ref.height != pred.height || ref.depth != pred.depth) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "prediction '%s' is %dx%dx%d (x, y, z) but reference '%s' is %dx%dx%d", pred_name, pred.width, pred.height,
+        pred.depth, ref_name, ref.width, ref.height, ref.depth));
+  }
+  for (int a = 0; a < 3; ++a) {
+    if (!WithinTolerance(ref.spacing[a], pred.spacing[a], tolerance)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "prediction '%s' has spacing %s (z, y, x) but reference '%s' has %s", pred_name,
+          FormatTriple(pred.spacing), ref_name, FormatTriple(ref.spacing)));
+    }
+  }
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 4; ++c) {
+      if (!WithinTolerance(ref.affine[r][c], pred.affine[r][c], tolerance)) {
+        auto row = [&](const VolumeGeometry& g) {
+          return absl::StrFormat("[%g %g %g %g]", g.affine[r][0], g.affine[r][1], g.affine[r][2], g.affine[r][3]);
+        };
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "prediction '%s' has affine row %d %s (%s) but reference '%s' has %s (%s)", pred_name, r, row(pred),
+            pred.affine_source, ref_name, row(ref), ref.affine_source));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tally

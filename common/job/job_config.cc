@@ -1,0 +1,238 @@
+#include "common/job/job_config.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
+#include "common/io/thumbnail.h"
+
+namespace tally {
+
+absl::string_view PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+    default: return "fp32";
+  }
+}
+
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
+  if (name.empty() || name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
+  if (name == "fp16") return Precision::kFp16;
+  return absl::InvalidArgumentError(absl::StrCat("precision '", name, "' is not one of fp32, bf16, fp16"));
+}
+
+absl::string_view NonfiniteName(NonfinitePolicy p) { return p == NonfinitePolicy::kWarn ? "warn" : "fail"; }
+
+absl::StatusOr<NonfinitePolicy> ParseNonfinite(absl::string_view name) {
+  if (name.empty() || name == "fail") return NonfinitePolicy::kFail;
+  if (name == "warn") return NonfinitePolicy::kWarn;
+  return absl::InvalidArgumentError(absl::StrCat("nonfinite '", name, "' is not fail or warn"));
+}
+
+ModelRef ParseModelRef(const std::string& model) {
+  ModelRef ref;
+  ref.path = model;
+  const size_t colon = model.rfind(".py:");
+  if (colon != std::string::npos && colon + 4 < model.size() && model.find('/', colon) == std::string::npos) {
+    ref.path = model.substr(0, colon + 3);
+    ref.class_name = model.substr(colon + 4);
+    ref.python = true;
+  } else if (model.size() > 3 && model.compare(model.size() - 3, 3, ".py") == 0) {
+    ref.class_name = "Model";
+    ref.python = true;
+  }
+  return ref;
+}
+
+std::string AbsoluteModel(const std::string& model) {
+  const ModelRef ref = ParseModelRef(model);
+  const std::string path = AbsolutePath(ref.path);
+  return ref.python && ref.class_name != "Model" ? absl::StrCat(path, ":", ref.class_name) : path;
+}
+
+namespace {
+
+// A job-wide choice between two values that "auto" leaves to the first worker's trial, which the
+// coordinator keeps in the spec (`resolved`, `trial`): the memory layout, the JPEG decoder.
+struct AutoChoice {
+  AutoChoice(const char* field, const char* yes_value, const char* no_value, const char* allowed)
+      : field(field), yes_value(yes_value), no_value(no_value), allowed(allowed) {}
+  const char* field;
+  const char* yes_value;
+  const char* no_value;
+  const char* allowed;  // For the error.
+  std::string mode;     // As asked, lower case.
+  bool yes = false;     // The value to run: yes_value (or "auto" resolved to it).
+  bool pending = false; // "auto" not resolved yet.
+  std::string trial;
+
+  absl::Status Parse(const std::string& asked, const std::string& unset, const std::string& resolved,
+                     const std::string& trial_in) {
+    mode = asked.empty() ? unset : absl::AsciiStrToLower(asked);
+    if (mode == "auto") {
+      yes = resolved == yes_value;
+      pending = resolved.empty();
+      trial = trial_in;
+    } else if (mode == yes_value || mode == no_value) {
+      yes = mode == yes_value;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(field, " '", asked, "' is not one of ", allowed));
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
+  JobConfig c;
+  c.model = spec.model();
+  c.manifest = spec.manifest();
+  c.name = spec.name();
+  ASSIGN_OR_RETURN(c.metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
+  ASSIGN_OR_RETURN(c.precision, ParsePrecision(spec.precision()));
+  AutoChoice layout{"channels_last_mode", "on", "off", "auto, on, off"};
+  RETURN_IF_ERROR(layout.Parse(spec.channels_last_mode(), spec.channels_last() ? "on" : "auto",
+                               spec.channels_last_resolved(), spec.channels_last_trial()));
+  c.channels_last_mode = layout.mode;
+  c.channels_last = layout.yes;
+  c.channels_last_auto = layout.pending;
+  c.channels_last_trial = layout.trial;
+  AutoChoice decode{"decode", "gpu", "cpu", "cpu, gpu, auto"};
+  RETURN_IF_ERROR(decode.Parse(spec.decode(), "cpu", spec.decode_resolved(), spec.decode_trial()));
+  c.decode_mode = decode.mode;
+  c.decode_gpu = decode.yes;
+  c.decode_auto = decode.pending;
+  c.decode_trial = decode.trial;
+  c.batch_size = spec.batch_size();
+  if (c.batch_size < kBatchAuto) return absl::InvalidArgumentError("job spec: batch_size must be >= -1");
+  c.batch_alignment = spec.batch_alignment() > 0 ? spec.batch_alignment()
+                      : spec.batch_size() > 0    ? spec.batch_size()
+                                                 : kDefaultBatchAlignment;
+  c.max_memory = spec.max_memory();
+  c.mean.assign(spec.mean().begin(), spec.mean().end());
+  c.std.assign(spec.std().begin(), spec.std().end());
+  c.input_height = spec.input_height();
+  c.input_width = spec.input_width();
+  if (spec.spacing_y() > 0) c.spacing_y = spec.spacing_y();
+  if (spec.spacing_x() > 0) c.spacing_x = spec.spacing_x();
+  c.nsd_tolerance = spec.nsd_tolerance();
+  c.include_background = spec.include_background();
+  if (spec.max_image_pixels() > 0) c.max_image_pixels = spec.max_image_pixels();
+  if (spec.batch_timeout_seconds() > 0) c.batch_timeout_seconds = spec.batch_timeout_seconds();
+  ASSIGN_OR_RETURN(c.nonfinite, ParseNonfinite(spec.nonfinite()));
+  if (spec.has_ignore_index()) c.ignore_index = spec.ignore_index();
+  if (c.ignore_index < kNoIgnoreIndex || c.ignore_index > kMaxMaskValue) {
+    return absl::InvalidArgumentError(absl::StrCat("ignore_index ", c.ignore_index, " is not -1 (none) or 0..",
+                                                   kMaxMaskValue));
+  }
+  for (const auto& [from, to] : spec.label_map()) {
+    if (from < 0 || from > kMaxMaskValue || to < 0 || to > kMaxMaskValue) {
+      return absl::InvalidArgumentError(absl::StrCat("label_map entry ", from, ":", to, " is outside 0..", kMaxMaskValue));
+    }
+    c.label_map.emplace_back(from, to);
+  }
+  std::sort(c.label_map.begin(), c.label_map.end());
+  c.num_classes = spec.num_classes();
+  if (c.num_classes < 0 || c.num_classes > kMaxClasses) {
+    return absl::InvalidArgumentError(absl::StrCat("num_classes ", c.num_classes, " is not in 0..", kMaxClasses));
+  }
+  if (spec.spacing_z() < 0) return absl::InvalidArgumentError("spacing must be > 0");
+  c.spacing_z = spec.spacing_z();
+  c.force_spacing = spec.force_spacing();
+  c.spacing_given = spec.spacing_z() > 0 || spec.spacing_y() > 0 || spec.spacing_x() > 0;
+  if (spec.regions_size() > kMaxClasses) return absl::InvalidArgumentError("too many regions");
+  for (int i = 0; i < spec.regions_size(); ++i) {
+    std::vector<int> labels(spec.regions(i).labels().begin(), spec.regions(i).labels().end());
+    std::sort(labels.begin(), labels.end());
+    labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
+    if (labels.empty()) return absl::InvalidArgumentError(absl::StrCat("region ", i + 1, " has no labels"));
+    for (int l : labels) {
+      if (l < 0 || l > kMaxMaskValue) {
+        return absl::InvalidArgumentError(absl::StrCat("region ", i + 1, ": label ", l, " is outside 0..", kMaxMaskValue));
+      }
+    }
+    c.regions.push_back(std::move(labels));
+  }
+  if (!c.regions.empty() && !c.predictions()) {
+    return absl::InvalidArgumentError("regions are for prediction manifests (no model) only");
+  }
+  c.nnunet_summary = spec.nnunet_summary();
+  if (spec.json_infinity() != "" && spec.json_infinity() != "number" && spec.json_infinity() != "string") {
+    return absl::InvalidArgumentError(absl::StrCat("json_infinity: expected number or string, got '",
+                                                   spec.json_infinity(), "'"));
+  }
+  c.json_infinity_string = spec.json_infinity() == "string";
+  c.python = spec.python();
+  for (const auto& [k, v] : spec.model_options()) c.model_options.emplace_back(k, v);
+  std::sort(c.model_options.begin(), c.model_options.end());
+  c.manifest_columns.assign(spec.manifest_columns().begin(), spec.manifest_columns().end());
+  c.thresholds.assign(spec.thresholds().begin(), spec.thresholds().end());
+  std::sort(c.thresholds.begin(), c.thresholds.end());
+  c.thresholds.erase(std::unique(c.thresholds.begin(), c.thresholds.end()), c.thresholds.end());
+  for (double t : c.thresholds) {
+    if (!(t > 0 && t < 1)) return absl::InvalidArgumentError(absl::StrCat("threshold ", t, " is not in (0, 1)"));
+  }
+  if (c.thresholds.size() > 256) return absl::InvalidArgumentError("at most 256 thresholds");
+  ASSIGN_OR_RETURN(c.empty_score, ParseEmptyScore(spec.empty_score()));
+  c.iou_thresholds.assign(spec.iou_thresholds().begin(), spec.iou_thresholds().end());
+  std::sort(c.iou_thresholds.begin(), c.iou_thresholds.end());
+  c.iou_thresholds.erase(std::unique(c.iou_thresholds.begin(), c.iou_thresholds.end()), c.iou_thresholds.end());
+  for (double t : c.iou_thresholds) {
+    if (!(t >= 0 && t <= 1)) return absl::InvalidArgumentError(absl::StrCat("iou threshold ", t, " is not in [0, 1]"));
+  }
+  if (c.iou_thresholds.size() > 64) return absl::InvalidArgumentError("at most 64 iou thresholds");
+  c.max_failed_fraction = spec.max_failed_fraction();
+  if (!(c.max_failed_fraction >= 0 && c.max_failed_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_failed_fraction ", c.max_failed_fraction, " is not in [0, 1]"));
+  }
+  if (!c.thresholds.empty() && c.predictions()) {
+    return absl::InvalidArgumentError("thresholds are for models with a single-score output, not prediction manifests");
+  }
+  c.thumbnails = spec.has_thumbnails() ? spec.thumbnails() : kDefaultThumbnails;
+  if (c.thumbnails < 0 || c.thumbnails > kMaxThumbnails) {
+    return absl::InvalidArgumentError(absl::StrCat("thumbnails ", c.thumbnails, " is not in 0..", kMaxThumbnails));
+  }
+  c.save_predictions = spec.save_predictions();
+  if (!c.save_predictions.empty()) {
+    if (c.predictions()) {
+      return absl::InvalidArgumentError("save_predictions is for jobs with a model: a prediction manifest's "
+                                        "predictions are already files");
+    }
+    if (c.save_predictions[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat("save_predictions '", c.save_predictions, "' is not an absolute path"));
+    }
+  }
+  return c;
+}
+
+std::string PredictionFileName(const std::string& id, int64_t index) {
+  bool plain = !id.empty() && id.size() <= 200 && id != "." && id != "..";
+  for (char ch : id) plain = plain && ch != '/' && static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f;
+  return plain ? absl::StrCat(id, ".png") : absl::StrCat("row", index, ".png");
+}
+
+bool TooManyFailedRows(int64_t failed, int64_t total, double max_failed_fraction) {
+  return failed > 0 && static_cast<double>(failed) > max_failed_fraction * static_cast<double>(total);
+}
+
+bool JobConfig::TooManyFailed(int64_t failed, int64_t total) const {
+  return TooManyFailedRows(failed, total, max_failed_fraction);
+}
+
+absl::StatusOr<int> WorkerBatchSize(const JobConfig& config, int worker_default) {
+  if (config.batch_size != kBatchWorkerDefault) return config.batch_size;
+  if (worker_default <= 0 || config.batch_alignment % worker_default != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this worker's batch size ", worker_default, " does not divide the job's batch alignment ",
+                     config.batch_alignment, " (results would depend on which worker ran a shard); start the "
+                     "worker with a --batch-size that divides ", config.batch_alignment));
+  }
+  return worker_default;
+}
+
+}  // namespace tally

@@ -1,0 +1,150 @@
+// A job's settings, typed and with every default applied: what workers and the report writer read
+// instead of the wire's JobSpec. The coordinator completes and validates a submitted spec once
+// (server/job_spec_validation.h); JobConfigFromSpec reads such a spec.
+//
+// The exact-results rule, stated once: batches are blocks of manifest indices aligned to multiples
+// of the batch size, never crossing a shard; shards are multiples of `batch_alignment` rows; the
+// batch size divides `batch_alignment`. So the same images are always evaluated together, with the
+// same tensor shapes, whichever worker runs a shard. `batch_alignment` travels in the spec, so the
+// rule does not rest on constants agreeing across processes: a worker whose batch size does not
+// divide it refuses the job.
+#ifndef TALLY_COMMON_JOB_JOB_CONFIG_H_
+#define TALLY_COMMON_JOB_JOB_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/io/image_io.h"
+#include "metrics/catalogue.h"
+#include "metrics/overlap.h"
+#include "metrics/surface_distance.h"
+#include "proto/tally.pb.h"
+
+namespace tally {
+
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class NonfinitePolicy { kFail, kWarn };
+
+// Where a job's model lives and which backend runs it: `PATH.py` or `PATH.py:ClassName` is a Python
+// model (class `Model` by default), anything else TorchScript.
+struct ModelRef {
+  std::string path;        // The file, without ":ClassName".
+  std::string class_name;  // Python models only.
+  bool python = false;
+};
+ModelRef ParseModelRef(const std::string& model);
+// `model` with its file made absolute (AbsolutePath), keeping a class name other than the default.
+std::string AbsoluteModel(const std::string& model);
+
+// JobConfig::batch_size values besides a fixed size.
+inline constexpr int kBatchWorkerDefault = 0;  // Each worker's own (8 on CPU, 32 on CUDA, --batch-size).
+inline constexpr int kBatchAuto = -1;          // The largest that fits under max_memory.
+// Alignment of jobs that leave the batch size to the workers (or pick it automatically): the
+// workers' default batch sizes must divide it.
+inline constexpr int kDefaultBatchAlignment = 32;
+inline constexpr double kDefaultBatchTimeoutSeconds = 600;
+
+struct JobConfig {
+  std::string model;     // Absolute path.
+  std::string manifest;  // Absolute path.
+  std::string name;
+  std::vector<Metric> metrics;  // Canonical order; always holds dice and iou.
+  Precision precision = Precision::kFp32;
+  // The layout to run: channels_last once fixed ("on"/"off", or "auto" resolved by the coordinator);
+  // channels_last_auto while "auto" waits for a worker's trial (worker/pipeline.cc).
+  bool channels_last = false;
+  bool channels_last_auto = false;
+  std::string channels_last_mode = "auto";  // As asked: auto | on | off.
+  std::string channels_last_trial;          // The trial that resolved "auto".
+  // Where JPEG images are decoded (worker/gpu_jpeg.h): decode_gpu once fixed ("cpu"/"gpu", or
+  // "auto" resolved by the coordinator); decode_auto while "auto" waits for a worker's trial.
+  bool decode_gpu = false;
+  bool decode_auto = false;
+  std::string decode_mode = "cpu";  // As asked: cpu | gpu | auto.
+  std::string decode_trial;         // The trial that resolved "auto".
+  int batch_size = kBatchWorkerDefault;  // > 0, kBatchWorkerDefault or kBatchAuto.
+  int batch_alignment = kDefaultBatchAlignment;
+  double max_memory = 0;                 // For kBatchAuto: fraction (<= 1) or GiB (> 1); 0 = 0.9.
+  std::vector<float> mean;               // 0 or 3 values (R, G, B) on [0, 1] inputs.
+  std::vector<float> std;
+  int input_height = 0;                  // > 0: inputs are resized to this size.
+  int input_width = 0;
+  double spacing_y = 1.0;
+  double spacing_x = 1.0;
+  double nsd_tolerance = 1.0;
+  bool include_background = false;
+  int64_t max_image_pixels = int64_t{1} << 28;
+  double batch_timeout_seconds = 600;
+  NonfinitePolicy nonfinite = NonfinitePolicy::kFail;
+  int ignore_index = 255;                        // kNoIgnoreIndex: every value is a label.
+  std::vector<std::pair<int, int>> label_map;    // Stored value -> label, sorted; applied first.
+  // Prediction jobs (empty model): the manifest's `prediction` column is scored instead.
+  bool predictions() const { return model.empty(); }
+  // The 2D surface-distance settings (spacing, nsd tolerance).
+  SurfaceOptions surface_options() const { return SurfaceOptions{spacing_y, spacing_x, nsd_tolerance}; }
+  // The layout the job runs as the report shows it: "on" or "off", or "auto" while unresolved.
+  std::string channels_last_ran() const {
+    return channels_last_mode == "auto" && channels_last_auto ? "auto" : channels_last ? "on" : "off";
+  }
+  // The decoder the job runs as the report shows it: "cpu" or "gpu", or "auto" while unresolved.
+  std::string decode_ran() const { return decode_auto ? "auto" : decode_gpu ? "gpu" : "cpu"; }
+  int num_classes = 0;                 // Prediction jobs: fixed class count; 0 = from the data.
+  double spacing_z = 0;                // > 0: --spacing z,y,x overrides the volumes' headers.
+  bool force_spacing = false;          // Use spacing_z/y/x even where it contradicts a header.
+  bool spacing_given = false;          // --spacing was given (2 or 3 values).
+  std::vector<std::vector<int>> regions;  // Each region: sorted, distinct labels. Empty: classes.
+  bool nnunet_summary = false;
+  bool json_infinity_string = false;             // report.json writes infinity as "inf".
+  // Python model backend.
+  std::string python;                            // Interpreter; empty = python3.
+  std::vector<std::pair<std::string, std::string>> model_options;  // Sorted by key.
+  std::vector<std::string> manifest_columns;     // Extra manifest columns the rows carry.
+  bool python_model() const { return ParseModelRef(model).python; }
+  // Single-score outputs: the count metrics at each of these thresholds too (sorted, in (0, 1)).
+  std::vector<double> thresholds;
+  EmptyScore empty_score = EmptyScore::kNaN;
+  std::vector<double> iou_thresholds;            // Sorted, in [0, 1].
+  double max_failed_fraction = 0;                // In [0, 1]; more failed rows is a warning.
+  bool TooManyFailed(int64_t failed, int64_t total) const;
+  // Report thumbnails: the worst rows of each class that get one (common/io/thumbnail.h); 0 = none.
+  int thumbnails = 5;
+  // Non-empty: workers write every predicted label map into this folder (absolute) as <id>.png.
+  std::string save_predictions;
+  // Classes the report treats as foreground: regions all, class 0 only with include_background.
+  bool IsForegroundClass(int c) const { return c != 0 || include_background || !regions.empty(); }
+};
+
+// True when `failed` of `total` rows is more than `max_failed_fraction` allows (the report's
+// warning and `tally`'s exit code 3 both ask this).
+bool TooManyFailedRows(int64_t failed, int64_t total, double max_failed_fraction);
+
+// File name of row `index`'s saved prediction (--save-predictions): "<id>.png" when the id is a
+// plain file name (no '/', no control character, not "." or "..", at most 200 bytes), else
+// "row<index>.png".
+std::string PredictionFileName(const std::string& id, int64_t index);
+
+// Most classes (or regions) a job may have: results carry one entry per class.
+inline constexpr int kMaxClasses = 4096;
+
+inline constexpr int kNoIgnoreIndex = -1;
+
+// Reads a spec as the coordinator stored it. Specs stored before a field existed read as its
+// default. Errors name the field.
+absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec);
+
+absl::string_view PrecisionName(Precision p);  // fp32 | bf16 | fp16
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
+absl::string_view NonfiniteName(NonfinitePolicy p);  // fail | warn
+absl::StatusOr<NonfinitePolicy> ParseNonfinite(absl::string_view name);
+
+// The batch size a worker uses for `config` given its own default: a fixed size, kBatchAuto, or the
+// worker's default when it divides the job's alignment; else FAILED_PRECONDITION saying so.
+absl::StatusOr<int> WorkerBatchSize(const JobConfig& config, int worker_default);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_JOB_JOB_CONFIG_H_

@@ -1,0 +1,22 @@
+// What the three roles agree on about the wire besides tally.proto itself: the largest message,
+// and the names and terminal states of jobs.
+#ifndef TALLY_COMMON_JOB_RPC_H_
+#define TALLY_COMMON_JOB_RPC_H_
+
+#include <string>
+
+#include "proto/tally.pb.h"
+
+namespace tally {
+
+// Largest gRPC message any role sends or accepts.
+inline constexpr int kMaxMessageBytes = 64 << 20;
+
+// "queued", "running", "succeeded", "failed", "cancelled" (as in report.json and the CLI).
+std::string JobStateName(v1::JobState state);
+// Succeeded, failed or cancelled: the job will not change again.
+bool IsTerminal(v1::JobState state);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_JOB_RPC_H_

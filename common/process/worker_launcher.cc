@@ -1,0 +1,110 @@
+#include "common/process/worker_launcher.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/base/clock.h"
+#include "common/base/log.h"
+#include "common/base/status_macros.h"
+
+namespace tally {
+
+absl::StatusOr<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Start(WorkerLaunchOptions options) {
+  if (options.worker_binary.empty()) options.worker_binary = FindExecutable("tally-worker");
+  if (options.worker_binary.empty()) {
+    return absl::NotFoundError("cannot find the tally-worker executable next to this program or on PATH");
+  }
+  const bool gpu = !options.gpus.empty();
+  const int n = gpu ? static_cast<int>(options.gpus.size()) : std::max(1, options.cpu_workers);
+  const std::vector<int> cpus = AllowedCpus();
+  std::unique_ptr<WorkerLauncher> launcher(new WorkerLauncher(options));
+  for (int i = 0; i < n; ++i) {
+    Worker w;
+    // Contiguous, disjoint core ranges when there are enough cores; shared round-robin otherwise.
+    std::vector<int> mine;
+    const int ncpu = static_cast<int>(cpus.size());
+    if (ncpu >= n) {
+      for (int c = i * ncpu / n; c < (i + 1) * ncpu / n; ++c) mine.push_back(cpus[c]);
+    } else {
+      mine.push_back(cpus[i % ncpu]);
+    }
+    // A worker owning several GPUs (--gpus-per-worker) sees them as cuda:0..K-1.
+    const int owned = gpu ? static_cast<int>(std::count(options.gpus[i].begin(), options.gpus[i].end(), ',')) + 1 : 0;
+    w.spawn.argv = {options.worker_binary, "--coordinator", options.coordinator, "--device", gpu ? "cuda:0" : "cpu",
+                    "--threads", absl::StrCat(mine.size()), "--name",
+                    gpu ? absl::StrCat("gpu", absl::StrReplaceAll(options.gpus[i], {{",", "+"}}))
+                        : absl::StrCat("cpu", i)};
+    if (owned > 1) {
+      w.spawn.argv.push_back("--gpus-per-worker");
+      w.spawn.argv.push_back(absl::StrCat(owned));
+    }
+    for (const std::string& a : options.extra_args) w.spawn.argv.push_back(a);
+    if (gpu) w.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpus[i]);
+    for (const auto& kv : options.env) w.spawn.env.push_back(kv);
+    w.spawn.cpu_affinity = mine;
+    if (!options.log_dir.empty()) {
+      w.log_path = absl::StrCat(options.log_dir, "/worker-", i, ".log");
+      w.spawn.log_path = w.log_path;
+    }
+    ASSIGN_OR_RETURN(w.process, Subprocess::Spawn(w.spawn));
+    launcher->workers_.push_back(std::move(w));
+  }
+  return launcher;
+}
+
+WorkerLauncher::~WorkerLauncher() { StopAll(); }
+
+int WorkerLauncher::Poll(std::vector<std::string>* exited) {
+  int alive = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = workers_[i];
+    if (w.process && w.process->Running()) {
+      ++alive;
+      continue;
+    }
+    if (!w.process || w.reported) continue;
+    w.reported = true;
+    std::string line = absl::StrCat("worker ", i, " (pid ", w.process->pid(), ") ", w.process->ExitDescription());
+    if (!w.log_path.empty()) absl::StrAppend(&line, "; end of ", w.log_path, ":\n", TailOfFile(w.log_path, 1500));
+    if (exited) exited->push_back(line);
+    Log(line);
+    if (ShouldRestart(w)) {
+      auto p = Subprocess::Spawn(w.spawn);
+      if (p.ok()) {
+        Log("restarted worker ", i, " as pid ", (*p)->pid());
+        w.process = std::move(*p);
+        w.reported = false;
+        ++alive;
+      }
+    }
+  }
+  return alive;
+}
+
+bool WorkerLauncher::ShouldRestart(Worker& w) const {
+  constexpr int kExitUsage = 2, kExitOutOfService = 3, kExitRestart = 75;  // worker/worker.h
+  const int code = w.process->exit_code();
+  const bool wanted = code == kExitRestart || (options_.restart && code != kExitUsage && code != kExitOutOfService);
+  if (!wanted) return false;
+  const double now = NowUnix();
+  w.restarts.erase(std::remove_if(w.restarts.begin(), w.restarts.end(), [&](double t) { return now - t > 60; }),
+                   w.restarts.end());
+  if (w.restarts.size() >= 5) {
+    Log("worker (pid ", w.process->pid(), ") restarted ", w.restarts.size(), " times within a minute; leaving it down");
+    return false;
+  }
+  w.restarts.push_back(now);
+  return true;
+}
+
+void WorkerLauncher::StopAll() {
+  for (Worker& w : workers_) {
+    if (w.process) w.process->Signal(SIGTERM);
+  }
+  for (Worker& w : workers_) {
+    if (w.process) w.process->Terminate(5.0);
+  }
+}
+
+}  // namespace tally

@@ -1,0 +1,118 @@
+#include "common/security/data_roots.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/base/file_util.h"
+
+namespace tally {
+namespace {
+
+DataRoots& Roots() {
+  static DataRoots* roots = new DataRoots();
+  return *roots;
+}
+
+bool RealPath(const std::string& path, std::string* out) {
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf) == nullptr) return false;
+  *out = buf;
+  return true;
+}
+
+bool Inside(const std::string& path, const std::string& root) {
+  if (root == "/") return true;
+  return path == root || (absl::StartsWith(path, root) && path.size() > root.size() && path[root.size()] == '/');
+}
+
+}  // namespace
+
+absl::StatusOr<DataRoots> DataRoots::Create(const std::vector<std::string>& dirs) {
+  DataRoots r;
+  for (const std::string& d : dirs) {
+    std::string real;
+    struct stat st;
+    if (!RealPath(d, &real) || stat(real.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("--data-root '", d, "' is not an existing folder"));
+    }
+    r.roots_.push_back(real);
+  }
+  return r;
+}
+
+absl::StatusOr<std::string> DataRoots::Resolve(const std::string& path) const {
+  if (roots_.empty()) return path;
+  const std::string abs = AbsolutePath(path);
+  std::string real;
+  if (!RealPath(abs, &real)) {
+    // Missing (or unreadable) file: resolve the nearest existing folder, keep the rest as written.
+    std::string base = abs, rest;
+    while (true) {
+      const size_t slash = base.rfind('/');
+      if (slash == std::string::npos || slash == 0) return absl::PermissionDeniedError(kOutsideDataRoots);
+      rest = absl::StrCat(base.substr(slash), rest);
+      base = base.substr(0, slash);
+      if (RealPath(base, &real)) break;
+    }
+    for (absl::string_view part : absl::StrSplit(rest, '/')) {
+      if (part == "..") return absl::PermissionDeniedError(kOutsideDataRoots);
+    }
+    real += rest;
+  }
+  for (const std::string& root : roots_) {
+    if (Inside(real, root)) return real;
+  }
+  return absl::PermissionDeniedError(kOutsideDataRoots);
+}
+
+void SetProcessDataRoots(DataRoots roots) { Roots() = std::move(roots); }
+
+const DataRoots& ProcessDataRoots() { return Roots(); }
+
+bool IsOutsideDataRoots(const absl::Status& status) {
+  return absl::IsPermissionDenied(status) && absl::EndsWith(status.message(), kOutsideDataRoots);
+}
+
+absl::Status OutsideDataRootsError(const std::string& what, const std::string& path) {
+  return absl::PermissionDeniedError(absl::StrCat(what, what.empty() ? "'" : " '", path, "': ", kOutsideDataRoots));
+}
+
+absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
+  // With data roots, the resolved path is opened (no symlink is followed after the check).
+  absl::StatusOr<std::string> resolved = ProcessDataRoots().Resolve(path);
+  if (!resolved.ok()) return resolved.status();
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  const int fd = open(resolved->c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return err == ENOENT ? absl::NotFoundError(std::strerror(err)) : absl::PermissionDeniedError(std::strerror(err));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::PermissionDeniedError(std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    const char* kind = S_ISDIR(st.st_mode)                          ? "a directory"
+                       : S_ISFIFO(st.st_mode)                       ? "a FIFO"
+                       : S_ISSOCK(st.st_mode)                       ? "a socket"
+                       : (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) ? "a device"
+                                                                      : "not a regular file";
+    return absl::InvalidArgumentError(kind);
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return RegularFile{fd, static_cast<int64_t>(st.st_size)};
+}
+
+}  // namespace tally

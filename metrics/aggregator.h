@@ -1,0 +1,133 @@
+// Dataset-level aggregation of per-image results, fed in manifest index order so that every
+// number is the same whatever the number of workers or the shard size.
+//
+// Per class and selected metric:
+//   <m>_mean       mean over images, NaN skipped, +/-inf skipped and counted in <m>_inf_count;
+//   <m>_global     count metrics only: the metric of the counts summed over the dataset (micro);
+//   <m>_median/p95 surface metrics only: percentiles across images (linear interpolation), NaN
+//                  skipped, inf kept (an image with an empty mask is infinitely far off);
+//   dice_mean_ci95 percentile bootstrap over images (1000 resamples, fixed seed).
+// With empty_score kOne, an image whose prediction and reference of a class are both empty scores 1
+// for that class's dice and iou (LISA/ReLA) instead of NaN (nnU-Net/MONAI). iou_ge[t]: the share of
+// images with IoU >= t among those whose IoU is defined (ReLA's Pr@t). Threshold sweep: per
+// threshold of JobSpec.thresholds, dice and iou of the foreground class (class 1) from each image's
+// counts at that threshold.
+// foreground_<m>_mean: mean of the per-class <m>_mean over foreground classes (class 0 is
+// background unless include_background), NaN class means skipped.
+#ifndef TALLY_METRICS_AGGREGATOR_H_
+#define TALLY_METRICS_AGGREGATOR_H_
+
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "metrics/overlap.h"
+#include "metrics/statistics.h"
+#include "proto/tally.pb.h"
+
+namespace tally {
+
+struct AggregateOptions {
+  int num_classes = 0;
+  std::vector<Metric> metrics;  // Canonical order (ParseMetricNames).
+  bool include_background = false;
+  int bootstrap_resamples = 1000;
+  uint64_t bootstrap_seed = 20261121;
+  int threads = 0;  // For the bootstrap; 0 = hardware concurrency. Never changes the result.
+  EmptyScore empty_score = EmptyScore::kNaN;
+  std::vector<double> iou_thresholds;
+  std::vector<double> thresholds;  // Results carry counts at each (ImageResult.thresholds).
+};
+
+struct ThresholdAggregate {
+  double threshold = 0;
+  double dice_mean = 0, dice_global = 0, iou_mean = 0, iou_global = 0;
+};
+
+struct MetricAggregate {
+  double mean = 0;
+  int64_t count = 0;      // Finite values that entered the mean.
+  int64_t inf_count = 0;
+  double global = 0;      // Count metrics.
+  double median = 0;      // Surface metrics.
+  double p95 = 0;
+};
+
+// Per-image distributions in the reports: this many equal bins.
+inline constexpr int kHistogramBins = 20;
+
+// One metric's per-image values of one class, binned: over [0, 1] for count metrics, over
+// [0, max] of the finite values for surface distances (infinities are in inf_count).
+struct Histogram {
+  double max = 1;
+  std::array<int64_t, kHistogramBins> bins{};
+};
+
+struct ClassAggregate {
+  int class_id = 0;
+  ConfusionCounts counts;
+  std::array<MetricAggregate, kNumMetrics> metrics;
+  double dice_ci_low = 0;
+  double dice_ci_high = 0;
+  std::vector<double> dice_values;             // Finite per-image Dice, index order (histograms).
+  std::vector<std::pair<double, int64_t>> worst;  // Up to 10 lowest (dice, index), ascending.
+  std::vector<double> iou_ge;                  // Per AggregateOptions::iou_thresholds; NaN: no image.
+  int64_t reference_images = 0;  // Images whose reference mask holds the class (tp + fn > 0).
+  int64_t predicted_images = 0;  // Images where the model predicts it (tp + fp > 0).
+  // In the foreground means: a foreground class (or region) present in at least one reference
+  // mask. The same classes for every metric (README "Aggregation").
+  bool in_foreground_mean = false;
+  std::array<Histogram, kNumMetrics> histograms;  // Of the selected metrics.
+};
+
+struct Aggregate {
+  std::vector<ClassAggregate> classes;
+  std::array<double, kNumMetrics> foreground_mean{};
+  int64_t images = 0;
+  std::vector<ThresholdAggregate> thresholds;  // Per AggregateOptions::thresholds.
+  int best_threshold = -1;                     // Index of the highest dice_mean (first on ties); -1: none.
+};
+
+class Aggregator {
+ public:
+  explicit Aggregator(AggregateOptions options);
+
+  // Adds one evaluated image. Results must come in increasing index order; failed rows are not
+  // added. Per-image metric values are computed here from the counts and surface values.
+  void Add(const v1::ImageResult& result);
+  Aggregate Finish();
+
+  // Per-image value of a metric for class `c` of `result` (NaN if not computable).
+  static double ImageMetric(const v1::ImageResult& result, int c, Metric m, EmptyScore empty = EmptyScore::kNaN);
+
+ private:
+  struct PerClass {
+    ConfusionCounts counts;
+    std::array<double, kNumMetrics> sum{};
+    std::array<double, kNumMetrics> compensation{};
+    std::array<int64_t, kNumMetrics> count{};
+    std::array<int64_t, kNumMetrics> inf_count{};
+    std::array<std::vector<double>, kNumMetrics> values;  // Kept for surface metrics and dice.
+    std::vector<int64_t> dice_index;                       // Index of each dice value.
+    int64_t iou_defined = 0;
+    std::vector<int64_t> iou_ge;
+    int64_t reference_images = 0;
+    int64_t predicted_images = 0;
+    std::array<std::array<int64_t, kHistogramBins>, kNumMetrics> unit_bins{};  // Count metrics, [0, 1].
+  };
+  struct PerThreshold {
+    ConfusionCounts counts;
+    double dice_sum = 0, dice_c = 0, iou_sum = 0, iou_c = 0;
+    int64_t dice_n = 0, iou_n = 0;
+  };
+  std::vector<PerThreshold> thresholds_;
+
+  AggregateOptions options_;
+  std::vector<PerClass> classes_;
+  int64_t images_ = 0;
+};
+
+}  // namespace tally
+
+#endif  // TALLY_METRICS_AGGREGATOR_H_

@@ -1,0 +1,94 @@
+#include "metrics/label_counts.h"
+
+#include <algorithm>
+#include <vector>
+
+
+namespace tally {
+
+void CountClasses(const uint16_t* pred, const uint16_t* ref, int64_t n, int num_classes,
+                  std::vector<ConfusionCounts>* out) {
+  // Three tallies instead of a C x C matrix: tp where both agree, and each side's pixel counts.
+  std::vector<int64_t> agree(num_classes, 0), in_pred(num_classes, 0), in_ref(num_classes, 0);
+  int64_t valid = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t r = ref[i];
+    if (r == kIgnoredPixel) continue;
+    const uint16_t p = pred[i];
+    ++valid;
+    ++in_pred[p];
+    ++in_ref[r];
+    agree[p] += p == r;
+  }
+  out->assign(num_classes, {});
+  for (int c = 0; c < num_classes; ++c) {
+    ConfusionCounts& k = (*out)[c];
+    k.tp = agree[c];
+    k.fp = in_pred[c] - agree[c];
+    k.fn = in_ref[c] - agree[c];
+    k.tn = valid - k.tp - k.fp - k.fn;
+  }
+}
+
+void CountRegions(const uint16_t* pred, const uint16_t* ref, int64_t n, const std::vector<std::vector<int>>& regions,
+                  std::vector<ConfusionCounts>* out) {
+  out->assign(regions.size(), {});
+  std::vector<uint8_t> member(65536);
+  for (size_t r = 0; r < regions.size(); ++r) {
+    std::fill(member.begin(), member.end(), 0);
+    for (int l : regions[r]) member[l] = 1;
+    int64_t tp = 0, fp = 0, fn = 0, tn = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t rv = ref[i];
+      if (rv == kIgnoredPixel) continue;
+      const bool in_ref = member[rv], in_pred = member[pred[i]];
+      tp += in_ref & in_pred;
+      fp += !in_ref & in_pred;
+      fn += in_ref & !in_pred;
+      tn += !in_ref & !in_pred;
+    }
+    (*out)[r] = ConfusionCounts{tp, fp, fn, tn};
+  }
+}
+
+int64_t FirstLabelAtOrAbove(const uint16_t* labels, int64_t n, int limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (labels[i] != kIgnoredPixel && labels[i] >= limit) return i;
+  }
+  return -1;
+}
+
+int MaxLabel(const uint16_t* labels, int64_t n) {
+  int m = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (labels[i] != kIgnoredPixel) m = std::max<int>(m, labels[i]);
+  }
+  return m;
+}
+
+
+void CountConfusionMatrix(const uint16_t* pred, const uint16_t* ref, size_t n, int k, int64_t* counts) {
+  // Neighbouring pixels mostly fall in the same cell, and one table would make every increment
+  // wait for the previous one's store: four tables, one per pixel mod 4, summed at the end (3-4x
+  // faster on the completion thread, where the Python backend's counting runs). Ignored pixels and
+  // reference labels >= k (they fail the row in the pipeline) go to a spare cell, without a branch.
+  const size_t cells = static_cast<size_t>(k) * k;
+  thread_local std::vector<uint32_t> tables;  // Per image: at most 2^28 pixels, so 32 bits suffice.
+  tables.assign(4 * (cells + 1), 0);
+  uint32_t* t[4] = {tables.data(), tables.data() + (cells + 1), tables.data() + 2 * (cells + 1),
+                    tables.data() + 3 * (cells + 1)};
+  auto cell = [k, cells](uint16_t r, uint16_t q) -> size_t {
+    return r != kIgnoredPixel && r < k ? static_cast<size_t>(r) * k + q : cells;
+  };
+  size_t p = 0;
+  for (; p + 4 <= n; p += 4) {
+    ++t[0][cell(ref[p], pred[p])];
+    ++t[1][cell(ref[p + 1], pred[p + 1])];
+    ++t[2][cell(ref[p + 2], pred[p + 2])];
+    ++t[3][cell(ref[p + 3], pred[p + 3])];
+  }
+  for (; p < n; ++p) ++t[0][cell(ref[p], pred[p])];
+  for (size_t c = 0; c < cells; ++c) counts[c] += static_cast<int64_t>(t[0][c]) + t[1][c] + t[2][c] + t[3][c];
+}
+
+}  // namespace tally

@@ -1,0 +1,146 @@
+#include "metrics/statistics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <thread>
+#include <tuple>
+
+namespace tally {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Unbiased integer in [0, n) (Lemire's multiply-and-reject).
+uint64_t Bounded(uint64_t* state, uint64_t n) {
+  uint64_t x = SplitMix64(state);
+  __uint128_t m = static_cast<__uint128_t>(x) * n;
+  uint64_t low = static_cast<uint64_t>(m);
+  if (low < n) {
+    const uint64_t threshold = (0 - n) % n;
+    while (low < threshold) {
+      x = SplitMix64(state);
+      m = static_cast<__uint128_t>(x) * n;
+      low = static_cast<uint64_t>(m);
+    }
+  }
+  return static_cast<uint64_t>(m >> 64);
+}
+
+double Lerp(double a, double b, double t) {
+  // numpy's _lerp: symmetric form that is exact at both ends.
+  const double diff = b - a;
+  return t >= 0.5 ? b - diff * (1.0 - t) : a + diff * t;
+}
+
+}  // namespace
+
+void CompensatedAdd(double x, double* sum, double* c) {
+  const double t = *sum + x;
+  if (std::fabs(*sum) >= std::fabs(x)) {
+    *c += (*sum - t) + x;
+  } else {
+    *c += (x - t) + *sum;
+  }
+  *sum = t;
+}
+
+double PercentileLinear(std::vector<double>* values, double q) {
+  const size_t n = values->size();
+  if (n == 0) return kNaN;
+  const double pos = q * static_cast<double>(n - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const double t = pos - static_cast<double>(lo);
+  std::nth_element(values->begin(), values->begin() + lo, values->end());
+  const double a = (*values)[lo];
+  if (lo + 1 >= n || t == 0) return a;
+  const double b = *std::min_element(values->begin() + lo + 1, values->end());
+  if (std::isinf(a) || std::isinf(b)) return a == b ? a : (t > 0 ? b : a);
+  return Lerp(a, b, t);
+}
+
+std::pair<double, double> BootstrapMeanCi95(const std::vector<double>& values, int resamples, uint64_t seed,
+                                            int threads) {
+  const size_t n = values.size();
+  if (n == 0 || resamples <= 0) return {kNaN, kNaN};
+  std::vector<double> means(resamples);
+  auto run = [&](int from, int to) {
+    for (int r = from; r < to; ++r) {
+      uint64_t state = seed ^ (0xA24BAED4963EE407ull * static_cast<uint64_t>(r + 1));
+      double sum = 0, c = 0;
+      for (size_t i = 0; i < n; ++i) CompensatedAdd(values[Bounded(&state, n)], &sum, &c);
+      means[r] = (sum + c) / static_cast<double>(n);
+    }
+  };
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min(threads, resamples);
+  if (n * static_cast<size_t>(resamples) < 2000000) threads = 1;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back(run, resamples * t / threads, resamples * (t + 1) / threads);
+  }
+  for (auto& th : pool) th.join();
+  std::vector<double> copy = means;
+  double low = PercentileLinear(&copy, 0.025);
+  copy = means;
+  double high = PercentileLinear(&copy, 0.975);
+  return {low, high};
+}
+
+double WilcoxonSignedRankP(std::vector<double> diffs) {
+  diffs.erase(std::remove(diffs.begin(), diffs.end(), 0.0), diffs.end());
+  const size_t n = diffs.size();
+  if (n == 0) return kNaN;
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return std::fabs(diffs[x]) < std::fabs(diffs[y]); });
+  double w_plus = 0, tie_term = 0;
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    while (j + 1 < n && std::fabs(diffs[order[j + 1]]) == std::fabs(diffs[order[i]])) ++j;
+    const double rank = (static_cast<double>(i + 1) + static_cast<double>(j + 1)) / 2.0;  // Average rank.
+    const double t = static_cast<double>(j - i + 1);
+    tie_term += t * t * t - t;
+    for (size_t k = i; k <= j; ++k) {
+      if (diffs[order[k]] > 0) w_plus += rank;
+    }
+    i = j + 1;
+  }
+  const double nn = static_cast<double>(n);
+  const double mean = nn * (nn + 1) / 4.0;
+  const double var = nn * (nn + 1) * (2 * nn + 1) / 24.0 - tie_term / 48.0;
+  if (var <= 0) return 1.0;
+  const double z = (w_plus - mean) / std::sqrt(var);
+  return std::erfc(std::fabs(z) / std::sqrt(2.0));
+}
+
+PairedSummary SummarisePairs(const std::vector<std::pair<double, double>>& pairs, int resamples, uint64_t seed) {
+  PairedSummary s;
+  s.pairs = static_cast<int64_t>(pairs.size());
+  std::vector<double> diffs;
+  double sa = 0, sb = 0, sd = 0;
+  for (const auto& [x, y] : pairs) {
+    sa += x;
+    sb += y;
+    diffs.push_back(y - x);
+    sd += diffs.back();
+    s.higher += y > x;
+    s.lower += y < x;
+  }
+  const double n = static_cast<double>(pairs.size());
+  s.mean_a = pairs.empty() ? kNaN : sa / n;
+  s.mean_b = pairs.empty() ? kNaN : sb / n;
+  s.mean_diff = pairs.empty() ? kNaN : sd / n;
+  std::tie(s.ci_low, s.ci_high) = BootstrapMeanCi95(diffs, resamples, seed, 0);
+  s.wilcoxon_p = WilcoxonSignedRankP(diffs);
+  return s;
+}
+
+}  // namespace tally

@@ -1,0 +1,57 @@
+// Statistics over per-image values that the aggregate and the comparison of two runs report:
+// numpy-style percentiles, compensated sums, the percentile bootstrap of a mean, and the Wilcoxon
+// signed-rank test of paired differences.
+//
+//   PercentileLinear    numpy.percentile(values, 100 q) with its default linear interpolation
+//                       (numpy's _lerp, exact at both ends).
+//   CompensatedAdd      Neumaier's compensated running sum: means as exact as numpy's pairwise sum
+//                       or more, depending only on the order of the values.
+//   BootstrapMeanCi95   the percentile bootstrap (Efron & Tibshirani 1993, ch. 13): `resamples` means
+//                       of n values drawn with replacement (SplitMix64 streams, Lemire's unbiased
+//                       bounded draws, one stream per resample), their 2.5th and 97.5th percentiles.
+//   WilcoxonSignedRankP scipy.stats.wilcoxon(d, method="approx"): zero differences dropped, average
+//                       ranks for ties, normal approximation with the tie correction and without
+//                       continuity correction; two-sided.
+#ifndef TALLY_METRICS_STATISTICS_H_
+#define TALLY_METRICS_STATISTICS_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace tally {
+
+// Percentile with linear interpolation between closest ranks, as numpy.percentile's default.
+// q in [0, 1]. Reorders `values`. NaN for an empty vector.
+double PercentileLinear(std::vector<double>* values, double q);
+
+// Neumaier-compensated running sum: the result depends only on the order of the values.
+void CompensatedAdd(double x, double* sum, double* c);
+
+// Percentile bootstrap of the mean: `resamples` means of n values drawn with replacement; returns
+// the 2.5th and 97.5th percentiles (linear interpolation). Deterministic for a given seed,
+// whatever `threads` is. NaN, NaN for an empty input.
+std::pair<double, double> BootstrapMeanCi95(const std::vector<double>& values, int resamples, uint64_t seed,
+                                            int threads);
+
+// Two-sided p-value of the Wilcoxon signed-rank test of `diffs` against 0: zero differences
+// dropped (Wilcoxon's method), average ranks for ties, normal approximation with the tie
+// correction and without continuity correction (scipy.stats.wilcoxon(..., method="approx")).
+// NaN with no non-zero difference.
+double WilcoxonSignedRankP(std::vector<double> diffs);
+
+// Two runs' values of one metric over the images where both are finite, paired.
+struct PairedSummary {
+  int64_t pairs = 0;
+  double mean_a = 0, mean_b = 0;   // Over the pairs (NaN without any).
+  double mean_diff = 0;            // mean(B - A).
+  double ci_low = 0, ci_high = 0;  // BootstrapMeanCi95 of the differences.
+  double wilcoxon_p = 0;           // WilcoxonSignedRankP of the differences.
+  int64_t higher = 0, lower = 0;   // Pairs where B is above / below A.
+};
+// `pairs` are (a, b) in a fixed order (the manifest's); plain sums, as the comparison reports them.
+PairedSummary SummarisePairs(const std::vector<std::pair<double, double>>& pairs, int resamples, uint64_t seed);
+
+}  // namespace tally
+
+#endif  // TALLY_METRICS_STATISTICS_H_

@@ -1,0 +1,296 @@
+// The 3D surface distances of metrics/surface_distance.h (NIfTI volumes): exact Euclidean
+// distances with anisotropic spacing, from each edge voxel to the nearest edge voxel of the other map.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "metrics/surface_distance.h"
+#include "metrics/surface_summary.h"
+
+namespace tally {
+namespace {
+
+using namespace surface_internal;  // NOLINT: the summaries this file shares with the 2D path.
+
+// Edge voxels of every class of a label volume, in one pass: a voxel of class L whose 6-neighbour
+// is not of class L or lies outside the volume (L's mask XOR its erosion by the 6-connected cross,
+// outside voxels as background). Linear indices (z, y, x row-major), ascending.
+template <typename LabelFn>
+void ExtractEdges3D(int depth, int height, int width, int num_classes, LabelFn label,
+                    std::vector<std::vector<int64_t>>* edges) {
+  edges->assign(num_classes, {});
+  const int64_t plane = static_cast<int64_t>(height) * width;
+  for (int z = 0; z < depth; ++z) {
+    for (int y = 0; y < height; ++y) {
+      const int64_t base = z * plane + static_cast<int64_t>(y) * width;
+      const bool inner_zy = z > 0 && z + 1 < depth && y > 0 && y + 1 < height;
+      for (int x = 0; x < width; ++x) {
+        const int64_t i = base + x;
+        const uint32_t l = label(i);
+        if (l >= static_cast<uint32_t>(num_classes)) continue;
+        const bool interior = inner_zy && x > 0 && x + 1 < width && label(i - 1) == l && label(i + 1) == l &&
+                              label(i - width) == l && label(i + width) == l && label(i - plane) == l &&
+                              label(i + plane) == l;
+        if (!interior) (*edges)[l].push_back(i);
+      }
+    }
+  }
+}
+
+struct Dims3 {
+  int64_t depth, height, width;
+};
+
+// For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
+// feature voxel (at least one exists), with spacing (sz, sy, sx), for queries far from the features
+// (DirectedDistances3D handles the near ones). Separable: the features' column
+// index along z gives, for a slice z, each (y, x) column's distance in z to its nearest feature;
+// a lower-envelope pass along y (evaluated only at rows holding queries) and one along x (only at
+// the queries) finish the transform. Everything happens inside the bounding box of the queries
+// and features, slice by slice, and only on slices holding queries: memory is O(box area +
+// features), not O(volume). The nearest feature's offsets are tracked through the passes, so each
+// distance is computed as scipy's distance_transform_edt computes it, sqrt(sum of (s_i d_i)^2).
+void SeparableDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
+                          double sz, double sy, double sx, std::vector<double>* out) {
+  const int64_t plane = dims.height * dims.width;
+  auto zyx = [&](int64_t i, int64_t* z, int64_t* y, int64_t* x) {
+    *z = i / plane;
+    const int64_t r = i - *z * plane;
+    *y = r / dims.width;
+    *x = r - *y * dims.width;
+  };
+  int64_t y0 = dims.height, y1 = -1, x0 = dims.width, x1 = -1;
+  for (const auto* set : {&queries, &features}) {
+    for (int64_t i : *set) {
+      int64_t z, y, x;
+      zyx(i, &z, &y, &x);
+      y0 = std::min(y0, y);
+      y1 = std::max(y1, y);
+      x0 = std::min(x0, x);
+      x1 = std::max(x1, x);
+    }
+  }
+  const int H = static_cast<int>(y1 - y0 + 1), W = static_cast<int>(x1 - x0 + 1);
+  const size_t area = static_cast<size_t>(H) * W;
+  // Features bucketed by (y, x) column of the box, z ascending (the input is z-major).
+  std::vector<int64_t> start(area + 1, 0);
+  std::vector<int32_t> fz(features.size());
+  for (int64_t i : features) {
+    int64_t z, y, x;
+    zyx(i, &z, &y, &x);
+    start[(y - y0) * W + (x - x0) + 1]++;
+  }
+  for (size_t c = 0; c < area; ++c) start[c + 1] += start[c];
+  std::vector<int64_t> cursor(start.begin(), start.end() - 1);
+  {
+    std::vector<int64_t> fill = cursor;
+    for (int64_t i : features) {
+      int64_t z, y, x;
+      zyx(i, &z, &y, &x);
+      fz[fill[(y - y0) * W + (x - x0)]++] = static_cast<int32_t>(z);
+    }
+  }
+  const double sy2 = sy * sy, sx2 = sx * sx;
+  std::vector<int32_t> gz(area);      // Signed z offset to the column's nearest feature; kNoZ: none.
+  std::vector<double> cost(area);     // (sz * gz)^2, or kInf.
+  constexpr int32_t kNoZ = std::numeric_limits<int32_t>::max();
+  std::vector<double> column(H), row(W);
+  std::vector<int> query_rows;
+  std::vector<int32_t> best_y;  // Per (query row, x): the argmin row of the y pass.
+  Envelope1D env;
+  out->resize(queries.size());
+  size_t qi = 0;
+  while (qi < queries.size()) {
+    int64_t z, y, x;
+    zyx(queries[qi], &z, &y, &x);
+    const int64_t slice = z;
+    size_t slice_end = qi;
+    query_rows.clear();
+    while (slice_end < queries.size() && queries[slice_end] / plane == slice) {
+      zyx(queries[slice_end], &z, &y, &x);
+      const int r = static_cast<int>(y - y0);
+      if (query_rows.empty() || query_rows.back() != r) query_rows.push_back(r);
+      ++slice_end;
+    }
+    // 1. Distance in z from this slice to each column's nearest feature.
+    for (size_t c = 0; c < area; ++c) {
+      const int64_t end = start[c + 1];
+      int64_t& k = cursor[c];
+      while (k < end && fz[k] < slice) ++k;
+      int32_t best = kNoZ;
+      int64_t best_abs = std::numeric_limits<int64_t>::max();
+      if (k < end) {
+        best = static_cast<int32_t>(fz[k] - slice);
+        best_abs = best;
+      }
+      if (k > start[c] && slice - fz[k - 1] < best_abs) best = static_cast<int32_t>(fz[k - 1] - slice);
+      gz[c] = best;
+      if (best == kNoZ) {
+        cost[c] = kInf;
+      } else {
+        const double d = sz * static_cast<double>(best);
+        cost[c] = d * d;
+      }
+    }
+    // 2. Along y, for every column x, at the rows holding queries.
+    best_y.assign(query_rows.size() * W, -1);
+    for (int cx = 0; cx < W; ++cx) {
+      for (int r = 0; r < H; ++r) column[r] = cost[static_cast<size_t>(r) * W + cx];
+      env.Build(column.data(), H, sy2);
+      if (env.empty()) continue;
+      for (size_t qr = 0; qr < query_rows.size(); ++qr) best_y[qr * W + cx] = env.ArgMin(query_rows[qr]);
+    }
+    // 3. Along x, at the queries of each row.
+    size_t q = qi;
+    for (size_t qr = 0; qr < query_rows.size(); ++qr) {
+      const int r = query_rows[qr];
+      for (int cx = 0; cx < W; ++cx) {
+        const int by = best_y[qr * W + cx];
+        if (by < 0) {
+          row[cx] = kInf;
+        } else {
+          const double dy = sy * static_cast<double>(r - by);
+          row[cx] = cost[static_cast<size_t>(by) * W + cx] + dy * dy;
+        }
+      }
+      env.Build(row.data(), W, sx2);
+      for (; q < slice_end; ++q) {
+        zyx(queries[q], &z, &y, &x);
+        if (y - y0 != r) break;
+        const int qx = static_cast<int>(x - x0);
+        const int bx = env.ArgMin(qx);
+        const int by = bx < 0 ? -1 : best_y[qr * W + bx];
+        if (by < 0) {
+          (*out)[q] = kInf;  // Unreachable: the box holds a feature.
+          continue;
+        }
+        const double dz = sz * static_cast<double>(gz[static_cast<size_t>(by) * W + bx]);
+        const double dy = sy * static_cast<double>(r - by);
+        const double dx = sx * static_cast<double>(qx - bx);
+        // scipy's order: axis 0 first, for nibabel's (x, y, z) array.
+        (*out)[q] = std::sqrt((dx * dx + dy * dy) + dz * dz);
+      }
+    }
+    qi = slice_end;
+  }
+}
+
+// For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
+// feature voxel (at least one exists). Most queries lie on or next to the other surface (a
+// prediction close to its reference): each searches a box around itself in a bitmap of the
+// features, growing the box's physical radius rho (doubling) until the best distance found is at
+// most rho, which proves it is the nearest (every voxel outside the box is farther than rho). A
+// query whose box would pass kMaxBox voxels, and every query once the searches have cost more than
+// a budget proportional to the number of queries, goes to the separable transform instead. So
+// close predictions cost a few voxel tests per query and far ones no more than the transform.
+void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
+                         double sz, double sy, double sx, std::vector<double>* out) {
+  constexpr int64_t kMaxBox = 4096;
+  const int64_t plane = dims.height * dims.width;
+  int64_t z0 = dims.depth, z1 = -1, y0 = dims.height, y1 = -1, x0 = dims.width, x1 = -1;
+  for (int64_t i : features) {
+    const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
+    z0 = std::min(z0, z), z1 = std::max(z1, z);
+    y0 = std::min(y0, y), y1 = std::max(y1, y);
+    x0 = std::min(x0, x), x1 = std::max(x1, x);
+  }
+  const int64_t bz = z1 - z0 + 1, by = y1 - y0 + 1, bx = x1 - x0 + 1;
+  std::vector<uint64_t> bits(static_cast<size_t>((bz * by * bx + 63) / 64), 0);
+  for (int64_t i : features) {
+    const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
+    const int64_t b = ((z - z0) * by + (y - y0)) * bx + (x - x0);
+    bits[b >> 6] |= uint64_t{1} << (b & 63);
+  }
+  auto feature = [&](int64_t z, int64_t y, int64_t x) {
+    const int64_t b = ((z - z0) * by + (y - y0)) * bx + (x - x0);
+    return (bits[b >> 6] >> (b & 63)) & 1;
+  };
+  const double smin = std::min({sz, sy, sx});
+  int64_t budget = 256 * static_cast<int64_t>(queries.size()) + (int64_t{1} << 20);
+  out->resize(queries.size());
+  std::vector<size_t> far;
+  for (size_t q = 0; q < queries.size(); ++q) {
+    const int64_t i = queries[q];
+    const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
+    if (budget < 0) {
+      far.push_back(q);
+      continue;
+    }
+    double best = kInf;  // Squared.
+    bool found = false;
+    for (double rho = 0;; rho = rho == 0 ? smin : 2 * rho) {
+      // Box radii: every feature within rho lies inside (the tiny excess only widens the box).
+      const int64_t rz = static_cast<int64_t>(std::floor(rho / sz * (1 + 1e-12)));
+      const int64_t ry = static_cast<int64_t>(std::floor(rho / sy * (1 + 1e-12)));
+      const int64_t rx = static_cast<int64_t>(std::floor(rho / sx * (1 + 1e-12)));
+      if ((2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1) > kMaxBox) break;
+      const int64_t za = std::max(z - rz, z0), zb = std::min(z + rz, z1);
+      const int64_t ya = std::max(y - ry, y0), yb = std::min(y + ry, y1);
+      const int64_t xa = std::max(x - rx, x0), xb = std::min(x + rx, x1);
+      budget -= (2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1);
+      for (int64_t cz = za; cz <= zb; ++cz) {
+        const double dz = sz * static_cast<double>(cz - z);
+        for (int64_t cy = ya; cy <= yb; ++cy) {
+          const double dy = sy * static_cast<double>(cy - y);
+          for (int64_t cx = xa; cx <= xb; ++cx) {
+            if (!feature(cz, cy, cx)) continue;
+            const double dx = sx * static_cast<double>(cx - x);
+            best = std::min(best, (dx * dx + dy * dy) + dz * dz);  // scipy's order, as below.
+          }
+        }
+      }
+      if (best <= rho * rho) {
+        found = true;
+        break;
+      }
+    }
+    if (found) {
+      (*out)[q] = std::sqrt(best);
+    } else {
+      far.push_back(q);
+    }
+  }
+  if (far.empty()) return;
+  std::vector<int64_t> far_queries(far.size());
+  for (size_t k = 0; k < far.size(); ++k) far_queries[k] = queries[far[k]];
+  std::vector<double> far_out;
+  SeparableDistances3D(far_queries, features, dims, sz, sy, sx, &far_out);
+  for (size_t k = 0; k < far.size(); ++k) (*out)[far[k]] = far_out[k];
+}
+
+SurfaceValues FromEdges3D(const std::vector<int64_t>& pred_edges, const std::vector<int64_t>& ref_edges,
+                          const Dims3& dims, const SurfaceOptions3D& o) {
+  if (pred_edges.empty() && ref_edges.empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
+  if (pred_edges.empty() || ref_edges.empty()) return SurfaceValues{kInf, kInf, kInf, 0.0};
+  std::vector<double> d_pg, d_gp;
+  DirectedDistances3D(pred_edges, ref_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_pg);
+  DirectedDistances3D(ref_edges, pred_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_gp);
+  return Combine(Summarise(&d_pg, o.nsd_tolerance), Summarise(&d_gp, o.nsd_tolerance));
+}
+
+}  // namespace
+
+SurfaceValues BinarySurfaceMetrics3D(const uint8_t* pred, const uint8_t* ref, int depth, int height, int width,
+                                     const SurfaceOptions3D& options) {
+  std::vector<std::vector<int64_t>> pred_edges, ref_edges;
+  ExtractEdges3D(depth, height, width, 1, [&](int64_t i) { return pred[i] ? 0u : kNone; }, &pred_edges);
+  ExtractEdges3D(depth, height, width, 1, [&](int64_t i) { return ref[i] ? 0u : kNone; }, &ref_edges);
+  return FromEdges3D(pred_edges[0], ref_edges[0], Dims3{depth, height, width}, options);
+}
+
+void ClassSurfaceMetrics3D(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,
+                           int num_classes, uint16_t ignore_label, const SurfaceOptions3D& options,
+                           std::vector<SurfaceValues>* out) {
+  std::vector<std::vector<int64_t>> pred_edges, ref_edges;
+  ExtractEdges3D(
+      depth, height, width, num_classes,
+      [&](int64_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(pred[i]); }, &pred_edges);
+  ExtractEdges3D(
+      depth, height, width, num_classes,
+      [&](int64_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(ref[i]); }, &ref_edges);
+  out->resize(num_classes);
+  const Dims3 dims{depth, height, width};
+  for (int c = 0; c < num_classes; ++c) (*out)[c] = FromEdges3D(pred_edges[c], ref_edges[c], dims, options);
+}
+
+}  // namespace tally

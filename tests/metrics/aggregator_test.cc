@@ -1,0 +1,191 @@
+#include "metrics/aggregator.h"
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "gtest/gtest.h"
+
+namespace tally {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+v1::ImageResult Image(int64_t index, std::vector<std::array<int64_t, 4>> counts, std::vector<double> hd95) {
+  v1::ImageResult r;
+  r.set_index(index);
+  for (size_t c = 0; c < counts.size(); ++c) {
+    v1::ClassResult* cr = r.add_classes();
+    cr->set_tp(counts[c][0]);
+    cr->set_fp(counts[c][1]);
+    cr->set_fn(counts[c][2]);
+    cr->set_tn(counts[c][3]);
+    cr->set_hd95(hd95[c]);
+    cr->set_hd(kNaN);
+    cr->set_assd(kNaN);
+    cr->set_nsd(kNaN);
+  }
+  return r;
+}
+
+// Three images, two classes, worked by hand:
+//   class 1: image 0 TP2 FP1 FN1 (dice 4/6), image 1 empty/empty (NaN), image 2 TP1 FP3 FN0 (dice 2/5)
+//   hd95 of class 1: 2, NaN, inf.
+class AggregatorTest : public ::testing::Test {
+ protected:
+  Aggregate Run(bool include_background) {
+    AggregateOptions o;
+    o.num_classes = 2;
+    o.metrics = {Metric::kDice, Metric::kIou, Metric::kHd95};
+    o.include_background = include_background;
+    Aggregator agg(o);
+    agg.Add(Image(0, {{6, 1, 1, 2}, {2, 1, 1, 6}}, {1.0, 2.0}));
+    agg.Add(Image(1, {{10, 0, 0, 0}, {0, 0, 0, 10}}, {0.0, kNaN}));
+    agg.Add(Image(2, {{6, 0, 3, 1}, {1, 3, 0, 6}}, {3.0, kInf}));
+    return agg.Finish();
+  }
+};
+
+TEST_F(AggregatorTest, MeansSkipNanAndGlobalsUseSummedCounts) {
+  Aggregate a = Run(false);
+  ASSERT_EQ(a.classes.size(), 2u);
+  const ClassAggregate& c1 = a.classes[1];
+  const auto& dice = c1.metrics[static_cast<int>(Metric::kDice)];
+  EXPECT_DOUBLE_EQ(dice.mean, (4.0 / 6.0 + 2.0 / 5.0) / 2.0);
+  EXPECT_EQ(dice.count, 2);
+  EXPECT_DOUBLE_EQ(dice.global, 6.0 / 11.0);  // 2*3 / (2*3 + 4 + 1)
+  const auto& iou = c1.metrics[static_cast<int>(Metric::kIou)];
+  EXPECT_DOUBLE_EQ(iou.mean, (2.0 / 4.0 + 1.0 / 4.0) / 2.0);
+  EXPECT_DOUBLE_EQ(iou.global, 3.0 / 8.0);
+  EXPECT_EQ(c1.counts.tp, 3);
+  EXPECT_EQ(c1.counts.fp, 4);
+  EXPECT_EQ(c1.counts.fn, 1);
+  EXPECT_EQ(c1.counts.tn, 22);
+}
+
+TEST_F(AggregatorTest, InfinityIsSkippedAndCounted) {
+  Aggregate a = Run(false);
+  const auto& hd95 = a.classes[1].metrics[static_cast<int>(Metric::kHd95)];
+  EXPECT_DOUBLE_EQ(hd95.mean, 2.0);
+  EXPECT_EQ(hd95.inf_count, 1);
+  EXPECT_EQ(hd95.median, kInf);  // Median of {2, inf}: inf is kept for percentiles.
+  const auto& hd95_bg = a.classes[0].metrics[static_cast<int>(Metric::kHd95)];
+  EXPECT_DOUBLE_EQ(hd95_bg.mean, 4.0 / 3.0);
+  EXPECT_DOUBLE_EQ(hd95_bg.median, 1.0);
+  EXPECT_DOUBLE_EQ(hd95_bg.p95, 2.8);  // numpy.percentile([0, 1, 3], 95) = 1 + 2 * 0.9
+}
+
+TEST_F(AggregatorTest, ForegroundMeansAndWorstCases) {
+  Aggregate a = Run(false);
+  const int d = static_cast<int>(Metric::kDice);
+  EXPECT_DOUBLE_EQ(a.foreground_mean[d], a.classes[1].metrics[d].mean);
+  ASSERT_EQ(a.classes[1].worst.size(), 2u);
+  EXPECT_EQ(a.classes[1].worst[0].second, 2);
+  EXPECT_DOUBLE_EQ(a.classes[1].worst[0].first, 0.4);
+  Aggregate with_bg = Run(true);
+  EXPECT_DOUBLE_EQ(with_bg.foreground_mean[d], (a.classes[0].metrics[d].mean + a.classes[1].metrics[d].mean) / 2);
+}
+
+TEST_F(AggregatorTest, DiceIntervalIsDeterministicAndInRange) {
+  Aggregate a = Run(false), b = Run(false);
+  EXPECT_EQ(a.classes[1].dice_ci_low, b.classes[1].dice_ci_low);
+  EXPECT_EQ(a.classes[1].dice_ci_high, b.classes[1].dice_ci_high);
+  EXPECT_GE(a.classes[1].dice_ci_low, 0.4);
+  EXPECT_LE(a.classes[1].dice_ci_high, 4.0 / 6.0);
+}
+
+TEST(AggregatorConventions, EmptyScoreIouSharesAndThresholdSweep) {
+  AggregateOptions o;
+  o.num_classes = 2;
+  o.metrics = {Metric::kDice, Metric::kIou};
+  o.empty_score = EmptyScore::kOne;
+  o.iou_thresholds = {0.5, 0.9};
+  o.thresholds = {0.3, 0.7};
+  Aggregator agg(o);
+  // Image 0: class 1 tp 3 fp 1 fn 0 (iou 0.75); image 1: class 1 empty on both sides (1 under kOne).
+  v1::ImageResult a = Image(0, {{{10, 0, 1, 3}}, {{3, 1, 0, 10}}}, {kNaN, kNaN});
+  v1::ImageResult b = Image(1, {{{14, 0, 0, 0}}, {{0, 0, 0, 14}}}, {kNaN, kNaN});
+  // Sweep counts: at 0.3 image 0 has tp 4 fp 2 fn 0, image 1 fp 2; at 0.7 image 0 tp 1 fn 3, image 1 empty.
+  for (auto [r, t03, t07] : {std::tuple{&a, std::array<int64_t, 4>{4, 2, 0, 8}, std::array<int64_t, 4>{1, 0, 3, 10}},
+                             std::tuple{&b, std::array<int64_t, 4>{0, 2, 0, 12}, std::array<int64_t, 4>{0, 0, 0, 14}}}) {
+    for (const auto& c : {t03, t07}) {
+      v1::ThresholdCounts* tc = r->add_thresholds();
+      tc->set_tp(c[0]);
+      tc->set_fp(c[1]);
+      tc->set_fn(c[2]);
+      tc->set_tn(c[3]);
+    }
+  }
+  agg.Add(a);
+  agg.Add(b);
+  EXPECT_DOUBLE_EQ(Aggregator::ImageMetric(b, 1, Metric::kDice, EmptyScore::kOne), 1.0);
+  EXPECT_TRUE(std::isnan(Aggregator::ImageMetric(b, 1, Metric::kDice, EmptyScore::kNaN)));
+  Aggregate out = agg.Finish();
+  const ClassAggregate& c1 = out.classes[1];
+  EXPECT_DOUBLE_EQ(c1.metrics[static_cast<int>(Metric::kIou)].mean, (0.75 + 1.0) / 2);
+  ASSERT_EQ(c1.iou_ge.size(), 2u);
+  EXPECT_DOUBLE_EQ(c1.iou_ge[0], 1.0);  // 0.75 and 1 are >= 0.5
+  EXPECT_DOUBLE_EQ(c1.iou_ge[1], 0.5);  // only the empty pair's 1 is >= 0.9
+  ASSERT_EQ(out.thresholds.size(), 2u);
+  // 0.3: dice 8/10 and 0 (tp 0, fp 2); global 2*4 / (2*4 + 4).
+  EXPECT_DOUBLE_EQ(out.thresholds[0].dice_mean, (0.8 + 0.0) / 2);
+  EXPECT_DOUBLE_EQ(out.thresholds[0].dice_global, 8.0 / 12.0);
+  EXPECT_DOUBLE_EQ(out.thresholds[0].iou_global, 4.0 / 8.0);
+  // 0.7: dice 2/5 and 1 (empty pair); the best threshold by dice_mean.
+  EXPECT_DOUBLE_EQ(out.thresholds[1].dice_mean, (0.4 + 1.0) / 2);
+  EXPECT_EQ(out.best_threshold, 1);
+}
+
+TEST(BootstrapTest, ConstantValuesGiveAPointInterval) {
+  auto ci = BootstrapMeanCi95(std::vector<double>(50, 0.75), 1000, 1, 1);
+  EXPECT_DOUBLE_EQ(ci.first, 0.75);
+  EXPECT_DOUBLE_EQ(ci.second, 0.75);
+  auto empty = BootstrapMeanCi95({}, 1000, 1, 1);
+  EXPECT_TRUE(std::isnan(empty.first));
+}
+
+TEST(BootstrapTest, ThreadCountDoesNotChangeTheResult) {
+  std::vector<double> v;
+  for (int i = 0; i < 3000; ++i) v.push_back((i * 37 % 101) / 100.0);
+  auto one = BootstrapMeanCi95(v, 1000, 42, 1);
+  auto four = BootstrapMeanCi95(v, 1000, 42, 4);
+  EXPECT_EQ(one.first, four.first);
+  EXPECT_EQ(one.second, four.second);
+}
+
+// Half zeros, half ones, n = 2000: the normal approximation gives 0.5 +/- 1.96 * sqrt(0.25 / 2000)
+// = 0.5 +/- 0.0219. The percentile bootstrap should land close to that.
+TEST(BootstrapTest, WidthMatchesTheNormalApproximation) {
+  std::vector<double> v(2000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i % 2;
+  auto ci = BootstrapMeanCi95(v, 1000, 7, 2);
+  EXPECT_NEAR(ci.first, 0.5 - 0.0219, 0.004);
+  EXPECT_NEAR(ci.second, 0.5 + 0.0219, 0.004);
+}
+
+// Class 2 is in no reference mask but predicted in image 0 (its Dice there is 0): it is left out of
+// the foreground means of every metric, so they are class 1's means (hand-worked: dice 4/6 and 2/5).
+TEST(AggregatorForeground, ClassesAbsentFromEveryReferenceLeaveEveryMean) {
+  AggregateOptions o;
+  o.num_classes = 3;
+  o.metrics = {Metric::kDice, Metric::kIou, Metric::kHd95};
+  Aggregator agg(o);
+  agg.Add(Image(0, {{6, 1, 1, 2}, {2, 1, 1, 6}, {0, 2, 0, 8}}, {1.0, 2.0, kInf}));
+  agg.Add(Image(1, {{6, 0, 3, 1}, {1, 3, 0, 6}, {0, 0, 0, 10}}, {3.0, 4.0, kNaN}));
+  const Aggregate a = agg.Finish();
+  EXPECT_EQ(a.classes[2].reference_images, 0);
+  EXPECT_EQ(a.classes[2].predicted_images, 1);
+  EXPECT_EQ(a.classes[1].reference_images, 2);
+  EXPECT_EQ(a.classes[1].predicted_images, 2);
+  EXPECT_FALSE(a.classes[0].in_foreground_mean);
+  EXPECT_TRUE(a.classes[1].in_foreground_mean);
+  EXPECT_FALSE(a.classes[2].in_foreground_mean);
+  const int d = static_cast<int>(Metric::kDice);
+  EXPECT_DOUBLE_EQ(a.classes[2].metrics[d].mean, 0.0);
+  EXPECT_DOUBLE_EQ(a.foreground_mean[d], (4.0 / 6.0 + 2.0 / 5.0) / 2.0);
+  EXPECT_DOUBLE_EQ(a.foreground_mean[static_cast<int>(Metric::kHd95)], 3.0);
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,18 @@
+// The grouping of failure reasons in the reports: file names and numbers are left out.
+#include "server/report_data.h"
+
+#include "gtest/gtest.h"
+
+namespace tally {
+namespace {
+
+TEST(FailureKindTest, FileNamesAndNumbersAreLeftOut) {
+  EXPECT_EQ(FailureKind("mask value 2 at (y=10, x=3) >= number of classes 2"),
+            "mask value # at (y=#, x=#) >= number of classes #");
+  EXPECT_EQ(FailureKind("image: cannot open '/d/a1.png': No such file"), "image: cannot open '\xE2\x80\xA6': No such file");
+  EXPECT_EQ(FailureKind("image 'x' is 3x4 (height x width) but mask 'y' is 5x6"),
+            "image '\xE2\x80\xA6' is #x# (height x width) but mask '\xE2\x80\xA6' is #x#");
+}
+
+}  // namespace
+}  // namespace tally
