@@ -88,69 +88,54 @@ std::string TopologyName(int level) {
 
 std::string Lower(std::string s) { return absl::AsciiStrToLower(s); }
 
-bool FromNvml(GpuInventoryReport* r) {
-  std::unique_ptr<Nvml> nvml = Nvml::Load();
-  if (!nvml) return false;
-  r->source = "nvml";
+// One GPU's name, ids, memory, utilisation and compute processes.
+GpuReport ReadNvmlDevice(Nvml& nvml, Device d, int index) {
+  auto name = nvml.Fn<int (*)(Device, char*, unsigned)>("nvmlDeviceGetName");
+  auto uuid = nvml.Fn<int (*)(Device, char*, unsigned)>("nvmlDeviceGetUUID");
+  auto pci = nvml.Fn<int (*)(Device, NvmlPci*)>("nvmlDeviceGetPciInfo_v3");
+  auto memory = nvml.Fn<int (*)(Device, NvmlMemory*)>("nvmlDeviceGetMemoryInfo");
+  auto memory_v2 = nvml.Fn<int (*)(Device, NvmlMemoryV2*)>("nvmlDeviceGetMemoryInfo_v2");
+  auto util = nvml.Fn<int (*)(Device, NvmlUtilization*)>("nvmlDeviceGetUtilizationRates");
+  auto procs = nvml.Fn<int (*)(Device, unsigned*, NvmlProcess*)>("nvmlDeviceGetComputeRunningProcesses_v3");
+  GpuReport g;
+  g.index = index;
   char text[256] = {};
-  if (auto f = nvml->Fn<int (*)(char*, unsigned)>("nvmlSystemGetDriverVersion"); f && f(text, sizeof(text)) == 0) {
-    r->driver_version = text;
+  if (name && name(d, text, sizeof(text)) == 0) g.name = text;
+  if (uuid && uuid(d, text, sizeof(text)) == 0) g.uuid = text;
+  NvmlPci p{};
+  if (pci && pci(d, &p) == 0) g.bus_id = Lower(p.bus_id);
+  NvmlMemoryV2 m2{};
+  m2.version = kMemoryV2;
+  NvmlMemory m{};
+  if (memory_v2 && memory_v2(d, &m2) == 0) {
+    g.memory_total = static_cast<int64_t>(m2.total);
+    g.memory_free = static_cast<int64_t>(m2.free);
+    g.memory_used = static_cast<int64_t>(m2.used);
+  } else if (memory && memory(d, &m) == 0) {
+    g.memory_total = static_cast<int64_t>(m.total);
+    g.memory_free = static_cast<int64_t>(m.free);
+    g.memory_used = static_cast<int64_t>(m.used);
   }
-  int cuda = 0;
-  if (auto f = nvml->Fn<int (*)(int*)>("nvmlSystemGetCudaDriverVersion_v2"); f && f(&cuda) == 0 && cuda > 0) {
-    r->cuda_version = absl::StrCat(cuda / 1000, ".", cuda % 1000 / 10);
-  }
-  unsigned count = 0;
-  auto get_count = nvml->Fn<int (*)(unsigned*)>("nvmlDeviceGetCount_v2");
-  auto by_index = nvml->Fn<int (*)(unsigned, Device*)>("nvmlDeviceGetHandleByIndex_v2");
-  if (get_count == nullptr || by_index == nullptr || get_count(&count) != 0) return true;
-  auto name = nvml->Fn<int (*)(Device, char*, unsigned)>("nvmlDeviceGetName");
-  auto uuid = nvml->Fn<int (*)(Device, char*, unsigned)>("nvmlDeviceGetUUID");
-  auto pci = nvml->Fn<int (*)(Device, NvmlPci*)>("nvmlDeviceGetPciInfo_v3");
-  auto memory = nvml->Fn<int (*)(Device, NvmlMemory*)>("nvmlDeviceGetMemoryInfo");
-  auto memory_v2 = nvml->Fn<int (*)(Device, NvmlMemoryV2*)>("nvmlDeviceGetMemoryInfo_v2");
-  auto p2p = nvml->Fn<int (*)(Device, Device, int, int*)>("nvmlDeviceGetP2PStatus");
-  auto util = nvml->Fn<int (*)(Device, NvmlUtilization*)>("nvmlDeviceGetUtilizationRates");
-  auto procs = nvml->Fn<int (*)(Device, unsigned*, NvmlProcess*)>("nvmlDeviceGetComputeRunningProcesses_v3");
-  auto ancestor = nvml->Fn<int (*)(Device, Device, int*)>("nvmlDeviceGetTopologyCommonAncestor");
-  auto link_state = nvml->Fn<int (*)(Device, unsigned, int*)>("nvmlDeviceGetNvLinkState");
-  auto link_remote = nvml->Fn<int (*)(Device, unsigned, NvmlPci*)>("nvmlDeviceGetNvLinkRemotePciInfo_v2");
-  std::vector<Device> devices;
-  for (unsigned i = 0; i < count; ++i) {
-    Device d = nullptr;
-    if (by_index(i, &d) != 0) continue;
-    devices.push_back(d);
-    GpuReport g;
-    g.index = static_cast<int>(i);
-    if (name && name(d, text, sizeof(text)) == 0) g.name = text;
-    if (uuid && uuid(d, text, sizeof(text)) == 0) g.uuid = text;
-    NvmlPci p{};
-    if (pci && pci(d, &p) == 0) g.bus_id = Lower(p.bus_id);
-    NvmlMemoryV2 m2{};
-    m2.version = kMemoryV2;
-    NvmlMemory m{};
-    if (memory_v2 && memory_v2(d, &m2) == 0) {
-      g.memory_total = static_cast<int64_t>(m2.total);
-      g.memory_free = static_cast<int64_t>(m2.free);
-      g.memory_used = static_cast<int64_t>(m2.used);
-    } else if (memory && memory(d, &m) == 0) {
-      g.memory_total = static_cast<int64_t>(m.total);
-      g.memory_free = static_cast<int64_t>(m.free);
-      g.memory_used = static_cast<int64_t>(m.used);
+  NvmlUtilization u{};
+  if (util && util(d, &u) == 0) g.utilization = static_cast<int>(u.gpu);
+  NvmlProcess list[128];
+  unsigned n = 128;
+  if (procs && procs(d, &n, list) == 0) {
+    for (unsigned k = 0; k < n; ++k) {
+      // NVML_VALUE_NOT_AVAILABLE (all ones) where the driver does not say.
+      const bool known = list[k].used != ~0ull;
+      g.processes.push_back({static_cast<int64_t>(list[k].pid), known ? static_cast<int64_t>(list[k].used) : -1});
     }
-    NvmlUtilization u{};
-    if (util && util(d, &u) == 0) g.utilization = static_cast<int>(u.gpu);
-    NvmlProcess list[128];
-    unsigned n = 128;
-    if (procs && procs(d, &n, list) == 0) {
-      for (unsigned k = 0; k < n; ++k) {
-        // NVML_VALUE_NOT_AVAILABLE (all ones) where the driver does not say.
-        const bool known = list[k].used != ~0ull;
-        g.processes.push_back({static_cast<int64_t>(list[k].pid), known ? static_cast<int64_t>(list[k].used) : -1});
-      }
-    }
-    r->gpus.push_back(std::move(g));
   }
+  return g;
+}
+
+// The link between each pair of `devices` (r->gpus in the same order), as nvidia-smi topo -m names it.
+void ReadNvmlLinks(Nvml& nvml, const std::vector<Device>& devices, GpuInventoryReport* r) {
+  auto p2p = nvml.Fn<int (*)(Device, Device, int, int*)>("nvmlDeviceGetP2PStatus");
+  auto ancestor = nvml.Fn<int (*)(Device, Device, int*)>("nvmlDeviceGetTopologyCommonAncestor");
+  auto link_state = nvml.Fn<int (*)(Device, unsigned, int*)>("nvmlDeviceGetNvLinkState");
+  auto link_remote = nvml.Fn<int (*)(Device, unsigned, NvmlPci*)>("nvmlDeviceGetNvLinkRemotePciInfo_v2");
   const size_t n = devices.size();
   r->links.assign(n, std::vector<std::string>(n));
   for (size_t i = 0; i < n; ++i) {
@@ -181,6 +166,32 @@ bool FromNvml(GpuInventoryReport* r) {
       }
     }
   }
+}
+
+bool FromNvml(GpuInventoryReport* r) {
+  std::unique_ptr<Nvml> nvml = Nvml::Load();
+  if (!nvml) return false;
+  r->source = "nvml";
+  char text[256] = {};
+  if (auto f = nvml->Fn<int (*)(char*, unsigned)>("nvmlSystemGetDriverVersion"); f && f(text, sizeof(text)) == 0) {
+    r->driver_version = text;
+  }
+  int cuda = 0;
+  if (auto f = nvml->Fn<int (*)(int*)>("nvmlSystemGetCudaDriverVersion_v2"); f && f(&cuda) == 0 && cuda > 0) {
+    r->cuda_version = absl::StrCat(cuda / 1000, ".", cuda % 1000 / 10);
+  }
+  unsigned count = 0;
+  auto get_count = nvml->Fn<int (*)(unsigned*)>("nvmlDeviceGetCount_v2");
+  auto by_index = nvml->Fn<int (*)(unsigned, Device*)>("nvmlDeviceGetHandleByIndex_v2");
+  if (get_count == nullptr || by_index == nullptr || get_count(&count) != 0) return true;
+  std::vector<Device> devices;
+  for (unsigned i = 0; i < count; ++i) {
+    Device d = nullptr;
+    if (by_index(i, &d) != 0) continue;
+    devices.push_back(d);
+    r->gpus.push_back(ReadNvmlDevice(*nvml, d, static_cast<int>(i)));
+  }
+  ReadNvmlLinks(*nvml, devices, r);
   return true;
 }
 

@@ -20,6 +20,7 @@
 #include "common/security/auth_tokens.h"
 #include "common/base/file_util.h"
 #include "common/base/log.h"
+#include "common/base/status_macros.h"
 #include "common/process/subprocess.h"
 #include "common/process/worker_launcher.h"
 
@@ -57,102 +58,92 @@ int ReservePort(int* fd) {
   return ntohs(addr.sin_port);
 }
 
-}  // namespace
+// The run's own coordinator and workers.
+struct LocalCluster {
+  std::unique_ptr<Subprocess> server;
+  std::string server_log;
+  std::unique_ptr<WorkerLauncher> workers;
+  std::string address;  // 127.0.0.1:PORT.
+};
 
-int RunLocally(const LocalRunOptions& options) {
-  const std::string state_dir = options.out_dir + "/.tally";
-  if (absl::Status s = MakeDirs(state_dir); !s.ok()) return Fail(std::string(s.message()));
+// Fresh tokens for this run's own processes, so that other users of the machine cannot reach
+// its coordinator: an admin token for this client, a worker token for the workers.
+absl::Status WriteRunTokens(const std::string& tokens_file, const std::string& client_token,
+                            const std::string& worker_token) {
+  unlink(tokens_file.c_str());
+  return WritePrivateFile(tokens_file,
+                          absl::StrCat(TokenLine("tally-run", Role::kAdmin, client_token), "\n",
+                                       TokenLine("tally-run-workers", Role::kWorker, worker_token), "\n"),
+                          /*append=*/false);
+}
+
+// The port tallyd wrote into `port_file` once listening (0 after 30 s); an error if it exited.
+absl::StatusOr<int> WaitForPort(const std::string& port_file, Subprocess& server, const std::string& log) {
+  for (int i = 0; i < 3000; ++i) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port) return port;
+    if (!server.Running()) {
+      return absl::UnavailableError(absl::StrCat("tallyd exited (", server.ExitDescription(), "):\n", TailOfFile(log)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 0;
+}
+
+// Starts tallyd on a reserved loopback port and, beside it, the workers (after it where no port
+// could be reserved). Returns when tallyd listens.
+absl::StatusOr<LocalCluster> StartCluster(const LocalRunOptions& options, const std::string& state_dir,
+                                          const std::string& tokens_file, const std::string& worker_token) {
   const std::string tallyd = FindExecutable("tallyd");
-  if (tallyd.empty()) return Fail("cannot find the tallyd executable next to tally or on PATH");
+  if (tallyd.empty()) return absl::NotFoundError("cannot find the tallyd executable next to tally or on PATH");
   const std::string port_file = state_dir + "/port";
   unlink(port_file.c_str());
-
-  // Ctrl-C / SIGTERM: cancel the job and clean up instead of dying with children around.
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = [](int sig) { g_signal = sig; };
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
-  // Fresh tokens for this run's own processes, so that other users of the machine cannot reach
-  // its coordinator: an admin token for this client, a worker token for the workers.
-  const std::string client_token = NewToken(), worker_token = NewToken();
-  const std::string tokens_file = state_dir + "/tokens";
-  unlink(tokens_file.c_str());
-  if (absl::Status s = WritePrivateFile(tokens_file,
-                                        absl::StrCat(TokenLine("tally-run", Role::kAdmin, client_token), "\n",
-                                                     TokenLine("tally-run-workers", Role::kWorker, worker_token), "\n"),
-                                        /*append=*/false);
-      !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-
+  LocalCluster c;
   int reservation = -1;
   const int reserved = ReservePort(&reservation);
   SpawnOptions coordinator;
   coordinator.argv = {tallyd, "--listen", absl::StrCat("127.0.0.1:", reserved), "--port-file", port_file, "--state-dir",
                       state_dir, "--lease-seconds", absl::StrCat(options.lease_seconds), "--auth-tokens", tokens_file};
-  coordinator.log_path = state_dir + "/tallyd.log";
-  auto server = Subprocess::Spawn(coordinator);
-  if (!server.ok()) return Fail(std::string(server.status().message()));
+  coordinator.log_path = c.server_log = state_dir + "/tallyd.log";
+  ASSIGN_OR_RETURN(c.server, Subprocess::Spawn(coordinator));
   WorkerLaunchOptions wl;
   wl.gpus = options.gpus;
   wl.cpu_workers = options.cpu_workers;
   wl.log_dir = state_dir;
   wl.extra_args = options.worker_args;
   wl.env.emplace_back("TALLY_TOKEN", worker_token);
-  absl::StatusOr<std::unique_ptr<WorkerLauncher>> workers = absl::UnavailableError("not started");
   if (reserved != 0) {  // Workers dial tallyd's port while it starts (gRPC retries the connection).
     wl.coordinator = absl::StrCat("127.0.0.1:", reserved);
-    workers = WorkerLauncher::Start(wl);
-    if (!workers.ok()) return Fail(std::string(workers.status().message()));
+    ASSIGN_OR_RETURN(c.workers, WorkerLauncher::Start(wl));
   }
-  int port = 0;
-  for (int i = 0; i < 3000 && port == 0; ++i) {
-    std::ifstream in(port_file);
-    if (in >> port) break;
-    if (!(*server)->Running()) {
-      return Fail(absl::StrCat("tallyd exited (", (*server)->ExitDescription(), "):\n",
-                               TailOfFile(coordinator.log_path)));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  absl::StatusOr<int> port = WaitForPort(port_file, *c.server, c.server_log);
   if (reservation >= 0) close(reservation);
-  if (port == 0) return Fail(absl::StrCat("tallyd did not start within 30 s; see ", coordinator.log_path));
-  if (reserved != 0 && port != reserved) {
-    return Fail(absl::StrCat("tallyd listens on port ", port, ", not on the port reserved for it (", reserved, ")"));
+  if (!port.ok()) return port.status();
+  if (*port == 0) return absl::DeadlineExceededError(absl::StrCat("tallyd did not start within 30 s; see ", c.server_log));
+  if (reserved != 0 && *port != reserved) {
+    return absl::InternalError(
+        absl::StrCat("tallyd listens on port ", *port, ", not on the port reserved for it (", reserved, ")"));
   }
-  const std::string address = absl::StrCat("127.0.0.1:", port);
+  c.address = absl::StrCat("127.0.0.1:", *port);
   if (reserved == 0) {
-    wl.coordinator = address;
-    workers = WorkerLauncher::Start(wl);
-    if (!workers.ok()) return Fail(std::string(workers.status().message()));
+    wl.coordinator = c.address;
+    ASSIGN_OR_RETURN(c.workers, WorkerLauncher::Start(wl));
   }
-  const int n = (*workers)->size();
-  std::cerr << "tally run: " << n << (options.gpus.empty() ? " CPU" : " GPU") << " worker" << (n == 1 ? "" : "s")
-            << ", coordinator at " << address << ", logs in " << state_dir << "\n";
+  return c;
+}
 
-  ClientSecurityOptions security;
-  security.token = client_token;
-  auto connected = TallyClient::Create(address, security);
-  if (!connected.ok()) return Fail(std::string(connected.status().message()));
-  TallyClient& client = **connected;
-  auto submitted = client.Submit(options.spec);
-  if (!submitted.ok()) return Fail(std::string(submitted.status().message()));
-  const std::string job_id = submitted->job_id();
-  std::cerr << "tally run: job " << job_id << ": " << submitted->images_total() << " images, "
-            << options.spec.model() << "\n";
-
-  ProgressPrinter progress;
-  std::string abort_reason;
+// Progress until the job ends. Ctrl-C cancels it; a dead tallyd, or every worker gone before the
+// job ended, sets `abort_reason`.
+absl::StatusOr<v1::Job> WatchLocalJob(TallyClient& client, const std::string& job_id, LocalCluster& c,
+                                      ProgressPrinter& progress, std::string* abort_reason) {
   bool cancelled = false;
   auto keep_going = [&]() -> bool {
     std::vector<std::string> exited;
-    const int alive = (*workers)->Poll(&exited);
+    const int alive = c.workers->Poll(&exited);
     for (const std::string& e : exited) progress.Note("tally run: warning: " + e);
-    if (!(*server)->Running()) {
-      abort_reason = absl::StrCat("tallyd exited (", (*server)->ExitDescription(), "):\n",
-                                  TailOfFile(coordinator.log_path));
+    if (!c.server->Running()) {
+      *abort_reason = absl::StrCat("tallyd exited (", c.server->ExitDescription(), "):\n", TailOfFile(c.server_log));
       return false;
     }
     if (g_signal != 0 && !cancelled) {
@@ -160,25 +151,78 @@ int RunLocally(const LocalRunOptions& options) {
       progress.Note("tally run: interrupted; cancelling the job");
       client.Cancel(job_id).IgnoreError();
     }
-    if (alive == 0 && abort_reason.empty() && !cancelled) {
+    if (alive == 0 && abort_reason->empty() && !cancelled) {
       auto job = client.Get(job_id);
       if (job.ok() && !IsTerminal(job->state())) {
-        abort_reason = "every worker exited before the job finished; see the worker logs above";
+        *abort_reason = "every worker exited before the job finished; see the worker logs above";
         client.Cancel(job_id).IgnoreError();
       }
     }
     return true;
   };
-  absl::StatusOr<v1::Job> last = client.Watch(
+  return client.Watch(
       job_id, 250, [&](const v1::Job& job) { progress.Update(job); }, keep_going,
       [&](const std::string& why) { progress.Note("tally run: lost the coordinator (" + why + "); reconnecting"); });
+}
+
+// The summary table and the last line of a succeeded job; returns its exit code.
+int PrintOutcome(const v1::Job& last, const std::string& out_dir) {
+  std::cout << "\n";
+  std::cout << last.summary();
+  std::cout << "\n" << last.images_evaluated() << "/" << last.images_total() << " images evaluated";
+  if (last.images_failed() > 0) std::cout << ", " << last.images_failed() << " failed (see report.json 'failures')";
+  std::cout << absl::StrFormat("; %.1f images/s. Reports: %s/{report.json,per_image.csv,summary.md,report.html}\n",
+                               last.images_per_second(), out_dir);
+  const int code = JobExitCode(last);
+  if (code == kExitTooManyFailedRows) {
+    std::cerr << absl::StrFormat(
+        "tally run: %d of %d rows failed, more than --max-failed-fraction %g allows (exit code %d); the reasons are "
+        "above and in report.json 'failures'\n",
+        last.images_failed(), last.images_total(), last.spec().max_failed_fraction(), code);
+  }
+  return code;
+}
+
+}  // namespace
+
+int RunLocally(const LocalRunOptions& options) {
+  const std::string state_dir = options.out_dir + "/.tally";
+  if (absl::Status s = MakeDirs(state_dir); !s.ok()) return Fail(std::string(s.message()));
+  // Ctrl-C / SIGTERM: cancel the job and clean up instead of dying with children around.
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = [](int sig) { g_signal = sig; };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  const std::string client_token = NewToken(), worker_token = NewToken();
+  const std::string tokens_file = state_dir + "/tokens";
+  if (absl::Status s = WriteRunTokens(tokens_file, client_token, worker_token); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  absl::StatusOr<LocalCluster> cluster = StartCluster(options, state_dir, tokens_file, worker_token);
+  if (!cluster.ok()) return Fail(std::string(cluster.status().message()));
+  const int n = cluster->workers->size();
+  std::cerr << "tally run: " << n << (options.gpus.empty() ? " CPU" : " GPU") << " worker" << (n == 1 ? "" : "s")
+            << ", coordinator at " << cluster->address << ", logs in " << state_dir << "\n";
+  ClientSecurityOptions security;
+  security.token = client_token;
+  auto connected = TallyClient::Create(cluster->address, security);
+  if (!connected.ok()) return Fail(std::string(connected.status().message()));
+  TallyClient& client = **connected;
+  auto submitted = client.Submit(options.spec);
+  if (!submitted.ok()) return Fail(std::string(submitted.status().message()));
+  const std::string job_id = submitted->job_id();
+  std::cerr << "tally run: job " << job_id << ": " << submitted->images_total() << " images, " << options.spec.model()
+            << "\n";
+  ProgressPrinter progress;
+  std::string abort_reason;
+  absl::StatusOr<v1::Job> last = WatchLocalJob(client, job_id, *cluster, progress, &abort_reason);
   if (!abort_reason.empty()) return Fail(abort_reason);
   if (!last.ok()) return Fail(std::string(last.status().message()));
   progress.Done(*last);
-
   auto files = client.FetchReport(job_id, options.out_dir);
-  (*workers)->StopAll();
-  (*server)->Terminate(5.0);
+  cluster->workers->StopAll();
+  cluster->server->Terminate(5.0);
   if (!files.ok()) return Fail(absl::StrCat("fetching the report failed: ", files.status().message()));
   if (g_signal != 0) {
     std::cerr << "tally run: cancelled; partial report in " << options.out_dir << "\n";
@@ -188,20 +232,7 @@ int RunLocally(const LocalRunOptions& options) {
     Fail(absl::StrCat("job ", job_id, " ", JobStateName(last->state()), ": ", last->error()));
     return JobExitCode(*last);
   }
-  std::cout << "\n";
-  std::cout << last->summary();
-  std::cout << "\n" << last->images_evaluated() << "/" << last->images_total() << " images evaluated";
-  if (last->images_failed() > 0) std::cout << ", " << last->images_failed() << " failed (see report.json 'failures')";
-  std::cout << absl::StrFormat("; %.1f images/s. Reports: %s/{report.json,per_image.csv,summary.md,report.html}\n",
-                               last->images_per_second(), options.out_dir);
-  const int code = JobExitCode(*last);
-  if (code == kExitTooManyFailedRows) {
-    std::cerr << absl::StrFormat(
-        "tally run: %d of %d rows failed, more than --max-failed-fraction %g allows (exit code %d); the reasons are "
-        "above and in report.json 'failures'\n",
-        last->images_failed(), last->images_total(), last->spec().max_failed_fraction(), code);
-  }
-  return code;
+  return PrintOutcome(*last, options.out_dir);
 }
 
 }  // namespace tally

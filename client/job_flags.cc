@@ -1,0 +1,282 @@
+#include "client/job_flags.h"
+
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/base/file_util.h"
+#include "common/base/flag_util.h"
+#include "common/io/manifest.h"
+#include "common/io/thumbnail.h"
+#include "common/job/job_config.h"
+#include "metrics/catalogue.h"
+
+namespace tally {
+namespace {
+
+// "1,2;2" -> {{1, 2}, {2}}.
+absl::Status ParseRegions(const std::string& text, v1::JobSpec* spec) {
+  for (absl::string_view region : absl::StrSplit(text, ';', absl::SkipWhitespace())) {
+    v1::Region* r = spec->add_regions();
+    for (absl::string_view label : absl::StrSplit(region, ',', absl::SkipWhitespace())) {
+      int l = 0;
+      if (!absl::SimpleAtoi(label, &l) || l < 0 || l > 65534) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--regions: expected labels separated by ',' and regions by ';' such as \"1,2;2\", got '",
+                         text, "'"));
+      }
+      r->add_labels(l);
+    }
+    if (r->labels().empty()) return absl::InvalidArgumentError(absl::StrCat("--regions: empty region in '", text, "'"));
+  }
+  return absl::OkStatus();
+}
+
+// The model, the manifest and what the rows carry: --model, --manifest, --num-classes, --regions,
+// --python, --model-option, --label.
+absl::Status ModelFlags(const JobFlags& f, const std::string& manifest_path, v1::JobSpec* spec) {
+  if (manifest_path.empty()) {
+    return absl::InvalidArgumentError("--manifest is required (or, for tally run, --predictions and --references)");
+  }
+  if (!f.model.empty()) spec->set_model(AbsoluteModel(f.model));
+  spec->set_manifest(AbsolutePath(manifest_path));
+  if (f.num_classes < 0) return absl::InvalidArgumentError("--num-classes must be >= 0");
+  spec->set_num_classes(f.num_classes);
+  if (absl::Status s = ParseRegions(f.regions, spec); !s.ok()) return s;
+  const bool python_model = ParseModelRef(spec->model()).python;
+  if (!spec->model().empty() && (spec->regions_size() > 0 || (spec->num_classes() > 0 && !python_model))) {
+    return absl::InvalidArgumentError(
+        "--regions and --num-classes are for scoring predictions (no --model) and, --num-classes, for Python models "
+        "returning label maps: a TorchScript model's output sets the classes");
+  }
+  spec->set_python(f.python);
+  if (absl::Status s = ParsePairs("model-option", f.model_options, spec->mutable_model_options()); !s.ok()) return s;
+  if (absl::Status s = ParsePairs("label", f.labels, spec->mutable_labels()); !s.ok()) return s;
+  if (!python_model && (!spec->python().empty() || !f.model_options.empty())) {
+    return absl::InvalidArgumentError("--python and --model-option are for Python models (--model PATH.py)");
+  }
+  return absl::OkStatus();
+}
+
+// --thresholds and --iou-thresholds.
+absl::Status ThresholdFlags(const JobFlags& f, v1::JobSpec* spec) {
+  auto thresholds = ParseDoubleList("thresholds", f.thresholds);
+  if (!thresholds.ok()) return thresholds.status();
+  for (double t : *thresholds) {
+    if (!(t > 0 && t < 1)) return absl::InvalidArgumentError(absl::StrCat("--thresholds: ", t, " is not in (0, 1)"));
+    spec->add_thresholds(t);
+  }
+  if (!thresholds->empty() && spec->model().empty()) {
+    return absl::InvalidArgumentError("--thresholds is for models with a single-score output, not for prediction manifests");
+  }
+  auto iou_thresholds = ParseDoubleList("iou-thresholds", f.iou_thresholds);
+  if (!iou_thresholds.ok()) return iou_thresholds.status();
+  for (double t : *iou_thresholds) {
+    if (!(t >= 0 && t <= 1)) return absl::InvalidArgumentError(absl::StrCat("--iou-thresholds: ", t, " is not in [0, 1]"));
+    spec->add_iou_thresholds(t);
+  }
+  return absl::OkStatus();
+}
+
+// What the reports hold and how: --empty-score, --max-failed-fraction, --json-infinity,
+// --thumbnails, --save-predictions, --nnunet-summary, --force-spacing, --name, --metrics.
+absl::Status ReportFlags(const JobFlags& f, v1::JobSpec* spec) {
+  const std::string empty_score = absl::AsciiStrToLower(f.empty_score);
+  if (empty_score != "nan" && empty_score != "one") {
+    return absl::InvalidArgumentError(absl::StrCat("--empty-score: expected nan or one, got '", empty_score, "'"));
+  }
+  spec->set_empty_score(empty_score);
+  if (!(f.max_failed_fraction >= 0 && f.max_failed_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-failed-fraction: ", f.max_failed_fraction, " is not in [0, 1]"));
+  }
+  spec->set_max_failed_fraction(f.max_failed_fraction);
+  const std::string infinity = absl::AsciiStrToLower(f.json_infinity);
+  if (infinity != "number" && infinity != "string") {
+    return absl::InvalidArgumentError(absl::StrCat("--json-infinity: expected number or string, got '", infinity, "'"));
+  }
+  spec->set_json_infinity(infinity);
+  if (f.thumbnails < 0 || f.thumbnails > kMaxThumbnails) {
+    return absl::InvalidArgumentError(absl::StrCat("--thumbnails: ", f.thumbnails, " is not in 0..", kMaxThumbnails));
+  }
+  spec->set_thumbnails(f.thumbnails);
+  if (!f.save_predictions.empty()) {
+    if (spec->model().empty()) {
+      return absl::InvalidArgumentError(
+          "--save-predictions is for jobs with a model (--model); a prediction manifest's predictions are files already");
+    }
+    spec->set_save_predictions(AbsolutePath(f.save_predictions));
+  }
+  spec->set_nnunet_summary(f.nnunet_summary);
+  spec->set_force_spacing(f.force_spacing);
+  spec->set_name(f.name);
+  auto metrics = ParseMetricList(f.metrics);
+  if (!metrics.ok()) return absl::InvalidArgumentError(absl::StrCat("--metrics: ", metrics.status().message()));
+  for (Metric m : *metrics) spec->add_metrics(std::string(MetricName(m)));
+  return absl::OkStatus();
+}
+
+// --spacing: sy,sx or sz,sy,sx.
+absl::Status SpacingFlag(const std::string& value, v1::JobSpec* spec) {
+  if (value.empty()) return absl::OkStatus();
+  auto v = ParseDoubleList("spacing", value);
+  if (!v.ok()) return v.status();
+  bool positive = true;
+  for (double x : *v) positive &= x > 0;
+  if ((v->size() != 2 && v->size() != 3) || !positive) {
+    return absl::InvalidArgumentError("--spacing: expected two positive numbers sy,sx or three sz,sy,sx");
+  }
+  if (v->size() == 3) spec->set_spacing_z(v->front());
+  spec->set_spacing_y((*v)[v->size() - 2]);
+  spec->set_spacing_x(v->back());
+  return absl::OkStatus();
+}
+
+// How rows become batches and inputs: --batch-size, --shard-size, --mean, --std, --input-size,
+// --spacing, --nsd-tolerance, --include-background.
+absl::Status InputFlags(const JobFlags& f, v1::JobSpec* spec) {
+  const std::string batch = absl::AsciiStrToLower(f.batch_size);
+  if (batch == "auto") {
+    spec->set_batch_size(-1);
+  } else if (!batch.empty()) {
+    int b = 0;
+    if (!absl::SimpleAtoi(batch, &b) || b < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--batch-size: expected a number >= 1 or auto, got '", batch, "'"));
+    }
+    spec->set_batch_size(b);
+  }
+  if (f.shard_size < 0) return absl::InvalidArgumentError("--shard-size must be >= 0");
+  spec->set_shard_size(f.shard_size);
+  for (auto [flag, value, field] : {std::make_tuple("mean", f.mean, spec->mutable_mean()),
+                                    std::make_tuple("std", f.std, spec->mutable_std())}) {
+    if (value.empty()) continue;
+    auto v = ParseFloatList(flag, value);
+    if (!v.ok()) return v.status();
+    if (v->size() != 1 && v->size() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected 1 or 3 values, got ", v->size()));
+    }
+    for (float x : *v) field->Add(x);
+  }
+  if (!f.input_size.empty()) {
+    auto size = ParseSize("input-size", f.input_size);
+    if (!size.ok()) return size.status();
+    spec->set_input_height(size->first);
+    spec->set_input_width(size->second);
+  }
+  if (absl::Status s = SpacingFlag(f.spacing, spec); !s.ok()) return s;
+  if (f.nsd_tolerance < 0) return absl::InvalidArgumentError("--nsd-tolerance must be >= 0");
+  spec->set_nsd_tolerance(f.nsd_tolerance);
+  spec->set_include_background(f.include_background);
+  return absl::OkStatus();
+}
+
+// --channels-last: auto, on or off (a bare flag, and the booleans' spellings, still mean on/off).
+absl::Status LayoutFlag(const std::string& value, v1::JobSpec* spec) {
+  const std::string layout = absl::AsciiStrToLower(value);
+  if (layout == "auto" || layout == "on" || layout == "off") {
+    spec->set_channels_last_mode(layout);
+  } else if (layout == "true" || layout == "yes" || layout == "1" || layout == "false" || layout == "no" || layout == "0") {
+    spec->set_channels_last_mode(layout == "true" || layout == "yes" || layout == "1" ? "on" : "off");
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--channels-last: expected auto, on or off, got '", layout, "'"));
+  }
+  spec->set_channels_last(spec->channels_last_mode() == "on");
+  return absl::OkStatus();
+}
+
+// --max-memory: a fraction of the GPU (0.8) or GiB (20, 20GiB).
+absl::Status MaxMemoryFlag(const std::string& value, v1::JobSpec* spec) {
+  std::string mem = absl::AsciiStrToLower(value);
+  if (mem.empty()) return absl::OkStatus();
+  absl::string_view v = mem;
+  bool gib = absl::ConsumeSuffix(&v, "gib") || absl::ConsumeSuffix(&v, "g");
+  double x = 0;
+  if (!absl::SimpleAtod(v, &x) || !(x > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-memory: expected a fraction such as 0.8 or GiB such as 20 or 20GiB, got '", mem, "'"));
+  }
+  if (gib && x <= 1) return absl::InvalidArgumentError("--max-memory: at least 1 GiB, or give a fraction");
+  spec->set_max_memory(x);
+  return absl::OkStatus();
+}
+
+// How the worker runs the model: --precision, --channels-last, --decode, --max-memory,
+// --max-image-pixels, --batch-timeout, --nonfinite.
+absl::Status RunnerFlags(const JobFlags& f, v1::JobSpec* spec) {
+  const std::string precision = absl::AsciiStrToLower(f.precision);
+  if (precision != "fp32" && precision != "bf16" && precision != "fp16") {
+    return absl::InvalidArgumentError(absl::StrCat("--precision: expected fp32, bf16 or fp16, got '", precision, "'"));
+  }
+  spec->set_precision(precision);
+  if (absl::Status s = LayoutFlag(f.channels_last, spec); !s.ok()) return s;
+  const std::string decode = absl::AsciiStrToLower(f.decode);
+  if (decode != "cpu" && decode != "gpu" && decode != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--decode: expected cpu, gpu or auto, got '", decode, "'"));
+  }
+  if (decode != "cpu") spec->set_decode(decode);
+  if (absl::Status s = MaxMemoryFlag(f.max_memory, spec); !s.ok()) return s;
+  if (f.max_image_pixels < 0) return absl::InvalidArgumentError("--max-image-pixels must be >= 0");
+  spec->set_max_image_pixels(f.max_image_pixels);
+  if (f.batch_timeout < 0) return absl::InvalidArgumentError("--batch-timeout must be >= 0");
+  spec->set_batch_timeout_seconds(f.batch_timeout);
+  const std::string nonfinite = absl::AsciiStrToLower(f.nonfinite);
+  if (nonfinite != "fail" && nonfinite != "warn") {
+    return absl::InvalidArgumentError(absl::StrCat("--nonfinite: expected fail or warn, got '", nonfinite, "'"));
+  }
+  spec->set_nonfinite(nonfinite);
+  return absl::OkStatus();
+}
+
+// Mask conventions: --ignore-index, --label-map.
+absl::Status MaskFlags(const JobFlags& f, v1::JobSpec* spec) {
+  const std::string ignore = absl::AsciiStrToLower(f.ignore_index);
+  int ignore_index = 0;
+  if (ignore == "none") {
+    spec->set_ignore_index(-1);
+  } else if (absl::SimpleAtoi(ignore, &ignore_index) && ignore_index >= 0 && ignore_index <= 65534) {
+    spec->set_ignore_index(ignore_index);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--ignore-index: expected 0..65534 or none, got '", ignore, "'"));
+  }
+  for (absl::string_view pair : absl::StrSplit(f.label_map, ',', absl::SkipWhitespace())) {
+    std::vector<std::string> parts = absl::StrSplit(pair, ':');
+    int from = 0, to = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &from) || !absl::SimpleAtoi(parts[1], &to) || from < 0 ||
+        to < 0 || from > 65534 || to > 65534) {
+      return absl::InvalidArgumentError(absl::StrCat("--label-map: expected VALUE:LABEL pairs such as 0:0,255:1, got '",
+                                                     pair, "'"));
+    }
+    (*spec->mutable_label_map())[from] = to;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParsePairs(const char* flag, const std::vector<std::string>& pairs,
+                        google::protobuf::Map<std::string, std::string>* out) {
+  for (const std::string& kv : pairs) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected KEY=VALUE, got '", kv, "'"));
+    }
+    if (FirstInvalidUtf8(kv) >= 0) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": not UTF-8"));
+    (*out)[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobSpec> SpecFromFlags(const JobFlags& flags, const std::string& manifest) {
+  v1::JobSpec spec;
+  // In this order: the first wrong flag is the one reported.
+  if (absl::Status s = ModelFlags(flags, manifest.empty() ? flags.manifest : manifest, &spec); !s.ok()) return s;
+  for (auto step : {ThresholdFlags, ReportFlags, InputFlags, RunnerFlags, MaskFlags}) {
+    if (absl::Status s = step(flags, &spec); !s.ok()) return s;
+  }
+  return spec;
+}
+
+}  // namespace tally

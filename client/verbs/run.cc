@@ -1,0 +1,49 @@
+// tally run: a whole evaluation on this machine (client/local_run.h).
+#include "absl/strings/str_cat.h"
+#include "client/job_flags.h"
+#include "client/folder_pairs.h"
+#include "client/local_run.h"
+#include "client/verbs/verb_util.h"
+#include "common/base/file_util.h"
+
+namespace tally {
+namespace {
+
+// --predictions/--references: nnU-Net's folders paired into a manifest under OUT/.tally; "" when
+// neither is given. Returns 0 or the exit code of the error it reported.
+int PairedManifest(const RunFlags& f, std::string* manifest) {
+  if (f.predictions.empty() && f.references.empty()) return 0;
+  if (f.predictions.empty() || f.references.empty()) return UsageError("run", "--predictions and --references go together");
+  if (!f.job.manifest.empty() || !f.job.model.empty()) {
+    return UsageError("run", "--predictions/--references replace --manifest and --model");
+  }
+  auto paired = PairFolders(f.predictions, f.references, f.file_ending, AbsolutePath(f.out) + "/.tally");
+  if (!paired.ok()) return Finish(paired.status());
+  *manifest = *paired;
+  return 0;
+}
+
+}  // namespace
+
+int RunVerb(const RunFlags& f) {
+  if (f.out.empty()) return UsageError("run", "--out is required");
+  std::string manifest;
+  if (const int rc = PairedManifest(f, &manifest); rc != 0) return rc;
+  auto spec = SpecFromFlags(f.job, manifest);
+  if (!spec.ok()) return UsageError("run", std::string(spec.status().message()));
+  LocalRunOptions options;
+  options.spec = *spec;
+  options.out_dir = AbsolutePath(f.out);
+  options.lease_seconds = f.local.lease_seconds;
+  if (const int rc = SelectWorkerGpus("run", f.local, spec->model(), &options.gpus); rc != 0) return rc;
+  if (options.gpus.empty()) {
+    if (f.local.workers < 1) return UsageError("run", "--workers must be >= 1");
+    options.cpu_workers = f.local.workers;
+  }
+  if (f.local.count_logit_ties) options.worker_args.push_back("--count_logit_ties");
+  for (const std::string& flag : f.local.worker_flags) options.worker_args.push_back(flag);
+  if (f.local.worker_threads > 0) options.worker_args.push_back(absl::StrCat("--threads=", f.local.worker_threads));
+  return RunLocally(options);
+}
+
+}  // namespace tally

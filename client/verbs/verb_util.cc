@@ -1,0 +1,113 @@
+#include "client/verbs/verb_util.h"
+
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/job/job_config.h"
+#include "common/job/rpc.h"
+#include "common/process/gpu_inventory.h"
+#include "common/security/auth_tokens.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace tally {
+
+int UsageError(const std::string& verb, const std::string& error) {
+  std::cerr << "tally: " << error << "\n";
+  std::cerr << (verb.empty() ? std::string("`tally help` lists the verbs") : "`tally " + verb + " --help` lists its flags")
+            << "\n";
+  return kExitUsage;
+}
+
+int Finish(const absl::Status& s) {
+  if (s.ok()) return 0;
+  std::cerr << "tally: " << s.message() << "\n";
+  return absl::IsUnavailable(s) ? kExitUnreachable : kExitFailed;
+}
+
+absl::StatusOr<std::unique_ptr<TallyClient>> Connect(const ConnectionFlags& flags) {
+  auto token = ReadToken(flags.token_file);
+  if (!token.ok()) return token.status();
+  ClientSecurityOptions security;
+  security.tls_ca = flags.tls_ca;
+  security.tls_cert = flags.tls_cert;
+  security.tls_key = flags.tls_key;
+  security.tls_server_name = flags.tls_server_name;
+  security.token = *token;
+  return TallyClient::Create(flags.server, security);
+}
+
+absl::StatusOr<std::string> ResolveJobId(TallyClient& client, const std::string& id) {
+  absl::StatusOr<v1::Job> exact = client.Get(id);
+  if (exact.ok() || !absl::IsNotFound(exact.status()) || id.empty()) {
+    if (!exact.ok()) return exact.status();
+    return id;
+  }
+  std::vector<std::string> matches;
+  std::string token;
+  do {
+    auto page = client.List(1000, token);
+    if (!page.ok()) return page.status();
+    for (const auto& j : page->jobs()) {
+      if (absl::StartsWith(j.job_id(), id)) matches.push_back(j.job_id());
+    }
+    token = page->next_page_token();
+  } while (!token.empty());
+  if (matches.size() == 1) return matches[0];
+  if (matches.empty()) return exact.status();
+  if (matches.size() > 5) matches.resize(5);
+  return absl::InvalidArgumentError(absl::StrCat("job id prefix '", id, "' is ambiguous: ", absl::StrJoin(matches, ", "),
+                                                 matches.size() == 5 ? ", ..." : ""));
+}
+
+absl::StatusOr<std::vector<std::string>> ResolveJobIds(TallyClient& client, const std::vector<std::string>& ids) {
+  std::vector<std::string> out;
+  for (const std::string& p : ids) {
+    auto id = ResolveJobId(client, p);
+    if (!id.ok()) return id.status();
+    out.push_back(*id);
+  }
+  return out;
+}
+
+int SelectWorkerGpus(const std::string& verb, const LocalWorkerFlags& flags, const std::string& model,
+                     std::vector<std::string>* groups) {
+  if (flags.gpus.empty()) {
+    return flags.gpus_per_worker != 1 ? UsageError(verb, "--gpus-per-worker goes with --gpus") : 0;
+  }
+  auto gpus = SelectGpus(flags.gpus);
+  if (!gpus.ok()) return Finish(gpus.status());
+  auto grouped = GroupGpus(*gpus, flags.gpus_per_worker);
+  if (!grouped.ok()) return UsageError(verb, std::string(grouped.status().message()));
+  if (flags.gpus_per_worker > 1 && !ParseModelRef(model).python) {
+    return UsageError(verb,
+                      "--gpus-per-worker > 1 needs a Python model (--model PATH.py): a TorchScript model runs on one GPU");
+  }
+  *groups = *std::move(grouped);
+  return 0;
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(m, &out, o).ok()) return "{}";
+  return out;
+}
+
+void PrintJob(const v1::Job& job) {
+  std::cout << absl::StrFormat("%-28s %-10s %8d/%-8d %6d failed  %8.1f img/s  %s\n", job.job_id(),
+                               JobStateName(job.state()), job.images_evaluated() + job.images_failed(),
+                               job.images_total(), job.images_failed(), job.images_per_second(),
+                               job.spec().model().empty() ? "(scoring predictions)" : job.spec().model());
+  if (!job.error().empty()) std::cout << "  error: " << job.error() << "\n";
+  if (!job.stalled().empty()) std::cout << "  " << job.stalled() << "\n";
+  if (job.images_held() > 0) {
+    std::cout << "  held: " << job.images_held()
+              << " more rows evaluated; their results wait for the layout trial (--channels-last auto)\n";
+  }
+}
+
+}  // namespace tally

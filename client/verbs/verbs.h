@@ -1,0 +1,120 @@
+// tally's verbs, one file each (git's builtin/, kubectl's cmd/): each verb takes its flags as a
+// typed struct, filled once by client/main.cc (where every flag is defined), and returns the
+// process exit code (client/client.h kExit*). client/cli.h says which flags each verb takes.
+#ifndef TALLY_CLIENT_VERBS_VERBS_H_
+#define TALLY_CLIENT_VERBS_VERBS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tally {
+
+// How to reach tallyd (SECURITY.md).
+struct ConnectionFlags {
+  std::string server;
+  std::string tls_ca, tls_cert, tls_key, tls_server_name;
+  std::string token_file;  // Empty: the TALLY_TOKEN environment variable.
+};
+
+// A job's settings as typed on the command line; client/job_flags.h turns them into a JobSpec.
+struct JobFlags {
+  std::string model, manifest, name, metrics, batch_size;
+  int shard_size = 0;
+  std::string mean, std, input_size, spacing;
+  bool force_spacing = false;
+  int num_classes = 0;
+  std::string regions;
+  bool nnunet_summary = false;
+  double nsd_tolerance = 1.0;
+  bool include_background = false;
+  std::string precision, channels_last, decode, max_memory;
+  int64_t max_image_pixels = 0;
+  double batch_timeout = 0;
+  std::string nonfinite, ignore_index, label_map;
+  std::string python, thresholds, empty_score, iou_thresholds, json_infinity;
+  double max_failed_fraction = 0;
+  int thumbnails = 5;
+  std::string save_predictions;
+  std::vector<std::string> model_options;  // KEY=VALUE, repeatable.
+  std::vector<std::string> labels;         // KEY=VALUE, repeatable.
+};
+
+// The workers `tally run` and `tally estimate` start on this machine.
+struct LocalWorkerFlags {
+  int workers = 1;
+  std::string gpus;  // all | 0,1,... ; empty: CPU workers.
+  int gpus_per_worker = 1;
+  double lease_seconds = 5.0;
+  bool count_logit_ties = false;
+  int worker_threads = 0;
+  std::vector<std::string> worker_flags;
+};
+
+struct RunFlags {
+  JobFlags job;
+  LocalWorkerFlags local;
+  std::string out;
+  std::string predictions, references, file_ending;  // nnU-Net's folder convention.
+};
+int RunVerb(const RunFlags& flags);
+
+struct EstimateFlags {
+  JobFlags job;
+  LocalWorkerFlags local;
+  int max_batch = 0;
+  bool json = false;
+};
+int EstimateVerb(const EstimateFlags& flags);
+
+struct SubmitFlags {
+  ConnectionFlags connection;
+  JobFlags job;
+  bool json = false;
+};
+int SubmitVerb(const SubmitFlags& flags);
+
+// Verbs about jobs named on the command line (ids or unambiguous prefixes).
+struct JobVerbFlags {
+  ConnectionFlags connection;
+  std::vector<std::string> jobs;  // The positional arguments.
+  bool json = false;
+  double timeout = 0;  // watch, wait: give up after this many seconds (0: never).
+  std::string out;     // report, compare, merge: the folder for the files.
+};
+int WatchVerb(const JobVerbFlags& flags);
+int WaitVerb(const JobVerbFlags& flags);
+int StatusVerb(const JobVerbFlags& flags);
+int CancelVerb(const JobVerbFlags& flags);
+int DeleteVerb(const JobVerbFlags& flags);
+int ReportVerb(const JobVerbFlags& flags);
+int CompareVerb(const JobVerbFlags& flags);
+int MergeVerb(const JobVerbFlags& flags);
+
+struct JobsFlags {
+  ConnectionFlags connection;
+  std::string state;
+  std::vector<std::string> labels;
+  int limit = 20;
+  std::string page_token;
+  bool json = false;
+};
+int JobsVerb(const JobsFlags& flags);
+
+struct WorkersFlags {
+  ConnectionFlags connection;
+  bool json = false;
+};
+int WorkersVerb(const WorkersFlags& flags);
+
+int GpusVerb(bool json);
+
+struct TokenFlags {
+  std::vector<std::string> positional;  // NAME ROLE.
+  std::string tokens_file;
+};
+int TokenVerb(const TokenFlags& flags);
+
+}  // namespace tally
+
+#endif  // TALLY_CLIENT_VERBS_VERBS_H_
