@@ -79,67 +79,91 @@ void Aggregator::Add(const v1::ImageResult& result) {
   }
 }
 
+ClassAggregate Aggregator::FinishClass(int c) const {
+  const PerClass& pc = classes_[c];
+  ClassAggregate ca;
+  ca.class_id = c;
+  ca.counts = pc.counts;
+  ca.reference_images = pc.reference_images;
+  ca.predicted_images = pc.predicted_images;
+  for (Metric m : options_.metrics) {
+    const int k = static_cast<int>(m);
+    Histogram& h = ca.histograms[k];
+    if (IsCountMetric(m)) {
+      h.bins = pc.unit_bins[k];
+      continue;
+    }
+    h.max = 0;
+    for (double v : pc.values[k]) {
+      if (std::isfinite(v)) h.max = std::max(h.max, v);
+    }
+    for (double v : pc.values[k]) {
+      if (!std::isfinite(v)) continue;
+      const int b = h.max > 0 ? static_cast<int>(v / h.max * kHistogramBins) : 0;
+      h.bins[std::clamp(b, 0, kHistogramBins - 1)]++;
+    }
+  }
+  for (Metric m : options_.metrics) {
+    const int k = static_cast<int>(m);
+    MetricAggregate& ma = ca.metrics[k];
+    ma.count = pc.count[k];
+    ma.inf_count = pc.inf_count[k];
+    ma.mean = pc.count[k] > 0 ? (pc.sum[k] + pc.compensation[k]) / static_cast<double>(pc.count[k]) : kNaN;
+    if (IsCountMetric(m)) {
+      ma.global = CountMetric(m, pc.counts);
+    } else {
+      std::vector<double> v = pc.values[k];
+      ma.median = PercentileLinear(&v, 0.5);
+      v = pc.values[k];
+      ma.p95 = PercentileLinear(&v, 0.95);
+    }
+  }
+  FinishDice(c, &ca);
+  for (size_t t = 0; t < options_.iou_thresholds.size(); ++t) {
+    ca.iou_ge.push_back(pc.iou_defined > 0 ? static_cast<double>(pc.iou_ge[t]) / static_cast<double>(pc.iou_defined)
+                                           : kNaN);
+  }
+  return ca;
+}
+
+void Aggregator::FinishDice(int c, ClassAggregate* ca) const {
+  const PerClass& pc = classes_[c];
+  const int dice = static_cast<int>(Metric::kDice);
+  ca->dice_values = pc.values[dice];
+  auto ci = BootstrapMeanCi95(ca->dice_values, options_.bootstrap_resamples,
+                              options_.bootstrap_seed + 7919ull * static_cast<uint64_t>(c), options_.threads);
+  ca->dice_ci_low = ci.first;
+  ca->dice_ci_high = ci.second;
+  std::vector<std::pair<double, int64_t>> all;
+  all.reserve(ca->dice_values.size());
+  for (size_t i = 0; i < ca->dice_values.size(); ++i) all.emplace_back(ca->dice_values[i], pc.dice_index[i]);
+  const size_t keep = std::min<size_t>(10, all.size());
+  std::partial_sort(all.begin(), all.begin() + keep, all.end());
+  all.resize(keep);
+  ca->worst = std::move(all);
+}
+
+void Aggregator::FinishThresholds(Aggregate* out) const {
+  for (size_t t = 0; t < thresholds_.size(); ++t) {
+    const PerThreshold& pt = thresholds_[t];
+    ThresholdAggregate ta;
+    ta.threshold = options_.thresholds[t];
+    ta.dice_mean = pt.dice_n > 0 ? (pt.dice_sum + pt.dice_c) / static_cast<double>(pt.dice_n) : kNaN;
+    ta.iou_mean = pt.iou_n > 0 ? (pt.iou_sum + pt.iou_c) / static_cast<double>(pt.iou_n) : kNaN;
+    ta.dice_global = CountMetric(Metric::kDice, pt.counts);
+    ta.iou_global = CountMetric(Metric::kIou, pt.counts);
+    if (!std::isnan(ta.dice_mean) &&
+        (out->best_threshold < 0 || ta.dice_mean > out->thresholds[static_cast<size_t>(out->best_threshold)].dice_mean)) {
+      out->best_threshold = static_cast<int>(t);
+    }
+    out->thresholds.push_back(ta);
+  }
+}
+
 Aggregate Aggregator::Finish() {
   Aggregate out;
   out.images = images_;
-  for (int c = 0; c < static_cast<int>(classes_.size()); ++c) {
-    PerClass& pc = classes_[c];
-    ClassAggregate ca;
-    ca.class_id = c;
-    ca.counts = pc.counts;
-    ca.reference_images = pc.reference_images;
-    ca.predicted_images = pc.predicted_images;
-    for (Metric m : options_.metrics) {
-      const int k = static_cast<int>(m);
-      Histogram& h = ca.histograms[k];
-      if (IsCountMetric(m)) {
-        h.bins = pc.unit_bins[k];
-        continue;
-      }
-      h.max = 0;
-      for (double v : pc.values[k]) {
-        if (std::isfinite(v)) h.max = std::max(h.max, v);
-      }
-      for (double v : pc.values[k]) {
-        if (!std::isfinite(v)) continue;
-        const int b = h.max > 0 ? static_cast<int>(v / h.max * kHistogramBins) : 0;
-        h.bins[std::clamp(b, 0, kHistogramBins - 1)]++;
-      }
-    }
-    for (Metric m : options_.metrics) {
-      const int k = static_cast<int>(m);
-      MetricAggregate& ma = ca.metrics[k];
-      ma.count = pc.count[k];
-      ma.inf_count = pc.inf_count[k];
-      ma.mean = pc.count[k] > 0 ? (pc.sum[k] + pc.compensation[k]) / static_cast<double>(pc.count[k]) : kNaN;
-      if (IsCountMetric(m)) {
-        ma.global = CountMetric(m, pc.counts);
-      } else {
-        std::vector<double> v = pc.values[k];
-        ma.median = PercentileLinear(&v, 0.5);
-        v = pc.values[k];
-        ma.p95 = PercentileLinear(&v, 0.95);
-      }
-    }
-    const int dice = static_cast<int>(Metric::kDice);
-    ca.dice_values = pc.values[dice];
-    auto ci = BootstrapMeanCi95(ca.dice_values, options_.bootstrap_resamples,
-                                options_.bootstrap_seed + 7919ull * static_cast<uint64_t>(c), options_.threads);
-    ca.dice_ci_low = ci.first;
-    ca.dice_ci_high = ci.second;
-    std::vector<std::pair<double, int64_t>> all;
-    all.reserve(ca.dice_values.size());
-    for (size_t i = 0; i < ca.dice_values.size(); ++i) all.emplace_back(ca.dice_values[i], pc.dice_index[i]);
-    const size_t keep = std::min<size_t>(10, all.size());
-    std::partial_sort(all.begin(), all.begin() + keep, all.end());
-    all.resize(keep);
-    ca.worst = std::move(all);
-    for (size_t t = 0; t < options_.iou_thresholds.size(); ++t) {
-      ca.iou_ge.push_back(pc.iou_defined > 0 ? static_cast<double>(pc.iou_ge[t]) / static_cast<double>(pc.iou_defined)
-                                             : kNaN);
-    }
-    out.classes.push_back(std::move(ca));
-  }
+  for (int c = 0; c < static_cast<int>(classes_.size()); ++c) out.classes.push_back(FinishClass(c));
   for (ClassAggregate& ca : out.classes) {
     ca.in_foreground_mean = (ca.class_id != 0 || options_.include_background) && ca.reference_images > 0;
   }
@@ -156,20 +180,7 @@ Aggregate Aggregator::Finish() {
     }
     out.foreground_mean[k] = n > 0 ? sum / n : kNaN;
   }
-  for (size_t t = 0; t < thresholds_.size(); ++t) {
-    const PerThreshold& pt = thresholds_[t];
-    ThresholdAggregate ta;
-    ta.threshold = options_.thresholds[t];
-    ta.dice_mean = pt.dice_n > 0 ? (pt.dice_sum + pt.dice_c) / static_cast<double>(pt.dice_n) : kNaN;
-    ta.iou_mean = pt.iou_n > 0 ? (pt.iou_sum + pt.iou_c) / static_cast<double>(pt.iou_n) : kNaN;
-    ta.dice_global = CountMetric(Metric::kDice, pt.counts);
-    ta.iou_global = CountMetric(Metric::kIou, pt.counts);
-    if (!std::isnan(ta.dice_mean) &&
-        (out.best_threshold < 0 || ta.dice_mean > out.thresholds[static_cast<size_t>(out.best_threshold)].dice_mean)) {
-      out.best_threshold = static_cast<int>(t);
-    }
-    out.thresholds.push_back(ta);
-  }
+  FinishThresholds(&out);
   return out;
 }
 

@@ -116,6 +116,12 @@ class Aggregator {
     int64_t predicted_images = 0;
     std::array<std::array<int64_t, kHistogramBins>, kNumMetrics> unit_bins{};  // Count metrics, [0, 1].
   };
+  // One class's aggregate from its sums and values (Finish's per-class part).
+  ClassAggregate FinishClass(int c) const;
+  // Its Dice interval and worst rows.
+  void FinishDice(int c, ClassAggregate* ca) const;
+  void FinishThresholds(Aggregate* out) const;
+
   struct PerThreshold {
     ConfusionCounts counts;
     double dice_sum = 0, dice_c = 0, iou_sum = 0, iou_c = 0;

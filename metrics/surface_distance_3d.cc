@@ -41,6 +41,87 @@ struct Dims3 {
   int64_t depth, height, width;
 };
 
+// The features of SeparableDistances3D bucketed by (y, x) column of the bounding box of queries
+// and features, z ascending in each column, with a cursor per column for the slices in turn.
+struct FeatureColumns {
+  int64_t plane = 0, width = 0;
+  int64_t y0 = 0, x0 = 0;
+  int H = 0, W = 0;
+  std::vector<int64_t> start;   // Column c's features: fz[start[c], start[c + 1]).
+  std::vector<int32_t> fz;
+  std::vector<int64_t> cursor;  // First feature of column c at or after the current slice.
+
+  void Zyx(int64_t i, int64_t* z, int64_t* y, int64_t* x) const {
+    *z = i / plane;
+    const int64_t r = i - *z * plane;
+    *y = r / width;
+    *x = r - *y * width;
+  }
+
+  FeatureColumns(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims)
+      : plane(dims.height * dims.width), width(dims.width) {
+    int64_t y1 = -1, x1 = -1;
+    y0 = dims.height;
+    x0 = dims.width;
+    for (const auto* set : {&queries, &features}) {
+      for (int64_t i : *set) {
+        int64_t z, y, x;
+        Zyx(i, &z, &y, &x);
+        y0 = std::min(y0, y);
+        y1 = std::max(y1, y);
+        x0 = std::min(x0, x);
+        x1 = std::max(x1, x);
+      }
+    }
+    H = static_cast<int>(y1 - y0 + 1);
+    W = static_cast<int>(x1 - x0 + 1);
+    const size_t area = static_cast<size_t>(H) * W;
+    start.assign(area + 1, 0);
+    fz.resize(features.size());
+    for (int64_t i : features) {
+      int64_t z, y, x;
+      Zyx(i, &z, &y, &x);
+      start[(y - y0) * W + (x - x0) + 1]++;
+    }
+    for (size_t c = 0; c < area; ++c) start[c + 1] += start[c];
+    cursor.assign(start.begin(), start.end() - 1);
+    std::vector<int64_t> fill = cursor;
+    for (int64_t i : features) {
+      int64_t z, y, x;
+      Zyx(i, &z, &y, &x);
+      fz[fill[(y - y0) * W + (x - x0)]++] = static_cast<int32_t>(z);
+    }
+  }
+};
+
+constexpr int32_t kNoZ = std::numeric_limits<int32_t>::max();
+
+// Pass 1 of SeparableDistances3D: for each column of the box, the signed z offset from `slice` to
+// its nearest feature (kNoZ: none) and that offset's cost (sz * gz)^2 (kInf: none). Slices must
+// come in ascending order (the columns' cursors only move forward).
+void ZPass(FeatureColumns& f, int64_t slice, double sz, std::vector<int32_t>* gz, std::vector<double>* cost) {
+  const size_t area = static_cast<size_t>(f.H) * f.W;
+  for (size_t c = 0; c < area; ++c) {
+    const int64_t end = f.start[c + 1];
+    int64_t& k = f.cursor[c];
+    while (k < end && f.fz[k] < slice) ++k;
+    int32_t best = kNoZ;
+    int64_t best_abs = std::numeric_limits<int64_t>::max();
+    if (k < end) {
+      best = static_cast<int32_t>(f.fz[k] - slice);
+      best_abs = best;
+    }
+    if (k > f.start[c] && slice - f.fz[k - 1] < best_abs) best = static_cast<int32_t>(f.fz[k - 1] - slice);
+    (*gz)[c] = best;
+    if (best == kNoZ) {
+      (*cost)[c] = kInf;
+    } else {
+      const double d = sz * static_cast<double>(best);
+      (*cost)[c] = d * d;
+    }
+  }
+}
+
 // For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
 // feature voxel (at least one exists), with spacing (sz, sy, sx), for queries far from the features
 // (DirectedDistances3D handles the near ones). Separable: the features' column
@@ -52,48 +133,12 @@ struct Dims3 {
 // distance is computed as scipy's distance_transform_edt computes it, sqrt(sum of (s_i d_i)^2).
 void SeparableDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
                           double sz, double sy, double sx, std::vector<double>* out) {
-  const int64_t plane = dims.height * dims.width;
-  auto zyx = [&](int64_t i, int64_t* z, int64_t* y, int64_t* x) {
-    *z = i / plane;
-    const int64_t r = i - *z * plane;
-    *y = r / dims.width;
-    *x = r - *y * dims.width;
-  };
-  int64_t y0 = dims.height, y1 = -1, x0 = dims.width, x1 = -1;
-  for (const auto* set : {&queries, &features}) {
-    for (int64_t i : *set) {
-      int64_t z, y, x;
-      zyx(i, &z, &y, &x);
-      y0 = std::min(y0, y);
-      y1 = std::max(y1, y);
-      x0 = std::min(x0, x);
-      x1 = std::max(x1, x);
-    }
-  }
-  const int H = static_cast<int>(y1 - y0 + 1), W = static_cast<int>(x1 - x0 + 1);
+  FeatureColumns f(queries, features, dims);
+  const int H = f.H, W = f.W;
   const size_t area = static_cast<size_t>(H) * W;
-  // Features bucketed by (y, x) column of the box, z ascending (the input is z-major).
-  std::vector<int64_t> start(area + 1, 0);
-  std::vector<int32_t> fz(features.size());
-  for (int64_t i : features) {
-    int64_t z, y, x;
-    zyx(i, &z, &y, &x);
-    start[(y - y0) * W + (x - x0) + 1]++;
-  }
-  for (size_t c = 0; c < area; ++c) start[c + 1] += start[c];
-  std::vector<int64_t> cursor(start.begin(), start.end() - 1);
-  {
-    std::vector<int64_t> fill = cursor;
-    for (int64_t i : features) {
-      int64_t z, y, x;
-      zyx(i, &z, &y, &x);
-      fz[fill[(y - y0) * W + (x - x0)]++] = static_cast<int32_t>(z);
-    }
-  }
   const double sy2 = sy * sy, sx2 = sx * sx;
   std::vector<int32_t> gz(area);      // Signed z offset to the column's nearest feature; kNoZ: none.
   std::vector<double> cost(area);     // (sz * gz)^2, or kInf.
-  constexpr int32_t kNoZ = std::numeric_limits<int32_t>::max();
   std::vector<double> column(H), row(W);
   std::vector<int> query_rows;
   std::vector<int32_t> best_y;  // Per (query row, x): the argmin row of the y pass.
@@ -102,36 +147,18 @@ void SeparableDistances3D(const std::vector<int64_t>& queries, const std::vector
   size_t qi = 0;
   while (qi < queries.size()) {
     int64_t z, y, x;
-    zyx(queries[qi], &z, &y, &x);
+    f.Zyx(queries[qi], &z, &y, &x);
     const int64_t slice = z;
     size_t slice_end = qi;
     query_rows.clear();
-    while (slice_end < queries.size() && queries[slice_end] / plane == slice) {
-      zyx(queries[slice_end], &z, &y, &x);
-      const int r = static_cast<int>(y - y0);
+    while (slice_end < queries.size() && queries[slice_end] / f.plane == slice) {
+      f.Zyx(queries[slice_end], &z, &y, &x);
+      const int r = static_cast<int>(y - f.y0);
       if (query_rows.empty() || query_rows.back() != r) query_rows.push_back(r);
       ++slice_end;
     }
     // 1. Distance in z from this slice to each column's nearest feature.
-    for (size_t c = 0; c < area; ++c) {
-      const int64_t end = start[c + 1];
-      int64_t& k = cursor[c];
-      while (k < end && fz[k] < slice) ++k;
-      int32_t best = kNoZ;
-      int64_t best_abs = std::numeric_limits<int64_t>::max();
-      if (k < end) {
-        best = static_cast<int32_t>(fz[k] - slice);
-        best_abs = best;
-      }
-      if (k > start[c] && slice - fz[k - 1] < best_abs) best = static_cast<int32_t>(fz[k - 1] - slice);
-      gz[c] = best;
-      if (best == kNoZ) {
-        cost[c] = kInf;
-      } else {
-        const double d = sz * static_cast<double>(best);
-        cost[c] = d * d;
-      }
-    }
+    ZPass(f, slice, sz, &gz, &cost);
     // 2. Along y, for every column x, at the rows holding queries.
     best_y.assign(query_rows.size() * W, -1);
     for (int cx = 0; cx < W; ++cx) {
@@ -155,9 +182,9 @@ void SeparableDistances3D(const std::vector<int64_t>& queries, const std::vector
       }
       env.Build(row.data(), W, sx2);
       for (; q < slice_end; ++q) {
-        zyx(queries[q], &z, &y, &x);
-        if (y - y0 != r) break;
-        const int qx = static_cast<int>(x - x0);
+        f.Zyx(queries[q], &z, &y, &x);
+        if (y - f.y0 != r) break;
+        const int qx = static_cast<int>(x - f.x0);
         const int bx = env.ArgMin(qx);
         const int by = bx < 0 ? -1 : best_y[qr * W + bx];
         if (by < 0) {

@@ -277,6 +277,8 @@ class Coordinator {
   void Apply(Deferred& deferred);
   void BackgroundLoop();
   std::string ReportPath(const std::string& job_id) const;
+  // `digits` random hexadecimal digits, for job, worker and folder names.
+  static std::string RandomHex(int digits);
   double BatchTimeout(const JobEntry& job) const;
 
   const CoordinatorOptions options_;

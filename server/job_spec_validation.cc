@@ -16,9 +16,10 @@
 
 namespace tally {
 
-absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
-  v1::JobSpec spec = in;
-  if (spec.manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
+namespace {
+
+// Names and paths within their size limits.
+absl::Status CheckSizes(const v1::JobSpec& spec) {
   if (spec.name().size() > kMaxJobNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: 'name' is ", spec.name().size(),
                                                    " bytes; the limit is ", kMaxJobNameBytes));
@@ -31,11 +32,16 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
                                                      " bytes; the limit is ", kMaxPathBytes));
     }
   }
-  // No model: a prediction job, scoring the manifest's `prediction` column (checked with the
-  // manifest's header).
-  if (!spec.model().empty()) {
-    spec.set_model(AbsoluteModel(spec.model()));
-    const ModelRef ref = ParseModelRef(spec.model());
+  return absl::OkStatus();
+}
+
+// The model file: inside the data roots, present, a file; Python options only for Python models.
+// No model: a prediction job, scoring the manifest's `prediction` column (checked with the
+// manifest's header).
+absl::Status CheckModel(v1::JobSpec* spec) {
+  if (!spec->model().empty()) {
+    spec->set_model(AbsoluteModel(spec->model()));
+    const ModelRef ref = ParseModelRef(spec->model());
     const std::string& path = ref.path;
     // Before anything about the file is looked at: outside the roots, its existence is not told.
     if (!ProcessDataRoots().Resolve(path).ok()) return OutsideDataRootsError("model", path);
@@ -47,27 +53,25 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
       return absl::InvalidArgumentError(absl::StrCat("model '", path, "' is a directory, not a ",
                                                      ref.python ? "Python file" : "TorchScript file"));
     }
-    if (!ref.python && (!spec.python().empty() || !spec.model_options().empty())) {
+    if (!ref.python && (!spec->python().empty() || !spec->model_options().empty())) {
       return absl::InvalidArgumentError(absl::StrCat("job spec: --python and --model-option are for Python models "
                                                      "(PATH.py); '", path, "' is TorchScript"));
     }
-  } else if (spec.num_classes() == 1) {
+  } else if (spec->num_classes() == 1) {
     return absl::InvalidArgumentError("job spec: num_classes must be >= 2 (background and one class) or 0 (from the data)");
   }
-  if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");
-  spec.clear_model_sha256();  // The coordinator's to set.
-  spec.clear_channels_last_resolved();
-  spec.clear_channels_last_trial();
-  spec.clear_decode_resolved();
-  spec.clear_decode_trial();
-  spec.clear_manifest_sha256();
-  if (spec.labels_size() > 32) return absl::InvalidArgumentError("job spec: at most 32 labels");
-  for (const auto& [key, value] : spec.labels()) {
+  return absl::OkStatus();
+}
+
+// Labels, normalisation, input size and the numeric settings; defaults filled in.
+absl::Status CheckSettings(v1::JobSpec* spec) {
+  if (spec->labels_size() > 32) return absl::InvalidArgumentError("job spec: at most 32 labels");
+  for (const auto& [key, value] : spec->labels()) {
     if (key.empty() || key.size() > 64 || value.size() > 256) {
       return absl::InvalidArgumentError("job spec: label keys are 1-64 bytes, values at most 256");
     }
   }
-  for (auto* field : {spec.mutable_mean(), spec.mutable_std()}) {
+  for (auto* field : {spec->mutable_mean(), spec->mutable_std()}) {
     if (field->size() == 1) {
       const float v = field->Get(0);
       field->Add(v);
@@ -78,48 +82,71 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
           absl::StrCat("job spec: mean/std need 1 or 3 values (R,G,B), got ", field->size()));
     }
   }
-  for (float s : spec.std()) {
+  for (float s : spec->std()) {
     if (!(s > 0)) return absl::InvalidArgumentError("job spec: every std value must be > 0");
   }
-  if ((spec.input_height() > 0) != (spec.input_width() > 0) || spec.input_height() < 0 || spec.input_width() < 0) {
+  if ((spec->input_height() > 0) != (spec->input_width() > 0) || spec->input_height() < 0 || spec->input_width() < 0) {
     return absl::InvalidArgumentError("job spec: input size needs both a height and a width > 0");
   }
-  if (spec.batch_size() < -1) return absl::InvalidArgumentError("job spec: batch_size must be >= 1, 0 (default) or -1 (auto)");
-  if (spec.shard_size() < 0) return absl::InvalidArgumentError("job spec: shard_size must be >= 0");
-  if (spec.spacing_y() < 0 || spec.spacing_x() < 0 || spec.spacing_z() < 0) return absl::InvalidArgumentError("job spec: spacing must be > 0");
+  if (spec->batch_size() < -1) return absl::InvalidArgumentError("job spec: batch_size must be >= 1, 0 (default) or -1 (auto)");
+  if (spec->shard_size() < 0) return absl::InvalidArgumentError("job spec: shard_size must be >= 0");
+  if (spec->spacing_y() < 0 || spec->spacing_x() < 0 || spec->spacing_z() < 0) return absl::InvalidArgumentError("job spec: spacing must be > 0");
   // Spacing stays 0 when not given (JobConfig reads it as 1 for 2D, the header's for volumes).
-  if (spec.nsd_tolerance() < 0) return absl::InvalidArgumentError("job spec: nsd_tolerance must be >= 0");
-  if (spec.max_memory() < 0) return absl::InvalidArgumentError("job spec: max_memory must be >= 0");
-  if (spec.max_image_pixels() < 0) return absl::InvalidArgumentError("job spec: max_image_pixels must be >= 0");
-  if (spec.max_image_pixels() == 0) spec.set_max_image_pixels(kDefaultMaxImagePixels);
-  if (spec.batch_timeout_seconds() < 0) return absl::InvalidArgumentError("job spec: batch_timeout_seconds must be >= 0");
-  if (spec.batch_timeout_seconds() == 0) spec.set_batch_timeout_seconds(kDefaultBatchTimeoutSeconds);
-  // Names (metrics, precision, the non-finite policy) are parsed in one place, JobConfigFromSpec;
-  // the stored spec gets their canonical forms.
-  absl::StatusOr<JobConfig> config = JobConfigFromSpec(spec);
+  if (spec->nsd_tolerance() < 0) return absl::InvalidArgumentError("job spec: nsd_tolerance must be >= 0");
+  if (spec->max_memory() < 0) return absl::InvalidArgumentError("job spec: max_memory must be >= 0");
+  if (spec->max_image_pixels() < 0) return absl::InvalidArgumentError("job spec: max_image_pixels must be >= 0");
+  if (spec->max_image_pixels() == 0) spec->set_max_image_pixels(kDefaultMaxImagePixels);
+  if (spec->batch_timeout_seconds() < 0) return absl::InvalidArgumentError("job spec: batch_timeout_seconds must be >= 0");
+  if (spec->batch_timeout_seconds() == 0) spec->set_batch_timeout_seconds(kDefaultBatchTimeoutSeconds);
+  return absl::OkStatus();
+}
+
+// Names (metrics, precision, the non-finite policy) are parsed in one place, JobConfigFromSpec;
+// the stored spec gets their canonical forms.
+absl::Status Canonicalise(v1::JobSpec* spec) {
+  absl::StatusOr<JobConfig> config = JobConfigFromSpec(*spec);
   if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", config.status().message()));
-  spec.clear_metrics();
-  for (Metric m : config->metrics) spec.add_metrics(std::string(MetricName(m)));
-  spec.set_precision(std::string(PrecisionName(config->precision)));
-  spec.set_channels_last_mode(config->channels_last_mode);
-  spec.set_channels_last(config->channels_last_mode == "on");
+  spec->clear_metrics();
+  for (Metric m : config->metrics) spec->add_metrics(std::string(MetricName(m)));
+  spec->set_precision(std::string(PrecisionName(config->precision)));
+  spec->set_channels_last_mode(config->channels_last_mode);
+  spec->set_channels_last(config->channels_last_mode == "on");
   if (config->predictions() && config->decode_mode != "cpu") {
     return absl::InvalidArgumentError("job spec: --decode is for jobs with a model (a prediction job decodes no images)");
   }
-  spec.set_decode(config->decode_mode);
-  spec.set_nonfinite(std::string(NonfiniteName(config->nonfinite)));
-  spec.set_ignore_index(config->ignore_index);
-  spec.set_empty_score(std::string(EmptyScoreName(config->empty_score)));
-  spec.clear_thresholds();
-  for (double t : config->thresholds) spec.add_thresholds(t);
-  spec.clear_iou_thresholds();
-  for (double t : config->iou_thresholds) spec.add_iou_thresholds(t);
-  spec.clear_manifest_columns();  // The coordinator fills it from the manifest's header.
-  spec.set_thumbnails(config->thumbnails);
+  spec->set_decode(config->decode_mode);
+  spec->set_nonfinite(std::string(NonfiniteName(config->nonfinite)));
+  spec->set_ignore_index(config->ignore_index);
+  spec->set_empty_score(std::string(EmptyScoreName(config->empty_score)));
+  spec->clear_thresholds();
+  for (double t : config->thresholds) spec->add_thresholds(t);
+  spec->clear_iou_thresholds();
+  for (double t : config->iou_thresholds) spec->add_iou_thresholds(t);
+  spec->clear_manifest_columns();  // The coordinator fills it from the manifest's header.
+  spec->set_thumbnails(config->thumbnails);
   // Workers write there: with data roots, only inside them (checked again where the files are written).
   if (!config->save_predictions.empty() && !ProcessDataRoots().Resolve(config->save_predictions).ok()) {
     return OutsideDataRootsError("save_predictions", config->save_predictions);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
+  v1::JobSpec spec = in;
+  if (spec.manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
+  RETURN_IF_ERROR(CheckSizes(spec));
+  RETURN_IF_ERROR(CheckModel(&spec));
+  if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");
+  spec.clear_model_sha256();  // The coordinator's to set.
+  spec.clear_channels_last_resolved();
+  spec.clear_channels_last_trial();
+  spec.clear_decode_resolved();
+  spec.clear_decode_trial();
+  spec.clear_manifest_sha256();
+  RETURN_IF_ERROR(CheckSettings(&spec));
+  RETURN_IF_ERROR(Canonicalise(&spec));
   // The exact-results rule (common/job/job_config.h): shards are multiples of the alignment, which
   // every batch size used for the job divides.
   // Prediction jobs have no batches: any shard size keeps their results exact.

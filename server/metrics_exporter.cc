@@ -42,6 +42,54 @@ MetricFamily Single(const char* name, const char* help, MetricType type, double 
   return f;
 }
 
+// The commit-latency histogram (cumulative buckets, as Prometheus wants them).
+MetricFamily CommitLatency(const CoordinatorMetrics& m) {
+  MetricFamily commit = Family("tally_commit_latency_seconds",
+                               "Time to commit one batch of results to the database (one SQLite transaction).",
+                               MetricType::Histogram);
+  ClientMetric h;
+  h.histogram.sample_count = m.commit_count;
+  h.histogram.sample_sum = m.commit_seconds_sum;
+  for (size_t i = 0; i < m.commit_bounds.size(); ++i) {
+    h.histogram.bucket.push_back({m.commit_counts[i], m.commit_bounds[i]});
+  }
+  h.histogram.bucket.push_back({m.commit_count, std::numeric_limits<double>::infinity()});
+  commit.metric.push_back(std::move(h));
+  return commit;
+}
+
+// Per worker in service: its rows, rate, lease and GPUs' memory, from its latest heartbeat.
+void AddWorkerFamilies(const CoordinatorMetrics& m, std::vector<MetricFamily>* out) {
+  MetricFamily w_images = Family("tally_worker_images_total",
+                                 "Rows a worker produced results for since it started (its latest heartbeat).",
+                                 MetricType::Counter);
+  MetricFamily w_rate = Family("tally_worker_images_per_second",
+                               "Rows per second a worker produced over its last 10 s (its latest heartbeat).",
+                               MetricType::Gauge);
+  MetricFamily w_busy = Family("tally_worker_busy", "1 while the worker holds a shard lease.", MetricType::Gauge);
+  MetricFamily g_used = Family("tally_worker_gpu_memory_used_bytes",
+                               "Memory in use on a worker's GPU, the whole device's (total - free).", MetricType::Gauge);
+  MetricFamily g_total = Family("tally_worker_gpu_memory_total_bytes", "A worker's GPU memory.", MetricType::Gauge);
+  MetricFamily g_peak = Family("tally_worker_gpu_memory_peak_bytes",
+                               "The most the worker's allocator (or its Python stub's) reserved on the GPU.",
+                               MetricType::Gauge);
+  for (const CoordinatorMetrics::Worker& w : m.workers) {
+    const std::vector<ClientMetric::Label> who = {{"worker", w.name}, {"worker_id", w.worker_id}};
+    AddValue(&w_images, static_cast<double>(w.gauges.images_total()), who);
+    AddValue(&w_rate, w.gauges.images_per_second(), who);
+    AddValue(&w_busy, w.busy ? 1 : 0, who);
+    for (const v1::GpuStats& g : w.gauges.gpus()) {
+      std::vector<ClientMetric::Label> labels = who;
+      labels.push_back({"device", g.device()});
+      labels.push_back({"gpu", g.name()});
+      AddValue(&g_used, static_cast<double>(g.memory_used_bytes()), labels);
+      AddValue(&g_total, static_cast<double>(g.memory_total_bytes()), labels);
+      AddValue(&g_peak, static_cast<double>(g.peak_memory_bytes()), labels);
+    }
+  }
+  for (MetricFamily* f : {&w_images, &w_rate, &w_busy, &g_used, &g_total, &g_peak}) out->push_back(std::move(*f));
+}
+
 }  // namespace
 
 std::vector<MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m) {
@@ -79,50 +127,12 @@ std::vector<MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m) {
   out.push_back(Single("tally_workers_out_of_service", "Workers taken out of service (device or model problems).",
                        MetricType::Gauge, static_cast<double>(m.workers_out_of_service)));
 
-  MetricFamily commit = Family("tally_commit_latency_seconds",
-                               "Time to commit one batch of results to the database (one SQLite transaction).",
-                               MetricType::Histogram);
-  ClientMetric h;
-  h.histogram.sample_count = m.commit_count;
-  h.histogram.sample_sum = m.commit_seconds_sum;
-  for (size_t i = 0; i < m.commit_bounds.size(); ++i) {
-    h.histogram.bucket.push_back({m.commit_counts[i], m.commit_bounds[i]});
-  }
-  h.histogram.bucket.push_back({m.commit_count, std::numeric_limits<double>::infinity()});
-  commit.metric.push_back(std::move(h));
-  out.push_back(std::move(commit));
+  out.push_back(CommitLatency(m));
 
   out.push_back(Single("tally_database_bytes", "Size of tally.db and its write-ahead log.", MetricType::Gauge,
                        static_cast<double>(m.database_bytes)));
 
-  MetricFamily w_images = Family("tally_worker_images_total",
-                                 "Rows a worker produced results for since it started (its latest heartbeat).",
-                                 MetricType::Counter);
-  MetricFamily w_rate = Family("tally_worker_images_per_second",
-                               "Rows per second a worker produced over its last 10 s (its latest heartbeat).",
-                               MetricType::Gauge);
-  MetricFamily w_busy = Family("tally_worker_busy", "1 while the worker holds a shard lease.", MetricType::Gauge);
-  MetricFamily g_used = Family("tally_worker_gpu_memory_used_bytes",
-                               "Memory in use on a worker's GPU, the whole device's (total - free).", MetricType::Gauge);
-  MetricFamily g_total = Family("tally_worker_gpu_memory_total_bytes", "A worker's GPU memory.", MetricType::Gauge);
-  MetricFamily g_peak = Family("tally_worker_gpu_memory_peak_bytes",
-                               "The most the worker's allocator (or its Python stub's) reserved on the GPU.",
-                               MetricType::Gauge);
-  for (const CoordinatorMetrics::Worker& w : m.workers) {
-    const std::vector<ClientMetric::Label> who = {{"worker", w.name}, {"worker_id", w.worker_id}};
-    AddValue(&w_images, static_cast<double>(w.gauges.images_total()), who);
-    AddValue(&w_rate, w.gauges.images_per_second(), who);
-    AddValue(&w_busy, w.busy ? 1 : 0, who);
-    for (const v1::GpuStats& g : w.gauges.gpus()) {
-      std::vector<ClientMetric::Label> labels = who;
-      labels.push_back({"device", g.device()});
-      labels.push_back({"gpu", g.name()});
-      AddValue(&g_used, static_cast<double>(g.memory_used_bytes()), labels);
-      AddValue(&g_total, static_cast<double>(g.memory_total_bytes()), labels);
-      AddValue(&g_peak, static_cast<double>(g.peak_memory_bytes()), labels);
-    }
-  }
-  for (MetricFamily* f : {&w_images, &w_rate, &w_busy, &g_used, &g_total, &g_peak}) out.push_back(std::move(*f));
+  AddWorkerFamilies(m, &out);
   return out;
 }
 

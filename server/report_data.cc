@@ -125,6 +125,86 @@ void AddWarnings(ReportData* d) {
   }
 }
 
+// A row's id and shown image by index, for the worst-case tables.
+struct Named {
+  int64_t index;
+  std::string id;
+  std::string image;
+  bool operator<(const Named& o) const { return index < o.index; }
+};
+
+AggregateOptions AggregateOptionsFor(const ReportData& d) {
+  AggregateOptions o;
+  o.num_classes = d.num_classes;
+  o.metrics = d.config.metrics;
+  o.include_background = d.config.include_background || !d.config.regions.empty();
+  o.empty_score = d.config.empty_score;
+  o.iou_thresholds = d.config.iou_thresholds;
+  o.thresholds = d.config.thresholds;
+  return o;
+}
+
+// One stored result at its place in the merged order (`offset` rows before its part): a failure,
+// or an evaluated row (padded to the job's classes) into the aggregate.
+void AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offset, Aggregator* aggregator,
+            std::vector<Named>* names_by_index, ReportData* d, const ReportRowFn& on_row) {
+  v1::ImageResult shifted;
+  const v1::ImageResult* sp = &original;
+  if (offset > 0) {
+    shifted = original;
+    shifted.set_index(original.index() + offset);
+    sp = &shifted;
+  }
+  const v1::ImageResult& stored = *sp;
+  const std::string& image = ShownImage(names);
+  if (!stored.error().empty()) {
+    d->failures.push_back({stored.index(), names.id, image, stored.error()});
+    ++d->failed;
+    return;
+  }
+  v1::ImageResult padded;
+  const v1::ImageResult* rp = &stored;
+  if (stored.classes_size() < d->num_classes) {
+    padded = stored;
+    PadClasses(&padded, d->num_classes);
+    rp = &padded;
+  }
+  const v1::ImageResult& r = *rp;
+  ++d->evaluated;
+  if (r.nonfinite() > 0) {
+    ++d->nonfinite_images;
+    d->nonfinite_values += r.nonfinite();
+  }
+  d->mask_max_label = std::max(d->mask_max_label, r.mask_max_label());
+  d->mask_ignored += r.mask_ignored_pixels();
+  aggregator->Add(r);
+  names_by_index->push_back(Named{r.index(), names.id, image});
+  on_row(r, names);
+}
+
+// The worst rows' names, and the thumbnails kept for them.
+absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*>& parts,
+                             const std::vector<Named>& names_by_index, ReportData* d) {
+  std::set<std::pair<int, int64_t>> worst;
+  for (const ClassAggregate& ca : d->aggregate.classes) {
+    for (const auto& [dice, index] : ca.worst) {
+      worst.insert({ca.class_id, index});
+      auto it = std::lower_bound(names_by_index.begin(), names_by_index.end(), Named{index, "", ""});
+      if (it != names_by_index.end() && it->index == index) d->worst_rows[index] = ReportData::WorstRow{it->id, it->image};
+    }
+  }
+  int64_t offset = 0;
+  for (const JobRecord* part : parts) {
+    ASSIGN_OR_RETURN(std::vector<StoredThumbnail> thumbnails, store->ReadThumbnails(part->job.job_id()));
+    for (StoredThumbnail& t : thumbnails) {
+      t.index += offset;
+      if (worst.count({t.class_index, t.index}) > 0) d->thumbnails[{t.class_index, t.index}] = std::move(t);
+    }
+    offset += part->job.images_total();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row) {
@@ -137,85 +217,24 @@ absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::ve
   d.record = &record;
   ASSIGN_OR_RETURN(d.config, JobConfigFromSpec(record.job.spec()));
   d.num_classes = record.job.num_classes();
-  AggregateOptions agg_options;
-  agg_options.num_classes = d.num_classes;
-  agg_options.metrics = d.config.metrics;
-  agg_options.include_background = d.config.include_background || !d.config.regions.empty();
-  agg_options.empty_score = d.config.empty_score;
-  agg_options.iou_thresholds = d.config.iou_thresholds;
-  agg_options.thresholds = d.config.thresholds;
-  Aggregator aggregator(agg_options);
-  struct Named {
-    int64_t index;
-    std::string id;
-    std::string image;
-    bool operator<(const Named& o) const { return index < o.index; }
-  };
+  Aggregator aggregator(AggregateOptionsFor(d));
   std::vector<Named> names_by_index;  // For the worst-case tables.
   int64_t offset = 0;  // Index of the part's first row in the merged order.
   for (const JobRecord* part : parts) {
-  RETURN_IF_ERROR(store->ForEachResult(
-      part->job.job_id(), [&](const v1::ImageResult& original, const RowNames& names) {
-        v1::ImageResult shifted;
-        const v1::ImageResult* sp = &original;
-        if (offset > 0) {
-          shifted = original;
-          shifted.set_index(original.index() + offset);
-          sp = &shifted;
-        }
-        const v1::ImageResult& stored = *sp;
-        const std::string& image = ShownImage(names);
-        if (!stored.error().empty()) {
-          d.failures.push_back({stored.index(), names.id, image, stored.error()});
-          ++d.failed;
-          return absl::OkStatus();
-        }
-        v1::ImageResult padded;
-        const v1::ImageResult* rp = &stored;
-        if (stored.classes_size() < d.num_classes) {
-          padded = stored;
-          PadClasses(&padded, d.num_classes);
-          rp = &padded;
-        }
-        const v1::ImageResult& r = *rp;
-        ++d.evaluated;
-        if (r.nonfinite() > 0) {
-          ++d.nonfinite_images;
-          d.nonfinite_values += r.nonfinite();
-        }
-        d.mask_max_label = std::max(d.mask_max_label, r.mask_max_label());
-        d.mask_ignored += r.mask_ignored_pixels();
-        aggregator.Add(r);
-        names_by_index.push_back(Named{r.index(), names.id, image});
-        on_row(r, names);
-        return absl::OkStatus();
-      }));
+    RETURN_IF_ERROR(store->ForEachResult(part->job.job_id(), [&](const v1::ImageResult& r, const RowNames& names) {
+      AddRow(r, names, offset, &aggregator, &names_by_index, &d, on_row);
+      return absl::OkStatus();
+    }));
     offset += part->job.images_total();
   }
   d.aggregate = aggregator.Finish();
-  std::set<std::pair<int, int64_t>> worst;
-  for (const ClassAggregate& ca : d.aggregate.classes) {
-    for (const auto& [dice, index] : ca.worst) {
-      worst.insert({ca.class_id, index});
-      auto it = std::lower_bound(names_by_index.begin(), names_by_index.end(), Named{index, "", ""});
-      if (it != names_by_index.end() && it->index == index) d.worst_rows[index] = ReportData::WorstRow{it->id, it->image};
-    }
-  }
-  offset = 0;
-  for (const JobRecord* part : parts) {
-    ASSIGN_OR_RETURN(std::vector<StoredThumbnail> thumbnails, store->ReadThumbnails(part->job.job_id()));
-    for (StoredThumbnail& t : thumbnails) {
-      t.index += offset;
-      if (worst.count({t.class_index, t.index}) > 0) d.thumbnails[{t.class_index, t.index}] = std::move(t);
-    }
-    offset += part->job.images_total();
-  }
+  RETURN_IF_ERROR(AttachWorstRows(store, parts, names_by_index, &d));
   for (const JobRecord* part : parts) {
     ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store->ReadWorkers(part->job.job_id()));
     d.workers.insert(d.workers.end(), workers.begin(), workers.end());
   }
-  const double end = record.last_result_unix > 0 ? record.last_result_unix : record.job.finished_unix();
-  d.wall_seconds = std::max(0.0, end - record.job.created_unix());
+  const double end_unix = record.last_result_unix > 0 ? record.last_result_unix : record.job.finished_unix();
+  d.wall_seconds = std::max(0.0, end_unix - record.job.created_unix());
   if (d.evaluated > 0 && d.mask_max_label <= 0 && d.mask_ignored > 0) {
     // A binary mask stored as 0/255 with 255 the ignore value: its whole foreground is ignored.
     d.warnings.push_back(absl::StrCat(

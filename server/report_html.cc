@@ -162,11 +162,9 @@ std::string Thumbnails(const ReportData& d, const ClassAggregate& ca) {
   return h.empty() ? h : "<div class=\"thumbs\">\n" + h + "</div>\n";
 }
 
-}  // namespace
-
-std::string ReportHtml(const ReportData& d) {
-  const v1::Job& job = d.record->job;
-  std::string h = R"(<!DOCTYPE html>
+// The page's head and style sheet (no external asset).
+std::string PageHead(const v1::Job& job) {
+  return R"(<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Tally report )" +
                   HtmlEscape(job.job_id()) + R"(</title>
 <style>
@@ -184,6 +182,12 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
 .key{display:inline-block;width:11px;height:11px;vertical-align:-1px;border:1px solid #777}
 </style></head><body>
 )";
+}
+
+// The title and what the job was: state, model, manifest, row counts, time, provenance.
+std::string JobMeta(const ReportData& d) {
+  const v1::Job& job = d.record->job;
+  std::string h;
   absl::StrAppend(&h, "<h1>Tally report <code>", HtmlEscape(job.job_id()), "</code></h1>\n<div class=\"meta\">");
   absl::StrAppend(&h, "State: <span class=\"state-", JobStateName(job.state()), "\">", JobStateName(job.state()),
                   "</span>", job.error().empty() ? "" : " — " + HtmlEscape(job.error()), "<br>");
@@ -197,15 +201,12 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
   absl::StrAppend(&h, "Provenance: Tally ", kTallyVersion, " (git ", kGitRevision, "), model sha256 <code>",
                   job.spec().model_sha256().empty() ? "-" : job.spec().model_sha256(), "</code>, manifest sha256 <code>",
                   job.spec().manifest_sha256().empty() ? "-" : job.spec().manifest_sha256(), "</code></div>\n");
-  for (const std::string& w : d.warnings) absl::StrAppend(&h, "<p class=\"warn\">Warning: ", HtmlEscape(w), "</p>\n");
-  h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
-       "bootstrap interval; global = from summed counts.</p>\n<div class=\"table-wrap\">" + HtmlTable(ClassTable(d)) +
-       "</div>\n";
-  h += "<h2>Mean Dice per class (with 95% bootstrap interval)</h2>\n" + DiceBarChart(d) + "\n";
-  if (!d.aggregate.thresholds.empty()) {
-    h += "<h2>Threshold sweep (foreground class)</h2>\n<p>Dice and IoU means over images at each probability "
-         "threshold; the other metrics use the primary threshold 0.5.</p>\n" + ThresholdCurve(d) + "\n";
-  }
+  return h;
+}
+
+// Each selected metric's per-image histogram, per class.
+std::string Distributions(const ReportData& d) {
+  std::string h;
   h += "<h2>Per-image distributions</h2>\n<p>Per class, each selected metric's per-image values in 20 bins "
        "(distances over [0, largest finite value]; infinite ones are counted in the table).</p>\n";
   for (Metric m : d.metrics()) {
@@ -220,6 +221,12 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
     }
     h += "</div>\n";
   }
+  return h;
+}
+
+// The worst rows of each foreground class, with their thumbnails.
+std::string WorstImages(const ReportData& d) {
+  std::string h;
   h += "<h2>Worst images by Dice</h2>\n";
   if (!d.thumbnails.empty()) {
     h += "<p class=\"legend\">Thumbnails: the image, and the image with the class coloured: <span class=\"key\" "
@@ -236,6 +243,12 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
     h += Thumbnails(d, ca);
     h += HtmlTable(WorstTable(d, ca));
   }
+  return h;
+}
+
+// Failed rows, grouped by reason, then listed.
+std::string Failures(const ReportData& d) {
+  std::string h;
   absl::StrAppend(&h, "<h2>Failures (", d.failures.size(), ")</h2>\n");
   if (!d.failure_groups.empty()) {
     h += "<ul class=\"reasons\">\n";
@@ -250,6 +263,27 @@ svg .tick{font-size:11px;fill:#3c4650} svg .axis{font-size:12px;fill:#3c4650} sv
       absl::StrAppend(&h, "<p>... and ", d.failures.size() - kMaxFailuresShown, " more in report.json</p>\n");
     }
   }
+  return h;
+}
+
+}  // namespace
+
+std::string ReportHtml(const ReportData& d) {
+  const v1::Job& job = d.record->job;
+  std::string h = PageHead(job);
+  h += JobMeta(d);
+  for (const std::string& w : d.warnings) absl::StrAppend(&h, "<p class=\"warn\">Warning: ", HtmlEscape(w), "</p>\n");
+  h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
+       "bootstrap interval; global = from summed counts.</p>\n<div class=\"table-wrap\">" + HtmlTable(ClassTable(d)) +
+       "</div>\n";
+  h += "<h2>Mean Dice per class (with 95% bootstrap interval)</h2>\n" + DiceBarChart(d) + "\n";
+  if (!d.aggregate.thresholds.empty()) {
+    h += "<h2>Threshold sweep (foreground class)</h2>\n<p>Dice and IoU means over images at each probability "
+         "threshold; the other metrics use the primary threshold 0.5.</p>\n" + ThresholdCurve(d) + "\n";
+  }
+  h += Distributions(d);
+  h += WorstImages(d);
+  h += Failures(d);
   if (!d.workers.empty()) h += "<h2>Workers</h2>\n" + HtmlTable(WorkerTable(d));
   h += "<h2>Parameters</h2>\n" + HtmlTable(ParameterTable(d));
   h += "</body></html>\n";

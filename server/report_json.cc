@@ -10,22 +10,10 @@
 namespace tally {
 namespace {
 constexpr const char* kVersion = "0.1.0";
-}  // namespace
-
-std::string ReportJson(const ReportData& d) {
+// The job's settings, as the report's reader needs them to reproduce it.
+void SettingsJson(const ReportData& d, JsonWriter& w) {
   const v1::Job& job = d.record->job;
   const v1::JobSpec& spec = job.spec();
-  JsonWriter w(true, d.config.json_infinity_string);
-  w.BeginObject();
-  w.Field("tally_version", kVersion);
-  w.Field("job_id", job.job_id());
-  w.Field("name", spec.name());
-  w.Field("state", JobStateName(job.state()));
-  const int64_t missing = job.images_total() - d.evaluated - d.failed;
-  w.Field("complete", job.state() == v1::JOB_STATE_SUCCEEDED && missing == 0);
-  w.Field("error", job.error());
-  w.Field("model", spec.model());
-  w.Field("manifest", spec.manifest());
   w.Field("num_classes", d.num_classes);
   w.Key("metrics").BeginArray();
   for (Metric m : d.metrics()) w.String(MetricName(m));
@@ -74,6 +62,11 @@ std::string ReportJson(const ReportData& d) {
   w.Field("torch_version", kTorchVersion).Field("cuda_version", kCudaVersion);
   w.Field("model_sha256", job.spec().model_sha256()).Field("manifest_sha256", job.spec().manifest_sha256());
   w.EndObject();
+}
+
+// Row counts, warnings and every failed row with its reason.
+void RowsJson(const ReportData& d, int64_t missing, JsonWriter& w) {
+  const v1::Job& job = d.record->job;
   w.Field("images_total", job.images_total());
   w.Field("images_evaluated", d.evaluated);
   w.Field("images_failed", d.failed);
@@ -97,77 +90,79 @@ std::string ReportJson(const ReportData& d) {
     w.EndObject();
   }
   w.EndArray();
-  w.Key("classes").BeginArray();
-  for (const ClassAggregate& ca : d.aggregate.classes) {
-    w.BeginObject();
-    w.Field("class", ca.class_id);
-    if (!d.config.regions.empty()) {
-      w.Key("region");
-      w.BeginArray();
-      for (int l : d.config.regions[ca.class_id]) w.Int(l);
-      w.EndArray();
-      w.Field("name", d.ClassName(ca.class_id));
-    }
-    w.Field("foreground", d.IsForeground(ca.class_id));
-    w.Field("in_foreground_mean", ca.in_foreground_mean);
-    w.Field("reference_images", ca.reference_images).Field("predicted_images", ca.predicted_images);
-    w.Field("dice_zero_images", ReportData::DiceZeroImages(ca));
-    w.Field("images", ca.metrics[static_cast<int>(Metric::kDice)].count);
-    w.Field("tp", ca.counts.tp).Field("fp", ca.counts.fp).Field("fn", ca.counts.fn).Field("tn", ca.counts.tn);
-    for (Metric m : d.metrics()) {
-      const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];
-      const std::string name(MetricName(m));
-      w.Field(name + "_mean", ma.mean);
-      w.Field(name + "_inf_count", ma.inf_count);
-      if (IsCountMetric(m)) {
-        w.Field(name + "_global", ma.global);
-      } else {
-        w.Field(name + "_median", ma.median);
-        w.Field(name + "_p95", ma.p95);
-      }
-      if (m == Metric::kDice) {
-        w.Key("dice_mean_ci95").BeginArray().Number(ca.dice_ci_low).Number(ca.dice_ci_high).EndArray();
-      }
-    }
-    // ReLA's Pr@t: the share of images (with a defined IoU) whose IoU is >= t.
-    for (size_t t = 0; t < ca.iou_ge.size(); ++t) {
-      w.Field(absl::StrCat("iou_ge_", d.config.iou_thresholds[t]), ca.iou_ge[t]);
-    }
-    // The lowest Dice, by (dice, index); `thumbnail`: report.html shows this row's thumbnail.
-    w.Key("worst").BeginArray();
-    for (const auto& [dice, index] : ca.worst) {
-      w.BeginObject().Field("index", index).Field("id", d.WorstId(index)).Field("image", d.WorstImage(index));
-      w.Field("dice", dice);
-      const StoredThumbnail* t = d.Thumbnail(ca.class_id, index);
-      w.Field("thumbnail", t != nullptr);
-      if (t != nullptr && t->slice > 0) w.Field("thumbnail_slice", t->slice);
-      w.EndObject();
-    }
+}
+
+// One class (or region): its counts, each selected metric's aggregate, and its worst rows.
+void ClassJson(const ReportData& d, const ClassAggregate& ca, JsonWriter& w) {
+  w.BeginObject();
+  w.Field("class", ca.class_id);
+  if (!d.config.regions.empty()) {
+    w.Key("region");
+    w.BeginArray();
+    for (int l : d.config.regions[ca.class_id]) w.Int(l);
     w.EndArray();
+    w.Field("name", d.ClassName(ca.class_id));
+  }
+  w.Field("foreground", d.IsForeground(ca.class_id));
+  w.Field("in_foreground_mean", ca.in_foreground_mean);
+  w.Field("reference_images", ca.reference_images).Field("predicted_images", ca.predicted_images);
+  w.Field("dice_zero_images", ReportData::DiceZeroImages(ca));
+  w.Field("images", ca.metrics[static_cast<int>(Metric::kDice)].count);
+  w.Field("tp", ca.counts.tp).Field("fp", ca.counts.fp).Field("fn", ca.counts.fn).Field("tn", ca.counts.tn);
+  for (Metric m : d.metrics()) {
+    const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];
+    const std::string name(MetricName(m));
+    w.Field(name + "_mean", ma.mean);
+    w.Field(name + "_inf_count", ma.inf_count);
+    if (IsCountMetric(m)) {
+      w.Field(name + "_global", ma.global);
+    } else {
+      w.Field(name + "_median", ma.median);
+      w.Field(name + "_p95", ma.p95);
+    }
+    if (m == Metric::kDice) {
+      w.Key("dice_mean_ci95").BeginArray().Number(ca.dice_ci_low).Number(ca.dice_ci_high).EndArray();
+    }
+  }
+  // ReLA's Pr@t: the share of images (with a defined IoU) whose IoU is >= t.
+  for (size_t t = 0; t < ca.iou_ge.size(); ++t) {
+    w.Field(absl::StrCat("iou_ge_", d.config.iou_thresholds[t]), ca.iou_ge[t]);
+  }
+  // The lowest Dice, by (dice, index); `thumbnail`: report.html shows this row's thumbnail.
+  w.Key("worst").BeginArray();
+  for (const auto& [dice, index] : ca.worst) {
+    w.BeginObject().Field("index", index).Field("id", d.WorstId(index)).Field("image", d.WorstImage(index));
+    w.Field("dice", dice);
+    const StoredThumbnail* t = d.Thumbnail(ca.class_id, index);
+    w.Field("thumbnail", t != nullptr);
+    if (t != nullptr && t->slice > 0) w.Field("thumbnail_slice", t->slice);
     w.EndObject();
   }
   w.EndArray();
-  for (Metric m : d.metrics()) {
-    w.Field(absl::StrCat("foreground_", MetricName(m), "_mean"), d.aggregate.foreground_mean[static_cast<int>(m)]);
+  w.EndObject();
+}
+
+// The threshold sweep of a single-score output (foreground class 1); the primary threshold stays 0.5.
+void ThresholdsJson(const ReportData& d, JsonWriter& w) {
+  w.Key("thresholds").BeginArray();
+  for (const ThresholdAggregate& t : d.aggregate.thresholds) {
+    w.BeginObject().Field("threshold", t.threshold).Field("dice_mean", t.dice_mean);
+    w.Field("dice_global", t.dice_global).Field("iou_mean", t.iou_mean).Field("iou_global", t.iou_global);
+    w.EndObject();
   }
-  w.Field("empty_score", EmptyScoreName(d.config.empty_score));
-  if (!d.aggregate.thresholds.empty()) {
-    // The sweep of a single-score output, foreground class (1); the primary threshold stays 0.5.
-    w.Key("thresholds").BeginArray();
-    for (const ThresholdAggregate& t : d.aggregate.thresholds) {
-      w.BeginObject().Field("threshold", t.threshold).Field("dice_mean", t.dice_mean);
-      w.Field("dice_global", t.dice_global).Field("iou_mean", t.iou_mean).Field("iou_global", t.iou_global);
-      w.EndObject();
-    }
-    w.EndArray();
-    if (d.aggregate.best_threshold >= 0) {
-      const ThresholdAggregate& b = d.aggregate.thresholds[static_cast<size_t>(d.aggregate.best_threshold)];
-      w.Field("best_threshold", b.threshold);
-      w.Field("best_threshold_dice_mean", b.dice_mean);
-    } else {
-      w.Key("best_threshold").Null();
-    }
+  w.EndArray();
+  if (d.aggregate.best_threshold >= 0) {
+    const ThresholdAggregate& b = d.aggregate.thresholds[static_cast<size_t>(d.aggregate.best_threshold)];
+    w.Field("best_threshold", b.threshold);
+    w.Field("best_threshold_dice_mean", b.dice_mean);
+  } else {
+    w.Key("best_threshold").Null();
   }
+}
+
+// Each worker's share of the rows and what it measured.
+void WorkersJson(const ReportData& d, JsonWriter& w) {
+  const v1::Job& job = d.record->job;
   w.Key("workers").BeginArray();
   for (const WorkerRecord& wr : d.workers) {
     const double seconds = std::max(0.0, wr.last_result_unix - wr.first_lease_unix);
@@ -196,6 +191,35 @@ std::string ReportJson(const ReportData& d) {
     w.EndObject();
   }
   w.EndArray();
+}
+
+}  // namespace
+
+std::string ReportJson(const ReportData& d) {
+  const v1::Job& job = d.record->job;
+  const v1::JobSpec& spec = job.spec();
+  JsonWriter w(true, d.config.json_infinity_string);
+  w.BeginObject();
+  w.Field("tally_version", kVersion);
+  w.Field("job_id", job.job_id());
+  w.Field("name", spec.name());
+  w.Field("state", JobStateName(job.state()));
+  const int64_t missing = job.images_total() - d.evaluated - d.failed;
+  w.Field("complete", job.state() == v1::JOB_STATE_SUCCEEDED && missing == 0);
+  w.Field("error", job.error());
+  w.Field("model", spec.model());
+  w.Field("manifest", spec.manifest());
+  SettingsJson(d, w);
+  RowsJson(d, missing, w);
+  w.Key("classes").BeginArray();
+  for (const ClassAggregate& ca : d.aggregate.classes) ClassJson(d, ca, w);
+  w.EndArray();
+  for (Metric m : d.metrics()) {
+    w.Field(absl::StrCat("foreground_", MetricName(m), "_mean"), d.aggregate.foreground_mean[static_cast<int>(m)]);
+  }
+  w.Field("empty_score", EmptyScoreName(d.config.empty_score));
+  if (!d.aggregate.thresholds.empty()) ThresholdsJson(d, w);
+  WorkersJson(d, w);
   w.Field("created_unix", job.created_unix());
   w.Field("finished_unix", job.finished_unix());
   w.Field("wall_seconds", d.wall_seconds);
