@@ -53,6 +53,63 @@ void PngRead(png_structp png, png_bytep data, png_size_t length) {
 
 enum class PngTarget { kRgb8, kLabels };
 
+// DecodePngRaw's conversions: labels keep their values (packed indices unpacked, 16-bit to native
+// order; only gray or palette images are masks); images become RGB8. png_error()s (longjmp) on a
+// colour type a mask cannot have, so it holds no object with a destructor.
+void SetPngTransforms(png_structp png, png_infop info, PngTarget target, int color, int depth, char* why,
+                      size_t why_size) {
+  if (target == PngTarget::kLabels) {
+    if (color != PNG_COLOR_TYPE_GRAY && color != PNG_COLOR_TYPE_PALETTE) {
+      std::snprintf(why, why_size,
+                    "mask must be a single-channel PNG (gray or palette) of class indices, got %s",
+                    color == PNG_COLOR_TYPE_RGB        ? "RGB"
+                    : color == PNG_COLOR_TYPE_RGBA     ? "RGBA"
+                    : color == PNG_COLOR_TYPE_GRAY_ALPHA ? "gray+alpha"
+                                                       : "an unknown colour type");
+      png_error(png, why);
+    }
+    if (depth < 8) png_set_packing(png);  // 1/2/4-bit indices -> one byte each, values kept.
+    if (depth == 16) png_set_swap(png);   // Big-endian file -> native uint16.
+  } else {
+    if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+    if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+    if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
+    if (depth == 16) png_set_strip_16(png);
+    if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
+    png_set_strip_alpha(png);
+  }
+}
+
+// Reads the pixels into `rgb` or `labels` (8-bit indices through `rgb` as scratch). png_error()s on
+// an unexpected row size; holds no object with a destructor.
+void ReadPngPixels(png_structp png, PngTarget target, int depth, png_uint_32 h, png_uint_32 w, size_t rowbytes,
+                   std::vector<png_bytep>* rows_out, std::vector<uint8_t>* rgb, std::vector<uint16_t>* labels) {
+  std::vector<png_bytep>& rows = *rows_out;
+  if (target == PngTarget::kRgb8) {
+    if (rowbytes != static_cast<size_t>(w) * 3) png_error(png, "unexpected row size after RGB conversion");
+    rgb->resize(static_cast<size_t>(h) * w * 3);
+    rows.resize(h);
+    for (png_uint_32 y = 0; y < h; ++y) rows[y] = rgb->data() + static_cast<size_t>(y) * w * 3;
+    png_read_image(png, rows.data());
+  } else if (depth == 16) {
+    labels->resize(static_cast<size_t>(h) * w);
+    rows.resize(h);
+    for (png_uint_32 y = 0; y < h; ++y) {
+      rows[y] = reinterpret_cast<png_bytep>(labels->data() + static_cast<size_t>(y) * w);
+    }
+    png_read_image(png, rows.data());
+  } else {
+    // 8-bit (or packed) indices: read into the upper half of the label buffer, then widen.
+    labels->resize(static_cast<size_t>(h) * w);
+    std::vector<uint8_t>& tmp = *rgb;
+    tmp.resize(static_cast<size_t>(h) * w);
+    rows.resize(h);
+    for (png_uint_32 y = 0; y < h; ++y) rows[y] = tmp.data() + static_cast<size_t>(y) * w;
+    png_read_image(png, rows.data());
+    for (size_t i = 0; i < tmp.size(); ++i) (*labels)[i] = tmp[i];
+  }
+}
+
 // Decodes a PNG into either RGB8 (`rgb`) or uint16 labels (`labels`). Returns false and fills
 // `err` on failure. Kept free of objects with destructors between setjmp and longjmp.
 // A header declaring more than `max_pixels` pixels sets `*too_large` (with the declared size in
@@ -94,54 +151,13 @@ bool DecodePngRaw(const std::string& bytes, PngTarget target, int64_t max_pixels
     png_destroy_read_struct(&png, &info, nullptr);
     return false;
   }
-  if (target == PngTarget::kLabels) {
-    if (color != PNG_COLOR_TYPE_GRAY && color != PNG_COLOR_TYPE_PALETTE) {
-      std::snprintf(why, sizeof(why),
-                    "mask must be a single-channel PNG (gray or palette) of class indices, got %s",
-                    color == PNG_COLOR_TYPE_RGB        ? "RGB"
-                    : color == PNG_COLOR_TYPE_RGBA     ? "RGBA"
-                    : color == PNG_COLOR_TYPE_GRAY_ALPHA ? "gray+alpha"
-                                                       : "an unknown colour type");
-      png_error(png, why);
-    }
-    if (depth < 8) png_set_packing(png);  // 1/2/4-bit indices -> one byte each, values kept.
-    if (depth == 16) png_set_swap(png);   // Big-endian file -> native uint16.
-  } else {
-    if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
-    if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
-    if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
-    if (depth == 16) png_set_strip_16(png);
-    if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
-    png_set_strip_alpha(png);
-  }
+  SetPngTransforms(png, info, target, color, depth, why, sizeof(why));
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
   const size_t rowbytes = png_get_rowbytes(png, info);
   *height = static_cast<int>(h);
   *width = static_cast<int>(w);
-  if (target == PngTarget::kRgb8) {
-    if (rowbytes != static_cast<size_t>(w) * 3) png_error(png, "unexpected row size after RGB conversion");
-    rgb->resize(static_cast<size_t>(h) * w * 3);
-    rows.resize(h);
-    for (png_uint_32 y = 0; y < h; ++y) rows[y] = rgb->data() + static_cast<size_t>(y) * w * 3;
-    png_read_image(png, rows.data());
-  } else if (depth == 16) {
-    labels->resize(static_cast<size_t>(h) * w);
-    rows.resize(h);
-    for (png_uint_32 y = 0; y < h; ++y) {
-      rows[y] = reinterpret_cast<png_bytep>(labels->data() + static_cast<size_t>(y) * w);
-    }
-    png_read_image(png, rows.data());
-  } else {
-    // 8-bit (or packed) indices: read into the upper half of the label buffer, then widen.
-    labels->resize(static_cast<size_t>(h) * w);
-    std::vector<uint8_t>& tmp = *rgb;
-    tmp.resize(static_cast<size_t>(h) * w);
-    rows.resize(h);
-    for (png_uint_32 y = 0; y < h; ++y) rows[y] = tmp.data() + static_cast<size_t>(y) * w;
-    png_read_image(png, rows.data());
-    for (size_t i = 0; i < tmp.size(); ++i) (*labels)[i] = tmp[i];
-  }
+  ReadPngPixels(png, target, depth, h, w, rowbytes, &rows, rgb, labels);
   png_read_end(png, nullptr);
   png_destroy_read_struct(&png, &info, nullptr);
   return true;

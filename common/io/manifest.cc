@@ -104,24 +104,74 @@ int CsvReader::Peek() {
   return static_cast<unsigned char>(view_[pos_]);
 }
 
+void CsvReader::SkipByteOrderMark() {
+  // UTF-8 byte order mark, as spreadsheet programs write it.
+  static constexpr unsigned char kBom[3] = {0xEF, 0xBB, 0xBF};
+  if (Peek() == kBom[0]) {
+    // The BOM can only straddle a chunk boundary in a file of a 1-byte first chunk; ignore that.
+    if (pos_ + 2 < view_.size() && static_cast<unsigned char>(view_[pos_ + 1]) == kBom[1] &&
+        static_cast<unsigned char>(view_[pos_ + 2]) == kBom[2]) {
+      pos_ += 3;
+    }
+  }
+}
+
+bool CsvReader::FieldTooLong(size_t column, absl::Status* status) {
+  *status = absl::InvalidArgumentError(absl::StrCat("manifest '", name_, "' line ", line_, ", column ", column,
+                                                    ": field longer than ", limits_.max_field_bytes, " bytes"));
+  return false;
+}
+
+bool CsvReader::ReadQuoted(size_t column, std::string* field, absl::Status* status) {
+  Skip();
+  const int64_t quote_line = line_;
+  bool closed = false;
+  int c;
+  while ((c = Peek()) >= 0) {
+    Skip();
+    if (c == '"') {
+      if (Peek() == '"') {
+        Skip();
+        field->push_back('"');
+        continue;
+      }
+      closed = true;
+      break;
+    }
+    if (c == '\n') ++line_;
+    field->push_back(static_cast<char>(c));
+    if (field->size() > limits_.max_field_bytes) return FieldTooLong(column, status);
+  }
+  if (!closed) {
+    *status = absl::InvalidArgumentError(
+        absl::StrCat("manifest '", name_, "' line ", quote_line, ": unterminated quoted field"));
+    return false;
+  }
+  // Text after the closing quote up to the separator is kept, as most readers do.
+  while ((c = Peek()) >= 0 && c != ',' && c != '\n' && c != '\r') {
+    field->push_back(static_cast<char>(c));
+    Skip();
+    if (field->size() > limits_.max_field_bytes) return FieldTooLong(column, status);
+  }
+  return true;
+}
+
+bool CsvReader::ReadUnquoted(size_t column, std::string* field, bool* any_content, absl::Status* status) {
+  int c;
+  while ((c = Peek()) >= 0 && c != ',' && c != '\n' && c != '\r') {
+    field->push_back(static_cast<char>(c));
+    Skip();
+    *any_content = true;
+    if (field->size() > limits_.max_field_bytes) return FieldTooLong(column, status);
+  }
+  return true;
+}
+
 bool CsvReader::Next(CsvRecord* rec, absl::Status* status) {
   if (!started_) {
     started_ = true;
-    // UTF-8 byte order mark, as spreadsheet programs write it.
-    static constexpr unsigned char kBom[3] = {0xEF, 0xBB, 0xBF};
-    if (Peek() == kBom[0]) {
-      // The BOM can only straddle a chunk boundary in a file of a 1-byte first chunk; ignore that.
-      if (pos_ + 2 < view_.size() && static_cast<unsigned char>(view_[pos_ + 1]) == kBom[1] &&
-          static_cast<unsigned char>(view_[pos_ + 2]) == kBom[2]) {
-        pos_ += 3;
-      }
-    }
+    SkipByteOrderMark();
   }
-  auto too_long = [&](size_t column) {
-    *status = absl::InvalidArgumentError(absl::StrCat("manifest '", name_, "' line ", line_, ", column ", column,
-                                                      ": field longer than ", limits_.max_field_bytes, " bytes"));
-    return false;
-  };
   while (Peek() >= 0) {
     rec->line = line_;
     rec->fields.clear();
@@ -131,44 +181,9 @@ bool CsvReader::Next(CsvRecord* rec, absl::Status* status) {
       const size_t column = rec->fields.size() + 1;
       if (Peek() == '"') {
         any_content = true;
-        Skip();
-        const int64_t quote_line = line_;
-        bool closed = false;
-        int c;
-        while ((c = Peek()) >= 0) {
-          Skip();
-          if (c == '"') {
-            if (Peek() == '"') {
-              Skip();
-              field.push_back('"');
-              continue;
-            }
-            closed = true;
-            break;
-          }
-          if (c == '\n') ++line_;
-          field.push_back(static_cast<char>(c));
-          if (field.size() > limits_.max_field_bytes) return too_long(column);
-        }
-        if (!closed) {
-          *status = absl::InvalidArgumentError(
-              absl::StrCat("manifest '", name_, "' line ", quote_line, ": unterminated quoted field"));
-          return false;
-        }
-        // Text after the closing quote up to the separator is kept, as most readers do.
-        while ((c = Peek()) >= 0 && c != ',' && c != '\n' && c != '\r') {
-          field.push_back(static_cast<char>(c));
-          Skip();
-          if (field.size() > limits_.max_field_bytes) return too_long(column);
-        }
-      } else {
-        int c;
-        while ((c = Peek()) >= 0 && c != ',' && c != '\n' && c != '\r') {
-          field.push_back(static_cast<char>(c));
-          Skip();
-          any_content = true;
-          if (field.size() > limits_.max_field_bytes) return too_long(column);
-        }
+        if (!ReadQuoted(column, &field, status)) return false;
+      } else if (!ReadUnquoted(column, &field, &any_content, status)) {
+        return false;
       }
       rec->fields.push_back(std::move(field));
       field.clear();

@@ -67,6 +67,12 @@ class CsvReader {
   int Peek();  // Next byte, or -1 at the end.
   void Skip() { ++pos_; }
   bool Refill();
+  void SkipByteOrderMark();
+  // One field of record column `column` (1-based) appended to `field`: false with `status` set on
+  // an error. ReadQuoted starts at the opening quote.
+  bool ReadQuoted(size_t column, std::string* field, absl::Status* status);
+  bool ReadUnquoted(size_t column, std::string* field, bool* any_content, absl::Status* status);
+  bool FieldTooLong(size_t column, absl::Status* status);
 
   ReadFn read_;
   std::string name_;

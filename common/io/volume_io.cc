@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/security/data_roots.h"
 #include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 
 extern "C" {
 #include "nifti2_io.h"
@@ -81,35 +82,24 @@ absl::Status Convert(const nifti_image& nim, const std::string& path, bool scale
 
 std::string FormatTriple(const std::array<double, 3>& v) { return absl::StrFormat("%g,%g,%g", v[0], v[1], v[2]); }
 
-}  // namespace
-
-bool WithinTolerance(double a, double b, double tolerance) {
-  return std::fabs(a - b) <= tolerance * std::max({1.0, std::fabs(a), std::fabs(b)});
+// Refuses FIFOs, devices and directories before nifti_clib opens the path (it would block), and
+// paths outside the data roots.
+absl::Status CheckOpenable(const std::string& path) {
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+  if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("volume", path);
+  if (absl::IsInvalidArgument(file.status())) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is ", file.status().message(), ", not a regular file"));
+  }
+  if (!file.ok()) {
+    return absl::Status(file.status().code(), absl::StrCat("cannot open '", path, "': ", file.status().message()));
+  }
+  close(file->fd);
+  return absl::OkStatus();
 }
 
-bool IsNiftiPath(const std::string& path) {
-  const std::string lower = absl::AsciiStrToLower(path);
-  return absl::EndsWith(lower, ".nii") || absl::EndsWith(lower, ".nii.gz");
-}
-
-absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelMap* out, VolumeGeometry* geometry) {
-  QuietNifti();
-  {
-    // Refuses FIFOs, devices and directories before nifti_clib opens the path (it would block).
-    absl::StatusOr<RegularFile> file = OpenRegularFile(path);
-    if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("volume", path);
-    if (absl::IsInvalidArgument(file.status())) {
-      return absl::InvalidArgumentError(absl::StrCat("'", path, "' is ", file.status().message(), ", not a regular file"));
-    }
-    if (!file.ok()) {
-      return absl::Status(file.status().code(), absl::StrCat("cannot open '", path, "': ", file.status().message()));
-    }
-    close(file->fd);
-  }
-  NimPtr nim(nifti_image_read(path.c_str(), 0));
-  if (nim == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
-  }
+// The volume's size, spacing (z, y, x) and affine from its header; refuses more than 3
+// dimensions, more than `max_voxels` voxels, and types that cannot hold labels.
+absl::Status ReadGeometry(const nifti_image* nim, const std::string& path, int64_t max_voxels, VolumeGeometry* out) {
   for (int d = 4; d <= 7; ++d) {
     if (d <= nim->dim[0] && nim->dim[d] > 1) {
       return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' has ", nim->dim[0], " dimensions (dim[", d,
@@ -159,26 +149,55 @@ absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelM
     }
   }
   g.spacing_in_header = m != nullptr || !unit_pixdim;
-  if (nifti_image_load(nim.get()) != 0 || nim->data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "': reading its ", g.width, "x", g.height, "x",
-                                                   g.depth, " voxels failed (truncated or corrupt file?)"));
-  }
+  *out = g;
+  return absl::OkStatus();
+}
+
+// The loaded voxels as labels (scaled where the header says so); the first non-label fails.
+absl::Status ConvertLabels(const nifti_image* nim, const std::string& path, std::vector<uint16_t>* labels) {
   const bool scaled = nim->scl_slope != 0 && std::isfinite(nim->scl_slope) &&
                       (nim->scl_slope != 1 || nim->scl_inter != 0);
   absl::Status s;
   switch (nim->datatype) {
-    case NIFTI_TYPE_UINT8: s = Convert<uint8_t>(*nim, path, scaled, &out->labels); break;
-    case NIFTI_TYPE_INT8: s = Convert<int8_t>(*nim, path, scaled, &out->labels); break;
-    case NIFTI_TYPE_INT16: s = Convert<int16_t>(*nim, path, scaled, &out->labels); break;
-    case NIFTI_TYPE_UINT16: s = Convert<uint16_t>(*nim, path, scaled, &out->labels); break;
-    case NIFTI_TYPE_INT32: s = Convert<int32_t>(*nim, path, scaled, &out->labels); break;
-    case NIFTI_TYPE_UINT32: s = Convert<uint32_t>(*nim, path, scaled, &out->labels); break;
-    case NIFTI_TYPE_INT64: s = Convert<int64_t>(*nim, path, scaled, &out->labels); break;
-    case NIFTI_TYPE_UINT64: s = Convert<uint64_t>(*nim, path, scaled, &out->labels); break;
-    case NIFTI_TYPE_FLOAT32: s = Convert<float>(*nim, path, scaled, &out->labels); break;
-    default: s = Convert<double>(*nim, path, scaled, &out->labels); break;
+    case NIFTI_TYPE_UINT8: s = Convert<uint8_t>(*nim, path, scaled, labels); break;
+    case NIFTI_TYPE_INT8: s = Convert<int8_t>(*nim, path, scaled, labels); break;
+    case NIFTI_TYPE_INT16: s = Convert<int16_t>(*nim, path, scaled, labels); break;
+    case NIFTI_TYPE_UINT16: s = Convert<uint16_t>(*nim, path, scaled, labels); break;
+    case NIFTI_TYPE_INT32: s = Convert<int32_t>(*nim, path, scaled, labels); break;
+    case NIFTI_TYPE_UINT32: s = Convert<uint32_t>(*nim, path, scaled, labels); break;
+    case NIFTI_TYPE_INT64: s = Convert<int64_t>(*nim, path, scaled, labels); break;
+    case NIFTI_TYPE_UINT64: s = Convert<uint64_t>(*nim, path, scaled, labels); break;
+    case NIFTI_TYPE_FLOAT32: s = Convert<float>(*nim, path, scaled, labels); break;
+    default: s = Convert<double>(*nim, path, scaled, labels); break;
   }
-  if (!s.ok()) return s;
+  return s;
+}
+
+}  // namespace
+
+bool WithinTolerance(double a, double b, double tolerance) {
+  return std::fabs(a - b) <= tolerance * std::max({1.0, std::fabs(a), std::fabs(b)});
+}
+
+bool IsNiftiPath(const std::string& path) {
+  const std::string lower = absl::AsciiStrToLower(path);
+  return absl::EndsWith(lower, ".nii") || absl::EndsWith(lower, ".nii.gz");
+}
+
+absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelMap* out, VolumeGeometry* geometry) {
+  QuietNifti();
+  RETURN_IF_ERROR(CheckOpenable(path));
+  NimPtr nim(nifti_image_read(path.c_str(), 0));
+  if (nim == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
+  }
+  VolumeGeometry g;
+  RETURN_IF_ERROR(ReadGeometry(nim.get(), path, max_voxels, &g));
+  if (nifti_image_load(nim.get()) != 0 || nim->data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "': reading its ", g.width, "x", g.height, "x",
+                                                   g.depth, " voxels failed (truncated or corrupt file?)"));
+  }
+  RETURN_IF_ERROR(ConvertLabels(nim.get(), path, &out->labels));
   out->depth = static_cast<int>(g.depth);
   out->height = static_cast<int>(g.height);
   out->width = static_cast<int>(g.width);

@@ -86,6 +86,123 @@ struct AutoChoice {
   }
 };
 
+// How the worker runs the model: precision, the layout and the JPEG decoder (each maybe "auto"),
+// the batch size and its alignment.
+absl::Status ReadRunnerSettings(const v1::JobSpec& spec, JobConfig* c) {
+  ASSIGN_OR_RETURN(c->precision, ParsePrecision(spec.precision()));
+  AutoChoice layout{"channels_last_mode", "on", "off", "auto, on, off"};
+  RETURN_IF_ERROR(layout.Parse(spec.channels_last_mode(), spec.channels_last() ? "on" : "auto",
+                               spec.channels_last_resolved(), spec.channels_last_trial()));
+  c->channels_last_mode = layout.mode;
+  c->channels_last = layout.yes;
+  c->channels_last_auto = layout.pending;
+  c->channels_last_trial = layout.trial;
+  AutoChoice decode{"decode", "gpu", "cpu", "cpu, gpu, auto"};
+  RETURN_IF_ERROR(decode.Parse(spec.decode(), "cpu", spec.decode_resolved(), spec.decode_trial()));
+  c->decode_mode = decode.mode;
+  c->decode_gpu = decode.yes;
+  c->decode_auto = decode.pending;
+  c->decode_trial = decode.trial;
+  c->batch_size = spec.batch_size();
+  if (c->batch_size < kBatchAuto) return absl::InvalidArgumentError("job spec: batch_size must be >= -1");
+  c->batch_alignment = spec.batch_alignment() > 0 ? spec.batch_alignment()
+                      : spec.batch_size() > 0    ? spec.batch_size()
+                                                 : kDefaultBatchAlignment;
+  return absl::OkStatus();
+}
+
+// Mask conventions: the ignore value and the label map.
+absl::Status ReadMaskSettings(const v1::JobSpec& spec, JobConfig* c) {
+  if (spec.has_ignore_index()) c->ignore_index = spec.ignore_index();
+  if (c->ignore_index < kNoIgnoreIndex || c->ignore_index > kMaxMaskValue) {
+    return absl::InvalidArgumentError(absl::StrCat("ignore_index ", c->ignore_index, " is not -1 (none) or 0..",
+                                                   kMaxMaskValue));
+  }
+  for (const auto& [from, to] : spec.label_map()) {
+    if (from < 0 || from > kMaxMaskValue || to < 0 || to > kMaxMaskValue) {
+      return absl::InvalidArgumentError(absl::StrCat("label_map entry ", from, ":", to, " is outside 0..", kMaxMaskValue));
+    }
+    c->label_map.emplace_back(from, to);
+  }
+  std::sort(c->label_map.begin(), c->label_map.end());
+  return absl::OkStatus();
+}
+
+// The class count, the spacing settings and the regions of prediction jobs.
+absl::Status ReadClasses(const v1::JobSpec& spec, JobConfig* c) {
+  c->num_classes = spec.num_classes();
+  if (c->num_classes < 0 || c->num_classes > kMaxClasses) {
+    return absl::InvalidArgumentError(absl::StrCat("num_classes ", c->num_classes, " is not in 0..", kMaxClasses));
+  }
+  if (spec.spacing_z() < 0) return absl::InvalidArgumentError("spacing must be > 0");
+  c->spacing_z = spec.spacing_z();
+  c->force_spacing = spec.force_spacing();
+  c->spacing_given = spec.spacing_z() > 0 || spec.spacing_y() > 0 || spec.spacing_x() > 0;
+  if (spec.regions_size() > kMaxClasses) return absl::InvalidArgumentError("too many regions");
+  for (int i = 0; i < spec.regions_size(); ++i) {
+    std::vector<int> labels(spec.regions(i).labels().begin(), spec.regions(i).labels().end());
+    std::sort(labels.begin(), labels.end());
+    labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
+    if (labels.empty()) return absl::InvalidArgumentError(absl::StrCat("region ", i + 1, " has no labels"));
+    for (int l : labels) {
+      if (l < 0 || l > kMaxMaskValue) {
+        return absl::InvalidArgumentError(absl::StrCat("region ", i + 1, ": label ", l, " is outside 0..", kMaxMaskValue));
+      }
+    }
+    c->regions.push_back(std::move(labels));
+  }
+  if (!c->regions.empty() && !c->predictions()) {
+    return absl::InvalidArgumentError("regions are for prediction manifests (no model) only");
+  }
+  return absl::OkStatus();
+}
+
+// The probability thresholds of single-score outputs and the IoU thresholds.
+absl::Status ReadThresholds(const v1::JobSpec& spec, JobConfig* c) {
+  c->thresholds.assign(spec.thresholds().begin(), spec.thresholds().end());
+  std::sort(c->thresholds.begin(), c->thresholds.end());
+  c->thresholds.erase(std::unique(c->thresholds.begin(), c->thresholds.end()), c->thresholds.end());
+  for (double t : c->thresholds) {
+    if (!(t > 0 && t < 1)) return absl::InvalidArgumentError(absl::StrCat("threshold ", t, " is not in (0, 1)"));
+  }
+  if (c->thresholds.size() > 256) return absl::InvalidArgumentError("at most 256 thresholds");
+  ASSIGN_OR_RETURN(c->empty_score, ParseEmptyScore(spec.empty_score()));
+  c->iou_thresholds.assign(spec.iou_thresholds().begin(), spec.iou_thresholds().end());
+  std::sort(c->iou_thresholds.begin(), c->iou_thresholds.end());
+  c->iou_thresholds.erase(std::unique(c->iou_thresholds.begin(), c->iou_thresholds.end()), c->iou_thresholds.end());
+  for (double t : c->iou_thresholds) {
+    if (!(t >= 0 && t <= 1)) return absl::InvalidArgumentError(absl::StrCat("iou threshold ", t, " is not in [0, 1]"));
+  }
+  if (c->iou_thresholds.size() > 64) return absl::InvalidArgumentError("at most 64 iou thresholds");
+  return absl::OkStatus();
+}
+
+// What the report may fail on and shows: the failed-row limit, thumbnails, saved predictions.
+absl::Status ReadReportSettings(const v1::JobSpec& spec, JobConfig* c) {
+  c->max_failed_fraction = spec.max_failed_fraction();
+  if (!(c->max_failed_fraction >= 0 && c->max_failed_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_failed_fraction ", c->max_failed_fraction, " is not in [0, 1]"));
+  }
+  if (!c->thresholds.empty() && c->predictions()) {
+    return absl::InvalidArgumentError("thresholds are for models with a single-score output, not prediction manifests");
+  }
+  c->thumbnails = spec.has_thumbnails() ? spec.thumbnails() : kDefaultThumbnails;
+  if (c->thumbnails < 0 || c->thumbnails > kMaxThumbnails) {
+    return absl::InvalidArgumentError(absl::StrCat("thumbnails ", c->thumbnails, " is not in 0..", kMaxThumbnails));
+  }
+  c->save_predictions = spec.save_predictions();
+  if (!c->save_predictions.empty()) {
+    if (c->predictions()) {
+      return absl::InvalidArgumentError("save_predictions is for jobs with a model: a prediction manifest's "
+                                        "predictions are already files");
+    }
+    if (c->save_predictions[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat("save_predictions '", c->save_predictions, "' is not an absolute path"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
@@ -94,25 +211,7 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   c.manifest = spec.manifest();
   c.name = spec.name();
   ASSIGN_OR_RETURN(c.metrics, ParseMetricNames({spec.metrics().begin(), spec.metrics().end()}));
-  ASSIGN_OR_RETURN(c.precision, ParsePrecision(spec.precision()));
-  AutoChoice layout{"channels_last_mode", "on", "off", "auto, on, off"};
-  RETURN_IF_ERROR(layout.Parse(spec.channels_last_mode(), spec.channels_last() ? "on" : "auto",
-                               spec.channels_last_resolved(), spec.channels_last_trial()));
-  c.channels_last_mode = layout.mode;
-  c.channels_last = layout.yes;
-  c.channels_last_auto = layout.pending;
-  c.channels_last_trial = layout.trial;
-  AutoChoice decode{"decode", "gpu", "cpu", "cpu, gpu, auto"};
-  RETURN_IF_ERROR(decode.Parse(spec.decode(), "cpu", spec.decode_resolved(), spec.decode_trial()));
-  c.decode_mode = decode.mode;
-  c.decode_gpu = decode.yes;
-  c.decode_auto = decode.pending;
-  c.decode_trial = decode.trial;
-  c.batch_size = spec.batch_size();
-  if (c.batch_size < kBatchAuto) return absl::InvalidArgumentError("job spec: batch_size must be >= -1");
-  c.batch_alignment = spec.batch_alignment() > 0 ? spec.batch_alignment()
-                      : spec.batch_size() > 0    ? spec.batch_size()
-                                                 : kDefaultBatchAlignment;
+  RETURN_IF_ERROR(ReadRunnerSettings(spec, &c));
   c.max_memory = spec.max_memory();
   c.mean.assign(spec.mean().begin(), spec.mean().end());
   c.std.assign(spec.std().begin(), spec.std().end());
@@ -125,42 +224,8 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   if (spec.max_image_pixels() > 0) c.max_image_pixels = spec.max_image_pixels();
   if (spec.batch_timeout_seconds() > 0) c.batch_timeout_seconds = spec.batch_timeout_seconds();
   ASSIGN_OR_RETURN(c.nonfinite, ParseNonfinite(spec.nonfinite()));
-  if (spec.has_ignore_index()) c.ignore_index = spec.ignore_index();
-  if (c.ignore_index < kNoIgnoreIndex || c.ignore_index > kMaxMaskValue) {
-    return absl::InvalidArgumentError(absl::StrCat("ignore_index ", c.ignore_index, " is not -1 (none) or 0..",
-                                                   kMaxMaskValue));
-  }
-  for (const auto& [from, to] : spec.label_map()) {
-    if (from < 0 || from > kMaxMaskValue || to < 0 || to > kMaxMaskValue) {
-      return absl::InvalidArgumentError(absl::StrCat("label_map entry ", from, ":", to, " is outside 0..", kMaxMaskValue));
-    }
-    c.label_map.emplace_back(from, to);
-  }
-  std::sort(c.label_map.begin(), c.label_map.end());
-  c.num_classes = spec.num_classes();
-  if (c.num_classes < 0 || c.num_classes > kMaxClasses) {
-    return absl::InvalidArgumentError(absl::StrCat("num_classes ", c.num_classes, " is not in 0..", kMaxClasses));
-  }
-  if (spec.spacing_z() < 0) return absl::InvalidArgumentError("spacing must be > 0");
-  c.spacing_z = spec.spacing_z();
-  c.force_spacing = spec.force_spacing();
-  c.spacing_given = spec.spacing_z() > 0 || spec.spacing_y() > 0 || spec.spacing_x() > 0;
-  if (spec.regions_size() > kMaxClasses) return absl::InvalidArgumentError("too many regions");
-  for (int i = 0; i < spec.regions_size(); ++i) {
-    std::vector<int> labels(spec.regions(i).labels().begin(), spec.regions(i).labels().end());
-    std::sort(labels.begin(), labels.end());
-    labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
-    if (labels.empty()) return absl::InvalidArgumentError(absl::StrCat("region ", i + 1, " has no labels"));
-    for (int l : labels) {
-      if (l < 0 || l > kMaxMaskValue) {
-        return absl::InvalidArgumentError(absl::StrCat("region ", i + 1, ": label ", l, " is outside 0..", kMaxMaskValue));
-      }
-    }
-    c.regions.push_back(std::move(labels));
-  }
-  if (!c.regions.empty() && !c.predictions()) {
-    return absl::InvalidArgumentError("regions are for prediction manifests (no model) only");
-  }
+  RETURN_IF_ERROR(ReadMaskSettings(spec, &c));
+  RETURN_IF_ERROR(ReadClasses(spec, &c));
   c.nnunet_summary = spec.nnunet_summary();
   if (spec.json_infinity() != "" && spec.json_infinity() != "number" && spec.json_infinity() != "string") {
     return absl::InvalidArgumentError(absl::StrCat("json_infinity: expected number or string, got '",
@@ -171,42 +236,8 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   for (const auto& [k, v] : spec.model_options()) c.model_options.emplace_back(k, v);
   std::sort(c.model_options.begin(), c.model_options.end());
   c.manifest_columns.assign(spec.manifest_columns().begin(), spec.manifest_columns().end());
-  c.thresholds.assign(spec.thresholds().begin(), spec.thresholds().end());
-  std::sort(c.thresholds.begin(), c.thresholds.end());
-  c.thresholds.erase(std::unique(c.thresholds.begin(), c.thresholds.end()), c.thresholds.end());
-  for (double t : c.thresholds) {
-    if (!(t > 0 && t < 1)) return absl::InvalidArgumentError(absl::StrCat("threshold ", t, " is not in (0, 1)"));
-  }
-  if (c.thresholds.size() > 256) return absl::InvalidArgumentError("at most 256 thresholds");
-  ASSIGN_OR_RETURN(c.empty_score, ParseEmptyScore(spec.empty_score()));
-  c.iou_thresholds.assign(spec.iou_thresholds().begin(), spec.iou_thresholds().end());
-  std::sort(c.iou_thresholds.begin(), c.iou_thresholds.end());
-  c.iou_thresholds.erase(std::unique(c.iou_thresholds.begin(), c.iou_thresholds.end()), c.iou_thresholds.end());
-  for (double t : c.iou_thresholds) {
-    if (!(t >= 0 && t <= 1)) return absl::InvalidArgumentError(absl::StrCat("iou threshold ", t, " is not in [0, 1]"));
-  }
-  if (c.iou_thresholds.size() > 64) return absl::InvalidArgumentError("at most 64 iou thresholds");
-  c.max_failed_fraction = spec.max_failed_fraction();
-  if (!(c.max_failed_fraction >= 0 && c.max_failed_fraction <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("max_failed_fraction ", c.max_failed_fraction, " is not in [0, 1]"));
-  }
-  if (!c.thresholds.empty() && c.predictions()) {
-    return absl::InvalidArgumentError("thresholds are for models with a single-score output, not prediction manifests");
-  }
-  c.thumbnails = spec.has_thumbnails() ? spec.thumbnails() : kDefaultThumbnails;
-  if (c.thumbnails < 0 || c.thumbnails > kMaxThumbnails) {
-    return absl::InvalidArgumentError(absl::StrCat("thumbnails ", c.thumbnails, " is not in 0..", kMaxThumbnails));
-  }
-  c.save_predictions = spec.save_predictions();
-  if (!c.save_predictions.empty()) {
-    if (c.predictions()) {
-      return absl::InvalidArgumentError("save_predictions is for jobs with a model: a prediction manifest's "
-                                        "predictions are already files");
-    }
-    if (c.save_predictions[0] != '/') {
-      return absl::InvalidArgumentError(absl::StrCat("save_predictions '", c.save_predictions, "' is not an absolute path"));
-    }
-  }
+  RETURN_IF_ERROR(ReadThresholds(spec, &c));
+  RETURN_IF_ERROR(ReadReportSettings(spec, &c));
   return c;
 }
 
