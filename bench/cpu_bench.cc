@@ -20,6 +20,7 @@
 #include "common/base/flag_util.h"
 #include "common/io/image_io.h"
 #include "common/io/manifest.h"
+#include "metrics/label_counts.h"
 #include "metrics/overlap.h"
 #include "metrics/surface_distance.h"
 
@@ -84,16 +85,13 @@ int RunMetrics() {
       std::vector<std::vector<uint16_t>> preds(iters), refs(iters);
       for (int i = 0; i < iters; ++i) MakePair(size, k, kind, 1000 + i, &preds[i], &refs[i]);
       std::vector<int64_t> m;
+      std::vector<tally::ConfusionCounts> per_class;
       double sink = 0;
       auto t0 = Clock::now();
       for (int i = 0; i < iters; ++i) {
         Counts(preds[i], refs[i], k, &m);
-        for (int c = 0; c < k; ++c) {
-          int64_t row = 0, col = 0, total = 0;
-          for (int o = 0; o < k; ++o) row += m[c * k + o], col += m[o * k + c];
-          for (int64_t v : m) total += v;
-          const int64_t tp = m[c * k + c];
-          tally::ConfusionCounts cc{tp, col - tp, row - tp, total - row - col + tp};
+        tally::ClassCountsFromMatrix(m.data(), k, &per_class);
+        for (const tally::ConfusionCounts& cc : per_class) {
           for (tally::Metric metric : tally::kAllMetrics) {
             if (tally::IsCountMetric(metric)) sink += tally::CountMetric(metric, cc);
           }

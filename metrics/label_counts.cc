@@ -91,4 +91,19 @@ void CountConfusionMatrix(const uint16_t* pred, const uint16_t* ref, size_t n, i
   for (size_t c = 0; c < cells; ++c) counts[c] += static_cast<int64_t>(t[0][c]) + t[1][c] + t[2][c] + t[3][c];
 }
 
+void ClassCountsFromMatrix(const int64_t* m, int k, std::vector<ConfusionCounts>* out) {
+  out->assign(k, ConfusionCounts{});
+  int64_t total = 0;
+  for (int a = 0; a < k * k; ++a) total += m[a];
+  for (int c = 0; c < k; ++c) {
+    int64_t row = 0, col = 0;
+    for (int o = 0; o < k; ++o) {
+      row += m[c * k + o];
+      col += m[o * k + c];
+    }
+    const int64_t tp = m[c * k + c];
+    (*out)[c] = ConfusionCounts{tp, col - tp, row - tp, total - row - col + tp};
+  }
+}
+
 }  // namespace tally

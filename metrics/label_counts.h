@@ -31,6 +31,10 @@ void CountRegions(const uint16_t* pred, const uint16_t* ref, int64_t n, const st
 // pixels and reference labels >= k are left out; predicted labels must be < k (the caller checks).
 void CountConfusionMatrix(const uint16_t* pred, const uint16_t* ref, size_t n, int k, int64_t* counts);
 
+// Per class c of a K x K confusion matrix (row = reference, column = prediction): TP the diagonal,
+// FP its column's rest, FN its row's rest, TN everything else. The model path's counts.
+void ClassCountsFromMatrix(const int64_t* matrix, int k, std::vector<ConfusionCounts>* out);
+
 // Index of the first label >= limit in `labels` (kIgnoredPixel aside), or -1.
 int64_t FirstLabelAtOrAbove(const uint16_t* labels, int64_t n, int limit);
 // The largest label (kIgnoredPixel aside), or -1.

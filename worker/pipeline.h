@@ -240,7 +240,27 @@ class Pipeline : public RowEvaluator {
   // Launches and waits (for warm-up and retries). Splits on out-of-memory and when the model
   // raises, down to single images. Returns the rows that failed because the model raised.
   size_t RunNow(std::shared_ptr<InFlight> batch, size_t begin, size_t end, std::string* model_error);
+  // Rows [begin, end) of a finished launch into results: each failed with a reason, or its counts
+  // filled and, where the CPU still has work for it (surface distances, thumbnails, saving), queued
+  // as a metric task; else delivered.
   void Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, size_t begin, size_t end);
+  // The job's class count (the first batch sets it); notes the batch's logit ties and first time.
+  int NoteBatchClasses(const InFlight& batch, PendingBatch* pending) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why item i (the launch's row j) fails, or "".
+  std::string RowError(const InFlight& batch, PendingBatch* pending, size_t i, size_t j, int job_classes) const;
+  // Per-class counts, threshold counts, mask statistics and the device's surface values.
+  void FillCounts(const InFlight& batch, PendingBatch* pending, size_t i, size_t j, v1::ImageResult* r) const;
+  // Per evaluated row, the classes whose thumbnail it gets.
+  std::vector<std::vector<int>> ThumbnailClasses(const InFlight& batch,
+                                                 const std::vector<std::pair<size_t, v1::ImageResult>>& ok);
+  // Delivers an evaluated row, or queues its CPU work (RowTask) as a metric task.
+  void FinishRow(const std::shared_ptr<InFlight>& batch, PendingBatch* pending, size_t i, size_t j,
+                 std::vector<int> thumbs, v1::ImageResult r) ABSL_LOCKS_EXCLUDED(mu_);
+  // A row's CPU work, on a pool thread: surface distances from `ref` (when given), thumbnails of
+  // `classes`, the saved prediction (a failure to save fails the row).
+  void RowTask(const InFlight& batch, const uint16_t* pred, const LabelMap* ref, const std::vector<uint16_t>& ref_copy,
+               int k, int h, int w, const std::string& id, const std::vector<int>& classes,
+               const std::vector<uint8_t>& rgb, v1::ImageResult* r);
   // Of `thumbs` (per row of `rows`, the classes its shard would render), those where the row is
   // also among this worker's worst of the job so far (every row is offered first). A shard's worst
   // rows are rendered so that any order of evaluation keeps the job's worst; most of them are not
