@@ -63,6 +63,12 @@ struct SurfaceOptions3D {
 };
 SurfaceValues BinarySurfaceMetrics3D(const uint8_t* pred, const uint8_t* ref, int depth, int height, int width,
                                      const SurfaceOptions3D& options);
+// Per region (a sorted list of labels; nnU-Net's region_or_label_to_mask), the surface distances of
+// the region's mask in the prediction against the reference's, in 2D (depth 1) or 3D. Pixels equal
+// to `ignore_label` in the reference are outside every region in both maps.
+void RegionSurfaceMetrics(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,
+                          const std::vector<std::vector<int>>& regions, uint16_t ignore_label,
+                          const SurfaceOptions3D& options, std::vector<SurfaceValues>* out);
 void ClassSurfaceMetrics3D(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,
                            int num_classes, uint16_t ignore_label, const SurfaceOptions3D& options,
                            std::vector<SurfaceValues>* out);

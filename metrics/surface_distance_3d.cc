@@ -320,4 +320,25 @@ void ClassSurfaceMetrics3D(const uint16_t* pred, const uint16_t* ref, int depth,
   for (int c = 0; c < num_classes; ++c) (*out)[c] = FromEdges3D(pred_edges[c], ref_edges[c], dims, options);
 }
 
+void RegionSurfaceMetrics(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,
+                          const std::vector<std::vector<int>>& regions, uint16_t ignore_label,
+                          const SurfaceOptions3D& options, std::vector<SurfaceValues>* out) {
+  const int64_t n = static_cast<int64_t>(depth) * height * width;
+  std::vector<uint8_t> pm(n), rm(n), member(65536);
+  out->resize(regions.size());
+  for (size_t c = 0; c < regions.size(); ++c) {
+    std::fill(member.begin(), member.end(), 0);
+    for (int l : regions[c]) member[l] = 1;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool ignored = ref[i] == ignore_label;  // Outside every region, in both maps.
+      rm[i] = !ignored && member[ref[i]];
+      pm[i] = !ignored && member[pred[i]];
+    }
+    (*out)[c] = depth > 1 ? BinarySurfaceMetrics3D(pm.data(), rm.data(), depth, height, width, options)
+                          : BinarySurfaceMetrics(pm.data(), rm.data(), height, width,
+                                                 SurfaceOptions{options.spacing_y, options.spacing_x,
+                                                                options.nsd_tolerance});
+  }
+}
+
 }  // namespace tally

@@ -12,17 +12,14 @@
 #include "common/base/log.h"
 #include "metrics/surface_distance.h"
 #include "common/io/volume_io.h"
+#include "common/base/status_macros.h"
 
 namespace tally {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-struct LoadedMap {
-  LabelMap labels;
-  VolumeGeometry geometry;
-  bool volume = false;
-};
+using LoadedMap = ScoringPipeline::LoadedMap;
 
 absl::Status Load(const std::string& path, int64_t max_voxels, const char* what, LoadedMap* out) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("no ", what, " path"));
@@ -45,6 +42,94 @@ std::string Position(const LabelMap& m, int64_t i) {
 
 }  // namespace
 
+absl::Status ScoringPipeline::LoadPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred) const {
+  RETURN_IF_ERROR(Load(row.mask_path(), config_.max_image_pixels, "mask", ref));
+  RETURN_IF_ERROR(Load(row.prediction_path(), config_.max_image_pixels, "prediction", pred));
+  if (ref->volume != pred->volume) {
+    return absl::InvalidArgumentError(absl::StrCat("prediction '", row.prediction_path(), "' is ",
+                                                   pred->volume ? "a NIfTI volume" : "a PNG image", " but reference '",
+                                                   row.mask_path(), "' is ",
+                                                   ref->volume ? "a NIfTI volume" : "a PNG image"));
+  }
+  if (ref->volume) {
+    RETURN_IF_ERROR(CheckSameGeometry(ref->geometry, row.mask_path(), pred->geometry, row.prediction_path()));
+  } else if (ref->labels.height != pred->labels.height || ref->labels.width != pred->labels.width) {
+    return absl::InvalidArgumentError(absl::StrCat("prediction '", row.prediction_path(), "' is ", pred->labels.height,
+                                                   "x", pred->labels.width, " (HxW) but reference '", row.mask_path(),
+                                                   "' is ", ref->labels.height, "x", ref->labels.width));
+  }
+  // Mask conventions: the label map on both, then the ignore index on the reference.
+  if (!label_lut_.empty()) {
+    for (uint16_t& v : pred->labels.labels) v = label_lut_[v];
+  }
+  PrepareMask(&ref->labels, label_lut_, config_.ignore_index);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ScoringPipeline::ClassCount(const v1::ManifestRow& row, const LoadedMap& ref,
+                                                const LoadedMap& pred) const {
+  const uint16_t* p = pred.labels.labels.data();
+  const uint16_t* r = ref.labels.labels.data();
+  const int64_t n = static_cast<int64_t>(ref.labels.labels.size());
+  // Prediction labels: kIgnoredPixel (65535) is no label there, so the plain maximum is checked.
+  int pred_max = -1;
+  int64_t pred_max_at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (p[i] > pred_max) {
+      pred_max = p[i];
+      pred_max_at = i;
+    }
+  }
+  if (pred_max > kMaxMaskValue) {
+    return absl::InvalidArgumentError(absl::StrCat("prediction '", row.prediction_path(), "' holds label ", pred_max,
+                                                   " at ", Position(pred.labels, pred_max_at), "; labels are 0..",
+                                                   kMaxMaskValue));
+  }
+  if (!config_.regions.empty()) return static_cast<int>(config_.regions.size());
+  if (config_.num_classes <= 0) return std::max({1, pred_max + 1, ref.labels.max_label + 1});
+  const int classes = config_.num_classes;
+  if (pred_max >= classes) {
+    return absl::InvalidArgumentError(absl::StrCat("prediction value ", pred_max, " at ",
+                                                   Position(pred.labels, pred_max_at), " >= number of classes ", classes,
+                                                   " (--num-classes; values are labels after --label-map)"));
+  }
+  // PrepareMask's max_label spares a scan of the reference on every good row.
+  const int64_t bad = ref.labels.max_label >= classes ? FirstLabelAtOrAbove(r, n, classes) : -1;
+  if (bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mask value ", r[bad], " at ", Position(ref.labels, bad), " >= number of classes ", classes,
+        " (--num-classes; values are labels after --label-map; the ignore value is set by --ignore-index)"));
+  }
+  return classes;
+}
+
+absl::StatusOr<SurfaceOptions3D> ScoringPipeline::SpacingOf(const v1::ManifestRow& row, const LoadedMap& ref) const {
+  const JobConfig& config = config_;
+  SurfaceOptions3D o{1, config.spacing_y, config.spacing_x, config.nsd_tolerance};
+  if (!ref.volume) return o;
+  const auto& h = ref.geometry.spacing;
+  if (config.spacing_z > 0) {
+    const bool contradicts = ref.geometry.spacing_in_header &&
+                             (!WithinTolerance(config.spacing_z, h[0]) || !WithinTolerance(config.spacing_y, h[1]) ||
+                              !WithinTolerance(config.spacing_x, h[2]));
+    if (contradicts && !config.force_spacing) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "--spacing %g,%g,%g (z,y,x) contradicts the spacing %g,%g,%g in the header of '%s' (pass "
+          "--force-spacing to use it anyway)",
+          config.spacing_z, config.spacing_y, config.spacing_x, h[0], h[1], h[2], row.mask_path()));
+    }
+    o.spacing_z = config.spacing_z;
+  } else if (config.spacing_given && ref.labels.depth > 1) {
+    return absl::FailedPreconditionError(absl::StrCat("--spacing has two values (y,x) but '", row.mask_path(),
+                                                      "' is a 3D volume: give three (z,y,x), or none to use the header's"));
+  } else {
+    o.spacing_z = h[0];
+    o.spacing_y = h[1];
+    o.spacing_x = h[2];
+  }
+  return o;
+}
+
 v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails,
                                           std::string* fatal) const {
   const JobConfig& config = config_;
@@ -57,122 +142,34 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   };
   if (!row.error().empty()) return fail(row.error());
   LoadedMap ref, pred;
-  if (absl::Status s = Load(row.mask_path(), config.max_image_pixels, "mask", &ref); !s.ok()) return fail(s.message());
-  if (absl::Status s = Load(row.prediction_path(), config.max_image_pixels, "prediction", &pred); !s.ok()) {
-    return fail(s.message());
-  }
-  if (ref.volume != pred.volume) {
-    return fail(absl::StrCat("prediction '", row.prediction_path(), "' is ", pred.volume ? "a NIfTI volume" : "a PNG image",
-                             " but reference '", row.mask_path(), "' is ", ref.volume ? "a NIfTI volume" : "a PNG image"));
-  }
-  if (ref.volume) {
-    if (absl::Status s = CheckSameGeometry(ref.geometry, row.mask_path(), pred.geometry, row.prediction_path());
-        !s.ok()) {
-      return fail(s.message());
-    }
-  } else if (ref.labels.height != pred.labels.height || ref.labels.width != pred.labels.width) {
-    return fail(absl::StrCat("prediction '", row.prediction_path(), "' is ", pred.labels.height, "x",
-                             pred.labels.width, " (HxW) but reference '", row.mask_path(), "' is ", ref.labels.height,
-                             "x", ref.labels.width));
-  }
-  // Mask conventions: the label map on both, then the ignore index on the reference.
-  if (!label_lut_.empty()) {
-    for (uint16_t& v : pred.labels.labels) v = label_lut_[v];
-  }
-  PrepareMask(&ref.labels, label_lut_, config.ignore_index);
+  if (absl::Status s = LoadPair(row, &ref, &pred); !s.ok()) return fail(s.message());
+  const absl::StatusOr<int> classes = ClassCount(row, ref, pred);
+  if (!classes.ok()) return fail(classes.status().message());
   const uint16_t* p = pred.labels.labels.data();
   const uint16_t* r = ref.labels.labels.data();
   const int64_t n = static_cast<int64_t>(ref.labels.labels.size());
   const int depth = ref.labels.depth, height = ref.labels.height, width = ref.labels.width;
-  // Prediction labels: kIgnoredPixel (65535) is no label there, so the plain maximum is checked.
-  int pred_max = -1;
-  int64_t pred_max_at = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (p[i] > pred_max) {
-      pred_max = p[i];
-      pred_max_at = i;
-    }
-  }
-  if (pred_max > kMaxMaskValue) {
-    return fail(absl::StrCat("prediction '", row.prediction_path(), "' holds label ", pred_max, " at ",
-                             Position(pred.labels, pred_max_at), "; labels are 0..", kMaxMaskValue));
-  }
-  int classes = 0;
-  if (!config.regions.empty()) {
-    classes = static_cast<int>(config.regions.size());
-  } else if (config.num_classes > 0) {
-    classes = config.num_classes;
-    if (pred_max >= classes) {
-      return fail(absl::StrCat("prediction value ", pred_max, " at ", Position(pred.labels, pred_max_at),
-                               " >= number of classes ", classes, " (--num-classes; values are labels after --label-map)"));
-    }
-    // PrepareMask's max_label spares a scan of the reference on every good row.
-    const int64_t bad = ref.labels.max_label >= classes ? FirstLabelAtOrAbove(r, n, classes) : -1;
-    if (bad >= 0) {
-      return fail(absl::StrCat("mask value ", r[bad], " at ", Position(ref.labels, bad), " >= number of classes ",
-                               classes, " (--num-classes; values are labels after --label-map; the ignore value is "
-                               "set by --ignore-index)"));
-    }
-  } else {
-    classes = std::max({1, pred_max + 1, ref.labels.max_label + 1});
-  }
   std::vector<ConfusionCounts> counts;
   if (config.regions.empty()) {
-    CountClasses(p, r, n, classes, &counts);
+    CountClasses(p, r, n, *classes, &counts);
   } else {
     CountRegions(p, r, n, config.regions, &counts);
   }
-  std::vector<SurfaceValues> surface(classes, SurfaceValues{kNaN, kNaN, kNaN, kNaN});
+  std::vector<SurfaceValues> surface(*classes, SurfaceValues{kNaN, kNaN, kNaN, kNaN});
   if (AnySurfaceMetric(config.metrics)) {
     // Spacing: a volume's header, unless --spacing z,y,x overrides it; 2D: --spacing y,x or 1.
-    double sz = 1, sy = config.spacing_y, sx = config.spacing_x;
-    if (ref.volume) {
-      const auto& h = ref.geometry.spacing;
-      if (config.spacing_z > 0) {
-        const bool contradicts = ref.geometry.spacing_in_header &&
-                                 (!WithinTolerance(config.spacing_z, h[0]) || !WithinTolerance(config.spacing_y, h[1]) ||
-                                  !WithinTolerance(config.spacing_x, h[2]));
-        if (contradicts && !config.force_spacing) {
-          *fatal = absl::StrFormat(
-              "--spacing %g,%g,%g (z,y,x) contradicts the spacing %g,%g,%g in the header of '%s' (pass "
-              "--force-spacing to use it anyway)",
-              config.spacing_z, config.spacing_y, config.spacing_x, h[0], h[1], h[2], row.mask_path());
-          return fail(*fatal);
-        }
-        sz = config.spacing_z;
-      } else if (config.spacing_given && depth > 1) {
-        *fatal = absl::StrCat("--spacing has two values (y,x) but '", row.mask_path(),
-                              "' is a 3D volume: give three (z,y,x), or none to use the header's");
-        return fail(*fatal);
-      } else {
-        sz = h[0];
-        sy = h[1];
-        sx = h[2];
-      }
+    const absl::StatusOr<SurfaceOptions3D> spacing = SpacingOf(row, ref);
+    if (!spacing.ok()) {
+      *fatal = std::string(spacing.status().message());  // The job's flags are wrong, not this row.
+      return fail(*fatal);
     }
-    if (config.regions.empty()) {
-      if (depth > 1) {
-        ClassSurfaceMetrics3D(p, r, depth, height, width, classes, kIgnoredPixel,
-                              SurfaceOptions3D{sz, sy, sx, config.nsd_tolerance}, &surface);
-      } else {
-        ClassSurfaceMetrics(p, r, height, width, classes, kIgnoredPixel, SurfaceOptions{sy, sx, config.nsd_tolerance},
-                            &surface);
-      }
+    if (!config.regions.empty()) {
+      RegionSurfaceMetrics(p, r, depth, height, width, config.regions, kIgnoredPixel, *spacing, &surface);
+    } else if (depth > 1) {
+      ClassSurfaceMetrics3D(p, r, depth, height, width, *classes, kIgnoredPixel, *spacing, &surface);
     } else {
-      std::vector<uint8_t> pm(n), rm(n), member(65536);
-      for (int c = 0; c < classes; ++c) {
-        std::fill(member.begin(), member.end(), 0);
-        for (int l : config.regions[c]) member[l] = 1;
-        for (int64_t i = 0; i < n; ++i) {
-          const bool ignored = r[i] == kIgnoredPixel;  // Outside every region, in both maps.
-          rm[i] = !ignored && member[r[i]];
-          pm[i] = !ignored && member[p[i]];
-        }
-        surface[c] = depth > 1 ? BinarySurfaceMetrics3D(pm.data(), rm.data(), depth, height, width,
-                                                        SurfaceOptions3D{sz, sy, sx, config.nsd_tolerance})
-                               : BinarySurfaceMetrics(pm.data(), rm.data(), height, width,
-                                                      SurfaceOptions{sy, sx, config.nsd_tolerance});
-      }
+      ClassSurfaceMetrics(p, r, height, width, *classes, kIgnoredPixel,
+                          SurfaceOptions{spacing->spacing_y, spacing->spacing_x, spacing->nsd_tolerance}, &surface);
     }
   }
   result.set_height(height);
@@ -180,7 +177,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   if (depth > 1) result.set_depth(depth);
   result.set_mask_max_label(ref.labels.max_label);
   result.set_mask_ignored_pixels(ref.labels.ignored);
-  for (int c = 0; c < classes; ++c) {
+  for (int c = 0; c < *classes; ++c) {
     v1::ClassResult* cr = result.add_classes();
     cr->set_tp(counts[c].tp);
     cr->set_fp(counts[c].fp);

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/job/job_config.h"
 #include "common/io/thumbnail.h"
+#include "common/io/volume_io.h"
 #include "worker/row_evaluator.h"
 
 namespace tally {
@@ -54,6 +55,22 @@ class ScoringPipeline : public RowEvaluator {
   // Scores one row. A job-level problem (contradicting spacing) comes back as a non-empty `fatal`.
   // Rows entering the shard's worst get thumbnails (`thumbnails` may be null).
   v1::ImageResult ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails, std::string* fatal) const;
+
+ public:
+  // A label map as read (PNG or NIfTI) with its geometry.
+  struct LoadedMap {
+    LabelMap labels;
+    VolumeGeometry geometry;
+    bool volume = false;
+  };
+
+ private:
+  // ScoreRow's steps: both maps read and checked against each other, the mask conventions applied;
+  // the row's class (or region) count, checked against both maps; the spacing for surface
+  // distances (FAILED_PRECONDITION: the job's --spacing cannot apply, which fails the job).
+  absl::Status LoadPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred) const;
+  absl::StatusOr<int> ClassCount(const v1::ManifestRow& row, const LoadedMap& ref, const LoadedMap& pred) const;
+  absl::StatusOr<SurfaceOptions3D> SpacingOf(const v1::ManifestRow& row, const LoadedMap& ref) const;
   void AddThumbnails(const v1::ManifestRow& row, const uint16_t* prediction, const uint16_t* reference, int depth,
                      int height, int width, ShardThumbnails* thumbnails, v1::ImageResult* result) const;
 

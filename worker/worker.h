@@ -131,8 +131,6 @@ class Worker {
     std::unique_ptr<ModelRunner> runner;     // Null for prediction jobs.
     std::unique_ptr<RowEvaluator> pipeline;  // Pipeline (model) or ScoringPipeline (predictions).
   };
-  // --channels-last auto: proposes this worker's trial for the job and returns the job's choice
-  // (the coordinator keeps the first proposal). Retries for up to a minute.
   // Proposes this worker's trial for a job-wide "auto" choice (the request's channels_last and/or
   // decode) to the coordinator and returns the job's choice (first proposal wins). Retries for up
   // to a minute while the coordinator is unreachable.
@@ -143,6 +141,13 @@ class Worker {
   int DefaultBatchSize(bool cuda) const;
   absl::Status Register(bool first);
   absl::Status StartJob(const v1::ShardAssignment& a);
+  // StartJob's steps. False when `job_id` already runs here; else the previous job's rows are
+  // finished and its runner kept idle for reuse.
+  bool RetirePreviousJob(const std::string& job_id);
+  // The idle runner when it can serve the job (true: reused), else a new one.
+  absl::StatusOr<bool> TakeRunner(const JobConfig& config, const v1::ShardAssignment& a, Evaluator* evaluator);
+  absl::StatusOr<PipelineOptions> PipelineOptionsFor(const JobConfig& config, const std::string& job_id,
+                                                     const ModelRunner& runner, bool reused);
   struct JobError {
     std::string job_id;
     std::string message;

@@ -38,6 +38,8 @@ def write_volumes(root):
         pred = ref.copy()
         flip = rng.random(shape) < 0.05
         pred[flip] = rng.integers(0, 4, int(flip.sum()))
+        if i % 3 == 1:
+            ref[:, int(rng.integers(0, shape[1])), :] = 255  # An ignored slab (the default ignore index).
         zooms = (1.0, 0.8, 2.5) if i % 2 else (1.0, 1.0, 1.0)
         for name, vol in (("r", ref), ("p", pred)):
             img = nib.Nifti1Image(np.transpose(vol, (2, 1, 0)), np.diag(list(zooms[::-1]) + [1.0]))

@@ -1,0 +1,303 @@
+// Worker: a job's model runner (TorchScript or Python, or none for prediction jobs; the last
+// job's runner reused where the model and its settings are the same) and the pipeline that feeds
+// it, with the job-wide answers agreed with tallyd (layout, decoder).
+#include "worker/worker.h"
+
+#include <malloc.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "common/base/clock.h"
+#include "common/security/data_roots.h"
+#include "common/job/job_config.h"
+#include "common/base/backoff.h"
+#include "common/base/log.h"
+#include "metrics/overlap.h"
+#include "common/job/rpc.h"
+#include "common/process/sd_notify.h"
+#include "common/base/status_macros.h"
+#include "common/process/subprocess.h"
+#include "worker/python_runner.h"
+#include "worker/scoring.h"
+#include "worker/worker_internal.h"
+
+namespace tally {
+namespace {
+
+// Errors of ModelRunner::Create that are this host's problem, not the model's.
+// A model is code (SECURITY.md): with data roots it must lie inside them, and so must a Python
+// interpreter named by path (a bare python3/python is looked up on PATH). Returns the model's
+// resolved path. PERMISSION_DENIED fails the job, never this worker.
+absl::StatusOr<std::string> CheckModelAllowed(const ModelRef& model, const std::string& python) {
+  const DataRoots& roots = ProcessDataRoots();
+  absl::StatusOr<std::string> path = roots.Resolve(model.path);
+  if (!path.ok()) return OutsideDataRootsError("model", model.path);
+  if (model.python && !roots.empty() && !python.empty() && python != "python3" && python != "python" &&
+      !roots.Resolve(python).ok()) {
+    return OutsideDataRootsError("--python", python);
+  }
+  return *path;
+}
+
+// The --save-predictions folder, created when missing, resolved (symlinks followed); with data
+// roots, only inside them.
+absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder) {
+  const DataRoots& roots = ProcessDataRoots();
+  if (!roots.Resolve(folder).ok()) return OutsideDataRootsError("--save-predictions", folder);
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec || !std::filesystem::is_directory(folder)) {
+    return absl::PermissionDeniedError(absl::StrCat("--save-predictions '", folder, "': cannot create the folder",
+                                                    ec ? absl::StrCat(" (", ec.message(), ")") : std::string()));
+  }
+  absl::StatusOr<std::string> resolved = roots.Resolve(folder);
+  if (!resolved.ok()) return OutsideDataRootsError("--save-predictions", folder);
+  return roots.empty() ? std::filesystem::canonical(folder, ec).string() : *resolved;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& config, const WorkerOptions& options,
+                                                             const std::string& trial_cache_key) {
+  const std::vector<std::string> devices = WorkerDevices(options);
+  const ModelRef model = ParseModelRef(config.model);
+  ASSIGN_OR_RETURN(const std::string model_path, CheckModelAllowed(model, config.python));
+  ModelRunnerOptions ro;
+  ro.model_path = model_path;
+  ro.device = options.device;
+  ro.precision = std::string(PrecisionName(config.precision));
+  ro.channels_last = config.channels_last;
+  ro.mean = config.mean;
+  ro.std = config.std;
+  ro.input_height = config.input_height;
+  ro.input_width = config.input_width;
+  ro.cpu_threads = options.threads;
+  ro.count_logit_ties = options.count_logit_ties;
+  ro.cudnn_benchmark = options.cudnn_benchmark;
+  ro.jit_optimize = options.jit_optimize;
+  ro.warm_up_device = options.warm_up_device;
+  if (!trial_cache_key.empty() && !options.cache_dir.empty()) {
+    ro.trial_cache_dir = options.cache_dir + "/layout-trials";
+    ro.trial_cache_key = trial_cache_key;
+  }
+  ro.memory_limit_gib = options.gpu_memory_limit_gib;
+  ro.thresholds = config.thresholds;
+  if (model.python) {
+    ro.class_name = model.class_name;
+    ro.devices = devices;
+    ro.python = config.python;
+    ro.model_options = config.model_options;
+    ro.columns = config.manifest_columns;
+    ro.num_classes = config.num_classes;
+    return CreatePythonRunner(ro);
+  }
+  if (devices.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TorchScript models run on one GPU, but this worker owns ", devices.size(),
+        " (--gpus-per-worker); use a Python model (--model PATH.py) to spread a model over several GPUs"));
+  }
+  return ModelRunner::Create(ro);
+}
+
+std::string LayoutTrialKey(const JobConfig& config, const WorkerOptions& options) {
+  return RunnerKey(config, "any weights of the network", options);
+}
+
+std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, const WorkerOptions& options) {
+  const ModelRef model = ParseModelRef(config.model);
+  std::string identity = model_sha256;
+  if (identity.empty()) {
+    struct stat st;
+    identity = stat(model.path.c_str(), &st) == 0
+                   ? absl::StrCat(model.path, ":", st.st_size, ":", st.st_ino, ":", st.st_mtim.tv_sec, ".",
+                                  st.st_mtim.tv_nsec)
+                   : absl::StrCat(model.path, ":unreadable:", NowUnix());  // Never matches again.
+  }
+  std::vector<std::string> options_kv;
+  for (const auto& [k, v] : config.model_options) options_kv.push_back(absl::StrCat(k, "=", v));
+  return absl::StrJoin(
+      {identity, model.class_name, absl::StrJoin(WorkerDevices(options), ","), std::string(PrecisionName(config.precision)),
+       absl::StrJoin(config.mean, ","), absl::StrJoin(config.std, ","),
+       absl::StrCat(config.input_height, "x", config.input_width), absl::StrJoin(config.thresholds, ","),
+       absl::StrCat(options.threads, ",", options.count_logit_ties, ",", options.cudnn_benchmark, ",",
+                    options.gpu_memory_limit_gib, ",", options.jit_optimize),
+       config.python, absl::StrJoin(options_kv, "\x1f"), absl::StrJoin(config.manifest_columns, "\x1f"),
+       absl::StrCat(config.num_classes)},
+      "\x1e");
+}
+
+namespace {
+// "cuda:N" -> N ("cuda" -> 0); -1 for anything else.
+int CudaDeviceIndex(const std::string& device) {
+  if (device.rfind("cuda", 0) != 0) return -1;
+  int index = 0;
+  if (device.size() > 5 && !absl::SimpleAtoi(device.substr(5), &index)) return -1;
+  return index;
+}
+}  // namespace
+
+std::vector<std::string> WorkerDevices(const WorkerOptions& options) {
+  if (options.device.rfind("cuda", 0) != 0) return {options.device.empty() ? "cpu" : options.device};
+  const int first = std::max(0, CudaDeviceIndex(options.device));
+  std::vector<std::string> out;
+  for (int i = 0; i < std::max(1, options.gpus_per_worker); ++i) out.push_back(absl::StrCat("cuda:", first + i));
+  return out;
+}
+
+bool Worker::RetirePreviousJob(const std::string& job_id) {
+  RowEvaluator* previous = nullptr;  // evaluator_ is replaced only by this thread.
+  {
+    absl::MutexLock lock(&mu_);
+    if (evaluator_ && evaluator_->job_id == job_id) return false;
+    if (evaluator_) previous = evaluator_->pipeline.get();
+  }
+  if (previous == nullptr) return true;
+  // One model at a time: let the previous job's rows finish before loading the next model.
+  previous->WaitIdle();
+  std::unique_ptr<Evaluator> old;
+  {
+    absl::MutexLock lock(&mu_);
+    old = std::move(evaluator_);
+  }
+  old->pipeline.reset();
+  if (old->runner) {  // Kept for the next job, which may run the same model.
+    idle_runner_key_ = old->runner_key;
+    idle_runner_ = std::move(old->runner);
+  }
+  return true;
+}
+
+absl::StatusOr<bool> Worker::TakeRunner(const JobConfig& config, const v1::ShardAssignment& a, Evaluator* evaluator) {
+  evaluator->runner_key = RunnerKey(config, a.spec().model_sha256(), options_);
+  bool reused = false;
+  if (idle_runner_ && idle_runner_key_ == evaluator->runner_key) {
+    Log("job ", a.job_id(), ": model ", config.model, " is loaded already (sha256 ", a.spec().model_sha256().substr(0, 12),
+        "); reusing it");
+    evaluator->runner = std::move(idle_runner_);
+    if (!config.channels_last_auto) evaluator->runner->SetChannelsLast(config.channels_last);
+    reused = true;
+  } else {
+    if (idle_runner_) {
+      idle_runner_.reset();  // Its memory first: the next model may need all of it.
+      Log("job ", a.job_id(), ": unloaded the previous job's model");
+    }
+    Log("job ", a.job_id(), ": loading model ", config.model, " on ", absl::StrJoin(WorkerDevices(options_), ","));
+    const double t0 = NowUnix();
+    ASSIGN_OR_RETURN(evaluator->runner, CreateJobRunner(config, options_, LayoutTrialKey(config, options_)));
+    Log("job ", a.job_id(), ": model loaded in ", absl::StrFormat("%.2f", NowUnix() - t0), " s");
+  }
+  idle_runner_key_.clear();
+  return reused;
+}
+
+absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& config, const std::string& job_id,
+                                                           const ModelRunner& runner, bool reused) {
+  PipelineOptions po;
+  po.decode_threads = options_.threads;
+  po.default_batch_size = DefaultBatchSize(runner.is_cuda());
+  ASSIGN_OR_RETURN(po.batch_size, WorkerBatchSize(config, po.default_batch_size));
+  po.max_memory = config.max_memory;
+  po.cold_runner = runner.is_cuda() && !reused;
+  po.warmup_batches = po.cold_runner ? options_.warmup_batches : 0;
+  if (config.channels_last_auto) {
+    po.resolve_layout = [this, job_id](bool on, const std::string& trial) -> absl::StatusOr<bool> {
+      v1::ResolveLayoutRequest request;
+      request.set_channels_last(on ? "on" : "off");
+      request.set_trial(trial);
+      ASSIGN_OR_RETURN(v1::ResolveLayoutResponse r, Resolve(job_id, std::move(request)));
+      return r.channels_last() == "on";
+    };
+  }
+  // JPEG decoding: on the first device of the worker's model.
+  po.decode_gpu = config.decode_gpu;
+  po.decode_device = runner.is_cuda() ? CudaDeviceIndex(WorkerDevices(options_).front()) : -1;
+  if (config.decode_auto) {
+    po.resolve_decode = [this, job_id](bool gpu, const std::string& trial) -> absl::StatusOr<bool> {
+      v1::ResolveLayoutRequest request;
+      request.set_decode(gpu ? "gpu" : "cpu");
+      request.set_decode_trial(trial);
+      ASSIGN_OR_RETURN(v1::ResolveLayoutResponse r, Resolve(job_id, std::move(request)));
+      return r.decode() == "gpu";
+    };
+  }
+  po.staging_slots = options_.staging_slots;
+  po.metrics = config.metrics;
+  po.surface = config.surface_options();
+  po.any_input_size = config.input_height > 0;
+  po.max_image_pixels = config.max_image_pixels;
+  po.batch_timeout_seconds = config.batch_timeout_seconds;
+  po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
+  po.ignore_index = config.ignore_index;
+  po.label_map = config.label_map;
+  po.num_thresholds = config.thresholds.size();
+  po.thumbnails = config.thumbnails;
+  po.empty_score = config.empty_score;
+  po.all_foreground = config.IsForegroundClass(0);
+  if (!config.save_predictions.empty()) {
+    ASSIGN_OR_RETURN(po.save_predictions, PreparePredictionFolder(config.save_predictions));
+  }
+  return po;
+}
+
+absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
+  if (!RetirePreviousJob(a.job_id())) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const JobConfig config, JobConfigFromSpec(a.spec()));
+  const std::string job_id = a.job_id();
+  auto evaluator = std::make_unique<Evaluator>();
+  evaluator->job_id = job_id;
+  auto on_result = [this](const LeaseKey& k, v1::ImageResult r) { OnResult(k, std::move(r)); };
+  auto on_fatal = [this, job_id](const std::string& message, bool definitive) {
+    OnFatal(JobError{job_id, message, definitive, false});
+  };
+  auto on_timeout = [this](const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what,
+                           double seconds) { OnTimeout(lease, indices, what, seconds); };
+  if (config.predictions()) {
+    // No model: score the manifest's predictions on the CPU, one row per thread.
+    const int threads = options_.threads > 0 ? options_.threads
+                                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    Log("job ", job_id, ": scoring predictions on ", threads, " thread(s)");
+    evaluator->pipeline = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout);
+  } else {
+    ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
+    ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));
+    evaluator->pipeline = std::make_unique<Pipeline>(evaluator->runner.get(), po, on_result, on_fatal, on_timeout);
+  }
+  absl::MutexLock lock(&mu_);
+  evaluator_ = std::move(evaluator);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ResolveLayoutResponse> Worker::Resolve(const std::string& job_id, v1::ResolveLayoutRequest request) {
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_worker_id(worker_id_);
+  }
+  request.set_job_id(job_id);
+  Backoff backoff(0.25, 5.0);
+  const double give_up = NowUnix() + 60;
+  while (true) {
+    v1::ResolveLayoutResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(10));
+    const grpc::Status s = stub_->ResolveLayout(&ctx, request, &response);
+    if (s.ok()) return response;
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    }
+    if (NowUnix() > give_up) return absl::UnavailableError(s.error_message());
+    SleepFor(backoff.Next());
+  }
+}
+
+}  // namespace tally

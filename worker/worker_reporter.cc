@@ -1,0 +1,331 @@
+// Worker: results out: rows buffered per lease and sent every 0.5 s and when a shard is done,
+// job errors, timeouts, and the heartbeat that renews leases and carries the gauges.
+#include "worker/worker.h"
+
+#include <malloc.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "common/base/clock.h"
+#include "common/security/data_roots.h"
+#include "common/job/job_config.h"
+#include "common/base/backoff.h"
+#include "common/base/log.h"
+#include "metrics/overlap.h"
+#include "common/job/rpc.h"
+#include "common/process/sd_notify.h"
+#include "common/base/status_macros.h"
+#include "common/process/subprocess.h"
+#include "worker/python_runner.h"
+#include "worker/scoring.h"
+#include "worker/worker_internal.h"
+
+namespace tally {
+namespace {
+
+constexpr double kFlushSeconds = 0.5;
+
+// The class count of a job as these results show it (0 when every row failed).
+int32_t ClassesOf(const std::vector<v1::ImageResult>& results) {
+  for (const v1::ImageResult& r : results) {
+    if (r.error().empty()) return r.classes_size();
+  }
+  return 0;
+}
+
+}  // namespace
+
+
+void Worker::OnResult(const LeaseKey& lease, v1::ImageResult result) {
+  absl::MutexLock lock(&mu_);
+  ++images_total_;
+  auto it = leases_.find(lease.lease_id);
+  if (it == leases_.end()) return;  // Revoked meanwhile.
+  it->second.pending.push_back(std::move(result));
+  ++it->second.delivered;
+  // The leasing loop waits for room in the backlog; the reporter for complete shards.
+  wake_leaser_ = true;
+  if (it->second.delivered >= it->second.expected) wake_reporter_ = true;
+}
+
+void Worker::OnFatal(const JobError& error) {
+  std::vector<LeaseKey> drop;
+  {
+    absl::MutexLock lock(&mu_);
+    failed_jobs_[error.job_id] = error.message;
+    job_errors_.push_back(error);
+    if (error.worker_local) out_of_service_ = error.message;
+    for (auto& [id, lb] : leases_) {
+      if (error.worker_local || lb.key.job_id == error.job_id) drop.push_back(lb.key);
+    }
+  }
+  // Results already produced are still sent; the rows not yet evaluated go back to the coordinator
+  // (it also takes them back when it hears of the error).
+  absl::MutexLock lock(&mu_);
+  for (const LeaseKey& key : drop) {
+    if (evaluator_) evaluator_->pipeline->Drop(key.lease_id);
+  }
+  wake_leaser_ = wake_reporter_ = true;
+}
+
+void Worker::OnTimeout(const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what,
+                       double seconds) {
+  const std::string message = absl::StrFormat("timed out after %.0f s (%s; --batch-timeout)", seconds, what);
+  if (indices.size() == 1) {
+    v1::ImageResult r;
+    r.set_index(indices[0]);
+    r.set_error(message);
+    OnResult(lease, std::move(r));
+  }
+  Flush(10);
+  // A batch: nobody knows which row hangs, so its rows are retried one by one (by a fresh process).
+  if (indices.size() > 1) Release(lease, message, true);
+  Log(message, "; restarting (exit code ", kExitRestart, ")");
+  std::_Exit(kExitRestart);  // The stuck thread cannot be stopped; the supervisor restarts us.
+}
+
+void Worker::Flush(double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      absl::MutexLock lock(&mu_);
+      bool pending = !job_errors_.empty();
+      for (const auto& [id, lb] : leases_) pending |= !lb.pending.empty() || lb.delivered >= lb.expected;
+      if (!pending) return;
+      wake_reporter_ = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void Worker::TrimMemoryWhenIdle() {
+  RowEvaluator* pipeline = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (trimmed_ || !leases_.empty() || (evaluator_ && evaluator_->pipeline->Backlog() > 0)) return;
+    trimmed_ = true;
+    if (evaluator_) pipeline = evaluator_->pipeline.get();  // Replaced only by this thread.
+  }
+  if (pipeline) pipeline->ReleaseIdleBuffers();
+  malloc_trim(0);
+}
+
+void Worker::DropLease(int64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  leases_.erase(lease_id);
+  if (evaluator_) evaluator_->pipeline->Drop(lease_id);
+}
+
+bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete) {
+  v1::ReportResultsRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_worker_id(worker_id_);
+    if (evaluator_ && evaluator_->job_id == key.job_id) *request.mutable_stats() = evaluator_->pipeline->Stats();
+  }
+  // The class count of the job these results belong to, whatever model this worker runs now.
+  request.set_num_classes(ClassesOf(*results));
+  request.set_job_id(key.job_id);
+  request.set_shard_id(key.shard_id);
+  request.set_lease_id(key.lease_id);
+  request.set_shard_complete(complete);
+  for (v1::ImageResult& r : *results) *request.add_results() = std::move(r);
+  v1::ReportResultsResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(60));
+  grpc::Status s = stub_->ReportResults(&ctx, request, &response);
+  if (s.ok()) {
+    if (response.abandon()) DropLease(key.lease_id);
+    return true;
+  }
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+    Log("the coordinator no longer knows this worker (", s.error_message(), "); dropping shard ", key.shard_id);
+    absl::MutexLock lock(&mu_);
+    need_register_ = true;
+    return true;  // Nothing to retry: the lease is gone with the coordinator's memory of us.
+  }
+  if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    // The coordinator ended the lease when it rejected the results; say so explicitly too, so the
+    // shard cannot stay orphaned whichever side saw what.
+    Log("the coordinator rejected results for shard ", key.shard_id, " of job ", key.job_id, ": ", s.error_message());
+    Release(key, absl::StrCat("results rejected: ", s.error_message()), false);
+    return true;
+  }
+  // Keep the results and try again: they are not lost while this process lives.
+  results->clear();
+  for (v1::ImageResult& r : *request.mutable_results()) results->push_back(std::move(r));
+  Log("sending results to ", options_.coordinator, " failed (", s.error_message(), "); will retry");
+  return false;
+}
+
+bool Worker::SendJobError(const JobError& error) {
+  v1::ReportJobErrorRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_worker_id(worker_id_);
+  }
+  request.set_job_id(error.job_id);
+  request.set_message(error.message);
+  request.set_definitive(error.definitive);
+  request.set_worker_local(error.worker_local);
+  v1::ReportJobErrorResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(10));
+  grpc::Status s = stub_->ReportJobError(&ctx, request, &response);
+  return s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND;
+}
+
+void Worker::ReporterLoop() {
+  Backoff backoff(0.25, 2.0);
+  while (true) {
+    std::vector<JobError> errors;
+    struct Batch {
+      LeaseKey key;
+      std::vector<v1::ImageResult> results;
+      bool complete;
+    };
+    std::vector<Batch> batches;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&wake_reporter_), absl::Milliseconds(100));
+      wake_reporter_ = false;
+      if (done_) return;
+      const double now = NowUnix();
+      for (auto& [id, lb] : leases_) {
+        const bool complete = lb.delivered >= lb.expected;
+        if (lb.pending.empty() && !complete) continue;
+        if (!complete && now - lb.last_flush < kFlushSeconds) continue;
+        Batch b{lb.key, std::move(lb.pending), complete};
+        lb.pending.clear();
+        lb.last_flush = now;
+        batches.push_back(std::move(b));
+      }
+      // Results first: rows evaluated before a model error still count.
+      if (batches.empty()) errors.swap(job_errors_);
+    }
+    bool failed = false;
+    for (Batch& b : batches) {
+      if (failed || !Send(b.key, &b.results, b.complete)) {
+        // Put the results back in front, to be sent again.
+        failed = true;
+        absl::MutexLock lock(&mu_);
+        auto it = leases_.find(b.key.lease_id);
+        if (it != leases_.end()) {
+          it->second.pending.insert(it->second.pending.begin(), std::make_move_iterator(b.results.begin()),
+                                    std::make_move_iterator(b.results.end()));
+        }
+        continue;
+      }
+      if (b.complete) {
+        absl::MutexLock lock(&mu_);
+        auto it = leases_.find(b.key.lease_id);
+        if (it != leases_.end() && it->second.pending.empty()) leases_.erase(it);
+      }
+    }
+    for (const JobError& e : errors) {
+      if (!SendJobError(e)) {
+        failed = true;
+        absl::MutexLock lock(&mu_);
+        job_errors_.push_back(e);
+      }
+    }
+    if (failed) {
+      const double delay = backoff.Next();
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(delay));
+    } else {
+      backoff.Reset();
+    }
+  }
+}
+
+v1::WorkerGauges Worker::Gauges(std::deque<std::pair<double, int64_t>>* samples) {
+  constexpr double kRateWindowSeconds = 10;
+  v1::WorkerGauges g;
+  const double now = NowUnix();
+  g.set_images_total(images_total_);
+  samples->emplace_back(now, images_total_);
+  // Keep one sample at least the window old (the rate's start), and nothing older than that.
+  while (samples->size() > 2 && now - (*samples)[1].first >= kRateWindowSeconds) samples->pop_front();
+  const auto& [t0, n0] = samples->front();
+  if (now > t0) g.set_images_per_second(static_cast<double>(images_total_ - n0) / (now - t0));
+  if (evaluator_ != nullptr) {
+    g.set_job_id(evaluator_->job_id);
+    g.set_images_held(evaluator_->pipeline->HeldRows());
+  }
+  if (evaluator_ != nullptr && evaluator_->runner != nullptr) {
+    for (const GpuUsage& u : evaluator_->runner->Stats().gpus) {
+      v1::GpuStats* gs = g.add_gpus();
+      gs->set_device(u.device);
+      gs->set_name(u.name);
+      gs->set_peak_memory_bytes(u.peak_memory_bytes);
+      gs->set_memory_used_bytes(u.memory_used_bytes);
+      gs->set_memory_total_bytes(u.memory_total_bytes);
+    }
+  }
+  return g;
+}
+
+void Worker::HeartbeatLoop() {
+  SdWatchdog watchdog;  // WatchdogSec= of the unit: this loop (it takes mu_) proves the worker alive.
+  std::deque<std::pair<double, int64_t>> rate_samples;
+  {
+    absl::MutexLock lock(&mu_);
+    rate_samples.emplace_back(NowUnix(), images_total_);  // The rate's start before the first heartbeat.
+  }
+  bool sent_held = false;  // The last heartbeat said rows were held (Job.images_held).
+  while (true) {
+    v1::HeartbeatRequest request;
+    double period = 1.0;
+    {
+      absl::MutexLock lock(&mu_);
+      // One period, or less when rows start or stop being held: progress shows them at once.
+      const absl::Time until = absl::Now() + absl::Seconds(heartbeat_seconds_);
+      while (!done_ && absl::Now() < until) {
+        mu_.AwaitWithTimeout(absl::Condition(&done_), std::min(absl::Milliseconds(100), until - absl::Now()));
+        if (evaluator_ != nullptr && (evaluator_->pipeline->HeldRows() > 0) != sent_held) break;
+      }
+      if (done_) return;
+      watchdog.Kick();
+      period = heartbeat_seconds_;
+      request.set_worker_id(worker_id_);
+      for (auto& [id, lb] : leases_) {
+        v1::HeldLease* h = request.add_leases();
+        h->set_job_id(lb.key.job_id);
+        h->set_shard_id(lb.key.shard_id);
+        h->set_lease_id(lb.key.lease_id);
+      }
+      *request.mutable_gauges() = Gauges(&rate_samples);
+      sent_held = request.gauges().images_held() > 0;
+    }
+    v1::HeartbeatResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(std::max(2.0, period * 2)));
+    grpc::Status s = stub_->Heartbeat(&ctx, request, &response);
+    if (!s.ok()) {
+      Log("heartbeat to ", options_.coordinator, " failed: ", s.error_message());
+      continue;
+    }
+    if (response.reregister()) {
+      absl::MutexLock lock(&mu_);
+      need_register_ = true;
+    }
+    for (const v1::HeldLease& r : response.revoked()) {
+      Log("lease of shard ", r.shard_id(), " of job ", r.job_id(), " was revoked; dropping it");
+      DropLease(r.lease_id());
+    }
+  }
+}
+
+}  // namespace tally
