@@ -8,18 +8,23 @@
 //   tallyd --listen 0.0.0.0:50051 --tls-cert server.pem --tls-key server.key
 //          --auth-tokens tokens --data-root /datasets       # on a shared network (one command line)
 //
-// Flags accept dashes or underscores (--state-dir == --state_dir). --data-root repeats.
+// Flags accept dashes or underscores (--state-dir == --state_dir). --data-root repeats. --help lists
+// every flag, grouped, with its default.
 // SIGHUP re-reads the tokens file; certificate files are re-read when they change. SECURITY.md
 // has the trust model.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
 #include "common/security/data_roots.h"
 #include "common/base/flag_util.h"
 #include "common/process/gpu_inventory.h"
@@ -51,30 +56,34 @@ ABSL_FLAG(std::string, gpus, "", "With --spawn-workers: all or 0,1,... (one work
 ABSL_FLAG(int, gpus_per_worker, 1, "With --spawn-workers --gpus: GPUs per worker (for Python models spread over them)");
 ABSL_FLAG(int, workers, 0, "With --spawn-workers and no --gpus: number of CPU workers");
 ABSL_FLAG(std::string, worker_binary, "", "Path of tally-worker (default: next to tallyd, else PATH)");
+ABSL_FLAG(std::vector<std::string>, data_root, {},
+          "A folder whose files clients may name (repeatable): with data roots, manifests, "
+          "models, images and masks must resolve inside one (SECURITY.md). Empty: every readable path");
 
-int main(int argc, char** argv) {
-  tally::SetLogName("tallyd");
-  absl::SetProgramUsageMessage("Tally coordinator. Usage: tallyd [--listen host:port] [--state-dir DIR]");
-  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
-  const std::vector<std::string> data_roots = tally::TakeRepeatedFlag(&normalized, "data_root");
-  std::vector<char*> args = tally::ArgvPointers(normalized);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+namespace {
 
-  tally::BlockTerminationSignals();
-  tally::DumpStacksOnQuitSignal();
-  tally::BlockReloadSignal();
+const std::vector<tally::FlagGroup>& HelpGroups() {
+  static const auto* groups = new std::vector<tally::FlagGroup>{
+      {"Serving", {"listen", "port_file", "state_dir", "metrics_listen"}},
+      {"Security (SECURITY.md)", {"tls_cert", "tls_key", "tls_client_ca", "auth_tokens", "data_root"}},
+      {"Workers", {"spawn_workers", "gpus", "gpus_per_worker", "workers", "worker_binary", "lease_seconds",
+                   "heartbeat_seconds"}},
+      {"Limits", {"max_shard_attempts", "max_manifest_rows", "retain_days"}},
+  };
+  return *groups;
+}
 
+// The server's options from the flags; an error (exit 2) for a flag that cannot be used.
+absl::StatusOr<tally::ServerOptions> ReadOptions(std::vector<std::string> data_roots) {
   tally::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  for (const std::string& root : absl::GetFlag(FLAGS_data_root)) data_roots.push_back(root);
   auto roots = tally::DataRoots::Create(data_roots);
-  if (!roots.ok()) {
-    std::cerr << "tallyd: " << roots.status().message() << "\n";
-    return 2;
-  }
+  if (!roots.ok()) return roots.status();
   options.data_roots = roots->roots();
   tally::SetProcessDataRoots(*std::move(roots));
   options.port_file = absl::GetFlag(FLAGS_port_file);
@@ -86,26 +95,45 @@ int main(int argc, char** argv) {
   options.coordinator.max_manifest_rows = absl::GetFlag(FLAGS_max_manifest_rows);
   options.coordinator.retain_days = absl::GetFlag(FLAGS_retain_days);
   options.spawn_workers = absl::GetFlag(FLAGS_spawn_workers);
-  if (options.spawn_workers) {
-    options.workers.worker_binary = absl::GetFlag(FLAGS_worker_binary);
-    options.workers.log_dir = options.coordinator.state_dir;
-    if (!absl::GetFlag(FLAGS_gpus).empty()) {
-      auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));
-      if (!gpus.ok()) {
-        std::cerr << "tallyd: " << gpus.status().message() << "\n";
-        return 2;
-      }
-      auto grouped = tally::GroupGpus(*gpus, absl::GetFlag(FLAGS_gpus_per_worker));
-      if (!grouped.ok()) {
-        std::cerr << "tallyd: " << grouped.status().message() << "\n";
-        return 2;
-      }
-      options.workers.gpus = *grouped;
-    } else {
-      options.workers.cpu_workers = std::max(1, absl::GetFlag(FLAGS_workers));
-    }
+  if (!options.spawn_workers) return options;
+  options.workers.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  options.workers.log_dir = options.coordinator.state_dir;
+  if (absl::GetFlag(FLAGS_gpus).empty()) {
+    options.workers.cpu_workers = std::max(1, absl::GetFlag(FLAGS_workers));
+    return options;
   }
-  auto server = tally::Server::BuildAndStart(options);
+  auto gpus = tally::SelectGpus(absl::GetFlag(FLAGS_gpus));
+  if (!gpus.ok()) return gpus.status();
+  auto grouped = tally::GroupGpus(*gpus, absl::GetFlag(FLAGS_gpus_per_worker));
+  if (!grouped.ok()) return grouped.status();
+  options.workers.gpus = *grouped;
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tally::SetLogName("tallyd");
+  const std::string usage = "Tally coordinator. Usage: tallyd [--listen host:port] [--state-dir DIR] [flags]";
+  absl::SetProgramUsageMessage(usage);
+  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  if (tally::AsksForHelp(normalized)) {
+    std::cout << tally::GroupedFlagHelp(usage, HelpGroups(), "server/main.cc");
+    return 0;
+  }
+  const std::vector<std::string> data_roots = tally::TakeRepeatedFlag(&normalized, "data_root");
+  std::vector<char*> args = tally::ArgvPointers(normalized);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+
+  tally::BlockTerminationSignals();
+  tally::DumpStacksOnQuitSignal();
+  tally::BlockReloadSignal();
+  absl::StatusOr<tally::ServerOptions> options = ReadOptions(data_roots);
+  if (!options.ok()) {
+    std::cerr << "tallyd: " << options.status().message() << "\n";
+    return 2;
+  }
+  auto server = tally::Server::BuildAndStart(*options);
   if (!server.ok()) {
     std::cerr << "tallyd: " << server.status().message() << "\n";
     return 1;

@@ -111,6 +111,44 @@ class NvjpegDecoder : public GpuJpegDecoder {
 
   std::string backend() const override { return handles_.hardware ? "hardware" : "cuda"; }
 
+  // Where image i of the current call goes in the device buffer (interleaved RGB).
+  nvjpegImage_t Destination(size_t i) const {
+    nvjpegImage_t d;
+    std::memset(&d, 0, sizeof(d));
+    d.channel[0] = device_buffer_ + offset_[i];
+    d.pitch[0] = static_cast<size_t>((*images_)[i].width) * 3;
+    return d;
+  }
+  const unsigned char* Bytes(size_t i) const {
+    return reinterpret_cast<const unsigned char*>((*images_)[i].bytes->data());
+  }
+
+  // Images `hw` of the current call in one batch on the JPEG engines; false (the stream synchronised)
+  // when the engines refuse one mid-batch.
+  bool DecodeOnEngines(const std::vector<size_t>& hw) {
+    std::vector<const unsigned char*> ptrs;
+    std::vector<size_t> lengths;
+    std::vector<nvjpegImage_t> dests;
+    for (size_t i : hw) {
+      ptrs.push_back(Bytes(i));
+      lengths.push_back((*images_)[i].bytes->size());
+      dests.push_back(Destination(i));
+    }
+    nvjpegStatus_t s = NVJPEG_STATUS_SUCCESS;
+    if (static_cast<int>(hw.size()) != hw_batch_) {
+      s = nvjpegDecodeBatchedInitialize(handles_.hardware, hw_state_, static_cast<int>(hw.size()), 1,
+                                        NVJPEG_OUTPUT_RGBI);
+      hw_batch_ = s == NVJPEG_STATUS_SUCCESS ? static_cast<int>(hw.size()) : 0;
+    }
+    if (s == NVJPEG_STATUS_SUCCESS) {
+      s = nvjpegDecodeBatched(handles_.hardware, hw_state_, ptrs.data(), lengths.data(), dests.data(), stream_);
+    }
+    if (s == NVJPEG_STATUS_SUCCESS) return true;
+    cudaStreamSynchronize(stream_);
+    hw_batch_ = 0;
+    return false;
+  }
+
   void Start(std::vector<GpuJpegImage>* images) override {
     images_ = images;
     copy_error_ = cudaSuccess;
@@ -135,14 +173,7 @@ class NvjpegDecoder : public GpuJpegDecoder {
       images_ = nullptr;
       return;
     }
-    auto destination = [&](size_t i) {
-      nvjpegImage_t d;
-      std::memset(&d, 0, sizeof(d));
-      d.channel[0] = device_buffer_ + offset[i];
-      d.pitch[0] = static_cast<size_t>((*images)[i].width) * 3;
-      return d;
-    };
-    auto data = [&](size_t i) { return reinterpret_cast<const unsigned char*>((*images)[i].bytes->data()); };
+    auto data = [&](size_t i) { return Bytes(i); };
     // The streams the hardware engines take go there in one batch; the rest, one at a time.
     std::vector<size_t> hw, others;
     for (size_t i = 0; i < images->size(); ++i) {
@@ -157,33 +188,12 @@ class NvjpegDecoder : public GpuJpegDecoder {
         others.push_back(i);
       }
     }
-    if (!hw.empty()) {
-      std::vector<const unsigned char*> ptrs;
-      std::vector<size_t> lengths;
-      std::vector<nvjpegImage_t> dests;
-      for (size_t i : hw) {
-        ptrs.push_back(data(i));
-        lengths.push_back((*images)[i].bytes->size());
-        dests.push_back(destination(i));
-      }
-      nvjpegStatus_t s = NVJPEG_STATUS_SUCCESS;
-      if (static_cast<int>(hw.size()) != hw_batch_) {
-        s = nvjpegDecodeBatchedInitialize(handles_.hardware, hw_state_, static_cast<int>(hw.size()), 1,
-                                          NVJPEG_OUTPUT_RGBI);
-        hw_batch_ = s == NVJPEG_STATUS_SUCCESS ? static_cast<int>(hw.size()) : 0;
-      }
-      if (s == NVJPEG_STATUS_SUCCESS) {
-        s = nvjpegDecodeBatched(handles_.hardware, hw_state_, ptrs.data(), lengths.data(), dests.data(), stream_);
-      }
-      if (s != NVJPEG_STATUS_SUCCESS) {
-        // A stream the engines refused mid-batch: decode the batch's images one by one instead.
-        cudaStreamSynchronize(stream_);
-        hw_batch_ = 0;
-        others.insert(others.end(), hw.begin(), hw.end());
-      }
+    if (!hw.empty() && !DecodeOnEngines(hw)) {
+      // A stream the engines refused mid-batch: decode the batch's images one by one instead.
+      others.insert(others.end(), hw.begin(), hw.end());
     }
     for (size_t i : others) {
-      nvjpegImage_t d = destination(i);
+      nvjpegImage_t d = Destination(i);
       GpuJpegImage& im = (*images)[i];
       nvjpegStatus_t s =
           nvjpegDecode(handles_.cuda, cuda_state_, data(i), im.bytes->size(), NVJPEG_OUTPUT_RGBI, &d, stream_);

@@ -83,6 +83,9 @@ ABSL_FLAG(double, estimate_seconds, 0.5, "With --estimate: timed passes per batc
 ABSL_FLAG(bool, estimate_json, false, "With --estimate: print JSON");
 ABSL_FLAG(double, estimate_spawned_unix, 0, "With --estimate: when the client started this process (Unix time)");
 ABSL_FLAG(double, gpu_memory_limit_gib, 0, "Cap this worker's GPU memory (GiB; 0 = no cap), e.g. on a shared GPU");
+ABSL_FLAG(std::vector<std::string>, data_root, {},
+          "A folder whose files jobs may make this worker read (repeatable): with data roots, models, images and "
+          "masks must resolve inside one (SECURITY.md). Empty: every readable path, with a warning");
 
 namespace {
 
@@ -134,44 +137,36 @@ int RunEstimateCommand(const tally::WorkerOptions& worker) {
   return 0;
 }
 
-}  // namespace
+const std::vector<tally::FlagGroup>& HelpGroups() {
+  static const auto* groups = new std::vector<tally::FlagGroup>{
+      {"Coordinator", {"coordinator", "name", "max_connect_seconds"}},
+      {"Security (SECURITY.md)", {"tls_ca", "tls_cert", "tls_key", "tls_server_name", "token_file", "data_root"}},
+      {"Device and model", {"device", "gpus_per_worker", "threads", "batch_size", "count_logit_ties", "cudnn_benchmark",
+                            "jit_optimize", "cache_dir", "warmup_batches", "warm_up_device"}},
+      {"Limits", {"max_leases", "staging_slots", "gpu_memory_limit_gib"}},
+      {"tally estimate (run by `tally estimate`)",
+       {"estimate", "estimate_workers", "estimate_decode_threads", "estimate_max_batch", "estimate_seconds",
+        "estimate_json", "estimate_spawned_unix"}},
+  };
+  return *groups;
+}
 
-int main(int argc, char** argv) {
-  const double started_after = ProcessAgeSeconds();
-  std::atexit(tally::JoinEarlyCuda);  // Before any exit path: see worker/early_cuda.h.
-  absl::SetProgramUsageMessage("Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N");
-  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
-  const std::vector<std::string> data_roots = tally::TakeRepeatedFlag(&normalized, "data_root");
-  std::vector<char*> args = tally::ArgvPointers(normalized);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  tally::SetLogName("tally-worker[" + absl::GetFlag(FLAGS_device) + "]");
-  if (absl::GetFlag(FLAGS_estimate).empty() && started_after >= 0) {
-    tally::Log("starting: main reached ", absl::StrFormat("%.2f", started_after),
-               " s after exec (loading and initialising libraries)");
-  }
+// --cache-dir: auto ($XDG_CACHE_HOME/tally, else $HOME/.cache/tally), none (""), or the folder.
+std::string CacheDir(const std::string& flag) {
+  if (flag == "none") return "";
+  if (flag != "auto") return flag;
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  return xdg != nullptr && xdg[0] == '/'     ? std::string(xdg) + "/tally"
+         : home != nullptr && home[0] == '/' ? std::string(home) + "/.cache/tally"
+                                             : std::string();
+}
 
-  // Fixed allocator thresholds. glibc otherwise raises its mmap threshold to the largest block
-  // freed (up to 32 MiB) and its trim threshold to twice that, so one large image leaves every
-  // decode thread's arena holding tens of MiB for the rest of the process. Blocks of 16 MiB and
-  // more (a 2300x2300 RGB image) are mapped and go straight back to the system when freed.
-  mallopt(M_MMAP_THRESHOLD, 16 << 20);
-  mallopt(M_TRIM_THRESHOLD, 16 << 20);
-
-  auto roots = tally::DataRoots::Create(data_roots);
-  if (!roots.ok()) {
-    std::cerr << "tally-worker: " << roots.status().message() << "\n";
-    return 2;
-  }
-  if (roots->empty() && absl::GetFlag(FLAGS_estimate).empty()) {
-    tally::Log("WARNING: no --data-root: jobs may make this worker read any file it can (SECURITY.md)");
-  }
-  tally::SetProcessDataRoots(*std::move(roots));
+// The worker's options from the flags (the token read from --token-file or TALLY_TOKEN); an error
+// (exit 2) for a flag that cannot be used.
+absl::StatusOr<tally::WorkerOptions> ReadOptions() {
   auto token = tally::ReadToken(absl::GetFlag(FLAGS_token_file));
-  if (!token.ok()) {
-    std::cerr << "tally-worker: " << token.status().message() << "\n";
-    return 2;
-  }
-
+  if (!token.ok()) return token.status();
   tally::WorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   options.security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
@@ -188,27 +183,19 @@ int main(int argc, char** argv) {
   options.count_logit_ties = absl::GetFlag(FLAGS_count_logit_ties);
   options.cudnn_benchmark = absl::GetFlag(FLAGS_cudnn_benchmark);
   options.jit_optimize = absl::GetFlag(FLAGS_jit_optimize);
-  options.cache_dir = absl::GetFlag(FLAGS_cache_dir);
-  if (options.cache_dir == "none") {
-    options.cache_dir.clear();
-  } else if (options.cache_dir == "auto") {
-    const char* xdg = std::getenv("XDG_CACHE_HOME");
-    const char* home = std::getenv("HOME");
-    options.cache_dir = xdg != nullptr && xdg[0] == '/' ? std::string(xdg) + "/tally"
-                        : home != nullptr && home[0] == '/' ? std::string(home) + "/.cache/tally"
-                                                          : std::string();
-  }
+  options.cache_dir = CacheDir(absl::GetFlag(FLAGS_cache_dir));
   options.warmup_batches = absl::GetFlag(FLAGS_warmup_batches);
   if (options.warmup_batches < 0) options.warmup_batches = options.jit_optimize ? 2 : 0;
   options.warm_up_device = absl::GetFlag(FLAGS_warm_up_device);
   options.staging_slots = std::clamp(absl::GetFlag(FLAGS_staging_slots), 2, 16);
   options.gpu_memory_limit_gib = absl::GetFlag(FLAGS_gpu_memory_limit_gib);
   options.gpus_per_worker = absl::GetFlag(FLAGS_gpus_per_worker);
-  if (options.gpus_per_worker < 1) {
-    std::cerr << "tally-worker: --gpus-per-worker must be >= 1\n";
-    return 2;
-  }
-  if (!absl::GetFlag(FLAGS_estimate).empty()) return RunEstimateCommand(options);
+  if (options.gpus_per_worker < 1) return absl::InvalidArgumentError("--gpus-per-worker must be >= 1");
+  return options;
+}
+
+// Serves until a termination signal (finishing the rows in hand) or an error; the exit code.
+int Serve(const tally::WorkerOptions& options) {
   // Termination signals go to one thread (WaitForTerminationSignal): blocked before any thread starts.
   tally::BlockTerminationSignals();
   tally::DumpStacksOnQuitSignal();
@@ -230,4 +217,49 @@ int main(int argc, char** argv) {
     return absl::IsFailedPrecondition(s) ? tally::kExitOutOfService : 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double started_after = ProcessAgeSeconds();
+  std::atexit(tally::JoinEarlyCuda);  // Before any exit path: see worker/early_cuda.h.
+  const std::string usage = "Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N [flags]";
+  absl::SetProgramUsageMessage(usage);
+  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
+  if (tally::AsksForHelp(normalized)) {
+    std::cout << tally::GroupedFlagHelp(usage, HelpGroups(), "worker/main.cc");
+    return 0;
+  }
+  std::vector<std::string> data_roots = tally::TakeRepeatedFlag(&normalized, "data_root");
+  std::vector<char*> args = tally::ArgvPointers(normalized);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  tally::SetLogName("tally-worker[" + absl::GetFlag(FLAGS_device) + "]");
+  if (absl::GetFlag(FLAGS_estimate).empty() && started_after >= 0) {
+    tally::Log("starting: main reached ", absl::StrFormat("%.2f", started_after),
+               " s after exec (loading and initialising libraries)");
+  }
+  // Fixed allocator thresholds. glibc otherwise raises its mmap threshold to the largest block
+  // freed (up to 32 MiB) and its trim threshold to twice that, so one large image leaves every
+  // decode thread's arena holding tens of MiB for the rest of the process. Blocks of 16 MiB and
+  // more (a 2300x2300 RGB image) are mapped and go straight back to the system when freed.
+  mallopt(M_MMAP_THRESHOLD, 16 << 20);
+  mallopt(M_TRIM_THRESHOLD, 16 << 20);
+  for (const std::string& root : absl::GetFlag(FLAGS_data_root)) data_roots.push_back(root);
+  auto roots = tally::DataRoots::Create(data_roots);
+  if (!roots.ok()) {
+    std::cerr << "tally-worker: " << roots.status().message() << "\n";
+    return 2;
+  }
+  if (roots->empty() && absl::GetFlag(FLAGS_estimate).empty()) {
+    tally::Log("WARNING: no --data-root: jobs may make this worker read any file it can (SECURITY.md)");
+  }
+  tally::SetProcessDataRoots(*std::move(roots));
+  absl::StatusOr<tally::WorkerOptions> options = ReadOptions();
+  if (!options.ok()) {
+    std::cerr << "tally-worker: " << options.status().message() << "\n";
+    return 2;
+  }
+  if (!absl::GetFlag(FLAGS_estimate).empty()) return RunEstimateCommand(*options);
+  return Serve(*options);
 }

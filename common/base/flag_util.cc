@@ -1,7 +1,14 @@
 #include "common/base/flag_util.h"
 
-#include "absl/strings/numbers.h"
+#include <algorithm>
+#include <set>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
 namespace tally {
@@ -81,6 +88,49 @@ absl::StatusOr<std::pair<int, int>> ParseSize(const std::string& flag, const std
     return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected HxW such as 512x512, got '", value, "'"));
   }
   return std::make_pair(h, w);
+}
+
+std::vector<std::string> FlagsDefinedIn(const std::string& main_file) {
+  std::vector<std::string> out;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::EndsWith(flag->Filename(), main_file)) out.emplace_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string GroupedFlagHelp(const std::string& usage, const std::vector<FlagGroup>& groups,
+                            const std::string& main_file) {
+  const std::vector<std::string> defined = FlagsDefinedIn(main_file);
+  std::set<std::string> listed;
+  std::string out = usage + "\n";
+  auto section = [&](const std::string& title, const std::vector<std::string>& flags) {
+    std::string text;
+    for (const std::string& name : flags) {
+      const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+      if (f == nullptr || !std::binary_search(defined.begin(), defined.end(), name)) continue;
+      listed.insert(name);
+      const std::string def = f->DefaultValue();
+      absl::StrAppend(&text, "  --", absl::StrReplaceAll(name, {{"_", "-"}}), "\n      ", f->Help(),
+                      def.empty() || def == "\"\"" ? "" : absl::StrCat(" (default: ", def, ")"), "\n");
+    }
+    if (!text.empty()) absl::StrAppend(&out, "\n", title, ":\n", text);
+  };
+  for (const FlagGroup& g : groups) section(g.title, g.flags);
+  std::vector<std::string> rest;
+  for (const std::string& name : defined) {
+    if (listed.count(name) == 0) rest.push_back(name);
+  }
+  section("Other", rest);
+  out += "\nFlags accept dashes or underscores (--state-dir = --state_dir). --helpfull lists every library's flags too.\n";
+  return out;
+}
+
+bool AsksForHelp(const std::vector<std::string>& args) {
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--help" || args[i] == "-h" || args[i] == "-help" || args[i] == "--helpshort") return true;
+  }
+  return false;
 }
 
 }  // namespace tally

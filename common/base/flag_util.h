@@ -19,6 +19,22 @@ std::vector<std::string> TakeRepeatedFlag(std::vector<std::string>* args, const 
 // Pointers into `args` for absl::ParseCommandLine; valid while `args` lives.
 std::vector<char*> ArgvPointers(std::vector<std::string>& args);
 
+// `--help` of tallyd and tally-worker: every flag defined in the file whose path ends with
+// `main_file` (where the binary's flags live), under the group that lists it, with its help and
+// default; a flag in no group is listed under "Other" (none is ever left out). Flags are shown
+// with dashes. `usage` comes first.
+struct FlagGroup {
+  std::string title;
+  std::vector<std::string> flags;  // Names with underscores, as defined.
+};
+std::string GroupedFlagHelp(const std::string& usage, const std::vector<FlagGroup>& groups,
+                            const std::string& main_file);
+// Names (underscores) of the flags defined in the file whose path ends with `main_file`, sorted.
+std::vector<std::string> FlagsDefinedIn(const std::string& main_file);
+// True when `args` (as NormalizeFlagNames leaves them, before "--") ask for help: --help, -h,
+// -help or --helpshort. --helpfull stays Abseil's (every flag of every library).
+bool AsksForHelp(const std::vector<std::string>& args);
+
 // "0.485,0.456,0.406" -> floats. Errors name the flag.
 absl::StatusOr<std::vector<float>> ParseFloatList(const std::string& flag, const std::string& value);
 // The same in double precision (spacings: 0.8 must stay 0.8, as the references use it).

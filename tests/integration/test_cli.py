@@ -2,6 +2,7 @@
 --json and NDJSON, job labels and filters, id prefixes, `tally wait`, the documented exit codes."""
 import json
 import os
+import subprocess
 import unittest
 
 import numpy as np
@@ -47,6 +48,59 @@ class HelpAndUsageTest(unittest.TestCase):
         self.assertIn("built with LibTorch", p.stdout)
         self.assertIn("CUDA", p.stdout)
         self.assertEqual(tt.tally("version").stdout, p.stdout)
+
+
+def flags_in_helpfull(binary, main_file):
+    """The flags Abseil's --helpfull lists as defined in `main_file`: what the binary accepts."""
+    p = subprocess.run([os.path.join(tt.BIN, binary), "--helpfull"], capture_output=True, text=True)
+    flags, inside = [], False
+    for line in p.stdout.splitlines():
+        if line.startswith("  Flags from "):
+            inside = line.rstrip(":").endswith(main_file)
+        elif inside and line.startswith("    --"):
+            flags.append(line.split()[0][2:].split("(")[0])
+    return flags
+
+
+class DaemonHelpTest(unittest.TestCase):
+    """tallyd --help and tally-worker --help list every flag the binary takes, grouped, with defaults."""
+
+    def check(self, binary, main_file, groups):
+        p = subprocess.run([os.path.join(tt.BIN, binary), "--help"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("No flags matched", p.stdout + p.stderr)
+        for g in groups:
+            self.assertIn(f"\n{g}:\n", p.stdout)
+        accepted = flags_in_helpfull(binary, main_file)
+        self.assertGreater(len(accepted), 15)
+        self.assertIn("data_root", accepted)  # Repeatable, and in --helpfull too.
+        for flag in accepted:
+            self.assertRegex(p.stdout, rf"\n  --{flag.replace('_', '-')}\n", f"{binary} --help misses --{flag}")
+        self.assertEqual(p.stdout.count("\n  --"), len(accepted), "a flag listed twice, or one it does not take")
+        return p.stdout
+
+    def test_tallyd(self):
+        out = self.check("tallyd", "server/main.cc", ["Serving", "Security (SECURITY.md)", "Workers", "Limits"])
+        self.assertIn("(default: 127.0.0.1:50051)", out)
+        self.assertIn("(default: 50000000)", out)
+        self.assertEqual(subprocess.run([os.path.join(tt.BIN, "tallyd"), "-h"], capture_output=True).returncode, 0)
+
+    def test_tally_worker(self):
+        out = self.check("tally-worker", "worker/main.cc", ["Coordinator", "Security (SECURITY.md)", "Device and model",
+                                                              "Limits"])
+        self.assertIn("(default: 16)", out)  # --max-leases
+
+    def test_data_root_still_repeats(self):
+        root = tt.tmpdir(self)
+        a, b = os.path.join(root, "a"), os.path.join(root, "b")
+        os.makedirs(a)
+        os.makedirs(b)
+        # Both roots are kept: a missing one is named whichever position it has.
+        p = subprocess.run([os.path.join(tt.BIN, "tallyd"), "--data-root", a, "--data-root", os.path.join(root, "nope"),
+                            "--state-dir", os.path.join(root, "s"), "--listen", "127.0.0.1:0"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("nope", p.stderr)
 
 
 class ScriptingTest(unittest.TestCase):
