@@ -3,6 +3,7 @@
 
     /usr/bin/python3 tests/tools/report_snapshot.py BIN_DIR OUT_DIR
     diff -r OUT_A/normalised OUT_B/normalised     # empty: the reports are identical
+    /usr/bin/python3 tests/tools/report_snapshot.py --compare REPORT_DIR_A REPORT_DIR_B
 
 The jobs: the demo (2 workers), the demo's 3 classes with --metrics all and every report option
 (3 workers), a 3D prediction manifest (NIfTI, --metrics all, nnU-Net summary) and the Python backend
@@ -104,15 +105,30 @@ def normalise(report_dir, out_dir, data_dir):
             text = scrub_text(text, job_id).replace(data_dir, "DATA")
             if revision:
                 text = text.replace(revision, "REVISION")
-            # Worker tables: which worker took which rows depends on timing.
-            text = re.sub(r"(?m)^\| (w\d+-[0-9a-f]+|cpu\d+)[^\n]*\n", "", text)
-            text = re.sub(r"<tr><td class=\"l\">(w\d+-[0-9a-f]+|cpu\d+)</td>.*?</tr>\n?", "", text, flags=re.S)
+            # Worker tables: which worker took which rows, and how fast, depends on timing.
+            text = re.sub(r"(?m)(^\| worker \| device[^\n]*\n\|[-| ]*\n)(\|[^\n]*\n)*", r"\1", text)
+            text = re.sub(r"(<h2>Workers</h2>\n<table>).*?(</table>)", r"\1\2", text, flags=re.S)
             text = re.sub(r"\d+(\.\d+)? images/s", "RATE images/s", text)
         with open(os.path.join(out_dir, name), "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(text)
 
 
+def compare(a, b):
+    """Two report folders of one job's settings (two builds, say), normalised and compared."""
+    import filecmp
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        na, nb = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+        normalise(a, na, "\0")
+        normalise(b, nb, "\0")
+        differ = [f for f in sorted(os.listdir(na)) if not filecmp.cmp(os.path.join(na, f), os.path.join(nb, f), False)]
+    print("  reports identical (ids and times aside)" if not differ else f"  reports DIFFER: {', '.join(differ)}")
+    return 1 if differ else 0
+
+
 def main():
+    if sys.argv[1] == "--compare":
+        sys.exit(compare(sys.argv[2], sys.argv[3]))
     bin_dir, out = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     os.makedirs(out, exist_ok=True)
     data_dir = os.path.join(out, "data")
