@@ -269,8 +269,9 @@ class Coordinator {
   // A model error from one worker: takes the worker off the job, or fails the job (see above).
   void RecordModelErrorLocked(JobEntry* job, const v1::ReportJobErrorRequest& request, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetireWorkerLocked(const std::string& worker_id, const std::string& reason, Deferred* deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job_id`: the job whose rows met the problem ("" if none); a client sees the reason only for its own.
+  void RetireWorkerLocked(const std::string& worker_id, const std::string& reason, const std::string& job_id,
+                          Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteStorage(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   // Counts one commit of `seconds` in the latency histogram.
   void NoteCommitLocked(double seconds) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

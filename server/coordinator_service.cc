@@ -314,7 +314,8 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListWorkers(grpc::CallbackServ
   return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListWorkersResponse> {
     v1::ListWorkersResponse out = core_->ListWorkers();
     if (caller->sees_all) return out;
-    // A client sees which workers serve, and its own jobs among theirs.
+    // A client sees which workers serve, and its own jobs among theirs: another owner's job ids,
+    // and the reasons its rows took a worker out of service (they name its files), never.
     for (v1::WorkerInfo& w : *out.mutable_workers()) {
       std::vector<std::string> mine;
       for (const std::string& j : w.jobs()) {
@@ -322,6 +323,14 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListWorkers(grpc::CallbackServ
       }
       w.clear_jobs();
       for (std::string& j : mine) w.add_jobs(std::move(j));
+      if (!w.gauges().job_id().empty() && !VisibleJob(*caller, w.gauges().job_id()).ok()) {
+        w.mutable_gauges()->clear_job_id();
+        w.mutable_gauges()->clear_images_held();
+      }
+      if (!w.reason_job_id().empty() && !VisibleJob(*caller, w.reason_job_id()).ok()) {
+        w.clear_reason_job_id();
+        w.set_reason("a problem with another owner's job on this host (an admin token shows it)");
+      }
     }
     return out;
   });

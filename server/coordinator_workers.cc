@@ -74,7 +74,7 @@ absl::Status Coordinator::ReportJobError(const v1::ReportJobErrorRequest& reques
     if (wit != workers_.end()) wit->second.last_seen = Now();
     auto jit = jobs_.find(request.job_id());
     if (request.worker_local()) {
-      RetireWorkerLocked(request.worker_id(), request.message(), &deferred);
+      RetireWorkerLocked(request.worker_id(), request.message(), request.job_id(), &deferred);
     } else if (jit != jobs_.end() && !IsTerminal(jit->second->record.job.state())) {
       RecordModelErrorLocked(jit->second.get(), request, &deferred);
     }
@@ -162,7 +162,8 @@ void Coordinator::ReleaseWorkerLeasesLocked(WorkerEntry* worker, const std::stri
   }
 }
 
-void Coordinator::RetireWorkerLocked(const std::string& worker_id, const std::string& reason, Deferred* deferred) {
+void Coordinator::RetireWorkerLocked(const std::string& worker_id, const std::string& reason, const std::string& job_id,
+                                     Deferred* deferred) {
   auto wit = workers_.find(worker_id);
   if (wit == workers_.end()) return;
   WorkerEntry& w = wit->second;
@@ -178,6 +179,7 @@ void Coordinator::RetireWorkerLocked(const std::string& worker_id, const std::st
   info.set_pid(w.info.pid());
   info.set_state("out of service");
   info.set_reason(reason);
+  info.set_reason_job_id(job_id);
   info.set_registered_unix(w.registered);
   info.set_last_seen_unix(w.last_seen);
   retired_.push_back(std::move(info));

@@ -3,7 +3,9 @@ errors, implausible results rejected. Real tallyd / tally-worker / tally process
 with certificates made by openssl here and raw gRPC calls (Debian's python3-grpcio) for what the
 CLI never sends: a client token calling WorkerControl, a worker committing fabricated counts.
 """
+import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -182,6 +184,65 @@ class SecureServiceTest(unittest.TestCase):
         code, _ = Rpc(self.pb, c.address, self.worker, ca=self.ca).code_of(
             "Coordinator", "ListJobs", self.pb.ListJobsRequest(), self.pb.ListJobsResponse)
         self.assertEqual(code, grpc.StatusCode.PERMISSION_DENIED)
+
+    def test_another_owners_ids_names_and_labels_never_reach_a_client(self):
+        """SECURITY.md: a client cannot even learn which job ids exist. Bob's jobs (one that took a
+        worker out of service by naming a model file gone from this host, one running) against every
+        answer alice can get: workers (text and JSON), jobs, status, watch, wait, report and errors."""
+        c = self.cluster
+        bob = lambda *args: self.as_(self.bob_file, *args)
+        # A job whose model is gone by the time a worker loads it: that worker goes out of service
+        # with a reason naming bob's file.
+        private = os.path.join(self.data, "bob-private-model.pt")
+        shutil.copy(tt.fixture("red_vs_rest.pt"), private)
+        p = bob("submit", "--model", private, "--manifest", self.manifest, "--name", "bob-secret-name",
+                "--label", "project=bob-secret-label")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        gone = p.stdout.strip()
+        os.unlink(private)
+        worker_args = ["--tls-ca", self.ca, "--token-file", self.worker_file, "--data-root", self.data,
+                       "--data-root", tt.FIXTURES]
+        c.start_worker(*worker_args)
+        deadline = time.time() + 60
+        while "bob-private-model" not in self.as_(self.admin_file, "workers").stdout:
+            self.assertLess(time.time(), deadline, "the worker did not go out of service")
+            time.sleep(0.1)
+        self.assertEqual(bob("cancel", gone).returncode, 0)
+        # A job that runs on and on: every row is marked, and hangs_on_mark loops on marked batches.
+        hang_data = os.path.join(self.data, "hang")
+        manifest = tt.marked_dataset(hang_data, 4, {0, 1, 2, 3})
+        c.start_worker(*worker_args)
+        p = bob("submit", "--model", tt.fixture("hangs_on_mark.pt"), "--manifest", manifest, "--name",
+                "bob-secret-name", "--label", "project=bob-secret-label", "--batch-timeout", "120")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        running = p.stdout.strip()
+        self.addCleanup(lambda: self.as_(self.admin_file, "cancel", running))
+        def in_gauges():
+            workers = json.loads(self.as_(self.admin_file, "workers", "--json").stdout).get("workers", [])
+            return any(w.get("gauges", {}).get("job_id") == running for w in workers)
+        deadline = time.time() + 60
+        while not in_gauges():  # The worker's heartbeat names the job of its model.
+            self.assertLess(time.time(), deadline, "the job never reached the worker's gauges")
+            time.sleep(0.1)
+        admin = self.as_(self.admin_file, "workers", "--json").stdout
+        self.assertIn(running, admin)
+        self.assertIn("bob-private-model", admin)  # An admin sees the reason and the job.
+        alice = lambda *args: self.as_(self.alice_file, *args)
+        answers = [alice("workers"), alice("workers", "--json"), alice("jobs"), alice("jobs", "--json"),
+                   alice("jobs", "--state", "running", "--json"), alice("status", running), alice("status", running[:9]),
+                   alice("watch", running, "--timeout", "1"), alice("wait", running, "--timeout", "1"),
+                   alice("cancel", gone), alice("report", gone, "--out", os.path.join(self.root, "x")),
+                   alice("compare", gone, running, "--out", os.path.join(self.root, "y"))]
+        text = "\n".join(p.stdout + p.stderr for p in answers)
+        self.assertIn("out of service", text)  # The worker itself is visible, its reason is not.
+        self.assertIn("another owner's job", text)
+        for secret in ("bob-private-model", "bob-secret-name", "bob-secret-label", running[10:], gone[10:]):
+            # The full ids may only appear where alice typed them; their random tails never do.
+            leaked = [l for l in text.splitlines() if secret in l and f"'{running}'" not in l and f"'{gone}'" not in l
+                      and f"prefix '{running[:9]}'" not in l]
+            self.assertEqual(leaked, [], secret)
+        for p in answers[5:]:
+            self.assertNotEqual(p.returncode, 0, p.args)
 
     def test_tls_handshake_needs_the_right_ca_and_plaintext_is_refused(self):
         c = self.cluster
