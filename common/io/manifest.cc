@@ -1,5 +1,7 @@
 #include "common/io/manifest.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -66,6 +68,17 @@ int64_t FirstInvalidUtf8(absl::string_view s) {
     const bool overlong = (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
     if (overlong || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return static_cast<int64_t>(i);
     i += len;
+  }
+  return -1;
+}
+
+int64_t FirstControlCharacter(absl::string_view s, bool newlines_allowed) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char b = static_cast<unsigned char>(s[i]);
+    if (b == '\t' || (newlines_allowed && (b == '\n' || b == '\r'))) continue;
+    if (b < 0x20 || b == 0x7F) return static_cast<int64_t>(i);
+    // C1 controls U+0080..U+009F: C2 80..C2 9F in UTF-8 (the text is valid UTF-8 by now).
+    if (b == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) <= 0x9F) return static_cast<int64_t>(i);
   }
   return -1;
 }
@@ -268,15 +281,30 @@ absl::StatusOr<std::unique_ptr<ManifestReader>> ManifestReader::FromText(absl::s
 
 absl::Status ManifestReader::CheckText(const CsvRecord& rec) const {
   for (size_t c = 0; c < rec.fields.size(); ++c) {
-    const int64_t bad = FirstInvalidUtf8(rec.fields[c]);
-    if (bad < 0) continue;
-    const std::string col = c < header_.size() && !header_[c].empty() && rec.line > 1
-                                ? absl::StrCat(" ('", header_[c], "')")
-                                : std::string();
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "manifest '%s' line %d, column %d%s: invalid UTF-8 (byte 0x%02X at byte %d of the field); save the "
-        "manifest as UTF-8",
-        name_, rec.line, c + 1, col, static_cast<unsigned char>(rec.fields[c][bad]), bad + 1));
+    const std::string& field = rec.fields[c];
+    const bool named = c < header_.size() && !header_[c].empty() && rec.line > 1;
+    const std::string col = named ? absl::StrCat(" ('", header_[c], "')") : std::string();
+    const int64_t bad = FirstInvalidUtf8(field);
+    if (bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "manifest '%s' line %d, column %d%s: invalid UTF-8 (byte 0x%02X at byte %d of the field); save the "
+          "manifest as UTF-8",
+          name_, rec.line, c + 1, col, static_cast<unsigned char>(field[bad]), bad + 1));
+    }
+    // A prompt may hold line breaks (inside quotes); no field may hold any other control character.
+    const int64_t control = FirstControlCharacter(field, /*newlines_allowed=*/named && header_[c] == "prompt");
+    if (control >= 0) {
+      const int64_t line = rec.line + std::count(field.begin(), field.begin() + control, '\n');
+      const unsigned char b = static_cast<unsigned char>(field[control]);
+      const std::string what =
+          b == 0      ? std::string("a NUL byte")
+          : b == 0xC2 ? absl::StrFormat("control character U+%04X", static_cast<unsigned char>(field[control + 1]))
+                      : absl::StrFormat("control character 0x%02X", b);
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "manifest '%s' line %d, column %d%s: %s at byte %d of the field; a manifest may hold no NUL or control "
+          "character (tabs aside, and line breaks only inside a quoted 'prompt')",
+          name_, line, c + 1, col, what, control + 1));
+    }
   }
   return absl::OkStatus();
 }

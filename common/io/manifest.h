@@ -4,8 +4,9 @@
 // absolute.
 //
 // Manifests are untrusted input: the reader streams the file in bounded memory (rows come out in
-// batches), enforces limits on rows, fields and field sizes, requires text to be valid UTF-8, and
-// its error messages name the file, the line and the column but never echo the file's bytes.
+// batches), enforces limits on rows, fields and field sizes, requires text to be valid UTF-8 without
+// NUL or control characters (tabs aside; line breaks only in a quoted `prompt`), and its error
+// messages name the file, the line and the column but never echo the file's bytes.
 // Thread-compatible.
 #ifndef TALLY_COMMON_IO_MANIFEST_H_
 #define TALLY_COMMON_IO_MANIFEST_H_
@@ -143,6 +144,9 @@ std::string CsvField(const std::string& s);
 
 // Index of the first byte that is not part of valid UTF-8 in `text`, or -1 when it is all valid.
 int64_t FirstInvalidUtf8(absl::string_view text);
+// Index of the first NUL or control character of `text` (C0 but tab, DEL, C1), or -1. Line feeds and
+// carriage returns pass when `newlines_allowed`. `text` must be valid UTF-8.
+int64_t FirstControlCharacter(absl::string_view text, bool newlines_allowed);
 
 }  // namespace tally
 

@@ -118,6 +118,43 @@ TEST(ManifestTest, InvalidUtf8NamesLineAndColumn) {
   EXPECT_EQ(FirstInvalidUtf8("a\xc0\xaf"), 1);      // Overlong '/'.
 }
 
+// Found by probing: "images/case_000.png<NUL>../../etc/passwd" was evaluated as images/case_000.png
+// while the reports carried the whole string. NUL and control characters refuse the manifest, naming
+// the line and the column; tabs pass, and line breaks only inside a quoted prompt.
+TEST(ManifestTest, NulAndControlCharactersAreRefusedWithLineAndColumn) {
+  const std::string header = "id,image,mask,prompt\n";
+  struct Case {
+    std::string row;     // The data row (line 2).
+    std::string expect;  // In the error.
+  };
+  const std::vector<Case> cases = {
+      {std::string("a,i.png\0../../etc/passwd,m.png,p\n", 33), "line 2, column 2 ('image'): a NUL byte at byte 6"},
+      {std::string("a\0,i.png,m.png,p\n", 18), "line 2, column 1 ('id'): a NUL byte"},
+      {"a,i.png,m\x01.png,p\n", "line 2, column 3 ('mask'): control character 0x01 at byte 2"},
+      {"a,i.png,m.png,left\x1blung\n", "line 2, column 4 ('prompt'): control character 0x1B"},
+      {"a,i.png\x7f,m.png,p\n", "line 2, column 2 ('image'): control character 0x7F"},
+      {"a,i\xc2\x85.png,m.png,p\n", "line 2, column 2 ('image'): control character U+0085"},
+      {"a,\"i\n.png\",m.png,p\n", "line 2, column 2 ('image'): control character 0x0A at byte 2"},
+      {"a,i.png,\"m.png\r\",p\n", "line 2, column 3 ('mask'): control character 0x0D"},
+  };
+  for (const Case& c : cases) {
+    auto m = ParseManifest(header + c.row, ".", "hostile.csv");
+    ASSERT_FALSE(m.ok()) << c.expect;
+    EXPECT_TRUE(absl::IsInvalidArgument(m.status()));
+    EXPECT_THAT(std::string(m.status().message()), HasSubstr("manifest 'hostile.csv' " + c.expect));
+  }
+  // In the header too.
+  auto h = ParseManifest(std::string("image,ma\0sk\na,b\n", 15), ".", "h.csv");
+  ASSERT_FALSE(h.ok());
+  EXPECT_THAT(std::string(h.status().message()), HasSubstr("line 1, column 2: a NUL byte"));
+  // Tabs anywhere, and line breaks inside a quoted prompt, are text.
+  auto ok = ParseManifest(header + "a\tb,i.png,m.png,\"the left\r\nlung\tand\nmore\"\nc,j.png,n.png,q\n", ".", "ok.csv");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->rows.size(), 2u);
+  EXPECT_EQ(ok->rows[0].id, "a\tb");
+  EXPECT_EQ(ok->rows[1].line, 5);  // The prompt took lines 2-4.
+}
+
 TEST(ManifestTest, LimitsOnFieldsAndRows) {
   auto m = ParseManifest("image,mask\n" + std::string(5000, 'a') + ",m.png\n", ".", "long.csv");
   ASSERT_FALSE(m.ok());
@@ -150,10 +187,10 @@ TEST(ManifestTest, FifoIsRefusedWithoutBlocking) {
 // Streaming reads the file in 1 MiB chunks: records (quoted fields with commas and newlines
 // included) that straddle chunk boundaries come out exactly as from the whole text.
 TEST(ManifestTest, StreamingMatchesParsingTheWholeText) {
-  std::string text = "id,image,mask\n";
+  std::string text = "id,image,mask,prompt\n";
   for (int i = 0; i < 40000; ++i) {
-    text += "\"case " + std::to_string(i) + ", with \"\"quotes\"\"\nand a newline\",img/" + std::to_string(i) +
-            ".png,msk/" + std::to_string(i) + ".png\r\n";
+    text += "\"case " + std::to_string(i) + ", with \"\"quotes\"\"\",img/" + std::to_string(i) + ".png,msk/" +
+            std::to_string(i) + ".png,\"a prompt\nwith a newline\"\r\n";
   }
   ASSERT_GT(text.size(), size_t{2} << 20);
   const std::string path = ::testing::TempDir() + "/manifest_stream.csv";
@@ -161,7 +198,7 @@ TEST(ManifestTest, StreamingMatchesParsingTheWholeText) {
   auto streamed = ReadManifest(path);
   ASSERT_TRUE(streamed.ok()) << streamed.status();
   ASSERT_EQ(streamed->rows.size(), 40000u);
-  EXPECT_EQ(streamed->rows[39999].id, "case 39999, with \"quotes\"\nand a newline");
+  EXPECT_EQ(streamed->rows[39999].id, "case 39999, with \"quotes\"");
   EXPECT_EQ(streamed->rows[39999].line, 2 + 2 * 39999);
   EXPECT_EQ(streamed->rows[12345].mask, "msk/12345.png");
 }

@@ -69,6 +69,10 @@ def main():
     for name, text in manifests.items():
         save("manifest", name, text.encode("utf-8"))
     save("manifest", "invalid_utf8.csv", b"image,mask\n\xff\xfe.png,m.png\n")
+    # Refused: NUL and control characters (tabs aside; line breaks only inside a quoted prompt).
+    save("manifest", "nul.csv", b"id,image,mask\ncase_a,images/case_000.png\x00../../etc/passwd,m.png\n")
+    save("manifest", "control.csv", b"image,mask,prompt\na\x1b[2J.png,m\x7f.png,\"p\xc2\x85\"\n")
+    save("manifest", "prompt_newlines.csv", b"image,mask,prompt\na.png,m.png,\"the left\r\nlung\tand more\"\n")
     for i, s in enumerate([b"plain", b"with,comma", b'quote"inside', b"new\nline", b"\x00\x01\x1f\x7f",
                            "\u00e9\u4e2d\U0001F600".encode(), b"\xc3\x28 invalid", b"\xed\xa0\x80 surrogate"]):
         save("report_strings", f"s{i}", s)

@@ -48,6 +48,34 @@ class ManifestErrorsTest(unittest.TestCase):
             self.assertIn("manifest.csv", p.stderr)
 
 
+    def test_nul_and_control_bytes_in_any_column_refuse_the_manifest_at_submit(self):
+        """Found by probing: the worker opened the path cut at a NUL while the reports carried the whole
+        string. Every column, through `tally run` and `tally submit`: refused, naming file, line, column."""
+        root = tt.tmpdir(self)
+        Image.fromarray(red_image()).save(os.path.join(root, "case_000.png"))
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(os.path.join(root, "m.png"))
+        good = ["case_a", "case_000.png", "m.png", "the left half"]
+        cluster = tt.Cluster(self, os.path.join(root, "cluster"))
+        for column, name in enumerate(["id", "image", "mask", "prompt"]):
+            for bad, shown in (("\0../../etc/passwd", "a NUL byte"), ("\x1b[2J", "control character 0x1B"),
+                               ("\x7f", "control character 0x7F")):
+                fields = list(good)
+                fields[column] += bad
+                path = os.path.join(root, f"m_{name}_{ord(bad[0])}.csv")
+                with open(path, "wb") as f:
+                    f.write(("id,image,mask,prompt\ncase_ok,case_000.png,m.png,p\n" + ",".join(fields) + "\n").encode())
+                expected = f"manifest '{path}' line 3, column {column + 1} ('{name}'): {shown}"
+                p = tt.tally_run(tt.fixture("red_vs_rest.pt"), path, os.path.join(root, "out"), check=False)
+                self.assertNotEqual(p.returncode, 0)
+                self.assertIn(expected, p.stderr)
+                p = cluster.cli("submit", "--model", tt.fixture("red_vs_rest.pt"), "--manifest", path, check=False)
+                self.assertEqual(p.returncode, 1, p.stderr)
+                self.assertIn(expected, p.stderr)
+        self.assertIn("JOB", cluster.cli("jobs").stdout)
+        self.assertNotIn("case_a", cluster.cli("jobs").stdout)  # Nothing was stored.
+        self.assertEqual(len(cluster.cli("jobs").stdout.strip().splitlines()), 1)
+
+
 class RowErrorsTest(unittest.TestCase):
     def test_each_bad_row_fails_alone_with_a_reason(self):
         root = tt.tmpdir(self)
