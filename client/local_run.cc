@@ -214,6 +214,7 @@ int RunLocally(const LocalRunOptions& options) {
   const std::string job_id = submitted->job_id();
   std::cerr << "tally run: job " << job_id << ": " << submitted->images_total() << " images, " << options.spec.model()
             << "\n";
+  for (const std::string& w : submitted->spec().manifest_warnings()) std::cerr << "tally run: warning: " << w << "\n";
   ProgressPrinter progress;
   std::string abort_reason;
   absl::StatusOr<v1::Job> last = WatchLocalJob(client, job_id, *cluster, progress, &abort_reason);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/base/file_util.h"
 #include "common/job/job_config.h"
@@ -55,6 +56,13 @@ absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, cons
   if (a.job.num_classes() != b.job.num_classes()) {
     return absl::InvalidArgumentError(absl::StrCat("cannot compare ", a.job.job_id(), " (", a.job.num_classes(),
                                                    " classes) with ", b.job.job_id(), " (", b.job.num_classes(), ")"));
+  }
+  for (const JobRecord* r : {&a, &b}) {
+    if (r->job.spec().duplicate_id_rows() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot compare ", r->job.job_id(), ": its manifest repeats ids, ",
+                                                     "and a comparison pairs images by id: ",
+                                                     absl::StrJoin(r->job.spec().manifest_warnings(), "; ")));
+    }
   }
   ASSIGN_OR_RETURN(const JobConfig ca, JobConfigFromSpec(a.job.spec()));
   ASSIGN_OR_RETURN(const JobConfig cb, JobConfigFromSpec(b.job.spec()));

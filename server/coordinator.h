@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/io/manifest.h"
 #include "common/job/job_config.h"
 #include "proto/tally.pb.h"
 #include "server/job_store.h"
@@ -241,6 +242,12 @@ class Coordinator {
   absl::Status Resume();
   double Now() const { return options_.clock(); }
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
+  // Ids are the join key of a merged report: refuses parts whose manifests repeat ids, or that
+  // share an id (two runs of one manifest are compared, not merged).
+  absl::Status CheckIdsJoin(const std::vector<JobRecord>& parts);
+  // After a submission's rows are stored: how many rows repeat an earlier row's id, and the
+  // warning naming the first such ids (read back from the stored rows).
+  absl::StatusOr<int64_t> NameDuplicates(const std::string& job_id, DuplicateIds* duplicates, std::string* message);
   v1::Job Snapshot(const JobEntry& job, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a job (FAILED or CANCELLED) and revokes its leases.
   void EndJobLocked(JobEntry* job, v1::JobState state, const std::string& error, Deferred* deferred)

@@ -92,6 +92,26 @@ v1::Job Coordinator::Snapshot(const JobEntry& entry, double now) const {
 
 // Streams the manifest into the database in bounded batches; the job is not visible until its
 // shards are stored too. On any error, the rows stored so far are deleted again.
+absl::StatusOr<int64_t> Coordinator::NameDuplicates(const std::string& job_id, DuplicateIds* duplicates,
+                                                    std::string* message) {
+  std::vector<DuplicateIds::Group> groups;
+  int64_t ids = 0;
+  const int64_t repeated = duplicates->Finish(3, &groups, &ids);
+  if (repeated == 0) return 0;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> named;
+  for (const DuplicateIds::Group& g : groups) {
+    // The ids were compared by hash: the rows read back name them (and rule out a collision).
+    ASSIGN_OR_RETURN(std::vector<ManifestRow> first, store_->ReadRows(job_id, g.rows[0].first, g.rows[0].first + 1));
+    ASSIGN_OR_RETURN(std::vector<ManifestRow> second, store_->ReadRows(job_id, g.rows[1].first, g.rows[1].first + 1));
+    if (first.empty() || second.empty() || first[0].id != second[0].id) continue;
+    std::vector<int64_t> lines;
+    for (const auto& [index, line] : g.rows) lines.push_back(line);
+    named.emplace_back(first[0].id, std::move(lines));
+  }
+  *message = DuplicateIdsMessage(repeated, ids, named);
+  return repeated;
+}
+
 absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id) {
   ManifestLimits limits;
   limits.max_rows = options_.max_manifest_rows;
@@ -104,13 +124,24 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   const bool keep_columns = ParseModelRef(spec.model()).python;
   if (keep_columns) reader->KeepExtraColumns();
   RETURN_IF_ERROR(store_->BeginSubmission(job_id));
+  DuplicateIds duplicates;
+  int64_t duplicate_rows = 0;
+  std::string duplicate_message;
   auto stream = [&]() -> absl::Status {
     std::vector<ManifestRow> batch;
     while (true) {
       RETURN_IF_ERROR(reader->NextBatch(kSubmitBatchRows, &batch));
-      if (batch.empty()) return absl::OkStatus();
+      if (batch.empty()) break;
+      for (const ManifestRow& row : batch) duplicates.Add(row.id, row.index, row.line);
       RETURN_IF_ERROR(store_->InsertManifestRows(job_id, batch));
     }
+    ASSIGN_OR_RETURN(duplicate_rows, NameDuplicates(job_id, &duplicates, &duplicate_message));
+    if (duplicate_rows > 0 && !spec.save_predictions().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest '", reader->path(), "': --save-predictions writes each ",
+                                                     "prediction as <id>.png, and ", duplicate_message,
+                                                     "; give every row an id of its own"));
+    }
+    return absl::OkStatus();
   };
   if (absl::Status s = stream(); !s.ok()) {
     absl::Status cleanup = store_->DeleteJob(job_id);
@@ -125,6 +156,12 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   if (!spec.model().empty()) rec.job.mutable_spec()->set_model_sha256(Sha256FileHex(ParseModelRef(spec.model()).path));
   if (keep_columns) {
     for (const std::string& c : reader->extra_columns()) rec.job.mutable_spec()->add_manifest_columns(c);
+  }
+  if (duplicate_rows > 0) {
+    rec.job.mutable_spec()->set_duplicate_id_rows(duplicate_rows);
+    rec.job.mutable_spec()->add_manifest_warnings(
+        absl::StrCat(duplicate_message, "; per_image.csv then holds one id for several images, and tally compare and ",
+                     "tally merge, which join rows by id, refuse the job"));
   }
   rec.job.set_state(v1::JOB_STATE_QUEUED);
   rec.job.set_created_unix(Now());
@@ -272,6 +309,49 @@ void Coordinator::ApplyRetention() {
   }
 }
 
+absl::Status Coordinator::CheckIdsJoin(const std::vector<JobRecord>& parts) {
+  for (const JobRecord& p : parts) {
+    if (p.job.spec().duplicate_id_rows() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot merge ", p.job.job_id(), ": its manifest repeats ids, and a ",
+                                                     "merged report joins rows by id: ",
+                                                     absl::StrJoin(p.job.spec().manifest_warnings(), "; ")));
+    }
+  }
+  // Across the parts: the same row in two jobs (two runs of one manifest are compared, not merged).
+  DuplicateIds duplicates;
+  std::vector<int64_t> starts;  // Merged index of each part's first row.
+  int64_t offset = 0;
+  for (const JobRecord& p : parts) {
+    starts.push_back(offset);
+    for (int64_t begin = 0; begin < p.job.images_total(); begin += 65536) {
+      ASSIGN_OR_RETURN(std::vector<ManifestRow> rows, store_->ReadRows(p.job.job_id(), begin,
+                                                                       std::min(begin + 65536, p.job.images_total())));
+      for (const ManifestRow& r : rows) duplicates.Add(r.id, offset + r.index, r.line);
+    }
+    offset += p.job.images_total();
+  }
+  std::vector<DuplicateIds::Group> groups;
+  const int64_t repeated = duplicates.Finish(3, &groups);
+  if (repeated == 0) return absl::OkStatus();
+  auto part_of = [&](int64_t index) {
+    return static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), index) - starts.begin() - 1);
+  };
+  std::vector<std::string> named;
+  for (const DuplicateIds::Group& g : groups) {
+    std::vector<std::string> where;
+    for (const auto& [index, line] : g.rows) {
+      if (where.size() < 3) where.push_back(absl::StrCat(parts[part_of(index)].job.job_id(), " line ", line));
+    }
+    const size_t first = part_of(g.rows[0].first);
+    const int64_t row = g.rows[0].first - starts[first];
+    ASSIGN_OR_RETURN(std::vector<ManifestRow> read, store_->ReadRows(parts[first].job.job_id(), row, row + 1));
+    named.push_back(absl::StrCat("'", read.empty() ? "?" : read[0].id, "' (", absl::StrJoin(where, ", "), ")"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("cannot merge: ", repeated, " rows repeat an id of another job's ",
+                                                 "row, and a merged report joins rows by id: ", absl::StrJoin(named, ", "),
+                                                 "; to compare two runs of one manifest, use tally compare"));
+}
+
 absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::string>& job_ids) {
   if (job_ids.size() < 2) return absl::InvalidArgumentError("merge needs two jobs or more");
   if (job_ids.size() > 1000) return absl::InvalidArgumentError("merge takes at most 1000 jobs");
@@ -311,6 +391,7 @@ absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::str
     merged.last_result_unix = std::max(merged.last_result_unix, p.last_result_unix);
     if (p.job.state() != v1::JOB_STATE_SUCCEEDED) merged.job.set_state(p.job.state());
   }
+  RETURN_IF_ERROR(CheckIdsJoin(parts));
   merged.job.mutable_spec()->set_manifest(absl::StrJoin(manifests, " + "));
   // Provenance: one model hash if every part ran the same file; no single manifest hash.
   for (const JobRecord& p : parts) {

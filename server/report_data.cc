@@ -83,6 +83,8 @@ namespace {
 
 // The warnings that catch wrong numbers (README "Warnings"), and the failed rows grouped by reason.
 void AddWarnings(ReportData* d) {
+  // What the coordinator noticed about the manifest at submission (duplicate ids).
+  for (const std::string& w : d->record->job.spec().manifest_warnings()) d->warnings.push_back(w);
   std::map<std::string, size_t> group_of;
   for (const Failure& f : d->failures) {
     const std::string kind = FailureKind(f.reason);

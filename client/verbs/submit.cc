@@ -13,6 +13,7 @@ int SubmitVerb(const SubmitFlags& f) {
   if (!spec.ok()) return UsageError("submit", std::string(spec.status().message()));
   auto job = (*client)->Submit(*spec);
   if (!job.ok()) return Finish(job.status());
+  for (const std::string& w : job->spec().manifest_warnings()) std::cerr << "tally submit: warning: " << w << "\n";
   std::cout << (f.json ? ToJson(*job) : job->job_id()) << "\n";
   return 0;
 }

@@ -7,9 +7,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/security/data_roots.h"
 #include "common/base/file_util.h"
 
@@ -434,6 +436,50 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& path, ManifestLimits li
 absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string& base_dir, const std::string& name,
                                        ManifestLimits limits) {
   return ReadAll(ManifestReader::FromText(text, base_dir, name, limits));
+}
+
+void DuplicateIds::Add(const std::string& id, int64_t index, int64_t line) {
+  entries_.push_back(Entry{absl::Hash<std::string>{}(id), index, line});
+}
+
+int64_t DuplicateIds::Finish(size_t max_groups, std::vector<Group>* groups, int64_t* repeated_ids) {
+  groups->clear();
+  std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+    return a.hash != b.hash ? a.hash < b.hash : a.index < b.index;
+  });
+  int64_t repeated = 0;
+  std::vector<Group> all;  // Only repeated hashes: few, usually none.
+  for (size_t i = 0; i < entries_.size();) {
+    size_t j = i + 1;
+    while (j < entries_.size() && entries_[j].hash == entries_[i].hash) ++j;
+    if (j - i > 1) {
+      repeated += static_cast<int64_t>(j - i - 1);
+      Group g;
+      g.hash = entries_[i].hash;
+      for (size_t k = i; k < j; ++k) g.rows.emplace_back(entries_[k].index, entries_[k].line);
+      all.push_back(std::move(g));
+    }
+    i = j;
+  }
+  std::sort(all.begin(), all.end(), [](const Group& a, const Group& b) { return a.rows[1] < b.rows[1]; });
+  if (repeated_ids != nullptr) *repeated_ids = static_cast<int64_t>(all.size());
+  if (all.size() > max_groups) all.resize(max_groups);
+  *groups = std::move(all);
+  entries_.clear();
+  entries_.shrink_to_fit();
+  return repeated;
+}
+
+std::string DuplicateIdsMessage(int64_t rows, int64_t ids,
+                                const std::vector<std::pair<std::string, std::vector<int64_t>>>& named) {
+  std::vector<std::string> parts;
+  for (const auto& [id, lines] : named) {
+    std::vector<int64_t> shown(lines.begin(), lines.begin() + std::min<size_t>(lines.size(), 4));
+    parts.push_back(absl::StrCat("'", id, "' (lines ", absl::StrJoin(shown, ", "), lines.size() > 4 ? ", ..." : "", ")"));
+  }
+  return absl::StrCat(rows, rows == 1 ? " row repeats" : " rows repeat", " the id of an earlier row (", ids,
+                      ids == 1 ? " id" : " ids", "): ", absl::StrJoin(parts, ", "),
+                      static_cast<int64_t>(named.size()) < ids ? ", ..." : "");
 }
 
 }  // namespace tally

@@ -155,6 +155,27 @@ TEST(ManifestTest, NulAndControlCharactersAreRefusedWithLineAndColumn) {
   EXPECT_EQ(ok->rows[1].line, 5);  // The prompt took lines 2-4.
 }
 
+TEST(DuplicateIdsTest, CountsRepeatsAndNamesTheFirstIdsInManifestOrder) {
+  DuplicateIds d;
+  const std::vector<std::string> ids = {"a", "b", "a", "c", "b", "a", "d", "e", "e"};
+  for (size_t i = 0; i < ids.size(); ++i) d.Add(ids[i], static_cast<int64_t>(i), static_cast<int64_t>(i) + 2);
+  std::vector<DuplicateIds::Group> groups;
+  int64_t repeated_ids = 0;
+  // a repeats twice, b once, e once: 4 rows repeat an earlier row's id, 3 ids repeat.
+  EXPECT_EQ(d.Finish(2, &groups, &repeated_ids), 4);
+  EXPECT_EQ(repeated_ids, 3);
+  ASSERT_EQ(groups.size(), 2u);  // By their second row: a (row 2) before b (row 4); e (row 8) left out.
+  EXPECT_EQ(groups[0].rows, (std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 4}, {5, 7}}));
+  EXPECT_EQ(groups[1].rows, (std::vector<std::pair<int64_t, int64_t>>{{1, 3}, {4, 6}}));
+  EXPECT_EQ(DuplicateIdsMessage(4, 3, {{"a", {2, 4, 7}}, {"b", {3, 6}}}),
+            "4 rows repeat the id of an earlier row (3 ids): 'a' (lines 2, 4, 7), 'b' (lines 3, 6), ...");
+  DuplicateIds none;
+  none.Add("x", 0, 2);
+  none.Add("y", 1, 3);
+  EXPECT_EQ(none.Finish(3, &groups), 0);
+  EXPECT_TRUE(groups.empty());
+}
+
 TEST(ManifestTest, LimitsOnFieldsAndRows) {
   auto m = ParseManifest("image,mask\n" + std::string(5000, 'a') + ",m.png\n", ".", "long.csv");
   ASSERT_FALSE(m.ok());

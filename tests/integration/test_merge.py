@@ -118,3 +118,54 @@ class CompareTest(unittest.TestCase):
         p = c.cli("compare", a, o, "--out", os.path.join(root, "bad"), check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("compare two runs of the same manifest", p.stderr)
+
+
+class DuplicateIdsTest(unittest.TestCase):
+    """Found by probing: two rows with one id were both evaluated without a word, and joins by id were
+    ambiguous. A warning at submission and in the report; compare, merge and --save-predictions refuse."""
+
+    def test_warned_at_submit_and_in_the_report_refused_where_ids_join(self):
+        root = tt.tmpdir(self)
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 6, set())
+        with open(manifest) as f:
+            lines = f.read().splitlines()
+        # r001 twice more (lines 5 and 7), r000 once more (line 6).
+        lines[4] = lines[4].replace("r003,", "r001,")
+        lines[5] = lines[5].replace("r004,", "r000,")
+        lines[6] = lines[6].replace("r005,", "r001,")
+        dup = os.path.join(root, "data", "dup.csv")
+        with open(dup, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        expected = "3 rows repeat the id of an earlier row (2 ids): 'r001' (lines 3, 5, 7), 'r000' (lines 2, 6)"
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        p = c.cli("submit", "--model", tt.fixture("red_vs_rest.pt"), "--manifest", dup)
+        self.assertIn(f"tally submit: warning: {expected}", p.stderr)
+        a = p.stdout.strip()
+        b = c.submit(tt.fixture("red_vs_rest.pt"), manifest)
+        ok = c.submit(tt.fixture("red_vs_rest.pt"), manifest)
+        for job in (a, b, ok):
+            self.assertEqual(c.wait(job)["state"], "succeeded")
+        out = os.path.join(root, "a")
+        c.fetch(a, out)
+        warnings = tt.read_report(out)["warnings"]
+        self.assertTrue(any(w.startswith(expected) for w in warnings), warnings)
+        self.assertEqual(len(tt.read_per_image(out)), 12)  # Every row evaluated all the same (2 classes).
+        # Joins by id refuse, naming the ids.
+        for args in (["compare", a, ok], ["compare", ok, a], ["merge", a, ok]):
+            p = c.cli(*args, "--out", os.path.join(root, "x"), check=False)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertIn(expected, p.stderr, args)
+        # Two jobs of one manifest share every id: merged, rows would repeat ids.
+        p = c.cli("merge", b, ok, "--out", os.path.join(root, "y"), check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("6 rows repeat an id of another job's row", p.stderr)
+        self.assertIn(f"'r000' ({b} line 2, {ok} line 2)", p.stderr)
+        self.assertEqual(c.cli("compare", b, ok, "--out", os.path.join(root, "z")).returncode, 0)
+        # --save-predictions names files by id: refused at submit, nothing stored.
+        p = c.cli("submit", "--model", tt.fixture("red_vs_rest.pt"), "--manifest", dup, "--save-predictions",
+                  os.path.join(root, "preds"), check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--save-predictions writes each prediction as <id>.png, and " + expected, p.stderr)
+        self.assertEqual(len(c.cli("jobs").stdout.strip().splitlines()), 4)  # The header and three jobs.
+
