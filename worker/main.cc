@@ -12,7 +12,8 @@
 // Exit codes: 0 stopped, 1 error (coordinator unreachable past --max-connect-seconds), 2 usage,
 // 3 out of service (the device does not work here, or the model file is missing on this host:
 // restarting will not help), 75 a decode or forward pass ran past the job's batch timeout (the
-// rows were failed or handed back; restart the worker).
+// rows were failed or handed back; restart the worker), 77 refused by the coordinator (an unknown
+// token, or one that is not a worker token, 3 times in a row).
 #include <algorithm>
 #include <cstdlib>
 #include <malloc.h>
@@ -213,7 +214,9 @@ int Serve(const tally::WorkerOptions& options) {
   if (!s.ok()) {
     tally::Log(s.message());
     std::cerr << "tally-worker: " << s.message() << "\n";
-    // Out of service (this host's device or files): a restart would fail the same way.
+    // Out of service (this host's device or files), or refused by the coordinator (the token): a
+    // restart would fail the same way.
+    if (absl::IsPermissionDenied(s)) return tally::kExitRefused;
     return absl::IsFailedPrecondition(s) ? tally::kExitOutOfService : 1;
   }
   return 0;

@@ -149,6 +149,7 @@ absl::Status Worker::Register(bool first) {
     heartbeat = heartbeat_seconds_;
   }
   Backoff backoff(0.25, std::max(0.5, heartbeat));
+  int refusals = 0;
   for (int attempt = 1;; ++attempt) {
     v1::RegisterWorkerResponse response;
     grpc::ClientContext ctx;
@@ -165,6 +166,20 @@ absl::Status Worker::Register(bool first) {
     }
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (Stopping()) return absl::CancelledError("stopped while registering");
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED || s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      // The coordinator answered and said no: a token it does not know, or one of another role.
+      // A few more tries (tallyd may be re-reading its tokens file), then the process ends with a
+      // status that says so (kExitRefused), rather than retrying forever.
+      const std::string why = absl::StrCat("refused by the coordinator at ", options_.coordinator, ": ",
+                                           s.error_message());
+      if (++refusals >= kMaxRefusals) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            why, " (", refusals, " attempts); a worker needs a token of role worker, from --token-file or TALLY_TOKEN"));
+      }
+      Log(why, "; attempt ", refusals, " of ", kMaxRefusals);
+      SleepFor(backoff.Next());
+      continue;
+    }
     if (options_.max_connect_seconds > 0 && waited >= options_.max_connect_seconds) {
       return absl::UnavailableError(absl::StrFormat(
           "cannot reach the coordinator at %s: gave up after %d attempts over %.1f s (last error: %s)",

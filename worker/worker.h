@@ -79,6 +79,10 @@ struct WorkerOptions {
 // Exit codes of tally-worker besides 0 (stopped), 1 (error) and 2 (usage).
 inline constexpr int kExitOutOfService = 3;  // A local problem; restarting will not help.
 inline constexpr int kExitRestart = 75;      // Timed out in a decode or forward pass; restart me.
+// The coordinator refused this worker's token (unknown, or not a worker token) kMaxRefusals times
+// in a row: restarting with the same token will not help (sysexits' EX_NOPERM).
+inline constexpr int kExitRefused = 77;
+inline constexpr int kMaxRefusals = 3;
 
 // What a model on a worker with these options is given: {"cpu"} or {"cuda:N", ...}
 // (gpus_per_worker of them, from `device` on).

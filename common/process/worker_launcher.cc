@@ -83,9 +83,10 @@ int WorkerLauncher::Poll(std::vector<std::string>* exited) {
 }
 
 bool WorkerLauncher::ShouldRestart(Worker& w) const {
-  constexpr int kExitUsage = 2, kExitOutOfService = 3, kExitRestart = 75;  // worker/worker.h
+  constexpr int kExitUsage = 2, kExitOutOfService = 3, kExitRestart = 75, kExitRefused = 77;  // worker/worker.h
   const int code = w.process->exit_code();
-  const bool wanted = code == kExitRestart || (options_.restart && code != kExitUsage && code != kExitOutOfService);
+  const bool wanted = code == kExitRestart || (options_.restart && code != kExitUsage && code != kExitOutOfService &&
+                                               code != kExitRefused);
   if (!wanted) return false;
   const double now = NowUnix();
   w.restarts.erase(std::remove_if(w.restarts.begin(), w.restarts.end(), [&](double t) { return now - t > 60; }),

@@ -244,6 +244,26 @@ class SecureServiceTest(unittest.TestCase):
         for p in answers[5:]:
             self.assertNotEqual(p.returncode, 0, p.args)
 
+    def test_a_refused_worker_says_so_and_exits_77(self):
+        """Found by probing: a worker with an unknown token, or a client token, logged "cannot reach the
+        coordinator ... (unknown token)" and retried forever."""
+        c = self.cluster
+        bogus = os.path.join(self.root, "bogus-worker.token")
+        with open(bogus, "w") as f:
+            f.write("tally_not-a-real-token\n")
+        for token_file, why in ((bogus, "unknown token"),
+                                (self.alice_file, "token 'alice' has role client; only worker tokens may call WorkerControl")):
+            w = c.start_worker("--tls-ca", self.ca, "--token-file", token_file)
+            self.assertEqual(w.wait(timeout=60), 77)
+            log = c.log(f"worker-{len(c.workers) - 1}.log")
+            self.assertIn(f"refused by the coordinator at {c.address}: {why} (3 attempts)", log)
+            self.assertNotIn("cannot reach", log)
+        # A coordinator that is not there is still retried (and --max-connect-seconds ends that with 1).
+        w = subprocess.run([os.path.join(tt.BIN, "tally-worker"), "--coordinator", "127.0.0.1:1", "--token-file",
+                            self.worker_file, "--max-connect-seconds", "1"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(w.returncode, 1)
+        self.assertIn("cannot reach the coordinator at 127.0.0.1:1", w.stderr)
+
     def test_tls_handshake_needs_the_right_ca_and_plaintext_is_refused(self):
         c = self.cluster
         p = self.as_(self.alice_file, "jobs", ca=self.other_ca)
