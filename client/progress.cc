@@ -10,6 +10,7 @@
 #include "client/client.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "common/job/rpc.h"
 
 namespace tally {
 
@@ -35,10 +36,16 @@ std::string ProgressPrinter::Line(const v1::Job& job) const {
   }
   absl::StrAppend(&line, done, "/", total, " images (", static_cast<int>(frac * 100), "%)");
   absl::StrAppend(&line, absl::StrFormat("  %.1f img/s", job.images_per_second()));
-  absl::StrAppend(&line, "  ETA ", job.eta_seconds() >= 0 ? FormatDuration(job.eta_seconds()) : "?");
+  // A job that has ended says how, not "ETA 0s  0 workers" (its workers have let go of it).
+  const bool ended = IsTerminal(job.state());
+  if (!ended) absl::StrAppend(&line, "  ETA ", job.eta_seconds() >= 0 ? FormatDuration(job.eta_seconds()) : "?");
   if (job.images_failed() > 0) absl::StrAppend(&line, "  ", job.images_failed(), " failed");
   if (job.images_held() > 0) absl::StrAppend(&line, "  ", job.images_held(), " evaluated, held until the layout trial ends");
-  absl::StrAppend(&line, "  ", job.workers_active(), " worker", job.workers_active() == 1 ? "" : "s");
+  if (ended) {
+    absl::StrAppend(&line, "  ", JobStateName(job.state()));
+  } else {
+    absl::StrAppend(&line, "  ", job.workers_active(), " worker", job.workers_active() == 1 ? "" : "s");
+  }
   if (job.state() == v1::JOB_STATE_QUEUED) line += "  (waiting for workers)";
   if (!job.stalled().empty()) absl::StrAppend(&line, "  ", job.stalled());
   return line;

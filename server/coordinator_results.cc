@@ -32,6 +32,14 @@
 namespace tally {
 namespace {
 
+// "fp = -3": the first negative count of four, or "".
+std::string NegativeCount(int64_t tp, int64_t fp, int64_t fn, int64_t tn) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"tp", tp}, {"fp", fp}, {"fn", fn}, {"tn", tn}}) {
+    if (value < 0) return absl::StrCat(name, " = ", value, " (a count cannot be negative)");
+  }
+  return "";
+}
+
 // Moves the thumbnails out of `results` (stored results carry none), each with its row's Dice.
 std::vector<StoredThumbnail> TakeThumbnails(std::vector<v1::ImageResult>* results, EmptyScore empty) {
   std::vector<StoredThumbnail> out;
@@ -82,7 +90,10 @@ absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
     }
     for (int k = 0; k < r.classes_size(); ++k) {
       const v1::ClassResult& c = r.classes(k);
-      if (c.tp() < 0 || c.fp() < 0 || c.fn() < 0 || c.tn() < 0 || c.tp() + c.fp() + c.fn() + c.tn() != valid) {
+      if (std::string negative = NegativeCount(c.tp(), c.fp(), c.fn(), c.tn()); !negative.empty()) {
+        return implausible(absl::StrCat("class ", k, " has ", negative));
+      }
+      if (c.tp() + c.fp() + c.fn() + c.tn() != valid) {
         return implausible(absl::StrCat("class ", k, " has tp+fp+fn+tn = ", c.tp() + c.fp() + c.fn() + c.tn(),
                                         ", the image has ", valid, " valid pixels"));
       }
@@ -105,7 +116,10 @@ absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
                                       job.record.job.spec().thresholds_size(), " thresholds"));
     }
     for (const v1::ThresholdCounts& t : r.thresholds()) {
-      if (t.tp() < 0 || t.fp() < 0 || t.fn() < 0 || t.tn() < 0 || t.tp() + t.fp() + t.fn() + t.tn() != valid) {
+      if (std::string negative = NegativeCount(t.tp(), t.fp(), t.fn(), t.tn()); !negative.empty()) {
+        return implausible(absl::StrCat("a threshold's counts have ", negative));
+      }
+      if (t.tp() + t.fp() + t.fn() + t.tn() != valid) {
         return implausible(absl::StrCat("a threshold's tp+fp+fn+tn differs from the image's ", valid, " valid pixels"));
       }
     }

@@ -42,6 +42,13 @@ class HelpAndUsageTest(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertEqual(tt.tally(check=False).returncode, 2)
 
+    def test_the_last_progress_line_says_how_the_job_ended(self):
+        """Found by probing: `tally run`'s last progress line said "0 workers" at 100%."""
+        root = tt.tmpdir(self)
+        p = tt.tally_run(tt.fixture("red_vs_rest.pt"), dataset(root), os.path.join(root, "out"))
+        last = [l for l in p.stderr.splitlines() if " images (" in l][-1]
+        self.assertRegex(last, r"^4/4 images \(100%\)  [0-9.]+ img/s  succeeded$")
+
     def test_version(self):
         p = tt.tally("--version")
         self.assertRegex(p.stdout, r"^tally \d+\.\d+\.\d+ \(git [0-9a-f]{7,}|unknown\)")

@@ -370,8 +370,9 @@ class PlaintextTest(unittest.TestCase):
         self.assertEqual(code, grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("implausible counts", details)
         self.assertIn("64 valid pixels", details)
-        code, _ = report(tp=64, fp=-1, fn=1, tn=0)
+        code, details = report(tp=64, fp=-1, fn=1, tn=0)
         self.assertEqual(code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("class 0 has fp = -1 (a count cannot be negative)", details)  # Not "tp+fp+fn+tn = 64".
         log = c.log("tallyd.log")
         self.assertIn("rejected results from worker", log)
         self.assertIn("rogue-worker", log)
