@@ -219,6 +219,11 @@ void Coordinator::Apply(Deferred& deferred) {
     if (!s.ok()) Log("saving shard ", shard_id, " of job ", job_id, " failed: ", s.ToString());
   }
   for (const auto& [job_id, shard_id] : deferred.poisoned) FailPoisonedRow(job_id, shard_id);
+  for (const auto& [job_id, spec] : deferred.spec_updates) {
+    absl::Status s = store_->UpdateSpec(job_id, spec);
+    NoteStorage(s);
+    if (!s.ok()) Log("saving the spec of job ", job_id, " failed: ", s.ToString());
+  }
 }
 
 void Coordinator::BackgroundLoop() {

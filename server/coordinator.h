@@ -207,6 +207,7 @@ class Coordinator {
     std::vector<JobRecord> job_updates;
     std::vector<std::tuple<std::string, int64_t, int>> shard_done;  // job, shard, attempts
     std::vector<std::pair<std::string, int64_t>> poisoned;           // single rows out of attempts
+    std::vector<std::pair<std::string, v1::JobSpec>> spec_updates;   // job, its spec to store
   };
 
   // A shard just leased to a worker, and what to do about it after the lock is released.
@@ -277,6 +278,10 @@ class Coordinator {
   void RecordModelErrorLocked(JobEntry* job, const v1::ReportJobErrorRequest& request, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `job_id`: the job whose rows met the problem ("" if none); a client sees the reason only for its own.
+  // A worker whose copy of the model differs from the job's: off the job, with a warning; the job
+  // fails only when no worker in service is left for it.
+  void RecordModelMismatchLocked(JobEntry* job, const v1::ReportJobErrorRequest& request, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireWorkerLocked(const std::string& worker_id, const std::string& reason, const std::string& job_id,
                           Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteStorage(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);

@@ -154,6 +154,15 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   rec.job.mutable_spec()->set_manifest(reader->path());
   rec.job.mutable_spec()->set_manifest_sha256(Sha256FileHex(reader->path()));
   if (!spec.model().empty()) rec.job.mutable_spec()->set_model_sha256(Sha256FileHex(ParseModelRef(spec.model()).path));
+  if (keep_columns) {  // A Python model: the files its options name, so workers can check their copies.
+    for (const auto& [key, value] : spec.model_options()) {
+      struct stat st;
+      if (value.empty() || value[0] != '/' || stat(value.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      if (std::string hash = Sha256FileHex(value); !hash.empty()) {
+        (*rec.job.mutable_spec()->mutable_model_option_sha256())[key] = hash;
+      }
+    }
+  }
   if (keep_columns) {
     for (const std::string& c : reader->extra_columns()) rec.job.mutable_spec()->add_manifest_columns(c);
   }

@@ -75,12 +75,40 @@ absl::Status Coordinator::ReportJobError(const v1::ReportJobErrorRequest& reques
     auto jit = jobs_.find(request.job_id());
     if (request.worker_local()) {
       RetireWorkerLocked(request.worker_id(), request.message(), request.job_id(), &deferred);
+    } else if (request.model_mismatch()) {
+      if (jit != jobs_.end() && !IsTerminal(jit->second->record.job.state())) {
+        RecordModelMismatchLocked(jit->second.get(), request, &deferred);
+      }
     } else if (jit != jobs_.end() && !IsTerminal(jit->second->record.job.state())) {
       RecordModelErrorLocked(jit->second.get(), request, &deferred);
     }
   }
   Apply(deferred);
   return absl::OkStatus();
+}
+
+void Coordinator::RecordModelMismatchLocked(JobEntry* job, const v1::ReportJobErrorRequest& request,
+                                            Deferred* deferred) {
+  Log("job ", request.job_id(), ": worker ", request.worker_id(), " refuses it: ", request.message());
+  job->excluded_workers.insert(request.worker_id());
+  v1::JobSpec* spec = job->record.job.mutable_spec();
+  if (std::find(spec->run_warnings().begin(), spec->run_warnings().end(), request.message()) ==
+      spec->run_warnings().end()) {
+    spec->add_run_warnings(request.message());
+    deferred->spec_updates.emplace_back(request.job_id(), *spec);
+  }
+  bool nobody_left = true;
+  for (const auto& [id, w] : workers_) nobody_left &= job->excluded_workers.count(id) > 0;
+  if (nobody_left) {
+    EndJobLocked(job, v1::JOB_STATE_FAILED,
+                 absl::StrCat("no worker in service has the job's model file: ", request.message()), deferred);
+    return;
+  }
+  auto wit = workers_.find(request.worker_id());
+  if (wit != workers_.end()) {
+    ReleaseWorkerLeasesLocked(&wit->second, request.worker_id(), request.job_id(),
+                              absl::StrCat("worker refused the job: ", request.message()), false, deferred);
+  }
 }
 
 void Coordinator::RecordModelErrorLocked(JobEntry* job_entry, const v1::ReportJobErrorRequest& request,

@@ -147,6 +147,8 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.clear_manifest_sha256();
   spec.clear_manifest_warnings();
   spec.clear_duplicate_id_rows();
+  spec.clear_run_warnings();
+  spec.clear_model_option_sha256();
   RETURN_IF_ERROR(CheckSettings(&spec));
   RETURN_IF_ERROR(Canonicalise(&spec));
   // The exact-results rule (common/job/job_config.h): shards are multiples of the alignment, which

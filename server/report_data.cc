@@ -83,8 +83,10 @@ namespace {
 
 // The warnings that catch wrong numbers (README "Warnings"), and the failed rows grouped by reason.
 void AddWarnings(ReportData* d) {
-  // What the coordinator noticed about the manifest at submission (duplicate ids).
+  // What the coordinator noticed about the manifest at submission (duplicate ids) and about the
+  // workers while the job ran (one refusing it: another copy of the model).
   for (const std::string& w : d->record->job.spec().manifest_warnings()) d->warnings.push_back(w);
+  for (const std::string& w : d->record->job.spec().run_warnings()) d->warnings.push_back(w);
   std::map<std::string, size_t> group_of;
   for (const Failure& f : d->failures) {
     const std::string kind = FailureKind(f.reason);

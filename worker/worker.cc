@@ -33,15 +33,6 @@
 #include "worker/worker_internal.h"
 
 namespace tally {
-namespace {
-
-std::string Hostname() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
-
-}  // namespace
 
 // --threads 0: this worker's share of the cores it may run on: all of them for a CPU worker; for a
 // GPU worker, divided among the host's GPUs (/dev/nvidiaN), one worker per GPU as the systemd
@@ -342,6 +333,14 @@ void Worker::Accept(const v1::ShardAssignment& a) {
   }
   if (known_bad) {
     Release(key, "this worker cannot run the job's model", false);
+    return;
+  }
+  if (absl::Status same = CheckModelFiles(a.spec()); !same.ok()) {
+    Log("refusing job ", a.job_id(), ": ", same.message());
+    Release(key, std::string(same.message()), false);
+    JobError error{a.job_id(), std::string(same.message())};
+    error.model_mismatch = true;
+    OnFatal(error);
     return;
   }
   absl::Status started = StartJob(a);

@@ -157,7 +157,15 @@ class Worker {
     std::string message;
     bool definitive = false;
     bool worker_local = false;
+    bool model_mismatch = false;  // ReportJobErrorRequest.model_mismatch.
   };
+  // The model file (and, for Python models, each file an option names) this worker would load has
+  // the SHA-256 the job was submitted with; else FAILED_PRECONDITION naming this host, the path and
+  // both hashes. A file is hashed once per identity (device, inode, size, modification time).
+  // Called from the leasing thread only.
+  absl::Status CheckModelFiles(const v1::JobSpec& spec);
+  // The SHA-256 of `path` as this worker sees it ("" if it cannot be read), from the cache.
+  std::string FileHash(const std::string& path);
   // The steps of Run().
   // The coordinator forgot this worker (restarted, or it was silent too long): drop the leases
   // it no longer knows and register again.
@@ -209,6 +217,8 @@ class Worker {
   std::map<int64_t, LeaseBuffer> leases_ ABSL_GUARDED_BY(mu_);           // By lease id.
   std::vector<JobError> job_errors_ ABSL_GUARDED_BY(mu_);                // To report.
   std::map<std::string, std::string> failed_jobs_ ABSL_GUARDED_BY(mu_);  // Jobs this worker cannot run.
+  // FileHash's cache: path -> (its identity when hashed, the hash). The leasing thread's alone.
+  std::map<std::string, std::pair<std::string, std::string>> file_hashes_;
   bool need_register_ ABSL_GUARDED_BY(mu_) = false;
   std::string out_of_service_ ABSL_GUARDED_BY(mu_);  // Non-empty: why this worker stopped serving.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;           // Stop() was called.

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/base/clock.h"
 #include "common/security/data_roots.h"
+#include "common/security/sha256.h"
 #include "common/job/job_config.h"
 #include "common/base/backoff.h"
 #include "common/base/log.h"
@@ -298,6 +299,42 @@ absl::StatusOr<v1::ResolveLayoutResponse> Worker::Resolve(const std::string& job
     if (NowUnix() > give_up) return absl::UnavailableError(s.error_message());
     SleepFor(backoff.Next());
   }
+}
+
+std::string Worker::FileHash(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return "";
+  const std::string identity = absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
+                                            st.st_mtim.tv_nsec);
+  auto it = file_hashes_.find(path);
+  if (it != file_hashes_.end() && it->second.first == identity) return it->second.second;
+  std::string hash = Sha256FileHex(path);
+  if (!hash.empty()) file_hashes_[path] = {identity, hash};
+  return hash;
+}
+
+absl::Status Worker::CheckModelFiles(const v1::JobSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> files;  // (what, path) with the job's hash.
+  std::vector<std::string> wanted;
+  if (!spec.model().empty() && !spec.model_sha256().empty()) {
+    files.emplace_back("model", ParseModelRef(spec.model()).path);
+    wanted.push_back(spec.model_sha256());
+  }
+  for (const auto& [key, hash] : spec.model_option_sha256()) {
+    auto option = spec.model_options().find(key);
+    if (option == spec.model_options().end()) continue;
+    files.emplace_back(absl::StrCat("--model-option ", key), option->second);
+    wanted.push_back(hash);
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string here = FileHash(files[i].second);
+    if (here.empty() || here == wanted[i]) continue;  // Unreadable: loading it says why.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", options_.name, "' on ", Hostname(), " sees another file at ",
+        "the job's ", files[i].first, " path '", files[i].second, "' (sha256 ", here, " here, ", wanted[i],
+        " when the job was submitted: a stale copy?) and refuses the job"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tally

@@ -179,6 +179,7 @@ bool Worker::SendJobError(const JobError& error) {
   request.set_message(error.message);
   request.set_definitive(error.definitive);
   request.set_worker_local(error.worker_local);
+  request.set_model_mismatch(error.model_mismatch);
   v1::ReportJobErrorResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(10));

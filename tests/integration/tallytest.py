@@ -270,6 +270,12 @@ class Cluster:
 # Reading reports
 # ---------------------------------------------------------------------------------------------
 
+def sha256_file(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def read_per_image(out):
     with open(os.path.join(out, "per_image.csv")) as f:
         return list(csv.DictReader(f))

@@ -85,6 +85,92 @@ class BadWorkerTest(unittest.TestCase):
         self.assertIn("--batch-size 12 must divide 32", p.stderr)
 
 
+def can_bind_mount():
+    """Whether this host lets the tests give one process its own view of a file (a mount namespace)."""
+    with tempfile.TemporaryDirectory() as d:
+        a, b = os.path.join(d, "a"), os.path.join(d, "b")
+        for path, text in ((a, "a"), (b, "b")):
+            with open(path, "w") as f:
+                f.write(text)
+        p = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", f"mount --bind {b} {a} && cat {a}"],
+                           capture_output=True, text=True)
+        return p.returncode == 0 and p.stdout == "b"
+
+
+class ModelFileTest(unittest.TestCase):
+    """Found by probing: one of three workers saw another file at the job's model path (its own mount
+    namespace, as a host with a stale copy would) and 182 of 624 rows came from the wrong model."""
+
+    def start_worker_seeing(self, cluster, path, other, *extra):
+        """A worker in a mount namespace of its own, where `other` is bind-mounted over `path`."""
+        i = len(cluster.workers)
+        log = open(os.path.join(cluster.root, f"worker-{i}.log"), "w")
+        cluster.logs.append(log)
+        cmd = " ".join([os.path.join(tt.BIN, "tally-worker"), "--coordinator", cluster.address, "--threads", "1",
+                        "--name", f"stale{i}"] + list(extra))
+        p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                              f"mount --bind {other} {path} && exec {cmd}"], stdout=log, stderr=subprocess.STDOUT)
+        cluster.workers.append(p)
+        return p
+
+    def setUp(self):
+        if not can_bind_mount():
+            self.skipTest("mount namespaces are not available here (unshare --mount)")
+
+    def test_a_worker_with_another_copy_refuses_the_job_and_is_named(self):
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(5), 60, [(12, 12), (9, 14)])
+        model = os.path.join(root, "model.pt")
+        shutil.copy(tt.fixture("conv3.pt"), model)
+        reference = os.path.join(root, "reference")
+        tt.tally_run(model, manifest, reference, "--workers", "1", "--shard-size", "8", "--batch-size", "4")
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        self.start_worker_seeing(c, model, tt.fixture("conv3_retrained.pt"))
+        c.start_worker()
+        c.wait_registered(3)
+        job = c.submit(model, manifest, "--shard-size", "8", "--batch-size", "4")
+        self.assertEqual(c.wait(job, timeout=240)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        c.fetch(job, out)
+        self.assertTrue(tt.same_files(reference, out), "rows from the other model were committed")
+        report = tt.read_report(out)
+        # It leased a shard, gave it back unevaluated: no row of the job is its.
+        self.assertEqual([w["images"] for w in report["workers"] if w["name"] == "stale1"], [0])
+        self.assertEqual(sum(w["images"] for w in report["workers"]), 60)
+        warning = [w for w in report["warnings"] if "sees another file at the job's model path" in w]
+        self.assertEqual(len(warning), 1, report["warnings"])
+        here = tt.sha256_file(tt.fixture("conv3_retrained.pt"))
+        want = tt.sha256_file(model)
+        self.assertIn(f"worker 'stale1' on {os.uname().nodename} sees another file at the job's model path '{model}' "
+                      f"(sha256 {here} here, {want} when the job was submitted", warning[0])
+        self.assertEqual(report["provenance"]["model_sha256"], want)
+        # The worker stays in service for other jobs.
+        self.assertIn("serving", [l.split()[3] for l in c.cli("workers").stdout.splitlines()[1:] if "stale1" in l][0])
+
+    def test_no_worker_with_the_jobs_file_fails_it_with_the_reason(self):
+        root = tt.tmpdir(self)
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 4, set())
+        model = os.path.join(root, "model.py")
+        with open(model, "w") as f:
+            f.write("class Model:\n    pass\n")
+        weights = os.path.join(root, "weights.bin")
+        with open(weights, "wb") as f:
+            f.write(b"the weights the job was submitted with")
+        stale = os.path.join(root, "stale.bin")
+        with open(stale, "wb") as f:
+            f.write(b"an older copy")
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        self.start_worker_seeing(c, weights, stale)
+        c.wait_registered(1)
+        job = c.submit(model, manifest, "--model-option", f"weights={weights}")
+        j = c.wait(job, timeout=120)
+        self.assertEqual(j["state"], "failed")
+        p = c.cli("status", job)
+        self.assertIn("no worker in service has the job's model file", p.stdout)
+        self.assertIn(f"sees another file at the job's --model-option weights path '{weights}'", p.stdout)
+
+
 class BadRowsTest(unittest.TestCase):
     def test_image_on_which_the_model_raises_fails_alone(self):
         root = tt.tmpdir(self)
