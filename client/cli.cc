@@ -22,8 +22,8 @@ const std::vector<std::string> kJob = {
     "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction",
     "json_infinity", "thumbnails", "save_predictions"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",
-                                       "count_logit_ties", "worker_threads", "worker_flags", "predictions",
-                                       "references", "file_ending"};
+                                       "count_logit_ties", "worker_threads", "worker_flags", "max_worker_memory",
+                                       "predictions", "references", "file_ending"};
 
 std::vector<std::string> Join(std::initializer_list<std::vector<std::string>> parts) {
   std::vector<std::string> out;

@@ -84,6 +84,9 @@ ABSL_FLAG(std::string, gpus, "", "tally run: all or 0,1,... (one worker per GPU)
 ABSL_FLAG(double, lease_seconds, 5.0, "tally run: a worker silent this long loses its shards");
 ABSL_FLAG(bool, count_logit_ties, false, "tally run: workers count pixels whose top two logits tie");
 ABSL_FLAG(int, worker_threads, 0, "tally run: decode threads per worker (0 = its share of the cores)");
+ABSL_FLAG(std::string, max_worker_memory, "",
+          "tally run: host memory each worker's rows may use, e.g. 4GiB, or none (default: its cgroup's limit or the "
+          "machine's memory, shared by GPU workers); a row that needs more fails with the reason");
 ABSL_FLAG(std::vector<std::string>, worker_flags, {},
           "tally run: extra tally-worker flags, comma-separated, e.g. --worker-flags=--gpu-memory-limit-gib=8");
 // tally estimate.
@@ -167,6 +170,7 @@ LocalWorkerFlags ReadLocalWorkerFlags() {
   f.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
   f.count_logit_ties = absl::GetFlag(FLAGS_count_logit_ties);
   f.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  f.max_worker_memory = absl::GetFlag(FLAGS_max_worker_memory);
   f.worker_flags = absl::GetFlag(FLAGS_worker_flags);
   return f;
 }

@@ -56,6 +56,9 @@ ABSL_FLAG(std::string, gpus, "", "With --spawn-workers: all or 0,1,... (one work
 ABSL_FLAG(int, gpus_per_worker, 1, "With --spawn-workers --gpus: GPUs per worker (for Python models spread over them)");
 ABSL_FLAG(int, workers, 0, "With --spawn-workers and no --gpus: number of CPU workers");
 ABSL_FLAG(std::string, worker_binary, "", "Path of tally-worker (default: next to tallyd, else PATH)");
+ABSL_FLAG(std::string, max_worker_memory, "",
+          "With --spawn-workers: each worker's --max-worker-memory (a size such as 8GiB, or none; default: the "
+          "worker's own, from its cgroup or the machine's memory)");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "A folder whose files clients may name (repeatable): with data roots, manifests, "
           "models, images and masks must resolve inside one (SECURITY.md). Empty: every readable path");
@@ -66,8 +69,8 @@ const std::vector<tally::FlagGroup>& HelpGroups() {
   static const auto* groups = new std::vector<tally::FlagGroup>{
       {"Serving", {"listen", "port_file", "state_dir", "metrics_listen"}},
       {"Security (SECURITY.md)", {"tls_cert", "tls_key", "tls_client_ca", "auth_tokens", "data_root"}},
-      {"Workers", {"spawn_workers", "gpus", "gpus_per_worker", "workers", "worker_binary", "lease_seconds",
-                   "heartbeat_seconds"}},
+      {"Workers", {"spawn_workers", "gpus", "gpus_per_worker", "workers", "worker_binary", "max_worker_memory",
+                   "lease_seconds", "heartbeat_seconds"}},
       {"Limits", {"max_shard_attempts", "max_manifest_rows", "retain_days"}},
   };
   return *groups;
@@ -98,6 +101,12 @@ absl::StatusOr<tally::ServerOptions> ReadOptions(std::vector<std::string> data_r
   if (!options.spawn_workers) return options;
   options.workers.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.workers.log_dir = options.coordinator.state_dir;
+  if (const std::string memory = absl::GetFlag(FLAGS_max_worker_memory); !memory.empty()) {
+    if (memory != "none") {
+      if (absl::Status s = tally::ParseByteSize("max-worker-memory", memory).status(); !s.ok()) return s;
+    }
+    options.workers.extra_args.push_back("--max-worker-memory=" + memory);
+  }
   if (absl::GetFlag(FLAGS_gpus).empty()) {
     options.workers.cpu_workers = std::max(1, absl::GetFlag(FLAGS_workers));
     return options;

@@ -36,6 +36,7 @@
 #include "common/security/data_roots.h"
 #include "common/base/flag_util.h"
 #include "common/base/log.h"
+#include "common/base/status_macros.h"
 #include "common/process/signals.h"
 #include "common/io/image_io.h"
 #include "worker/early_cuda.h"
@@ -84,6 +85,10 @@ ABSL_FLAG(double, estimate_seconds, 0.5, "With --estimate: timed passes per batc
 ABSL_FLAG(bool, estimate_json, false, "With --estimate: print JSON");
 ABSL_FLAG(double, estimate_spawned_unix, 0, "With --estimate: when the client started this process (Unix time)");
 ABSL_FLAG(double, gpu_memory_limit_gib, 0, "Cap this worker's GPU memory (GiB; 0 = no cap), e.g. on a shared GPU");
+ABSL_FLAG(std::string, max_worker_memory, "",
+          "Host memory this worker's rows may use: a size (1GiB, 512MiB), or none; a row that needs more "
+          "fails with the reason and batches are split to fit (default: the cgroup's limit, else physical "
+          "memory divided among the host's GPUs for a GPU worker, less what the process holds with its model)");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "A folder whose files jobs may make this worker read (repeatable): with data roots, models, images and "
           "masks must resolve inside one (SECURITY.md). Empty: every readable path, with a warning");
@@ -144,7 +149,7 @@ const std::vector<tally::FlagGroup>& HelpGroups() {
       {"Security (SECURITY.md)", {"tls_ca", "tls_cert", "tls_key", "tls_server_name", "token_file", "data_root"}},
       {"Device and model", {"device", "gpus_per_worker", "threads", "batch_size", "count_logit_ties", "cudnn_benchmark",
                             "jit_optimize", "cache_dir", "warmup_batches", "warm_up_device"}},
-      {"Limits", {"max_leases", "staging_slots", "gpu_memory_limit_gib"}},
+      {"Limits", {"max_worker_memory", "max_leases", "staging_slots", "gpu_memory_limit_gib"}},
       {"tally estimate (run by `tally estimate`)",
        {"estimate", "estimate_workers", "estimate_decode_threads", "estimate_max_batch", "estimate_seconds",
         "estimate_json", "estimate_spawned_unix"}},
@@ -192,6 +197,11 @@ absl::StatusOr<tally::WorkerOptions> ReadOptions() {
   options.gpu_memory_limit_gib = absl::GetFlag(FLAGS_gpu_memory_limit_gib);
   options.gpus_per_worker = absl::GetFlag(FLAGS_gpus_per_worker);
   if (options.gpus_per_worker < 1) return absl::InvalidArgumentError("--gpus-per-worker must be >= 1");
+  if (const std::string memory = absl::GetFlag(FLAGS_max_worker_memory); memory == "none") {
+    options.max_worker_memory = -1;
+  } else if (!memory.empty()) {
+    ASSIGN_OR_RETURN(options.max_worker_memory, tally::ParseByteSize("max-worker-memory", memory));
+  }
   return options;
 }
 

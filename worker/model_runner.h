@@ -191,6 +191,10 @@ class ModelRunner {
   virtual absl::StatusOr<int> FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) = 0;
   virtual RunnerStats Stats() = 0;
   virtual bool is_cuda() const = 0;
+  // The most host memory the model's tensors held at once while running `batch` (launched and waited
+  // for; its results dropped), for the worker's memory budget (worker/memory_budget.h); -1 where the
+  // runner cannot say or its tensors are not in this process's host memory (GPU, Python models).
+  virtual int64_t MeasureHostBytes(const BatchSpec& batch) { return -1; }
   // Whether BatchSpec::surface can be honoured here (CUDA builds with Tally's kernels).
   virtual bool ScoresSurfaceOnDevice() const { return false; }
   // --channels-last auto: times the forward pass of `batch` in both memory layouts (warm-up passes

@@ -43,6 +43,7 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       workers_worst_(options_.thumbnails) {
   absl::MutexLock lock(&mu_);  // No other thread yet; the analysis wants the guard all the same.
   gpu_decode_ = options_.decode_gpu;
+  memory_model_ready_ = options_.memory_budget <= 0;
   batch_size_ = options_.batch_size > 0 ? options_.batch_size : 0;
   const int b = batch_size_ > 0 ? batch_size_ : kDefaultBatchAlignment;
   max_decoded_waiting_ = DecodeWindowRows(b, options_.decode_threads);

@@ -38,6 +38,7 @@
 #include "common/io/thumbnail.h"
 #include "proto/tally.pb.h"
 #include "worker/gpu_jpeg.h"
+#include "worker/memory_budget.h"
 #include "worker/model_runner.h"
 #include "worker/row_evaluator.h"
 
@@ -93,6 +94,11 @@ struct PipelineOptions {
   // proposal made here; the answer (the job's choice) is what runs from then on, and images already
   // decoded the other way are decoded again, so every row of the job comes from one decoder.
   std::function<absl::StatusOr<bool>(bool gpu, const std::string& trial)> resolve_decode;
+  // The host memory this worker may use for the job's rows (worker/memory_budget.h), bytes; 0: no
+  // budget. A row that needs more fails before its pixels are decoded, naming the sizes, and batch
+  // groups are split into launches that fit.
+  int64_t memory_budget = 0;
+  int64_t input_pixels = 0;  // --input-size's height x width (0: none): what the model sees of every row.
 };
 
 class Pipeline : public RowEvaluator {
@@ -200,6 +206,13 @@ class Pipeline : public RowEvaluator {
   // times the layouts, agrees the job's and delivers the held results or queues their rows again.
   void ResolveLayoutTrial() ABSL_LOCKS_EXCLUDED(mu_);
   bool ProvisionalSettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The memory budget: on a CPU runner, the model's host bytes measured on probe passes at two sizes
+  // (memory_model_), before the first batch; then decoding may ask (CheckMemory).
+  void MeasureMemory() ABSL_LOCKS_EXCLUDED(mu_);
+  // OK, or why the row whose image file is `bytes` cannot run within the budget (before decoding).
+  absl::Status CheckMemory(const std::string& bytes, const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
+  // A batch group cut into launches that fit the budget (one group where there is none).
+  std::vector<std::vector<Item*>> SplitByBudget(const std::vector<Item*>& group) ABSL_LOCKS_EXCLUDED(mu_);
   void LaunchBatch(std::shared_ptr<InFlight> batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Wait conditions, one per wait.
   bool DecodeWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -364,6 +377,11 @@ class Pipeline : public RowEvaluator {
 
   absl::Mutex worst_mu_;
   RunningWorst workers_worst_ ABSL_GUARDED_BY(worst_mu_);  // AmongWorkersWorst's, per job.
+
+  // What rows cost against options_.memory_budget; ready once MeasureMemory has run.
+  MemoryModel memory_model_ ABSL_GUARDED_BY(mu_);
+  bool memory_model_ready_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> split_logged_{false};
 
   // JPEG decoding: on the GPU now (options_.decode_gpu, or "auto" resolved to it).
   bool gpu_decode_ ABSL_GUARDED_BY(mu_) = false;

@@ -244,6 +244,7 @@ void Pipeline::LaunchBatch(std::shared_ptr<InFlight> batch) {
 }
 
 void Pipeline::BatchLoop() {
+  if (options_.memory_budget > 0) MeasureMemory();
   bool warmed = false;
   while (true) {
     std::shared_ptr<Shard> shard;
@@ -301,7 +302,11 @@ void Pipeline::BatchLoop() {
       ChooseBatchSize();
       continue;
     }
+    std::vector<std::vector<Item*>> launches;
     for (const std::vector<Item*>& group : GroupBlock(shard, i0, i1)) {
+      for (std::vector<Item*>& launch : SplitByBudget(group)) launches.push_back(std::move(launch));
+    }
+    for (const std::vector<Item*>& group : launches) {
       std::shared_ptr<InFlight> batch = StageGroup(shard, group);
       if (!batch) break;
       ActivityScope activity(this, shard->lease, batch->index, "the model's forward pass");

@@ -69,6 +69,7 @@ void Pipeline::Decode(Item* item) {
   thread_local std::string bytes;
   std::unique_ptr<RgbImage> image = TakeImage();
   absl::Status s = ReadImageBytes(item->row.image_path(), &bytes);
+  if (s.ok()) s = CheckMemory(bytes, item->row.image_path());
   if (s.ok()) {
     item->jpeg = LooksLikeJpeg(bytes);
     s = DecodeImage(bytes, item->row.image_path(), image.get(), options_.max_image_pixels);
@@ -132,6 +133,7 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
     images[i] = TakeImage();
     const std::string& path = item->row.image_path();
     status[i] = ReadImageBytes(path, &bytes[i]);
+    if (status[i].ok()) status[i] = CheckMemory(bytes[i], path);
     if (!status[i].ok()) continue;
     item->jpeg = LooksLikeJpeg(bytes[i]);
     if (!item->jpeg || decoder == nullptr) continue;

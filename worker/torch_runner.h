@@ -18,6 +18,8 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/version.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <algorithm>
 #include <atomic>
@@ -322,6 +324,8 @@ class TorchRunner final : public ModelRunner {
   std::string FinishLayoutTrial(std::string* trial) override;
   void CancelLayoutTrial() override;
 
+  int64_t MeasureHostBytes(const BatchSpec& batch) override;
+
   bool ScoresSurfaceOnDevice() const override {
 #if TALLY_CUDA_KERNELS
     return cuda_;
@@ -404,18 +408,18 @@ class TorchRunner final : public ModelRunner {
   bool MemoryForTrial(std::string* why) const;
   // `device_labels`: compute the predicted labels (they stay on the device unless ResultsToHost
   // copies them). `surface`: surface metrics on the device, where the kernels can.
-  absl::Status PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x, bool device_labels,
+  absl::Status PostprocessGroups(const at::Tensor& logits, const Groups& dev, const std::string& input_shape, bool device_labels,
                                  const SurfaceRequest& surface, Outputs* outputs);
   // Counts and the rest to (pinned) host memory; the labels too with `want_labels`, else they stay
   // where they are (CopyLabels).
   std::unique_ptr<PendingBatch> ResultsToHost(const Outputs& outputs, bool want_labels);
   // Turns logits [n, C, h, w] + reference labels [n, H, W] into counts and labels for one group.
-  absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
+  absl::Status Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const std::string& input_shape,
                            bool want_labels, const SurfaceRequest& surface, Outputs* o);
   // Postprocess's steps: the logits checked (shape, the class count, thresholds' single logit) and
   // brought to the mask's size in float32 (o->k set, the threshold counts taken); then counts and
   // labels by the fused CUDA kernels where they apply (false where they do not), else by torch ops.
-  absl::StatusOr<at::Tensor> CheckLogits(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
+  absl::StatusOr<at::Tensor> CheckLogits(const at::Tensor& raw_logits, const at::Tensor& gt, const std::string& input_shape,
                                          Outputs* o);
   bool PostprocessOnKernels(const at::Tensor& logits, const at::Tensor& gt, bool want_labels,
                             const SurfaceRequest& surface, Outputs* o);
@@ -459,6 +463,36 @@ class TorchRunner final : public ModelRunner {
 #if TALLY_WITH_CUDA
   std::unique_ptr<c10::cuda::CUDAStream> copy_stream_, compute_stream_;
 #endif
+};
+
+// Counts the CPU allocator's bytes while it is installed on a thread (c10's memory reporting, what
+// the profiler uses): the current total and its peak. Thread-safe.
+class HostMemoryPeak final : public c10::MemoryReportingInfoBase {
+ public:
+  // The totals' parameter type changed (int64_t in LibTorch 1.13, size_t later): the override takes
+  // whichever this LibTorch declares.
+  template <typename F>
+  struct TotalOf;
+  template <typename C, typename A, typename B, typename T, typename... Rest>
+  struct TotalOf<void (C::*)(A, B, T, Rest...)> {
+    using type = T;
+  };
+  using Total = typename TotalOf<decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage)>::type;
+
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, Total total_allocated, Total total_reserved,
+                         c10::Device device) override {
+    if (device.type() != c10::DeviceType::CPU) return;
+    const int64_t now = current_.fetch_add(alloc_size) + alloc_size;
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+  int64_t peak() const { return peak_.load(); }
+
+ private:
+  std::atomic<int64_t> current_{0};
+  std::atomic<int64_t> peak_{0};
 };
 
 // The network's fingerprint (torch_runner.cc): what kept layout trials are keyed by.

@@ -3,6 +3,8 @@
 // distances) and its results copied back to pinned host memory.
 #include "worker/torch_runner.h"
 
+#include "metrics/label_counts.h"
+
 namespace tally {
 namespace torch_internal {
 
@@ -47,12 +49,12 @@ at::Tensor TorchRunner::ThresholdCounts(const at::Tensor& logits, const at::Tens
 }
 
 absl::StatusOr<at::Tensor> TorchRunner::CheckLogits(const at::Tensor& raw_logits, const at::Tensor& gt,
-                                                    const at::Tensor& x, Outputs* o) {
+                                                    const std::string& input_shape, Outputs* o) {
   const int64_t n = gt.size(0), H = gt.size(1), W = gt.size(2);
   if (raw_logits.dim() != 4 || raw_logits.size(0) != n || raw_logits.size(1) < 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "model '", options_.model_path, "' returned logits of shape ", Shape(raw_logits), " for an input of shape ",
-        Shape(x), "; expected [N, C, H, W] with N = ", n, " and C >= 1"));
+        input_shape, "; expected [N, C, H, W] with N = ", n, " and C >= 1"));
   }
   at::Tensor logits = raw_logits.to(at::kFloat);
   if (logits.size(2) != H || logits.size(3) != W) {
@@ -140,6 +142,23 @@ void TorchRunner::PostprocessWithTorch(const at::Tensor& logits, const at::Tenso
     at::Tensor t = top2.select(1, 0).eq(top2.select(1, 1)).sum();
     *ties = ties->defined() ? *ties + t : t;
   }
+  if (!logits.is_cuda() && K <= 256 && gt.numel() / std::max<int64_t>(1, n) < (int64_t{1} << 31)) {
+    // On the CPU, one pass over the labels (metrics/label_counts.h, 32-bit cells per image) instead
+    // of the index arithmetic below, whose int64 temporaries cost some 40 bytes a pixel: the same
+    // counts.
+    at::Tensor c = at::zeros({n, K, K}, at::TensorOptions().dtype(at::kLong));
+    const at::Tensor ref16 = gt.to(at::kShort).contiguous();
+    const at::Tensor pred16 = pred.to(at::kShort).contiguous();
+    const int64_t hw = gt.numel() / std::max<int64_t>(1, n);
+    for (int64_t i = 0; i < n; ++i) {
+      CountConfusionMatrix(reinterpret_cast<const uint16_t*>(pred16.data_ptr<int16_t>()) + i * hw,
+                           reinterpret_cast<const uint16_t*>(ref16.data_ptr<int16_t>()) + i * hw,
+                           static_cast<size_t>(hw), static_cast<int>(K), c.data_ptr<int64_t>() + i * K * K);
+    }
+    counts->push_back(c);
+    if (want_labels) labels->push_back(pred16);
+    return;
+  }
   at::Tensor ref = gt.to(at::kLong);
   // Prepared masks hold ignored pixels as -1 (common/io/image_io.h kIgnoredPixel): out of [0, K).
   at::Tensor valid = ref.ge(0).logical_and(ref.lt(K));
@@ -150,9 +169,9 @@ void TorchRunner::PostprocessWithTorch(const at::Tensor& logits, const at::Tenso
   if (want_labels) labels->push_back(pred.to(at::kShort));
 }
 
-absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const at::Tensor& x,
+absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const std::string& input_shape,
                                       bool want_labels, const SurfaceRequest& surface, Outputs* o) {
-  ASSIGN_OR_RETURN(const at::Tensor logits, CheckLogits(raw_logits, gt, x, o));
+  ASSIGN_OR_RETURN(const at::Tensor logits, CheckLogits(raw_logits, gt, input_shape, o));
   if (PostprocessOnKernels(logits, gt, want_labels, surface, o)) return absl::OkStatus();
   if (surface.enabled) o->surface_missing = true;
   PostprocessWithTorch(logits, gt, want_labels, o);
@@ -255,18 +274,18 @@ absl::StatusOr<at::Tensor> TorchRunner::Forward(torch::jit::Module& module, cons
   return ExtractLogits(out, options_.model_path);
 }
 
-absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Groups& dev, const at::Tensor& x,
+absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Groups& dev, const std::string& input_shape,
                                             bool device_labels, const SurfaceRequest& surface, Outputs* o) {
   if (dev.uniform) {
-    return Postprocess(logits, dev.masks[0], x, device_labels, surface, o);
+    return Postprocess(logits, dev.masks[0], input_shape, device_labels, surface, o);
   }
   if (logits.dim() != 4 || logits.size(0) != dev.n) {
     return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned logits of shape ",
-                                                      Shape(logits), " for an input of shape ", Shape(x),
+                                                      Shape(logits), " for an input of shape ", input_shape,
                                                       "; expected [N, C, H, W] with N = ", dev.n));
   }
   for (int64_t i = 0; i < dev.n; ++i) {
-    RETURN_IF_ERROR(Postprocess(logits.narrow(0, i, 1), dev.masks[i], x, device_labels, surface, o));
+    RETURN_IF_ERROR(Postprocess(logits.narrow(0, i, 1), dev.masks[i], input_shape, device_labels, surface, o));
   }
   return absl::OkStatus();
 }
@@ -338,14 +357,16 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit
   std::unique_ptr<ComputeStreamScope> compute;  // On CUDA, the rest runs on the compute stream.
   const Groups dev = Upload(host, &compute);
   step("upload");
-  const at::Tensor x = Preprocess(dev, channels_last);
+  at::Tensor x = Preprocess(dev, channels_last);
   step("preprocess");
   *input_shape = Shape(x);
   ASSIGN_OR_RETURN(const at::Tensor logits, Forward(module, x, *input_shape));
+  x = at::Tensor();  // The input is not needed past the forward pass: its memory goes back first.
   step("forward");
   Outputs outputs;
-  RETURN_IF_ERROR(PostprocessGroups(logits, dev, x, batch.want_labels || batch.keep_labels || batch.surface.enabled,
-                                    batch.surface, &outputs));
+  RETURN_IF_ERROR(PostprocessGroups(logits, dev, *input_shape,
+                                    batch.want_labels || batch.keep_labels || batch.surface.enabled, batch.surface,
+                                    &outputs));
   step("postprocess");
   // Where the device could not score the surfaces, the labels go to the host for the CPU to.
   auto pending = ResultsToHost(outputs, batch.want_labels || (batch.surface.enabled && outputs.surface_missing));
@@ -389,6 +410,20 @@ absl::StatusOr<int> TorchRunner::FindMaxBatch(int height, int width, double max_
 #else
   return fallback;
 #endif
+}
+
+int64_t TorchRunner::MeasureHostBytes(const BatchSpec& batch) {
+  if (cuda_ || launch_thread_) return -1;  // Device tensors; a launch thread of its own (CUDA only).
+  auto peak = std::make_shared<HostMemoryPeak>();
+  absl::StatusOr<std::unique_ptr<PendingBatch>> pending;
+  {
+    // Tensors allocated on this thread while the guard lives are counted (the forward pass's
+    // outputs and scratch; an intra-op thread's own allocations are not, a small part).
+    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, peak);
+    pending = LaunchWith(module_, channels_last_, batch);
+    if (pending.ok() && !(*pending)->Wait().ok()) return -1;
+  }
+  return pending.ok() ? peak->peak() : -1;
 }
 
 }  // namespace torch_internal

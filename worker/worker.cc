@@ -40,6 +40,10 @@ namespace tally {
 int DefaultThreads(const std::string& device) {
   const int cores = static_cast<int>(AllowedCpus().size());
   if (device.rfind("cuda", 0) != 0) return std::max(1, cores);
+  return std::max(1, cores / std::max(1, HostGpus()));
+}
+
+int HostGpus() {
   int gpus = 0;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/dev", ec)) {
@@ -47,7 +51,7 @@ int DefaultThreads(const std::string& device) {
     gpus += name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
             name.find_first_not_of("0123456789", 6) == std::string::npos;
   }
-  return std::max(1, cores / std::max(1, gpus));
+  return gpus;
 }
 
 namespace {

@@ -74,6 +74,10 @@ struct WorkerOptions {
   // GPUs this worker owns, from `device` on (cuda:N .. cuda:N+K-1): Python models get them all;
   // TorchScript jobs need K = 1.
   int gpus_per_worker = 1;
+  // Host memory this worker's rows may use, bytes (--max-worker-memory): > 0 as given; 0 = the
+  // default, the cgroup's limit (else physical memory, divided among the host's GPUs for a GPU
+  // worker) less what the process holds once the job's model is loaded; < 0 = no budget.
+  int64_t max_worker_memory = 0;
 };
 
 // Exit codes of tally-worker besides 0 (stopped), 1 (error) and 2 (usage).
@@ -108,6 +112,8 @@ std::string LayoutTrialKey(const JobConfig& config, const WorkerOptions& options
 // --threads 0: this worker's share of the cores it may run on: all of them for a CPU worker; for a
 // GPU worker, divided among the host's GPUs (/dev/nvidiaN).
 int DefaultThreads(const std::string& device);
+// The host's NVIDIA GPUs (/dev/nvidiaN): GPU workers share the host's cores and memory among them.
+int HostGpus();
 
 class Worker {
  public:
@@ -150,6 +156,9 @@ class Worker {
   bool RetirePreviousJob(const std::string& job_id);
   // The idle runner when it can serve the job (true: reused), else a new one.
   absl::StatusOr<bool> TakeRunner(const JobConfig& config, const v1::ShardAssignment& a, Evaluator* evaluator);
+  // The host memory a job's rows may use (WorkerOptions::max_worker_memory): asked once the job's
+  // model is loaded, so the default leaves what the process holds by then. 0: no budget.
+  int64_t MemoryBudget() const;
   absl::StatusOr<PipelineOptions> PipelineOptionsFor(const JobConfig& config, const std::string& job_id,
                                                      const ModelRunner& runner, bool reused);
   struct JobError {

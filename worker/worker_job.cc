@@ -31,6 +31,7 @@
 #include "common/process/subprocess.h"
 #include "worker/python_runner.h"
 #include "worker/scoring.h"
+#include "worker/memory_budget.h"
 #include "worker/worker_internal.h"
 
 namespace tally {
@@ -236,6 +237,7 @@ absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& conf
   po.metrics = config.metrics;
   po.surface = config.surface_options();
   po.any_input_size = config.input_height > 0;
+  po.input_pixels = static_cast<int64_t>(config.input_height) * config.input_width;
   po.max_image_pixels = config.max_image_pixels;
   po.batch_timeout_seconds = config.batch_timeout_seconds;
   po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
@@ -248,6 +250,7 @@ absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& conf
   if (!config.save_predictions.empty()) {
     ASSIGN_OR_RETURN(po.save_predictions, PreparePredictionFolder(config.save_predictions));
   }
+  po.memory_budget = MemoryBudget();
   return po;
 }
 
@@ -335,6 +338,13 @@ absl::Status Worker::CheckModelFiles(const v1::JobSpec& spec) {
         " when the job was submitted: a stale copy?) and refuses the job"));
   }
   return absl::OkStatus();
+}
+
+int64_t Worker::MemoryBudget() const {
+  if (options_.max_worker_memory != 0) return std::max<int64_t>(0, options_.max_worker_memory);
+  int64_t limit = MemoryLimitBytes();
+  if (options_.device.rfind("cuda", 0) == 0) limit /= std::max(1, HostGpus() / std::max(1, options_.gpus_per_worker));
+  return std::max<int64_t>(1, limit - ResidentBytes());
 }
 
 }  // namespace tally

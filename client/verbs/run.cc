@@ -5,6 +5,7 @@
 #include "client/local_run.h"
 #include "client/verbs/verb_util.h"
 #include "common/base/file_util.h"
+#include "common/base/flag_util.h"
 
 namespace tally {
 namespace {
@@ -43,6 +44,14 @@ int RunVerb(const RunFlags& f) {
   if (f.local.count_logit_ties) options.worker_args.push_back("--count_logit_ties");
   for (const std::string& flag : f.local.worker_flags) options.worker_args.push_back(flag);
   if (f.local.worker_threads > 0) options.worker_args.push_back(absl::StrCat("--threads=", f.local.worker_threads));
+  if (!f.local.max_worker_memory.empty()) {
+    if (f.local.max_worker_memory != "none") {
+      if (absl::Status s = ParseByteSize("max-worker-memory", f.local.max_worker_memory).status(); !s.ok()) {
+        return UsageError("run", std::string(s.message()));
+      }
+    }
+    options.worker_args.push_back("--max-worker-memory=" + f.local.max_worker_memory);
+  }
   return RunLocally(options);
 }
 

@@ -48,6 +48,7 @@ struct LocalWorkerFlags {
   double lease_seconds = 5.0;
   bool count_logit_ties = false;
   int worker_threads = 0;
+  std::string max_worker_memory;  // A size, "none", or "" (the workers' default).
   std::vector<std::string> worker_flags;
 };
 

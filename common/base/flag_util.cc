@@ -8,6 +8,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
@@ -131,6 +134,34 @@ bool AsksForHelp(const std::vector<std::string>& args) {
     if (args[i] == "--help" || args[i] == "-h" || args[i] == "-help" || args[i] == "--helpshort") return true;
   }
   return false;
+}
+
+absl::StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& value) {
+  static const std::pair<const char*, double> kUnits[] = {
+      {"tib", 1099511627776.0}, {"gib", 1073741824.0}, {"mib", 1048576.0}, {"kib", 1024.0},
+      {"tb", 1e12}, {"gb", 1e9}, {"mb", 1e6}, {"kb", 1e3},
+      {"t", 1099511627776.0}, {"g", 1073741824.0}, {"m", 1048576.0}, {"k", 1024.0}, {"b", 1.0}};
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  absl::string_view number = lower;
+  double scale = 1;
+  for (const auto& [suffix, factor] : kUnits) {
+    if (absl::ConsumeSuffix(&number, suffix)) {
+      scale = factor;
+      break;
+    }
+  }
+  double x = 0;
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(number), &x) || !(x > 0) || x * scale > 9.0e18) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected a size such as 1GiB, 512MiB or 2000000000, got '",
+                                                   value, "'"));
+  }
+  return static_cast<int64_t>(x * scale);
+}
+
+std::string FormatBytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1073741824.0) return absl::StrFormat("%.1f GiB", b / 1073741824.0);
+  return absl::StrFormat("%.0f MiB", b / 1048576.0);
 }
 
 }  // namespace tally

@@ -39,6 +39,11 @@ bool AsksForHelp(const std::vector<std::string>& args);
 absl::StatusOr<std::vector<float>> ParseFloatList(const std::string& flag, const std::string& value);
 // The same in double precision (spacings: 0.8 must stay 0.8, as the references use it).
 absl::StatusOr<std::vector<double>> ParseDoubleList(const std::string& flag, const std::string& value);
+// "1GiB", "512MiB", "64KiB", "2TiB" (powers of 1024; also "1G", "512M", "1.5GiB"), "1GB", "500MB"
+// (powers of 1000), or a plain number of bytes -> bytes. Errors name the flag.
+absl::StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& value);
+// 2684354560 -> "2.5 GiB" (one decimal; MiB under 1 GiB).
+std::string FormatBytes(int64_t bytes);
 // "512x512" (or "512,512") -> {height, width}.
 absl::StatusOr<std::pair<int, int>> ParseSize(const std::string& flag, const std::string& value);
 

@@ -1,5 +1,7 @@
 #include "common/io/image_io.h"
 
+#include <limits>
+
 #include <png.h>
 #include <turbojpeg.h>
 
@@ -242,6 +244,30 @@ absl::Status InspectJpeg(const std::string& bytes, const std::string& name, int6
   *height = h;
   *width = w;
   return absl::OkStatus();
+}
+
+absl::Status ImageDimensions(const std::string& bytes, const std::string& name, int* height, int* width) {
+  if (IsPng(bytes)) {
+    // The IHDR chunk comes first: its width and height, big-endian, at bytes 16 and 20.
+    if (bytes.size() < 24 || bytes.compare(12, 4, "IHDR") != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is not a valid PNG: no IHDR chunk first"));
+    }
+    auto be32 = [&](size_t at) {
+      return (static_cast<uint32_t>(static_cast<unsigned char>(bytes[at])) << 24) |
+             (static_cast<uint32_t>(static_cast<unsigned char>(bytes[at + 1])) << 16) |
+             (static_cast<uint32_t>(static_cast<unsigned char>(bytes[at + 2])) << 8) |
+             static_cast<uint32_t>(static_cast<unsigned char>(bytes[at + 3]));
+    };
+    const uint32_t w = be32(16), h = be32(20);
+    if (w == 0 || h == 0 || w > (1u << 30) || h > (1u << 30)) {
+      return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a PNG of size ", h, "x", w));
+    }
+    *height = static_cast<int>(h);
+    *width = static_cast<int>(w);
+    return absl::OkStatus();
+  }
+  if (LooksLikeJpeg(bytes)) return InspectJpeg(bytes, name, std::numeric_limits<int64_t>::max(), height, width);
+  return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is neither a PNG nor a JPEG"));
 }
 
 absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out, int64_t max_pixels) {

@@ -86,6 +86,10 @@ bool LooksLikeJpeg(const std::string& bytes);
 absl::Status InspectJpeg(const std::string& bytes, const std::string& name, int64_t max_pixels, int* height,
                          int* width);
 
+// The size a PNG or JPEG declares in its header, without decoding it: what a worker checks against
+// its memory budget before it allocates the pixels. INVALID_ARGUMENT for anything else.
+absl::Status ImageDimensions(const std::string& bytes, const std::string& name, int* height, int* width);
+
 // The libpng decoder alone, which DecodeImage/DecodeMask fall back on for layouts the fast decoder
 // leaves (interlaced, 16-bit RGB, palette images...); exactly one of `rgb` and `labels` is non-null.
 // For tests and the fuzz targets (tests/fuzz), which must reach it with every input.

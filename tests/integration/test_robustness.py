@@ -171,6 +171,66 @@ class ModelFileTest(unittest.TestCase):
         self.assertIn(f"sees another file at the job's --model-option weights path '{weights}'", p.stdout)
 
 
+class MemoryBudgetTest(unittest.TestCase):
+    """Found by probing: one 4000x4000 PNG made the demo model's CPU worker peak at 2.7 GB, so on a small
+    machine the kernel killed the worker instead of Tally failing the row. Now the worker knows its
+    budget (--max-worker-memory) and what a row needs (the model's bytes a pixel, measured at start)."""
+
+    def write_pair(self, root, name, h, w):
+        yy, xx = np.mgrid[0:h, 0:w]
+        img = np.zeros((h, w, 3), np.uint8)
+        img[..., 0] = (xx * 255 // max(1, w - 1)).astype(np.uint8)  # A gradient: small files, quick to write.
+        img[..., 2] = (yy * 255 // max(1, h - 1)).astype(np.uint8)
+        Image.fromarray(img).save(os.path.join(root, name + ".png"))
+        Image.fromarray(((xx > w // 2).astype(np.uint8))).save(os.path.join(root, name + "_mask.png"))
+        return f"{name},{name}.png,{name}_mask.png"
+
+    def test_a_row_that_cannot_fit_fails_with_the_reason_and_the_worker_lives(self):
+        root = tt.tmpdir(self)
+        demo = os.path.join(tt.SRC, "examples", "demo")
+        rows = [self.write_pair(root, "big", 4000, 4000)]
+        for i in (0, 1):
+            shutil.copy(os.path.join(demo, "images", f"case_00{i}.png"), os.path.join(root, f"case_00{i}.png"))
+            shutil.copy(os.path.join(demo, "masks", f"case_00{i}.png"), os.path.join(root, f"mask_00{i}.png"))
+            rows.append(f"case_00{i},case_00{i}.png,mask_00{i}.png")
+        manifest = os.path.join(root, "m.csv")
+        with open(manifest, "w") as f:
+            f.write("id,image,mask\n" + "\n".join(rows) + "\n")
+        out = os.path.join(root, "out")
+        p = tt.tally("run", "--workers", "1", "--max-worker-memory", "1GiB", "--model", os.path.join(demo, "model.pt"),
+                     "--manifest", manifest, "--out", out, check=False)
+        self.assertEqual(p.returncode, 3, p.stderr)  # Succeeded, with more failed rows than allowed (0).
+        self.assertNotIn("exited", p.stderr)  # No worker died.
+        report = tt.read_report(out)
+        self.assertEqual((report["images_evaluated"], report["images_failed"]), (2, 1))
+        reason = report["failures"][0]["reason"]
+        # The demo model holds some 150 bytes a pixel at 4000x4000 (2.4 GiB; measured, README).
+        self.assertRegex(reason, r"^image '.*big\.png' needs about 2\.[0-9] GiB for 4000x4000; this worker may use "
+                                 r"1\.0 GiB \(--max-worker-memory\); try --input-size")
+        with open(os.path.join(out, ".tally", "worker-0.log")) as f:
+            log = f.read()
+        self.assertIn("memory budget 1.0 GiB", log)
+
+    def test_a_batch_splits_to_fit_and_gives_the_same_results(self):
+        root = tt.tmpdir(self)
+        rows = [self.write_pair(root, f"r{i}", 1000, 1000) for i in range(6)]
+        manifest = os.path.join(root, "m.csv")
+        with open(manifest, "w") as f:
+            f.write("id,image,mask\n" + "\n".join(rows) + "\n")
+        model = os.path.join(tt.SRC, "examples", "demo", "model.pt")
+        free, tight = os.path.join(root, "free"), os.path.join(root, "tight")
+        tt.tally("run", "--workers", "1", "--batch-size", "8", "--model", model, "--manifest", manifest, "--out", free,
+                 "--max-failed-fraction", "1")
+        # 1000x1000 rows need some 170 MB each: 512 MiB fits three of the batch of six at a time.
+        tt.tally("run", "--workers", "1", "--batch-size", "8", "--max-worker-memory", "512MiB", "--model", model,
+                 "--manifest", manifest, "--out", tight, "--max-failed-fraction", "1")
+        self.assertEqual(tt.read_report(tight)["images_evaluated"], 6)
+        self.assertTrue(tt.same_files(free, tight))
+        with open(os.path.join(tight, ".tally", "worker-0.log")) as f:
+            log = f.read()
+        self.assertRegex(log, r"a batch of 6 rows of 1000x1000 runs as [23] launches to fit the memory budget of 512 MiB")
+
+
 class BadRowsTest(unittest.TestCase):
     def test_image_on_which_the_model_raises_fails_alone(self):
         root = tt.tmpdir(self)
