@@ -2,7 +2,7 @@
 """3D scoring throughput: Tally's prediction path vs MONAI's way of computing hd95 and nsd.
 
   python3 bench/volume_bench.py --bin build/bin --work /tmp/vb [--sizes 512x512x300:2,160x192x160:6]
-                                [--workers 1,4] [--monai-volumes 1] [--cupy]
+                                [--workers 1,4] [--monai-volumes 1] [--cupy] [--repeats 5]
 
 For each size it writes N reference/prediction pairs of NIfTI-1 volumes (.nii.gz, uint8, 2-5
 labels: ellipsoid "organs" with a perturbed prediction, anisotropic spacing) and then measures:
@@ -15,7 +15,9 @@ labels: ellipsoid "organs" with a perturbed prediction, anisotropic spacing) and
     (the volume is already in memory: no I/O is charged to it);
   * with --cupy, the same with cupyx.scipy.ndimage.distance_transform_edt on the GPU (MONAI's cuCIM
     path), edges on the GPU too;
-and checks that every hd95 and nsd equals Tally's (relative 1e-9). Prints a Markdown table and
+and checks that every hd95 and nsd equals Tally's (relative 1e-9). Every Tally figure is the
+median of --repeats runs, with their minimum and maximum (s/volume); --monai-volumes 0 skips
+MONAI's paths. Prints a Markdown table and
 writes results.json in --work. Needs numpy and scipy (and cupy for --cupy); no nibabel: the volumes
 are plain NIfTI-1 written and read here.
 """
@@ -24,6 +26,7 @@ import csv
 import gzip
 import json
 import os
+import statistics
 import struct
 import subprocess
 import sys
@@ -150,6 +153,7 @@ def main():
     ap.add_argument("--workers", default=f"1,{min(4, os.cpu_count())}")
     ap.add_argument("--monai-volumes", type=int, default=1)
     ap.add_argument("--cupy", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5, help="runs of each Tally configuration (min/median/max)")
     ap.add_argument("--memory-check", default="",
                     help="XxYxZ: first score one pair of this size with 1 worker x 1 thread, report peak RSS")
     args = ap.parse_args()
@@ -181,8 +185,28 @@ def main():
               f"(+{(peak - base) / pair:.1f}x the pair); {time.time() - t:.1f} s, all metrics")
     cores = os.cpu_count()
     results = []
-    rows_md = ["| volume (x,y,z) | labels | volumes | metrics | workers x threads | volumes/s | Mvoxels/s | s/volume | "
-               "command wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    rows_md = ["| volume (x,y,z) | labels | volumes | metrics | workers x threads | volumes/s | Mvoxels/s | "
+               "s/volume median (min-max) | command wall s median |", "|---|---|---|---|---|---|---|---|---|"]
+
+    steady = []
+
+    def tally_runs(cmd, out, count):
+        """--repeats runs of `cmd`: (job walls, command walls, the last report); each run's steady
+        seconds per volume (one worker: after its first result, start-up excluded) in `steady`."""
+        jobs, walls = [], []
+        steady.clear()
+        for _ in range(args.repeats):
+            t = time.time()
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+            walls.append(time.time() - t)
+            with open(os.path.join(out, "report.json")) as f:
+                report = json.load(f)
+            assert report["images_evaluated"] == count, report
+            jobs.append(report["wall_seconds"])  # Submitted -> last result, without starting the processes.
+            if len(report["workers"]) == 1 and report["workers"][0]["images_per_second"] > 0:
+                steady.append(1.0 / report["workers"][0]["images_per_second"])
+        return jobs, walls, report
+
     compare_md = ["| volume (x,y,z) | path | s/volume (hd95+nsd) | Tally is faster by | values equal to Tally's |",
                   "|---|---|---|---|---|"]
     for spec in args.sizes.split(","):
@@ -218,20 +242,15 @@ def main():
                 out = os.path.join(d, f"out-{metrics.count(',')}-{w}")
                 cmd = [os.path.join(args.bin, "tally"), "run", "--manifest", manifest, "--out", out, "--metrics",
                        metrics, "--workers", str(w), "--worker-threads", str(threads), "--num-classes", "5"]
-                t = time.time()
-                subprocess.run(cmd, check=True, capture_output=True, text=True)
-                wall = time.time() - t
-                with open(os.path.join(out, "report.json")) as f:
-                    report = json.load(f)
-                assert report["images_evaluated"] == count, report
-                # The job's own wall time (submitted -> last result), without starting the processes.
-                job = report["wall_seconds"]
+                jobs, walls, report = tally_runs(cmd, out, count)
+                job, wall = statistics.median(jobs), statistics.median(walls)
                 r = {"shape_xyz": shape, "volumes": count, "metrics": metrics, "workers": w, "threads": threads,
-                     "command_wall_s": wall, "job_wall_s": job, "volumes_per_s": count / job,
+                     "command_wall_s": walls, "job_wall_s": jobs, "volumes_per_s": count / job,
                      "mvoxels_per_s": count * voxels / job / 1e6}
                 results.append(r)
                 rows_md.append(f"| {dims} | 2-5 | {count} | {metrics} | {w} x {threads} | {count / job:.2f} | "
-                               f"{count * voxels / job / 1e6:.0f} | {job / count:.3f} | {wall:.1f} |")
+                               f"{count * voxels / job / 1e6:.0f} | {job / count:.3f} ({min(jobs) / count:.3f}-"
+                               f"{max(jobs) / count:.3f}) | {wall:.1f} |")
                 print(rows_md[-1], file=sys.stderr, flush=True)
                 if metrics.endswith("nsd") and w == 1:
                     # One worker, all cores: per-volume time (I/O included) vs MONAI's per volume.
@@ -240,12 +259,12 @@ def main():
                         tally_values = list(csv.DictReader(f))
         # One thread, one volume at a time: like for like with MONAI's single-threaded path.
         out = os.path.join(d, "out-single")
-        t = time.time()
-        subprocess.run([os.path.join(args.bin, "tally"), "run", "--manifest", manifest, "--out", out, "--metrics",
-                        "dice,iou,hd95,nsd", "--workers", "1", "--worker-threads", "1", "--num-classes", "5"],
-                       check=True, capture_output=True, text=True)
-        with open(os.path.join(out, "report.json")) as f:
-            tally_single = json.load(f)["wall_seconds"] / count
+        jobs, _, _ = tally_runs([os.path.join(args.bin, "tally"), "run", "--manifest", manifest, "--out", out,
+                                 "--metrics", "dice,iou,hd95,nsd", "--workers", "1", "--worker-threads", "1",
+                                 "--num-classes", "5"], out, count)
+        tally_single = statistics.median(jobs) / count
+        single_range = f"{tally_single:.3f} ({min(jobs) / count:.3f}-{max(jobs) / count:.3f})"
+        single_steady = (f"{statistics.median(steady):.3f} ({min(steady):.3f}-{max(steady):.3f})" if steady else "")
         # MONAI's path on the first volumes, in memory.
         # numpy arrays are (x, y, z) here, as nibabel gives them; the header holds float32 pixdims.
         spacing = tuple(float(np.float32(z)) for z in SPACING_XYZ)
@@ -254,6 +273,8 @@ def main():
             import cupy as cp
             from cupyx.scipy import ndimage as cnd
             paths.append(("cupyx (MONAI cuCIM/GPU)", cp, cnd.distance_transform_edt, cnd.binary_erosion))
+        if args.monai_volumes == 0:
+            paths = []
         for name, xp, edt, erode in paths:
             total, equal = 0.0, True
             for i in range(min(args.monai_volumes, count)):
@@ -275,7 +296,9 @@ def main():
             compare_md.append(f"| {dims} | {name} | {per:.3f} | {per / tally_single:.1f}x (1 thread), "
                               f"{per / tally_per_volume:.1f}x ({cores} threads) | {equal} |")
             print(compare_md[-1], file=sys.stderr, flush=True)
-        compare_md.append(f"| {dims} | Tally, 1 thread, end to end (gzip read included) | {tally_single:.3f} | | |")
+        compare_md.append(f"| {dims} | Tally, 1 thread, end to end (gzip read included) | {single_range} | | |")
+        compare_md.append(f"| {dims} | Tally, 1 thread, steady (after the first volume: start-up excluded) | "
+                          f"{single_steady} | | |")
         compare_md.append(f"| {dims} | Tally, {cores} threads, end to end | {tally_per_volume:.3f} | | |")
     with open(os.path.join(args.work, "results.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -42,12 +42,8 @@ absl::StatusOr<std::vector<Evaluated>> ReadJob(JobStore* store, const JobRecord&
 
 std::string Cell(double v) { return FormatCell(v); }
 
-}  // namespace
-
-absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, const JobRecord& b) {
-  Comparison c;
-  c.a = a;
-  c.b = b;
+// Two jobs can be compared: the same manifest's rows and classes, and ids that pair rows.
+absl::Status CheckComparable(const JobRecord& a, const JobRecord& b) {
   if (a.job.images_total() != b.job.images_total()) {
     return absl::InvalidArgumentError(absl::StrCat("cannot compare ", a.job.job_id(), " (", a.job.images_total(),
                                                    " rows) with ", b.job.job_id(), " (", b.job.images_total(),
@@ -64,6 +60,16 @@ absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, cons
                                                      absl::StrJoin(r->job.spec().manifest_warnings(), "; ")));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, const JobRecord& b) {
+  Comparison c;
+  c.a = a;
+  c.b = b;
+  RETURN_IF_ERROR(CheckComparable(a, b));
   ASSIGN_OR_RETURN(const JobConfig ca, JobConfigFromSpec(a.job.spec()));
   ASSIGN_OR_RETURN(const JobConfig cb, JobConfigFromSpec(b.job.spec()));
   for (Metric m : ca.metrics) {

@@ -217,6 +217,7 @@ class Coordinator {
     Shard shard;
     v1::JobSpec spec;
     std::optional<WorkerRecord> new_worker;  // The worker's first lease of this job.
+    int64_t expected_rows = 0;               // ShardAssignment.expected_rows.
   };
   // How a ReportResults request was received: what to commit and what to answer.
   struct Admission {
@@ -232,6 +233,8 @@ class Coordinator {
   // The oldest pending shard this worker may take, leased to it; nothing when there is none.
   std::optional<Grant> GrantShardLocked(const std::string& worker_id, WorkerEntry* worker, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ShardAssignment.expected_rows: the job's rows without a result over the workers not excluded.
+  int64_t ExpectedRowsLocked(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the granted shard's rows into an assignment; releases the lease if they cannot be read.
   absl::StatusOr<v1::AcquireShardResponse> BuildAssignment(const Grant& grant) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Admission> AdmitReportLocked(const v1::ReportResultsRequest& request, Deferred* deferred)

@@ -77,9 +77,19 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
     }
     g.spec = job.record.job.spec();
     g.shard = s;
+    g.expected_rows = ExpectedRowsLocked(job);
     return g;
   }
   return std::nullopt;
+}
+
+int64_t Coordinator::ExpectedRowsLocked(const JobEntry& job) const {
+  const v1::Job& j = job.record.job;
+  const int64_t left = std::max<int64_t>(0, j.images_total() - j.images_evaluated() - j.images_failed());
+  int64_t workers = 0;
+  for (const auto& [id, w] : workers_) workers += job.excluded_workers.count(id) == 0 ? 1 : 0;
+  workers = std::max<int64_t>(1, workers);
+  return (left + workers - 1) / workers;
 }
 
 absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Grant& g) {
@@ -102,6 +112,7 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Gran
   a->set_lease_id(g.shard.lease_id);
   a->set_begin(g.shard.begin);
   a->set_end(g.shard.end);
+  a->set_expected_rows(g.expected_rows);
   for (const ManifestRow& r : *rows) {
     v1::ManifestRow* row = a->add_rows();
     row->set_index(r.index);

@@ -212,6 +212,11 @@ class ModelRunner {
   // the device to themselves.
   //   PrepareLayoutTrial(batch): copies `batch` for the trial. False when the runner has no layout
   //     to choose or already knows the answer for the batch's shape (TrialLayout answers at once).
+  //   SkipLayoutTrial(rows, first_batch_seconds): whether the prepared trial can repay itself over
+  //     `rows` rows (0: unknown, it runs): "" when it can, else why not, and the trial is dropped
+  //     (the current layout stays). Times the batch in the current layout; `first_batch_seconds`,
+  //     the first batch's start-up (negative: not run yet, this call's first pass is it), stands
+  //     for the other layout's.
   //   StartLayoutTrial(on_ready): starts the other layout's warm-up; `on_ready` is called from its
   //     thread when FinishLayoutTrial will not wait. False when device memory cannot hold a second
   //     copy of the weights and a second batch beside the evaluation's: FinishLayoutTrial then runs
@@ -223,6 +228,7 @@ class ModelRunner {
   //   CancelLayoutTrial(): drops a trial, after the pass in progress.
   // One caller at a time (the pipeline's batcher), and CancelLayoutTrial once nothing else calls.
   virtual bool PrepareLayoutTrial(const BatchSpec& /*batch*/) { return false; }
+  virtual std::string SkipLayoutTrial(int64_t /*rows*/, double /*first_batch_seconds*/) { return ""; }
   virtual bool StartLayoutTrial(std::function<void()> /*on_ready*/) { return false; }
   virtual std::string FinishLayoutTrial(std::string* /*trial*/) { return ""; }
   virtual void CancelLayoutTrial() {}

@@ -99,6 +99,9 @@ struct PipelineOptions {
   // groups are split into launches that fit.
   int64_t memory_budget = 0;
   int64_t input_pixels = 0;  // --input-size's height x width (0: none): what the model sees of every row.
+  // The rows of the job this worker can expect to evaluate (ShardAssignment.expected_rows; 0:
+  // unknown): the layout trial runs only where they can repay it (ModelRunner::SkipLayoutTrial).
+  int64_t expected_rows = 0;
 };
 
 class Pipeline : public RowEvaluator {
@@ -199,6 +202,13 @@ class Pipeline : public RowEvaluator {
   // Returns true when it switched JPEG decoding to the GPU (--decode auto): the batch is to be
   // decoded again (RedecodeStaged).
   bool WarmUp(const BatchSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks the runner whether its prepared layout trial can repay itself over the rows this worker
+  // expects (PipelineOptions::expected_rows). True, with `layout_skip_` saying why (the trial
+  // dropped; the current layout is the one to agree), when it cannot.
+  bool SkipLayoutTrial() ABSL_LOCKS_EXCLUDED(mu_);
+  // BatcherStep::kStartLayoutTrial: the trial beside the evaluation starts, or runs here when the
+  // device has no room for it, or is skipped.
+  void StartLayoutTrial() ABSL_LOCKS_EXCLUDED(mu_);
   // Proposes the runner's layout trial (`choice`, "" when it made none) and switches to the
   // job's answer; false when the pipeline failed.
   bool AgreeLayout(const std::string& choice, const std::string& trial) ABSL_LOCKS_EXCLUDED(mu_);
@@ -351,6 +361,10 @@ class Pipeline : public RowEvaluator {
   bool layout_provisional_ ABSL_GUARDED_BY(mu_) = false;
   int64_t provisional_rows_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<std::shared_ptr<Shard>, v1::ImageResult>> held_ ABSL_GUARDED_BY(mu_);
+  // From the warm-up's start to the first batch's completion: the start-up a layout pays once.
+  double warmup_start_unix_ ABSL_GUARDED_BY(mu_) = 0;
+  double first_batch_seconds_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string layout_skip_;  // The batcher's: why the trial was skipped (ModelRunner::SkipLayoutTrial).
 
   // Statistics.
   int64_t images_done_ ABSL_GUARDED_BY(mu_) = 0;

@@ -31,7 +31,7 @@ void Pipeline::NoteEarlyBatch(size_t rows, size_t failed, const std::string& mes
   {
     absl::MutexLock lock(&mu_);
     if (early_batches_ >= 2) return;
-    ++early_batches_;
+    if (++early_batches_ == 1 && warmup_start_unix_ > 0) first_batch_seconds_ = NowUnix() - warmup_start_unix_;
     if (rows > 0 && failed == rows) ++early_batches_all_failed_;
     give_up = early_batches_ == 2 && early_batches_all_failed_ == 2;
   }
@@ -119,7 +119,13 @@ void Pipeline::ResolveLayoutTrial() {
   const double t1 = NowUnix();
   const bool ran_channels_last = runner_->ChannelsLast();
   std::string trial;
-  const std::string choice = runner_->FinishLayoutTrial(&trial);
+  std::string choice;
+  if (layout_skip_.empty()) {
+    choice = runner_->FinishLayoutTrial(&trial);
+  } else {  // The held rows ran in the layout that stays: the job's, unless another worker's trial says otherwise.
+    choice = ran_channels_last ? "on" : "off";
+    trial = absl::StrCat("skipped: ", layout_skip_);
+  }
   if (!AgreeLayout(choice, trial)) return;
   const bool again = runner_->ChannelsLast() != ran_channels_last;
   std::vector<std::pair<std::shared_ptr<Shard>, v1::ImageResult>> held;
@@ -174,16 +180,58 @@ void Pipeline::ResolveLayoutTrial() {
       dropped > 0 ? absl::StrCat("; ", dropped, " more were dropped with their leases") : "");
 }
 
+bool Pipeline::SkipLayoutTrial() {
+  double first_batch_seconds = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    first_batch_seconds = first_batch_seconds_;
+  }
+  layout_skip_ = runner_->SkipLayoutTrial(options_.expected_rows, first_batch_seconds);
+  if (layout_skip_.empty()) return false;
+  Log("layout trial skipped: ", layout_skip_, "; the ", runner_->ChannelsLast() ? "channels-last" : "contiguous",
+      " layout stays (--channels-last on|off sets it)");
+  return true;
+}
+
+void Pipeline::StartLayoutTrial() {
+  // After the first batch, whose passes show what the evaluation needs of the device's memory.
+  const bool start = !SkipLayoutTrial();
+  const bool beside = start && runner_->StartLayoutTrial([this] {
+    absl::MutexLock lock(&mu_);
+    if (layout_trial_ == LayoutTrial::kRunning) layout_trial_ = LayoutTrial::kReady;
+  });
+  if (!beside) {
+    // Skipped (ResolveLayoutTrial agrees the current layout), or the whole trial on this thread, now.
+    absl::MutexLock lock(&mu_);
+    layout_trial_ = LayoutTrial::kReady;
+  }
+}
+
 bool Pipeline::WarmUp(const BatchSpec& spec) {
   const double t0 = NowUnix();
+  {
+    absl::MutexLock lock(&mu_);
+    warmup_start_unix_ = t0;
+  }
   bool beside = false;
   if (options_.resolve_layout) {
-    if (!saving_ && runner_->PrepareLayoutTrial(spec)) {
+    const bool prepared = runner_->PrepareLayoutTrial(spec);
+    if (prepared && !saving_) {
       // The trial starts after this batch and runs beside the evaluation; results wait for it.
       beside = true;
       absl::MutexLock lock(&mu_);
       layout_trial_ = LayoutTrial::kAfterFirstBatch;
       layout_provisional_ = true;
+    } else if (prepared) {  // Saving predictions: the whole trial now, before the first batch.
+      std::string trial;
+      std::string choice;
+      if (SkipLayoutTrial()) {
+        choice = runner_->ChannelsLast() ? "on" : "off";
+        trial = absl::StrCat("skipped: ", layout_skip_);
+      } else {
+        choice = runner_->FinishLayoutTrial(&trial);
+      }
+      if (!AgreeLayout(choice, trial)) return false;
     } else {
       std::string trial;
       const std::string choice = runner_->TrialLayout(spec, &trial);
@@ -283,15 +331,7 @@ void Pipeline::BatchLoop() {
       }
     }
     if (step == BatcherStep::kStartLayoutTrial) {
-      // After the first batch, whose passes show what the evaluation needs of the device's memory.
-      const bool beside = runner_->StartLayoutTrial([this] {
-        absl::MutexLock lock(&mu_);
-        if (layout_trial_ == LayoutTrial::kRunning) layout_trial_ = LayoutTrial::kReady;
-      });
-      if (!beside) {
-        absl::MutexLock lock(&mu_);
-        layout_trial_ = LayoutTrial::kReady;  // The whole trial on this thread, now.
-      }
+      StartLayoutTrial();
       continue;
     }
     if (step == BatcherStep::kResolveLayout) {

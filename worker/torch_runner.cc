@@ -253,6 +253,12 @@ absl::Status TorchRunner::ReadTestHooks() {
     test_trial_inline_ = parts.size() == 2 && parts[1] == "inline";
     test_trial_choice_ = parts[0];
   }
+  if (const char* cost = std::getenv("TALLY_TEST_TRIAL_COST_SECONDS"); cost != nullptr && *cost != '\0') {
+    if (!absl::SimpleAtod(cost, &test_trial_cost_) || !(test_trial_cost_ >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TALLY_TEST_TRIAL_COST_SECONDS='", cost, "': expected a number of seconds >= 0"));
+    }
+  }
   return absl::OkStatus();
 }
 

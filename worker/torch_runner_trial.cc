@@ -135,6 +135,44 @@ bool TorchRunner::PrepareLayoutTrial(const BatchSpec& batch) {
   return true;
 }
 
+double TorchRunner::TimeCurrentLayout(const BatchSpec& batch, double* first) {
+  double best = 1e30;
+  for (int k = 0; k < 2; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto p = Launch(batch);
+    if (!p.ok() || !(*p)->Wait().ok()) return -1;
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (k == 0) *first = t;
+    best = std::min(best, t);
+  }
+  return best;
+}
+
+std::string TorchRunner::SkipLayoutTrial(int64_t rows, double first_batch_seconds) {
+  if (!beside_ || rows <= 0) return "";
+  if (!test_trial_choice_.empty() && test_trial_cost_ < 0) return "";
+  const BatchSpec& batch = beside_->batch;
+  double first = 0;
+  const double pass = TimeCurrentLayout(batch, &first);
+  if (pass < 0) return "";  // The trial finds out what fails.
+  if (first_batch_seconds < 0) first_batch_seconds = first;
+  // What the trial costs: the other layout's first pass (kernels built, cuDNN plans; the current
+  // layout's first batch stands for it), about as much again of evaluation slowed beside it or
+  // rows evaluated again, and its seven timed and warm passes. What it can save: the rows' time
+  // at kMaxLayoutGain.
+  const double cost = test_trial_cost_ >= 0 ? test_trial_cost_ : 2 * first_batch_seconds + 7 * pass;
+  const double per_row = pass / static_cast<double>(batch.items.size());
+  const double saving = static_cast<double>(rows) * per_row * kMaxLayoutGain;
+  if (saving >= cost) return "";
+  std::string why = absl::StrFormat(
+      "%d rows at %.2f ms a row (batch %s) could save at most %.1f s at %.0f%%, less than the trial's %.1f s%s", rows,
+      per_row * 1e3, TrialShape(batch), saving, kMaxLayoutGain * 100, cost,
+      test_trial_cost_ >= 0 ? " (TALLY_TEST_TRIAL_COST_SECONDS)"
+                            : absl::StrFormat(" (twice the first batch's %.2f s, 7 passes)", first_batch_seconds));
+  CancelLayoutTrial();
+  return why;
+}
+
 bool TorchRunner::MemoryForTrial(std::string* why) const {
   if (test_trial_inline_) {
     *why = "TALLY_TEST_LAYOUT_TRIAL says there is no room";

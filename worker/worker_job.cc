@@ -275,6 +275,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   } else {
     ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
     ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));
+    po.expected_rows = a.expected_rows();
     evaluator->pipeline = std::make_unique<Pipeline>(evaluator->runner.get(), po, on_result, on_fatal, on_timeout);
   }
   absl::MutexLock lock(&mu_);

@@ -302,6 +302,55 @@ class LayoutResolutionTest(unittest.TestCase):
         self.assertEqual(tt.read_report(out)["channels_last"], "on")
         self.assertTrue(tt.same_files(out, fixed))
 
+    def test_a_layout_trial_the_job_cannot_repay_is_skipped(self):
+        # The trial runs only where the rows this worker expects (the job's rows without a result
+        # over its workers) can repay it; else the current layout stays, the report and the log
+        # say why, and the results are the fixed layout's. TALLY_TEST_TRIAL_COST_SECONDS stands for
+        # the trial's measured cost: 1000 s no 64-row job repays; 0 s any job does.
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(14), 64, [(24, 32)], classes=2)
+        flags = ("--metrics", "dice,hd95", "--batch-size", "4", "--shard-size", "16")
+        fixed = {}
+        for layout in ("on", "off"):
+            fixed[layout] = os.path.join(root, f"fixed-{layout}")
+            tt.tally_run(tt.fixture("layout_marks.pt"), manifest, fixed[layout], "--workers", "1", "--channels-last",
+                         layout, *flags)
+        for cost, workers in (("1000", 1), ("1000", 2), ("0", 1)):
+            run = os.path.join(root, f"cost-{cost}-{workers}")
+            cluster = tt.Cluster(self, run)
+            for _ in range(workers):
+                cluster.start_worker(env={"TALLY_TEST_LAYOUT_TRIAL": "on:0.2", "TALLY_TEST_TRIAL_COST_SECONDS": cost})
+            cluster.wait_registered(workers)
+            jobs = [cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags)]
+            if workers == 1:  # Saving predictions: the trial would run before the first batch.
+                os.makedirs(os.path.join(run, "predictions"))
+                jobs.append(cluster.submit(tt.fixture("layout_marks.pt"), manifest, *flags, "--save-predictions",
+                                           os.path.join(run, "predictions")))
+            for k, job in enumerate(jobs):
+                self.assertEqual(cluster.wait(job)["state"], "succeeded")
+                out = os.path.join(run, f"out{k}")
+                cluster.fetch(job, out)
+                report = tt.read_report(out)
+                trial = report["channels_last_trial"]
+                skipped = cost == "1000"
+                self.assertEqual((report["channels_last_mode"], report["channels_last"]),
+                                 ("auto", "off" if skipped else "on"), trial)
+                self.assertEqual(trial.startswith("skipped: "), skipped, trial)
+                if skipped:
+                    self.assertIn("less than the trial's 1000.0 s (TALLY_TEST_TRIAL_COST_SECONDS)", trial)
+                self.assertEqual(report["images_evaluated"], 64)
+                self.assertTrue(tt.same_files(out, fixed[report["channels_last"]]), (cost, workers, k))
+            logs = "".join(cluster.log(f"worker-{k}.log") for k in range(workers))
+            expected = [int(n) for n in re.findall(r"layout trial skipped: (\d+) rows at", logs)]
+            if not skipped:
+                self.assertEqual(expected, [])
+                continue
+            # One worker: all 64 rows (then the second job's); two: at most half each, the first
+            # grant exactly half.
+            self.assertEqual(max(expected), 64 // workers, logs)
+            self.assertTrue(all(0 < n <= 64 // workers for n in expected), expected)
+            self.assertIn("the contiguous layout stays (--channels-last on|off sets it)", logs)
+
     def test_a_loaded_model_serves_the_next_job(self):
         # The worker keeps the last job's model (keyed by the file's SHA-256 and the runner's
         # settings): a second job with the same model reuses it; another model replaces it.

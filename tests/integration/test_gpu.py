@@ -41,10 +41,30 @@ class GpuTest(unittest.TestCase):
         rng = np.random.default_rng(99)
         cls.manifest = tt.write_dataset(os.path.join(cls.root, "data"), rng, 64, [(96, 128), (96, 128), (61, 77)],
                                         classes=3, jpeg_every=5)
+        # These jobs are far too short to repay a layout trial: the tests of the trial run it all
+        # the same (a trial cost of 0 s); test_a_short_job_skips_the_layout_trial takes it away.
+        os.environ["TALLY_TEST_TRIAL_COST_SECONDS"] = "0"
 
     @classmethod
     def tearDownClass(cls):
+        os.environ.pop("TALLY_TEST_TRIAL_COST_SECONDS", None)
         shutil.rmtree(cls.root, True)
+
+    def test_a_short_job_skips_the_layout_trial(self):
+        # With its real cost estimate, a 64-row job of a small network cannot repay the trial: the
+        # contiguous layout stays, the report says why, the results are --channels-last off's.
+        del os.environ["TALLY_TEST_TRIAL_COST_SECONDS"]
+        try:
+            short = self.run_on("layout-skipped", "conv3.pt", "--gpus", "0", "--worker-flags=--cache-dir=none")
+        finally:
+            os.environ["TALLY_TEST_TRIAL_COST_SECONDS"] = "0"
+        report = tt.read_report(short)
+        self.assertEqual(report["channels_last"], "off", report["channels_last_trial"])
+        self.assertRegex(report["channels_last_trial"],
+                         r"^skipped: 64 rows at [0-9.]+ ms a row \(batch .*\) could save at most [0-9.]+ s at 30%, "
+                         r"less than the trial's [0-9.]+ s \(twice the first batch's [0-9.]+ s, 7 passes\)$")
+        fixed = self.run_on("layout-skipped-fixed", "conv3.pt", "--gpus", "0", "--channels-last", "off")
+        self.assertTrue(tt.same_files(short, fixed))
 
     def run_on(self, name, model, *extra):
         out = os.path.join(self.root, name)
