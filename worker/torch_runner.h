@@ -72,6 +72,11 @@ namespace torch_internal {
 // against 20.5 (27%, the other way: contiguous, the default, already wins). SkipLayoutTrial counts
 // on no more.
 constexpr double kMaxLayoutGain = 0.3;
+// The least a layout trial is taken to cost, seconds: cuDNN 9 builds channels-last kernels at run
+// time, 2.0-3.2 s on LRASPP's first channels-last pass on an H100, while the first contiguous batch
+// takes 0.25 s; a forced trial on 3200 LRASPP rows cost their job 0.7-1.1 s of wall and held its
+// first results 2.5 s longer (BENCHMARKS.md, issue 35).
+constexpr double kMinTrialSeconds = 2.0;
 
 inline std::string Shape(const at::Tensor& t) { return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]"); }
 

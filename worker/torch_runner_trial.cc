@@ -156,11 +156,12 @@ std::string TorchRunner::SkipLayoutTrial(int64_t rows, double first_batch_second
   const double pass = TimeCurrentLayout(batch, &first);
   if (pass < 0) return "";  // The trial finds out what fails.
   if (first_batch_seconds < 0) first_batch_seconds = first;
-  // What the trial costs: the other layout's first pass (kernels built, cuDNN plans; the current
-  // layout's first batch stands for it), about as much again of evaluation slowed beside it or
-  // rows evaluated again, and its seven timed and warm passes. What it can save: the rows' time
-  // at kMaxLayoutGain.
-  const double cost = test_trial_cost_ >= 0 ? test_trial_cost_ : 2 * first_batch_seconds + 7 * pass;
+  // What the trial costs: the other layout's first pass (kernels built, cuDNN plans) with the
+  // evaluation slowed beside it or rows evaluated again: twice the current layout's first batch,
+  // and never less than kMinTrialSeconds; then its seven timed and warm passes. What it can save:
+  // the rows' time at kMaxLayoutGain.
+  const double cost = test_trial_cost_ >= 0 ? test_trial_cost_
+                                            : std::max(kMinTrialSeconds, 2 * first_batch_seconds) + 7 * pass;
   const double per_row = pass / static_cast<double>(batch.items.size());
   const double saving = static_cast<double>(rows) * per_row * kMaxLayoutGain;
   if (saving >= cost) return "";
@@ -168,7 +169,9 @@ std::string TorchRunner::SkipLayoutTrial(int64_t rows, double first_batch_second
       "%d rows at %.2f ms a row (batch %s) could save at most %.1f s at %.0f%%, less than the trial's %.1f s%s", rows,
       per_row * 1e3, TrialShape(batch), saving, kMaxLayoutGain * 100, cost,
       test_trial_cost_ >= 0 ? " (TALLY_TEST_TRIAL_COST_SECONDS)"
-                            : absl::StrFormat(" (twice the first batch's %.2f s, 7 passes)", first_batch_seconds));
+                            : absl::StrFormat(" (the other layout's first pass: %.0f s at least, or twice the first "
+                                              "batch's %.2f s; 7 passes)",
+                                              kMinTrialSeconds, first_batch_seconds));
   CancelLayoutTrial();
   return why;
 }

@@ -62,7 +62,8 @@ class GpuTest(unittest.TestCase):
         self.assertEqual(report["channels_last"], "off", report["channels_last_trial"])
         self.assertRegex(report["channels_last_trial"],
                          r"^skipped: 64 rows at [0-9.]+ ms a row \(batch .*\) could save at most [0-9.]+ s at 30%, "
-                         r"less than the trial's [0-9.]+ s \(twice the first batch's [0-9.]+ s, 7 passes\)$")
+                         r"less than the trial's [0-9.]+ s \(the other layout's first pass: 2 s at least, or twice "
+                         r"the first batch's [0-9.]+ s; 7 passes\)$")
         fixed = self.run_on("layout-skipped-fixed", "conv3.pt", "--gpus", "0", "--channels-last", "off")
         self.assertTrue(tt.same_files(short, fixed))
 
