@@ -64,6 +64,8 @@ absl::Status Pipeline::CheckMemory(const std::string& bytes, const std::string& 
   if (options_.memory_budget <= 0) return absl::OkStatus();
   int height = 0, width = 0;
   if (!ImageDimensions(bytes, path, &height, &width).ok()) return absl::OkStatus();  // Decoding says why.
+  // Past --max-image-pixels the decoder refuses it before any allocation, naming that limit.
+  if (static_cast<int64_t>(height) * width > options_.max_image_pixels) return absl::OkStatus();
   MemoryModel model;
   {
     absl::MutexLock lock(&mu_);
