@@ -1,0 +1,253 @@
+#include "metrics/coco_eval.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <map>
+#include <numeric>
+
+namespace tally {
+namespace {
+
+// numpy.linspace(start, stop, num): i * ((stop - start) / (num - 1)) + start, the last one `stop`.
+std::vector<double> Linspace(double start, double stop, int num) {
+  std::vector<double> out(num);
+  const double step = (stop - start) / (num - 1);
+  for (int i = 0; i < num; ++i) out[i] = static_cast<double>(i) * step + start;
+  out[num - 1] = stop;
+  return out;
+}
+
+// numpy's pairwise summation of one contiguous block (numpy/_core/src/umath/loops_utils.h).
+double PairwiseSum(const double* a, size_t n) {
+  if (n < 8) {
+    double res = 0.;
+    for (size_t i = 0; i < n; ++i) res += a[i];
+    return res;
+  }
+  if (n <= 128) {
+    double r[8];
+    for (int j = 0; j < 8; ++j) r[j] = a[j];
+    size_t i = 8;
+    for (; i < n - (n % 8); i += 8) {
+      for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+    }
+    double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) res += a[i];
+    return res;
+  }
+  size_t n2 = n / 2;
+  n2 -= n2 % 8;
+  return PairwiseSum(a, n2) + PairwiseSum(a + n2, n - n2);
+}
+
+// The detections of one image kept for one category: indices into `detections`, best first.
+std::vector<size_t> KeptDetections(const std::vector<CocoDetection>& detections, size_t max_det) {
+  std::vector<size_t> order(detections.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return detections[x].score > detections[y].score; });
+  if (order.size() > max_det) order.resize(max_det);
+  return order;
+}
+
+// COCOeval.evaluateImg's matching at one area range: the outcome of each kept detection at each
+// threshold, written to out[t * D + d].
+void MatchAtAreaRange(const std::vector<CocoReference>& refs, const std::vector<CocoDetection>& dets,
+                      const std::vector<size_t>& kept, const std::vector<double>& ious, const std::array<double, 2>& range,
+                      const CocoParams& p, CocoOutcome* out, int64_t* positives) {
+  const size_t G = refs.size(), D = kept.size();
+  std::vector<bool> ignore(G);
+  for (size_t g = 0; g < G; ++g) ignore[g] = refs[g].crowd || refs[g].area < range[0] || refs[g].area > range[1];
+  std::vector<size_t> gorder(G);
+  std::iota(gorder.begin(), gorder.end(), 0);
+  std::stable_sort(gorder.begin(), gorder.end(), [&](size_t x, size_t y) { return !ignore[x] && ignore[y]; });
+  *positives = static_cast<int64_t>(std::count(ignore.begin(), ignore.end(), false));
+  for (size_t t = 0; t < p.iou_thresholds.size(); ++t) {
+    std::vector<bool> taken(G, false);
+    for (size_t d = 0; d < D; ++d) {
+      double best = std::min(p.iou_thresholds[t], 1 - 1e-10);
+      long m = -1;  // Position in gorder.
+      for (size_t j = 0; j < G; ++j) {
+        const size_t g = gorder[j];
+        if (taken[g] && !refs[g].crowd) continue;
+        if (m > -1 && !ignore[gorder[m]] && ignore[g]) break;
+        const double iou = ious[d * G + g];
+        if (iou < best) continue;
+        best = iou;
+        m = static_cast<long>(j);
+      }
+      CocoOutcome o;
+      if (m > -1) {
+        const size_t g = gorder[m];
+        taken[g] = true;
+        o = ignore[g] ? CocoOutcome::kIgnored : CocoOutcome::kTruePositive;
+      } else {
+        const double area = dets[kept[d]].area;
+        o = (area < range[0] || area > range[1]) ? CocoOutcome::kIgnored : CocoOutcome::kFalsePositive;
+      }
+      out[t * D + d] = o;
+    }
+  }
+}
+
+// One category, area range and maxDets: COCOeval.accumulate's curves, into `acc`.
+struct Entry {
+  double score;
+  const CocoOutcome* outcome;  // Its outcome at threshold 0; threshold t is t * stride further.
+  size_t stride;
+};
+void AccumulateOne(std::vector<Entry> entries, int64_t positives, size_t k, size_t a, size_t m, const CocoParams& p,
+                   CocoAccumulated* acc) {
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) { return x.score > y.score; });
+  const size_t nd = entries.size(), R = p.recall_thresholds.size();
+  std::vector<double> rc(nd), pr(nd);
+  for (size_t t = 0; t < p.iou_thresholds.size(); ++t) {
+    double tp = 0, fp = 0;
+    for (size_t i = 0; i < nd; ++i) {
+      const CocoOutcome o = entries[i].outcome[t * entries[i].stride];
+      tp += o == CocoOutcome::kTruePositive ? 1 : 0;
+      fp += o == CocoOutcome::kFalsePositive ? 1 : 0;
+      rc[i] = tp / static_cast<double>(positives);
+      pr[i] = tp / ((fp + tp) + DBL_EPSILON);
+    }
+    acc->recall[((t * acc->K + k) * acc->A + a) * acc->M + m] = nd > 0 ? rc[nd - 1] : 0;
+    for (size_t i = nd; i-- > 1;) {
+      if (pr[i] > pr[i - 1]) pr[i - 1] = pr[i];
+    }
+    for (size_t r = 0; r < R; ++r) {
+      const size_t at = std::lower_bound(rc.begin(), rc.end(), p.recall_thresholds[r]) - rc.begin();
+      const double q = at < nd ? pr[at] : 0;
+      acc->precision[(((t * R + r) * acc->K + k) * acc->A + a) * acc->M + m] = q;
+      if (at >= nd) {  // COCOeval stops at the first recall it cannot reach: 0 from there on.
+        for (size_t r2 = r; r2 < R; ++r2) acc->precision[(((t * R + r2) * acc->K + k) * acc->A + a) * acc->M + m] = 0;
+        break;
+      }
+    }
+  }
+}
+
+// The mean of the values > -1 that `at(i)` yields for i in [0, n), -1 when there are none.
+template <typename At>
+double MeanDefined(size_t n, At at) {
+  std::vector<double> values;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = at(i);
+    if (v > -1) values.push_back(v);
+  }
+  return values.empty() ? -1 : NumpyMean(values);
+}
+
+}  // namespace
+
+const CocoParams& CocoDefaultParams() {
+  static const CocoParams* params = [] {
+    auto* p = new CocoParams;
+    p->iou_thresholds = Linspace(.5, 0.95, 10);
+    p->recall_thresholds = Linspace(.0, 1.00, 101);
+    p->area_ranges = {{0, 1e5 * 1e5}, {0, 32 * 32}, {32 * 32, 96 * 96}, {96 * 96, 1e5 * 1e5}};
+    p->max_dets = {1, 10, 100};
+    return p;
+  }();
+  return *params;
+}
+
+double NumpyMean(const std::vector<double>& values) {
+  constexpr size_t kBlock = 8192;  // numpy's buffer size: the reduction's inner loop sees this much.
+  double sum = 0;
+  for (size_t i = 0; i < values.size(); i += kBlock) {
+    sum += PairwiseSum(values.data() + i, std::min(kBlock, values.size() - i));
+  }
+  return sum / static_cast<double>(values.size());
+}
+
+CocoImageEval EvaluateCocoImage(int64_t image_id, int64_t category_id, const std::vector<CocoReference>& references,
+                                const std::vector<CocoDetection>& detections,
+                                const std::function<double(size_t d, size_t g)>& iou, const CocoParams& p) {
+  CocoImageEval e;
+  e.image_id = image_id;
+  e.category_id = category_id;
+  e.references = static_cast<int64_t>(references.size());
+  e.detections = static_cast<int64_t>(detections.size());
+  const std::vector<size_t> kept = KeptDetections(detections, static_cast<size_t>(p.max_dets.back()));
+  for (size_t d : kept) e.scores.push_back(detections[d].score);
+  const size_t G = references.size(), D = kept.size(), T = p.iou_thresholds.size(), A = p.area_ranges.size();
+  std::vector<double> ious(D * G);
+  for (size_t d = 0; d < D; ++d) {
+    for (size_t g = 0; g < G; ++g) ious[d * G + g] = iou(kept[d], g);
+  }
+  e.outcome.resize(A * T * D);
+  e.positives.resize(A);
+  for (size_t a = 0; a < A; ++a) {
+    MatchAtAreaRange(references, detections, kept, ious, p.area_ranges[a], p, e.outcome.data() + a * T * D,
+                     &e.positives[a]);
+  }
+  return e;
+}
+
+CocoAccumulated AccumulateCoco(const std::vector<const CocoImageEval*>& evals, std::vector<int64_t> category_ids,
+                               const CocoParams& p) {
+  std::sort(category_ids.begin(), category_ids.end());
+  category_ids.erase(std::unique(category_ids.begin(), category_ids.end()), category_ids.end());
+  CocoAccumulated acc;
+  acc.category_ids = category_ids;
+  acc.T = p.iou_thresholds.size();
+  acc.R = p.recall_thresholds.size();
+  acc.K = category_ids.size();
+  acc.A = p.area_ranges.size();
+  acc.M = p.max_dets.size();
+  acc.precision.assign(acc.T * acc.R * acc.K * acc.A * acc.M, -1);
+  acc.recall.assign(acc.T * acc.K * acc.A * acc.M, -1);
+  // Per category, its images in image-id order.
+  std::map<int64_t, std::vector<const CocoImageEval*>> by_category;
+  for (const CocoImageEval* e : evals) by_category[e->category_id].push_back(e);
+  for (size_t k = 0; k < acc.K; ++k) {
+    auto it = by_category.find(category_ids[k]);
+    if (it == by_category.end()) continue;
+    std::vector<const CocoImageEval*>& images = it->second;
+    std::stable_sort(images.begin(), images.end(),
+                     [](const CocoImageEval* x, const CocoImageEval* y) { return x->image_id < y->image_id; });
+    for (size_t a = 0; a < acc.A; ++a) {
+      for (size_t m = 0; m < acc.M; ++m) {
+        std::vector<Entry> entries;
+        int64_t positives = 0;
+        for (const CocoImageEval* e : images) {
+          const size_t D = e->scores.size();
+          const size_t keep = std::min(D, static_cast<size_t>(p.max_dets[m]));
+          const CocoOutcome* base = e->outcome.data() + a * acc.T * D;
+          for (size_t d = 0; d < keep; ++d) entries.push_back({e->scores[d], base + d, D});
+          positives += e->positives[a];
+        }
+        if (positives == 0) continue;
+        AccumulateOne(std::move(entries), positives, k, a, m, p, &acc);
+      }
+    }
+  }
+  return acc;
+}
+
+std::array<double, 12> SummarizeCoco(const CocoAccumulated& acc, const CocoParams& p) {
+  const size_t T = acc.T, R = acc.R, K = acc.K, M = acc.M;
+  const size_t last = M - 1;
+  // t: a threshold index, or T for all of them.
+  auto ap = [&](size_t t, size_t a) {
+    const size_t t0 = t == T ? 0 : t, nt = t == T ? T : 1;
+    return MeanDefined(nt * R * K, [&](size_t i) {
+      return acc.Precision(t0 + i / (R * K), (i / K) % R, i % K, a, last);
+    });
+  };
+  auto ar = [&](size_t a, size_t m) {
+    return MeanDefined(T * K, [&](size_t i) { return acc.Recall(i / K, i % K, a, m); });
+  };
+  auto threshold = [&](double v) {
+    return static_cast<size_t>(std::find(p.iou_thresholds.begin(), p.iou_thresholds.end(), v) -
+                               p.iou_thresholds.begin());
+  };
+  return {ap(T, 0), ap(threshold(.5), 0), ap(threshold(.75), 0), ap(T, 1), ap(T, 2), ap(T, 3),
+          ar(0, 0), ar(0, 1), ar(0, last), ar(1, last), ar(2, last), ar(3, last)};
+}
+
+double CocoCategoryAp(const CocoAccumulated& acc, size_t k) {
+  return MeanDefined(acc.T * acc.R, [&](size_t i) { return acc.Precision(i / acc.R, i % acc.R, k, 0, acc.M - 1); });
+}
+
+}  // namespace tally
