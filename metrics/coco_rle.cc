@@ -195,13 +195,17 @@ absl::StatusOr<Rle> RleFromPolygon(const std::vector<double>& xy, int64_t height
     return absl::InvalidArgumentError(absl::StrCat("a polygon needs at least 3 points, not ", xy.size() / 2));
   }
   constexpr double kScale = 5;
-  constexpr double kLimit = 1e8;  // 5x this still fits an int.
+  // Points at most the image's size outside it: the walk below visits every point of every edge
+  // on the 5x grid, so a far-away vertex would cost memory and time for nothing.
+  const double margin = static_cast<double>(std::max<int64_t>({height, width, 1}));
   const size_t k = xy.size() / 2;
   std::vector<int> gx(k + 1), gy(k + 1);
   for (size_t j = 0; j < k; ++j) {
     const double x = xy[2 * j], y = xy[2 * j + 1];
-    if (!std::isfinite(x) || !std::isfinite(y) || std::fabs(x) > kLimit || std::fabs(y) > kLimit) {
-      return absl::InvalidArgumentError(absl::StrCat("polygon point ", j, " (", x, ", ", y, ") is out of range"));
+    if (!(x >= -margin && x <= static_cast<double>(width) + margin && y >= -margin &&
+          y <= static_cast<double>(height) + margin)) {
+      return absl::InvalidArgumentError(absl::StrCat("polygon point ", j, " (", x, ", ", y,
+                                                     ") is more than the image's size outside it"));
     }
     gx[j] = static_cast<int>(kScale * x + .5);  // Truncated toward 0, as C's (int) cast.
     gy[j] = static_cast<int>(kScale * y + .5);

@@ -48,7 +48,7 @@ std::string RleToString(const Rle& rle);
 absl::StatusOr<Rle> RleFromCounts(const std::vector<int64_t>& counts, int64_t height, int64_t width);
 
 // One polygon (x1, y1, x2, y2, ...), and an annotation's polygons united. Errors: an odd number of
-// coordinates, fewer than 3 points, a coordinate that is not finite.
+// coordinates, fewer than 3 points, a point not finite or farther outside the image than its size.
 absl::StatusOr<Rle> RleFromPolygon(const std::vector<double>& xy, int64_t height, int64_t width);
 absl::StatusOr<Rle> RleFromPolygons(const std::vector<std::vector<double>>& polygons, int64_t height,
                                     int64_t width);

@@ -71,6 +71,9 @@ TEST(CocoRleTest, MalformedStringsAndCountsAreRefused) {
             std::string::npos);
   EXPECT_NE(RleFromPolygon({1, 1, 2, 2}, 5, 5).status().message().find("at least 3 points, not 2"), std::string::npos);
   EXPECT_NE(RleFromPolygon({1, 1, 2, 2, 1e300, 3}, 5, 5).status().message().find("point 2"), std::string::npos);
+  EXPECT_NE(RleFromPolygon({1, 1, 2, 2, 3, -11}, 5, 10).status().message().find("point 2 (3, -11) is more than"),
+            std::string::npos);
+  EXPECT_TRUE(RleFromPolygon({1, 1, 2, 2, 3, -10}, 5, 10).ok());  // 10 outside a 5 x 10 image: allowed.
 }
 
 // Polygons rasterised by pycocotools' frPyObjects + merge (the masks and strings it gave).

@@ -1,0 +1,378 @@
+#include "common/io/coco_json.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <simdjson.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tally {
+namespace {
+
+namespace sj = simdjson::ondemand;
+using simdjson::error_code;
+
+absl::Status FileError(absl::string_view name, absl::string_view where, error_code e) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("COCO file '", name, "': ", where, ": ", simdjson::error_message(e)));
+}
+
+// A value of the wrong type or range: the annotation is wrong, the file can still be read.
+bool ValueError(error_code e) {
+  return e == simdjson::INCORRECT_TYPE || e == simdjson::NUMBER_ERROR || e == simdjson::NUMBER_OUT_OF_RANGE;
+}
+
+// An integer field; integral doubles (12.0) are accepted.
+error_code GetInt(sj::value v, int64_t* out) {
+  sj::number n;
+  if (error_code e = v.get_number().get(n); e) return e;
+  if (n.is_int64()) {
+    *out = n.get_int64();
+    return simdjson::SUCCESS;
+  }
+  if (n.is_uint64()) return simdjson::NUMBER_OUT_OF_RANGE;
+  const double d = n.get_double();
+  if (!(std::fabs(d) < 9e15) || std::floor(d) != d) return simdjson::INCORRECT_TYPE;
+  *out = static_cast<int64_t>(d);
+  return simdjson::SUCCESS;
+}
+
+error_code GetFlag(sj::value v, bool* out) {
+  bool b = false;
+  if (v.get_bool().get(b) == simdjson::SUCCESS) {
+    *out = b;
+    return simdjson::SUCCESS;
+  }
+  int64_t i = 0;
+  if (error_code e = GetInt(v, &i); e) return e;
+  *out = i != 0;
+  return simdjson::SUCCESS;
+}
+
+error_code GetNumbers(sj::value v, std::vector<double>* out) {
+  sj::array a;
+  if (error_code e = v.get_array().get(a); e) return e;
+  for (auto element : a) {
+    double d = 0;
+    if (error_code e = element.get_double().get(d); e) return e;
+    out->push_back(d);
+  }
+  return simdjson::SUCCESS;
+}
+
+// {"counts": [...] | "...", "size": [h, w]}
+error_code ParseRle(sj::object o, CocoSegmentation* s, std::string* why) {
+  for (auto f : o) {
+    std::string_view key;
+    if (error_code e = f.unescaped_key().get(key); e) return e;
+    sj::value v;
+    if (error_code e = f.value().get(v); e) return e;
+    if (key == "counts") {
+      sj::json_type t;
+      if (error_code e = v.type().get(t); e) return e;
+      if (t == sj::json_type::string) {
+        std::string_view str;
+        if (error_code e = v.get_string().get(str); e) return e;
+        s->kind = CocoSegmentation::Kind::kString;
+        s->counts_string = std::string(str);
+      } else {
+        std::vector<double> runs;
+        if (error_code e = GetNumbers(v, &runs); e) {
+          *why = "segmentation 'counts' is neither a string nor a list of numbers";
+          return e;
+        }
+        s->kind = CocoSegmentation::Kind::kCounts;
+        for (double r : runs) {
+          if (std::floor(r) != r || !(std::fabs(r) < 9e15)) {
+            *why = absl::StrCat("segmentation 'counts' holds ", r, ", not a whole number");
+            return simdjson::INCORRECT_TYPE;
+          }
+          s->counts.push_back(static_cast<int64_t>(r));
+        }
+      }
+    } else if (key == "size") {
+      std::vector<double> size;
+      if (error_code e = GetNumbers(v, &size); e || size.size() != 2 || size[0] < 0 || size[1] < 0 ||
+                                                 size[0] > 1e9 || size[1] > 1e9) {
+        *why = "segmentation 'size' is not [height, width]";
+        return e ? e : simdjson::INCORRECT_TYPE;
+      }
+      s->height = static_cast<int64_t>(size[0]);
+      s->width = static_cast<int64_t>(size[1]);
+    }
+  }
+  if (s->kind == CocoSegmentation::Kind::kNone) {
+    *why = "segmentation has no 'counts'";
+    return simdjson::INCORRECT_TYPE;
+  }
+  if (s->height < 0) {
+    *why = "segmentation has no 'size'";
+    return simdjson::INCORRECT_TYPE;
+  }
+  return simdjson::SUCCESS;
+}
+
+error_code ParseSegmentation(sj::value v, CocoSegmentation* s, std::string* why) {
+  sj::json_type t;
+  if (error_code e = v.type().get(t); e) return e;
+  if (t == sj::json_type::object) {
+    sj::object o;
+    if (error_code e = v.get_object().get(o); e) return e;
+    return ParseRle(o, s, why);
+  }
+  if (t != sj::json_type::array) {
+    *why = "segmentation is neither a list of polygons nor an RLE object";
+    return simdjson::INCORRECT_TYPE;
+  }
+  sj::array polygons;
+  if (error_code e = v.get_array().get(polygons); e) return e;
+  s->kind = CocoSegmentation::Kind::kPolygons;
+  for (auto p : polygons) {
+    sj::value pv;
+    if (error_code e = p.get(pv); e) return e;
+    s->polygons.emplace_back();
+    if (error_code e = GetNumbers(pv, &s->polygons.back()); e) {
+      *why = absl::StrCat("polygon ", s->polygons.size() - 1, " is not a list of numbers");
+      return e;
+    }
+  }
+  if (s->polygons.empty()) {
+    *why = "segmentation is an empty list of polygons";
+    return simdjson::INCORRECT_TYPE;
+  }
+  return simdjson::SUCCESS;
+}
+
+// One annotation or result object. Structural errors are returned; an annotation's own problems
+// go to its `error`.
+error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a) {
+  bool has_id = false, has_image = false, has_category = false, has_score = false;
+  std::string why;
+  for (auto f : o) {
+    std::string_view key;
+    if (error_code e = f.unescaped_key().get(key); e) return e;
+    sj::value v;
+    if (error_code e = f.value().get(v); e) return e;
+    error_code e = simdjson::SUCCESS;
+    std::string field_why;
+    if (key == "id") {
+      if (result) continue;  // pycocotools' loadRes numbers results by position.
+      e = GetInt(v, &a->id);
+      has_id = e == simdjson::SUCCESS;
+    } else if (key == "image_id") {
+      e = GetInt(v, &a->image_id);
+      has_image = e == simdjson::SUCCESS;
+    } else if (key == "category_id") {
+      e = GetInt(v, &a->category_id);
+      has_category = e == simdjson::SUCCESS;
+    } else if (key == "area") {
+      e = v.get_double().get(a->area);
+      a->has_area = e == simdjson::SUCCESS;
+    } else if (key == "iscrowd") {
+      e = GetFlag(v, &a->iscrowd);
+    } else if (key == "score") {
+      e = v.get_double().get(a->score);
+      has_score = e == simdjson::SUCCESS && std::isfinite(a->score);
+    } else if (key == "segmentation") {
+      e = ParseSegmentation(v, &a->segmentation, &field_why);
+    } else {
+      continue;
+    }
+    if (e != simdjson::SUCCESS) {
+      if (!ValueError(e)) return e;
+      if (why.empty()) why = field_why.empty() ? absl::StrCat("'", absl::string_view(key.data(), key.size()), "' has the wrong type or range") : field_why;
+    }
+  }
+  if (why.empty() && !has_image) why = "no 'image_id'";
+  if (why.empty() && !has_category) why = "no 'category_id'";
+  if (why.empty() && !result && !has_id) why = "no 'id'";
+  if (why.empty() && result && !has_score) why = "no finite 'score'";
+  if (why.empty() && a->segmentation.kind == CocoSegmentation::Kind::kNone) why = "no 'segmentation'";
+  if (why.empty() && !result && a->id == 0) why = "id 0 (COCOeval reads a match with id 0 as no match)";
+  if (!why.empty()) {
+    a->error = result ? absl::StrCat("result ", a->id, " (image ", a->image_id, "): ", why)
+                      : absl::StrCat("annotation ", a->id, " (image ", a->image_id, "): ", why);
+  }
+  return simdjson::SUCCESS;
+}
+
+error_code ParseImage(sj::object o, CocoImageInfo* image, bool* has_id) {
+  for (auto f : o) {
+    std::string_view key;
+    if (error_code e = f.unescaped_key().get(key); e) return e;
+    sj::value v;
+    if (error_code e = f.value().get(v); e) return e;
+    if (key == "id") {
+      if (error_code e = GetInt(v, &image->id); e) return e;
+      *has_id = true;
+    } else if (key == "file_name") {
+      std::string_view s;
+      if (error_code e = v.get_string().get(s); e) return e;
+      image->file_name = std::string(s);
+    } else if (key == "height") {
+      if (error_code e = GetInt(v, &image->height); e) return e;
+    } else if (key == "width") {
+      if (error_code e = GetInt(v, &image->width); e) return e;
+    }
+  }
+  return simdjson::SUCCESS;
+}
+
+error_code ParseCategory(sj::object o, CocoCategoryInfo* c, bool* has_id) {
+  for (auto f : o) {
+    std::string_view key;
+    if (error_code e = f.unescaped_key().get(key); e) return e;
+    sj::value v;
+    if (error_code e = f.value().get(v); e) return e;
+    if (key == "id") {
+      if (error_code e = GetInt(v, &c->id); e) return e;
+      *has_id = true;
+    } else if (key == "name") {
+      std::string_view s;
+      if (error_code e = v.get_string().get(s); e) return e;
+      c->name = std::string(s);
+    } else if (key == "isthing") {
+      if (error_code e = GetFlag(v, &c->isthing); e) return e;
+    }
+  }
+  return simdjson::SUCCESS;
+}
+
+// Calls `each(object, index)` for every element of the array `v`, which must be objects.
+template <typename Each>
+absl::Status ForEachObject(sj::value v, absl::string_view name, absl::string_view field, Each each) {
+  sj::array a;
+  if (error_code e = v.get_array().get(a); e) return FileError(name, absl::StrCat("'", field, "' is not a list"), e);
+  size_t i = 0;
+  for (auto element : a) {
+    sj::object o;
+    if (error_code e = element.get_object().get(o); e) {
+      return FileError(name, absl::StrCat(field, "[", i, "] is not an object"), e);
+    }
+    if (absl::Status s = each(o, i); !s.ok()) return s;
+    ++i;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseDatasetField(std::string_view key, sj::value v, absl::string_view name, CocoDataset* out,
+                               bool* saw_images) {
+  if (key == "images") {
+    *saw_images = true;
+    return ForEachObject(v, name, "images", [&](sj::object o, size_t i) {
+      CocoImageInfo image;
+      bool has_id = false;
+      if (error_code e = ParseImage(o, &image, &has_id); e || !has_id) {
+        return FileError(name, absl::StrCat("images[", i, "] has no integer 'id'"), e ? e : simdjson::INCORRECT_TYPE);
+      }
+      out->images.push_back(std::move(image));
+      return absl::OkStatus();
+    });
+  }
+  if (key == "categories") {
+    return ForEachObject(v, name, "categories", [&](sj::object o, size_t i) {
+      CocoCategoryInfo c;
+      bool has_id = false;
+      if (error_code e = ParseCategory(o, &c, &has_id); e || !has_id) {
+        return FileError(name, absl::StrCat("categories[", i, "] has no integer 'id'"),
+                         e ? e : simdjson::INCORRECT_TYPE);
+      }
+      out->categories.push_back(std::move(c));
+      return absl::OkStatus();
+    });
+  }
+  if (key == "annotations") {
+    return ForEachObject(v, name, "annotations", [&](sj::object o, size_t i) {
+      CocoAnnotation a;
+      if (error_code e = ParseAnnotation(o, false, &a); e) return FileError(name, absl::StrCat("annotations[", i, "]"), e);
+      out->annotations.push_back(std::move(a));
+      return absl::OkStatus();
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open COCO file '", path, "'"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+absl::StatusOr<CocoDataset> ParseCocoDataset(absl::string_view json, absl::string_view name) {
+  const simdjson::padded_string padded(json.data(), json.size());
+  sj::parser parser;
+  sj::document doc;
+  if (error_code e = parser.iterate(padded).get(doc); e) return FileError(name, "not JSON", e);
+  sj::object root;
+  if (error_code e = doc.get_object().get(root); e) return FileError(name, "not a JSON object", e);
+  CocoDataset out;
+  bool saw_images = false;
+  for (auto f : root) {
+    std::string_view key;
+    if (error_code e = f.unescaped_key().get(key); e) return FileError(name, "a key", e);
+    sj::value v;
+    if (error_code e = f.value().get(v); e) return FileError(name, absl::StrCat("'", absl::string_view(key.data(), key.size()), "'"), e);
+    if (absl::Status s = ParseDatasetField(key, v, name, &out, &saw_images); !s.ok()) return s;
+  }
+  if (!saw_images) return FileError(name, "no 'images' list", simdjson::NO_SUCH_FIELD);
+  return out;
+}
+
+absl::StatusOr<std::vector<CocoAnnotation>> ParseCocoResults(absl::string_view json, absl::string_view name) {
+  const simdjson::padded_string padded(json.data(), json.size());
+  sj::parser parser;
+  sj::document doc;
+  if (error_code e = parser.iterate(padded).get(doc); e) return FileError(name, "not JSON", e);
+  sj::array results;
+  if (error_code e = doc.get_array().get(results); e) return FileError(name, "a results file is a JSON list", e);
+  std::vector<CocoAnnotation> out;
+  for (auto element : results) {
+    sj::object o;
+    if (error_code e = element.get_object().get(o); e) {
+      return FileError(name, absl::StrCat("result ", out.size() + 1, " is not an object"), e);
+    }
+    CocoAnnotation a;
+    a.id = static_cast<int64_t>(out.size()) + 1;
+    if (error_code e = ParseAnnotation(o, true, &a); e) return FileError(name, absl::StrCat("result ", a.id), e);
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+absl::StatusOr<CocoDataset> LoadCocoDataset(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadWhole(path);
+  if (!text.ok()) return text.status();
+  return ParseCocoDataset(*text, path);
+}
+
+absl::StatusOr<std::vector<CocoAnnotation>> LoadCocoResults(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadWhole(path);
+  if (!text.ok()) return text.status();
+  return ParseCocoResults(*text, path);
+}
+
+absl::StatusOr<Rle> SegmentationRle(const CocoSegmentation& s, int64_t height, int64_t width) {
+  switch (s.kind) {
+    case CocoSegmentation::Kind::kNone:
+      return absl::InvalidArgumentError("no segmentation");
+    case CocoSegmentation::Kind::kPolygons:
+      return RleFromPolygons(s.polygons, height, width);
+    case CocoSegmentation::Kind::kCounts:
+    case CocoSegmentation::Kind::kString:
+      break;
+  }
+  if (s.height != height || s.width != width) {
+    return absl::InvalidArgumentError(absl::StrCat("segmentation size ", s.height, " x ", s.width,
+                                                   " is not the image's ", height, " x ", width));
+  }
+  if (s.kind == CocoSegmentation::Kind::kCounts) return RleFromCounts(s.counts, height, width);
+  return RleFromString(s.counts_string, height, width);
+}
+
+}  // namespace tally

@@ -1,0 +1,74 @@
+// COCO JSON files (cocodataset.org "Data format"): instance annotations (ground truth: `images`,
+// `categories`, `annotations`) and results (detections: a list of {image_id, category_id,
+// segmentation, score}). Parsed with simdjson's On-Demand API; untrusted input (a fuzz target).
+//
+// A file whose structure is wrong (not JSON, no `images` array, an image without an id) is refused
+// naming the file and the field. An annotation whose own fields are wrong (a malformed
+// segmentation, a missing category) is kept with `error` saying what, naming its id: the image it
+// belongs to fails, nothing else does.
+#ifndef TALLY_COMMON_IO_COCO_JSON_H_
+#define TALLY_COMMON_IO_COCO_JSON_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "metrics/coco_rle.h"
+
+namespace tally {
+
+struct CocoSegmentation {
+  enum class Kind { kNone, kPolygons, kCounts, kString };
+  Kind kind = Kind::kNone;
+  std::vector<std::vector<double>> polygons;  // kPolygons
+  std::vector<int64_t> counts;                // kCounts: uncompressed RLE
+  std::string counts_string;                  // kString: compressed RLE
+  int64_t height = -1, width = -1;            // An RLE's `size` ([height, width]).
+};
+
+struct CocoAnnotation {
+  int64_t id = 0;  // Results: their 1-based position in the file, as pycocotools' loadRes numbers them.
+  int64_t image_id = 0;
+  int64_t category_id = 0;
+  double area = 0;  // Ground truth: the `area` field.
+  bool has_area = false;
+  bool iscrowd = false;
+  double score = 0;  // Results.
+  CocoSegmentation segmentation;
+  std::string error;  // Non-empty: what is wrong with this annotation.
+};
+
+struct CocoImageInfo {
+  int64_t id = 0;
+  std::string file_name;
+  int64_t height = 0, width = 0;
+};
+
+struct CocoCategoryInfo {
+  int64_t id = 0;
+  std::string name;
+  bool isthing = true;  // Panoptic files: `isthing` 0 for stuff.
+};
+
+struct CocoDataset {
+  std::vector<CocoImageInfo> images;
+  std::vector<CocoCategoryInfo> categories;
+  std::vector<CocoAnnotation> annotations;
+};
+
+// `json` is the file's text; `name` (its path) goes into errors.
+absl::StatusOr<CocoDataset> ParseCocoDataset(absl::string_view json, absl::string_view name);
+absl::StatusOr<std::vector<CocoAnnotation>> ParseCocoResults(absl::string_view json, absl::string_view name);
+// The files at `path` (read whole).
+absl::StatusOr<CocoDataset> LoadCocoDataset(const std::string& path);
+absl::StatusOr<std::vector<CocoAnnotation>> LoadCocoResults(const std::string& path);
+
+// The mask of a segmentation on an image of `height` x `width` (pycocotools' annToRLE). Errors: no
+// segmentation, an RLE whose `size` is not the image's, a malformed RLE or polygon.
+absl::StatusOr<Rle> SegmentationRle(const CocoSegmentation& s, int64_t height, int64_t width);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_IO_COCO_JSON_H_
