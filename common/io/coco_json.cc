@@ -62,13 +62,22 @@ error_code GetNumbers(sj::value v, std::vector<double>* out) {
   return simdjson::SUCCESS;
 }
 
-// {"counts": [...] | "...", "size": [h, w]}
-error_code ParseRle(sj::object o, CocoSegmentation* s, std::string* why) {
+// Calls `field(key, value)` for every field of `o`, in order; the first error ends the walk.
+template <typename Field>
+error_code ForEachField(sj::object o, Field field) {
   for (auto f : o) {
     std::string_view key;
     if (error_code e = f.unescaped_key().get(key); e) return e;
     sj::value v;
     if (error_code e = f.value().get(v); e) return e;
+    if (error_code e = field(key, v); e) return e;
+  }
+  return simdjson::SUCCESS;
+}
+
+// {"counts": [...] | "...", "size": [h, w]}
+error_code ParseRle(sj::object o, CocoSegmentation* s, std::string* why) {
+  error_code walked = ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
     if (key == "counts") {
       sj::json_type t;
       if (error_code e = v.type().get(t); e) return e;
@@ -102,7 +111,9 @@ error_code ParseRle(sj::object o, CocoSegmentation* s, std::string* why) {
       s->height = static_cast<int64_t>(size[0]);
       s->width = static_cast<int64_t>(size[1]);
     }
-  }
+    return simdjson::SUCCESS;
+  });
+  if (walked) return walked;
   if (s->kind == CocoSegmentation::Kind::kNone) {
     *why = "segmentation has no 'counts'";
     return simdjson::INCORRECT_TYPE;
@@ -150,15 +161,11 @@ error_code ParseSegmentation(sj::value v, CocoSegmentation* s, std::string* why)
 error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a) {
   bool has_id = false, has_image = false, has_category = false, has_score = false;
   std::string why;
-  for (auto f : o) {
-    std::string_view key;
-    if (error_code e = f.unescaped_key().get(key); e) return e;
-    sj::value v;
-    if (error_code e = f.value().get(v); e) return e;
+  error_code walked = ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
     error_code e = simdjson::SUCCESS;
     std::string field_why;
     if (key == "id") {
-      if (result) continue;  // pycocotools' loadRes numbers results by position.
+      if (result) return simdjson::SUCCESS;  // pycocotools' loadRes numbers results by position.
       e = GetInt(v, &a->id);
       has_id = e == simdjson::SUCCESS;
     } else if (key == "image_id") {
@@ -177,14 +184,17 @@ error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a) {
       has_score = e == simdjson::SUCCESS && std::isfinite(a->score);
     } else if (key == "segmentation") {
       e = ParseSegmentation(v, &a->segmentation, &field_why);
-    } else {
-      continue;
     }
     if (e != simdjson::SUCCESS) {
       if (!ValueError(e)) return e;
-      if (why.empty()) why = field_why.empty() ? absl::StrCat("'", absl::string_view(key.data(), key.size()), "' has the wrong type or range") : field_why;
+      if (why.empty() && !field_why.empty()) why = field_why;
+      if (why.empty()) {
+        why = absl::StrCat("'", absl::string_view(key.data(), key.size()), "' has the wrong type or range");
+      }
     }
-  }
+    return simdjson::SUCCESS;
+  });
+  if (walked) return walked;
   if (why.empty() && !has_image) why = "no 'image_id'";
   if (why.empty() && !has_category) why = "no 'category_id'";
   if (why.empty() && !result && !has_id) why = "no 'id'";
@@ -198,46 +208,36 @@ error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a) {
   return simdjson::SUCCESS;
 }
 
-error_code ParseImage(sj::object o, CocoImageInfo* image, bool* has_id) {
-  for (auto f : o) {
-    std::string_view key;
-    if (error_code e = f.unescaped_key().get(key); e) return e;
-    sj::value v;
-    if (error_code e = f.value().get(v); e) return e;
-    if (key == "id") {
-      if (error_code e = GetInt(v, &image->id); e) return e;
-      *has_id = true;
-    } else if (key == "file_name") {
-      std::string_view s;
-      if (error_code e = v.get_string().get(s); e) return e;
-      image->file_name = std::string(s);
-    } else if (key == "height") {
-      if (error_code e = GetInt(v, &image->height); e) return e;
-    } else if (key == "width") {
-      if (error_code e = GetInt(v, &image->width); e) return e;
-    }
-  }
+error_code GetText(sj::value v, std::string* out) {
+  std::string_view s;
+  if (error_code e = v.get_string().get(s); e) return e;
+  *out = std::string(s);
   return simdjson::SUCCESS;
 }
 
-error_code ParseCategory(sj::object o, CocoCategoryInfo* c, bool* has_id) {
-  for (auto f : o) {
-    std::string_view key;
-    if (error_code e = f.unescaped_key().get(key); e) return e;
-    sj::value v;
-    if (error_code e = f.value().get(v); e) return e;
+error_code ParseImage(sj::object o, CocoImageInfo* image, bool* has_id) {
+  return ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
     if (key == "id") {
-      if (error_code e = GetInt(v, &c->id); e) return e;
       *has_id = true;
-    } else if (key == "name") {
-      std::string_view s;
-      if (error_code e = v.get_string().get(s); e) return e;
-      c->name = std::string(s);
-    } else if (key == "isthing") {
-      if (error_code e = GetFlag(v, &c->isthing); e) return e;
+      return GetInt(v, &image->id);
     }
-  }
-  return simdjson::SUCCESS;
+    if (key == "file_name") return GetText(v, &image->file_name);
+    if (key == "height") return GetInt(v, &image->height);
+    if (key == "width") return GetInt(v, &image->width);
+    return simdjson::SUCCESS;
+  });
+}
+
+error_code ParseCategory(sj::object o, CocoCategoryInfo* c, bool* has_id) {
+  return ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
+    if (key == "id") {
+      *has_id = true;
+      return GetInt(v, &c->id);
+    }
+    if (key == "name") return GetText(v, &c->name);
+    if (key == "isthing") return GetFlag(v, &c->isthing);
+    return simdjson::SUCCESS;
+  });
 }
 
 // Calls `each(object, index)` for every element of the array `v`, which must be objects.
@@ -257,32 +257,28 @@ absl::Status ForEachObject(sj::value v, absl::string_view name, absl::string_vie
   return absl::OkStatus();
 }
 
+// A list of objects that must each have an integer id (`images`, `categories`).
+template <typename T, typename Parse>
+absl::Status ParseIdList(sj::value v, absl::string_view name, absl::string_view field, Parse parse,
+                         std::vector<T>* out) {
+  return ForEachObject(v, name, field, [&](sj::object o, size_t i) {
+    T item;
+    bool has_id = false;
+    if (error_code e = parse(o, &item, &has_id); e || !has_id) {
+      return FileError(name, absl::StrCat(field, "[", i, "] has no integer 'id'"), e ? e : simdjson::INCORRECT_TYPE);
+    }
+    out->push_back(std::move(item));
+    return absl::OkStatus();
+  });
+}
+
 absl::Status ParseDatasetField(std::string_view key, sj::value v, absl::string_view name, CocoDataset* out,
                                bool* saw_images) {
   if (key == "images") {
     *saw_images = true;
-    return ForEachObject(v, name, "images", [&](sj::object o, size_t i) {
-      CocoImageInfo image;
-      bool has_id = false;
-      if (error_code e = ParseImage(o, &image, &has_id); e || !has_id) {
-        return FileError(name, absl::StrCat("images[", i, "] has no integer 'id'"), e ? e : simdjson::INCORRECT_TYPE);
-      }
-      out->images.push_back(std::move(image));
-      return absl::OkStatus();
-    });
+    return ParseIdList(v, name, "images", ParseImage, &out->images);
   }
-  if (key == "categories") {
-    return ForEachObject(v, name, "categories", [&](sj::object o, size_t i) {
-      CocoCategoryInfo c;
-      bool has_id = false;
-      if (error_code e = ParseCategory(o, &c, &has_id); e || !has_id) {
-        return FileError(name, absl::StrCat("categories[", i, "] has no integer 'id'"),
-                         e ? e : simdjson::INCORRECT_TYPE);
-      }
-      out->categories.push_back(std::move(c));
-      return absl::OkStatus();
-    });
-  }
+  if (key == "categories") return ParseIdList(v, name, "categories", ParseCategory, &out->categories);
   if (key == "annotations") {
     return ForEachObject(v, name, "annotations", [&](sj::object o, size_t i) {
       CocoAnnotation a;
