@@ -206,6 +206,9 @@ class Pipeline : public RowEvaluator {
   // expects (PipelineOptions::expected_rows). True, with `layout_skip_` saying why (the trial
   // dropped; the current layout is the one to agree), when it cannot.
   bool SkipLayoutTrial() ABSL_LOCKS_EXCLUDED(mu_);
+  // The prepared trial's proposal for AgreeLayout, its text in `trial`: the current layout when
+  // SkipLayoutTrial skipped it, else the runner's timing (FinishLayoutTrial).
+  std::string LayoutTrialChoice(std::string* trial);
   // BatcherStep::kStartLayoutTrial: the trial beside the evaluation starts, or runs here when the
   // device has no room for it, or is skipped.
   void StartLayoutTrial() ABSL_LOCKS_EXCLUDED(mu_);

@@ -119,13 +119,7 @@ void Pipeline::ResolveLayoutTrial() {
   const double t1 = NowUnix();
   const bool ran_channels_last = runner_->ChannelsLast();
   std::string trial;
-  std::string choice;
-  if (layout_skip_.empty()) {
-    choice = runner_->FinishLayoutTrial(&trial);
-  } else {  // The held rows ran in the layout that stays: the job's, unless another worker's trial says otherwise.
-    choice = ran_channels_last ? "on" : "off";
-    trial = absl::StrCat("skipped: ", layout_skip_);
-  }
+  const std::string choice = LayoutTrialChoice(&trial);
   if (!AgreeLayout(choice, trial)) return;
   const bool again = runner_->ChannelsLast() != ran_channels_last;
   std::vector<std::pair<std::shared_ptr<Shard>, v1::ImageResult>> held;
@@ -193,6 +187,13 @@ bool Pipeline::SkipLayoutTrial() {
   return true;
 }
 
+std::string Pipeline::LayoutTrialChoice(std::string* trial) {
+  if (layout_skip_.empty()) return runner_->FinishLayoutTrial(trial);
+  // Skipped: the layout rows ran in stays (the job's, unless another worker's trial says otherwise).
+  *trial = absl::StrCat("skipped: ", layout_skip_);
+  return runner_->ChannelsLast() ? "on" : "off";
+}
+
 void Pipeline::StartLayoutTrial() {
   // After the first batch, whose passes show what the evaluation needs of the device's memory.
   const bool start = !SkipLayoutTrial();
@@ -223,14 +224,9 @@ bool Pipeline::WarmUp(const BatchSpec& spec) {
       layout_trial_ = LayoutTrial::kAfterFirstBatch;
       layout_provisional_ = true;
     } else if (prepared) {  // Saving predictions: the whole trial now, before the first batch.
+      SkipLayoutTrial();
       std::string trial;
-      std::string choice;
-      if (SkipLayoutTrial()) {
-        choice = runner_->ChannelsLast() ? "on" : "off";
-        trial = absl::StrCat("skipped: ", layout_skip_);
-      } else {
-        choice = runner_->FinishLayoutTrial(&trial);
-      }
+      const std::string choice = LayoutTrialChoice(&trial);
       if (!AgreeLayout(choice, trial)) return false;
     } else {
       std::string trial;
