@@ -136,6 +136,17 @@ class StackDumpTest(unittest.TestCase):
         self.assertEqual(cluster.wait(job)["state"], "succeeded")
 
 
+def fixed_layout_runs(root, manifest, flags):
+    """layout_marks.pt (it predicts the other class when run channels-last) on one worker with
+    each layout given: {"on": out folder, "off": out folder}."""
+    fixed = {}
+    for layout in ("on", "off"):
+        fixed[layout] = os.path.join(root, f"fixed-{layout}")
+        tt.tally_run(tt.fixture("layout_marks.pt"), manifest, fixed[layout], "--workers", "1", "--channels-last",
+                     layout, *flags)
+    return fixed
+
+
 class LayoutResolutionTest(unittest.TestCase):
     """--channels-last auto: the first worker's trial decides for the whole job (the coordinator
     keeps the first proposal, in the database), so every result comes from one layout."""
@@ -192,11 +203,7 @@ class LayoutResolutionTest(unittest.TestCase):
         root = tt.tmpdir(self)
         manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(12), 64, [(24, 32)], classes=2)
         flags = ("--metrics", "dice,hd95", "--batch-size", "4", "--shard-size", "16")
-        fixed = {}
-        for layout in ("on", "off"):
-            fixed[layout] = os.path.join(root, f"fixed-{layout}")
-            tt.tally_run(tt.fixture("layout_marks.pt"), manifest, fixed[layout], "--workers", "1", "--channels-last",
-                         layout, *flags)
+        fixed = fixed_layout_runs(root, manifest, flags)
         self.assertFalse(tt.same_files(fixed["on"], fixed["off"]))  # The layouts' results differ.
         # "inline": as on a GPU with no room for the trial's copy beside the evaluation, the trial
         # runs on the batcher after the first batch (whose results are held all the same).
@@ -310,11 +317,7 @@ class LayoutResolutionTest(unittest.TestCase):
         root = tt.tmpdir(self)
         manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(14), 64, [(24, 32)], classes=2)
         flags = ("--metrics", "dice,hd95", "--batch-size", "4", "--shard-size", "16")
-        fixed = {}
-        for layout in ("on", "off"):
-            fixed[layout] = os.path.join(root, f"fixed-{layout}")
-            tt.tally_run(tt.fixture("layout_marks.pt"), manifest, fixed[layout], "--workers", "1", "--channels-last",
-                         layout, *flags)
+        fixed = fixed_layout_runs(root, manifest, flags)
         for cost, workers in (("1000", 1), ("1000", 2), ("0", 1)):
             run = os.path.join(root, f"cost-{cost}-{workers}")
             cluster = tt.Cluster(self, run)
