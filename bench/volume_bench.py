@@ -188,13 +188,10 @@ def main():
     rows_md = ["| volume (x,y,z) | labels | volumes | metrics | workers x threads | volumes/s | Mvoxels/s | "
                "s/volume median (min-max) | command wall s median |", "|---|---|---|---|---|---|---|---|---|"]
 
-    steady = []
-
     def tally_runs(cmd, out, count):
-        """--repeats runs of `cmd`: (job walls, command walls, the last report); each run's steady
-        seconds per volume (one worker: after its first result, start-up excluded) in `steady`."""
-        jobs, walls = [], []
-        steady.clear()
+        """--repeats runs of `cmd`: (job walls, command walls, steady seconds per volume, the last
+        report); steady: one worker's, after its first result (start-up excluded)."""
+        jobs, walls, steady = [], [], []
         for _ in range(args.repeats):
             t = time.time()
             subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -205,7 +202,7 @@ def main():
             jobs.append(report["wall_seconds"])  # Submitted -> last result, without starting the processes.
             if len(report["workers"]) == 1 and report["workers"][0]["images_per_second"] > 0:
                 steady.append(1.0 / report["workers"][0]["images_per_second"])
-        return jobs, walls, report
+        return jobs, walls, steady, report
 
     compare_md = ["| volume (x,y,z) | path | s/volume (hd95+nsd) | Tally is faster by | values equal to Tally's |",
                   "|---|---|---|---|---|"]
@@ -242,7 +239,7 @@ def main():
                 out = os.path.join(d, f"out-{metrics.count(',')}-{w}")
                 cmd = [os.path.join(args.bin, "tally"), "run", "--manifest", manifest, "--out", out, "--metrics",
                        metrics, "--workers", str(w), "--worker-threads", str(threads), "--num-classes", "5"]
-                jobs, walls, report = tally_runs(cmd, out, count)
+                jobs, walls, _, report = tally_runs(cmd, out, count)
                 job, wall = statistics.median(jobs), statistics.median(walls)
                 r = {"shape_xyz": shape, "volumes": count, "metrics": metrics, "workers": w, "threads": threads,
                      "command_wall_s": walls, "job_wall_s": jobs, "volumes_per_s": count / job,
@@ -259,7 +256,7 @@ def main():
                         tally_values = list(csv.DictReader(f))
         # One thread, one volume at a time: like for like with MONAI's single-threaded path.
         out = os.path.join(d, "out-single")
-        jobs, _, _ = tally_runs([os.path.join(args.bin, "tally"), "run", "--manifest", manifest, "--out", out,
+        jobs, _, steady, _ = tally_runs([os.path.join(args.bin, "tally"), "run", "--manifest", manifest, "--out", out,
                                  "--metrics", "dice,iou,hd95,nsd", "--workers", "1", "--worker-threads", "1",
                                  "--num-classes", "5"], out, count)
         tally_single = statistics.median(jobs) / count
