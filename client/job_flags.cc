@@ -39,11 +39,18 @@ absl::Status ParseRegions(const std::string& text, v1::JobSpec* spec) {
 // The model, the manifest and what the rows carry: --model, --manifest, --num-classes, --regions,
 // --python, --model-option, --label.
 absl::Status ModelFlags(const JobFlags& f, const std::string& manifest_path, v1::JobSpec* spec) {
-  if (manifest_path.empty()) {
-    return absl::InvalidArgumentError("--manifest is required (or, for tally run, --predictions and --references)");
+  if (manifest_path.empty() && f.coco.empty()) {
+    return absl::InvalidArgumentError(
+        "--manifest is required (or, for tally run, --predictions and --references; or --coco with --images)");
   }
   if (!f.model.empty()) spec->set_model(AbsoluteModel(f.model));
-  spec->set_manifest(AbsolutePath(manifest_path));
+  if (!manifest_path.empty()) spec->set_manifest(AbsolutePath(manifest_path));
+  if (!f.coco.empty()) spec->set_coco(AbsolutePath(f.coco));
+  if (!f.coco_images.empty()) spec->set_coco_images(AbsolutePath(f.coco_images));
+  if (!f.coco_results.empty()) spec->set_coco_results(AbsolutePath(f.coco_results));
+  if (f.coco.empty() && (!f.coco_images.empty() || !f.coco_results.empty())) {
+    return absl::InvalidArgumentError("--images and --coco-results need --coco (the instance annotations)");
+  }
   if (f.num_classes < 0) return absl::InvalidArgumentError("--num-classes must be >= 0");
   spec->set_num_classes(f.num_classes);
   if (absl::Status s = ParseRegions(f.regions, spec); !s.ok()) return s;

@@ -212,7 +212,10 @@ int RunLocally(const LocalRunOptions& options) {
   auto submitted = client.Submit(options.spec);
   if (!submitted.ok()) return Fail(std::string(submitted.status().message()));
   const std::string job_id = submitted->job_id();
-  std::cerr << "tally run: job " << job_id << ": " << submitted->images_total() << " images, " << options.spec.model()
+  std::cerr << "tally run: job " << job_id << ": " << submitted->images_total() << " images, "
+            << (!options.spec.model().empty()          ? options.spec.model()
+                : !options.spec.coco_results().empty() ? "scoring detections " + options.spec.coco_results()
+                                                       : std::string("scoring predictions"))
             << "\n";
   for (const std::string& w : submitted->spec().manifest_warnings()) std::cerr << "tally run: warning: " << w << "\n";
   ProgressPrinter progress;

@@ -76,6 +76,12 @@ ABSL_FLAG(double, max_failed_fraction, 0,
 ABSL_FLAG(int, thumbnails, 5, "report.html: thumbnails of this many worst images per class (0-10; 0 = none)");
 ABSL_FLAG(std::string, save_predictions, "",
           "Models: write every predicted label map into this folder on the worker hosts, as <id>.png");
+// COCO instance jobs (README "Instances").
+ABSL_FLAG(std::string, coco, "",
+          "COCO instance annotations (instances.json): without --manifest, one row per image (with --images), scored "
+          "as instances (COCO mask AP); with a manifest, resolves its coco_ann_ids column");
+ABSL_FLAG(std::string, images, "", "With --coco: the folder images[].file_name is relative to");
+ABSL_FLAG(std::string, coco_results, "", "With --coco: detections in COCO's results format, scored instead of a model");
 ABSL_FLAG(int, gpus_per_worker, 1, "tally run --gpus: GPUs per worker (Python models spread over them)");
 // tally run.
 ABSL_FLAG(std::string, out, "", "Output folder for the reports");
@@ -157,6 +163,9 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.max_failed_fraction = absl::GetFlag(FLAGS_max_failed_fraction);
   f.thumbnails = absl::GetFlag(FLAGS_thumbnails);
   f.save_predictions = absl::GetFlag(FLAGS_save_predictions);
+  f.coco = absl::GetFlag(FLAGS_coco);
+  f.coco_images = absl::GetFlag(FLAGS_images);
+  f.coco_results = absl::GetFlag(FLAGS_coco_results);
   f.model_options = in.model_options;
   f.labels = in.labels;
   return f;

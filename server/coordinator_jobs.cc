@@ -113,9 +113,18 @@ absl::StatusOr<int64_t> Coordinator::NameDuplicates(const std::string& job_id, D
 }
 
 absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id) {
+  if (spec.manifest().empty() && !spec.coco().empty()) return StoreCocoImages(spec, job_id);
   ManifestLimits limits;
   limits.max_rows = options_.max_manifest_rows;
   ASSIGN_OR_RETURN(std::unique_ptr<ManifestReader> reader, ManifestReader::Open(spec.manifest(), limits));
+  if (reader->has_coco_ann_ids() != !spec.coco().empty()) {
+    return absl::InvalidArgumentError(
+        spec.coco().empty()
+            ? absl::StrCat("manifest '", reader->path(), "' has a coco_ann_ids column: give the annotation file (--coco)")
+            : absl::StrCat("--coco with manifest '", reader->path(),
+                           "': the manifest needs a coco_ann_ids column (the annotations whose union is each row's "
+                           "reference), or leave --manifest out to evaluate the file's images as instances"));
+  }
   if (spec.model().empty() && !reader->has_prediction()) {
     return absl::InvalidArgumentError(absl::StrCat("no model given, and manifest '", reader->path(),
                                                    "' has no 'prediction' column to score instead"));
@@ -154,6 +163,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   rec.job.mutable_spec()->set_manifest(reader->path());
   rec.job.mutable_spec()->set_manifest_sha256(Sha256FileHex(reader->path()));
   if (!spec.model().empty()) rec.job.mutable_spec()->set_model_sha256(Sha256FileHex(ParseModelRef(spec.model()).path));
+  if (!spec.coco().empty()) rec.job.mutable_spec()->set_coco_sha256(Sha256FileHex(spec.coco()));
   if (keep_columns) {  // A Python model: the files its options name, so workers can check their copies.
     for (const auto& [key, value] : spec.model_options()) {
       struct stat st;

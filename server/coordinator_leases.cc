@@ -122,6 +122,14 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Gran
     row->set_prediction_path(r.prediction_path);
     row->set_error(r.error);
     for (const std::string& v : r.columns) row->add_columns(v);
+    if (r.has_coco_image) {
+      row->set_has_coco_image(true);
+      row->set_coco_image_id(r.coco_image_id);
+    }
+    if (r.has_coco_ann_ids) {
+      row->set_has_coco_ann_ids(true);
+      for (int64_t id : r.coco_ann_ids) row->add_coco_ann_ids(id);
+    }
   }
   return response;
 }

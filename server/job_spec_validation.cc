@@ -131,11 +131,65 @@ absl::Status Canonicalise(v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// COCO jobs (README "Instances"): the annotation file (and results) inside the data roots and
+// present; rows from its images need an image folder, and a model or a results file.
+absl::Status CheckCoco(v1::JobSpec* spec) {
+  spec->clear_coco_categories();
+  spec->clear_coco_sha256();
+  spec->clear_coco_results_sha256();
+  if (spec->coco().empty()) {
+    if (!spec->coco_results().empty() || !spec->coco_images().empty()) {
+      return absl::InvalidArgumentError("job spec: --coco-results and --images need --coco (the instance annotations)");
+    }
+    if (spec->manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
+    return absl::OkStatus();
+  }
+  for (auto [field, value] : {std::pair<const char*, std::string*>{"coco", spec->mutable_coco()},
+                              {"coco_results", spec->mutable_coco_results()},
+                              {"coco_images", spec->mutable_coco_images()}}) {
+    if (value->empty()) continue;
+    if (value->size() > kMaxPathBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: '", field, "' is ", value->size(), " bytes; the limit is ",
+                                                     kMaxPathBytes));
+    }
+    *value = AbsolutePath(*value);
+    if (!ProcessDataRoots().Resolve(*value).ok()) return OutsideDataRootsError(field, *value);
+    struct stat st;
+    if (stat(value->c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat(field == std::string("coco_images") ? "image folder '" : "file '", *value,
+                                              "' (", field, ") does not exist"));
+    }
+  }
+  if (!spec->coco_results().empty() && !spec->model().empty()) {
+    return absl::InvalidArgumentError("job spec: --coco-results scores detections already on disk: give it or --model, not both");
+  }
+  if (!spec->manifest().empty()) {
+    if (!spec->coco_results().empty() || !spec->coco_images().empty()) {
+      return absl::InvalidArgumentError(
+          "job spec: with a manifest, --coco only resolves its coco_ann_ids column; --coco-results and --images are for "
+          "jobs whose rows are the annotation file's images (no --manifest)");
+    }
+    return absl::OkStatus();
+  }
+  if (spec->coco_images().empty()) {
+    return absl::InvalidArgumentError("job spec: --coco without a manifest needs --images DIR (where images[].file_name are)");
+  }
+  if (spec->metrics().empty()) {
+    // The semantic metrics of an instance job default to the counting ones: a surface distance per
+    // category and image costs far more than the instances themselves (--metrics adds them).
+    for (const char* m : {"dice", "iou", "precision", "recall"}) spec->add_metrics(m);
+  }
+  if (spec->model().empty() && spec->coco_results().empty()) {
+    return absl::InvalidArgumentError("job spec: --coco needs a model (--model) or detections to score (--coco-results)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   v1::JobSpec spec = in;
-  if (spec.manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
+  RETURN_IF_ERROR(CheckCoco(&spec));
   RETURN_IF_ERROR(CheckSizes(spec));
   RETURN_IF_ERROR(CheckModel(&spec));
   if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");

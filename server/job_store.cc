@@ -253,9 +253,18 @@ absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::
       row.Bind(6, r.mask).Bind(7, r.image_path).Bind(8, r.mask_path).Bind(9, r.error);
       row.Bind(10, r.prediction).Bind(11, r.prediction_path);
       // Extra columns (Python models' per-row inputs) as a serialized ManifestRow holding only them.
+      // and the COCO fields, which only COCO jobs have.
       v1::ManifestRow extra;
       for (const std::string& v : r.columns) extra.add_columns(v);
-      row.BindBlob(12, r.columns.empty() ? std::string() : extra.SerializeAsString());
+      if (r.has_coco_image) {
+        extra.set_has_coco_image(true);
+        extra.set_coco_image_id(r.coco_image_id);
+      }
+      if (r.has_coco_ann_ids) {
+        extra.set_has_coco_ann_ids(true);
+        for (int64_t id : r.coco_ann_ids) extra.add_coco_ann_ids(id);
+      }
+      row.BindBlob(12, extra.ByteSizeLong() == 0 ? std::string() : extra.SerializeAsString());
       RETURN_IF_ERROR(row.Run());
     }
     return absl::OkStatus();
@@ -409,6 +418,10 @@ absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& j
       v1::ManifestRow extra;
       if (!extra.ParseFromString(blob)) return absl::DataLossError("manifest row " + std::to_string(r.index) + ": unreadable columns");
       r.columns.assign(extra.columns().begin(), extra.columns().end());
+      r.has_coco_image = extra.has_coco_image();
+      r.coco_image_id = extra.coco_image_id();
+      r.has_coco_ann_ids = extra.has_coco_ann_ids();
+      r.coco_ann_ids.assign(extra.coco_ann_ids().begin(), extra.coco_ann_ids().end());
     }
     rows.push_back(std::move(r));
   }

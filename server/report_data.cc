@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -100,7 +101,7 @@ void AddWarnings(ReportData* d) {
   const std::string what = classes ? "class " : "region ";
   if (d->evaluated > 0) {
     for (const ClassAggregate& ca : d->aggregate.classes) {
-      if (!d->IsForeground(ca.class_id)) continue;
+      if (!d->IsForeground(ca.class_id) || !d->IsCategoryClass(ca.class_id)) continue;
       const std::string name = what + d->ClassName(ca.class_id);
       if (ca.reference_images == 0 && ca.predicted_images > 0) {
         d->warnings.push_back(absl::StrCat(name, " is in no reference mask, but the model predicts it in ",
@@ -151,7 +152,8 @@ AggregateOptions AggregateOptionsFor(const ReportData& d) {
 // One stored result at its place in the merged order (`offset` rows before its part): a failure,
 // or an evaluated row (padded to the job's classes) into the aggregate.
 void AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offset, Aggregator* aggregator,
-            std::vector<Named>* names_by_index, ReportData* d, const ReportRowFn& on_row) {
+            InstanceAccumulator* instances, std::vector<Named>* names_by_index, ReportData* d,
+            const ReportRowFn& on_row) {
   v1::ImageResult shifted;
   const v1::ImageResult* sp = &original;
   if (offset > 0) {
@@ -182,6 +184,7 @@ void AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offs
   d->mask_max_label = std::max(d->mask_max_label, r.mask_max_label());
   d->mask_ignored += r.mask_ignored_pixels();
   aggregator->Add(r);
+  if (instances != nullptr) instances->Add(r);
   names_by_index->push_back(Named{r.index(), names.id, image});
   on_row(r, names);
 }
@@ -222,16 +225,25 @@ absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::ve
   ASSIGN_OR_RETURN(d.config, JobConfigFromSpec(record.job.spec()));
   d.num_classes = record.job.num_classes();
   Aggregator aggregator(AggregateOptionsFor(d));
+  std::unique_ptr<InstanceAccumulator> instances;
+  if (d.config.instance_job()) instances = std::make_unique<InstanceAccumulator>(d.config);
   std::vector<Named> names_by_index;  // For the worst-case tables.
   int64_t offset = 0;  // Index of the part's first row in the merged order.
   for (const JobRecord* part : parts) {
     RETURN_IF_ERROR(store->ForEachResult(part->job.job_id(), [&](const v1::ImageResult& r, const RowNames& names) {
-      AddRow(r, names, offset, &aggregator, &names_by_index, &d, on_row);
+      AddRow(r, names, offset, &aggregator, instances.get(), &names_by_index, &d, on_row);
       return absl::OkStatus();
     }));
     offset += part->job.images_total();
   }
   d.aggregate = aggregator.Finish();
+  if (instances != nullptr) {
+    d.instances = instances->Finish();
+    for (const InstanceReport::Worst& w : d.instances.worst) {
+      auto it = std::lower_bound(names_by_index.begin(), names_by_index.end(), Named{w.index, "", ""});
+      if (it != names_by_index.end() && it->index == w.index) d.worst_rows[w.index] = ReportData::WorstRow{it->id, it->image};
+    }
+  }
   RETURN_IF_ERROR(AttachWorstRows(store, parts, names_by_index, &d));
   for (const JobRecord* part : parts) {
     ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store->ReadWorkers(part->job.job_id()));

@@ -15,6 +15,7 @@
 #include "common/job/job_config.h"
 #include "metrics/aggregator.h"
 #include "server/job_store.h"
+#include "server/report_instances.h"
 
 namespace tally {
 
@@ -60,6 +61,15 @@ struct ReportData {
   std::map<int64_t, WorstRow> worst_rows;  // Each index in a worst list.
   // Thumbnails of worst rows by (class, index) (common/io/thumbnail.h); rows without one are absent.
   std::map<std::pair<int, int64_t>, StoredThumbnail> thumbnails;
+  // COCO instance jobs (present): COCO AP and the rest (server/report_instances.h).
+  InstanceReport instances;
+  // Instance jobs: class ids that are categories (the others only pad the label range).
+  bool IsCategoryClass(int class_id) const {
+    for (const JobConfig::CocoCategory& c : config.coco_categories) {
+      if (c.id == class_id) return true;
+    }
+    return !config.instance_job();
+  }
 
   const std::vector<Metric>& metrics() const { return config.metrics; }
   // Regions (--regions) are all foreground; of classes, 0 is background unless include_background.

@@ -3,6 +3,8 @@
 #ifndef TALLY_SERVER_REPORT_FORMATS_H_
 #define TALLY_SERVER_REPORT_FORMATS_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include "server/report_data.h"
@@ -16,13 +18,16 @@ std::string ReportHtml(const ReportData& d);      // report.html: self-contained
 // per_image.csv, streamed: one row per evaluated image and class, in index order.
 class PerImageCsv {
  public:
-  explicit PerImageCsv(const JobConfig& config) : config_(config) {}
+  explicit PerImageCsv(const JobConfig& config) : config_(config) {
+    for (const JobConfig::CocoCategory& c : config.coco_categories) categories_[c.id] = c.name;
+  }
   std::string Header() const;
   // The rows of one evaluated image.
   std::string Rows(const v1::ImageResult& r, const RowNames& names) const;
 
  private:
   const JobConfig& config_;
+  std::map<int64_t, std::string> categories_;  // Instance jobs: the classes that are categories, by id.
 };
 
 }  // namespace tally

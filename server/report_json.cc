@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/job/job_config.h"
@@ -193,6 +194,45 @@ void WorkersJson(const ReportData& d, JsonWriter& w) {
   w.EndArray();
 }
 
+// COCO instance jobs: COCOeval's 12 numbers, per category AP and counts, the precision-recall
+// curves at IoU 0.5 and 0.75, and the rows with the lowest instance F1.
+void InstancesJson(const ReportData& d, JsonWriter& w) {
+  const InstanceReport& in = d.instances;
+  w.Key("instances").BeginObject();
+  w.Field("iou_type", "segm");
+  w.Field("annotations", d.record->job.spec().coco());
+  w.Field("results", d.record->job.spec().coco_results());
+  w.Field("images", in.images);
+  w.Key("stats").BeginObject();
+  for (int i = 0; i < 12; ++i) w.Field(kCocoStatNames[i], in.stats[i]);
+  w.EndObject();
+  w.Key("recall_thresholds").BeginArray();
+  for (double r : CocoDefaultParams().recall_thresholds) w.Number(r);
+  w.EndArray();
+  w.Key("categories").BeginArray();
+  for (const InstanceCategory& c : in.categories) {
+    w.BeginObject().Field("id", c.id).Field("name", c.name);
+    w.Field("ap", c.ap).Field("ap50", c.ap50).Field("ap75", c.ap75);
+    w.Field("references", c.references).Field("detections", c.detections);
+    w.Field("tp50", c.tp50).Field("fp50", c.fp50).Field("fn50", c.fn50);
+    for (auto [key, curve] : {std::pair<const char*, const std::vector<double>*>{"precision_iou50", &c.precision50},
+                              {"precision_iou75", &c.precision75}}) {
+      w.Key(key).BeginArray();
+      for (double v : *curve) w.Number(v);
+      w.EndArray();
+    }
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("worst_images").BeginArray();
+  for (const InstanceReport::Worst& x : in.worst) {
+    w.BeginObject().Field("index", x.index).Field("id", d.WorstId(x.index)).Field("image", d.WorstImage(x.index));
+    w.Field("f1", x.f1).Field("tp50", x.tp).Field("fp50", x.fp).Field("fn50", x.fn).EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+}
+
 }  // namespace
 
 std::string ReportJson(const ReportData& d) {
@@ -219,6 +259,7 @@ std::string ReportJson(const ReportData& d) {
   }
   w.Field("empty_score", EmptyScoreName(d.config.empty_score));
   if (!d.aggregate.thresholds.empty()) ThresholdsJson(d, w);
+  if (d.instances.present) InstancesJson(d, w);
   WorkersJson(d, w);
   w.Field("created_unix", job.created_unix());
   w.Field("finished_unix", job.finished_unix());

@@ -10,6 +10,20 @@
 
 namespace tally {
 
+std::string InstancesMarkdown(const ReportData& d) {
+  std::string out = absl::StrCat(
+      "## Instances (COCO mask AP)\n\nCOCOeval's segm numbers over ", d.instances.images,
+      " evaluated images (IoU 0.50:0.95, maxDets 100; -1 where undefined). Annotations `", d.record->job.spec().coco(),
+      "`", d.record->job.spec().coco_results().empty() ? "" : absl::StrCat(", results `", d.record->job.spec().coco_results(), "`"),
+      ".\n\n", MarkdownTable(InstanceStatsTable(d)), "\n### Per category\n\n", MarkdownTable(InstanceCategoryTable(d)));
+  if (!d.instances.worst.empty()) {
+    absl::StrAppend(&out, "\n### Worst images by instance F1 (IoU 0.5)\n\n", MarkdownTable(InstanceWorstTable(d)));
+  }
+  out += "\nThe semantic metrics below treat each category id as a class: references painted in file order, "
+         "detections with score >= 0.5 in ascending score.\n\n";
+  return out;
+}
+
 std::string ReportMarkdown(const ReportData& d) {
   const v1::Job& job = d.record->job;
   std::string out = absl::StrCat("# Tally report: ", job.job_id(), "\n\n");
@@ -35,6 +49,7 @@ std::string ReportMarkdown(const ReportData& d) {
                   " (foreground classes present in at least one reference mask)\n");
   absl::StrAppend(&out, absl::StrFormat("- Wall time: %.2f s (%.1f images/s)\n\n", d.wall_seconds,
                                         d.images_per_second()));
+  if (d.instances.present) out += InstancesMarkdown(d);
   out += "## Per class\n\nMeans over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
          "bootstrap interval; global = from summed counts.\n\n";
   out += MarkdownTable(ClassTable(d));

@@ -31,6 +31,7 @@ Table ClassTable(const ReportData& d) {
   t.left.assign(t.header.size(), false);
   t.left[0] = true;
   for (const ClassAggregate& ca : d.aggregate.classes) {
+    if (ca.class_id != 0 && !d.IsCategoryClass(ca.class_id)) continue;  // Instance jobs: ids of no category.
     std::vector<TableCell> row = {Text(absl::StrCat(d.ClassName(ca.class_id), d.IsForeground(ca.class_id) ? "" : " (background)")),
                                   Text(absl::StrCat(ca.metrics[static_cast<int>(Metric::kDice)].count))};
     for (Metric m : d.metrics()) {
@@ -207,6 +208,42 @@ std::string HtmlTable(const Table& t) {
     out += "</tr>\n";
   }
   return out + "</table>\n";
+}
+
+}  // namespace tally
+
+namespace tally {
+
+Table InstanceStatsTable(const ReportData& d) {
+  Table t;
+  t.header = {"metric", "value"};
+  t.left = {true, false};
+  for (int i = 0; i < 12; ++i) t.rows.push_back({Text(kCocoStatNames[i]), Text(FormatCell(d.instances.stats[i]))});
+  return t;
+}
+
+Table InstanceCategoryTable(const ReportData& d) {
+  Table t;
+  t.header = {"category", "name", "AP", "AP50", "AP75", "references", "detections", "TP@0.5", "FP@0.5", "FN@0.5"};
+  t.left = {true, true, false, false, false, false, false, false, false, false};
+  for (const InstanceCategory& c : d.instances.categories) {
+    t.rows.push_back({Text(absl::StrCat(c.id)), Text(c.name), Text(FormatCell(c.ap)), Text(FormatCell(c.ap50)),
+                      Text(FormatCell(c.ap75)), Text(absl::StrCat(c.references)), Text(absl::StrCat(c.detections)),
+                      Text(absl::StrCat(c.tp50)), Text(absl::StrCat(c.fp50)), Text(absl::StrCat(c.fn50))});
+  }
+  return t;
+}
+
+Table InstanceWorstTable(const ReportData& d) {
+  Table t;
+  t.header = {"index", "id", "image", "instance F1", "TP@0.5", "FP@0.5", "FN@0.5"};
+  t.left = {false, true, true, false, false, false, false};
+  for (const InstanceReport::Worst& w : d.instances.worst) {
+    t.rows.push_back({Text(absl::StrCat(w.index)), Text(d.WorstId(w.index)), TableCell{d.WorstImage(w.index), true},
+                      Text(FormatCell(w.f1)), Text(absl::StrCat(w.tp)), Text(absl::StrCat(w.fp)),
+                      Text(absl::StrCat(w.fn))});
+  }
+  return t;
 }
 
 }  // namespace tally

@@ -38,6 +38,11 @@ Table WorkerTable(const ReportData& d);
 // The job's parameters, one per row: what it was run with (the settings that change numbers first).
 Table ParameterTable(const ReportData& d);
 
+// COCO instance jobs: the 12 numbers; per category AP and counts; the rows of lowest instance F1.
+Table InstanceStatsTable(const ReportData& d);
+Table InstanceCategoryTable(const ReportData& d);
+Table InstanceWorstTable(const ReportData& d);
+
 std::string MarkdownTable(const Table& t);
 std::string HtmlTable(const Table& t);
 // Escapes & < > " for HTML text and attributes.

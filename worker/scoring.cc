@@ -130,6 +130,33 @@ absl::StatusOr<SurfaceOptions3D> ScoringPipeline::SpacingOf(const v1::ManifestRo
   return o;
 }
 
+absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
+                                           v1::ImageResult* result) const {
+  if (!row.has_coco_image()) return absl::InvalidArgumentError("the row names no COCO image");
+  CocoImageInstances image;
+  RETURN_IF_ERROR(coco_->Instances(row.coco_image_id(), &image));
+  const int64_t pixels = image.height * image.width;
+  if (image.height <= 0 || image.width <= 0 || pixels > config_.max_image_pixels) {
+    return absl::InvalidArgumentError(absl::StrCat("COCO image ", image.image_id, " is ", image.height, "x", image.width,
+                                                   " (HxW); expected a size of 1 to ", config_.max_image_pixels, " pixels"));
+  }
+  result->set_coco_image_id(image.image_id);
+  EvaluateCocoInstances(image, result->mutable_instances());
+  for (auto [map, detections] : {std::pair<LoadedMap*, bool>{ref, false}, {pred, true}}) {
+    map->volume = false;
+    map->labels.height = static_cast<int>(image.height);
+    map->labels.width = static_cast<int>(image.width);
+    map->labels.labels.resize(pixels);
+    PaintCocoLabels(detections ? image.detections : image.references, detections, image.height, image.width,
+                    map->labels.labels.data());
+    map->geometry = VolumeGeometry{};
+    map->geometry.height = map->labels.height;
+    map->geometry.width = map->labels.width;
+  }
+  PrepareMask(&ref->labels, {}, kNoIgnoreIndex);
+  return absl::OkStatus();
+}
+
 v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails,
                                           std::string* fatal) const {
   const JobConfig& config = config_;
@@ -137,12 +164,14 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   result.set_index(row.index());
   auto fail = [&](absl::string_view message) {
     result.clear_classes();
+    result.clear_instances();
     result.set_error(std::string(message));
     return result;
   };
   if (!row.error().empty()) return fail(row.error());
   LoadedMap ref, pred;
-  if (absl::Status s = LoadPair(row, &ref, &pred); !s.ok()) return fail(s.message());
+  const absl::Status loaded = coco_ != nullptr ? LoadCocoPair(row, &ref, &pred, &result) : LoadPair(row, &ref, &pred);
+  if (!loaded.ok()) return fail(loaded.message());
   const absl::StatusOr<int> classes = ClassCount(row, ref, pred);
   if (!classes.ok()) return fail(classes.status().message());
   const uint16_t* p = pred.labels.labels.data();
@@ -188,7 +217,8 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
     cr->set_assd(surface[c].assd);
     cr->set_nsd(surface[c].nsd);
   }
-  if (thumbnails != nullptr) AddThumbnails(row, p, r, depth, height, width, thumbnails, &result);
+  // COCO instance jobs show instances (matched, missed, false) instead of one class's pixels.
+  if (thumbnails != nullptr && coco_ == nullptr) AddThumbnails(row, p, r, depth, height, width, thumbnails, &result);
   return result;
 }
 
@@ -221,8 +251,9 @@ void ScoringPipeline::AddThumbnails(const v1::ManifestRow& row, const uint16_t* 
 }
 
 ScoringPipeline::ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal,
-                                 TimeoutFn on_timeout)
+                                 TimeoutFn on_timeout, std::shared_ptr<const CocoSource> coco)
     : config_(std::move(config)),
+      coco_(std::move(coco)),
       label_lut_(MakeLabelLut(config_.label_map)),
       on_result_(std::move(on_result)),
       on_fatal_(std::move(on_fatal)),

@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/job/job_config.h"
+#include "common/io/coco_source.h"
 #include "common/io/thumbnail.h"
 #include "common/io/volume_io.h"
 #include "worker/row_evaluator.h"
@@ -40,7 +41,9 @@ class ScoringPipeline : public RowEvaluator {
   using TimeoutFn = std::function<void(const LeaseKey& lease, const std::vector<int64_t>& indices,
                                        const std::string& what, double seconds)>;
 
-  ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal, TimeoutFn on_timeout);
+  // `coco`: a COCO instance job's annotations and detections (null for other jobs).
+  ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal, TimeoutFn on_timeout,
+                  std::shared_ptr<const CocoSource> coco = nullptr);
   ~ScoringPipeline() override;
 
   void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) override;
@@ -69,6 +72,8 @@ class ScoringPipeline : public RowEvaluator {
   // the row's class (or region) count, checked against both maps; the spacing for surface
   // distances (FAILED_PRECONDITION: the job's --spacing cannot apply, which fails the job).
   absl::Status LoadPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred) const;
+  // COCO instance jobs: the row's instances evaluated into `result`, and painted as both maps.
+  absl::Status LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred, v1::ImageResult* result) const;
   absl::StatusOr<int> ClassCount(const v1::ManifestRow& row, const LoadedMap& ref, const LoadedMap& pred) const;
   absl::StatusOr<SurfaceOptions3D> SpacingOf(const v1::ManifestRow& row, const LoadedMap& ref) const;
   void AddThumbnails(const v1::ManifestRow& row, const uint16_t* prediction, const uint16_t* reference, int depth,
@@ -93,6 +98,7 @@ class ScoringPipeline : public RowEvaluator {
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobConfig config_;
+  const std::shared_ptr<const CocoSource> coco_;
   const std::vector<uint16_t> label_lut_;  // From config_.label_map, built once; empty = identity.
   const ResultFn on_result_;
   const FatalFn on_fatal_;

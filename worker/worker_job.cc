@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -271,7 +272,11 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     const int threads = options_.threads > 0 ? options_.threads
                                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     Log("job ", job_id, ": scoring predictions on ", threads, " thread(s)");
-    evaluator->pipeline = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout);
+    std::shared_ptr<const CocoSource> coco;
+    if (config.instance_job()) {
+      ASSIGN_OR_RETURN(coco, CocoSource::Load(config.coco, config.coco_results));
+    }
+    evaluator->pipeline = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, std::move(coco));
   } else {
     ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
     ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));
@@ -328,6 +333,14 @@ absl::Status Worker::CheckModelFiles(const v1::JobSpec& spec) {
     auto option = spec.model_options().find(key);
     if (option == spec.model_options().end()) continue;
     files.emplace_back(absl::StrCat("--model-option ", key), option->second);
+    wanted.push_back(hash);
+  }
+  // COCO jobs: the annotation and results files every worker reads the instances from.
+  for (const auto& [what, path, hash] : {std::tuple<const char*, const std::string&, const std::string&>{
+                                             "--coco file", spec.coco(), spec.coco_sha256()},
+                                         {"--coco-results file", spec.coco_results(), spec.coco_results_sha256()}}) {
+    if (path.empty() || hash.empty()) continue;
+    files.emplace_back(what, path);
     wanted.push_back(hash);
   }
   for (size_t i = 0; i < files.size(); ++i) {

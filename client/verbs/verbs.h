@@ -36,6 +36,7 @@ struct JobFlags {
   double max_failed_fraction = 0;
   int thumbnails = 5;
   std::string save_predictions;
+  std::string coco, coco_images, coco_results;  // COCO jobs (README "Instances").
   std::vector<std::string> model_options;  // KEY=VALUE, repeatable.
   std::vector<std::string> labels;         // KEY=VALUE, repeatable.
 };

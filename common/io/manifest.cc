@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/numbers.h"
 #include "common/security/data_roots.h"
 #include "common/base/file_util.h"
 
@@ -327,6 +329,7 @@ absl::Status ManifestReader::ReadHeader() {
                 : col == "mask"       ? &mask_col_
                 : col == "id"         ? &id_col_
                 : col == "prediction" ? &prediction_col_
+                : col == "coco_ann_ids" ? &coco_ann_ids_col_
                                       : nullptr;
     if (slot == nullptr) {
       std::string name(absl::StripAsciiWhitespace(rec.fields[c]));
@@ -344,12 +347,15 @@ absl::Status ManifestReader::ReadHeader() {
   }
   // The header is not echoed: the file may not be a manifest at all (README "Bad input").
   // A prediction manifest needs no images.
+  // A referring manifest's references are COCO annotations (coco_ann_ids), not mask files.
   const int image_needed = prediction_col_ >= 0 ? 0 : image_col_;
-  for (auto [col, idx] : {std::pair<const char*, int>{"image", image_needed}, {"mask", mask_col_}}) {
+  const int mask_needed = coco_ann_ids_col_ >= 0 ? 0 : mask_col_;
+  for (auto [col, idx] : {std::pair<const char*, int>{"image", image_needed}, {"mask", mask_needed}}) {
     if (idx < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "manifest '", name_, "' line ", rec.line, ": the header has no '", col, "' column (it has ",
-          rec.fields.size(), " columns); required columns: image, mask (or mask, prediction to score predictions)"));
+          rec.fields.size(), " columns); required columns: image, mask (or mask, prediction to score predictions; ",
+          "or image, coco_ann_ids with --coco)"));
     }
   }
   return absl::OkStatus();
@@ -388,6 +394,11 @@ absl::Status ManifestReader::NextBatch(size_t max_rows, std::vector<ManifestRow>
       row.error = absl::StrCat("manifest line ", rec.line, ": empty 'prediction' field");
     } else if (row.image.empty() && prediction_col_ < 0) {
       row.error = absl::StrCat("manifest line ", rec.line, ": empty 'image' field");
+    } else if (coco_ann_ids_col_ >= 0) {
+      row.has_coco_ann_ids = true;
+      if (absl::Status s = ParseCocoAnnIds(get(coco_ann_ids_col_), &row.coco_ann_ids); !s.ok()) {
+        row.error = absl::StrCat("manifest line ", rec.line, ": ", s.message());
+      }
     } else if (row.mask.empty()) {
       row.error = absl::StrCat("manifest line ", rec.line, ": empty 'mask' field");
     }
@@ -400,6 +411,21 @@ absl::Status ManifestReader::NextBatch(size_t max_rows, std::vector<ManifestRow>
     rows->push_back(std::move(row));
   }
   return status;
+}
+
+absl::Status ParseCocoAnnIds(absl::string_view text, std::vector<int64_t>* ids) {
+  ids->clear();
+  if (absl::StripAsciiWhitespace(text).empty()) return absl::OkStatus();
+  for (absl::string_view part : absl::StrSplit(text, ';')) {
+    part = absl::StripAsciiWhitespace(part);
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(part, &id) || id <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("coco_ann_ids '", text, "': '", part,
+                                                     "' is not an annotation id (ids are positive integers joined by ';')"));
+    }
+    ids->push_back(id);
+  }
+  return absl::OkStatus();
 }
 
 namespace {

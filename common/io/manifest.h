@@ -34,6 +34,13 @@ struct ManifestRow {
   std::string prediction_path;
   std::string error;       // Non-empty when the row itself is malformed; the row fails with it.
   std::vector<std::string> columns;  // Values of the reader's extra_columns(), in order.
+  // COCO jobs (README "Instances"): the row's image in the annotation file (rows made from its
+  // `images`), or the annotations whose union is the reference (a `coco_ann_ids` column: ids
+  // joined by ';', empty = no target).
+  int64_t coco_image_id = 0;
+  bool has_coco_image = false;
+  std::vector<int64_t> coco_ann_ids;
+  bool has_coco_ann_ids = false;
 };
 
 struct ManifestLimits {
@@ -137,6 +144,7 @@ class ManifestReader {
   int64_t rows_read() const { return next_index_; }
   bool has_prediction() const { return prediction_col_ >= 0; }
   bool has_image() const { return image_col_ >= 0; }
+  bool has_coco_ann_ids() const { return coco_ann_ids_col_ >= 0; }
   // Columns besides id, image, mask and prediction (header text, whitespace stripped; unnamed
   // columns left out). Rows carry their values, unstripped, in `columns` once KeepExtraColumns()
   // was called (Python models read them; other jobs do not pay for copying them).
@@ -156,7 +164,7 @@ class ManifestReader {
   int fd_ = -1;
   std::unique_ptr<CsvReader> csv_;
   std::vector<std::string> header_;
-  int image_col_ = -1, mask_col_ = -1, id_col_ = -1, prediction_col_ = -1;
+  int image_col_ = -1, mask_col_ = -1, id_col_ = -1, prediction_col_ = -1, coco_ann_ids_col_ = -1;
   std::vector<int> extra_cols_;
   std::vector<std::string> extra_names_;
   bool keep_extra_ = false;
@@ -167,6 +175,9 @@ class ManifestReader {
 absl::StatusOr<Manifest> ReadManifest(const std::string& path, ManifestLimits limits = {});
 absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string& base_dir, const std::string& name,
                                        ManifestLimits limits = {});
+
+// A `coco_ann_ids` field: positive integers joined by ';' (blank: none). Errors quote the field.
+absl::Status ParseCocoAnnIds(absl::string_view text, std::vector<int64_t>* ids);
 
 // One CSV field as RFC 4180 writes it: quoted (with "" for ") when it holds a comma, quote or line end.
 std::string CsvField(const std::string& s);

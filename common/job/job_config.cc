@@ -236,6 +236,12 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   for (const auto& [k, v] : spec.model_options()) c.model_options.emplace_back(k, v);
   std::sort(c.model_options.begin(), c.model_options.end());
   c.manifest_columns.assign(spec.manifest_columns().begin(), spec.manifest_columns().end());
+  c.coco = spec.coco();
+  c.coco_images = spec.coco_images();
+  c.coco_results = spec.coco_results();
+  c.coco_sha256 = spec.coco_sha256();
+  c.coco_results_sha256 = spec.coco_results_sha256();
+  for (const v1::CocoCategory& k : spec.coco_categories()) c.coco_categories.push_back({k.id(), k.name(), k.isthing()});
   RETURN_IF_ERROR(ReadThresholds(spec, &c));
   RETURN_IF_ERROR(ReadReportSettings(spec, &c));
   return c;

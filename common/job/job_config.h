@@ -114,6 +114,21 @@ struct JobConfig {
   int thumbnails = 5;
   // Non-empty: workers write every predicted label map into this folder (absolute) as <id>.png.
   std::string save_predictions;
+  // COCO jobs (README "Instances"): the instance annotations; rows made from its images
+  // (instance_job) or a manifest whose coco_ann_ids name references (referring); detections from
+  // coco_results instead of a model. Categories by id, as the coordinator read them at submission.
+  std::string coco;
+  std::string coco_images;
+  std::string coco_results;
+  std::string coco_sha256, coco_results_sha256;
+  struct CocoCategory {
+    int64_t id = 0;
+    std::string name;
+    bool isthing = true;
+  };
+  std::vector<CocoCategory> coco_categories;
+  // Rows are the annotation file's images and the results are instances (COCO AP).
+  bool instance_job() const { return !coco.empty() && manifest.empty(); }
   // Classes the report treats as foreground: regions all, class 0 only with include_background.
   bool IsForegroundClass(int c) const { return c != 0 || include_background || !regions.empty(); }
 };

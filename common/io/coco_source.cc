@@ -1,0 +1,191 @@
+#include "common/io/coco_source.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "metrics/coco_eval.h"
+
+namespace tally {
+namespace {
+
+// Decodes one annotation or result of an image of `height` x `width`.
+absl::Status Decode(const CocoAnnotation& a, bool result, int64_t height, int64_t width, CocoInstance* out) {
+  const std::string name = absl::StrCat(result ? "result " : "annotation ", a.id);
+  if (!a.error.empty()) return absl::InvalidArgumentError(a.error);
+  absl::StatusOr<Rle> mask = SegmentationRle(a.segmentation, height, width);
+  if (!mask.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", mask.status().message()));
+  out->id = a.id;
+  out->category_id = a.category_id;
+  out->score = a.score;
+  out->area = a.area;
+  out->crowd = a.iscrowd;
+  out->mask = *std::move(mask);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const CocoSource>> CocoSource::Load(const std::string& annotations,
+                                                                   const std::string& results) {
+  auto source = std::shared_ptr<CocoSource>(new CocoSource());
+  absl::StatusOr<CocoDataset> gt = LoadCocoDataset(annotations);
+  if (!gt.ok()) return gt.status();
+  source->gt_ = *std::move(gt);
+  if (!results.empty()) {
+    absl::StatusOr<std::vector<CocoAnnotation>> r = LoadCocoResults(results);
+    if (!r.ok()) return r.status();
+    source->results_ = *std::move(r);
+  }
+  for (size_t i = 0; i < source->gt_.images.size(); ++i) source->image_index_.emplace(source->gt_.images[i].id, i);
+  for (const CocoCategoryInfo& c : source->gt_.categories) source->categories_[c.id] = true;
+  for (size_t i = 0; i < source->gt_.annotations.size(); ++i) {
+    const CocoAnnotation& a = source->gt_.annotations[i];
+    source->annotation_index_.emplace(a.id, i);
+    source->gt_by_image_[a.image_id].push_back(i);
+  }
+  for (size_t i = 0; i < source->results_.size(); ++i) source->results_by_image_[source->results_[i].image_id].push_back(i);
+  return std::shared_ptr<const CocoSource>(std::move(source));
+}
+
+bool CocoSource::HasCategory(int64_t id) const { return categories_.count(id) > 0; }
+
+const CocoImageInfo* CocoSource::Image(int64_t id) const {
+  auto it = image_index_.find(id);
+  return it == image_index_.end() ? nullptr : &gt_.images[it->second];
+}
+
+absl::Status CocoSource::Instances(int64_t image_id, CocoImageInstances* out) const {
+  const CocoImageInfo* image = Image(image_id);
+  if (image == nullptr) return absl::InvalidArgumentError(absl::StrCat("COCO image ", image_id, " is not in the annotation file"));
+  out->image_id = image_id;
+  out->height = image->height;
+  out->width = image->width;
+  out->references.clear();
+  out->detections.clear();
+  for (bool result : {false, true}) {
+    const auto& index = result ? results_by_image_ : gt_by_image_;
+    auto it = index.find(image_id);
+    if (it == index.end()) continue;
+    for (size_t i : it->second) {
+      const CocoAnnotation& a = result ? results_[i] : gt_.annotations[i];
+      if (!HasCategory(a.category_id)) {
+        return absl::InvalidArgumentError(absl::StrCat(result ? "result " : "annotation ", a.id, ": category ",
+                                                       a.category_id, " is not in the annotation file's categories"));
+      }
+      CocoInstance inst;
+      if (absl::Status s = Decode(a, result, image->height, image->width, &inst); !s.ok()) return s;
+      (result ? out->detections : out->references).push_back(std::move(inst));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Rle> CocoSource::AnnotationUnion(const std::vector<int64_t>& ids, int64_t height, int64_t width) const {
+  std::vector<CocoInstance> parts;
+  int64_t image_id = 0;
+  for (int64_t id : ids) {
+    auto it = annotation_index_.find(id);
+    if (it == annotation_index_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("annotation ", id, " is not in the annotation file"));
+    }
+    const CocoAnnotation& a = gt_.annotations[it->second];
+    const CocoImageInfo* image = Image(a.image_id);
+    if (image == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("annotation ", id, " is for image ", a.image_id,
+                                                     ", which the annotation file does not list"));
+    }
+    if (!parts.empty() && a.image_id != image_id) {
+      return absl::InvalidArgumentError(absl::StrCat("annotations ", parts.front().id, " and ", id,
+                                                     " are of different images (", image_id, " and ", a.image_id, ")"));
+    }
+    image_id = a.image_id;
+    if (image->height != height || image->width != width) {
+      return absl::InvalidArgumentError(absl::StrCat("annotation ", id, " is of image ", a.image_id, ", ", image->height,
+                                                     "x", image->width, " (HxW) in the annotation file, but the row's image is ",
+                                                     height, "x", width));
+    }
+    CocoInstance inst;
+    if (absl::Status s = Decode(a, false, height, width, &inst); !s.ok()) return s;
+    parts.push_back(std::move(inst));
+  }
+  std::vector<const Rle*> masks;
+  for (const CocoInstance& p : parts) masks.push_back(&p.mask);
+  return RleUnion(masks, height, width);
+}
+
+void EvaluateCocoInstances(const CocoImageInstances& image,
+                           google::protobuf::RepeatedPtrField<v1::CocoImageRecord>* records) {
+  std::map<int64_t, std::pair<std::vector<size_t>, std::vector<size_t>>> by_category;
+  for (size_t i = 0; i < image.references.size(); ++i) by_category[image.references[i].category_id].first.push_back(i);
+  for (size_t i = 0; i < image.detections.size(); ++i) by_category[image.detections[i].category_id].second.push_back(i);
+  const CocoParams& params = CocoDefaultParams();
+  const size_t T = params.iou_thresholds.size();
+  for (const auto& [category, members] : by_category) {
+    const auto& [gi, di] = members;
+    std::vector<CocoReference> refs;
+    for (size_t i : gi) {
+      const CocoInstance& g = image.references[i];
+      refs.push_back({g.id, g.area, g.crowd});
+    }
+    std::vector<CocoDetection> dets;
+    for (size_t i : di) {
+      const CocoInstance& d = image.detections[i];
+      dets.push_back({d.id, d.score, static_cast<double>(RleArea(d.mask))});
+    }
+    const CocoImageEval e = EvaluateCocoImage(image.image_id, category, refs, dets, [&](size_t d, size_t g) {
+      const CocoInstance& ref = image.references[gi[g]];
+      return RleIou(image.detections[di[d]].mask, ref.mask, ref.crowd);
+    });
+    v1::CocoImageRecord* r = records->Add();
+    r->set_category_id(category);
+    for (double s : e.scores) r->add_scores(s);
+    std::string outcomes(e.outcome.size(), '\0');
+    for (size_t i = 0; i < e.outcome.size(); ++i) outcomes[i] = static_cast<char>(e.outcome[i]);
+    r->set_outcomes(std::move(outcomes));
+    for (int64_t p : e.positives) r->add_positives(p);
+    r->set_references(e.references);
+    r->set_detections(e.detections);
+    // IoU 0.5 (t = 0), all areas (a = 0).
+    int64_t tp = 0, fp = 0;
+    const size_t D = e.scores.size();
+    for (size_t d = 0; d < D && T > 0; ++d) {
+      tp += e.outcome[d] == CocoOutcome::kTruePositive;
+      fp += e.outcome[d] == CocoOutcome::kFalsePositive;
+    }
+    r->set_tp50(tp);
+    r->set_fp50(fp);
+    r->set_fn50(e.positives.empty() ? 0 : e.positives[0] - tp);
+  }
+}
+
+void PaintRle(const Rle& mask, uint16_t value, uint16_t* labels) {
+  const int64_t h = mask.height, w = mask.width;
+  int64_t p = 0;
+  for (size_t i = 0; i < mask.counts.size(); ++i) {
+    const int64_t end = p + mask.counts[i];
+    if (i % 2 == 1) {
+      for (int64_t q = p; q < end; ++q) labels[(q % h) * w + q / h] = value;
+    }
+    p = end;
+  }
+}
+
+void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections, int64_t height, int64_t width,
+                     uint16_t* labels) {
+  std::fill(labels, labels + height * width, uint16_t{0});
+  std::vector<size_t> order(instances.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (detections) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return instances[a].score < instances[b].score; });
+  }
+  for (size_t i : order) {
+    const CocoInstance& inst = instances[i];
+    if (detections && !(inst.score >= kCocoSemanticScore)) continue;
+    PaintRle(inst.mask, static_cast<uint16_t>(inst.category_id), labels);
+  }
+}
+
+}  // namespace tally

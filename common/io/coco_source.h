@@ -1,0 +1,84 @@
+// A COCO job's instances as the workers read them (README "Instances"): the annotation file and,
+// for jobs scoring detections on disk, the results file, loaded once per job and indexed by image.
+// Per row it gives the image's references and detections as masks, evaluates them per category
+// (metrics/coco_eval.h: the records the coordinator accumulates), paints them as label maps for the
+// semantic metrics, and unites the annotations a referring row names.
+//
+// Errors are the row's, naming what is wrong: an annotation (by id) or a result (by its 1-based
+// position in the results file, as pycocotools numbers them) whose segmentation cannot be decoded
+// or whose category the file does not list; an image id the file does not list.
+//
+// Thread-safe after Load (read only).
+#ifndef TALLY_COMMON_IO_COCO_SOURCE_H_
+#define TALLY_COMMON_IO_COCO_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/io/coco_json.h"
+#include "metrics/coco_rle.h"
+#include "proto/tally.pb.h"
+
+namespace tally {
+
+struct CocoInstance {
+  int64_t id = 0;           // Annotation id; results: 1-based position in the file.
+  int64_t category_id = 0;
+  double score = 0;         // Detections.
+  double area = 0;          // References: the `area` field.
+  bool crowd = false;
+  Rle mask;
+};
+
+struct CocoImageInstances {
+  int64_t image_id = 0;
+  int64_t height = 0, width = 0;
+  std::vector<CocoInstance> references;  // In the file's order.
+  std::vector<CocoInstance> detections;  // In the file's order (or the model's).
+};
+
+class CocoSource {
+ public:
+  // `results` may be empty (a model gives the detections).
+  static absl::StatusOr<std::shared_ptr<const CocoSource>> Load(const std::string& annotations,
+                                                                const std::string& results);
+
+  // The image's references and, from the results file, detections, decoded.
+  absl::Status Instances(int64_t image_id, CocoImageInstances* out) const;
+  // The union of annotations `ids` (all of one image) as a mask of that image's size; no ids: an
+  // empty mask of `height` x `width`.
+  absl::StatusOr<Rle> AnnotationUnion(const std::vector<int64_t>& ids, int64_t height, int64_t width) const;
+  bool HasCategory(int64_t id) const;
+  const CocoImageInfo* Image(int64_t id) const;
+
+ private:
+  CocoDataset gt_;
+  std::vector<CocoAnnotation> results_;
+  std::unordered_map<int64_t, size_t> image_index_;
+  std::unordered_map<int64_t, size_t> annotation_index_;
+  std::unordered_map<int64_t, std::vector<size_t>> gt_by_image_, results_by_image_;
+  std::unordered_map<int64_t, bool> categories_;
+};
+
+// The row's records, one per category with a reference or a detection, by category id.
+void EvaluateCocoInstances(const CocoImageInstances& image,
+                           google::protobuf::RepeatedPtrField<v1::CocoImageRecord>* records);
+
+// Detections at or above this score enter the semantic label map (README "Instances").
+inline constexpr double kCocoSemanticScore = 0.5;
+// Label maps (row-major, height x width) for the semantic metrics: references painted with their
+// category id in the file's order (later ones on top, crowd regions included); detections with a
+// score >= kCocoSemanticScore painted in ascending score (file order among ties), so the most
+// confident is on top. Pixels of no instance are 0.
+void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections, int64_t height, int64_t width,
+                     uint16_t* labels);
+// Paints `value` where `mask` is set (row-major labels of the mask's size).
+void PaintRle(const Rle& mask, uint16_t value, uint16_t* labels);
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_IO_COCO_SOURCE_H_

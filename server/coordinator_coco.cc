@@ -1,0 +1,133 @@
+// Coordinator: COCO instance jobs at submission (README "Instances"). The rows are the annotation
+// file's images, in the file's order; the categories and the files' hashes go into the stored spec,
+// so the report and every worker read the same set; what cannot be scored (annotations or results
+// naming an image the file does not list) becomes a warning of the job.
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/file_util.h"
+#include "common/base/log.h"
+#include "common/base/status_macros.h"
+#include "common/io/coco_json.h"
+#include "common/io/manifest.h"
+#include "common/job/job_config.h"
+#include "common/security/sha256.h"
+#include "server/coordinator.h"
+#include "server/sharding.h"
+
+namespace tally {
+namespace {
+
+constexpr size_t kCocoSubmitBatch = 10000;
+
+// "3 annotations name an image the file does not list (the first: annotation 17, image 999); they
+// are not scored".
+std::string UnlistedWarning(const char* what, int64_t count, int64_t first_id, int64_t first_image) {
+  return absl::StrCat(count, " ", what, count == 1 ? " names" : "s name", " an image that '", "images", "' does not list (",
+                      "the first: ", what, " ", first_id, ", image ", first_image, "); ", count == 1 ? "it is" : "they are",
+                      " not scored");
+}
+
+void WarnUnlisted(const std::vector<CocoAnnotation>& anns, const std::set<int64_t>& images, const char* what,
+                  v1::JobSpec* spec) {
+  int64_t count = 0, first_id = 0, first_image = 0;
+  for (const CocoAnnotation& a : anns) {
+    if (images.count(a.image_id)) continue;
+    if (count++ == 0) {
+      first_id = a.id;
+      first_image = a.image_id;
+    }
+  }
+  if (count > 0) spec->add_manifest_warnings(UnlistedWarning(what, count, first_id, first_image));
+}
+
+}  // namespace
+
+absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, const std::string& job_id) {
+  v1::JobSpec spec = in;
+  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoDataset(spec.coco()));
+  std::set<int64_t> image_ids;
+  for (const CocoImageInfo& im : gt.images) {
+    if (!image_ids.insert(im.id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("COCO file '", spec.coco(), "': image id ", im.id,
+                                                     " is listed twice in 'images'"));
+    }
+  }
+  if (static_cast<int64_t>(gt.images.size()) > options_.max_manifest_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("COCO file '", spec.coco(), "' lists ", gt.images.size(),
+                                                   " images; at most ", options_.max_manifest_rows,
+                                                   " rows (tallyd --max-manifest-rows)"));
+  }
+  std::map<int64_t, const CocoCategoryInfo*> categories;
+  for (const CocoCategoryInfo& c : gt.categories) {
+    if (!categories.emplace(c.id, &c).second) {
+      return absl::InvalidArgumentError(absl::StrCat("COCO file '", spec.coco(), "': category id ", c.id,
+                                                     " is listed twice in 'categories'"));
+    }
+  }
+  // The semantic metrics (README "Instances") label pixels by category id, 0 being no instance.
+  if (!categories.empty() && (categories.begin()->first < 1 || categories.rbegin()->first >= kMaxClasses)) {
+    const int64_t bad = categories.begin()->first < 1 ? categories.begin()->first : categories.rbegin()->first;
+    return absl::InvalidArgumentError(absl::StrCat("COCO file '", spec.coco(), "': category id ", bad,
+                                                   " is outside 1..", kMaxClasses - 1));
+  }
+  spec.set_num_classes(categories.empty() ? 2 : std::max<int64_t>(2, categories.rbegin()->first + 1));
+  spec.set_ignore_index(kNoIgnoreIndex);
+  spec.clear_label_map();
+  for (const auto& [id, c] : categories) {
+    v1::CocoCategory* k = spec.add_coco_categories();
+    k->set_id(id);
+    k->set_name(c->name);
+    k->set_isthing(c->isthing);
+  }
+  WarnUnlisted(gt.annotations, image_ids, "annotation", &spec);
+  spec.set_coco_sha256(Sha256FileHex(spec.coco()));
+  if (!spec.coco_results().empty()) {
+    // Read once here too: a file that is no results file fails the submission, not every worker.
+    ASSIGN_OR_RETURN(std::vector<CocoAnnotation> results, LoadCocoResults(spec.coco_results()));
+    WarnUnlisted(results, image_ids, "result", &spec);
+    spec.set_coco_results_sha256(Sha256FileHex(spec.coco_results()));
+  }
+  RETURN_IF_ERROR(store_->BeginSubmission(job_id));
+  auto stream = [&]() -> absl::Status {
+    std::vector<ManifestRow> batch;
+    for (size_t i = 0; i < gt.images.size(); ++i) {
+      const CocoImageInfo& im = gt.images[i];
+      ManifestRow row;
+      row.index = static_cast<int64_t>(i);
+      row.line = 0;
+      row.id = absl::StrCat(im.id);
+      row.image = im.file_name;
+      row.image_path = ResolvePath(spec.coco_images(), im.file_name);
+      row.has_coco_image = true;
+      row.coco_image_id = im.id;
+      if (im.file_name.empty()) row.error = absl::StrCat("COCO image ", im.id, " has no file_name");
+      batch.push_back(std::move(row));
+      if (batch.size() == kCocoSubmitBatch || i + 1 == gt.images.size()) {
+        RETURN_IF_ERROR(store_->InsertManifestRows(job_id, batch));
+        batch.clear();
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = stream(); !s.ok()) {
+    absl::Status cleanup = store_->DeleteJob(job_id);
+    if (!cleanup.ok()) Log("removing the rows of the refused submission ", job_id, " failed: ", cleanup.ToString());
+    return s;
+  }
+  JobRecord rec;
+  rec.job.set_job_id(job_id);
+  *rec.job.mutable_spec() = spec;
+  if (!spec.model().empty()) rec.job.mutable_spec()->set_model_sha256(Sha256FileHex(ParseModelRef(spec.model()).path));
+  rec.job.set_state(v1::JOB_STATE_QUEUED);
+  rec.job.set_created_unix(Now());
+  rec.job.set_images_total(static_cast<int64_t>(gt.images.size()));
+  int64_t requested = spec.shard_size();
+  if (requested == 0 && spec.model().empty()) requested = std::clamp<int64_t>((rec.job.images_total() + 255) / 256, 1, 1024);
+  rec.shard_size = EffectiveShardSize(rec.job.images_total(), requested, spec.batch_alignment());
+  return rec;
+}
+
+}  // namespace tally
