@@ -43,11 +43,10 @@ void WarnUnlisted(const std::vector<CocoAnnotation>& anns, const std::set<int64_
   if (count > 0) spec->add_manifest_warnings(UnlistedWarning(what, count, first_id, first_image));
 }
 
-}  // namespace
-
-absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, const std::string& job_id) {
-  v1::JobSpec spec = in;
-  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoDataset(spec.coco()));
+// The annotation file's images and categories checked, and what the stored spec holds of them: the
+// categories, the class count and conventions of the semantic metrics, the warnings, the hashes.
+absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, v1::JobSpec* out) {
+  v1::JobSpec& spec = *out;
   std::set<int64_t> image_ids;
   for (const CocoImageInfo& im : gt.images) {
     if (!image_ids.insert(im.id).second) {
@@ -55,9 +54,9 @@ absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, co
                                                      " is listed twice in 'images'"));
     }
   }
-  if (static_cast<int64_t>(gt.images.size()) > options_.max_manifest_rows) {
+  if (static_cast<int64_t>(gt.images.size()) > max_rows) {
     return absl::InvalidArgumentError(absl::StrCat("COCO file '", spec.coco(), "' lists ", gt.images.size(),
-                                                   " images; at most ", options_.max_manifest_rows,
+                                                   " images; at most ", max_rows,
                                                    " rows (tallyd --max-manifest-rows)"));
   }
   std::map<int64_t, const CocoCategoryInfo*> categories;
@@ -90,6 +89,15 @@ absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, co
     WarnUnlisted(results, image_ids, "result", &spec);
     spec.set_coco_results_sha256(Sha256FileHex(spec.coco_results()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, const std::string& job_id) {
+  v1::JobSpec spec = in;
+  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoDataset(spec.coco()));
+  RETURN_IF_ERROR(CompleteCocoSpec(gt, options_.max_manifest_rows, &spec));
   RETURN_IF_ERROR(store_->BeginSubmission(job_id));
   auto stream = [&]() -> absl::Status {
     std::vector<ManifestRow> batch;

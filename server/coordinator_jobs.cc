@@ -57,6 +57,17 @@ v1::Job Summary(v1::Job job) {
   return job;
 }
 
+// A manifest's coco_ann_ids column and --coco go together (README "Instances": referring rows).
+absl::Status CheckCocoColumn(const ManifestReader& reader, const v1::JobSpec& spec) {
+  if (reader.has_coco_ann_ids() == !spec.coco().empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      spec.coco().empty()
+          ? absl::StrCat("manifest '", reader.path(), "' has a coco_ann_ids column: give the annotation file (--coco)")
+          : absl::StrCat("--coco with manifest '", reader.path(),
+                         "': the manifest needs a coco_ann_ids column (the annotations whose union is each row's "
+                         "reference), or leave --manifest out to evaluate the file's images as instances"));
+}
+
 }  // namespace
 
 v1::Job Coordinator::Snapshot(const JobEntry& entry, double now) const {
@@ -117,14 +128,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   ManifestLimits limits;
   limits.max_rows = options_.max_manifest_rows;
   ASSIGN_OR_RETURN(std::unique_ptr<ManifestReader> reader, ManifestReader::Open(spec.manifest(), limits));
-  if (reader->has_coco_ann_ids() != !spec.coco().empty()) {
-    return absl::InvalidArgumentError(
-        spec.coco().empty()
-            ? absl::StrCat("manifest '", reader->path(), "' has a coco_ann_ids column: give the annotation file (--coco)")
-            : absl::StrCat("--coco with manifest '", reader->path(),
-                           "': the manifest needs a coco_ann_ids column (the annotations whose union is each row's "
-                           "reference), or leave --manifest out to evaluate the file's images as instances"));
-  }
+  RETURN_IF_ERROR(CheckCocoColumn(*reader, spec));
   if (spec.model().empty() && !reader->has_prediction()) {
     return absl::InvalidArgumentError(absl::StrCat("no model given, and manifest '", reader->path(),
                                                    "' has no 'prediction' column to score instead"));

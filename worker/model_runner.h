@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/io/coco_source.h"
 #include "metrics/surface_distance.h"
 
 namespace tally {
@@ -131,6 +132,10 @@ class PendingBatch {
   virtual const double* surface(int /*i*/) const { return nullptr; }
   // With thresholds: tp, fp, fn, tn of the foreground class at each threshold for image i.
   virtual const int64_t* threshold_counts(int /*i*/) const { return nullptr; }
+  // Instance outputs (a Python model's detection dict, README "Instances"): image i's detections,
+  // decoded; null for other outputs. labels(i) is then their semantic label map
+  // (common/io/coco_source.h PaintCocoLabels).
+  virtual const std::vector<CocoInstance>* instances(int /*i*/) const { return nullptr; }
 };
 
 struct GpuUsage {

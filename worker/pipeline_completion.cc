@@ -3,6 +3,8 @@
 // report thumbnails of the rows among the worst.
 #include "worker/pipeline.h"
 
+#include "common/base/status_macros.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -176,6 +178,21 @@ std::string Pipeline::RowError(const InFlight& batch, PendingBatch* pending, siz
   return error;
 }
 
+absl::Status Pipeline::EvaluateInstances(const v1::ManifestRow& row, const std::vector<CocoInstance>* detections,
+                                         v1::ImageResult* r) const {
+  if (options_.coco == nullptr || !row.has_coco_image()) return absl::OkStatus();
+  if (detections == nullptr) {
+    return absl::InvalidArgumentError(
+        "the model returned no detections: a COCO instance job needs a dict with masks, scores and labels per image");
+  }
+  CocoImageInstances image;
+  RETURN_IF_ERROR(options_.coco->Instances(row.coco_image_id(), &image));
+  image.detections = *detections;
+  r->set_coco_image_id(image.image_id);
+  EvaluateCocoInstances(image, r->mutable_instances());
+  return absl::OkStatus();
+}
+
 void Pipeline::FillCounts(const InFlight& batch, PendingBatch* pending, size_t i, size_t j, v1::ImageResult* r) const {
   const int k = pending->num_classes();
   if (const int64_t* tc = pending->threshold_counts(static_cast<int>(j)); tc != nullptr) {
@@ -319,6 +336,13 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     }
     r.set_nonfinite(pending->nonfinite(static_cast<int>(j)));
     FillCounts(*batch, pending, i, j, &r);
+    if (absl::Status s = EvaluateInstances(*it.row, pending->instances(static_cast<int>(j)), &r); !s.ok()) {
+      v1::ImageResult failed;
+      failed.set_index(r.index());
+      failed.set_error(std::string(s.message()));
+      Deliver(batch->shard, std::move(failed), batch->provisional);
+      continue;
+    }
     ok.emplace_back(i, std::move(r));
   }
   std::vector<std::vector<int>> thumbs = ThumbnailClasses(*batch, ok);

@@ -85,6 +85,16 @@ void Pipeline::Decode(Item* item) {
 
 void Pipeline::DecodeMask(Item* item, std::unique_ptr<RgbImage> image) {
   std::unique_ptr<LabelMap> mask = TakeMask();
+  const v1::ManifestRow& row = item->row;
+  if (options_.coco != nullptr && (row.has_coco_image() || row.has_coco_ann_ids())) {
+    // The reference comes from the annotation file, at the image's size.
+    absl::Status s = CocoReferenceLabels(*options_.coco, row, image->height, image->width, mask.get());
+    if (s.ok()) PrepareMask(mask.get(), label_lut_, options_.ignore_index);
+    if (!s.ok()) item->error = std::string(s.message());
+    item->mask = std::move(mask);
+    item->image = std::move(image);
+    return;
+  }
   absl::Status s = LoadMask(item->row.mask_path(), mask.get(), options_.max_image_pixels);
   if (s.ok()) PrepareMask(mask.get(), label_lut_, options_.ignore_index);
   if (!s.ok()) {

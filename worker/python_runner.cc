@@ -64,10 +64,16 @@ class PythonPendingBatch final : public PendingBatch {
   const int64_t* threshold_counts(int i) const override {
     return thresholds_.empty() ? nullptr : thresholds_.data() + static_cast<size_t>(i) * 4 * num_thresholds_;
   }
+  const std::vector<CocoInstance>* instances(int i) const override {
+    return instance_kind_[i] ? &instances_[i] : nullptr;
+  }
 
  private:
   absl::Status Evaluate();
   void EvaluateImage(size_t i, const v1::StubOutput& out);
+  // An instance output: the detections decoded and painted as image i's label map; false (and
+  // errors_[i] set) when one breaks the contract.
+  bool DecodeInstances(size_t i, const v1::StubOutput& out);
 
   std::shared_ptr<Channel> channel_;
   v1::StubRequest request_;
@@ -85,6 +91,8 @@ class PythonPendingBatch final : public PendingBatch {
   std::vector<std::string> errors_;
   size_t num_thresholds_ = 0;
   std::vector<int64_t> thresholds_;
+  std::vector<std::vector<CocoInstance>> instances_;
+  std::vector<bool> instance_kind_;
 };
 
 absl::Status PythonPendingBatch::Wait() {
@@ -136,6 +144,8 @@ absl::Status PythonPendingBatch::Evaluate() {
   nonfinite_.assign(n, 0);
   label_ptrs_.assign(n, nullptr);
   owned_labels_.resize(n);
+  instances_.assign(n, {});
+  instance_kind_.assign(n, false);
   for (size_t i = 0; i < n; ++i) {
     const v1::StubOutput& out = r.outputs(static_cast<int>(i));
     nonfinite_[i] = out.nonfinite();
@@ -150,6 +160,14 @@ absl::Status PythonPendingBatch::Evaluate() {
       }
     } else if (out.kind() == "score") {
       item_k_[i] = 2;
+    } else if (out.kind() == "instances") {
+      if (o.num_classes <= 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "model '", o.model_path, "' returned detections (masks, scores, labels): instance outputs are scored ",
+            "against COCO annotations (--coco with --images)"));
+      }
+      item_k_[i] = o.num_classes;
+      instance_kind_[i] = true;
     } else if (out.kind() == "labels") {
       if (declared <= 0) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -198,7 +216,10 @@ void PythonPendingBatch::EvaluateImage(size_t i, const v1::StubOutput& out) {
   }
   const int K = k_;
   const uint16_t* pred = nullptr;
-  if (out.kind() == "score") {
+  if (out.kind() == "instances") {
+    if (!DecodeInstances(i, out)) return;
+    pred = owned_labels_[i].data();
+  } else if (out.kind() == "score") {
     const float* score = reinterpret_cast<const float*>(base);
     const bool probs = channel_->outputs_probabilities();
     std::vector<uint16_t>& labels = owned_labels_[i];
@@ -250,6 +271,33 @@ void PythonPendingBatch::EvaluateImage(size_t i, const v1::StubOutput& out) {
     }
   }
   CountConfusionMatrix(pred, mask, hw, K, counts_.data() + i * K * K);
+}
+
+bool PythonPendingBatch::DecodeInstances(size_t i, const v1::StubOutput& out) {
+  const BatchImage& it = spec_.items[i];
+  std::vector<CocoInstance>& dets = instances_[i];
+  for (int d = 0; d < out.instances_size(); ++d) {
+    const v1::StubInstance& x = out.instances(d);
+    if (x.label() < 1 || x.label() >= k_) {
+      errors_[i] = absl::StrCat("the model's detection ", d, " has label ", x.label(),
+                                ", not a category id of the annotation file (1..", k_ - 1, ")");
+      return false;
+    }
+    absl::StatusOr<Rle> mask = RleFromCounts({x.counts().begin(), x.counts().end()}, it.height, it.width);
+    if (!mask.ok()) {
+      errors_[i] = absl::StrCat("the model's detection ", d, ": ", mask.status().message());
+      return false;
+    }
+    CocoInstance inst;
+    inst.id = d + 1;
+    inst.category_id = x.label();
+    inst.score = x.score();
+    inst.mask = *std::move(mask);
+    dets.push_back(std::move(inst));
+  }
+  owned_labels_[i].resize(static_cast<size_t>(it.height) * it.width);
+  PaintCocoLabels(dets, true, it.height, it.width, owned_labels_[i].data());
+  return true;
 }
 
 class PythonRunner final : public ModelRunner {

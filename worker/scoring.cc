@@ -43,6 +43,19 @@ std::string Position(const LabelMap& m, int64_t i) {
 }  // namespace
 
 absl::Status ScoringPipeline::LoadPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred) const {
+  if (coco_ != nullptr && row.has_coco_ann_ids()) {
+    // A referring row: the reference is its annotations' union, at the prediction's size.
+    RETURN_IF_ERROR(Load(row.prediction_path(), config_.max_image_pixels, "prediction", pred));
+    if (pred->volume) return absl::InvalidArgumentError("coco_ann_ids rows are 2D: the prediction is a volume");
+    if (!label_lut_.empty()) {
+      for (uint16_t& v : pred->labels.labels) v = label_lut_[v];
+    }
+    *ref = LoadedMap{};
+    ref->geometry = pred->geometry;
+    RETURN_IF_ERROR(CocoReferenceLabels(*coco_, row, pred->labels.height, pred->labels.width, &ref->labels));
+    PrepareMask(&ref->labels, label_lut_, config_.ignore_index);
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(Load(row.mask_path(), config_.max_image_pixels, "mask", ref));
   RETURN_IF_ERROR(Load(row.prediction_path(), config_.max_image_pixels, "prediction", pred));
   if (ref->volume != pred->volume) {
@@ -170,7 +183,8 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   };
   if (!row.error().empty()) return fail(row.error());
   LoadedMap ref, pred;
-  const absl::Status loaded = coco_ != nullptr ? LoadCocoPair(row, &ref, &pred, &result) : LoadPair(row, &ref, &pred);
+  const absl::Status loaded =
+      coco_ != nullptr && row.has_coco_image() ? LoadCocoPair(row, &ref, &pred, &result) : LoadPair(row, &ref, &pred);
   if (!loaded.ok()) return fail(loaded.message());
   const absl::StatusOr<int> classes = ClassCount(row, ref, pred);
   if (!classes.ok()) return fail(classes.status().message());

@@ -267,20 +267,22 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   };
   auto on_timeout = [this](const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what,
                            double seconds) { OnTimeout(lease, indices, what, seconds); };
+  // COCO jobs: the annotations (and detections on disk), read once for the job.
+  std::shared_ptr<const CocoSource> coco;
+  if (!config.coco.empty()) {
+    ASSIGN_OR_RETURN(coco, CocoSource::Load(config.coco, config.coco_results));
+  }
   if (config.predictions()) {
     // No model: score the manifest's predictions on the CPU, one row per thread.
     const int threads = options_.threads > 0 ? options_.threads
                                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     Log("job ", job_id, ": scoring predictions on ", threads, " thread(s)");
-    std::shared_ptr<const CocoSource> coco;
-    if (config.instance_job()) {
-      ASSIGN_OR_RETURN(coco, CocoSource::Load(config.coco, config.coco_results));
-    }
-    evaluator->pipeline = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, std::move(coco));
+    evaluator->pipeline = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, coco);
   } else {
     ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
     ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));
     po.expected_rows = a.expected_rows();
+    po.coco = coco;
     evaluator->pipeline = std::make_unique<Pipeline>(evaluator->runner.get(), po, on_result, on_fatal, on_timeout);
   }
   absl::MutexLock lock(&mu_);

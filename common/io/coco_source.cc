@@ -188,4 +188,27 @@ void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections
   }
 }
 
+absl::Status CocoReferenceLabels(const CocoSource& source, const v1::ManifestRow& row, int height, int width,
+                                 LabelMap* out) {
+  out->height = height;
+  out->width = width;
+  out->depth = 1;
+  out->labels.assign(static_cast<size_t>(height) * width, 0);
+  if (row.has_coco_ann_ids()) {
+    absl::StatusOr<Rle> u = source.AnnotationUnion({row.coco_ann_ids().begin(), row.coco_ann_ids().end()}, height, width);
+    if (!u.ok()) return u.status();
+    PaintRle(*u, 1, out->labels.data());
+    return absl::OkStatus();
+  }
+  CocoImageInstances image;
+  if (absl::Status s = source.Instances(row.coco_image_id(), &image); !s.ok()) return s;
+  if (image.height != height || image.width != width) {
+    return absl::InvalidArgumentError(absl::StrCat("image '", row.image_path(), "' is ", height, "x", width,
+                                                   " (height x width) but the annotation file says ", image.height,
+                                                   "x", image.width, " for image ", image.image_id));
+  }
+  PaintCocoLabels(image.references, false, height, width, out->labels.data());
+  return absl::OkStatus();
+}
+
 }  // namespace tally

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/io/coco_json.h"
+#include "common/io/image_io.h"
 #include "metrics/coco_rle.h"
 #include "proto/tally.pb.h"
 
@@ -78,6 +79,13 @@ void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections
                      uint16_t* labels);
 // Paints `value` where `mask` is set (row-major labels of the mask's size).
 void PaintRle(const Rle& mask, uint16_t value, uint16_t* labels);
+
+// A COCO row's reference label map for an image of `height` x `width`: a row of the file's images
+// gets its references painted (PaintCocoLabels), a referring row (coco_ann_ids) the union of its
+// annotations as label 1. Errors: the sizes disagree, or an annotation is missing or malformed.
+// The caller applies the mask conventions (PrepareMask).
+absl::Status CocoReferenceLabels(const CocoSource& source, const v1::ManifestRow& row, int height, int width,
+                                 LabelMap* out);
 
 }  // namespace tally
 

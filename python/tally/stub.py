@@ -151,8 +151,56 @@ def _label_range_error(lo, hi, first_index, w):
     return None
 
 
+def _numpy(x):
+    return x.detach().cpu().numpy() if _is_tensor(x) else np.asarray(x)
+
+
+def _instances(out, h, w):
+    """A detection dict (torchvision's convention: masks N x H x W bool/uint8 or N x 1 x H x W
+    probabilities, scores N, labels N category ids) as uncompressed COCO RLEs (column-major runs)."""
+    missing = [k for k in ("masks", "scores", "labels") if k not in out]
+    if missing:
+        return {"error": "the model's output dict has no %s; an instance output has masks, scores and labels"
+                % ", ".join(repr(k) for k in missing)}
+    masks = out["masks"]
+    if _is_tensor(masks):
+        if masks.is_floating_point():
+            masks = masks > 0.5  # Probabilities, thresholded on the model's device.
+        masks = masks.detach().cpu().numpy()
+    else:
+        masks = np.asarray(masks)
+        if masks.dtype.kind == "f":
+            masks = masks > 0.5
+    scores = _numpy(out["scores"]).astype(np.float64).reshape(-1)
+    labels = _numpy(out["labels"]).reshape(-1)
+    if masks.ndim == 4 and masks.shape[1] == 1:
+        masks = masks[:, 0]
+    if masks.ndim != 3 or masks.shape[1:] != (h, w):
+        return {"error": "the model's masks have shape %s; expected N x %d x %d (or N x 1 x %d x %d)"
+                % (tuple(masks.shape), h, w, h, w)}
+    n = masks.shape[0]
+    if len(scores) != n or len(labels) != n:
+        return {"error": "the model returned %d masks, %d scores and %d labels; expected as many of each"
+                % (n, len(scores), len(labels))}
+    if n and not np.all(np.isfinite(scores)):
+        return {"error": "the model's scores hold NaN or infinity (detection %d)" % int(np.flatnonzero(~np.isfinite(scores))[0])}
+    if labels.dtype.kind not in "iub":
+        return {"error": "the model's labels have dtype %s; expected integer category ids" % labels.dtype}
+    instances = []
+    for k in range(n):
+        flat = np.ascontiguousarray(masks[k].T).reshape(-1) != 0  # Column by column, as COCO's RLE.
+        change = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+        runs = np.diff(np.concatenate(([0], change, [flat.size])))
+        if flat.size and flat[0]:
+            runs = np.concatenate(([0], runs))
+        instances.append({"counts": runs.tolist(), "score": float(scores[k]), "label": int(labels[k])})
+    return {"kind": "instances", "instances": instances}
+
+
 def _convert(out, h, w, mm, offset):
     """Writes one output into the output buffer at `offset`; returns its StubOutput."""
+    if isinstance(out, dict):
+        return _instances(out, h, w)
     if _is_tensor(out):
         torch = _torch()
         t = out.detach()

@@ -1,0 +1,265 @@
+"""COCO instance jobs end to end (README "Instances"): `tally run|submit --coco FILE --images DIR`
+with detections from a results file (--coco-results) or from a Python model returning
+torchvision's detection dicts. Every one of COCOeval's 12 numbers and every category's AP equal an
+independent numpy COCOeval (coco_reference.py) to the bit, for 1 and 3 workers, after a worker is
+SIGKILLed mid-job, and whether the detections come from a file or a model; per_image.csv's instance
+counts at IoU 0.5 equal the reference's matching; bad annotations fail only their image's row,
+naming them. Referring rows (coco_ann_ids) give the counts of the same masks written as PNGs.
+"""
+import csv
+import json
+import os
+import signal
+import unittest
+
+import numpy as np
+from PIL import Image
+
+import coco_reference as ref
+import tallytest as tt
+import test_coco as tc
+
+PY = "/usr/bin/python3"
+STATS = ["AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"]
+
+
+def merged_case(rng, parts):
+    """Several random cases as one set (image and annotation ids kept distinct)."""
+    images, cats, gts, dts = [], set(), [], []
+    for p in range(parts):
+        i, c, g, d = tc.random_case(rng)
+        base = (p + 1) * 10**6
+        for x in g + d:
+            x["image_id"] += base
+        images += [x + base for x in i]
+        cats |= set(c)
+        for x in g:
+            x["id"] = len(gts) + 1
+            gts.append(x)
+        for x in d:
+            x["id"] = len(dts) + 1
+            dts.append(x)
+    return images, sorted(cats), gts, dts
+
+
+def write_images(folder, images):
+    rng = np.random.default_rng(0)
+    for i in images:
+        Image.fromarray(rng.integers(0, 255, (tc.H, tc.W, 3), dtype=np.uint8)).save(os.path.join(folder, f"{i}.png"))
+
+
+def write_detections(path, dts):
+    """The replay model's file: each image's detections as uncompressed counts, in file order."""
+    by = {}
+    for d in dts:
+        by.setdefault(str(d["image_id"]), []).append(
+            {"counts": ref.rle_counts(d["mask"]), "score": d["score"], "category_id": d["category_id"]})
+    with open(path, "w") as f:
+        json.dump(by, f)
+
+
+def stats_of(out):
+    inst = tt.read_report(out)["instances"]
+    return [inst["stats"][k] for k in STATS], {c["id"]: c["ap"] for c in inst["categories"]}
+
+
+def reference_counts(images, cats, gts, dts):
+    """(image id, category) -> (references, detections, tp, fp, fn) at IoU 0.5, all areas, 100
+    detections, from the reference's own matching."""
+    out = {}
+    for i in images:
+        for c in cats:
+            g = [x for x in gts if x["image_id"] == i and x["category_id"] == c]
+            d = [x for x in dts if x["image_id"] == i and x["category_id"] == c]
+            e = ref._evaluate_image(g, d, ref.AREA_RNG[0], ref.MAX_DETS[-1])
+            if e is None:
+                continue
+            match, ignore = e["match"][0], e["ignore"][0]
+            tp = int(np.count_nonzero(match & ~ignore))
+            fp = int(np.count_nonzero(~match & ~ignore))
+            fn = int(np.count_nonzero(e["gt_ignore"] == 0)) - tp
+            out[(i, c)] = (len(g), len(d), tp, fp, fn)
+    return out
+
+
+class CocoJobTest(unittest.TestCase):
+    def make(self, root, seed, parts):
+        rng = np.random.default_rng(seed)
+        images, cats, gts, dts = merged_case(rng, parts)
+        tc.write_case(root, rng, images, cats, gts, dts)
+        write_images(root, images)
+        return images, cats, gts, dts
+
+    def run_job(self, root, out, *extra):
+        return tt.tally("run", "--coco", os.path.join(root, "gt.json"), "--images", root, "--out", out,
+                        "--max-failed-fraction", "1", *extra)
+
+    def test_results_file_jobs_equal_an_independent_cocoeval_for_1_and_3_workers(self):
+        root = tt.tmpdir(self)
+        for case in range(6):
+            folder = os.path.join(root, str(case))
+            os.makedirs(folder)
+            images, cats, gts, dts = self.make(folder, 300 + case, parts=4)
+            want_stats, want_ap = ref.coco_eval(images, cats, gts, dts)
+            got = {}
+            for workers in (1, 3):
+                out = os.path.join(folder, f"out{workers}")
+                self.run_job(folder, out, "--coco-results", os.path.join(folder, "results.json"),
+                             "--workers", workers, "--shard-size", "2")
+                got[workers] = stats_of(out)
+                self.assertEqual(got[workers][0], want_stats, (case, workers))
+                self.assertEqual(got[workers][1], want_ap, (case, workers))
+            self.assertTrue(tt.same_files(os.path.join(folder, "out1"), os.path.join(folder, "out3")))
+
+    def test_per_image_instance_counts_equal_the_reference_matching(self):
+        root = tt.tmpdir(self)
+        images, cats, gts, dts = self.make(root, 41, parts=3)
+        out = os.path.join(root, "out")
+        self.run_job(root, out, "--coco-results", os.path.join(root, "results.json"), "--workers", "2")
+        want = reference_counts(images, cats, gts, dts)
+        with open(os.path.join(out, "per_image.csv")) as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual(len(rows), len(images) * len(cats))  # Every image and category, none twice.
+        got = {}
+        for r in rows:
+            key = (int(r["id"]), int(r["class"]))
+            self.assertEqual(r["category"], f"c{key[1]}")
+            counts = tuple(int(r[k]) for k in ("gt_instances", "dt_instances", "instance_tp50", "instance_fp50",
+                                               "instance_fn50"))
+            if counts != (0, 0, 0, 0, 0):
+                got[key] = counts
+        self.assertEqual(got, {k: v for k, v in want.items() if v != (0, 0, 0, 0, 0)})
+        report = tt.read_report(out)
+        for c in report["instances"]["categories"]:
+            self.assertEqual(c["tp50"], sum(v[2] for k, v in want.items() if k[1] == c["id"]))
+            self.assertEqual(len(c["precision_iou50"]), 101)
+
+    def test_a_python_model_returning_detections_equals_the_results_file(self):
+        root = tt.tmpdir(self)
+        images, cats, gts, dts = self.make(root, 42, parts=3)
+        write_detections(os.path.join(root, "dets.json"), dts)
+        want_stats, want_ap = ref.coco_eval(images, cats, gts, dts)
+        for probabilities in ("0", "1"):
+            out = os.path.join(root, "out" + probabilities)
+            self.run_job(root, out, "--model", tt.fixture("replay_instances.py"), "--python", PY,
+                         "--model-option", f"detections={os.path.join(root, 'dets.json')}",
+                         "--model-option", f"probabilities={probabilities}", "--workers", "2")
+            self.assertEqual(stats_of(out), (want_stats, want_ap), probabilities)
+        files = os.path.join(root, "files")
+        self.run_job(root, files, "--coco-results", os.path.join(root, "results.json"))
+        # The semantic counts (detections painted by score) agree too.
+        a, b = tt.read_per_image(files), tt.read_per_image(os.path.join(root, "out0"))
+        self.assertEqual([(r["index"], r["class"], r["tp"], r["fp"], r["fn"], r["instance_tp50"]) for r in a],
+                         [(r["index"], r["class"], r["tp"], r["fp"], r["fn"], r["instance_tp50"]) for r in b])
+
+    def test_sigkill_of_a_worker_mid_job_changes_nothing(self):
+        root = tt.tmpdir(self)
+        images, cats, gts, dts = self.make(root, 43, parts=8)
+        write_detections(os.path.join(root, "dets.json"), dts)
+        want_stats, want_ap = ref.coco_eval(images, cats, gts, dts)
+        cluster = tt.Cluster(self, os.path.join(root, "cluster"), lease_seconds=2.0)
+        for _ in range(3):
+            cluster.start_worker()
+        cluster.wait_registered(3)
+        job = cluster.cli("submit", "--coco", os.path.join(root, "gt.json"), "--images", root,
+                          "--model", tt.fixture("replay_instances.py"), "--python", PY, "--model-option",
+                          f"detections={os.path.join(root, 'dets.json')}", "--model-option", "sleep=0.3",
+                          "--shard-size", "2", "--batch-size", "1").stdout.strip()
+        at_kill = cluster.wait_for_progress(job, 0.2)
+        self.assertLess(at_kill["done"], len(images), "the job finished before the kill; make it slower")
+        cluster.workers[0].send_signal(signal.SIGKILL)
+        cluster.workers[0].wait(10)
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        self.assertEqual(stats_of(out), (want_stats, want_ap))
+        report = tt.read_report(out)
+        self.assertEqual(report["images_evaluated"], len(images))
+        self.assertEqual(report["instances"]["images"], len(images))
+
+    def test_bad_annotations_fail_only_their_image_naming_them(self):
+        root = tt.tmpdir(self)
+        images, cats, gts, dts = self.make(root, 44, parts=2)
+        with open(os.path.join(root, "gt.json")) as f:
+            gt = json.load(f)
+        with open(os.path.join(root, "results.json")) as f:
+            results = json.load(f)
+        bad = {}
+        a = gt["annotations"]
+        a[0]["segmentation"] = {"counts": [3, 2], "size": [tc.H, tc.W]}  # Counts not summing to h * w.
+        bad[a[0]["image_id"]] = f"annotation {a[0]['id']}: RLE counts sum to 5"
+        other = next(x for x in a if x["image_id"] not in bad)
+        other["segmentation"] = [[1, 1, 3, 1, 3, 3, 1]]  # An odd number of coordinates.
+        bad[other["image_id"]] = f"annotation {other['id']}: polygon 0: a polygon has an odd number of coordinates"
+        third = next(x for x in a if x["image_id"] not in bad)
+        third["category_id"] = 99  # Not a category.
+        bad[third["image_id"]] = f"annotation {third['id']}: category 99 is not in the annotation file's categories"
+        a.append({"id": 10**7, "image_id": 5, "category_id": cats[0], "area": 4, "iscrowd": 0,
+                  "segmentation": {"counts": [0, 4], "size": [2, 2]}})  # An image the file does not list.
+        free = [i for i in images if i not in bad]
+        r = next((k for k, x in enumerate(results) if x["image_id"] in free), None)
+        if r is not None:
+            results[r]["category_id"] = 98
+            bad[results[r]["image_id"]] = f"result {r + 1}: category 98 is not in the annotation file's categories"
+        with open(os.path.join(root, "gt.json"), "w") as f:
+            json.dump(gt, f)
+        with open(os.path.join(root, "results.json"), "w") as f:
+            json.dump(results, f)
+        out = os.path.join(root, "out")
+        p = self.run_job(root, out, "--coco-results", os.path.join(root, "results.json"), "--workers", "2")
+        report = tt.read_report(out)
+        failed = {int(f["id"]): f["reason"] for f in report["failures"]}
+        self.assertEqual(set(failed), set(bad))
+        for image, reason in bad.items():
+            self.assertIn(reason, failed[image])
+        self.assertEqual(report["images_evaluated"], len(images) - len(bad))
+        self.assertTrue(any("1 annotation names an image that 'images' does not list" in w
+                            for w in report["warnings"]), report["warnings"])
+        self.assertIn("warning", p.stderr)
+
+
+class ReferringTest(unittest.TestCase):
+    def test_coco_ann_ids_rows_count_as_the_same_masks_written_as_pngs(self):
+        root = tt.tmpdir(self)
+        rng = np.random.default_rng(7)
+        h, w = tc.H, tc.W
+        gt = {"images": [], "categories": [{"id": 1, "name": "thing"}], "annotations": []}
+        refs, pngs = [["image", "prompt", "coco_ann_ids", "id"]], [["image", "mask", "prompt", "id"]]
+        for i in range(6):
+            img = np.zeros((h, w, 3), np.uint8)
+            img[..., 0] = rng.integers(0, 255, (h, w))
+            img[..., 2] = rng.integers(0, 255, (h, w))
+            Image.fromarray(img).save(os.path.join(root, f"im{i}.png"))
+            gt["images"].append({"id": i + 1, "file_name": f"im{i}.png", "height": h, "width": w})
+            masks = []
+            for k in range(3):
+                m = tc.blob(rng, h, w)
+                ann_id = 100 * (i + 1) + k
+                counts = ref.rle_counts(m)  # Uncompressed and compressed RLE (polygons: coco_rle_test).
+                seg = {"counts": counts if k != 1 else ref.rle_string(counts), "size": [h, w]}
+                gt["annotations"].append({"id": ann_id, "image_id": i + 1, "category_id": 1, "area": float(m.sum()),
+                                          "iscrowd": 0, "segmentation": seg})
+                masks.append((ann_id, m))
+            for e, ids in enumerate([[0], [0, 2], [], [1, 2]]):
+                union = np.zeros((h, w), bool)
+                for k in ids:
+                    union |= masks[k][1]
+                png = os.path.join(root, f"m{i}_{e}.png")
+                Image.fromarray(union.astype(np.uint8)).save(png)
+                prompt = "red" if e % 2 == 0 else "blue"
+                rid = f"r{i}_{e}"
+                refs.append([f"im{i}.png", prompt, ";".join(str(masks[k][0]) for k in ids), rid])
+                pngs.append([f"im{i}.png", os.path.basename(png), prompt, rid])
+        with open(os.path.join(root, "gt.json"), "w") as f:
+            json.dump(gt, f)
+        for name, rows in (("refs.csv", refs), ("pngs.csv", pngs)):
+            with open(os.path.join(root, name), "w", newline="") as f:
+                csv.writer(f).writerows(rows)
+        model = os.path.join(tt.SRC, "examples", "python-model", "prompt_model.py")
+        a, b = os.path.join(root, "a"), os.path.join(root, "b")
+        tt.tally_run(model, os.path.join(root, "refs.csv"), a, "--python", PY, "--coco", os.path.join(root, "gt.json"))
+        tt.tally_run(model, os.path.join(root, "pngs.csv"), b, "--python", PY)
+        ra, rb = tt.read_per_image(a), tt.read_per_image(b)
+        self.assertEqual(len(ra), 24 * 2)
+        self.assertEqual([(r["id"], r["class"], r["tp"], r["fp"], r["fn"], r["tn"]) for r in ra],
+                         [(r["id"], r["class"], r["tp"], r["fp"], r["fn"], r["tn"]) for r in rb])
