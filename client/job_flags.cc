@@ -120,6 +120,8 @@ absl::Status ReportFlags(const JobFlags& f, v1::JobSpec* spec) {
   spec->set_nnunet_summary(f.nnunet_summary);
   spec->set_force_spacing(f.force_spacing);
   spec->set_name(f.name);
+  // No --metrics: tallyd's defaults for the kind of job (an instance job's leave out hd95).
+  if (f.metrics.empty()) return absl::OkStatus();
   auto metrics = ParseMetricList(f.metrics);
   if (!metrics.ok()) return absl::InvalidArgumentError(absl::StrCat("--metrics: ", metrics.status().message()));
   for (Metric m : *metrics) spec->add_metrics(std::string(MetricName(m)));

@@ -34,7 +34,8 @@ ABSL_FLAG(std::string, tokens_file, "", "tally token: append the new token's lin
 ABSL_FLAG(std::string, model, "", "TorchScript model file (none: score the manifest's prediction column)");
 ABSL_FLAG(std::string, manifest, "", "Manifest CSV (columns image, mask[, id]; or mask, prediction[, id])");
 ABSL_FLAG(std::string, name, "", "Job label");
-ABSL_FLAG(std::string, metrics, "dice,iou,precision,recall,hd95", "Comma list of metrics, or all");
+ABSL_FLAG(std::string, metrics, "",
+          "Comma list of metrics, or all (default dice,iou,precision,recall,hd95; COCO instance jobs leave out hd95)");
 ABSL_FLAG(std::string, batch_size, "", "Images per forward pass, or auto (default: 8 on CPU, 32 on GPU)");
 ABSL_FLAG(int, shard_size, 0, "Rows per shard (0 = automatic)");
 ABSL_FLAG(std::string, mean, "", "Per-channel mean on [0,1] inputs, e.g. 0.485,0.456,0.406");

@@ -54,7 +54,7 @@ std::vector<size_t> KeptDetections(const std::vector<CocoDetection>& detections,
 // threshold, written to out[t * D + d].
 void MatchAtAreaRange(const std::vector<CocoReference>& refs, const std::vector<CocoDetection>& dets,
                       const std::vector<size_t>& kept, const std::vector<double>& ious, const std::array<double, 2>& range,
-                      const CocoParams& p, CocoOutcome* out, int64_t* positives) {
+                      const CocoParams& p, CocoOutcome* out, int64_t* positives, std::vector<int64_t>* matched) {
   const size_t G = refs.size(), D = kept.size();
   std::vector<bool> ignore(G);
   for (size_t g = 0; g < G; ++g) ignore[g] = refs[g].crowd || refs[g].area < range[0] || refs[g].area > range[1];
@@ -86,6 +86,7 @@ void MatchAtAreaRange(const std::vector<CocoReference>& refs, const std::vector<
         o = (area < range[0] || area > range[1]) ? CocoOutcome::kIgnored : CocoOutcome::kFalsePositive;
       }
       out[t * D + d] = o;
+      if (t == 0 && matched != nullptr) matched->push_back(m > -1 ? static_cast<int64_t>(gorder[m]) : -1);
     }
   }
 }
@@ -170,6 +171,7 @@ CocoImageEval EvaluateCocoImage(int64_t image_id, int64_t category_id, const std
   e.detections = static_cast<int64_t>(detections.size());
   const std::vector<size_t> kept = KeptDetections(detections, static_cast<size_t>(p.max_dets.back()));
   for (size_t d : kept) e.scores.push_back(detections[d].score);
+  e.kept.assign(kept.begin(), kept.end());
   const size_t G = references.size(), D = kept.size(), T = p.iou_thresholds.size(), A = p.area_ranges.size();
   std::vector<double> ious(D * G);
   for (size_t d = 0; d < D; ++d) {
@@ -179,7 +181,7 @@ CocoImageEval EvaluateCocoImage(int64_t image_id, int64_t category_id, const std
   e.positives.resize(A);
   for (size_t a = 0; a < A; ++a) {
     MatchAtAreaRange(references, detections, kept, ious, p.area_ranges[a], p, e.outcome.data() + a * T * D,
-                     &e.positives[a]);
+                     &e.positives[a], a == 0 ? &e.matched : nullptr);
   }
   return e;
 }

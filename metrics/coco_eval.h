@@ -68,6 +68,11 @@ struct CocoImageEval {
   // References and detections as given (before the maxDets cut): for per-image reports.
   int64_t references = 0;
   int64_t detections = 0;
+  // For pictures of the matching (report thumbnails), at the first threshold (IoU 0.5) and all
+  // areas: each kept detection's index as given, and the reference it matched (index as given;
+  // -1: none).
+  std::vector<int64_t> kept;
+  std::vector<int64_t> matched;
 };
 
 // `iou(d, g)`: the IoU of detections[d] with references[g] (indices as given). Called only for

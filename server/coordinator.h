@@ -227,6 +227,7 @@ class Coordinator {
     std::optional<WorkerRecord> worker_record;
     int keep_thumbnails = 0;    // The job's thumbnails per class, and the Dice convention that orders them.
     EmptyScore empty_score = EmptyScore::kNaN;
+    bool instance_job = false;  // COCO instances: class 0's thumbnails are ranked by instance F1.
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);

@@ -22,6 +22,7 @@
 #include "metrics/overlap.h"
 #include "common/job/rpc.h"
 #include "common/security/sha256.h"
+#include "common/io/coco_source.h"
 #include "common/io/thumbnail.h"
 #include "server/sharding.h"
 #include "common/base/status_macros.h"
@@ -40,15 +41,19 @@ std::string NegativeCount(int64_t tp, int64_t fp, int64_t fn, int64_t tn) {
   return "";
 }
 
-// Moves the thumbnails out of `results` (stored results carry none), each with its row's Dice.
-std::vector<StoredThumbnail> TakeThumbnails(std::vector<v1::ImageResult>* results, EmptyScore empty) {
+// Moves the thumbnails out of `results` (stored results carry none), each with its row's Dice (in
+// instance jobs, class 0's with the row's instance F1: common/io/coco_source.h).
+std::vector<StoredThumbnail> TakeThumbnails(std::vector<v1::ImageResult>* results, EmptyScore empty,
+                                            bool instance_job) {
   std::vector<StoredThumbnail> out;
   for (v1::ImageResult& r : *results) {
     for (v1::Thumbnail& t : *r.mutable_thumbnails()) {
       StoredThumbnail st;
       st.index = r.index();
       st.class_index = t.class_index();
-      st.dice = RowDice(r.classes(t.class_index()), empty);  // In range: CheckResults.
+      st.dice = instance_job && t.class_index() == kInstanceThumbnailClass
+                    ? RowInstanceF1(r)
+                    : RowDice(r.classes(t.class_index()), empty);  // In range: CheckResults.
       st.slice = t.slice();
       st.jpeg = std::move(*t.mutable_jpeg());
       out.push_back(std::move(st));
@@ -213,6 +218,7 @@ absl::StatusOr<Coordinator::Admission> Coordinator::AdmitReportLocked(const v1::
   const v1::JobSpec& spec = job.record.job.spec();
   a.keep_thumbnails = spec.has_thumbnails() ? spec.thumbnails() : kDefaultThumbnails;
   a.empty_score = ParseEmptyScore(spec.empty_score()).value_or(EmptyScore::kNaN);  // Validated at submission.
+  a.instance_job = !spec.coco().empty() && spec.manifest().empty();
   return a;
 }
 
@@ -241,7 +247,7 @@ absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::R
     return response;
   }
   std::vector<v1::ImageResult> results(request.results().begin(), request.results().end());
-  const std::vector<StoredThumbnail> thumbnails = TakeThumbnails(&results, admitted->empty_score);
+  const std::vector<StoredThumbnail> thumbnails = TakeThumbnails(&results, admitted->empty_score, admitted->instance_job);
   ASSIGN_OR_RETURN(const bool shard_done,
                    CommitAndAccount(request.job_id(), request.shard_id(), request.worker_id(), results,
                                     request.shard_complete() && admitted->lease_valid, thumbnails,

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
+#include "common/io/coco_source.h"
 
 namespace tally {
 
@@ -193,6 +194,7 @@ void AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offs
 absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*>& parts,
                              const std::vector<Named>& names_by_index, ReportData* d) {
   std::set<std::pair<int, int64_t>> worst;
+  for (const InstanceReport::Worst& w : d->instances.worst) worst.insert({kInstanceThumbnailClass, w.index});
   for (const ClassAggregate& ca : d->aggregate.classes) {
     for (const auto& [dice, index] : ca.worst) {
       worst.insert({ca.class_id, index});

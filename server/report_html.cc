@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/job/rpc.h"
 #include "common/base/build_info.h"
+#include "common/io/coco_source.h"
 #include "server/report_formats.h"
 #include "server/report_table.h"
 
@@ -162,6 +163,72 @@ std::string Thumbnails(const ReportData& d, const ClassAggregate& ca) {
   return h.empty() ? h : "<div class=\"thumbs\">\n" + h + "</div>\n";
 }
 
+// A category's precision-recall curves (COCOeval's 101-point interpolated precision, all areas,
+// 100 detections) at IoU 0.5 (blue) and 0.75 (orange).
+std::string PrCurve(const InstanceCategory& c) {
+  const int left = 34, top = 18, plot = 150, bottom = 30;
+  std::string s = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" role=\"img\" "
+      "aria-label=\"precision against recall, %s\"><text x=\"%d\" y=\"12\" class=\"axis\">%s (AP50 %s, AP75 %s)</text>",
+      left + plot + 8, top + plot + bottom, HtmlEscape(c.name), left, HtmlEscape(absl::StrCat(c.id, " ", c.name)),
+      FormatCell(c.ap50), FormatCell(c.ap75));
+  auto x = [&](double r) { return left + plot * r; };
+  auto y = [&](double p) { return top + plot * (1.0 - p); };
+  for (int g = 0; g <= 2; ++g) {
+    absl::StrAppend(&s, absl::StrFormat("<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" class=\"grid\"/>"
+                                        "<text x=\"%d\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%.1f</text>"
+                                        "<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">%.1f</text>",
+                                        left, y(g / 2.0), left + plot, y(g / 2.0), left - 3, y(g / 2.0) + 4, g / 2.0,
+                                        x(g / 2.0), top + plot + 14, g / 2.0));
+  }
+  const std::vector<double>& recall = CocoDefaultParams().recall_thresholds;
+  for (auto [curve, colour] : {std::pair<const std::vector<double>*, const char*>{&c.precision50, "#3b6fd4"},
+                               {&c.precision75, "#d4793b"}}) {
+    std::string points;
+    for (size_t r = 0; r < curve->size() && r < recall.size(); ++r) {
+      if ((*curve)[r] < 0) continue;  // -1: no reference of the category counts.
+      absl::StrAppend(&points, absl::StrFormat("%.1f,%.1f ", x(recall[r]), y((*curve)[r])));
+    }
+    if (!points.empty()) {
+      absl::StrAppend(&s, absl::StrFormat("<polyline points=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"/>",
+                                          points, colour));
+    }
+  }
+  absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">recall</text>",
+                                      x(0.5), top + plot + 27));
+  return s + "</svg>";
+}
+
+// COCO instance jobs: the 12 numbers, per category AP and counts, the precision-recall curves and
+// the rows of lowest instance F1 with their thumbnails.
+std::string InstancesHtml(const ReportData& d) {
+  std::string h = absl::StrCat(
+      "<h2>Instances (COCO mask AP)</h2>\n<p>COCOeval's segm numbers over ", d.instances.images,
+      " evaluated images (IoU 0.50:0.95, maxDets 100; -1 where undefined).</p>\n<div class=\"table-wrap\">",
+      HtmlTable(InstanceStatsTable(d)), "</div>\n<h3>Per category</h3>\n<div class=\"table-wrap\">",
+      HtmlTable(InstanceCategoryTable(d)), "</div>\n<h3>Precision-recall curves</h3>\n<p>IoU 0.5 "
+      "<span style=\"color:#3b6fd4\">blue</span>, IoU 0.75 <span style=\"color:#d4793b\">orange</span>; all areas, "
+      "100 detections per image.</p>\n<div class=\"thumbs\">\n");
+  for (const InstanceCategory& c : d.instances.categories) h += PrCurve(c) + "\n";
+  h += "</div>\n";
+  if (d.instances.worst.empty()) return h;
+  h += "<h3>Worst images by instance F1 (IoU 0.5)</h3>\n<div class=\"table-wrap\">" +
+       HtmlTable(InstanceWorstTable(d)) + "</div>\n<p>Matched instances green, missed references blue, false "
+       "detections red.</p>\n";
+  std::string figures;
+  for (const InstanceReport::Worst& w : d.instances.worst) {
+    const StoredThumbnail* t = d.Thumbnail(kInstanceThumbnailClass, w.index);
+    if (t == nullptr) continue;
+    const std::string id = d.WorstId(w.index);
+    absl::StrAppend(&figures, "<figure data-index=\"", w.index, "\" data-instances=\"1\"><img src=\"data:image/jpeg;base64,",
+                    absl::Base64Escape(t->jpeg), "\" alt=\"", HtmlEscape(absl::StrCat("row ", id, ", instances")),
+                    "\"><figcaption><code>", HtmlEscape(id), "</code> · F1 ", FormatCell(w.f1),
+                    "</figcaption></figure>\n");
+  }
+  if (!figures.empty()) h += "<div class=\"thumbs\">\n" + figures + "</div>\n";
+  return h;
+}
+
 // The page's head and style sheet (no external asset).
 std::string PageHead(const v1::Job& job) {
   return R"(<!DOCTYPE html>
@@ -273,6 +340,7 @@ std::string ReportHtml(const ReportData& d) {
   std::string h = PageHead(job);
   h += JobMeta(d);
   for (const std::string& w : d.warnings) absl::StrAppend(&h, "<p class=\"warn\">Warning: ", HtmlEscape(w), "</p>\n");
+  if (d.instances.present) h += InstancesHtml(d);
   h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
        "bootstrap interval; global = from summed counts.</p>\n<div class=\"table-wrap\">" + HtmlTable(ClassTable(d)) +
        "</div>\n";

@@ -1,5 +1,7 @@
 #include "server/report_instances.h"
 
+#include "common/io/coco_source.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -7,12 +9,6 @@
 #include <tuple>
 
 namespace tally {
-
-double InstanceF1(int64_t tp, int64_t fp, int64_t fn) {
-  const int64_t denominator = 2 * tp + fp + fn;
-  return denominator == 0 ? std::numeric_limits<double>::quiet_NaN()
-                          : 2.0 * static_cast<double>(tp) / static_cast<double>(denominator);
-}
 
 void InstanceAccumulator::Add(const v1::ImageResult& r) {
   ++images_;
@@ -38,7 +34,7 @@ void InstanceAccumulator::Add(const v1::ImageResult& r) {
     c[3] += rec.fp50();
     c[4] += rec.fn50();
   }
-  const double f1 = InstanceF1(tp, fp, fn);
+  const double f1 = RowInstanceF1(r);
   if (std::isnan(f1)) return;
   worst_.push_back({f1, r.index(), tp, fp, fn});
   // Keep the lowest (f1, index): trim now and then so memory stays bounded.

@@ -59,9 +59,6 @@ class InstanceAccumulator {
   int64_t images_ = 0;
 };
 
-// The instance F1 at IoU 0.5 of one row (NaN when it has neither references nor detections).
-double InstanceF1(int64_t tp, int64_t fp, int64_t fn);
-
 }  // namespace tally
 
 #endif  // TALLY_SERVER_REPORT_INSTANCES_H_

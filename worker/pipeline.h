@@ -79,6 +79,7 @@ struct PipelineOptions {
   // COCO jobs (README "Instances"): rows of the annotation file's images get their references (and
   // a Python model's detections their records) from here; referring rows their coco_ann_ids' union.
   std::shared_ptr<const CocoSource> coco;
+  bool instance_job = false;  // Rows are the annotation file's images (thumbnails by instance F1).
   // --channels-last auto, not yet resolved for the job: the runner's trial is proposed here and the
   // answer (the job's choice, the first worker's) is what runs. An error fails the job here. Null:
   // the layout is already fixed. When the runner keeps no answer for the first batch's shape, the
@@ -280,7 +281,7 @@ class Pipeline : public RowEvaluator {
   // Per-class counts, threshold counts, mask statistics and the device's surface values.
   // COCO rows of the annotation file's images: the model's detections evaluated into `r`'s
   // records (worker/pipeline_completion.cc). Errors fail the row.
-  absl::Status EvaluateInstances(const v1::ManifestRow& row, const std::vector<CocoInstance>* detections,
+  absl::Status EvaluateInstances(const InFlight& batch, size_t i, const std::vector<CocoInstance>* detections,
                                  v1::ImageResult* r) const;
   void FillCounts(const InFlight& batch, PendingBatch* pending, size_t i, size_t j, v1::ImageResult* r) const;
   // Per evaluated row, the classes whose thumbnail it gets.

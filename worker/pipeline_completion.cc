@@ -178,8 +178,9 @@ std::string Pipeline::RowError(const InFlight& batch, PendingBatch* pending, siz
   return error;
 }
 
-absl::Status Pipeline::EvaluateInstances(const v1::ManifestRow& row, const std::vector<CocoInstance>* detections,
+absl::Status Pipeline::EvaluateInstances(const InFlight& batch, size_t i, const std::vector<CocoInstance>* detections,
                                          v1::ImageResult* r) const {
+  const v1::ManifestRow& row = *batch.spec.items[i].row;
   if (options_.coco == nullptr || !row.has_coco_image()) return absl::OkStatus();
   if (detections == nullptr) {
     return absl::InvalidArgumentError(
@@ -190,6 +191,13 @@ absl::Status Pipeline::EvaluateInstances(const v1::ManifestRow& row, const std::
   image.detections = *detections;
   r->set_coco_image_id(image.image_id);
   EvaluateCocoInstances(image, r->mutable_instances());
+  // The rows of lowest instance F1 get a picture of their matching (common/io/coco_source.h).
+  ShardThumbnails* st = batch.shard->thumbnails.get();
+  if (st != nullptr && st->EnterScore(kInstanceThumbnailClass, RowInstanceF1(*r), r->index())) {
+    const uint8_t* rgb = batch.slot->images->data() + batch.spec.items[i].image_offset;
+    absl::StatusOr<std::string> jpeg = RenderInstanceThumbnail(image, rgb);
+    if (jpeg.ok()) st->Attach(r, kInstanceThumbnailClass, 0, *std::move(jpeg));
+  }
   return absl::OkStatus();
 }
 
@@ -228,7 +236,8 @@ std::vector<std::vector<int>> Pipeline::ThumbnailClasses(const InFlight& batch,
   // whole batch is in are rendered (a row pushed out by a later row of the same batch never comes
   // back), so a batch renders at most `thumbnails` rows per class.
   std::vector<std::vector<int>> thumbs(ok.size());
-  if (ShardThumbnails* st = batch.shard->thumbnails.get(); st != nullptr) {
+  // Instance rows got theirs (EvaluateInstances): their classes get none.
+  if (ShardThumbnails* st = batch.shard->thumbnails.get(); st != nullptr && !options_.instance_job) {
     for (size_t n = 0; n < ok.size(); ++n) thumbs[n] = st->Enter(ok[n].second);
     for (size_t n = 0; n < ok.size(); ++n) thumbs[n] = st->StillAmongWorst(ok[n].second, thumbs[n]);
     std::vector<const v1::ImageResult*> rows;
@@ -336,7 +345,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     }
     r.set_nonfinite(pending->nonfinite(static_cast<int>(j)));
     FillCounts(*batch, pending, i, j, &r);
-    if (absl::Status s = EvaluateInstances(*it.row, pending->instances(static_cast<int>(j)), &r); !s.ok()) {
+    if (absl::Status s = EvaluateInstances(*batch, i, pending->instances(static_cast<int>(j)), &r); !s.ok()) {
       v1::ImageResult failed;
       failed.set_index(r.index());
       failed.set_error(std::string(s.message()));

@@ -144,7 +144,7 @@ absl::StatusOr<SurfaceOptions3D> ScoringPipeline::SpacingOf(const v1::ManifestRo
 }
 
 absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
-                                           v1::ImageResult* result) const {
+                                           v1::ImageResult* result, ShardThumbnails* thumbnails) const {
   if (!row.has_coco_image()) return absl::InvalidArgumentError("the row names no COCO image");
   CocoImageInstances image;
   RETURN_IF_ERROR(coco_->Instances(row.coco_image_id(), &image));
@@ -155,16 +155,37 @@ absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap
   }
   result->set_coco_image_id(image.image_id);
   EvaluateCocoInstances(image, result->mutable_instances());
+  bool render = false;
+  if (thumbnails != nullptr) {
+    const double f1 = RowInstanceF1(*result);
+    render = thumbnails->EnterScore(kInstanceThumbnailClass, f1, row.index());
+    absl::MutexLock lock(&worst_mu_);
+    render = worker_worst_.Offer(kInstanceThumbnailClass, f1, row.index()) && render;
+  }
+  if (render) {
+    RgbImage rgb;
+    const bool with_image = !row.image_path().empty() && LoadImage(row.image_path(), &rgb).ok() &&
+                            rgb.height == image.height && rgb.width == image.width;
+    absl::StatusOr<std::string> jpeg = RenderInstanceThumbnail(image, with_image ? rgb.pixels.data() : nullptr);
+    if (jpeg.ok()) {
+      thumbnails->Attach(result, kInstanceThumbnailClass, 0, *std::move(jpeg));
+    } else {
+      Log("no thumbnail for row ", row.index(), ": ", jpeg.status().message());
+    }
+  }
+  // Counts do not depend on the pixels' order: the maps are painted column by column, as the masks
+  // run, and turned row by row only where the geometry matters (surface distances).
+  const bool row_major = AnySurfaceMetric(config_.metrics);
   for (auto [map, detections] : {std::pair<LoadedMap*, bool>{ref, false}, {pred, true}}) {
     map->volume = false;
-    map->labels.height = static_cast<int>(image.height);
-    map->labels.width = static_cast<int>(image.width);
+    map->labels.height = static_cast<int>(row_major ? image.height : image.width);
+    map->labels.width = static_cast<int>(row_major ? image.width : image.height);
     map->labels.labels.resize(pixels);
     PaintCocoLabels(detections ? image.detections : image.references, detections, image.height, image.width,
-                    map->labels.labels.data());
+                    map->labels.labels.data(), !row_major);
     map->geometry = VolumeGeometry{};
-    map->geometry.height = map->labels.height;
-    map->geometry.width = map->labels.width;
+    map->geometry.height = static_cast<int>(image.height);
+    map->geometry.width = static_cast<int>(image.width);
   }
   PrepareMask(&ref->labels, {}, kNoIgnoreIndex);
   return absl::OkStatus();
@@ -184,7 +205,8 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   if (!row.error().empty()) return fail(row.error());
   LoadedMap ref, pred;
   const absl::Status loaded =
-      coco_ != nullptr && row.has_coco_image() ? LoadCocoPair(row, &ref, &pred, &result) : LoadPair(row, &ref, &pred);
+      coco_ != nullptr && row.has_coco_image() ? LoadCocoPair(row, &ref, &pred, &result, thumbnails)
+                                               : LoadPair(row, &ref, &pred);
   if (!loaded.ok()) return fail(loaded.message());
   const absl::StatusOr<int> classes = ClassCount(row, ref, pred);
   if (!classes.ok()) return fail(classes.status().message());
@@ -215,8 +237,9 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
                           SurfaceOptions{spacing->spacing_y, spacing->spacing_x, spacing->nsd_tolerance}, &surface);
     }
   }
-  result.set_height(height);
-  result.set_width(width);
+  // COCO rows' maps may run column by column (LoadCocoPair): the image's size is the geometry's.
+  result.set_height(row.has_coco_image() ? ref.geometry.height : height);
+  result.set_width(row.has_coco_image() ? ref.geometry.width : width);
   if (depth > 1) result.set_depth(depth);
   result.set_mask_max_label(ref.labels.max_label);
   result.set_mask_ignored_pixels(ref.labels.ignored);
@@ -268,6 +291,7 @@ ScoringPipeline::ScoringPipeline(JobConfig config, int threads, ResultFn on_resu
                                  TimeoutFn on_timeout, std::shared_ptr<const CocoSource> coco)
     : config_(std::move(config)),
       coco_(std::move(coco)),
+      worker_worst_(config_.thumbnails),
       label_lut_(MakeLabelLut(config_.label_map)),
       on_result_(std::move(on_result)),
       on_fatal_(std::move(on_fatal)),

@@ -73,7 +73,9 @@ class ScoringPipeline : public RowEvaluator {
   // distances (FAILED_PRECONDITION: the job's --spacing cannot apply, which fails the job).
   absl::Status LoadPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred) const;
   // COCO instance jobs: the row's instances evaluated into `result`, and painted as both maps.
-  absl::Status LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred, v1::ImageResult* result) const;
+  // Rows among the shard's lowest instance F1 get a thumbnail of the matching (`thumbnails` may be null).
+  absl::Status LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred, v1::ImageResult* result,
+                            ShardThumbnails* thumbnails) const;
   absl::StatusOr<int> ClassCount(const v1::ManifestRow& row, const LoadedMap& ref, const LoadedMap& pred) const;
   absl::StatusOr<SurfaceOptions3D> SpacingOf(const v1::ManifestRow& row, const LoadedMap& ref) const;
   void AddThumbnails(const v1::ManifestRow& row, const uint16_t* prediction, const uint16_t* reference, int depth,
@@ -99,6 +101,10 @@ class ScoringPipeline : public RowEvaluator {
 
   const JobConfig config_;
   const std::shared_ptr<const CocoSource> coco_;
+  // Instance jobs: the lowest instance F1 over every row this worker scored. A row among the job's
+  // worst is among these too (common/io/thumbnail.h), so only rows in both get rendered.
+  mutable absl::Mutex worst_mu_;
+  mutable RunningWorst worker_worst_ ABSL_GUARDED_BY(worst_mu_);
   const std::vector<uint16_t> label_lut_;  // From config_.label_map, built once; empty = identity.
   const ResultFn on_result_;
   const FatalFn on_fatal_;

@@ -283,6 +283,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));
     po.expected_rows = a.expected_rows();
     po.coco = coco;
+    po.instance_job = config.instance_job();
     evaluator->pipeline = std::make_unique<Pipeline>(evaluator->runner.get(), po, on_result, on_fatal, on_timeout);
   }
   absl::MutexLock lock(&mu_);

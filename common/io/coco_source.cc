@@ -1,10 +1,13 @@
 #include "common/io/coco_source.h"
 
 #include <algorithm>
+#include <array>
+#include <limits>
 #include <map>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/thumbnail.h"
 #include "metrics/coco_eval.h"
 
 namespace tally {
@@ -115,15 +118,56 @@ absl::StatusOr<Rle> CocoSource::AnnotationUnion(const std::vector<int64_t>& ids,
   return RleUnion(masks, height, width);
 }
 
+namespace {
+
+template <typename T>
+void PaintRuns(const Rle& mask, T value, T* out) {
+  const int64_t h = mask.height, w = mask.width;
+  int64_t p = 0;
+  for (size_t i = 0; i < mask.counts.size(); ++i) {
+    const int64_t end = p + mask.counts[i];
+    if (i % 2 == 1) {
+      for (int64_t q = p; q < end; ++q) out[(q % h) * w + q / h] = value;
+    }
+    p = end;
+  }
+}
+
+// One category's matching at IoU 0.5 as masks to paint: [0] matched (detections and references),
+// [1] references left unmatched (crowd aside), [2] false detections.
+void CollectMatching(const CocoImageInstances& image, const std::vector<size_t>& gi, const std::vector<size_t>& di,
+                     const CocoImageEval& e, std::array<std::vector<const Rle*>, 3>* layers) {
+  std::vector<bool> matched(gi.size(), false);
+  for (size_t k = 0; k < e.kept.size(); ++k) {
+    const Rle* det = &image.detections[di[e.kept[k]]].mask;
+    if (e.outcome[k] == CocoOutcome::kTruePositive) {
+      matched[e.matched[k]] = true;
+      (*layers)[0].push_back(det);
+    } else if (e.outcome[k] == CocoOutcome::kFalsePositive) {
+      (*layers)[2].push_back(det);
+    }
+  }
+  for (size_t g = 0; g < gi.size(); ++g) {
+    const CocoInstance& ref = image.references[gi[g]];
+    if (ref.crowd) continue;
+    (*layers)[matched[g] ? 0 : 1].push_back(&ref.mask);
+  }
+}
+
+}  // namespace
+
 void EvaluateCocoInstances(const CocoImageInstances& image,
-                           google::protobuf::RepeatedPtrField<v1::CocoImageRecord>* records) {
+                           google::protobuf::RepeatedPtrField<v1::CocoImageRecord>* records,
+                           std::vector<uint8_t>* outcomes) {
   std::map<int64_t, std::pair<std::vector<size_t>, std::vector<size_t>>> by_category;
   for (size_t i = 0; i < image.references.size(); ++i) by_category[image.references[i].category_id].first.push_back(i);
   for (size_t i = 0; i < image.detections.size(); ++i) by_category[image.detections[i].category_id].second.push_back(i);
   const CocoParams& params = CocoDefaultParams();
   const size_t T = params.iou_thresholds.size();
+  std::array<std::vector<const Rle*>, 3> layers;
   for (const auto& [category, members] : by_category) {
-    const auto& [gi, di] = members;
+    const std::vector<size_t>& gi = members.first;  // Not a structured binding: lambdas capture these.
+    const std::vector<size_t>& di = members.second;
     std::vector<CocoReference> refs;
     for (size_t i : gi) {
       const CocoInstance& g = image.references[i];
@@ -141,9 +185,9 @@ void EvaluateCocoInstances(const CocoImageInstances& image,
     v1::CocoImageRecord* r = records->Add();
     r->set_category_id(category);
     for (double s : e.scores) r->add_scores(s);
-    std::string outcomes(e.outcome.size(), '\0');
-    for (size_t i = 0; i < e.outcome.size(); ++i) outcomes[i] = static_cast<char>(e.outcome[i]);
-    r->set_outcomes(std::move(outcomes));
+    std::string bytes(e.outcome.size(), '\0');
+    for (size_t i = 0; i < e.outcome.size(); ++i) bytes[i] = static_cast<char>(e.outcome[i]);
+    r->set_outcomes(std::move(bytes));
     for (int64_t p : e.positives) r->add_positives(p);
     r->set_references(e.references);
     r->set_detections(e.detections);
@@ -157,23 +201,32 @@ void EvaluateCocoInstances(const CocoImageInstances& image,
     r->set_tp50(tp);
     r->set_fp50(fp);
     r->set_fn50(e.positives.empty() ? 0 : e.positives[0] - tp);
+    if (outcomes != nullptr) CollectMatching(image, gi, di, e, &layers);
+  }
+  if (outcomes == nullptr) return;
+  outcomes->assign(static_cast<size_t>(image.height * image.width), kOutcomeNone);
+  const uint8_t colour[3] = {kOutcomeTp, kOutcomeFn, kOutcomeFp};
+  for (int layer = 0; layer < 3; ++layer) {
+    for (const Rle* mask : layers[layer]) PaintRuns(*mask, colour[layer], outcomes->data());
   }
 }
 
-void PaintRle(const Rle& mask, uint16_t value, uint16_t* labels) {
-  const int64_t h = mask.height, w = mask.width;
-  int64_t p = 0;
-  for (size_t i = 0; i < mask.counts.size(); ++i) {
-    const int64_t end = p + mask.counts[i];
-    if (i % 2 == 1) {
-      for (int64_t q = p; q < end; ++q) labels[(q % h) * w + q / h] = value;
-    }
-    p = end;
+double RowInstanceF1(const v1::ImageResult& result) {
+  int64_t tp = 0, fp = 0, fn = 0;
+  for (const v1::CocoImageRecord& r : result.instances()) {
+    tp += r.tp50();
+    fp += r.fp50();
+    fn += r.fn50();
   }
+  const int64_t denominator = 2 * tp + fp + fn;
+  return denominator == 0 ? std::numeric_limits<double>::quiet_NaN()
+                          : 2.0 * static_cast<double>(tp) / static_cast<double>(denominator);
 }
+
+void PaintRle(const Rle& mask, uint16_t value, uint16_t* labels) { PaintRuns(mask, value, labels); }
 
 void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections, int64_t height, int64_t width,
-                     uint16_t* labels) {
+                     uint16_t* labels, bool column_major) {
   std::fill(labels, labels + height * width, uint16_t{0});
   std::vector<size_t> order(instances.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -184,7 +237,17 @@ void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections
   for (size_t i : order) {
     const CocoInstance& inst = instances[i];
     if (detections && !(inst.score >= kCocoSemanticScore)) continue;
-    PaintRle(inst.mask, static_cast<uint16_t>(inst.category_id), labels);
+    const uint16_t value = static_cast<uint16_t>(inst.category_id);
+    if (!column_major) {
+      PaintRle(inst.mask, value, labels);
+      continue;
+    }
+    int64_t p = 0;
+    for (size_t i = 0; i < inst.mask.counts.size(); ++i) {
+      const int64_t end = p + inst.mask.counts[i];
+      if (i % 2 == 1) std::fill(labels + p, labels + end, value);
+      p = end;
+    }
   }
 }
 
@@ -209,6 +272,13 @@ absl::Status CocoReferenceLabels(const CocoSource& source, const v1::ManifestRow
   }
   PaintCocoLabels(image.references, false, height, width, out->labels.data());
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RenderInstanceThumbnail(const CocoImageInstances& image, const uint8_t* rgb) {
+  std::vector<uint8_t> outcomes;
+  google::protobuf::RepeatedPtrField<v1::CocoImageRecord> records;  // Evaluated again, for the picture.
+  EvaluateCocoInstances(image, &records, &outcomes);
+  return RenderThumbnail(rgb, outcomes.data(), static_cast<int>(image.height), static_cast<int>(image.width));
 }
 
 }  // namespace tally

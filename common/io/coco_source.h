@@ -65,9 +65,23 @@ class CocoSource {
   std::unordered_map<int64_t, bool> categories_;
 };
 
-// The row's records, one per category with a reference or a detection, by category id.
+// The row's records, one per category with a reference or a detection, by category id. With
+// `outcomes` (height x width, row-major), also a picture of the matching at IoU 0.5 for the report
+// thumbnails (common/io/thumbnail.h PixelOutcome): matched detections and references kOutcomeTp,
+// references left unmatched kOutcomeFn, false detections kOutcomeFp (painted in that order).
 void EvaluateCocoInstances(const CocoImageInstances& image,
-                           google::protobuf::RepeatedPtrField<v1::CocoImageRecord>* records);
+                           google::protobuf::RepeatedPtrField<v1::CocoImageRecord>* records,
+                           std::vector<uint8_t>* outcomes = nullptr);
+// The instance F1 at IoU 0.5 of a row's records: 2 TP / (2 TP + FP + FN) over its categories; NaN
+// when it has neither references nor detections that count.
+double RowInstanceF1(const v1::ImageResult& result);
+
+// Report thumbnails of instance jobs ride on class 0, which is no category (categories are >= 1):
+// the rows of lowest instance F1, each showing its matching.
+inline constexpr int kInstanceThumbnailClass = 0;
+// The image (`rgb`: height x width x 3, or null) beside the matching at IoU 0.5 (matched green,
+// missed blue, false red), as JPEG bytes (common/io/thumbnail.h RenderThumbnail).
+absl::StatusOr<std::string> RenderInstanceThumbnail(const CocoImageInstances& image, const uint8_t* rgb);
 
 // Detections at or above this score enter the semantic label map (README "Instances").
 inline constexpr double kCocoSemanticScore = 0.5;
@@ -75,8 +89,9 @@ inline constexpr double kCocoSemanticScore = 0.5;
 // category id in the file's order (later ones on top, crowd regions included); detections with a
 // score >= kCocoSemanticScore painted in ascending score (file order among ties), so the most
 // confident is on top. Pixels of no instance are 0.
+// `column_major`: the map column by column (as the RLEs run: far faster to paint) instead.
 void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections, int64_t height, int64_t width,
-                     uint16_t* labels);
+                     uint16_t* labels, bool column_major = false);
 // Paints `value` where `mask` is set (row-major labels of the mask's size).
 void PaintRle(const Rle& mask, uint16_t value, uint16_t* labels);
 

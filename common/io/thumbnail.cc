@@ -200,6 +200,11 @@ std::vector<int> ShardThumbnails::StillAmongWorst(const v1::ImageResult& result,
   return still;
 }
 
+bool ShardThumbnails::EnterScore(int cls, double score, int64_t index) {
+  absl::MutexLock lock(&mu_);
+  return worst_.Offer(cls, score, index);
+}
+
 bool ShardThumbnails::Attach(v1::ImageResult* result, int cls, int slice, std::string jpeg) {
   {
     absl::MutexLock lock(&mu_);

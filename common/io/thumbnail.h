@@ -99,6 +99,9 @@ class ShardThumbnails {
   // Of `classes` (what Enter returned for `result`), those where the row is still among the worst.
   std::vector<int> StillAmongWorst(const v1::ImageResult& result, const std::vector<int>& classes)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // COCO instance jobs: the row's instance F1 offered as class `cls`'s score (README "Instances":
+  // the instance thumbnails ride on class 0, which is no category); true when it is to be rendered.
+  bool EnterScore(int cls, double score, int64_t index) ABSL_LOCKS_EXCLUDED(mu_);
   // Attaches a rendered thumbnail to `result` unless the shard's budget is spent (then false).
   bool Attach(v1::ImageResult* result, int cls, int slice, std::string jpeg) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -263,3 +263,47 @@ class ReferringTest(unittest.TestCase):
         self.assertEqual(len(ra), 24 * 2)
         self.assertEqual([(r["id"], r["class"], r["tp"], r["fp"], r["fn"], r["tn"]) for r in ra],
                          [(r["id"], r["class"], r["tp"], r["fp"], r["fn"], r["tn"]) for r in rb])
+
+    def test_refcoco_and_grefcoco_files_convert_to_manifests_tally_runs(self):
+        root = tt.tmpdir(self)
+        h, w = 20, 24
+        Image.fromarray(np.full((h, w, 3), 200, np.uint8)).save(os.path.join(root, "COCO_1.jpg"))
+        m = np.zeros((h, w), bool)
+        m[2:9, 3:12] = True
+        gt = {"images": [{"id": 1, "file_name": "COCO_1.jpg", "height": h, "width": w}],
+              "categories": [{"id": 1, "name": "thing"}],
+              "annotations": [{"id": 5, "image_id": 1, "category_id": 1, "area": float(m.sum()), "iscrowd": 0,
+                               "segmentation": {"counts": ref.rle_counts(m), "size": [h, w]}}]}
+        with open(os.path.join(root, "instances.json"), "w") as f:
+            json.dump(gt, f)
+        import pickle
+        refs = [{"ref_id": 7, "image_id": 1, "ann_id": 5, "split": "val", "category_id": 1,
+                 "sentences": [{"sent": "red thing", "sent_id": 70}, {"sent": "the left one", "sent_id": 71}]},
+                {"ref_id": 8, "image_id": 1, "ann_id": 5, "split": "train", "sentences": [{"sent": "x", "sent_id": 80}]}]
+        with open(os.path.join(root, "refs(unc).p"), "wb") as f:
+            pickle.dump(refs, f)
+        grefs = [{"ref_id": 9, "image_id": 1, "ann_id": [-1], "no_target": True, "split": "val",
+                  "sentences": [{"sent": "blue dog", "sent_id": 90}]},
+                 {"ref_id": 10, "image_id": 1, "ann_id": [5], "no_target": False, "split": "val",
+                  "sentences": [{"sent": "red", "sent_id": 100}]}]
+        with open(os.path.join(root, "grefs(unc).json"), "w") as f:
+            json.dump(grefs, f)
+        conv = os.path.join(tt.SRC, "examples", "coco", "refer_to_manifest.py")
+        want = {"refs(unc).p": [("7_70", "red thing", "5"), ("7_71", "the left one", "5")],
+                "grefs(unc).json": [("9_90", "blue dog", ""), ("10_100", "red", "5")]}
+        for name, rows in want.items():
+            manifest = os.path.join(root, name + ".csv")
+            tt.subprocess.run([PY, conv, "--refs", os.path.join(root, name), "--instances",
+                               os.path.join(root, "instances.json"), "--split", "val", "--out", manifest], check=True)
+            with open(manifest) as f:
+                got = [(r["id"], r["prompt"], r["coco_ann_ids"]) for r in csv.DictReader(f)]
+            self.assertEqual(got, rows)
+            out = os.path.join(root, "out_" + name)
+            tt.tally_run(os.path.join(tt.SRC, "examples", "python-model", "prompt_model.py"), manifest, out,
+                         "--python", PY, "--coco", os.path.join(root, "instances.json"))
+            report = tt.read_report(out)
+            self.assertEqual(report["images_evaluated"], len(rows))
+            for r in tt.read_per_image(out):
+                if r["class"] == "1":  # The reference's foreground: the annotation's pixels, or none.
+                    target = dict((i, t) for i, _, t in rows)[r["id"]]
+                    self.assertEqual(int(r["tp"]) + int(r["fn"]), int(m.sum()) if target else 0)
