@@ -20,10 +20,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/io/coco_source.h"
 #include "metrics/surface_distance.h"
 
 namespace tally {
+
+// common/io/coco_source.h; only declared here: this header reaches the TorchScript runner's files,
+// which must not see Protobuf's headers (LibTorch's wheel carries other versions of them).
+struct CocoInstance;
 namespace v1 {
 class ManifestRow;
 }  // namespace v1

@@ -31,6 +31,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/io/coco_source.h"
 #include "common/io/image_io.h"
 #include "metrics/overlap.h"
 #include "common/job/job_config.h"

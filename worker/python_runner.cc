@@ -29,6 +29,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "common/io/coco_source.h"
 #include "common/process/subprocess.h"
 #include "metrics/label_counts.h"
 #include "google/protobuf/util/json_util.h"
