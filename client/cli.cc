@@ -20,7 +20,8 @@ const std::vector<std::string> kJob = {
     "spacing", "force_spacing", "num_classes", "regions", "nnunet_summary", "nsd_tolerance", "include_background",
     "precision", "channels_last", "decode", "max_memory", "max_image_pixels", "batch_timeout", "nonfinite", "ignore_index",
     "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction",
-    "json_infinity", "thumbnails", "save_predictions", "coco", "images", "coco_results"};
+    "json_infinity", "thumbnails", "save_predictions", "coco", "images", "coco_results", "coco_panoptic", "panoptic_dir",
+    "panoptic_predictions", "panoptic_predictions_dir"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",
                                        "count_logit_ties", "worker_threads", "worker_flags", "max_worker_memory",
                                        "predictions", "references", "file_ending"};

@@ -39,9 +39,16 @@ absl::Status ParseRegions(const std::string& text, v1::JobSpec* spec) {
 // The model, the manifest and what the rows carry: --model, --manifest, --num-classes, --regions,
 // --python, --model-option, --label.
 absl::Status ModelFlags(const JobFlags& f, const std::string& manifest_path, v1::JobSpec* spec) {
-  if (manifest_path.empty() && f.coco.empty()) {
+  if (manifest_path.empty() && f.coco.empty() && f.coco_panoptic.empty()) {
     return absl::InvalidArgumentError(
-        "--manifest is required (or, for tally run, --predictions and --references; or --coco with --images)");
+        "--manifest is required (or, for tally run, --predictions and --references; or --coco with --images; or "
+        "--coco-panoptic)");
+  }
+  for (auto [value, field] : {std::pair<const std::string&, std::string*>{f.coco_panoptic, spec->mutable_coco_panoptic()},
+                              {f.panoptic_dir, spec->mutable_panoptic_dir()},
+                              {f.panoptic_predictions, spec->mutable_panoptic_predictions()},
+                              {f.panoptic_predictions_dir, spec->mutable_panoptic_predictions_dir()}}) {
+    if (!value.empty()) *field = AbsolutePath(value);
   }
   if (!f.model.empty()) spec->set_model(AbsoluteModel(f.model));
   if (!manifest_path.empty()) spec->set_manifest(AbsolutePath(manifest_path));

@@ -83,6 +83,12 @@ ABSL_FLAG(std::string, coco, "",
           "as instances (COCO mask AP); with a manifest, resolves its coco_ann_ids column");
 ABSL_FLAG(std::string, images, "", "With --coco: the folder images[].file_name is relative to");
 ABSL_FLAG(std::string, coco_results, "", "With --coco: detections in COCO's results format, scored instead of a model");
+ABSL_FLAG(std::string, coco_panoptic, "",
+          "COCO panoptic annotations (panoptic.json): one row per annotation, scored as panoptic quality (PQ)");
+ABSL_FLAG(std::string, panoptic_dir, "", "With --coco-panoptic: the folder of its PNGs (segment ids as RGB)");
+ABSL_FLAG(std::string, panoptic_predictions, "", "With --coco-panoptic: the predictions, a panoptic JSON");
+ABSL_FLAG(std::string, panoptic_predictions_dir, "",
+          "With --coco-panoptic: the predictions' PNGs (default: the JSON's path without .json)");
 ABSL_FLAG(int, gpus_per_worker, 1, "tally run --gpus: GPUs per worker (Python models spread over them)");
 // tally run.
 ABSL_FLAG(std::string, out, "", "Output folder for the reports");
@@ -167,6 +173,10 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.coco = absl::GetFlag(FLAGS_coco);
   f.coco_images = absl::GetFlag(FLAGS_images);
   f.coco_results = absl::GetFlag(FLAGS_coco_results);
+  f.coco_panoptic = absl::GetFlag(FLAGS_coco_panoptic);
+  f.panoptic_dir = absl::GetFlag(FLAGS_panoptic_dir);
+  f.panoptic_predictions = absl::GetFlag(FLAGS_panoptic_predictions);
+  f.panoptic_predictions_dir = absl::GetFlag(FLAGS_panoptic_predictions_dir);
   f.model_options = in.model_options;
   f.labels = in.labels;
   return f;

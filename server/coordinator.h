@@ -249,6 +249,8 @@ class Coordinator {
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
   // COCO instance jobs (no manifest): one row per image of the annotation file (coordinator_coco.cc).
   absl::StatusOr<JobRecord> StoreCocoImages(const v1::JobSpec& spec, const std::string& job_id);
+  // Panoptic jobs: one row per reference annotation, its prediction found by image id.
+  absl::StatusOr<JobRecord> StorePanopticImages(const v1::JobSpec& spec, const std::string& job_id);
   // Ids are the join key of a merged report: refuses parts whose manifests repeat ids, or that
   // share an id (two runs of one manifest are compared, not merged).
   absl::Status CheckIdsJoin(const std::vector<JobRecord>& parts);

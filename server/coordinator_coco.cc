@@ -92,39 +92,120 @@ absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, v1::JobSp
   return absl::OkStatus();
 }
 
+// A panoptic job's categories (in the file's order: panopticapi averages over them in that order)
+// and the conventions of its semantic metrics: labels are category ids, void (0) ignored.
+absl::Status CompletePanopticSpec(const CocoDataset& gt, v1::JobSpec* spec) {
+  int64_t top = 1;
+  std::set<int64_t> seen;
+  for (const CocoCategoryInfo& c : gt.categories) {
+    if (c.id < 1 || c.id >= kMaxClasses || !seen.insert(c.id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("COCO panoptic file '", spec->coco_panoptic(), "': category id ",
+                                                     c.id, c.id < 1 || c.id >= kMaxClasses
+                                                               ? absl::StrCat(" is outside 1..", kMaxClasses - 1)
+                                                               : std::string(" is listed twice")));
+    }
+    top = std::max(top, c.id);
+    v1::CocoCategory* k = spec->add_coco_categories();
+    k->set_id(c.id);
+    k->set_name(c.name);
+    k->set_isthing(c.isthing);
+  }
+  spec->set_num_classes(static_cast<int32_t>(top + 1));
+  spec->set_ignore_index(0);
+  spec->clear_label_map();
+  spec->set_coco_sha256(Sha256FileHex(spec->coco_panoptic()));
+  spec->set_coco_results_sha256(Sha256FileHex(spec->panoptic_predictions()));
+  return absl::OkStatus();
+}
+
+// Stores `rows` in batches; on an error, the job's rows stored so far are deleted again.
+absl::Status StoreRows(JobStore* store, const std::string& job_id, std::vector<ManifestRow> rows) {
+  absl::Status s = store->BeginSubmission(job_id);
+  for (size_t i = 0; s.ok() && i < rows.size(); i += kCocoSubmitBatch) {
+    std::vector<ManifestRow> batch(std::make_move_iterator(rows.begin() + i),
+                                   std::make_move_iterator(rows.begin() + std::min(rows.size(), i + kCocoSubmitBatch)));
+    s = store->InsertManifestRows(job_id, batch);
+  }
+  if (!s.ok()) {
+    absl::Status cleanup = store->DeleteJob(job_id);
+    if (!cleanup.ok()) Log("removing the rows of the refused submission ", job_id, " failed: ", cleanup.ToString());
+  }
+  return s;
+}
+
 }  // namespace
+
+absl::StatusOr<JobRecord> Coordinator::StorePanopticImages(const v1::JobSpec& in, const std::string& job_id) {
+  v1::JobSpec spec = in;
+  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoPanoptic(spec.coco_panoptic()));
+  ASSIGN_OR_RETURN(CocoDataset predictions, LoadCocoPanoptic(spec.panoptic_predictions()));
+  RETURN_IF_ERROR(CompletePanopticSpec(gt, &spec));
+  if (static_cast<int64_t>(gt.panoptic.size()) > options_.max_manifest_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("COCO panoptic file '", spec.coco_panoptic(), "' has ",
+                                                   gt.panoptic.size(), " annotations; at most ",
+                                                   options_.max_manifest_rows, " rows (tallyd --max-manifest-rows)"));
+  }
+  std::map<int64_t, const CocoPanopticAnnotation*> predicted;
+  for (const CocoPanopticAnnotation& a : predictions.panoptic) predicted.emplace(a.image_id, &a);
+  std::vector<ManifestRow> rows;
+  std::set<int64_t> images;
+  for (size_t i = 0; i < gt.panoptic.size(); ++i) {
+    const CocoPanopticAnnotation& a = gt.panoptic[i];
+    ManifestRow row;
+    row.index = static_cast<int64_t>(i);
+    row.id = absl::StrCat(a.image_id);
+    row.mask = a.file_name;
+    row.mask_path = ResolvePath(spec.panoptic_dir(), a.file_name);
+    row.has_coco_image = true;
+    row.coco_image_id = a.image_id;
+    auto p = predicted.find(a.image_id);
+    if (!images.insert(a.image_id).second) {
+      row.error = absl::StrCat("image ", a.image_id, " has a second annotation in '", spec.coco_panoptic(), "'");
+    } else if (p == predicted.end()) {
+      row.error = absl::StrCat("no prediction for image ", a.image_id, " in '", spec.panoptic_predictions(), "'");
+    } else {
+      row.prediction = p->second->file_name;
+      row.prediction_path = ResolvePath(spec.panoptic_predictions_dir(), p->second->file_name);
+    }
+    rows.push_back(std::move(row));
+  }
+  int64_t unlisted = 0;
+  for (const CocoPanopticAnnotation& a : predictions.panoptic) unlisted += images.count(a.image_id) == 0;
+  if (unlisted > 0) {
+    spec.add_manifest_warnings(absl::StrCat(unlisted, " predicted annotation(s) are for images the reference does not ",
+                                            "annotate; they are not scored"));
+  }
+  RETURN_IF_ERROR(StoreRows(store_.get(), job_id, std::move(rows)));
+  JobRecord rec;
+  rec.job.set_job_id(job_id);
+  *rec.job.mutable_spec() = spec;
+  rec.job.set_state(v1::JOB_STATE_QUEUED);
+  rec.job.set_created_unix(Now());
+  rec.job.set_images_total(static_cast<int64_t>(gt.panoptic.size()));
+  int64_t requested = spec.shard_size();
+  if (requested == 0) requested = std::clamp<int64_t>((rec.job.images_total() + 255) / 256, 1, 1024);
+  rec.shard_size = EffectiveShardSize(rec.job.images_total(), requested, spec.batch_alignment());
+  return rec;
+}
 
 absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, const std::string& job_id) {
   v1::JobSpec spec = in;
   ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoDataset(spec.coco()));
   RETURN_IF_ERROR(CompleteCocoSpec(gt, options_.max_manifest_rows, &spec));
-  RETURN_IF_ERROR(store_->BeginSubmission(job_id));
-  auto stream = [&]() -> absl::Status {
-    std::vector<ManifestRow> batch;
-    for (size_t i = 0; i < gt.images.size(); ++i) {
-      const CocoImageInfo& im = gt.images[i];
-      ManifestRow row;
-      row.index = static_cast<int64_t>(i);
-      row.line = 0;
-      row.id = absl::StrCat(im.id);
-      row.image = im.file_name;
-      row.image_path = ResolvePath(spec.coco_images(), im.file_name);
-      row.has_coco_image = true;
-      row.coco_image_id = im.id;
-      if (im.file_name.empty()) row.error = absl::StrCat("COCO image ", im.id, " has no file_name");
-      batch.push_back(std::move(row));
-      if (batch.size() == kCocoSubmitBatch || i + 1 == gt.images.size()) {
-        RETURN_IF_ERROR(store_->InsertManifestRows(job_id, batch));
-        batch.clear();
-      }
-    }
-    return absl::OkStatus();
-  };
-  if (absl::Status s = stream(); !s.ok()) {
-    absl::Status cleanup = store_->DeleteJob(job_id);
-    if (!cleanup.ok()) Log("removing the rows of the refused submission ", job_id, " failed: ", cleanup.ToString());
-    return s;
+  std::vector<ManifestRow> rows;
+  for (size_t i = 0; i < gt.images.size(); ++i) {
+    const CocoImageInfo& im = gt.images[i];
+    ManifestRow row;
+    row.index = static_cast<int64_t>(i);
+    row.id = absl::StrCat(im.id);
+    row.image = im.file_name;
+    row.image_path = ResolvePath(spec.coco_images(), im.file_name);
+    row.has_coco_image = true;
+    row.coco_image_id = im.id;
+    if (im.file_name.empty()) row.error = absl::StrCat("COCO image ", im.id, " has no file_name");
+    rows.push_back(std::move(row));
   }
+  RETURN_IF_ERROR(StoreRows(store_.get(), job_id, std::move(rows)));
   JobRecord rec;
   rec.job.set_job_id(job_id);
   *rec.job.mutable_spec() = spec;

@@ -125,6 +125,7 @@ absl::StatusOr<int64_t> Coordinator::NameDuplicates(const std::string& job_id, D
 
 absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id) {
   if (spec.manifest().empty() && !spec.coco().empty()) return StoreCocoImages(spec, job_id);
+  if (spec.manifest().empty() && !spec.coco_panoptic().empty()) return StorePanopticImages(spec, job_id);
   ManifestLimits limits;
   limits.max_rows = options_.max_manifest_rows;
   ASSIGN_OR_RETURN(std::unique_ptr<ManifestReader> reader, ManifestReader::Open(spec.manifest(), limits));

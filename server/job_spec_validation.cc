@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -133,20 +134,9 @@ absl::Status Canonicalise(v1::JobSpec* spec) {
 
 // COCO jobs (README "Instances"): the annotation file (and results) inside the data roots and
 // present; rows from its images need an image folder, and a model or a results file.
-absl::Status CheckCoco(v1::JobSpec* spec) {
-  spec->clear_coco_categories();
-  spec->clear_coco_sha256();
-  spec->clear_coco_results_sha256();
-  if (spec->coco().empty()) {
-    if (!spec->coco_results().empty() || !spec->coco_images().empty()) {
-      return absl::InvalidArgumentError("job spec: --coco-results and --images need --coco (the instance annotations)");
-    }
-    if (spec->manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
-    return absl::OkStatus();
-  }
-  for (auto [field, value] : {std::pair<const char*, std::string*>{"coco", spec->mutable_coco()},
-                              {"coco_results", spec->mutable_coco_results()},
-                              {"coco_images", spec->mutable_coco_images()}}) {
+// Paths a COCO job names: absolute, inside the data roots, present.
+absl::Status CheckCocoPaths(std::initializer_list<std::pair<const char*, std::string*>> paths) {
+  for (auto [field, value] : paths) {
     if (value->empty()) continue;
     if (value->size() > kMaxPathBytes) {
       return absl::InvalidArgumentError(absl::StrCat("job spec: '", field, "' is ", value->size(), " bytes; the limit is ",
@@ -156,10 +146,63 @@ absl::Status CheckCoco(v1::JobSpec* spec) {
     if (!ProcessDataRoots().Resolve(*value).ok()) return OutsideDataRootsError(field, *value);
     struct stat st;
     if (stat(value->c_str(), &st) != 0) {
-      return absl::NotFoundError(absl::StrCat(field == std::string("coco_images") ? "image folder '" : "file '", *value,
-                                              "' (", field, ") does not exist"));
+      return absl::NotFoundError(absl::StrCat("'", *value, "' (", field, ") does not exist"));
     }
   }
+  return absl::OkStatus();
+}
+
+// The counting metrics by default: a surface distance per category and image costs far more than
+// the instances or segments themselves (--metrics adds them).
+void CountingMetricsByDefault(v1::JobSpec* spec) {
+  if (!spec->metrics().empty()) return;
+  for (const char* m : {"dice", "iou", "precision", "recall"}) spec->add_metrics(m);
+}
+
+// Panoptic jobs (README "Panoptic quality"): reference and predictions in COCO's panoptic format.
+absl::Status CheckPanoptic(v1::JobSpec* spec) {
+  if (!spec->model().empty() || !spec->manifest().empty() || !spec->coco().empty()) {
+    return absl::InvalidArgumentError(
+        "job spec: --coco-panoptic scores panoptic predictions on disk (--panoptic-predictions): no --model, "
+        "--manifest or --coco");
+  }
+  if (spec->panoptic_dir().empty() || spec->panoptic_predictions().empty()) {
+    return absl::InvalidArgumentError(
+        "job spec: --coco-panoptic needs --panoptic-dir (its PNGs) and --panoptic-predictions (a panoptic JSON)");
+  }
+  if (spec->panoptic_predictions_dir().empty()) {
+    // panopticapi's convention: the PNGs in a folder named as the JSON without ".json".
+    std::string dir = spec->panoptic_predictions();
+    if (dir.size() > 5 && dir.compare(dir.size() - 5, 5, ".json") == 0) dir.resize(dir.size() - 5);
+    spec->set_panoptic_predictions_dir(dir);
+  }
+  RETURN_IF_ERROR(CheckCocoPaths({{"coco_panoptic", spec->mutable_coco_panoptic()},
+                                  {"panoptic_dir", spec->mutable_panoptic_dir()},
+                                  {"panoptic_predictions", spec->mutable_panoptic_predictions()},
+                                  {"panoptic_predictions_dir", spec->mutable_panoptic_predictions_dir()}}));
+  CountingMetricsByDefault(spec);
+  return absl::OkStatus();
+}
+
+absl::Status CheckCoco(v1::JobSpec* spec) {
+  spec->clear_coco_categories();
+  spec->clear_coco_sha256();
+  spec->clear_coco_results_sha256();
+  if (!spec->coco_panoptic().empty()) return CheckPanoptic(spec);
+  if (!spec->panoptic_dir().empty() || !spec->panoptic_predictions().empty() ||
+      !spec->panoptic_predictions_dir().empty()) {
+    return absl::InvalidArgumentError("job spec: --panoptic-dir and --panoptic-predictions need --coco-panoptic");
+  }
+  if (spec->coco().empty()) {
+    if (!spec->coco_results().empty() || !spec->coco_images().empty()) {
+      return absl::InvalidArgumentError("job spec: --coco-results and --images need --coco (the instance annotations)");
+    }
+    if (spec->manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(CheckCocoPaths({{"coco", spec->mutable_coco()},
+                                  {"coco_results", spec->mutable_coco_results()},
+                                  {"coco_images", spec->mutable_coco_images()}}));
   if (!spec->coco_results().empty() && !spec->model().empty()) {
     return absl::InvalidArgumentError("job spec: --coco-results scores detections already on disk: give it or --model, not both");
   }
@@ -174,11 +217,7 @@ absl::Status CheckCoco(v1::JobSpec* spec) {
   if (spec->coco_images().empty()) {
     return absl::InvalidArgumentError("job spec: --coco without a manifest needs --images DIR (where images[].file_name are)");
   }
-  if (spec->metrics().empty()) {
-    // The semantic metrics of an instance job default to the counting ones: a surface distance per
-    // category and image costs far more than the instances themselves (--metrics adds them).
-    for (const char* m : {"dice", "iou", "precision", "recall"}) spec->add_metrics(m);
-  }
+  CountingMetricsByDefault(spec);
   if (spec->model().empty() && spec->coco_results().empty()) {
     return absl::InvalidArgumentError("job spec: --coco needs a model (--model) or detections to score (--coco-results)");
   }

@@ -26,7 +26,8 @@ std::string PerImageCsv::Rows(const v1::ImageResult& r, const RowNames& names) c
   for (const v1::CocoImageRecord& rec : r.instances()) records[rec.category_id()] = &rec;
   for (int c = 0; c < r.classes_size(); ++c) {
     auto category = categories_.find(c);
-    if (config_.instance_job() && category == categories_.end()) continue;
+    // Instance and panoptic jobs: classes are category ids; the ids of no category are left out.
+    if ((config_.instance_job() || config_.panoptic_job()) && category == categories_.end()) continue;
     const v1::ClassResult& cr = r.classes(c);
     absl::StrAppend(&out, prefix, ClassLabel(config_, c), ",", cr.tp(), ",", cr.fp(), ",", cr.fn(), ",", cr.tn());
     for (Metric m : config_.metrics) absl::StrAppend(&out, ",", FormatDouble(Aggregator::ImageMetric(r, c, m, config_.empty_score)));

@@ -152,8 +152,14 @@ AggregateOptions AggregateOptionsFor(const ReportData& d) {
 
 // One stored result at its place in the merged order (`offset` rows before its part): a failure,
 // or an evaluated row (padded to the job's classes) into the aggregate.
+// What instance and panoptic jobs gather besides the semantic aggregate (null for other jobs).
+struct StructuredAccumulators {
+  std::unique_ptr<InstanceAccumulator> instances;
+  std::unique_ptr<PanopticAccumulator> panoptic;
+};
+
 void AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offset, Aggregator* aggregator,
-            InstanceAccumulator* instances, std::vector<Named>* names_by_index, ReportData* d,
+            const StructuredAccumulators& structured, std::vector<Named>* names_by_index, ReportData* d,
             const ReportRowFn& on_row) {
   v1::ImageResult shifted;
   const v1::ImageResult* sp = &original;
@@ -185,7 +191,8 @@ void AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offs
   d->mask_max_label = std::max(d->mask_max_label, r.mask_max_label());
   d->mask_ignored += r.mask_ignored_pixels();
   aggregator->Add(r);
-  if (instances != nullptr) instances->Add(r);
+  if (structured.instances != nullptr) structured.instances->Add(r);
+  if (structured.panoptic != nullptr) structured.panoptic->Add(r);
   names_by_index->push_back(Named{r.index(), names.id, image});
   on_row(r, names);
 }
@@ -227,20 +234,22 @@ absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::ve
   ASSIGN_OR_RETURN(d.config, JobConfigFromSpec(record.job.spec()));
   d.num_classes = record.job.num_classes();
   Aggregator aggregator(AggregateOptionsFor(d));
-  std::unique_ptr<InstanceAccumulator> instances;
-  if (d.config.instance_job()) instances = std::make_unique<InstanceAccumulator>(d.config);
+  StructuredAccumulators structured;
+  if (d.config.instance_job()) structured.instances = std::make_unique<InstanceAccumulator>(d.config);
+  if (d.config.panoptic_job()) structured.panoptic = std::make_unique<PanopticAccumulator>(d.config);
   std::vector<Named> names_by_index;  // For the worst-case tables.
   int64_t offset = 0;  // Index of the part's first row in the merged order.
   for (const JobRecord* part : parts) {
     RETURN_IF_ERROR(store->ForEachResult(part->job.job_id(), [&](const v1::ImageResult& r, const RowNames& names) {
-      AddRow(r, names, offset, &aggregator, instances.get(), &names_by_index, &d, on_row);
+      AddRow(r, names, offset, &aggregator, structured, &names_by_index, &d, on_row);
       return absl::OkStatus();
     }));
     offset += part->job.images_total();
   }
   d.aggregate = aggregator.Finish();
-  if (instances != nullptr) {
-    d.instances = instances->Finish();
+  if (structured.panoptic != nullptr) d.panoptic = structured.panoptic->Finish();
+  if (structured.instances != nullptr) {
+    d.instances = structured.instances->Finish();
     for (const InstanceReport::Worst& w : d.instances.worst) {
       auto it = std::lower_bound(names_by_index.begin(), names_by_index.end(), Named{w.index, "", ""});
       if (it != names_by_index.end() && it->index == w.index) d.worst_rows[w.index] = ReportData::WorstRow{it->id, it->image};

@@ -63,12 +63,14 @@ struct ReportData {
   std::map<std::pair<int, int64_t>, StoredThumbnail> thumbnails;
   // COCO instance jobs (present): COCO AP and the rest (server/report_instances.h).
   InstanceReport instances;
+  PanopticReport panoptic;  // Panoptic jobs (present).
+  bool IsPanopticJob() const { return config.panoptic_job(); }
   // Instance jobs: class ids that are categories (the others only pad the label range).
   bool IsCategoryClass(int class_id) const {
     for (const JobConfig::CocoCategory& c : config.coco_categories) {
       if (c.id == class_id) return true;
     }
-    return !config.instance_job();
+    return !config.instance_job() && !config.panoptic_job();
   }
 
   const std::vector<Metric>& metrics() const { return config.metrics; }

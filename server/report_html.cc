@@ -341,6 +341,11 @@ std::string ReportHtml(const ReportData& d) {
   h += JobMeta(d);
   for (const std::string& w : d.warnings) absl::StrAppend(&h, "<p class=\"warn\">Warning: ", HtmlEscape(w), "</p>\n");
   if (d.instances.present) h += InstancesHtml(d);
+  if (d.panoptic.present) {
+    h += "<h2>Panoptic quality</h2>\n<p>panopticapi's PQ, SQ and RQ; a segment matches at IoU &gt; 0.5.</p>\n"
+         "<div class=\"table-wrap\">" + HtmlTable(PanopticTable(d)) + "</div>\n<h3>Per category</h3>\n"
+         "<div class=\"table-wrap\">" + HtmlTable(PanopticCategoryTable(d)) + "</div>\n";
+  }
   h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
        "bootstrap interval; global = from summed counts.</p>\n<div class=\"table-wrap\">" + HtmlTable(ClassTable(d)) +
        "</div>\n";

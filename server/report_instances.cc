@@ -103,4 +103,25 @@ InstanceReport InstanceAccumulator::Finish() {
   return out;
 }
 
+void PanopticAccumulator::Add(const v1::ImageResult& r) {
+  PanopticImageStats stats;
+  for (const v1::PanopticMatch& m : r.panoptic_matches()) stats.matches.emplace_back(m.category_id(), m.iou());
+  for (const v1::PanopticCount& c : r.panoptic_fp()) stats.fp[c.category_id()] += c.count();
+  for (const v1::PanopticCount& c : r.panoptic_fn()) stats.fn[c.category_id()] += c.count();
+  images_.push_back(std::move(stats));
+}
+
+PanopticReport PanopticAccumulator::Finish() const {
+  PanopticReport out;
+  out.present = true;
+  out.images = static_cast<int64_t>(images_.size());
+  out.categories = config_.coco_categories;
+  std::vector<PanopticCategory> categories;
+  for (const JobConfig::CocoCategory& c : config_.coco_categories) categories.push_back({c.id, c.isthing});
+  std::vector<const PanopticImageStats*> ptrs;
+  for (const PanopticImageStats& s : images_) ptrs.push_back(&s);
+  out.summary = SummarizePanoptic(ptrs, categories);
+  return out;
+}
+
 }  // namespace tally

@@ -15,6 +15,7 @@
 
 #include "common/job/job_config.h"
 #include "metrics/coco_eval.h"
+#include "metrics/panoptic.h"
 #include "proto/tally.pb.h"
 
 namespace tally {
@@ -44,6 +45,25 @@ struct InstanceReport {
 };
 
 inline constexpr size_t kWorstInstanceImages = 10;
+
+// Panoptic jobs: PQ, SQ and RQ (metrics/panoptic.h), the images' records summed in index order.
+struct PanopticReport {
+  bool present = false;
+  int64_t images = 0;
+  PanopticSummary summary;
+  std::vector<JobConfig::CocoCategory> categories;  // The reference file's, in its order.
+};
+
+class PanopticAccumulator {
+ public:
+  explicit PanopticAccumulator(const JobConfig& config) : config_(config) {}
+  void Add(const v1::ImageResult& r);
+  PanopticReport Finish() const;
+
+ private:
+  const JobConfig& config_;
+  std::vector<PanopticImageStats> images_;
+};
 
 class InstanceAccumulator {
  public:

@@ -233,6 +233,29 @@ void InstancesJson(const ReportData& d, JsonWriter& w) {
   w.EndObject();
 }
 
+// Panoptic jobs: PQ, SQ, RQ overall, for things and for stuff (n: categories counted; NaN with
+// none), and per category (panopticapi's pq_compute).
+void PanopticJson(const ReportData& d, JsonWriter& w) {
+  const PanopticReport& p = d.panoptic;
+  w.Key("panoptic").BeginObject();
+  w.Field("reference", d.record->job.spec().coco_panoptic());
+  w.Field("predictions", d.record->job.spec().panoptic_predictions());
+  w.Field("images", p.images);
+  for (auto [key, v] : {std::pair<const char*, const PqValues*>{"all", &p.summary.all},
+                        {"things", &p.summary.things}, {"stuff", &p.summary.stuff}}) {
+    w.Key(key).BeginObject().Field("pq", v->pq).Field("sq", v->sq).Field("rq", v->rq).Field("n", v->n).EndObject();
+  }
+  w.Key("categories").BeginArray();
+  for (size_t i = 0; i < p.summary.per_category.size() && i < p.categories.size(); ++i) {
+    const PanopticCategoryResult& c = p.summary.per_category[i];
+    w.BeginObject().Field("id", c.category_id).Field("name", p.categories[i].name);
+    w.Field("isthing", p.categories[i].isthing).Field("pq", c.pq).Field("sq", c.sq).Field("rq", c.rq);
+    w.Field("tp", c.tp).Field("fp", c.fp).Field("fn", c.fn).Field("iou_sum", c.iou_sum).EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+}
+
 }  // namespace
 
 std::string ReportJson(const ReportData& d) {
@@ -260,6 +283,7 @@ std::string ReportJson(const ReportData& d) {
   w.Field("empty_score", EmptyScoreName(d.config.empty_score));
   if (!d.aggregate.thresholds.empty()) ThresholdsJson(d, w);
   if (d.instances.present) InstancesJson(d, w);
+  if (d.panoptic.present) PanopticJson(d, w);
   WorkersJson(d, w);
   w.Field("created_unix", job.created_unix());
   w.Field("finished_unix", job.finished_unix());

@@ -50,6 +50,12 @@ std::string ReportMarkdown(const ReportData& d) {
   absl::StrAppend(&out, absl::StrFormat("- Wall time: %.2f s (%.1f images/s)\n\n", d.wall_seconds,
                                         d.images_per_second()));
   if (d.instances.present) out += InstancesMarkdown(d);
+  if (d.panoptic.present) {
+    absl::StrAppend(&out, "## Panoptic quality\n\npanopticapi's PQ, SQ and RQ over ", d.panoptic.images,
+                    " evaluated images (a segment matches at IoU > 0.5; void and crowd regions as panopticapi).\n\n",
+                    MarkdownTable(PanopticTable(d)), "\n### Per category\n\n", MarkdownTable(PanopticCategoryTable(d)),
+                    "\nThe semantic metrics below treat each category id as a class (void ignored).\n\n");
+  }
   out += "## Per class\n\nMeans over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
          "bootstrap interval; global = from summed counts.\n\n";
   out += MarkdownTable(ClassTable(d));

@@ -246,4 +246,32 @@ Table InstanceWorstTable(const ReportData& d) {
   return t;
 }
 
+Table PanopticTable(const ReportData& d) {
+  Table t;
+  t.header = {"", "PQ", "SQ", "RQ", "categories"};
+  t.left = {true, false, false, false, false};
+  const PanopticSummary& s = d.panoptic.summary;
+  for (auto [name, v] : {std::pair<const char*, const PqValues*>{"All", &s.all}, {"Things", &s.things},
+                         {"Stuff", &s.stuff}}) {
+    t.rows.push_back({Text(name), Text(FormatCell(v->pq)), Text(FormatCell(v->sq)), Text(FormatCell(v->rq)),
+                      Text(absl::StrCat(v->n))});
+  }
+  return t;
+}
+
+Table PanopticCategoryTable(const ReportData& d) {
+  Table t;
+  t.header = {"category", "name", "kind", "PQ", "SQ", "RQ", "TP", "FP", "FN"};
+  t.left = {true, true, true, false, false, false, false, false, false};
+  const PanopticReport& p = d.panoptic;
+  for (size_t i = 0; i < p.summary.per_category.size() && i < p.categories.size(); ++i) {
+    const PanopticCategoryResult& c = p.summary.per_category[i];
+    t.rows.push_back({Text(absl::StrCat(c.category_id)), Text(p.categories[i].name),
+                      Text(p.categories[i].isthing ? "thing" : "stuff"), Text(FormatCell(c.pq)), Text(FormatCell(c.sq)),
+                      Text(FormatCell(c.rq)), Text(absl::StrCat(c.tp)), Text(absl::StrCat(c.fp)),
+                      Text(absl::StrCat(c.fn))});
+  }
+  return t;
+}
+
 }  // namespace tally

@@ -42,6 +42,9 @@ Table ParameterTable(const ReportData& d);
 Table InstanceStatsTable(const ReportData& d);
 Table InstanceCategoryTable(const ReportData& d);
 Table InstanceWorstTable(const ReportData& d);
+// Panoptic jobs: PQ, SQ, RQ overall, things and stuff; per category.
+Table PanopticTable(const ReportData& d);
+Table PanopticCategoryTable(const ReportData& d);
 
 std::string MarkdownTable(const Table& t);
 std::string HtmlTable(const Table& t);

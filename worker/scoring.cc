@@ -143,6 +143,19 @@ absl::StatusOr<SurfaceOptions3D> ScoringPipeline::SpacingOf(const v1::ManifestRo
   return o;
 }
 
+absl::Status ScoringPipeline::LoadPanopticPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
+                                               v1::ImageResult* result) const {
+  RETURN_IF_ERROR(panoptic_->Evaluate(row, config_.max_image_pixels, &ref->labels, &pred->labels, result));
+  for (LoadedMap* map : {ref, pred}) {
+    map->volume = false;
+    map->geometry = VolumeGeometry{};
+    map->geometry.height = map->labels.height;
+    map->geometry.width = map->labels.width;
+  }
+  PrepareMask(&ref->labels, label_lut_, config_.ignore_index);  // Void (0) is the ignore value.
+  return absl::OkStatus();
+}
+
 absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
                                            v1::ImageResult* result, ShardThumbnails* thumbnails) const {
   if (!row.has_coco_image()) return absl::InvalidArgumentError("the row names no COCO image");
@@ -199,14 +212,18 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   auto fail = [&](absl::string_view message) {
     result.clear_classes();
     result.clear_instances();
+    result.clear_panoptic();
+    result.clear_panoptic_matches();
+    result.clear_panoptic_fp();
+    result.clear_panoptic_fn();
     result.set_error(std::string(message));
     return result;
   };
   if (!row.error().empty()) return fail(row.error());
   LoadedMap ref, pred;
-  const absl::Status loaded =
-      coco_ != nullptr && row.has_coco_image() ? LoadCocoPair(row, &ref, &pred, &result, thumbnails)
-                                               : LoadPair(row, &ref, &pred);
+  const absl::Status loaded = panoptic_ != nullptr                       ? LoadPanopticPair(row, &ref, &pred, &result)
+                              : coco_ != nullptr && row.has_coco_image() ? LoadCocoPair(row, &ref, &pred, &result, thumbnails)
+                                                                         : LoadPair(row, &ref, &pred);
   if (!loaded.ok()) return fail(loaded.message());
   const absl::StatusOr<int> classes = ClassCount(row, ref, pred);
   if (!classes.ok()) return fail(classes.status().message());
@@ -288,9 +305,11 @@ void ScoringPipeline::AddThumbnails(const v1::ManifestRow& row, const uint16_t* 
 }
 
 ScoringPipeline::ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal,
-                                 TimeoutFn on_timeout, std::shared_ptr<const CocoSource> coco)
+                                 TimeoutFn on_timeout, std::shared_ptr<const CocoSource> coco,
+                                 std::shared_ptr<const PanopticSource> panoptic)
     : config_(std::move(config)),
       coco_(std::move(coco)),
+      panoptic_(std::move(panoptic)),
       worker_worst_(config_.thumbnails),
       label_lut_(MakeLabelLut(config_.label_map)),
       on_result_(std::move(on_result)),

@@ -43,7 +43,8 @@ class ScoringPipeline : public RowEvaluator {
 
   // `coco`: a COCO instance job's annotations and detections (null for other jobs).
   ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal, TimeoutFn on_timeout,
-                  std::shared_ptr<const CocoSource> coco = nullptr);
+                  std::shared_ptr<const CocoSource> coco = nullptr,
+                  std::shared_ptr<const PanopticSource> panoptic = nullptr);
   ~ScoringPipeline() override;
 
   void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) override;
@@ -101,6 +102,10 @@ class ScoringPipeline : public RowEvaluator {
 
   const JobConfig config_;
   const std::shared_ptr<const CocoSource> coco_;
+  const std::shared_ptr<const PanopticSource> panoptic_;  // Panoptic jobs.
+  // Panoptic jobs: the row's segments evaluated into `result`, and their categories as both maps.
+  absl::Status LoadPanopticPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
+                                v1::ImageResult* result) const;
   // Instance jobs: the lowest instance F1 over every row this worker scored. A row among the job's
   // worst is among these too (common/io/thumbnail.h), so only rows in both get rendered.
   mutable absl::Mutex worst_mu_;

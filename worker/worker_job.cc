@@ -277,7 +277,12 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     const int threads = options_.threads > 0 ? options_.threads
                                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     Log("job ", job_id, ": scoring predictions on ", threads, " thread(s)");
-    evaluator->pipeline = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, coco);
+    std::shared_ptr<const PanopticSource> panoptic;
+    if (config.panoptic_job()) {
+      ASSIGN_OR_RETURN(panoptic, PanopticSource::Load(config.coco_panoptic, config.panoptic_predictions));
+    }
+    evaluator->pipeline =
+        std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, coco, std::move(panoptic));
   } else {
     ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
     ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));
@@ -339,9 +344,13 @@ absl::Status Worker::CheckModelFiles(const v1::JobSpec& spec) {
     wanted.push_back(hash);
   }
   // COCO jobs: the annotation and results files every worker reads the instances from.
+  const bool panoptic = !spec.coco_panoptic().empty();
   for (const auto& [what, path, hash] : {std::tuple<const char*, const std::string&, const std::string&>{
-                                             "--coco file", spec.coco(), spec.coco_sha256()},
-                                         {"--coco-results file", spec.coco_results(), spec.coco_results_sha256()}}) {
+                                             panoptic ? "--coco-panoptic file" : "--coco file",
+                                             panoptic ? spec.coco_panoptic() : spec.coco(), spec.coco_sha256()},
+                                         {panoptic ? "--panoptic-predictions file" : "--coco-results file",
+                                          panoptic ? spec.panoptic_predictions() : spec.coco_results(),
+                                          spec.coco_results_sha256()}}) {
     if (path.empty() || hash.empty()) continue;
     files.emplace_back(what, path);
     wanted.push_back(hash);

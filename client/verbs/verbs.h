@@ -37,6 +37,7 @@ struct JobFlags {
   int thumbnails = 5;
   std::string save_predictions;
   std::string coco, coco_images, coco_results;  // COCO jobs (README "Instances").
+  std::string coco_panoptic, panoptic_dir, panoptic_predictions, panoptic_predictions_dir;
   std::vector<std::string> model_options;  // KEY=VALUE, repeatable.
   std::vector<std::string> labels;         // KEY=VALUE, repeatable.
 };

@@ -272,8 +272,71 @@ absl::Status ParseIdList(sj::value v, absl::string_view name, absl::string_view 
   });
 }
 
+// One of `segments_info`: {"id", "category_id", "area", "iscrowd", ...}.
+error_code ParsePanopticSegment(sj::object o, CocoPanopticSegment* s, std::string* why) {
+  bool has_id = false, has_category = false;
+  error_code walked = ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
+    if (key == "id") {
+      has_id = true;
+      return GetInt(v, &s->id);
+    }
+    if (key == "category_id") {
+      has_category = true;
+      return GetInt(v, &s->category_id);
+    }
+    if (key == "area") return v.get_double().get(s->area);
+    if (key == "iscrowd") return GetFlag(v, &s->iscrowd);
+    return simdjson::SUCCESS;
+  });
+  if (walked) {
+    if (ValueError(walked)) *why = "a field of the wrong type";
+    return ValueError(walked) ? simdjson::SUCCESS : walked;
+  }
+  if (!has_id || s->id <= 0 || s->id >= (int64_t{1} << 24)) *why = "no segment id in 1..2^24-1";
+  else if (!has_category) *why = "no category_id";
+  return simdjson::SUCCESS;
+}
+
+// {"image_id", "file_name", "segments_info": [...]}; what is wrong with it goes to `error`.
+error_code ParsePanopticAnnotation(sj::object o, CocoPanopticAnnotation* a) {
+  bool has_image = false;
+  error_code walked = ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
+    if (key == "image_id") {
+      has_image = true;
+      return GetInt(v, &a->image_id);
+    }
+    if (key == "file_name") return GetText(v, &a->file_name);
+    if (key != "segments_info") return simdjson::SUCCESS;
+    sj::array segments;
+    if (error_code e = v.get_array().get(segments); e) return e;
+    for (auto element : segments) {
+      sj::object so;
+      if (error_code e = element.get_object().get(so); e) return e;
+      CocoPanopticSegment seg;
+      std::string why;
+      if (error_code e = ParsePanopticSegment(so, &seg, &why); e) return e;
+      if (!why.empty() && a->error.empty()) a->error = absl::StrCat("segment ", a->segments.size(), ": ", why);
+      a->segments.push_back(seg);
+    }
+    return simdjson::SUCCESS;
+  });
+  if (walked && !ValueError(walked)) return walked;
+  if (!has_image || walked) return simdjson::INCORRECT_TYPE;  // No image to fail: the file is wrong.
+  return simdjson::SUCCESS;
+}
+
 absl::Status ParseDatasetField(std::string_view key, sj::value v, absl::string_view name, CocoDataset* out,
-                               bool* saw_images) {
+                               bool* saw_images, bool panoptic) {
+  if (key == "annotations" && panoptic) {
+    return ForEachObject(v, name, "annotations", [&](sj::object o, size_t i) {
+      CocoPanopticAnnotation a;
+      if (error_code e = ParsePanopticAnnotation(o, &a); e) {
+        return FileError(name, absl::StrCat("annotations[", i, "] (no integer image_id, or not a panoptic annotation)"), e);
+      }
+      out->panoptic.push_back(std::move(a));
+      return absl::OkStatus();
+    });
+  }
   if (key == "images") {
     *saw_images = true;
     return ParseIdList(v, name, "images", ParseImage, &out->images);
@@ -290,6 +353,8 @@ absl::Status ParseDatasetField(std::string_view key, sj::value v, absl::string_v
   return absl::OkStatus();
 }
 
+absl::StatusOr<CocoDataset> ParseDataset(absl::string_view json, absl::string_view name, bool panoptic);
+
 absl::StatusOr<std::string> ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open COCO file '", path, "'"));
@@ -301,6 +366,21 @@ absl::StatusOr<std::string> ReadWhole(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<CocoDataset> ParseCocoDataset(absl::string_view json, absl::string_view name) {
+  return ParseDataset(json, name, false);
+}
+
+absl::StatusOr<CocoDataset> ParseCocoPanoptic(absl::string_view json, absl::string_view name) {
+  return ParseDataset(json, name, true);
+}
+
+absl::StatusOr<CocoDataset> LoadCocoPanoptic(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadWhole(path);
+  if (!text.ok()) return text.status();
+  return ParseCocoPanoptic(*text, path);
+}
+
+namespace {
+absl::StatusOr<CocoDataset> ParseDataset(absl::string_view json, absl::string_view name, bool panoptic) {
   const simdjson::padded_string padded(json.data(), json.size());
   sj::parser parser;
   sj::document doc;
@@ -314,11 +394,12 @@ absl::StatusOr<CocoDataset> ParseCocoDataset(absl::string_view json, absl::strin
     if (error_code e = f.unescaped_key().get(key); e) return FileError(name, "a key", e);
     sj::value v;
     if (error_code e = f.value().get(v); e) return FileError(name, absl::StrCat("'", absl::string_view(key.data(), key.size()), "'"), e);
-    if (absl::Status s = ParseDatasetField(key, v, name, &out, &saw_images); !s.ok()) return s;
+    if (absl::Status s = ParseDatasetField(key, v, name, &out, &saw_images, panoptic); !s.ok()) return s;
   }
-  if (!saw_images) return FileError(name, "no 'images' list", simdjson::NO_SUCH_FIELD);
+  if (!saw_images && !panoptic) return FileError(name, "no 'images' list", simdjson::NO_SUCH_FIELD);
   return out;
 }
+}  // namespace
 
 absl::StatusOr<std::vector<CocoAnnotation>> ParseCocoResults(absl::string_view json, absl::string_view name) {
   const simdjson::padded_string padded(json.data(), json.size());

@@ -52,15 +52,34 @@ struct CocoCategoryInfo {
   bool isthing = true;  // Panoptic files: `isthing` 0 for stuff.
 };
 
+// A panoptic annotation (COCO panoptic format): one image's PNG of segment ids and its segments.
+struct CocoPanopticSegment {
+  int64_t id = 0;  // The PNG's R + 256 G + 256^2 B.
+  int64_t category_id = 0;
+  double area = 0;
+  bool iscrowd = false;
+};
+struct CocoPanopticAnnotation {
+  int64_t image_id = 0;
+  std::string file_name;  // The PNG, in the panoptic folder.
+  std::vector<CocoPanopticSegment> segments;
+  std::string error;  // Non-empty: what is wrong with it (its image's row fails).
+};
+
 struct CocoDataset {
   std::vector<CocoImageInfo> images;
   std::vector<CocoCategoryInfo> categories;
   std::vector<CocoAnnotation> annotations;
+  std::vector<CocoPanopticAnnotation> panoptic;  // ParseCocoPanoptic: `annotations` read as panoptic.
 };
 
 // `json` is the file's text; `name` (its path) goes into errors.
 absl::StatusOr<CocoDataset> ParseCocoDataset(absl::string_view json, absl::string_view name);
 absl::StatusOr<std::vector<CocoAnnotation>> ParseCocoResults(absl::string_view json, absl::string_view name);
+// A COCO panoptic file (ground truth or predictions: `annotations` with `segments_info`; a
+// predictions file may lack `images`).
+absl::StatusOr<CocoDataset> ParseCocoPanoptic(absl::string_view json, absl::string_view name);
+absl::StatusOr<CocoDataset> LoadCocoPanoptic(const std::string& path);
 // The files at `path` (read whole).
 absl::StatusOr<CocoDataset> LoadCocoDataset(const std::string& path);
 absl::StatusOr<std::vector<CocoAnnotation>> LoadCocoResults(const std::string& path);

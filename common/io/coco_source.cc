@@ -4,10 +4,12 @@
 #include <array>
 #include <limits>
 #include <map>
+#include <unordered_map>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/io/thumbnail.h"
+#include "common/base/status_macros.h"
 #include "metrics/coco_eval.h"
 
 namespace tally {
@@ -279,6 +281,108 @@ absl::StatusOr<std::string> RenderInstanceThumbnail(const CocoImageInstances& im
   google::protobuf::RepeatedPtrField<v1::CocoImageRecord> records;  // Evaluated again, for the picture.
   EvaluateCocoInstances(image, &records, &outcomes);
   return RenderThumbnail(rgb, outcomes.data(), static_cast<int>(image.height), static_cast<int>(image.width));
+}
+
+absl::StatusOr<std::shared_ptr<const PanopticSource>> PanopticSource::Load(const std::string& reference,
+                                                                           const std::string& predictions) {
+  auto source = std::shared_ptr<PanopticSource>(new PanopticSource());
+  absl::StatusOr<CocoDataset> r = LoadCocoPanoptic(reference);
+  if (!r.ok()) return r.status();
+  source->reference_ = *std::move(r);
+  absl::StatusOr<CocoDataset> p = LoadCocoPanoptic(predictions);
+  if (!p.ok()) return p.status();
+  source->predictions_ = *std::move(p);
+  for (const CocoPanopticAnnotation& a : source->reference_.panoptic) source->by_image_[0].emplace(a.image_id, &a);
+  for (const CocoPanopticAnnotation& a : source->predictions_.panoptic) source->by_image_[1].emplace(a.image_id, &a);
+  for (const CocoCategoryInfo& c : source->reference_.categories) source->categories_.push_back({c.id, c.isthing});
+  return std::shared_ptr<const PanopticSource>(std::move(source));
+}
+
+namespace {
+
+// A panoptic PNG's segment ids (R + 256 G + 256^2 B).
+absl::Status ReadSegmentIds(const std::string& path, int64_t max_pixels, RgbImage* rgb, std::vector<uint32_t>* ids) {
+  if (absl::Status s = LoadImage(path, rgb, max_pixels); !s.ok()) return s;
+  ids->resize(static_cast<size_t>(rgb->height) * rgb->width);
+  const uint8_t* p = rgb->pixels.data();
+  for (size_t i = 0; i < ids->size(); ++i, p += 3) (*ids)[i] = p[0] + 256u * p[1] + 65536u * p[2];
+  return absl::OkStatus();
+}
+
+void PaintSegments(const std::vector<uint32_t>& ids, const std::vector<PanopticSegment>& segments, LabelMap* out,
+                   int height, int width) {
+  std::unordered_map<uint32_t, uint16_t> category;
+  for (const PanopticSegment& s : segments) category[s.id] = static_cast<uint16_t>(s.category_id);
+  out->height = height;
+  out->width = width;
+  out->depth = 1;
+  out->labels.resize(ids.size());
+  uint32_t last = 0;
+  uint16_t last_category = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] != last) {
+      last = ids[i];
+      auto it = category.find(last);
+      last_category = it == category.end() ? 0 : it->second;
+    }
+    out->labels[i] = ids[i] == 0 ? 0 : last_category;
+  }
+}
+
+}  // namespace
+
+absl::Status PanopticSource::Evaluate(const v1::ManifestRow& row, int64_t max_pixels, LabelMap* reference,
+                                      LabelMap* prediction, v1::ImageResult* result) const {
+  const CocoPanopticAnnotation* a[2] = {nullptr, nullptr};
+  for (int k = 0; k < 2; ++k) {
+    auto it = by_image_[k].find(row.coco_image_id());
+    if (it == by_image_[k].end()) {
+      return absl::InvalidArgumentError(absl::StrCat("no ", k ? "predicted" : "reference", " panoptic annotation for image ",
+                                                     row.coco_image_id()));
+    }
+    a[k] = it->second;
+    if (!a[k]->error.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(k ? "predicted" : "reference", " annotation of image ",
+                                                     row.coco_image_id(), ": ", a[k]->error));
+    }
+  }
+  RgbImage rgb[2];
+  std::vector<uint32_t> ids[2];
+  RETURN_IF_ERROR(ReadSegmentIds(row.mask_path(), max_pixels, &rgb[0], &ids[0]));
+  RETURN_IF_ERROR(ReadSegmentIds(row.prediction_path(), max_pixels, &rgb[1], &ids[1]));
+  if (rgb[0].height != rgb[1].height || rgb[0].width != rgb[1].width) {
+    return absl::InvalidArgumentError(absl::StrCat("prediction '", row.prediction_path(), "' is ", rgb[1].height, "x",
+                                                   rgb[1].width, " (HxW) but reference '", row.mask_path(), "' is ",
+                                                   rgb[0].height, "x", rgb[0].width));
+  }
+  std::vector<PanopticSegment> segments[2];
+  for (int k = 0; k < 2; ++k) {
+    for (const CocoPanopticSegment& s : a[k]->segments) {
+      segments[k].push_back({static_cast<uint32_t>(s.id), s.category_id, s.iscrowd, s.area});
+    }
+  }
+  absl::StatusOr<PanopticImageStats> stats =
+      EvaluatePanopticImage(ids[0].data(), ids[1].data(), ids[0].size(), segments[0], segments[1], categories_);
+  if (!stats.ok()) return stats.status();
+  result->set_panoptic(true);
+  result->set_coco_image_id(row.coco_image_id());
+  for (const auto& [category, iou] : stats->matches) {
+    v1::PanopticMatch* m = result->add_panoptic_matches();
+    m->set_category_id(category);
+    m->set_iou(iou);
+  }
+  for (auto [counts, field] : {std::pair<const std::map<int64_t, int64_t>*, google::protobuf::RepeatedPtrField<v1::PanopticCount>*>{
+                                   &stats->fp, result->mutable_panoptic_fp()},
+                               {&stats->fn, result->mutable_panoptic_fn()}}) {
+    for (const auto& [category, count] : *counts) {
+      v1::PanopticCount* c = field->Add();
+      c->set_category_id(category);
+      c->set_count(count);
+    }
+  }
+  PaintSegments(ids[0], segments[0], reference, rgb[0].height, rgb[0].width);
+  PaintSegments(ids[1], segments[1], prediction, rgb[1].height, rgb[1].width);
+  return absl::OkStatus();
 }
 
 }  // namespace tally

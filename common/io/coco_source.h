@@ -22,6 +22,7 @@
 #include "common/io/coco_json.h"
 #include "common/io/image_io.h"
 #include "metrics/coco_rle.h"
+#include "metrics/panoptic.h"
 #include "proto/tally.pb.h"
 
 namespace tally {
@@ -63,6 +64,24 @@ class CocoSource {
   std::unordered_map<int64_t, size_t> annotation_index_;
   std::unordered_map<int64_t, std::vector<size_t>> gt_by_image_, results_by_image_;
   std::unordered_map<int64_t, bool> categories_;
+};
+
+// A panoptic job's reference and predicted annotations (COCO panoptic JSON), loaded once per job.
+// Thread-safe after Load.
+class PanopticSource {
+ public:
+  static absl::StatusOr<std::shared_ptr<const PanopticSource>> Load(const std::string& reference,
+                                                                    const std::string& predictions);
+  // The row's PNGs (mask_path: reference, prediction_path: prediction) read and evaluated
+  // (metrics/panoptic.h) into `result`, and painted as label maps of category ids (void 0) for the
+  // semantic metrics. Errors name the file, image or segment.
+  absl::Status Evaluate(const v1::ManifestRow& row, int64_t max_pixels, LabelMap* reference, LabelMap* prediction,
+                        v1::ImageResult* result) const;
+
+ private:
+  CocoDataset reference_, predictions_;
+  std::unordered_map<int64_t, const CocoPanopticAnnotation*> by_image_[2];  // Reference, predictions.
+  std::vector<PanopticCategory> categories_;
 };
 
 // The row's records, one per category with a reference or a detection, by category id. With

@@ -241,6 +241,10 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   c.coco_results = spec.coco_results();
   c.coco_sha256 = spec.coco_sha256();
   c.coco_results_sha256 = spec.coco_results_sha256();
+  c.coco_panoptic = spec.coco_panoptic();
+  c.panoptic_dir = spec.panoptic_dir();
+  c.panoptic_predictions = spec.panoptic_predictions();
+  c.panoptic_predictions_dir = spec.panoptic_predictions_dir();
   for (const v1::CocoCategory& k : spec.coco_categories()) c.coco_categories.push_back({k.id(), k.name(), k.isthing()});
   RETURN_IF_ERROR(ReadThresholds(spec, &c));
   RETURN_IF_ERROR(ReadReportSettings(spec, &c));

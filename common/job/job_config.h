@@ -129,6 +129,9 @@ struct JobConfig {
   std::vector<CocoCategory> coco_categories;
   // Rows are the annotation file's images and the results are instances (COCO AP).
   bool instance_job() const { return !coco.empty() && manifest.empty(); }
+  // Panoptic jobs: rows are the reference panoptic file's annotations (PQ); categories as above.
+  std::string coco_panoptic, panoptic_dir, panoptic_predictions, panoptic_predictions_dir;
+  bool panoptic_job() const { return !coco_panoptic.empty(); }
   // Classes the report treats as foreground: regions all, class 0 only with include_background.
   bool IsForegroundClass(int c) const { return c != 0 || include_background || !regions.empty(); }
 };

@@ -1,4 +1,4 @@
-// COCO JSON files on arbitrary bytes (as a dataset and as a results list): no crash, no
+// COCO JSON files on arbitrary bytes (as a dataset, a results list and a panoptic file): no crash, no
 // unbounded allocation; every annotation that parsed rasterises (or is refused) on a small
 // image, its mask sums to the image's pixels, and its compressed string decodes to the same runs.
 #include "common/io/coco_json.h"
@@ -30,5 +30,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (d.ok()) CheckMasks(d->annotations);
   absl::StatusOr<std::vector<tally::CocoAnnotation>> r = tally::ParseCocoResults(text, "fuzz.json");
   if (r.ok()) CheckMasks(*r);
+  absl::StatusOr<tally::CocoDataset> p = tally::ParseCocoPanoptic(text, "fuzz.json");
+  if (p.ok()) {
+    for (const tally::CocoPanopticAnnotation& a : p->panoptic) {
+      FUZZ_CHECK(!a.error.empty() || a.segments.empty() || a.segments[0].id > 0);
+    }
+  }
   return 0;
 }
