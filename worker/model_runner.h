@@ -20,13 +20,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/io/coco_masks.h"
 #include "metrics/surface_distance.h"
 
 namespace tally {
 
-// common/io/coco_source.h; only declared here: this header reaches the TorchScript runner's files,
-// which must not see Protobuf's headers (LibTorch's wheel carries other versions of them).
-struct CocoInstance;
+
 namespace v1 {
 class ManifestRow;
 }  // namespace v1
@@ -137,7 +136,7 @@ class PendingBatch {
   virtual const int64_t* threshold_counts(int /*i*/) const { return nullptr; }
   // Instance outputs (a Python model's detection dict, README "Instances"): image i's detections,
   // decoded; null for other outputs. labels(i) is then their semantic label map
-  // (common/io/coco_source.h PaintCocoLabels).
+  // (common/io/coco_masks.h PaintCocoLabels).
   virtual const std::vector<CocoInstance>* instances(int /*i*/) const { return nullptr; }
 };
 

@@ -151,6 +151,12 @@ class TorchPendingBatch final : public PendingBatch {
   const double* surface(int i) const override {
     return surface_ptr_ ? surface_ptr_ + static_cast<size_t>(i) * 4 * k_ : nullptr;
   }
+  std::string error(int i) const override {
+    return static_cast<size_t>(i) < errors_.size() ? errors_[i] : std::string();
+  }
+  const std::vector<CocoInstance>* instances(int i) const override {
+    return static_cast<size_t>(i) < instances_.size() ? &instances_[i] : nullptr;
+  }
 
   int k_ = 0;
   at::Tensor counts_host_;  // [n, K, K] int64, host.
@@ -166,6 +172,11 @@ class TorchPendingBatch final : public PendingBatch {
   size_t num_thresholds_ = 0;
   at::Tensor surface_host_;  // [n, K, 4] double, host.
   const double* surface_ptr_ = nullptr;
+  // Instance outputs (README "Instances"): evaluated on the host, per image.
+  std::vector<std::vector<CocoInstance>> instances_;
+  std::vector<std::vector<uint16_t>> owned_labels_;
+  std::vector<int64_t> owned_counts_;
+  std::vector<std::string> errors_;
 #if TALLY_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAEvent> done_;
 #endif
@@ -402,7 +413,11 @@ class TorchRunner final : public ModelRunner {
   Groups Upload(const Groups& host, std::unique_ptr<ComputeStreamScope>* compute);
   at::Tensor Preprocess(const Groups& dev, bool channels_last) const;
   // ABORTED when the model raises (out-of-memory errors propagate as exceptions).
-  absl::StatusOr<at::Tensor> Forward(torch::jit::Module& module, const at::Tensor& x, const std::string& input_shape);
+  absl::StatusOr<c10::IValue> Forward(torch::jit::Module& module, const at::Tensor& x, const std::string& input_shape);
+  // A model returning torchvision's detections (a list of dicts with masks, scores, labels, one per
+  // image; or a tuple ending with one): the batch's instances on the host, their label maps and
+  // counts against the references (worker/torch_runner_launch.cc). Null for other outputs.
+  absl::StatusOr<std::unique_ptr<PendingBatch>> InstancesToHost(const c10::IValue& out, const BatchSpec& batch);
 
   // Layout trials. "batch 32 x 512x512 fp32": what a trial is kept under.
   std::string TrialShape(const BatchSpec& batch) const;

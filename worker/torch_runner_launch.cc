@@ -3,6 +3,9 @@
 // distances) and its results copied back to pinned host memory.
 #include "worker/torch_runner.h"
 
+#include <cmath>
+
+#include "metrics/coco_rle.h"
 #include "metrics/label_counts.h"
 
 namespace tally {
@@ -255,8 +258,8 @@ at::Tensor TorchRunner::Preprocess(const Groups& dev, bool channels_last) const 
   return at::cat(parts, 0);
 }
 
-absl::StatusOr<at::Tensor> TorchRunner::Forward(torch::jit::Module& module, const at::Tensor& x,
-                                                const std::string& input_shape) {
+absl::StatusOr<c10::IValue> TorchRunner::Forward(torch::jit::Module& module, const at::Tensor& x,
+                                                 const std::string& input_shape) {
   c10::IValue out;
   try {
     // Per calling thread: the batcher's, the completion thread's retries and estimate's trials alike.
@@ -271,7 +274,108 @@ absl::StatusOr<at::Tensor> TorchRunner::Forward(torch::jit::Module& module, cons
     return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
                                            input_shape, ": ", ShortText(e.what())));
   }
-  return ExtractLogits(out, options_.model_path);
+  return out;
+}
+
+namespace {
+
+// The per-image detection dicts of a model's output, or an empty list when it returned something
+// else: a list of dicts holding "masks", or a tuple whose last element is one (torchvision's
+// scripted detectors return (losses, detections)).
+c10::List<c10::IValue> DetectionDicts(const c10::IValue& out) {
+  c10::IValue list = out;
+  if (out.isTuple() && !out.toTupleRef().elements().empty()) list = out.toTupleRef().elements().back();
+  if (!list.isList()) return c10::impl::GenericList(c10::AnyType::get());
+  c10::List<c10::IValue> items = list.toList();
+  if (items.size() == 0 || !items.get(0).isGenericDict()) return c10::impl::GenericList(c10::AnyType::get());
+  for (const auto& kv : items.get(0).toGenericDict()) {
+    if (kv.key().isString() && kv.key().toStringRef() == "masks") return items;
+  }
+  return c10::impl::GenericList(c10::AnyType::get());
+}
+
+// One image's detection dict decoded at `height` x `width`; "" or what breaks the contract.
+std::string DecodeDetections(const c10::IValue& value, int height, int width, int classes,
+                             std::vector<CocoInstance>* out) {
+  at::Tensor masks, scores, labels;
+  for (const auto& kv : value.toGenericDict()) {
+    if (!kv.key().isString() || !kv.value().isTensor()) continue;
+    const std::string& key = kv.key().toStringRef();
+    if (key == "masks") masks = kv.value().toTensor();
+    if (key == "scores") scores = kv.value().toTensor();
+    if (key == "labels") labels = kv.value().toTensor();
+  }
+  if (!masks.defined() || !scores.defined() || !labels.defined()) {
+    return "the model's detection dict lacks masks, scores or labels (tensors)";
+  }
+  if (masks.dim() == 4 && masks.size(1) == 1) masks = masks.squeeze(1);
+  if (masks.dim() != 3 || masks.size(1) != height || masks.size(2) != width) {
+    return absl::StrCat("the model's masks have shape ", Shape(masks), "; expected N x ", height, " x ", width,
+                        " (or N x 1 x H x W), the image's size (instance outputs are not resized: no --input-size)");
+  }
+  const int64_t n = masks.size(0);
+  if (scores.numel() != n || labels.numel() != n) {
+    return absl::StrCat("the model returned ", n, " masks, ", scores.numel(), " scores and ", labels.numel(), " labels");
+  }
+  if (masks.is_floating_point()) masks = masks > 0.5;  // Probabilities, thresholded on the device.
+  const at::Tensor m = masks.to(at::kCPU, at::kByte).contiguous();
+  const at::Tensor s = scores.to(at::kCPU, at::kDouble).contiguous();
+  const at::Tensor l = labels.to(at::kCPU, at::kLong).contiguous();
+  const uint8_t* mp = m.data_ptr<uint8_t>();
+  for (int64_t d = 0; d < n; ++d) {
+    CocoInstance inst;
+    inst.id = d + 1;
+    inst.category_id = l.data_ptr<int64_t>()[d];
+    inst.score = s.data_ptr<double>()[d];
+    if (!std::isfinite(inst.score)) return absl::StrCat("the model's detection ", d, " has a score of NaN or infinity");
+    if (inst.category_id < 1 || inst.category_id >= classes) {
+      return absl::StrCat("the model's detection ", d, " has label ", inst.category_id,
+                          ", not a category id of the annotation file (1..", classes - 1, ")");
+    }
+    inst.mask = RleFromMask(mp + d * static_cast<int64_t>(height) * width, height, width);
+    out->push_back(std::move(inst));
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::InstancesToHost(const c10::IValue& out,
+                                                                            const BatchSpec& batch) {
+  const c10::List<c10::IValue> dicts = DetectionDicts(out);
+  if (dicts.size() == 0) return std::unique_ptr<PendingBatch>();
+  const size_t n = batch.items.size();
+  if (dicts.size() != n) {
+    return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned ", dicts.size(),
+                                                      " detection dicts for ", n, " images"));
+  }
+  const int k = options_.num_classes;
+  if (k <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned detections (masks, ",
+                                                      "scores, labels): instance outputs are scored against COCO ",
+                                                      "annotations (--coco with --images)"));
+  }
+  auto pending = std::make_unique<TorchPendingBatch>();
+  pending->k_ = k;
+  pending->instances_.resize(n);
+  pending->owned_labels_.resize(n);
+  pending->errors_.assign(n, std::string());
+  pending->owned_counts_.assign(n * k * k, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const BatchImage& it = batch.items[i];
+    const size_t hw = static_cast<size_t>(it.height) * it.width;
+    std::vector<uint16_t>& labels = pending->owned_labels_[i];
+    labels.assign(hw, 0);
+    pending->errors_[i] = DecodeDetections(dicts.get(i), it.height, it.width, k, &pending->instances_[i]);
+    if (pending->errors_[i].empty()) {
+      PaintCocoLabels(pending->instances_[i], true, it.height, it.width, labels.data());
+      const uint16_t* mask = reinterpret_cast<const uint16_t*>(batch.masks->data()) + it.mask_offset;
+      CountConfusionMatrix(labels.data(), mask, hw, k, pending->owned_counts_.data() + i * k * k);
+    }
+    pending->label_ptrs_.push_back(labels.data());
+  }
+  pending->counts_ = pending->owned_counts_.data();
+  return std::unique_ptr<PendingBatch>(std::move(pending));
 }
 
 absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Groups& dev, const std::string& input_shape,
@@ -360,9 +464,12 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit
   at::Tensor x = Preprocess(dev, channels_last);
   step("preprocess");
   *input_shape = Shape(x);
-  ASSIGN_OR_RETURN(const at::Tensor logits, Forward(module, x, *input_shape));
+  ASSIGN_OR_RETURN(const c10::IValue raw, Forward(module, x, *input_shape));
   x = at::Tensor();  // The input is not needed past the forward pass: its memory goes back first.
   step("forward");
+  ASSIGN_OR_RETURN(std::unique_ptr<PendingBatch> instances, InstancesToHost(raw, batch));
+  if (instances) return instances;
+  ASSIGN_OR_RETURN(const at::Tensor logits, ExtractLogits(raw, options_.model_path));
   Outputs outputs;
   RETURN_IF_ERROR(PostprocessGroups(logits, dev, *input_shape,
                                     batch.want_labels || batch.keep_labels || batch.surface.enabled, batch.surface,

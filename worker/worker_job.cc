@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   }
   ro.memory_limit_gib = options.gpu_memory_limit_gib;
   ro.thresholds = config.thresholds;
+  if (config.instance_job()) ro.num_classes = config.num_classes;  // Instance outputs: category ids < this.
   if (model.python) {
     ro.class_name = model.class_name;
     ro.devices = devices;

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/io/coco_json.h"
+#include "common/io/coco_masks.h"
 #include "common/io/image_io.h"
 #include "metrics/coco_rle.h"
 #include "metrics/panoptic.h"
@@ -27,14 +28,6 @@
 
 namespace tally {
 
-struct CocoInstance {
-  int64_t id = 0;           // Annotation id; results: 1-based position in the file.
-  int64_t category_id = 0;
-  double score = 0;         // Detections.
-  double area = 0;          // References: the `area` field.
-  bool crowd = false;
-  Rle mask;
-};
 
 struct CocoImageInstances {
   int64_t image_id = 0;
@@ -102,17 +95,6 @@ inline constexpr int kInstanceThumbnailClass = 0;
 // missed blue, false red), as JPEG bytes (common/io/thumbnail.h RenderThumbnail).
 absl::StatusOr<std::string> RenderInstanceThumbnail(const CocoImageInstances& image, const uint8_t* rgb);
 
-// Detections at or above this score enter the semantic label map (README "Instances").
-inline constexpr double kCocoSemanticScore = 0.5;
-// Label maps (row-major, height x width) for the semantic metrics: references painted with their
-// category id in the file's order (later ones on top, crowd regions included); detections with a
-// score >= kCocoSemanticScore painted in ascending score (file order among ties), so the most
-// confident is on top. Pixels of no instance are 0.
-// `column_major`: the map column by column (as the RLEs run: far faster to paint) instead.
-void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections, int64_t height, int64_t width,
-                     uint16_t* labels, bool column_major = false);
-// Paints `value` where `mask` is set (row-major labels of the mask's size).
-void PaintRle(const Rle& mask, uint16_t value, uint16_t* labels);
 
 // A COCO row's reference label map for an image of `height` x `width`: a row of the file's images
 // gets its references painted (PaintCocoLabels), a referring row (coco_ann_ids) the union of its

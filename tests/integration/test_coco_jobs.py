@@ -130,6 +130,13 @@ class CocoJobTest(unittest.TestCase):
                 got[key] = counts
         self.assertEqual(got, {k: v for k, v in want.items() if v != (0, 0, 0, 0, 0)})
         report = tt.read_report(out)
+        # The worst rows by instance F1, each with a thumbnail of its matching in report.html.
+        worst = report["instances"]["worst_images"]
+        self.assertEqual(len(worst), min(10, len(images)))
+        self.assertEqual([w["f1"] for w in worst], sorted(w["f1"] for w in worst))
+        with open(os.path.join(out, "report.html")) as f:
+            html = f.read()
+        self.assertEqual(html.count('data-instances="1"'), min(5, len(worst)))  # --thumbnails 5 by default.
         for c in report["instances"]["categories"]:
             self.assertEqual(c["tp50"], sum(v[2] for k, v in want.items() if k[1] == c["id"]))
             self.assertEqual(len(c["precision_iou50"]), 101)
@@ -307,3 +314,44 @@ class ReferringTest(unittest.TestCase):
                 if r["class"] == "1":  # The reference's foreground: the annotation's pixels, or none.
                     target = dict((i, t) for i, _, t in rows)[r["id"]]
                     self.assertEqual(int(r["tp"]) + int(r["fn"]), int(m.sum()) if target else 0)
+
+
+class TorchScriptInstancesTest(unittest.TestCase):
+    def test_a_torchscript_model_returning_detection_dicts_equals_its_detections_as_a_results_file(self):
+        # red_blue_instances.pt: per image, red > 0.5 as category 1 (score 0.9) and blue > 0.5 as
+        # category 2 (score 0.6); the same masks computed here with numpy become a results file.
+        root = tt.tmpdir(self)
+        rng = np.random.default_rng(9)
+        h, w = 40, 52
+        gt = {"images": [], "categories": [{"id": 1, "name": "red"}, {"id": 2, "name": "blue"}, {"id": 3, "name": "x"}],
+              "annotations": []}
+        results = []
+        for i in range(1, 9):
+            img = np.zeros((h, w, 3), np.uint8)
+            for c in (0, 2):
+                m = tc.blob(rng, 100, 104)[:h, :w]
+                img[..., c] = np.where(m, rng.integers(128, 256, (h, w)), rng.integers(0, 128, (h, w)))
+            Image.fromarray(img).save(os.path.join(root, f"{i}.png"))
+            gt["images"].append({"id": i, "file_name": f"{i}.png", "height": h, "width": w})
+            for c, cat in ((0, 1), (2, 2)):
+                ref_mask = np.roll(img[..., c] >= 128, int(rng.integers(-2, 3)), axis=1)
+                gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": i, "category_id": cat,
+                                          "area": float(ref_mask.sum()), "iscrowd": 0,
+                                          "segmentation": {"counts": ref.rle_counts(ref_mask), "size": [h, w]}})
+                results.append({"image_id": i, "category_id": cat, "score": 0.9 if cat == 1 else 0.6,
+                                "segmentation": {"counts": ref.rle_counts(img[..., c] >= 128), "size": [h, w]}})
+        for name, data in (("gt.json", gt), ("results.json", results)):
+            with open(os.path.join(root, name), "w") as f:
+                json.dump(data, f)
+        model, files = os.path.join(root, "model"), os.path.join(root, "files")
+        tt.tally("run", "--coco", os.path.join(root, "gt.json"), "--images", root, "--model",
+                 tt.fixture("red_blue_instances.pt"), "--out", model, "--batch-size", "4",
+                 *(("--gpus", os.environ["TALLY_TEST_GPUS"]) if os.environ.get("TALLY_TEST_GPUS") else ("--workers", "2")))
+        tt.tally("run", "--coco", os.path.join(root, "gt.json"), "--images", root, "--coco-results",
+                 os.path.join(root, "results.json"), "--out", files)
+        self.assertEqual(stats_of(model), stats_of(files))
+        self.assertTrue(0 < stats_of(model)[0][0] < 1)
+        self.assertEqual(tt.read_report(model)["images_evaluated"], 8)
+        a, b = tt.read_per_image(model), tt.read_per_image(files)
+        self.assertEqual([(r["index"], r["class"], r["tp"], r["fp"], r["fn"], r["instance_tp50"]) for r in a],
+                         [(r["index"], r["class"], r["tp"], r["fp"], r["fn"], r["instance_tp50"]) for r in b])
