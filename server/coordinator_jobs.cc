@@ -335,6 +335,11 @@ void Coordinator::ApplyRetention() {
 
 absl::Status Coordinator::CheckIdsJoin(const std::vector<JobRecord>& parts) {
   for (const JobRecord& p : parts) {
+    // Their numbers are accumulated over image ids, which the parts would repeat or mix.
+    if (!p.job.spec().coco_panoptic().empty() || (!p.job.spec().coco().empty() && p.job.spec().manifest().empty())) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot merge ", p.job.job_id(), ": COCO instance and panoptic ",
+                                                     "jobs are not merged (run one job over the whole annotation file)"));
+    }
     if (p.job.spec().duplicate_id_rows() > 0) {
       return absl::InvalidArgumentError(absl::StrCat("cannot merge ", p.job.job_id(), ": its manifest repeats ids, and a ",
                                                      "merged report joins rows by id: ",

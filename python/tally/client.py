@@ -68,6 +68,11 @@ def _job_dict(job):
     return d
 
 
+# JobSpec fields that name files or folders: made absolute before they are sent.
+_PATH_OPTIONS = {"save_predictions", "coco", "coco_images", "coco_results", "coco_panoptic", "panoptic_dir",
+                 "panoptic_predictions", "panoptic_predictions_dir"}
+
+
 def _absolute_model(model):
     """PATH or PATH.py:Class with PATH made absolute, as the CLI sends it."""
     path, sep, cls = model.rpartition(":")
@@ -114,14 +119,16 @@ class Client:
 
     # Jobs -----------------------------------------------------------------------------------
 
-    def submit(self, manifest, model=None, **options):
+    def submit(self, manifest=None, model=None, **options):
         """Submits a job; returns its id. `options` are JobSpec fields (proto/tally.proto) by name:
         name, labels={...}, metrics=[...] or "dice,iou", batch_size, shard_size, mean, std,
         num_classes, thresholds, iou_thresholds, empty_score, max_failed_fraction, python,
         model_options={...}, ignore_index, label_map={...}, precision, thumbnails,
         save_predictions, ... Paths are made absolute
-        here, as tallyd and the workers read them."""
-        spec = tally_pb2.JobSpec(manifest=os.path.abspath(manifest))
+        here, as tallyd and the workers read them. COCO jobs (README "Instances"): manifest=None with
+        coco=..., coco_images=... and coco_results=... (or a model); or coco_panoptic=..., panoptic_dir=...,
+        panoptic_predictions=...."""
+        spec = tally_pb2.JobSpec(manifest=os.path.abspath(manifest) if manifest else "")
         if model:
             spec.model = _absolute_model(model)
         fields = spec.DESCRIPTOR.fields_by_name
@@ -129,7 +136,7 @@ class Client:
             if key not in fields:
                 raise TypeError(f"submit() got an unknown option {key!r}; JobSpec fields: {', '.join(sorted(fields))}")
             field = fields[key]
-            if key == "save_predictions" and value:
+            if key in _PATH_OPTIONS and value:
                 value = os.path.abspath(value)
             if key == "metrics" and isinstance(value, str):
                 value = [m for m in value.split(",") if m]

@@ -355,3 +355,34 @@ class TorchScriptInstancesTest(unittest.TestCase):
         a, b = tt.read_per_image(model), tt.read_per_image(files)
         self.assertEqual([(r["index"], r["class"], r["tp"], r["fp"], r["fn"], r["instance_tp50"]) for r in a],
                          [(r["index"], r["class"], r["tp"], r["fp"], r["fn"], r["instance_tp50"]) for r in b])
+
+
+class ReferringBadInputTest(unittest.TestCase):
+    def test_rows_naming_a_missing_annotation_or_image_fail_alone(self):
+        root = tt.tmpdir(self)
+        h, w = 20, 24
+        Image.fromarray(np.full((h, w, 3), 90, np.uint8)).save(os.path.join(root, "a.png"))
+        m = np.zeros((h, w), bool)
+        m[3:9, 4:15] = True
+        seg = {"counts": ref.rle_counts(m), "size": [h, w]}
+        gt = {"images": [{"id": 1, "file_name": "a.png", "height": h, "width": w}],
+              "categories": [{"id": 1, "name": "thing"}],
+              "annotations": [{"id": 5, "image_id": 1, "category_id": 1, "area": 66.0, "iscrowd": 0, "segmentation": seg},
+                              {"id": 6, "image_id": 77, "category_id": 1, "area": 66.0, "iscrowd": 0, "segmentation": seg},
+                              {"id": 7, "image_id": 1, "category_id": 1, "area": 66.0, "iscrowd": 0,
+                               "segmentation": {"counts": [3, 2], "size": [h, w]}}]}
+        with open(os.path.join(root, "gt.json"), "w") as f:
+            json.dump(gt, f)
+        with open(os.path.join(root, "refs.csv"), "w") as f:
+            f.write("id,image,prompt,coco_ann_ids\nok,a.png,red,5\nmissing,a.png,red,5;404\n"
+                    "unlisted,a.png,red,6\nbroken,a.png,red,7\nnotanid,a.png,red,5;x\n")
+        out = os.path.join(root, "out")
+        tt.tally_run(os.path.join(tt.SRC, "examples", "python-model", "prompt_model.py"), os.path.join(root, "refs.csv"),
+                     out, "--python", PY, "--coco", os.path.join(root, "gt.json"))
+        report = tt.read_report(out)
+        failed = {f["id"]: f["reason"] for f in report["failures"]}
+        self.assertEqual(report["images_evaluated"], 1)
+        self.assertIn("annotation 404 is not in the annotation file", failed["missing"])
+        self.assertIn("annotation 6 is for image 77, which the annotation file does not list", failed["unlisted"])
+        self.assertIn("annotation 7: RLE counts sum to 5", failed["broken"])
+        self.assertIn("coco_ann_ids '5;x'", failed["notanid"])

@@ -87,3 +87,23 @@ class PythonClientTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PythonClientCocoTest(unittest.TestCase):
+    def test_a_coco_results_job_from_python_equals_the_cli(self):
+        import test_coco as tc
+        root = tt.tmpdir(self)
+        rng = np.random.default_rng(5)
+        images, cats, gts, dts = tc.random_case(rng)
+        tc.write_case(root, rng, images, cats, gts, dts)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        with Client(c.address) as client:
+            job = client.submit(coco=os.path.join(root, "gt.json"), coco_images=root,
+                                coco_results=os.path.join(root, "results.json"))
+            self.assertEqual(client.wait(job, timeout=120)["state"], "succeeded")
+            report = client.report(job)
+        out = os.path.join(root, "cli")
+        tt.tally("run", "--coco", os.path.join(root, "gt.json"), "--images", root, "--coco-results",
+                 os.path.join(root, "results.json"), "--out", out)
+        self.assertEqual(report["instances"]["stats"], tt.read_report(out)["instances"]["stats"])
