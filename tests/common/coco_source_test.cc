@@ -1,0 +1,139 @@
+// COCO jobs' per-row pieces (common/io/coco_source.h, coco_masks.h, coco_json.h's panoptic reader)
+// on hand-worked cases: label maps painted in the documented order, a row's records at IoU 0.5 with
+// a crowd region and a category without references, the instance F1, panoptic files' errors.
+#include "common/io/coco_source.h"
+
+#include <cmath>
+#include <vector>
+
+#include "common/io/thumbnail.h"
+#include "gtest/gtest.h"
+
+namespace tally {
+namespace {
+
+// A rectangle [y0, y1) x [x0, x1) of an h x w image as an instance.
+CocoInstance Box(int64_t id, int64_t category, double score, int h, int w, int y0, int y1, int x0, int x1,
+                 bool crowd = false) {
+  std::vector<uint8_t> m(static_cast<size_t>(h) * w, 0);
+  for (int y = y0; y < y1; ++y) {
+    for (int x = x0; x < x1; ++x) m[static_cast<size_t>(y) * w + x] = 1;
+  }
+  CocoInstance inst;
+  inst.id = id;
+  inst.category_id = category;
+  inst.score = score;
+  inst.crowd = crowd;
+  inst.mask = RleFromMask(m.data(), h, w);
+  inst.area = static_cast<double>(RleArea(inst.mask));
+  return inst;
+}
+
+TEST(PaintCocoLabelsTest, DetectionsByAscendingScoreAboveHalfReferencesInOrder) {
+  const int h = 3, w = 4;
+  // Three detections over pixel (1, 1): category 1 at 0.6, 2 at 0.9, 3 at 0.4 (below 0.5: not painted).
+  const std::vector<CocoInstance> dets = {Box(1, 1, 0.6, h, w, 0, 2, 0, 2), Box(2, 2, 0.9, h, w, 1, 3, 1, 3),
+                                          Box(3, 3, 0.4, h, w, 0, 3, 0, 4)};
+  std::vector<uint16_t> labels(h * w, 99);
+  PaintCocoLabels(dets, true, h, w, labels.data());
+  const std::vector<uint16_t> want = {1, 1, 0, 0,
+                                      1, 2, 2, 0,
+                                      0, 2, 2, 0};
+  EXPECT_EQ(labels, want);
+  // References: the file's order, the later on top, whatever their scores.
+  std::vector<uint16_t> refs(h * w, 99);
+  PaintCocoLabels({dets[1], dets[0]}, false, h, w, refs.data());
+  EXPECT_EQ(refs[1 * w + 1], 1);
+  // Column by column: the same map, transposed.
+  std::vector<uint16_t> columns(h * w, 99);
+  PaintCocoLabels(dets, true, h, w, columns.data(), true);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) EXPECT_EQ(columns[x * h + y], labels[y * w + x]) << y << "," << x;
+  }
+}
+
+TEST(EvaluateCocoInstancesTest, CountsAtHalfWithCrowdAndAnotherCategory) {
+  const int h = 8, w = 8;
+  CocoImageInstances image;
+  image.image_id = 5;
+  image.height = h;
+  image.width = w;
+  image.references = {Box(10, 1, 0, h, w, 0, 2, 0, 2), Box(11, 1, 0, h, w, 4, 8, 4, 8, /*crowd=*/true)};
+  image.detections = {Box(1, 1, 0.9, h, w, 0, 2, 0, 2),   // IoU 1 with reference 10: true positive.
+                      Box(2, 1, 0.8, h, w, 5, 7, 5, 7),   // Inside the crowd region: ignored.
+                      Box(3, 1, 0.7, h, w, 0, 2, 5, 7),   // Nothing there: false positive.
+                      Box(4, 2, 0.6, h, w, 0, 2, 0, 2)};  // Category 2 has no reference: false positive.
+  google::protobuf::RepeatedPtrField<v1::CocoImageRecord> records;
+  std::vector<uint8_t> outcomes;
+  EvaluateCocoInstances(image, &records, &outcomes);
+  ASSERT_EQ(records.size(), 2);
+  const v1::CocoImageRecord& c1 = records.Get(0);
+  EXPECT_EQ(c1.category_id(), 1);
+  EXPECT_EQ(c1.references(), 2);
+  EXPECT_EQ(c1.detections(), 3);
+  EXPECT_EQ(c1.tp50(), 1);
+  EXPECT_EQ(c1.fp50(), 1);
+  EXPECT_EQ(c1.fn50(), 0);
+  ASSERT_EQ(c1.positives_size(), 4);
+  EXPECT_EQ(c1.positives(0), 1);  // The crowd region does not count.
+  EXPECT_EQ(c1.scores_size(), 3);
+  EXPECT_EQ(c1.outcomes().size(), 4u * 10u * 3u);
+  const v1::CocoImageRecord& c2 = records.Get(1);
+  EXPECT_EQ(c2.category_id(), 2);
+  EXPECT_EQ(c2.tp50(), 0);
+  EXPECT_EQ(c2.fp50(), 1);
+  EXPECT_EQ(c2.fn50(), 0);
+  // The picture: the matched pair green; the false detections red (category 2's on top of the
+  // match); the crowd region and the ignored detection uncoloured.
+  EXPECT_EQ(outcomes[0 * w + 0], kOutcomeFp);
+  EXPECT_EQ(outcomes[0 * w + 5], kOutcomeFp);
+  EXPECT_EQ(outcomes[6 * w + 6], kOutcomeNone);
+  v1::ImageResult r;
+  *r.mutable_instances() = records;
+  EXPECT_DOUBLE_EQ(RowInstanceF1(r), 2.0 / (2.0 + 2.0));  // 2 TP / (2 TP + FP + FN) = 2 / 4.
+  EXPECT_TRUE(std::isnan(RowInstanceF1(v1::ImageResult())));
+}
+
+TEST(EvaluateCocoInstancesTest, AMissedReferenceIsBlue) {
+  const int h = 4, w = 4;
+  CocoImageInstances image;
+  image.height = h;
+  image.width = w;
+  image.references = {Box(1, 3, 0, h, w, 0, 2, 0, 2)};
+  google::protobuf::RepeatedPtrField<v1::CocoImageRecord> records;
+  std::vector<uint8_t> outcomes;
+  EvaluateCocoInstances(image, &records, &outcomes);
+  ASSERT_EQ(records.size(), 1);
+  EXPECT_EQ(records.Get(0).fn50(), 1);
+  EXPECT_EQ(outcomes[0], kOutcomeFn);
+  EXPECT_EQ(outcomes[3 * w + 3], kOutcomeNone);
+}
+
+TEST(ParseCocoPanopticTest, SegmentsAndTheirErrors) {
+  const std::string json = R"({"categories": [{"id": 1, "name": "a", "isthing": 1}, {"id": 10, "name": "sky", "isthing": 0}],
+    "annotations": [
+      {"image_id": 3, "file_name": "3.png", "segments_info": [{"id": 7, "category_id": 1, "area": 12, "iscrowd": 1}]},
+      {"image_id": 4, "file_name": "4.png", "segments_info": [{"id": 0, "category_id": 1, "area": 2}]},
+      {"image_id": 5, "file_name": "5.png", "segments_info": [{"id": 9, "area": 2}]}]})";
+  absl::StatusOr<CocoDataset> d = ParseCocoPanoptic(json, "p.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->panoptic.size(), 3u);
+  EXPECT_EQ(d->categories[1].isthing, false);
+  const CocoPanopticAnnotation& a = d->panoptic[0];
+  EXPECT_EQ(a.image_id, 3);
+  EXPECT_EQ(a.file_name, "3.png");
+  ASSERT_EQ(a.segments.size(), 1u);
+  EXPECT_EQ(a.segments[0].id, 7);
+  EXPECT_EQ(a.segments[0].area, 12);
+  EXPECT_TRUE(a.segments[0].iscrowd);
+  EXPECT_TRUE(a.error.empty());
+  EXPECT_EQ(d->panoptic[1].error, "segment 0: no segment id in 1..2^24-1");
+  EXPECT_EQ(d->panoptic[2].error, "segment 0: no category_id");
+  // An annotation without an image id cannot fail a row: the file is refused, naming it.
+  absl::StatusOr<CocoDataset> bad = ParseCocoPanoptic(R"({"annotations": [{"file_name": "x.png"}]})", "p.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("annotations[0]"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace tally
