@@ -46,37 +46,60 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+// Every annotation's (or result's) mask, decoded on `threads` threads; an error names the first bad one.
+absl::StatusOr<std::vector<Rle>> DecodeAll(const std::vector<CocoAnnotation>& anns,
+                                           const std::map<int64_t, const CocoImageInfo*>& images,
+                                           const std::map<int64_t, bool>& categories, bool result, int threads) {
+  std::vector<Rle> masks(anns.size());
+  std::vector<std::string> errors(anns.size());
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (size_t i = t; i < anns.size(); i += threads) {
+        const CocoAnnotation& a = anns[i];
+        const char* what = result ? "result " : "annotation ";
+        auto it = images.find(a.image_id);
+        if (!a.error.empty()) {
+          errors[i] = a.error;
+        } else if (it == images.end()) {
+          errors[i] = absl::StrCat(what, a.id, ": image ", a.image_id, " is not in the ground truth");
+        } else if (categories.count(a.category_id)) {
+          absl::StatusOr<Rle> mask = SegmentationRle(a.segmentation, it->second->height, it->second->width);
+          if (mask.ok()) {
+            masks[i] = *std::move(mask);
+          } else {
+            errors[i] = absl::StrCat(what, a.id, ": ", mask.status().message());
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  for (const std::string& e : errors) {
+    if (!e.empty()) return absl::InvalidArgumentError(e);
+  }
+  return masks;
+}
+
 // Masks for every annotation and result, grouped by image and category. Results whose category
 // the ground truth does not list are left out, as COCOeval leaves them out.
-absl::StatusOr<std::map<int64_t, ImageInstances>> Group(const CocoDataset& gt, const std::vector<CocoAnnotation>& dts) {
+absl::StatusOr<std::map<int64_t, ImageInstances>> Group(const CocoDataset& gt, const std::vector<CocoAnnotation>& dts,
+                                                        int threads) {
   std::map<int64_t, const CocoImageInfo*> images;
   for (const CocoImageInfo& im : gt.images) images[im.id] = &im;
   std::map<int64_t, bool> categories;
   for (const CocoCategoryInfo& c : gt.categories) categories[c.id] = true;
   std::map<int64_t, ImageInstances> out;
   for (const CocoImageInfo& im : gt.images) out[im.id];
-  auto add = [&](const CocoAnnotation& a, bool result) -> absl::Status {
-    if (!a.error.empty()) return absl::InvalidArgumentError(a.error);
-    auto it = images.find(a.image_id);
-    if (it == images.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(result ? "result " : "annotation ", a.id, ": image ", a.image_id,
-                                                     " is not in the ground truth"));
+  for (bool result : {false, true}) {
+    const std::vector<CocoAnnotation>& anns = result ? dts : gt.annotations;
+    absl::StatusOr<std::vector<Rle>> masks = DecodeAll(anns, images, categories, result, threads);
+    if (!masks.ok()) return masks.status();
+    for (size_t i = 0; i < anns.size(); ++i) {
+      if (!categories.count(anns[i].category_id)) continue;
+      auto& slot = out[anns[i].image_id][anns[i].category_id];
+      (result ? slot.second : slot.first).push_back({&anns[i], std::move((*masks)[i])});
     }
-    if (!categories.count(a.category_id)) return absl::OkStatus();
-    absl::StatusOr<Rle> mask = SegmentationRle(a.segmentation, it->second->height, it->second->width);
-    if (!mask.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(result ? "result " : "annotation ", a.id, ": ", mask.status().message()));
-    }
-    auto& slot = out[a.image_id][a.category_id];
-    (result ? slot.second : slot.first).push_back({&a, *std::move(mask)});
-    return absl::OkStatus();
-  };
-  for (const CocoAnnotation& a : gt.annotations) {
-    if (absl::Status s = add(a, false); !s.ok()) return s;
-  }
-  for (const CocoAnnotation& a : dts) {
-    if (absl::Status s = add(a, true); !s.ok()) return s;
   }
   return out;
 }
@@ -115,9 +138,10 @@ int Run() {
   if (!dts.ok()) return Fail(std::string(dts.status().message()));
   const double load = Since(t0);
   const auto t1 = std::chrono::steady_clock::now();
-  absl::StatusOr<std::map<int64_t, ImageInstances>> images = Group(*gt, *dts);
+  const int threads = std::max(1, absl::GetFlag(FLAGS_threads));
+  absl::StatusOr<std::map<int64_t, ImageInstances>> images = Group(*gt, *dts, threads);
   if (!images.ok()) return Fail(std::string(images.status().message()));
-  const std::vector<CocoImageEval> evals = EvaluateAll(*images, std::max(1, absl::GetFlag(FLAGS_threads)));
+  const std::vector<CocoImageEval> evals = EvaluateAll(*images, threads);
   const double evaluate = Since(t1);
   const auto t2 = std::chrono::steady_clock::now();
   std::vector<const CocoImageEval*> ptrs;

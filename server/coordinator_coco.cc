@@ -199,10 +199,11 @@ absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, co
     row.index = static_cast<int64_t>(i);
     row.id = absl::StrCat(im.id);
     row.image = im.file_name;
-    row.image_path = ResolvePath(spec.coco_images(), im.file_name);
+    if (!im.file_name.empty()) row.image_path = ResolvePath(spec.coco_images(), im.file_name);
     row.has_coco_image = true;
     row.coco_image_id = im.id;
-    if (im.file_name.empty()) row.error = absl::StrCat("COCO image ", im.id, " has no file_name");
+    // Only a model reads the image (a results job draws its thumbnails without one).
+    if (im.file_name.empty() && !spec.model().empty()) row.error = absl::StrCat("COCO image ", im.id, " has no file_name");
     rows.push_back(std::move(row));
   }
   RETURN_IF_ERROR(StoreRows(store_.get(), job_id, std::move(rows)));
