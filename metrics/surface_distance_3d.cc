@@ -1,8 +1,11 @@
 // The 3D surface distances of metrics/surface_distance.h (NIfTI volumes): exact Euclidean
 // distances with anisotropic spacing, from each edge voxel to the nearest edge voxel of the other map.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <thread>
 
 #include "metrics/surface_distance.h"
 #include "metrics/surface_summary.h"
@@ -307,17 +310,45 @@ SurfaceValues BinarySurfaceMetrics3D(const uint8_t* pred, const uint8_t* ref, in
 
 void ClassSurfaceMetrics3D(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,
                            int num_classes, uint16_t ignore_label, const SurfaceOptions3D& options,
-                           std::vector<SurfaceValues>* out) {
+                           std::vector<SurfaceValues>* out, int threads) {
   std::vector<std::vector<int64_t>> pred_edges, ref_edges;
-  ExtractEdges3D(
-      depth, height, width, num_classes,
-      [&](int64_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(pred[i]); }, &pred_edges);
-  ExtractEdges3D(
-      depth, height, width, num_classes,
-      [&](int64_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(ref[i]); }, &ref_edges);
-  out->resize(num_classes);
+  auto pred_pass = [&] {
+    ExtractEdges3D(
+        depth, height, width, num_classes,
+        [&](int64_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(pred[i]); }, &pred_edges);
+  };
+  auto ref_pass = [&] {
+    ExtractEdges3D(
+        depth, height, width, num_classes,
+        [&](int64_t i) { return ref[i] == ignore_label ? kNone : static_cast<uint32_t>(ref[i]); }, &ref_edges);
+  };
+  if (threads > 1) {
+    std::thread other(pred_pass);
+    ref_pass();
+    other.join();
+  } else {
+    pred_pass();
+    ref_pass();
+  }
+  out->assign(num_classes, SurfaceValues{});
   const Dims3 dims{depth, height, width};
-  for (int c = 0; c < num_classes; ++c) (*out)[c] = FromEdges3D(pred_edges[c], ref_edges[c], dims, options);
+  // Each class on its own: the largest first (the most edge voxels), then whoever is free takes the next.
+  std::vector<int> order(num_classes);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return pred_edges[a].size() + ref_edges[a].size() > pred_edges[b].size() + ref_edges[b].size();
+  });
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k = next++; k < order.size(); k = next++) {
+      const int c = order[k];
+      (*out)[c] = FromEdges3D(pred_edges[c], ref_edges[c], dims, options);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, num_classes); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
 }
 
 void RegionSurfaceMetrics(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,

@@ -248,7 +248,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
     if (!config.regions.empty()) {
       RegionSurfaceMetrics(p, r, depth, height, width, config.regions, kIgnoredPixel, *spacing, &surface);
     } else if (depth > 1) {
-      ClassSurfaceMetrics3D(p, r, depth, height, width, *classes, kIgnoredPixel, *spacing, &surface);
+      ClassSurfaceMetrics3D(p, r, depth, height, width, *classes, kIgnoredPixel, *spacing, &surface, SpareThreads());
     } else {
       ClassSurfaceMetrics(p, r, height, width, *classes, kIgnoredPixel,
                           SurfaceOptions{spacing->spacing_y, spacing->spacing_x, spacing->nsd_tolerance}, &surface);
@@ -369,6 +369,14 @@ void ScoringPipeline::WaitIdle() {
 }
 
 bool ScoringPipeline::WorkOrStopLocked() const { return stopping_ || !shards_.empty(); }
+
+int ScoringPipeline::SpareThreads() const {
+  absl::MutexLock lock(&mu_);
+  if (!shards_.empty()) return 1;  // Rows still wait: every thread will have one of its own.
+  int busy = 0;
+  for (const Activity& a : activity_) busy += a.since != 0;
+  return std::max(1, threads_count_ / std::max(1, busy));
+}
 
 void ScoringPipeline::Loop(size_t slot) {
   while (true) {

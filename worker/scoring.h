@@ -1,7 +1,8 @@
 // The worker's data path for prediction jobs (no model): each row's predicted label map and
 // reference, 2D PNGs or 3D NIfTI volumes, are read, put through the job's mask conventions and
 // scored on the CPU (counts for every class or region, surface distances when selected), one row
-// per thread at a time. No device is needed.
+// per thread at a time; once no row waits, a volume's classes are spread over the threads left idle
+// (metrics/surface_distance.h ClassSurfaceMetrics3D). No device is needed.
 //
 // Per row: the prediction gets the label map; the reference the label map and then the ignore
 // index; both must have the same geometry (size; for volumes also spacing and affine within a
@@ -95,6 +96,9 @@ class ScoringPipeline : public RowEvaluator {
     int64_t index = 0;
   };
 
+  // The threads one row may use for its classes: its share of the scoring threads once no row waits
+  // (a last few volumes, each with many classes, then use every core).
+  int SpareThreads() const ABSL_LOCKS_EXCLUDED(mu_);
   void Loop(size_t slot);
   void WatchdogLoop();
   bool WorkOrStopLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,6 +2,7 @@
 // erosion, all-pairs distances, sorted percentiles, per-pixel counting.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -154,6 +155,30 @@ TEST(SurfaceDistance3DTest, FarApartSurfacesTakeTheSeparablePath) {
     ExpectNear(got.hd95, want.hd95);
     ExpectNear(got.assd, want.assd);
     ExpectNear(got.nsd, want.nsd);
+  }
+}
+
+TEST(SurfaceDistance3DTest, ClassesOnSeveralThreadsGiveTheValuesOfOne) {
+  // The threaded path must not change a bit (classes of very different sizes, empty ones too).
+  std::mt19937 rng(12);
+  const int d = 12, h = 14, w = 16, classes = 7;
+  std::vector<uint16_t> pred(d * h * w), ref(d * h * w);
+  for (size_t i = 0; i < pred.size(); ++i) {
+    pred[i] = static_cast<uint16_t>(rng() % 3 == 0 ? rng() % classes : i % 5);
+    ref[i] = rng() % 13 == 0 ? kIgnoredPixel : static_cast<uint16_t>(rng() % 4 == 0 ? rng() % classes : (i / 7) % 5);
+  }
+  std::vector<SurfaceValues> one, many;
+  ClassSurfaceMetrics3D(pred.data(), ref.data(), d, h, w, classes, kIgnoredPixel, {1.5, 1.0, 0.7, 2.0}, &one, 1);
+  for (int threads : {2, 3, 16}) {
+    ClassSurfaceMetrics3D(pred.data(), ref.data(), d, h, w, classes, kIgnoredPixel, {1.5, 1.0, 0.7, 2.0}, &many, threads);
+    ASSERT_EQ(many.size(), one.size());
+    for (int c = 0; c < classes; ++c) {
+      for (auto field : {&SurfaceValues::hd, &SurfaceValues::hd95, &SurfaceValues::assd, &SurfaceValues::nsd}) {
+        const double a = one[c].*field, b = many[c].*field;
+        EXPECT_TRUE((std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0)
+            << "class " << c << ", " << threads << " threads: " << a << " vs " << b;
+      }
+    }
   }
 }
 
