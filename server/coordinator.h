@@ -251,6 +251,14 @@ class Coordinator {
   absl::StatusOr<JobRecord> StoreCocoImages(const v1::JobSpec& spec, const std::string& job_id);
   // Panoptic jobs: one row per reference annotation, its prediction found by image id.
   absl::StatusOr<JobRecord> StorePanopticImages(const v1::JobSpec& spec, const std::string& job_id);
+  // Stores the rows of a submission made in memory (COCO jobs), in batches; on an error they are
+  // discarded again.
+  absl::Status StoreRows(const std::string& job_id, std::vector<ManifestRow> rows);
+  // Deletes what a refused submission stored so far (logging a failure to) and returns `why`.
+  absl::Status DiscardSubmission(const std::string& job_id, absl::Status why);
+  // A submission's record once its rows are stored: queued, `rows` rows, the model's hash, and the
+  // shard size (jobs without a model: smaller shards, see StoreManifest).
+  JobRecord QueuedRecord(const v1::JobSpec& spec, const std::string& job_id, int64_t rows) const;
   // Ids are the join key of a merged report: refuses parts whose manifests repeat ids, or that
   // share an id (two runs of one manifest are compared, not merged).
   absl::Status CheckIdsJoin(const std::vector<JobRecord>& parts);

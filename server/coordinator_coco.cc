@@ -15,7 +15,6 @@
 #include "common/job/job_config.h"
 #include "common/security/sha256.h"
 #include "server/coordinator.h"
-#include "server/sharding.h"
 
 namespace tally {
 namespace {
@@ -118,21 +117,6 @@ absl::Status CompletePanopticSpec(const CocoDataset& gt, v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
-// Stores `rows` in batches; on an error, the job's rows stored so far are deleted again.
-absl::Status StoreRows(JobStore* store, const std::string& job_id, std::vector<ManifestRow> rows) {
-  absl::Status s = store->BeginSubmission(job_id);
-  for (size_t i = 0; s.ok() && i < rows.size(); i += kCocoSubmitBatch) {
-    std::vector<ManifestRow> batch(std::make_move_iterator(rows.begin() + i),
-                                   std::make_move_iterator(rows.begin() + std::min(rows.size(), i + kCocoSubmitBatch)));
-    s = store->InsertManifestRows(job_id, batch);
-  }
-  if (!s.ok()) {
-    absl::Status cleanup = store->DeleteJob(job_id);
-    if (!cleanup.ok()) Log("removing the rows of the refused submission ", job_id, " failed: ", cleanup.ToString());
-  }
-  return s;
-}
-
 }  // namespace
 
 absl::StatusOr<JobRecord> Coordinator::StorePanopticImages(const v1::JobSpec& in, const std::string& job_id) {
@@ -175,17 +159,8 @@ absl::StatusOr<JobRecord> Coordinator::StorePanopticImages(const v1::JobSpec& in
     spec.add_manifest_warnings(absl::StrCat(unlisted, " predicted annotation(s) are for images the reference does not ",
                                             "annotate; they are not scored"));
   }
-  RETURN_IF_ERROR(StoreRows(store_.get(), job_id, std::move(rows)));
-  JobRecord rec;
-  rec.job.set_job_id(job_id);
-  *rec.job.mutable_spec() = spec;
-  rec.job.set_state(v1::JOB_STATE_QUEUED);
-  rec.job.set_created_unix(Now());
-  rec.job.set_images_total(static_cast<int64_t>(gt.panoptic.size()));
-  int64_t requested = spec.shard_size();
-  if (requested == 0) requested = std::clamp<int64_t>((rec.job.images_total() + 255) / 256, 1, 1024);
-  rec.shard_size = EffectiveShardSize(rec.job.images_total(), requested, spec.batch_alignment());
-  return rec;
+  RETURN_IF_ERROR(StoreRows(job_id, std::move(rows)));
+  return QueuedRecord(spec, job_id, static_cast<int64_t>(gt.panoptic.size()));  // No model: validated.
 }
 
 absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, const std::string& job_id) {
@@ -206,18 +181,18 @@ absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, co
     if (im.file_name.empty() && !spec.model().empty()) row.error = absl::StrCat("COCO image ", im.id, " has no file_name");
     rows.push_back(std::move(row));
   }
-  RETURN_IF_ERROR(StoreRows(store_.get(), job_id, std::move(rows)));
-  JobRecord rec;
-  rec.job.set_job_id(job_id);
-  *rec.job.mutable_spec() = spec;
-  if (!spec.model().empty()) rec.job.mutable_spec()->set_model_sha256(Sha256FileHex(ParseModelRef(spec.model()).path));
-  rec.job.set_state(v1::JOB_STATE_QUEUED);
-  rec.job.set_created_unix(Now());
-  rec.job.set_images_total(static_cast<int64_t>(gt.images.size()));
-  int64_t requested = spec.shard_size();
-  if (requested == 0 && spec.model().empty()) requested = std::clamp<int64_t>((rec.job.images_total() + 255) / 256, 1, 1024);
-  rec.shard_size = EffectiveShardSize(rec.job.images_total(), requested, spec.batch_alignment());
-  return rec;
+  RETURN_IF_ERROR(StoreRows(job_id, std::move(rows)));
+  return QueuedRecord(spec, job_id, static_cast<int64_t>(gt.images.size()));
+}
+
+absl::Status Coordinator::StoreRows(const std::string& job_id, std::vector<ManifestRow> rows) {
+  absl::Status s = store_->BeginSubmission(job_id);
+  for (size_t i = 0; s.ok() && i < rows.size(); i += kCocoSubmitBatch) {
+    std::vector<ManifestRow> batch(std::make_move_iterator(rows.begin() + i),
+                                   std::make_move_iterator(rows.begin() + std::min(rows.size(), i + kCocoSubmitBatch)));
+    s = store_->InsertManifestRows(job_id, batch);
+  }
+  return s.ok() ? s : DiscardSubmission(job_id, s);
 }
 
 }  // namespace tally

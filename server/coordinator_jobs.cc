@@ -157,17 +157,10 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
     }
     return absl::OkStatus();
   };
-  if (absl::Status s = stream(); !s.ok()) {
-    absl::Status cleanup = store_->DeleteJob(job_id);
-    if (!cleanup.ok()) Log("removing the rows of the refused submission ", job_id, " failed: ", cleanup.ToString());
-    return s;
-  }
-  JobRecord rec;
-  rec.job.set_job_id(job_id);
-  *rec.job.mutable_spec() = spec;
+  if (absl::Status s = stream(); !s.ok()) return DiscardSubmission(job_id, s);
+  JobRecord rec = QueuedRecord(spec, job_id, reader->rows_read());
   rec.job.mutable_spec()->set_manifest(reader->path());
   rec.job.mutable_spec()->set_manifest_sha256(Sha256FileHex(reader->path()));
-  if (!spec.model().empty()) rec.job.mutable_spec()->set_model_sha256(Sha256FileHex(ParseModelRef(spec.model()).path));
   if (!spec.coco().empty()) rec.job.mutable_spec()->set_coco_sha256(Sha256FileHex(spec.coco()));
   if (keep_columns) {  // A Python model: the files its options name, so workers can check their copies.
     for (const auto& [key, value] : spec.model_options()) {
@@ -187,16 +180,30 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
         absl::StrCat(duplicate_message, "; per_image.csv then holds one id for several images, and tally compare and ",
                      "tally merge, which join rows by id, refuse the job"));
   }
+  return rec;
+}
+
+absl::Status Coordinator::DiscardSubmission(const std::string& job_id, absl::Status why) {
+  absl::Status cleanup = store_->DeleteJob(job_id);
+  if (!cleanup.ok()) Log("removing the rows of the refused submission ", job_id, " failed: ", cleanup.ToString());
+  return why;
+}
+
+JobRecord Coordinator::QueuedRecord(const v1::JobSpec& spec, const std::string& job_id, int64_t rows) const {
+  JobRecord rec;
+  rec.job.set_job_id(job_id);
+  *rec.job.mutable_spec() = spec;
+  if (!spec.model().empty()) rec.job.mutable_spec()->set_model_sha256(Sha256FileHex(ParseModelRef(spec.model()).path));
   rec.job.set_state(v1::JOB_STATE_QUEUED);
   rec.job.set_created_unix(Now());
-  rec.job.set_images_total(reader->rows_read());
+  rec.job.set_images_total(rows);
   int64_t requested = spec.shard_size();
   if (requested == 0 && spec.model().empty()) {
     // Scoring a row (a 3D volume especially) costs far more than a model's image: smaller shards
     // spread a small set over every worker.
-    requested = std::clamp<int64_t>((rec.job.images_total() + 255) / 256, 1, 1024);
+    requested = std::clamp<int64_t>((rows + 255) / 256, 1, 1024);
   }
-  rec.shard_size = EffectiveShardSize(rec.job.images_total(), requested, spec.batch_alignment());
+  rec.shard_size = EffectiveShardSize(rows, requested, spec.batch_alignment());
   return rec;
 }
 

@@ -34,7 +34,7 @@ void InstanceAccumulator::Add(const v1::ImageResult& r) {
     c[3] += rec.fp50();
     c[4] += rec.fn50();
   }
-  const double f1 = RowInstanceF1(r);
+  const double f1 = InstanceF1(tp, fp, fn);  // The row's counts, summed above.
   if (std::isnan(f1)) return;
   worst_.push_back({f1, r.index(), tp, fp, fn});
   // Keep the lowest (f1, index): trim now and then so memory stays bounded.

@@ -122,13 +122,17 @@ absl::StatusOr<Rle> CocoSource::AnnotationUnion(const std::vector<int64_t>& ids,
 
 namespace {
 
+// `value` where `mask` is set, into `out` of the mask's size: row-major, or column by column (as
+// the runs go: one fill per run).
 template <typename T>
-void PaintRuns(const Rle& mask, T value, T* out) {
+void PaintRuns(const Rle& mask, T value, T* out, bool column_major = false) {
   const int64_t h = mask.height, w = mask.width;
   int64_t p = 0;
   for (size_t i = 0; i < mask.counts.size(); ++i) {
     const int64_t end = p + mask.counts[i];
-    if (i % 2 == 1) {
+    if (i % 2 == 1 && column_major) {
+      std::fill(out + p, out + end, value);
+    } else if (i % 2 == 1) {
       for (int64_t q = p; q < end; ++q) out[(q % h) * w + q / h] = value;
     }
     p = end;
@@ -220,6 +224,10 @@ double RowInstanceF1(const v1::ImageResult& result) {
     fp += r.fp50();
     fn += r.fn50();
   }
+  return InstanceF1(tp, fp, fn);
+}
+
+double InstanceF1(int64_t tp, int64_t fp, int64_t fn) {
   const int64_t denominator = 2 * tp + fp + fn;
   return denominator == 0 ? std::numeric_limits<double>::quiet_NaN()
                           : 2.0 * static_cast<double>(tp) / static_cast<double>(denominator);
@@ -239,17 +247,7 @@ void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections
   for (size_t i : order) {
     const CocoInstance& inst = instances[i];
     if (detections && !(inst.score >= kCocoSemanticScore)) continue;
-    const uint16_t value = static_cast<uint16_t>(inst.category_id);
-    if (!column_major) {
-      PaintRle(inst.mask, value, labels);
-      continue;
-    }
-    int64_t p = 0;
-    for (size_t i = 0; i < inst.mask.counts.size(); ++i) {
-      const int64_t end = p + inst.mask.counts[i];
-      if (i % 2 == 1) std::fill(labels + p, labels + end, value);
-      p = end;
-    }
+    PaintRuns(inst.mask, static_cast<uint16_t>(inst.category_id), labels, column_major);
   }
 }
 

@@ -87,6 +87,7 @@ void EvaluateCocoInstances(const CocoImageInstances& image,
 // The instance F1 at IoU 0.5 of a row's records: 2 TP / (2 TP + FP + FN) over its categories; NaN
 // when it has neither references nor detections that count.
 double RowInstanceF1(const v1::ImageResult& result);
+double InstanceF1(int64_t tp, int64_t fp, int64_t fn);  // The same from the summed counts.
 
 // Report thumbnails of instance jobs ride on class 0, which is no category (categories are >= 1):
 // the rows of lowest instance F1, each showing its matching.
