@@ -321,7 +321,7 @@ absl::Status Coordinator::ReleaseShard(const v1::ReleaseShardRequest& request) {
       shard.worker_id.clear();
       SplitShardLocked(&job, request.shard_id());
     } else {
-      ReleaseShardLocked(&job, request.shard_id(), request.reason(), true, &deferred);
+      ReleaseShardLocked(&job, request.shard_id(), request.reason(), !request.not_started(), &deferred);
     }
   }
   Apply(deferred);

@@ -336,12 +336,12 @@ void Worker::Accept(const v1::ShardAssignment& a) {
     return;
   }
   if (known_bad) {
-    Release(key, "this worker cannot run the job's model", false);
+    Release(key, "this worker cannot run the job's model", false, /*started=*/false);
     return;
   }
   if (absl::Status same = CheckModelFiles(a.spec()); !same.ok()) {
     Log("refusing job ", a.job_id(), ": ", same.message());
-    Release(key, std::string(same.message()), false);
+    Release(key, std::string(same.message()), false, /*started=*/false);
     JobError error{a.job_id(), std::string(same.message())};
     error.model_mismatch = true;
     OnFatal(error);
@@ -350,7 +350,7 @@ void Worker::Accept(const v1::ShardAssignment& a) {
   absl::Status started = StartJob(a);
   if (!started.ok()) {
     Log("cannot run job ", a.job_id(), ": ", started.message());
-    Release(key, std::string(started.message()), false);
+    Release(key, std::string(started.message()), false, /*started=*/false);
     OnFatal(JobError{a.job_id(), std::string(started.message()), false, IsWorkerLocal(started)});
     return;
   }
@@ -393,7 +393,7 @@ absl::Status Worker::CheckAssignment(const v1::ShardAssignment& a) const {
   return absl::OkStatus();
 }
 
-void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolate_rows) {
+void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolate_rows, bool started) {
   v1::ReleaseShardRequest request;
   {
     absl::MutexLock lock(&mu_);
@@ -404,6 +404,7 @@ void Worker::Release(const LeaseKey& key, const std::string& reason, bool isolat
   request.set_lease_id(key.lease_id);
   request.set_reason(reason);
   request.set_isolate_rows(isolate_rows);
+  request.set_not_started(!started);
   v1::ReleaseShardResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(10));

@@ -199,8 +199,9 @@ class Worker {
   // Sends one ReportResults; returns false if it must be retried later.
   bool Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete);
   bool SendJobError(const JobError& error);
-  // Gives a lease back to the coordinator (best effort) and forgets it.
-  void Release(const LeaseKey& key, const std::string& reason, bool isolate_rows);
+  // Gives a lease back to the coordinator (best effort) and forgets it. `started` false: no row of it was
+  // begun (the worker refuses the job), which is no mark against the rows.
+  void Release(const LeaseKey& key, const std::string& reason, bool isolate_rows, bool started = true);
   // Checks an assignment before any of its rows is evaluated.
   absl::Status CheckAssignment(const v1::ShardAssignment& a) const;
   // Waits (up to `seconds`) until every produced result has been sent.

@@ -272,6 +272,34 @@ TEST_F(CoordinatorTest, ShardLostTooOftenIsSplitAndOnlyTheCulpritFails) {
   EXPECT_THAT(report, HasSubstr("\"images_failed\": 1"));
 }
 
+// A worker that refuses a job (another copy of the model) gives its shard back unbegun, maybe
+// several times before its refusal arrives: that is no mark against the rows. Found by CI: a
+// stale worker's three releases of one shard failed a row as "in hand each time a worker was lost".
+TEST_F(CoordinatorTest, ShardsGivenBackUnbegunAreNeitherSplitNorFailed) {
+  auto job = core_->SubmitJob(Spec(10, 1));
+  const std::string stale = Register("stale");
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    v1::ShardAssignment a = Acquire(stale);
+    ASSERT_TRUE(a.has_spec()) << attempt;
+    EXPECT_EQ(a.rows_size(), 10) << attempt;
+    v1::ReleaseShardRequest release;
+    release.set_worker_id(stale);
+    release.set_job_id(a.job_id());
+    release.set_shard_id(a.shard_id());
+    release.set_lease_id(a.lease_id());
+    release.set_reason("sees another file at the job's model path");
+    release.set_not_started(true);
+    ASSERT_TRUE(core_->ReleaseShard(release).ok());
+  }
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  EXPECT_EQ(a.rows_size(), 10);
+  Complete(w, a);
+  auto j = core_->GetJob(job->job_id());
+  EXPECT_EQ(j->images_evaluated(), 10);
+  EXPECT_EQ(j->images_failed(), 0);
+}
+
 // A report the coordinator rejects ends the lease at once: the shard goes to the next worker
 // without waiting for any expiry (the multi-job hang: results carrying the wrong class count).
 TEST_F(CoordinatorTest, RejectedReportReleasesTheLeaseAtOnce) {
