@@ -96,6 +96,29 @@ absl::Status ThresholdFlags(const JobFlags& f, v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// Lesion-wise metrics: --connectivity, --lesion-dilation, --lesion-min-volume, --lesion-max-hd95,
+// --lesion-iou (tallyd checks them again, naming the spec's fields).
+absl::Status LesionFlags(const JobFlags& f, v1::JobSpec* spec) {
+  const int c = f.connectivity;
+  if (c != 0 && c != 4 && c != 8 && c != 6 && c != 18 && c != 26) {
+    return absl::InvalidArgumentError(absl::StrCat("--connectivity: expected 4 or 8 (2D), 6, 18 or 26 (3D), got ", c));
+  }
+  if (f.lesion_dilation < 0 || f.lesion_dilation > 50) {
+    return absl::InvalidArgumentError(absl::StrCat("--lesion-dilation: expected 0 to 50, got ", f.lesion_dilation));
+  }
+  if (!(f.lesion_min_volume >= 0) || !(f.lesion_max_hd95 >= 0) || !(f.lesion_iou >= 0 && f.lesion_iou <= 1)) {
+    return absl::InvalidArgumentError("--lesion-min-volume and --lesion-max-hd95 must be >= 0, --lesion-iou in [0, 1]");
+  }
+  // Only what differs from the defaults is stored: other jobs' specs stay as they were.
+  const LesionOptions defaults;
+  spec->set_lesion_connectivity(c);
+  if (f.lesion_dilation != defaults.dilation) spec->set_lesion_dilation(f.lesion_dilation);
+  if (f.lesion_min_volume != defaults.min_volume) spec->set_lesion_min_volume(f.lesion_min_volume);
+  if (f.lesion_max_hd95 != defaults.max_hd95) spec->set_lesion_max_hd95(f.lesion_max_hd95);
+  spec->set_lesion_iou(f.lesion_iou);
+  return absl::OkStatus();
+}
+
 // What the reports hold and how: --empty-score, --max-failed-fraction, --json-infinity,
 // --thumbnails, --save-predictions, --nnunet-summary, --force-spacing, --name, --metrics.
 absl::Status ReportFlags(const JobFlags& f, v1::JobSpec* spec) {
@@ -289,7 +312,7 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const JobFlags& flags, const std::stri
   v1::JobSpec spec;
   // In this order: the first wrong flag is the one reported.
   if (absl::Status s = ModelFlags(flags, manifest.empty() ? flags.manifest : manifest, &spec); !s.ok()) return s;
-  for (auto step : {ThresholdFlags, ReportFlags, InputFlags, RunnerFlags, MaskFlags}) {
+  for (auto step : {ThresholdFlags, ReportFlags, LesionFlags, InputFlags, RunnerFlags, MaskFlags}) {
     if (absl::Status s = step(flags, &spec); !s.ok()) return s;
   }
   return spec;

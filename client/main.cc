@@ -35,7 +35,8 @@ ABSL_FLAG(std::string, model, "", "TorchScript model file (none: score the manif
 ABSL_FLAG(std::string, manifest, "", "Manifest CSV (columns image, mask[, id]; or mask, prediction[, id])");
 ABSL_FLAG(std::string, name, "", "Job label");
 ABSL_FLAG(std::string, metrics, "",
-          "Comma list of metrics, or all (default dice,iou,precision,recall,hd95; COCO instance jobs leave out hd95)");
+          "Comma list of metrics, all (every per-pixel one) or lesion (every lesion_ one) (default "
+          "dice,iou,precision,recall,hd95; COCO instance jobs leave out hd95)");
 ABSL_FLAG(std::string, batch_size, "", "Images per forward pass, or auto (default: 8 on CPU, 32 on GPU)");
 ABSL_FLAG(int, shard_size, 0, "Rows per shard (0 = automatic)");
 ABSL_FLAG(std::string, mean, "", "Per-channel mean on [0,1] inputs, e.g. 0.485,0.456,0.406");
@@ -72,6 +73,16 @@ ABSL_FLAG(std::string, empty_score, "nan", "dice/iou of an image whose predictio
 ABSL_FLAG(std::string, iou_thresholds, "", "Per class, the share of images with IoU >= t, e.g. 0.5,0.7,0.9");
 ABSL_FLAG(std::string, json_infinity, "number",
           "How report.json writes infinity: number (1e999) or string (\"inf\", for jq and other strict tools)");
+ABSL_FLAG(int, connectivity, 0,
+          "Lesion metrics: neighbours of a component's voxels, 4 or 8 (2D), 6, 18 or 26 (3D); 0 = full (8, 26)");
+ABSL_FLAG(int, lesion_dilation, 3,
+          "Lesion metrics: dilation steps merging nearby reference lesions and matching components (BraTS: 3; "
+          "MEN/MET: 1; 0: none)");
+ABSL_FLAG(double, lesion_min_volume, 50,
+          "Lesion metrics: reference lesions of at most this volume (voxels x spacing) are left out (BraTS-MET: 2)");
+ABSL_FLAG(double, lesion_max_hd95, 374, "Lesion metrics: the HD95 of a missed or false-positive lesion");
+ABSL_FLAG(double, lesion_iou, 0,
+          "Lesion metrics: match components one to one at IoU >= this (panoptica) instead of by dilation; 0: dilation");
 ABSL_FLAG(double, max_failed_fraction, 0,
           "More failed rows than this share of the manifest: a warning, and exit code 3 (0 = any failed row)");
 ABSL_FLAG(int, thumbnails, 5, "report.html: thumbnails of this many worst images per class (0-10; 0 = none)");
@@ -179,6 +190,11 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.panoptic_predictions_dir = absl::GetFlag(FLAGS_panoptic_predictions_dir);
   f.model_options = in.model_options;
   f.labels = in.labels;
+  f.connectivity = absl::GetFlag(FLAGS_connectivity);
+  f.lesion_dilation = absl::GetFlag(FLAGS_lesion_dilation);
+  f.lesion_min_volume = absl::GetFlag(FLAGS_lesion_min_volume);
+  f.lesion_max_hd95 = absl::GetFlag(FLAGS_lesion_max_hd95);
+  f.lesion_iou = absl::GetFlag(FLAGS_lesion_iou);
   return f;
 }
 

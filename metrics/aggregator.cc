@@ -13,6 +13,25 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+double Ratio(double num, double den) { return den > 0 ? num / den : kNaN; }
+
+// A lesion metric from lesion counts and sums (metrics/lesion.h; hd95_sum holds the false
+// positives' maximum): per image, or pooled over images.
+double LesionValue(Metric m, int64_t tp, int64_t fn, int64_t fp, double dice_sum, double hd95_sum) {
+  const double n = static_cast<double>(tp + fn + fp);
+  switch (m) {
+    case Metric::kLesionDice: return n > 0 ? dice_sum / n : 1.0;
+    case Metric::kLesionHd95: return n > 0 ? hd95_sum / n : 0.0;
+    case Metric::kLesionSensitivity: return Ratio(static_cast<double>(tp), static_cast<double>(tp + fn));
+    case Metric::kLesionPrecision: return Ratio(static_cast<double>(tp), static_cast<double>(tp + fp));
+    case Metric::kLesionF1: return Ratio(2.0 * static_cast<double>(tp), static_cast<double>(2 * tp + fp + fn));
+    case Metric::kLesionTp: return static_cast<double>(tp);
+    case Metric::kLesionFp: return static_cast<double>(fp);
+    case Metric::kLesionFn: return static_cast<double>(fn);
+    default: return kNaN;
+  }
+}
+
 }  // namespace
 
 Aggregator::Aggregator(AggregateOptions options) : options_(std::move(options)) {
@@ -25,6 +44,10 @@ double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m, E
   if (c < 0 || c >= result.classes_size()) return kNaN;
   const v1::ClassResult& cr = result.classes(c);
   if (IsCountMetric(m)) return CountMetricWithEmpty(m, ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()}, empty);
+  if (IsLesionMetric(m)) {
+    if (!cr.lesion()) return kNaN;
+    return LesionValue(m, cr.lesion_tp(), cr.lesion_fn(), cr.lesion_fp(), cr.lesion_dice_sum(), cr.lesion_hd95_sum());
+  }
   return SurfaceMetric(m, SurfaceValues{cr.hd(), cr.hd95(), cr.assd(), cr.nsd()});
 }
 
@@ -36,6 +59,13 @@ void Aggregator::Add(const v1::ImageResult& result) {
     pc.counts += ConfusionCounts{cr.tp(), cr.fp(), cr.fn(), cr.tn()};
     pc.reference_images += cr.tp() + cr.fn() > 0;
     pc.predicted_images += cr.tp() + cr.fp() > 0;
+    if (cr.lesion()) {
+      pc.lesion_tp += cr.lesion_tp();
+      pc.lesion_fn += cr.lesion_fn();
+      pc.lesion_fp += cr.lesion_fp();
+      CompensatedAdd(cr.lesion_dice_sum(), &pc.lesion_dice_sum, &pc.lesion_dice_c);
+      CompensatedAdd(cr.lesion_hd95_sum(), &pc.lesion_hd95_sum, &pc.lesion_hd95_c);
+    }
     for (Metric m : options_.metrics) {
       const int k = static_cast<int>(m);
       const double v = ImageMetric(result, c, m, options_.empty_score);
@@ -56,7 +86,7 @@ void Aggregator::Add(const v1::ImageResult& result) {
       if (m == Metric::kDice) {
         pc.values[k].push_back(v);
         pc.dice_index.push_back(result.index());
-      } else if (IsSurfaceMetric(m)) {
+      } else if (!IsCountMetric(m)) {
         pc.values[k].push_back(v);
       }
     }
@@ -111,6 +141,9 @@ ClassAggregate Aggregator::FinishClass(int c) const {
     ma.mean = pc.count[k] > 0 ? (pc.sum[k] + pc.compensation[k]) / static_cast<double>(pc.count[k]) : kNaN;
     if (IsCountMetric(m)) {
       ma.global = CountMetric(m, pc.counts);
+    } else if (IsLesionMetric(m)) {
+      ma.global = LesionValue(m, pc.lesion_tp, pc.lesion_fn, pc.lesion_fp, pc.lesion_dice_sum + pc.lesion_dice_c,
+                              pc.lesion_hd95_sum + pc.lesion_hd95_c);
     } else {
       std::vector<double> v = pc.values[k];
       ma.median = PercentileLinear(&v, 0.5);

@@ -6,6 +6,8 @@
 //   <m>_global     count metrics only: the metric of the counts summed over the dataset (micro);
 //   <m>_median/p95 surface metrics only: percentiles across images (linear interpolation), NaN
 //                  skipped, inf kept (an image with an empty mask is infinitely far off);
+//   lesion_<m>_global lesion metrics: the metric of the lesion counts and sums pooled over images
+//                  (lesion_dice: all Dice over all counted lesions and false positives);
 //   dice_mean_ci95 percentile bootstrap over images (1000 resamples, fixed seed).
 // With empty_score kOne, an image whose prediction and reference of a class are both empty scores 1
 // for that class's dice and iou (LISA/ReLA) instead of NaN (nnU-Net/MONAI). iou_ge[t]: the share of
@@ -49,7 +51,7 @@ struct MetricAggregate {
   double mean = 0;
   int64_t count = 0;      // Finite values that entered the mean.
   int64_t inf_count = 0;
-  double global = 0;      // Count metrics.
+  double global = 0;      // Count and lesion metrics.
   double median = 0;      // Surface metrics.
   double p95 = 0;
 };
@@ -114,6 +116,8 @@ class Aggregator {
     std::vector<int64_t> iou_ge;
     int64_t reference_images = 0;
     int64_t predicted_images = 0;
+    int64_t lesion_tp = 0, lesion_fn = 0, lesion_fp = 0;  // Lesion metrics' pooled values.
+    double lesion_dice_sum = 0, lesion_dice_c = 0, lesion_hd95_sum = 0, lesion_hd95_c = 0;
     std::array<std::array<int64_t, kHistogramBins>, kNumMetrics> unit_bins{};  // Count metrics, [0, 1].
   };
   // One class's aggregate from its sums and values (Finish's per-class part).

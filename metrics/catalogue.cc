@@ -18,11 +18,20 @@ absl::string_view MetricName(Metric m) {
     case Metric::kHd95: return "hd95";
     case Metric::kAssd: return "assd";
     case Metric::kNsd: return "nsd";
+    case Metric::kLesionDice: return "lesion_dice";
+    case Metric::kLesionHd95: return "lesion_hd95";
+    case Metric::kLesionSensitivity: return "lesion_sensitivity";
+    case Metric::kLesionPrecision: return "lesion_precision";
+    case Metric::kLesionF1: return "lesion_f1";
+    case Metric::kLesionTp: return "lesion_tp";
+    case Metric::kLesionFp: return "lesion_fp";
+    case Metric::kLesionFn: return "lesion_fn";
   }
   return "?";
 }
 
 bool IsCountMetric(Metric m) { return static_cast<int>(m) <= static_cast<int>(Metric::kAccuracy); }
+bool IsLesionMetric(Metric m) { return static_cast<int>(m) >= static_cast<int>(Metric::kLesionDice); }
 
 std::vector<Metric> DefaultMetrics() {
   return {Metric::kDice, Metric::kIou, Metric::kPrecision, Metric::kRecall, Metric::kHd95};
@@ -36,8 +45,8 @@ absl::StatusOr<std::vector<Metric>> ParseMetricNames(const std::vector<std::stri
   for (const std::string& raw : names) {
     std::string name = absl::AsciiStrToLower(absl::StripAsciiWhitespace(raw));
     if (name.empty()) continue;
-    if (name == "all") {
-      selected.fill(true);
+    if (name == "all" || name == "lesion") {
+      for (Metric m : kAllMetrics) selected[static_cast<int>(m)] |= IsLesionMetric(m) == (name == "lesion");
       continue;
     }
     bool found = false;
@@ -51,7 +60,7 @@ absl::StatusOr<std::vector<Metric>> ParseMetricNames(const std::vector<std::stri
       std::vector<std::string> known;
       for (Metric m : kAllMetrics) known.emplace_back(MetricName(m));
       return absl::InvalidArgumentError(absl::StrCat("unknown metric '", raw, "'; known: ",
-                                                     absl::StrJoin(known, ","), " or all"));
+                                                     absl::StrJoin(known, ","), ", all or lesion"));
     }
   }
   std::vector<Metric> out;
@@ -70,6 +79,13 @@ absl::StatusOr<std::vector<Metric>> ParseMetricList(absl::string_view list) {
 bool AnySurfaceMetric(const std::vector<Metric>& metrics) {
   for (Metric m : metrics) {
     if (IsSurfaceMetric(m)) return true;
+  }
+  return false;
+}
+
+bool AnyLesionMetric(const std::vector<Metric>& metrics) {
+  for (Metric m : metrics) {
+    if (IsLesionMetric(m)) return true;
   }
   return false;
 }

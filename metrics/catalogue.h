@@ -27,26 +27,42 @@ enum class Metric : int {
   kHd95,
   kAssd,
   kNsd,
+  // Lesion-wise (metrics/lesion.h), per class: BraTS's lesion-wise Dice and HD95, and detection of
+  // reference lesions (sensitivity tp/(tp+fn), precision tp/(tp+fp), F1, and the counts).
+  kLesionDice,
+  kLesionHd95,
+  kLesionSensitivity,
+  kLesionPrecision,
+  kLesionF1,
+  kLesionTp,
+  kLesionFp,
+  kLesionFn,
 };
-inline constexpr int kNumMetrics = 10;
+inline constexpr int kNumMetrics = 18;
 inline constexpr std::array<Metric, kNumMetrics> kAllMetrics = {
     Metric::kDice,        Metric::kIou,      Metric::kPrecision, Metric::kRecall, Metric::kSpecificity,
-    Metric::kAccuracy,    Metric::kHd,       Metric::kHd95,      Metric::kAssd,   Metric::kNsd};
+    Metric::kAccuracy,    Metric::kHd,       Metric::kHd95,      Metric::kAssd,   Metric::kNsd,
+    Metric::kLesionDice,  Metric::kLesionHd95, Metric::kLesionSensitivity, Metric::kLesionPrecision,
+    Metric::kLesionF1,    Metric::kLesionTp, Metric::kLesionFp,  Metric::kLesionFn};
 
 absl::string_view MetricName(Metric m);
 // Metrics computed from the four confusion counts (as opposed to surface distances).
 bool IsCountMetric(Metric m);
-inline bool IsSurfaceMetric(Metric m) { return !IsCountMetric(m); }
+// Lesion-wise metrics: per-image values from the lesions of each class (ClassResult's lesion_*).
+bool IsLesionMetric(Metric m);
+inline bool IsSurfaceMetric(Metric m) { return !IsCountMetric(m) && !IsLesionMetric(m); }
 
 // The default selection: dice,iou,precision,recall,hd95.
 std::vector<Metric> DefaultMetrics();
 
-// Parses a comma list of metric names (or "all"). The result is in canonical order, without
+// Parses a comma list of metric names (or "all": every per-pixel metric; "lesion": every lesion_
+// metric). The result is in canonical order, without
 // duplicates, and always contains dice and iou (per_image.csv always has those columns).
 absl::StatusOr<std::vector<Metric>> ParseMetricList(absl::string_view list);
 // Same, for names already split (JobSpec.metrics); an empty list means the default.
 absl::StatusOr<std::vector<Metric>> ParseMetricNames(const std::vector<std::string>& names);
 bool AnySurfaceMetric(const std::vector<Metric>& metrics);
+bool AnyLesionMetric(const std::vector<Metric>& metrics);
 
 }  // namespace tally
 

@@ -169,6 +169,27 @@ double LesionHd95(const std::vector<int32_t>& rlab, int32_t lesion, const std::v
       .hd95;
 }
 
+// Dilation matching: the predicted components with a voxel in the lesion's dilation, ascending.
+// `chosen` (all 0) marks them.
+std::vector<int32_t> TouchingComponents(const std::vector<int32_t>& rlab, int32_t lesion, const Box& lesion_box,
+                                        const std::vector<int32_t>& plab, const Dims& dims, bool three_d, int dilation,
+                                        std::vector<uint8_t>* chosen) {
+  const Box box = Grow(lesion_box, dilation, dims, three_d);
+  const Dims local_dims = box.dims();
+  std::vector<uint8_t> local(static_cast<size_t>(local_dims.size()));
+  ForBox(box, dims, [&](int64_t l, int64_t g) { local[l] = rlab[g] == lesion; });
+  Dilate(&local, local_dims, three_d, dilation);
+  std::vector<int32_t> out;
+  ForBox(box, dims, [&](int64_t l, int64_t g) {
+    if (local[l] && plab[g] != 0 && !(*chosen)[plab[g]]) {
+      (*chosen)[plab[g]] = 1;
+      out.push_back(plab[g]);
+    }
+  });
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // IoU matching: per reference lesion, its component (0: none), greedy by IoU.
 std::vector<int32_t> MatchByIou(const std::vector<int32_t>& rlab, const std::vector<int32_t>& plab,
                                 const std::vector<Component>& rc, const std::vector<Component>& pc, double threshold) {
@@ -246,18 +267,7 @@ absl::Status ComputeLesions(const uint8_t* pred, const uint8_t* ref, int depth, 
     if (by_iou) {
       if (iou_match[lesion] != 0) mine.push_back(iou_match[lesion]);
     } else {
-      const Box box = Grow(c.box, options.dilation, dims, three_d);
-      const Dims local_dims = box.dims();
-      std::vector<uint8_t> local(static_cast<size_t>(local_dims.size()));
-      ForBox(box, dims, [&](int64_t l, int64_t g) { local[l] = rlab[g] == lesion; });
-      Dilate(&local, local_dims, three_d, options.dilation);
-      ForBox(box, dims, [&](int64_t l, int64_t g) {
-        if (local[l] && plab[g] != 0 && !chosen[plab[g]]) {
-          chosen[plab[g]] = 1;
-          mine.push_back(plab[g]);
-        }
-      });
-      std::sort(mine.begin(), mine.end());
+      mine = TouchingComponents(rlab, lesion, c.box, plab, dims, three_d, options.dilation, &chosen);
     }
     LesionRecord rec;
     rec.lesion = lesion;

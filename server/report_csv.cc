@@ -44,4 +44,19 @@ std::string PerImageCsv::Rows(const v1::ImageResult& r, const RowNames& names) c
   return out;
 }
 
+std::string LesionCsvHeader() {
+  return "index,id,image,class,kind,lesion,component,voxels,volume,matched,matched_voxels,dice,hd95\n";
+}
+
+std::string LesionCsvRows(const JobConfig& config, const v1::ImageResult& r, const RowNames& names) {
+  const std::string prefix = absl::StrCat(r.index(), ",", CsvField(names.id), ",", CsvField(ShownImage(names)), ",");
+  std::string out;
+  for (const v1::LesionRow& l : r.lesions()) {
+    absl::StrAppend(&out, prefix, ClassLabel(config, l.class_index()), ",", l.kind(), ",", l.lesion(), ",",
+                    l.component(), ",", l.voxels(), ",", FormatDouble(l.volume()), ",", l.matched(), ",",
+                    l.matched_voxels(), ",", FormatDouble(l.dice()), ",", FormatDouble(l.hd95()), "\n");
+  }
+  return out;
+}
+
 }  // namespace tally

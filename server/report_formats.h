@@ -30,6 +30,11 @@ class PerImageCsv {
   std::map<int64_t, std::string> categories_;  // Instance jobs: the classes that are categories, by id.
 };
 
+// lesions.csv (jobs with lesion_ metrics), streamed: every lesion of every evaluated image, in index
+// order, then by class as the worker listed them (metrics/lesion.h).
+std::string LesionCsvHeader();
+std::string LesionCsvRows(const JobConfig& config, const v1::ImageResult& r, const RowNames& names);
+
 }  // namespace tally
 
 #endif  // TALLY_SERVER_REPORT_FORMATS_H_

@@ -115,7 +115,7 @@ void ClassJson(const ReportData& d, const ClassAggregate& ca, JsonWriter& w) {
     const std::string name(MetricName(m));
     w.Field(name + "_mean", ma.mean);
     w.Field(name + "_inf_count", ma.inf_count);
-    if (IsCountMetric(m)) {
+    if (IsCountMetric(m) || IsLesionMetric(m)) {
       w.Field(name + "_global", ma.global);
     } else {
       w.Field(name + "_median", ma.median);

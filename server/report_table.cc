@@ -16,7 +16,7 @@ std::string FormatCell(double v) {
 }
 
 namespace {
-bool HasGlobalColumn(Metric m) { return m == Metric::kDice || m == Metric::kIou; }
+bool HasGlobalColumn(Metric m) { return m == Metric::kDice || m == Metric::kIou || IsLesionMetric(m); }
 TableCell Text(std::string s) { return TableCell{std::move(s), false}; }
 TableCell Code(std::string s) { return TableCell{std::move(s), true}; }
 }  // namespace

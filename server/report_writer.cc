@@ -20,14 +20,21 @@ absl::Status WriteMergedReports(JobStore* store, const std::vector<const JobReco
   ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> csv, AtomicFile::Open(dir + "/per_image.csv"));
   const PerImageCsv rows(config);
   csv->out() << rows.Header();
+  std::unique_ptr<AtomicFile> lesions;
+  if (AnyLesionMetric(config.metrics)) {
+    ASSIGN_OR_RETURN(lesions, AtomicFile::Open(dir + "/lesions.csv"));
+    lesions->out() << LesionCsvHeader();
+  }
   std::unique_ptr<NnunetSummary> nnunet;
   if (config.nnunet_summary) nnunet = std::make_unique<NnunetSummary>(config, record.job.num_classes());
   ASSIGN_OR_RETURN(ReportData d,
                    GatherMergedReportData(store, parts, record, [&](const v1::ImageResult& r, const RowNames& names) {
                      csv->out() << rows.Rows(r, names);
+                     if (lesions) lesions->out() << LesionCsvRows(config, r, names);
                      if (nnunet) nnunet->Add(r, names);
                    }));
   RETURN_IF_ERROR(csv->Commit());
+  if (lesions) RETURN_IF_ERROR(lesions->Commit());
   if (nnunet) RETURN_IF_ERROR(nnunet->Write(dir + "/summary.json"));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.json", ReportJson(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/summary.md", ReportMarkdown(d)));

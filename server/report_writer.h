@@ -14,8 +14,9 @@
 namespace tally {
 
 inline constexpr const char* kReportFiles[] = {"report.json", "per_image.csv", "summary.md", "report.html"};
-// Written when the job asks for them: summary.json in nnU-Net v2's layout (--nnunet-summary).
-inline constexpr const char* kOptionalReportFiles[] = {"summary.json"};
+// Written when the job asks for them: summary.json in nnU-Net v2's layout (--nnunet-summary), lesions.csv
+// (lesion_ metrics).
+inline constexpr const char* kOptionalReportFiles[] = {"summary.json", "lesions.csv"};
 
 // Writes the four files into `dir` (created if needed), each atomically (temp file + rename).
 // `outcome` (optional) receives the per-class table and the warnings.

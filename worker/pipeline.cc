@@ -34,9 +34,11 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
       on_result_(std::move(on_result)),
       on_fatal_(std::move(on_fatal)),
       on_timeout_(std::move(on_timeout)),
-      surface_(AnySurfaceMetric(options_.metrics)),
+      surface_(AnySurfaceMetric(options_.metrics) || AnyLesionMetric(options_.metrics)),
       // TALLY_CPU_SURFACE=1: the CPU path on a GPU worker too (benchmarks and tests compare them).
-      device_surface_(surface_ && runner_->ScoresSurfaceOnDevice() && std::getenv("TALLY_CPU_SURFACE") == nullptr),
+      // Lesion metrics need both label maps on the host: the CPU path.
+      device_surface_(surface_ && !AnyLesionMetric(options_.metrics) && runner_->ScoresSurfaceOnDevice() &&
+                      std::getenv("TALLY_CPU_SURFACE") == nullptr),
       saving_(!options_.save_predictions.empty()),
       profile_enabled_(std::getenv("TALLY_PIPELINE_PROFILE") != nullptr),
       label_lut_(MakeLabelLut(options_.label_map)),

@@ -35,6 +35,7 @@
 #include "common/io/image_io.h"
 #include "metrics/overlap.h"
 #include "common/job/job_config.h"
+#include "metrics/lesion.h"
 #include "metrics/surface_distance.h"
 #include "common/io/thumbnail.h"
 #include "proto/tally.pb.h"
@@ -64,6 +65,7 @@ struct PipelineOptions {
   bool cold_runner = false;
   std::vector<Metric> metrics;
   SurfaceOptions surface;
+  LesionOptions lesion;  // Lesion metrics: the job's settings (spacing from `surface`).
   bool any_input_size = false;  // Images of different sizes may share a batch (inputs are resized).
   int64_t max_image_pixels = kDefaultMaxImagePixels;  // Larger declared images/masks fail their row.
   double batch_timeout_seconds = 600;  // A decode or forward pass running longer calls on_timeout.
@@ -326,7 +328,7 @@ class Pipeline : public RowEvaluator {
   const ResultFn on_result_;
   const FatalFn on_fatal_;
   const TimeoutFn on_timeout_;
-  const bool surface_;
+  const bool surface_;  // Surface or lesion metrics: work on the label maps after the counts.
   const bool device_surface_;  // surface_, computed by the runner on the device (ScoresSurfaceOnDevice).
   const bool saving_;  // options_.save_predictions is set.
   const bool profile_enabled_;  // TALLY_PIPELINE_PROFILE is set (Profile below).

@@ -2,6 +2,7 @@
 // per-image results with their metrics (surface distances, thresholds), saved predictions and the
 // report thumbnails of the rows among the worst.
 #include "worker/pipeline.h"
+#include "worker/lesion_scoring.h"
 
 #include "common/base/status_macros.h"
 
@@ -297,7 +298,7 @@ void Pipeline::FinishRow(const std::shared_ptr<InFlight>& batch, PendingBatch* p
 void Pipeline::RowTask(const InFlight& batch, const uint16_t* pred, const LabelMap* ref,
                        const std::vector<uint16_t>& ref_copy, int k, int h, int w, const std::string& id,
                        const std::vector<int>& classes, const std::vector<uint8_t>& rgb, v1::ImageResult* r) {
-  if (ref != nullptr) {  // Surface metrics on the CPU.
+  if (ref != nullptr && AnySurfaceMetric(options_.metrics)) {  // Surface metrics on the CPU.
     std::vector<SurfaceValues> values;
     ClassSurfaceMetrics(pred, ref->labels.data(), h, w, k, kIgnoredPixel, options_.surface, &values);
     for (int c = 0; c < k; ++c) {
@@ -306,6 +307,16 @@ void Pipeline::RowTask(const InFlight& batch, const uint16_t* pred, const LabelM
       cr->set_hd95(values[c].hd95);
       cr->set_assd(values[c].assd);
       cr->set_nsd(values[c].nsd);
+    }
+  }
+  if (ref != nullptr && AnyLesionMetric(options_.metrics)) {
+    const absl::Status s = ScoreLesions(pred, ref->labels.data(), 1, h, w, {}, options_.all_foreground, options_.lesion, r);
+    if (!s.ok()) {
+      v1::ImageResult failed;
+      failed.set_index(r->index());
+      failed.set_error(std::string(s.message()));
+      *r = std::move(failed);
+      return;
     }
   }
   if (!classes.empty()) {

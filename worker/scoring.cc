@@ -11,6 +11,7 @@
 #include "metrics/label_counts.h"
 #include "common/base/log.h"
 #include "metrics/surface_distance.h"
+#include "worker/lesion_scoring.h"
 #include "common/io/volume_io.h"
 #include "common/base/status_macros.h"
 
@@ -204,6 +205,18 @@ absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap
   return absl::OkStatus();
 }
 
+void ScoringPipeline::Surfaces(const uint16_t* p, const uint16_t* r, int depth, int height, int width, int classes,
+                               const SurfaceOptions3D& spacing, std::vector<SurfaceValues>* surface) const {
+  if (!config_.regions.empty()) {
+    RegionSurfaceMetrics(p, r, depth, height, width, config_.regions, kIgnoredPixel, spacing, surface);
+  } else if (depth > 1) {
+    ClassSurfaceMetrics3D(p, r, depth, height, width, classes, kIgnoredPixel, spacing, surface, SpareThreads());
+  } else {
+    ClassSurfaceMetrics(p, r, height, width, classes, kIgnoredPixel,
+                        SurfaceOptions{spacing.spacing_y, spacing.spacing_x, spacing.nsd_tolerance}, surface);
+  }
+}
+
 v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails,
                                           std::string* fatal) const {
   const JobConfig& config = config_;
@@ -216,6 +229,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
     result.clear_panoptic_matches();
     result.clear_panoptic_fp();
     result.clear_panoptic_fn();
+    result.clear_lesions();
     result.set_error(std::string(message));
     return result;
   };
@@ -238,22 +252,17 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
     CountRegions(p, r, n, config.regions, &counts);
   }
   std::vector<SurfaceValues> surface(*classes, SurfaceValues{kNaN, kNaN, kNaN, kNaN});
-  if (AnySurfaceMetric(config.metrics)) {
+  SurfaceOptions3D spacing;
+  if (AnySurfaceMetric(config.metrics) || AnyLesionMetric(config.metrics)) {
     // Spacing: a volume's header, unless --spacing z,y,x overrides it; 2D: --spacing y,x or 1.
-    const absl::StatusOr<SurfaceOptions3D> spacing = SpacingOf(row, ref);
-    if (!spacing.ok()) {
-      *fatal = std::string(spacing.status().message());  // The job's flags are wrong, not this row.
+    const absl::StatusOr<SurfaceOptions3D> given = SpacingOf(row, ref);
+    if (!given.ok()) {
+      *fatal = std::string(given.status().message());  // The job's flags are wrong, not this row.
       return fail(*fatal);
     }
-    if (!config.regions.empty()) {
-      RegionSurfaceMetrics(p, r, depth, height, width, config.regions, kIgnoredPixel, *spacing, &surface);
-    } else if (depth > 1) {
-      ClassSurfaceMetrics3D(p, r, depth, height, width, *classes, kIgnoredPixel, *spacing, &surface, SpareThreads());
-    } else {
-      ClassSurfaceMetrics(p, r, height, width, *classes, kIgnoredPixel,
-                          SurfaceOptions{spacing->spacing_y, spacing->spacing_x, spacing->nsd_tolerance}, &surface);
-    }
+    spacing = *given;
   }
+  if (AnySurfaceMetric(config.metrics)) Surfaces(p, r, depth, height, width, *classes, spacing, &surface);
   // COCO rows' maps may run column by column (LoadCocoPair): the image's size is the geometry's.
   result.set_height(row.has_coco_image() ? ref.geometry.height : height);
   result.set_width(row.has_coco_image() ? ref.geometry.width : width);
@@ -270,6 +279,15 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
     cr->set_hd95(surface[c].hd95);
     cr->set_assd(surface[c].assd);
     cr->set_nsd(surface[c].nsd);
+  }
+  if (AnyLesionMetric(config.metrics)) {
+    LesionOptions lesion = config.lesion;
+    lesion.spacing_z = spacing.spacing_z;
+    lesion.spacing_y = spacing.spacing_y;
+    lesion.spacing_x = spacing.spacing_x;
+    const absl::Status scored = ScoreLesions(p, r, depth, height, width, config.regions, config.include_background,
+                                             lesion, &result);
+    if (!scored.ok()) return fail(scored.message());
   }
   // COCO instance jobs show instances (matched, missed, false) instead of one class's pixels.
   if (thumbnails != nullptr && coco_ == nullptr) AddThumbnails(row, p, r, depth, height, width, thumbnails, &result);

@@ -79,6 +79,9 @@ class ScoringPipeline : public RowEvaluator {
   absl::Status LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred, v1::ImageResult* result,
                             ShardThumbnails* thumbnails) const;
   absl::StatusOr<int> ClassCount(const v1::ManifestRow& row, const LoadedMap& ref, const LoadedMap& pred) const;
+  // The surface distances of every class or region of a row.
+  void Surfaces(const uint16_t* p, const uint16_t* r, int depth, int height, int width, int classes,
+                const SurfaceOptions3D& spacing, std::vector<SurfaceValues>* surface) const;
   absl::StatusOr<SurfaceOptions3D> SpacingOf(const v1::ManifestRow& row, const LoadedMap& ref) const;
   void AddThumbnails(const v1::ManifestRow& row, const uint16_t* prediction, const uint16_t* reference, int depth,
                      int height, int width, ShardThumbnails* thumbnails, v1::ImageResult* result) const;

@@ -238,6 +238,9 @@ absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& conf
   po.staging_slots = options_.staging_slots;
   po.metrics = config.metrics;
   po.surface = config.surface_options();
+  po.lesion = config.lesion;
+  po.lesion.spacing_y = config.spacing_y;
+  po.lesion.spacing_x = config.spacing_x;
   po.any_input_size = config.input_height > 0;
   po.input_pixels = static_cast<int64_t>(config.input_height) * config.input_width;
   po.max_image_pixels = config.max_image_pixels;

@@ -40,6 +40,10 @@ struct JobFlags {
   std::string coco_panoptic, panoptic_dir, panoptic_predictions, panoptic_predictions_dir;
   std::vector<std::string> model_options;  // KEY=VALUE, repeatable.
   std::vector<std::string> labels;         // KEY=VALUE, repeatable.
+  // Lesion-wise metrics (README "Lesion-wise metrics"); defaults are BraTS-GLI's.
+  int connectivity = 0;
+  int lesion_dilation = 3;
+  double lesion_min_volume = 50, lesion_max_hd95 = 374, lesion_iou = 0;
 };
 
 // The workers `tally run` and `tally estimate` start on this machine.

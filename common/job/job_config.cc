@@ -1,6 +1,7 @@
 #include "common/job/job_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -203,6 +204,34 @@ absl::Status ReadReportSettings(const v1::JobSpec& spec, JobConfig* c) {
   return absl::OkStatus();
 }
 
+// Lesion-wise settings, checked: the errors name the field.
+absl::Status ReadLesionSettings(const v1::JobSpec& spec, JobConfig* c) {
+  LesionOptions& o = c->lesion;
+  o.connectivity = spec.lesion_connectivity();
+  if (o.connectivity != 0 && o.connectivity != 4 && o.connectivity != 8 && o.connectivity != 6 &&
+      o.connectivity != 18 && o.connectivity != 26) {
+    return absl::InvalidArgumentError(absl::StrCat("lesion_connectivity: expected 4 or 8 (2D), 6, 18 or 26 (3D), got ",
+                                                   o.connectivity));
+  }
+  if (spec.has_lesion_dilation()) o.dilation = spec.lesion_dilation();
+  if (o.dilation < 0 || o.dilation > 50) {
+    return absl::InvalidArgumentError(absl::StrCat("lesion_dilation: expected 0 to 50, got ", o.dilation));
+  }
+  if (spec.has_lesion_min_volume()) o.min_volume = spec.lesion_min_volume();
+  if (!(o.min_volume >= 0) || std::isinf(o.min_volume)) {
+    return absl::InvalidArgumentError(absl::StrCat("lesion_min_volume: expected a finite value >= 0, got ", o.min_volume));
+  }
+  if (spec.has_lesion_max_hd95()) o.max_hd95 = spec.lesion_max_hd95();
+  if (!(o.max_hd95 >= 0) || std::isinf(o.max_hd95)) {
+    return absl::InvalidArgumentError(absl::StrCat("lesion_max_hd95: expected a finite value >= 0, got ", o.max_hd95));
+  }
+  o.iou_threshold = spec.lesion_iou();
+  if (!(o.iou_threshold >= 0 && o.iou_threshold <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("lesion_iou: expected a value in [0, 1], got ", o.iou_threshold));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
@@ -248,6 +277,7 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   for (const v1::CocoCategory& k : spec.coco_categories()) c.coco_categories.push_back({k.id(), k.name(), k.isthing()});
   RETURN_IF_ERROR(ReadThresholds(spec, &c));
   RETURN_IF_ERROR(ReadReportSettings(spec, &c));
+  RETURN_IF_ERROR(ReadLesionSettings(spec, &c));
   return c;
 }
 

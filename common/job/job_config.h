@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "common/io/image_io.h"
 #include "metrics/catalogue.h"
+#include "metrics/lesion.h"
 #include "metrics/overlap.h"
 #include "metrics/surface_distance.h"
 #include "proto/tally.pb.h"
@@ -132,6 +133,9 @@ struct JobConfig {
   // Panoptic jobs: rows are the reference panoptic file's annotations (PQ); categories as above.
   std::string coco_panoptic, panoptic_dir, panoptic_predictions, panoptic_predictions_dir;
   bool panoptic_job() const { return !coco_panoptic.empty(); }
+  // Lesion-wise metrics (a lesion_ metric selected): connectivity, dilation, min_volume, max_hd95,
+  // iou_threshold as metrics/lesion.h; the spacing comes from each row.
+  LesionOptions lesion;
   // Classes the report treats as foreground: regions all, class 0 only with include_background.
   bool IsForegroundClass(int c) const { return c != 0 || include_background || !regions.empty(); }
 };

@@ -50,7 +50,14 @@ TEST(MetricsTest, ParseListIsCanonicalAndAlwaysHasDiceIou) {
   EXPECT_EQ(*m, want);
   auto all = ParseMetricList("all");
   ASSERT_TRUE(all.ok());
-  EXPECT_EQ(all->size(), static_cast<size_t>(kNumMetrics));
+  EXPECT_EQ(all->size(), 10u);  // Every per-pixel metric; lesion metrics by "lesion".
+  EXPECT_FALSE(AnyLesionMetric(*all));
+  auto lesion = ParseMetricList("lesion");
+  ASSERT_TRUE(lesion.ok());
+  EXPECT_EQ(lesion->size(), 10u);  // dice, iou and the 8 lesion metrics.
+  EXPECT_EQ(lesion->at(2), Metric::kLesionDice);
+  EXPECT_EQ(MetricName(lesion->back()), "lesion_fn");
+  EXPECT_EQ(ParseMetricList("all,lesion")->size(), static_cast<size_t>(kNumMetrics));
   auto bad = ParseMetricList("dice,hausdorff");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("hausdorff"), absl::string_view::npos);
