@@ -119,6 +119,40 @@ absl::Status LesionFlags(const JobFlags& f, v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// Volume jobs: --sliding-window D,H,W, --overlap, --sw-batch-size, --intensity, --keep-dtype (tallyd
+// checks them against the manifest and the model).
+absl::Status VolumeFlags(const JobFlags& f, v1::JobSpec* spec) {
+  if (!f.sliding_window.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(f.sliding_window, ',');
+    for (const std::string& p : parts) {
+      int v = 0;
+      if (parts.size() != 3 || !absl::SimpleAtoi(absl::StripAsciiWhitespace(p), &v) || v < 1 || v > 4096) {
+        return absl::InvalidArgumentError(absl::StrCat("--sliding-window: expected D,H,W (3 sizes in 1..4096), got '",
+                                                       f.sliding_window, "'"));
+      }
+      spec->add_sliding_window(v);
+    }
+    if (ParseModelRef(spec->model()).python || spec->model().empty()) {
+      return absl::InvalidArgumentError(
+          "--sliding-window is for TorchScript models; a Python model gets whole volumes (and may tile them itself)");
+    }
+  }
+  if (!(f.overlap >= 0 && f.overlap < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--overlap: expected a value in [0, 1), got ", f.overlap));
+  }
+  if (f.overlap != 0.5) spec->set_overlap(f.overlap);
+  if (f.sw_batch_size < 0 || f.sw_batch_size > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("--sw-batch-size: expected 1..1024, got ", f.sw_batch_size));
+  }
+  spec->set_sw_batch_size(f.sw_batch_size);
+  spec->set_intensity(f.intensity);
+  spec->set_keep_dtype(f.keep_dtype);
+  if (f.keep_dtype && !ParseModelRef(spec->model()).python) {
+    return absl::InvalidArgumentError("--keep-dtype is for Python models (TorchScript models take float32 volumes)");
+  }
+  return absl::OkStatus();
+}
+
 // What the reports hold and how: --empty-score, --max-failed-fraction, --json-infinity,
 // --thumbnails, --save-predictions, --nnunet-summary, --force-spacing, --name, --metrics.
 absl::Status ReportFlags(const JobFlags& f, v1::JobSpec* spec) {
@@ -312,7 +346,7 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const JobFlags& flags, const std::stri
   v1::JobSpec spec;
   // In this order: the first wrong flag is the one reported.
   if (absl::Status s = ModelFlags(flags, manifest.empty() ? flags.manifest : manifest, &spec); !s.ok()) return s;
-  for (auto step : {ThresholdFlags, ReportFlags, LesionFlags, InputFlags, RunnerFlags, MaskFlags}) {
+  for (auto step : {ThresholdFlags, ReportFlags, LesionFlags, VolumeFlags, InputFlags, RunnerFlags, MaskFlags}) {
     if (absl::Status s = step(flags, &spec); !s.ok()) return s;
   }
   return spec;

@@ -83,6 +83,14 @@ ABSL_FLAG(double, lesion_min_volume, 50,
 ABSL_FLAG(double, lesion_max_hd95, 374, "Lesion metrics: the HD95 of a missed or false-positive lesion");
 ABSL_FLAG(double, lesion_iou, 0,
           "Lesion metrics: match components one to one at IoU >= this (panoptica) instead of by dilation; 0: dilation");
+ABSL_FLAG(std::string, sliding_window, "",
+          "Volume jobs, TorchScript: run the model on patches of D,H,W voxels blended with a Gaussian (MONAI's "
+          "sliding_window_inference); empty: whole volumes");
+ABSL_FLAG(double, overlap, 0.5, "Volume jobs: the sliding window's overlap, in [0, 1)");
+ABSL_FLAG(int, sw_batch_size, 0, "Volume jobs: sliding-window patches per forward pass (0: 4)");
+ABSL_FLAG(std::string, intensity, "",
+          "Volume jobs: intensity preprocessing of every channel: none, zscore, or clip:LO,HI (clip and scale to [0, 1])");
+ABSL_FLAG(bool, keep_dtype, false, "Volume jobs, Python models: the stored voxels in their own type, not float32");
 ABSL_FLAG(double, max_failed_fraction, 0,
           "More failed rows than this share of the manifest: a warning, and exit code 3 (0 = any failed row)");
 ABSL_FLAG(int, thumbnails, 5, "report.html: thumbnails of this many worst images per class (0-10; 0 = none)");
@@ -195,6 +203,11 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.lesion_min_volume = absl::GetFlag(FLAGS_lesion_min_volume);
   f.lesion_max_hd95 = absl::GetFlag(FLAGS_lesion_max_hd95);
   f.lesion_iou = absl::GetFlag(FLAGS_lesion_iou);
+  f.sliding_window = absl::GetFlag(FLAGS_sliding_window);
+  f.overlap = absl::GetFlag(FLAGS_overlap);
+  f.sw_batch_size = absl::GetFlag(FLAGS_sw_batch_size);
+  f.intensity = absl::GetFlag(FLAGS_intensity);
+  f.keep_dtype = absl::GetFlag(FLAGS_keep_dtype);
   return f;
 }
 

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <iterator>
 #include <random>
@@ -19,6 +20,7 @@
 #include "common/base/file_util.h"
 #include "common/base/log.h"
 #include "common/io/manifest.h"
+#include "common/io/volume_io.h"
 #include "metrics/overlap.h"
 #include "common/job/rpc.h"
 #include "common/security/sha256.h"
@@ -141,12 +143,16 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   DuplicateIds duplicates;
   int64_t duplicate_rows = 0;
   std::string duplicate_message;
+  std::optional<bool> volumes;  // Whether the first row's image is a NIfTI volume (volume jobs).
   auto stream = [&]() -> absl::Status {
     std::vector<ManifestRow> batch;
     while (true) {
       RETURN_IF_ERROR(reader->NextBatch(kSubmitBatchRows, &batch));
       if (batch.empty()) break;
-      for (const ManifestRow& row : batch) duplicates.Add(row.id, row.index, row.line);
+      for (const ManifestRow& row : batch) {
+        duplicates.Add(row.id, row.index, row.line);
+        if (!volumes.has_value() && !row.image.empty()) volumes = IsNiftiPath(VolumeChannelFiles(row.image)[0]);
+      }
       RETURN_IF_ERROR(store_->InsertManifestRows(job_id, batch));
     }
     ASSIGN_OR_RETURN(duplicate_rows, NameDuplicates(job_id, &duplicates, &duplicate_message));
@@ -158,7 +164,17 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
     return absl::OkStatus();
   };
   if (absl::Status s = stream(); !s.ok()) return DiscardSubmission(job_id, s);
-  JobRecord rec = QueuedRecord(spec, job_id, reader->rows_read());
+  v1::JobSpec queued = spec;
+  if (volumes.value_or(false) && !spec.model().empty()) {
+    // A volume job: one volume at a time, so batches never group rows (any shard size is exact).
+    queued.set_volume_inputs(true);
+    queued.set_batch_alignment(1);
+  } else if (spec.sliding_window_size() > 0 || spec.keep_dtype()) {
+    return DiscardSubmission(job_id, absl::InvalidArgumentError(absl::StrCat(
+        "--sliding-window and --keep-dtype are for volume jobs, but the images of manifest '", reader->path(),
+        "' are not NIfTI volumes (.nii, .nii.gz; channels joined by ';')")));
+  }
+  JobRecord rec = QueuedRecord(queued, job_id, reader->rows_read());
   rec.job.mutable_spec()->set_manifest(reader->path());
   rec.job.mutable_spec()->set_manifest_sha256(Sha256FileHex(reader->path()));
   if (!spec.coco().empty()) rec.job.mutable_spec()->set_coco_sha256(Sha256FileHex(spec.coco()));
@@ -198,12 +214,12 @@ JobRecord Coordinator::QueuedRecord(const v1::JobSpec& spec, const std::string& 
   rec.job.set_created_unix(Now());
   rec.job.set_images_total(rows);
   int64_t requested = spec.shard_size();
-  if (requested == 0 && spec.model().empty()) {
+  if (requested == 0 && (spec.model().empty() || spec.volume_inputs())) {
     // Scoring a row (a 3D volume especially) costs far more than a model's image: smaller shards
     // spread a small set over every worker.
     requested = std::clamp<int64_t>((rows + 255) / 256, 1, 1024);
   }
-  rec.shard_size = EffectiveShardSize(rows, requested, spec.batch_alignment());
+  rec.shard_size = EffectiveShardSize(rows, requested, rec.job.spec().batch_alignment());
   return rec;
 }
 

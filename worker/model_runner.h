@@ -12,6 +12,7 @@
 #define TALLY_WORKER_MODEL_RUNNER_H_
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -62,6 +63,33 @@ struct ModelRunnerOptions {
   std::vector<std::pair<std::string, std::string>> model_options;
   std::vector<std::string> columns;  // Names of ManifestRow.columns.
   int num_classes = 0;               // --num-classes: the class count of label-map outputs.
+  // Volume jobs, TorchScript (PredictVolume): patches of this size (z, y, x) blended with a Gaussian
+  // as MONAI's sliding_window_inference; all 0: the whole volume in one pass.
+  std::array<int, 3> sliding_window{};
+  double overlap = 0.5;
+  int sw_batch_size = 4;             // Patches per forward pass.
+};
+
+// One volume for a model (volume jobs, worker/volume_model.h): C x D x H x W voxels (z, y, x per
+// channel, row-major), float32 after the job's intensity preprocessing, or with `dtype` other than
+// "float32" the stored voxels as they are (--keep-dtype, Python models only).
+struct VolumeRequest {
+  const void* data = nullptr;
+  std::string dtype = "float32";     // numpy's names: uint8, int16, ..., float32, float64.
+  int channels = 1;
+  int64_t depth = 0, height = 0, width = 0;
+  std::array<double, 3> spacing{};   // z, y, x.
+  std::array<std::array<double, 4>, 4> affine{};  // Voxel (i=x, j=y, k=z, 1) -> world, as nibabel's.
+  int64_t index = 0;
+  std::vector<std::pair<std::string, std::string>> row;  // id, image, mask and the other columns.
+};
+
+// The model's answer: D x H x W labels (z, y, x), `classes` its class count (the score channels, or
+// the declared count of a label output; 0: unknown), `nonfinite` NaN/Inf scores.
+struct VolumePrediction {
+  std::vector<uint16_t> labels;
+  int classes = 0;
+  int64_t nonfinite = 0;
 };
 
 // Host memory from the runner: page-locked on CUDA, so uploads are asynchronous.
@@ -202,6 +230,12 @@ class ModelRunner {
   // for; its results dropped), for the worker's memory budget (worker/memory_budget.h); -1 where the
   // runner cannot say or its tensors are not in this process's host memory (GPU, Python models).
   virtual int64_t MeasureHostBytes(const BatchSpec& batch) { return -1; }
+  // Volume jobs: one volume's labels. Errors as Launch's (RESOURCE_EXHAUSTED: out of device memory;
+  // ABORTED: the model raised; FAILED_PRECONDITION: its output broke the contract, the message
+  // naming the shapes); UNIMPLEMENTED for runners without volumes.
+  virtual absl::StatusOr<VolumePrediction> PredictVolume(const VolumeRequest& /*request*/) {
+    return absl::UnimplementedError("this model backend does not run volumes");
+  }
   // Whether BatchSpec::surface can be honoured here (CUDA builds with Tally's kernels).
   virtual bool ScoresSurfaceOnDevice() const { return false; }
   // --channels-last auto: times the forward pass of `batch` in both memory layouts (warm-up passes

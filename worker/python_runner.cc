@@ -351,6 +351,58 @@ class PythonRunner final : public ModelRunner {
         new PythonPendingBatch(channel_, std::move(req), batch, std::move(output), std::move(reply)));
   }
 
+  // One volume through the stub's predict_volume: the voxels in a shared buffer, the labels back in
+  // another (uint16, z, y, x).
+  absl::StatusOr<VolumePrediction> PredictVolume(const VolumeRequest& r) override {
+    if (absl::Status s = channel_->EnsureRunning(); !s.ok()) return absl::FailedPreconditionError(s.message());
+    static const std::map<std::string, size_t> kSizes = {{"uint8", 1}, {"int8", 1}, {"int16", 2}, {"uint16", 2},
+                                                         {"int32", 4}, {"uint32", 4}, {"int64", 8}, {"uint64", 8},
+                                                         {"float32", 4}, {"float64", 8}};
+    auto size = kSizes.find(r.dtype);
+    if (size == kSizes.end()) return absl::InvalidArgumentError(absl::StrCat("unknown voxel type '", r.dtype, "'"));
+    const size_t voxels = static_cast<size_t>(r.depth * r.height * r.width);
+    const size_t in_bytes = static_cast<size_t>(r.channels) * voxels * size->second;
+    std::unique_ptr<ShmBuffer> input = ShmBuffer::Create(channel_, in_bytes);
+    std::unique_ptr<ShmBuffer> output = ShmBuffer::Create(channel_, voxels * 2);
+    if (!input || !output) return absl::ResourceExhaustedError("cannot allocate shared memory for a volume");
+    std::memcpy(input->data(), r.data, in_bytes);
+    v1::StubRequest req;
+    req.set_op("predict_volume");
+    req.set_image_buffer(input->id());
+    req.set_output_buffer(output->id());
+    v1::StubItem* item = req.add_items();
+    item->set_channels(r.channels);
+    item->set_depth(static_cast<int32_t>(r.depth));
+    item->set_height(static_cast<int32_t>(r.height));
+    item->set_width(static_cast<int32_t>(r.width));
+    item->set_dtype(r.dtype);
+    item->set_index(r.index);
+    for (double v : r.spacing) item->add_spacing(v);
+    for (const auto& row : r.affine) {
+      for (double v : row) item->add_affine(v);
+    }
+    for (const auto& [k, v] : r.row) (*item->mutable_row())[k] = v;
+    std::shared_ptr<Reply> reply = channel_->Send(req);
+    reply->done.WaitForNotification();
+    if (!reply->died.empty()) return absl::AbortedError(absl::StrCat("model process died (", reply->died, ")"));
+    const v1::StubResponse& resp = reply->response;
+    channel_->NoteGpus(resp);
+    if (!resp.error().empty()) {
+      return resp.oom() ? absl::ResourceExhaustedError(resp.error()) : absl::AbortedError(resp.error());
+    }
+    if (resp.outputs_size() != 1) return absl::InternalError("the model process answered no output for the volume");
+    const v1::StubOutput& o = resp.outputs(0);
+    if (!o.error().empty()) return absl::FailedPreconditionError(o.error());
+    VolumePrediction p;
+    p.labels.resize(voxels);
+    std::memcpy(p.labels.data(), output->data(), voxels * 2);
+    p.nonfinite = o.nonfinite();
+    p.classes = o.kind() == "argmax" ? o.channels()
+                : channel_->model_classes() > 0 ? channel_->model_classes()
+                                                : channel_->options().num_classes;
+    return p;
+  }
+
   void ReleaseCachedMemory() override {
     v1::StubRequest req;
     req.set_op("empty_cache");

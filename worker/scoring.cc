@@ -80,6 +80,31 @@ absl::Status ScoringPipeline::LoadPair(const v1::ManifestRow& row, LoadedMap* re
   return absl::OkStatus();
 }
 
+absl::Status ScoringPipeline::PredictPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred) const {
+  RETURN_IF_ERROR(Load(row.mask_path(), config_.max_image_pixels, "mask", ref));
+  if (!ref->volume) {
+    return absl::InvalidArgumentError(absl::StrCat("mask '", row.mask_path(), "' is not a NIfTI volume; a volume ",
+                                                   "job's references are volumes"));
+  }
+  ASSIGN_OR_RETURN(VolumePrediction p, volumes_->Predict(row, ref->geometry, row.mask_path()));
+  *pred = LoadedMap{};
+  pred->volume = true;
+  pred->geometry = ref->geometry;
+  pred->labels.depth = ref->labels.depth;
+  pred->labels.height = ref->labels.height;
+  pred->labels.width = ref->labels.width;
+  pred->labels.labels = std::move(p.labels);
+  pred->classes = p.classes > 0 ? p.classes : config_.num_classes;
+  pred->nonfinite = p.nonfinite;
+  if (!save_predictions_.empty()) {
+    const std::string name = PredictionFileName(row.id(), row.index());
+    const std::string path = absl::StrCat(save_predictions_, "/", name.substr(0, name.size() - 4), ".nii.gz");
+    RETURN_IF_ERROR(WriteNiftiLabels(path, ref->geometry, pred->labels.labels.data(), 512 /* DT_UINT16 */));
+  }
+  PrepareMask(&ref->labels, label_lut_, config_.ignore_index);  // Model outputs are labels already.
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> ScoringPipeline::ClassCount(const v1::ManifestRow& row, const LoadedMap& ref,
                                                 const LoadedMap& pred) const {
   const uint16_t* p = pred.labels.labels.data();
@@ -100,8 +125,15 @@ absl::StatusOr<int> ScoringPipeline::ClassCount(const v1::ManifestRow& row, cons
                                                    kMaxMaskValue));
   }
   if (!config_.regions.empty()) return static_cast<int>(config_.regions.size());
-  if (config_.num_classes <= 0) return std::max({1, pred_max + 1, ref.labels.max_label + 1});
-  const int classes = config_.num_classes;
+  // Volume jobs: every row has the model's classes (the coordinator holds model jobs to one count).
+  const int fixed = volumes_ != nullptr ? pred.classes : config_.num_classes;
+  if (volumes_ != nullptr && fixed <= 0) {
+    return absl::InvalidArgumentError(
+        "the model returned labels without saying how many classes it has: give --num-classes (or the Python "
+        "model's num_classes), so that every volume is scored over the same classes");
+  }
+  if (fixed <= 0) return std::max({1, pred_max + 1, ref.labels.max_label + 1});
+  const int classes = fixed;
   if (pred_max >= classes) {
     return absl::InvalidArgumentError(absl::StrCat("prediction value ", pred_max, " at ",
                                                    Position(pred.labels, pred_max_at), " >= number of classes ", classes,
@@ -217,6 +249,15 @@ void ScoringPipeline::Surfaces(const uint16_t* p, const uint16_t* r, int depth, 
   }
 }
 
+absl::Status ScoringPipeline::Lesions(const uint16_t* p, const uint16_t* r, int depth, int height, int width,
+                                      const SurfaceOptions3D& spacing, v1::ImageResult* result) const {
+  LesionOptions lesion = config_.lesion;
+  lesion.spacing_z = spacing.spacing_z;
+  lesion.spacing_y = spacing.spacing_y;
+  lesion.spacing_x = spacing.spacing_x;
+  return ScoreLesions(p, r, depth, height, width, config_.regions, config_.include_background, lesion, result);
+}
+
 v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails,
                                           std::string* fatal) const {
   const JobConfig& config = config_;
@@ -237,10 +278,18 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   LoadedMap ref, pred;
   const absl::Status loaded = panoptic_ != nullptr                       ? LoadPanopticPair(row, &ref, &pred, &result)
                               : coco_ != nullptr && row.has_coco_image() ? LoadCocoPair(row, &ref, &pred, &result, thumbnails)
+                              : volumes_ != nullptr                      ? PredictPair(row, &ref, &pred)
                                                                          : LoadPair(row, &ref, &pred);
   if (!loaded.ok()) return fail(loaded.message());
   const absl::StatusOr<int> classes = ClassCount(row, ref, pred);
   if (!classes.ok()) return fail(classes.status().message());
+  if (pred.nonfinite > 0) {
+    if (config.nonfinite == NonfinitePolicy::kFail) {
+      return fail(absl::StrCat("the model's output for this volume has ", pred.nonfinite,
+                               " NaN/Inf values (--nonfinite warn evaluates such rows)"));
+    }
+    result.set_nonfinite(pred.nonfinite);
+  }
   const uint16_t* p = pred.labels.labels.data();
   const uint16_t* r = ref.labels.labels.data();
   const int64_t n = static_cast<int64_t>(ref.labels.labels.size());
@@ -281,12 +330,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
     cr->set_nsd(surface[c].nsd);
   }
   if (AnyLesionMetric(config.metrics)) {
-    LesionOptions lesion = config.lesion;
-    lesion.spacing_z = spacing.spacing_z;
-    lesion.spacing_y = spacing.spacing_y;
-    lesion.spacing_x = spacing.spacing_x;
-    const absl::Status scored = ScoreLesions(p, r, depth, height, width, config.regions, config.include_background,
-                                             lesion, &result);
+    const absl::Status scored = Lesions(p, r, depth, height, width, spacing, &result);
     if (!scored.ok()) return fail(scored.message());
   }
   // COCO instance jobs show instances (matched, missed, false) instead of one class's pixels.
@@ -324,10 +368,13 @@ void ScoringPipeline::AddThumbnails(const v1::ManifestRow& row, const uint16_t* 
 
 ScoringPipeline::ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal,
                                  TimeoutFn on_timeout, std::shared_ptr<const CocoSource> coco,
-                                 std::shared_ptr<const PanopticSource> panoptic)
+                                 std::shared_ptr<const PanopticSource> panoptic, std::shared_ptr<VolumeModel> volumes,
+                                 std::string save_predictions)
     : config_(std::move(config)),
       coco_(std::move(coco)),
       panoptic_(std::move(panoptic)),
+      volumes_(std::move(volumes)),
+      save_predictions_(std::move(save_predictions)),
       worker_worst_(config_.thumbnails),
       label_lut_(MakeLabelLut(config_.label_map)),
       on_result_(std::move(on_result)),

@@ -32,6 +32,7 @@
 #include "common/io/thumbnail.h"
 #include "common/io/volume_io.h"
 #include "worker/row_evaluator.h"
+#include "worker/volume_model.h"
 
 namespace tally {
 
@@ -42,10 +43,13 @@ class ScoringPipeline : public RowEvaluator {
   using TimeoutFn = std::function<void(const LeaseKey& lease, const std::vector<int64_t>& indices,
                                        const std::string& what, double seconds)>;
 
-  // `coco`: a COCO instance job's annotations and detections (null for other jobs).
+  // `coco`: a COCO instance job's annotations and detections (null for other jobs). `volumes`: a
+  // volume job's model (worker/volume_model.h), which gives each row's prediction instead of its
+  // `prediction` file; `save_predictions`: where its labels go as <id>.nii.gz (resolved, or empty).
   ScoringPipeline(JobConfig config, int threads, ResultFn on_result, FatalFn on_fatal, TimeoutFn on_timeout,
                   std::shared_ptr<const CocoSource> coco = nullptr,
-                  std::shared_ptr<const PanopticSource> panoptic = nullptr);
+                  std::shared_ptr<const PanopticSource> panoptic = nullptr,
+                  std::shared_ptr<VolumeModel> volumes = nullptr, std::string save_predictions = "");
   ~ScoringPipeline() override;
 
   void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) override;
@@ -67,6 +71,8 @@ class ScoringPipeline : public RowEvaluator {
     LabelMap labels;
     VolumeGeometry geometry;
     bool volume = false;
+    int classes = 0;        // A model's class count (volume jobs); 0: from the labels.
+    int64_t nonfinite = 0;  // A model's NaN/Inf scores (volume jobs).
   };
 
  private:
@@ -74,6 +80,8 @@ class ScoringPipeline : public RowEvaluator {
   // the row's class (or region) count, checked against both maps; the spacing for surface
   // distances (FAILED_PRECONDITION: the job's --spacing cannot apply, which fails the job).
   absl::Status LoadPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred) const;
+  // Volume jobs: the reference read, the prediction from the model (and saved when asked).
+  absl::Status PredictPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred) const;
   // COCO instance jobs: the row's instances evaluated into `result`, and painted as both maps.
   // Rows among the shard's lowest instance F1 get a thumbnail of the matching (`thumbnails` may be null).
   absl::Status LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred, v1::ImageResult* result,
@@ -82,6 +90,9 @@ class ScoringPipeline : public RowEvaluator {
   // The surface distances of every class or region of a row.
   void Surfaces(const uint16_t* p, const uint16_t* r, int depth, int height, int width, int classes,
                 const SurfaceOptions3D& spacing, std::vector<SurfaceValues>* surface) const;
+  // The lesion-wise metrics of every class or region of a row into `result`.
+  absl::Status Lesions(const uint16_t* p, const uint16_t* r, int depth, int height, int width,
+                       const SurfaceOptions3D& spacing, v1::ImageResult* result) const;
   absl::StatusOr<SurfaceOptions3D> SpacingOf(const v1::ManifestRow& row, const LoadedMap& ref) const;
   void AddThumbnails(const v1::ManifestRow& row, const uint16_t* prediction, const uint16_t* reference, int depth,
                      int height, int width, ShardThumbnails* thumbnails, v1::ImageResult* result) const;
@@ -110,6 +121,8 @@ class ScoringPipeline : public RowEvaluator {
   const JobConfig config_;
   const std::shared_ptr<const CocoSource> coco_;
   const std::shared_ptr<const PanopticSource> panoptic_;  // Panoptic jobs.
+  const std::shared_ptr<VolumeModel> volumes_;             // Volume jobs.
+  const std::string save_predictions_;                     // Volume jobs: resolved folder, or empty.
   // Panoptic jobs: the row's segments evaluated into `result`, and their categories as both maps.
   absl::Status LoadPanopticPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
                                 v1::ImageResult* result) const;

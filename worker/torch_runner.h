@@ -291,6 +291,36 @@ class TorchRunner final : public ModelRunner {
     }
   }
 
+  // Volume jobs: the whole volume, or MONAI-style sliding windows (worker/torch_volume.cc).
+  absl::StatusOr<VolumePrediction> PredictVolume(const VolumeRequest& request) override {
+    absl::StatusOr<VolumePrediction> out = absl::UnknownError("not run");
+    auto run = [&] {
+      try {
+        c10::InferenceMode inference;
+#if TALLY_WITH_CUDA
+        c10::cuda::OptionalCUDAGuard device_guard;
+        if (cuda_) device_guard.set_index(device_.index());
+#endif
+        EnableAutocast();
+        out = SlidingWindow(request);
+      } catch (const c10::Error& e) {
+        out = IsOom(e) ? absl::ResourceExhaustedError(ErrorText(e))
+                       : absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "': ", ErrorText(e)));
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        out = LooksLikeOom(what) ? absl::ResourceExhaustedError(ShortText(what))
+                                 : absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "': ",
+                                                                              ShortText(what)));
+      }
+    };
+    if (launch_thread_) {
+      launch_thread_->Run(run);
+    } else {
+      run();
+    }
+    return out;
+  }
+
   void ReleaseCachedMemory() override {
 #if TALLY_WITH_CUDA
     if (cuda_) c10::cuda::CUDACachingAllocator::emptyCache();
@@ -414,6 +444,8 @@ class TorchRunner final : public ModelRunner {
   at::Tensor Preprocess(const Groups& dev, bool channels_last) const;
   // ABORTED when the model raises (out-of-memory errors propagate as exceptions).
   absl::StatusOr<c10::IValue> Forward(torch::jit::Module& module, const at::Tensor& x, const std::string& input_shape);
+  // PredictVolume's work on the launching thread (worker/torch_volume.cc).
+  absl::StatusOr<VolumePrediction> SlidingWindow(const VolumeRequest& request);
   // A model returning torchvision's detections (a list of dicts with masks, scores, labels, one per
   // image; or a tuple ending with one): the batch's instances on the host, their label maps and
   // counts against the references (worker/torch_runner_launch.cc). Null for other outputs.

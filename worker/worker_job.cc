@@ -97,6 +97,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   ro.memory_limit_gib = options.gpu_memory_limit_gib;
   ro.thresholds = config.thresholds;
   if (config.instance_job()) ro.num_classes = config.num_classes;  // Instance outputs: category ids < this.
+  ro.sliding_window = config.sliding_window;
+  ro.overlap = config.overlap;
+  ro.sw_batch_size = config.sw_batch_size;
   if (model.python) {
     ro.class_name = model.class_name;
     ro.devices = devices;
@@ -137,7 +140,8 @@ std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, 
        absl::StrCat(options.threads, ",", options.count_logit_ties, ",", options.cudnn_benchmark, ",",
                     options.gpu_memory_limit_gib, ",", options.jit_optimize),
        config.python, absl::StrJoin(options_kv, "\x1f"), absl::StrJoin(config.manifest_columns, "\x1f"),
-       absl::StrCat(config.num_classes)},
+       absl::StrCat(config.num_classes), absl::StrJoin(config.sliding_window, ","),
+       absl::StrCat(config.overlap, ",", config.sw_batch_size)},
       "\x1e");
 }
 
@@ -287,6 +291,20 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     }
     evaluator->pipeline =
         std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, coco, std::move(panoptic));
+  } else if (config.volume_job()) {
+    // Volumes: one row at a time through the model, scored as prediction volumes are.
+    ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
+    (void)reused;
+    std::string save;
+    if (!config.save_predictions.empty()) {
+      ASSIGN_OR_RETURN(save, PreparePredictionFolder(config.save_predictions));
+    }
+    const int threads = options_.threads > 0 ? options_.threads
+                                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    Log("job ", job_id, ": volumes through the model, read and scored on ", threads, " thread(s)");
+    auto model = std::make_shared<VolumeModel>(evaluator->runner.get(), config);
+    evaluator->pipeline = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, nullptr,
+                                                            nullptr, std::move(model), std::move(save));
   } else {
     ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
     ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));

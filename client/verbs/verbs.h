@@ -44,6 +44,11 @@ struct JobFlags {
   int connectivity = 0;
   int lesion_dilation = 3;
   double lesion_min_volume = 50, lesion_max_hd95 = 374, lesion_iou = 0;
+  // Volume jobs (README "Volumes into models").
+  std::string sliding_window, intensity;
+  double overlap = 0.5;
+  int sw_batch_size = 0;
+  bool keep_dtype = false;
 };
 
 // The workers `tally run` and `tally estimate` start on this machine.

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "common/security/data_roots.h"
 #include "common/base/file_util.h"
+#include "common/io/volume_io.h"
 
 namespace tally {
 namespace {
@@ -402,10 +403,17 @@ absl::Status ManifestReader::NextBatch(size_t max_rows, std::vector<ManifestRow>
     } else if (row.mask.empty()) {
       row.error = absl::StrCat("manifest line ", rec.line, ": empty 'mask' field");
     }
+    const std::vector<std::string> channels = VolumeChannelFiles(row.image);  // One unless a;b volumes.
     if (row.id.empty()) {
-      row.id = !row.image.empty() ? Stem(row.image) : !row.mask.empty() ? Stem(row.mask) : absl::StrCat(row.index);
+      row.id = !row.image.empty() ? Stem(channels[0]) : !row.mask.empty() ? Stem(row.mask) : absl::StrCat(row.index);
     }
-    if (!row.image.empty()) row.image_path = ResolvePath(base_dir_, row.image);
+    if (channels.size() > 1) {
+      std::vector<std::string> resolved;
+      for (const std::string& c : channels) resolved.push_back(ResolvePath(base_dir_, c));
+      row.image_path = absl::StrJoin(resolved, ";");
+    } else if (!row.image.empty()) {
+      row.image_path = ResolvePath(base_dir_, row.image);
+    }
     row.mask_path = ResolvePath(base_dir_, row.mask);
     if (!row.prediction.empty()) row.prediction_path = ResolvePath(base_dir_, row.prediction);
     rows->push_back(std::move(row));

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/security/data_roots.h"
 #include "common/base/file_util.h"
 #include "common/base/status_macros.h"
@@ -182,6 +183,59 @@ bool WithinTolerance(double a, double b, double tolerance) {
 bool IsNiftiPath(const std::string& path) {
   const std::string lower = absl::AsciiStrToLower(path);
   return absl::EndsWith(lower, ".nii") || absl::EndsWith(lower, ".nii.gz");
+}
+
+std::vector<std::string> VolumeChannelFiles(const std::string& image) {
+  std::vector<std::string> parts = absl::StrSplit(image, ';');
+  if (parts.size() < 2) return {image};
+  for (const std::string& p : parts) {
+    if (!IsNiftiPath(p)) return {image};
+  }
+  return parts;
+}
+
+absl::Status LoadNiftiImage(const std::string& path, int64_t max_voxels, bool keep_raw, VolumeImage* out) {
+  QuietNifti();
+  RETURN_IF_ERROR(CheckOpenable(path));
+  NimPtr nim(nifti_image_read(path.c_str(), 0));
+  if (nim == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
+  }
+  RETURN_IF_ERROR(ReadGeometry(nim.get(), path, max_voxels, &out->geometry));
+  if (nifti_image_load(nim.get()) != 0 || nim->data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "': reading its voxels failed (truncated or corrupt file?)"));
+  }
+  const bool scaled = nim->scl_slope != 0 && std::isfinite(nim->scl_slope) &&
+                      (nim->scl_slope != 1 || nim->scl_inter != 0);
+  const int64_t n = nim->nvox;
+  out->values.resize(static_cast<size_t>(n));
+  auto convert = [&](auto tag, const char* name) {
+    using T = decltype(tag);
+    const T* data = static_cast<const T*>(nim->data);
+    for (int64_t i = 0; i < n; ++i) {
+      double v = static_cast<double>(data[i]);
+      if (scaled) v = static_cast<double>(nim->scl_slope) * v + static_cast<double>(nim->scl_inter);
+      out->values[static_cast<size_t>(i)] = static_cast<float>(v);
+    }
+    out->dtype = name;
+    if (keep_raw) {
+      const uint8_t* bytes = static_cast<const uint8_t*>(nim->data);
+      out->raw.assign(bytes, bytes + static_cast<size_t>(n) * sizeof(T));
+    }
+  };
+  switch (nim->datatype) {
+    case NIFTI_TYPE_UINT8: convert(uint8_t{}, "uint8"); break;
+    case NIFTI_TYPE_INT8: convert(int8_t{}, "int8"); break;
+    case NIFTI_TYPE_INT16: convert(int16_t{}, "int16"); break;
+    case NIFTI_TYPE_UINT16: convert(uint16_t{}, "uint16"); break;
+    case NIFTI_TYPE_INT32: convert(int32_t{}, "int32"); break;
+    case NIFTI_TYPE_UINT32: convert(uint32_t{}, "uint32"); break;
+    case NIFTI_TYPE_INT64: convert(int64_t{}, "int64"); break;
+    case NIFTI_TYPE_UINT64: convert(uint64_t{}, "uint64"); break;
+    case NIFTI_TYPE_FLOAT32: convert(float{}, "float32"); break;
+    default: convert(double{}, "float64"); break;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelMap* out, VolumeGeometry* geometry) {

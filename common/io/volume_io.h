@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/io/image_io.h"
@@ -36,6 +37,21 @@ struct VolumeGeometry {
 
 // True for names ending in .nii or .nii.gz (case-insensitive).
 bool IsNiftiPath(const std::string& path);
+
+// A manifest `image` naming a volume's channels: NIfTI files joined by ';' (T1;T1ce;T2;FLAIR). The
+// files in order when every part is a NIfTI name; else the value as one file.
+std::vector<std::string> VolumeChannelFiles(const std::string& image);
+
+// One image volume as the model reads it: voxels row-major (z, y, x), as float32 after the header's
+// scl_slope/scl_inter, and (keep_raw) the stored bytes of type `dtype` (numpy's names: uint8, int8,
+// int16, uint16, int32, uint32, int64, uint64, float32, float64) unscaled.
+struct VolumeImage {
+  VolumeGeometry geometry;
+  std::vector<float> values;
+  std::string dtype;
+  std::vector<uint8_t> raw;
+};
+absl::Status LoadNiftiImage(const std::string& path, int64_t max_voxels, bool keep_raw, VolumeImage* out);
 
 // Reads a label volume into `out` (labels row-major z, y, x; height/width/depth set) and its
 // geometry. A header declaring more than `max_voxels` voxels fails before the data is read.

@@ -5,6 +5,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "common/base/file_util.h"
 #include "common/base/status_macros.h"
 #include "common/io/thumbnail.h"
@@ -232,6 +235,50 @@ absl::Status ReadLesionSettings(const v1::JobSpec& spec, JobConfig* c) {
   return absl::OkStatus();
 }
 
+// Volume jobs' settings, checked: the errors name the field.
+absl::Status ReadVolumeSettings(const v1::JobSpec& spec, JobConfig* c) {
+  c->volume_inputs = spec.volume_inputs();
+  if (spec.sliding_window_size() != 0 && spec.sliding_window_size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("sliding_window: expected 3 sizes (z, y, x), got ",
+                                                   spec.sliding_window_size()));
+  }
+  for (int i = 0; i < spec.sliding_window_size(); ++i) {
+    if (spec.sliding_window(i) < 1 || spec.sliding_window(i) > 4096) {
+      return absl::InvalidArgumentError(absl::StrCat("sliding_window: sizes are 1..4096, got ", spec.sliding_window(i)));
+    }
+    c->sliding_window[static_cast<size_t>(i)] = spec.sliding_window(i);
+  }
+  if (spec.has_overlap()) c->overlap = spec.overlap();
+  if (!(c->overlap >= 0 && c->overlap < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("overlap: expected a value in [0, 1), got ", c->overlap));
+  }
+  if (spec.sw_batch_size() < 0 || spec.sw_batch_size() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("sw_batch_size: expected 1..1024, got ", spec.sw_batch_size()));
+  }
+  if (spec.sw_batch_size() > 0) c->sw_batch_size = spec.sw_batch_size();
+  const std::string intensity = absl::AsciiStrToLower(spec.intensity());
+  if (intensity.empty() || intensity == "none") {
+    c->intensity = JobConfig::Intensity::kNone;
+  } else if (intensity == "zscore") {
+    c->intensity = JobConfig::Intensity::kZscore;
+  } else {
+    std::vector<std::string> lohi;
+    if (absl::StartsWith(intensity, "clip:")) lohi = absl::StrSplit(intensity.substr(5), ',');
+    if (lohi.size() != 2 || !absl::SimpleAtod(lohi[0], &c->clip_low) || !absl::SimpleAtod(lohi[1], &c->clip_high) ||
+        !(c->clip_low < c->clip_high) || std::isinf(c->clip_low) || std::isinf(c->clip_high)) {
+      return absl::InvalidArgumentError(absl::StrCat("intensity: expected none, zscore or clip:LO,HI with LO < HI, got '",
+                                                     spec.intensity(), "'"));
+    }
+    c->intensity = JobConfig::Intensity::kClip;
+  }
+  c->intensity_name = intensity.empty() ? "none" : intensity;
+  c->keep_dtype = spec.keep_dtype();
+  if (c->keep_dtype && c->intensity != JobConfig::Intensity::kNone) {
+    return absl::InvalidArgumentError("keep_dtype hands the stored voxels to the model: no intensity preprocessing");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
@@ -278,6 +325,7 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ReadThresholds(spec, &c));
   RETURN_IF_ERROR(ReadReportSettings(spec, &c));
   RETURN_IF_ERROR(ReadLesionSettings(spec, &c));
+  RETURN_IF_ERROR(ReadVolumeSettings(spec, &c));
   return c;
 }
 

@@ -11,6 +11,7 @@
 #ifndef TALLY_COMMON_JOB_JOB_CONFIG_H_
 #define TALLY_COMMON_JOB_JOB_CONFIG_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -136,6 +137,17 @@ struct JobConfig {
   // Lesion-wise metrics (a lesion_ metric selected): connectivity, dilation, min_volume, max_hd95,
   // iou_threshold as metrics/lesion.h; the spacing comes from each row.
   LesionOptions lesion;
+  // Volume jobs (README "Volumes into models"): NIfTI images into a model.
+  bool volume_inputs = false;
+  bool volume_job() const { return volume_inputs && !model.empty(); }
+  std::array<int, 3> sliding_window{};  // z, y, x; all 0: whole volumes.
+  double overlap = 0.5;
+  int sw_batch_size = 4;
+  enum class Intensity { kNone, kZscore, kClip };
+  Intensity intensity = Intensity::kNone;
+  double clip_low = 0, clip_high = 0;
+  std::string intensity_name = "none";  // As given: none | zscore | clip:LO,HI.
+  bool keep_dtype = false;
   // Classes the report treats as foreground: regions all, class 0 only with include_background.
   bool IsForegroundClass(int c) const { return c != 0 || include_background || !regions.empty(); }
 };

@@ -11,7 +11,10 @@ returns torch tensors:
   * CxHxW floats, C >= 2              -> "argmax": uint16 argmax over C (first maximum on ties)
   * HxW or 1xHxW floats               -> "score":  float32 single foreground score
 
-and the worker computes every count and metric from them. Requests are answered in order.
+and the worker computes every count and metric from them. Volume jobs send one volume per
+"predict_volume" request (C x D x H x W voxels, the row with "spacing" and "affine"); its output is
+D x H x W labels or C x D x H x W scores, written back as uint16 labels. Requests are answered in
+order.
 """
 
 import array
@@ -266,6 +269,43 @@ def _convert(out, h, w, mm, offset):
     return {"error": _contract(shape, dtype, h, w)}
 
 
+def _convert_volume(out, d, h, w, mm, offset):
+    """One volume's output: D x H x W (or 1 x D x H x W) integer labels, or C x D x H x W float scores
+    (C >= 2, argmax here on the model's device), written as uint16 labels at `offset`."""
+    contract = ("the model's output has shape %s and dtype %s; expected the reference's size %dx%dx%d (D x H x W): "
+                "D x H x W integer class labels or C x D x H x W float scores (C >= 2)")
+    tensor = _is_tensor(out)
+    if tensor:
+        t = out.detach()
+        shape, dtype, floating = tuple(t.shape), str(t.dtype).replace("torch.", ""), t.is_floating_point()
+    else:
+        t = np.asarray(out)
+        shape, dtype, floating = t.shape, str(t.dtype), t.dtype.kind == "f"
+        if t.dtype.kind not in "fiub":
+            return {"error": contract % (shape, dtype, d, h, w)}
+    dest = np.ndarray((d, h, w), np.uint16, buffer=mm, offset=offset)
+    if floating and len(shape) == 4 and shape[0] >= 2 and shape[1:] == (d, h, w):
+        if shape[0] > _MAX_CLASSES:
+            return {"error": "the model returned %d score channels; at most %d classes" % (shape[0], _MAX_CLASSES)}
+        if tensor:
+            torch = _torch()
+            nonfinite = int((~torch.isfinite(t)).sum().item())
+            dest[...] = t.argmax(0).to(torch.int32).cpu().numpy()
+        else:
+            nonfinite = int(np.count_nonzero(~np.isfinite(t)))
+            dest[...] = np.argmax(t, axis=0)
+        return {"kind": "argmax", "channels": int(shape[0]), "nonfinite": nonfinite}
+    if not floating and shape in ((d, h, w), (1, d, h, w)):
+        a = (t.to(_torch().int64).cpu().numpy() if tensor else t.astype(np.int64)).reshape(d, h, w)
+        if a.size:
+            error = _label_range_error(int(a.min()), int(a.max()), lambda bad: int(np.flatnonzero(bad(a.reshape(-1)))[0]), w)
+            if error:
+                return {"error": error}
+        dest[...] = a
+        return {"kind": "labels"}
+    return {"error": contract % (shape, dtype, d, h, w)}
+
+
 def _cuda_ready():
     torch = _torch()
     return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -407,6 +447,38 @@ class _Stub:
             return {"op": "result", "id": msg.get("id", 0), "error": _short(text), "oom": oom}
         return {"op": "result", "id": msg.get("id", 0), "outputs": outputs, "gpus": _gpu_stats(self.devices)}
 
+    def predict_volume(self, msg):
+        """One volume: C x D x H x W voxels (z, y, x), the row with its spacing (z, y, x) and affine."""
+        self._register()
+        it = msg.get("items", [{}])[0]
+        c, d, h, w = int(it.get("channels", 1)), int(it["depth"]), int(it["height"]), int(it["width"])
+        mm = self.buffers[int(msg["image_buffer"])]
+        out_mm = self.buffers[int(msg["output_buffer"])]
+        image = np.ndarray((c, d, h, w), np.dtype(it.get("dtype") or "float32"), buffer=mm,
+                           offset=int(it.get("image_offset", 0)))
+        row = dict(it.get("row", {}))
+        row["index"] = int(it.get("index", 0))
+        row["spacing"] = tuple(float(v) for v in it.get("spacing", []))
+        row["affine"] = np.asarray([float(v) for v in it.get("affine", [])], np.float64).reshape(4, 4)
+        torch = _torch()
+        grad = torch.no_grad() if torch is not None else contextlib.nullcontext()
+        try:
+            with grad:
+                outs = self.model.predict([image], [row])
+                if outs is None:
+                    raise TypeError("predict returned None; it must return one output per volume")
+                outs = list(outs)
+                if len(outs) != 1:
+                    raise ValueError("predict returned %d outputs for 1 volume; it must return one per volume" % len(outs))
+                output = _convert_volume(outs[0], d, h, w, out_mm, int(it.get("output_offset", 0)))
+        except Exception as e:
+            name = type(e).__name__
+            oom = "OutOfMemoryError" in name or "out of memory" in str(e).lower()
+            if oom and torch is not None and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return {"op": "result", "id": msg.get("id", 0), "error": _short("%s: %s" % (name, e)), "oom": oom}
+        return {"op": "result", "id": msg.get("id", 0), "outputs": [output], "gpus": _gpu_stats(self.devices)}
+
     def _convert_batch(self, outs, items, out_mm):
         """One N x C x H x W float tensor for a batch of one size: argmax and non-finite counts in one
         pass on the model's device. None when the output is anything else (converted per image)."""
@@ -494,6 +566,9 @@ class _Stub:
                 else:
                     self.answers.join()  # Answers leave in request order.
                     self.conn.write(reply)
+            elif op == "predict_volume":
+                self.answers.join()  # Answers leave in request order.
+                self.conn.write(self.predict_volume(msg))
             elif op == "empty_cache":
                 torch = _torch()
                 if torch is not None and torch.cuda.is_available():
