@@ -134,9 +134,12 @@ void ZPass(FeatureColumns& f, int64_t slice, double sz, std::vector<int32_t>* gz
 // and features, slice by slice, and only on slices holding queries: memory is O(box area +
 // features), not O(volume). The nearest feature's offsets are tracked through the passes, so each
 // distance is computed as scipy's distance_transform_edt computes it, sqrt(sum of (s_i d_i)^2).
+// `box_queries` (default: `queries`) with the features sets the box, and with it the envelopes'
+// arithmetic: queries split into groups get the values of the whole set when each group passes it.
 void SeparableDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
-                          double sz, double sy, double sx, std::vector<double>* out) {
-  FeatureColumns f(queries, features, dims);
+                          double sz, double sy, double sx, std::vector<double>* out,
+                          const std::vector<int64_t>* box_queries = nullptr) {
+  FeatureColumns f(box_queries != nullptr ? *box_queries : queries, features, dims);
   const int H = f.H, W = f.W;
   const size_t area = static_cast<size_t>(H) * W;
   const double sy2 = sy * sy, sx2 = sx * sx;
@@ -205,45 +208,53 @@ void SeparableDistances3D(const std::vector<int64_t>& queries, const std::vector
   }
 }
 
-// For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
-// feature voxel (at least one exists). Most queries lie on or next to the other surface (a
-// prediction close to its reference): each searches a box around itself in a bitmap of the
-// features, growing the box's physical radius rho (doubling) until the best distance found is at
-// most rho, which proves it is the nearest (every voxel outside the box is farther than rho). A
-// query whose box would pass kMaxBox voxels, and every query once the searches have cost more than
-// a budget proportional to the number of queries, goes to the separable transform instead. So
-// close predictions cost a few voxel tests per query and far ones no more than the transform.
-void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
-                         double sz, double sy, double sx, std::vector<double>* out) {
-  constexpr int64_t kMaxBox = 4096;
-  const int64_t plane = dims.height * dims.width;
-  int64_t z0 = dims.depth, z1 = -1, y0 = dims.height, y1 = -1, x0 = dims.width, x1 = -1;
-  for (int64_t i : features) {
-    const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
-    z0 = std::min(z0, z), z1 = std::max(z1, z);
-    y0 = std::min(y0, y), y1 = std::max(y1, y);
-    x0 = std::min(x0, x), x1 = std::max(x1, x);
+// The features of DirectedDistances3D as a bitmap over their bounding box.
+struct FeatureBits {
+  int64_t z0, z1, y0, y1, x0, x1, by = 0, bx = 0;
+  std::vector<uint64_t> bits;
+  FeatureBits(const std::vector<int64_t>& features, const Dims3& dims) {
+    const int64_t plane = dims.height * dims.width;
+    z0 = dims.depth, z1 = -1, y0 = dims.height, y1 = -1, x0 = dims.width, x1 = -1;
+    for (int64_t i : features) {
+      const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
+      z0 = std::min(z0, z), z1 = std::max(z1, z);
+      y0 = std::min(y0, y), y1 = std::max(y1, y);
+      x0 = std::min(x0, x), x1 = std::max(x1, x);
+    }
+    const int64_t bz = z1 - z0 + 1;
+    by = y1 - y0 + 1;
+    bx = x1 - x0 + 1;
+    bits.assign(static_cast<size_t>((bz * by * bx + 63) / 64), 0);
+    for (int64_t i : features) {
+      const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
+      const int64_t b = ((z - z0) * by + (y - y0)) * bx + (x - x0);
+      bits[b >> 6] |= uint64_t{1} << (b & 63);
+    }
   }
-  const int64_t bz = z1 - z0 + 1, by = y1 - y0 + 1, bx = x1 - x0 + 1;
-  std::vector<uint64_t> bits(static_cast<size_t>((bz * by * bx + 63) / 64), 0);
-  for (int64_t i : features) {
-    const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
-    const int64_t b = ((z - z0) * by + (y - y0)) * bx + (x - x0);
-    bits[b >> 6] |= uint64_t{1} << (b & 63);
-  }
-  auto feature = [&](int64_t z, int64_t y, int64_t x) {
+  bool operator()(int64_t z, int64_t y, int64_t x) const {
     const int64_t b = ((z - z0) * by + (y - y0)) * bx + (x - x0);
     return (bits[b >> 6] >> (b & 63)) & 1;
-  };
+  }
+};
+
+// Queries are searched in chunks of this many, each with a budget of its own, so that which
+// queries go to the separable transform (and hence every value, to the bit) does not depend on how
+// the chunks are shared among threads.
+constexpr size_t kQueryChunk = 4096;
+
+// The box search of DirectedDistances3D for queries [begin, end): distances found into `out`, the
+// queries left for the separable transform into `far`.
+void NearSearch(const std::vector<int64_t>& queries, size_t begin, size_t end, const FeatureBits& feature,
+                const Dims3& dims, double sz, double sy, double sx, std::vector<double>* out, std::vector<size_t>* far) {
+  constexpr int64_t kMaxBox = 4096;
+  const int64_t plane = dims.height * dims.width;
   const double smin = std::min({sz, sy, sx});
-  int64_t budget = 256 * static_cast<int64_t>(queries.size()) + (int64_t{1} << 20);
-  out->resize(queries.size());
-  std::vector<size_t> far;
-  for (size_t q = 0; q < queries.size(); ++q) {
+  int64_t budget = 256 * static_cast<int64_t>(end - begin) + (int64_t{1} << 16);
+  for (size_t q = begin; q < end; ++q) {
     const int64_t i = queries[q];
     const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
     if (budget < 0) {
-      far.push_back(q);
+      far->push_back(q);
       continue;
     }
     double best = kInf;  // Squared.
@@ -254,9 +265,9 @@ void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<
       const int64_t ry = static_cast<int64_t>(std::floor(rho / sy * (1 + 1e-12)));
       const int64_t rx = static_cast<int64_t>(std::floor(rho / sx * (1 + 1e-12)));
       if ((2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1) > kMaxBox) break;
-      const int64_t za = std::max(z - rz, z0), zb = std::min(z + rz, z1);
-      const int64_t ya = std::max(y - ry, y0), yb = std::min(y + ry, y1);
-      const int64_t xa = std::max(x - rx, x0), xb = std::min(x + rx, x1);
+      const int64_t za = std::max(z - rz, feature.z0), zb = std::min(z + rz, feature.z1);
+      const int64_t ya = std::max(y - ry, feature.y0), yb = std::min(y + ry, feature.y1);
+      const int64_t xa = std::max(x - rx, feature.x0), xb = std::min(x + rx, feature.x1);
       budget -= (2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1);
       for (int64_t cz = za; cz <= zb; ++cz) {
         const double dz = sz * static_cast<double>(cz - z);
@@ -277,24 +288,77 @@ void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<
     if (found) {
       (*out)[q] = std::sqrt(best);
     } else {
-      far.push_back(q);
+      far->push_back(q);
     }
   }
+}
+
+// Runs fn(k) for k in [0, n) on up to `threads` threads, each taking the next k as it frees up.
+template <typename Fn>
+void ParallelFor(size_t n, int threads, Fn fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k = next++; k < n; k = next++) fn(k);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads && static_cast<size_t>(t) < n; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+// For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
+// feature voxel (at least one exists). Most queries lie on or next to the other surface (a
+// prediction close to its reference): each searches a box around itself in a bitmap of the
+// features, growing the box's physical radius rho (doubling) until the best distance found is at
+// most rho, which proves it is the nearest (every voxel outside the box is farther than rho). A
+// query whose box would pass kMaxBox voxels, and every query of a chunk once its searches have cost
+// more than a budget proportional to the chunk, goes to the separable transform instead. So close
+// predictions cost a few voxel tests per query and far ones no more than the transform. Chunks of
+// queries (slabs of the volume) and then slices of the far queries spread over `threads`; the
+// values do not depend on it.
+void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
+                         double sz, double sy, double sx, std::vector<double>* out, int threads = 1) {
+  const FeatureBits feature(features, dims);
+  out->resize(queries.size());
+  const size_t chunks = (queries.size() + kQueryChunk - 1) / kQueryChunk;
+  std::vector<std::vector<size_t>> far_by_chunk(chunks);
+  ParallelFor(chunks, threads, [&](size_t k) {
+    NearSearch(queries, k * kQueryChunk, std::min(queries.size(), (k + 1) * kQueryChunk), feature, dims, sz, sy, sx,
+               out, &far_by_chunk[k]);
+  });
+  std::vector<size_t> far;
+  for (const auto& f : far_by_chunk) far.insert(far.end(), f.begin(), f.end());
   if (far.empty()) return;
+  // The separable transform per group of far queries (whole slices, about far / threads each), every
+  // group in the box of all far queries: the values are those of one pass over them all.
+  const size_t groups = std::min<size_t>(static_cast<size_t>(std::max(1, threads)), far.size());
+  std::vector<size_t> cut = {0};
+  const int64_t plane = dims.height * dims.width;
+  for (size_t g = 1; g < groups; ++g) {
+    size_t c = std::max(cut.back(), far.size() * g / groups);
+    while (c > cut.back() && c < far.size() && queries[far[c]] / plane == queries[far[c - 1]] / plane) ++c;
+    cut.push_back(c);
+  }
+  cut.push_back(far.size());
   std::vector<int64_t> far_queries(far.size());
   for (size_t k = 0; k < far.size(); ++k) far_queries[k] = queries[far[k]];
-  std::vector<double> far_out;
-  SeparableDistances3D(far_queries, features, dims, sz, sy, sx, &far_out);
-  for (size_t k = 0; k < far.size(); ++k) (*out)[far[k]] = far_out[k];
+  ParallelFor(cut.size() - 1, threads, [&](size_t g) {
+    if (cut[g] >= cut[g + 1]) return;
+    const std::vector<int64_t> group_queries(far_queries.begin() + static_cast<std::ptrdiff_t>(cut[g]),
+                                             far_queries.begin() + static_cast<std::ptrdiff_t>(cut[g + 1]));
+    std::vector<double> group_out;
+    SeparableDistances3D(group_queries, features, dims, sz, sy, sx, &group_out, &far_queries);
+    for (size_t k = cut[g]; k < cut[g + 1]; ++k) (*out)[far[k]] = group_out[k - cut[g]];
+  });
 }
 
 SurfaceValues FromEdges3D(const std::vector<int64_t>& pred_edges, const std::vector<int64_t>& ref_edges,
-                          const Dims3& dims, const SurfaceOptions3D& o) {
+                          const Dims3& dims, const SurfaceOptions3D& o, int threads = 1) {
   if (pred_edges.empty() && ref_edges.empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
   if (pred_edges.empty() || ref_edges.empty()) return SurfaceValues{kInf, kInf, kInf, 0.0};
   std::vector<double> d_pg, d_gp;
-  DirectedDistances3D(pred_edges, ref_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_pg);
-  DirectedDistances3D(ref_edges, pred_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_gp);
+  DirectedDistances3D(pred_edges, ref_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_pg, threads);
+  DirectedDistances3D(ref_edges, pred_edges, dims, o.spacing_z, o.spacing_y, o.spacing_x, &d_gp, threads);
   return Combine(Summarise(&d_pg, o.nsd_tolerance), Summarise(&d_gp, o.nsd_tolerance));
 }
 
@@ -338,17 +402,14 @@ void ClassSurfaceMetrics3D(const uint16_t* pred, const uint16_t* ref, int depth,
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return pred_edges[a].size() + ref_edges[a].size() > pred_edges[b].size() + ref_edges[b].size();
   });
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t k = next++; k < order.size(); k = next++) {
-      const int c = order[k];
-      (*out)[c] = FromEdges3D(pred_edges[c], ref_edges[c], dims, options);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(threads, num_classes); ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  // Fewer classes with edges than threads: each class's queries spread over the rest (slabs).
+  int busy = 0;
+  for (int c = 0; c < num_classes; ++c) busy += !pred_edges[c].empty() || !ref_edges[c].empty();
+  const int per_class = std::max(1, threads / std::max(1, busy));
+  ParallelFor(order.size(), std::min(threads, std::max(1, busy)), [&](size_t k) {
+    const int c = order[k];
+    (*out)[c] = FromEdges3D(pred_edges[c], ref_edges[c], dims, options, per_class);
+  });
 }
 
 void RegionSurfaceMetrics(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,

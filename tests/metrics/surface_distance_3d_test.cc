@@ -182,6 +182,38 @@ TEST(SurfaceDistance3DTest, ClassesOnSeveralThreadsGiveTheValuesOfOne) {
   }
 }
 
+TEST(SurfaceDistance3DTest, OneLargeClassSpreadInSlabsGivesTheValuesOfOneThread) {
+  // One class, thousands of edge voxels in several query chunks, most of them far from the other
+  // surface (the separable transform, in groups of slices) and some near: any thread count, the
+  // same bits.
+  std::mt19937 rng(5);
+  const int d = 40, h = 48, w = 52;
+  std::vector<uint16_t> pred(d * h * w, 0), ref(d * h * w, 0);
+  for (int z = 0; z < d; ++z) {
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        const size_t i = (static_cast<size_t>(z) * h + y) * w + x;
+        if (z > 2 && z < 30 && y > 3 && y < 20 && x > 2 && x < 45) ref[i] = 1;
+        if ((z > 20 && z < 38 && y > 28 && y < 46 && x > 10 && x < 50) || (ref[i] && rng() % 3 == 0)) pred[i] = 1;
+      }
+    }
+  }
+  std::vector<SurfaceValues> one, many;
+  const SurfaceOptions3D spacing{1.3, 0.7, 0.9, 2.0};
+  ClassSurfaceMetrics3D(pred.data(), ref.data(), d, h, w, 2, kIgnoredPixel, spacing, &one, 1);
+  EXPECT_GT(one[1].hd, 10.0);  // Far queries: the separable path ran.
+  for (int threads : {2, 5, 16}) {
+    ClassSurfaceMetrics3D(pred.data(), ref.data(), d, h, w, 2, kIgnoredPixel, spacing, &many, threads);
+    for (int c = 0; c < 2; ++c) {
+      for (auto field : {&SurfaceValues::hd, &SurfaceValues::hd95, &SurfaceValues::assd, &SurfaceValues::nsd}) {
+        const double a = one[c].*field, b = many[c].*field;
+        EXPECT_TRUE(std::memcmp(&a, &b, sizeof a) == 0) << "class " << c << ", " << threads << " threads: " << a
+                                                        << " vs " << b;
+      }
+    }
+  }
+}
+
 TEST(SurfaceDistance3DTest, ClassesLeaveIgnoredVoxelsOut) {
   // Class c's masks are label == c with ignored reference voxels cleared in both.
   std::mt19937 rng(11);
