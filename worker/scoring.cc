@@ -508,6 +508,13 @@ v1::WorkerStats ScoringPipeline::Stats() const {
   v1::WorkerStats s;
   s.set_device("cpu");
   s.set_gpu_name("cpu (scoring predictions)");
+  if (volumes_ != nullptr) {  // Volume jobs: the model's device.
+    const RunnerStats r = volumes_->runner_stats();
+    s.set_device(r.device);
+    s.set_gpu_name(r.gpu_name.empty() ? r.device : r.gpu_name);
+    s.set_peak_memory_bytes(r.peak_memory_bytes);
+    s.set_model_load_seconds(r.load_seconds);
+  }
   s.set_batch_size(1);
   s.set_images(images_done_);
   const double elapsed = last_result_ - clock_start_;

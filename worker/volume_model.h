@@ -38,6 +38,8 @@ class VolumeModel {
   absl::StatusOr<VolumePrediction> Predict(const v1::ManifestRow& row, const VolumeGeometry& reference,
                                            const std::string& mask_path) ABSL_LOCKS_EXCLUDED(mu_);
 
+  RunnerStats runner_stats() const { return runner_->Stats(); }
+
   // The channels' voxels after --intensity (float32 rows), as the model gets them. For tests.
   static void Preprocess(const JobConfig& config, std::vector<float>* channel);
 

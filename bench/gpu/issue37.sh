@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 37: one worker per GPU on 4 (and 8) GPUs. For 1, 2, ..., N GPUs of this machine
+# (CUDA_VISIBLE_DEVICES=0..k-1): LRASPP fp32 on PNG and JPEG, DeepLabV3 fp32 and bf16 on PNG, batch
+# 32, cuDNN benchmark off (the default); steady and wall img/s, tallyd's CPU time, and whether
+# per_image.csv is identical to one GPU's. Then JPEG with --decode gpu on all GPUs, and the topology.
+#   OUT=/tmp/logs bash bench/gpu/issue37.sh [IMAGES] [STAGES]   (stages: build,setup,scale,decode,python)
+set -uo pipefail
+n=${1:-6400}
+stages=${2:-build,setup,scale,decode}
+has() { [[ ",$stages," == *",$1,"* ]]; }
+src=$PWD; work=/tmp/i37; mkdir -p "$work/out"
+export DEB_DIR=$src/.gpu/debs
+t_start=$(date +%s)
+if has build; then
+  scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; exit 1; }
+  echo "build: $(( $(date +%s) - t_start )) s"
+fi
+bin=$src/build-gpu/bin
+gpus=$(nvidia-smi -L | wc -l)
+echo "gpus: $gpus; cores: $(nproc); $(lscpu | grep -E 'Model name|NUMA node\(s\)' | sed 's/  */ /g' | tr '\n' ';')"
+nvidia-smi topo -m > $OUT/topo.txt 2>&1; lscpu > $OUT/lscpu.txt
+if has setup; then
+  python3 bench/gpu/export_models.py "$work/models" > $OUT/export.log 2>&1 || tail -5 $OUT/export.log
+  "$bin/tally-make-dataset" --out "$work/png" --count "$n" --size 512 --format png > /dev/null
+  "$bin/tally-make-dataset" --out "$work/jpg" --count "$n" --size 512 --format jpeg --quality 90 > /dev/null
+  echo "setup: $(( $(date +%s) - t_start )) s"
+fi
+results=$OUT/results.jsonl
+run() {  # name k model data precision [extra...]
+  local name=$1 k=$2 model=$3 data=$4 precision=$5; shift 5
+  local visible; visible=$(seq -s, 0 $((k - 1)))
+  local t0; t0=$(date +%s.%N)
+  CUDA_VISIBLE_DEVICES=$visible "$bin/tally" run \
+    --model "$work/models/$model.pt" --manifest "$work/$data/manifest.csv" --out "$work/out/$name" --gpus all \
+    --precision "$precision" --metrics dice --batch-size 32 "$@" > "$work/out/$name.log" 2>&1 || {
+      tail -5 "$work/out/$name.log"; return 1; }
+  python3 - "$work/out/$name" "$name" "$k" "$t0" "$work/out/${model}_${data}_${precision}_1/per_image.csv" <<'PY' >> $results
+import json, os, sys
+d, name, k, t0, one = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+r = json.load(open(d + "/report.json"))
+w = r["workers"]
+same = None
+if os.path.exists(one) and k > 1:
+    same = open(one, "rb").read() == open(d + "/per_image.csv", "rb").read()
+print(json.dumps({"name": name, "gpus": k, "workers": len(w), "images": r["images_evaluated"],
+                  "steady": round(sum(x["images_per_second"] for x in w), 1),
+                  "wall": round(r["images_per_second"], 1), "wall_seconds": round(r["wall_seconds"], 2),
+                  "per_worker": [round(x["images_per_second"], 1) for x in w],
+                  "decode_threads": [x["decode_threads"] for x in w],
+                  "first_batch_s": [round(x["first_batch_seconds"], 2) for x in w],
+                  "identical_to_1gpu": same}))
+PY
+  tail -1 $results
+}
+if has scale; then
+  for k in $(seq 1 $gpus | awk '$1==1||$1==2||$1==4||$1==8'); do
+    run lraspp_png_fp32_$k $k lraspp png fp32
+    run lraspp_jpg_fp32_$k $k lraspp jpg fp32
+    run deeplabv3_png_fp32_$k $k deeplabv3 png fp32
+    run deeplabv3_png_bf16_$k $k deeplabv3 png bf16
+    echo "scale $k: $(( $(date +%s) - t_start )) s"
+  done
+  # tallyd's own CPU: the coordinator log's process times are not kept; sample it with the largest run.
+fi
+if has decode; then
+  run lraspp_jpg_fp32_gpudecode_$gpus $gpus lraspp jpg fp32 --decode gpu
+  run lraspp_jpg_fp32_autodecode_$gpus $gpus lraspp jpg fp32 --decode auto
+fi
+if has python; then
+  bash bench/gpu/multi_gpu_python.sh $work/mgp 512 > $OUT/python.log 2>&1; tail -4 $OUT/python.log
+fi
+echo "total: $(( $(date +%s) - t_start )) s"
