@@ -234,7 +234,7 @@ class Coordinator {
   // The oldest pending shard this worker may take, leased to it; nothing when there is none.
   std::optional<Grant> GrantShardLocked(const std::string& worker_id, WorkerEntry* worker, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ShardAssignment.expected_rows: the job's rows without a result over the workers not excluded.
+  // ShardAssignment.expected_rows: the job's rows without a result (whatever the number of workers).
   int64_t ExpectedRowsLocked(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the granted shard's rows into an assignment; releases the lease if they cannot be read.
   absl::StatusOr<v1::AcquireShardResponse> BuildAssignment(const Grant& grant) ABSL_LOCKS_EXCLUDED(mu_);

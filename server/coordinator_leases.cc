@@ -83,13 +83,12 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
   return std::nullopt;
 }
 
+// The job's rows, not this worker's share: the layout chosen once serves every worker, and the
+// choice (hence, in bf16 and fp16, every value) must not depend on how many there are. Found on four
+// H200s: one GPU ran the trial and chose channels-last, four skipped it, and 19 images differed.
 int64_t Coordinator::ExpectedRowsLocked(const JobEntry& job) const {
   const v1::Job& j = job.record.job;
-  const int64_t left = std::max<int64_t>(0, j.images_total() - j.images_evaluated() - j.images_failed());
-  int64_t workers = 0;
-  for (const auto& [id, w] : workers_) workers += job.excluded_workers.count(id) == 0 ? 1 : 0;
-  workers = std::max<int64_t>(1, workers);
-  return (left + workers - 1) / workers;
+  return std::max<int64_t>(0, j.images_total() - j.images_evaluated() - j.images_failed());
 }
 
 absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Grant& g) {

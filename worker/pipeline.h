@@ -106,8 +106,8 @@ struct PipelineOptions {
   // groups are split into launches that fit.
   int64_t memory_budget = 0;
   int64_t input_pixels = 0;  // --input-size's height x width (0: none): what the model sees of every row.
-  // The rows of the job this worker can expect to evaluate (ShardAssignment.expected_rows; 0:
-  // unknown): the layout trial runs only where they can repay it (ModelRunner::SkipLayoutTrial).
+  // The job's rows left (ShardAssignment.expected_rows; 0: unknown): the layout trial runs only
+  // where they can repay it (ModelRunner::SkipLayoutTrial), the same choice for any worker count.
   int64_t expected_rows = 0;
 };
 

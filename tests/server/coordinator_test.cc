@@ -300,6 +300,16 @@ TEST_F(CoordinatorTest, ShardsGivenBackUnbegunAreNeitherSplitNorFailed) {
   EXPECT_EQ(j->images_failed(), 0);
 }
 
+// The layout trial's hint is the job's rows left, not a worker's share: one GPU and four must make the
+// same choice (found on four H200s, where bf16 results then differed).
+TEST_F(CoordinatorTest, ExpectedRowsAreTheJobsWhateverTheWorkers) {
+  auto job = core_->SubmitJob(Spec(10, 1));
+  ASSERT_TRUE(job.ok());
+  const std::string a = Register("a");
+  for (const char* other : {"b", "c", "d"}) Register(other);
+  EXPECT_EQ(Acquire(a).expected_rows(), 10);  // Not 3 (10 over 4 workers).
+}
+
 // A report the coordinator rejects ends the lease at once: the shard goes to the next worker
 // without waiting for any expiry (the multi-job hang: results carrying the wrong class count).
 TEST_F(CoordinatorTest, RejectedReportReleasesTheLeaseAtOnce) {
