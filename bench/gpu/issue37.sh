@@ -3,7 +3,7 @@
 # (CUDA_VISIBLE_DEVICES=0..k-1): LRASPP fp32 on PNG and JPEG, DeepLabV3 fp32 and bf16 on PNG, batch
 # 32, cuDNN benchmark off (the default); steady and wall img/s, tallyd's CPU time, and whether
 # per_image.csv is identical to one GPU's. Then JPEG with --decode gpu on all GPUs, and the topology.
-#   OUT=/tmp/logs bash bench/gpu/issue37.sh [IMAGES] [STAGES]   (stages: build,setup,scale,decode,python)
+#   OUT=/tmp/logs bash bench/gpu/issue37.sh [IMAGES] [STAGES]   (stages: build,setup,scale,bf16,decode,python)
 set -uo pipefail
 n=${1:-6400}
 stages=${2:-build,setup,scale,decode}
@@ -61,6 +61,14 @@ if has scale; then
     echo "scale $k: $(( $(date +%s) - t_start )) s"
   done
   # tallyd's own CPU: the coordinator log's process times are not kept; sample it with the largest run.
+fi
+if has bf16; then
+  # The layout choice must not depend on the GPU count (bf16 results follow the layout).
+  run deeplabv3_png_bf16_1 1 deeplabv3 png bf16
+  run deeplabv3_png_bf16_$gpus $gpus deeplabv3 png bf16
+  for k in 1 $gpus; do
+    python3 -c "import json; r=json.load(open('$work/out/deeplabv3_png_bf16_$k/report.json')); print('$k GPUs:', r['channels_last'], r['channels_last_trial'][:100])"
+  done
 fi
 if has decode; then
   run lraspp_jpg_fp32_gpudecode_$gpus $gpus lraspp jpg fp32 --decode gpu
