@@ -20,6 +20,9 @@
 #include "absl/strings/str_format.h"
 #include "common/base/flag_util.h"
 #include "common/io/volume_io.h"
+#if TALLY_CUDA_KERNELS
+#include "metrics/gpu/surface3d_kernel.h"
+#endif
 #include "common/io/image_io.h"
 #include "common/io/manifest.h"
 #include "metrics/label_counts.h"
@@ -29,6 +32,7 @@
 ABSL_FLAG(std::string, mode, "metrics", "metrics, decode or surface3d");
 ABSL_FLAG(std::string, pred, "", "surface3d: predicted label volume (NIfTI)");
 ABSL_FLAG(std::string, ref, "", "surface3d: reference label volume (NIfTI)");
+ABSL_FLAG(int, device, -1, "surface3d: CUDA device for the GPU path (-1: the CPU)");
 ABSL_FLAG(int, size, 512, "metrics: image size");
 ABSL_FLAG(int, iters, 40, "metrics: images per measurement");
 ABSL_FLAG(std::string, manifest, "", "decode: manifest of the images to decode");
@@ -173,13 +177,30 @@ int RunSurface3D() {
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_iters)); ++i) {
     std::vector<tally::SurfaceValues> values;
     const auto t0 = Clock::now();
-    tally::ClassSurfaceMetrics3D(pred.labels.data(), ref.labels.data(), static_cast<int>(gr.depth),
-                                 static_cast<int>(gr.height), static_cast<int>(gr.width), classes, 0xFFFF, o, &values,
-                                 threads);
+    const int device = absl::GetFlag(FLAGS_device);
+    if (device >= 0) {
+#if TALLY_CUDA_KERNELS
+      const std::string why = tally::ClassSurfaceMetrics3DOnDevice(
+          pred.labels.data(), ref.labels.data(), static_cast<int>(gr.depth), static_cast<int>(gr.height),
+          static_cast<int>(gr.width), classes, 0xFFFF, o, &values, device, threads);
+      if (!why.empty()) {
+        std::fprintf(stderr, "%s\n", why.c_str());
+        return 1;
+      }
+#else
+      std::fprintf(stderr, "this build has no CUDA kernels\n");
+      return 1;
+#endif
+    } else {
+      tally::ClassSurfaceMetrics3D(pred.labels.data(), ref.labels.data(), static_cast<int>(gr.depth),
+                                   static_cast<int>(gr.height), static_cast<int>(gr.width), classes, 0xFFFF, o,
+                                   &values, threads);
+    }
     best = std::min(best, Seconds(t0, Clock::now()));
     sink += values.back().hd95;
   }
-  std::printf("surface3d: %lldx%lldx%lld (z,y,x), %d classes, %d threads: %.4f s (best of %d)%s\n",
+  std::printf("surface3d%s: %lldx%lldx%lld (z,y,x), %d classes, %d threads: %.4f s (best of %d)%s\n",
+              absl::GetFlag(FLAGS_device) >= 0 ? " (gpu)" : "",
               static_cast<long long>(gr.depth), static_cast<long long>(gr.height), static_cast<long long>(gr.width),
               classes, threads, best, absl::GetFlag(FLAGS_iters), sink == 12345.678 ? " " : "");
   return 0;

@@ -240,16 +240,16 @@ struct FeatureBits {
 // Queries are searched in chunks of this many, each with a budget of its own, so that which
 // queries go to the separable transform (and hence every value, to the bit) does not depend on how
 // the chunks are shared among threads.
-constexpr size_t kQueryChunk = 4096;
+constexpr size_t kQueryChunk = kSurfaceQueryChunk;
 
 // The box search of DirectedDistances3D for queries [begin, end): distances found into `out`, the
 // queries left for the separable transform into `far`.
 void NearSearch(const std::vector<int64_t>& queries, size_t begin, size_t end, const FeatureBits& feature,
                 const Dims3& dims, double sz, double sy, double sx, std::vector<double>* out, std::vector<size_t>* far) {
-  constexpr int64_t kMaxBox = 4096;
+  constexpr int64_t kMaxBox = kSurfaceMaxBox;
   const int64_t plane = dims.height * dims.width;
   const double smin = std::min({sz, sy, sx});
-  int64_t budget = 256 * static_cast<int64_t>(end - begin) + (int64_t{1} << 16);
+  int64_t budget = SurfaceChunkBudget(end - begin);
   for (size_t q = begin; q < end; ++q) {
     const int64_t i = queries[q];
     const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
@@ -306,28 +306,11 @@ void ParallelFor(size_t n, int threads, Fn fn) {
   for (std::thread& t : pool) t.join();
 }
 
-// For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
-// feature voxel (at least one exists). Most queries lie on or next to the other surface (a
-// prediction close to its reference): each searches a box around itself in a bitmap of the
-// features, growing the box's physical radius rho (doubling) until the best distance found is at
-// most rho, which proves it is the nearest (every voxel outside the box is farther than rho). A
-// query whose box would pass kMaxBox voxels, and every query of a chunk once its searches have cost
-// more than a budget proportional to the chunk, goes to the separable transform instead. So close
-// predictions cost a few voxel tests per query and far ones no more than the transform. Chunks of
-// queries (slabs of the volume) and then slices of the far queries spread over `threads`; the
-// values do not depend on it.
-void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
-                         double sz, double sy, double sx, std::vector<double>* out, int threads = 1) {
-  const FeatureBits feature(features, dims);
-  out->resize(queries.size());
-  const size_t chunks = (queries.size() + kQueryChunk - 1) / kQueryChunk;
-  std::vector<std::vector<size_t>> far_by_chunk(chunks);
-  ParallelFor(chunks, threads, [&](size_t k) {
-    NearSearch(queries, k * kQueryChunk, std::min(queries.size(), (k + 1) * kQueryChunk), feature, dims, sz, sy, sx,
-               out, &far_by_chunk[k]);
-  });
-  std::vector<size_t> far;
-  for (const auto& f : far_by_chunk) far.insert(far.end(), f.begin(), f.end());
+// The separable transform for the queries `far` (indices into `queries`, ascending) of
+// DirectedDistances3D, in groups of slices over `threads`.
+void FarDistances3D(const std::vector<int64_t>& queries, const std::vector<size_t>& far,
+                    const std::vector<int64_t>& features, const Dims3& dims, double sz, double sy, double sx,
+                    std::vector<double>* out, int threads) {
   if (far.empty()) return;
   // The separable transform per group of far queries (whole slices, about far / threads each), every
   // group in the box of all far queries: the values are those of one pass over them all.
@@ -352,6 +335,31 @@ void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<
   });
 }
 
+// For every query voxel (linear indices, ascending), the exact Euclidean distance to the nearest
+// feature voxel (at least one exists). Most queries lie on or next to the other surface (a
+// prediction close to its reference): each searches a box around itself in a bitmap of the
+// features, growing the box's physical radius rho (doubling) until the best distance found is at
+// most rho, which proves it is the nearest (every voxel outside the box is farther than rho). A
+// query whose box would pass kMaxBox voxels, and every query of a chunk once its searches have cost
+// more than a budget proportional to the chunk, goes to the separable transform instead. So close
+// predictions cost a few voxel tests per query and far ones no more than the transform. Chunks of
+// queries (slabs of the volume) and then slices of the far queries spread over `threads`; the
+// values do not depend on it.
+void DirectedDistances3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, const Dims3& dims,
+                         double sz, double sy, double sx, std::vector<double>* out, int threads = 1) {
+  const FeatureBits feature(features, dims);
+  out->resize(queries.size());
+  const size_t chunks = (queries.size() + kQueryChunk - 1) / kQueryChunk;
+  std::vector<std::vector<size_t>> far_by_chunk(chunks);
+  ParallelFor(chunks, threads, [&](size_t k) {
+    NearSearch(queries, k * kQueryChunk, std::min(queries.size(), (k + 1) * kQueryChunk), feature, dims, sz, sy, sx,
+               out, &far_by_chunk[k]);
+  });
+  std::vector<size_t> far;
+  for (const auto& f : far_by_chunk) far.insert(far.end(), f.begin(), f.end());
+  FarDistances3D(queries, far, features, dims, sz, sy, sx, out, threads);
+}
+
 SurfaceValues FromEdges3D(const std::vector<int64_t>& pred_edges, const std::vector<int64_t>& ref_edges,
                           const Dims3& dims, const SurfaceOptions3D& o, int threads = 1) {
   if (pred_edges.empty() && ref_edges.empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
@@ -363,6 +371,37 @@ SurfaceValues FromEdges3D(const std::vector<int64_t>& pred_edges, const std::vec
 }
 
 }  // namespace
+
+void FinishDirected3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, int depth,
+                      int height, int width, const SurfaceOptions3D& o, const NearSearch3D& search,
+                      std::vector<double>* out, int threads) {
+  out->resize(queries.size());
+  std::vector<size_t> far;
+  for (size_t begin = 0; begin < queries.size(); begin += kQueryChunk) {
+    const size_t end = std::min(queries.size(), begin + kQueryChunk);
+    int64_t budget = SurfaceChunkBudget(end - begin);
+    for (size_t q = begin; q < end; ++q) {
+      if (budget < 0) {  // NearSearch's rule: this query and the chunk's rest go far.
+        far.push_back(q);
+        continue;
+      }
+      budget -= search.cost[q];
+      if (search.found[q]) {
+        (*out)[q] = search.near[q];
+      } else {
+        far.push_back(q);
+      }
+    }
+  }
+  FarDistances3D(queries, far, features, Dims3{depth, height, width}, o.spacing_z, o.spacing_y, o.spacing_x, out,
+                 threads);
+}
+
+SurfaceValues SummariseDirected3D(std::vector<double>* d_pg, std::vector<double>* d_gp, double nsd_tolerance) {
+  if (d_pg->empty() && d_gp->empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
+  if (d_pg->empty() || d_gp->empty()) return SurfaceValues{kInf, kInf, kInf, 0.0};
+  return Combine(Summarise(d_pg, nsd_tolerance), Summarise(d_gp, nsd_tolerance));
+}
 
 SurfaceValues BinarySurfaceMetrics3D(const uint8_t* pred, const uint8_t* ref, int depth, int height, int width,
                                      const SurfaceOptions3D& options) {

@@ -12,6 +12,9 @@
 #include "common/base/log.h"
 #include "metrics/surface_distance.h"
 #include "worker/lesion_scoring.h"
+#if TALLY_CUDA_KERNELS
+#include "metrics/gpu/surface3d_kernel.h"
+#endif
 #include "common/io/volume_io.h"
 #include "common/base/status_macros.h"
 
@@ -239,6 +242,15 @@ absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap
 
 void ScoringPipeline::Surfaces(const uint16_t* p, const uint16_t* r, int depth, int height, int width, int classes,
                                const SurfaceOptions3D& spacing, std::vector<SurfaceValues>* surface) const {
+#if TALLY_CUDA_KERNELS
+  const int device = surface_device_.load();
+  if (device >= 0 && depth > 1 && config_.regions.empty()) {
+    const std::string why = ClassSurfaceMetrics3DOnDevice(p, r, depth, height, width, classes, kIgnoredPixel, spacing,
+                                                          surface, device, SpareThreads());
+    if (why.empty()) return;
+    if (surface_device_.exchange(-1) >= 0) Log("surface distances on cuda:", device, " failed (", why, "); the CPU takes them");
+  }
+#endif
   if (!config_.regions.empty()) {
     RegionSurfaceMetrics(p, r, depth, height, width, config_.regions, kIgnoredPixel, spacing, surface);
   } else if (depth > 1) {

@@ -18,6 +18,7 @@
 #ifndef TALLY_WORKER_SCORING_H_
 #define TALLY_WORKER_SCORING_H_
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -51,6 +52,10 @@ class ScoringPipeline : public RowEvaluator {
                   std::shared_ptr<const PanopticSource> panoptic = nullptr,
                   std::shared_ptr<VolumeModel> volumes = nullptr, std::string save_predictions = "");
   ~ScoringPipeline() override;
+
+  // Volumes' surface distances with the GPU doing the voxel work (metrics/gpu/surface3d_kernel.h; the
+  // same values) on CUDA device `device`; -1: the CPU. Builds without Tally's CUDA kernels ignore it.
+  void UseDeviceForSurfaces(int device) { surface_device_ = device; }
 
   void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) override;
   void Drop(int64_t lease_id) override;
@@ -123,6 +128,7 @@ class ScoringPipeline : public RowEvaluator {
   const std::shared_ptr<const PanopticSource> panoptic_;  // Panoptic jobs.
   const std::shared_ptr<VolumeModel> volumes_;             // Volume jobs.
   const std::string save_predictions_;                     // Volume jobs: resolved folder, or empty.
+  mutable std::atomic<int> surface_device_{-1};            // UseDeviceForSurfaces; -1 once it failed.
   // Panoptic jobs: the row's segments evaluated into `result`, and their categories as both maps.
   absl::Status LoadPanopticPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
                                 v1::ImageResult* result) const;

@@ -153,6 +153,11 @@ int CudaDeviceIndex(const std::string& device) {
   if (device.size() > 5 && !absl::SimpleAtoi(device.substr(5), &index)) return -1;
   return index;
 }
+// The device for volumes' surface distances: the worker's first GPU, unless TALLY_CPU_SURFACE.
+int SurfaceDevice(const WorkerOptions& options) {
+  if (std::getenv("TALLY_CPU_SURFACE") != nullptr) return -1;
+  return CudaDeviceIndex(options.device);
+}
 }  // namespace
 
 std::vector<std::string> WorkerDevices(const WorkerOptions& options) {
@@ -289,8 +294,10 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     if (config.panoptic_job()) {
       ASSIGN_OR_RETURN(panoptic, PanopticSource::Load(config.coco_panoptic, config.panoptic_predictions));
     }
-    evaluator->pipeline =
+    auto scoring =
         std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, coco, std::move(panoptic));
+    scoring->UseDeviceForSurfaces(SurfaceDevice(options_));
+    evaluator->pipeline = std::move(scoring);
   } else if (config.volume_job()) {
     // Volumes: one row at a time through the model, scored as prediction volumes are.
     ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
@@ -303,8 +310,10 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
                                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     Log("job ", job_id, ": volumes through the model, read and scored on ", threads, " thread(s)");
     auto model = std::make_shared<VolumeModel>(evaluator->runner.get(), config);
-    evaluator->pipeline = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, nullptr,
-                                                            nullptr, std::move(model), std::move(save));
+    auto scoring = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, nullptr, nullptr,
+                                                     std::move(model), std::move(save));
+    scoring->UseDeviceForSurfaces(SurfaceDevice(options_));
+    evaluator->pipeline = std::move(scoring);
   } else {
     ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
     ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));

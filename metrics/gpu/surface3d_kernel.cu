@@ -1,0 +1,253 @@
+#include "metrics/gpu/surface3d_kernel.h"
+
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#include <algorithm>
+#include <cub/device/device_select.cuh>
+#include <mutex>
+#include <thrust/iterator/counting_iterator.h>
+
+namespace tally {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Box {
+  int64_t z0, y0, x0, by, bx;
+};
+
+__global__ void EdgeKernel(const uint16_t* pred, const uint16_t* ref, int64_t depth, int64_t height, int64_t width,
+                           int classes, uint16_t ignore, int16_t* pred_edge, int16_t* ref_edge) {
+  const int64_t n = depth * height * width;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t plane = height * width;
+  const int64_t z = i / plane, r = i - z * plane, y = r / width, x = r - y * width;
+  const bool inner = z > 0 && z + 1 < depth && y > 0 && y + 1 < height && x > 0 && x + 1 < width;
+  for (int m = 0; m < 2; ++m) {
+    const uint16_t* map = m == 0 ? pred : ref;
+    auto label = [&](int64_t j) -> uint32_t { return ref[j] == ignore ? 0xFFFFFFFFu : map[j]; };
+    const uint32_t l = label(i);
+    int16_t e = -1;
+    if (l < static_cast<uint32_t>(classes)) {
+      const bool interior = inner && label(i - 1) == l && label(i + 1) == l && label(i - width) == l &&
+                            label(i + width) == l && label(i - plane) == l && label(i + plane) == l;
+      if (!interior) e = static_cast<int16_t>(l);
+    }
+    (m == 0 ? pred_edge : ref_edge)[i] = e;
+  }
+}
+
+struct IsClass {
+  const int16_t* edges;
+  int16_t c;
+  __device__ __forceinline__ bool operator()(int64_t i) const { return edges[i] == c; }
+};
+
+__global__ void BitsKernel(const int64_t* features, int64_t n, int64_t plane, int64_t width, Box b, uint32_t* bits) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  const int64_t i = features[k];
+  const int64_t z = i / plane, y = (i % plane) / width, x = i % width;
+  const int64_t at = ((z - b.z0) * b.by + (y - b.y0)) * b.bx + (x - b.x0);
+  atomicOr(&bits[at >> 5], 1u << (at & 31));
+}
+
+// The CPU's NearSearch for one query, without the chunk budget (applied on the host).
+__global__ void NearKernel(const int64_t* queries, int64_t n, const uint32_t* bits, Box b, int64_t z1, int64_t y1,
+                           int64_t x1, int64_t plane, int64_t width, double sz, double sy, double sx, double* near,
+                           uint8_t* found, int64_t* cost) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  const int64_t i = queries[k];
+  const int64_t z = i / plane, y = (i % plane) / width, x = i % width;
+  const double smin = fmin(sz, fmin(sy, sx));
+  double best = CUDART_INF;
+  bool ok = false;
+  int64_t spent = 0;
+  for (double rho = 0;; rho = rho == 0 ? smin : 2 * rho) {
+    const int64_t rz = static_cast<int64_t>(floor(rho / sz * (1 + 1e-12)));
+    const int64_t ry = static_cast<int64_t>(floor(rho / sy * (1 + 1e-12)));
+    const int64_t rx = static_cast<int64_t>(floor(rho / sx * (1 + 1e-12)));
+    const int64_t box = (2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1);
+    if (box > kSurfaceMaxBox) break;
+    const int64_t za = max(z - rz, b.z0), zb = min(z + rz, z1);
+    const int64_t ya = max(y - ry, b.y0), yb = min(y + ry, y1);
+    const int64_t xa = max(x - rx, b.x0), xb = min(x + rx, x1);
+    spent += box;
+    for (int64_t cz = za; cz <= zb; ++cz) {
+      const double dz = sz * static_cast<double>(cz - z);
+      for (int64_t cy = ya; cy <= yb; ++cy) {
+        const double dy = sy * static_cast<double>(cy - y);
+        const int64_t row = ((cz - b.z0) * b.by + (cy - b.y0)) * b.bx - b.x0;
+        for (int64_t cx = xa; cx <= xb; ++cx) {
+          const int64_t at = row + cx;
+          if (!((bits[at >> 5] >> (at & 31)) & 1u)) continue;
+          const double dx = sx * static_cast<double>(cx - x);
+          best = fmin(best, (dx * dx + dy * dy) + dz * dz);
+        }
+      }
+    }
+    if (best <= rho * rho) {
+      ok = true;
+      break;
+    }
+  }
+  near[k] = ok ? sqrt(best) : 0.0;
+  found[k] = ok ? 1 : 0;
+  cost[k] = spent;
+}
+
+std::mutex& DeviceMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Device memory freed at scope exit.
+struct DeviceBuffers {
+  std::vector<void*> held;
+  template <typename T>
+  T* Alloc(size_t count, cudaError_t* err) {
+    void* p = nullptr;
+    *err = cudaMalloc(&p, std::max<size_t>(1, count) * sizeof(T));
+    if (*err == cudaSuccess) held.push_back(p);
+    return static_cast<T*>(p);
+  }
+  ~DeviceBuffers() {
+    for (void* p : held) cudaFree(p);
+  }
+};
+
+std::string Why(cudaError_t e, const char* what) {
+  cudaGetLastError();
+  return std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e);
+}
+
+#define TALLY_CUDA_OR_RETURN(expr)                    \
+  do {                                                \
+    const cudaError_t tally_err = (expr);             \
+    if (tally_err != cudaSuccess) return Why(tally_err, #expr); \
+  } while (0)
+
+// One direction of one class: queries' distances to the features (both on the device and host).
+std::string Directed(const int64_t* d_queries, const std::vector<int64_t>& queries, const int64_t* d_features,
+                     const std::vector<int64_t>& features, int depth, int height, int width,
+                     const SurfaceOptions3D& o, int threads, cudaStream_t stream, std::vector<double>* out) {
+  const int64_t plane = static_cast<int64_t>(height) * width;
+  int64_t z0 = depth, z1 = -1, y0 = height, y1 = -1, x0 = width, x1 = -1;
+  for (int64_t i : features) {
+    const int64_t z = i / plane, y = (i % plane) / width, x = i % width;
+    z0 = std::min(z0, z), z1 = std::max(z1, z);
+    y0 = std::min(y0, y), y1 = std::max(y1, y);
+    x0 = std::min(x0, x), x1 = std::max(x1, x);
+  }
+  const Box b{z0, y0, x0, y1 - y0 + 1, x1 - x0 + 1};
+  const size_t words = static_cast<size_t>(((z1 - z0 + 1) * b.by * b.bx + 31) / 32);
+  DeviceBuffers mem;
+  cudaError_t err = cudaSuccess;
+  uint32_t* bits = mem.Alloc<uint32_t>(words, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  const size_t nq = queries.size();
+  double* near = mem.Alloc<double>(nq, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  uint8_t* found = mem.Alloc<uint8_t>(nq, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  int64_t* cost = mem.Alloc<int64_t>(nq, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  TALLY_CUDA_OR_RETURN(cudaMemsetAsync(bits, 0, words * sizeof(uint32_t), stream));
+  const int64_t nf = static_cast<int64_t>(features.size());
+  BitsKernel<<<static_cast<unsigned>((nf + kThreads - 1) / kThreads), kThreads, 0, stream>>>(d_features, nf, plane,
+                                                                                              width, b, bits);
+  TALLY_CUDA_OR_RETURN(cudaGetLastError());
+  NearKernel<<<static_cast<unsigned>((nq + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      d_queries, static_cast<int64_t>(nq), bits, b, z1, y1, x1, plane, width, o.spacing_z, o.spacing_y, o.spacing_x,
+      near, found, cost);
+  TALLY_CUDA_OR_RETURN(cudaGetLastError());
+  NearSearch3D search;
+  search.near.resize(nq);
+  search.found.resize(nq);
+  search.cost.resize(nq);
+  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(search.near.data(), near, nq * sizeof(double), cudaMemcpyDeviceToHost, stream));
+  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(search.found.data(), found, nq, cudaMemcpyDeviceToHost, stream));
+  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(search.cost.data(), cost, nq * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+  TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
+  FinishDirected3D(queries, features, depth, height, width, o, search, out, threads);
+  return "";
+}
+
+}  // namespace
+
+std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,
+                                          int num_classes, uint16_t ignore_label, const SurfaceOptions3D& options,
+                                          std::vector<SurfaceValues>* out, int device, int threads) {
+  if (num_classes > 32767) return "more classes than the device path takes";
+  std::lock_guard<std::mutex> lock(DeviceMutex());
+  TALLY_CUDA_OR_RETURN(cudaSetDevice(device));
+  cudaStream_t stream = nullptr;
+  TALLY_CUDA_OR_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } guard{stream};
+  const int64_t n = static_cast<int64_t>(depth) * height * width;
+  DeviceBuffers mem;
+  cudaError_t err = cudaSuccess;
+  uint16_t* d_pred = mem.Alloc<uint16_t>(n, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  uint16_t* d_ref = mem.Alloc<uint16_t>(n, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  int16_t* pred_edge = mem.Alloc<int16_t>(n, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  int16_t* ref_edge = mem.Alloc<int16_t>(n, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(d_pred, pred, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
+  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(d_ref, ref, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
+  EdgeKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      d_pred, d_ref, depth, height, width, num_classes, ignore_label, pred_edge, ref_edge);
+  TALLY_CUDA_OR_RETURN(cudaGetLastError());
+  // Per class and map: its edge voxels in ascending order, on the device and copied to the host.
+  int64_t* selected = mem.Alloc<int64_t>(2 * n, &err);  // [pred edges of class c | ref edges of class c]
+  TALLY_CUDA_OR_RETURN(err);
+  int64_t* d_count = mem.Alloc<int64_t>(2, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  size_t temp_bytes = 0;
+  thrust::counting_iterator<int64_t> indices(0);
+  TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(nullptr, temp_bytes, indices, selected, d_count, n,
+                                             IsClass{pred_edge, 0}, stream));
+  void* temp = mem.Alloc<uint8_t>(temp_bytes, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  out->assign(num_classes, SurfaceValues{});
+  for (int c = 0; c < num_classes; ++c) {
+    std::vector<int64_t> edges[2];
+    for (int m = 0; m < 2; ++m) {
+      TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, indices, selected + m * n, d_count + m, n,
+                                                 IsClass{m == 0 ? pred_edge : ref_edge, static_cast<int16_t>(c)},
+                                                 stream));
+    }
+    int64_t counts[2] = {0, 0};
+    TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(counts, d_count, sizeof counts, cudaMemcpyDeviceToHost, stream));
+    TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
+    for (int m = 0; m < 2; ++m) {
+      edges[m].resize(static_cast<size_t>(counts[m]));
+      TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(edges[m].data(), selected + m * n, counts[m] * sizeof(int64_t),
+                                           cudaMemcpyDeviceToHost, stream));
+    }
+    TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
+    std::vector<double> d_pg, d_gp;
+    if (!edges[0].empty() && !edges[1].empty()) {
+      std::string why = Directed(selected, edges[0], selected + n, edges[1], depth, height, width, options, threads,
+                                 stream, &d_pg);
+      if (!why.empty()) return why;
+      why = Directed(selected + n, edges[1], selected, edges[0], depth, height, width, options, threads, stream, &d_gp);
+      if (!why.empty()) return why;
+    } else {
+      d_pg.resize(edges[0].size());
+      d_gp.resize(edges[1].size());
+    }
+    (*out)[c] = SummariseDirected3D(&d_pg, &d_gp, options.nsd_tolerance);
+  }
+  return "";
+}
+
+}  // namespace tally
