@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cub/device/device_select.cuh>
+#include <atomic>
 #include <mutex>
+#include <thread>
 #include <thrust/iterator/counting_iterator.h>
 
 namespace tally {
@@ -130,10 +132,10 @@ std::string Why(cudaError_t e, const char* what) {
     if (tally_err != cudaSuccess) return Why(tally_err, #expr); \
   } while (0)
 
-// One direction of one class: queries' distances to the features (both on the device and host).
+// One direction of one class: every query's box search (queries and features on the device and host).
 std::string Directed(const int64_t* d_queries, const std::vector<int64_t>& queries, const int64_t* d_features,
                      const std::vector<int64_t>& features, int depth, int height, int width,
-                     const SurfaceOptions3D& o, int threads, cudaStream_t stream, std::vector<double>* out) {
+                     const SurfaceOptions3D& o, cudaStream_t stream, NearSearch3D* search_out) {
   const int64_t plane = static_cast<int64_t>(height) * width;
   int64_t z0 = depth, z1 = -1, y0 = height, y1 = -1, x0 = width, x1 = -1;
   for (int64_t i : features) {
@@ -172,9 +174,23 @@ std::string Directed(const int64_t* d_queries, const std::vector<int64_t>& queri
   TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(search.found.data(), found, nq, cudaMemcpyDeviceToHost, stream));
   TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(search.cost.data(), cost, nq * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
   TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
-  FinishDirected3D(queries, features, depth, height, width, o, search, out, threads);
+  *search_out = std::move(search);
   return "";
 }
+
+__global__ void CountKernel(const int16_t* pred_edge, const int16_t* ref_edge, int64_t n, int classes,
+                            unsigned long long* counts) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (pred_edge[i] >= 0) atomicAdd(&counts[pred_edge[i]], 1ull);
+  if (ref_edge[i] >= 0) atomicAdd(&counts[classes + ref_edge[i]], 1ull);
+}
+
+// What the host finishes for one class: its edges and both directions' box searches.
+struct ClassWork {
+  std::vector<int64_t> edges[2];
+  NearSearch3D search[2];
+};
 
 }  // namespace
 
@@ -182,7 +198,7 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
                                           int num_classes, uint16_t ignore_label, const SurfaceOptions3D& options,
                                           std::vector<SurfaceValues>* out, int device, int threads) {
   if (num_classes > 32767) return "more classes than the device path takes";
-  std::lock_guard<std::mutex> lock(DeviceMutex());
+  std::unique_lock<std::mutex> lock(DeviceMutex());
   TALLY_CUDA_OR_RETURN(cudaSetDevice(device));
   cudaStream_t stream = nullptr;
   TALLY_CUDA_OR_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -206,8 +222,20 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
   EdgeKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       d_pred, d_ref, depth, height, width, num_classes, ignore_label, pred_edge, ref_edge);
   TALLY_CUDA_OR_RETURN(cudaGetLastError());
-  // Per class and map: its edge voxels in ascending order, on the device and copied to the host.
-  int64_t* selected = mem.Alloc<int64_t>(2 * n, &err);  // [pred edges of class c | ref edges of class c]
+  // Edge voxels per class and map, counted first so that the selection buffer is only as large as
+  // the largest class's edges.
+  unsigned long long* d_counts = mem.Alloc<unsigned long long>(2 * static_cast<size_t>(num_classes), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  TALLY_CUDA_OR_RETURN(cudaMemsetAsync(d_counts, 0, 2 * num_classes * sizeof(unsigned long long), stream));
+  CountKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(pred_edge, ref_edge, n,
+                                                                                             num_classes, d_counts);
+  TALLY_CUDA_OR_RETURN(cudaGetLastError());
+  std::vector<unsigned long long> counts(2 * static_cast<size_t>(num_classes));
+  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(counts.data(), d_counts, counts.size() * sizeof(unsigned long long),
+                                       cudaMemcpyDeviceToHost, stream));
+  TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
+  const int64_t most = static_cast<int64_t>(*std::max_element(counts.begin(), counts.end()));
+  int64_t* selected = mem.Alloc<int64_t>(2 * static_cast<size_t>(std::max<int64_t>(most, 1)), &err);
   TALLY_CUDA_OR_RETURN(err);
   int64_t* d_count = mem.Alloc<int64_t>(2, &err);
   TALLY_CUDA_OR_RETURN(err);
@@ -217,36 +245,55 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
                                              IsClass{pred_edge, 0}, stream));
   void* temp = mem.Alloc<uint8_t>(temp_bytes, &err);
   TALLY_CUDA_OR_RETURN(err);
-  out->assign(num_classes, SurfaceValues{});
+  // The device's part class by class; the host's (chunk budgets, far queries, summaries) after it,
+  // the classes spread over `threads`.
+  std::vector<ClassWork> work(num_classes);
   for (int c = 0; c < num_classes; ++c) {
-    std::vector<int64_t> edges[2];
+    const int64_t count[2] = {static_cast<int64_t>(counts[c]), static_cast<int64_t>(counts[num_classes + c])};
+    if (count[0] == 0 || count[1] == 0) {
+      work[c].edges[0].resize(count[0]);  // Only their number matters: nan or inf.
+      work[c].edges[1].resize(count[1]);
+      continue;
+    }
     for (int m = 0; m < 2; ++m) {
-      TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, indices, selected + m * n, d_count + m, n,
+      TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, indices, selected + m * most, d_count + m, n,
                                                  IsClass{m == 0 ? pred_edge : ref_edge, static_cast<int16_t>(c)},
                                                  stream));
-    }
-    int64_t counts[2] = {0, 0};
-    TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(counts, d_count, sizeof counts, cudaMemcpyDeviceToHost, stream));
-    TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
-    for (int m = 0; m < 2; ++m) {
-      edges[m].resize(static_cast<size_t>(counts[m]));
-      TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(edges[m].data(), selected + m * n, counts[m] * sizeof(int64_t),
+      work[c].edges[m].resize(static_cast<size_t>(count[m]));
+      TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(work[c].edges[m].data(), selected + m * most, count[m] * sizeof(int64_t),
                                            cudaMemcpyDeviceToHost, stream));
     }
     TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
-    std::vector<double> d_pg, d_gp;
-    if (!edges[0].empty() && !edges[1].empty()) {
-      std::string why = Directed(selected, edges[0], selected + n, edges[1], depth, height, width, options, threads,
-                                 stream, &d_pg);
+    for (int m = 0; m < 2; ++m) {
+      const std::string why = Directed(selected + m * most, work[c].edges[m], selected + (1 - m) * most,
+                                       work[c].edges[1 - m], depth, height, width, options, stream, &work[c].search[m]);
       if (!why.empty()) return why;
-      why = Directed(selected + n, edges[1], selected, edges[0], depth, height, width, options, threads, stream, &d_gp);
-      if (!why.empty()) return why;
-    } else {
-      d_pg.resize(edges[0].size());
-      d_gp.resize(edges[1].size());
     }
-    (*out)[c] = SummariseDirected3D(&d_pg, &d_gp, options.nsd_tolerance);
   }
+  lock.unlock();  // The host's part needs no device: other rows may use it meanwhile.
+  out->assign(num_classes, SurfaceValues{});
+  int busy = 0;
+  for (const ClassWork& w : work) busy += !w.edges[0].empty() && !w.edges[1].empty();
+  const int per_class = std::max(1, threads / std::max(1, busy));
+  std::atomic<int> next{0};
+  auto finish = [&] {
+    for (int c = next++; c < num_classes; c = next++) {
+      ClassWork& w = work[c];
+      std::vector<double> d[2];
+      for (int m = 0; m < 2; ++m) {
+        if (w.edges[0].empty() || w.edges[1].empty()) {
+          d[m].resize(w.edges[m].size());
+        } else {
+          FinishDirected3D(w.edges[m], w.edges[1 - m], depth, height, width, options, w.search[m], &d[m], per_class);
+        }
+      }
+      (*out)[c] = SummariseDirected3D(&d[0], &d[1], options.nsd_tolerance);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, std::max(1, busy)); ++t) pool.emplace_back(finish);
+  finish();
+  for (std::thread& t : pool) t.join();
   return "";
 }
 

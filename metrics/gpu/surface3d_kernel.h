@@ -11,7 +11,7 @@
 // sums in voxel order, percentiles) are the CPU's. Close predictions leave the host almost nothing
 // to do; far ones cost what the CPU's separable transform costs for them.
 //
-// Thread-safe: calls are serialised on the device.
+// Thread-safe: calls take the device one at a time (the host's part runs outside).
 #ifndef TALLY_METRICS_GPU_SURFACE3D_KERNEL_H_
 #define TALLY_METRICS_GPU_SURFACE3D_KERNEL_H_
 
