@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cub/device/device_select.cuh>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <thrust/iterator/counting_iterator.h>
@@ -198,6 +201,15 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
                                           int num_classes, uint16_t ignore_label, const SurfaceOptions3D& options,
                                           std::vector<SurfaceValues>* out, int device, int threads) {
   if (num_classes > 32767) return "more classes than the device path takes";
+  // TALLY_SURFACE3D_PROFILE=1: where the time goes, to stderr.
+  static const bool profile = std::getenv("TALLY_SURFACE3D_PROFILE") != nullptr;
+  auto t0 = std::chrono::steady_clock::now();
+  auto mark = [&](const char* what) {
+    if (!profile) return;
+    const auto t = std::chrono::steady_clock::now();
+    std::fprintf(stderr, "surface3d profile: %s %.2f ms\n", what, std::chrono::duration<double, std::milli>(t - t0).count());
+    t0 = t;
+  };
   std::unique_lock<std::mutex> lock(DeviceMutex());
   TALLY_CUDA_OR_RETURN(cudaSetDevice(device));
   cudaStream_t stream = nullptr;
@@ -219,6 +231,8 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
   TALLY_CUDA_OR_RETURN(err);
   TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(d_pred, pred, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
   TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(d_ref, ref, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
+  if (profile) cudaStreamSynchronize(stream);
+  mark("setup + upload");
   EdgeKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       d_pred, d_ref, depth, height, width, num_classes, ignore_label, pred_edge, ref_edge);
   TALLY_CUDA_OR_RETURN(cudaGetLastError());
@@ -234,6 +248,7 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
   TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(counts.data(), d_counts, counts.size() * sizeof(unsigned long long),
                                        cudaMemcpyDeviceToHost, stream));
   TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
+  mark("edges + counts");
   const int64_t most = static_cast<int64_t>(*std::max_element(counts.begin(), counts.end()));
   int64_t* selected = mem.Alloc<int64_t>(2 * static_cast<size_t>(std::max<int64_t>(most, 1)), &err);
   TALLY_CUDA_OR_RETURN(err);
@@ -270,6 +285,7 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
       if (!why.empty()) return why;
     }
   }
+  mark("per class: selection, bitmaps, box searches, copies");
   lock.unlock();  // The host's part needs no device: other rows may use it meanwhile.
   out->assign(num_classes, SurfaceValues{});
   int busy = 0;
@@ -294,6 +310,7 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
   for (int t = 1; t < std::min(threads, std::max(1, busy)); ++t) pool.emplace_back(finish);
   finish();
   for (std::thread& t : pool) t.join();
+  mark("host: budgets, far queries, summaries");
   return "";
 }
 
