@@ -9,7 +9,10 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace tally {
 
@@ -20,6 +23,20 @@ std::string ResolvePath(const std::string& base_dir, const std::string& path) {
   if (base_dir.empty() || base_dir == ".") return rel;
   if (base_dir.back() == '/') return base_dir + rel;
   return base_dir + "/" + rel;
+}
+
+bool IsNiftiPath(const std::string& path) {
+  const std::string lower = absl::AsciiStrToLower(path);
+  return absl::EndsWith(lower, ".nii") || absl::EndsWith(lower, ".nii.gz");
+}
+
+std::vector<std::string> VolumeChannelFiles(const std::string& image) {
+  std::vector<std::string> parts = absl::StrSplit(image, ';');
+  if (parts.size() < 2) return {image};
+  for (const std::string& p : parts) {
+    if (!IsNiftiPath(p)) return {image};
+  }
+  return parts;
 }
 
 std::string AbsolutePath(const std::string& path) {

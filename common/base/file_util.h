@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -17,6 +18,12 @@ std::string ResolvePath(const std::string& base_dir, const std::string& path);
 
 // `path` made absolute against the current working directory.
 std::string AbsolutePath(const std::string& path);
+
+// True for names ending in .nii or .nii.gz (case-insensitive).
+bool IsNiftiPath(const std::string& path);
+// A manifest `image` naming a volume's channels: NIfTI files joined by ';' (T1;T1ce;T2;FLAIR). The
+// files in order when every part is a NIfTI name; else the value as one file.
+std::vector<std::string> VolumeChannelFiles(const std::string& image);
 
 // Creates `dir` and its missing parents (mkdir -p). Errors name the folder that failed.
 absl::Status MakeDirs(const std::string& dir);

@@ -16,7 +16,6 @@
 #include "absl/strings/numbers.h"
 #include "common/security/data_roots.h"
 #include "common/base/file_util.h"
-#include "common/io/volume_io.h"
 
 namespace tally {
 namespace {

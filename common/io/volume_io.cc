@@ -180,19 +180,6 @@ bool WithinTolerance(double a, double b, double tolerance) {
   return std::fabs(a - b) <= tolerance * std::max({1.0, std::fabs(a), std::fabs(b)});
 }
 
-bool IsNiftiPath(const std::string& path) {
-  const std::string lower = absl::AsciiStrToLower(path);
-  return absl::EndsWith(lower, ".nii") || absl::EndsWith(lower, ".nii.gz");
-}
-
-std::vector<std::string> VolumeChannelFiles(const std::string& image) {
-  std::vector<std::string> parts = absl::StrSplit(image, ';');
-  if (parts.size() < 2) return {image};
-  for (const std::string& p : parts) {
-    if (!IsNiftiPath(p)) return {image};
-  }
-  return parts;
-}
 
 absl::Status LoadNiftiImage(const std::string& path, int64_t max_voxels, bool keep_raw, VolumeImage* out) {
   QuietNifti();

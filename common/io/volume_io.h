@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/base/file_util.h"
 #include "common/io/image_io.h"
 
 namespace tally {
@@ -35,12 +36,7 @@ struct VolumeGeometry {
   bool spacing_in_header = false;        // qform/sform set, or pixdim other than 1 (or 0).
 };
 
-// True for names ending in .nii or .nii.gz (case-insensitive).
-bool IsNiftiPath(const std::string& path);
-
-// A manifest `image` naming a volume's channels: NIfTI files joined by ';' (T1;T1ce;T2;FLAIR). The
-// files in order when every part is a NIfTI name; else the value as one file.
-std::vector<std::string> VolumeChannelFiles(const std::string& image);
+// IsNiftiPath and VolumeChannelFiles: common/base/file_util.h (no NIfTI library needed).
 
 // One image volume as the model reads it: voxels row-major (z, y, x), as float32 after the header's
 // scl_slope/scl_inter, and (keep_raw) the stored bytes of type `dtype` (numpy's names: uint8, int8,
