@@ -1,5 +1,7 @@
 #include "metrics/gpu/surface3d_kernel.h"
 
+#include "metrics/surface_summary.h"
+
 #include <cuda_runtime.h>
 #include <math_constants.h>
 
@@ -48,6 +50,10 @@ struct IsClass {
   const int16_t* edges;
   int16_t c;
   __device__ __forceinline__ bool operator()(int64_t i) const { return edges[i] == c; }
+};
+struct IsEdge {
+  const int16_t* edges;
+  __device__ __forceinline__ bool operator()(int64_t i) const { return edges[i] >= 0; }
 };
 
 __global__ void BitsKernel(const int64_t* features, int64_t n, int64_t plane, int64_t width, Box b, uint32_t* bits) {
@@ -136,9 +142,18 @@ std::string Why(cudaError_t e, const char* what) {
   } while (0)
 
 // One direction of one class: every query's box search (queries and features on the device and host).
+// Device memory for every direction of a call, allocated once: a bitmap as large as the volume, and
+// per query its distance, whether found and the boxes' voxels.
+struct Scratch {
+  uint32_t* bits;
+  double* near;
+  uint8_t* found;
+  int64_t* cost;
+};
+
 std::string Directed(const int64_t* d_queries, const std::vector<int64_t>& queries, const int64_t* d_features,
                      const std::vector<int64_t>& features, int depth, int height, int width,
-                     const SurfaceOptions3D& o, cudaStream_t stream, NearSearch3D* search_out) {
+                     const SurfaceOptions3D& o, const Scratch& scratch, cudaStream_t stream, NearSearch3D* search_out) {
   const int64_t plane = static_cast<int64_t>(height) * width;
   int64_t z0 = depth, z1 = -1, y0 = height, y1 = -1, x0 = width, x1 = -1;
   for (int64_t i : features) {
@@ -149,17 +164,11 @@ std::string Directed(const int64_t* d_queries, const std::vector<int64_t>& queri
   }
   const Box b{z0, y0, x0, y1 - y0 + 1, x1 - x0 + 1};
   const size_t words = static_cast<size_t>(((z1 - z0 + 1) * b.by * b.bx + 31) / 32);
-  DeviceBuffers mem;
-  cudaError_t err = cudaSuccess;
-  uint32_t* bits = mem.Alloc<uint32_t>(words, &err);
-  TALLY_CUDA_OR_RETURN(err);
+  uint32_t* bits = scratch.bits;
   const size_t nq = queries.size();
-  double* near = mem.Alloc<double>(nq, &err);
-  TALLY_CUDA_OR_RETURN(err);
-  uint8_t* found = mem.Alloc<uint8_t>(nq, &err);
-  TALLY_CUDA_OR_RETURN(err);
-  int64_t* cost = mem.Alloc<int64_t>(nq, &err);
-  TALLY_CUDA_OR_RETURN(err);
+  double* near = scratch.near;
+  uint8_t* found = scratch.found;
+  int64_t* cost = scratch.cost;
   TALLY_CUDA_OR_RETURN(cudaMemsetAsync(bits, 0, words * sizeof(uint32_t), stream));
   const int64_t nf = static_cast<int64_t>(features.size());
   BitsKernel<<<static_cast<unsigned>((nf + kThreads - 1) / kThreads), kThreads, 0, stream>>>(d_features, nf, plane,
@@ -249,19 +258,46 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
                                        cudaMemcpyDeviceToHost, stream));
   TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
   mark("edges + counts");
-  const int64_t most = static_cast<int64_t>(*std::max_element(counts.begin(), counts.end()));
-  int64_t* selected = mem.Alloc<int64_t>(2 * static_cast<size_t>(std::max<int64_t>(most, 1)), &err);
+  const int64_t most = static_cast<int64_t>(std::max<unsigned long long>(1, *std::max_element(counts.begin(), counts.end())));
+  int64_t total[2] = {0, 0};
+  for (int c = 0; c < num_classes; ++c) {
+    total[0] += static_cast<int64_t>(counts[c]);
+    total[1] += static_cast<int64_t>(counts[num_classes + c]);
+  }
+  // Every edge voxel of each map once (two passes over the volume), then each class's from those.
+  int64_t* all[2];
+  for (int m = 0; m < 2; ++m) {
+    all[m] = mem.Alloc<int64_t>(static_cast<size_t>(std::max<int64_t>(total[m], 1)), &err);
+    TALLY_CUDA_OR_RETURN(err);
+  }
+  int64_t* selected = mem.Alloc<int64_t>(2 * static_cast<size_t>(most), &err);
   TALLY_CUDA_OR_RETURN(err);
   int64_t* d_count = mem.Alloc<int64_t>(2, &err);
   TALLY_CUDA_OR_RETURN(err);
-  size_t temp_bytes = 0;
+  Scratch scratch;
+  scratch.bits = mem.Alloc<uint32_t>(static_cast<size_t>(n / 32 + 1), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  scratch.near = mem.Alloc<double>(static_cast<size_t>(most), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  scratch.found = mem.Alloc<uint8_t>(static_cast<size_t>(most), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  scratch.cost = mem.Alloc<int64_t>(static_cast<size_t>(most), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  size_t temp_bytes = 0, need = 0;
   thrust::counting_iterator<int64_t> indices(0);
-  TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(nullptr, temp_bytes, indices, selected, d_count, n,
+  TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(nullptr, need, indices, all[0], d_count, n, IsEdge{pred_edge}, stream));
+  temp_bytes = std::max(temp_bytes, need);
+  TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(nullptr, need, all[0], selected, d_count, std::max<int64_t>(total[0], total[1]),
                                              IsClass{pred_edge, 0}, stream));
+  temp_bytes = std::max(temp_bytes, need);
   void* temp = mem.Alloc<uint8_t>(temp_bytes, &err);
   TALLY_CUDA_OR_RETURN(err);
+  for (int m = 0; m < 2; ++m) {
+    TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, indices, all[m], d_count + m, n,
+                                               IsEdge{m == 0 ? pred_edge : ref_edge}, stream));
+  }
   // The device's part class by class; the host's (chunk budgets, far queries, summaries) after it,
-  // the classes spread over `threads`.
+  // every (class, direction) on its own over `threads`.
   std::vector<ClassWork> work(num_classes);
   for (int c = 0; c < num_classes; ++c) {
     const int64_t count[2] = {static_cast<int64_t>(counts[c]), static_cast<int64_t>(counts[num_classes + c])};
@@ -271,7 +307,7 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
       continue;
     }
     for (int m = 0; m < 2; ++m) {
-      TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, indices, selected + m * most, d_count + m, n,
+      TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, all[m], selected + m * most, d_count + m, total[m],
                                                  IsClass{m == 0 ? pred_edge : ref_edge, static_cast<int16_t>(c)},
                                                  stream));
       work[c].edges[m].resize(static_cast<size_t>(count[m]));
@@ -281,35 +317,45 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
     TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
     for (int m = 0; m < 2; ++m) {
       const std::string why = Directed(selected + m * most, work[c].edges[m], selected + (1 - m) * most,
-                                       work[c].edges[1 - m], depth, height, width, options, stream, &work[c].search[m]);
+                                       work[c].edges[1 - m], depth, height, width, options, scratch, stream,
+                                       &work[c].search[m]);
       if (!why.empty()) return why;
     }
   }
   mark("per class: selection, bitmaps, box searches, copies");
   lock.unlock();  // The host's part needs no device: other rows may use it meanwhile.
-  out->assign(num_classes, SurfaceValues{});
+  std::vector<surface_internal::Directed> summary(2 * static_cast<size_t>(num_classes));
   int busy = 0;
   for (const ClassWork& w : work) busy += !w.edges[0].empty() && !w.edges[1].empty();
-  const int per_class = std::max(1, threads / std::max(1, busy));
+  const int per_task = std::max(1, threads / std::max(1, 2 * busy));
   std::atomic<int> next{0};
   auto finish = [&] {
-    for (int c = next++; c < num_classes; c = next++) {
-      ClassWork& w = work[c];
-      std::vector<double> d[2];
-      for (int m = 0; m < 2; ++m) {
-        if (w.edges[0].empty() || w.edges[1].empty()) {
-          d[m].resize(w.edges[m].size());
-        } else {
-          FinishDirected3D(w.edges[m], w.edges[1 - m], depth, height, width, options, w.search[m], &d[m], per_class);
-        }
-      }
-      (*out)[c] = SummariseDirected3D(&d[0], &d[1], options.nsd_tolerance);
+    for (int k = next++; k < 2 * num_classes; k = next++) {
+      ClassWork& w = work[k / 2];
+      const int m = k % 2;
+      if (w.edges[0].empty() || w.edges[1].empty()) continue;
+      std::vector<double> d;
+      FinishDirected3D(w.edges[m], w.edges[1 - m], depth, height, width, options, w.search[m], &d, per_task);
+      w.search[m] = NearSearch3D{};  // Its memory back early.
+      summary[k] = surface_internal::Summarise(&d, options.nsd_tolerance);
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(threads, std::max(1, busy)); ++t) pool.emplace_back(finish);
+  for (int t = 1; t < std::min(threads, std::max(1, 2 * busy)); ++t) pool.emplace_back(finish);
   finish();
   for (std::thread& t : pool) t.join();
+  out->assign(num_classes, SurfaceValues{});
+  for (int c = 0; c < num_classes; ++c) {
+    const ClassWork& w = work[c];
+    if (w.edges[0].empty() && w.edges[1].empty()) {
+      (*out)[c] = SurfaceValues{surface_internal::kNaN, surface_internal::kNaN, surface_internal::kNaN,
+                                surface_internal::kNaN};
+    } else if (w.edges[0].empty() || w.edges[1].empty()) {
+      (*out)[c] = SurfaceValues{surface_internal::kInf, surface_internal::kInf, surface_internal::kInf, 0.0};
+    } else {
+      (*out)[c] = surface_internal::Combine(summary[2 * c], summary[2 * c + 1]);
+    }
+  }
   mark("host: budgets, far queries, summaries");
   return "";
 }
