@@ -324,25 +324,26 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
   }
   mark("per class: selection, bitmaps, box searches, copies");
   lock.unlock();  // The host's part needs no device: other rows may use it meanwhile.
+  // The far queries of each direction in turn on every thread (the separable transform in slices),
+  // then the summaries, each direction on a thread of its own.
+  std::vector<std::vector<double>> distances(2 * static_cast<size_t>(num_classes));
+  for (int k = 0; k < 2 * num_classes; ++k) {
+    ClassWork& w = work[k / 2];
+    const int m = k % 2;
+    if (w.edges[0].empty() || w.edges[1].empty()) continue;
+    FinishDirected3D(w.edges[m], w.edges[1 - m], depth, height, width, options, w.search[m], &distances[k], threads);
+    w.search[m] = NearSearch3D{};  // Its memory back early.
+  }
   std::vector<surface_internal::Directed> summary(2 * static_cast<size_t>(num_classes));
-  int busy = 0;
-  for (const ClassWork& w : work) busy += !w.edges[0].empty() && !w.edges[1].empty();
-  const int per_task = std::max(1, threads / std::max(1, 2 * busy));
   std::atomic<int> next{0};
-  auto finish = [&] {
+  auto summarise = [&] {
     for (int k = next++; k < 2 * num_classes; k = next++) {
-      ClassWork& w = work[k / 2];
-      const int m = k % 2;
-      if (w.edges[0].empty() || w.edges[1].empty()) continue;
-      std::vector<double> d;
-      FinishDirected3D(w.edges[m], w.edges[1 - m], depth, height, width, options, w.search[m], &d, per_task);
-      w.search[m] = NearSearch3D{};  // Its memory back early.
-      summary[k] = surface_internal::Summarise(&d, options.nsd_tolerance);
+      if (!distances[k].empty()) summary[k] = surface_internal::Summarise(&distances[k], options.nsd_tolerance);
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(threads, std::max(1, 2 * busy)); ++t) pool.emplace_back(finish);
-  finish();
+  for (int t = 1; t < std::min(threads, 2 * num_classes); ++t) pool.emplace_back(summarise);
+  summarise();
   for (std::thread& t : pool) t.join();
   out->assign(num_classes, SurfaceValues{});
   for (int c = 0; c < num_classes; ++c) {
