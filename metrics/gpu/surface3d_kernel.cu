@@ -334,6 +334,7 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
     FinishDirected3D(w.edges[m], w.edges[1 - m], depth, height, width, options, w.search[m], &distances[k], threads);
     w.search[m] = NearSearch3D{};  // Its memory back early.
   }
+  mark("host: budgets and far queries");
   std::vector<surface_internal::Directed> summary(2 * static_cast<size_t>(num_classes));
   std::atomic<int> next{0};
   auto summarise = [&] {
@@ -357,7 +358,7 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
       (*out)[c] = surface_internal::Combine(summary[2 * c], summary[2 * c + 1]);
     }
   }
-  mark("host: budgets, far queries, summaries");
+  mark("host: summaries");
   return "";
 }
 
