@@ -22,6 +22,7 @@
 #define TALLY_METRICS_SURFACE_DISTANCE_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "metrics/catalogue.h"
@@ -92,8 +93,15 @@ void FinishDirected3D(const std::vector<int64_t>& queries, const std::vector<int
 // The values of one class from its two directed distance sets (moved from), as the CPU sums them.
 SurfaceValues SummariseDirected3D(std::vector<double>* d_pg, std::vector<double>* d_gp, double nsd_tolerance);
 // The box search's budget of a chunk of `queries` queries, and the chunk size (both as the CPU's).
+// TALLY_SURFACE_BUDGET (tests and benchmarks only) overrides the voxels a query may cost on average.
 inline constexpr size_t kSurfaceQueryChunk = 4096;
-inline int64_t SurfaceChunkBudget(size_t queries) { return 256 * static_cast<int64_t>(queries) + (int64_t{1} << 16); }
+inline const int64_t kSurfaceBudgetPerQuery = [] {
+  const char* v = std::getenv("TALLY_SURFACE_BUDGET");
+  return v != nullptr && std::atoll(v) > 0 ? static_cast<int64_t>(std::atoll(v)) : int64_t{256};
+}();
+inline int64_t SurfaceChunkBudget(size_t queries) {
+  return kSurfaceBudgetPerQuery * static_cast<int64_t>(queries) + (int64_t{1} << 16);
+}
 inline constexpr int64_t kSurfaceMaxBox = 4096;
 
 }  // namespace tally
