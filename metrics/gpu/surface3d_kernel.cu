@@ -204,6 +204,147 @@ struct ClassWork {
   NearSearch3D search[2];
 };
 
+// The volume's geometry and what one call works with.
+struct Volume3 {
+  int depth, height, width, classes;
+  int64_t n;
+};
+
+// Uploads both maps, marks their edge voxels per class (edge[m]: class or -1) and counts them
+// (counts[m * classes + c]).
+std::string FindEdges(const uint16_t* pred, const uint16_t* ref, const Volume3& v, uint16_t ignore_label,
+                      cudaStream_t stream, DeviceBuffers* mem, int16_t* edge[2], std::vector<unsigned long long>* counts) {
+  cudaError_t err = cudaSuccess;
+  uint16_t* d_pred = mem->Alloc<uint16_t>(v.n, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  uint16_t* d_ref = mem->Alloc<uint16_t>(v.n, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  for (int m = 0; m < 2; ++m) {
+    edge[m] = mem->Alloc<int16_t>(v.n, &err);
+    TALLY_CUDA_OR_RETURN(err);
+  }
+  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(d_pred, pred, v.n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
+  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(d_ref, ref, v.n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
+  const unsigned blocks = static_cast<unsigned>((v.n + kThreads - 1) / kThreads);
+  EdgeKernel<<<blocks, kThreads, 0, stream>>>(d_pred, d_ref, v.depth, v.height, v.width, v.classes, ignore_label,
+                                              edge[0], edge[1]);
+  TALLY_CUDA_OR_RETURN(cudaGetLastError());
+  unsigned long long* d_counts = mem->Alloc<unsigned long long>(2 * static_cast<size_t>(v.classes), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  TALLY_CUDA_OR_RETURN(cudaMemsetAsync(d_counts, 0, 2 * v.classes * sizeof(unsigned long long), stream));
+  CountKernel<<<blocks, kThreads, 0, stream>>>(edge[0], edge[1], v.n, v.classes, d_counts);
+  TALLY_CUDA_OR_RETURN(cudaGetLastError());
+  counts->resize(2 * static_cast<size_t>(v.classes));
+  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(counts->data(), d_counts, counts->size() * sizeof(unsigned long long),
+                                       cudaMemcpyDeviceToHost, stream));
+  TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
+  return "";
+}
+
+// Per class: its edges of each map (compacted once per map, then selected per class), copied to the
+// host, and both directions' box searches.
+std::string SearchClasses(int16_t* const edge[2], const std::vector<unsigned long long>& counts, const Volume3& v,
+                          const SurfaceOptions3D& options, cudaStream_t stream, DeviceBuffers* mem,
+                          std::vector<ClassWork>* work) {
+  cudaError_t err = cudaSuccess;
+  const int64_t most = static_cast<int64_t>(std::max<unsigned long long>(1, *std::max_element(counts.begin(), counts.end())));
+  int64_t total[2] = {0, 0};
+  for (int c = 0; c < v.classes; ++c) {
+    total[0] += static_cast<int64_t>(counts[c]);
+    total[1] += static_cast<int64_t>(counts[v.classes + c]);
+  }
+  int64_t* all[2];
+  for (int m = 0; m < 2; ++m) {
+    all[m] = mem->Alloc<int64_t>(static_cast<size_t>(std::max<int64_t>(total[m], 1)), &err);
+    TALLY_CUDA_OR_RETURN(err);
+  }
+  int64_t* selected = mem->Alloc<int64_t>(2 * static_cast<size_t>(most), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  int64_t* d_count = mem->Alloc<int64_t>(2, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  Scratch scratch;
+  scratch.bits = mem->Alloc<uint32_t>(static_cast<size_t>(v.n / 32 + 1), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  scratch.near = mem->Alloc<double>(static_cast<size_t>(most), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  scratch.found = mem->Alloc<uint8_t>(static_cast<size_t>(most), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  scratch.cost = mem->Alloc<int64_t>(static_cast<size_t>(most), &err);
+  TALLY_CUDA_OR_RETURN(err);
+  size_t temp_bytes = 0, need = 0;
+  thrust::counting_iterator<int64_t> indices(0);
+  TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(nullptr, need, indices, all[0], d_count, v.n, IsEdge{edge[0]}, stream));
+  temp_bytes = std::max(temp_bytes, need);
+  TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(nullptr, need, all[0], selected, d_count,
+                                             std::max<int64_t>(total[0], total[1]), IsClass{edge[0], 0}, stream));
+  temp_bytes = std::max(temp_bytes, need);
+  void* temp = mem->Alloc<uint8_t>(temp_bytes, &err);
+  TALLY_CUDA_OR_RETURN(err);
+  for (int m = 0; m < 2; ++m) {
+    TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, indices, all[m], d_count + m, v.n, IsEdge{edge[m]},
+                                               stream));
+  }
+  work->assign(v.classes, ClassWork{});
+  for (int c = 0; c < v.classes; ++c) {
+    ClassWork& w = (*work)[c];
+    const int64_t count[2] = {static_cast<int64_t>(counts[c]), static_cast<int64_t>(counts[v.classes + c])};
+    for (int m = 0; m < 2; ++m) w.edges[m].resize(static_cast<size_t>(count[m]));
+    if (count[0] == 0 || count[1] == 0) continue;  // Only their number matters: nan or inf.
+    for (int m = 0; m < 2; ++m) {
+      TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, all[m], selected + m * most, d_count + m, total[m],
+                                                 IsClass{edge[m], static_cast<int16_t>(c)}, stream));
+      TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(w.edges[m].data(), selected + m * most, count[m] * sizeof(int64_t),
+                                           cudaMemcpyDeviceToHost, stream));
+    }
+    TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
+    for (int m = 0; m < 2; ++m) {
+      const std::string why = Directed(selected + m * most, w.edges[m], selected + (1 - m) * most, w.edges[1 - m],
+                                       v.depth, v.height, v.width, options, scratch, stream, &w.search[m]);
+      if (!why.empty()) return why;
+    }
+  }
+  return "";
+}
+
+// The host's part: each direction's far queries in turn on every thread (the separable transform in
+// slices), then the summaries, each direction on a thread of its own, then the classes' values.
+void FinishClasses(std::vector<ClassWork>* work, const Volume3& v, const SurfaceOptions3D& options, int threads,
+                   std::vector<SurfaceValues>* out) {
+  const int tasks = 2 * v.classes;
+  std::vector<std::vector<double>> distances(static_cast<size_t>(tasks));
+  for (int k = 0; k < tasks; ++k) {
+    ClassWork& w = (*work)[k / 2];
+    const int m = k % 2;
+    if (w.edges[0].empty() || w.edges[1].empty()) continue;
+    FinishDirected3D(w.edges[m], w.edges[1 - m], v.depth, v.height, v.width, options, w.search[m], &distances[k],
+                     threads);
+    w.search[m] = NearSearch3D{};  // Its memory back early.
+  }
+  std::vector<surface_internal::Directed> summary(static_cast<size_t>(tasks));
+  std::atomic<int> next{0};
+  auto summarise = [&] {
+    for (int k = next++; k < tasks; k = next++) {
+      if (!distances[k].empty()) summary[k] = surface_internal::Summarise(&distances[k], options.nsd_tolerance);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, tasks); ++t) pool.emplace_back(summarise);
+  summarise();
+  for (std::thread& t : pool) t.join();
+  out->assign(v.classes, SurfaceValues{});
+  for (int c = 0; c < v.classes; ++c) {
+    const ClassWork& w = (*work)[c];
+    if (w.edges[0].empty() && w.edges[1].empty()) {
+      (*out)[c] = SurfaceValues{surface_internal::kNaN, surface_internal::kNaN, surface_internal::kNaN,
+                                surface_internal::kNaN};
+    } else if (w.edges[0].empty() || w.edges[1].empty()) {
+      (*out)[c] = SurfaceValues{surface_internal::kInf, surface_internal::kInf, surface_internal::kInf, 0.0};
+    } else {
+      (*out)[c] = surface_internal::Combine(summary[2 * c], summary[2 * c + 1]);
+    }
+  }
+}
+
 }  // namespace
 
 std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* ref, int depth, int height, int width,
@@ -219,146 +360,29 @@ std::string ClassSurfaceMetrics3DOnDevice(const uint16_t* pred, const uint16_t* 
     std::fprintf(stderr, "surface3d profile: %s %.2f ms\n", what, std::chrono::duration<double, std::milli>(t - t0).count());
     t0 = t;
   };
-  std::unique_lock<std::mutex> lock(DeviceMutex());
-  TALLY_CUDA_OR_RETURN(cudaSetDevice(device));
-  cudaStream_t stream = nullptr;
-  TALLY_CUDA_OR_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { cudaStreamDestroy(s); }
-  } guard{stream};
-  const int64_t n = static_cast<int64_t>(depth) * height * width;
-  DeviceBuffers mem;
-  cudaError_t err = cudaSuccess;
-  uint16_t* d_pred = mem.Alloc<uint16_t>(n, &err);
-  TALLY_CUDA_OR_RETURN(err);
-  uint16_t* d_ref = mem.Alloc<uint16_t>(n, &err);
-  TALLY_CUDA_OR_RETURN(err);
-  int16_t* pred_edge = mem.Alloc<int16_t>(n, &err);
-  TALLY_CUDA_OR_RETURN(err);
-  int16_t* ref_edge = mem.Alloc<int16_t>(n, &err);
-  TALLY_CUDA_OR_RETURN(err);
-  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(d_pred, pred, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
-  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(d_ref, ref, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
-  if (profile) cudaStreamSynchronize(stream);
-  mark("setup + upload");
-  EdgeKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      d_pred, d_ref, depth, height, width, num_classes, ignore_label, pred_edge, ref_edge);
-  TALLY_CUDA_OR_RETURN(cudaGetLastError());
-  // Edge voxels per class and map, counted first so that the selection buffer is only as large as
-  // the largest class's edges.
-  unsigned long long* d_counts = mem.Alloc<unsigned long long>(2 * static_cast<size_t>(num_classes), &err);
-  TALLY_CUDA_OR_RETURN(err);
-  TALLY_CUDA_OR_RETURN(cudaMemsetAsync(d_counts, 0, 2 * num_classes * sizeof(unsigned long long), stream));
-  CountKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(pred_edge, ref_edge, n,
-                                                                                             num_classes, d_counts);
-  TALLY_CUDA_OR_RETURN(cudaGetLastError());
-  std::vector<unsigned long long> counts(2 * static_cast<size_t>(num_classes));
-  TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(counts.data(), d_counts, counts.size() * sizeof(unsigned long long),
-                                       cudaMemcpyDeviceToHost, stream));
-  TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
-  mark("edges + counts");
-  const int64_t most = static_cast<int64_t>(std::max<unsigned long long>(1, *std::max_element(counts.begin(), counts.end())));
-  int64_t total[2] = {0, 0};
-  for (int c = 0; c < num_classes; ++c) {
-    total[0] += static_cast<int64_t>(counts[c]);
-    total[1] += static_cast<int64_t>(counts[num_classes + c]);
+  const Volume3 v{depth, height, width, num_classes, static_cast<int64_t>(depth) * height * width};
+  std::vector<ClassWork> work;
+  {
+    std::lock_guard<std::mutex> lock(DeviceMutex());  // The host's part runs outside.
+    TALLY_CUDA_OR_RETURN(cudaSetDevice(device));
+    cudaStream_t stream = nullptr;
+    TALLY_CUDA_OR_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    struct StreamGuard {
+      cudaStream_t s;
+      ~StreamGuard() { cudaStreamDestroy(s); }
+    } guard{stream};
+    DeviceBuffers mem;
+    int16_t* edge[2] = {nullptr, nullptr};
+    std::vector<unsigned long long> counts;
+    std::string why = FindEdges(pred, ref, v, ignore_label, stream, &mem, edge, &counts);
+    if (!why.empty()) return why;
+    mark("upload, edges and counts");
+    why = SearchClasses(edge, counts, v, options, stream, &mem, &work);
+    if (!why.empty()) return why;
+    mark("per class: selection, bitmaps, box searches, copies");
   }
-  // Every edge voxel of each map once (two passes over the volume), then each class's from those.
-  int64_t* all[2];
-  for (int m = 0; m < 2; ++m) {
-    all[m] = mem.Alloc<int64_t>(static_cast<size_t>(std::max<int64_t>(total[m], 1)), &err);
-    TALLY_CUDA_OR_RETURN(err);
-  }
-  int64_t* selected = mem.Alloc<int64_t>(2 * static_cast<size_t>(most), &err);
-  TALLY_CUDA_OR_RETURN(err);
-  int64_t* d_count = mem.Alloc<int64_t>(2, &err);
-  TALLY_CUDA_OR_RETURN(err);
-  Scratch scratch;
-  scratch.bits = mem.Alloc<uint32_t>(static_cast<size_t>(n / 32 + 1), &err);
-  TALLY_CUDA_OR_RETURN(err);
-  scratch.near = mem.Alloc<double>(static_cast<size_t>(most), &err);
-  TALLY_CUDA_OR_RETURN(err);
-  scratch.found = mem.Alloc<uint8_t>(static_cast<size_t>(most), &err);
-  TALLY_CUDA_OR_RETURN(err);
-  scratch.cost = mem.Alloc<int64_t>(static_cast<size_t>(most), &err);
-  TALLY_CUDA_OR_RETURN(err);
-  size_t temp_bytes = 0, need = 0;
-  thrust::counting_iterator<int64_t> indices(0);
-  TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(nullptr, need, indices, all[0], d_count, n, IsEdge{pred_edge}, stream));
-  temp_bytes = std::max(temp_bytes, need);
-  TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(nullptr, need, all[0], selected, d_count, std::max<int64_t>(total[0], total[1]),
-                                             IsClass{pred_edge, 0}, stream));
-  temp_bytes = std::max(temp_bytes, need);
-  void* temp = mem.Alloc<uint8_t>(temp_bytes, &err);
-  TALLY_CUDA_OR_RETURN(err);
-  for (int m = 0; m < 2; ++m) {
-    TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, indices, all[m], d_count + m, n,
-                                               IsEdge{m == 0 ? pred_edge : ref_edge}, stream));
-  }
-  // The device's part class by class; the host's (chunk budgets, far queries, summaries) after it,
-  // every (class, direction) on its own over `threads`.
-  std::vector<ClassWork> work(num_classes);
-  for (int c = 0; c < num_classes; ++c) {
-    const int64_t count[2] = {static_cast<int64_t>(counts[c]), static_cast<int64_t>(counts[num_classes + c])};
-    if (count[0] == 0 || count[1] == 0) {
-      work[c].edges[0].resize(count[0]);  // Only their number matters: nan or inf.
-      work[c].edges[1].resize(count[1]);
-      continue;
-    }
-    for (int m = 0; m < 2; ++m) {
-      TALLY_CUDA_OR_RETURN(cub::DeviceSelect::If(temp, temp_bytes, all[m], selected + m * most, d_count + m, total[m],
-                                                 IsClass{m == 0 ? pred_edge : ref_edge, static_cast<int16_t>(c)},
-                                                 stream));
-      work[c].edges[m].resize(static_cast<size_t>(count[m]));
-      TALLY_CUDA_OR_RETURN(cudaMemcpyAsync(work[c].edges[m].data(), selected + m * most, count[m] * sizeof(int64_t),
-                                           cudaMemcpyDeviceToHost, stream));
-    }
-    TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
-    for (int m = 0; m < 2; ++m) {
-      const std::string why = Directed(selected + m * most, work[c].edges[m], selected + (1 - m) * most,
-                                       work[c].edges[1 - m], depth, height, width, options, scratch, stream,
-                                       &work[c].search[m]);
-      if (!why.empty()) return why;
-    }
-  }
-  mark("per class: selection, bitmaps, box searches, copies");
-  lock.unlock();  // The host's part needs no device: other rows may use it meanwhile.
-  // The far queries of each direction in turn on every thread (the separable transform in slices),
-  // then the summaries, each direction on a thread of its own.
-  std::vector<std::vector<double>> distances(2 * static_cast<size_t>(num_classes));
-  for (int k = 0; k < 2 * num_classes; ++k) {
-    ClassWork& w = work[k / 2];
-    const int m = k % 2;
-    if (w.edges[0].empty() || w.edges[1].empty()) continue;
-    FinishDirected3D(w.edges[m], w.edges[1 - m], depth, height, width, options, w.search[m], &distances[k], threads);
-    w.search[m] = NearSearch3D{};  // Its memory back early.
-  }
-  mark("host: budgets and far queries");
-  std::vector<surface_internal::Directed> summary(2 * static_cast<size_t>(num_classes));
-  std::atomic<int> next{0};
-  auto summarise = [&] {
-    for (int k = next++; k < 2 * num_classes; k = next++) {
-      if (!distances[k].empty()) summary[k] = surface_internal::Summarise(&distances[k], options.nsd_tolerance);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(threads, 2 * num_classes); ++t) pool.emplace_back(summarise);
-  summarise();
-  for (std::thread& t : pool) t.join();
-  out->assign(num_classes, SurfaceValues{});
-  for (int c = 0; c < num_classes; ++c) {
-    const ClassWork& w = work[c];
-    if (w.edges[0].empty() && w.edges[1].empty()) {
-      (*out)[c] = SurfaceValues{surface_internal::kNaN, surface_internal::kNaN, surface_internal::kNaN,
-                                surface_internal::kNaN};
-    } else if (w.edges[0].empty() || w.edges[1].empty()) {
-      (*out)[c] = SurfaceValues{surface_internal::kInf, surface_internal::kInf, surface_internal::kInf, 0.0};
-    } else {
-      (*out)[c] = surface_internal::Combine(summary[2 * c], summary[2 * c + 1]);
-    }
-  }
-  mark("host: summaries");
+  FinishClasses(&work, v, options, threads, out);
+  mark("host: budgets, far queries, summaries");
   return "";
 }
 
