@@ -102,7 +102,12 @@ inline const int64_t kSurfaceBudgetPerQuery = [] {
 inline int64_t SurfaceChunkBudget(size_t queries) {
   return kSurfaceBudgetPerQuery * static_cast<int64_t>(queries) + (int64_t{1} << 16);
 }
-inline constexpr int64_t kSurfaceMaxBox = 4096;
+// The largest box a query searches before the separable transform takes it (TALLY_SURFACE_MAX_BOX
+// overrides it: benchmarks only).
+inline const int64_t kSurfaceMaxBox = [] {
+  const char* v = std::getenv("TALLY_SURFACE_MAX_BOX");
+  return v != nullptr && std::atoll(v) > 0 ? static_cast<int64_t>(std::atoll(v)) : int64_t{4096};
+}();
 
 }  // namespace tally
 

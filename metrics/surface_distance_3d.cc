@@ -246,7 +246,7 @@ constexpr size_t kQueryChunk = kSurfaceQueryChunk;
 // queries left for the separable transform into `far`.
 void NearSearch(const std::vector<int64_t>& queries, size_t begin, size_t end, const FeatureBits& feature,
                 const Dims3& dims, double sz, double sy, double sx, std::vector<double>* out, std::vector<size_t>* far) {
-  constexpr int64_t kMaxBox = kSurfaceMaxBox;
+  const int64_t kMaxBox = kSurfaceMaxBox;
   const int64_t plane = dims.height * dims.width;
   const double smin = std::min({sz, sy, sx});
   int64_t budget = SurfaceChunkBudget(end - begin);

@@ -67,8 +67,8 @@ __global__ void BitsKernel(const int64_t* features, int64_t n, int64_t plane, in
 
 // The CPU's NearSearch for one query, without the chunk budget (applied on the host).
 __global__ void NearKernel(const int64_t* queries, int64_t n, const uint32_t* bits, Box b, int64_t z1, int64_t y1,
-                           int64_t x1, int64_t plane, int64_t width, double sz, double sy, double sx, double* near,
-                           uint8_t* found, int64_t* cost) {
+                           int64_t x1, int64_t plane, int64_t width, double sz, double sy, double sx, int64_t max_box,
+                           double* near, uint8_t* found, int64_t* cost) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   const int64_t i = queries[k];
@@ -82,7 +82,7 @@ __global__ void NearKernel(const int64_t* queries, int64_t n, const uint32_t* bi
     const int64_t ry = static_cast<int64_t>(floor(rho / sy * (1 + 1e-12)));
     const int64_t rx = static_cast<int64_t>(floor(rho / sx * (1 + 1e-12)));
     const int64_t box = (2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1);
-    if (box > kSurfaceMaxBox) break;
+    if (box > max_box) break;
     const int64_t za = max(z - rz, b.z0), zb = min(z + rz, z1);
     const int64_t ya = max(y - ry, b.y0), yb = min(y + ry, y1);
     const int64_t xa = max(x - rx, b.x0), xb = min(x + rx, x1);
@@ -176,7 +176,7 @@ std::string Directed(const int64_t* d_queries, const std::vector<int64_t>& queri
   TALLY_CUDA_OR_RETURN(cudaGetLastError());
   NearKernel<<<static_cast<unsigned>((nq + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       d_queries, static_cast<int64_t>(nq), bits, b, z1, y1, x1, plane, width, o.spacing_z, o.spacing_y, o.spacing_x,
-      near, found, cost);
+      kSurfaceMaxBox, near, found, cost);
   TALLY_CUDA_OR_RETURN(cudaGetLastError());
   NearSearch3D search;
   search.near.resize(nq);
