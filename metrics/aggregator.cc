@@ -5,6 +5,7 @@
 #include <limits>
 #include <thread>
 
+#include "metrics/lesion.h"
 #include "metrics/statistics.h"
 #include "metrics/surface_distance.h"
 
@@ -18,10 +19,9 @@ double Ratio(double num, double den) { return den > 0 ? num / den : kNaN; }
 // A lesion metric from lesion counts and sums (metrics/lesion.h; hd95_sum holds the false
 // positives' maximum): per image, or pooled over images.
 double LesionValue(Metric m, int64_t tp, int64_t fn, int64_t fp, double dice_sum, double hd95_sum) {
-  const double n = static_cast<double>(tp + fn + fp);
   switch (m) {
-    case Metric::kLesionDice: return n > 0 ? dice_sum / n : 1.0;
-    case Metric::kLesionHd95: return n > 0 ? hd95_sum / n : 0.0;
+    case Metric::kLesionDice: return LesionDice(tp + fn, fp, dice_sum);
+    case Metric::kLesionHd95: return LesionHd95(tp + fn, fp, hd95_sum);
     case Metric::kLesionSensitivity: return Ratio(static_cast<double>(tp), static_cast<double>(tp + fn));
     case Metric::kLesionPrecision: return Ratio(static_cast<double>(tp), static_cast<double>(tp + fp));
     case Metric::kLesionF1: return Ratio(2.0 * static_cast<double>(tp), static_cast<double>(2 * tp + fp + fn));

@@ -144,7 +144,7 @@ absl::StatusOr<int64_t> MergedReferenceLesions(const uint8_t* ref, const Dims& d
 
 // HD95 of reference lesion `lesion` against the predicted components marked in `chosen`, on the
 // box around both padded by one empty voxel (outside the image counts as empty anyway).
-double LesionHd95(const std::vector<int32_t>& rlab, int32_t lesion, const std::vector<int32_t>& plab,
+double MatchedHd95(const std::vector<int32_t>& rlab, int32_t lesion, const std::vector<int32_t>& plab,
                   const std::vector<uint8_t>& chosen, const Box& around, const Dims& dims, bool three_d,
                   const LesionOptions& o) {
   const int pad_z = three_d ? 1 : 0;
@@ -225,14 +225,14 @@ const char* LesionKindName(LesionKind k) {
   return "?";
 }
 
-double LesionDice(const LesionSummary& s) {
-  const int64_t n = s.lesions + s.fp;
-  return n > 0 ? s.dice_sum / static_cast<double>(n) : 1.0;
+double LesionDice(int64_t lesions, int64_t fp, double dice_sum) {
+  const int64_t n = lesions + fp;
+  return n > 0 ? dice_sum / static_cast<double>(n) : 1.0;
 }
 
-double LesionHd95(const LesionSummary& s, double max_hd95) {
-  const int64_t n = s.lesions + s.fp;
-  return n > 0 ? (s.hd95_sum + max_hd95 * static_cast<double>(s.fp)) / static_cast<double>(n) : 0.0;
+double LesionHd95(int64_t lesions, int64_t fp, double hd95_sum) {
+  const int64_t n = lesions + fp;
+  return n > 0 ? hd95_sum / static_cast<double>(n) : 0.0;
 }
 
 // Steps: components of both masks; reference lesions (merged by dilation, or the components); per
@@ -284,7 +284,7 @@ absl::Status ComputeLesions(const uint8_t* pred, const uint8_t* ref, int depth, 
     int64_t both = 0;
     ForBox(c.box, dims, [&](int64_t, int64_t g) { both += rlab[g] == lesion && plab[g] != 0 && chosen[plab[g]]; });
     rec.dice = 2.0 * static_cast<double>(both) / static_cast<double>(c.voxels + rec.matched_voxels);
-    rec.hd95 = mine.empty() ? kInf : LesionHd95(rlab, lesion, plab, chosen, around, dims, three_d, options);
+    rec.hd95 = mine.empty() ? kInf : MatchedHd95(rlab, lesion, plab, chosen, around, dims, three_d, options);
     for (int32_t p : mine) chosen[p] = 0;
     const bool counted = rec.volume > options.min_volume;
     rec.kind = !counted ? LesionKind::kSmall : mine.empty() ? LesionKind::kFalseNegative : LesionKind::kTruePositive;
@@ -311,6 +311,7 @@ absl::Status ComputeLesions(const uint8_t* pred, const uint8_t* ref, int depth, 
     rec.hd95 = options.max_hd95;
     records->push_back(rec);
   }
+  summary->hd95_sum += options.max_hd95 * static_cast<double>(summary->fp);
   return absl::OkStatus();
 }
 

@@ -70,7 +70,9 @@ struct LesionSummary {
   int64_t lesions = 0;  // Counted reference lesions (tp + fn).
   int64_t tp = 0, fn = 0, fp = 0;
   int64_t small = 0;    // Reference lesions at or below min_volume.
-  double dice_sum = 0, hd95_sum = 0;  // Over counted lesions, in lesion order; hd95 inf as max_hd95.
+  // Over counted lesions, in lesion order (an infinite HD95 as max_hd95); hd95_sum then adds
+  // max_hd95 x fp, the false positives' share.
+  double dice_sum = 0, hd95_sum = 0;
 };
 
 // Lesions of one class: `pred` and `ref` are depth x height x width masks (nonzero = inside; depth 1
@@ -79,9 +81,12 @@ struct LesionSummary {
 absl::Status ComputeLesions(const uint8_t* pred, const uint8_t* ref, int depth, int height, int width,
                             const LesionOptions& options, LesionSummary* summary, std::vector<LesionRecord>* records);
 
-// The per-image values from a summary (the formulas above).
-double LesionDice(const LesionSummary& s);
-double LesionHd95(const LesionSummary& s, double max_hd95);
+// lesion_dice and lesion_hd95 (the formulas above) from the counted lesions, the false positives and
+// the summary's sums: one image's, or the sums of several images (the aggregator's pooled values).
+double LesionDice(int64_t lesions, int64_t fp, double dice_sum);
+double LesionHd95(int64_t lesions, int64_t fp, double hd95_sum);
+inline double LesionDice(const LesionSummary& s) { return LesionDice(s.lesions, s.fp, s.dice_sum); }
+inline double LesionHd95(const LesionSummary& s) { return LesionHd95(s.lesions, s.fp, s.hd95_sum); }
 
 }  // namespace tally
 

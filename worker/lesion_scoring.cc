@@ -39,7 +39,7 @@ absl::Status ScoreLesions(const uint16_t* pred, const uint16_t* ref, int depth, 
     cr->set_lesion_fp(s.fp);
     cr->set_lesion_small(s.small);
     cr->set_lesion_dice_sum(s.dice_sum);
-    cr->set_lesion_hd95_sum(s.hd95_sum + options.max_hd95 * static_cast<double>(s.fp));
+    cr->set_lesion_hd95_sum(s.hd95_sum);
     for (const LesionRecord& r : records) {
       v1::LesionRow* row = result->add_lesions();
       row->set_class_index(c);

@@ -43,7 +43,7 @@ TEST(LesionTest, BothEmptyScoresOneAndZero) {
   const LesionSummary s = Run2D({"....", "...."}, {"....", "...."}, LesionOptions{});
   EXPECT_EQ(s.lesions + s.tp + s.fn + s.fp + s.small, 0);
   EXPECT_EQ(LesionDice(s), 1.0);
-  EXPECT_EQ(LesionHd95(s, 374), 0.0);
+  EXPECT_EQ(LesionHd95(s), 0.0);
 }
 
 TEST(LesionTest, OnlyFalsePositivesScoreZeroAndTheMaximum) {
@@ -52,7 +52,7 @@ TEST(LesionTest, OnlyFalsePositivesScoreZeroAndTheMaximum) {
   EXPECT_EQ(s.fp, 2);
   EXPECT_EQ(s.lesions, 0);
   EXPECT_EQ(LesionDice(s), 0.0);
-  EXPECT_EQ(LesionHd95(s, 374), 374.0);
+  EXPECT_EQ(LesionHd95(s), 374.0);
   ASSERT_EQ(rec.size(), 2u);
   EXPECT_EQ(rec[0].kind, LesionKind::kFalsePositive);
   EXPECT_EQ(rec[0].component, 1);
@@ -76,7 +76,7 @@ TEST(LesionTest, LesionSplitInTwoIsOneTruePositive) {
   EXPECT_DOUBLE_EQ(rec[0].dice, 0.8);
   EXPECT_DOUBLE_EQ(rec[0].hd95, 1.0);
   EXPECT_DOUBLE_EQ(LesionDice(s), 0.8);
-  EXPECT_DOUBLE_EQ(LesionHd95(s, 374), 1.0);
+  EXPECT_DOUBLE_EQ(LesionHd95(s), 1.0);
   // IoU matching at 0.5: each end covers 2/6 of the bar, so nothing matches: one missed lesion and
   // two false positives, Dice 0 / 3.
   LesionOptions iou = NoThreshold(0);
@@ -85,7 +85,7 @@ TEST(LesionTest, LesionSplitInTwoIsOneTruePositive) {
   EXPECT_EQ(t.fn, 1);
   EXPECT_EQ(t.fp, 2);
   EXPECT_EQ(LesionDice(t), 0.0);
-  EXPECT_DOUBLE_EQ(LesionHd95(t, 374), 374.0);
+  EXPECT_DOUBLE_EQ(LesionHd95(t), 374.0);
 }
 
 // Two 2x2 reference squares three columns apart; the prediction is one bar over both (2 x 7).
@@ -160,7 +160,7 @@ TEST(LesionTest, VolumeWithShiftedCubeAndAFalsePositive) {
   EXPECT_DOUBLE_EQ(LesionDice(s), 0.375);
   const double hd95 = BinarySurfaceMetrics3D(cube.data(), ref.data(), d, h, w, SurfaceOptions3D{}).hd95;
   EXPECT_DOUBLE_EQ(rec[0].hd95, hd95);
-  EXPECT_DOUBLE_EQ(LesionHd95(s, 374), (hd95 + 374) / 2);
+  EXPECT_DOUBLE_EQ(LesionHd95(s), (hd95 + 374) / 2);
   // Anisotropic spacing: volume 64 * 0.5 * 1 * 1 = 32 <= 50: the cube is left out.
   o.spacing_x = 0.5;
   ASSERT_TRUE(ComputeLesions(pred.data(), ref.data(), d, h, w, o, &s, nullptr).ok());
