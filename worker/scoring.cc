@@ -100,8 +100,8 @@ absl::Status ScoringPipeline::PredictPair(const v1::ManifestRow& row, LoadedMap*
   pred->classes = p.classes > 0 ? p.classes : config_.num_classes;
   pred->nonfinite = p.nonfinite;
   if (!save_predictions_.empty()) {
-    const std::string name = PredictionFileName(row.id(), row.index());
-    const std::string path = absl::StrCat(save_predictions_, "/", name.substr(0, name.size() - 4), ".nii.gz");
+    const std::string path =
+        absl::StrCat(save_predictions_, "/", PredictionFileName(row.id(), row.index(), ".nii.gz"));
     RETURN_IF_ERROR(WriteNiftiLabels(path, ref->geometry, pred->labels.labels.data(), 512 /* DT_UINT16 */));
   }
   PrepareMask(&ref->labels, label_lut_, config_.ignore_index);  // Model outputs are labels already.

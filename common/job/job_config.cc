@@ -329,10 +329,10 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   return c;
 }
 
-std::string PredictionFileName(const std::string& id, int64_t index) {
+std::string PredictionFileName(const std::string& id, int64_t index, absl::string_view extension) {
   bool plain = !id.empty() && id.size() <= 200 && id != "." && id != "..";
   for (char ch : id) plain = plain && ch != '/' && static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f;
-  return plain ? absl::StrCat(id, ".png") : absl::StrCat("row", index, ".png");
+  return plain ? absl::StrCat(id, extension) : absl::StrCat("row", index, extension);
 }
 
 bool TooManyFailedRows(int64_t failed, int64_t total, double max_failed_fraction) {

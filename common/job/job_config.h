@@ -158,8 +158,8 @@ bool TooManyFailedRows(int64_t failed, int64_t total, double max_failed_fraction
 
 // File name of row `index`'s saved prediction (--save-predictions): "<id>.png" when the id is a
 // plain file name (no '/', no control character, not "." or "..", at most 200 bytes), else
-// "row<index>.png".
-std::string PredictionFileName(const std::string& id, int64_t index);
+// "row<index>.png"; volume jobs' end in ".nii.gz".
+std::string PredictionFileName(const std::string& id, int64_t index, absl::string_view extension = ".png");
 
 // Most classes (or regions) a job may have: results carry one entry per class.
 inline constexpr int kMaxClasses = 4096;
