@@ -38,14 +38,18 @@ from scipy import ndimage
 SPACING_XYZ = (0.8, 0.8, 2.5)  # pixdim 1..3 (x, y, z)
 
 
-def write_nifti(path, data_xyz, zooms):
-    """Minimal NIfTI-1 (.nii.gz, uint8, sform = diag(zooms)), data in x-fastest order."""
+NIFTI_TYPES = {np.dtype(np.uint8): (2, 8), np.dtype(np.float32): (16, 32)}  # datatype code, bitpix
+
+
+def write_nifti(path, data_xyz, zooms, dtype=np.uint8):
+    """Minimal NIfTI-1 (.nii.gz, uint8 or float32, sform = diag(zooms)), data in x-fastest order."""
+    code, bitpix = NIFTI_TYPES[np.dtype(dtype)]
     hdr = bytearray(348)
     struct.pack_into("<i", hdr, 0, 348)
     dims = [3] + list(data_xyz.shape) + [1, 1, 1, 1]
     struct.pack_into("<8h", hdr, 40, *dims)
-    struct.pack_into("<h", hdr, 70, 2)    # datatype uint8
-    struct.pack_into("<h", hdr, 72, 8)    # bitpix
+    struct.pack_into("<h", hdr, 70, code)
+    struct.pack_into("<h", hdr, 72, bitpix)
     struct.pack_into("<8f", hdr, 76, 1.0, *zooms, 0, 0, 0, 0)
     struct.pack_into("<f", hdr, 108, 352.0)  # vox_offset
     struct.pack_into("<f", hdr, 112, 1.0)    # scl_slope
@@ -57,7 +61,7 @@ def write_nifti(path, data_xyz, zooms):
     hdr[344:348] = b"n+1\0"
     with gzip.open(path, "wb", compresslevel=1) as f:
         f.write(bytes(hdr) + b"\0\0\0\0")
-        f.write(np.asfortranarray(data_xyz).tobytes(order="F"))
+        f.write(np.asfortranarray(data_xyz.astype(dtype, copy=False)).tobytes(order="F"))
 
 
 def organs(rng, shape, labels):

@@ -35,27 +35,6 @@ from volume_bench import monai_hd95_nsd, organs, write_nifti  # noqa: E402
 SPACING = (1.0, 1.0, 1.0)
 
 
-def write_float(path, data_xyz, zooms):
-    """Minimal NIfTI-1 float32 (.nii.gz, sform = diag(zooms))."""
-    hdr = bytearray(348)
-    struct.pack_into("<i", hdr, 0, 348)
-    struct.pack_into("<8h", hdr, 40, 3, *data_xyz.shape, 1, 1, 1, 1)
-    struct.pack_into("<h", hdr, 70, 16)
-    struct.pack_into("<h", hdr, 72, 32)
-    struct.pack_into("<8f", hdr, 76, 1.0, *zooms, 0, 0, 0, 0)
-    struct.pack_into("<f", hdr, 108, 352.0)
-    struct.pack_into("<f", hdr, 112, 1.0)
-    struct.pack_into("<B", hdr, 123, 2)
-    struct.pack_into("<h", hdr, 254, 1)
-    struct.pack_into("<4f", hdr, 280, zooms[0], 0, 0, 0)
-    struct.pack_into("<4f", hdr, 296, 0, zooms[1], 0, 0)
-    struct.pack_into("<4f", hdr, 312, 0, 0, zooms[2], 0)
-    hdr[344:348] = b"n+1\0"
-    with gzip.open(path, "wb", compresslevel=1) as f:
-        f.write(bytes(hdr) + b"\0\0\0\0")
-        f.write(np.asfortranarray(data_xyz.astype(np.float32)).tobytes(order="F"))
-
-
 def read_nifti(path):
     """(z, y, x) array of a NIfTI-1 .nii.gz written above (uint8 or float32)."""
     with gzip.open(path, "rb") as f:
@@ -136,7 +115,7 @@ def make_data(work, rng, n, shape_xyz, channels, classes):
         for c in range(channels):
             img = ref.astype(np.float32) * (20 + 10 * c) + rng.normal(100, 25, shape_xyz).astype(np.float32)
             files.append(os.path.join(work, f"v{i:03d}_c{c}.nii.gz"))
-            write_float(files[-1], img, SPACING)
+            write_nifti(files[-1], img, SPACING, np.float32)
         mask = os.path.join(work, f"v{i:03d}_seg.nii.gz")
         write_nifti(mask, ref, SPACING)
         rows.append(f"v{i:03d},{';'.join(files)},{mask}")
