@@ -337,6 +337,23 @@ def predict(model_path, image_path):
         return out[0].argmax(0).numpy().astype(np.int64), out.shape[1]
 
 
+def write_prediction_manifest(model_path, manifest, root):
+    """The model's predictions of every row (predict() above) saved as PNGs under root/pred, and a
+    prediction manifest for them (root/pm.csv, same ids, images and masks). Returns (path, classes)."""
+    os.makedirs(os.path.join(root, "pred"))
+    with open(manifest) as f:
+        rows = list(csv.DictReader(f))
+    lines, k = ["id,image,mask,prediction"], 0
+    for r in rows:
+        pred, k = predict(model_path, os.path.join(root, r["image"]))
+        Image.fromarray(pred.astype(np.uint8)).save(os.path.join(root, "pred", r["id"] + ".png"))
+        lines.append(f"{r['id']},{r['image']},{r['mask']},pred/{r['id']}.png")
+    path = os.path.join(root, "pm.csv")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path, k
+
+
 def counts(pred, ref, k):
     valid = ref != 255
     out = []

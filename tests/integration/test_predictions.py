@@ -325,17 +325,7 @@ class Predictions2DTest(unittest.TestCase):
         model = tt.fixture("three_class.pt")
         out_model = os.path.join(root, "om")
         tt.tally_run(model, manifest, out_model, "--metrics", "all")
-        os.makedirs(os.path.join(root, "pred"))
-        with open(manifest) as f:
-            rows = list(csv.DictReader(f))
-        lines = ["id,image,mask,prediction"]
-        for r in rows:
-            pred, k = tt.predict(model, os.path.join(root, r["image"]))
-            Image.fromarray(pred.astype(np.uint8)).save(os.path.join(root, "pred", r["id"] + ".png"))
-            lines.append(f"{r['id']},{r['image']},{r['mask']},pred/{r['id']}.png")
-        pm = os.path.join(root, "pm.csv")
-        with open(pm, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        pm, k = tt.write_prediction_manifest(model, manifest, root)
         out_pred = os.path.join(root, "op")
         tt.tally("run", "--manifest", pm, "--out", out_pred, "--metrics", "all", "--num-classes", str(k))
         self.assertTrue(tt.same_files(out_model, out_pred), "per_image.csv of predictions != model path")
