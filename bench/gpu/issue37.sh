@@ -3,7 +3,11 @@
 # (CUDA_VISIBLE_DEVICES=0..k-1): LRASPP fp32 on PNG and JPEG, DeepLabV3 fp32 and bf16 on PNG, batch
 # 32, cuDNN benchmark off (the default); steady and wall img/s, tallyd's CPU time, and whether
 # per_image.csv is identical to one GPU's. Then JPEG with --decode gpu on all GPUs, and the topology.
-#   OUT=/tmp/logs bash bench/gpu/issue37.sh [IMAGES] [STAGES]   (stages: build,setup,scale,bf16,decode,python)
+# Each run also samples tallyd's own CPU time (user+system, /proc/PID/stat) and keeps the workers'
+# CPU placement lines. Stage gpudecode: where --decode gpu loses time with several workers (one
+# worker alone with 16 threads against all GPUs with 16 and with 4 threads, pipeline profiles kept).
+#   OUT=/tmp/logs bash bench/gpu/issue37.sh [IMAGES] [STAGES]
+#   (stages: build,setup,scale,bf16,decode,numa,gpudecode,python)
 set -uo pipefail
 n=${1:-6400}
 stages=${2:-build,setup,scale,decode}
@@ -32,11 +36,21 @@ run() {  # name k model data precision [extra...]
   local t0; t0=$(date +%s.%N)
   CUDA_VISIBLE_DEVICES=$visible "$bin/tally" run \
     --model "$work/models/$model.pt" --manifest "$work/$data/manifest.csv" --out "$work/out/$name" --gpus all \
-    --precision "$precision" --metrics dice --batch-size 32 "$@" > "$work/out/$name.log" 2>&1 || {
-      tail -5 "$work/out/$name.log"; return 1; }
-  python3 - "$work/out/$name" "$name" "$k" "$t0" "$work/out/${model}_${data}_${precision}_1/per_image.csv" <<'PY' >> $results
+    --precision "$precision" --metrics dice --batch-size 32 "$@" > "$work/out/$name.log" 2>&1 &
+  local runner=$! cpu=0 pid=""
+  while kill -0 $runner 2> /dev/null; do  # tallyd's utime+stime in clock ticks, last seen alive.
+    [ -z "$pid" ] && pid=$(pgrep -f "tallyd --listen 127.0.0.1:.*--state-dir $work/out/$name/" | head -1)
+    [ -n "$pid" ] && c=$(awk '{print $14 + $15}' /proc/$pid/stat 2> /dev/null) && [ -n "$c" ] && cpu=$c
+    sleep 0.2
+  done
+  wait $runner || { tail -5 "$work/out/$name.log"; return 1; }
+  grep -h "CPUs" "$work/out/$name.log" | head -8 > "$OUT/placement_$name.txt"
+  if [ -n "${KEEP_WORKER_LOGS:-}" ]; then mkdir -p "$OUT/logs_$name"; cp "$work/out/$name"/.tally/*.log "$OUT/logs_$name/" 2> /dev/null; fi
+  python3 - "$work/out/$name" "$name" "$k" "$t0" "$work/out/${model}_${data}_${precision}_1/per_image.csv" \
+    "$cpu" <<'PY' >> $results
 import json, os, sys
 d, name, k, t0, one = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+tallyd_cpu = float(sys.argv[6]) / os.sysconf("SC_CLK_TCK")
 r = json.load(open(d + "/report.json"))
 w = r["workers"]
 same = None
@@ -48,6 +62,8 @@ print(json.dumps({"name": name, "gpus": k, "workers": len(w), "images": r["image
                   "per_worker": [round(x["images_per_second"], 1) for x in w],
                   "decode_threads": [x["decode_threads"] for x in w],
                   "first_batch_s": [round(x["first_batch_seconds"], 2) for x in w],
+                  "tallyd_cpu_s": round(tallyd_cpu, 2),
+                  "tallyd_cpu_us_per_row": round(1e6 * tallyd_cpu / max(1, r["images_evaluated"]), 1),
                   "identical_to_1gpu": same}))
 PY
   tail -1 $results
@@ -73,6 +89,20 @@ fi
 if has decode; then
   run lraspp_jpg_fp32_gpudecode_$gpus $gpus lraspp jpg fp32 --decode gpu
   run lraspp_jpg_fp32_autodecode_$gpus $gpus lraspp jpg fp32 --decode auto
+fi
+if has numa; then  # The workers' CPUs on their GPUs' NUMA nodes against contiguous ranges (2+ nodes only).
+  run lraspp_jpg_fp32_1 1 lraspp jpg fp32
+  run lraspp_jpg_fp32_$gpus $gpus lraspp jpg fp32
+  if [ "$(lscpu | awk -F: '/NUMA node\(s\)/{print $2+0}')" -gt 1 ]; then
+    TALLY_CPU_PLACEMENT=contiguous run lraspp_jpg_fp32_contiguous_$gpus $gpus lraspp jpg fp32
+  fi
+fi
+if has gpudecode; then
+  export KEEP_WORKER_LOGS=1 TALLY_PIPELINE_PROFILE=1
+  run lraspp_jpg_fp32_gpudec_1w16t 1 lraspp jpg fp32 --decode gpu --worker-threads 16
+  run lraspp_jpg_fp32_gpudec_${gpus}w16t $gpus lraspp jpg fp32 --decode gpu --worker-threads 16
+  run lraspp_jpg_fp32_gpudec_${gpus}w4t $gpus lraspp jpg fp32 --decode gpu --worker-threads 4
+  unset KEEP_WORKER_LOGS TALLY_PIPELINE_PROFILE
 fi
 if has python; then
   bash bench/gpu/multi_gpu_python.sh $work/mgp 512 > $OUT/python.log 2>&1; tail -4 $OUT/python.log

@@ -1,12 +1,16 @@
 #include "common/process/worker_launcher.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
+#include "common/process/cpu_placement.h"
 
 namespace tally {
 
@@ -17,18 +21,19 @@ absl::StatusOr<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Start(WorkerLaun
   }
   const bool gpu = !options.gpus.empty();
   const int n = gpu ? static_cast<int>(options.gpus.size()) : std::max(1, options.cpu_workers);
+  // Each worker's cores: on its GPU's NUMA node when the topology says (cpu_placement.h);
+  // TALLY_CPU_PLACEMENT=contiguous ignores the GPUs' nodes.
   const std::vector<int> cpus = AllowedCpus();
+  std::vector<std::vector<int>> near(n);
+  const char* placement = std::getenv("TALLY_CPU_PLACEMENT");
+  for (int i = 0; gpu && (placement == nullptr || std::string(placement) != "contiguous") && i < n; ++i) {
+    near[i] = GpuLocalCpus(options.gpus[i].substr(0, options.gpus[i].find(',')));
+  }
+  const std::vector<std::vector<int>> placed = PlaceWorkers(n, cpus, near, CoreOfCpus(cpus));
   std::unique_ptr<WorkerLauncher> launcher(new WorkerLauncher(options));
   for (int i = 0; i < n; ++i) {
     Worker w;
-    // Contiguous, disjoint core ranges when there are enough cores; shared round-robin otherwise.
-    std::vector<int> mine;
-    const int ncpu = static_cast<int>(cpus.size());
-    if (ncpu >= n) {
-      for (int c = i * ncpu / n; c < (i + 1) * ncpu / n; ++c) mine.push_back(cpus[c]);
-    } else {
-      mine.push_back(cpus[i % ncpu]);
-    }
+    const std::vector<int>& mine = placed[i];
     // A worker owning several GPUs (--gpus-per-worker) sees them as cuda:0..K-1.
     const int owned = gpu ? static_cast<int>(std::count(options.gpus[i].begin(), options.gpus[i].end(), ',')) + 1 : 0;
     w.spawn.argv = {options.worker_binary, "--coordinator", options.coordinator, "--device", gpu ? "cuda:0" : "cpu",
@@ -43,6 +48,12 @@ absl::StatusOr<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Start(WorkerLaun
     if (gpu) w.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpus[i]);
     for (const auto& kv : options.env) w.spawn.env.push_back(kv);
     w.spawn.cpu_affinity = mine;
+    if (gpu) {
+      const std::set<int> mine_set(mine.begin(), mine.end());
+      const bool local = !near[i].empty() && std::includes(near[i].begin(), near[i].end(), mine_set.begin(), mine_set.end());
+      Log("worker ", i, " (GPU ", options.gpus[i], "): CPUs ", absl::StrJoin(mine, ","),
+          near[i].empty() ? " (its GPU's NUMA node unknown)" : local ? " (on its GPU's NUMA node)" : " (not only its GPU's node)");
+    }
     if (!options.log_dir.empty()) {
       w.log_path = absl::StrCat(options.log_dir, "/worker-", i, ".log");
       w.spawn.log_path = w.log_path;
