@@ -236,6 +236,7 @@ class Pipeline : public RowEvaluator {
   void LaunchBatch(std::shared_ptr<InFlight> batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Wait conditions, one per wait.
   bool DecodeWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool TaskWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool SlotOrStopLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CompletionWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

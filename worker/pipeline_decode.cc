@@ -59,6 +59,21 @@ size_t GpuDecodeRows() {
   return rows;
 }
 
+// Decode threads that take rows to nvJPEG; the others (with --decode gpu) only run staging copies
+// and metric tasks. More decoders than this gain nothing on one GPU (H100: 4 threads 2000-2062
+// img/s, 16 threads 2003) and on several GPUs at once they lose: four workers of 16 nvJPEG threads
+// each (64 decode states, their pinned buffers and streams) decoded 235-607 img/s a worker on four
+// H200s and took 11.5-12.2 s to their first batch, four workers of 4 threads 2265-2300 img/s and
+// 5.5-6.0 s (BENCHMARKS.md). TALLY_GPU_DECODE_THREADS overrides it (benchmarks).
+size_t GpuDecodeThreads() {
+  static const size_t threads = [] {
+    const char* v = std::getenv("TALLY_GPU_DECODE_THREADS");
+    const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
+    return n > 0 && n <= 1024 ? static_cast<size_t>(n) : size_t{4};
+  }();
+  return threads;
+}
+
 }  // namespace
 
 void Pipeline::Decode(Item* item) {
@@ -232,8 +247,10 @@ void Pipeline::RedecodeStaged(const BatchSpec& spec, const std::vector<bool>& re
   }
 }
 
+bool Pipeline::TaskWorkLocked() const { return stopping_ || !copy_tasks_.empty() || !metric_tasks_.empty(); }
+
 bool Pipeline::DecodeWorkLocked() const {
-  if (stopping_ || !copy_tasks_.empty() || !metric_tasks_.empty()) return true;
+  if (TaskWorkLocked()) return true;
   if (decoded_waiting_ >= max_decoded_waiting_) return false;
   for (const auto& s : shards_) {
     if (!s->dropped && s->next_decode < s->items.size()) return true;
@@ -246,8 +263,11 @@ void Pipeline::DecodeLoop(size_t slot) {
   while (true) {
     std::shared_ptr<Shard> shard;
     const double idle0 = profile_enabled_ ? NowUnix() : 0;
-    mu_.Await(absl::Condition(this, &Pipeline::DecodeWorkLocked));
+    // With nvJPEG, only the first GpuDecodeThreads() threads decode; the rest run tasks.
+    const bool tasks_only = gpu_decode_ && slot >= GpuDecodeThreads();
+    mu_.Await(absl::Condition(this, tasks_only ? &Pipeline::TaskWorkLocked : &Pipeline::DecodeWorkLocked));
     if (stopping_) return;
+    if (gpu_decode_ && slot >= GpuDecodeThreads() && !TaskWorkLocked()) continue;  // Turned GPU meanwhile.
     const double busy0 = profile_enabled_ ? NowUnix() : 0;
     if (profile_enabled_) profile_.idle += static_cast<int64_t>((busy0 - idle0) * 1e6);
     if (!copy_tasks_.empty() || !metric_tasks_.empty()) {
@@ -360,7 +380,9 @@ bool Pipeline::ResolveDecode(const BatchSpec& spec) {
     gpu_decoders_[threads] = std::move(*probe);
   }
   std::vector<std::thread> starts;
-  for (int i = 0; i < threads; ++i) starts.emplace_back([this, i] { GpuDecoder(i); });
+  for (int i = 0; i < std::min(threads, static_cast<int>(GpuDecodeThreads())); ++i) {
+    starts.emplace_back([this, i] { GpuDecoder(i); });
+  }
   for (std::thread& t : starts) t.join();
   absl::MutexLock lock(&mu_);
   gpu_decode_ = true;
