@@ -5,6 +5,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "metrics/lesion.h"
 #include "metrics/statistics.h"
 #include "metrics/surface_distance.h"
@@ -51,7 +52,8 @@ double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m, E
   return SurfaceMetric(m, SurfaceValues{cr.hd(), cr.hd95(), cr.assd(), cr.nsd()});
 }
 
-void Aggregator::Add(const v1::ImageResult& result) {
+void Aggregator::Add(const v1::ImageResult& result, std::optional<uint64_t> row_key) {
+  const uint64_t key = row_key.has_value() ? *row_key : RowKey(absl::StrCat("#", result.index()));
   ++images_;
   for (int c = 0; c < static_cast<int>(classes_.size()) && c < result.classes_size(); ++c) {
     PerClass& pc = classes_[c];
@@ -86,6 +88,7 @@ void Aggregator::Add(const v1::ImageResult& result) {
       if (m == Metric::kDice) {
         pc.values[k].push_back(v);
         pc.dice_index.push_back(result.index());
+        pc.dice_keys.push_back(key);
       } else if (!IsCountMetric(m)) {
         pc.values[k].push_back(v);
       }
@@ -163,8 +166,8 @@ void Aggregator::FinishDice(int c, ClassAggregate* ca) const {
   const PerClass& pc = classes_[c];
   const int dice = static_cast<int>(Metric::kDice);
   ca->dice_values = pc.values[dice];
-  auto ci = BootstrapMeanCi95(ca->dice_values, options_.bootstrap_resamples,
-                              options_.bootstrap_seed + 7919ull * static_cast<uint64_t>(c), options_.threads);
+  auto ci = PoissonBootstrapMeanCi95(ca->dice_values, pc.dice_keys, options_.bootstrap_resamples,
+                                     options_.bootstrap_seed, options_.threads);
   ca->dice_ci_low = ci.first;
   ca->dice_ci_high = ci.second;
   std::vector<std::pair<double, int64_t>> all;

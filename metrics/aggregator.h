@@ -8,7 +8,9 @@
 //                  skipped, inf kept (an image with an empty mask is infinitely far off);
 //   lesion_<m>_global lesion metrics: the metric of the lesion counts and sums pooled over images
 //                  (lesion_dice: all Dice over all counted lesions and false positives);
-//   dice_mean_ci95 percentile bootstrap over images (1000 resamples, fixed seed).
+//   dice_mean_ci95 Poisson bootstrap over images (PoissonBootstrapMeanCi95: 1000 replicates, fixed
+//                  seed, each row's weights keyed by its row key, the same for every class), so
+//                  that the interval depends on the set of rows, not on their order or split.
 // With empty_score kOne, an image whose prediction and reference of a class are both empty scores 1
 // for that class's dice and iou (LISA/ReLA) instead of NaN (nnU-Net/MONAI). iou_ge[t]: the share of
 // images with IoU >= t among those whose IoU is defined (ReLA's Pr@t). Threshold sweep: per
@@ -21,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -97,7 +100,9 @@ class Aggregator {
 
   // Adds one evaluated image. Results must come in increasing index order; failed rows are not
   // added. Per-image metric values are computed here from the counts and surface values.
-  void Add(const v1::ImageResult& result);
+  // `row_key`: the row's bootstrap key (RowKey of its id; reports pass it so that merged parts
+  // give the whole job's interval); by default RowKey("#<index>").
+  void Add(const v1::ImageResult& result, std::optional<uint64_t> row_key = std::nullopt);
   Aggregate Finish();
 
   // Per-image value of a metric for class `c` of `result` (NaN if not computable).
@@ -112,6 +117,7 @@ class Aggregator {
     std::array<int64_t, kNumMetrics> inf_count{};
     std::array<std::vector<double>, kNumMetrics> values;  // Kept for surface metrics and dice.
     std::vector<int64_t> dice_index;                       // Index of each dice value.
+    std::vector<uint64_t> dice_keys;                       // Row key of each dice value.
     int64_t iou_defined = 0;
     std::vector<int64_t> iou_ge;
     int64_t reference_images = 0;

@@ -94,6 +94,99 @@ std::pair<double, double> BootstrapMeanCi95(const std::vector<double>& values, i
   return {low, high};
 }
 
+uint64_t RowKey(const std::string& identity) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64.
+  for (unsigned char ch : identity) {
+    h ^= ch;
+    h *= 0x100000001b3ull;
+  }
+  return SplitMix64(&h);
+}
+
+namespace {
+
+// P(Poisson(1) <= k) * 2^64, k = 0..19 (the rest, under 1e-19, is 20).
+struct PoissonTable {
+  uint64_t cdf[20];
+  PoissonTable() {
+    long double p = std::exp(-1.0L), total = 0;
+    for (int k = 0; k < 20; ++k) {
+      total += p;
+      const long double scaled = std::ldexp(total, 64);
+      cdf[k] = scaled >= std::ldexp(1.0L, 64) ? ~uint64_t{0} : static_cast<uint64_t>(scaled);
+      p /= (k + 1);
+    }
+  }
+};
+
+int PoissonFromUniform(uint64_t u) {
+  static const PoissonTable table;
+  int k = 0;
+  while (k < 20 && u >= table.cdf[k]) ++k;
+  return k;
+}
+
+uint64_t ReplicateBase(uint64_t seed, uint64_t key) {
+  uint64_t s = seed ^ (key * 0xD1B54A32D192ED03ull);
+  return SplitMix64(&s);
+}
+
+uint64_t ReplicateUniform(uint64_t base, int r) {
+  uint64_t s = base + 0xA24BAED4963EE407ull * static_cast<uint64_t>(r + 1);
+  return SplitMix64(&s);
+}
+
+}  // namespace
+
+int PoissonWeight(uint64_t seed, uint64_t key, int r) {
+  return PoissonFromUniform(ReplicateUniform(ReplicateBase(seed, key), r));
+}
+
+std::pair<double, double> PoissonBootstrapMeanCi95(const std::vector<double>& values,
+                                                   const std::vector<uint64_t>& keys, int resamples,
+                                                   uint64_t seed, int threads) {
+  const size_t n = std::min(values.size(), keys.size());
+  if (n == 0 || resamples <= 0) return {kNaN, kNaN};
+  // Values as integers of 2^-53: sums of weight x value are exact in 128 bits (and so the same in
+  // any order).
+  std::vector<int64_t> fixed(n);
+  std::vector<uint64_t> bases(n);
+  for (size_t i = 0; i < n; ++i) {
+    const double v = std::isnan(values[i]) ? 0.0 : std::clamp(values[i], 0.0, 1.0);
+    fixed[i] = static_cast<int64_t>(std::llround(std::ldexp(v, 53)));
+    bases[i] = ReplicateBase(seed, keys[i]);
+  }
+  std::vector<double> means(resamples, kNaN);
+  auto run = [&](int from, int to) {
+    std::vector<__int128> sum(to - from, 0);
+    std::vector<int64_t> weight(to - from, 0);
+    for (size_t i = 0; i < n; ++i) {
+      for (int r = from; r < to; ++r) {
+        const int w = PoissonFromUniform(ReplicateUniform(bases[i], r));
+        sum[r - from] += static_cast<__int128>(fixed[i]) * w;
+        weight[r - from] += w;
+      }
+    }
+    for (int r = from; r < to; ++r) {
+      if (weight[r - from] > 0) {
+        means[r] = std::ldexp(static_cast<double>(sum[r - from]), -53) / static_cast<double>(weight[r - from]);
+      }
+    }
+  };
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min(threads, resamples);
+  if (n * static_cast<size_t>(resamples) < 2000000) threads = 1;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(run, resamples * t / threads, resamples * (t + 1) / threads);
+  for (auto& th : pool) th.join();
+  means.erase(std::remove_if(means.begin(), means.end(), [](double m) { return std::isnan(m); }), means.end());
+  if (means.empty()) return {kNaN, kNaN};
+  std::vector<double> copy = means;
+  const double low = PercentileLinear(&copy, 0.025);
+  copy = means;
+  return {low, PercentileLinear(&copy, 0.975)};
+}
+
 double WilcoxonSignedRankP(std::vector<double> diffs) {
   diffs.erase(std::remove(diffs.begin(), diffs.end(), 0.0), diffs.end());
   const size_t n = diffs.size();

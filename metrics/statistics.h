@@ -9,6 +9,13 @@
 //   BootstrapMeanCi95   the percentile bootstrap (Efron & Tibshirani 1993, ch. 13): `resamples` means
 //                       of n values drawn with replacement (SplitMix64 streams, Lemire's unbiased
 //                       bounded draws, one stream per resample), their 2.5th and 97.5th percentiles.
+//   PoissonBootstrapMeanCi95  the Poisson bootstrap (Hanley & MacGibbon 2006; Chamandy et al. 2012,
+//                       "Estimating uncertainty for massive data streams"): in each of `resamples`
+//                       replicates every value gets a Poisson(1) weight drawn from (seed, its row's
+//                       key, replicate) alone, the replicate's mean is sum(w x) / sum(w), and the
+//                       interval is the 2.5th and 97.5th percentiles of those means. The weights
+//                       depend on the rows, not on their order, and the sums are exact (fixed
+//                       point), so any order or split of the rows gives the same interval to the bit.
 //   WilcoxonSignedRankP scipy.stats.wilcoxon(d, method="approx"): zero differences dropped, average
 //                       ranks for ties, normal approximation with the tie correction and without
 //                       continuity correction; two-sided.
@@ -16,6 +23,7 @@
 #define TALLY_METRICS_STATISTICS_H_
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,6 +41,18 @@ void CompensatedAdd(double x, double* sum, double* c);
 // whatever `threads` is. NaN, NaN for an empty input.
 std::pair<double, double> BootstrapMeanCi95(const std::vector<double>& values, int resamples, uint64_t seed,
                                             int threads);
+
+// A row's bootstrap key: a 64-bit hash (FNV-1a, then SplitMix64's finaliser) of its identity.
+uint64_t RowKey(const std::string& identity);
+// The Poisson(1) weight of the row with `key` in replicate `r` of `seed`'s bootstrap.
+int PoissonWeight(uint64_t seed, uint64_t key, int r);
+// The Poisson bootstrap interval of the mean of `values` (each in [0, 1]; values outside are
+// clamped) whose rows have `keys` (same length). Replicates whose weights are all 0 are left out;
+// NaN, NaN for an empty input. Deterministic for a given seed and set of (key, value) pairs,
+// whatever their order and `threads`.
+std::pair<double, double> PoissonBootstrapMeanCi95(const std::vector<double>& values,
+                                                   const std::vector<uint64_t>& keys, int resamples,
+                                                   uint64_t seed, int threads);
 
 // Two-sided p-value of the Wilcoxon signed-rank test of `diffs` against 0: zero differences
 // dropped (Wilcoxon's method), average ranks for ties, normal approximation with the tie

@@ -190,7 +190,9 @@ void AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offs
   }
   d->mask_max_label = std::max(d->mask_max_label, r.mask_max_label());
   d->mask_ignored += r.mask_ignored_pixels();
-  aggregator->Add(r);
+  // The bootstrap's weights follow the row's id (its image's name where the manifest has none), so
+  // that `tally merge` of any split of a manifest gives the whole job's interval.
+  aggregator->Add(r, RowKey(names.id.empty() ? image : names.id));
   if (structured.instances != nullptr) structured.instances->Add(r);
   if (structured.panoptic != nullptr) structured.panoptic->Add(r);
   names_by_index->push_back(Named{r.index(), names.id, image});

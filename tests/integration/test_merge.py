@@ -56,6 +56,37 @@ class MergeTest(unittest.TestCase):
         # The temporary folders are gone once the reports are sent.
         self.assertEqual(os.listdir(os.path.join(c.state, "merged")), [])
 
+    def test_interleaved_parts_merge_to_the_whole_jobs_intervals(self):
+        # Rows 0, 4, 8, ... / 1, 5, 9, ...: the merged order is not the manifest's, yet the bootstrap
+        # (keyed by row id, exact sums) and every aggregate equal the whole job's.
+        root = tt.tmpdir(self)
+        data = os.path.join(root, "data")
+        manifest = tt.write_dataset(data, np.random.default_rng(12), 300, [(16, 16)], classes=3)
+        with open(manifest) as f:
+            lines = f.read().splitlines()
+        parts = []
+        for i in range(4):
+            path = os.path.join(data, f"inter{i}.csv")
+            with open(path, "w") as f:
+                f.write("\n".join([lines[0]] + lines[1 + i::4]) + "\n")
+            parts.append(path)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        flags = ["--batch-size", "4", "--metrics", "dice,iou"]
+        whole = c.submit(tt.fixture("three_class.pt"), manifest, *flags)
+        part_ids = [c.submit(tt.fixture("three_class.pt"), p, *flags) for p in parts]
+        for j in [whole] + part_ids:
+            self.assertEqual(c.wait(j, timeout=300)["state"], "succeeded")
+        one, merged = os.path.join(root, "one"), os.path.join(root, "merged")
+        c.fetch(whole, one)
+        c.cli("merge", *part_ids, "--out", merged)
+        a, b = tt.read_report(one), tt.read_report(merged)
+        for ca, cb in zip(a["classes"], b["classes"]):
+            for key in ("dice_mean_ci95", "dice_mean", "dice_global", "iou_mean", "iou_global", "tp", "fp", "fn"):
+                self.assertEqual(ca[key], cb[key], (ca["class"], key))
+        self.assertLess(a["classes"][1]["dice_mean_ci95"][0], a["classes"][1]["dice_mean_ci95"][1])
+        self.assertEqual(a["foreground_dice_mean"], b["foreground_dice_mean"])
+
 
 if __name__ == "__main__":
     unittest.main()
