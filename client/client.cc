@@ -177,10 +177,12 @@ absl::StatusOr<v1::Job> TallyClient::Watch(const std::string& job_id, int interv
   }
 }
 
-absl::StatusOr<std::vector<std::string>> TallyClient::FetchReport(const std::string& job_id, const std::string& dir) {
+absl::StatusOr<std::vector<std::string>> TallyClient::FetchReport(const std::string& job_id, const std::string& dir,
+                                                                  bool partial) {
   if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
   v1::FetchReportRequest request;
   request.set_job_id(job_id);
+  request.set_partial(partial);
   grpc::ClientContext ctx;
   return WriteReportFiles(stub_->FetchReport(&ctx, request).get(), dir);
 }

@@ -53,7 +53,9 @@ class TallyClient {
                                 const std::function<void(const std::string&)>& on_reconnect = nullptr,
                                 double reconnect_seconds = 600);
   // Writes the job's report files into `dir` (created if needed). Returns the file paths.
-  absl::StatusOr<std::vector<std::string>> FetchReport(const std::string& job_id, const std::string& dir);
+  // `partial`: a running job's report over the rows committed so far.
+  absl::StatusOr<std::vector<std::string>> FetchReport(const std::string& job_id, const std::string& dir,
+                                                       bool partial = false);
   // One report over several finished jobs' rows, in the order given, written into `dir`.
   absl::StatusOr<std::vector<std::string>> MergeReports(const std::vector<std::string>& job_ids, const std::string& dir);
   // Two finished runs of the same manifest compared (B - A), written into `dir`.

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -150,6 +151,48 @@ absl::Status VolumeFlags(const JobFlags& f, v1::JobSpec* spec) {
   if (f.keep_dtype && !ParseModelRef(spec->model()).python) {
     return absl::InvalidArgumentError("--keep-dtype is for Python models (TorchScript models take float32 volumes)");
   }
+  return absl::OkStatus();
+}
+
+// Answers before the end: --order manifest|random[:SEED], --until-ci W, --min-rows N, --sample N|P%.
+// --until-ci and --sample imply --order random unless it is given otherwise (tallyd refuses them in
+// manifest order).
+absl::Status SamplingFlags(const JobFlags& f, v1::JobSpec* spec) {
+  const std::string order = absl::AsciiStrToLower(f.order);
+  if (order == "random" || absl::StartsWith(order, "random:")) {
+    spec->set_random_order(true);
+    if (order.size() > 6) {
+      uint64_t seed = 0;
+      if (!absl::SimpleAtoi(order.substr(7), &seed) || seed == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--order: expected random:SEED with SEED >= 1, got '", f.order, "'"));
+      }
+      spec->set_order_seed(seed);
+    }
+  } else if (order != "manifest" && !order.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--order: expected manifest or random[:SEED], got '", f.order, "'"));
+  }
+  if (!(f.until_ci >= 0 && f.until_ci < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--until-ci: expected a half-width in (0, 1), got ", f.until_ci));
+  }
+  spec->set_until_ci(f.until_ci);
+  if (f.min_rows < 0) return absl::InvalidArgumentError("--min-rows must be >= 0");
+  spec->set_min_rows(f.min_rows);
+  if (!f.sample.empty()) {
+    const std::string s(absl::StripAsciiWhitespace(f.sample));
+    double percent = 0;
+    int64_t rows = 0;
+    if (absl::EndsWith(s, "%")) {
+      if (!absl::SimpleAtod(s.substr(0, s.size() - 1), &percent) || !(percent > 0 && percent <= 100)) {
+        return absl::InvalidArgumentError(absl::StrCat("--sample: expected N rows or P% (0 < P <= 100), got '", f.sample, "'"));
+      }
+      spec->set_sample_percent(percent);
+    } else if (!absl::SimpleAtoi(s, &rows) || rows < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--sample: expected N rows (>= 1) or P%, got '", f.sample, "'"));
+    } else {
+      spec->set_sample_rows(rows);
+    }
+  }
+  if ((f.until_ci > 0 || !f.sample.empty()) && order.empty()) spec->set_random_order(true);
   return absl::OkStatus();
 }
 
@@ -346,7 +389,7 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const JobFlags& flags, const std::stri
   v1::JobSpec spec;
   // In this order: the first wrong flag is the one reported.
   if (absl::Status s = ModelFlags(flags, manifest.empty() ? flags.manifest : manifest, &spec); !s.ok()) return s;
-  for (auto step : {ThresholdFlags, ReportFlags, LesionFlags, VolumeFlags, InputFlags, RunnerFlags, MaskFlags}) {
+  for (auto step : {ThresholdFlags, ReportFlags, LesionFlags, VolumeFlags, SamplingFlags, InputFlags, RunnerFlags, MaskFlags}) {
     if (absl::Status s = step(flags, &spec); !s.ok()) return s;
   }
   return spec;

@@ -91,6 +91,17 @@ ABSL_FLAG(int, sw_batch_size, 0, "Volume jobs: sliding-window patches per forwar
 ABSL_FLAG(std::string, intensity, "",
           "Volume jobs: intensity preprocessing of every channel: none, zscore, or clip:LO,HI (clip and scale to [0, 1])");
 ABSL_FLAG(bool, keep_dtype, false, "Volume jobs, Python models: the stored voxels in their own type, not float32");
+ABSL_FLAG(bool, partial, false,
+          "tally report: a running job's report over the rows committed so far (built on demand; its intervals are "
+          "those of the rows so far)");
+ABSL_FLAG(std::string, order, "",
+          "The order rows are evaluated in: manifest (the default) or random[:SEED] (a seeded permutation fixed at "
+          "submission: every prefix is a uniform random sample; final reports identical)");
+ABSL_FLAG(double, until_ci, 0,
+          "End the job once every foreground class's mean-Dice 95% interval half-width is <= this (implies --order "
+          "random; the rest of the rows are not evaluated (sample))");
+ABSL_FLAG(int64_t, min_rows, 0, "--until-ci: evaluate at least this many rows first (0 = 100)");
+ABSL_FLAG(std::string, sample, "", "Evaluate a uniform random subset: N rows or P% of them (implies --order random)");
 ABSL_FLAG(double, max_failed_fraction, 0,
           "More failed rows than this share of the manifest: a warning, and exit code 3 (0 = any failed row)");
 ABSL_FLAG(int, thumbnails, 5, "report.html: thumbnails of this many worst images per class (0-10; 0 = none)");
@@ -208,6 +219,10 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.sw_batch_size = absl::GetFlag(FLAGS_sw_batch_size);
   f.intensity = absl::GetFlag(FLAGS_intensity);
   f.keep_dtype = absl::GetFlag(FLAGS_keep_dtype);
+  f.order = absl::GetFlag(FLAGS_order);
+  f.until_ci = absl::GetFlag(FLAGS_until_ci);
+  f.min_rows = absl::GetFlag(FLAGS_min_rows);
+  f.sample = absl::GetFlag(FLAGS_sample);
   return f;
 }
 
@@ -231,6 +246,7 @@ JobVerbFlags ReadJobVerbFlags(const Invocation& in) {
   f.json = absl::GetFlag(FLAGS_json);
   f.timeout = absl::GetFlag(FLAGS_timeout);
   f.out = absl::GetFlag(FLAGS_out);
+  f.partial = absl::GetFlag(FLAGS_partial);
   return f;
 }
 

@@ -26,7 +26,8 @@ ProgressPrinter::ProgressPrinter() : tty_(isatty(STDERR_FILENO) != 0) {}
 
 std::string ProgressPrinter::Line(const v1::Job& job) const {
   const int64_t done = job.images_evaluated() + job.images_failed();
-  const int64_t total = job.images_total();
+  // A sampled job's bar runs to its sample.
+  const int64_t total = job.images_planned() > 0 && !IsTerminal(job.state()) ? job.images_planned() : job.images_total();
   const double frac = total > 0 ? static_cast<double>(done) / total : 1.0;
   std::string line;
   if (tty_) {
@@ -48,6 +49,20 @@ std::string ProgressPrinter::Line(const v1::Job& job) const {
   }
   if (job.state() == v1::JOB_STATE_QUEUED) line += "  (waiting for workers)";
   if (!job.stalled().empty()) absl::StrAppend(&line, "  ", job.stalled());
+  // Live estimates of the foreground classes (a few; `tally status` lists them all).
+  if (!ended) {
+    int shown = 0;
+    for (const v1::LiveEstimate& e : job.live()) {
+      if (!e.foreground()) continue;
+      if (shown++ == 3) {
+        line += " ...";
+        break;
+      }
+      absl::StrAppend(&line, shown == 1 ? "  dice " : ", ", e.class_id(), ": ",
+                      absl::StrFormat("%.3f+/-%.3f", e.dice_mean(), e.dice_half_width()));
+    }
+  }
+  if (!job.sampled().empty()) absl::StrAppend(&line, "  (", job.sampled(), ")");
   return line;
 }
 

@@ -166,8 +166,22 @@ void Aggregator::FinishDice(int c, ClassAggregate* ca) const {
   const PerClass& pc = classes_[c];
   const int dice = static_cast<int>(Metric::kDice);
   ca->dice_values = pc.values[dice];
-  auto ci = PoissonBootstrapMeanCi95(ca->dice_values, pc.dice_keys, options_.bootstrap_resamples,
-                                     options_.bootstrap_seed, options_.threads);
+  std::pair<double, double> ci;
+  if (options_.population_rows > 0 && !ca->dice_values.empty()) {
+    // A sample of the manifest: the interval of the manifest's mean (the class's share of the
+    // population estimated from the sample's).
+    const double n = static_cast<double>(ca->dice_values.size());
+    double sum = 0, m2 = 0;
+    for (double v : ca->dice_values) sum += v;
+    const double mean = sum / n;
+    for (double v : ca->dice_values) m2 += (v - mean) * (v - mean);
+    const double population = options_.population_rows * n / static_cast<double>(std::max<int64_t>(1, images_));
+    const double half = SamplingHalfWidth95(static_cast<int64_t>(n), m2, population);
+    ci = {mean - half, mean + half};
+  } else {
+    ci = PoissonBootstrapMeanCi95(ca->dice_values, pc.dice_keys, options_.bootstrap_resamples, options_.bootstrap_seed,
+                                  options_.threads);
+  }
   ca->dice_ci_low = ci.first;
   ca->dice_ci_high = ci.second;
   std::vector<std::pair<double, int64_t>> all;

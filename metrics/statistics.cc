@@ -187,6 +187,15 @@ std::pair<double, double> PoissonBootstrapMeanCi95(const std::vector<double>& va
   return {low, PercentileLinear(&copy, 0.975)};
 }
 
+double SamplingHalfWidth95(int64_t n, double m2, double population) {
+  if (n < 2) return std::numeric_limits<double>::infinity();
+  const double nn = static_cast<double>(n);
+  const double variance = std::max(0.0, m2) / (nn - 1);
+  double fpc = 1;
+  if (population > 1) fpc = std::sqrt(std::max(0.0, (population - nn) / (population - 1)));
+  return 1.959963984540054 * std::sqrt(variance / nn) * fpc;
+}
+
 double WilcoxonSignedRankP(std::vector<double> diffs) {
   diffs.erase(std::remove(diffs.begin(), diffs.end(), 0.0), diffs.end());
   const size_t n = diffs.size();

@@ -54,6 +54,12 @@ std::pair<double, double> PoissonBootstrapMeanCi95(const std::vector<double>& va
                                                    const std::vector<uint64_t>& keys, int resamples,
                                                    uint64_t seed, int threads);
 
+// Half-width of the 95% interval of a mean over a simple random sample without replacement: n
+// values with sum of squared deviations m2 (Welford), drawn from `population` values (<= 1: an
+// infinite population, no correction): 1.96 * s / sqrt(n) * sqrt((N - n) / (N - 1)) (the normal
+// interval with the finite-population correction, Cochran 1977, 2.15). Infinity for n < 2.
+double SamplingHalfWidth95(int64_t n, double m2, double population);
+
 // Two-sided p-value of the Wilcoxon signed-rank test of `diffs` against 0: zero differences
 // dropped (Wilcoxon's method), average ranks for ties, normal approximation with the tie
 // correction and without continuity correction (scipy.stats.wilcoxon(..., method="approx")).

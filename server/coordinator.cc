@@ -96,10 +96,12 @@ absl::Status Coordinator::Resume() {
       rec.job.set_report_ready(stat((ReportPath(id) + "/report.json").c_str(), &st) == 0);
     } else {
       const int64_t n = rec.job.images_total();
-      const int64_t num_shards = NumShards(n, rec.shard_size);
+      entry->record = rec;
+      PlanJob(entry.get());
+      const int64_t num_shards = NumShards(entry->planned, rec.shard_size);
       ASSIGN_OR_RETURN(std::vector<ShardState> states, store_->ReadShardStates(id, num_shards));
       ASSIGN_OR_RETURN(std::vector<int64_t> done_rows, store_->ReadResultIndices(id));
-      for (const ShardRange& r : MakeShards(n, rec.shard_size)) {
+      for (const ShardRange& r : MakeShards(entry->planned, rec.shard_size)) {
         Shard s;
         s.begin = r.begin;
         s.end = r.end;
@@ -109,7 +111,10 @@ absl::Status Coordinator::Resume() {
       entry->committed_rows.assign(n, false);
       for (int64_t idx : done_rows) {
         if (idx >= 0 && idx < n) entry->committed_rows[idx] = true;
-        if (rec.shard_size > 0 && idx / rec.shard_size < num_shards) entry->shards[idx / rec.shard_size].committed++;
+        const int64_t position = entry->order.PositionOf(idx);
+        if (rec.shard_size > 0 && position >= 0 && position / rec.shard_size < num_shards) {
+          entry->shards[position / rec.shard_size].committed++;
+        }
       }
       for (int64_t i = 0; i < num_shards; ++i) {
         Shard& s = entry->shards[i];
@@ -120,6 +125,11 @@ absl::Status Coordinator::Resume() {
           entry->pending.push_back(i);
         }
       }
+      // The live estimates again, from the committed results.
+      RETURN_IF_ERROR(store_->ForEachResult(id, [&](const v1::ImageResult& r, const RowNames&) {
+        AddLive(entry.get(), r);
+        return absl::OkStatus();
+      }));
       Log("resuming job ", id, ": ", entry->shards_done, "/", num_shards, " shards already done");
     }
     entry->record = std::move(rec);
@@ -165,7 +175,10 @@ CoordinatorMetrics Coordinator::Metrics() {
       const v1::Job& j = job->record.job;
       m.jobs_by_state[JobStateName(j.state())]++;
       if (!IsTerminal(j.state())) {
-        m.images_remaining += std::max<int64_t>(0, j.images_total() - j.images_evaluated() - j.images_failed());
+        m.images_remaining += std::max<int64_t>(0, job->planned - j.images_evaluated() - j.images_failed());
+        v1::Job estimates = j;
+        FillLive(*job, &estimates);
+        if (estimates.live_size() > 0) m.live.emplace_back(id, std::vector<v1::LiveEstimate>(estimates.live().begin(), estimates.live().end()));
       }
     }
     m.images_evaluated = counters_.images_evaluated;

@@ -41,6 +41,7 @@
 #include "common/job/job_config.h"
 #include "proto/tally.pb.h"
 #include "server/job_store.h"
+#include "server/row_order.h"
 
 namespace tally {
 
@@ -86,6 +87,8 @@ struct CoordinatorMetrics {
     v1::WorkerGauges gauges;
   };
   std::vector<Worker> workers;    // In service.
+  // Running jobs' live estimates (README "Answers before the end"), by job.
+  std::vector<std::pair<std::string, std::vector<v1::LiveEstimate>>> live;
 };
 
 class Coordinator {
@@ -115,6 +118,8 @@ class Coordinator {
   // and returns its folder. INVALID_ARGUMENT when their settings differ (metrics, classes, ...);
   // FAILED_PRECONDITION while one has no report yet. Blocks on the database.
   absl::StatusOr<std::string> MergeReports(const std::vector<std::string>& job_ids);
+  // A running job's report over the rows committed so far, in a new folder (the caller removes it).
+  absl::StatusOr<std::string> PartialReport(const std::string& job_id);
   // Pairs two finished runs of the same manifest (server/compare.h) and returns the folder of the
   // comparison files. Blocks on the database.
   absl::StatusOr<std::string> CompareJobs(const std::string& a, const std::string& b);
@@ -182,6 +187,19 @@ class Coordinator {
     std::set<std::string> known_workers;    // Workers with a job_workers row.
     std::set<std::string> excluded_workers; // Workers that reported a model error for this job.
     std::map<std::string, std::set<std::string>> model_errors;  // Message -> reporting workers.
+    // Shards are ranges of positions; `order` gives each position's manifest index (--order).
+    RowOrder order;
+    int64_t planned = 0;        // Positions [0, planned) are evaluated (--sample: a prefix).
+    bool stopped_early = false; // --until-ci reached: shards not yet leased were dropped.
+    // Live estimates (README "Answers before the end"): per class, Welford's running mean and sum
+    // of squared deviations of the committed rows' Dice and IoU.
+    struct LiveClass {
+      int64_t n = 0, n_iou = 0;
+      double dice_mean = 0, dice_m2 = 0, iou_mean = 0, iou_m2 = 0;
+      bool in_reference = false;  // Some committed reference holds the class.
+    };
+    std::vector<LiveClass> live;
+    int64_t live_rows = 0;      // Evaluated rows in `live`.
   };
   struct WorkerEntry {
     v1::RegisterWorkerRequest info;
@@ -218,6 +236,7 @@ class Coordinator {
     v1::JobSpec spec;
     std::optional<WorkerRecord> new_worker;  // The worker's first lease of this job.
     int64_t expected_rows = 0;               // ShardAssignment.expected_rows.
+    RowOrder order;                          // The job's: the shard's positions -> indices.
   };
   // How a ReportResults request was received: what to commit and what to answer.
   struct Admission {
@@ -245,6 +264,16 @@ class Coordinator {
   int32_t ReconcileClassesLocked(JobEntry* job, const v1::ReportResultsRequest& request, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Resume();
+  // A job's order, planned rows and shards from its record (submission and restart).
+  void PlanJob(JobEntry* entry) const;
+  // Live estimates: one evaluated row in; the job's estimates out (Snapshot).
+  static void AddLive(JobEntry* job, const v1::ImageResult& result);
+  void FillLive(const JobEntry& job, v1::Job* out) const;
+  // --until-ci: once every foreground class's interval is narrow enough, the shards not yet leased
+  // are dropped (the job ends when the leased ones are in).
+  void MaybeStopEarlyLocked(JobEntry* job, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a shard of a job stopped early (done, its rows not evaluated).
+  void DropShardLocked(JobEntry* job, int64_t shard_id, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Now() const { return options_.clock(); }
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
   // COCO instance jobs (no manifest): one row per image of the annotation file (coordinator_coco.cc).

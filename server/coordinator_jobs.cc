@@ -29,6 +29,7 @@
 #include "common/base/status_macros.h"
 #include "server/job_spec_validation.h"
 #include "server/compare.h"
+#include "server/live_estimates.h"
 #include "server/report_writer.h"
 
 namespace tally {
@@ -50,6 +51,8 @@ constexpr size_t kSubmitBatchRows = 10000;
 // A job summary for listings: the spec keeps only what identifies the job.
 v1::Job Summary(v1::Job job) {
   job.clear_summary();
+  job.clear_live();
+  job.clear_live_note();
   v1::JobSpec small;
   small.set_model(job.spec().model());
   small.set_manifest(job.spec().manifest());
@@ -82,7 +85,11 @@ v1::Job Coordinator::Snapshot(const JobEntry& entry, double now) const {
     if (elapsed > 0) rate = done / elapsed;
   }
   job.set_images_per_second(rate);
-  const int64_t remaining = job.images_total() - done;
+  const int64_t planned = IsTerminal(job.state()) ? done : entry.planned;
+  job.set_images_planned(planned);
+  job.set_sampled(SampledNote(job, planned));
+  FillLive(entry, &job);
+  const int64_t remaining = std::max<int64_t>(0, planned - done);
   job.set_eta_seconds(IsTerminal(job.state()) ? 0 : (rate > 0 ? remaining / rate : -1));
   std::set<std::string> active;
   for (const Shard& s : entry.shards) {
@@ -234,7 +241,9 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in, const std:
     return s;
   }
   auto entry = std::make_unique<JobEntry>();
-  for (const ShardRange& r : MakeShards(rec.job.images_total(), rec.shard_size)) {
+  entry->record = rec;
+  PlanJob(entry.get());
+  for (const ShardRange& r : MakeShards(entry->planned, rec.shard_size)) {
     Shard s;
     s.begin = r.begin;
     s.end = r.end;
@@ -243,9 +252,9 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in, const std:
   }
   entry->base_shards = static_cast<int64_t>(entry->shards.size());
   entry->committed_rows.assign(rec.job.images_total(), false);
-  entry->record = rec;
-  Log("job ", job_id, " submitted: ", rec.job.images_total(), " images in ", entry->shards.size(), " shards of ",
-      rec.shard_size, rec.job.spec().model().empty() ? ", scoring predictions" : ", model ",
+  Log("job ", job_id, " submitted: ", rec.job.images_total(), " images", entry->order.random() ? " in random order" : "",
+      entry->planned < rec.job.images_total() ? absl::StrCat(" (", entry->planned, " sampled)") : "", " in ",
+      entry->shards.size(), " shards of ", rec.shard_size, rec.job.spec().model().empty() ? ", scoring predictions" : ", model ",
       rec.job.spec().model());
   absl::MutexLock lock(&mu_);
   job_order_.push_back(job_id);
@@ -461,6 +470,20 @@ absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::str
   return dir;
 }
 
+absl::StatusOr<std::string> Coordinator::PartialReport(const std::string& job_id) {
+  JobRecord rec;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    rec = it->second->record;
+    rec.job = Snapshot(*it->second, Now());
+  }
+  const std::string dir = absl::StrCat(options_.state_dir, "/merged/", job_id, "-partial-", RandomHex(6));
+  RETURN_IF_ERROR(WriteMergedReports(store_.get(), {&rec}, rec, dir));
+  return dir;
+}
+
 absl::StatusOr<std::string> Coordinator::CompareJobs(const std::string& a, const std::string& b) {
   JobRecord run_a, run_b;
   {
@@ -537,6 +560,7 @@ void Coordinator::RunFinalizers() {
       rec.job.set_state(v1::JOB_STATE_SUCCEEDED);
       rec.job.set_finished_unix(Now());
     }
+    rec.job.set_sampled(SampledNote(rec.job, 0));
     ReportOutcome outcome;
     absl::Status s = WriteReports(store_.get(), rec, ReportPath(job_id), &outcome);
     for (const std::string& w : outcome.warnings) Log("job ", job_id, ": warning: ", w);

@@ -78,6 +78,7 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
     g.spec = job.record.job.spec();
     g.shard = s;
     g.expected_rows = ExpectedRowsLocked(job);
+    g.order = job.order;
     return g;
   }
   return std::nullopt;
@@ -88,11 +89,19 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
 // H200s: one GPU ran the trial and chose channels-last, four skipped it, and 19 images differed.
 int64_t Coordinator::ExpectedRowsLocked(const JobEntry& job) const {
   const v1::Job& j = job.record.job;
-  return std::max<int64_t>(0, j.images_total() - j.images_evaluated() - j.images_failed());
+  return std::max<int64_t>(0, job.planned - j.images_evaluated() - j.images_failed());
 }
 
 absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Grant& g) {
-  absl::StatusOr<std::vector<ManifestRow>> rows = store_->ReadRows(g.job_id, g.shard.begin, g.shard.end);
+  // The shard's positions' rows, in that order (--order random: spread over the manifest).
+  absl::StatusOr<std::vector<ManifestRow>> rows;
+  if (g.order.random()) {
+    std::vector<int64_t> indices;
+    for (int64_t p = g.shard.begin; p < g.shard.end; ++p) indices.push_back(g.order.IndexAt(p));
+    rows = store_->ReadRowsAt(g.job_id, indices);
+  } else {
+    rows = store_->ReadRows(g.job_id, g.shard.begin, g.shard.end);
+  }
   if (!rows.ok()) {
     Deferred undo;
     {
@@ -252,7 +261,7 @@ void Coordinator::WaiterLoop() {
 int64_t Coordinator::OwnerShard(const JobEntry& job, int64_t index) const {
   auto it = job.row_shard.find(index);
   if (it != job.row_shard.end()) return it->second;
-  return job.record.shard_size > 0 ? index / job.record.shard_size : 0;
+  return job.record.shard_size > 0 ? job.order.PositionOf(index) / job.record.shard_size : 0;
 }
 
 absl::StatusOr<v1::ResolveLayoutResponse> Coordinator::ResolveLayout(const v1::ResolveLayoutRequest& request) {
@@ -380,6 +389,11 @@ void Coordinator::ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std:
     s.phase = ShardPhase::kPending;
     return;
   }
+  if (job->stopped_early) {  // --until-ci was reached: its rows are left out with the rest.
+    DropShardLocked(job, shard_id, deferred);
+    MaybeCompleteLocked(job);
+    return;
+  }
   if (s.attempts >= options_.max_shard_attempts) {
     if (s.end - s.begin == 1) {
       Log("row ", s.begin, " of job ", job_id, " lost ", s.attempts, " times (", why, "); failing it");
@@ -404,12 +418,13 @@ void Coordinator::SplitShardLocked(JobEntry* job, int64_t shard_id) {
   job->pending.erase(std::remove(job->pending.begin(), job->pending.end(), shard_id), job->pending.end());
   const int64_t begin = job->shards[shard_id].begin, end = job->shards[shard_id].end;
   std::vector<int64_t> children;
-  for (int64_t i = begin; i < end; ++i) {
-    if (job->committed_rows[i]) continue;
+  for (int64_t i = begin; i < end; ++i) {  // Positions; the ledger's rows by manifest index.
+    const int64_t index = job->order.IndexAt(i);
+    if (job->committed_rows[index]) continue;
     Shard child;
     child.begin = i;
     child.end = i + 1;
-    job->row_shard[i] = static_cast<int64_t>(job->shards.size());
+    job->row_shard[index] = static_cast<int64_t>(job->shards.size());
     children.push_back(static_cast<int64_t>(job->shards.size()));
     job->shards.push_back(child);
   }
@@ -432,7 +447,7 @@ void Coordinator::FailPoisonedRow(const std::string& job_id, int64_t shard_id) {
     auto jit = jobs_.find(job_id);
     if (jit == jobs_.end()) return;
     const Shard& s = jit->second->shards[shard_id];
-    index = s.begin;
+    index = jit->second->order.IndexAt(s.begin);
     attempts = s.attempts;
   }
   absl::StatusOr<std::vector<ManifestRow>> rows = store_->ReadRows(job_id, index, index + 1);

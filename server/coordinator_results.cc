@@ -68,9 +68,9 @@ std::vector<StoredThumbnail> TakeThumbnails(std::vector<v1::ImageResult>* result
 absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
                                        const v1::ReportResultsRequest& request, int32_t classes) const {
   for (const v1::ImageResult& r : request.results()) {
-    if (r.index() < shard.begin || r.index() >= shard.end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("result for index ", r.index(), " outside shard [", shard.begin, ", ", shard.end, ")"));
+    if (const int64_t position = job.order.PositionOf(r.index()); position < shard.begin || position >= shard.end) {
+      return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " outside shard [", shard.begin,
+                                                     ", ", shard.end, ")", job.order.random() ? " of positions" : ""));
     }
     if (!r.error().empty()) {
       if (r.thumbnails_size() > 0) return absl::InvalidArgumentError(absl::StrCat("failed row ", r.index(), " has thumbnails"));
@@ -288,6 +288,7 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
       if (results[i].error().empty()) {
         j.set_images_evaluated(j.images_evaluated() + 1);
         counters_.images_evaluated++;
+        AddLive(&job, results[i]);
       } else {
         j.set_images_failed(j.images_failed() + 1);
         counters_.images_failed++;
@@ -316,6 +317,7 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
         MaybeCompleteLocked(&job);
       }
     }
+    MaybeStopEarlyLocked(&job, &deferred);
     Shard& shard = job.shards[shard_id];
     if (shard.phase == ShardPhase::kDone && !shard.split) {
       done = true;

@@ -260,8 +260,12 @@ grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::FetchReport(g
                                                                                const v1::FetchReportRequest* request) {
   absl::StatusOr<Caller> caller = Authenticate(ctx);
   if (!caller.ok()) return new RefusedWriter<v1::ReportChunk>(caller.status());
-  if (absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->job_id()); !job.ok()) {
-    return new RefusedWriter<v1::ReportChunk>(job.status());
+  absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->job_id());
+  if (!job.ok()) return new RefusedWriter<v1::ReportChunk>(job.status());
+  if (request->partial() && !IsTerminal(job->state())) {  // Built now over the committed rows, then removed.
+    Coordinator* core = core_;
+    std::vector<std::string> files(std::begin(kReportFiles), std::end(kReportFiles));
+    return new FetchReportReactor(executor_, std::move(files), [core, id = request->job_id()] { return core->PartialReport(id); });
   }
   return new FetchReportReactor(core_->ReportDir(request->job_id()));
 }

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <initializer_list>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -224,6 +225,39 @@ absl::Status CheckCoco(v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// Answers before the end: --order, --until-ci, --min-rows, --sample. A random order without a seed
+// gets one here, fixed with the job.
+absl::Status CheckSampling(v1::JobSpec* spec) {
+  if (!(spec->until_ci() >= 0 && spec->until_ci() < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("until_ci (--until-ci): expected a half-width in [0, 1), got ",
+                                                   spec->until_ci()));
+  }
+  if (spec->min_rows() < 0 || spec->sample_rows() < 0) {
+    return absl::InvalidArgumentError("min_rows (--min-rows) and sample_rows (--sample) must be >= 0");
+  }
+  if (!(spec->sample_percent() >= 0 && spec->sample_percent() <= 100)) {
+    return absl::InvalidArgumentError(absl::StrCat("sample_percent (--sample P%): expected 0 to 100, got ",
+                                                   spec->sample_percent()));
+  }
+  if (spec->sample_rows() > 0 && spec->sample_percent() > 0) {
+    return absl::InvalidArgumentError("sample_rows and sample_percent (--sample): give one");
+  }
+  const bool sampling = spec->until_ci() > 0 || spec->sample_rows() > 0 || spec->sample_percent() > 0;
+  if (sampling && !spec->random_order()) {
+    return absl::InvalidArgumentError(
+        "--until-ci and --sample need the rows in random order (--order random): a manifest's prefix is not a random "
+        "sample");
+  }
+  if (spec->random_order() && spec->order_seed() == 0) {
+    std::random_device device;
+    uint64_t seed = 0;
+    while (seed == 0) seed = (static_cast<uint64_t>(device()) << 32) ^ device();
+    spec->set_order_seed(seed);
+  }
+  if (!spec->random_order()) spec->clear_order_seed();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
@@ -243,6 +277,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.clear_run_warnings();
   spec.clear_model_option_sha256();
   RETURN_IF_ERROR(CheckSettings(&spec));
+  RETURN_IF_ERROR(CheckSampling(&spec));
   RETURN_IF_ERROR(Canonicalise(&spec));
   // The exact-results rule (common/job/job_config.h): shards are multiples of the alignment, which
   // every batch size used for the job divides.

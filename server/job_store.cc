@@ -392,40 +392,71 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
   return out;
 }
 
+namespace {
+
+constexpr const char* kRowColumns =
+    "SELECT idx, line, id, image, mask, image_path, mask_path, error, prediction, prediction_path, columns "
+    "FROM manifest_rows ";
+
+// The manifest row at the statement's current result (kRowColumns).
+absl::StatusOr<ManifestRow> RowFromStmt(Stmt& q) {
+  ManifestRow r;
+  r.index = q.Int(0);
+  r.line = q.Int(1);
+  r.id = q.Text(2);
+  r.image = q.Text(3);
+  r.mask = q.Text(4);
+  r.image_path = q.Text(5);
+  r.mask_path = q.Text(6);
+  r.error = q.Text(7);
+  r.prediction = q.Text(8);
+  r.prediction_path = q.Text(9);
+  if (const std::string blob = q.Blob(10); !blob.empty()) {
+    v1::ManifestRow extra;
+    if (!extra.ParseFromString(blob)) return absl::DataLossError("manifest row " + std::to_string(r.index) + ": unreadable columns");
+    r.columns.assign(extra.columns().begin(), extra.columns().end());
+    r.has_coco_image = extra.has_coco_image();
+    r.coco_image_id = extra.coco_image_id();
+    r.has_coco_ann_ids = extra.has_coco_ann_ids();
+    r.coco_ann_ids.assign(extra.coco_ann_ids().begin(), extra.coco_ann_ids().end());
+  }
+  return r;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& job_id, int64_t begin, int64_t end) {
   absl::MutexLock lock(&mu_);
-  Stmt q(db_,
-         "SELECT idx, line, id, image, mask, image_path, mask_path, error, prediction, prediction_path, columns "
-         "FROM manifest_rows "
-         "WHERE job_id=? AND idx>=? AND idx<? ORDER BY idx");
+  Stmt q(db_, absl::StrCat(kRowColumns, "WHERE job_id=? AND idx>=? AND idx<? ORDER BY idx").c_str());
   RETURN_IF_ERROR(q.status());
   q.Bind(1, job_id).Bind(2, begin).Bind(3, end);
   std::vector<ManifestRow> rows;
   absl::Status s;
   while (q.Step(&s)) {
-    ManifestRow r;
-    r.index = q.Int(0);
-    r.line = q.Int(1);
-    r.id = q.Text(2);
-    r.image = q.Text(3);
-    r.mask = q.Text(4);
-    r.image_path = q.Text(5);
-    r.mask_path = q.Text(6);
-    r.error = q.Text(7);
-    r.prediction = q.Text(8);
-    r.prediction_path = q.Text(9);
-    if (const std::string blob = q.Blob(10); !blob.empty()) {
-      v1::ManifestRow extra;
-      if (!extra.ParseFromString(blob)) return absl::DataLossError("manifest row " + std::to_string(r.index) + ": unreadable columns");
-      r.columns.assign(extra.columns().begin(), extra.columns().end());
-      r.has_coco_image = extra.has_coco_image();
-      r.coco_image_id = extra.coco_image_id();
-      r.has_coco_ann_ids = extra.has_coco_ann_ids();
-      r.coco_ann_ids.assign(extra.coco_ann_ids().begin(), extra.coco_ann_ids().end());
-    }
+    ASSIGN_OR_RETURN(ManifestRow r, RowFromStmt(q));
     rows.push_back(std::move(r));
   }
   RETURN_IF_ERROR(s);
+  return rows;
+}
+
+absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRowsAt(const std::string& job_id,
+                                                              const std::vector<int64_t>& indices) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, absl::StrCat(kRowColumns, "WHERE job_id=? AND idx=?").c_str());
+  RETURN_IF_ERROR(q.status());
+  std::vector<ManifestRow> rows;
+  rows.reserve(indices.size());
+  for (int64_t index : indices) {
+    absl::Status s;
+    q.Bind(1, job_id).Bind(2, index);
+    if (q.Step(&s)) {
+      ASSIGN_OR_RETURN(ManifestRow r, RowFromStmt(q));
+      rows.push_back(std::move(r));
+    }
+    q.Reset();
+    RETURN_IF_ERROR(s);
+  }
   return rows;
 }
 

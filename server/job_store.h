@@ -89,6 +89,8 @@ class JobStore {
 
   // Manifest rows [begin, end) of a job, in index order.
   absl::StatusOr<std::vector<ManifestRow>> ReadRows(const std::string& job_id, int64_t begin, int64_t end);
+  // The rows of these manifest indices, in the order given (missing ones left out).
+  absl::StatusOr<std::vector<ManifestRow>> ReadRowsAt(const std::string& job_id, const std::vector<int64_t>& indices);
 
   // Commits results in one transaction; rows that already have a result are left as they are
   // (a re-run of a shard produces the same values). `new_rows` receives, for each result, whether

@@ -90,6 +90,25 @@ void AddWorkerFamilies(const CoordinatorMetrics& m, std::vector<MetricFamily>* o
   for (MetricFamily* f : {&w_images, &w_rate, &w_busy, &g_used, &g_total, &g_peak}) out->push_back(std::move(*f));
 }
 
+// Per running job and class: the live mean Dice over the committed rows and its 95% half-width.
+void AddLiveFamilies(const CoordinatorMetrics& m, std::vector<MetricFamily>* out) {
+  MetricFamily mean = Family("tally_job_dice_estimate",
+                             "A running job's mean Dice of a class over the rows committed so far.", MetricType::Gauge);
+  MetricFamily half = Family("tally_job_dice_half_width",
+                             "The 95% interval half-width of tally_job_dice_estimate (README: Answers before the end).",
+                             MetricType::Gauge);
+  MetricFamily rows = Family("tally_job_dice_rows", "Rows behind tally_job_dice_estimate.", MetricType::Gauge);
+  for (const auto& [job_id, estimates] : m.live) {
+    for (const v1::LiveEstimate& e : estimates) {
+      const std::vector<ClientMetric::Label> labels = {{"job", job_id}, {"class", std::to_string(e.class_id())}};
+      AddValue(&mean, e.dice_mean(), labels);
+      AddValue(&half, e.dice_half_width(), labels);
+      AddValue(&rows, static_cast<double>(e.rows()), labels);
+    }
+  }
+  for (MetricFamily* f : {&mean, &half, &rows}) out->push_back(std::move(*f));
+}
+
 }  // namespace
 
 std::vector<MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m) {
@@ -133,6 +152,7 @@ std::vector<MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m) {
                        static_cast<double>(m.database_bytes)));
 
   AddWorkerFamilies(m, &out);
+  AddLiveFamilies(m, &out);
   return out;
 }
 

@@ -147,6 +147,9 @@ AggregateOptions AggregateOptionsFor(const ReportData& d) {
   o.empty_score = d.config.empty_score;
   o.iou_thresholds = d.config.iou_thresholds;
   o.thresholds = d.config.thresholds;
+  if (d.record != nullptr && !d.record->job.sampled().empty()) {
+    o.population_rows = static_cast<double>(d.record->job.images_total());
+  }
   return o;
 }
 

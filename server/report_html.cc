@@ -262,6 +262,11 @@ std::string JobMeta(const ReportData& d) {
                   HtmlEscape(job.spec().manifest()), "</code><br>");
   absl::StrAppend(&h, "Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ", d.failed,
                   " failed<br>");
+  if (!job.sampled().empty()) {
+    absl::StrAppend(&h, "<strong>", HtmlEscape(job.sampled()), "</strong>: the other ",
+                    job.images_total() - d.evaluated - d.failed,
+                    " rows are not evaluated (sample); the Dice intervals are sampling intervals<br>");
+  }
   absl::StrAppend(&h, absl::StrFormat("Wall time: %.2f s (%.1f images/s)", d.wall_seconds,
                                       d.wall_seconds > 0 ? (d.evaluated + d.failed) / d.wall_seconds : 0.0),
                   "<br>");

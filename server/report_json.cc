@@ -267,13 +267,22 @@ std::string ReportJson(const ReportData& d) {
   w.Field("job_id", job.job_id());
   w.Field("name", spec.name());
   w.Field("state", JobStateName(job.state()));
-  const int64_t missing = job.images_total() - d.evaluated - d.failed;
+  // A sampled job's other rows are accounted for: not evaluated (sample), not missing.
+  const int64_t not_evaluated = job.sampled().empty() ? 0 : job.images_total() - d.evaluated - d.failed;
+  const int64_t missing = job.images_total() - d.evaluated - d.failed - not_evaluated;
   w.Field("complete", job.state() == v1::JOB_STATE_SUCCEEDED && missing == 0);
   w.Field("error", job.error());
   w.Field("model", spec.model());
   w.Field("manifest", spec.manifest());
   SettingsJson(d, w);
   RowsJson(d, missing, w);
+  if (!job.sampled().empty()) {
+    w.Field("sampled", job.sampled());
+    w.Field("images_not_evaluated", not_evaluated);
+    w.Field("not_evaluated_reason", "not evaluated (sample)");
+    w.Field("dice_mean_ci95_method",
+            "sampling: 95% normal interval of the manifest's mean, finite-population corrected (not the bootstrap)");
+  }
   w.Key("classes").BeginArray();
   for (const ClassAggregate& ca : d.aggregate.classes) ClassJson(d, ca, w);
   w.EndArray();

@@ -35,6 +35,10 @@ std::string ReportMarkdown(const ReportData& d) {
                   job.spec().manifest_sha256().empty() ? "-" : job.spec().manifest_sha256(), "`\n");
   absl::StrAppend(&out, "- Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ",
                   d.failed, " failed", "\n");
+  if (!job.sampled().empty()) {
+    absl::StrAppend(&out, "- **", job.sampled(), "**: the other ", job.images_total() - d.evaluated - d.failed,
+                    " rows are not evaluated (sample); the Dice intervals are sampling intervals\n");
+  }
   if (d.nonfinite_images > 0) {
     absl::StrAppend(&out, "- **Warning**: ", d.nonfinite_images, " evaluated images had NaN/Inf in the model output (",
                     d.nonfinite_values, " values; --nonfinite warn)\n");

@@ -385,7 +385,7 @@ absl::Status Worker::CheckAssignment(const v1::ShardAssignment& a) const {
                                                    " rows for the range [", a.begin(), ", ", a.end(), ")"));
   }
   for (int i = 0; i < a.rows_size(); ++i) {
-    if (a.rows(i).index() != a.begin() + i) {
+    if (a.spec().random_order() ? a.rows(i).index() < 0 : a.rows(i).index() != a.begin() + i) {
       return absl::InvalidArgumentError(absl::StrCat("assignment of shard ", a.shard_id(), ": row ", i,
                                                      " has index ", a.rows(i).index()));
     }

@@ -65,7 +65,7 @@ int ReportVerb(const JobVerbFlags& f) {
   std::string id;
   if (const int rc = OneJob("report", f, &client, &id); rc != 0) return rc;
   if (f.out.empty()) return UsageError("report", "tally report needs --out DIR");
-  auto files = client->FetchReport(id, f.out);
+  auto files = client->FetchReport(id, f.out, f.partial);
   if (!files.ok()) return Finish(files.status());
   for (const std::string& file : *files) std::cout << file << "\n";
   return 0;

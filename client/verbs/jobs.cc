@@ -34,6 +34,7 @@ void PrintJobsTable(const v1::ListJobsResponse& page) {
                                  job.images_total(), job.images_failed(), Time(job.created_unix()),
                                  Time(job.finished_unix()), Clip(job.spec().name().empty() ? "-" : job.spec().name(), 20),
                                  absl::StrJoin(l, ","));
+    if (!job.sampled().empty()) std::cout << "  " << job.sampled() << "\n";
   }
 }
 

@@ -108,6 +108,15 @@ void PrintJob(const v1::Job& job) {
     std::cout << "  held: " << job.images_held()
               << " more rows evaluated; their results wait for the layout trial (--channels-last auto)\n";
   }
+  if (!job.sampled().empty()) std::cout << "  " << job.sampled() << "\n";
+  if (!IsTerminal(job.state()) && job.live_size() > 0) {
+    std::cout << "  live estimates (" << job.live_note() << "):\n";
+    for (const v1::LiveEstimate& e : job.live()) {
+      std::cout << absl::StrFormat("    class %-3d dice %.4f +/- %.4f  iou %.4f +/- %.4f  (%d rows)%s\n", e.class_id(),
+                                   e.dice_mean(), e.dice_half_width(), e.iou_mean(), e.iou_half_width(), e.rows(),
+                                   e.foreground() ? "" : "  (not in the foreground)");
+    }
+  }
 }
 
 }  // namespace tally

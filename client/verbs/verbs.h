@@ -49,6 +49,11 @@ struct JobFlags {
   double overlap = 0.5;
   int sw_batch_size = 0;
   bool keep_dtype = false;
+  // Answers before the end (README "Answers before the end").
+  std::string order;               // manifest | random[:SEED]; "": manifest unless sampling
+  double until_ci = 0;
+  int64_t min_rows = 0;
+  std::string sample;              // N or P%
 };
 
 // The workers `tally run` and `tally estimate` start on this machine.
@@ -93,6 +98,7 @@ struct JobVerbFlags {
   bool json = false;
   double timeout = 0;  // watch, wait: give up after this many seconds (0: never).
   std::string out;     // report, compare, merge: the folder for the files.
+  bool partial = false;  // report: a running job's report over the rows committed so far.
 };
 int WatchVerb(const JobVerbFlags& flags);
 int WaitVerb(const JobVerbFlags& flags);

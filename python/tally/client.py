@@ -63,8 +63,14 @@ class JobFailed(TallyError):
 def _job_dict(job):
     d = json_format.MessageToDict(job, preserving_proto_field_name=True)
     d["state"] = _STATES.get(job.state, "unknown")
-    for k in ("images_total", "images_evaluated", "images_failed", "images_held"):
+    for k in ("images_total", "images_evaluated", "images_failed", "images_held", "images_planned"):
         d[k] = int(d.get(k, 0))
+    # Live estimates (README "Answers before the end"): per class, the running mean Dice and IoU
+    # over the committed rows with their 95% half-widths.
+    d["live"] = [dict(e, rows=int(e.get("rows", 0)), class_id=int(e.get("class_id", 0)),
+                      dice_mean=float(e.get("dice_mean", 0)), dice_half_width=float(e.get("dice_half_width", 0)),
+                      iou_mean=float(e.get("iou_mean", 0)), iou_half_width=float(e.get("iou_half_width", 0)),
+                      foreground=bool(e.get("foreground", False))) for e in d.get("live", [])]
     return d
 
 
@@ -196,9 +202,9 @@ class Client:
 
     # Reports --------------------------------------------------------------------------------
 
-    def report_files(self, job_id):
-        """The job's report files as {name: bytes}."""
-        request = tally_pb2.FetchReportRequest(job_id=job_id)
+    def report_files(self, job_id, partial=False):
+        """The job's report files as {name: bytes}; `partial`: a running job's, over the rows so far."""
+        request = tally_pb2.FetchReportRequest(job_id=job_id, partial=partial)
         files = {}
         try:
             for chunk in self._stub.FetchReport(request, metadata=self._metadata, timeout=600):
@@ -218,9 +224,10 @@ class Client:
             paths.append(path)
         return paths
 
-    def report(self, job_id):
-        """report.json, parsed (infinity as float('inf') whichever --json-infinity the job used)."""
-        text = self.report_files(job_id)["report.json"].decode("utf-8")
+    def report(self, job_id, partial=False):
+        """report.json, parsed (infinity as float('inf') whichever --json-infinity the job used);
+        `partial`: a running job's report over the rows committed so far."""
+        text = self.report_files(job_id, partial)["report.json"].decode("utf-8")
         return json.loads(text, parse_constant=float,
                           object_hook=lambda o: {k: (float(v) if v in ("inf", "-inf") else v) for k, v in o.items()})
 
