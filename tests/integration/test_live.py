@@ -1,0 +1,227 @@
+"""Answers before the end (README "Answers before the end"): rows in a seeded random order give the
+manifest order's reports; live estimates and their finite-population-corrected intervals equal a numpy
+re-computation from the committed rows; --sample and --until-ci end a job early with every row
+accounted for; the interval's coverage in a numpy simulation; a running job's partial report."""
+import json
+import os
+import unittest
+
+import numpy as np
+from PIL import Image
+
+import tallytest as tt
+
+RUN_FIELDS = {"job_id", "name", "created_unix", "finished_unix", "wall_seconds", "images_per_second", "workers",
+              "state", "shard_size", "provenance"}
+Z = 1.959963984540054
+
+
+def write_predictions(root, rng, n, size=20, classes=3):
+    """n prediction/reference pairs whose predictions are their references with a row's own share of
+    pixels (0 to 60%) relabelled at random: Dice varies from row to row."""
+    os.makedirs(os.path.join(root, "pred"), exist_ok=True)
+    os.makedirs(os.path.join(root, "ref"), exist_ok=True)
+    rows = ["id,prediction,mask"]
+    for i in range(n):
+        ref = tt.blob_mask(rng, size, size, classes)
+        ref[rng.integers(0, size), rng.integers(0, size)] = 1  # Class 1 in every reference.
+        pred = ref.copy()
+        flip = rng.random(ref.shape) < rng.uniform(0, 0.6)
+        pred[flip] = rng.integers(0, classes, int(flip.sum()))
+        Image.fromarray(pred).save(os.path.join(root, "pred", f"p{i:04d}.png"))
+        Image.fromarray(ref).save(os.path.join(root, "ref", f"m{i:04d}.png"))
+        rows.append(f"case{i:04d},pred/p{i:04d}.png,ref/m{i:04d}.png")
+    path = os.path.join(root, "manifest.csv")
+    with open(path, "w") as f:
+        f.write("\n".join(rows) + "\n")
+    return path
+
+
+def status_json(c, job_id):
+    return json.loads(c.cli("status", job_id, "--json").stdout)
+
+
+def dice_by_class(rows):
+    out = {}
+    for r in rows:
+        v = tt.num(r["dice"])
+        if not np.isnan(v):
+            out.setdefault(int(r["class"]), []).append(v)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def half_width(values, population):
+    """The documented interval: 1.96 s / sqrt(n) * sqrt((N - n) / (N - 1)); no correction for N <= 1."""
+    n = len(values)
+    s2 = np.sum((values - values.mean()) ** 2) / (n - 1)
+    fpc = np.sqrt(max(0.0, (population - n) / (population - 1))) if population > 1 else 1.0
+    return Z * np.sqrt(s2 / n) * fpc
+
+
+class RandomOrderTest(unittest.TestCase):
+    def test_random_order_reports_equal_the_manifest_orders(self):
+        root = tt.tmpdir(self)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        c.start_worker()
+        # A model job (batches of 4 formed in the permutation's order) and a prediction job.
+        model_manifest = tt.write_dataset(os.path.join(root, "m"), np.random.default_rng(3), 60, [(16, 16)], classes=3)
+        pred_manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(4), 90)
+        for name, submit in (
+                ("model", lambda *f: c.submit(tt.fixture("three_class.pt"), model_manifest, "--batch-size", "4",
+                                              "--metrics", "all", *f)),
+                ("pred", lambda *f: c.cli("submit", "--manifest", pred_manifest, "--shard-size", "7", "--metrics",
+                                          "all", *f).stdout.strip())):
+            manifest_job = submit()
+            random_job = submit("--order", "random:3")
+            for j in (manifest_job, random_job):
+                self.assertEqual(c.wait(j)["state"], "succeeded", name)
+            spec = status_json(c, random_job)["spec"]
+            self.assertTrue(spec["random_order"])
+            self.assertEqual(int(spec["order_seed"]), 3)
+            a, b = os.path.join(root, name + "_manifest"), os.path.join(root, name + "_random")
+            c.fetch(manifest_job, a)
+            c.fetch(random_job, b)
+            ra, rb = tt.read_report(a), tt.read_report(b)
+            self.assertEqual({k: v for k, v in ra.items() if k not in RUN_FIELDS},
+                             {k: v for k, v in rb.items() if k not in RUN_FIELDS}, name)
+            self.assertTrue(tt.same_files(a, b, "per_image.csv"), name)
+        # The permutation really is one: the random job's shards name rows out of manifest order.
+        self.assertIn("in random order", c.log("tallyd.log"))
+        # --until-ci and --sample refuse the manifest's order, and bad values are named.
+        p = c.cli("submit", "--manifest", pred_manifest, "--sample", "10", "--order", "manifest", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("random order", p.stderr)
+        for flags, what in ((["--sample", "0"], "--sample"), (["--until-ci", "2"], "--until-ci"),
+                            (["--order", "shuffled"], "--order"), (["--order", "random:x"], "--order")):
+            p = c.cli("submit", "--manifest", pred_manifest, *flags, check=False)
+            self.assertNotEqual(p.returncode, 0, flags)
+            self.assertIn(what, p.stderr, flags)
+
+
+class LiveEstimatesTest(unittest.TestCase):
+    def test_sampled_job_live_estimates_and_report_equal_numpy(self):
+        root = tt.tmpdir(self)
+        manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(5), 200)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        c.start_worker()
+        job = c.cli("submit", "--manifest", manifest, "--sample", "30%", "--shard-size", "6").stdout.strip()
+        self.assertEqual(c.wait(job)["state"], "succeeded")
+        st = status_json(c, job)
+        self.assertEqual(st["sampled"], "sampled: 60 of 200 rows (--sample 30%)")
+        self.assertIn("finite-population corrected", st["live_note"])
+        out = os.path.join(root, "out")
+        c.fetch(job, out)
+        report = tt.read_report(out)
+        rows = tt.read_per_image(out)
+        self.assertEqual(len({r["index"] for r in rows}), 60)
+        self.assertEqual((report["images_evaluated"], report["images_not_evaluated"], report["images_missing"]),
+                         (60, 140, 0))
+        self.assertEqual(report["not_evaluated_reason"], "not evaluated (sample)")
+        self.assertIn("sampled: 60 of 200 rows", c.cli("jobs").stdout)
+        values = dice_by_class(rows)
+        live = {e.get("class_id", 0): e for e in st["live"]}
+        for k, v in values.items():
+            population = 200 * len(v) / 60
+            self.assertEqual(int(live[k]["rows"]), len(v))
+            self.assertTrue(tt.same(live[k]["dice_mean"], v.mean(), 1e-12), k)
+            self.assertTrue(tt.same(live[k]["dice_half_width"], half_width(v, population), 1e-9), k)
+            lo, hi = report["classes"][k]["dice_mean_ci95"]
+            self.assertTrue(tt.same(lo, v.mean() - half_width(v, population), 1e-9), k)
+            self.assertTrue(tt.same(hi, v.mean() + half_width(v, population), 1e-9), k)
+        self.assertFalse(live[0].get("foreground", False))
+        self.assertTrue(live[1]["foreground"])
+        # Manifest order: no finite-population correction, and the note says why the interval is weak.
+        job = c.cli("submit", "--manifest", manifest, "--shard-size", "6").stdout.strip()
+        self.assertEqual(c.wait(job)["state"], "succeeded")
+        st = status_json(c, job)
+        self.assertIn("not a random sample", st["live_note"])
+        out = os.path.join(root, "all")
+        c.fetch(job, out)
+        values = dice_by_class(tt.read_per_image(out))
+        for e in st["live"]:
+            v = values[e.get("class_id", 0)]
+            self.assertTrue(tt.same(e["dice_half_width"], half_width(v, 0), 1e-9))
+
+    def test_until_ci_stops_with_the_interval_in_most_seeds(self):
+        root = tt.tmpdir(self)
+        manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(6), 400)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        c.start_worker()
+        full = c.cli("submit", "--manifest", manifest, "--metrics", "dice").stdout.strip()
+        jobs = [c.cli("submit", "--manifest", manifest, "--metrics", "dice", "--until-ci", "0.04", "--min-rows", "40",
+                      "--shard-size", "4", "--order", f"random:{seed}").stdout.strip() for seed in range(1, 9)]
+        self.assertEqual(c.wait(full)["state"], "succeeded")
+        c.fetch(full, os.path.join(root, "full"))
+        truth = {cl["class"]: cl["dice_mean"] for cl in tt.read_report(os.path.join(root, "full"))["classes"]}
+        covered = trials = 0
+        for seed, job in enumerate(jobs, 1):
+            self.assertEqual(c.wait(job)["state"], "succeeded")
+            out = os.path.join(root, f"s{seed}")
+            c.fetch(job, out)
+            report = tt.read_report(out)
+            n = report["images_evaluated"]
+            self.assertTrue(40 <= n < 400, (seed, n))
+            self.assertEqual(report["sampled"], f"sampled: {n} of 400 rows (--until-ci 0.04 reached)")
+            self.assertEqual(report["images_not_evaluated"], 400 - n)
+            for cl in report["classes"]:
+                if cl["class"] == 0:
+                    continue
+                lo, hi = cl["dice_mean_ci95"]
+                self.assertLessEqual((hi - lo) / 2, 0.04 + 1e-12, (seed, cl["class"]))
+                trials += 1
+                covered += lo <= truth[cl["class"]] <= hi
+        print(f"until-ci: the full run's mean inside the interval in {covered} of {trials} (seed, class) pairs")
+        self.assertGreaterEqual(covered, 0.75 * trials)
+
+
+class CoverageTest(unittest.TestCase):
+    def test_the_documented_interval_covers_in_a_simulation(self):
+        # Simple random samples without replacement from a skewed synthetic population (Dice-like:
+        # a mass near 1 and a tail): the 95% interval with the finite-population correction covers
+        # the population mean in 95% +/- 1.5% of 4000 samples, at a small and a large sampling fraction.
+        rng = np.random.default_rng(2026)
+        population = np.concatenate([rng.beta(8, 1.5, 1600), rng.uniform(0, 0.5, 400)])
+        mu = population.mean()
+        for n in (100, 1200):
+            hits = 0
+            for _ in range(4000):
+                s = rng.choice(population, n, replace=False)
+                h = half_width(s, len(population))
+                hits += abs(s.mean() - mu) <= h
+            self.assertAlmostEqual(hits / 4000, 0.95, delta=0.015, msg=f"n={n}")
+        # Without the correction the large sample's interval over-covers (the reason to correct).
+        over = sum(abs((s := rng.choice(population, 1200, replace=False)).mean() - mu) <= half_width(s, 0)
+                   for _ in range(2000)) / 2000
+        self.assertGreater(over, 0.985)
+
+
+class PartialReportTest(unittest.TestCase):
+    def test_a_running_jobs_partial_report(self):
+        root = tt.tmpdir(self)
+        # Row 39 hangs the model: the last shard stays in hand while the rest are committed.
+        manifest = tt.marked_dataset(os.path.join(root, "data"), 40, {39})
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        job = c.submit(tt.fixture("hangs_on_mark.pt"), manifest, "--batch-size", "4", "--shard-size", "4",
+                       "--batch-timeout", "120")
+        c.wait_for_progress(job, 0.9)
+        out = os.path.join(root, "partial")
+        c.cli("report", job, "--out", out, "--partial")
+        report = tt.read_report(out)
+        self.assertEqual(report["state"], "running")
+        self.assertFalse(report["complete"])
+        self.assertEqual(report["images_evaluated"], 36)
+        self.assertEqual(report["images_missing"], 4)
+        self.assertEqual(len({r["index"] for r in tt.read_per_image(out)}), 36)
+        # The folder it was built in is gone; a plain report of a running job is still refused.
+        self.assertEqual(os.listdir(os.path.join(c.state, "merged")), [])
+        p = c.cli("report", job, "--out", os.path.join(root, "plain"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        c.cli("cancel", job)
+
+
+if __name__ == "__main__":
+    unittest.main()
