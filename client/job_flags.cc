@@ -193,6 +193,19 @@ absl::Status SamplingFlags(const JobFlags& f, v1::JobSpec* spec) {
     }
   }
   if ((f.until_ci > 0 || !f.sample.empty()) && order.empty()) spec->set_random_order(true);
+  if (f.canary < 0) return absl::InvalidArgumentError(absl::StrCat("--canary: expected rows >= 0, got ", f.canary));
+  spec->set_canary_rows(f.canary);
+  const std::string speculate = absl::AsciiStrToLower(f.speculate_after);
+  double seconds = 0;
+  if (speculate == "off") {
+    spec->set_speculate_after(-1);
+  } else if (!speculate.empty() && speculate != "auto") {
+    if (!absl::SimpleAtod(speculate, &seconds) || !(seconds > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--speculate-after: expected auto, off or a number of seconds > 0, got '", f.speculate_after, "'"));
+    }
+    spec->set_speculate_after(seconds);
+  }
   return absl::OkStatus();
 }
 

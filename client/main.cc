@@ -102,6 +102,12 @@ ABSL_FLAG(double, until_ci, 0,
           "random; the rest of the rows are not evaluated (sample))");
 ABSL_FLAG(int64_t, min_rows, 0, "--until-ci: evaluate at least this many rows first (0 = 100)");
 ABSL_FLAG(std::string, sample, "", "Evaluate a uniform random subset: N rows or P% of them (implies --order random)");
+ABSL_FLAG(int64_t, canary, 0,
+          "Every worker first evaluates the first N rows of the job's order as well; a worker whose results disagree "
+          "with the majority's is named in the report's warnings and taken out of the job (0: off)");
+ABSL_FLAG(std::string, speculate_after, "auto",
+          "With no shard left to lease, copy a shard leased longer than this (seconds) to an idle worker; the first "
+          "commit of each row wins. auto: 3x the job's median shard time, at least 10 s; off: never");
 ABSL_FLAG(double, max_failed_fraction, 0,
           "More failed rows than this share of the manifest: a warning, and exit code 3 (0 = any failed row)");
 ABSL_FLAG(int, thumbnails, 5, "report.html: thumbnails of this many worst images per class (0-10; 0 = none)");
@@ -223,6 +229,8 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.until_ci = absl::GetFlag(FLAGS_until_ci);
   f.min_rows = absl::GetFlag(FLAGS_min_rows);
   f.sample = absl::GetFlag(FLAGS_sample);
+  f.speculate_after = absl::GetFlag(FLAGS_speculate_after);
+  f.canary = absl::GetFlag(FLAGS_canary);
   return f;
 }
 

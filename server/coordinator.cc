@@ -186,6 +186,7 @@ CoordinatorMetrics Coordinator::Metrics() {
     m.shards_leased = counters_.shards_leased;
     m.shards_expired = counters_.shards_expired;
     m.shards_retried = counters_.shards_retried;
+    m.shards_speculated = counters_.shards_speculated;
     m.workers_registered = static_cast<int64_t>(workers_.size());
     m.workers_out_of_service = static_cast<int64_t>(retired_.size());
     for (const auto& [id, w] : workers_) {

@@ -68,6 +68,7 @@ struct CoordinatorMetrics {
   int64_t images_remaining = 0;   // Rows of unfinished jobs without a committed result, now.
   int64_t shards_leased = 0;      // Leases granted.
   int64_t shards_expired = 0;     // Leases taken back from silent or stuck workers.
+  int64_t shards_speculated = 0;  // Speculative copies granted (--speculate-after).
   int64_t shards_retried = 0;     // Leases that ended without a commit and put their shard back in the queue
                                   // (whole, or split into single rows).
   int64_t workers_registered = 0; // In service now.
@@ -174,6 +175,22 @@ class Coordinator {
     double lease_unix = 0;   // When the current lease was granted.
     int64_t committed = 0;   // Rows of this shard with a committed result.
     bool split = false;      // Its remaining rows went to single-row shards.
+    // A speculative copy (--speculate-after): a second lease of the shard to another worker; the
+    // first commit of each row wins. Empty worker id: none.
+    int64_t spec_lease_id = 0;
+    std::string spec_worker_id;
+    double spec_lease_unix = 0;
+    // Does `worker` hold this shard under `lease_id` (the lease or its speculative copy)?
+    bool Holds(const std::string& worker, int64_t lease) const {
+      return phase == ShardPhase::kLeased && ((lease == lease_id && worker == worker_id) ||
+                                             (!spec_worker_id.empty() && lease == spec_lease_id && worker == spec_worker_id));
+    }
+    // The lease `worker` holds (id, when granted); {0, 0} when none.
+    std::pair<int64_t, double> LeaseOf(const std::string& worker) const {
+      if (worker == worker_id) return {lease_id, lease_unix};
+      if (!spec_worker_id.empty() && worker == spec_worker_id) return {spec_lease_id, spec_lease_unix};
+      return {0, 0};
+    }
   };
   struct JobEntry {
     JobRecord record;
@@ -200,6 +217,17 @@ class Coordinator {
     };
     std::vector<LiveClass> live;
     int64_t live_rows = 0;      // Evaluated rows in `live`.
+    std::vector<double> shard_seconds;  // Lease to done, of shards finished (speculation's median).
+    // --canary: per worker, its copy of the canary rows (index -> the result's fingerprint) and
+    // whether it may take the job's shards: "" (running or waiting for others), "agrees", "alone"
+    // (no other worker to compare with in time), "tied" (no majority), "disagrees" (out of the job).
+    struct Canary {
+      int64_t lease_id = 0;
+      double completed = 0;
+      std::map<int64_t, std::string> rows;
+      std::string verdict;
+    };
+    std::map<std::string, Canary> canaries;
   };
   struct WorkerEntry {
     v1::RegisterWorkerRequest info;
@@ -216,6 +244,7 @@ class Coordinator {
     int64_t shards_leased = 0;
     int64_t shards_expired = 0;
     int64_t shards_retried = 0;
+    int64_t shards_speculated = 0;
     std::vector<uint64_t> commit_buckets;  // Per bound of kCommitBounds, not cumulative; one more for +Inf.
     uint64_t commit_count = 0;
     double commit_seconds_sum = 0;
@@ -237,10 +266,15 @@ class Coordinator {
     std::optional<WorkerRecord> new_worker;  // The worker's first lease of this job.
     int64_t expected_rows = 0;               // ShardAssignment.expected_rows.
     RowOrder order;                          // The job's: the shard's positions -> indices.
+    std::string worker_id;                   // Who it went to, and whether as a speculative copy
+    bool speculative = false;                // or the worker's canary (shard_id kCanaryShard).
+    bool canary = false;
   };
+  static constexpr int64_t kCanaryShard = -1;  // ShardAssignment.shard_id of a canary lease.
   // How a ReportResults request was received: what to commit and what to answer.
   struct Admission {
     bool lease_valid = false;
+    bool canary = false;        // A canary's results: compared, not committed (coordinator_canary.cc).
     bool abandon = false;       // The job ended (or the workers disagree): nothing to commit.
     absl::Status rejected;      // The results cannot be right: the lease was released.
     std::optional<WorkerRecord> worker_record;
@@ -274,6 +308,22 @@ class Coordinator {
   void MaybeStopEarlyLocked(JobEntry* job, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a shard of a job stopped early (done, its rows not evaluated).
   void DropShardLocked(JobEntry* job, int64_t shard_id, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // No straggling tail (--speculate-after): with nothing pending, a shard leased for longer than
+  // the job's threshold goes to `worker_id` as well. The shard granted, or -1.
+  int64_t SpeculateLocked(JobEntry* job, const std::string& worker_id, WorkerEntry* worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double SpeculateAfter(const JobEntry& job) const;
+  // --canary: may `worker_id` take this job's shards? Grants its canary lease into `grant` when it
+  // is due one (returns false then too).
+  bool CanaryLetsInLocked(JobEntry* job, const std::string& worker_id, Grant* grant, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A canary report: checked, fingerprinted, and once complete put to the vote. Never committed.
+  absl::Status AdmitCanaryLocked(JobEntry* job, const v1::ReportResultsRequest& request, int32_t classes,
+                                 Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void VoteCanariesLocked(JobEntry* job, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a warning to the job's reports (JobSpec.run_warnings), once.
+  void WarnJobLocked(JobEntry* job, const std::string& warning, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Now() const { return options_.clock(); }
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
   // COCO instance jobs (no manifest): one row per image of the annotation file (coordinator_coco.cc).
@@ -300,8 +350,10 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a lease that did not end in a commit. `count_attempt`: the release says something about
   // the rows (lost worker, rejected results); false when the worker, not the rows, is at fault.
+  // `who`: the worker letting go (its speculative copy only ends that copy; the lease itself, with a
+  // copy out, passes to the copy's worker). Null: the shard's lease.
   void ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std::string& why, bool count_attempt,
-                          Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                          Deferred* deferred, const std::string* who = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseWorkerLeasesLocked(WorkerEntry* worker, const std::string& worker_id, const std::string& only_job,
                                  const std::string& why, bool count_attempt, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

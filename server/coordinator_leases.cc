@@ -44,28 +44,41 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
   worker->last_seen = now;
   // A worker that held nothing starts its progress clock with its first lease.
   if (worker->leases.empty()) worker->last_progress = now;
-  for (const std::string& id : job_order_) {
+  // Pending shards of every job first; then, at a job's tail, a straggler's shard copied
+  // (--speculate-after).
+  for (int pass = 0; pass < 2; ++pass) for (const std::string& id : job_order_) {
     JobEntry& job = *jobs_.at(id);
     const v1::JobState state = job.record.job.state();
-    if (IsTerminal(state) || job.pending.empty() || job.excluded_workers.count(worker_id)) continue;
+    if (IsTerminal(state) || job.excluded_workers.count(worker_id)) continue;
+    if (job.pending.empty() != (pass == 1)) continue;
     Grant g;
     g.job_id = id;
-    g.shard_id = job.pending.front();
-    job.pending.pop_front();
-    Shard& s = job.shards[g.shard_id];
-    s.phase = ShardPhase::kLeased;
-    s.attempts++;
-    s.lease_id = next_lease_id_++;
-    s.worker_id = worker_id;
-    s.lease_unix = now;
-    worker->leases.insert({id, g.shard_id});
-    counters_.shards_leased++;
+    g.worker_id = worker_id;
+    if (pass == 0 && !CanaryLetsInLocked(&job, worker_id, &g, deferred)) {
+      if (!g.canary) continue;  // Waiting for its canary's verdict.
+    } else if (pass == 1) {
+      g.shard_id = SpeculateLocked(&job, worker_id, worker);
+      if (g.shard_id < 0) continue;
+      g.speculative = true;
+    } else {
+      g.shard_id = job.pending.front();
+      job.pending.pop_front();
+      Shard& s = job.shards[g.shard_id];
+      s.phase = ShardPhase::kLeased;
+      s.attempts++;
+      s.lease_id = next_lease_id_++;
+      s.worker_id = worker_id;
+      s.lease_unix = now;
+      worker->leases.insert({id, g.shard_id});
+    }
+    const Shard s = g.canary ? g.shard : job.shards[g.shard_id];
+    if (!g.canary) counters_.shards_leased++;
     if (state == v1::JOB_STATE_QUEUED) {
       job.record.job.set_state(v1::JOB_STATE_RUNNING);
       job.record.job.set_started_unix(now);
       deferred->job_updates.push_back(job.record);
     }
-    if (job.known_workers.insert(worker_id).second) {
+    if (!g.canary && job.known_workers.insert(worker_id).second) {  // A canary alone evaluates nothing of the job.
       WorkerRecord wr;
       wr.worker_id = worker_id;
       wr.name = worker->info.name();
@@ -107,7 +120,9 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Gran
     {
       absl::MutexLock lock(&mu_);
       auto jit = jobs_.find(g.job_id);
-      if (jit != jobs_.end()) ReleaseShardLocked(jit->second.get(), g.shard_id, "reading its rows failed", false, &undo);
+      if (jit != jobs_.end()) {
+        ReleaseShardLocked(jit->second.get(), g.shard_id, "reading its rows failed", false, &undo, &g.worker_id);
+      }
     }
     Apply(undo);
     return rows.status();
@@ -117,7 +132,7 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Gran
   a->set_job_id(g.job_id);
   *a->mutable_spec() = g.spec;
   a->set_shard_id(g.shard_id);
-  a->set_lease_id(g.shard.lease_id);
+  a->set_lease_id(g.speculative ? g.shard.spec_lease_id : g.shard.lease_id);  // A canary's: in g.shard.
   a->set_begin(g.shard.begin);
   a->set_end(g.shard.end);
   a->set_expected_rows(g.expected_rows);
@@ -258,6 +273,53 @@ void Coordinator::WaiterLoop() {
   }
 }
 
+double Coordinator::SpeculateAfter(const JobEntry& job) const {
+  const double given = job.record.job.spec().speculate_after();
+  if (given < 0) return -1;  // Off.
+  if (given > 0) return given;
+  if (job.shard_seconds.empty()) return -1;  // No shard has finished: no median to go by yet.
+  std::vector<double> t = job.shard_seconds;
+  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+  return std::max(10.0, 3 * t[t.size() / 2]);
+}
+
+int64_t Coordinator::SpeculateLocked(JobEntry* job, const std::string& worker_id, WorkerEntry* worker) {
+  if (job->stopped_early) return -1;
+  if (job->record.job.spec().canary_rows() > 0) {  // Only workers its canary let in.
+    auto c = job->canaries.find(worker_id);
+    if (c == job->canaries.end() || (c->second.verdict != "agrees" && c->second.verdict != "alone" &&
+                                     c->second.verdict != "tied")) {
+      return -1;
+    }
+  }
+  const std::string& job_id = job->record.job.job_id();
+  for (const auto& lease : worker->leases) {
+    if (lease.first == job_id) return -1;  // Still busy with this job.
+  }
+  const double after = SpeculateAfter(*job);
+  if (after < 0) return -1;
+  const double now = Now();
+  int64_t best = -1;
+  for (size_t i = 0; i < job->shards.size(); ++i) {
+    const Shard& s = job->shards[i];
+    if (s.phase != ShardPhase::kLeased || s.worker_id.empty() || s.worker_id == worker_id || !s.spec_worker_id.empty() ||
+        now - s.lease_unix <= after) {
+      continue;
+    }
+    if (best < 0 || s.lease_unix < job->shards[best].lease_unix) best = static_cast<int64_t>(i);
+  }
+  if (best < 0) return -1;
+  Shard& s = job->shards[best];
+  s.spec_worker_id = worker_id;
+  s.spec_lease_id = next_lease_id_++;
+  s.spec_lease_unix = now;
+  worker->leases.insert({job_id, best});
+  counters_.shards_speculated++;
+  Log("shard ", best, " of job ", job_id, " leased to ", s.worker_id, " for ", absl::StrFormat("%.1f", now - s.lease_unix),
+      " s (over ", absl::StrFormat("%.1f", after), " s, --speculate-after): a speculative copy goes to ", worker_id);
+  return best;
+}
+
 int64_t Coordinator::OwnerShard(const JobEntry& job, int64_t index) const {
   auto it = job.row_shard.find(index);
   if (it != job.row_shard.end()) return it->second;
@@ -316,20 +378,31 @@ absl::Status Coordinator::ReleaseShard(const v1::ReleaseShardRequest& request) {
     auto jit = jobs_.find(request.job_id());
     if (jit == jobs_.end()) return absl::OkStatus();
     JobEntry& job = *jit->second;
+    if (request.shard_id() == kCanaryShard) {
+      auto c = job.canaries.find(request.worker_id());
+      if (c != job.canaries.end() && c->second.lease_id == request.lease_id() && c->second.completed == 0) {
+        Log("worker ", request.worker_id(), " gave back its canary of job ", request.job_id(), ": ", request.reason());
+        job.canaries.erase(c);
+      }
+      return absl::OkStatus();
+    }
     if (request.shard_id() < 0 || request.shard_id() >= static_cast<int64_t>(job.shards.size())) {
       return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), " has no shard ", request.shard_id()));
     }
     Shard& shard = job.shards[request.shard_id()];
-    if (shard.phase != ShardPhase::kLeased || shard.lease_id != request.lease_id()) return absl::OkStatus();
+    if (!shard.Holds(request.worker_id(), request.lease_id())) return absl::OkStatus();
     Log("worker ", request.worker_id(), " released shard ", request.shard_id(), " of job ", request.job_id(), ": ",
         request.reason());
-    if (request.isolate_rows() && shard.end - shard.begin > 1 && !IsTerminal(job.record.job.state())) {
+    const bool copy = shard.spec_worker_id == request.worker_id();
+    if (request.isolate_rows() && shard.end - shard.begin > 1 && !IsTerminal(job.record.job.state()) && !copy &&
+        shard.spec_worker_id.empty()) {
       wit->second.leases.erase({request.job_id(), request.shard_id()});
       shard.phase = ShardPhase::kPending;
       shard.worker_id.clear();
       SplitShardLocked(&job, request.shard_id());
     } else {
-      ReleaseShardLocked(&job, request.shard_id(), request.reason(), !request.not_started(), &deferred);
+      ReleaseShardLocked(&job, request.shard_id(), request.reason(), !request.not_started(), &deferred,
+                         &request.worker_id());
     }
   }
   Apply(deferred);
@@ -358,7 +431,7 @@ void Coordinator::ExpireLeases() {
       for (const auto& [job_id, shard_id] : w.leases) {
         const JobEntry& job = *jobs_.at(job_id);
         const Shard& s = job.shards[shard_id];
-        const double quiet = now - std::max(s.lease_unix, w.last_progress);
+        const double quiet = now - std::max(s.LeaseOf(it->first).second, w.last_progress);
         if (quiet > BatchTimeout(job) + options_.lease_seconds) stuck.emplace_back(job_id, shard_id);
       }
       counters_.shards_expired += static_cast<int64_t>(stuck.size());
@@ -367,7 +440,7 @@ void Coordinator::ExpireLeases() {
         ReleaseShardLocked(job, shard_id,
                            absl::StrCat("worker ", it->first, " (", w.info.name(), ") made no progress for ",
                                         absl::StrFormat("%.0f", BatchTimeout(*job) + options_.lease_seconds), " s"),
-                           true, &deferred);
+                           true, &deferred, &it->first);
       }
       ++it;
     }
@@ -376,12 +449,36 @@ void Coordinator::ExpireLeases() {
 }
 
 void Coordinator::ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std::string& why, bool count_attempt,
-                                     Deferred* deferred) {
+                                     Deferred* deferred, const std::string* who) {
+  if (shard_id == kCanaryShard) {  // A canary given back unfinished: the worker gets it again later.
+    if (who != nullptr) job->canaries.erase(*who);
+    return;
+  }
   Shard& s = job->shards[shard_id];
   if (s.phase != ShardPhase::kLeased) return;
   const std::string& job_id = job->record.job.job_id();
+  if (!s.spec_worker_id.empty() && who != nullptr && *who == s.spec_worker_id) {
+    // The speculative copy ends; the lease goes on.
+    Log("speculative copy of shard ", shard_id, " of job ", job_id, " ended: ", why);
+    if (auto w = workers_.find(s.spec_worker_id); w != workers_.end()) w->second.leases.erase({job_id, shard_id});
+    s.spec_worker_id.clear();
+    s.spec_lease_id = 0;
+    return;
+  }
+  if (who != nullptr && *who != s.worker_id) return;  // Not this worker's lease (any more).
   auto wit = workers_.find(s.worker_id);
   if (wit != workers_.end()) wit->second.leases.erase({job_id, shard_id});
+  if (!s.spec_worker_id.empty()) {
+    // Its speculative copy carries on as the lease: no retry, no attempt counted.
+    Log("shard ", shard_id, " of job ", job_id, ": ", why, "; its speculative copy on ", s.spec_worker_id,
+        " goes on as the lease");
+    s.worker_id = s.spec_worker_id;
+    s.lease_id = s.spec_lease_id;
+    s.lease_unix = s.spec_lease_unix;
+    s.spec_worker_id.clear();
+    s.spec_lease_id = 0;
+    return;
+  }
   s.worker_id.clear();
   s.lease_id = 0;
   if (!count_attempt) s.attempts = std::max(0, s.attempts - 1);

@@ -183,12 +183,19 @@ absl::StatusOr<Coordinator::Admission> Coordinator::AdmitReportLocked(const v1::
     return a;
   }
   JobEntry& job = *jit->second;
+  if (request.shard_id() == kCanaryShard) {  // Compared across workers, never committed.
+    const int32_t classes = ReconcileClassesLocked(&job, request, deferred);
+    a.canary = true;
+    a.abandon = classes < 0;
+    if (classes >= 0) a.rejected = AdmitCanaryLocked(&job, request, classes, deferred);
+    if (!a.rejected.ok()) job.canaries.erase(request.worker_id());
+    return a;
+  }
   if (request.shard_id() < 0 || request.shard_id() >= static_cast<int64_t>(job.shards.size())) {
     return absl::InvalidArgumentError(absl::StrCat("job ", request.job_id(), " has no shard ", request.shard_id()));
   }
   const Shard& shard = job.shards[request.shard_id()];
-  a.lease_valid = shard.phase == ShardPhase::kLeased && shard.lease_id == request.lease_id() &&
-                  shard.worker_id == request.worker_id();
+  a.lease_valid = shard.Holds(request.worker_id(), request.lease_id());
   const int32_t classes = ReconcileClassesLocked(&job, request, deferred);
   if (classes < 0) {
     a.abandon = true;
@@ -201,7 +208,7 @@ absl::StatusOr<Coordinator::Admission> Coordinator::AdmitReportLocked(const v1::
         request.shard_id(), " of job ", request.job_id(), ": ", a.rejected.message());
     if (a.lease_valid) {
       ReleaseShardLocked(&job, request.shard_id(), absl::StrCat("results rejected: ", a.rejected.message()), true,
-                         deferred);
+                         deferred, &request.worker_id());
     }
     return a;
   }
@@ -242,6 +249,7 @@ absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::R
   if (!admitted.ok()) return admitted.status();
   if (!admitted->rejected.ok()) return admitted->rejected;
   v1::ReportResultsResponse response;
+  if (admitted->canary && !admitted->abandon) return response;  // Kept for the vote; the worker goes on.
   if (admitted->abandon) {
     response.set_abandon(true);
     return response;
@@ -306,12 +314,18 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
       Shard& shard = job.shards[sid];
       if (shard.split || shard.committed < shard.end - shard.begin) continue;
       if (shard.phase != ShardPhase::kDone) {
-        if (!shard.worker_id.empty()) {
-          auto wit = workers_.find(shard.worker_id);
+        for (const std::string* w : {&shard.worker_id, &shard.spec_worker_id}) {
+          auto wit = w->empty() ? workers_.end() : workers_.find(*w);
           if (wit != workers_.end()) wit->second.leases.erase({job_id, sid});
+        }
+        if (shard.phase == ShardPhase::kLeased && shard.lease_unix > 0) job.shard_seconds.push_back(now - shard.lease_unix);
+        if (!shard.spec_worker_id.empty()) {
+          Log("shard ", sid, " of job ", job_id, " done (", shard.worker_id == worker_id ? "its lease" : "its speculative copy",
+              " first); the other copy is dropped");
         }
         shard.phase = ShardPhase::kDone;
         shard.worker_id.clear();
+        shard.spec_worker_id.clear();
         job.shards_done++;
         if (sid < job.base_shards) deferred.shard_done.emplace_back(job_id, sid, shard.attempts);
         MaybeCompleteLocked(&job);
@@ -324,7 +338,7 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
     } else if (shard_complete && shard.phase == ShardPhase::kLeased) {
       Log("worker ", worker_id, " finished shard ", shard_id, " of job ", job_id, " with only ", shard.committed, "/",
           shard.end - shard.begin, " rows; queueing it again");
-      ReleaseShardLocked(&job, shard_id, "incomplete results", true, &deferred);
+      ReleaseShardLocked(&job, shard_id, "incomplete results", true, &deferred, &worker_id);
     }
   }
   Apply(deferred);

@@ -152,10 +152,13 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
       listed.insert(held.lease_id());
       bool valid = false;
       auto jit = jobs_.find(held.job_id());
-      if (jit != jobs_.end() && !IsTerminal(jit->second->record.job.state()) && held.shard_id() >= 0 &&
+      if (jit != jobs_.end() && !IsTerminal(jit->second->record.job.state()) && held.shard_id() == kCanaryShard) {
+        auto c = jit->second->canaries.find(request.worker_id());
+        valid = c != jit->second->canaries.end() && c->second.lease_id == held.lease_id() && c->second.completed == 0;
+      } else if (jit != jobs_.end() && !IsTerminal(jit->second->record.job.state()) && held.shard_id() >= 0 &&
           held.shard_id() < static_cast<int64_t>(jit->second->shards.size())) {
         const Shard& s = jit->second->shards[held.shard_id()];
-        valid = s.phase == ShardPhase::kLeased && s.lease_id == held.lease_id() && s.worker_id == request.worker_id();
+        valid = s.Holds(request.worker_id(), held.lease_id());
       }
       if (!valid) *response.add_revoked() = held;
     }
@@ -163,12 +166,13 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     // (an assignment it could not parse, results it dropped): they end here.
     std::vector<std::pair<std::string, int64_t>> lost;
     for (const auto& [job_id, shard_id] : worker.leases) {
-      const Shard& s = jobs_.at(job_id)->shards[shard_id];
-      if (!listed.count(s.lease_id) && now - s.lease_unix > options_.lease_seconds) lost.emplace_back(job_id, shard_id);
+      const auto [lease_id, lease_unix] = jobs_.at(job_id)->shards[shard_id].LeaseOf(request.worker_id());
+      if (!listed.count(lease_id) && now - lease_unix > options_.lease_seconds) lost.emplace_back(job_id, shard_id);
     }
     for (const auto& [job_id, shard_id] : lost) {
       ReleaseShardLocked(jobs_.at(job_id).get(), shard_id,
-                         absl::StrCat("worker ", request.worker_id(), " no longer holds its lease"), true, &deferred);
+                         absl::StrCat("worker ", request.worker_id(), " no longer holds its lease"), true, &deferred,
+                         &request.worker_id());
     }
   }
   Apply(deferred);
@@ -186,7 +190,7 @@ void Coordinator::ReleaseWorkerLeasesLocked(WorkerEntry* worker, const std::stri
       worker->leases.erase({job_id, shard_id});
       continue;
     }
-    ReleaseShardLocked(jit->second.get(), shard_id, why, count_attempt, deferred);
+    ReleaseShardLocked(jit->second.get(), shard_id, why, count_attempt, deferred, &worker_id);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <initializer_list>
 #include <random>
 #include <string>
@@ -255,6 +256,10 @@ absl::Status CheckSampling(v1::JobSpec* spec) {
     spec->set_order_seed(seed);
   }
   if (!spec->random_order()) spec->clear_order_seed();
+  if (!std::isfinite(spec->speculate_after())) return absl::InvalidArgumentError("speculate_after must be finite");
+  if (spec->canary_rows() < 0 || spec->canary_rows() > 100000) {
+    return absl::InvalidArgumentError("canary_rows (--canary): expected 0 to 100000 rows");
+  }
   return absl::OkStatus();
 }
 

@@ -135,6 +135,9 @@ std::vector<MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m) {
   out.push_back(Single("tally_shards_expired_total",
                        "Shard leases taken back from workers that went silent or made no progress.",
                        MetricType::Counter, static_cast<double>(m.shards_expired)));
+  out.push_back(Single("tally_shards_speculated_total",
+                       "Speculative copies of straggling shards granted to idle workers (--speculate-after).",
+                       MetricType::Counter, static_cast<double>(m.shards_speculated)));
   out.push_back(Single("tally_shards_retried_total",
                        "Shard leases that ended without a commit and put their shard back in the queue.",
                        MetricType::Counter, static_cast<double>(m.shards_retried)));

@@ -54,6 +54,8 @@ struct JobFlags {
   double until_ci = 0;
   int64_t min_rows = 0;
   std::string sample;              // N or P%
+  std::string speculate_after;     // auto (""), off, or seconds
+  int64_t canary = 0;              // Rows every worker evaluates first and must agree on.
 };
 
 // The workers `tally run` and `tally estimate` start on this machine.

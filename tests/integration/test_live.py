@@ -4,6 +4,7 @@ re-computation from the committed rows; --sample and --until-ci end a job early 
 accounted for; the interval's coverage in a numpy simulation; a running job's partial report."""
 import json
 import os
+import time
 import unittest
 
 import numpy as np
@@ -225,3 +226,95 @@ class PartialReportTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SpeculationTest(unittest.TestCase):
+    def run_with_straggler(self, root, manifest, speculate, kill_straggler=False):
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        straggler = c.start_worker(env={"TALLY_TEST_THROTTLE_MS": "1500"})
+        c.wait_registered(1)
+        job = c.cli("submit", "--manifest", manifest, "--shard-size", "4", "--speculate-after", speculate).stdout.strip()
+        c.wait_for_progress(job, 0.0)
+        while c.job(job)["state"] == "queued":
+            time.sleep(0.05)
+        c.start_worker()
+        c.start_worker()
+        if kill_straggler:
+            deadline = time.time() + 60
+            while "a speculative copy goes to" not in c.log("tallyd.log") and time.time() < deadline:
+                time.sleep(0.05)
+            straggler.kill()
+        start = time.time()
+        self.assertEqual(c.wait(job, timeout=300)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        c.fetch(job, out)
+        return c, out, time.time() - start
+
+    def test_a_stragglers_shards_are_finished_by_others_and_counted_once(self):
+        root = tt.tmpdir(self)
+        manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(7), 48)
+        plain = os.path.join(root, "plain")
+        c0 = tt.Cluster(self, os.path.join(root, "c0"))
+        c0.start_worker()
+        j = c0.cli("submit", "--manifest", manifest, "--shard-size", "4").stdout.strip()
+        self.assertEqual(c0.wait(j)["state"], "succeeded")
+        c0.fetch(j, plain)
+        c0.stop()
+        for name, kill in (("spec", False), ("killed", True)):
+            c, out, seconds = self.run_with_straggler(os.path.join(root, name), manifest, "1", kill_straggler=kill)
+            log = c.log("tallyd.log")
+            self.assertIn("a speculative copy goes to", log, name)
+            report = tt.read_report(out)
+            self.assertEqual((report["images_evaluated"], report["images_failed"]), (48, 0), name)
+            self.assertTrue(tt.same_files(plain, out, "per_image.csv"), name)
+            self.assertEqual({k: v for k, v in tt.read_report(plain).items() if k not in RUN_FIELDS},
+                             {k: v for k, v in report.items() if k not in RUN_FIELDS}, name)
+            st = status_json(c, report["job_id"])
+            self.assertEqual((int(st["images_evaluated"]), int(st.get("images_failed", 0))), (48, 0), name)
+            c.stop()
+
+
+class CanaryTest(unittest.TestCase):
+    def test_a_faulty_worker_is_named_and_taken_out_before_it_commits(self):
+        root = tt.tmpdir(self)
+        manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(8), 60)
+        plain = os.path.join(root, "plain")
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        faulty = c.start_worker(name="faulty", env={"TALLY_TEST_FAULTY": "1"})
+        c.start_worker(name="good1")
+        c.start_worker(name="good2")
+        c.wait_registered(3)
+        job = c.cli("submit", "--manifest", manifest, "--shard-size", "4", "--order", "random:2", "--canary",
+                    "8").stdout.strip()
+        self.assertEqual(c.wait(job)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        c.fetch(job, out)
+        report = tt.read_report(out)
+        warnings = [w for w in report["warnings"] if w.startswith("canary:")]
+        self.assertEqual(len(warnings), 1, report["warnings"])
+        self.assertIn("worker faulty (", warnings[0])
+        self.assertIn("disagrees with 2 other workers on 8 canary rows", warnings[0])
+        self.assertIn("taken out of the job", warnings[0])
+        # Taken out before committing a row: the results are an undisturbed run's.
+        self.assertNotIn("faulty", {w["name"] for w in report["workers"]})
+        faulty.kill()  # The undisturbed run, on the good workers.
+        base = c.cli("submit", "--manifest", manifest, "--shard-size", "4").stdout.strip()
+        self.assertEqual(c.wait(base)["state"], "succeeded")
+        c.fetch(base, plain)
+        self.assertTrue(tt.same_files(plain, out, "per_image.csv"))
+
+    def test_identical_workers_raise_no_warning(self):
+        root = tt.tmpdir(self)
+        manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(9), 40)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        c.start_worker()
+        c.wait_registered(2)
+        job = c.cli("submit", "--manifest", manifest, "--shard-size", "4", "--canary", "6").stdout.strip()
+        self.assertEqual(c.wait(job)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        c.fetch(job, out)
+        report = tt.read_report(out)
+        self.assertEqual([w for w in report["warnings"] if "canary" in w], [])
+        self.assertEqual(report["images_evaluated"], 40)
+        self.assertEqual(len(report["workers"]), 2)
