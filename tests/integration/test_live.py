@@ -204,7 +204,7 @@ class PartialReportTest(unittest.TestCase):
         root = tt.tmpdir(self)
         # Row 39 hangs the model: the last shard stays in hand while the rest are committed.
         manifest = tt.marked_dataset(os.path.join(root, "data"), 40, {39})
-        c = tt.Cluster(self, os.path.join(root, "c"))
+        c = tt.Cluster(self, os.path.join(root, "c"), tallyd_args=["--metrics-listen", "127.0.0.1:0"])
         c.start_worker()
         job = c.submit(tt.fixture("hangs_on_mark.pt"), manifest, "--batch-size", "4", "--shard-size", "4",
                        "--batch-timeout", "120")
@@ -217,6 +217,22 @@ class PartialReportTest(unittest.TestCase):
         self.assertEqual(report["images_evaluated"], 36)
         self.assertEqual(report["images_missing"], 4)
         self.assertEqual(len({r["index"] for r in tt.read_per_image(out)}), 36)
+        # The live estimates of the same 36 rows: in the Python client and on /metrics.
+        from tally.client import Client
+        from test_metrics import metrics_url, scrape, value
+        with Client(c.address) as client:
+            live = {e["class_id"]: e for e in client.job(job)["live"]}
+        _, samples, _ = scrape(metrics_url(c))
+        for cls in report["classes"]:
+            k = cls["class"]
+            self.assertTrue(tt.same(live[k]["dice_mean"], cls["dice_mean"], 1e-12), k)
+            self.assertEqual(live[k]["rows"], cls["images"])
+            self.assertTrue(tt.same(value(samples, "tally_job_dice_estimate", job=job, **{"class": str(k)}),
+                                    cls["dice_mean"], 1e-12), k)
+            v = dice_by_class(tt.read_per_image(out)).get(k)
+            if v is not None:  # Manifest order: the interval without the finite-population correction.
+                self.assertTrue(tt.same(value(samples, "tally_job_dice_half_width", job=job, **{"class": str(k)}),
+                                        half_width(v, 0), 1e-9), k)
         # The folder it was built in is gone; a plain report of a running job is still refused.
         self.assertEqual(os.listdir(os.path.join(c.state, "merged")), [])
         p = c.cli("report", job, "--out", os.path.join(root, "plain"), check=False)
