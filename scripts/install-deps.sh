@@ -4,10 +4,10 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
-      libtorch-dev libgtest-dev libgmock-dev libpng-dev libdeflate-dev libturbojpeg0-dev libsqlite3-dev zlib1g-dev libnifti2-dev libsimdjson-dev prometheus-cpp-dev clang
+      libtorch-dev libgtest-dev libgmock-dev libpng-dev libdeflate-dev libturbojpeg0-dev libsqlite3-dev zlib1g-dev libnifti2-dev libsimdjson-dev prometheus-cpp-dev libcivetweb-dev clang
       python3 python3-numpy python3-scipy python3-pil python3-torch python3-nibabel python3-grpcio python3-protobuf python3-pandas
       openssl chromium systemd python3-yaml yamllint python3-prometheus-client
-      dpkg-dev python3-venv python3-pip python3-setuptools python3-wheel)
+      dpkg-dev python3-venv python3-pip python3-setuptools python3-wheel python3-selenium chromium-driver)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -50,9 +50,7 @@ constexpr size_t kSubmitBatchRows = 10000;
 
 // A job summary for listings: the spec keeps only what identifies the job.
 v1::Job Summary(v1::Job job) {
-  job.clear_summary();
-  job.clear_live();
-  job.clear_live_note();
+  job.clear_summary();  // The live estimates stay: the dashboard's job list shows them.
   v1::JobSpec small;
   small.set_model(job.spec().model());
   small.set_manifest(job.spec().manifest());

@@ -14,6 +14,7 @@
 #include "server/grpc_util.h"
 #include "server/compare.h"
 #include "server/report_writer.h"
+#include "server/visibility.h"
 
 namespace tally {
 namespace {
@@ -190,9 +191,7 @@ absl::StatusOr<Caller> CoordinatorServiceImpl::Authenticate(grpc::CallbackServer
 }
 
 absl::StatusOr<v1::Job> CoordinatorServiceImpl::VisibleJob(const Caller& caller, const std::string& job_id) const {
-  absl::StatusOr<v1::Job> job = core_->GetJob(job_id);
-  if (job.ok() && !caller.CanSee(job->owner())) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  return job;
+  return tally::VisibleJob(core_, caller, job_id);
 }
 
 absl::Status CoordinatorServiceImpl::AllVisible(const Caller& caller, const std::vector<std::string>& job_ids) const {
@@ -315,29 +314,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListWorkers(grpc::CallbackServ
                                                               v1::ListWorkersResponse* response) {
   absl::StatusOr<Caller> caller = Authenticate(ctx);
   if (!caller.ok()) return Refuse(ctx, caller.status());
-  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListWorkersResponse> {
-    v1::ListWorkersResponse out = core_->ListWorkers();
-    if (caller->sees_all) return out;
-    // A client sees which workers serve, and its own jobs among theirs: another owner's job ids,
-    // and the reasons its rows took a worker out of service (they name its files), never.
-    for (v1::WorkerInfo& w : *out.mutable_workers()) {
-      std::vector<std::string> mine;
-      for (const std::string& j : w.jobs()) {
-        if (VisibleJob(*caller, j).ok()) mine.push_back(j);
-      }
-      w.clear_jobs();
-      for (std::string& j : mine) w.add_jobs(std::move(j));
-      if (!w.gauges().job_id().empty() && !VisibleJob(*caller, w.gauges().job_id()).ok()) {
-        w.mutable_gauges()->clear_job_id();
-        w.mutable_gauges()->clear_images_held();
-      }
-      if (!w.reason_job_id().empty() && !VisibleJob(*caller, w.reason_job_id()).ok()) {
-        w.clear_reason_job_id();
-        w.set_reason("a problem with another owner's job on this host (an admin token shows it)");
-      }
-    }
-    return out;
-  });
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListWorkersResponse> { return VisibleWorkers(core_, *caller); });
 }
 
 }  // namespace tally

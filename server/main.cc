@@ -42,6 +42,9 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "re-read on SIGHUP");
 ABSL_FLAG(std::string, state_dir, "./tally-state", "Folder for the database (tally.db) and reports");
 ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once serving");
+ABSL_FLAG(std::string, http_listen, "",
+          "host:port of the read-only web dashboard (jobs, live estimates, workers, reports; same tokens and TLS as "
+          "gRPC; port 0 picks one). Off by default; loopback unless told");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics at http://host:port/metrics (port 0 = any free port; no TLS or tokens: "
           "a trusted network only). Empty: off");
@@ -67,7 +70,7 @@ namespace {
 
 const std::vector<tally::FlagGroup>& HelpGroups() {
   static const auto* groups = new std::vector<tally::FlagGroup>{
-      {"Serving", {"listen", "port_file", "state_dir", "metrics_listen"}},
+      {"Serving", {"listen", "port_file", "state_dir", "metrics_listen", "http_listen"}},
       {"Security (SECURITY.md)", {"tls_cert", "tls_key", "tls_client_ca", "auth_tokens", "data_root"}},
       {"Workers", {"spawn_workers", "gpus", "gpus_per_worker", "workers", "worker_binary", "max_worker_memory",
                    "lease_seconds", "heartbeat_seconds"}},
@@ -91,6 +94,7 @@ absl::StatusOr<tally::ServerOptions> ReadOptions(std::vector<std::string> data_r
   tally::SetProcessDataRoots(*std::move(roots));
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.coordinator.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.coordinator.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
   options.coordinator.heartbeat_seconds = absl::GetFlag(FLAGS_heartbeat_seconds);

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <sstream>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -64,6 +65,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
     Log("metrics on http://", options.metrics_listen.substr(0, options.metrics_listen.rfind(':')), ":",
         server->metrics_->port(), "/metrics (no TLS, no tokens: keep it on a trusted network)");
   }
+  if (!options.http_listen.empty()) RETURN_IF_ERROR(server->StartDashboard(options));
   if (!options.port_file.empty()) RETURN_IF_ERROR(WriteFileAtomically(options.port_file, absl::StrCat(server->port_, "\n")));
   if (options.spawn_workers) {
     options.workers.coordinator = local_socket ? "unix:" + socket_path : absl::StrCat("127.0.0.1:", server->port_);
@@ -80,6 +82,29 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
   SdNotify(absl::StrCat("READY=1\nSTATUS=serving on ", options.listen));  // systemd Type=notify (deploy/).
   server->supervisor_ = std::thread([s = server.get()] { s->Supervise(); });
   return server;
+}
+
+// The web dashboard (--http-listen), with the gRPC server's tokens and, with TLS, its certificate.
+absl::Status Server::StartDashboard(const ServerOptions& options) {
+  dashboard_handler_ = std::make_unique<DashboardHandler>(core_.get(), auth_.get());
+  DashboardOptions d;
+  d.listen = options.http_listen;
+  if (!options.tls.cert.empty()) {  // The gRPC certificate and key, in the one file civetweb reads.
+    d.tls_cert = options.coordinator.state_dir + "/dashboard.pem";
+    std::string pem;
+    for (const std::string& f : {options.tls.cert, options.tls.key}) {
+      std::ifstream in(f);
+      std::stringstream s;
+      s << in.rdbuf();
+      pem += s.str() + "\n";
+    }
+    RETURN_IF_ERROR(WritePrivateFile(d.tls_cert, pem, false));
+  }
+  ASSIGN_OR_RETURN(dashboard_, DashboardServer::Start(d, dashboard_handler_.get()));
+  Log("dashboard on ", d.tls_cert.empty() ? "http://" : "https://",
+      options.http_listen.substr(0, options.http_listen.rfind(':')), ":", dashboard_->port(), "/",
+      auth_->enabled() ? " (tokens required)" : " (no tokens: anyone who reaches it sees every job)");
+  return absl::OkStatus();
 }
 
 int Server::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
@@ -137,6 +162,7 @@ void Server::Shutdown() {
 
 Server::~Server() {
   Shutdown();
+  dashboard_.reset();  // No request in flight uses the coordinator after this.
   // Blocking calls still queued finish (and answer their callers) before the server that owns
   // their reactors goes away.
   executor_.reset();

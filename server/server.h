@@ -18,6 +18,7 @@
 #include "server/coordinator.h"
 #include "server/coordinator_service.h"
 #include "server/executor.h"
+#include "server/dashboard.h"
 #include "server/metrics_exporter.h"
 #include "server/worker_control_service.h"
 
@@ -27,6 +28,7 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free port.
   std::string port_file;                   // If set, the bound port is written here once serving.
   std::string metrics_listen;              // host:port of the Prometheus /metrics endpoint; empty: none.
+  std::string http_listen;                 // host:port of the web dashboard (server/dashboard.h); empty: none.
   ServerTlsOptions tls;                    // No certificate: plaintext.
   std::string auth_tokens;                 // Tokens file (common/security/auth_tokens.h); empty: no authentication.
   // Folders clients may name files in; empty: any. Enforced in this process (the caller sets the
@@ -44,6 +46,7 @@ class Server {
 
   int port() const { return port_; }
   int metrics_port() const;  // 0 without --metrics-listen.
+  int http_port() const { return dashboard_ ? dashboard_->port() : 0; }
   // Blocks until Shutdown() is called (from a signal handler thread, say).
   void Wait();
   void Shutdown();
@@ -54,12 +57,15 @@ class Server {
   Server() = default;
   // Once a second: health follows the database's writability; spawned workers are restarted.
   void Supervise();
+  absl::Status StartDashboard(const ServerOptions& options);
 
   // What start-up says about who can reach and control this tallyd.
   static void WarnAboutExposure(const ServerOptions& options, bool tls, bool tokens);
 
   std::unique_ptr<Coordinator> core_;
   std::unique_ptr<MetricsExporter> metrics_;  // Declared after core_: stops before it.
+  std::unique_ptr<DashboardHandler> dashboard_handler_;
+  std::unique_ptr<DashboardServer> dashboard_;  // After the handler and core_: stops first.
   std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<Executor> executor_;  // Blocking client calls (submission, deletion).
   std::unique_ptr<CoordinatorServiceImpl> coordinator_service_;

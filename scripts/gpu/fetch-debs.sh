@@ -10,6 +10,6 @@ pkgs=(libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libgrpc++-dev libgrpc
       protobuf-compiler-grpc libpng-dev libpng16-16 libturbojpeg0-dev libturbojpeg0 libjpeg62-turbo
       libjpeg62-turbo-dev libsqlite3-dev libsqlite3-0 libgtest-dev libgmock-dev googletest zlib1g-dev libdeflate-dev libdeflate0
       libnifti2-dev libniftiio-dev libznz-dev libnifti2-2 libniftiio2 libznz3 libsimdjson-dev libsimdjson14
-      prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 "$@")
+      prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libcivetweb-dev "$@")
 apt-get -qq download "${pkgs[@]}" 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
 ls -1 "$dir"/*.deb | wc -l
