@@ -149,6 +149,12 @@ int Handle(mg_connection* conn, void* data) {
 
 }  // namespace
 
+bool DashboardCanServeTls() {
+  // civetweb sets up its TLS once per process, before any server (Debian's 1.15 reports none).
+  static const bool can = (mg_init_library(MG_FEATURES_TLS) & MG_FEATURES_TLS) != 0;
+  return can;
+}
+
 absl::StatusOr<std::unique_ptr<DashboardServer>> DashboardServer::Start(const DashboardOptions& options,
                                                                        const DashboardHandler* handler) {
   std::unique_ptr<DashboardServer> server(new DashboardServer());
@@ -164,6 +170,9 @@ absl::StatusOr<std::unique_ptr<DashboardServer>> DashboardServer::Start(const Da
     opts.push_back(options.tls_cert.c_str());
   }
   opts.push_back(nullptr);
+  if (tls && !DashboardCanServeTls()) {
+    return absl::UnavailableError("--http-listen with TLS: this civetweb cannot serve HTTPS");
+  }
   mg_callbacks callbacks{};
   server->ctx_ = mg_start(&callbacks, nullptr, opts.data());
   if (server->ctx_ == nullptr) {

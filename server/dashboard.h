@@ -43,6 +43,9 @@ struct DashboardOptions {
   int threads = 4;
 };
 
+// Whether this process's civetweb can serve HTTPS.
+bool DashboardCanServeTls();
+
 class DashboardServer {
  public:
   static absl::StatusOr<std::unique_ptr<DashboardServer>> Start(const DashboardOptions& options,

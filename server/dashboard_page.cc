@@ -124,30 +124,44 @@ async function job(id) {
   }
 }
 function gib(b) { return (n(b) / 1073741824).toFixed(1); }
+const models = {};  // Job id -> its model (the model a worker has loaded is its current job's).
+async function modelOf(id) {
+  if (!id) return "";
+  if (!(id in models)) { try { models[id] = ((await api("/api/jobs/" + encodeURIComponent(id))).spec || {}).model || "(predictions)"; } catch (e) { models[id] = ""; } }
+  return models[id];
+}
 async function workers() {
   const w = await api("/api/workers");
+  for (const x of w.workers || []) x.model = await modelOf((x.gauges || {}).job_id);
   $("#main").innerHTML = `<table id="workers-table"><thead><tr><th>Worker</th><th>Host</th><th>Device</th><th>State</th>
-    <th>Jobs</th><th>Rows/s</th><th>GPU memory (GiB)</th><th>Last seen</th></tr></thead><tbody>${(w.workers || []).map(x => {
+    <th>Model loaded</th><th>Jobs</th><th>Rows/s</th><th>GPU memory (GiB)</th><th>Last seen</th></tr></thead><tbody>${(w.workers || []).map(x => {
     const g = x.gauges || {}, gpus = g.gpus || [];
     const st = x.state && x.state !== "serving" ? esc(x.state) + ": " + esc(x.reason) : ((x.jobs || []).length ? "busy" : "idle");
-    return `<tr data-worker="${esc(x.name)}"><td>${esc(x.name)}</td><td>${esc(x.hostname)}</td><td>${esc(x.device)}</td><td>${st}</td><td>${(x.jobs || []).map(esc).join("<br>")}</td>
+    return `<tr data-worker="${esc(x.name)}"><td>${esc(x.name)}</td><td>${esc(x.hostname)}</td><td>${esc(x.device)}</td><td>${st}</td>
+      <td>${esc(x.model.split("/").pop())}</td><td>${(x.jobs || []).map(esc).join("<br>")}</td>
       <td>${n(g.images_per_second).toFixed(1)}</td><td>${gpus.map(u => gib(u.memory_used_bytes) + " / " +
       gib(u.memory_total_bytes)).join("<br>")}</td><td class="seen">${Math.max(0, Date.now() / 1000 - n(x.last_seen_unix)).toFixed(1)} s ago</td></tr>`;
-  }).join("") || "<tr><td colspan=8 class=muted>no workers</td></tr>"}</tbody></table>`;
+  }).join("") || "<tr><td colspan=9 class=muted>no workers</td></tr>"}</tbody></table>`;
 }
 async function compare() {
   if (!$("#cmp-a")) {
-    $("#main").innerHTML = `<div class="filters"><input id="cmp-a" placeholder="job A" size="30">
-      <input id="cmp-b" placeholder="job B" size="30"><button id="cmp-go">Compare</button></div><div id="cmp-out"></div>`;
+    const done = await api("/api/jobs?state=succeeded&limit=200");
+    const options = (done.jobs || []).map(j => `<option value="${esc(j.job_id)}">${esc((j.spec || {}).name || "")}
+      ${esc((j.spec || {}).manifest || "")}</option>`).join("");
+    $("#main").innerHTML = `<p class=muted>Two finished jobs of one manifest, paired by row: B - A.</p>
+      <div class="filters"><input id="cmp-a" list="finished" placeholder="job A" size="30">
+      <input id="cmp-b" list="finished" placeholder="job B" size="30"><datalist id="finished">${options}</datalist>
+      <button id="cmp-go">Compare</button></div><div id="cmp-out"></div>`;
     $("#cmp-go").onclick = async () => {
       try {
         const c = await api("/api/compare?" + new URLSearchParams({a: $("#cmp-a").value.trim(), b: $("#cmp-b").value.trim()}));
         const rows = [];
-        for (const cls of c.classes || []) for (const [m, s] of Object.entries(cls)) if (m !== "class" && typeof s === "object")
+        for (const cls of c.classes || []) for (const [m, s] of Object.entries(cls)) if (m !== "class" && s && typeof s === "object" && !Array.isArray(s))
           rows.push(`<tr><td>${esc(cls.class)}</td><td>${esc(m)}</td><td>${n(s.pairs)}</td><td>${n(s.mean_a).toFixed(4)}</td>
             <td>${n(s.mean_b).toFixed(4)}</td><td>${n(s.mean_diff).toFixed(4)}</td>
             <td>[${(s.diff_ci95 || []).map(v => n(v).toFixed(4)).join(", ")}]</td><td>${esc(s.wilcoxon_p)}</td></tr>`);
-        $("#cmp-out").innerHTML = `<table><tr><th>Class</th><th>Metric</th><th>Pairs</th><th>Mean A</th><th>Mean B</th>
+        $("#cmp-out").innerHTML = `<p>${n(c.paired_images)} paired rows (${n(c.only_a)} only in A, ${n(c.only_b)} only in B)</p>
+          <table id="cmp-table"><tr><th>Class</th><th>Metric</th><th>Pairs</th><th>Mean A</th><th>Mean B</th>
           <th>B - A</th><th>95% interval</th><th>Wilcoxon p</th></tr>${rows.join("")}</table>`;
       } catch (e) { $("#cmp-out").innerHTML = `<p class=err>${esc(e.message)}</p>`; }
     };

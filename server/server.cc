@@ -89,7 +89,17 @@ absl::Status Server::StartDashboard(const ServerOptions& options) {
   dashboard_handler_ = std::make_unique<DashboardHandler>(core_.get(), auth_.get());
   DashboardOptions d;
   d.listen = options.http_listen;
-  if (!options.tls.cert.empty()) {  // The gRPC certificate and key, in the one file civetweb reads.
+  const std::string host = options.http_listen.substr(0, options.http_listen.rfind(':'));
+  const bool loopback = host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]";
+  if (!options.tls.cert.empty() && !DashboardCanServeTls()) {
+    // Tokens must not cross a network in the clear: plain HTTP on loopback only (an SSH tunnel or a
+    // TLS-terminating proxy in front), else no dashboard.
+    if (!loopback) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--http-listen ", options.http_listen, ": tallyd serves gRPC with TLS, but this civetweb cannot serve HTTPS; "
+          "listen on 127.0.0.1 and reach the dashboard through an SSH tunnel or a TLS-terminating proxy"));
+    }
+  } else if (!options.tls.cert.empty()) {  // The gRPC certificate and key, in the one file civetweb reads.
     d.tls_cert = options.coordinator.state_dir + "/dashboard.pem";
     std::string pem;
     for (const std::string& f : {options.tls.cert, options.tls.key}) {

@@ -127,6 +127,30 @@ class DashboardApiTest(unittest.TestCase):
         self.assertEqual(json.loads(body)["paired_images"], 30)
 
 
+class DashboardTlsTest(unittest.TestCase):
+    def test_a_tls_tallyd_keeps_its_dashboard_on_loopback(self):
+        import subprocess
+        from test_security import server_pki
+        root = tt.tmpdir(self)
+        _, _, cert, key = server_pki(root)
+        base = [os.path.join(tt.BIN, "tallyd"), "--listen", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key]
+        p = subprocess.run(base + ["--state-dir", os.path.join(root, "s1"), "--http-listen", "0.0.0.0:0"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("cannot serve HTTPS; listen on 127.0.0.1", p.stderr)
+        log = open(os.path.join(root, "tallyd.log"), "w")
+        d = subprocess.Popen(base + ["--state-dir", os.path.join(root, "s2"), "--http-listen", "127.0.0.1:0"],
+                             stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: (d.terminate(), d.wait()))
+        deadline, url = time.time() + 30, None
+        while url is None and time.time() < deadline:
+            m = re.search(r"dashboard on (http://127\.0\.0\.1:\d+)/", open(os.path.join(root, "tallyd.log")).read())
+            url = m and m.group(1)
+            time.sleep(0.1)
+        self.assertIsNotNone(url)
+        self.assertEqual(get(url + "/")[0], 200)
+
+
 def selenium_driver():
     try:
         from selenium import webdriver
@@ -198,12 +222,25 @@ class DashboardPageTest(unittest.TestCase):
         slow.send_signal(signal.SIGSTOP)
         self.addCleanup(lambda: slow.poll() is None and slow.send_signal(signal.SIGCONT))
 
-        def silent():
-            seen = driver.find_element("css selector", "td.seen").text
-            return float(seen.split()[0]) >= 1.5 or "no workers" in driver.find_element("id", "main").text
+        def silent():  # Its heartbeat ages, until tallyd drops it after the lease period.
+            if "no workers" in driver.find_element("id", "main").text:
+                return True
+            return float(driver.find_element("css selector", "td.seen").text.split()[0]) >= 1.5
         self.wait_for(driver, silent, "the stopped worker going silent", timeout=30)
+        self.assertIn("Model loaded", driver.find_element("id", "workers-table").text)
         self.shot(driver, "workers")
         slow.send_signal(signal.SIGCONT)
+        # Compare: a second run of the same manifest, picked and compared on the page.
+        other = tt.tally("submit", "--server", c.address, "--token-file", t["alice"][1], "--manifest", manifest,
+                         "--metrics", "dice").stdout.strip()
+        self.assertEqual(c.wait(other)["state"], "succeeded")
+        driver.get(f"{url}/#/compare")
+        self.wait_for(driver, lambda: driver.find_element("id", "cmp-a"), "the compare form")
+        driver.find_element("id", "cmp-a").send_keys(job)
+        driver.find_element("id", "cmp-b").send_keys(other)
+        driver.find_element("id", "cmp-go").click()
+        self.wait_for(driver, lambda: "60 paired rows" in driver.find_element("id", "cmp-out").text, "the paired table")
+        self.shot(driver, "compare")
 
 
 if __name__ == "__main__":
