@@ -319,6 +319,41 @@ class CanaryTest(unittest.TestCase):
         c.fetch(base, plain)
         self.assertTrue(tt.same_files(plain, out, "per_image.csv"))
 
+    def test_a_worker_whose_model_loads_other_weights_is_named(self):
+        # A Python model whose weights come from a file each worker finds in its own environment (as
+        # on hosts with different copies under one path): the model file's SHA-256 is the same
+        # everywhere, so only the canary can tell.
+        root = tt.tmpdir(self)
+        model = os.path.join(root, "variant.py")
+        with open(model, "w") as f:
+            f.write("import os\nimport numpy as np\n\nclass Model:\n    num_classes = 3\n\n"
+                    "    def __init__(self, devices, options):\n"
+                    "        with open(os.environ['TALLY_TEST_WEIGHTS']) as f:\n"
+                    "            self.threshold = float(f.read())\n\n"
+                    "    def predict(self, images, rows):\n"
+                    "        return [np.digitize(i[..., 0].astype(np.float32), [self.threshold, 170.0]).astype(np.int32)"
+                    " for i in images]\n")
+        weights = {}
+        for name, value in (("good", "85"), ("other", "60")):
+            weights[name] = os.path.join(root, name + ".weights")
+            with open(weights[name], "w") as f:
+                f.write(value)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(10), 24, [(16, 16)], classes=3)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker(name="copy-a", env={"TALLY_TEST_WEIGHTS": weights["good"]})
+        c.start_worker(name="copy-b", env={"TALLY_TEST_WEIGHTS": weights["good"]})
+        c.start_worker(name="other-copy", env={"TALLY_TEST_WEIGHTS": weights["other"]})
+        c.wait_registered(3)
+        job = c.submit(model, manifest, "--python", "/usr/bin/python3", "--batch-size", "4", "--canary", "8")
+        self.assertEqual(c.wait(job, timeout=600)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        c.fetch(job, out)
+        report = tt.read_report(out)
+        warnings = [w for w in report["warnings"] if w.startswith("canary:")]
+        self.assertEqual(len(warnings), 1, report["warnings"])
+        self.assertIn("worker other-copy (", warnings[0])
+        self.assertNotIn("other-copy", {w["name"] for w in report["workers"]})
+
     def test_identical_workers_raise_no_warning(self):
         root = tt.tmpdir(self)
         manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(9), 40)
