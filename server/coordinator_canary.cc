@@ -15,8 +15,10 @@
 namespace tally {
 namespace {
 
-// How long a finished canary waits for another to compare with before its worker goes on unchecked.
+// How long a finished canary waits for another to compare with before its worker goes on unchecked,
+// and, while other workers' canaries are still running (a Python model starting, a busy host), at most.
 constexpr double kCanaryWaitSeconds = 10;
+constexpr double kCanaryMaxWaitSeconds = 120;
 
 // What must agree across workers: a failed row's reason, else every class's counts (identical label
 // maps give identical counts; surface distances follow from the label maps).
@@ -63,6 +65,9 @@ bool Coordinator::CanaryLetsInLocked(JobEntry* job, const std::string& worker_id
   JobEntry::Canary& c = it->second;
   if (LetIn(c.verdict)) return true;
   if (!c.verdict.empty() || c.completed == 0 || Now() - c.completed < kCanaryWaitSeconds) return false;
+  bool running = false;  // Another worker's canary still under way: its answer may decide.
+  for (const auto& [w, other] : job->canaries) running |= w != worker_id && other.completed == 0;
+  if (running && Now() - c.completed < kCanaryMaxWaitSeconds) return false;
   // Waited long enough: nobody to compare with, or no majority either way. It goes on, said.
   std::vector<std::string> others;
   for (const auto& [w, other] : job->canaries) {

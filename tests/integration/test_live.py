@@ -233,7 +233,11 @@ class PartialReportTest(unittest.TestCase):
             if v is not None:  # Manifest order: the interval without the finite-population correction.
                 self.assertTrue(tt.same(value(samples, "tally_job_dice_half_width", job=job, **{"class": str(k)}),
                                         half_width(v, 0), 1e-9), k)
-        # The folder it was built in is gone; a plain report of a running job is still refused.
+        # The folder it was built in is gone (once the stream ends); a plain report of a running job
+        # is still refused.
+        deadline = time.time() + 10
+        while os.listdir(os.path.join(c.state, "merged")) and time.time() < deadline:
+            time.sleep(0.05)
         self.assertEqual(os.listdir(os.path.join(c.state, "merged")), [])
         p = c.cli("report", job, "--out", os.path.join(root, "plain"), check=False)
         self.assertNotEqual(p.returncode, 0)
