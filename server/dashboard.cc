@@ -11,20 +11,13 @@
 #include "common/base/file_util.h"
 #include "common/base/log.h"
 #include "common/job/rpc.h"
-#include "google/protobuf/util/json_util.h"
 #include "server/dashboard_routes.h"
 #include "server/visibility.h"
 
 namespace tally {
 namespace {
 
-HttpResponse Json(const google::protobuf::Message& m) {
-  HttpResponse r;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(m, &r.body, o).ok()) r.status = 500;
-  return r;
-}
+HttpResponse Json(const google::protobuf::Message& m) { return HttpResponse{200, "application/json", ToJson(m)}; }
 
 HttpResponse Error(int status, const std::string& message) {
   HttpResponse r;
@@ -64,14 +57,6 @@ absl::StatusOr<std::string> ReadWhole(const std::string& path) {
   return s.str();
 }
 
-v1::JobState StateNamed(const std::string& name) {
-  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED,
-                         v1::JOB_STATE_CANCELLED}) {
-    if (JobStateName(s) == name) return s;
-  }
-  return v1::JOB_STATE_UNSPECIFIED;
-}
-
 }  // namespace
 
 HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view query,
@@ -88,7 +73,7 @@ HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view que
       v1::ListJobsRequest request;
       request.set_limit(route.limit);
       request.set_page_token(route.page_token);
-      if (!route.state.empty()) request.set_state(StateNamed(route.state));
+      if (!route.state.empty()) request.set_state(JobStateFromName(route.state));
       for (const auto& [k, v] : route.labels) (*request.mutable_labels())[k] = v;
       std::optional<std::string> owner;
       if (!caller->sees_all) owner = caller->name;

@@ -42,11 +42,7 @@ void PrintJobsTable(const v1::ListJobsResponse& page) {
 int Filter(const JobsFlags& f, v1::ListJobsRequest* filter) {
   const std::string state = absl::AsciiStrToLower(f.state);
   if (!state.empty()) {
-    v1::JobState s = v1::JOB_STATE_UNSPECIFIED;
-    for (auto candidate : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED,
-                           v1::JOB_STATE_CANCELLED}) {
-      if (JobStateName(candidate) == state) s = candidate;
-    }
+    const v1::JobState s = JobStateFromName(state);
     if (s == v1::JOB_STATE_UNSPECIFIED) {
       return UsageError("jobs",
                         absl::StrCat("--state: expected queued, running, succeeded, failed or cancelled, got '", state, "'"));

@@ -10,7 +10,6 @@
 #include "common/job/rpc.h"
 #include "common/process/gpu_inventory.h"
 #include "common/security/auth_tokens.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace tally {
 
@@ -87,14 +86,6 @@ int SelectWorkerGpus(const std::string& verb, const LocalWorkerFlags& flags, con
   }
   *groups = *std::move(grouped);
   return 0;
-}
-
-std::string ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(m, &out, o).ok()) return "{}";
-  return out;
 }
 
 void PrintJob(const v1::Job& job) {

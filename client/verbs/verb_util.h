@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "client/client.h"
 #include "client/verbs/verbs.h"
+#include "common/job/rpc.h"  // ToJson
 #include "google/protobuf/message.h"
 #include "proto/tally.pb.h"
 
@@ -33,8 +34,6 @@ absl::StatusOr<std::vector<std::string>> ResolveJobIds(TallyClient& client, cons
 int SelectWorkerGpus(const std::string& verb, const LocalWorkerFlags& flags, const std::string& model,
                      std::vector<std::string>* groups);
 
-// Protobuf's JSON mapping with the proto's field names.
-std::string ToJson(const google::protobuf::Message& m);
 // A job's one-line state (and its error, stall and held rows).
 void PrintJob(const v1::Job& job);
 

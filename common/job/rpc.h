@@ -14,6 +14,11 @@ inline constexpr int kMaxMessageBytes = 64 << 20;
 
 // "queued", "running", "succeeded", "failed", "cancelled" (as in report.json and the CLI).
 std::string JobStateName(v1::JobState state);
+// The state so named (JobStateName's inverse); JOB_STATE_UNSPECIFIED for any other name.
+v1::JobState JobStateFromName(const std::string& name);
+// A message in protobuf's JSON mapping with tally.proto's field names (`--json`, the dashboard);
+// "{}" if it cannot be printed.
+std::string ToJson(const google::protobuf::Message& m);
 // Succeeded, failed or cancelled: the job will not change again.
 bool IsTerminal(v1::JobState state);
 
