@@ -2,10 +2,6 @@
 
 #include <civetweb.h>
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/file_util.h"
@@ -49,14 +45,6 @@ std::string ContentType(const std::string& file) {
   return "text/markdown; charset=utf-8";
 }
 
-absl::StatusOr<std::string> ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("no file ", path));
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view query,
@@ -89,7 +77,7 @@ HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view que
       if (absl::StatusOr<v1::Job> job = VisibleJob(core_, *caller, route.job_id); !job.ok()) return FromStatus(job.status());
       absl::StatusOr<std::string> dir = core_->ReportDir(route.job_id);
       if (!dir.ok()) return FromStatus(dir.status());
-      absl::StatusOr<std::string> data = ReadWhole(absl::StrCat(*dir, "/", route.file));
+      absl::StatusOr<std::string> data = ReadFileToString(absl::StrCat(*dir, "/", route.file));
       if (!data.ok()) return FromStatus(data.status());
       return HttpResponse{200, ContentType(route.file), std::move(*data)};
     }
@@ -101,7 +89,7 @@ HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view que
       }
       absl::StatusOr<std::string> dir = core_->CompareJobs(route.a, route.b);
       if (!dir.ok()) return FromStatus(dir.status());
-      absl::StatusOr<std::string> data = ReadWhole(*dir + "/compare.json");
+      absl::StatusOr<std::string> data = ReadFileToString(*dir + "/compare.json");
       RemoveTree(*dir).IgnoreError();
       return data.ok() ? HttpResponse{200, "application/json", std::move(*data)} : FromStatus(data.status());
     }

@@ -1,8 +1,6 @@
 #include "server/server.h"
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -103,10 +101,8 @@ absl::Status Server::StartDashboard(const ServerOptions& options) {
     d.tls_cert = options.coordinator.state_dir + "/dashboard.pem";
     std::string pem;
     for (const std::string& f : {options.tls.cert, options.tls.key}) {
-      std::ifstream in(f);
-      std::stringstream s;
-      s << in.rdbuf();
-      pem += s.str() + "\n";
+      ASSIGN_OR_RETURN(std::string part, ReadFileToString(f));
+      pem += part + "\n";
     }
     RETURN_IF_ERROR(WritePrivateFile(d.tls_cert, pem, false));
   }

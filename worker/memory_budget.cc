@@ -4,24 +4,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/base/file_util.h"
 #include "common/base/flag_util.h"
 
 namespace tally {
 namespace {
 
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string ReadSmallFile(const std::string& path) { return ReadFileToString(path).value_or(""); }
 
 // The cgroup limit of this process, or -1: v2 (one "0::/path" line), else v1's memory controller.
 int64_t CgroupLimitBytes() {

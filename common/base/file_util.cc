@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -92,6 +93,14 @@ absl::Status WritePrivateFile(const std::string& path, const std::string& text, 
   if (fd >= 0) close(fd);
   if (!written) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "': ", std::strerror(err)));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {

@@ -54,6 +54,9 @@ class AtomicFile {
 // pre-existing file or link there is an error). Errors name the file.
 absl::Status WritePrivateFile(const std::string& path, const std::string& text, bool append);
 
+// The whole file (bytes as they are); NOT_FOUND naming the file when it cannot be opened.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+
 // The whole of `content` into `path`, atomically (AtomicFile).
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 

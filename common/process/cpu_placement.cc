@@ -3,9 +3,7 @@
 #include <dirent.h>
 
 #include <algorithm>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -13,17 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/base/file_util.h"
 
 namespace tally {
 namespace {
 
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string ReadSmallFile(const std::string& path) { return ReadFileToString(path).value_or(""); }
 
 // `count` workers over `cpus` (already in core order): contiguous runs of whole cores, as even as
 // the counts allow (the first workers get the extra core); round-robin CPUs when there are fewer
