@@ -176,7 +176,7 @@ CoordinatorMetrics Coordinator::Metrics() {
       m.jobs_by_state[JobStateName(j.state())]++;
       if (!IsTerminal(j.state())) {
         m.images_remaining += std::max<int64_t>(0, job->planned - j.images_evaluated() - j.images_failed());
-        v1::Job estimates = j;
+        v1::Job estimates;  // Only its live estimates: no copy of the job.
         FillLive(*job, &estimates);
         if (estimates.live_size() > 0) m.live.emplace_back(id, std::vector<v1::LiveEstimate>(estimates.live().begin(), estimates.live().end()));
       }

@@ -207,6 +207,7 @@ class Coordinator {
     // Shards are ranges of positions; `order` gives each position's manifest index (--order).
     RowOrder order;
     int64_t planned = 0;        // Positions [0, planned) are evaluated (--sample: a prefix).
+    EmptyScore empty_score = EmptyScore::kNaN;  // The spec's, for the live estimates.
     bool stopped_early = false; // --until-ci reached: shards not yet leased were dropped.
     // Live estimates (README "Answers before the end"): per class, Welford's running mean and sum
     // of squared deviations of the committed rows' Dice and IoU.
@@ -226,6 +227,8 @@ class Coordinator {
       double completed = 0;
       std::map<int64_t, std::string> rows;
       std::string verdict;
+      // May its worker take the job's shards?
+      bool LetsIn() const { return verdict == "agrees" || verdict == "alone" || verdict == "tied"; }
     };
     std::map<std::string, Canary> canaries;
   };
@@ -308,6 +311,9 @@ class Coordinator {
   void MaybeStopEarlyLocked(JobEntry* job, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a shard of a job stopped early (done, its rows not evaluated).
   void DropShardLocked(JobEntry* job, int64_t shard_id, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shard leaves its workers' lease sets: the lease's and its speculative copy's.
+  void ForgetShardLeasesLocked(const std::string& job_id, int64_t shard_id, const Shard& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // No straggling tail (--speculate-after): with nothing pending, a shard leased for longer than
   // the job's threshold goes to `worker_id` as well. The shard granted, or -1.
   int64_t SpeculateLocked(JobEntry* job, const std::string& worker_id, WorkerEntry* worker)

@@ -35,8 +35,6 @@ std::string Joined(const std::map<int64_t, std::string>& rows) {
   return out;
 }
 
-bool LetIn(const std::string& verdict) { return verdict == "agrees" || verdict == "alone" || verdict == "tied"; }
-
 }  // namespace
 
 void Coordinator::WarnJobLocked(JobEntry* job, const std::string& warning, Deferred* deferred) {
@@ -63,7 +61,7 @@ bool Coordinator::CanaryLetsInLocked(JobEntry* job, const std::string& worker_id
     return false;
   }
   JobEntry::Canary& c = it->second;
-  if (LetIn(c.verdict)) return true;
+  if (c.LetsIn()) return true;
   if (!c.verdict.empty() || c.completed == 0 || Now() - c.completed < kCanaryWaitSeconds) return false;
   bool running = false;  // Another worker's canary still under way: its answer may decide.
   for (const auto& [w, other] : job->canaries) running |= w != worker_id && other.completed == 0;

@@ -522,10 +522,7 @@ void Coordinator::EndJobLocked(JobEntry* job, v1::JobState state, const std::str
   for (size_t i = 0; i < job->shards.size(); ++i) {
     Shard& s = job->shards[i];
     if (s.phase == ShardPhase::kLeased) {
-      for (const std::string* w : {&s.worker_id, &s.spec_worker_id}) {
-        auto wit = w->empty() ? workers_.end() : workers_.find(*w);
-        if (wit != workers_.end()) wit->second.leases.erase({j.job_id(), static_cast<int64_t>(i)});
-      }
+      ForgetShardLeasesLocked(j.job_id(), static_cast<int64_t>(i), s);
       s.phase = ShardPhase::kPending;
       s.worker_id.clear();
       s.spec_worker_id.clear();

@@ -287,10 +287,7 @@ int64_t Coordinator::SpeculateLocked(JobEntry* job, const std::string& worker_id
   if (job->stopped_early) return -1;
   if (job->record.job.spec().canary_rows() > 0) {  // Only workers its canary let in.
     auto c = job->canaries.find(worker_id);
-    if (c == job->canaries.end() || (c->second.verdict != "agrees" && c->second.verdict != "alone" &&
-                                     c->second.verdict != "tied")) {
-      return -1;
-    }
+    if (c == job->canaries.end() || !c->second.LetsIn()) return -1;
   }
   const std::string& job_id = job->record.job.job_id();
   for (const auto& lease : worker->leases) {
@@ -318,6 +315,13 @@ int64_t Coordinator::SpeculateLocked(JobEntry* job, const std::string& worker_id
   Log("shard ", best, " of job ", job_id, " leased to ", s.worker_id, " for ", absl::StrFormat("%.1f", now - s.lease_unix),
       " s (over ", absl::StrFormat("%.1f", after), " s, --speculate-after): a speculative copy goes to ", worker_id);
   return best;
+}
+
+void Coordinator::ForgetShardLeasesLocked(const std::string& job_id, int64_t shard_id, const Shard& shard) {
+  for (const std::string* w : {&shard.worker_id, &shard.spec_worker_id}) {
+    auto wit = w->empty() ? workers_.end() : workers_.find(*w);
+    if (wit != workers_.end()) wit->second.leases.erase({job_id, shard_id});
+  }
 }
 
 int64_t Coordinator::OwnerShard(const JobEntry& job, int64_t index) const {

@@ -76,12 +76,12 @@ void Coordinator::PlanJob(JobEntry* entry) const {
   const v1::Job& j = entry->record.job;
   entry->order = RowOrder(j.images_total(), j.spec().random_order(), j.spec().order_seed());
   entry->planned = PlannedRows(j.spec(), j.images_total());
+  entry->empty_score = ParseEmptyScore(j.spec().empty_score()).value_or(EmptyScore::kNaN);  // Validated.
 }
 
 void Coordinator::AddLive(JobEntry* job, const v1::ImageResult& r) {
   if (!r.error().empty()) return;
-  static const EmptyScore kDefault = EmptyScore::kNaN;
-  const EmptyScore empty = ParseEmptyScore(job->record.job.spec().empty_score()).value_or(kDefault);
+  const EmptyScore empty = job->empty_score;
   if (job->live.size() < static_cast<size_t>(r.classes_size())) job->live.resize(r.classes_size());
   job->live_rows++;
   for (int c = 0; c < r.classes_size(); ++c) {
@@ -103,9 +103,10 @@ void Coordinator::FillLive(const JobEntry& job, v1::Job* out) const {
     e->set_class_id(static_cast<int32_t>(c));
     e->set_rows(l.n);
     e->set_dice_mean(l.dice_mean);
-    e->set_dice_half_width(SamplingHalfWidth95(l.n, l.dice_m2, Population(*out, random, l.n, job.live_rows)));
+    e->set_dice_half_width(SamplingHalfWidth95(l.n, l.dice_m2, Population(job.record.job, random, l.n, job.live_rows)));
     e->set_iou_mean(l.iou_mean);
-    e->set_iou_half_width(SamplingHalfWidth95(l.n_iou, l.iou_m2, Population(*out, random, l.n_iou, job.live_rows)));
+    e->set_iou_half_width(
+        SamplingHalfWidth95(l.n_iou, l.iou_m2, Population(job.record.job, random, l.n_iou, job.live_rows)));
     e->set_foreground(Foreground(job.record.job.spec(), static_cast<int>(c)) && l.in_reference);
   }
   if (out->live_size() > 0) out->set_live_note(LiveNote(random));

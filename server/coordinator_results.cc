@@ -314,10 +314,7 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
       Shard& shard = job.shards[sid];
       if (shard.split || shard.committed < shard.end - shard.begin) continue;
       if (shard.phase != ShardPhase::kDone) {
-        for (const std::string* w : {&shard.worker_id, &shard.spec_worker_id}) {
-          auto wit = w->empty() ? workers_.end() : workers_.find(*w);
-          if (wit != workers_.end()) wit->second.leases.erase({job_id, sid});
-        }
+        ForgetShardLeasesLocked(job_id, sid, shard);
         if (shard.phase == ShardPhase::kLeased && shard.lease_unix > 0) job.shard_seconds.push_back(now - shard.lease_unix);
         if (!shard.spec_worker_id.empty()) {
           Log("shard ", sid, " of job ", job_id, " done (", shard.worker_id == worker_id ? "its lease" : "its speculative copy",
