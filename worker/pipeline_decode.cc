@@ -46,16 +46,19 @@ double ThreadCpuSeconds() {
 // runs: the same threads also stage batches and compute metrics.
 constexpr double kCpuDecodeMargin = 1.5;
 
+// A benchmark knob: the environment variable's count when it is in 1..max, else `fallback`.
+size_t EnvCount(const char* name, long max, size_t fallback) {
+  const char* v = std::getenv(name);
+  const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
+  return n > 0 && n <= max ? static_cast<size_t>(n) : fallback;
+}
+
 // Rows nvJPEG decodes in one call per decode thread: enough to keep the JPEG engines busy, few
 // enough that the rows reach the batcher in time (8: 1997 img/s with 4 threads on the H100 against
 // 1844-1924 with 16, BENCHMARKS.md).
 // TALLY_GPU_DECODE_ROWS overrides it (benchmarks).
 size_t GpuDecodeRows() {
-  static const size_t rows = [] {
-    const char* v = std::getenv("TALLY_GPU_DECODE_ROWS");
-    const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
-    return n > 0 && n <= 256 ? static_cast<size_t>(n) : size_t{8};
-  }();
+  static const size_t rows = EnvCount("TALLY_GPU_DECODE_ROWS", 256, 8);
   return rows;
 }
 
@@ -66,11 +69,7 @@ size_t GpuDecodeRows() {
 // H200s and took 11.5-12.2 s to their first batch, four workers of 4 threads 2265-2300 img/s and
 // 5.5-6.0 s (BENCHMARKS.md). TALLY_GPU_DECODE_THREADS overrides it (benchmarks).
 size_t GpuDecodeThreads() {
-  static const size_t threads = [] {
-    const char* v = std::getenv("TALLY_GPU_DECODE_THREADS");
-    const long n = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
-    return n > 0 && n <= 1024 ? static_cast<size_t>(n) : size_t{4};
-  }();
+  static const size_t threads = EnvCount("TALLY_GPU_DECODE_THREADS", 1024, 4);
   return threads;
 }
 
