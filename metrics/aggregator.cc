@@ -36,9 +36,15 @@ double LesionValue(Metric m, int64_t tp, int64_t fn, int64_t fp, double dice_sum
 }  // namespace
 
 Aggregator::Aggregator(AggregateOptions options) : options_(std::move(options)) {
-  classes_.resize(std::max(0, options_.num_classes));
-  for (PerClass& pc : classes_) pc.iou_ge.assign(options_.iou_thresholds.size(), 0);
+  bootstrap_ = options_.population_rows <= 0 && options_.bootstrap_resamples > 0;
+  const int resamples = bootstrap_ ? options_.bootstrap_resamples : 0;
+  classes_.assign(std::max(0, options_.num_classes), PerClass(resamples));
+  for (PerClass& pc : classes_) {
+    pc.iou_ge.assign(options_.iou_thresholds.size(), 0);
+    pc.sum.resize(options_.metrics.size());
+  }
   thresholds_.resize(options_.thresholds.size());
+  weights_.resize(resamples);
 }
 
 double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m, EmptyScore empty) {
@@ -52,9 +58,50 @@ double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m, E
   return SurfaceMetric(m, SurfaceValues{cr.hd(), cr.hd95(), cr.assd(), cr.nsd()});
 }
 
+namespace {
+constexpr size_t kWorstRows = 10;
+}  // namespace
+
+void Aggregator::AddValue(PerClass* pc, size_t slot, Metric m, double v, int64_t index, const uint8_t* weights) {
+  const int k = static_cast<int>(m);
+  if (m == Metric::kIou && !std::isnan(v)) {
+    ++pc->iou_defined;
+    for (size_t t = 0; t < options_.iou_thresholds.size(); ++t) pc->iou_ge[t] += v >= options_.iou_thresholds[t];
+  }
+  if (std::isnan(v)) return;
+  if (std::isinf(v)) {
+    ++pc->inf_count[k];
+  } else {
+    pc->sum[slot].Add(v);
+    ++pc->count[k];
+    if (IsCountMetric(m)) pc->unit_bins[k][std::clamp(static_cast<int>(v * kHistogramBins), 0, kHistogramBins - 1)]++;
+  }
+  if (m == Metric::kDice) {
+    if (weights != nullptr) pc->bootstrap.Add(v, weights);
+    if (!bootstrap_) pc->dice_squares.Add(v * v);
+    pc->dice_zero += v == 0.0;
+    const std::pair<double, int64_t> entry{v, index};
+    if (pc->worst.size() < kWorstRows || entry < pc->worst.front()) {
+      pc->worst.push_back(entry);
+      std::push_heap(pc->worst.begin(), pc->worst.end());
+      if (pc->worst.size() > kWorstRows) {
+        std::pop_heap(pc->worst.begin(), pc->worst.end());
+        pc->worst.pop_back();
+      }
+    }
+  } else if (!IsCountMetric(m)) {
+    pc->values[k].push_back(v);
+  }
+}
+
 void Aggregator::Add(const v1::ImageResult& result, std::optional<uint64_t> row_key) {
-  const uint64_t key = row_key.has_value() ? *row_key : RowKey(absl::StrCat("#", result.index()));
   ++images_;
+  const uint8_t* weights = nullptr;
+  if (bootstrap_) {
+    const uint64_t key = row_key.has_value() ? *row_key : RowKey(absl::StrCat("#", result.index()));
+    PoissonBootstrapMean::RowWeights(options_.bootstrap_seed, key, options_.bootstrap_resamples, weights_.data());
+    weights = weights_.data();
+  }
   for (int c = 0; c < static_cast<int>(classes_.size()) && c < result.classes_size(); ++c) {
     PerClass& pc = classes_[c];
     const v1::ClassResult& cr = result.classes(c);
@@ -65,33 +112,12 @@ void Aggregator::Add(const v1::ImageResult& result, std::optional<uint64_t> row_
       pc.lesion_tp += cr.lesion_tp();
       pc.lesion_fn += cr.lesion_fn();
       pc.lesion_fp += cr.lesion_fp();
-      CompensatedAdd(cr.lesion_dice_sum(), &pc.lesion_dice_sum, &pc.lesion_dice_c);
-      CompensatedAdd(cr.lesion_hd95_sum(), &pc.lesion_hd95_sum, &pc.lesion_hd95_c);
+      pc.lesion_dice_sum.Add(cr.lesion_dice_sum());
+      pc.lesion_hd95_sum.Add(cr.lesion_hd95_sum());
     }
-    for (Metric m : options_.metrics) {
-      const int k = static_cast<int>(m);
-      const double v = ImageMetric(result, c, m, options_.empty_score);
-      if (m == Metric::kIou && !std::isnan(v)) {
-        ++pc.iou_defined;
-        for (size_t t = 0; t < options_.iou_thresholds.size(); ++t) pc.iou_ge[t] += v >= options_.iou_thresholds[t];
-      }
-      if (std::isnan(v)) continue;
-      if (std::isinf(v)) {
-        ++pc.inf_count[k];
-      } else {
-        CompensatedAdd(v, &pc.sum[k], &pc.compensation[k]);
-        ++pc.count[k];
-        if (IsCountMetric(m)) {
-          pc.unit_bins[k][std::clamp(static_cast<int>(v * kHistogramBins), 0, kHistogramBins - 1)]++;
-        }
-      }
-      if (m == Metric::kDice) {
-        pc.values[k].push_back(v);
-        pc.dice_index.push_back(result.index());
-        pc.dice_keys.push_back(key);
-      } else if (!IsCountMetric(m)) {
-        pc.values[k].push_back(v);
-      }
+    for (size_t slot = 0; slot < options_.metrics.size(); ++slot) {
+      const Metric m = options_.metrics[slot];
+      AddValue(&pc, slot, m, ImageMetric(result, c, m, options_.empty_score), result.index(), weights);
     }
   }
   for (size_t t = 0; t < thresholds_.size() && t < static_cast<size_t>(result.thresholds_size()); ++t) {
@@ -102,13 +128,56 @@ void Aggregator::Add(const v1::ImageResult& result, std::optional<uint64_t> row_
     const double dice = CountMetricWithEmpty(Metric::kDice, counts, options_.empty_score);
     const double iou = CountMetricWithEmpty(Metric::kIou, counts, options_.empty_score);
     if (!std::isnan(dice)) {
-      CompensatedAdd(dice, &pt.dice_sum, &pt.dice_c);
+      pt.dice_sum.Add(dice);
       ++pt.dice_n;
     }
     if (!std::isnan(iou)) {
-      CompensatedAdd(iou, &pt.iou_sum, &pt.iou_c);
+      pt.iou_sum.Add(iou);
       ++pt.iou_n;
     }
+  }
+}
+
+void Aggregator::Merge(const Aggregator& other) {
+  images_ += other.images_;
+  for (size_t c = 0; c < classes_.size() && c < other.classes_.size(); ++c) {
+    PerClass& pc = classes_[c];
+    const PerClass& o = other.classes_[c];
+    pc.counts += o.counts;
+    for (size_t slot = 0; slot < pc.sum.size() && slot < o.sum.size(); ++slot) pc.sum[slot].Merge(o.sum[slot]);
+    for (int k = 0; k < kNumMetrics; ++k) {
+      pc.count[k] += o.count[k];
+      pc.inf_count[k] += o.inf_count[k];
+      pc.values[k].insert(pc.values[k].end(), o.values[k].begin(), o.values[k].end());
+      for (int b = 0; b < kHistogramBins; ++b) pc.unit_bins[k][b] += o.unit_bins[k][b];
+    }
+    pc.bootstrap.Merge(o.bootstrap);
+    pc.dice_squares.Merge(o.dice_squares);
+    pc.dice_zero += o.dice_zero;
+    for (const auto& entry : o.worst) {
+      pc.worst.push_back(entry);
+      std::push_heap(pc.worst.begin(), pc.worst.end());
+      if (pc.worst.size() > kWorstRows) {
+        std::pop_heap(pc.worst.begin(), pc.worst.end());
+        pc.worst.pop_back();
+      }
+    }
+    pc.iou_defined += o.iou_defined;
+    for (size_t t = 0; t < pc.iou_ge.size() && t < o.iou_ge.size(); ++t) pc.iou_ge[t] += o.iou_ge[t];
+    pc.reference_images += o.reference_images;
+    pc.predicted_images += o.predicted_images;
+    pc.lesion_tp += o.lesion_tp;
+    pc.lesion_fn += o.lesion_fn;
+    pc.lesion_fp += o.lesion_fp;
+    pc.lesion_dice_sum.Merge(o.lesion_dice_sum);
+    pc.lesion_hd95_sum.Merge(o.lesion_hd95_sum);
+  }
+  for (size_t t = 0; t < thresholds_.size() && t < other.thresholds_.size(); ++t) {
+    thresholds_[t].counts += other.thresholds_[t].counts;
+    thresholds_[t].dice_sum.Merge(other.thresholds_[t].dice_sum);
+    thresholds_[t].iou_sum.Merge(other.thresholds_[t].iou_sum);
+    thresholds_[t].dice_n += other.thresholds_[t].dice_n;
+    thresholds_[t].iou_n += other.thresholds_[t].iou_n;
   }
 }
 
@@ -136,17 +205,18 @@ ClassAggregate Aggregator::FinishClass(int c) const {
       h.bins[std::clamp(b, 0, kHistogramBins - 1)]++;
     }
   }
-  for (Metric m : options_.metrics) {
+  for (size_t slot = 0; slot < options_.metrics.size(); ++slot) {
+    const Metric m = options_.metrics[slot];
     const int k = static_cast<int>(m);
     MetricAggregate& ma = ca.metrics[k];
     ma.count = pc.count[k];
     ma.inf_count = pc.inf_count[k];
-    ma.mean = pc.count[k] > 0 ? (pc.sum[k] + pc.compensation[k]) / static_cast<double>(pc.count[k]) : kNaN;
+    ma.mean = pc.count[k] > 0 ? pc.sum[slot].Value() / static_cast<double>(pc.count[k]) : kNaN;
     if (IsCountMetric(m)) {
       ma.global = CountMetric(m, pc.counts);
     } else if (IsLesionMetric(m)) {
-      ma.global = LesionValue(m, pc.lesion_tp, pc.lesion_fn, pc.lesion_fp, pc.lesion_dice_sum + pc.lesion_dice_c,
-                              pc.lesion_hd95_sum + pc.lesion_hd95_c);
+      ma.global = LesionValue(m, pc.lesion_tp, pc.lesion_fn, pc.lesion_fp, pc.lesion_dice_sum.Value(),
+                              pc.lesion_hd95_sum.Value());
     } else {
       std::vector<double> v = pc.values[k];
       ma.median = PercentileLinear(&v, 0.5);
@@ -165,32 +235,28 @@ ClassAggregate Aggregator::FinishClass(int c) const {
 void Aggregator::FinishDice(int c, ClassAggregate* ca) const {
   const PerClass& pc = classes_[c];
   const int dice = static_cast<int>(Metric::kDice);
-  ca->dice_values = pc.values[dice];
-  std::pair<double, double> ci;
-  if (options_.population_rows > 0 && !ca->dice_values.empty()) {
+  ca->dice_zero_images = pc.dice_zero;
+  const int64_t n = pc.count[dice];
+  size_t slot = 0;
+  while (slot < options_.metrics.size() && options_.metrics[slot] != Metric::kDice) ++slot;
+  std::pair<double, double> ci{kNaN, kNaN};
+  if (!bootstrap_ && n > 0 && slot < pc.sum.size()) {
     // A sample of the manifest: the interval of the manifest's mean (the class's share of the
-    // population estimated from the sample's).
-    const double n = static_cast<double>(ca->dice_values.size());
-    double sum = 0, m2 = 0;
-    for (double v : ca->dice_values) sum += v;
-    const double mean = sum / n;
-    for (double v : ca->dice_values) m2 += (v - mean) * (v - mean);
-    const double population = options_.population_rows * n / static_cast<double>(std::max<int64_t>(1, images_));
-    const double half = SamplingHalfWidth95(static_cast<int64_t>(n), m2, population);
+    // population estimated from the sample's), its variance from the exact sums.
+    const double nn = static_cast<double>(n);
+    const double sum = pc.sum[slot].Value();
+    const double mean = sum / nn;
+    const double m2 = std::max(0.0, pc.dice_squares.Value() - sum * mean);
+    const double population = options_.population_rows * nn / static_cast<double>(std::max<int64_t>(1, images_));
+    const double half = SamplingHalfWidth95(n, m2, population);
     ci = {mean - half, mean + half};
-  } else {
-    ci = PoissonBootstrapMeanCi95(ca->dice_values, pc.dice_keys, options_.bootstrap_resamples, options_.bootstrap_seed,
-                                  options_.threads);
+  } else if (bootstrap_) {
+    ci = pc.bootstrap.Ci95();
   }
   ca->dice_ci_low = ci.first;
   ca->dice_ci_high = ci.second;
-  std::vector<std::pair<double, int64_t>> all;
-  all.reserve(ca->dice_values.size());
-  for (size_t i = 0; i < ca->dice_values.size(); ++i) all.emplace_back(ca->dice_values[i], pc.dice_index[i]);
-  const size_t keep = std::min<size_t>(10, all.size());
-  std::partial_sort(all.begin(), all.begin() + keep, all.end());
-  all.resize(keep);
-  ca->worst = std::move(all);
+  ca->worst = pc.worst;
+  std::sort(ca->worst.begin(), ca->worst.end());
 }
 
 void Aggregator::FinishThresholds(Aggregate* out) const {
@@ -198,8 +264,8 @@ void Aggregator::FinishThresholds(Aggregate* out) const {
     const PerThreshold& pt = thresholds_[t];
     ThresholdAggregate ta;
     ta.threshold = options_.thresholds[t];
-    ta.dice_mean = pt.dice_n > 0 ? (pt.dice_sum + pt.dice_c) / static_cast<double>(pt.dice_n) : kNaN;
-    ta.iou_mean = pt.iou_n > 0 ? (pt.iou_sum + pt.iou_c) / static_cast<double>(pt.iou_n) : kNaN;
+    ta.dice_mean = pt.dice_n > 0 ? pt.dice_sum.Value() / static_cast<double>(pt.dice_n) : kNaN;
+    ta.iou_mean = pt.iou_n > 0 ? pt.iou_sum.Value() / static_cast<double>(pt.iou_n) : kNaN;
     ta.dice_global = CountMetric(Metric::kDice, pt.counts);
     ta.iou_global = CountMetric(Metric::kIou, pt.counts);
     if (!std::isnan(ta.dice_mean) &&
@@ -210,7 +276,7 @@ void Aggregator::FinishThresholds(Aggregate* out) const {
   }
 }
 
-Aggregate Aggregator::Finish() {
+Aggregate Aggregator::Finish() const {
   Aggregate out;
   out.images = images_;
   for (int c = 0; c < static_cast<int>(classes_.size()); ++c) out.classes.push_back(FinishClass(c));

@@ -1,8 +1,12 @@
-// Dataset-level aggregation of per-image results, fed in manifest index order so that every
-// number is the same whatever the number of workers or the shard size.
+// Dataset-level aggregation of per-image results. Results may come in any order and be split over
+// several aggregators joined with Merge: every number is the same, to the bit, whatever the order,
+// the split, the number of workers or the shard size (sums are exact, ExactSum; the interval is the
+// order-free Poisson bootstrap; percentiles sort). So tallyd keeps a job's aggregate up to date as
+// its rows arrive, and the end of the job only reads it out.
 //
 // Per class and selected metric:
-//   <m>_mean       mean over images, NaN skipped, +/-inf skipped and counted in <m>_inf_count;
+//   <m>_mean       mean over images, NaN skipped, +/-inf skipped and counted in <m>_inf_count: the
+//                  exact sum of the values rounded once, divided by their count;
 //   <m>_global     count metrics only: the metric of the counts summed over the dataset (micro);
 //   <m>_median/p95 surface metrics only: percentiles across images (linear interpolation), NaN
 //                  skipped, inf kept (an image with an empty mask is infinitely far off);
@@ -10,7 +14,10 @@
 //                  (lesion_dice: all Dice over all counted lesions and false positives);
 //   dice_mean_ci95 Poisson bootstrap over images (PoissonBootstrapMeanCi95: 1000 replicates, fixed
 //                  seed, each row's weights keyed by its row key, the same for every class), so
-//                  that the interval depends on the set of rows, not on their order or split.
+//                  that the interval depends on the set of rows, not on their order or split. Kept
+//                  as rows arrive: per replicate the exact weighted sums (1000 x classes adds a row).
+//                  Sampled jobs: the sampling interval (SamplingHalfWidth95) from the exact sums of
+//                  the Dice values and of their squares.
 // With empty_score kOne, an image whose prediction and reference of a class are both empty scores 1
 // for that class's dice and iou (LISA/ReLA) instead of NaN (nnU-Net/MONAI). iou_ge[t]: the share of
 // images with IoU >= t among those whose IoU is defined (ReLA's Pr@t). Threshold sweep: per
@@ -27,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "metrics/exact_sum.h"
 #include "metrics/overlap.h"
 #include "metrics/statistics.h"
 #include "proto/tally.pb.h"
@@ -78,7 +86,7 @@ struct ClassAggregate {
   std::array<MetricAggregate, kNumMetrics> metrics;
   double dice_ci_low = 0;
   double dice_ci_high = 0;
-  std::vector<double> dice_values;             // Finite per-image Dice, index order (histograms).
+  int64_t dice_zero_images = 0;                // Images whose Dice is exactly 0.
   std::vector<std::pair<double, int64_t>> worst;  // Up to 10 lowest (dice, index), ascending.
   std::vector<double> iou_ge;                  // Per AggregateOptions::iou_thresholds; NaN: no image.
   int64_t reference_images = 0;  // Images whose reference mask holds the class (tp + fn > 0).
@@ -101,34 +109,41 @@ class Aggregator {
  public:
   explicit Aggregator(AggregateOptions options);
 
-  // Adds one evaluated image. Results must come in increasing index order; failed rows are not
-  // added. Per-image metric values are computed here from the counts and surface values.
+  // Adds one evaluated image, in any order; failed rows are not added. Per-image metric values
+  // are computed here from the counts and surface values.
   // `row_key`: the row's bootstrap key (RowKey of its id; reports pass it so that merged parts
   // give the whole job's interval); by default RowKey("#<index>").
   void Add(const v1::ImageResult& result, std::optional<uint64_t> row_key = std::nullopt);
-  Aggregate Finish();
+  // Adds what `other` (built with the same options) was given: as if its rows had been added here.
+  void Merge(const Aggregator& other);
+  Aggregate Finish() const;
+  int64_t images() const { return images_; }
 
   // Per-image value of a metric for class `c` of `result` (NaN if not computable).
   static double ImageMetric(const v1::ImageResult& result, int c, Metric m, EmptyScore empty = EmptyScore::kNaN);
 
  private:
   struct PerClass {
+    explicit PerClass(int resamples) : bootstrap(resamples) {}
     ConfusionCounts counts;
-    std::array<double, kNumMetrics> sum{};
-    std::array<double, kNumMetrics> compensation{};
+    std::vector<ExactSum> sum;  // Per selected metric (options_.metrics order).
     std::array<int64_t, kNumMetrics> count{};
     std::array<int64_t, kNumMetrics> inf_count{};
-    std::array<std::vector<double>, kNumMetrics> values;  // Kept for surface metrics and dice.
-    std::vector<int64_t> dice_index;                       // Index of each dice value.
-    std::vector<uint64_t> dice_keys;                       // Row key of each dice value.
+    std::array<std::vector<double>, kNumMetrics> values;  // Kept for surface metrics (percentiles).
+    PoissonBootstrapMean bootstrap;                        // Of the Dice values.
+    ExactSum dice_squares;                                 // Sampled jobs' interval.
+    int64_t dice_zero = 0;
+    std::vector<std::pair<double, int64_t>> worst;         // A max-heap of the 10 lowest (dice, index).
     int64_t iou_defined = 0;
     std::vector<int64_t> iou_ge;
     int64_t reference_images = 0;
     int64_t predicted_images = 0;
     int64_t lesion_tp = 0, lesion_fn = 0, lesion_fp = 0;  // Lesion metrics' pooled values.
-    double lesion_dice_sum = 0, lesion_dice_c = 0, lesion_hd95_sum = 0, lesion_hd95_c = 0;
+    ExactSum lesion_dice_sum, lesion_hd95_sum;
     std::array<std::array<int64_t, kHistogramBins>, kNumMetrics> unit_bins{};  // Count metrics, [0, 1].
   };
+  // One metric value of an image into its class (Add's per-metric part).
+  void AddValue(PerClass* pc, size_t metric_slot, Metric m, double v, int64_t index, const uint8_t* weights);
   // One class's aggregate from its sums and values (Finish's per-class part).
   ClassAggregate FinishClass(int c) const;
   // Its Dice interval and worst rows.
@@ -137,7 +152,7 @@ class Aggregator {
 
   struct PerThreshold {
     ConfusionCounts counts;
-    double dice_sum = 0, dice_c = 0, iou_sum = 0, iou_c = 0;
+    ExactSum dice_sum, iou_sum;
     int64_t dice_n = 0, iou_n = 0;
   };
   std::vector<PerThreshold> thresholds_;
@@ -145,6 +160,8 @@ class Aggregator {
   AggregateOptions options_;
   std::vector<PerClass> classes_;
   int64_t images_ = 0;
+  std::vector<uint8_t> weights_;  // The current row's bootstrap weights (Add's scratch).
+  bool bootstrap_ = true;         // Not for sampled jobs (their interval is the sampling one).
 };
 
 }  // namespace tally

@@ -187,6 +187,46 @@ std::pair<double, double> PoissonBootstrapMeanCi95(const std::vector<double>& va
   return {low, PercentileLinear(&copy, 0.975)};
 }
 
+PoissonBootstrapMean::PoissonBootstrapMean(int resamples)
+    : sum_(std::max(0, resamples), 0), weight_(std::max(0, resamples), 0) {}
+
+void PoissonBootstrapMean::RowWeights(uint64_t seed, uint64_t key, int resamples, uint8_t* out) {
+  const uint64_t base = ReplicateBase(seed, key);
+  for (int r = 0; r < resamples; ++r) out[r] = static_cast<uint8_t>(PoissonFromUniform(ReplicateUniform(base, r)));
+}
+
+void PoissonBootstrapMean::Add(double value, const uint8_t* weights) {
+  const double v = std::isnan(value) ? 0.0 : std::clamp(value, 0.0, 1.0);
+  const int64_t fixed = static_cast<int64_t>(std::llround(std::ldexp(v, 53)));  // As PoissonBootstrapMeanCi95.
+  const size_t n = sum_.size();
+  for (size_t r = 0; r < n; ++r) {
+    sum_[r] += static_cast<__int128>(fixed) * weights[r];
+    weight_[r] += weights[r];
+  }
+  ++n_;
+}
+
+void PoissonBootstrapMean::Merge(const PoissonBootstrapMean& other) {
+  for (size_t r = 0; r < sum_.size() && r < other.sum_.size(); ++r) {
+    sum_[r] += other.sum_[r];
+    weight_[r] += other.weight_[r];
+  }
+  n_ += other.n_;
+}
+
+std::pair<double, double> PoissonBootstrapMean::Ci95() const {
+  if (n_ == 0 || sum_.empty()) return {kNaN, kNaN};
+  std::vector<double> means;
+  for (size_t r = 0; r < sum_.size(); ++r) {
+    if (weight_[r] > 0) means.push_back(std::ldexp(static_cast<double>(sum_[r]), -53) / static_cast<double>(weight_[r]));
+  }
+  if (means.empty()) return {kNaN, kNaN};
+  std::vector<double> copy = means;
+  const double low = PercentileLinear(&copy, 0.025);
+  copy = means;
+  return {low, PercentileLinear(&copy, 0.975)};
+}
+
 double SamplingHalfWidth95(int64_t n, double m2, double population) {
   if (n < 2) return std::numeric_limits<double>::infinity();
   const double nn = static_cast<double>(n);

@@ -54,6 +54,25 @@ std::pair<double, double> PoissonBootstrapMeanCi95(const std::vector<double>& va
                                                    const std::vector<uint64_t>& keys, int resamples,
                                                    uint64_t seed, int threads);
 
+// The same interval kept as rows arrive (Add), in any order and split (Merge), so that a job's
+// interval is ready when its last row is: per replicate the exact sum of weight x value and of the
+// weights. PoissonBootstrapMeanCi95 of the same (key, value) pairs gives the same interval to the bit.
+class PoissonBootstrapMean {
+ public:
+  explicit PoissonBootstrapMean(int resamples);
+  // The Poisson(1) weights of the row with `key` in every replicate (`out`: resamples entries).
+  // Computed once per row and shared by every class's accumulator.
+  static void RowWeights(uint64_t seed, uint64_t key, int resamples, uint8_t* out);
+  void Add(double value, const uint8_t* weights);
+  void Merge(const PoissonBootstrapMean& other);
+  std::pair<double, double> Ci95() const;
+
+ private:
+  std::vector<__int128> sum_;
+  std::vector<int64_t> weight_;
+  int64_t n_ = 0;
+};
+
 // Half-width of the 95% interval of a mean over a simple random sample without replacement: n
 // values with sum of squared deviations m2 (Welford), drawn from `population` values (<= 1: an
 // infinite population, no correction): 1.96 * s / sqrt(n) * sqrt((N - n) / (N - 1)) (the normal

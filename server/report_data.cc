@@ -51,9 +51,7 @@ std::string ReportData::WorstId(int64_t index) const {
   return it == worst_rows.end() ? "" : it->second.id;
 }
 
-int64_t ReportData::DiceZeroImages(const ClassAggregate& ca) {
-  return std::count(ca.dice_values.begin(), ca.dice_values.end(), 0.0);
-}
+int64_t ReportData::DiceZeroImages(const ClassAggregate& ca) { return ca.dice_zero_images; }
 
 std::string ReportData::DiceTieNote(const ClassAggregate& ca) {
   const int64_t zeros = DiceZeroImages(ca);
