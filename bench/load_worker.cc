@@ -75,23 +75,6 @@ struct Held {
   bool holding = false;
 };
 
-void Heartbeats(WorkerControl::Stub* stub, const std::string& worker_id, double seconds, Held* held,
-                std::atomic<bool>* stop) {
-  while (!stop->load()) {
-    v1::HeartbeatRequest req;
-    req.set_worker_id(worker_id);
-    {
-      std::lock_guard<std::mutex> lock(held->mu);
-      if (held->holding) *req.add_leases() = held->lease;
-    }
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::HeartbeatResponse resp;
-    stub->Heartbeat(&ctx, req, &resp).ok();
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(seconds * 1000 / 2)));
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,20 +90,50 @@ int main(int argc, char** argv) {
   reg.set_device_name("load generator");
   reg.set_hostname("localhost");
   reg.set_pid(getpid());
-  v1::RegisterWorkerResponse registered;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
-    if (!s.ok()) {
-      std::fprintf(stderr, "register: %s\n", s.error_message().c_str());
-      return 1;
+  // Registers (again, after tallyd restarted: it answers an unknown worker with NOT_FOUND), retrying
+  // for up to a minute while tallyd is away.
+  std::mutex id_mu;
+  std::string worker_id;
+  double heartbeat_seconds = 1;
+  auto register_worker = [&]() -> bool {
+    for (int attempt = 0; attempt < 300; ++attempt) {
+      v1::RegisterWorkerResponse registered;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
+      if (s.ok()) {
+        std::lock_guard<std::mutex> lock(id_mu);
+        worker_id = registered.worker_id();
+        heartbeat_seconds = std::max(0.2, registered.heartbeat_seconds());
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-  }
-  const std::string worker_id = registered.worker_id();
+    std::fprintf(stderr, "cannot register with %s\n", absl::GetFlag(FLAGS_coordinator).c_str());
+    return false;
+  };
+  if (!register_worker()) return 1;
   Held held;
   std::atomic<bool> stop{false};
-  std::thread beat(Heartbeats, stub.get(), worker_id, std::max(0.2, registered.heartbeat_seconds()), &held, &stop);
+  auto current_id = [&] {
+    std::lock_guard<std::mutex> lock(id_mu);
+    return worker_id;
+  };
+  std::thread beat([&] {
+    while (!stop.load()) {
+      v1::HeartbeatRequest req;
+      req.set_worker_id(current_id());
+      {
+        std::lock_guard<std::mutex> lock(held.mu);
+        if (held.holding) *req.add_leases() = held.lease;
+      }
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      v1::HeartbeatResponse resp;
+      stub->Heartbeat(&ctx, req, &resp).ok();
+      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(heartbeat_seconds * 1000 / 2)));
+    }
+  });
   const double rate = absl::GetFlag(FLAGS_rate);
   const int classes = absl::GetFlag(FLAGS_classes);
   const auto start = std::chrono::steady_clock::now();
@@ -128,12 +141,15 @@ int main(int argc, char** argv) {
   int64_t rows_sent = 0;
   while (true) {
     v1::AcquireShardRequest acq;
-    acq.set_worker_id(worker_id);
+    acq.set_worker_id(current_id());
     acq.set_max_wait_ms(1000);
     v1::AcquireShardResponse got;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    if (!stub->AcquireShard(&ctx, acq, &got).ok()) break;
+    if (!stub->AcquireShard(&ctx, acq, &got).ok()) {  // tallyd away or restarted: register again.
+      if (!register_worker()) break;
+      continue;
+    }
     if (!got.has_assignment()) {
       const int idle = absl::GetFlag(FLAGS_idle_exit_seconds);
       if (idle > 0 && std::chrono::steady_clock::now() - last_shard > std::chrono::seconds(idle)) break;
@@ -150,7 +166,7 @@ int main(int argc, char** argv) {
     }
     const bool surface = WantsSurface(a.spec());
     v1::ReportResultsRequest rep;
-    rep.set_worker_id(worker_id);
+    rep.set_worker_id(current_id());
     rep.set_job_id(a.job_id());
     rep.set_shard_id(a.shard_id());
     rep.set_lease_id(a.lease_id());
@@ -173,7 +189,9 @@ int main(int argc, char** argv) {
     grpc::ClientContext rctx;
     rctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     grpc::Status s = stub->ReportResults(&rctx, rep, &resp);
-    if (!s.ok()) std::fprintf(stderr, "report shard %lld: %s\n", static_cast<long long>(a.shard_id()), s.error_message().c_str());
+    if (!s.ok()) {  // The shard goes back to tallyd's queue (its lease lapses); it is granted again.
+      std::fprintf(stderr, "report shard %lld: %s\n", static_cast<long long>(a.shard_id()), s.error_message().c_str());
+    }
     std::lock_guard<std::mutex> lock(held.mu);
     held.holding = false;
   }

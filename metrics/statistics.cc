@@ -121,8 +121,13 @@ struct PoissonTable {
 
 int PoissonFromUniform(uint64_t u) {
   static const PoissonTable table;
-  int k = 0;
-  while (k < 20 && u >= table.cdf[k]) ++k;
+  // The first k with u < cdf[k]: the number of cdf entries at or below u. The first six without
+  // branches (a random weight would mispredict every other one); beyond them (p = 6e-4) the loop.
+  int k = (u >= table.cdf[0]) + (u >= table.cdf[1]) + (u >= table.cdf[2]) + (u >= table.cdf[3]) +
+          (u >= table.cdf[4]) + (u >= table.cdf[5]);
+  if (k == 6) {
+    while (k < 20 && u >= table.cdf[k]) ++k;
+  }
   return k;
 }
 
@@ -188,27 +193,38 @@ std::pair<double, double> PoissonBootstrapMeanCi95(const std::vector<double>& va
 }
 
 PoissonBootstrapMean::PoissonBootstrapMean(int resamples)
-    : sum_(std::max(0, resamples), 0), weight_(std::max(0, resamples), 0) {}
+    : sum_(std::max(0, resamples), 0), weight_(std::max(0, resamples), 0), partial_(std::max(0, resamples), 0) {}
 
 void PoissonBootstrapMean::RowWeights(uint64_t seed, uint64_t key, int resamples, uint8_t* out) {
   const uint64_t base = ReplicateBase(seed, key);
   for (int r = 0; r < resamples; ++r) out[r] = static_cast<uint8_t>(PoissonFromUniform(ReplicateUniform(base, r)));
 }
 
+void PoissonBootstrapMean::Flush() {
+  for (size_t r = 0; r < sum_.size(); ++r) sum_[r] += partial_[r];
+  std::fill(partial_.begin(), partial_.end(), 0);
+  pending_ = 0;
+}
+
 void PoissonBootstrapMean::Add(double value, const uint8_t* weights) {
   const double v = std::isnan(value) ? 0.0 : std::clamp(value, 0.0, 1.0);
-  const int64_t fixed = static_cast<int64_t>(std::llround(std::ldexp(v, 53)));  // As PoissonBootstrapMeanCi95.
+  const uint64_t fixed = static_cast<uint64_t>(std::llround(std::ldexp(v, 53)));  // As PoissonBootstrapMeanCi95.
   const size_t n = sum_.size();
-  for (size_t r = 0; r < n; ++r) {
-    sum_[r] += static_cast<__int128>(fixed) * weights[r];
-    weight_[r] += weights[r];
+  uint64_t* partial = partial_.data();
+  int64_t* weight = weight_.data();
+  for (size_t r = 0; r < n; ++r) {  // Weights are at most 20 (PoissonFromUniform).
+    partial[r] += fixed * weights[r];
+    weight[r] += weights[r];
   }
+  if (++pending_ == kPending) Flush();
   ++n_;
 }
 
 void PoissonBootstrapMean::Merge(const PoissonBootstrapMean& other) {
+  Flush();
   for (size_t r = 0; r < sum_.size() && r < other.sum_.size(); ++r) {
     sum_[r] += other.sum_[r];
+    sum_[r] += other.partial_[r];
     weight_[r] += other.weight_[r];
   }
   n_ += other.n_;
@@ -218,7 +234,8 @@ std::pair<double, double> PoissonBootstrapMean::Ci95() const {
   if (n_ == 0 || sum_.empty()) return {kNaN, kNaN};
   std::vector<double> means;
   for (size_t r = 0; r < sum_.size(); ++r) {
-    if (weight_[r] > 0) means.push_back(std::ldexp(static_cast<double>(sum_[r]), -53) / static_cast<double>(weight_[r]));
+    const __int128 sum = sum_[r] + partial_[r];
+    if (weight_[r] > 0) means.push_back(std::ldexp(static_cast<double>(sum), -53) / static_cast<double>(weight_[r]));
   }
   if (means.empty()) return {kNaN, kNaN};
   std::vector<double> copy = means;

@@ -68,8 +68,14 @@ class PoissonBootstrapMean {
   std::pair<double, double> Ci95() const;
 
  private:
+  void Flush();
   std::vector<__int128> sum_;
   std::vector<int64_t> weight_;
+  // Sums of the last rows, below 2^63 for up to kPending of them (values <= 2^53, weights <= 20),
+  // added into sum_ every kPending rows: 64-bit adds instead of 128-bit ones.
+  static constexpr int kPending = 32;
+  std::vector<uint64_t> partial_;
+  int pending_ = 0;
   int64_t n_ = 0;
 };
 

@@ -88,6 +88,8 @@ double Coordinator::BatchTimeout(const JobEntry& job) const {
 
 absl::Status Coordinator::Resume() {
   ASSIGN_OR_RETURN(std::vector<JobRecord> records, store_->LoadJobs());
+  // Spools of the last run are rebuilt from the database below (live_report.h).
+  RETURN_IF_ERROR(RemoveTree(options_.state_dir + "/spool"));
   for (JobRecord& rec : records) {
     auto entry = std::make_unique<JobEntry>();
     const std::string id = rec.job.job_id();
@@ -125,9 +127,17 @@ absl::Status Coordinator::Resume() {
           entry->pending.push_back(i);
         }
       }
-      // The live estimates again, from the committed results.
-      RETURN_IF_ERROR(store_->ForEachResult(id, [&](const v1::ImageResult& r, const RowNames&) {
+      // The live estimates and the report kept as rows arrive, again from the committed results.
+      entry->record.job.set_images_evaluated(0);
+      entry->record.job.set_images_failed(0);
+      std::shared_ptr<LiveReport> live;
+      {
+        absl::MutexLock lock(&mu_);
+        live = LiveReportLocked(entry.get());
+      }
+      RETURN_IF_ERROR(store_->ForEachResult(id, [&](const v1::ImageResult& r, const RowNames& names) {
         AddLive(entry.get(), r);
+        if (live != nullptr) live->AddOne(r, names);
         return absl::OkStatus();
       }));
       Log("resuming job ", id, ": ", entry->shards_done, "/", num_shards, " shards already done");

@@ -41,6 +41,7 @@
 #include "common/job/job_config.h"
 #include "proto/tally.pb.h"
 #include "server/job_store.h"
+#include "server/live_report.h"
 #include "server/row_order.h"
 
 namespace tally {
@@ -231,6 +232,11 @@ class Coordinator {
       bool LetsIn() const { return verdict == "agrees" || verdict == "alone" || verdict == "tied"; }
     };
     std::map<std::string, Canary> canaries;
+    // The report kept as rows arrive (server/live_report.h); null for jobs that keep the batch path
+    // and once the report is written. `live_report_off`: it cannot be complete (rows were committed
+    // before it could be made): the batch path builds this job's report.
+    std::shared_ptr<LiveReport> live_report;
+    bool live_report_off = false;
   };
   struct WorkerEntry {
     v1::RegisterWorkerRequest info;
@@ -332,6 +338,10 @@ class Coordinator {
   void WarnJobLocked(JobEntry* job, const std::string& warning, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Now() const { return options_.clock(); }
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
+  // StoreManifest's rows into the store in batches, noting ids (duplicates) and whether the first
+  // image is a volume.
+  absl::Status StreamManifestRows(ManifestReader* reader, const std::string& job_id, DuplicateIds* duplicates,
+                                  std::optional<bool>* volumes);
   // COCO instance jobs (no manifest): one row per image of the annotation file (coordinator_coco.cc).
   absl::StatusOr<JobRecord> StoreCocoImages(const v1::JobSpec& spec, const std::string& job_id);
   // Panoptic jobs: one row per reference annotation, its prediction found by image id.
@@ -377,6 +387,9 @@ class Coordinator {
                                         const std::vector<v1::ImageResult>& results, bool shard_complete,
                                         const std::vector<StoredThumbnail>& thumbnails = {}, int keep_thumbnails = 0);
   void FailPoisonedRow(const std::string& job_id, int64_t shard_id);
+  // The job's LiveReport, made at its first commit where the job is eligible (null otherwise).
+  std::shared_ptr<LiveReport> LiveReportLocked(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string SpoolPath(const std::string& job_id) const { return options_.state_dir + "/spool/" + job_id; }
   // A model error from one worker: takes the worker off the job, or fails the job (see above).
   void RecordModelErrorLocked(JobEntry* job, const v1::ReportJobErrorRequest& request, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

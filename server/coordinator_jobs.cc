@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <optional>
 #include <chrono>
+#include <future>
+#include <optional>
+#include <thread>
 #include <iterator>
 #include <random>
 
@@ -130,6 +132,29 @@ absl::StatusOr<int64_t> Coordinator::NameDuplicates(const std::string& job_id, D
   return repeated;
 }
 
+absl::Status Coordinator::StreamManifestRows(ManifestReader* reader, const std::string& job_id,
+                                            DuplicateIds* duplicates, std::optional<bool>* volumes) {
+  // Parsing and inserting overlap: this thread parses the next batch while another inserts the
+  // last (one transaction a batch, prepared statements: JobStore::InsertManifestRows).
+  std::vector<ManifestRow> batch;
+  std::optional<std::future<absl::Status>> inserting;
+  std::vector<ManifestRow> in_flight;
+  absl::Status parsed;
+  while (true) {
+    parsed = reader->NextBatch(kSubmitBatchRows, &batch);
+    if (!parsed.ok() || batch.empty()) break;
+    for (const ManifestRow& row : batch) {
+      duplicates->Add(row.id, row.index, row.line);
+      if (!volumes->has_value() && !row.image.empty()) *volumes = IsNiftiPath(VolumeChannelFiles(row.image)[0]);
+    }
+    if (inserting.has_value()) RETURN_IF_ERROR(inserting->get());
+    in_flight.swap(batch);
+    inserting = std::async(std::launch::async, [&] { return store_->InsertManifestRows(job_id, in_flight); });
+  }
+  if (inserting.has_value()) RETURN_IF_ERROR(inserting->get());
+  return parsed;
+}
+
 absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id) {
   if (spec.manifest().empty() && !spec.coco().empty()) return StoreCocoImages(spec, job_id);
   if (spec.manifest().empty() && !spec.coco_panoptic().empty()) return StorePanopticImages(spec, job_id);
@@ -149,17 +174,11 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   int64_t duplicate_rows = 0;
   std::string duplicate_message;
   std::optional<bool> volumes;  // Whether the first row's image is a NIfTI volume (volume jobs).
+  // The manifest's SHA-256 (the report names the file it scored) while the rows stream in.
+  std::string manifest_sha256;
+  std::thread hash([&] { manifest_sha256 = Sha256FileHex(reader->path()); });
   auto stream = [&]() -> absl::Status {
-    std::vector<ManifestRow> batch;
-    while (true) {
-      RETURN_IF_ERROR(reader->NextBatch(kSubmitBatchRows, &batch));
-      if (batch.empty()) break;
-      for (const ManifestRow& row : batch) {
-        duplicates.Add(row.id, row.index, row.line);
-        if (!volumes.has_value() && !row.image.empty()) volumes = IsNiftiPath(VolumeChannelFiles(row.image)[0]);
-      }
-      RETURN_IF_ERROR(store_->InsertManifestRows(job_id, batch));
-    }
+    RETURN_IF_ERROR(StreamManifestRows(reader.get(), job_id, &duplicates, &volumes));
     ASSIGN_OR_RETURN(duplicate_rows, NameDuplicates(job_id, &duplicates, &duplicate_message));
     if (duplicate_rows > 0 && !spec.save_predictions().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("manifest '", reader->path(), "': --save-predictions writes each ",
@@ -168,7 +187,9 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
     }
     return absl::OkStatus();
   };
-  if (absl::Status s = stream(); !s.ok()) return DiscardSubmission(job_id, s);
+  absl::Status streamed = stream();
+  hash.join();
+  if (!streamed.ok()) return DiscardSubmission(job_id, streamed);
   v1::JobSpec queued = spec;
   if (volumes.value_or(false) && !spec.model().empty()) {
     // A volume job: one volume at a time, so batches never group rows (any shard size is exact).
@@ -181,7 +202,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   }
   JobRecord rec = QueuedRecord(queued, job_id, reader->rows_read());
   rec.job.mutable_spec()->set_manifest(reader->path());
-  rec.job.mutable_spec()->set_manifest_sha256(Sha256FileHex(reader->path()));
+  rec.job.mutable_spec()->set_manifest_sha256(manifest_sha256);
   if (!spec.coco().empty()) rec.job.mutable_spec()->set_coco_sha256(Sha256FileHex(spec.coco()));
   if (keep_columns) {  // A Python model: the files its options name, so workers can check their copies.
     for (const auto& [key, value] : spec.model_options()) {
@@ -546,12 +567,14 @@ void Coordinator::RunFinalizers() {
   while (true) {
     std::string job_id;
     JobRecord rec;
+    std::shared_ptr<LiveReport> live;
     {
       absl::MutexLock lock(&mu_);
       if (finalize_queue_.empty()) return;
       job_id = finalize_queue_.front();
       finalize_queue_.pop_front();
       rec = jobs_.at(job_id)->record;
+      live = jobs_.at(job_id)->live_report;
     }
     const bool completing = !IsTerminal(rec.job.state());
     if (completing) {
@@ -560,7 +583,12 @@ void Coordinator::RunFinalizers() {
     }
     rec.job.set_sampled(SampledNote(rec.job, 0));
     ReportOutcome outcome;
-    absl::Status s = WriteReports(store_.get(), rec, ReportPath(job_id), &outcome);
+    // The report kept as rows arrived holds every committed row: only files to write. Otherwise
+    // (the batch path's jobs, or rows it missed) one pass over the database.
+    const bool kept = live != nullptr && live->rows() == rec.job.images_evaluated() + rec.job.images_failed();
+    absl::Status s = kept ? live->Write(store_.get(), rec, ReportPath(job_id), &outcome)
+                          : WriteReports(store_.get(), rec, ReportPath(job_id), &outcome);
+    live.reset();
     for (const std::string& w : outcome.warnings) Log("job ", job_id, ": warning: ", w);
     if (!s.ok()) {
       Log("building the report of job ", job_id, " failed: ", s.ToString());
@@ -582,6 +610,8 @@ void Coordinator::RunFinalizers() {
       j.set_report_ready(s.ok());
       j.set_summary(outcome.summary);
       job.finalize_queued = false;
+      job.live_report.reset();  // Written (or not needed): its memory and spool go.
+      job.live_report_off = true;
       rec = job.record;
     }
     absl::Status saved = store_->UpdateJob(rec);

@@ -268,19 +268,45 @@ absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::R
   return response;
 }
 
+std::shared_ptr<LiveReport> Coordinator::LiveReportLocked(JobEntry* job) {
+  if (job->live_report != nullptr || job->live_report_off) return job->live_report;
+  const v1::Job& j = job->record.job;
+  // Rows already committed without it (failed rows before the class count was known), or a job
+  // whose report needs its rows in index order: the batch path.
+  job->live_report_off = true;
+  if (j.images_evaluated() + j.images_failed() > 0 || IsTerminal(j.state()) || !LiveReport::Eligible(j)) return nullptr;
+  absl::StatusOr<std::unique_ptr<LiveReport>> live = LiveReport::Create(job->record, SpoolPath(j.job_id()));
+  if (!live.ok()) {
+    Log("job ", j.job_id(), ": its report will be built at the end (", live.status().message(), ")");
+    return nullptr;
+  }
+  job->live_report = std::move(*live);
+  job->live_report_off = false;
+  return job->live_report;
+}
+
 absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, int64_t shard_id,
                                                    const std::string& worker_id,
                                                    const std::vector<v1::ImageResult>& results, bool shard_complete,
                                                    const std::vector<StoredThumbnail>& thumbnails,
                                                    int keep_thumbnails) {
   std::vector<bool> new_rows;
+  std::shared_ptr<LiveReport> live;
+  {
+    absl::MutexLock lock(&mu_);
+    auto jit = jobs_.find(job_id);
+    if (jit != jobs_.end()) live = LiveReportLocked(jit->second.get());
+  }
+  std::vector<RowNames> names;
   const double now = Now();
   const auto commit_start = std::chrono::steady_clock::now();
-  absl::Status committed =
-      store_->CommitResults(job_id, worker_id, results, now, &new_rows, thumbnails, keep_thumbnails);
+  absl::Status committed = store_->CommitResults(job_id, worker_id, results, now, &new_rows, thumbnails,
+                                                 keep_thumbnails, live != nullptr ? &names : nullptr);
   const double commit_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_start).count();
   NoteStorage(committed);
   RETURN_IF_ERROR(committed);
+  // Into the report before the rows count as done, so that the finalizer finds every row there.
+  if (live != nullptr) live->Add(results, new_rows, names, shard_id);
   Deferred deferred;
   bool done = false;
   {

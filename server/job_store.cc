@@ -39,6 +39,11 @@ class Stmt {
     sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
   }
+  // Without a copy: `v` must outlive the statement's next Run (bulk inserts).
+  Stmt& BindStatic(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+    return *this;
+  }
   Stmt& BindBlob(int i, const std::string& v) {
     sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
@@ -150,7 +155,7 @@ absl::StatusOr<bool> HasColumn(sqlite3* db, const char* table, const char* colum
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
   sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                            nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
@@ -242,30 +247,53 @@ absl::Status JobStore::BeginSubmission(const std::string& job_id) {
 }
 
 absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows) {
+  // Rows go in groups of kGroup a statement (one step inserts them all: the per-step cost of the
+  // virtual machine is paid once a group), the rest one at a time; strings bound without copies.
+  constexpr size_t kGroup = 64;
+  constexpr const char* kInsert =
+      "INSERT INTO manifest_rows(job_id, idx, line, id, image, mask, image_path, mask_path, error, prediction, "
+      "prediction_path, columns) VALUES";
+  constexpr const char* kValues = "(?,?,?,?,?,?,?,?,?,?,?,?)";
   absl::MutexLock lock(&mu_);
   return InTransaction([&](sqlite3* db) -> absl::Status {
-    Stmt row(db,
-             "INSERT INTO manifest_rows(job_id, idx, line, id, image, mask, image_path, mask_path, error, prediction, "
-             "prediction_path, columns) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
-    RETURN_IF_ERROR(row.status());
-    for (const ManifestRow& r : rows) {
-      row.Bind(1, job_id).Bind(2, r.index).Bind(3, r.line).Bind(4, r.id).Bind(5, r.image);
-      row.Bind(6, r.mask).Bind(7, r.image_path).Bind(8, r.mask_path).Bind(9, r.error);
-      row.Bind(10, r.prediction).Bind(11, r.prediction_path);
-      // Extra columns (Python models' per-row inputs) as a serialized ManifestRow holding only them.
-      // and the COCO fields, which only COCO jobs have.
-      v1::ManifestRow extra;
-      for (const std::string& v : r.columns) extra.add_columns(v);
-      if (r.has_coco_image) {
-        extra.set_has_coco_image(true);
-        extra.set_coco_image_id(r.coco_image_id);
+    std::string group_sql = kInsert;
+    for (size_t i = 0; i < kGroup; ++i) absl::StrAppend(&group_sql, i ? "," : "", kValues);
+    Stmt group(db, group_sql.c_str());
+    RETURN_IF_ERROR(group.status());
+    Stmt one(db, absl::StrCat(kInsert, kValues).c_str());
+    RETURN_IF_ERROR(one.status());
+    // Extra columns (Python models' per-row inputs) as a serialized ManifestRow holding only them,
+    // and the COCO fields, which only COCO jobs have.
+    std::vector<std::string> extras(kGroup);
+    auto bind = [&](Stmt& st, int base, const ManifestRow& r, std::string* extra_blob) {
+      st.BindStatic(base + 1, job_id).Bind(base + 2, r.index).Bind(base + 3, r.line).BindStatic(base + 4, r.id);
+      st.BindStatic(base + 5, r.image).BindStatic(base + 6, r.mask).BindStatic(base + 7, r.image_path);
+      st.BindStatic(base + 8, r.mask_path).BindStatic(base + 9, r.error).BindStatic(base + 10, r.prediction);
+      st.BindStatic(base + 11, r.prediction_path);
+      extra_blob->clear();
+      if (!r.columns.empty() || r.has_coco_image || r.has_coco_ann_ids) {
+        v1::ManifestRow extra;
+        for (const std::string& v : r.columns) extra.add_columns(v);
+        if (r.has_coco_image) {
+          extra.set_has_coco_image(true);
+          extra.set_coco_image_id(r.coco_image_id);
+        }
+        if (r.has_coco_ann_ids) {
+          extra.set_has_coco_ann_ids(true);
+          for (int64_t id : r.coco_ann_ids) extra.add_coco_ann_ids(id);
+        }
+        extra.SerializeToString(extra_blob);
       }
-      if (r.has_coco_ann_ids) {
-        extra.set_has_coco_ann_ids(true);
-        for (int64_t id : r.coco_ann_ids) extra.add_coco_ann_ids(id);
-      }
-      row.BindBlob(12, extra.ByteSizeLong() == 0 ? std::string() : extra.SerializeAsString());
-      RETURN_IF_ERROR(row.Run());
+      st.BindBlob(base + 12, *extra_blob);
+    };
+    size_t i = 0;
+    for (; i + kGroup <= rows.size(); i += kGroup) {
+      for (size_t k = 0; k < kGroup; ++k) bind(group, static_cast<int>(12 * k), rows[i + k], &extras[k]);
+      RETURN_IF_ERROR(group.Run());
+    }
+    for (; i < rows.size(); ++i) {
+      bind(one, 0, rows[i], &extras[0]);
+      RETURN_IF_ERROR(one.Run());
     }
     return absl::OkStatus();
   });
@@ -463,9 +491,10 @@ absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRowsAt(const std::string&
 absl::Status JobStore::CommitResults(const std::string& job_id, const std::string& worker_id,
                                      const std::vector<v1::ImageResult>& results, double now,
                                      std::vector<bool>* new_rows, const std::vector<StoredThumbnail>& thumbnails,
-                                     int keep_thumbnails) {
+                                     int keep_thumbnails, std::vector<RowNames>* names) {
   absl::MutexLock lock(&mu_);
   new_rows->assign(results.size(), false);
+  if (names != nullptr) names->assign(results.size(), RowNames());
   absl::Status s = InTransaction([&](sqlite3* db) -> absl::Status {
     Stmt ins(db, "INSERT OR IGNORE INTO results VALUES(?,?,?,?,?,?)");
     RETURN_IF_ERROR(ins.status());
@@ -478,6 +507,28 @@ absl::Status JobStore::CommitResults(const std::string& job_id, const std::strin
       RETURN_IF_ERROR(ins.Run());
       (*new_rows)[i] = sqlite3_changes(db) > 0;
       if ((*new_rows)[i]) inserted.insert(r.index());
+    }
+    if (names != nullptr) {
+      Stmt q(db,
+             "SELECT id, image, mask, prediction, mask_path, prediction_path FROM manifest_rows "
+             "WHERE job_id=? AND idx=?");
+      RETURN_IF_ERROR(q.status());
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (!(*new_rows)[i]) continue;
+        absl::Status step;
+        q.Bind(1, job_id).Bind(2, results[i].index());
+        if (q.Step(&step)) {
+          RowNames& n = (*names)[i];
+          n.id = q.Text(0);
+          n.image = q.Text(1);
+          n.mask = q.Text(2);
+          n.prediction = q.Text(3);
+          n.mask_path = q.Text(4);
+          n.prediction_path = q.Text(5);
+        }
+        q.Reset();
+        RETURN_IF_ERROR(step);
+      }
     }
     std::set<int> classes;
     if (thumbnails.empty()) return absl::OkStatus();

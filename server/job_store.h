@@ -97,10 +97,12 @@ class JobStore {
   // it was newly inserted. In the same transaction, the thumbnails of newly inserted rows join the
   // job's, of which only the `keep_thumbnails` lowest (dice, index) per class stay: so the table
   // holds exactly the job's worst rows once every shard's worst sent theirs (common/io/thumbnail.h).
+  // `names` (optional) receives, for each newly inserted row, its names from the manifest (read in
+  // the same transaction); other entries are left empty.
   absl::Status CommitResults(const std::string& job_id, const std::string& worker_id,
                              const std::vector<v1::ImageResult>& results, double now,
                              std::vector<bool>* new_rows, const std::vector<StoredThumbnail>& thumbnails = {},
-                             int keep_thumbnails = 0);
+                             int keep_thumbnails = 0, std::vector<RowNames>* names = nullptr);
   // A job's thumbnails, by class then index.
   absl::StatusOr<std::vector<StoredThumbnail>> ReadThumbnails(const std::string& job_id);
   absl::Status SetShardState(const std::string& job_id, int64_t shard_id, ShardState state, int attempts);

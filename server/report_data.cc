@@ -129,14 +129,6 @@ void AddWarnings(ReportData* d) {
   }
 }
 
-// A row's id and shown image by index, for the worst-case tables.
-struct Named {
-  int64_t index;
-  std::string id;
-  std::string image;
-  bool operator<(const Named& o) const { return index < o.index; }
-};
-
 AggregateOptions AggregateOptionsFor(const ReportData& d) {
   AggregateOptions o;
   o.num_classes = d.num_classes;
@@ -151,67 +143,43 @@ AggregateOptions AggregateOptionsFor(const ReportData& d) {
   return o;
 }
 
-// One stored result at its place in the merged order (`offset` rows before its part): a failure,
-// or an evaluated row (padded to the job's classes) into the aggregate.
-// What instance and panoptic jobs gather besides the semantic aggregate (null for other jobs).
-struct StructuredAccumulators {
-  std::unique_ptr<InstanceAccumulator> instances;
-  std::unique_ptr<PanopticAccumulator> panoptic;
-};
-
-void AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offset, Aggregator* aggregator,
-            const StructuredAccumulators& structured, std::vector<Named>* names_by_index, ReportData* d,
-            const ReportRowFn& on_row) {
-  v1::ImageResult shifted;
-  const v1::ImageResult* sp = &original;
-  if (offset > 0) {
-    shifted = original;
-    shifted.set_index(original.index() + offset);
-    sp = &shifted;
+// The names of the rows the report lists by index (worst rows), read back from the parts' manifests.
+absl::Status NameRows(JobStore* store, const std::vector<const JobRecord*>& parts, const std::set<int64_t>& indices,
+                      ReportData* d) {
+  int64_t offset = 0;
+  for (const JobRecord* part : parts) {
+    const int64_t end = offset + part->job.images_total();
+    std::vector<int64_t> local;
+    for (auto it = indices.lower_bound(offset); it != indices.end() && *it < end; ++it) local.push_back(*it - offset);
+    if (!local.empty()) {
+      ASSIGN_OR_RETURN(std::vector<ManifestRow> rows, store->ReadRowsAt(part->job.job_id(), local));
+      for (const ManifestRow& r : rows) {
+        RowNames names;
+        names.image = r.image;
+        names.prediction = r.prediction;
+        d->worst_rows[r.index + offset] = ReportData::WorstRow{r.id, ShownImage(names)};
+      }
+    }
+    offset = end;
   }
-  const v1::ImageResult& stored = *sp;
-  const std::string& image = ShownImage(names);
-  if (!stored.error().empty()) {
-    d->failures.push_back({stored.index(), names.id, image, stored.error()});
-    ++d->failed;
-    return;
-  }
-  v1::ImageResult padded;
-  const v1::ImageResult* rp = &stored;
-  if (stored.classes_size() < d->num_classes) {
-    padded = stored;
-    PadClasses(&padded, d->num_classes);
-    rp = &padded;
-  }
-  const v1::ImageResult& r = *rp;
-  ++d->evaluated;
-  if (r.nonfinite() > 0) {
-    ++d->nonfinite_images;
-    d->nonfinite_values += r.nonfinite();
-  }
-  d->mask_max_label = std::max(d->mask_max_label, r.mask_max_label());
-  d->mask_ignored += r.mask_ignored_pixels();
-  // The bootstrap's weights follow the row's id (its image's name where the manifest has none), so
-  // that `tally merge` of any split of a manifest gives the whole job's interval.
-  aggregator->Add(r, RowKey(names.id.empty() ? image : names.id));
-  if (structured.instances != nullptr) structured.instances->Add(r);
-  if (structured.panoptic != nullptr) structured.panoptic->Add(r);
-  names_by_index->push_back(Named{r.index(), names.id, image});
-  on_row(r, names);
+  return absl::OkStatus();
 }
 
 // The worst rows' names, and the thumbnails kept for them.
-absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*>& parts,
-                             const std::vector<Named>& names_by_index, ReportData* d) {
+absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*>& parts, ReportData* d) {
   std::set<std::pair<int, int64_t>> worst;
-  for (const InstanceReport::Worst& w : d->instances.worst) worst.insert({kInstanceThumbnailClass, w.index});
+  std::set<int64_t> indices;
+  for (const InstanceReport::Worst& w : d->instances.worst) {
+    worst.insert({kInstanceThumbnailClass, w.index});
+    indices.insert(w.index);
+  }
   for (const ClassAggregate& ca : d->aggregate.classes) {
     for (const auto& [dice, index] : ca.worst) {
       worst.insert({ca.class_id, index});
-      auto it = std::lower_bound(names_by_index.begin(), names_by_index.end(), Named{index, "", ""});
-      if (it != names_by_index.end() && it->index == index) d->worst_rows[index] = ReportData::WorstRow{it->id, it->image};
+      indices.insert(index);
     }
   }
+  RETURN_IF_ERROR(NameRows(store, parts, indices, d));
   int64_t offset = 0;
   for (const JobRecord* part : parts) {
     ASSIGN_OR_RETURN(std::vector<StoredThumbnail> thumbnails, store->ReadThumbnails(part->job.job_id()));
@@ -226,39 +194,84 @@ absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*
 
 }  // namespace
 
-absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row) {
-  return GatherMergedReportData(store, {&record}, record, on_row);
+ReportAccumulator::ReportAccumulator(const JobRecord& record, JobConfig config) {
+  d_.record = &record;
+  d_.config = std::move(config);
+  d_.num_classes = record.job.num_classes();
+  aggregator_ = std::make_unique<Aggregator>(AggregateOptionsFor(d_));
+  d_.record = nullptr;  // Set again by Finish (the record may move meanwhile).
+  if (d_.config.instance_job()) instances_ = std::make_unique<InstanceAccumulator>(d_.config);
+  if (d_.config.panoptic_job()) panoptic_ = std::make_unique<PanopticAccumulator>(d_.config);
 }
 
-absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::vector<const JobRecord*>& parts,
-                                                  const JobRecord& record, const ReportRowFn& on_row) {
-  ReportData d;
+ReportAccumulator::~ReportAccumulator() = default;
+
+absl::StatusOr<std::unique_ptr<ReportAccumulator>> ReportAccumulator::Create(const JobRecord& record) {
+  ASSIGN_OR_RETURN(JobConfig config, JobConfigFromSpec(record.job.spec()));
+  return std::make_unique<ReportAccumulator>(record, std::move(config));
+}
+
+void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offset,
+                               const ReportRowFn& on_row) {
+  v1::ImageResult shifted;
+  const v1::ImageResult* sp = &original;
+  if (offset > 0) {
+    shifted = original;
+    shifted.set_index(original.index() + offset);
+    sp = &shifted;
+  }
+  const v1::ImageResult& stored = *sp;
+  const std::string& image = ShownImage(names);
+  if (!stored.error().empty()) {
+    d_.failures.push_back({stored.index(), names.id, image, stored.error()});
+    ++d_.failed;
+    return;
+  }
+  v1::ImageResult padded;
+  const v1::ImageResult* rp = &stored;
+  if (stored.classes_size() < d_.num_classes) {
+    padded = stored;
+    PadClasses(&padded, d_.num_classes);
+    rp = &padded;
+  }
+  const v1::ImageResult& r = *rp;
+  ++d_.evaluated;
+  if (r.nonfinite() > 0) {
+    ++d_.nonfinite_images;
+    d_.nonfinite_values += r.nonfinite();
+  }
+  d_.mask_max_label = std::max(d_.mask_max_label, r.mask_max_label());
+  d_.mask_ignored += r.mask_ignored_pixels();
+  // The bootstrap's weights follow the row's id (its image's name where the manifest has none), so
+  // that `tally merge` of any split of a manifest gives the whole job's interval.
+  aggregator_->Add(r, RowKey(names.id.empty() ? image : names.id));
+  if (instances_ != nullptr) instances_->Add(r);
+  if (panoptic_ != nullptr) panoptic_->Add(r);
+  if (on_row) on_row(r, names);
+}
+
+void ReportAccumulator::Merge(ReportAccumulator* other) {
+  aggregator_->Merge(*other->aggregator_);
+  d_.failures.insert(d_.failures.end(), other->d_.failures.begin(), other->d_.failures.end());
+  d_.failed += other->d_.failed;
+  d_.evaluated += other->d_.evaluated;
+  d_.nonfinite_images += other->d_.nonfinite_images;
+  d_.nonfinite_values += other->d_.nonfinite_values;
+  d_.mask_max_label = std::max(d_.mask_max_label, other->d_.mask_max_label);
+  d_.mask_ignored += other->d_.mask_ignored;
+}
+
+absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std::vector<const JobRecord*>& parts,
+                                                     const JobRecord& record) {
+  ReportData d = std::move(d_);
+  d_ = ReportData();
   d.record = &record;
-  ASSIGN_OR_RETURN(d.config, JobConfigFromSpec(record.job.spec()));
-  d.num_classes = record.job.num_classes();
-  Aggregator aggregator(AggregateOptionsFor(d));
-  StructuredAccumulators structured;
-  if (d.config.instance_job()) structured.instances = std::make_unique<InstanceAccumulator>(d.config);
-  if (d.config.panoptic_job()) structured.panoptic = std::make_unique<PanopticAccumulator>(d.config);
-  std::vector<Named> names_by_index;  // For the worst-case tables.
-  int64_t offset = 0;  // Index of the part's first row in the merged order.
-  for (const JobRecord* part : parts) {
-    RETURN_IF_ERROR(store->ForEachResult(part->job.job_id(), [&](const v1::ImageResult& r, const RowNames& names) {
-      AddRow(r, names, offset, &aggregator, structured, &names_by_index, &d, on_row);
-      return absl::OkStatus();
-    }));
-    offset += part->job.images_total();
-  }
-  d.aggregate = aggregator.Finish();
-  if (structured.panoptic != nullptr) d.panoptic = structured.panoptic->Finish();
-  if (structured.instances != nullptr) {
-    d.instances = structured.instances->Finish();
-    for (const InstanceReport::Worst& w : d.instances.worst) {
-      auto it = std::lower_bound(names_by_index.begin(), names_by_index.end(), Named{w.index, "", ""});
-      if (it != names_by_index.end() && it->index == w.index) d.worst_rows[w.index] = ReportData::WorstRow{it->id, it->image};
-    }
-  }
-  RETURN_IF_ERROR(AttachWorstRows(store, parts, names_by_index, &d));
+  std::sort(d.failures.begin(), d.failures.end(),
+            [](const Failure& a, const Failure& b) { return a.index < b.index; });
+  d.aggregate = aggregator_->Finish();
+  if (panoptic_ != nullptr) d.panoptic = panoptic_->Finish();
+  if (instances_ != nullptr) d.instances = instances_->Finish();
+  RETURN_IF_ERROR(AttachWorstRows(store, parts, &d));
   for (const JobRecord* part : parts) {
     ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store->ReadWorkers(part->job.job_id()));
     d.workers.insert(d.workers.end(), workers.begin(), workers.end());
@@ -274,6 +287,24 @@ absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::ve
   }
   AddWarnings(&d);
   return d;
+}
+
+absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row) {
+  return GatherMergedReportData(store, {&record}, record, on_row);
+}
+
+absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::vector<const JobRecord*>& parts,
+                                                  const JobRecord& record, const ReportRowFn& on_row) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ReportAccumulator> acc, ReportAccumulator::Create(record));
+  int64_t offset = 0;  // Index of the part's first row in the merged order.
+  for (const JobRecord* part : parts) {
+    RETURN_IF_ERROR(store->ForEachResult(part->job.job_id(), [&](const v1::ImageResult& r, const RowNames& names) {
+      acc->AddRow(r, names, offset, on_row);
+      return absl::OkStatus();
+    }));
+    offset += part->job.images_total();
+  }
+  return acc->Finish(store, parts, record);
 }
 
 }  // namespace tally

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,10 +108,39 @@ inline const std::string& ShownImage(const RowNames& names) {
   return names.image.empty() ? names.prediction : names.image;
 }
 
+using ReportRowFn = std::function<void(const v1::ImageResult&, const RowNames& names)>;
+
+// What a report gathers row by row: the failures, the counters and the aggregate (order-free:
+// rows may come in any order and be split over accumulators joined by Merge, except in instance
+// and panoptic jobs, whose accumulators take rows in index order). The batch path
+// (GatherMergedReportData) feeds it from the database; tallyd feeds one as results arrive
+// (server/live_report.h). Either way Finish gives the same ReportData.
+class ReportAccumulator {
+ public:
+  static absl::StatusOr<std::unique_ptr<ReportAccumulator>> Create(const JobRecord& record);
+  ReportAccumulator(const JobRecord& record, JobConfig config);
+  ~ReportAccumulator();
+  // One stored result, `offset` rows after the merged order's start (its part's first row). `on_row`
+  // (may be empty) sees every evaluated result, padded to the job's classes, with its names.
+  void AddRow(const v1::ImageResult& stored, const RowNames& names, int64_t offset, const ReportRowFn& on_row);
+  void Merge(ReportAccumulator* other);
+  int64_t rows() const { return d_.evaluated + d_.failed; }
+  const JobConfig& config() const { return d_.config; }
+  // The report's data; reads the worst rows' names and thumbnails and the workers from `store`.
+  // The accumulator is empty afterwards.
+  absl::StatusOr<ReportData> Finish(JobStore* store, const std::vector<const JobRecord*>& parts,
+                                    const JobRecord& record);
+
+ private:
+  ReportData d_;
+  std::unique_ptr<Aggregator> aggregator_;
+  std::unique_ptr<InstanceAccumulator> instances_;
+  std::unique_ptr<PanopticAccumulator> panoptic_;
+};
+
 // Reads the job's results once, in index order. `on_row` sees every evaluated result with its
 // names as written (per_image.csv is streamed from it, so results are not held in memory). Results
 // of prediction jobs without a fixed class count arrive padded to the job's class count.
-using ReportRowFn = std::function<void(const v1::ImageResult&, const RowNames& names)>;
 absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row);
 // The same over several jobs' rows as one set (tally merge): `parts` in order, each part's indices
 // shifted by the rows of the parts before it, so that the aggregates (bootstrap included) are those

@@ -36,6 +36,10 @@ absl::Status WriteMergedReports(JobStore* store, const std::vector<const JobReco
   RETURN_IF_ERROR(csv->Commit());
   if (lesions) RETURN_IF_ERROR(lesions->Commit());
   if (nnunet) RETURN_IF_ERROR(nnunet->Write(dir + "/summary.json"));
+  return WriteReportFiles(d, dir, outcome);
+}
+
+absl::Status WriteReportFiles(const ReportData& d, const std::string& dir, ReportOutcome* outcome) {
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.json", ReportJson(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/summary.md", ReportMarkdown(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.html", ReportHtml(d)));

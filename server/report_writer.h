@@ -26,6 +26,10 @@ absl::Status WriteReports(JobStore* store, const JobRecord& record, const std::s
 absl::Status WriteMergedReports(JobStore* store, const std::vector<const JobRecord*>& parts, const JobRecord& record,
                                 const std::string& dir, ReportOutcome* outcome = nullptr);
 
+// The files rendered from gathered data: report.json, summary.md and report.html (per_image.csv
+// and the optional files are the caller's); `outcome` as above.
+absl::Status WriteReportFiles(const ReportData& d, const std::string& dir, ReportOutcome* outcome);
+
 }  // namespace tally
 
 #endif  // TALLY_SERVER_REPORT_WRITER_H_

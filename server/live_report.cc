@@ -1,0 +1,169 @@
+#include "server/live_report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
+#include "common/job/job_config.h"
+#include "server/report_writer.h"
+
+namespace tally {
+
+bool LiveReport::Eligible(const v1::Job& job) {
+  absl::StatusOr<JobConfig> config = JobConfigFromSpec(job.spec());
+  if (!config.ok() || config->instance_job() || config->panoptic_job() || config->nnunet_summary) return false;
+  if (AnyLesionMetric(config->metrics)) return false;
+  const v1::JobSpec& spec = job.spec();
+  if (spec.sample_rows() > 0 || spec.sample_percent() > 0 || spec.until_ci() > 0) return false;
+  // Prediction jobs without a class count: each row may raise it (ReconcileClassesLocked).
+  if (spec.model().empty() && spec.regions_size() == 0 && spec.num_classes() == 0) return false;
+  return job.num_classes() > 0;
+}
+
+LiveReport::LiveReport(const JobRecord& record, std::string spool_path)
+    : record_(record), spool_path_(std::move(spool_path)) {}
+
+absl::StatusOr<std::unique_ptr<LiveReport>> LiveReport::Create(const JobRecord& record, const std::string& spool_path) {
+  std::unique_ptr<LiveReport> live(new LiveReport(record, spool_path));
+  const size_t slash = spool_path.rfind('/');
+  if (slash != std::string::npos) RETURN_IF_ERROR(MakeDirs(spool_path.substr(0, slash)));
+  const int parts = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  for (int i = 0; i < parts; ++i) {
+    auto part = std::make_unique<Part>();
+    ASSIGN_OR_RETURN(std::unique_ptr<ReportAccumulator> acc, ReportAccumulator::Create(live->record_));
+    absl::MutexLock lock(&part->mu);
+    part->acc = std::move(acc);
+    live->parts_.push_back(std::move(part));
+  }
+  {
+    absl::MutexLock lock(&live->parts_[0]->mu);
+    live->csv_ = std::make_unique<PerImageCsv>(live->parts_[0]->acc->config());
+  }
+  absl::MutexLock lock(&live->spool_mu_);
+  live->spool_ = std::fopen(spool_path.c_str(), "w+b");
+  if (live->spool_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot create '", spool_path, "'"));
+  std::setvbuf(live->spool_, nullptr, _IOFBF, 1 << 20);
+  live->offset_.assign(std::max<int64_t>(0, record.job.images_total()), -1);
+  live->length_.assign(live->offset_.size(), 0);
+  return live;
+}
+
+LiveReport::~LiveReport() {
+  absl::MutexLock lock(&spool_mu_);
+  if (spool_ != nullptr) std::fclose(spool_);
+  unlink(spool_path_.c_str());
+}
+
+void LiveReport::AddTo(Part* part, const v1::ImageResult& result, const RowNames& names) {
+  part->acc->AddRow(result, names, 0, [&](const v1::ImageResult& r, const RowNames& n) {
+    const size_t before = part->lines.size();
+    part->lines += csv_->Rows(r, n);
+    part->cut.emplace_back(r.index(), static_cast<uint32_t>(part->lines.size() - before));
+  });
+}
+
+void LiveReport::Spool(Part* part) {
+  absl::MutexLock lock(&spool_mu_);
+  if (error_.ok() && !part->lines.empty() && std::fwrite(part->lines.data(), 1, part->lines.size(), spool_) != part->lines.size()) {
+    error_ = absl::UnavailableError(absl::StrCat("writing '", spool_path_, "' failed"));
+  }
+  for (const auto& [index, length] : part->cut) {
+    if (index >= 0 && index < static_cast<int64_t>(offset_.size())) {
+      offset_[index] = spool_size_;
+      length_[index] = length;
+    }
+    spool_size_ += length;
+  }
+  part->lines.clear();
+  part->cut.clear();
+}
+
+void LiveReport::Add(const std::vector<v1::ImageResult>& results, const std::vector<bool>& new_rows,
+                     const std::vector<RowNames>& names, int64_t hint) {
+  Part* part = parts_[static_cast<size_t>(hint < 0 ? -hint : hint) % parts_.size()].get();
+  absl::MutexLock lock(&part->mu);
+  int64_t added = 0;
+  for (size_t i = 0; i < results.size() && i < new_rows.size() && i < names.size(); ++i) {
+    if (!new_rows[i]) continue;
+    AddTo(part, results[i], names[i]);
+    ++added;
+  }
+  Spool(part);
+  absl::MutexLock spool_lock(&spool_mu_);
+  rows_ += added;
+}
+
+void LiveReport::AddOne(const v1::ImageResult& result, const RowNames& names) {
+  Part* part = parts_[0].get();
+  absl::MutexLock lock(&part->mu);
+  AddTo(part, result, names);
+  if (part->lines.size() > (1 << 20)) Spool(part);
+  absl::MutexLock spool_lock(&spool_mu_);
+  ++rows_;
+}
+
+int64_t LiveReport::rows() const {
+  absl::MutexLock lock(&spool_mu_);
+  return rows_;
+}
+
+absl::Status LiveReport::Write(JobStore* store, const JobRecord& record, const std::string& dir,
+                               ReportOutcome* outcome) {
+  RETURN_IF_ERROR(MakeDirs(dir));
+  for (auto& part : parts_) {
+    absl::MutexLock lock(&part->mu);
+    Spool(part.get());
+  }
+  // per_image.csv: the spool's lines in index order, runs of consecutive rows copied at once.
+  {
+    absl::MutexLock lock(&spool_mu_);
+    RETURN_IF_ERROR(error_);
+    if (std::fflush(spool_) != 0) return absl::UnavailableError(absl::StrCat("writing '", spool_path_, "' failed"));
+    ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> csv, AtomicFile::Open(dir + "/per_image.csv"));
+    csv->out() << csv_->Header();
+    const int fd = fileno(spool_);
+    std::string buffer;
+    auto copy = [&](int64_t begin, int64_t end) -> absl::Status {
+      while (begin < end) {
+        const int64_t chunk = std::min<int64_t>(end - begin, int64_t{4} << 20);
+        buffer.resize(static_cast<size_t>(chunk));
+        const ssize_t got = pread(fd, buffer.data(), buffer.size(), begin);
+        if (got <= 0) return absl::UnavailableError(absl::StrCat("reading '", spool_path_, "' failed"));
+        csv->out().write(buffer.data(), got);
+        begin += got;
+      }
+      return absl::OkStatus();
+    };
+    const int64_t n = static_cast<int64_t>(offset_.size());
+    for (int64_t i = 0; i < n;) {
+      if (offset_[i] < 0) {
+        ++i;
+        continue;
+      }
+      const int64_t begin = offset_[i];
+      int64_t end = begin + length_[i];
+      for (++i; i < n && offset_[i] == end; ++i) end += length_[i];
+      RETURN_IF_ERROR(copy(begin, end));
+    }
+    RETURN_IF_ERROR(csv->Commit());
+  }
+  ReportAccumulator* all = nullptr;
+  for (auto& part : parts_) part->mu.Lock();
+  for (auto& part : parts_) {
+    if (all == nullptr) {
+      all = part->acc.get();
+    } else {
+      all->Merge(part->acc.get());
+    }
+  }
+  absl::StatusOr<ReportData> d = all->Finish(store, {&record}, record);
+  for (auto& part : parts_) part->mu.Unlock();
+  RETURN_IF_ERROR(d.status());
+  return WriteReportFiles(*d, dir, outcome);
+}
+
+}  // namespace tally
