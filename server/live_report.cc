@@ -59,10 +59,13 @@ LiveReport::~LiveReport() {
 }
 
 void LiveReport::AddTo(Part* part, const v1::ImageResult& result, const RowNames& names) {
+  if (part->acc == nullptr) return;  // Written already: rows after the end are not the report's.
+  std::string* lines = &part->lines;
+  std::vector<std::pair<int64_t, uint32_t>>* cut = &part->cut;
   part->acc->AddRow(result, names, 0, [&](const v1::ImageResult& r, const RowNames& n) {
-    const size_t before = part->lines.size();
-    part->lines += csv_->Rows(r, n);
-    part->cut.emplace_back(r.index(), static_cast<uint32_t>(part->lines.size() - before));
+    const size_t before = lines->size();
+    *lines += csv_->Rows(r, n);
+    cut->emplace_back(r.index(), static_cast<uint32_t>(lines->size() - before));
   });
 }
 
@@ -151,17 +154,13 @@ absl::Status LiveReport::Write(JobStore* store, const JobRecord& record, const s
     }
     RETURN_IF_ERROR(csv->Commit());
   }
-  ReportAccumulator* all = nullptr;
-  for (auto& part : parts_) part->mu.Lock();
+  std::vector<std::unique_ptr<ReportAccumulator>> accumulators;
   for (auto& part : parts_) {
-    if (all == nullptr) {
-      all = part->acc.get();
-    } else {
-      all->Merge(part->acc.get());
-    }
+    absl::MutexLock lock(&part->mu);
+    accumulators.push_back(std::move(part->acc));
   }
-  absl::StatusOr<ReportData> d = all->Finish(store, {&record}, record);
-  for (auto& part : parts_) part->mu.Unlock();
+  for (size_t k = 1; k < accumulators.size(); ++k) accumulators[0]->Merge(accumulators[k].get());
+  absl::StatusOr<ReportData> d = accumulators[0]->Finish(store, {&record}, record);
   RETURN_IF_ERROR(d.status());
   return WriteReportFiles(*d, dir, outcome);
 }

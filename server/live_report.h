@@ -51,7 +51,7 @@ class LiveReport {
   // Rows added so far (evaluated and failed).
   int64_t rows() const;
   // Writes report.json, per_image.csv, summary.md and report.html into `dir` as WriteReports does.
-  // Not thread-safe with Add: call once every row is in.
+  // Once, when every row is in: rows added afterwards are ignored.
   absl::Status Write(JobStore* store, const JobRecord& record, const std::string& dir, ReportOutcome* outcome);
 
  private:
