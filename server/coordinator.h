@@ -340,8 +340,8 @@ class Coordinator {
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
   // StoreManifest's rows into the store in batches, noting ids (duplicates) and whether the first
   // image is a volume.
-  absl::Status StreamManifestRows(ManifestReader* reader, const std::string& job_id, DuplicateIds* duplicates,
-                                  std::optional<bool>* volumes);
+  absl::Status StreamManifestRows(ManifestReader* reader, const std::string& job_id, bool blocks,
+                                  DuplicateIds* duplicates, std::optional<bool>* volumes);
   // COCO instance jobs (no manifest): one row per image of the annotation file (coordinator_coco.cc).
   absl::StatusOr<JobRecord> StoreCocoImages(const v1::JobSpec& spec, const std::string& job_id);
   // Panoptic jobs: one row per reference annotation, its prediction found by image id.

@@ -48,7 +48,7 @@ std::string NewJobId(double now, const std::string& random_hex) {
 }
 
 // Rows read from the manifest and inserted per transaction while a job is submitted.
-constexpr size_t kSubmitBatchRows = 10000;
+constexpr size_t kSubmitBatchRows = 10240;  // Whole blocks of the store's 256 rows.
 
 // A job summary for listings: the spec keeps only what identifies the job.
 v1::Job Summary(v1::Job job) {
@@ -132,10 +132,11 @@ absl::StatusOr<int64_t> Coordinator::NameDuplicates(const std::string& job_id, D
   return repeated;
 }
 
-absl::Status Coordinator::StreamManifestRows(ManifestReader* reader, const std::string& job_id,
+absl::Status Coordinator::StreamManifestRows(ManifestReader* reader, const std::string& job_id, bool blocks,
                                             DuplicateIds* duplicates, std::optional<bool>* volumes) {
-  // Parsing and inserting overlap: this thread parses the next batch while another inserts the
-  // last (one transaction a batch, prepared statements: JobStore::InsertManifestRows).
+  // Parsing and the rest overlap: this thread parses the next batch while another notes the last
+  // one's ids and inserts it (one transaction a batch: JobStore::InsertManifestRows). One batch in
+  // flight at a time, so `duplicates` and `volumes` are never touched by two threads at once.
   std::vector<ManifestRow> batch;
   std::optional<std::future<absl::Status>> inserting;
   std::vector<ManifestRow> in_flight;
@@ -143,13 +144,15 @@ absl::Status Coordinator::StreamManifestRows(ManifestReader* reader, const std::
   while (true) {
     parsed = reader->NextBatch(kSubmitBatchRows, &batch);
     if (!parsed.ok() || batch.empty()) break;
-    for (const ManifestRow& row : batch) {
-      duplicates->Add(row.id, row.index, row.line);
-      if (!volumes->has_value() && !row.image.empty()) *volumes = IsNiftiPath(VolumeChannelFiles(row.image)[0]);
-    }
     if (inserting.has_value()) RETURN_IF_ERROR(inserting->get());
     in_flight.swap(batch);
-    inserting = std::async(std::launch::async, [&] { return store_->InsertManifestRows(job_id, in_flight); });
+    inserting = std::async(std::launch::async, [&] {
+      for (const ManifestRow& row : in_flight) {
+        duplicates->Add(row.id, row.index, row.line);
+        if (!volumes->has_value() && !row.image.empty()) *volumes = IsNiftiPath(VolumeChannelFiles(row.image)[0]);
+      }
+      return store_->InsertManifestRows(job_id, in_flight, blocks);
+    });
   }
   if (inserting.has_value()) RETURN_IF_ERROR(inserting->get());
   return parsed;
@@ -178,7 +181,8 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   std::string manifest_sha256;
   std::thread hash([&] { manifest_sha256 = Sha256FileHex(reader->path()); });
   auto stream = [&]() -> absl::Status {
-    RETURN_IF_ERROR(StreamManifestRows(reader.get(), job_id, &duplicates, &volumes));
+    // Rows in blocks unless the job reads them scattered (--order random).
+    RETURN_IF_ERROR(StreamManifestRows(reader.get(), job_id, !spec.random_order(), &duplicates, &volumes));
     ASSIGN_OR_RETURN(duplicate_rows, NameDuplicates(job_id, &duplicates, &duplicate_message));
     if (duplicate_rows > 0 && !spec.save_predictions().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("manifest '", reader->path(), "': --save-predictions writes each ",

@@ -2,7 +2,9 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -103,6 +105,9 @@ CREATE TABLE IF NOT EXISTS manifest_rows(
   error TEXT NOT NULL, prediction TEXT NOT NULL DEFAULT '', prediction_path TEXT NOT NULL DEFAULT '',
   columns BLOB NOT NULL DEFAULT x'',
   PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS manifest_blocks(
+  job_id TEXT NOT NULL, block INTEGER NOT NULL, data BLOB NOT NULL,
+  PRIMARY KEY(job_id, block)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS shards(
   job_id TEXT NOT NULL, shard_id INTEGER NOT NULL, state INTEGER NOT NULL, attempts INTEGER NOT NULL,
   PRIMARY KEY(job_id, shard_id)) WITHOUT ROWID;
@@ -125,7 +130,8 @@ CREATE TABLE IF NOT EXISTS job_workers(
 // is refused: it was written by a newer tallyd, and this one could misread it. A change of the
 // schema bumps this number and, where the statements above do not suffice, adds a step to
 // MigrateSchema (README "Operating tallyd": backups and upgrades).
-constexpr int kSchemaVersion = 2;
+// 3: manifest_blocks (rows of manifest-order jobs, kRowBlock a record).
+constexpr int kSchemaVersion = 3;
 
 // Columns added after the first schema, with their definitions (the schema above has them all).
 struct ColumnMigration {
@@ -246,15 +252,212 @@ absl::Status JobStore::BeginSubmission(const std::string& job_id) {
   return ins.Run();
 }
 
-absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows) {
-  // Rows go in groups of kGroup a statement (one step inserts them all: the per-step cost of the
-  // virtual machine is paid once a group), the rest one at a time; strings bound without copies.
+namespace {
+
+// Manifest rows stored kRowBlock to a record (manifest_blocks): one B-tree insert and one
+// statement per block instead of per row, which is what a submission of millions of rows costs.
+// A block's rows: each as varints (index, line) and length-prefixed strings, in index order.
+constexpr int64_t kRowBlock = 256;
+
+void PutVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+bool GetVarint(const char** p, const char* end, uint64_t* v) {
+  *v = 0;
+  for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+    const uint8_t b = static_cast<uint8_t>(*(*p)++);
+    *v |= static_cast<uint64_t>(b & 0x7F) << shift;
+    if ((b & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+void PutString(std::string* out, const std::string& v) {
+  PutVarint(out, v.size());
+  out->append(v);
+}
+
+bool GetString(const char** p, const char* end, std::string* v) {
+  uint64_t n = 0;
+  if (!GetVarint(p, end, &n) || n > static_cast<uint64_t>(end - *p)) return false;
+  v->assign(*p, n);
+  *p += n;
+  return true;
+}
+
+// The serialized ManifestRow holding a row's extra columns and COCO fields ("" for other rows).
+void ExtraBlob(const ManifestRow& r, std::string* out) {
+  out->clear();
+  if (r.columns.empty() && !r.has_coco_image && !r.has_coco_ann_ids) return;
+  v1::ManifestRow extra;
+  for (const std::string& v : r.columns) extra.add_columns(v);
+  if (r.has_coco_image) {
+    extra.set_has_coco_image(true);
+    extra.set_coco_image_id(r.coco_image_id);
+  }
+  if (r.has_coco_ann_ids) {
+    extra.set_has_coco_ann_ids(true);
+    for (int64_t id : r.coco_ann_ids) extra.add_coco_ann_ids(id);
+  }
+  extra.SerializeToString(out);
+}
+
+absl::Status ApplyExtraBlob(const std::string& blob, ManifestRow* r) {
+  if (blob.empty()) return absl::OkStatus();
+  v1::ManifestRow extra;
+  if (!extra.ParseFromString(blob)) return absl::DataLossError("manifest row " + std::to_string(r->index) + ": unreadable columns");
+  r->columns.assign(extra.columns().begin(), extra.columns().end());
+  r->has_coco_image = extra.has_coco_image();
+  r->coco_image_id = extra.coco_image_id();
+  r->has_coco_ann_ids = extra.has_coco_ann_ids();
+  r->coco_ann_ids.assign(extra.coco_ann_ids().begin(), extra.coco_ann_ids().end());
+  return absl::OkStatus();
+}
+
+void EncodeRow(const ManifestRow& r, std::string* out, std::string* scratch) {
+  PutVarint(out, static_cast<uint64_t>(r.index));
+  PutVarint(out, static_cast<uint64_t>(r.line));
+  for (const std::string* f : {&r.id, &r.image, &r.mask, &r.image_path, &r.mask_path, &r.error, &r.prediction,
+                               &r.prediction_path}) {
+    PutString(out, *f);
+  }
+  ExtraBlob(r, scratch);
+  PutString(out, *scratch);
+}
+
+absl::Status DecodeBlock(const std::string& data, std::vector<ManifestRow>* rows) {
+  rows->clear();
+  const char* p = data.data();
+  const char* end = p + data.size();
+  std::string extra;
+  while (p < end) {
+    ManifestRow r;
+    uint64_t index = 0, line = 0;
+    bool ok = GetVarint(&p, end, &index) && GetVarint(&p, end, &line);
+    for (std::string* f : {&r.id, &r.image, &r.mask, &r.image_path, &r.mask_path, &r.error, &r.prediction,
+                           &r.prediction_path, &extra}) {
+      ok = ok && GetString(&p, end, f);
+    }
+    if (!ok) return absl::DataLossError("database: unreadable block of manifest rows");
+    r.index = static_cast<int64_t>(index);
+    r.line = static_cast<int64_t>(line);
+    RETURN_IF_ERROR(ApplyExtraBlob(extra, &r));
+    rows->push_back(std::move(r));
+  }
+  return absl::OkStatus();
+}
+
+// The row with `index` in a decoded block (rows in index order), or null.
+const ManifestRow* FindInBlock(const std::vector<ManifestRow>& rows, int64_t index) {
+  auto it = std::lower_bound(rows.begin(), rows.end(), index,
+                             [](const ManifestRow& r, int64_t i) { return r.index < i; });
+  return it != rows.end() && it->index == index ? &*it : nullptr;
+}
+
+// Decoded blocks of one job, read as they are asked for (point lookups of a call).
+class BlockCache {
+ public:
+  BlockCache(sqlite3* db, const std::string& job_id)
+      : q_(db, "SELECT data FROM manifest_blocks WHERE job_id=? AND block=?"), job_id_(job_id) {}
+  absl::StatusOr<const ManifestRow*> Find(int64_t index) {
+    RETURN_IF_ERROR(q_.status());
+    const int64_t block = index / kRowBlock;
+    auto it = blocks_.find(block);
+    if (it == blocks_.end()) {
+      std::vector<ManifestRow> rows;
+      absl::Status s;
+      q_.Bind(1, job_id_).Bind(2, block);
+      if (q_.Step(&s)) {
+        const std::string data = q_.Blob(0);
+        q_.Reset();
+        RETURN_IF_ERROR(DecodeBlock(data, &rows));
+      } else {
+        q_.Reset();
+        RETURN_IF_ERROR(s);
+      }
+      it = blocks_.emplace(block, std::move(rows)).first;
+    }
+    return FindInBlock(it->second, index);
+  }
+
+ private:
+  Stmt q_;
+  const std::string job_id_;
+  std::map<int64_t, std::vector<ManifestRow>> blocks_;
+};
+
+// Whether a job's rows are in manifest_blocks (else in manifest_rows, one record a row).
+absl::StatusOr<bool> RowsInBlocks(sqlite3* db, const std::string& job_id) {
+  Stmt q(db, "SELECT EXISTS(SELECT 1 FROM manifest_blocks WHERE job_id=?)");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, job_id);
+  absl::Status s;
+  const bool found = q.Step(&s) && q.Int(0) != 0;
+  RETURN_IF_ERROR(s);
+  return found;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> JobStore::BlockedLocked(const std::string& job_id) {
+  auto it = blocked_.find(job_id);
+  if (it != blocked_.end()) return it->second;
+  ASSIGN_OR_RETURN(const bool blocked, RowsInBlocks(db_, job_id));
+  if (blocked) blocked_[job_id] = true;  // Rows in blocks stay there; a job without rows may get some.
+  return blocked;
+}
+
+absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows,
+                                          bool blocks) {
+  absl::MutexLock lock(&mu_);
+  if (blocks) {
+    blocked_[job_id] = true;
+    return InTransaction([&](sqlite3* db) -> absl::Status {
+      Stmt read(db, "SELECT data FROM manifest_blocks WHERE job_id=? AND block=?");
+      RETURN_IF_ERROR(read.status());
+      Stmt write(db, "INSERT OR REPLACE INTO manifest_blocks VALUES(?,?,?)");
+      RETURN_IF_ERROR(write.status());
+      std::string data, scratch;
+      std::vector<ManifestRow> merged;
+      for (size_t i = 0; i < rows.size();) {
+        const int64_t block = rows[i].index / kRowBlock;
+        size_t j = i;
+        while (j < rows.size() && rows[j].index / kRowBlock == block) ++j;
+        data.clear();
+        // A block begun by an earlier call (batches that do not end on a block): its rows first.
+        absl::Status s;
+        read.Bind(1, job_id).Bind(2, block);
+        const bool existed = read.Step(&s);
+        if (existed) data = read.Blob(0);
+        read.Reset();
+        RETURN_IF_ERROR(s);
+        for (size_t k = i; k < j; ++k) EncodeRow(rows[k], &data, &scratch);
+        if (existed) {  // Keep index order inside the block.
+          RETURN_IF_ERROR(DecodeBlock(data, &merged));
+          std::stable_sort(merged.begin(), merged.end(),
+                           [](const ManifestRow& a, const ManifestRow& b) { return a.index < b.index; });
+          data.clear();
+          for (const ManifestRow& r : merged) EncodeRow(r, &data, &scratch);
+        }
+        write.BindStatic(1, job_id).Bind(2, block).BindBlob(3, data);
+        RETURN_IF_ERROR(write.Run());
+        i = j;
+      }
+      return absl::OkStatus();
+    });
+  }
+  // One record a row: groups of kGroup a statement (one step inserts them all: the per-step cost of
+  // the virtual machine is paid once a group), the rest one at a time; strings bound without copies.
   constexpr size_t kGroup = 64;
   constexpr const char* kInsert =
       "INSERT INTO manifest_rows(job_id, idx, line, id, image, mask, image_path, mask_path, error, prediction, "
       "prediction_path, columns) VALUES";
   constexpr const char* kValues = "(?,?,?,?,?,?,?,?,?,?,?,?)";
-  absl::MutexLock lock(&mu_);
   return InTransaction([&](sqlite3* db) -> absl::Status {
     std::string group_sql = kInsert;
     for (size_t i = 0; i < kGroup; ++i) absl::StrAppend(&group_sql, i ? "," : "", kValues);
@@ -262,28 +465,13 @@ absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::
     RETURN_IF_ERROR(group.status());
     Stmt one(db, absl::StrCat(kInsert, kValues).c_str());
     RETURN_IF_ERROR(one.status());
-    // Extra columns (Python models' per-row inputs) as a serialized ManifestRow holding only them,
-    // and the COCO fields, which only COCO jobs have.
     std::vector<std::string> extras(kGroup);
     auto bind = [&](Stmt& st, int base, const ManifestRow& r, std::string* extra_blob) {
       st.BindStatic(base + 1, job_id).Bind(base + 2, r.index).Bind(base + 3, r.line).BindStatic(base + 4, r.id);
       st.BindStatic(base + 5, r.image).BindStatic(base + 6, r.mask).BindStatic(base + 7, r.image_path);
       st.BindStatic(base + 8, r.mask_path).BindStatic(base + 9, r.error).BindStatic(base + 10, r.prediction);
       st.BindStatic(base + 11, r.prediction_path);
-      extra_blob->clear();
-      if (!r.columns.empty() || r.has_coco_image || r.has_coco_ann_ids) {
-        v1::ManifestRow extra;
-        for (const std::string& v : r.columns) extra.add_columns(v);
-        if (r.has_coco_image) {
-          extra.set_has_coco_image(true);
-          extra.set_coco_image_id(r.coco_image_id);
-        }
-        if (r.has_coco_ann_ids) {
-          extra.set_has_coco_ann_ids(true);
-          for (int64_t id : r.coco_ann_ids) extra.add_coco_ann_ids(id);
-        }
-        extra.SerializeToString(extra_blob);
-      }
+      ExtraBlob(r, extra_blob);
       st.BindBlob(base + 12, *extra_blob);
     };
     size_t i = 0;
@@ -328,9 +516,12 @@ absl::Status JobStore::CreateJob(const JobRecord& record) {
 absl::Status JobStore::DeleteInBatches(const char* table, const std::string& job_id) {
   // Tables keyed by (job_id, idx) can hold millions of rows of a job: delete them in bounded
   // transactions, so that other jobs' commits are not held up behind one large deletion.
-  const bool by_index = std::string(table) == "manifest_rows" || std::string(table) == "results";
-  const std::string sql = by_index ? absl::StrCat("DELETE FROM ", table, " WHERE job_id=?1 AND idx IN (SELECT idx FROM ",
-                                                  table, " WHERE job_id=?1 ORDER BY idx LIMIT 20000)")
+  const std::string name = table;
+  const char* key = name == "manifest_rows" || name == "results" ? "idx" : name == "manifest_blocks" ? "block" : nullptr;
+  const bool by_index = key != nullptr;
+  const std::string sql = by_index ? absl::StrCat("DELETE FROM ", table, " WHERE job_id=?1 AND ", key, " IN (SELECT ",
+                                                  key, " FROM ", table, " WHERE job_id=?1 ORDER BY ", key,
+                                                  " LIMIT 20000)")
                                    : absl::StrCat("DELETE FROM ", table, " WHERE job_id=?1");
   while (true) {
     absl::MutexLock lock(&mu_);
@@ -348,10 +539,12 @@ absl::Status JobStore::DeleteInBatches(const char* table, const std::string& job
 }
 
 absl::Status JobStore::DeleteJob(const std::string& job_id) {
-  for (const char* table : {"results", "manifest_rows", "shards", "job_workers", "thumbnails", "jobs", "submissions"}) {
+  for (const char* table :
+       {"results", "manifest_rows", "manifest_blocks", "shards", "job_workers", "thumbnails", "jobs", "submissions"}) {
     RETURN_IF_ERROR(DeleteInBatches(table, job_id));
   }
   absl::MutexLock lock(&mu_);
+  blocked_.erase(job_id);
   RETURN_IF_ERROR(Exec("PRAGMA incremental_vacuum"));
   return Exec("PRAGMA wal_checkpoint(TRUNCATE)");
 }
@@ -455,6 +648,22 @@ absl::StatusOr<ManifestRow> RowFromStmt(Stmt& q) {
 
 absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& job_id, int64_t begin, int64_t end) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const bool blocked, BlockedLocked(job_id));
+  if (blocked) {
+    Stmt q(db_, "SELECT data FROM manifest_blocks WHERE job_id=? AND block>=? AND block<=? ORDER BY block");
+    RETURN_IF_ERROR(q.status());
+    q.Bind(1, job_id).Bind(2, begin / kRowBlock).Bind(3, end <= begin ? begin / kRowBlock : (end - 1) / kRowBlock);
+    std::vector<ManifestRow> rows, block;
+    absl::Status s;
+    while (q.Step(&s)) {
+      RETURN_IF_ERROR(DecodeBlock(q.Blob(0), &block));
+      for (ManifestRow& r : block) {
+        if (r.index >= begin && r.index < end) rows.push_back(std::move(r));
+      }
+    }
+    RETURN_IF_ERROR(s);
+    return rows;
+  }
   Stmt q(db_, absl::StrCat(kRowColumns, "WHERE job_id=? AND idx>=? AND idx<? ORDER BY idx").c_str());
   RETURN_IF_ERROR(q.status());
   q.Bind(1, job_id).Bind(2, begin).Bind(3, end);
@@ -471,6 +680,17 @@ absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& j
 absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRowsAt(const std::string& job_id,
                                                               const std::vector<int64_t>& indices) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const bool blocked, BlockedLocked(job_id));
+  if (blocked) {
+    BlockCache cache(db_, job_id);
+    std::vector<ManifestRow> rows;
+    rows.reserve(indices.size());
+    for (int64_t index : indices) {
+      ASSIGN_OR_RETURN(const ManifestRow* r, cache.Find(index));
+      if (r != nullptr) rows.push_back(*r);
+    }
+    return rows;
+  }
   Stmt q(db_, absl::StrCat(kRowColumns, "WHERE job_id=? AND idx=?").c_str());
   RETURN_IF_ERROR(q.status());
   std::vector<ManifestRow> rows;
@@ -495,6 +715,10 @@ absl::Status JobStore::CommitResults(const std::string& job_id, const std::strin
   absl::MutexLock lock(&mu_);
   new_rows->assign(results.size(), false);
   if (names != nullptr) names->assign(results.size(), RowNames());
+  bool blocked = false;
+  if (names != nullptr) {
+    ASSIGN_OR_RETURN(blocked, BlockedLocked(job_id));
+  }
   absl::Status s = InTransaction([&](sqlite3* db) -> absl::Status {
     Stmt ins(db, "INSERT OR IGNORE INTO results VALUES(?,?,?,?,?,?)");
     RETURN_IF_ERROR(ins.status());
@@ -508,7 +732,21 @@ absl::Status JobStore::CommitResults(const std::string& job_id, const std::strin
       (*new_rows)[i] = sqlite3_changes(db) > 0;
       if ((*new_rows)[i]) inserted.insert(r.index());
     }
-    if (names != nullptr) {
+    if (names != nullptr && blocked) {
+      BlockCache cache(db, job_id);
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (!(*new_rows)[i]) continue;
+        ASSIGN_OR_RETURN(const ManifestRow* m, cache.Find(results[i].index()));
+        if (m == nullptr) continue;
+        RowNames& n = (*names)[i];
+        n.id = m->id;
+        n.image = m->image;
+        n.mask = m->mask;
+        n.prediction = m->prediction;
+        n.mask_path = m->mask_path;
+        n.prediction_path = m->prediction_path;
+      }
+    } else if (names != nullptr) {
       Stmt q(db,
              "SELECT id, image, mask, prediction, mask_path, prediction_path FROM manifest_rows "
              "WHERE job_id=? AND idx=?");
@@ -646,6 +884,49 @@ absl::StatusOr<std::vector<WorkerRecord>> JobStore::ReadWorkers(const std::strin
   return out;
 }
 
+namespace {
+
+// ForEachResult of a job whose rows are in blocks: the results in index order merged with the
+// blocks in block order (each decoded once).
+absl::Status ForEachBlockedResult(sqlite3* reader, const std::string& job_id, const JobStore::ResultFn& fn) {
+  Stmt results(reader, "SELECT idx, payload FROM results WHERE job_id=? ORDER BY idx");
+  RETURN_IF_ERROR(results.status());
+  Stmt blocks(reader, "SELECT block, data FROM manifest_blocks WHERE job_id=? ORDER BY block");
+  RETURN_IF_ERROR(blocks.status());
+  results.Bind(1, job_id);
+  blocks.Bind(1, job_id);
+  absl::Status s, bs;
+  int64_t current = -1;  // The block decoded into `rows`.
+  bool blocks_left = true;
+  std::vector<ManifestRow> rows;
+  v1::ImageResult r;
+  RowNames names;
+  while (results.Step(&s)) {
+    const int64_t index = results.Int(0);
+    const int64_t block = index / kRowBlock;
+    while (blocks_left && current < block) {
+      blocks_left = blocks.Step(&bs);
+      RETURN_IF_ERROR(bs);
+      if (!blocks_left) break;
+      current = blocks.Int(0);
+      if (current == block) RETURN_IF_ERROR(DecodeBlock(blocks.Blob(1), &rows));
+    }
+    const ManifestRow* m = current == block ? FindInBlock(rows, index) : nullptr;
+    if (m == nullptr) continue;  // As the join leaves out a result without its manifest row.
+    if (!r.ParseFromString(results.Blob(1))) return absl::DataLossError("database: unreadable result payload");
+    names.id = m->id;
+    names.image = m->image;
+    names.mask = m->mask;
+    names.prediction = m->prediction;
+    names.mask_path = m->mask_path;
+    names.prediction_path = m->prediction_path;
+    RETURN_IF_ERROR(fn(r, names));
+  }
+  return s;
+}
+
+}  // namespace
+
 absl::Status JobStore::ForEachResult(const std::string& job_id, const ResultFn& fn) {
   sqlite3* reader = nullptr;
   if (sqlite3_open_v2(path_.c_str(), &reader, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
@@ -655,6 +936,8 @@ absl::Status JobStore::ForEachResult(const std::string& job_id, const ResultFn& 
   }
   sqlite3_busy_timeout(reader, 10000);
   std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(reader, sqlite3_close);
+  ASSIGN_OR_RETURN(const bool blocked, RowsInBlocks(reader, job_id));
+  if (blocked) return ForEachBlockedResult(reader, job_id, fn);
   Stmt q(reader,
          "SELECT r.payload, m.id, m.image, m.mask, m.prediction, m.mask_path, m.prediction_path "
          "FROM results r JOIN manifest_rows m "

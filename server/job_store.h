@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,7 +78,12 @@ class JobStore {
   // row and all its shards, pending, in one transaction). Rows of a submission that never reached
   // CreateJob (an error, a crash) are deleted by DeleteJob or at the next Open.
   absl::Status BeginSubmission(const std::string& job_id);
-  absl::Status InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows);
+  // `blocks`: stored 256 rows to a record (manifest_blocks), for jobs that read their rows in index
+  // ranges: what makes a submission of millions of rows take seconds. Rows must then come in index
+  // order (a block may span calls). Otherwise one record a row (random-order jobs read rows scattered
+  // over the manifest; COCO jobs).
+  absl::Status InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows,
+                                  bool blocks = false);
   absl::Status CreateJob(const JobRecord& record);
   // Deletes everything of a job (rows, results, shards, workers) in bounded transactions and gives
   // the freed pages back to the file system.
@@ -132,9 +138,13 @@ class JobStore {
   absl::Status InTransaction(const std::function<absl::Status(sqlite3* db)>& body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeleteInBatches(const char* table, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether the job's rows are in blocks (InsertManifestRows), remembered once known.
+  absl::StatusOr<bool> BlockedLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::string path_;
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, bool> blocked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tally

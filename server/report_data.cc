@@ -266,6 +266,9 @@ absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std:
   ReportData d = std::move(d_);
   d_ = ReportData();
   d.record = &record;
+  // The job's settings as they are now (workers' resolved choices are written into the spec while
+  // rows arrive); what the rows were aggregated with (metrics, classes) does not change.
+  ASSIGN_OR_RETURN(d.config, JobConfigFromSpec(record.job.spec()));
   std::sort(d.failures.begin(), d.failures.end(),
             [](const Failure& a, const Failure& b) { return a.index < b.index; });
   d.aggregate = aggregator_->Finish();

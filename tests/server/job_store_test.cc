@@ -164,5 +164,81 @@ TEST_F(JobStoreTest, ThumbnailsKeepTheLowestPerClassWhateverTheCommitOrder) {
   EXPECT_TRUE(gone->empty());
 }
 
+
+// Rows stored in blocks (manifest-order jobs) read back as rows stored one a record do: ranges,
+// scattered indices, the names a commit reads, ForEachResult's names; batches that end inside a
+// block are merged into it; deleting the job removes the blocks.
+TEST_F(JobStoreTest, RowsInBlocksReadBackAsRowsOneARecord) {
+  const int64_t n = 1000;
+  std::vector<ManifestRow> rows;
+  for (int64_t i = 0; i < n; ++i) {
+    ManifestRow r;
+    r.index = i;
+    r.line = i + 2;
+    r.id = "id," + std::to_string(i);
+    r.image = i % 7 == 0 ? "" : "img/" + std::to_string(i) + ".png";
+    r.mask = "m/" + std::to_string(i) + ".png";
+    r.image_path = r.image.empty() ? "" : "/d/" + r.image;
+    r.mask_path = "/d/" + r.mask;
+    r.error = i % 13 == 0 ? "manifest line " + std::to_string(i + 2) + ": empty 'mask' field" : "";
+    if (i % 5 == 0) r.columns = {"a prompt, " + std::to_string(i), ""};
+    rows.push_back(r);
+  }
+  ASSERT_TRUE(store_->InsertManifestRows("flat", rows).ok());
+  // Batches of 100, 300 and 600 rows: 100 and 400 fall inside blocks of 256.
+  for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 100}, {100, 400}, {400, n}}) {
+    ASSERT_TRUE(store_->InsertManifestRows("blocked", std::vector<ManifestRow>(rows.begin() + b, rows.begin() + e), true).ok());
+  }
+  auto same = [](const std::vector<ManifestRow>& a, const std::vector<ManifestRow>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].index != b[i].index || a[i].line != b[i].line || a[i].id != b[i].id || a[i].image != b[i].image ||
+          a[i].mask != b[i].mask || a[i].image_path != b[i].image_path || a[i].mask_path != b[i].mask_path ||
+          a[i].error != b[i].error || a[i].columns != b[i].columns) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (auto [b, e] : {std::pair<int64_t, int64_t>{0, n}, {255, 257}, {300, 301}, {990, 2000}, {5, 5}}) {
+    auto x = store_->ReadRows("flat", b, e), y = store_->ReadRows("blocked", b, e);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_TRUE(same(*x, *y)) << b << ".." << e;
+    EXPECT_EQ(static_cast<int64_t>(y->size()), std::max<int64_t>(0, std::min(e, n) - b));
+  }
+  const std::vector<int64_t> scattered = {999, 0, 513, 256, 255, 77, 5000, 511};
+  auto x = store_->ReadRowsAt("flat", scattered), y = store_->ReadRowsAt("blocked", scattered);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_TRUE(same(*x, *y));
+  EXPECT_EQ(y->size(), scattered.size() - 1);  // 5000 is no row.
+  std::vector<v1::ImageResult> results;
+  for (int64_t i : {3, 700, 256, 42}) results.push_back(Result(i));
+  std::vector<bool> new_flat, new_blocked;
+  std::vector<RowNames> names_flat, names_blocked;
+  ASSERT_TRUE(store_->CommitResults("flat", "w", results, 1.0, &new_flat, {}, 0, &names_flat).ok());
+  ASSERT_TRUE(store_->CommitResults("blocked", "w", results, 1.0, &new_blocked, {}, 0, &names_blocked).ok());
+  for (size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(names_flat[i].id, names_blocked[i].id);
+    EXPECT_EQ(names_blocked[i].id, "id," + std::to_string(results[i].index()));
+    EXPECT_EQ(names_flat[i].mask_path, names_blocked[i].mask_path);
+  }
+  std::vector<std::string> seen_flat, seen_blocked;
+  ASSERT_TRUE(store_->ForEachResult("flat", [&](const v1::ImageResult& r, const RowNames& names) {
+    seen_flat.push_back(std::to_string(r.index()) + " " + names.id + " " + names.image + " " + names.mask_path);
+    return absl::OkStatus();
+  }).ok());
+  ASSERT_TRUE(store_->ForEachResult("blocked", [&](const v1::ImageResult& r, const RowNames& names) {
+    seen_blocked.push_back(std::to_string(r.index()) + " " + names.id + " " + names.image + " " + names.mask_path);
+    return absl::OkStatus();
+  }).ok());
+  EXPECT_EQ(seen_flat, seen_blocked);
+  EXPECT_EQ(seen_blocked.front(), "3 id,3 img/3.png /d/m/3.png");
+  ASSERT_TRUE(store_->DeleteJob("blocked").ok());
+  EXPECT_EQ(Sql(dir_ + "/state.db", "SELECT COUNT(*) FROM manifest_blocks"), "0");
+  auto gone = store_->ReadRows("blocked", 0, n);
+  ASSERT_TRUE(gone.ok());
+  EXPECT_TRUE(gone->empty());
+}
+
 }  // namespace
 }  // namespace tally
