@@ -708,6 +708,45 @@ absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRowsAt(const std::string&
   return rows;
 }
 
+namespace {
+
+// CommitResults' names of the newly inserted rows, from the job's blocks or rows.
+absl::Status ReadNewRowNames(sqlite3* db, const std::string& job_id, bool blocked,
+                             const std::vector<v1::ImageResult>& results, const std::vector<bool>& new_rows,
+                             std::vector<RowNames>* names) {
+  auto fill = [](RowNames* n, std::string id, std::string image, std::string mask, std::string prediction,
+                 std::string mask_path, std::string prediction_path) {
+    n->id = std::move(id);
+    n->image = std::move(image);
+    n->mask = std::move(mask);
+    n->prediction = std::move(prediction);
+    n->mask_path = std::move(mask_path);
+    n->prediction_path = std::move(prediction_path);
+  };
+  if (blocked) {
+    BlockCache cache(db, job_id);
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (!new_rows[i]) continue;
+      ASSIGN_OR_RETURN(const ManifestRow* m, cache.Find(results[i].index()));
+      if (m != nullptr) fill(&(*names)[i], m->id, m->image, m->mask, m->prediction, m->mask_path, m->prediction_path);
+    }
+    return absl::OkStatus();
+  }
+  Stmt q(db, "SELECT id, image, mask, prediction, mask_path, prediction_path FROM manifest_rows WHERE job_id=? AND idx=?");
+  RETURN_IF_ERROR(q.status());
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!new_rows[i]) continue;
+    absl::Status step;
+    q.Bind(1, job_id).Bind(2, results[i].index());
+    if (q.Step(&step)) fill(&(*names)[i], q.Text(0), q.Text(1), q.Text(2), q.Text(3), q.Text(4), q.Text(5));
+    q.Reset();
+    RETURN_IF_ERROR(step);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status JobStore::CommitResults(const std::string& job_id, const std::string& worker_id,
                                      const std::vector<v1::ImageResult>& results, double now,
                                      std::vector<bool>* new_rows, const std::vector<StoredThumbnail>& thumbnails,
@@ -732,42 +771,7 @@ absl::Status JobStore::CommitResults(const std::string& job_id, const std::strin
       (*new_rows)[i] = sqlite3_changes(db) > 0;
       if ((*new_rows)[i]) inserted.insert(r.index());
     }
-    if (names != nullptr && blocked) {
-      BlockCache cache(db, job_id);
-      for (size_t i = 0; i < results.size(); ++i) {
-        if (!(*new_rows)[i]) continue;
-        ASSIGN_OR_RETURN(const ManifestRow* m, cache.Find(results[i].index()));
-        if (m == nullptr) continue;
-        RowNames& n = (*names)[i];
-        n.id = m->id;
-        n.image = m->image;
-        n.mask = m->mask;
-        n.prediction = m->prediction;
-        n.mask_path = m->mask_path;
-        n.prediction_path = m->prediction_path;
-      }
-    } else if (names != nullptr) {
-      Stmt q(db,
-             "SELECT id, image, mask, prediction, mask_path, prediction_path FROM manifest_rows "
-             "WHERE job_id=? AND idx=?");
-      RETURN_IF_ERROR(q.status());
-      for (size_t i = 0; i < results.size(); ++i) {
-        if (!(*new_rows)[i]) continue;
-        absl::Status step;
-        q.Bind(1, job_id).Bind(2, results[i].index());
-        if (q.Step(&step)) {
-          RowNames& n = (*names)[i];
-          n.id = q.Text(0);
-          n.image = q.Text(1);
-          n.mask = q.Text(2);
-          n.prediction = q.Text(3);
-          n.mask_path = q.Text(4);
-          n.prediction_path = q.Text(5);
-        }
-        q.Reset();
-        RETURN_IF_ERROR(step);
-      }
-    }
+    if (names != nullptr) RETURN_IF_ERROR(ReadNewRowNames(db, job_id, blocked, results, *new_rows, names));
     std::set<int> classes;
     if (thumbnails.empty()) return absl::OkStatus();
     Stmt th(db, "INSERT OR IGNORE INTO thumbnails VALUES(?,?,?,?,?,?)");
