@@ -41,8 +41,9 @@ absl::StatusOr<std::unique_ptr<LiveReport>> LiveReport::Create(const JobRecord& 
   }
   {
     absl::MutexLock lock(&live->parts_[0]->mu);
-    live->csv_ = std::make_unique<PerImageCsv>(live->parts_[0]->acc->config());
+    live->csv_config_ = std::make_unique<JobConfig>(live->parts_[0]->acc->config());
   }
+  live->csv_ = std::make_unique<PerImageCsv>(*live->csv_config_);  // It keeps a reference to the config.
   absl::MutexLock lock(&live->spool_mu_);
   live->spool_ = std::fopen(spool_path.c_str(), "w+b");
   if (live->spool_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot create '", spool_path, "'"));

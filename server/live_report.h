@@ -68,6 +68,7 @@ class LiveReport {
 
   const JobRecord record_;  // As created (its spec and class count: what the accumulators need).
   const std::string spool_path_;
+  std::unique_ptr<JobConfig> csv_config_;
   std::unique_ptr<PerImageCsv> csv_;
   std::vector<std::unique_ptr<Part>> parts_;
   mutable absl::Mutex spool_mu_;

@@ -194,14 +194,15 @@ absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*
 
 }  // namespace
 
-ReportAccumulator::ReportAccumulator(const JobRecord& record, JobConfig config) {
+ReportAccumulator::ReportAccumulator(const JobRecord& record, JobConfig config) : config_(std::move(config)) {
   d_.record = &record;
-  d_.config = std::move(config);
+  d_.config = config_;
   d_.num_classes = record.job.num_classes();
   aggregator_ = std::make_unique<Aggregator>(AggregateOptionsFor(d_));
   d_.record = nullptr;  // Set again by Finish (the record may move meanwhile).
-  if (d_.config.instance_job()) instances_ = std::make_unique<InstanceAccumulator>(d_.config);
-  if (d_.config.panoptic_job()) panoptic_ = std::make_unique<PanopticAccumulator>(d_.config);
+  // These keep a reference to the configuration: config_, which stays where it is.
+  if (config_.instance_job()) instances_ = std::make_unique<InstanceAccumulator>(config_);
+  if (config_.panoptic_job()) panoptic_ = std::make_unique<PanopticAccumulator>(config_);
 }
 
 ReportAccumulator::~ReportAccumulator() = default;

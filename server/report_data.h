@@ -125,13 +125,14 @@ class ReportAccumulator {
   void AddRow(const v1::ImageResult& stored, const RowNames& names, int64_t offset, const ReportRowFn& on_row);
   void Merge(ReportAccumulator* other);
   int64_t rows() const { return d_.evaluated + d_.failed; }
-  const JobConfig& config() const { return d_.config; }
+  const JobConfig& config() const { return config_; }
   // The report's data; reads the worst rows' names and thumbnails and the workers from `store`.
   // The accumulator is empty afterwards.
   absl::StatusOr<ReportData> Finish(JobStore* store, const std::vector<const JobRecord*>& parts,
                                     const JobRecord& record);
 
  private:
+  const JobConfig config_;  // The accumulators' (they refer to it).
   ReportData d_;
   std::unique_ptr<Aggregator> aggregator_;
   std::unique_ptr<InstanceAccumulator> instances_;
