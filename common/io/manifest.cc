@@ -39,11 +39,31 @@ std::string DirName(const std::string& path) {
 
 }  // namespace
 
+namespace {
+// Eight bytes of `p`, as one word.
+uint64_t Word(const unsigned char* p) {
+  uint64_t w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
+}
+constexpr uint64_t kHighBits = 0x8080808080808080ull;
+constexpr uint64_t kOnes = 0x0101010101010101ull;
+// Whether any byte of `w` (all below 0x80) is below 0x20 or is 0x7F.
+bool AnyControl(uint64_t w) {
+  const uint64_t del = w ^ (0x7F * kOnes);
+  return (((w - 0x20 * kOnes) & ~w) | ((del - kOnes) & ~del)) & kHighBits;
+}
+}  // namespace
+
 int64_t FirstInvalidUtf8(absl::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();
   size_t i = 0;
   while (i < n) {
+    if (i + 8 <= n && (Word(p + i) & kHighBits) == 0) {  // Eight ASCII bytes at once.
+      i += 8;
+      continue;
+    }
     const unsigned char c = p[i];
     if (c < 0x80) {
       ++i;
@@ -77,7 +97,14 @@ int64_t FirstInvalidUtf8(absl::string_view s) {
 }
 
 int64_t FirstControlCharacter(absl::string_view s, bool newlines_allowed) {
-  for (size_t i = 0; i < s.size(); ++i) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t start = 0;  // Runs of eight printable ASCII bytes are skipped at once.
+  while (start + 8 <= s.size()) {
+    const uint64_t w = Word(p + start);
+    if ((w & kHighBits) != 0 || AnyControl(w)) break;
+    start += 8;
+  }
+  for (size_t i = start; i < s.size(); ++i) {
     const unsigned char b = static_cast<unsigned char>(s[i]);
     if (b == '\t' || (newlines_allowed && (b == '\n' || b == '\r'))) continue;
     if (b < 0x20 || b == 0x7F) return static_cast<int64_t>(i);
@@ -174,12 +201,19 @@ bool CsvReader::ReadQuoted(size_t column, std::string* field, absl::Status* stat
 }
 
 bool CsvReader::ReadUnquoted(size_t column, std::string* field, bool* any_content, absl::Status* status) {
-  int c;
-  while ((c = Peek()) >= 0 && c != ',' && c != '\n' && c != '\r') {
-    field->push_back(static_cast<char>(c));
-    Skip();
-    *any_content = true;
-    if (field->size() > limits_.max_field_bytes) return FieldTooLong(column, status);
+  // The field's bytes up to the separator, a run of the buffer at a time.
+  while (Peek() >= 0) {
+    const char* begin = view_.data() + pos_;
+    const char* end = view_.data() + view_.size();
+    const char* p = begin;
+    while (p < end && *p != ',' && *p != '\n' && *p != '\r') ++p;
+    if (p > begin) {
+      field->append(begin, static_cast<size_t>(p - begin));
+      pos_ += static_cast<size_t>(p - begin);
+      *any_content = true;
+      if (field->size() > limits_.max_field_bytes) return FieldTooLong(column, status);
+    }
+    if (p < end) break;  // At a separator; else the buffer ran out: refill and go on.
   }
   return true;
 }
@@ -380,10 +414,21 @@ absl::Status ManifestReader::NextBatch(size_t max_rows, std::vector<ManifestRow>
                  ? std::string(absl::StripAsciiWhitespace(rec.fields[col]))
                  : std::string();
     };
-    row.image = get(image_col_);
-    row.mask = get(mask_col_);
-    row.id = get(id_col_);
-    row.prediction = get(prediction_col_);
+    // The same moved out of the record where there is nothing to strip (no copy); only for columns
+    // read once here (the coco_ann_ids and extra columns are other columns).
+    auto take = [&](int col) -> std::string {
+      if (col < 0 || static_cast<size_t>(col) >= rec.fields.size() || col == coco_ann_ids_col_) return get(col);
+      std::string& f = rec.fields[col];
+      if (absl::StripAsciiWhitespace(f).size() != f.size()) return get(col);
+      return std::move(f);
+    };
+    const bool distinct = (image_col_ < 0 || (image_col_ != mask_col_ && image_col_ != id_col_ && image_col_ != prediction_col_)) &&
+                          (mask_col_ < 0 || (mask_col_ != id_col_ && mask_col_ != prediction_col_)) &&
+                          (id_col_ < 0 || id_col_ != prediction_col_) && !keep_extra_;
+    row.image = distinct ? take(image_col_) : get(image_col_);
+    row.mask = distinct ? take(mask_col_) : get(mask_col_);
+    row.id = distinct ? take(id_col_) : get(id_col_);
+    row.prediction = distinct ? take(prediction_col_) : get(prediction_col_);
     for (int col : keep_extra_ ? extra_cols_ : std::vector<int>{}) {
       row.columns.push_back(static_cast<size_t>(col) < rec.fields.size() ? rec.fields[col] : std::string());
     }
@@ -402,9 +447,12 @@ absl::Status ManifestReader::NextBatch(size_t max_rows, std::vector<ManifestRow>
     } else if (row.mask.empty()) {
       row.error = absl::StrCat("manifest line ", rec.line, ": empty 'mask' field");
     }
-    const std::vector<std::string> channels = VolumeChannelFiles(row.image);  // One unless a;b volumes.
+    // One file unless a;b volumes (the split only where there is a ';').
+    const std::vector<std::string> channels =
+        row.image.find(';') == std::string::npos ? std::vector<std::string>() : VolumeChannelFiles(row.image);
     if (row.id.empty()) {
-      row.id = !row.image.empty() ? Stem(channels[0]) : !row.mask.empty() ? Stem(row.mask) : absl::StrCat(row.index);
+      row.id = !row.image.empty() ? Stem(channels.empty() ? row.image : channels[0])
+                                  : !row.mask.empty() ? Stem(row.mask) : absl::StrCat(row.index);
     }
     if (channels.size() > 1) {
       std::vector<std::string> resolved;
@@ -472,11 +520,19 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string
 }
 
 void DuplicateIds::Add(const std::string& id, int64_t index, int64_t line) {
-  entries_.push_back(Entry{absl::Hash<std::string>{}(id), index, line});
+  const uint64_t hash = absl::Hash<std::string>{}(id);
+  entries_.push_back(Entry{hash, index, line});
+  if (!seen_.insert(hash).second) repeated_.insert(hash);
 }
 
 int64_t DuplicateIds::Finish(size_t max_groups, std::vector<Group>* groups, int64_t* repeated_ids) {
   groups->clear();
+  seen_.clear();
+  // Only rows whose hash repeats matter (usually none: no sort of every row).
+  entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
+                                [&](const Entry& e) { return repeated_.count(e.hash) == 0; }),
+                 entries_.end());
+  repeated_.clear();
   std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
     return a.hash != b.hash ? a.hash < b.hash : a.index < b.index;
   });

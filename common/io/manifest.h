@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -118,6 +119,8 @@ class DuplicateIds {
     int64_t line;
   };
   std::vector<Entry> entries_;
+  absl::flat_hash_set<uint64_t> seen_;      // Every hash so far.
+  absl::flat_hash_set<uint64_t> repeated_;  // Hashes seen twice or more.
 };
 // "3 rows repeat the id of an earlier row (2 ids): 'same' (lines 2, 3, 5), 'x' (lines 6, 7)": from
 // Finish's counts and the repeated ids with their lines ("..." where ids are left out).

@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
@@ -59,6 +62,56 @@ void Compress(uint32_t h[8], const uint8_t block[64]) {
   h[7] += k;
 }
 
+// The same compression of `blocks` consecutive 64-byte blocks with the x86 SHA extensions
+// (_mm_sha256rnds2_epu32 does two rounds; sha256msg1/msg2 the message schedule): the state is
+// kept as the instructions want it, ABEF and CDGH.
+__attribute__((target("sha,sse4.1"))) void CompressShaNi(uint32_t h[8], const uint8_t* data, size_t blocks) {
+  const __m128i byte_swap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+  __m128i cdab = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)), 0xB1);
+  __m128i efgh = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 4)), 0x1B);
+  __m128i abef = _mm_alignr_epi8(cdab, efgh, 8);
+  __m128i cdgh = _mm_blend_epi16(efgh, cdab, 0xF0);
+  for (; blocks > 0; --blocks, data += 64) {
+    const __m128i abef_in = abef, cdgh_in = cdgh;
+    __m128i w[16];
+    for (int i = 0; i < 16; ++i) {
+      if (i < 4) {
+        w[i] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + 16 * i)), byte_swap);
+      } else {  // W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16], four at a time.
+        const __m128i x = _mm_add_epi32(_mm_sha256msg1_epu32(w[i - 4], w[i - 3]), _mm_alignr_epi8(w[i - 1], w[i - 2], 4));
+        w[i] = _mm_sha256msg2_epu32(x, w[i - 1]);
+      }
+      __m128i msg = _mm_add_epi32(w[i], _mm_loadu_si128(reinterpret_cast<const __m128i*>(kK + 4 * i)));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, msg);
+      msg = _mm_shuffle_epi32(msg, 0x0E);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, msg);
+    }
+    abef = _mm_add_epi32(abef, abef_in);
+    cdgh = _mm_add_epi32(cdgh, cdgh_in);
+  }
+  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(h), _mm_blend_epi16(feba, dchg, 0xF0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(h + 4), _mm_alignr_epi8(dchg, feba, 8));
+}
+
+// Whether this CPU has the SHA extensions (and TALLY_SHA256_PORTABLE, tests only, is unset).
+bool UseShaNi() {
+  static const bool use = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1") &&
+                          std::getenv("TALLY_SHA256_PORTABLE") == nullptr;
+  return use;
+}
+
+thread_local bool force_portable = false;  // Sha256Portable's.
+
+void CompressBlocks(uint32_t h[8], const uint8_t* data, size_t blocks) {
+  if (!force_portable && UseShaNi()) {
+    CompressShaNi(h, data, blocks);
+    return;
+  }
+  for (size_t i = 0; i < blocks; ++i) Compress(h, data + 64 * i);
+}
+
 // Incremental SHA-256: Update with any number of pieces, then Finish.
 class Hasher {
  public:
@@ -73,14 +126,12 @@ class Hasher {
       p += take;
       n -= take;
       if (fill_ < 64) return;
-      Compress(h_, block_);
+      CompressBlocks(h_, block_, 1);
       fill_ = 0;
     }
-    while (n >= 64) {
-      Compress(h_, p);
-      p += 64;
-      n -= 64;
-    }
+    CompressBlocks(h_, p, n / 64);
+    p += n / 64 * 64;
+    n %= 64;
     std::memcpy(block_, p, n);
     fill_ = n;
   }
@@ -92,8 +143,7 @@ class Hasher {
     const size_t tail_size = fill_ + 9 <= 64 ? 64 : 128;
     const uint64_t bits = total_ * 8;
     for (int i = 0; i < 8; ++i) tail[tail_size - 1 - i] = static_cast<uint8_t>(bits >> (8 * i));
-    Compress(h_, tail);
-    if (tail_size == 128) Compress(h_, tail + 64);
+    CompressBlocks(h_, tail, tail_size / 64);
     std::array<uint8_t, 32> out;
     for (int i = 0; i < 8; ++i) {
       for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<uint8_t>(h_[i] >> (24 - 8 * j));
@@ -124,6 +174,13 @@ std::array<uint8_t, 32> Sha256(absl::string_view data) {
   Hasher h;
   h.Update(data);
   return h.Finish();
+}
+
+std::array<uint8_t, 32> Sha256Portable(absl::string_view data) {
+  force_portable = true;
+  const std::array<uint8_t, 32> digest = Sha256(data);
+  force_portable = false;
+  return digest;
 }
 
 std::string Sha256FileHex(const std::string& path) {
