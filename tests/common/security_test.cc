@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <set>
 #include <string>
 
@@ -12,8 +13,6 @@
 #include "common/security/data_roots.h"
 #include "common/base/file_util.h"
 #include "common/security/sha256.h"
-
-#include <random>
 #include "gtest/gtest.h"
 
 namespace tally {
