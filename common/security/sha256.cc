@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -97,8 +98,12 @@ __attribute__((target("sha,sse4.1"))) void CompressShaNi(uint32_t h[8], const ui
 
 // Whether this CPU has the SHA extensions (and TALLY_SHA256_PORTABLE, tests only, is unset).
 bool UseShaNi() {
-  static const bool use = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1") &&
-                          std::getenv("TALLY_SHA256_PORTABLE") == nullptr;
+  static const bool use = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSE4_1)) return false;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 29))) return false;  // CPUID.7.0:EBX.SHA
+    return std::getenv("TALLY_SHA256_PORTABLE") == nullptr;
+  }();
   return use;
 }
 
