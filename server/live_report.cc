@@ -48,6 +48,10 @@ absl::StatusOr<std::unique_ptr<LiveReport>> LiveReport::Create(const JobRecord& 
   live->spool_ = std::fopen(spool_path.c_str(), "w+b");
   if (live->spool_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot create '", spool_path, "'"));
   std::setvbuf(live->spool_, nullptr, _IOFBF, 1 << 20);
+  live->csv_out_ = std::fopen((spool_path + ".csv").c_str(), "wb");
+  if (live->csv_out_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot create '", spool_path, ".csv'"));
+  const std::string header = live->csv_->Header();
+  std::fwrite(header.data(), 1, header.size(), live->csv_out_);
   live->offset_.assign(std::max<int64_t>(0, record.job.images_total()), -1);
   live->length_.assign(live->offset_.size(), 0);
   return live;
@@ -56,7 +60,9 @@ absl::StatusOr<std::unique_ptr<LiveReport>> LiveReport::Create(const JobRecord& 
 LiveReport::~LiveReport() {
   absl::MutexLock lock(&spool_mu_);
   if (spool_ != nullptr) std::fclose(spool_);
+  if (csv_out_ != nullptr) std::fclose(csv_out_);
   unlink(spool_path_.c_str());
+  unlink((spool_path_ + ".csv").c_str());
 }
 
 void LiveReport::AddTo(Part* part, const v1::ImageResult& result, const RowNames& names) {
@@ -68,6 +74,7 @@ void LiveReport::AddTo(Part* part, const v1::ImageResult& result, const RowNames
     *lines += csv_->Rows(r, n);
     cut->emplace_back(r.index(), static_cast<uint32_t>(lines->size() - before));
   });
+  if (!result.error().empty()) cut->emplace_back(result.index(), 0);  // In, with no lines.
 }
 
 void LiveReport::Spool(Part* part) {
@@ -84,6 +91,44 @@ void LiveReport::Spool(Part* part) {
   }
   part->lines.clear();
   part->cut.clear();
+  // The rows now complete from the front of the manifest go to per_image.csv at once, so that the
+  // end of the job has only the last ones to copy.
+  if (error_.ok() && next_ < static_cast<int64_t>(offset_.size()) && offset_[next_] >= 0) {
+    error_ = CopyRowsLocked(/*skip_gaps=*/false);
+  }
+}
+
+absl::Status LiveReport::CopyRowsLocked(bool skip_gaps) {
+  if (std::fflush(spool_) != 0) return absl::UnavailableError(absl::StrCat("writing '", spool_path_, "' failed"));
+  const int fd = fileno(spool_);
+  std::string* buffer = &copy_buffer_;  // The lambda's view of what the lock guards.
+  std::FILE* out = csv_out_;
+  auto copy = [&](int64_t begin, int64_t end) -> absl::Status {
+    while (begin < end) {
+      const int64_t chunk = std::min<int64_t>(end - begin, int64_t{4} << 20);
+      buffer->resize(static_cast<size_t>(chunk));
+      const ssize_t got = pread(fd, buffer->data(), buffer->size(), begin);
+      if (got <= 0) return absl::UnavailableError(absl::StrCat("reading '", spool_path_, "' failed"));
+      if (std::fwrite(buffer->data(), 1, static_cast<size_t>(got), out) != static_cast<size_t>(got)) {
+        return absl::UnavailableError(absl::StrCat("writing '", spool_path_, ".csv' failed"));
+      }
+      begin += got;
+    }
+    return absl::OkStatus();
+  };
+  const int64_t n = static_cast<int64_t>(offset_.size());
+  while (next_ < n) {
+    if (offset_[next_] < 0) {  // Not in (yet, or ever: a job that ended early).
+      if (!skip_gaps) break;
+      ++next_;
+      continue;
+    }
+    const int64_t begin = offset_[next_];
+    int64_t end = begin + length_[next_];
+    for (++next_; next_ < n && offset_[next_] == end; ++next_) end += length_[next_];
+    RETURN_IF_ERROR(copy(begin, end));
+  }
+  return absl::OkStatus();
 }
 
 void LiveReport::Add(const std::vector<v1::ImageResult>& results, const std::vector<bool>& new_rows,
@@ -122,38 +167,22 @@ absl::Status LiveReport::Write(JobStore* store, const JobRecord& record, const s
     absl::MutexLock lock(&part->mu);
     Spool(part.get());
   }
-  // per_image.csv: the spool's lines in index order, runs of consecutive rows copied at once.
+  // per_image.csv: the rest of the spool's lines in index order (the front went as it completed).
   {
     absl::MutexLock lock(&spool_mu_);
     RETURN_IF_ERROR(error_);
-    if (std::fflush(spool_) != 0) return absl::UnavailableError(absl::StrCat("writing '", spool_path_, "' failed"));
-    ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> csv, AtomicFile::Open(dir + "/per_image.csv"));
-    csv->out() << csv_->Header();
-    const int fd = fileno(spool_);
-    std::string buffer;
-    auto copy = [&](int64_t begin, int64_t end) -> absl::Status {
-      while (begin < end) {
-        const int64_t chunk = std::min<int64_t>(end - begin, int64_t{4} << 20);
-        buffer.resize(static_cast<size_t>(chunk));
-        const ssize_t got = pread(fd, buffer.data(), buffer.size(), begin);
-        if (got <= 0) return absl::UnavailableError(absl::StrCat("reading '", spool_path_, "' failed"));
-        csv->out().write(buffer.data(), got);
-        begin += got;
-      }
-      return absl::OkStatus();
-    };
-    const int64_t n = static_cast<int64_t>(offset_.size());
-    for (int64_t i = 0; i < n;) {
-      if (offset_[i] < 0) {
-        ++i;
-        continue;
-      }
-      const int64_t begin = offset_[i];
-      int64_t end = begin + length_[i];
-      for (++i; i < n && offset_[i] == end; ++i) end += length_[i];
-      RETURN_IF_ERROR(copy(begin, end));
+    RETURN_IF_ERROR(CopyRowsLocked(/*skip_gaps=*/true));
+    const std::string written = spool_path_ + ".csv";
+    const bool flushed = std::fflush(csv_out_) == 0;
+    std::fclose(csv_out_);
+    csv_out_ = nullptr;
+    if (!flushed) return absl::UnavailableError(absl::StrCat("writing '", written, "' failed"));
+    if (std::rename(written.c_str(), (dir + "/per_image.csv").c_str()) != 0) {
+      // Another file system: copied instead.
+      ASSIGN_OR_RETURN(std::string text, ReadFileToString(written));
+      RETURN_IF_ERROR(WriteFileAtomically(dir + "/per_image.csv", text));
+      unlink(written.c_str());
     }
-    RETURN_IF_ERROR(csv->Commit());
   }
   std::vector<std::unique_ptr<ReportAccumulator>> accumulators;
   for (auto& part : parts_) {

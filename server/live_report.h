@@ -2,9 +2,10 @@
 // writes files. Every newly committed row goes, in whatever order the workers send it, into one of
 // a few ReportAccumulators (order-free and mergeable: report_data.h; the concurrent ReportResults
 // calls spread over them) and its per_image.csv lines into a spool file, an append-only file of
-// the formatted lines with their offsets kept in memory by index. At the end the accumulators are
-// merged and per_image.csv is copied from the spool in index order: no second pass over the
-// database. The files equal the batch path's (WriteReports from the database) to the byte; tests
+// the formatted lines with their offsets kept in memory by index; the rows complete from the front
+// of the manifest are copied on into per_image.csv (a file beside the spool) as they complete. At the
+// end the accumulators are merged and the rest of per_image.csv is copied from the spool in index
+// order: no second pass over the database. The files equal the batch path's (WriteReports from the database) to the byte; tests
 // hold them to that in any arrival order and after a restart (tallyd feeds a fresh LiveReport
 // from the database when it resumes a job).
 //
@@ -63,8 +64,11 @@ class LiveReport {
     std::vector<std::pair<int64_t, uint32_t>> cut ABSL_GUARDED_BY(mu);  // (index, length) of each.
   };
   void AddTo(Part* part, const v1::ImageResult& result, const RowNames& names) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part->mu);
-  // Appends a part's formatted lines to the spool.
+  // Appends a part's formatted lines to the spool, then copies the rows complete from next_ on.
   void Spool(Part* part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part->mu);
+  // Copies rows from next_ on to csv_out_ in index order: up to the first row not in, or (at the
+  // end, `skip_gaps`) every row in.
+  absl::Status CopyRowsLocked(bool skip_gaps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(spool_mu_);
 
   const JobRecord record_;  // As created (its spec and class count: what the accumulators need).
   const std::string spool_path_;
@@ -74,7 +78,11 @@ class LiveReport {
   mutable absl::Mutex spool_mu_;
   std::FILE* spool_ ABSL_GUARDED_BY(spool_mu_) = nullptr;
   int64_t spool_size_ ABSL_GUARDED_BY(spool_mu_) = 0;
-  std::vector<int64_t> offset_ ABSL_GUARDED_BY(spool_mu_);   // By index: the row's lines in the spool; -1: none.
+  std::FILE* csv_out_ ABSL_GUARDED_BY(spool_mu_) = nullptr;  // per_image.csv as it grows (SPOOL.csv).
+  int64_t next_ ABSL_GUARDED_BY(spool_mu_) = 0;              // First row not yet in csv_out_.
+  std::string copy_buffer_ ABSL_GUARDED_BY(spool_mu_);
+  // By index: the row's lines in the spool (a failed row: none, length 0); -1: not in.
+  std::vector<int64_t> offset_ ABSL_GUARDED_BY(spool_mu_);
   std::vector<uint32_t> length_ ABSL_GUARDED_BY(spool_mu_);
   int64_t rows_ ABSL_GUARDED_BY(spool_mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(spool_mu_);  // A failed spool write: Write() refuses (the batch path follows).

@@ -5,6 +5,7 @@
 #include "server/live_report.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <fstream>
@@ -172,6 +173,22 @@ TEST_F(LiveReportTest, RebuiltFromTheDatabaseHalfwayGivesTheBatchReport) {
   ASSERT_TRUE((*live)->Write(store_.get(), record_, dir_ + "/live", nullptr).ok());
   ASSERT_TRUE(WriteReports(store_.get(), record_, dir_ + "/batch", nullptr).ok());
   ExpectSameFiles(dir_ + "/live", dir_ + "/batch");
+}
+
+// A job that ended with rows missing (cancelled): per_image.csv skips them, as the batch path's does.
+TEST_F(LiveReportTest, RowsThatNeverCameAreLeftOutAsInTheBatchReport) {
+  auto live = LiveReport::Create(record_, dir_ + "/spool/j1");
+  ASSERT_TRUE(live.ok()) << live.status();
+  std::vector<int64_t> some;
+  for (int64_t i = 0; i < kRows; ++i) {
+    if (i < 1000 || i >= 2000 || i % 10 == 3) some.push_back(i);
+  }
+  Commit(some, live->get(), 2, 4);
+  ASSERT_TRUE((*live)->Write(store_.get(), record_, dir_ + "/live", nullptr).ok());
+  ASSERT_TRUE(WriteReports(store_.get(), record_, dir_ + "/batch", nullptr).ok());
+  ExpectSameFiles(dir_ + "/live", dir_ + "/batch");
+  struct stat st;
+  EXPECT_NE(stat((dir_ + "/spool/j1.csv").c_str(), &st), 0);  // Moved into the report.
 }
 
 TEST_F(LiveReportTest, JobsWhoseReportNeedsIndexOrderKeepTheBatchPath) {
