@@ -1,6 +1,7 @@
 #include "metrics/aggregator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <thread>
@@ -218,9 +219,8 @@ ClassAggregate Aggregator::FinishClass(int c) const {
       ma.global = LesionValue(m, pc.lesion_tp, pc.lesion_fn, pc.lesion_fp, pc.lesion_dice_sum.Value(),
                               pc.lesion_hd95_sum.Value());
     } else {
-      std::vector<double> v = pc.values[k];
+      std::vector<double> v = pc.values[k];  // One copy: PercentileLinear is right for any order of it.
       ma.median = PercentileLinear(&v, 0.5);
-      v = pc.values[k];
       ma.p95 = PercentileLinear(&v, 0.95);
     }
   }
@@ -279,7 +279,19 @@ void Aggregator::FinishThresholds(Aggregate* out) const {
 Aggregate Aggregator::Finish() const {
   Aggregate out;
   out.images = images_;
-  for (int c = 0; c < static_cast<int>(classes_.size()); ++c) out.classes.push_back(FinishClass(c));
+  // The classes are independent: large jobs finish them on several threads (their percentiles and
+  // histograms walk every row's values).
+  out.classes.resize(classes_.size());
+  const int n = static_cast<int>(classes_.size());
+  const int threads = images_ < 100000 ? 1 : std::min<int>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int c = next++; c < n; c = next++) out.classes[c] = FinishClass(c);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
   for (ClassAggregate& ca : out.classes) {
     ca.in_foreground_mean = (ca.class_id != 0 || options_.include_background) && ca.reference_images > 0;
   }
