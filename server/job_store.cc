@@ -107,7 +107,7 @@ CREATE TABLE IF NOT EXISTS manifest_rows(
   PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS manifest_blocks(
   job_id TEXT NOT NULL, block INTEGER NOT NULL, data BLOB NOT NULL,
-  PRIMARY KEY(job_id, block)) WITHOUT ROWID;
+  PRIMARY KEY(job_id, block));
 CREATE TABLE IF NOT EXISTS shards(
   job_id TEXT NOT NULL, shard_id INTEGER NOT NULL, state INTEGER NOT NULL, attempts INTEGER NOT NULL,
   PRIMARY KEY(job_id, shard_id)) WITHOUT ROWID;
@@ -256,6 +256,7 @@ namespace {
 
 // Manifest rows stored kRowBlock to a record (manifest_blocks): one B-tree insert and one
 // statement per block instead of per row, which is what a submission of millions of rows costs.
+// A rowid table (tens of KB a record: WITHOUT ROWID would copy them around its index pages).
 // A block's rows: each as varints (index, line) and length-prefixed strings, in index order.
 constexpr int64_t kRowBlock = 256;
 
