@@ -590,8 +590,12 @@ void Coordinator::RunFinalizers() {
     // The report kept as rows arrived holds every committed row: only files to write. Otherwise
     // (the batch path's jobs, or rows it missed) one pass over the database.
     const bool kept = live != nullptr && live->rows() == rec.job.images_evaluated() + rec.job.images_failed();
-    absl::Status s = kept ? live->Write(store_.get(), rec, ReportPath(job_id), &outcome)
-                          : WriteReports(store_.get(), rec, ReportPath(job_id), &outcome);
+    absl::Status s = kept ? live->Write(store_.get(), rec, ReportPath(job_id), &outcome) : absl::OkStatus();
+    if (!kept || !s.ok()) {
+      if (!s.ok()) Log("job ", job_id, ": the report kept as rows arrived failed (", s.message(), "); built from the database");
+      outcome = ReportOutcome();
+      s = WriteReports(store_.get(), rec, ReportPath(job_id), &outcome);
+    }
     live.reset();
     for (const std::string& w : outcome.warnings) Log("job ", job_id, ": warning: ", w);
     if (!s.ok()) {

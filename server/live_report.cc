@@ -84,6 +84,10 @@ void LiveReport::Spool(Part* part) {
   }
   for (const auto& [index, length] : part->cut) {
     if (index >= 0 && index < static_cast<int64_t>(offset_.size())) {
+      // A row in twice would break the report's one-row-once rule: checked again by Write.
+      if (offset_[index] >= 0 && error_.ok()) {
+        error_ = absl::InternalError(absl::StrCat("row ", index, " reached the kept report twice"));
+      }
       offset_[index] = spool_size_;
       length_[index] = length;
     }
@@ -171,6 +175,11 @@ absl::Status LiveReport::Write(JobStore* store, const JobRecord& record, const s
   {
     absl::MutexLock lock(&spool_mu_);
     RETURN_IF_ERROR(error_);
+    // Every row added has its place in the spool (else the caller builds the report from the database).
+    const int64_t placed = std::count_if(offset_.begin(), offset_.end(), [](int64_t o) { return o >= 0; });
+    if (placed != rows_) {
+      return absl::InternalError(absl::StrCat("the kept report placed ", placed, " rows of ", rows_));
+    }
     RETURN_IF_ERROR(CopyRowsLocked(/*skip_gaps=*/true));
     const std::string written = spool_path_ + ".csv";
     const bool flushed = std::fflush(csv_out_) == 0;
