@@ -47,7 +47,6 @@ struct AggregateOptions {
   bool include_background = false;
   int bootstrap_resamples = 1000;
   uint64_t bootstrap_seed = 20261121;
-  int threads = 0;  // For the bootstrap; 0 = hardware concurrency. Never changes the result.
   // Sampled jobs (--sample, --until-ci): the rows are a uniform random sample of this many, and the
   // Dice interval is the sampling interval (SamplingHalfWidth95) instead of the bootstrap. 0: not sampled.
   double population_rows = 0;

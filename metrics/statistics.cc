@@ -148,48 +148,14 @@ int PoissonWeight(uint64_t seed, uint64_t key, int r) {
 }
 
 std::pair<double, double> PoissonBootstrapMeanCi95(const std::vector<double>& values,
-                                                   const std::vector<uint64_t>& keys, int resamples,
-                                                   uint64_t seed, int threads) {
-  const size_t n = std::min(values.size(), keys.size());
-  if (n == 0 || resamples <= 0) return {kNaN, kNaN};
-  // Values as integers of 2^-53: sums of weight x value are exact in 128 bits (and so the same in
-  // any order).
-  std::vector<int64_t> fixed(n);
-  std::vector<uint64_t> bases(n);
-  for (size_t i = 0; i < n; ++i) {
-    const double v = std::isnan(values[i]) ? 0.0 : std::clamp(values[i], 0.0, 1.0);
-    fixed[i] = static_cast<int64_t>(std::llround(std::ldexp(v, 53)));
-    bases[i] = ReplicateBase(seed, keys[i]);
+                                                   const std::vector<uint64_t>& keys, int resamples, uint64_t seed) {
+  PoissonBootstrapMean mean(resamples);
+  std::vector<uint8_t> weights(std::max(0, resamples));
+  for (size_t i = 0; i < values.size() && i < keys.size(); ++i) {
+    PoissonBootstrapMean::RowWeights(seed, keys[i], resamples, weights.data());
+    mean.Add(values[i], weights.data());
   }
-  std::vector<double> means(resamples, kNaN);
-  auto run = [&](int from, int to) {
-    std::vector<__int128> sum(to - from, 0);
-    std::vector<int64_t> weight(to - from, 0);
-    for (size_t i = 0; i < n; ++i) {
-      for (int r = from; r < to; ++r) {
-        const int w = PoissonFromUniform(ReplicateUniform(bases[i], r));
-        sum[r - from] += static_cast<__int128>(fixed[i]) * w;
-        weight[r - from] += w;
-      }
-    }
-    for (int r = from; r < to; ++r) {
-      if (weight[r - from] > 0) {
-        means[r] = std::ldexp(static_cast<double>(sum[r - from]), -53) / static_cast<double>(weight[r - from]);
-      }
-    }
-  };
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = std::min(threads, resamples);
-  if (n * static_cast<size_t>(resamples) < 2000000) threads = 1;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(run, resamples * t / threads, resamples * (t + 1) / threads);
-  for (auto& th : pool) th.join();
-  means.erase(std::remove_if(means.begin(), means.end(), [](double m) { return std::isnan(m); }), means.end());
-  if (means.empty()) return {kNaN, kNaN};
-  std::vector<double> copy = means;
-  const double low = PercentileLinear(&copy, 0.025);
-  copy = means;
-  return {low, PercentileLinear(&copy, 0.975)};
+  return mean.Ci95();
 }
 
 PoissonBootstrapMean::PoissonBootstrapMean(int resamples)
@@ -207,8 +173,9 @@ void PoissonBootstrapMean::Flush() {
 }
 
 void PoissonBootstrapMean::Add(double value, const uint8_t* weights) {
+  // Values as integers of 2^-53: sums of weight x value are exact (and so the same in any order).
   const double v = std::isnan(value) ? 0.0 : std::clamp(value, 0.0, 1.0);
-  const uint64_t fixed = static_cast<uint64_t>(std::llround(std::ldexp(v, 53)));  // As PoissonBootstrapMeanCi95.
+  const uint64_t fixed = static_cast<uint64_t>(std::llround(std::ldexp(v, 53)));
   const size_t n = sum_.size();
   uint64_t* partial = partial_.data();
   int64_t* weight = weight_.data();
@@ -231,7 +198,7 @@ void PoissonBootstrapMean::Merge(const PoissonBootstrapMean& other) {
 }
 
 std::pair<double, double> PoissonBootstrapMean::Ci95() const {
-  if (n_ == 0 || sum_.empty()) return {kNaN, kNaN};
+  if (n_ == 0 || sum_.empty()) return {kNaN, kNaN};  // Replicates whose weights are all 0 are left out.
   std::vector<double> means;
   for (size_t r = 0; r < sum_.size(); ++r) {
     const __int128 sum = sum_[r] + partial_[r];

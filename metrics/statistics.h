@@ -49,14 +49,13 @@ int PoissonWeight(uint64_t seed, uint64_t key, int r);
 // The Poisson bootstrap interval of the mean of `values` (each in [0, 1]; values outside are
 // clamped) whose rows have `keys` (same length). Replicates whose weights are all 0 are left out;
 // NaN, NaN for an empty input. Deterministic for a given seed and set of (key, value) pairs,
-// whatever their order and `threads`.
+// whatever their order: PoissonBootstrapMean below, fed these rows.
 std::pair<double, double> PoissonBootstrapMeanCi95(const std::vector<double>& values,
-                                                   const std::vector<uint64_t>& keys, int resamples,
-                                                   uint64_t seed, int threads);
+                                                   const std::vector<uint64_t>& keys, int resamples, uint64_t seed);
 
 // The same interval kept as rows arrive (Add), in any order and split (Merge), so that a job's
 // interval is ready when its last row is: per replicate the exact sum of weight x value and of the
-// weights. PoissonBootstrapMeanCi95 of the same (key, value) pairs gives the same interval to the bit.
+// weights (aggregator_test holds it to an independent replicate-by-replicate computation).
 class PoissonBootstrapMean {
  public:
   explicit PoissonBootstrapMean(int resamples);

@@ -192,7 +192,7 @@ TEST(PoissonBootstrapTest, AnyOrderOrSplitOfTheRowsGivesTheSameInterval) {
     v.push_back(((i * 7919) % 1009) / 1008.0);
     k.push_back(RowKey("case_" + std::to_string(i)));
   }
-  const auto whole = PoissonBootstrapMeanCi95(v, k, 1000, 99, 1);
+  const auto whole = PoissonBootstrapMeanCi95(v, k, 1000, 99);
   // Interleaved: rows 0, 4, 8, ... then 1, 5, 9, ... (what tally merge of four interleaved parts sees).
   std::vector<double> v2;
   std::vector<uint64_t> k2;
@@ -202,16 +202,16 @@ TEST(PoissonBootstrapTest, AnyOrderOrSplitOfTheRowsGivesTheSameInterval) {
       k2.push_back(k[i]);
     }
   }
-  const auto interleaved = PoissonBootstrapMeanCi95(v2, k2, 1000, 99, 3);
+  const auto interleaved = PoissonBootstrapMeanCi95(v2, k2, 1000, 99);
   EXPECT_EQ(whole.first, interleaved.first);
   EXPECT_EQ(whole.second, interleaved.second);
   EXPECT_LT(whole.first, whole.second);
   // Another seed, another interval; constant values, a point.
-  EXPECT_NE(PoissonBootstrapMeanCi95(v, k, 1000, 100, 1).first, whole.first);
-  const auto point = PoissonBootstrapMeanCi95(std::vector<double>(50, 0.75), std::vector<uint64_t>(k.begin(), k.begin() + 50), 1000, 1, 1);
+  EXPECT_NE(PoissonBootstrapMeanCi95(v, k, 1000, 100).first, whole.first);
+  const auto point = PoissonBootstrapMeanCi95(std::vector<double>(50, 0.75), std::vector<uint64_t>(k.begin(), k.begin() + 50), 1000, 1);
   EXPECT_DOUBLE_EQ(point.first, 0.75);
   EXPECT_DOUBLE_EQ(point.second, 0.75);
-  EXPECT_TRUE(std::isnan(PoissonBootstrapMeanCi95({}, {}, 1000, 1, 1).first));
+  EXPECT_TRUE(std::isnan(PoissonBootstrapMeanCi95({}, {}, 1000, 1).first));
 }
 
 // Half zeros, half ones, n = 2000: the normal approximation gives 0.5 +/- 0.0219.
@@ -222,7 +222,7 @@ TEST(PoissonBootstrapTest, WidthMatchesTheNormalApproximation) {
     v[i] = i % 2;
     k[i] = RowKey(std::to_string(i));
   }
-  auto ci = PoissonBootstrapMeanCi95(v, k, 1000, 7, 2);
+  auto ci = PoissonBootstrapMeanCi95(v, k, 1000, 7);
   EXPECT_NEAR(ci.first, 0.5 - 0.0219, 0.004);
   EXPECT_NEAR(ci.second, 0.5 + 0.0219, 0.004);
 }
@@ -242,7 +242,7 @@ TEST(PoissonBootstrapTest, CoversThePopulationMean) {
       v[i] = std::pow(u(rng), 1.0 / 5);  // Inverse CDF of Beta(5, 1): mean 5/6.
       k[i] = RowKey(std::to_string(t) + "/" + std::to_string(i));
     }
-    const auto ci = PoissonBootstrapMeanCi95(v, k, 1000, 11, 2);
+    const auto ci = PoissonBootstrapMeanCi95(v, k, 1000, 11);
     covered += ci.first <= 5.0 / 6 && 5.0 / 6 <= ci.second;
   }
   EXPECT_NEAR(covered / double(trials), 0.95, 0.033);
@@ -343,7 +343,21 @@ TEST(AggregatorOrderTest, AnyOrderAndSplitGiveTheAggregateOfIndexOrder) {
     dice.push_back(d);
     keys.push_back(RowKey("row" + std::to_string(r.index())));
   }
-  const auto batch = PoissonBootstrapMeanCi95(dice, keys, 1000, AggregateOptions().bootstrap_seed, 2);
+  // Replicate by replicate, with exact 128-bit sums of the fixed-point values (not the aggregator's
+  // row-by-row 64-bit partial sums).
+  std::vector<double> means;
+  for (int rep = 0; rep < 1000; ++rep) {
+    __int128 sum = 0;
+    int64_t weight = 0;
+    for (size_t i = 0; i < dice.size(); ++i) {
+      const int w = PoissonWeight(AggregateOptions().bootstrap_seed, keys[i], rep);
+      sum += static_cast<__int128>(std::llround(std::ldexp(dice[i], 53))) * w;
+      weight += w;
+    }
+    if (weight > 0) means.push_back(std::ldexp(static_cast<double>(sum), -53) / static_cast<double>(weight));
+  }
+  std::vector<double> copy = means;
+  const std::pair<double, double> batch = {PercentileLinear(&copy, 0.025), PercentileLinear(&means, 0.975)};
   EXPECT_EQ(want.classes[1].dice_ci_low, batch.first);
   EXPECT_EQ(want.classes[1].dice_ci_high, batch.second);
   // The mean is the exact mean: sum the Dice values as exact fractions of their common
