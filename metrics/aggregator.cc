@@ -1,13 +1,13 @@
 #include "metrics/aggregator.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "metrics/lesion.h"
+#include "metrics/parallel_for.h"
 #include "metrics/statistics.h"
 #include "metrics/surface_distance.h"
 
@@ -61,6 +61,17 @@ double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m, E
 
 namespace {
 constexpr size_t kWorstRows = 10;
+
+// `entry` into a max-heap of the kWorstRows lowest (dice, index) pairs.
+void KeepWorst(const std::pair<double, int64_t>& entry, std::vector<std::pair<double, int64_t>>* heap) {
+  if (heap->size() >= kWorstRows && !(entry < heap->front())) return;
+  heap->push_back(entry);
+  std::push_heap(heap->begin(), heap->end());
+  if (heap->size() > kWorstRows) {
+    std::pop_heap(heap->begin(), heap->end());
+    heap->pop_back();
+  }
+}
 }  // namespace
 
 void Aggregator::AddValue(PerClass* pc, size_t slot, Metric m, double v, int64_t index, const uint8_t* weights) {
@@ -81,15 +92,7 @@ void Aggregator::AddValue(PerClass* pc, size_t slot, Metric m, double v, int64_t
     if (weights != nullptr) pc->bootstrap.Add(v, weights);
     if (!bootstrap_) pc->dice_squares.Add(v * v);
     pc->dice_zero += v == 0.0;
-    const std::pair<double, int64_t> entry{v, index};
-    if (pc->worst.size() < kWorstRows || entry < pc->worst.front()) {
-      pc->worst.push_back(entry);
-      std::push_heap(pc->worst.begin(), pc->worst.end());
-      if (pc->worst.size() > kWorstRows) {
-        std::pop_heap(pc->worst.begin(), pc->worst.end());
-        pc->worst.pop_back();
-      }
-    }
+    KeepWorst({v, index}, &pc->worst);
   } else if (!IsCountMetric(m)) {
     pc->values[k].push_back(v);
   }
@@ -155,14 +158,7 @@ void Aggregator::Merge(const Aggregator& other) {
     pc.bootstrap.Merge(o.bootstrap);
     pc.dice_squares.Merge(o.dice_squares);
     pc.dice_zero += o.dice_zero;
-    for (const auto& entry : o.worst) {
-      pc.worst.push_back(entry);
-      std::push_heap(pc.worst.begin(), pc.worst.end());
-      if (pc.worst.size() > kWorstRows) {
-        std::pop_heap(pc.worst.begin(), pc.worst.end());
-        pc.worst.pop_back();
-      }
-    }
+    for (const auto& entry : o.worst) KeepWorst(entry, &pc.worst);
     pc.iou_defined += o.iou_defined;
     for (size_t t = 0; t < pc.iou_ge.size() && t < o.iou_ge.size(); ++t) pc.iou_ge[t] += o.iou_ge[t];
     pc.reference_images += o.reference_images;
@@ -282,16 +278,8 @@ Aggregate Aggregator::Finish() const {
   // The classes are independent: large jobs finish them on several threads (their percentiles and
   // histograms walk every row's values).
   out.classes.resize(classes_.size());
-  const int n = static_cast<int>(classes_.size());
-  const int threads = images_ < 100000 ? 1 : std::min<int>(n, std::max(1u, std::thread::hardware_concurrency()));
-  std::atomic<int> next{0};
-  auto work = [&] {
-    for (int c = next++; c < n; c = next++) out.classes[c] = FinishClass(c);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  const int threads = images_ < 100000 ? 1 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ParallelFor(classes_.size(), threads, [&](size_t c) { out.classes[c] = FinishClass(static_cast<int>(c)); });
   for (ClassAggregate& ca : out.classes) {
     ca.in_foreground_mean = (ca.class_id != 0 || options_.include_background) && ca.reference_images > 0;
   }

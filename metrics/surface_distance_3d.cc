@@ -7,6 +7,7 @@
 #include <numeric>
 #include <thread>
 
+#include "metrics/parallel_for.h"
 #include "metrics/surface_distance.h"
 #include "metrics/surface_summary.h"
 
@@ -291,19 +292,6 @@ void NearSearch(const std::vector<int64_t>& queries, size_t begin, size_t end, c
       far->push_back(q);
     }
   }
-}
-
-// Runs fn(k) for k in [0, n) on up to `threads` threads, each taking the next k as it frees up.
-template <typename Fn>
-void ParallelFor(size_t n, int threads, Fn fn) {
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t k = next++; k < n; k = next++) fn(k);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads && static_cast<size_t>(t) < n; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
 }
 
 // The separable transform for the queries `far` (indices into `queries`, ascending) of

@@ -1,0 +1,29 @@
+// Internal to the metrics library: a plain fork-join over indices, for work whose result does not
+// depend on how it is shared (each index writes only its own output).
+#ifndef TALLY_METRICS_PARALLEL_FOR_H_
+#define TALLY_METRICS_PARALLEL_FOR_H_
+
+#include <atomic>
+#include <cstddef>
+#include <thread>
+#include <vector>
+
+namespace tally {
+
+// Runs fn(k) for k in [0, n) on up to `threads` threads (this one included), each taking the next
+// k as it frees up.
+template <typename Fn>
+void ParallelFor(size_t n, int threads, Fn fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k = next++; k < n; k = next++) fn(k);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads && static_cast<size_t>(t) < n; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace tally
+
+#endif  // TALLY_METRICS_PARALLEL_FOR_H_
