@@ -633,15 +633,7 @@ absl::StatusOr<ManifestRow> RowFromStmt(Stmt& q) {
   r.error = q.Text(7);
   r.prediction = q.Text(8);
   r.prediction_path = q.Text(9);
-  if (const std::string blob = q.Blob(10); !blob.empty()) {
-    v1::ManifestRow extra;
-    if (!extra.ParseFromString(blob)) return absl::DataLossError("manifest row " + std::to_string(r.index) + ": unreadable columns");
-    r.columns.assign(extra.columns().begin(), extra.columns().end());
-    r.has_coco_image = extra.has_coco_image();
-    r.coco_image_id = extra.coco_image_id();
-    r.has_coco_ann_ids = extra.has_coco_ann_ids();
-    r.coco_ann_ids.assign(extra.coco_ann_ids().begin(), extra.coco_ann_ids().end());
-  }
+  RETURN_IF_ERROR(ApplyExtraBlob(q.Blob(10), &r));
   return r;
 }
 
@@ -711,35 +703,34 @@ absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRowsAt(const std::string&
 
 namespace {
 
+// A row's names from columns first..first+5 of a statement: id, image, mask, prediction, mask_path,
+// prediction_path (as kNameColumns lists them).
+constexpr const char* kNameColumns = "id, image, mask, prediction, mask_path, prediction_path";
+RowNames NamesFromColumns(Stmt& q, int first) {
+  return RowNames{q.Text(first),     q.Text(first + 1), q.Text(first + 2),
+                  q.Text(first + 3), q.Text(first + 4), q.Text(first + 5)};
+}
+
 // CommitResults' names of the newly inserted rows, from the job's blocks or rows.
 absl::Status ReadNewRowNames(sqlite3* db, const std::string& job_id, bool blocked,
                              const std::vector<v1::ImageResult>& results, const std::vector<bool>& new_rows,
                              std::vector<RowNames>* names) {
-  auto fill = [](RowNames* n, std::string id, std::string image, std::string mask, std::string prediction,
-                 std::string mask_path, std::string prediction_path) {
-    n->id = std::move(id);
-    n->image = std::move(image);
-    n->mask = std::move(mask);
-    n->prediction = std::move(prediction);
-    n->mask_path = std::move(mask_path);
-    n->prediction_path = std::move(prediction_path);
-  };
   if (blocked) {
     BlockCache cache(db, job_id);
     for (size_t i = 0; i < results.size(); ++i) {
       if (!new_rows[i]) continue;
       ASSIGN_OR_RETURN(const ManifestRow* m, cache.Find(results[i].index()));
-      if (m != nullptr) fill(&(*names)[i], m->id, m->image, m->mask, m->prediction, m->mask_path, m->prediction_path);
+      if (m != nullptr) (*names)[i] = NamesOf(*m);
     }
     return absl::OkStatus();
   }
-  Stmt q(db, "SELECT id, image, mask, prediction, mask_path, prediction_path FROM manifest_rows WHERE job_id=? AND idx=?");
+  Stmt q(db, absl::StrCat("SELECT ", kNameColumns, " FROM manifest_rows WHERE job_id=? AND idx=?").c_str());
   RETURN_IF_ERROR(q.status());
   for (size_t i = 0; i < results.size(); ++i) {
     if (!new_rows[i]) continue;
     absl::Status step;
     q.Bind(1, job_id).Bind(2, results[i].index());
-    if (q.Step(&step)) fill(&(*names)[i], q.Text(0), q.Text(1), q.Text(2), q.Text(3), q.Text(4), q.Text(5));
+    if (q.Step(&step)) (*names)[i] = NamesFromColumns(q, 0);
     q.Reset();
     RETURN_IF_ERROR(step);
   }
@@ -905,7 +896,6 @@ absl::Status ForEachBlockedResult(sqlite3* reader, const std::string& job_id, co
   bool blocks_left = true;
   std::vector<ManifestRow> rows;
   v1::ImageResult r;
-  RowNames names;
   while (results.Step(&s)) {
     const int64_t index = results.Int(0);
     const int64_t block = index / kRowBlock;
@@ -919,13 +909,7 @@ absl::Status ForEachBlockedResult(sqlite3* reader, const std::string& job_id, co
     const ManifestRow* m = current == block ? FindInBlock(rows, index) : nullptr;
     if (m == nullptr) continue;  // As the join leaves out a result without its manifest row.
     if (!r.ParseFromString(results.Blob(1))) return absl::DataLossError("database: unreadable result payload");
-    names.id = m->id;
-    names.image = m->image;
-    names.mask = m->mask;
-    names.prediction = m->prediction;
-    names.mask_path = m->mask_path;
-    names.prediction_path = m->prediction_path;
-    RETURN_IF_ERROR(fn(r, names));
+    RETURN_IF_ERROR(fn(r, NamesOf(*m)));
   }
   return s;
 }
@@ -951,16 +935,9 @@ absl::Status JobStore::ForEachResult(const std::string& job_id, const ResultFn& 
   q.Bind(1, job_id);
   absl::Status s;
   v1::ImageResult r;
-  RowNames names;
   while (q.Step(&s)) {
     if (!r.ParseFromString(q.Blob(0))) return absl::DataLossError("database: unreadable result payload");
-    names.id = q.Text(1);
-    names.image = q.Text(2);
-    names.mask = q.Text(3);
-    names.prediction = q.Text(4);
-    names.mask_path = q.Text(5);
-    names.prediction_path = q.Text(6);
-    RETURN_IF_ERROR(fn(r, names));
+    RETURN_IF_ERROR(fn(r, NamesFromColumns(q, 1)));
   }
   return s;
 }

@@ -36,6 +36,11 @@ struct RowNames {
   std::string prediction_path;
 };
 
+// A manifest row's names (what reports show of it).
+inline RowNames NamesOf(const ManifestRow& r) {
+  return RowNames{r.id, r.image, r.mask, r.prediction, r.mask_path, r.prediction_path};
+}
+
 // One report thumbnail (common/io/thumbnail.h) as the store keeps it, stripped from its result.
 struct StoredThumbnail {
   int64_t index = 0;

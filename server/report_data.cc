@@ -153,12 +153,7 @@ absl::Status NameRows(JobStore* store, const std::vector<const JobRecord*>& part
     for (auto it = indices.lower_bound(offset); it != indices.end() && *it < end; ++it) local.push_back(*it - offset);
     if (!local.empty()) {
       ASSIGN_OR_RETURN(std::vector<ManifestRow> rows, store->ReadRowsAt(part->job.job_id(), local));
-      for (const ManifestRow& r : rows) {
-        RowNames names;
-        names.image = r.image;
-        names.prediction = r.prediction;
-        d->worst_rows[r.index + offset] = ReportData::WorstRow{r.id, ShownImage(names)};
-      }
+      for (const ManifestRow& r : rows) d->worst_rows[r.index + offset] = ReportData::WorstRow{r.id, ShownImage(NamesOf(r))};
     }
     offset = end;
   }

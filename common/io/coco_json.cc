@@ -1,12 +1,11 @@
 #include "common/io/coco_json.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include <simdjson.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/file_util.h"
 
 namespace tally {
 namespace {
@@ -356,11 +355,9 @@ absl::Status ParseDatasetField(std::string_view key, sj::value v, absl::string_v
 absl::StatusOr<CocoDataset> ParseDataset(absl::string_view json, absl::string_view name, bool panoptic);
 
 absl::StatusOr<std::string> ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open COCO file '", path, "'"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("cannot open COCO file '", path, "'"));
+  return text;
 }
 
 }  // namespace
