@@ -128,12 +128,10 @@ absl::Status Coordinator::Resume() {
         }
       }
       // The live estimates and the report kept as rows arrive, again from the committed results.
-      entry->record.job.set_images_evaluated(0);
-      entry->record.job.set_images_failed(0);
       std::shared_ptr<LiveReport> live;
       {
         absl::MutexLock lock(&mu_);
-        live = LiveReportLocked(entry.get());
+        live = LiveReportLocked(entry.get(), /*replay=*/true);
       }
       RETURN_IF_ERROR(store_->ForEachResult(id, [&](const v1::ImageResult& r, const RowNames& names) {
         AddLive(entry.get(), r);

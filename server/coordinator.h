@@ -388,7 +388,8 @@ class Coordinator {
                                         const std::vector<StoredThumbnail>& thumbnails = {}, int keep_thumbnails = 0);
   void FailPoisonedRow(const std::string& job_id, int64_t shard_id);
   // The job's LiveReport, made at its first commit where the job is eligible (null otherwise).
-  std::shared_ptr<LiveReport> LiveReportLocked(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `replay`: made now for a job whose committed rows the caller feeds it from the database (Resume).
+  std::shared_ptr<LiveReport> LiveReportLocked(JobEntry* job, bool replay = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SpoolPath(const std::string& job_id) const { return options_.state_dir + "/spool/" + job_id; }
   // A model error from one worker: takes the worker off the job, or fails the job (see above).
   void RecordModelErrorLocked(JobEntry* job, const v1::ReportJobErrorRequest& request, Deferred* deferred)

@@ -268,13 +268,15 @@ absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::R
   return response;
 }
 
-std::shared_ptr<LiveReport> Coordinator::LiveReportLocked(JobEntry* job) {
+std::shared_ptr<LiveReport> Coordinator::LiveReportLocked(JobEntry* job, bool replay) {
   if (job->live_report != nullptr || job->live_report_off) return job->live_report;
   const v1::Job& j = job->record.job;
-  // Rows already committed without it (failed rows before the class count was known), or a job
-  // whose report needs its rows in index order: the batch path.
+  // Rows already committed without it (failed rows before the class count was known; unless the
+  // caller feeds them from the database), or a job whose report needs its rows in index order: the
+  // batch path.
   job->live_report_off = true;
-  if (j.images_evaluated() + j.images_failed() > 0 || IsTerminal(j.state()) || !LiveReport::Eligible(j)) return nullptr;
+  const bool missed = !replay && j.images_evaluated() + j.images_failed() > 0;
+  if (missed || IsTerminal(j.state()) || !LiveReport::Eligible(j)) return nullptr;
   absl::StatusOr<std::unique_ptr<LiveReport>> live = LiveReport::Create(job->record, SpoolPath(j.job_id()));
   if (!live.ok()) {
     Log("job ", j.job_id(), ": its report will be built at the end (", live.status().message(), ")");

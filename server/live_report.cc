@@ -24,17 +24,16 @@ bool LiveReport::Eligible(const v1::Job& job) {
   return job.num_classes() > 0;
 }
 
-LiveReport::LiveReport(const JobRecord& record, std::string spool_path)
-    : record_(record), spool_path_(std::move(spool_path)) {}
+LiveReport::LiveReport(std::string spool_path) : spool_path_(std::move(spool_path)) {}
 
 absl::StatusOr<std::unique_ptr<LiveReport>> LiveReport::Create(const JobRecord& record, const std::string& spool_path) {
-  std::unique_ptr<LiveReport> live(new LiveReport(record, spool_path));
+  std::unique_ptr<LiveReport> live(new LiveReport(spool_path));
   const size_t slash = spool_path.rfind('/');
   if (slash != std::string::npos) RETURN_IF_ERROR(MakeDirs(spool_path.substr(0, slash)));
   const int parts = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   for (int i = 0; i < parts; ++i) {
     auto part = std::make_unique<Part>();
-    ASSIGN_OR_RETURN(std::unique_ptr<ReportAccumulator> acc, ReportAccumulator::Create(live->record_));
+    ASSIGN_OR_RETURN(std::unique_ptr<ReportAccumulator> acc, ReportAccumulator::Create(record));
     absl::MutexLock lock(&part->mu);
     part->acc = std::move(acc);
     live->parts_.push_back(std::move(part));

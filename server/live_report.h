@@ -56,7 +56,7 @@ class LiveReport {
   absl::Status Write(JobStore* store, const JobRecord& record, const std::string& dir, ReportOutcome* outcome);
 
  private:
-  LiveReport(const JobRecord& record, std::string spool_path);
+  explicit LiveReport(std::string spool_path);
   struct Part {
     absl::Mutex mu;
     std::unique_ptr<ReportAccumulator> acc ABSL_GUARDED_BY(mu);
@@ -70,7 +70,6 @@ class LiveReport {
   // end, `skip_gaps`) every row in.
   absl::Status CopyRowsLocked(bool skip_gaps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(spool_mu_);
 
-  const JobRecord record_;  // As created (its spec and class count: what the accumulators need).
   const std::string spool_path_;
   std::unique_ptr<JobConfig> csv_config_;
   std::unique_ptr<PerImageCsv> csv_;
