@@ -52,18 +52,25 @@ void CompensatedAdd(double x, double* sum, double* c) {
   *sum = t;
 }
 
-double PercentileLinear(std::vector<double>* values, double q) {
-  const size_t n = values->size();
-  if (n == 0) return kNaN;
+size_t PercentileRank(size_t n, double q) { return static_cast<size_t>(std::floor(q * static_cast<double>(n - 1))); }
+
+double PercentileFromRanks(double at, double next, size_t n, double q) {
   const double pos = q * static_cast<double>(n - 1);
   const size_t lo = static_cast<size_t>(std::floor(pos));
   const double t = pos - static_cast<double>(lo);
+  if (lo + 1 >= n || t == 0) return at;
+  if (std::isinf(at) || std::isinf(next)) return at == next ? at : (t > 0 ? next : at);
+  return Lerp(at, next, t);
+}
+
+double PercentileLinear(std::vector<double>* values, double q) {
+  const size_t n = values->size();
+  if (n == 0) return kNaN;
+  const size_t lo = PercentileRank(n, q);
   std::nth_element(values->begin(), values->begin() + lo, values->end());
   const double a = (*values)[lo];
-  if (lo + 1 >= n || t == 0) return a;
-  const double b = *std::min_element(values->begin() + lo + 1, values->end());
-  if (std::isinf(a) || std::isinf(b)) return a == b ? a : (t > 0 ? b : a);
-  return Lerp(a, b, t);
+  const double b = lo + 1 < n ? *std::min_element(values->begin() + lo + 1, values->end()) : a;
+  return PercentileFromRanks(a, b, n, q);
 }
 
 std::pair<double, double> BootstrapMeanCi95(const std::vector<double>& values, int resamples, uint64_t seed,

@@ -32,6 +32,12 @@ namespace tally {
 // Percentile with linear interpolation between closest ranks, as numpy.percentile's default.
 // q in [0, 1]. Reorders `values`. NaN for an empty vector.
 double PercentileLinear(std::vector<double>* values, double q);
+// The same from order statistics, for values sorted elsewhere (the GPU's surface distances): of n
+// values (n > 0), PercentileRank(n, q) is the rank (0-based) of the smaller value q's position
+// falls between; `at` is the value of that rank and `next` of the one after (any value where
+// there is none).
+size_t PercentileRank(size_t n, double q);
+double PercentileFromRanks(double at, double next, size_t n, double q);
 
 // Neumaier-compensated running sum: the result depends only on the order of the values.
 void CompensatedAdd(double x, double* sum, double* c);

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "metrics/far_transform.h"
 #include "metrics/statistics.h"
 #include "metrics/surface_distance.h"
 
@@ -53,50 +54,24 @@ inline SurfaceValues Combine(const Directed& a, const Directed& b) {
 
 // One dimension of the Felzenszwalb-Huttenlocher lower envelope of the parabolas
 // f(p) + w^2 (q - p)^2 over sites p with a finite cost f(p) (kInf = no site): after Build, ArgMin(q)
-// is the site minimising it at q (-1 when no site has a finite cost), for non-decreasing q.
+// is the site minimising it at q (-1 when no site has a finite cost), for non-decreasing q. The
+// envelope itself is far_transform::Envelope, which the GPU's separable transform runs too.
 class Envelope1D {
  public:
   void Build(const double* f, int n, double w2) {
     v_.resize(n);
     z_.resize(n + 1);
-    fv_.resize(n);
-    k_ = -1;
-    for (int c = 0; c < n; ++c) {
-      const double fc = f[c];
-      if (fc == kInf) continue;
-      double s = 0;
-      while (k_ >= 0) {
-        const int p = v_[k_];
-        s = ((fc + w2 * c * static_cast<double>(c)) - (fv_[k_] + w2 * p * static_cast<double>(p))) /
-            (2.0 * w2 * (c - p));
-        if (s <= z_[k_]) {
-          --k_;
-        } else {
-          break;
-        }
-      }
-      ++k_;
-      v_[k_] = c;
-      fv_[k_] = fc;
-      z_[k_] = k_ == 0 ? -kInf : s;
-      z_[k_ + 1] = kInf;
-    }
-    j_ = 0;
+    env_ = far_transform::Envelope{v_.data(), z_.data(), 1};
+    env_.Build([f](int c) { return f[c]; }, n, w2);
   }
-  bool empty() const { return k_ < 0; }
+  bool empty() const { return env_.k < 0; }
   // Queries must come in non-decreasing order between Build calls.
-  int ArgMin(int q) {
-    if (k_ < 0) return -1;
-    while (z_[j_ + 1] < q) ++j_;
-    return v_[j_];
-  }
+  int ArgMin(int q) { return env_.ArgMin(q); }
 
  private:
-  std::vector<int> v_;
+  std::vector<int32_t> v_;
   std::vector<double> z_;
-  std::vector<double> fv_;
-  int k_ = -1;
-  int j_ = 0;
+  far_transform::Envelope env_{nullptr, nullptr, 1};
 };
 
 }  // namespace surface_internal

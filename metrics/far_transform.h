@@ -1,0 +1,161 @@
+// The separable distance transform of the 3D surface distances' far queries (SeparableDistances3D in
+// metrics/surface_distance_3d.cc) cut into independent pieces of work, one per GPU thread: the same
+// arithmetic in the same order, so the values are the CPU's to the bit. Plain C++ that nvcc also
+// compiles for the device (metrics/gpu/surface3d_kernel.cu, built with --fmad=false like the CPU,
+// which has no fused multiply-add either); the CPU's own envelope (Envelope1D) is this file's
+// Envelope, and tests/metrics/far_transform_test.cc runs the pieces on the host against the CPU's
+// transform.
+//
+// The pieces, over the box (y0..y0+H-1, x0..x0+W-1) of all far queries and features:
+//   - the features of column c = (y - y0) * W + (x - x0) as their z, ascending: fz[col_start[c],
+//     col_start[c + 1]); NearestZ is the CPU's z pass (ZPass) for one column and slice, done for
+//     every column of a slice holding queries first (step 1);
+//   - YPassColumn: one slice holding queries and one column x of the box: the lower envelope along y
+//     of the z pass's costs, evaluated at the slice's query rows (the CPU's step 2);
+//   - XPassRow: one row holding queries: the envelope along x of the y pass's costs, evaluated at the
+//     row's queries, and each query's distance (the CPU's step 3).
+// Each piece keeps its envelope in caller-given storage whose entry k lies at [k * stride]:
+// consecutive GPU threads' entries side by side.
+#ifndef TALLY_METRICS_FAR_TRANSFORM_H_
+#define TALLY_METRICS_FAR_TRANSFORM_H_
+
+#include <cmath>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define TALLY_HD __host__ __device__ __forceinline__
+#else
+#define TALLY_HD inline
+#endif
+
+namespace tally {
+namespace far_transform {
+
+constexpr int32_t kNoZ = 2147483647;  // No feature in the column.
+
+TALLY_HD double Infinity() { return HUGE_VAL; }
+
+// The box and the spacing.
+struct Geometry {
+  int64_t plane = 0, width = 0;  // The volume's: a voxel's linear index is z * plane + y * width + x.
+  int64_t y0 = 0, x0 = 0;
+  int H = 0, W = 0;
+  double sz = 1, sy = 1, sx = 1;
+};
+
+// ZPass for one column: the signed z offset from `slice` to the column's nearest feature (the later
+// one on a tie), kNoZ for none.
+TALLY_HD int32_t NearestZ(const int32_t* fz, int64_t begin, int64_t end, int64_t slice) {
+  int64_t lo = begin, hi = end;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fz[mid] < slice) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  int32_t best = kNoZ;
+  int64_t best_abs = INT64_MAX;
+  if (lo < end) {
+    best = static_cast<int32_t>(fz[lo] - slice);
+    best_abs = best;
+  }
+  if (lo > begin && slice - fz[lo - 1] < best_abs) best = static_cast<int32_t>(fz[lo - 1] - slice);
+  return best;
+}
+
+// (sz * gz)^2, the z pass's cost.
+TALLY_HD double ZCost(int32_t gz, double sz) {
+  if (gz == kNoZ) return Infinity();
+  const double d = sz * static_cast<double>(gz);
+  return d * d;
+}
+
+// The Felzenszwalb-Huttenlocher lower envelope of the parabolas f(p) + w2 (q - p)^2 over the sites p
+// of finite cost (the CPU's Envelope1D in metrics/surface_summary.h runs this one with stride 1), in
+// caller-given storage: v (sites) and z (n + 1 boundaries), entry k at [k * stride].
+struct Envelope {
+  int32_t* v;
+  double* z;
+  int64_t stride;
+  int k = -1;
+  int j = 0;
+
+  // f(c) for c in [0, n): a site's cost, Infinity() for none.
+  template <typename F>
+  TALLY_HD void Build(F f, int n, double w2) {
+    k = -1;
+    for (int c = 0; c < n; ++c) {
+      const double fc = f(c);
+      if (fc == Infinity()) continue;
+      double s = 0;
+      while (k >= 0) {
+        const int p = v[k * stride];
+        s = ((fc + w2 * c * static_cast<double>(c)) - (f(p) + w2 * p * static_cast<double>(p))) /
+            (2.0 * w2 * (c - p));
+        if (s <= z[k * stride]) {
+          --k;
+        } else {
+          break;
+        }
+      }
+      ++k;
+      v[k * stride] = c;
+      z[k * stride] = k == 0 ? -Infinity() : s;
+      z[(k + 1) * stride] = Infinity();
+    }
+    j = 0;
+  }
+  // Non-decreasing q between Build calls; -1 when no site.
+  TALLY_HD int ArgMin(int q) {
+    if (k < 0) return -1;
+    while (z[(j + 1) * stride] < q) ++j;
+    return v[j * stride];
+  }
+};
+
+// Step 2 for one slice and box column: gz[r * W] is the z pass's offset at row r of the column (a
+// slice's NearestZ for every column, laid out by row), rows[0..rows_n) the slice's query rows
+// (y - y0, ascending); best_y[i * W] gets row i's nearest row (-1: none) and best_gz[i * W] that
+// row's z offset.
+TALLY_HD void YPassColumn(const Geometry& g, const int32_t* gz, const int32_t* rows, int64_t rows_n, int32_t* best_y,
+                          int32_t* best_gz, Envelope env) {
+  env.Build([&](int r) { return ZCost(gz[static_cast<int64_t>(r) * g.W], g.sz); }, g.H, g.sy * g.sy);
+  for (int64_t i = 0; i < rows_n; ++i) {
+    const int by = env.ArgMin(rows[i]);
+    best_y[i * g.W] = by;
+    best_gz[i * g.W] = by < 0 ? kNoZ : gz[static_cast<int64_t>(by) * g.W];
+  }
+}
+
+// Step 3 for the query row r (y - y0) whose step-2 results are best_y[0..W), best_gz[0..W): the
+// distance of each of its queries (linear indices, ascending) into out[out_at[k]].
+TALLY_HD void XPassRow(const Geometry& g, int r, const int32_t* best_y, const int32_t* best_gz, const int64_t* queries,
+                       int64_t queries_n, const int64_t* out_at, double* out, Envelope env) {
+  auto cost = [&](int cx) {
+    const int by = best_y[cx];
+    if (by < 0) return Infinity();
+    const double dy = g.sy * static_cast<double>(r - by);
+    return ZCost(best_gz[cx], g.sz) + dy * dy;
+  };
+  env.Build(cost, g.W, g.sx * g.sx);
+  for (int64_t k = 0; k < queries_n; ++k) {
+    const int qx = static_cast<int>(queries[k] % g.width - g.x0);
+    const int bx = env.ArgMin(qx);
+    const int by = bx < 0 ? -1 : best_y[bx];
+    if (by < 0) {
+      out[out_at[k]] = Infinity();  // Unreachable: the box holds a feature.
+      continue;
+    }
+    const double dz = g.sz * static_cast<double>(best_gz[bx]);
+    const double dy = g.sy * static_cast<double>(r - by);
+    const double dx = g.sx * static_cast<double>(qx - bx);
+    out[out_at[k]] = sqrt((dx * dx + dy * dy) + dz * dz);
+  }
+}
+
+}  // namespace far_transform
+}  // namespace tally
+
+#endif  // TALLY_METRICS_FAR_TRANSFORM_H_
