@@ -76,12 +76,13 @@ void ClassSurfaceMetrics3D(const uint16_t* pred, const uint16_t* ref, int depth,
                            int num_classes, uint16_t ignore_label, const SurfaceOptions3D& options,
                            std::vector<SurfaceValues>* out, int threads = 1);
 
-// For device paths (metrics/gpu/surface3d_kernel.h), 3D: the box search of one direction done
-// elsewhere, query by query and independently. `queries` are one class's edge voxels (ascending
-// linear indices) and `features` the other map's; for query q, `near[q]` is the distance its box
-// search found (unused where !found[q]) and `cost[q]` the voxels of the boxes it tried. Chunks and
-// budgets are applied here exactly as the CPU applies them, the far queries go through the CPU's
-// separable transform on `threads`, and `out` gets every distance: the CPU's values to the bit.
+// The CPU's finish of one 3D direction whose box searches were done elsewhere, query by query.
+// `queries` are one class's edge voxels (ascending linear indices) and `features` the other map's;
+// for query q, `near[q]` is the distance its box search found (unused where !found[q]) and
+// `cost[q]` the voxels of the boxes it tried. Chunks and budgets are applied as the CPU applies
+// them, the far queries go through the CPU's separable transform on `threads`, and `out` gets every
+// distance. The device path does all of it on the GPU; tests hold its separable transform
+// (metrics/far_transform.h) to this one, every query marked not found.
 struct NearSearch3D {
   std::vector<double> near;
   std::vector<uint8_t> found;
@@ -90,8 +91,6 @@ struct NearSearch3D {
 void FinishDirected3D(const std::vector<int64_t>& queries, const std::vector<int64_t>& features, int depth,
                       int height, int width, const SurfaceOptions3D& options, const NearSearch3D& search,
                       std::vector<double>* out, int threads = 1);
-// The values of one class from its two directed distance sets (moved from), as the CPU sums them.
-SurfaceValues SummariseDirected3D(std::vector<double>* d_pg, std::vector<double>* d_gp, double nsd_tolerance);
 // The box search's budget of a chunk of `queries` queries, and the chunk size (both as the CPU's).
 // TALLY_SURFACE_BUDGET (tests and benchmarks only) overrides the voxels a query may cost on average.
 inline constexpr size_t kSurfaceQueryChunk = 4096;

@@ -385,12 +385,6 @@ void FinishDirected3D(const std::vector<int64_t>& queries, const std::vector<int
                  threads);
 }
 
-SurfaceValues SummariseDirected3D(std::vector<double>* d_pg, std::vector<double>* d_gp, double nsd_tolerance) {
-  if (d_pg->empty() && d_gp->empty()) return SurfaceValues{kNaN, kNaN, kNaN, kNaN};
-  if (d_pg->empty() || d_gp->empty()) return SurfaceValues{kInf, kInf, kInf, 0.0};
-  return Combine(Summarise(d_pg, nsd_tolerance), Summarise(d_gp, nsd_tolerance));
-}
-
 SurfaceValues BinarySurfaceMetrics3D(const uint8_t* pred, const uint8_t* ref, int depth, int height, int width,
                                      const SurfaceOptions3D& options) {
   std::vector<std::vector<int64_t>> pred_edges, ref_edges;

@@ -2,7 +2,9 @@
 // against the CPU's ClassSurfaceMetrics3D, bit for bit: 240 random volumes as the prediction tests
 // make them (balls, one-voxel lines and plates of 2-4 labels, touching the border; predictions equal,
 // shifted, empty, noisy or unrelated; ignored slabs; empty references; anisotropic spacing), and a
-// large volume whose far queries fill several chunks. Skipped where no CUDA device is present.
+// large volume whose far queries fill several chunks. ctest runs them twice: as they are, and with
+// TALLY_SURFACE_MAX_BOX=1 (every query not on the other surface goes to the separable transform, on
+// both sides). Skipped where no CUDA device is present.
 #include "metrics/gpu/surface3d_kernel.h"
 
 #include <cmath>
