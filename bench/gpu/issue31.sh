@@ -3,8 +3,10 @@
 #   build    scripts/gpu/build.sh build-gpu
 #   model    bench/volume_model_bench.py: 8 BraTS-sized volumes (240x240x155, 4 channels) through a
 #            3D CNN with 128^3 sliding windows, Tally vs the plain PyTorch loop
-#   surface  tally-bench-cpu --mode surface3d: one 160x192x160 and one 512x512x300 pair (4 labels),
+#   surface  tally-bench-cpu --mode surface3d: one 160x192x160 and one 512x512x300 pair (5 labels; the
+#            GPU stage also takes a 2-label pair of each size),
 #            1 thread and every core (a volume's classes and slabs over the threads)
+#   data     only the volumes of surface (for gpusurface alone)
 #   gpusurface  the GPU path: surface_kernel_test (240 random volumes + a large one, bit for bit
 #            against the CPU), tally-bench-cpu --device 0 on both pairs, cupyx's and MONAI's CPU path
 #            (bench/volume_bench.py's) on them, and a prediction job on a GPU worker against a CPU one
@@ -29,7 +31,7 @@ if has model; then
   cp -r $work/vmb/tally/.tally $OUT/model_tally_logs 2>/dev/null
   echo "model: $(( $(date +%s) - t_start )) s"
 fi
-if has surface; then
+if has surface || has data; then
   python3 - $work/sv <<'PY'
 import os, sys
 import numpy as np
@@ -37,11 +39,14 @@ sys.path.insert(0, "bench")
 from volume_bench import organs, predicted, write_nifti
 d = sys.argv[1]; os.makedirs(d, exist_ok=True)
 rng = np.random.default_rng(3)
-for shape in ((160, 192, 160), (512, 512, 300)):
-    ref = organs(rng, shape, 5); pred = predicted(rng, ref)
-    name = "x".join(map(str, shape))
+for labels in (5, 2):
+  for shape in ((160, 192, 160), (512, 512, 300)):
+    ref = organs(rng, shape, labels); pred = predicted(rng, ref)
+    name = "x".join(map(str, shape)) + ("" if labels == 5 else f"_{labels}")
     write_nifti(f"{d}/ref_{name}.nii.gz", ref, (0.8, 0.8, 2.5)); write_nifti(f"{d}/pred_{name}.nii.gz", pred, (0.8, 0.8, 2.5))
 PY
+fi
+if has surface; then
   for name in 160x192x160 512x512x300; do
     for t in 1 4 $cores; do
       $bin/tally-bench-cpu --mode surface3d --pred $work/sv/pred_$name.nii.gz --ref $work/sv/ref_$name.nii.gz --threads $t --iters 3
@@ -51,11 +56,13 @@ PY
 fi
 if has gpusurface; then
   $src/build-gpu/bin/surface_kernel_test --gtest_filter='Surface3D*' 2>&1 | tail -4
-  for name in 160x192x160 512x512x300; do
+  TALLY_SURFACE_MAX_BOX=1 $src/build-gpu/bin/surface_kernel_test --gtest_filter='Surface3D*' 2>&1 | tail -4
+  for name in 160x192x160 512x512x300 160x192x160_2 512x512x300_2; do
     for t in 1 $cores; do
       $bin/tally-bench-cpu --mode surface3d --pred $work/sv/pred_$name.nii.gz --ref $work/sv/ref_$name.nii.gz --threads $t --iters 5 --device 0
     done
-    TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/sv/pred_$name.nii.gz --ref $work/sv/ref_$name.nii.gz --threads $cores --iters 1 --device 0 2>&1 | grep profile
+    # Where a warm call's time goes (the last of three calls).
+    TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/sv/pred_$name.nii.gz --ref $work/sv/ref_$name.nii.gz --threads $cores --iters 3 --device 0 2>&1 | grep profile | tail -6
   done
   python3 - $work/sv <<'PY'
 import gzip, struct, sys, time
@@ -67,24 +74,25 @@ def read(path):
     raw = gzip.open(path).read(); dims = struct.unpack_from("<8h", raw, 40)
     return np.frombuffer(raw, np.uint8, count=dims[1] * dims[2] * dims[3], offset=352).reshape(dims[1:4], order="F")
 d = sys.argv[1]
-for name in ("160x192x160", "512x512x300"):
+for name in ("160x192x160", "512x512x300", "160x192x160_2", "512x512x300_2"):
     p, r = read(f"{d}/pred_{name}.nii.gz"), read(f"{d}/ref_{name}.nii.gz")
+    labels = 2 if name.endswith("_2") else 5
     try:
         import cupy as cp
         from cupyx.scipy import ndimage as cnd
         gp, gr = cp.asarray(p), cp.asarray(r)
-        monai_hd95_nsd(gp, gr, 5, (0.8, 0.8, 2.5), 1.0, xp=cp, edt=cnd.distance_transform_edt, erode=cnd.binary_erosion)
+        monai_hd95_nsd(gp, gr, labels, (0.8, 0.8, 2.5), 1.0, xp=cp, edt=cnd.distance_transform_edt, erode=cnd.binary_erosion)
         cp.cuda.Device().synchronize(); best = 1e9
         for _ in range(3):
             t0 = time.perf_counter()
-            monai_hd95_nsd(gp, gr, 5, (0.8, 0.8, 2.5), 1.0, xp=cp, edt=cnd.distance_transform_edt, erode=cnd.binary_erosion)
+            monai_hd95_nsd(gp, gr, labels, (0.8, 0.8, 2.5), 1.0, xp=cp, edt=cnd.distance_transform_edt, erode=cnd.binary_erosion)
             cp.cuda.Device().synchronize(); best = min(best, time.perf_counter() - t0)
         print(f"cupyx (MONAI's GPU path) {name}: {best:.4f} s (best of 3, volumes already on the GPU)")
         best = 1e9
         for _ in range(3):
             t0 = time.perf_counter()
             gp, gr = cp.asarray(p), cp.asarray(r)
-            monai_hd95_nsd(gp, gr, 5, (0.8, 0.8, 2.5), 1.0, xp=cp, edt=cnd.distance_transform_edt, erode=cnd.binary_erosion)
+            monai_hd95_nsd(gp, gr, labels, (0.8, 0.8, 2.5), 1.0, xp=cp, edt=cnd.distance_transform_edt, erode=cnd.binary_erosion)
             cp.cuda.Device().synchronize(); best = min(best, time.perf_counter() - t0)
         print(f"cupyx (MONAI's GPU path) {name}: {best:.4f} s (best of 3, upload of both volumes included)")
     except Exception as e:
