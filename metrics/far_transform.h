@@ -43,18 +43,25 @@ struct Geometry {
   double sz = 1, sy = 1, sx = 1;
 };
 
-// ZPass for one column: the signed z offset from `slice` to the column's nearest feature (the later
-// one on a tie), kNoZ for none.
-TALLY_HD int32_t NearestZ(const int32_t* fz, int64_t begin, int64_t end, int64_t slice) {
-  int64_t lo = begin, hi = end;
+// The first index of [lo, hi) where below(index) is false, for a predicate true on a prefix of the
+// range (std::partition_point over indices; the device has no <algorithm>).
+template <typename Below>
+TALLY_HD int64_t PartitionPoint(int64_t lo, int64_t hi, Below below) {
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (fz[mid] < slice) {
+    if (below(mid)) {
       lo = mid + 1;
     } else {
       hi = mid;
     }
   }
+  return lo;
+}
+
+// ZPass for one column: the signed z offset from `slice` to the column's nearest feature (the later
+// one on a tie), kNoZ for none.
+TALLY_HD int32_t NearestZ(const int32_t* fz, int64_t begin, int64_t end, int64_t slice) {
+  const int64_t lo = PartitionPoint(begin, end, [&](int64_t i) { return fz[i] < slice; });
   int32_t best = kNoZ;
   int64_t best_abs = INT64_MAX;
   if (lo < end) {
@@ -113,6 +120,12 @@ struct Envelope {
     while (z[(j + 1) * stride] < q) ++j;
     return v[j * stride];
   }
+};
+
+// Envelope::Build's costs from an array (the CPU's Envelope1D).
+struct ArrayCosts {
+  const double* f;
+  TALLY_HD double operator()(int c) const { return f[c]; }
 };
 
 // Step 2 for one slice and box column: gz[r * W] is the z pass's offset at row r of the column (a

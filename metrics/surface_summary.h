@@ -62,7 +62,7 @@ class Envelope1D {
     v_.resize(n);
     z_.resize(n + 1);
     env_ = far_transform::Envelope{v_.data(), z_.data(), 1};
-    env_.Build([f](int c) { return f[c]; }, n, w2);
+    env_.Build(far_transform::ArrayCosts{f}, n, w2);
   }
   bool empty() const { return env_.k < 0; }
   // Queries must come in non-decreasing order between Build calls.

@@ -98,19 +98,11 @@ __global__ void CountKernel(const int16_t* pred_edge, const int16_t* ref_edge, i
 // The order statistics of one direction's sorted distances the summary needs: the largest, the
 // values of ranks `rank` and rank + 1, and how many are within `tolerance`.
 __global__ void OrderStatsKernel(const double* sorted, int64_t n, int64_t rank, double tolerance, double* out) {
-  int64_t lo = 0, hi = n;  // The first above the tolerance.
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (sorted[mid] <= tolerance) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
+  const int64_t within = far_transform::PartitionPoint(0, n, [&](int64_t i) { return sorted[i] <= tolerance; });
   out[0] = sorted[n - 1];
   out[1] = sorted[rank];
   out[2] = rank + 1 < n ? sorted[rank + 1] : sorted[rank];
-  out[3] = static_cast<double>(lo);
+  out[3] = static_cast<double>(within);
 }
 
 __global__ void ClassOfKernel(const int64_t* voxels, int64_t n, const int16_t* edge, uint16_t* cls) {
@@ -270,16 +262,7 @@ __global__ void ColumnStartKernel(const uint64_t* keys, int64_t n, int64_t colum
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c > columns) return;
   const uint64_t key = static_cast<uint64_t>(c * depth);
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (keys[mid] < key) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  col_start[c] = lo;
+  col_start[c] = far_transform::PartitionPoint(0, n, [&](int64_t i) { return keys[i] < key; });
 }
 
 __global__ void ColumnZKernel(const uint64_t* keys, int64_t n, int64_t depth, int32_t* fz) {
