@@ -22,11 +22,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define TALLY_HD __host__ __device__ __forceinline__
-#else
-#define TALLY_HD inline
-#endif
+#include "metrics/host_device.h"
 
 namespace tally {
 namespace far_transform {

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <thread>
 
+#include "metrics/box_search.h"
 #include "metrics/parallel_for.h"
 #include "metrics/surface_distance.h"
 #include "metrics/surface_summary.h"
@@ -243,49 +244,25 @@ struct FeatureBits {
 // the chunks are shared among threads.
 constexpr size_t kQueryChunk = kSurfaceQueryChunk;
 
-// The box search of DirectedDistances3D for queries [begin, end): distances found into `out`, the
-// queries left for the separable transform into `far`.
+// The box search (metrics/box_search.h) of DirectedDistances3D for queries [begin, end): distances
+// found into `out`, the queries left for the separable transform into `far`.
 void NearSearch(const std::vector<int64_t>& queries, size_t begin, size_t end, const FeatureBits& feature,
                 const Dims3& dims, double sz, double sy, double sx, std::vector<double>* out, std::vector<size_t>* far) {
-  const int64_t kMaxBox = kSurfaceMaxBox;
   const int64_t plane = dims.height * dims.width;
-  const double smin = std::min({sz, sy, sx});
+  const FeatureBox box{feature.z0, feature.z1, feature.y0, feature.y1, feature.x0, feature.x1};
   int64_t budget = SurfaceChunkBudget(end - begin);
   for (size_t q = begin; q < end; ++q) {
     const int64_t i = queries[q];
-    const int64_t z = i / plane, y = (i % plane) / dims.width, x = i % dims.width;
     if (budget < 0) {
       far->push_back(q);
       continue;
     }
-    double best = kInf;  // Squared.
-    bool found = false;
-    for (double rho = 0;; rho = rho == 0 ? smin : 2 * rho) {
-      // Box radii: every feature within rho lies inside (the tiny excess only widens the box).
-      const int64_t rz = static_cast<int64_t>(std::floor(rho / sz * (1 + 1e-12)));
-      const int64_t ry = static_cast<int64_t>(std::floor(rho / sy * (1 + 1e-12)));
-      const int64_t rx = static_cast<int64_t>(std::floor(rho / sx * (1 + 1e-12)));
-      if ((2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1) > kMaxBox) break;
-      const int64_t za = std::max(z - rz, feature.z0), zb = std::min(z + rz, feature.z1);
-      const int64_t ya = std::max(y - ry, feature.y0), yb = std::min(y + ry, feature.y1);
-      const int64_t xa = std::max(x - rx, feature.x0), xb = std::min(x + rx, feature.x1);
-      budget -= (2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1);
-      for (int64_t cz = za; cz <= zb; ++cz) {
-        const double dz = sz * static_cast<double>(cz - z);
-        for (int64_t cy = ya; cy <= yb; ++cy) {
-          const double dy = sy * static_cast<double>(cy - y);
-          for (int64_t cx = xa; cx <= xb; ++cx) {
-            if (!feature(cz, cy, cx)) continue;
-            const double dx = sx * static_cast<double>(cx - x);
-            best = std::min(best, (dx * dx + dy * dy) + dz * dz);  // scipy's order, as below.
-          }
-        }
-      }
-      if (best <= rho * rho) {
-        found = true;
-        break;
-      }
-    }
+    double best = 0;  // Squared.
+    int64_t spent = 0;
+    const bool found =
+        BoxSearch(i / plane, (i % plane) / dims.width, i % dims.width, box, sz, sy, sx, kSurfaceMaxBox, feature, &best,
+                  &spent);
+    budget -= spent;
     if (found) {
       (*out)[q] = std::sqrt(best);
     } else {
@@ -328,7 +305,7 @@ void FarDistances3D(const std::vector<int64_t>& queries, const std::vector<size_
 // prediction close to its reference): each searches a box around itself in a bitmap of the
 // features, growing the box's physical radius rho (doubling) until the best distance found is at
 // most rho, which proves it is the nearest (every voxel outside the box is farther than rho). A
-// query whose box would pass kMaxBox voxels, and every query of a chunk once its searches have cost
+// query whose box would pass kSurfaceMaxBox voxels, and every query of a chunk once its searches have cost
 // more than a budget proportional to the chunk, goes to the separable transform instead. So close
 // predictions cost a few voxel tests per query and far ones no more than the transform. Chunks of
 // queries (slabs of the volume) and then slices of the far queries spread over `threads`; the

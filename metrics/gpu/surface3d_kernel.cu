@@ -1,12 +1,12 @@
 #include "metrics/gpu/surface3d_kernel.h"
 
+#include "metrics/box_search.h"
 #include "metrics/far_transform.h"
 #include "metrics/parallel_for.h"
 #include "metrics/statistics.h"
 #include "metrics/surface_summary.h"
 
 #include <cuda_runtime.h>
-#include <math_constants.h>
 
 #include <algorithm>
 #include <atomic>
@@ -36,8 +36,10 @@ static_assert(kBudgetItems * kThreads == static_cast<int>(kSurfaceQueryChunk), "
 // slices at once (FarCells).
 constexpr int64_t kFarCells = int64_t{1} << 25;
 
+// A bitmap's box: its first voxel and its extent along y and x.
 struct Box {
   int64_t z0, y0, x0, by, bx;
+  __device__ int64_t At(int64_t z, int64_t y, int64_t x) const { return ((z - z0) * by + (y - y0)) * bx + (x - x0); }
 };
 
 // A voxel's (z, y, x) from its linear index.
@@ -146,53 +148,32 @@ __global__ void BitsKernel(const int64_t* features, int64_t n, Geometry3 g, Box 
   if (k >= n) return;
   int64_t z, y, x;
   g.Zyx(features[k], &z, &y, &x);
-  const int64_t at = ((z - b.z0) * b.by + (y - b.y0)) * b.bx + (x - b.x0);
+  const int64_t at = b.At(z, y, x);
   atomicOr(&bits[at >> 5], 1u << (at & 31));
 }
 
-// The CPU's NearSearch for one query, without the chunk budget (BudgetKernel applies it).
-__global__ void NearKernel(const int64_t* queries, int64_t n, const uint32_t* bits, Box b, int64_t z1, int64_t y1,
-                           int64_t x1, Geometry3 g, double sz, double sy, double sx, int64_t max_box, double* near,
-                           uint8_t* found, int64_t* cost) {
+// The features of one direction as a bitmap over their box.
+struct DeviceFeatureBits {
+  const uint32_t* bits;
+  Box b;
+  __device__ bool operator()(int64_t z, int64_t y, int64_t x) const {
+    const int64_t at = b.At(z, y, x);
+    return (bits[at >> 5] >> (at & 31)) & 1u;
+  }
+};
+
+// The CPU's box search for one query (metrics/box_search.h), without the chunk budget
+// (BudgetKernel applies it).
+__global__ void NearKernel(const int64_t* queries, int64_t n, DeviceFeatureBits has, FeatureBox f, Geometry3 g, double sz,
+                           double sy, double sx, int64_t max_box, double* near, uint8_t* found, int64_t* cost) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   int64_t z, y, x;
   g.Zyx(queries[k], &z, &y, &x);
-  const double smin = fmin(sz, fmin(sy, sx));
-  double best = CUDART_INF;
-  bool ok = false;
-  int64_t spent = 0;
-  for (double rho = 0;; rho = rho == 0 ? smin : 2 * rho) {
-    const int64_t rz = static_cast<int64_t>(floor(rho / sz * (1 + 1e-12)));
-    const int64_t ry = static_cast<int64_t>(floor(rho / sy * (1 + 1e-12)));
-    const int64_t rx = static_cast<int64_t>(floor(rho / sx * (1 + 1e-12)));
-    const int64_t box = (2 * rz + 1) * (2 * ry + 1) * (2 * rx + 1);
-    if (box > max_box) break;
-    const int64_t za = max(z - rz, b.z0), zb = min(z + rz, z1);
-    const int64_t ya = max(y - ry, b.y0), yb = min(y + ry, y1);
-    const int64_t xa = max(x - rx, b.x0), xb = min(x + rx, x1);
-    spent += box;
-    for (int64_t cz = za; cz <= zb; ++cz) {
-      const double dz = sz * static_cast<double>(cz - z);
-      for (int64_t cy = ya; cy <= yb; ++cy) {
-        const double dy = sy * static_cast<double>(cy - y);
-        const int64_t row = ((cz - b.z0) * b.by + (cy - b.y0)) * b.bx - b.x0;
-        for (int64_t cx = xa; cx <= xb; ++cx) {
-          const int64_t at = row + cx;
-          if (!((bits[at >> 5] >> (at & 31)) & 1u)) continue;
-          const double dx = sx * static_cast<double>(cx - x);
-          best = fmin(best, (dx * dx + dy * dy) + dz * dz);
-        }
-      }
-    }
-    if (best <= rho * rho) {
-      ok = true;
-      break;
-    }
-  }
+  double best = 0;
+  const bool ok = BoxSearch(z, y, x, f, sz, sy, sx, max_box, has, &best, &cost[k]);
   near[k] = ok ? sqrt(best) : 0.0;
   found[k] = ok ? 1 : 0;
-  cost[k] = spent;
 }
 
 // FinishDirected3D's chunk budgets, a block per chunk: query q goes far when its chunk's budget is
@@ -837,9 +818,9 @@ std::string Directed(const DirectionIn& in, const Volume3& v, const SurfaceOptio
   const size_t words = static_cast<size_t>(((z1 - b.z0 + 1) * b.by * b.bx + 31) / 32);
   TALLY_CUDA_OR_RETURN(cudaMemsetAsync(s.bits, 0, words * sizeof(uint32_t), stream));
   BitsKernel<<<Blocks(in.features_n), kThreads, 0, stream>>>(in.features, in.features_n, v.g, b, s.bits);
-  NearKernel<<<Blocks(in.queries_n), kThreads, 0, stream>>>(in.queries, in.queries_n, s.bits, b, z1, y1, x1, v.g,
-                                                            o.spacing_z, o.spacing_y, o.spacing_x, kSurfaceMaxBox,
-                                                            s.near, s.found, s.cost);
+  NearKernel<<<Blocks(in.queries_n), kThreads, 0, stream>>>(
+      in.queries, in.queries_n, DeviceFeatureBits{s.bits, b}, FeatureBox{b.z0, z1, b.y0, y1, b.x0, x1}, v.g,
+      o.spacing_z, o.spacing_y, o.spacing_x, kSurfaceMaxBox, s.near, s.found, s.cost);
   const int64_t chunks = (in.queries_n + static_cast<int64_t>(kSurfaceQueryChunk) - 1) /
                          static_cast<int64_t>(kSurfaceQueryChunk);
   BudgetKernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(s.cost, s.found, s.near, in.queries_n,
