@@ -12,9 +12,9 @@
 #include "common/job/rpc.h"
 #include "grpcpp/alarm.h"
 #include "server/grpc_util.h"
-#include "server/compare.h"
-#include "server/report_writer.h"
-#include "server/visibility.h"
+#include "server/report/compare.h"
+#include "server/report/report_writer.h"
+#include "server/access/visibility.h"
 
 namespace tally {
 namespace {

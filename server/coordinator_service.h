@@ -6,8 +6,8 @@
 
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
-#include "server/authorizer.h"
-#include "server/coordinator.h"
+#include "server/access/authorizer.h"
+#include "server/coordinator/coordinator.h"
 #include "server/executor.h"
 
 namespace tally {

@@ -14,12 +14,12 @@
 #include "common/security/channel_security.h"
 #include "common/process/worker_launcher.h"
 #include "grpcpp/grpcpp.h"
-#include "server/authorizer.h"
-#include "server/coordinator.h"
+#include "server/access/authorizer.h"
+#include "server/coordinator/coordinator.h"
 #include "server/coordinator_service.h"
 #include "server/executor.h"
-#include "server/dashboard.h"
-#include "server/metrics_exporter.h"
+#include "server/http/dashboard.h"
+#include "server/http/metrics_exporter.h"
 #include "server/worker_control_service.h"
 
 namespace tally {
@@ -28,7 +28,7 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free port.
   std::string port_file;                   // If set, the bound port is written here once serving.
   std::string metrics_listen;              // host:port of the Prometheus /metrics endpoint; empty: none.
-  std::string http_listen;                 // host:port of the web dashboard (server/dashboard.h); empty: none.
+  std::string http_listen;                 // host:port of the web dashboard (server/http/dashboard.h); empty: none.
   ServerTlsOptions tls;                    // No certificate: plaintext.
   std::string auth_tokens;                 // Tokens file (common/security/auth_tokens.h); empty: no authentication.
   // Folders clients may name files in; empty: any. Enforced in this process (the caller sets the

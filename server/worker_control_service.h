@@ -5,9 +5,9 @@
 
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
-#include "server/authorizer.h"
+#include "server/access/authorizer.h"
 #include "server/grpc_util.h"
-#include "server/coordinator.h"
+#include "server/coordinator/coordinator.h"
 
 namespace tally {
 

@@ -21,7 +21,7 @@
 #include "metrics/overlap.h"
 #include "common/base/status_macros.h"
 #include "common/process/subprocess.h"
-#include "worker/model_runner.h"
+#include "worker/interfaces/model_runner.h"
 
 namespace tally {
 namespace {
@@ -191,7 +191,7 @@ std::vector<v1::ManifestRow> TrialRows(const std::vector<SampledRow>& decoded, c
 }
 
 // One batch size's trial: `b` copies of the trial rows, the label maps and work the job's pipeline
-// asks for (worker/pipeline.cc: surface metrics on the device where the runner can, else the labels
+// asks for (worker/pipeline/pipeline.cc: surface metrics on the device where the runner can, else the labels
 // on the host; labels on the host for saved predictions, kept on the device for thumbnails), timed.
 // Fills the trial's rate and peak memory (and the result's memory budget); false to stop trying
 // larger batches. Errors other than running out of memory end the estimate.

@@ -34,9 +34,9 @@
 #include "common/job/job_config.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tally.grpc.pb.h"
-#include "worker/model_runner.h"
-#include "worker/pipeline.h"
-#include "worker/row_evaluator.h"
+#include "worker/interfaces/model_runner.h"
+#include "worker/pipeline/pipeline.h"
+#include "worker/interfaces/row_evaluator.h"
 
 namespace tally {
 

@@ -27,8 +27,8 @@
 #include "common/process/sd_notify.h"
 #include "common/base/status_macros.h"
 #include "common/process/subprocess.h"
-#include "worker/python_runner.h"
-#include "worker/scoring.h"
+#include "worker/python/python_runner.h"
+#include "worker/scoring/scoring.h"
 #include "worker/worker_internal.h"
 
 namespace tally {

@@ -1,4 +1,4 @@
-// tally compare A B --out DIR: two runs of the same manifest, paired (server/compare.h).
+// tally compare A B --out DIR: two runs of the same manifest, paired (server/report/compare.h).
 #include <iostream>
 
 #include "client/verbs/verb_util.h"

@@ -81,7 +81,7 @@ absl::Status DecodeMask(const std::string& bytes, const std::string& name, Label
 
 // JPEG signature check (FF D8 FF), and the header checks DecodeImage makes before decoding a JPEG
 // (valid header, size, pixel limit, not CMYK), with the same errors; sets the declared size. For
-// decoders other than libjpeg-turbo (worker/gpu_jpeg.h), which must refuse what it refuses.
+// decoders other than libjpeg-turbo (worker/pipeline/gpu_jpeg.h), which must refuse what it refuses.
 bool LooksLikeJpeg(const std::string& bytes);
 absl::Status InspectJpeg(const std::string& bytes, const std::string& name, int64_t max_pixels, int* height,
                          int* width);

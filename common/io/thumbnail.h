@@ -12,10 +12,10 @@
 // pairs seen so far (RunningWorst) and renders a thumbnail whenever a row enters them. A pair among
 // the `keep` lowest of a whole set is among the `keep` lowest of every subset that holds it, so each
 // of a shard's final worst rows got a thumbnail whatever the order of evaluation; the coordinator
-// keeps the job's `keep` lowest of those (server/job_store.h), which are then exactly the job's
+// keeps the job's `keep` lowest of those (server/store/job_store.h), which are then exactly the job's
 // worst rows, whichever workers evaluated which shards. The model pipeline also keeps one
 // RunningWorst over all of its job's rows and renders only rows inside both (the same argument
-// over a larger subset; worker/pipeline.cc AmongWorkersWorst): far fewer renders, same report.
+// over a larger subset; worker/pipeline/pipeline.cc AmongWorkersWorst): far fewer renders, same report.
 #ifndef TALLY_COMMON_IO_THUMBNAIL_H_
 #define TALLY_COMMON_IO_THUMBNAIL_H_
 

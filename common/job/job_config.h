@@ -1,6 +1,6 @@
 // A job's settings, typed and with every default applied: what workers and the report writer read
 // instead of the wire's JobSpec. The coordinator completes and validates a submitted spec once
-// (server/job_spec_validation.h); JobConfigFromSpec reads such a spec.
+// (server/coordinator/job_spec_validation.h); JobConfigFromSpec reads such a spec.
 //
 // The exact-results rule, stated once: batches are blocks of manifest indices aligned to multiples
 // of the batch size, never crossing a shard; shards are multiples of `batch_alignment` rows; the
@@ -57,12 +57,12 @@ struct JobConfig {
   std::vector<Metric> metrics;  // Canonical order; always holds dice and iou.
   Precision precision = Precision::kFp32;
   // The layout to run: channels_last once fixed ("on"/"off", or "auto" resolved by the coordinator);
-  // channels_last_auto while "auto" waits for a worker's trial (worker/pipeline.cc).
+  // channels_last_auto while "auto" waits for a worker's trial (worker/pipeline/pipeline.cc).
   bool channels_last = false;
   bool channels_last_auto = false;
   std::string channels_last_mode = "auto";  // As asked: auto | on | off.
   std::string channels_last_trial;          // The trial that resolved "auto".
-  // Where JPEG images are decoded (worker/gpu_jpeg.h): decode_gpu once fixed ("cpu"/"gpu", or
+  // Where JPEG images are decoded (worker/pipeline/gpu_jpeg.h): decode_gpu once fixed ("cpu"/"gpu", or
   // "auto" resolved by the coordinator); decode_auto while "auto" waits for a worker's trial.
   bool decode_gpu = false;
   bool decode_auto = false;

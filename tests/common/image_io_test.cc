@@ -88,7 +88,7 @@ TEST(ImageIoTest, JpegDecodesAndIsRejectedAsMask) {
   EXPECT_THAT(s.message(), HasSubstr("JPEG"));
 }
 
-// What a GPU decoder is handed (worker/gpu_jpeg.h): the JPEG's declared size, or DecodeImage's own
+// What a GPU decoder is handed (worker/pipeline/gpu_jpeg.h): the JPEG's declared size, or DecodeImage's own
 // error for a stream it would refuse, before any pixel is decoded.
 TEST(ImageIoTest, InspectJpegChecksTheHeaderAsDecodeImageDoes) {
   std::vector<uint8_t> rgb(30 * 50 * 3, 77);

@@ -1,11 +1,11 @@
-// The dashboard's request parser (server/dashboard_routes.h) on arbitrary paths and queries: no
+// The dashboard's request parser (server/http/dashboard_routes.h) on arbitrary paths and queries: no
 // crash, and whatever it accepts is safe to use: a job id of letters, digits, '-', '_' and '.' only
 // (never "." or ".."), a report file from the fixed list, a page size in 1..1000.
 #include <set>
 #include <string>
 
 #include "fuzz_util.h"
-#include "server/dashboard_routes.h"
+#include "server/http/dashboard_routes.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text = FuzzInput(data, size);

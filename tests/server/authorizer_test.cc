@@ -1,5 +1,5 @@
 // Who may call what: roles against the two services, unknown and missing tokens, reloads.
-#include "server/authorizer.h"
+#include "server/access/authorizer.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "server/coordinator.h"
+#include "server/coordinator/coordinator.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "server/job_store.h"
+#include "server/store/job_store.h"
 
 #include <stdlib.h>
 

@@ -1,8 +1,8 @@
-// The report kept as rows arrive (server/live_report.h) against the batch path (WriteReports from
+// The report kept as rows arrive (server/report/live_report.h) against the batch path (WriteReports from
 // the database): the same files, to the byte, whatever the order and the grouping in which the
 // rows arrive (several threads at once, duplicates of rows already in), and when it is rebuilt
 // from the database halfway through (tallyd's restart).
-#include "server/live_report.h"
+#include "server/report/live_report.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "server/report_writer.h"
+#include "server/report/report_writer.h"
 
 namespace tally {
 namespace {

@@ -1,5 +1,5 @@
 // The grouping of failure reasons in the reports: file names and numbers are left out.
-#include "server/report_data.h"
+#include "server/report/report_data.h"
 
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-#include "server/sharding.h"
+#include "server/store/sharding.h"
 
 #include "gtest/gtest.h"
 

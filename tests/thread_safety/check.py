@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Compiles every Tally translation unit but the LibTorch one (worker/model_runner.cc) and the CUDA
-kernel with clang's thread-safety analysis and every warning as an error (-Wthread-safety -Werror), so
-that ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED annotations are checked, not just comments.
+"""Compiles every Tally translation unit but the CUDA kernels with clang's thread-safety analysis and
+every warning as an error (-Wthread-safety -Werror), so that ABSL_GUARDED_BY /
+ABSL_EXCLUSIVE_LOCKS_REQUIRED annotations are checked, not just comments.
 Syntax only: no objects are written.
 
   tests/thread_safety/check.py BUILD_DIR     # BUILD_DIR configured with CMAKE_EXPORT_COMPILE_COMMANDS=ON
@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 
-SKIP = ("worker/model_runner.cc", ".cu", "/tests/", "/bench/")
+SKIP = (".cu", "/tests/", "/bench/")
 
 
 def main():

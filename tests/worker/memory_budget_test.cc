@@ -1,6 +1,6 @@
 // The worker's memory budget, hand-worked: what a row and a launch cost, the fit of the model's
 // measured bytes, the split of a batch group, the refusal's words, the cgroup's limit.
-#include "worker/memory_budget.h"
+#include "worker/pipeline/memory_budget.h"
 
 #include "common/base/flag_util.h"
 #include "common/io/image_io.h"

@@ -1,4 +1,4 @@
-#include "worker/pipeline.h"
+#include "worker/pipeline/pipeline.h"
 
 #include <stdlib.h>
 
@@ -12,7 +12,7 @@
 #include "common/io/image_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/model_runner.h"
+#include "worker/interfaces/model_runner.h"
 
 namespace tally {
 namespace {

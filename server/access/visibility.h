@@ -1,0 +1,23 @@
+// What a caller may see (README "Security"): a client token sees its own jobs only, over gRPC and
+// the dashboard alike.
+#ifndef TALLY_SERVER_ACCESS_VISIBILITY_H_
+#define TALLY_SERVER_ACCESS_VISIBILITY_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/access/authorizer.h"
+#include "server/coordinator/coordinator.h"
+
+namespace tally {
+
+// The job, or NOT_FOUND when it does not exist or the caller may not see it (the same answer).
+absl::StatusOr<v1::Job> VisibleJob(Coordinator* core, const Caller& caller, const std::string& job_id);
+
+// The workers as the caller may see them: another owner's job ids, and the reasons its rows took a
+// worker out of service (they name its files), never.
+v1::ListWorkersResponse VisibleWorkers(Coordinator* core, const Caller& caller);
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_ACCESS_VISIBILITY_H_

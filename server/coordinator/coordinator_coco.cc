@@ -1,0 +1,198 @@
+// Coordinator: COCO instance jobs at submission (README "Instances"). The rows are the annotation
+// file's images, in the file's order; the categories and the files' hashes go into the stored spec,
+// so the report and every worker read the same set; what cannot be scored (annotations or results
+// naming an image the file does not list) becomes a warning of the job.
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/file_util.h"
+#include "common/base/log.h"
+#include "common/base/status_macros.h"
+#include "common/io/coco_json.h"
+#include "common/io/manifest.h"
+#include "common/job/job_config.h"
+#include "common/security/sha256.h"
+#include "server/coordinator/coordinator.h"
+
+namespace tally {
+namespace {
+
+constexpr size_t kCocoSubmitBatch = 10000;
+
+// "3 annotations name an image the file does not list (the first: annotation 17, image 999); they
+// are not scored".
+std::string UnlistedWarning(const char* what, int64_t count, int64_t first_id, int64_t first_image) {
+  return absl::StrCat(count, " ", what, count == 1 ? " names" : "s name", " an image that '", "images", "' does not list (",
+                      "the first: ", what, " ", first_id, ", image ", first_image, "); ", count == 1 ? "it is" : "they are",
+                      " not scored");
+}
+
+void WarnUnlisted(const std::vector<CocoAnnotation>& anns, const std::set<int64_t>& images, const char* what,
+                  v1::JobSpec* spec) {
+  int64_t count = 0, first_id = 0, first_image = 0;
+  for (const CocoAnnotation& a : anns) {
+    if (images.count(a.image_id)) continue;
+    if (count++ == 0) {
+      first_id = a.id;
+      first_image = a.image_id;
+    }
+  }
+  if (count > 0) spec->add_manifest_warnings(UnlistedWarning(what, count, first_id, first_image));
+}
+
+// The annotation file's images and categories checked, and what the stored spec holds of them: the
+// categories, the class count and conventions of the semantic metrics, the warnings, the hashes.
+absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, v1::JobSpec* out) {
+  v1::JobSpec& spec = *out;
+  std::set<int64_t> image_ids;
+  for (const CocoImageInfo& im : gt.images) {
+    if (!image_ids.insert(im.id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("COCO file '", spec.coco(), "': image id ", im.id,
+                                                     " is listed twice in 'images'"));
+    }
+  }
+  if (static_cast<int64_t>(gt.images.size()) > max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("COCO file '", spec.coco(), "' lists ", gt.images.size(),
+                                                   " images; at most ", max_rows,
+                                                   " rows (tallyd --max-manifest-rows)"));
+  }
+  std::map<int64_t, const CocoCategoryInfo*> categories;
+  for (const CocoCategoryInfo& c : gt.categories) {
+    if (!categories.emplace(c.id, &c).second) {
+      return absl::InvalidArgumentError(absl::StrCat("COCO file '", spec.coco(), "': category id ", c.id,
+                                                     " is listed twice in 'categories'"));
+    }
+  }
+  // The semantic metrics (README "Instances") label pixels by category id, 0 being no instance.
+  if (!categories.empty() && (categories.begin()->first < 1 || categories.rbegin()->first >= kMaxClasses)) {
+    const int64_t bad = categories.begin()->first < 1 ? categories.begin()->first : categories.rbegin()->first;
+    return absl::InvalidArgumentError(absl::StrCat("COCO file '", spec.coco(), "': category id ", bad,
+                                                   " is outside 1..", kMaxClasses - 1));
+  }
+  spec.set_num_classes(categories.empty() ? 2 : std::max<int64_t>(2, categories.rbegin()->first + 1));
+  spec.set_ignore_index(kNoIgnoreIndex);
+  spec.clear_label_map();
+  for (const auto& [id, c] : categories) {
+    v1::CocoCategory* k = spec.add_coco_categories();
+    k->set_id(id);
+    k->set_name(c->name);
+    k->set_isthing(c->isthing);
+  }
+  WarnUnlisted(gt.annotations, image_ids, "annotation", &spec);
+  spec.set_coco_sha256(Sha256FileHex(spec.coco()));
+  if (!spec.coco_results().empty()) {
+    // Read once here too: a file that is no results file fails the submission, not every worker.
+    ASSIGN_OR_RETURN(std::vector<CocoAnnotation> results, LoadCocoResults(spec.coco_results()));
+    WarnUnlisted(results, image_ids, "result", &spec);
+    spec.set_coco_results_sha256(Sha256FileHex(spec.coco_results()));
+  }
+  return absl::OkStatus();
+}
+
+// A panoptic job's categories (in the file's order: panopticapi averages over them in that order)
+// and the conventions of its semantic metrics: labels are category ids, void (0) ignored.
+absl::Status CompletePanopticSpec(const CocoDataset& gt, v1::JobSpec* spec) {
+  int64_t top = 1;
+  std::set<int64_t> seen;
+  for (const CocoCategoryInfo& c : gt.categories) {
+    if (c.id < 1 || c.id >= kMaxClasses || !seen.insert(c.id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("COCO panoptic file '", spec->coco_panoptic(), "': category id ",
+                                                     c.id, c.id < 1 || c.id >= kMaxClasses
+                                                               ? absl::StrCat(" is outside 1..", kMaxClasses - 1)
+                                                               : std::string(" is listed twice")));
+    }
+    top = std::max(top, c.id);
+    v1::CocoCategory* k = spec->add_coco_categories();
+    k->set_id(c.id);
+    k->set_name(c.name);
+    k->set_isthing(c.isthing);
+  }
+  spec->set_num_classes(static_cast<int32_t>(top + 1));
+  spec->set_ignore_index(0);
+  spec->clear_label_map();
+  spec->set_coco_sha256(Sha256FileHex(spec->coco_panoptic()));
+  spec->set_coco_results_sha256(Sha256FileHex(spec->panoptic_predictions()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobRecord> Coordinator::StorePanopticImages(const v1::JobSpec& in, const std::string& job_id) {
+  v1::JobSpec spec = in;
+  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoPanoptic(spec.coco_panoptic()));
+  ASSIGN_OR_RETURN(CocoDataset predictions, LoadCocoPanoptic(spec.panoptic_predictions()));
+  RETURN_IF_ERROR(CompletePanopticSpec(gt, &spec));
+  if (static_cast<int64_t>(gt.panoptic.size()) > options_.max_manifest_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("COCO panoptic file '", spec.coco_panoptic(), "' has ",
+                                                   gt.panoptic.size(), " annotations; at most ",
+                                                   options_.max_manifest_rows, " rows (tallyd --max-manifest-rows)"));
+  }
+  std::map<int64_t, const CocoPanopticAnnotation*> predicted;
+  for (const CocoPanopticAnnotation& a : predictions.panoptic) predicted.emplace(a.image_id, &a);
+  std::vector<ManifestRow> rows;
+  std::set<int64_t> images;
+  for (size_t i = 0; i < gt.panoptic.size(); ++i) {
+    const CocoPanopticAnnotation& a = gt.panoptic[i];
+    ManifestRow row;
+    row.index = static_cast<int64_t>(i);
+    row.id = absl::StrCat(a.image_id);
+    row.mask = a.file_name;
+    row.mask_path = ResolvePath(spec.panoptic_dir(), a.file_name);
+    row.has_coco_image = true;
+    row.coco_image_id = a.image_id;
+    auto p = predicted.find(a.image_id);
+    if (!images.insert(a.image_id).second) {
+      row.error = absl::StrCat("image ", a.image_id, " has a second annotation in '", spec.coco_panoptic(), "'");
+    } else if (p == predicted.end()) {
+      row.error = absl::StrCat("no prediction for image ", a.image_id, " in '", spec.panoptic_predictions(), "'");
+    } else {
+      row.prediction = p->second->file_name;
+      row.prediction_path = ResolvePath(spec.panoptic_predictions_dir(), p->second->file_name);
+    }
+    rows.push_back(std::move(row));
+  }
+  int64_t unlisted = 0;
+  for (const CocoPanopticAnnotation& a : predictions.panoptic) unlisted += images.count(a.image_id) == 0;
+  if (unlisted > 0) {
+    spec.add_manifest_warnings(absl::StrCat(unlisted, " predicted annotation(s) are for images the reference does not ",
+                                            "annotate; they are not scored"));
+  }
+  RETURN_IF_ERROR(StoreRows(job_id, std::move(rows)));
+  return QueuedRecord(spec, job_id, static_cast<int64_t>(gt.panoptic.size()));  // No model: validated.
+}
+
+absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, const std::string& job_id) {
+  v1::JobSpec spec = in;
+  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoDataset(spec.coco()));
+  RETURN_IF_ERROR(CompleteCocoSpec(gt, options_.max_manifest_rows, &spec));
+  std::vector<ManifestRow> rows;
+  for (size_t i = 0; i < gt.images.size(); ++i) {
+    const CocoImageInfo& im = gt.images[i];
+    ManifestRow row;
+    row.index = static_cast<int64_t>(i);
+    row.id = absl::StrCat(im.id);
+    row.image = im.file_name;
+    if (!im.file_name.empty()) row.image_path = ResolvePath(spec.coco_images(), im.file_name);
+    row.has_coco_image = true;
+    row.coco_image_id = im.id;
+    // Only a model reads the image (a results job draws its thumbnails without one).
+    if (im.file_name.empty() && !spec.model().empty()) row.error = absl::StrCat("COCO image ", im.id, " has no file_name");
+    rows.push_back(std::move(row));
+  }
+  RETURN_IF_ERROR(StoreRows(job_id, std::move(rows)));
+  return QueuedRecord(spec, job_id, static_cast<int64_t>(gt.images.size()));
+}
+
+absl::Status Coordinator::StoreRows(const std::string& job_id, std::vector<ManifestRow> rows) {
+  absl::Status s = store_->BeginSubmission(job_id);
+  for (size_t i = 0; s.ok() && i < rows.size(); i += kCocoSubmitBatch) {
+    std::vector<ManifestRow> batch(std::make_move_iterator(rows.begin() + i),
+                                   std::make_move_iterator(rows.begin() + std::min(rows.size(), i + kCocoSubmitBatch)));
+    s = store_->InsertManifestRows(job_id, batch);
+  }
+  return s.ok() ? s : DiscardSubmission(job_id, s);
+}
+
+}  // namespace tally

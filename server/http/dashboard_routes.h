@@ -1,0 +1,40 @@
+// The dashboard's requests (README "Dashboard"), parsed without the HTTP server or the coordinator
+// so that the parser can be tested and fuzzed on its own (tests/fuzz/dashboard_fuzz.cc). Only GET:
+//   /                          the page (HTML, CSS and script served by tallyd; no data in it)
+//   /api/jobs?state=S&label=K=V&owner=O&limit=N&page_token=T   a page of jobs (ListJobs)
+//   /api/jobs/ID               one job (GetJob), live estimates included
+//   /api/jobs/ID/files/NAME    a finished job's report file (report.json, per_image.csv, ...)
+//   /api/workers               the workers (ListWorkers)
+//   /api/compare?a=ID&b=ID     two finished jobs of one manifest compared (compare.json)
+#ifndef TALLY_SERVER_HTTP_DASHBOARD_ROUTES_H_
+#define TALLY_SERVER_HTTP_DASHBOARD_ROUTES_H_
+
+#include <map>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace tally {
+
+struct DashboardRoute {
+  enum class Kind { kPage, kJobs, kJob, kJobFile, kWorkers, kCompare, kNotFound, kBadRequest };
+  Kind kind = Kind::kNotFound;
+  std::string error;  // kBadRequest: why.
+  std::string job_id, file;
+  // kJobs
+  std::string state, owner, page_token;
+  std::map<std::string, std::string> labels;
+  int limit = 50;
+  // kCompare
+  std::string a, b;
+};
+
+// `path` is the request's path, `query` what follows '?', both as received (percent-encoded).
+DashboardRoute ParseDashboardRequest(absl::string_view path, absl::string_view query);
+
+// Percent-decoding ('+' is a space in queries); false on a malformed escape or a NUL.
+bool PercentDecode(absl::string_view in, bool plus_is_space, std::string* out);
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_HTTP_DASHBOARD_ROUTES_H_

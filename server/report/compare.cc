@@ -1,0 +1,249 @@
+#include "server/report/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/base/file_util.h"
+#include "common/job/job_config.h"
+#include "common/io/manifest.h"
+#include "common/base/status_macros.h"
+#include "metrics/aggregator.h"
+#include "metrics/statistics.h"
+#include "common/base/json_writer.h"
+#include "common/base/number_format.h"
+#include "server/report/report_table.h"
+
+namespace tally {
+namespace {
+
+constexpr uint64_t kBootstrapSeed = 20261123;
+
+struct Evaluated {
+  v1::ImageResult result;
+  std::string id;
+};
+
+absl::StatusOr<std::vector<Evaluated>> ReadJob(JobStore* store, const JobRecord& r, std::vector<std::string>* ids) {
+  std::vector<Evaluated> out(static_cast<size_t>(r.job.images_total()));
+  ids->assign(out.size(), "");
+  RETURN_IF_ERROR(store->ForEachResult(r.job.job_id(), [&](const v1::ImageResult& res, const RowNames& names) {
+    if (res.index() < 0 || res.index() >= static_cast<int64_t>(out.size())) return absl::OkStatus();
+    (*ids)[res.index()] = names.id;
+    if (res.error().empty()) out[res.index()] = {res, names.id};
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+std::string Cell(double v) { return FormatCell(v); }
+
+// Two jobs can be compared: the same manifest's rows and classes, and ids that pair rows.
+absl::Status CheckComparable(const JobRecord& a, const JobRecord& b) {
+  if (a.job.images_total() != b.job.images_total()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot compare ", a.job.job_id(), " (", a.job.images_total(),
+                                                   " rows) with ", b.job.job_id(), " (", b.job.images_total(),
+                                                   " rows): compare two runs of the same manifest"));
+  }
+  if (a.job.num_classes() != b.job.num_classes()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot compare ", a.job.job_id(), " (", a.job.num_classes(),
+                                                   " classes) with ", b.job.job_id(), " (", b.job.num_classes(), ")"));
+  }
+  for (const JobRecord* r : {&a, &b}) {
+    if (r->job.spec().duplicate_id_rows() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot compare ", r->job.job_id(), ": its manifest repeats ids, ",
+                                                     "and a comparison pairs images by id: ",
+                                                     absl::StrJoin(r->job.spec().manifest_warnings(), "; ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, const JobRecord& b) {
+  Comparison c;
+  c.a = a;
+  c.b = b;
+  RETURN_IF_ERROR(CheckComparable(a, b));
+  ASSIGN_OR_RETURN(const JobConfig ca, JobConfigFromSpec(a.job.spec()));
+  ASSIGN_OR_RETURN(const JobConfig cb, JobConfigFromSpec(b.job.spec()));
+  for (Metric m : ca.metrics) {
+    if (std::find(cb.metrics.begin(), cb.metrics.end(), m) != cb.metrics.end()) c.metrics.push_back(m);
+  }
+  std::vector<std::string> ids_a, ids_b;
+  ASSIGN_OR_RETURN(std::vector<Evaluated> ra, ReadJob(store, a, &ids_a));
+  ASSIGN_OR_RETURN(std::vector<Evaluated> rb, ReadJob(store, b, &ids_b));
+  for (size_t i = 0; i < ids_a.size(); ++i) {
+    if (ids_a[i] != ids_b[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot compare: row ", i, " is '", ids_a[i], "' in ",
+                                                     a.job.job_id(), " but '", ids_b[i], "' in ", b.job.job_id(),
+                                                     "; compare two runs of the same manifest"));
+    }
+  }
+  const int classes = a.job.num_classes();
+  // Per class and metric: the paired values, in index order.
+  std::vector<std::vector<std::vector<std::pair<double, double>>>> pairs(
+      classes, std::vector<std::vector<std::pair<double, double>>>(c.metrics.size()));
+  std::vector<std::vector<ChangedImage>> changed(classes);
+  for (size_t i = 0; i < ra.size(); ++i) {
+    const bool has_a = ra[i].result.classes_size() > 0, has_b = rb[i].result.classes_size() > 0;
+    if (has_a != has_b) {
+      ++(has_a ? c.only_a : c.only_b);
+      continue;
+    }
+    if (!has_a) continue;
+    ++c.paired;
+    for (int k = 0; k < classes; ++k) {
+      Comparison::Row row{static_cast<int64_t>(i), ra[i].id, k, {}, {}};
+      for (size_t m = 0; m < c.metrics.size(); ++m) {
+        const double va = Aggregator::ImageMetric(ra[i].result, k, c.metrics[m], ca.empty_score);
+        const double vb = Aggregator::ImageMetric(rb[i].result, k, c.metrics[m], cb.empty_score);
+        row.a.push_back(va);
+        row.b.push_back(vb);
+        if (std::isfinite(va) && std::isfinite(vb)) pairs[k][m].emplace_back(va, vb);
+        if (c.metrics[m] == Metric::kDice && std::isfinite(va) && std::isfinite(vb) && va != vb) {
+          changed[k].push_back({static_cast<int64_t>(i), ra[i].id, va, vb});
+        }
+      }
+      c.rows.push_back(std::move(row));
+    }
+  }
+  for (int k = 0; k < classes; ++k) {
+    ClassComparison cc;
+    cc.class_id = k;
+    for (size_t m = 0; m < c.metrics.size(); ++m) {
+      MetricComparison mc;
+      mc.metric = c.metrics[m];
+      static_cast<PairedSummary&>(mc) = SummarisePairs(pairs[k][m], 1000, kBootstrapSeed);
+      cc.metrics.push_back(mc);
+    }
+    std::stable_sort(changed[k].begin(), changed[k].end(), [](const ChangedImage& x, const ChangedImage& y) {
+      return std::fabs(x.dice_b - x.dice_a) > std::fabs(y.dice_b - y.dice_a);
+    });
+    if (changed[k].size() > 10) changed[k].resize(10);
+    cc.most_changed = std::move(changed[k]);
+    c.classes.push_back(std::move(cc));
+  }
+  return c;
+}
+
+namespace {
+
+Table SummaryTable(const Comparison& c) {
+  Table t;
+  t.header = {"class", "metric", "pairs", "A", "B", "B - A", "95% CI", "Wilcoxon p", "B higher", "B lower"};
+  t.left = {true, true};
+  for (const ClassComparison& cc : c.classes) {
+    for (const MetricComparison& mc : cc.metrics) {
+      t.rows.push_back({{absl::StrCat(cc.class_id)}, {std::string(MetricName(mc.metric))}, {absl::StrCat(mc.pairs)},
+                        {Cell(mc.mean_a)}, {Cell(mc.mean_b)}, {Cell(mc.mean_diff)},
+                        {absl::StrCat("[", Cell(mc.ci_low), ", ", Cell(mc.ci_high), "]")},
+                        {absl::StrFormat("%.3g", mc.wilcoxon_p)}, {absl::StrCat(mc.higher)}, {absl::StrCat(mc.lower)}});
+    }
+  }
+  return t;
+}
+
+Table ChangedTable(const ClassComparison& cc) {
+  Table t;
+  t.header = {"index", "id", "Dice A", "Dice B", "B - A"};
+  t.left = {false, true};
+  for (const ChangedImage& x : cc.most_changed) {
+    t.rows.push_back({{absl::StrCat(x.index)}, {x.id, true}, {Cell(x.dice_a)}, {Cell(x.dice_b)},
+                      {Cell(x.dice_b - x.dice_a)}});
+  }
+  return t;
+}
+
+std::string Json(const Comparison& c) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("a", c.a.job.job_id()).Field("b", c.b.job.job_id());
+  w.Field("a_model", c.a.job.spec().model()).Field("b_model", c.b.job.spec().model());
+  w.Field("manifest", c.a.job.spec().manifest());
+  w.Field("paired_images", c.paired).Field("only_a", c.only_a).Field("only_b", c.only_b);
+  w.Key("classes").BeginArray();
+  for (const ClassComparison& cc : c.classes) {
+    w.BeginObject().Field("class", cc.class_id);
+    for (const MetricComparison& mc : cc.metrics) {
+      const std::string m(MetricName(mc.metric));
+      w.Key(m).BeginObject();
+      w.Field("pairs", mc.pairs).Field("mean_a", mc.mean_a).Field("mean_b", mc.mean_b).Field("mean_diff", mc.mean_diff);
+      w.Key("diff_ci95").BeginArray().Number(mc.ci_low).Number(mc.ci_high).EndArray();
+      w.Field("wilcoxon_p", mc.wilcoxon_p).Field("b_higher", mc.higher).Field("b_lower", mc.lower);
+      w.EndObject();
+    }
+    w.Key("most_changed").BeginArray();
+    for (const ChangedImage& x : cc.most_changed) {
+      w.BeginObject().Field("index", x.index).Field("id", x.id).Field("dice_a", x.dice_a).Field("dice_b", x.dice_b);
+      w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  return w.str() + "\n";
+}
+
+std::string Csv(const Comparison& c) {
+  std::string out = "index,id,class";
+  for (Metric m : c.metrics) absl::StrAppend(&out, ",", MetricName(m), "_a,", MetricName(m), "_b");
+  out += "\n";
+  for (const Comparison::Row& r : c.rows) {
+    absl::StrAppend(&out, r.index, ",", CsvField(r.id), ",", r.class_id);
+    for (size_t m = 0; m < r.a.size(); ++m) absl::StrAppend(&out, ",", FormatDouble(r.a[m]), ",", FormatDouble(r.b[m]));
+    out += "\n";
+  }
+  return out;
+}
+
+std::string Header(const Comparison& c) {
+  return absl::StrCat("A: ", c.a.job.job_id(), " (", c.a.job.spec().model(), ")\nB: ", c.b.job.job_id(), " (",
+                      c.b.job.spec().model(), ")\n", c.paired, " images evaluated in both runs, ", c.only_a,
+                      " only in A, ", c.only_b, " only in B.");
+}
+
+std::string Markdown(const Comparison& c) {
+  std::string out = "# Tally comparison\n\n";
+  for (absl::string_view line : absl::StrSplit(Header(c), '\n')) absl::StrAppend(&out, "- ", line, "\n");
+  out += "\nPer class and metric, over the images with a finite value in both runs: the means, the mean paired "
+         "difference B - A with its paired bootstrap 95% interval, and the Wilcoxon signed-rank p-value.\n\n";
+  out += MarkdownTable(SummaryTable(c));
+  for (const ClassComparison& cc : c.classes) {
+    if (cc.most_changed.empty()) continue;
+    absl::StrAppend(&out, "\n## Class ", cc.class_id, ": images whose Dice changed most\n\n", MarkdownTable(ChangedTable(cc)));
+  }
+  return out;
+}
+
+std::string Html(const Comparison& c) {
+  std::string h = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Tally comparison</title>"
+                  "<style>body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse}"
+                  "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td.l,th.l{text-align:left}</style>"
+                  "</head><body>\n<h1>Tally comparison</h1>\n<p>";
+  for (absl::string_view line : absl::StrSplit(Header(c), '\n')) absl::StrAppend(&h, HtmlEscape(std::string(line)), "<br>");
+  h += "</p>\n" + HtmlTable(SummaryTable(c));
+  for (const ClassComparison& cc : c.classes) {
+    if (cc.most_changed.empty()) continue;
+    absl::StrAppend(&h, "<h2>Class ", cc.class_id, ": images whose Dice changed most</h2>\n", HtmlTable(ChangedTable(cc)));
+  }
+  return h + "</body></html>\n";
+}
+
+}  // namespace
+
+absl::Status WriteComparison(const Comparison& c, const std::string& dir) {
+  RETURN_IF_ERROR(MakeDirs(dir));
+  RETURN_IF_ERROR(WriteFileAtomically(dir + "/compare.json", Json(c)));
+  RETURN_IF_ERROR(WriteFileAtomically(dir + "/compare.csv", Csv(c)));
+  RETURN_IF_ERROR(WriteFileAtomically(dir + "/compare.md", Markdown(c)));
+  return WriteFileAtomically(dir + "/compare.html", Html(c));
+}
+
+}  // namespace tally

@@ -1,0 +1,62 @@
+// tally compare: two runs over the same manifest (a base and an edited model, fp32 vs bf16, two
+// checkpoints), paired image by image. Per class and metric: the mean of each run over the images
+// both evaluated with a finite value, the mean paired difference (B - A) with a paired bootstrap
+// 95% interval, and a two-sided Wilcoxon signed-rank p-value; per class, the images whose Dice
+// changed most. Rendered as compare.json, compare.csv, compare.md and compare.html.
+#ifndef TALLY_SERVER_REPORT_COMPARE_H_
+#define TALLY_SERVER_REPORT_COMPARE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "metrics/overlap.h"
+#include "metrics/statistics.h"
+#include "server/store/job_store.h"
+
+namespace tally {
+
+// One metric of one class, paired (metrics/statistics.h): pairs, means, mean(B - A) with a paired
+// bootstrap 95% interval (1000 resamples of the pairs, fixed seed), the Wilcoxon p-value (NaN when
+// every difference is 0), and how many pairs went up and down.
+struct MetricComparison : PairedSummary {
+  Metric metric = Metric::kDice;
+};
+
+struct ChangedImage {
+  int64_t index = 0;
+  std::string id;
+  double dice_a = 0, dice_b = 0;
+};
+
+struct ClassComparison {
+  int class_id = 0;
+  std::vector<MetricComparison> metrics;
+  std::vector<ChangedImage> most_changed;  // Up to 10, largest |Dice B - Dice A| first.
+};
+
+struct Comparison {
+  JobRecord a, b;
+  int64_t paired = 0;        // Rows evaluated in both runs.
+  int64_t only_a = 0, only_b = 0;  // Rows evaluated in one run only (failed in the other).
+  std::vector<Metric> metrics;     // Selected in both runs.
+  std::vector<ClassComparison> classes;
+  struct Row {                      // For compare.csv: per paired image and class.
+    int64_t index;
+    std::string id;
+    int class_id;
+    std::vector<double> a, b;       // Per `metrics`.
+  };
+  std::vector<Row> rows;
+};
+
+// Reads both finished jobs' results. INVALID_ARGUMENT when their manifests do not pair (row counts
+// or ids differ) or their classes differ.
+absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, const JobRecord& b);
+// Writes compare.json, compare.csv, compare.md and compare.html into `dir`.
+absl::Status WriteComparison(const Comparison& c, const std::string& dir);
+inline constexpr const char* kCompareFiles[] = {"compare.json", "compare.csv", "compare.md", "compare.html"};
+
+}  // namespace tally
+
+#endif  // TALLY_SERVER_REPORT_COMPARE_H_

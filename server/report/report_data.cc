@@ -1,0 +1,309 @@
+#include "server/report/report_data.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
+#include "common/io/coco_source.h"
+
+namespace tally {
+
+std::string ClassLabel(const JobConfig& config, int class_id) {
+  if (config.regions.empty() || class_id < 0 || class_id >= static_cast<int>(config.regions.size())) {
+    return absl::StrCat(class_id);
+  }
+  return absl::StrJoin(config.regions[class_id], "+");
+}
+
+namespace {
+// Classes a result lacks (a prediction job gives each image the classes up to its own largest
+// label) are absent from its prediction and reference alike: no tp, fp or fn, every valid pixel a
+// true negative, surface distances of two empty masks (NaN).
+void PadClasses(v1::ImageResult* r, int num_classes) {
+  if (!r->error().empty() || r->classes_size() >= num_classes || r->classes_size() == 0) return;
+  const v1::ClassResult& first = r->classes(0);
+  const int64_t valid = first.tp() + first.fp() + first.fn() + first.tn();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  while (r->classes_size() < num_classes) {
+    v1::ClassResult* c = r->add_classes();
+    c->set_tn(valid);
+    c->set_hd(nan);
+    c->set_hd95(nan);
+    c->set_assd(nan);
+    c->set_nsd(nan);
+  }
+}
+}  // namespace
+
+std::string ReportData::WorstImage(int64_t index) const {
+  auto it = worst_rows.find(index);
+  return it == worst_rows.end() ? "" : it->second.image;
+}
+
+std::string ReportData::WorstId(int64_t index) const {
+  auto it = worst_rows.find(index);
+  return it == worst_rows.end() ? "" : it->second.id;
+}
+
+int64_t ReportData::DiceZeroImages(const ClassAggregate& ca) { return ca.dice_zero_images; }
+
+std::string ReportData::DiceTieNote(const ClassAggregate& ca) {
+  const int64_t zeros = DiceZeroImages(ca);
+  if (zeros <= static_cast<int64_t>(ca.worst.size())) return "";
+  return absl::StrCat(zeros, " images tie at Dice 0; the ", ca.worst.size(), " listed are the first of them by index");
+}
+
+std::string FailureKind(const std::string& reason) {
+  std::string out;
+  bool quoted = false;
+  for (size_t i = 0; i < reason.size(); ++i) {
+    const char c = reason[i];
+    if (c == '\'') {
+      if (!quoted) out += "'\xE2\x80\xA6'";
+      quoted = !quoted;
+      continue;
+    }
+    if (quoted) continue;
+    if (c >= '0' && c <= '9') {
+      if (out.empty() || out.back() != '#') out.push_back('#');
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+namespace {
+
+// The warnings that catch wrong numbers (README "Warnings"), and the failed rows grouped by reason.
+void AddWarnings(ReportData* d) {
+  // What the coordinator noticed about the manifest at submission (duplicate ids) and about the
+  // workers while the job ran (one refusing it: another copy of the model).
+  for (const std::string& w : d->record->job.spec().manifest_warnings()) d->warnings.push_back(w);
+  for (const std::string& w : d->record->job.spec().run_warnings()) d->warnings.push_back(w);
+  std::map<std::string, size_t> group_of;
+  for (const Failure& f : d->failures) {
+    const std::string kind = FailureKind(f.reason);
+    auto [it, added] = group_of.emplace(kind, d->failure_groups.size());
+    if (added) d->failure_groups.push_back({kind, 0, f.reason});
+    ++d->failure_groups[it->second].count;
+  }
+  std::stable_sort(d->failure_groups.begin(), d->failure_groups.end(),
+                   [](const FailureGroup& a, const FailureGroup& b) { return a.count > b.count; });
+  const bool classes = d->config.regions.empty();
+  const std::string what = classes ? "class " : "region ";
+  if (d->evaluated > 0) {
+    for (const ClassAggregate& ca : d->aggregate.classes) {
+      if (!d->IsForeground(ca.class_id) || !d->IsCategoryClass(ca.class_id)) continue;
+      const std::string name = what + d->ClassName(ca.class_id);
+      if (ca.reference_images == 0 && ca.predicted_images > 0) {
+        d->warnings.push_back(absl::StrCat(name, " is in no reference mask, but the model predicts it in ",
+                                           ca.predicted_images, " of ", d->evaluated,
+                                           " images; it is left out of the foreground means (a model for another "
+                                           "label set, or the wrong --num-classes?)"));
+      } else if (ca.reference_images == 0) {
+        d->warnings.push_back(absl::StrCat(name, " is in no reference mask and never predicted; it is left out of the "
+                                           "foreground means"));
+      } else if (ca.predicted_images == 0) {
+        d->warnings.push_back(absl::StrCat("the model never predicts ", name, ", which is in ", ca.reference_images,
+                                           " reference masks"));
+      }
+    }
+    if (classes && !d->config.predictions() && d->mask_max_label >= 0 && d->mask_max_label + 1 < d->num_classes) {
+      d->warnings.push_back(absl::StrCat("the model has ", d->num_classes, " classes, but the reference masks hold labels ",
+                                         "0..", d->mask_max_label, " only"));
+    }
+  }
+  const int64_t total = d->record->job.images_total();
+  if (d->config.TooManyFailed(d->failed, total)) {
+    d->warnings.push_back(absl::StrFormat(
+        "%d of %d rows failed (%.1f%%), more than --max-failed-fraction %g allows; most often: %s (%d rows)",
+        d->failed, total, 100.0 * static_cast<double>(d->failed) / static_cast<double>(std::max<int64_t>(1, total)),
+        d->config.max_failed_fraction, d->failure_groups.front().kind, d->failure_groups.front().count));
+  }
+}
+
+AggregateOptions AggregateOptionsFor(const ReportData& d) {
+  AggregateOptions o;
+  o.num_classes = d.num_classes;
+  o.metrics = d.config.metrics;
+  o.include_background = d.config.include_background || !d.config.regions.empty();
+  o.empty_score = d.config.empty_score;
+  o.iou_thresholds = d.config.iou_thresholds;
+  o.thresholds = d.config.thresholds;
+  if (d.record != nullptr && !d.record->job.sampled().empty()) {
+    o.population_rows = static_cast<double>(d.record->job.images_total());
+  }
+  return o;
+}
+
+// The names of the rows the report lists by index (worst rows), read back from the parts' manifests.
+absl::Status NameRows(JobStore* store, const std::vector<const JobRecord*>& parts, const std::set<int64_t>& indices,
+                      ReportData* d) {
+  int64_t offset = 0;
+  for (const JobRecord* part : parts) {
+    const int64_t end = offset + part->job.images_total();
+    std::vector<int64_t> local;
+    for (auto it = indices.lower_bound(offset); it != indices.end() && *it < end; ++it) local.push_back(*it - offset);
+    if (!local.empty()) {
+      ASSIGN_OR_RETURN(std::vector<ManifestRow> rows, store->ReadRowsAt(part->job.job_id(), local));
+      for (const ManifestRow& r : rows) d->worst_rows[r.index + offset] = ReportData::WorstRow{r.id, ShownImage(NamesOf(r))};
+    }
+    offset = end;
+  }
+  return absl::OkStatus();
+}
+
+// The worst rows' names, and the thumbnails kept for them.
+absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*>& parts, ReportData* d) {
+  std::set<std::pair<int, int64_t>> worst;
+  std::set<int64_t> indices;
+  for (const InstanceReport::Worst& w : d->instances.worst) {
+    worst.insert({kInstanceThumbnailClass, w.index});
+    indices.insert(w.index);
+  }
+  for (const ClassAggregate& ca : d->aggregate.classes) {
+    for (const auto& [dice, index] : ca.worst) {
+      worst.insert({ca.class_id, index});
+      indices.insert(index);
+    }
+  }
+  RETURN_IF_ERROR(NameRows(store, parts, indices, d));
+  int64_t offset = 0;
+  for (const JobRecord* part : parts) {
+    ASSIGN_OR_RETURN(std::vector<StoredThumbnail> thumbnails, store->ReadThumbnails(part->job.job_id()));
+    for (StoredThumbnail& t : thumbnails) {
+      t.index += offset;
+      if (worst.count({t.class_index, t.index}) > 0) d->thumbnails[{t.class_index, t.index}] = std::move(t);
+    }
+    offset += part->job.images_total();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ReportAccumulator::ReportAccumulator(const JobRecord& record, JobConfig config) : config_(std::move(config)) {
+  d_.record = &record;
+  d_.config = config_;
+  d_.num_classes = record.job.num_classes();
+  aggregator_ = std::make_unique<Aggregator>(AggregateOptionsFor(d_));
+  d_.record = nullptr;  // Set again by Finish (the record may move meanwhile).
+  // These keep a reference to the configuration: config_, which stays where it is.
+  if (config_.instance_job()) instances_ = std::make_unique<InstanceAccumulator>(config_);
+  if (config_.panoptic_job()) panoptic_ = std::make_unique<PanopticAccumulator>(config_);
+}
+
+ReportAccumulator::~ReportAccumulator() = default;
+
+absl::StatusOr<std::unique_ptr<ReportAccumulator>> ReportAccumulator::Create(const JobRecord& record) {
+  ASSIGN_OR_RETURN(JobConfig config, JobConfigFromSpec(record.job.spec()));
+  return std::make_unique<ReportAccumulator>(record, std::move(config));
+}
+
+void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offset,
+                               const ReportRowFn& on_row) {
+  v1::ImageResult shifted;
+  const v1::ImageResult* sp = &original;
+  if (offset > 0) {
+    shifted = original;
+    shifted.set_index(original.index() + offset);
+    sp = &shifted;
+  }
+  const v1::ImageResult& stored = *sp;
+  const std::string& image = ShownImage(names);
+  if (!stored.error().empty()) {
+    d_.failures.push_back({stored.index(), names.id, image, stored.error()});
+    ++d_.failed;
+    return;
+  }
+  v1::ImageResult padded;
+  const v1::ImageResult* rp = &stored;
+  if (stored.classes_size() < d_.num_classes) {
+    padded = stored;
+    PadClasses(&padded, d_.num_classes);
+    rp = &padded;
+  }
+  const v1::ImageResult& r = *rp;
+  ++d_.evaluated;
+  if (r.nonfinite() > 0) {
+    ++d_.nonfinite_images;
+    d_.nonfinite_values += r.nonfinite();
+  }
+  d_.mask_max_label = std::max(d_.mask_max_label, r.mask_max_label());
+  d_.mask_ignored += r.mask_ignored_pixels();
+  // The bootstrap's weights follow the row's id (its image's name where the manifest has none), so
+  // that `tally merge` of any split of a manifest gives the whole job's interval.
+  aggregator_->Add(r, RowKey(names.id.empty() ? image : names.id));
+  if (instances_ != nullptr) instances_->Add(r);
+  if (panoptic_ != nullptr) panoptic_->Add(r);
+  if (on_row) on_row(r, names);
+}
+
+void ReportAccumulator::Merge(ReportAccumulator* other) {
+  aggregator_->Merge(*other->aggregator_);
+  d_.failures.insert(d_.failures.end(), other->d_.failures.begin(), other->d_.failures.end());
+  d_.failed += other->d_.failed;
+  d_.evaluated += other->d_.evaluated;
+  d_.nonfinite_images += other->d_.nonfinite_images;
+  d_.nonfinite_values += other->d_.nonfinite_values;
+  d_.mask_max_label = std::max(d_.mask_max_label, other->d_.mask_max_label);
+  d_.mask_ignored += other->d_.mask_ignored;
+}
+
+absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std::vector<const JobRecord*>& parts,
+                                                     const JobRecord& record) {
+  ReportData d = std::move(d_);
+  d_ = ReportData();
+  d.record = &record;
+  // The job's settings as they are now (workers' resolved choices are written into the spec while
+  // rows arrive); what the rows were aggregated with (metrics, classes) does not change.
+  ASSIGN_OR_RETURN(d.config, JobConfigFromSpec(record.job.spec()));
+  std::sort(d.failures.begin(), d.failures.end(),
+            [](const Failure& a, const Failure& b) { return a.index < b.index; });
+  d.aggregate = aggregator_->Finish();
+  if (panoptic_ != nullptr) d.panoptic = panoptic_->Finish();
+  if (instances_ != nullptr) d.instances = instances_->Finish();
+  RETURN_IF_ERROR(AttachWorstRows(store, parts, &d));
+  for (const JobRecord* part : parts) {
+    ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store->ReadWorkers(part->job.job_id()));
+    d.workers.insert(d.workers.end(), workers.begin(), workers.end());
+  }
+  const double end_unix = record.last_result_unix > 0 ? record.last_result_unix : record.job.finished_unix();
+  d.wall_seconds = std::max(0.0, end_unix - record.job.created_unix());
+  if (d.evaluated > 0 && d.mask_max_label <= 0 && d.mask_ignored > 0) {
+    // A binary mask stored as 0/255 with 255 the ignore value: its whole foreground is ignored.
+    d.warnings.push_back(absl::StrCat(
+        "every reference mask holds only 0 and the ignore value ", d.config.ignore_index, " (", d.mask_ignored,
+        " pixels ignored): if ", d.config.ignore_index, " marks the foreground, pass --label-map 0:0,",
+        d.config.ignore_index, ":1 (or --ignore-index none)"));
+  }
+  AddWarnings(&d);
+  return d;
+}
+
+absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row) {
+  return GatherMergedReportData(store, {&record}, record, on_row);
+}
+
+absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::vector<const JobRecord*>& parts,
+                                                  const JobRecord& record, const ReportRowFn& on_row) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ReportAccumulator> acc, ReportAccumulator::Create(record));
+  int64_t offset = 0;  // Index of the part's first row in the merged order.
+  for (const JobRecord* part : parts) {
+    RETURN_IF_ERROR(store->ForEachResult(part->job.job_id(), [&](const v1::ImageResult& r, const RowNames& names) {
+      acc->AddRow(r, names, offset, on_row);
+      return absl::OkStatus();
+    }));
+    offset += part->job.images_total();
+  }
+  return acc->Finish(store, parts, record);
+}
+
+}  // namespace tally

@@ -1,0 +1,306 @@
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/job/job_config.h"
+#include "common/job/rpc.h"
+#include "common/base/json_writer.h"
+#include "common/base/build_info.h"
+#include "server/report/report_formats.h"
+
+namespace tally {
+namespace {
+constexpr const char* kVersion = "0.1.0";
+// The job's settings, as the report's reader needs them to reproduce it.
+void SettingsJson(const ReportData& d, JsonWriter& w) {
+  const v1::Job& job = d.record->job;
+  const v1::JobSpec& spec = job.spec();
+  w.Field("num_classes", d.num_classes);
+  w.Key("metrics").BeginArray();
+  for (Metric m : d.metrics()) w.String(MetricName(m));
+  w.EndArray();
+  w.Field("include_background", d.config.include_background);
+  // [sy, sx]; [sz, sy, sx] when --spacing gave three; a prediction job without --spacing takes each
+  // volume's from its header ("spacing_source": "header"; 2D images use [1, 1]).
+  w.Key("spacing").BeginArray();
+  if (d.config.spacing_z > 0) w.Number(d.config.spacing_z);
+  w.Number(d.config.spacing_y).Number(d.config.spacing_x).EndArray();
+  if (d.config.predictions()) {
+    w.Field("spacing_source", d.config.spacing_z > 0 ? (d.config.force_spacing ? "forced" : "flag")
+                              : d.config.spacing_given ? "flag (2D)" : "header");
+    w.Field("regions", static_cast<int>(d.config.regions.size()));
+  }
+  w.Field("nsd_tolerance", d.config.nsd_tolerance);
+  w.Field("precision", PrecisionName(d.config.precision));
+  // "auto" resolves to "on"/"off" by the first worker's timed trial (TorchScript on CUDA); it
+  // stays "auto" where no worker ran one (CPU, Python models).
+  w.Field("channels_last_mode", d.config.channels_last_mode);
+  w.Field("channels_last", d.config.channels_last_ran());
+  w.Field("channels_last_trial", d.config.channels_last_trial);
+  // JPEG decoding: "cpu" | "gpu"; "auto" resolves to one of them by the first worker's trial.
+  w.Field("decode_mode", d.config.decode_mode);
+  w.Field("decode", d.config.decode_ran());
+  w.Field("decode_trial", d.config.decode_trial);
+  w.Field("shard_size", d.record->shard_size);
+  w.Field("max_image_pixels", d.config.max_image_pixels);
+  w.Field("batch_timeout_seconds", d.config.batch_timeout_seconds);
+  w.Field("nonfinite", NonfiniteName(d.config.nonfinite));
+  if (d.config.ignore_index == kNoIgnoreIndex) {
+    w.Key("ignore_index").Null();
+  } else {
+    w.Field("ignore_index", d.config.ignore_index);
+  }
+  w.Key("label_map").BeginObject();
+  for (const auto& [from, to] : d.config.label_map) w.Field(absl::StrCat(from), to);
+  w.EndObject();
+  if (spec.input_height() > 0) {
+    w.Key("input_size").BeginArray().Int(spec.input_height()).Int(spec.input_width()).EndArray();
+  } else {
+    w.Key("input_size").Null();
+  }
+  w.Key("provenance").BeginObject();
+  w.Field("tally_version", kTallyVersion).Field("git_revision", kGitRevision);
+  w.Field("torch_version", kTorchVersion).Field("cuda_version", kCudaVersion);
+  w.Field("model_sha256", job.spec().model_sha256()).Field("manifest_sha256", job.spec().manifest_sha256());
+  w.EndObject();
+}
+
+// Row counts, warnings and every failed row with its reason.
+void RowsJson(const ReportData& d, int64_t missing, JsonWriter& w) {
+  const v1::Job& job = d.record->job;
+  w.Field("images_total", job.images_total());
+  w.Field("images_evaluated", d.evaluated);
+  w.Field("images_failed", d.failed);
+  w.Field("images_missing", missing);
+  w.Field("nonfinite_images", d.nonfinite_images);
+  w.Field("nonfinite_values", d.nonfinite_values);
+  w.Key("warnings").BeginArray();
+  for (const std::string& warning : d.warnings) w.String(warning);
+  w.EndArray();
+  w.Field("max_failed_fraction", d.config.max_failed_fraction);
+  w.Field("thumbnails", d.config.thumbnails);
+  if (!d.config.save_predictions.empty()) w.Field("save_predictions", d.config.save_predictions);
+  w.Key("failure_reasons").BeginArray();
+  for (const FailureGroup& g : d.failure_groups) {
+    w.BeginObject().Field("reason", g.kind).Field("count", g.count).Field("example", g.example).EndObject();
+  }
+  w.EndArray();
+  w.Key("failures").BeginArray();
+  for (const Failure& f : d.failures) {
+    w.BeginObject().Field("index", f.index).Field("id", f.id).Field("image", f.image).Field("reason", f.reason);
+    w.EndObject();
+  }
+  w.EndArray();
+}
+
+// One class (or region): its counts, each selected metric's aggregate, and its worst rows.
+void ClassJson(const ReportData& d, const ClassAggregate& ca, JsonWriter& w) {
+  w.BeginObject();
+  w.Field("class", ca.class_id);
+  if (!d.config.regions.empty()) {
+    w.Key("region");
+    w.BeginArray();
+    for (int l : d.config.regions[ca.class_id]) w.Int(l);
+    w.EndArray();
+    w.Field("name", d.ClassName(ca.class_id));
+  }
+  w.Field("foreground", d.IsForeground(ca.class_id));
+  w.Field("in_foreground_mean", ca.in_foreground_mean);
+  w.Field("reference_images", ca.reference_images).Field("predicted_images", ca.predicted_images);
+  w.Field("dice_zero_images", ReportData::DiceZeroImages(ca));
+  w.Field("images", ca.metrics[static_cast<int>(Metric::kDice)].count);
+  w.Field("tp", ca.counts.tp).Field("fp", ca.counts.fp).Field("fn", ca.counts.fn).Field("tn", ca.counts.tn);
+  for (Metric m : d.metrics()) {
+    const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];
+    const std::string name(MetricName(m));
+    w.Field(name + "_mean", ma.mean);
+    w.Field(name + "_inf_count", ma.inf_count);
+    if (IsCountMetric(m) || IsLesionMetric(m)) {
+      w.Field(name + "_global", ma.global);
+    } else {
+      w.Field(name + "_median", ma.median);
+      w.Field(name + "_p95", ma.p95);
+    }
+    if (m == Metric::kDice) {
+      w.Key("dice_mean_ci95").BeginArray().Number(ca.dice_ci_low).Number(ca.dice_ci_high).EndArray();
+    }
+  }
+  // ReLA's Pr@t: the share of images (with a defined IoU) whose IoU is >= t.
+  for (size_t t = 0; t < ca.iou_ge.size(); ++t) {
+    w.Field(absl::StrCat("iou_ge_", d.config.iou_thresholds[t]), ca.iou_ge[t]);
+  }
+  // The lowest Dice, by (dice, index); `thumbnail`: report.html shows this row's thumbnail.
+  w.Key("worst").BeginArray();
+  for (const auto& [dice, index] : ca.worst) {
+    w.BeginObject().Field("index", index).Field("id", d.WorstId(index)).Field("image", d.WorstImage(index));
+    w.Field("dice", dice);
+    const StoredThumbnail* t = d.Thumbnail(ca.class_id, index);
+    w.Field("thumbnail", t != nullptr);
+    if (t != nullptr && t->slice > 0) w.Field("thumbnail_slice", t->slice);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+}
+
+// The threshold sweep of a single-score output (foreground class 1); the primary threshold stays 0.5.
+void ThresholdsJson(const ReportData& d, JsonWriter& w) {
+  w.Key("thresholds").BeginArray();
+  for (const ThresholdAggregate& t : d.aggregate.thresholds) {
+    w.BeginObject().Field("threshold", t.threshold).Field("dice_mean", t.dice_mean);
+    w.Field("dice_global", t.dice_global).Field("iou_mean", t.iou_mean).Field("iou_global", t.iou_global);
+    w.EndObject();
+  }
+  w.EndArray();
+  if (d.aggregate.best_threshold >= 0) {
+    const ThresholdAggregate& b = d.aggregate.thresholds[static_cast<size_t>(d.aggregate.best_threshold)];
+    w.Field("best_threshold", b.threshold);
+    w.Field("best_threshold_dice_mean", b.dice_mean);
+  } else {
+    w.Key("best_threshold").Null();
+  }
+}
+
+// Each worker's share of the rows and what it measured.
+void WorkersJson(const ReportData& d, JsonWriter& w) {
+  const v1::Job& job = d.record->job;
+  w.Key("workers").BeginArray();
+  for (const WorkerRecord& wr : d.workers) {
+    const double seconds = std::max(0.0, wr.last_result_unix - wr.first_lease_unix);
+    w.BeginObject();
+    w.Field("id", wr.worker_id).Field("name", wr.name).Field("device", wr.device);
+    w.Field("images", wr.images).Field("seconds", seconds);
+    w.Field("gpu_name", wr.stats.gpu_name());
+    w.Field("peak_memory_bytes", wr.stats.peak_memory_bytes());
+    w.Field("batch_size", wr.stats.batch_size());
+    w.Field("oom_retries", wr.stats.oom_retries());
+    w.Field("images_per_second", wr.stats.images_per_second() > 0
+                                     ? wr.stats.images_per_second()
+                                     : (seconds > 0 ? static_cast<double>(wr.images) / seconds : 0.0));
+    w.Field("first_batch_seconds",
+            wr.stats.first_batch_unix() > 0 ? wr.stats.first_batch_unix() - job.created_unix() : 0.0);
+    w.Field("model_load_seconds", wr.stats.model_load_seconds());
+    w.Field("decode_threads", wr.stats.decode_threads());
+    w.Field("logit_ties", wr.stats.logit_ties());
+    // Every GPU the worker owns (--gpus-per-worker), with its peak memory.
+    w.Key("gpus").BeginArray();
+    for (const v1::GpuStats& g : wr.stats.gpus()) {
+      w.BeginObject().Field("device", g.device()).Field("name", g.name());
+      w.Field("peak_memory_bytes", g.peak_memory_bytes()).EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+  }
+  w.EndArray();
+}
+
+// COCO instance jobs: COCOeval's 12 numbers, per category AP and counts, the precision-recall
+// curves at IoU 0.5 and 0.75, and the rows with the lowest instance F1.
+void InstancesJson(const ReportData& d, JsonWriter& w) {
+  const InstanceReport& in = d.instances;
+  w.Key("instances").BeginObject();
+  w.Field("iou_type", "segm");
+  w.Field("annotations", d.record->job.spec().coco());
+  w.Field("results", d.record->job.spec().coco_results());
+  w.Field("images", in.images);
+  w.Key("stats").BeginObject();
+  for (int i = 0; i < 12; ++i) w.Field(kCocoStatNames[i], in.stats[i]);
+  w.EndObject();
+  w.Key("recall_thresholds").BeginArray();
+  for (double r : CocoDefaultParams().recall_thresholds) w.Number(r);
+  w.EndArray();
+  w.Key("categories").BeginArray();
+  for (const InstanceCategory& c : in.categories) {
+    w.BeginObject().Field("id", c.id).Field("name", c.name);
+    w.Field("ap", c.ap).Field("ap50", c.ap50).Field("ap75", c.ap75);
+    w.Field("references", c.references).Field("detections", c.detections);
+    w.Field("tp50", c.tp50).Field("fp50", c.fp50).Field("fn50", c.fn50);
+    for (auto [key, curve] : {std::pair<const char*, const std::vector<double>*>{"precision_iou50", &c.precision50},
+                              {"precision_iou75", &c.precision75}}) {
+      w.Key(key).BeginArray();
+      for (double v : *curve) w.Number(v);
+      w.EndArray();
+    }
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("worst_images").BeginArray();
+  for (const InstanceReport::Worst& x : in.worst) {
+    w.BeginObject().Field("index", x.index).Field("id", d.WorstId(x.index)).Field("image", d.WorstImage(x.index));
+    w.Field("f1", x.f1).Field("tp50", x.tp).Field("fp50", x.fp).Field("fn50", x.fn).EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+}
+
+// Panoptic jobs: PQ, SQ, RQ overall, for things and for stuff (n: categories counted; NaN with
+// none), and per category (panopticapi's pq_compute).
+void PanopticJson(const ReportData& d, JsonWriter& w) {
+  const PanopticReport& p = d.panoptic;
+  w.Key("panoptic").BeginObject();
+  w.Field("reference", d.record->job.spec().coco_panoptic());
+  w.Field("predictions", d.record->job.spec().panoptic_predictions());
+  w.Field("images", p.images);
+  for (auto [key, v] : {std::pair<const char*, const PqValues*>{"all", &p.summary.all},
+                        {"things", &p.summary.things}, {"stuff", &p.summary.stuff}}) {
+    w.Key(key).BeginObject().Field("pq", v->pq).Field("sq", v->sq).Field("rq", v->rq).Field("n", v->n).EndObject();
+  }
+  w.Key("categories").BeginArray();
+  for (size_t i = 0; i < p.summary.per_category.size() && i < p.categories.size(); ++i) {
+    const PanopticCategoryResult& c = p.summary.per_category[i];
+    w.BeginObject().Field("id", c.category_id).Field("name", p.categories[i].name);
+    w.Field("isthing", p.categories[i].isthing).Field("pq", c.pq).Field("sq", c.sq).Field("rq", c.rq);
+    w.Field("tp", c.tp).Field("fp", c.fp).Field("fn", c.fn).Field("iou_sum", c.iou_sum).EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+}
+
+}  // namespace
+
+std::string ReportJson(const ReportData& d) {
+  const v1::Job& job = d.record->job;
+  const v1::JobSpec& spec = job.spec();
+  JsonWriter w(true, d.config.json_infinity_string);
+  w.BeginObject();
+  w.Field("tally_version", kVersion);
+  w.Field("job_id", job.job_id());
+  w.Field("name", spec.name());
+  w.Field("state", JobStateName(job.state()));
+  // A sampled job's other rows are accounted for: not evaluated (sample), not missing.
+  const int64_t not_evaluated = job.sampled().empty() ? 0 : job.images_total() - d.evaluated - d.failed;
+  const int64_t missing = job.images_total() - d.evaluated - d.failed - not_evaluated;
+  w.Field("complete", job.state() == v1::JOB_STATE_SUCCEEDED && missing == 0);
+  w.Field("error", job.error());
+  w.Field("model", spec.model());
+  w.Field("manifest", spec.manifest());
+  SettingsJson(d, w);
+  RowsJson(d, missing, w);
+  if (!job.sampled().empty()) {
+    w.Field("sampled", job.sampled());
+    w.Field("images_not_evaluated", not_evaluated);
+    w.Field("not_evaluated_reason", "not evaluated (sample)");
+    w.Field("dice_mean_ci95_method",
+            "sampling: 95% normal interval of the manifest's mean, finite-population corrected (not the bootstrap)");
+  }
+  w.Key("classes").BeginArray();
+  for (const ClassAggregate& ca : d.aggregate.classes) ClassJson(d, ca, w);
+  w.EndArray();
+  for (Metric m : d.metrics()) {
+    w.Field(absl::StrCat("foreground_", MetricName(m), "_mean"), d.aggregate.foreground_mean[static_cast<int>(m)]);
+  }
+  w.Field("empty_score", EmptyScoreName(d.config.empty_score));
+  if (!d.aggregate.thresholds.empty()) ThresholdsJson(d, w);
+  if (d.instances.present) InstancesJson(d, w);
+  if (d.panoptic.present) PanopticJson(d, w);
+  WorkersJson(d, w);
+  w.Field("created_unix", job.created_unix());
+  w.Field("finished_unix", job.finished_unix());
+  w.Field("wall_seconds", d.wall_seconds);
+  w.Field("images_per_second",
+          d.wall_seconds > 0 ? static_cast<double>(d.evaluated + d.failed) / d.wall_seconds : 0.0);
+  w.EndObject();
+  return w.str() + "\n";
+}
+
+}  // namespace tally

@@ -1,0 +1,92 @@
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/job/rpc.h"
+#include "common/base/build_info.h"
+#include "server/report/report_formats.h"
+#include "server/report/report_table.h"
+
+namespace tally {
+
+std::string InstancesMarkdown(const ReportData& d) {
+  std::string out = absl::StrCat(
+      "## Instances (COCO mask AP)\n\nCOCOeval's segm numbers over ", d.instances.images,
+      " evaluated images (IoU 0.50:0.95, maxDets 100; -1 where undefined). Annotations `", d.record->job.spec().coco(),
+      "`", d.record->job.spec().coco_results().empty() ? "" : absl::StrCat(", results `", d.record->job.spec().coco_results(), "`"),
+      ".\n\n", MarkdownTable(InstanceStatsTable(d)), "\n### Per category\n\n", MarkdownTable(InstanceCategoryTable(d)));
+  if (!d.instances.worst.empty()) {
+    absl::StrAppend(&out, "\n### Worst images by instance F1 (IoU 0.5)\n\n", MarkdownTable(InstanceWorstTable(d)));
+  }
+  out += "\nThe semantic metrics below treat each category id as a class: references painted in file order, "
+         "detections with score >= 0.5 in ascending score.\n\n";
+  return out;
+}
+
+std::string ReportMarkdown(const ReportData& d) {
+  const v1::Job& job = d.record->job;
+  std::string out = absl::StrCat("# Tally report: ", job.job_id(), "\n\n");
+  absl::StrAppend(&out, "- State: **", JobStateName(job.state()), "**", job.error().empty() ? "" : " — " + job.error(),
+                  "\n");
+  absl::StrAppend(&out, "- Model: `", job.spec().model(), "`\n- Manifest: `", job.spec().manifest(), "`\n");
+  absl::StrAppend(&out, "- Provenance: Tally ", kTallyVersion, " (git ", kGitRevision, "); model sha256 `",
+                  job.spec().model_sha256().empty() ? "-" : job.spec().model_sha256(), "`; manifest sha256 `",
+                  job.spec().manifest_sha256().empty() ? "-" : job.spec().manifest_sha256(), "`\n");
+  absl::StrAppend(&out, "- Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ",
+                  d.failed, " failed", "\n");
+  if (!job.sampled().empty()) {
+    absl::StrAppend(&out, "- **", job.sampled(), "**: the other ", job.images_total() - d.evaluated - d.failed,
+                    " rows are not evaluated (sample); the Dice intervals are sampling intervals\n");
+  }
+  if (d.nonfinite_images > 0) {
+    absl::StrAppend(&out, "- **Warning**: ", d.nonfinite_images, " evaluated images had NaN/Inf in the model output (",
+                    d.nonfinite_values, " values; --nonfinite warn)\n");
+  }
+  for (const std::string& w : d.warnings) absl::StrAppend(&out, "- **Warning**: ", w, "\n");
+  std::vector<std::string> in_mean;
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    if (ca.in_foreground_mean) in_mean.push_back(d.ClassName(ca.class_id));
+  }
+  absl::StrAppend(&out, "- Classes: ", d.num_classes, "; foreground means over ",
+                  in_mean.empty() ? "none" : absl::StrJoin(in_mean, ", "),
+                  " (foreground classes present in at least one reference mask)\n");
+  absl::StrAppend(&out, absl::StrFormat("- Wall time: %.2f s (%.1f images/s)\n\n", d.wall_seconds,
+                                        d.images_per_second()));
+  if (d.instances.present) out += InstancesMarkdown(d);
+  if (d.panoptic.present) {
+    absl::StrAppend(&out, "## Panoptic quality\n\npanopticapi's PQ, SQ and RQ over ", d.panoptic.images,
+                    " evaluated images (a segment matches at IoU > 0.5; void and crowd regions as panopticapi).\n\n",
+                    MarkdownTable(PanopticTable(d)), "\n### Per category\n\n", MarkdownTable(PanopticCategoryTable(d)),
+                    "\nThe semantic metrics below treat each category id as a class (void ignored).\n\n");
+  }
+  out += "## Per class\n\nMeans over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
+         "bootstrap interval; global = from summed counts.\n\n";
+  out += MarkdownTable(ClassTable(d));
+  out += "\n## Worst images by Dice\n";
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
+    const std::string note = ReportData::DiceTieNote(ca);
+    absl::StrAppend(&out, "\n### ", d.config.regions.empty() ? "Class " : "Region ", d.ClassName(ca.class_id), "\n\n",
+                    note.empty() ? "" : note + ".\n\n", MarkdownTable(WorstTable(d, ca)));
+  }
+  absl::StrAppend(&out, "\n## Failures (", d.failures.size(), ")\n\n");
+  if (!d.failure_groups.empty()) {
+    out += "By reason (file names as '…', numbers as #):\n\n";
+    for (const FailureGroup& g : d.failure_groups) absl::StrAppend(&out, "- ", g.count, " x ", g.kind, "\n");
+    out += "\n";
+  }
+  if (d.failures.empty()) {
+    out += "None: every manifest row was evaluated.\n";
+  } else {
+    out += MarkdownTable(FailureTable(d));
+    if (d.failures.size() > kMaxFailuresShown) {
+      absl::StrAppend(&out, "\n... and ", d.failures.size() - kMaxFailuresShown, " more in report.json\n");
+    }
+  }
+  if (!d.workers.empty()) out += "\n## Workers\n\n" + MarkdownTable(WorkerTable(d));
+  out += "\n## Parameters\n\n" + MarkdownTable(ParameterTable(d));
+  return out;
+}
+
+}  // namespace tally

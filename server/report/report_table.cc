@@ -1,0 +1,277 @@
+#include "server/report/report_table.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace tally {
+
+std::string FormatCell(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return absl::StrFormat("%.4f", v);
+}
+
+namespace {
+bool HasGlobalColumn(Metric m) { return m == Metric::kDice || m == Metric::kIou || IsLesionMetric(m); }
+TableCell Text(std::string s) { return TableCell{std::move(s), false}; }
+TableCell Code(std::string s) { return TableCell{std::move(s), true}; }
+}  // namespace
+
+Table ClassTable(const ReportData& d) {
+  Table t;
+  t.header = {"class", "images"};
+  for (Metric m : d.metrics()) {
+    t.header.push_back(absl::StrCat(MetricName(m), " mean"));
+    if (HasGlobalColumn(m)) t.header.push_back(absl::StrCat(MetricName(m), " global"));
+  }
+  t.left.assign(t.header.size(), false);
+  t.left[0] = true;
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    if (ca.class_id != 0 && !d.IsCategoryClass(ca.class_id)) continue;  // Instance jobs: ids of no category.
+    std::vector<TableCell> row = {Text(absl::StrCat(d.ClassName(ca.class_id), d.IsForeground(ca.class_id) ? "" : " (background)")),
+                                  Text(absl::StrCat(ca.metrics[static_cast<int>(Metric::kDice)].count))};
+    for (Metric m : d.metrics()) {
+      const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];
+      std::string cell = FormatCell(ma.mean);
+      if (m == Metric::kDice) absl::StrAppend(&cell, " [", FormatCell(ca.dice_ci_low), ", ", FormatCell(ca.dice_ci_high), "]");
+      if (ma.inf_count > 0) absl::StrAppend(&cell, " (", ma.inf_count, " inf)");
+      row.push_back(Text(cell));
+      if (HasGlobalColumn(m)) row.push_back(Text(FormatCell(ma.global)));
+    }
+    t.rows.push_back(std::move(row));
+  }
+  std::vector<TableCell> foreground = {Text("foreground mean"), Text("")};
+  for (Metric m : d.metrics()) {
+    foreground.push_back(Text(FormatCell(d.aggregate.foreground_mean[static_cast<int>(m)])));
+    if (HasGlobalColumn(m)) foreground.push_back(Text(""));
+  }
+  t.rows.push_back(std::move(foreground));
+  return t;
+}
+
+Table WorstTable(const ReportData& d, const ClassAggregate& ca) {
+  Table t;
+  t.header = {"index", "id", "image", "dice"};
+  t.left = {false, true, true, false};
+  for (const auto& [dice, index] : ca.worst) {
+    t.rows.push_back(
+        {Text(absl::StrCat(index)), Code(d.WorstId(index)), Code(d.WorstImage(index)), Text(FormatCell(dice))});
+  }
+  return t;
+}
+
+Table ParameterTable(const ReportData& d) {
+  const JobConfig& c = d.config;
+  const v1::JobSpec& spec = d.record->job.spec();
+  Table t;
+  t.header = {"parameter", "value"};
+  t.left = {true, true};
+  auto add = [&t](const std::string& name, const std::string& value, bool code = false) {
+    t.rows.push_back({TableCell{name, false}, TableCell{value, code}});
+  };
+  auto list = [](const auto& values) {
+    std::vector<std::string> parts;
+    for (const auto& v : values) parts.push_back(absl::StrCat(v));
+    return parts.empty() ? std::string("none") : absl::StrJoin(parts, ",");
+  };
+  std::vector<std::string> metrics;
+  for (Metric m : c.metrics) metrics.emplace_back(MetricName(m));
+  add("metrics", absl::StrJoin(metrics, ","));
+  add("classes", absl::StrCat(d.num_classes, c.regions.empty() ? "" : absl::StrCat(" (", c.regions.size(), " regions)")));
+  add("include background", c.include_background ? "yes" : "no");
+  add("ignore index", c.ignore_index == kNoIgnoreIndex ? "none" : absl::StrCat(c.ignore_index));
+  std::vector<std::string> label_map;
+  for (const auto& [from, to] : c.label_map) label_map.push_back(absl::StrCat(from, ":", to));
+  add("label map", label_map.empty() ? "none" : absl::StrJoin(label_map, ","));
+  add("empty score", std::string(EmptyScoreName(c.empty_score)));
+  if (!c.thresholds.empty()) add("thresholds", list(c.thresholds));
+  if (!c.iou_thresholds.empty()) add("iou thresholds", list(c.iou_thresholds));
+  add("spacing", c.spacing_z > 0 ? absl::StrCat(c.spacing_z, ",", c.spacing_y, ",", c.spacing_x)
+                                 : absl::StrCat(c.spacing_y, ",", c.spacing_x));
+  add("nsd tolerance", absl::StrCat(c.nsd_tolerance));
+  if (!c.predictions()) {
+    add("precision", std::string(PrecisionName(c.precision)));
+    const std::string ran = c.channels_last_ran() == "on" ? "yes" : "no";
+    if (c.channels_last_mode != "auto") {
+      add("channels last", ran);
+    } else if (c.channels_last_auto) {
+      add("channels last", "auto (no worker ran a trial)");
+    } else {
+      add("channels last", absl::StrCat("auto: ", ran, " (", c.channels_last_trial, ")"));
+    }
+    if (c.decode_mode != "auto") {
+      add("JPEG decoding", c.decode_mode);
+    } else if (c.decode_auto) {
+      add("JPEG decoding", "auto (no worker ran a trial)");
+    } else {
+      add("JPEG decoding", absl::StrCat("auto: ", c.decode_ran(), " (", c.decode_trial, ")"));
+    }
+    add("batch size", c.batch_size > 0 ? absl::StrCat(c.batch_size) : c.batch_size == kBatchAuto ? "auto" : "worker default");
+    add("input size", c.input_height > 0 ? absl::StrCat(c.input_height, "x", c.input_width) : "as decoded");
+    add("mean / std", absl::StrCat(list(c.mean), " / ", list(c.std)));
+    add("non-finite outputs", std::string(NonfiniteName(c.nonfinite)));
+    if (c.python_model()) {
+      add("python", c.python.empty() ? "python3" : c.python, true);
+      std::vector<std::string> options;
+      for (const auto& [k, v] : c.model_options) options.push_back(absl::StrCat(k, "=", v));
+      if (!options.empty()) add("model options", absl::StrJoin(options, " "));
+    }
+  }
+  add("shard size", absl::StrCat(d.record->shard_size));
+  add("max failed fraction", absl::StrCat(c.max_failed_fraction));
+  add("thumbnails", absl::StrCat(c.thumbnails));
+  if (!c.save_predictions.empty()) add("save predictions", c.save_predictions, true);
+  std::vector<std::string> labels;
+  for (const auto& [k, v] : spec.labels()) labels.push_back(absl::StrCat(k, "=", v));
+  std::sort(labels.begin(), labels.end());
+  if (!labels.empty()) add("labels", absl::StrJoin(labels, " "));
+  return t;
+}
+
+Table FailureTable(const ReportData& d) {
+  Table t;
+  t.header = {"index", "image", "reason"};
+  t.left = {false, true, true};
+  for (size_t i = 0; i < d.failures.size() && i < kMaxFailuresShown; ++i) {
+    const Failure& f = d.failures[i];
+    t.rows.push_back({Text(absl::StrCat(f.index)), Code(f.image), Text(f.reason)});
+  }
+  return t;
+}
+
+Table WorkerTable(const ReportData& d) {
+  Table t;
+  t.header = {"worker", "device", "images", "seconds", "images/s"};
+  t.left = {true, true, false, false, false};
+  for (const WorkerRecord& wr : d.workers) {
+    const double seconds = std::max(0.0, wr.last_result_unix - wr.first_lease_unix);
+    const double rate = wr.stats.images_per_second() > 0 ? wr.stats.images_per_second()
+                        : seconds > 0                    ? wr.images / seconds
+                                                         : 0.0;
+    t.rows.push_back({Text(wr.name.empty() ? wr.worker_id : wr.name),
+                      Text(absl::StrCat(wr.device, wr.stats.gpu_name().empty() ? "" : " (" + wr.stats.gpu_name() + ")")),
+                      Text(absl::StrCat(wr.images)), Text(absl::StrFormat("%.2f", seconds)),
+                      Text(absl::StrFormat("%.1f", rate))});
+  }
+  return t;
+}
+
+std::string MarkdownTable(const Table& t) {
+  auto cell = [](const TableCell& c) {
+    std::string s = c.code ? absl::StrCat("`", c.text, "`") : c.text;
+    std::replace(s.begin(), s.end(), '|', '/');  // Would end the cell.
+    std::replace(s.begin(), s.end(), '\n', ' ');
+    return s.empty() ? std::string(" |") : absl::StrCat(" ", s, " |");
+  };
+  std::string out = "|";
+  for (const std::string& h : t.header) out += cell(TableCell{h, false});
+  out += "\n|";
+  for (size_t i = 0; i < t.header.size(); ++i) out += "---|";
+  out += "\n";
+  for (const auto& row : t.rows) {
+    out += "|";
+    for (const TableCell& c : row) out += cell(c);
+    out += "\n";
+  }
+  return out;
+}
+
+std::string HtmlEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string HtmlTable(const Table& t) {
+  auto align = [&](size_t col) { return col < t.left.size() && t.left[col] ? " class=\"l\"" : ""; };
+  std::string out = "<table><tr>";
+  for (size_t i = 0; i < t.header.size(); ++i) absl::StrAppend(&out, "<th", align(i), ">", HtmlEscape(t.header[i]), "</th>");
+  out += "</tr>\n";
+  for (const auto& row : t.rows) {
+    out += "<tr>";
+    for (size_t i = 0; i < row.size(); ++i) {
+      const std::string text = HtmlEscape(row[i].text);
+      absl::StrAppend(&out, "<td", align(i), ">", row[i].code ? absl::StrCat("<code>", text, "</code>") : text, "</td>");
+    }
+    out += "</tr>\n";
+  }
+  return out + "</table>\n";
+}
+
+}  // namespace tally
+
+namespace tally {
+
+Table InstanceStatsTable(const ReportData& d) {
+  Table t;
+  t.header = {"metric", "value"};
+  t.left = {true, false};
+  for (int i = 0; i < 12; ++i) t.rows.push_back({Text(kCocoStatNames[i]), Text(FormatCell(d.instances.stats[i]))});
+  return t;
+}
+
+Table InstanceCategoryTable(const ReportData& d) {
+  Table t;
+  t.header = {"category", "name", "AP", "AP50", "AP75", "references", "detections", "TP@0.5", "FP@0.5", "FN@0.5"};
+  t.left = {true, true, false, false, false, false, false, false, false, false};
+  for (const InstanceCategory& c : d.instances.categories) {
+    t.rows.push_back({Text(absl::StrCat(c.id)), Text(c.name), Text(FormatCell(c.ap)), Text(FormatCell(c.ap50)),
+                      Text(FormatCell(c.ap75)), Text(absl::StrCat(c.references)), Text(absl::StrCat(c.detections)),
+                      Text(absl::StrCat(c.tp50)), Text(absl::StrCat(c.fp50)), Text(absl::StrCat(c.fn50))});
+  }
+  return t;
+}
+
+Table InstanceWorstTable(const ReportData& d) {
+  Table t;
+  t.header = {"index", "id", "image", "instance F1", "TP@0.5", "FP@0.5", "FN@0.5"};
+  t.left = {false, true, true, false, false, false, false};
+  for (const InstanceReport::Worst& w : d.instances.worst) {
+    t.rows.push_back({Text(absl::StrCat(w.index)), Text(d.WorstId(w.index)), TableCell{d.WorstImage(w.index), true},
+                      Text(FormatCell(w.f1)), Text(absl::StrCat(w.tp)), Text(absl::StrCat(w.fp)),
+                      Text(absl::StrCat(w.fn))});
+  }
+  return t;
+}
+
+Table PanopticTable(const ReportData& d) {
+  Table t;
+  t.header = {"", "PQ", "SQ", "RQ", "categories"};
+  t.left = {true, false, false, false, false};
+  const PanopticSummary& s = d.panoptic.summary;
+  for (auto [name, v] : {std::pair<const char*, const PqValues*>{"All", &s.all}, {"Things", &s.things},
+                         {"Stuff", &s.stuff}}) {
+    t.rows.push_back({Text(name), Text(FormatCell(v->pq)), Text(FormatCell(v->sq)), Text(FormatCell(v->rq)),
+                      Text(absl::StrCat(v->n))});
+  }
+  return t;
+}
+
+Table PanopticCategoryTable(const ReportData& d) {
+  Table t;
+  t.header = {"category", "name", "kind", "PQ", "SQ", "RQ", "TP", "FP", "FN"};
+  t.left = {true, true, true, false, false, false, false, false, false};
+  const PanopticReport& p = d.panoptic;
+  for (size_t i = 0; i < p.summary.per_category.size() && i < p.categories.size(); ++i) {
+    const PanopticCategoryResult& c = p.summary.per_category[i];
+    t.rows.push_back({Text(absl::StrCat(c.category_id)), Text(p.categories[i].name),
+                      Text(p.categories[i].isthing ? "thing" : "stuff"), Text(FormatCell(c.pq)), Text(FormatCell(c.sq)),
+                      Text(FormatCell(c.rq)), Text(absl::StrCat(c.tp)), Text(absl::StrCat(c.fp)),
+                      Text(absl::StrCat(c.fn))});
+  }
+  return t;
+}
+
+}  // namespace tally

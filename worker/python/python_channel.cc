@@ -1,0 +1,462 @@
+// The Python backend's channel to its stub process (worker/python/python_channel.h): spawning and
+// restarting the stub, framing and sending requests, the reader thread, and the shared buffers.
+#include "worker/python/python_channel.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/base/clock.h"
+#include "common/base/log.h"
+#include "common/process/subprocess.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/tally.pb.h"
+#include "worker/python/python_runner.h"
+
+
+namespace tally {
+namespace python_internal {
+namespace {
+
+constexpr uint32_t kMaxFrameBytes = 64u << 20;  // The largest control message either side accepts.
+
+std::string ToJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(m, &out, opts).ok()) out = "{}";
+  return out;
+}
+
+bool WriteAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) return absl::StrCat("signal ", WTERMSIG(status));
+  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
+  return "unknown status";
+}
+
+// The stub's environment: this process's, with Tally's package first on PYTHONPATH and the
+// socket's descriptor named.
+std::vector<std::string> StubEnvironment(const std::string& package_dir) {
+  std::vector<std::string> env;
+  std::string pythonpath = package_dir;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("PYTHONPATH=", 0) == 0) {
+      if (kv.size() > 11) pythonpath += ":" + kv.substr(11);
+      continue;
+    }
+    if (kv.rfind("TALLY_STUB_FD=", 0) == 0) continue;
+    env.push_back(kv);
+  }
+  env.push_back("PYTHONPATH=" + pythonpath);
+  env.push_back("TALLY_STUB_FD=3");
+  env.push_back("PYTHONUNBUFFERED=1");
+  return env;
+}
+
+// The stub's output, line by line, into this worker's log. Detached: a process the model started
+// may hold the pipe open after the stub is gone.
+void ForwardStubOutput(int fd) {
+  std::thread([fd] {
+    std::string pending;
+    char buf[4096];
+    while (true) {
+      const ssize_t r = read(fd, buf, sizeof(buf));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      pending.append(buf, static_cast<size_t>(r));
+      size_t nl;
+      while ((nl = pending.find('\n')) != std::string::npos) {
+        Log("[model] ", pending.substr(0, nl));
+        pending.erase(0, nl + 1);
+      }
+      if (pending.size() > 65536) {
+        Log("[model] ", pending);
+        pending.clear();
+      }
+    }
+    if (!pending.empty()) Log("[model] ", pending);
+    close(fd);
+  }).detach();
+}
+
+// posix_spawnp of the stub: stdin /dev/null, stdout and stderr into `out_fd`, the socket as fd 3;
+// its own process group (a Ctrl-C at the terminal reaches the worker, which stops the stub), an
+// empty signal mask (the worker blocks the termination signals it waits for) and default
+// dispositions. Returns posix_spawnp's error number (0: started).
+int SpawnStub(const std::string& python, std::vector<std::string> args, std::vector<std::string> env, int out_fd,
+              int sock_fd, pid_t* pid) {
+  std::vector<char*> argv, envp;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+  posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
+  posix_spawn_file_actions_adddup2(&fa, sock_fd, 3);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) sigaddset(&defaults, sig);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const int rc = posix_spawnp(pid, python.c_str(), &fa, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  return rc;
+}
+
+}  // namespace
+
+std::unique_ptr<ShmBuffer> Channel::TakeOutput(std::shared_ptr<Channel> self, size_t bytes) {
+  {
+    absl::MutexLock lock(&pool_mu_);
+    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+      if ((*it)->size() >= bytes && (*it)->size() <= 4 * bytes + (1 << 20)) {
+        std::unique_ptr<ShmBuffer> b = std::move(*it);
+        pool_.erase(it);
+        return b;
+      }
+    }
+  }
+  return ShmBuffer::Create(std::move(self), bytes + bytes / 4);
+}
+
+void Channel::ReturnOutput(std::unique_ptr<ShmBuffer> buffer) {
+  std::unique_ptr<ShmBuffer> drop;
+  absl::MutexLock lock(&pool_mu_);
+  if (pool_closed_) {
+    drop = std::move(buffer);
+    return;
+  }
+  pool_.push_back(std::move(buffer));
+  if (pool_.size() > 8) {
+    drop = std::move(pool_.front());
+    pool_.erase(pool_.begin());
+  }
+}
+
+void Channel::ClosePool() {
+  std::vector<std::unique_ptr<ShmBuffer>> drop;
+  absl::MutexLock lock(&pool_mu_);
+  pool_closed_ = true;
+  drop.swap(pool_);
+}
+
+int64_t Channel::RegisterBuffer(int fd, size_t size) {
+  int64_t id = 0;
+  bool alive = false;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_buffer_++;
+    buffers_[id] = {fd, size};
+    alive = alive_;
+  }
+  if (alive) SendMap(id, fd, size);
+  return id;
+}
+
+void Channel::SendMap(int64_t id, int fd, size_t size) {
+  v1::StubRequest map;
+  map.set_op("map");
+  map.set_buffer(id);
+  map.set_size(static_cast<int64_t>(size));
+  SendFrame(ToJson(map), fd);
+}
+
+void Channel::SendExit() {
+  v1::StubRequest exit;
+  exit.set_op("exit");
+  SendFrame(ToJson(exit), -1);
+}
+
+void Channel::UnregisterBuffer(int64_t id) {
+  bool alive = false;
+  {
+    absl::MutexLock lock(&mu_);
+    buffers_.erase(id);
+    alive = alive_;
+  }
+  if (alive) {
+    v1::StubRequest unmap;
+    unmap.set_op("unmap");
+    unmap.set_buffer(id);
+    SendFrame(ToJson(unmap), -1);
+  }
+}
+
+void Channel::NoteGpus(const v1::StubResponse& r) {
+  if (r.gpus_size() == 0) return;
+  absl::MutexLock lock(&mu_);
+  gpus_.clear();
+  for (const v1::GpuStats& g : r.gpus()) {
+    gpus_.push_back(GpuUsage{g.device(), g.name(), g.peak_memory_bytes(), g.memory_used_bytes(), g.memory_total_bytes()});
+  }
+}
+
+bool Channel::SendFrame(const std::string& json, int fd_to_pass) {
+  int sock = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    sock = sock_;
+  }
+  if (sock < 0) return false;
+  std::string frame(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(json.size());
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  frame += json;
+  absl::MutexLock lock(&write_mu_);
+  if (fd_to_pass < 0) return WriteAll(sock, frame.data(), frame.size());
+  // The descriptor rides on the frame's first bytes; the stub queues descriptors as they arrive
+  // and takes one for each map message.
+  struct msghdr msg = {};
+  struct iovec iov = {const_cast<char*>(frame.data()), frame.size()};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+  ssize_t w;
+  do {
+    w = sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (w < 0 && errno == EINTR);
+  if (w <= 0) return false;
+  return static_cast<size_t>(w) == frame.size() ||
+         WriteAll(sock, frame.data() + w, frame.size() - static_cast<size_t>(w));
+}
+
+std::shared_ptr<Reply> Channel::Send(v1::StubRequest request) {
+  auto reply = std::make_shared<Reply>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!alive_) {
+      reply->died = "not running";
+      reply->done.Notify();
+      return reply;
+    }
+    request.set_id(next_id_++);
+    waiting_[request.id()] = reply;
+  }
+  // A failed write means the stub is gone: the reader thread answers every waiting request.
+  SendFrame(ToJson(request), -1);
+  return reply;
+}
+
+void Channel::SendNoReply(const v1::StubRequest& request) { SendFrame(ToJson(request), -1); }
+
+void Channel::ReaderLoop(int sock, pid_t pid) {
+  std::string body;
+  while (true) {
+    unsigned char len[4];
+    if (!ReadAll(sock, reinterpret_cast<char*>(len), 4)) break;
+    const uint32_t n = len[0] | (len[1] << 8) | (len[2] << 16) | (static_cast<uint32_t>(len[3]) << 24);
+    if (n > kMaxFrameBytes) break;
+    body.resize(n);
+    if (!ReadAll(sock, body.data(), n)) break;
+    v1::StubResponse r;
+    google::protobuf::util::JsonParseOptions opts;
+    opts.ignore_unknown_fields = true;
+    if (!google::protobuf::util::JsonStringToMessage(body, &r, opts).ok()) {
+      Log("[model] unreadable message from the model process; stopping it");
+      break;
+    }
+    NoteGpus(r);
+    std::shared_ptr<Reply> reply;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = waiting_.find(r.id());
+      if (it != waiting_.end()) {
+        reply = it->second;
+        waiting_.erase(it);
+      }
+    }
+    if (reply) {
+      reply->response = std::move(r);
+      reply->done.Notify();
+    }
+  }
+  // The stub is gone (or broke the protocol): reap it and answer everything still waiting.
+  kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  const std::string died = DescribeExit(status);
+  std::map<int64_t, std::shared_ptr<Reply>> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    alive_ = false;
+    waiting.swap(waiting_);
+    if (sock_ == sock) sock_ = -1;
+  }
+  close(sock);
+  Log("[model] model process ", pid, " ended (", died, ")");
+  for (auto& [id, reply] : waiting) {
+    reply->died = died;
+    reply->done.Notify();
+  }
+}
+
+absl::Status Channel::Spawn() {
+  const std::string dir = PythonPackageDir();
+  struct stat st;
+  if (dir.empty() || stat((dir + "/tally/stub.py").c_str(), &st) != 0) {
+    return absl::NotFoundError("Tally's Python package (python/tally/stub.py) was not found on this host; set "
+                               "TALLY_PYTHON_DIR to the repository's python/ folder");
+  }
+  int sv[2], out[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
+  }
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    close(sv[0]);
+    close(sv[1]);
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  const std::string python = options_.python.empty() ? "python3" : options_.python;
+  std::vector<std::string> args = {python, "-u", "-m", "tally.stub"};
+  pid_t pid = -1;
+  const int rc = SpawnStub(python, std::move(args), StubEnvironment(dir), out[1], sv[1], &pid);
+  close(sv[1]);
+  close(out[1]);
+  if (rc != 0) {
+    close(sv[0]);
+    close(out[0]);
+    return absl::NotFoundError(absl::StrCat("cannot start the Python interpreter '", python, "' (--python): ",
+                                            strerror(rc)));
+  }
+  ForwardStubOutput(out[0]);
+  std::vector<std::pair<int64_t, std::pair<int, size_t>>> buffers;
+  {
+    absl::MutexLock lock(&mu_);
+    sock_ = sv[0];
+    pid_ = pid;
+    alive_ = true;
+    buffers.assign(buffers_.begin(), buffers_.end());
+  }
+  reader_ = std::thread(&Channel::ReaderLoop, this, sv[0], pid);
+  for (const auto& [id, b] : buffers) SendMap(id, b.first, b.second);
+  return absl::OkStatus();
+}
+
+absl::Status Channel::EnsureRunning() {
+  absl::MutexLock start(&start_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (alive_) return absl::OkStatus();
+  }
+  if (reader_.joinable()) reader_.join();
+  if (absl::Status s = Spawn(); !s.ok()) return s;
+  v1::StubRequest init;
+  init.set_op("init");
+  init.set_model_path(options_.model_path);
+  init.set_class_name(options_.class_name);
+  for (const std::string& d : options_.devices) init.add_devices(d);
+  for (const auto& [k, v] : options_.model_options) (*init.mutable_options())[k] = v;
+  std::shared_ptr<Reply> reply = Send(init);
+  reply->done.WaitForNotification();
+  if (!reply->died.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", options_.model_path, "': the model process died while "
+                                                   "loading the model (", reply->died,
+                                                   "); its output is in the worker's log"));
+  }
+  if (!reply->response.error().empty()) {
+    SendExit();
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", options_.model_path, "' could not be loaded: ", reply->response.error()));
+  }
+  model_classes_ = reply->response.num_classes();
+  probabilities_ = reply->response.outputs_probabilities();
+  return absl::OkStatus();
+}
+
+void Channel::Stop() {
+  absl::MutexLock start(&start_mu_);
+  pid_t pid = -1;
+  int sock = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    if (alive_) {
+      pid = pid_;
+      sock = sock_;
+    }
+  }
+  if (pid > 0) {
+    SendExit();
+    shutdown(sock, SHUT_WR);
+    // Up to 5 s to exit by itself (the reader thread reaps it), then SIGKILL.
+    for (int i = 0; i < 50; ++i) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (!alive_) break;
+      }
+      usleep(100 * 1000);
+    }
+    bool still = false;
+    {
+      absl::MutexLock lock(&mu_);
+      still = alive_;
+    }
+    if (still) kill(pid, SIGKILL);
+  }
+  if (reader_.joinable()) reader_.join();
+}
+
+}  // namespace python_internal
+}  // namespace tally
