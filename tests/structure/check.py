@@ -5,8 +5,12 @@
    folder and from the folders its library may depend on.
 2. No function in server/, worker/, client/, common/ or metrics/ is longer than 80 lines, unless
    the comment just above it says why it "reads better whole".
+3. server/ and worker/ hold at most 12 source files directly (the process's wiring: main, services,
+   options); everything else lives in their sub-folders (issue 47), and a folder that ALLOWED does not
+   know is a problem until the table learns it.
 
     /usr/bin/python3 tests/structure/check.py [SOURCE_DIR]
+    /usr/bin/python3 tests/structure/check.py --self-test     # the checks catch what they must
 
 Function extents come from a small brace matcher over the source with comments and string
 literals removed (a definition is a '{' after a ')' at namespace or class scope), not a compiler:
@@ -19,7 +23,12 @@ import sys
 MAX_FUNCTION_LINES = 80
 EXCEPTION_MARK = "reads better whole"
 
+COMMON = ["common/base", "common/security", "common/io", "common/process", "common/job", "metrics"]
 # Folder -> the folders its files may include from (besides its own). proto/ is everyone's.
+# server/ and worker/ are cut by what they do; within each, includes point one way (a folder never
+# includes one listed after it, and the process's wiring at the top may include every part):
+#   server: store <- report <- coordinator <- access <- http <- server/ (main, services)
+#   worker: interfaces <- scoring <- pipeline, torch, python <- worker/ (main, control plane)
 ALLOWED = {
     "common/base": [],
     "metrics": ["common/base"],
@@ -28,14 +37,24 @@ ALLOWED = {
     "common/io": ["common/base", "common/security", "metrics"],
     "common/process": ["common/base"],
     "common/job": ["common/base", "common/security", "common/io", "metrics"],
-    "server": ["common/base", "common/security", "common/io", "common/process", "common/job", "metrics"],
-    "worker": ["common/base", "common/security", "common/io", "common/process", "common/job", "metrics",
-               "metrics/gpu"],
-    "client": ["client/verbs", "common/base", "common/security", "common/io", "common/process", "common/job",
-               "metrics"],
-    "client/verbs": ["client", "common/base", "common/security", "common/io", "common/process", "common/job",
-                     "metrics"],
+    "server/store": COMMON,
+    "server/report": COMMON + ["server/store"],
+    "server/coordinator": COMMON + ["server/store", "server/report"],
+    "server/access": COMMON + ["server/coordinator", "server/store", "server/report"],
+    "server/http": COMMON + ["server/access", "server/coordinator", "server/store", "server/report"],
+    "server": COMMON + ["server/http", "server/access", "server/coordinator", "server/store", "server/report"],
+    "worker/interfaces": COMMON,
+    "worker/scoring": COMMON + ["metrics/gpu", "worker/interfaces"],
+    "worker/pipeline": COMMON + ["worker/interfaces", "worker/scoring"],
+    "worker/torch": COMMON + ["metrics/gpu", "worker/interfaces"],
+    "worker/python": COMMON + ["worker/interfaces"],
+    "worker": COMMON + ["metrics/gpu", "worker/interfaces", "worker/scoring", "worker/pipeline", "worker/torch",
+                        "worker/python"],
+    "client": ["client/verbs"] + COMMON[:-1] + ["metrics"],
+    "client/verbs": ["client"] + COMMON,
 }
+# Folders whose own top level holds only the process's wiring (rule 3).
+MAX_FLAT_SOURCES = {"server": 12, "worker": 12}
 CODE_DIRS = ["server", "worker", "client", "common", "metrics"]
 
 
@@ -123,16 +142,22 @@ def excepted(lines, start):
     return EXCEPTION_MARK in " ".join(text)
 
 
-def main():
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../.."))
+def check(root):
+    """Every problem in the tree at `root`, a line each."""
     problems = []
     for top in CODE_DIRS:
         for folder, _, files in os.walk(os.path.join(root, top)):
             rel_folder = os.path.relpath(folder, root)
             allowed = ALLOWED.get(rel_folder)
-            for name in sorted(files):
-                if not name.endswith((".h", ".cc", ".cu")):
-                    continue
+            sources = sorted(f for f in files if f.endswith((".h", ".cc", ".cu")))
+            if sources and allowed is None and rel_folder.split("/")[0] in ("server", "worker"):
+                problems.append(f"{rel_folder}/: a folder tests/structure/check.py does not know; add it to ALLOWED "
+                                f"with the folders it may include from")
+            limit = MAX_FLAT_SOURCES.get(rel_folder)
+            if limit is not None and len(sources) > limit:
+                problems.append(f"{rel_folder}/: {len(sources)} source files directly in it (at most {limit}: the "
+                                f"process's wiring); put the rest in its sub-folders by what they do")
+            for name in sources:
                 path = os.path.join(folder, name)
                 rel = os.path.relpath(path, root)
                 text = open(path, errors="replace").read()
@@ -142,13 +167,73 @@ def main():
                         continue  # proto/ (everyone's) and third-party headers.
                     if dep == rel_folder or allowed is None or dep in allowed:
                         continue
-                    problems.append(f"{rel}: includes {m.group(0)[10:]}; {rel_folder}/ may include from "
+                    header = m.group(0)[len('#include "'):-1]
+                    problems.append(f"{rel}: includes {header}; {rel_folder}/ may include from "
                                     f"{', '.join(['proto'] + allowed) or 'nothing else'}")
                 lines = text.split("\n")
                 for start, count, fn in functions(path):
                     if count > MAX_FUNCTION_LINES and not excepted(lines, start):
                         problems.append(f"{rel}:{start}: {fn} is {count} lines (over {MAX_FUNCTION_LINES}); split it "
                                         f"by what it does, or say above it why it {EXCEPTION_MARK}")
+    return problems
+
+
+def self_test(root):
+    """The checks on a copy of the tree: clean as it is, then each rule broken once must be reported."""
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        for top in CODE_DIRS:
+            shutil.copytree(os.path.join(root, top), os.path.join(tmp, top),
+                            ignore=shutil.ignore_patterns("*.txt", "*.md", "*.py"))
+        failures = []
+        base = check(tmp)
+        if base:
+            failures.append(f"the unchanged tree has problems: {base}")
+
+        def expect(what, edit, needle):
+            with open(os.path.join(tmp, edit[0]), "w") as f:
+                f.write(edit[1])
+            found = [p for p in check(tmp) if needle in p]
+            os.remove(os.path.join(tmp, edit[0]))
+            if not found:
+                failures.append(f"{what}: not reported")
+            else:
+                print(f"self-test: {what}: reported: {found[0]}")
+
+        flat = [f for f in os.listdir(os.path.join(tmp, "server")) if f.endswith((".h", ".cc"))]
+        fillers = [os.path.join(tmp, "server", f"filler_{i}.h") for i in range(MAX_FLAT_SOURCES["server"] - len(flat))]
+        for name in fillers:  # Up to the limit: still clean.
+            open(name, "w").write("// filler\n")
+        if check(tmp):
+            failures.append("server/ at the limit is reported")
+        expect("a file dropped flat into server/ past the limit", ("server/one_too_many.cc", "int F() { return 0; }\n"),
+               "source files directly in it")
+        for name in fillers:
+            os.remove(name)
+        expect("report/ including coordinator/",
+               ("server/report/bad_include.cc", '#include "server/coordinator/coordinator.h"\n'),
+               "server/report/bad_include.cc: includes server/coordinator/coordinator.h")
+        expect("worker/interfaces/ including worker/pipeline/",
+               ("worker/interfaces/bad_include.h", '#include "worker/pipeline/pipeline.h"\n'),
+               "worker/interfaces/bad_include.h: includes worker/pipeline/pipeline.h")
+        os.makedirs(os.path.join(tmp, "server", "newroom"))
+        expect("a sub-folder of server/ the table does not know",
+               ("server/newroom/thing.cc", "int Thing() { return 1; }\n"), "server/newroom/: a folder")
+        long_fn = "int Long() {\n" + "  int x = 0;\n" * 90 + "  return x;\n}\n"
+        expect("a function over 80 lines", ("metrics/long_function.cc", long_fn), "Long is 93 lines")
+        for f in failures:
+            print("self-test FAILED:", f)
+        print(f"structure self-test: {len(failures)} failure(s)")
+        return 1 if failures else 0
+
+
+def main():
+    args = sys.argv[1:]
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../..")
+    if args and args[0] == "--self-test":
+        return self_test(os.path.abspath(args[1] if len(args) > 1 else here))
+    problems = check(os.path.abspath(args[0] if args else here))
     for p in problems:
         print(p)
     print(f"structure: {len(problems)} problem(s)")
