@@ -40,6 +40,18 @@ def tmpdir(test):
 # Datasets
 # ---------------------------------------------------------------------------------------------
 
+def write_text(path, text):
+    """Writes `text` to `path` (a model file, a manifest); returns `path`."""
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def write_manifest(root, rows, name="manifest.csv"):
+    """The CSV lines `rows` (header first) as `root`/`name`; returns its path."""
+    return write_text(os.path.join(root, name), "\n".join(rows) + "\n")
+
+
 def blob_mask(rng, h, w, classes, ignore=False):
     """Label map with a few discs and boxes of classes 1..classes-1, optional ignore band."""
     m = np.zeros((h, w), np.uint8)
@@ -75,10 +87,7 @@ def write_dataset(root, rng, n, sizes, classes=3, jpeg_every=0):
             img_rel = f"img/{name}.png"
         Image.fromarray(mask).save(os.path.join(root, "msk", name + ".png"))
         rows.append(f"{name},{img_rel},msk/{name}.png")
-    path = os.path.join(root, "manifest.csv")
-    with open(path, "w") as f:
-        f.write("\n".join(rows) + "\n")
-    return path
+    return write_manifest(root, rows)
 
 
 def marked_dataset(root, n, marked, size=8):
@@ -97,10 +106,7 @@ def marked_dataset(root, n, marked, size=8):
             img[0, 0, 1] = 255
         Image.fromarray(img).save(os.path.join(root, f"i{i:03d}.png"))
         rows.append(f"r{i:03d},i{i:03d}.png,mask.png")
-    path = os.path.join(root, "manifest.csv")
-    with open(path, "w") as f:
-        f.write("\n".join(rows) + "\n")
-    return path
+    return write_manifest(root, rows)
 
 
 def write_pairs(root, pairs):
@@ -116,10 +122,7 @@ def write_pairs(root, pairs):
         Image.fromarray(img).save(os.path.join(root, "img", f"p{i:04d}.png"))
         Image.fromarray(ref.astype(np.uint8)).save(os.path.join(root, "msk", f"p{i:04d}.png"))
         rows.append(f"img/p{i:04d}.png,msk/p{i:04d}.png")
-    path = os.path.join(root, "manifest.csv")
-    with open(path, "w") as f:
-        f.write("\n".join(rows) + "\n")
-    return path
+    return write_manifest(root, rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,10 +26,7 @@ def dataset(root, small, large, malformed=0):
         Image.fromarray(rng.integers(0, 3, (h, w), dtype=np.uint8)).save(os.path.join(root, f"m{i}.png"))
         rows.append(f"r{i},i{i}.png,m{i}.png")
     rows += [f"bad{i},only-an-image.png" for i in range(malformed)]
-    path = os.path.join(root, "manifest.csv")
-    with open(path, "w") as f:
-        f.write("\n".join(rows) + "\n")
-    return path
+    return tt.write_manifest(root, rows)
 
 
 def estimate(*args, check=True):
@@ -97,16 +94,16 @@ class EstimateTest(unittest.TestCase):
     def test_python_model(self):
         root = tt.tmpdir(self)
         manifest = dataset(os.path.join(root, "d"), 6, 0)
-        model = os.path.join(root, "wrap.py")
-        with open(model, "w") as f:
-            f.write("import numpy as np, torch\n"
-                    "class Model:\n"
-                    "    def __init__(self, devices, options):\n"
-                    "        self.net = torch.jit.load(options['pt']).eval()\n"
-                    "    def predict(self, images, rows):\n"
-                    "        assert all('id' in r for r in rows)\n"
-                    "        x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous().float() / 255\n"
-                    "        return list(self.net(x))\n")
+        model = tt.write_text(
+            os.path.join(root, "wrap.py"),
+            "import numpy as np, torch\n"
+            "class Model:\n"
+            "    def __init__(self, devices, options):\n"
+            "        self.net = torch.jit.load(options['pt']).eval()\n"
+            "    def predict(self, images, rows):\n"
+            "        assert all('id' in r for r in rows)\n"
+            "        x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous().float() / 255\n"
+            "        return list(self.net(x))\n")
         p = estimate("--model", model, "--python", PY, "--model-option", f"pt={tt.fixture('three_class.pt')}",
                      "--manifest", manifest, "--max-batch", "4", "--json")
         r = json.loads(p.stdout)

@@ -89,8 +89,7 @@ class GpuTest(unittest.TestCase):
             Image.fromarray(img).save(os.path.join(data, f"{i}.png"))
             rows.append(f"{i}.png,mask.png")
         Image.fromarray((np.arange(24 * 40).reshape(24, 40) % 2).astype(np.uint8)).save(os.path.join(data, "mask.png"))
-        with open(os.path.join(data, "m.csv"), "w") as f:
-            f.write("\n".join(rows) + "\n")
+        tt.write_manifest(data, rows, "m.csv")
         for model in ("nan_on_mark.pt", "raises_on_mark.pt"):
             outs = {}
             for device, flags in (("cpu", ["--workers", "1"]), ("gpu", ["--gpus", "0"])):
@@ -193,9 +192,7 @@ class GpuTest(unittest.TestCase):
                 img.save(os.path.join(data, name))
             Image.fromarray(mask).save(os.path.join(data, f"m{i:03d}.png"))
             rows.append(f"r{i},{name},m{i:03d}.png")
-        manifest = os.path.join(data, "m.csv")
-        with open(manifest, "w") as f:
-            f.write("\n".join(rows) + "\n")
+        manifest = tt.write_manifest(data, rows, "m.csv")
         outs = {}
         for label, flags in (("cpu", ["--decode", "cpu"]), ("gpu", ["--decode", "gpu"]),
                              ("gpu-b3", ["--decode", "gpu", "--batch-size", "3"])):
@@ -409,8 +406,7 @@ class GpuTest(unittest.TestCase):
             Image.fromarray(rng.integers(0, 255, (512, 512, 3), dtype=np.uint8)).save(os.path.join(data, f"i{i}.png"))
             Image.fromarray(rng.integers(0, 3, (512, 512), dtype=np.uint8)).save(os.path.join(data, f"m{i}.png"))
             rows.append(f"r{i},i{i}.png,m{i}.png")
-        with open(os.path.join(data, "manifest.csv"), "w") as f:
-            f.write("\n".join(rows) + "\n")
+        tt.write_manifest(data, rows)
         model = tt.fixture("conv3.pt")
         p = tt.tally("estimate", "--model", model, "--manifest", os.path.join(data, "manifest.csv"), "--gpus", "0",
                      "--max-batch", "32", "--json", check=False)

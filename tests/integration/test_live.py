@@ -32,10 +32,18 @@ def write_predictions(root, rng, n, size=20, classes=3):
         Image.fromarray(pred).save(os.path.join(root, "pred", f"p{i:04d}.png"))
         Image.fromarray(ref).save(os.path.join(root, "ref", f"m{i:04d}.png"))
         rows.append(f"case{i:04d},pred/p{i:04d}.png,ref/m{i:04d}.png")
-    path = os.path.join(root, "manifest.csv")
-    with open(path, "w") as f:
-        f.write("\n".join(rows) + "\n")
-    return path
+    return tt.write_manifest(root, rows)
+
+
+def prediction_setup(test, seed, n, workers=2):
+    """A temporary folder, a prediction manifest of `n` rows drawn with `seed` under it, and a cluster
+    with `workers` CPU workers: the set-up most tests here share. Returns (root, manifest, cluster)."""
+    root = tt.tmpdir(test)
+    manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(seed), n)
+    c = tt.Cluster(test, os.path.join(root, "c"))
+    for _ in range(workers):
+        c.start_worker()
+    return root, manifest, c
 
 
 def status_json(c, job_id):
@@ -102,11 +110,7 @@ class RandomOrderTest(unittest.TestCase):
 
 class LiveEstimatesTest(unittest.TestCase):
     def test_sampled_job_live_estimates_and_report_equal_numpy(self):
-        root = tt.tmpdir(self)
-        manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(5), 200)
-        c = tt.Cluster(self, os.path.join(root, "c"))
-        c.start_worker()
-        c.start_worker()
+        root, manifest, c = prediction_setup(self, 5, 200)
         job = c.cli("submit", "--manifest", manifest, "--sample", "30%", "--shard-size", "6").stdout.strip()
         self.assertEqual(c.wait(job)["state"], "succeeded")
         st = status_json(c, job)
@@ -146,11 +150,7 @@ class LiveEstimatesTest(unittest.TestCase):
             self.assertTrue(tt.same(e["dice_half_width"], half_width(v, 0), 1e-9))
 
     def test_until_ci_stops_with_the_interval_in_most_seeds(self):
-        root = tt.tmpdir(self)
-        manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(6), 400)
-        c = tt.Cluster(self, os.path.join(root, "c"))
-        c.start_worker()
-        c.start_worker()
+        root, manifest, c = prediction_setup(self, 6, 400)
         full = c.cli("submit", "--manifest", manifest, "--metrics", "dice").stdout.strip()
         jobs = [c.cli("submit", "--manifest", manifest, "--metrics", "dice", "--until-ci", "0.04", "--min-rows", "40",
                       "--shard-size", "4", "--order", f"random:{seed}").stdout.strip() for seed in range(1, 9)]
@@ -328,20 +328,17 @@ class CanaryTest(unittest.TestCase):
         # on hosts with different copies under one path): the model file's SHA-256 is the same
         # everywhere, so only the canary can tell.
         root = tt.tmpdir(self)
-        model = os.path.join(root, "variant.py")
-        with open(model, "w") as f:
-            f.write("import os\nimport numpy as np\n\nclass Model:\n    num_classes = 3\n\n"
-                    "    def __init__(self, devices, options):\n"
-                    "        with open(os.environ['TALLY_TEST_WEIGHTS']) as f:\n"
-                    "            self.threshold = float(f.read())\n\n"
-                    "    def predict(self, images, rows):\n"
-                    "        return [np.digitize(i[..., 0].astype(np.float32), [self.threshold, 170.0]).astype(np.int32)"
-                    " for i in images]\n")
-        weights = {}
-        for name, value in (("good", "85"), ("other", "60")):
-            weights[name] = os.path.join(root, name + ".weights")
-            with open(weights[name], "w") as f:
-                f.write(value)
+        model = tt.write_text(
+            os.path.join(root, "variant.py"),
+            "import os\nimport numpy as np\n\nclass Model:\n    num_classes = 3\n\n"
+            "    def __init__(self, devices, options):\n"
+            "        with open(os.environ['TALLY_TEST_WEIGHTS']) as f:\n"
+            "            self.threshold = float(f.read())\n\n"
+            "    def predict(self, images, rows):\n"
+            "        return [np.digitize(i[..., 0].astype(np.float32), [self.threshold, 170.0]).astype(np.int32)"
+            " for i in images]\n")
+        weights = {name: tt.write_text(os.path.join(root, name + ".weights"), value)
+                   for name, value in (("good", "85"), ("other", "60"))}
         manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(10), 24, [(16, 16)], classes=3)
         c = tt.Cluster(self, os.path.join(root, "c"))
         c.start_worker(name="copy-a", env={"TALLY_TEST_WEIGHTS": weights["good"]})
@@ -359,11 +356,7 @@ class CanaryTest(unittest.TestCase):
         self.assertNotIn("other-copy", {w["name"] for w in report["workers"]})
 
     def test_identical_workers_raise_no_warning(self):
-        root = tt.tmpdir(self)
-        manifest = write_predictions(os.path.join(root, "p"), np.random.default_rng(9), 40)
-        c = tt.Cluster(self, os.path.join(root, "c"))
-        c.start_worker()
-        c.start_worker()
+        root, manifest, c = prediction_setup(self, 9, 40)
         c.wait_registered(2)
         job = c.cli("submit", "--manifest", manifest, "--shard-size", "4", "--canary", "6").stdout.strip()
         self.assertEqual(c.wait(job)["state"], "succeeded")

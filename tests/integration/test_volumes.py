@@ -113,9 +113,7 @@ class VolumeModelTest(unittest.TestCase):
                 save_volume(files[-1], a, zooms, dt)
             rows.append(f"case{i},{files[0]};{files[1]},{files[2]}")
             cases.append(files)
-        manifest = os.path.join(root, "m.csv")
-        with open(manifest, "w") as f:
-            f.write("\n".join(rows) + "\n")
+        manifest = tt.write_manifest(root, rows, "m.csv")
         return manifest, cases
 
     def test_sliding_window_model_matches_a_reference_loop_and_scipy(self):

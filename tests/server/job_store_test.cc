@@ -1,33 +1,19 @@
 #include "server/store/job_store.h"
 
-#include <stdlib.h>
-
 #include <algorithm>
 #include <random>
 
 #include <sqlite3.h>
 
 #include "gtest/gtest.h"
+#include "tests/server/store_fixture.h"
 
 namespace tally {
 namespace {
 
-class JobStoreTest : public ::testing::Test {
+class JobStoreTest : public StoreFixture {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/job_store_test_XXXXXX";
-    dir_ = mkdtemp(tmpl.data());
-    auto store = JobStore::Open(dir_ + "/state.db");
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-  }
-  void TearDown() override {
-    store_.reset();
-    std::string cmd = "rm -rf '" + dir_ + "'";
-    (void)system(cmd.c_str());
-  }
-  std::string dir_;
-  std::unique_ptr<JobStore> store_;
+  JobStoreTest() : StoreFixture("job_store_test") {}
 };
 
 v1::ImageResult Result(int64_t index) {
@@ -170,20 +156,13 @@ TEST_F(JobStoreTest, ThumbnailsKeepTheLowestPerClassWhateverTheCommitOrder) {
 // block are merged into it; deleting the job removes the blocks.
 TEST_F(JobStoreTest, RowsInBlocksReadBackAsRowsOneARecord) {
   const int64_t n = 1000;
-  std::vector<ManifestRow> rows;
-  for (int64_t i = 0; i < n; ++i) {
-    ManifestRow r;
-    r.index = i;
-    r.line = i + 2;
-    r.id = "id," + std::to_string(i);
-    r.image = i % 7 == 0 ? "" : "img/" + std::to_string(i) + ".png";
-    r.mask = "m/" + std::to_string(i) + ".png";
-    r.image_path = r.image.empty() ? "" : "/d/" + r.image;
-    r.mask_path = "/d/" + r.mask;
-    r.error = i % 13 == 0 ? "manifest line " + std::to_string(i + 2) + ": empty 'mask' field" : "";
-    if (i % 5 == 0) r.columns = {"a prompt, " + std::to_string(i), ""};
-    rows.push_back(r);
-  }
+  const std::vector<ManifestRow> rows = MakeRows(n, [](int64_t i, ManifestRow* r) {
+    r->id = "id," + std::to_string(i);
+    r->image = i % 7 == 0 ? "" : "img/" + std::to_string(i) + ".png";
+    r->image_path = r->image.empty() ? "" : "/d/" + r->image;
+    r->error = i % 13 == 0 ? "manifest line " + std::to_string(i + 2) + ": empty 'mask' field" : "";
+    if (i % 5 == 0) r->columns = {"a prompt, " + std::to_string(i), ""};
+  });
   ASSERT_TRUE(store_->InsertManifestRows("flat", rows).ok());
   // Batches of 100, 300 and 600 rows: 100 and 400 fall inside blocks of 256.
   for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 100}, {100, 400}, {400, n}}) {

@@ -4,7 +4,6 @@
 // from the database halfway through (tallyd's restart).
 #include "server/report/live_report.h"
 
-#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "server/report/report_writer.h"
+#include "tests/server/store_fixture.h"
 
 namespace tally {
 namespace {
@@ -26,15 +26,13 @@ std::string Slurp(const std::string& path) {
   return ss.str();
 }
 
-class LiveReportTest : public ::testing::Test {
+class LiveReportTest : public StoreFixture {
  protected:
   static constexpr int64_t kRows = 3000;
+  LiveReportTest() : StoreFixture("live_report_test") {}
   void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/live_report_test_XXXXXX";
-    dir_ = mkdtemp(tmpl.data());
-    auto store = JobStore::Open(dir_ + "/state.db");
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
+    StoreFixture::SetUp();
+    if (HasFatalFailure()) return;
     v1::JobSpec& spec = *record_.job.mutable_spec();
     spec.set_manifest(dir_ + "/m.csv");
     for (const char* m : {"dice", "iou", "precision", "hd95", "nsd"}) spec.add_metrics(m);
@@ -48,18 +46,11 @@ class LiveReportTest : public ::testing::Test {
     record_.job.set_created_unix(1000);
     record_.job.set_finished_unix(1010);
     record_.shard_size = 64;
-    std::vector<ManifestRow> rows;
-    for (int64_t i = 0; i < kRows; ++i) {
-      ManifestRow r;
-      r.index = i;
-      r.line = i + 2;
-      r.id = "case_" + std::to_string(i);
-      r.prediction = "p/" + std::to_string(i) + ".png";
-      r.mask = "m/" + std::to_string(i) + ".png";
-      r.prediction_path = "/d/" + r.prediction;
-      r.mask_path = "/d/" + r.mask;
-      rows.push_back(r);
-    }
+    const std::vector<ManifestRow> rows = MakeRows(kRows, [](int64_t i, ManifestRow* r) {
+      r->id = "case_" + std::to_string(i);
+      r->prediction = "p/" + std::to_string(i) + ".png";
+      r->prediction_path = "/d/" + r->prediction;
+    });
     ASSERT_TRUE(store_->BeginSubmission("j1").ok());
     ASSERT_TRUE(store_->InsertManifestRows("j1", rows).ok());
     ASSERT_TRUE(store_->CreateJob(record_).ok());
@@ -91,11 +82,6 @@ class LiveReportTest : public ::testing::Test {
       }
       results_.push_back(r);
     }
-  }
-  void TearDown() override {
-    store_.reset();
-    std::string cmd = "rm -rf '" + dir_ + "'";
-    (void)system(cmd.c_str());
   }
   // Commits `rows` (indices into results_) in random groups from `threads` threads, each commit's
   // new rows into `live` (if any), as the coordinator does; every tenth group is sent twice.
@@ -130,8 +116,6 @@ class LiveReportTest : public ::testing::Test {
       EXPECT_TRUE(x == y) << f << " differs between " << a << " and " << b;
     }
   }
-  std::string dir_;
-  std::unique_ptr<JobStore> store_;
   JobRecord record_;
   std::vector<v1::ImageResult> results_;
 };
