@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "common/base/flag_util.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/io/coco_json.h"
@@ -173,7 +173,14 @@ int Run() {
 }  // namespace
 }  // namespace tally
 
+constexpr char kUsage[] =
+    "tally-coco-eval: COCO mask AP of a results file against instance annotations, in one process.\n"
+    "\n"
+    "  tally-coco-eval --gt instances.json --results results.json [--threads 8] [--out stats.json]";
+
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  if (!tally::ParseToolFlags(argc, argv, kUsage, "bench/coco_eval.cc")) {
+    return 0;
+  }
   return tally::Run();
 }

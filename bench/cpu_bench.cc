@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "common/base/flag_util.h"
 #include "common/io/volume_io.h"
@@ -208,10 +207,17 @@ int RunSurface3D() {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "tally-bench-cpu: CPU costs of the worker's host-side stages.\n"
+    "\n"
+    "  tally-bench-cpu --mode metrics [--size 512] [--iters 40]\n"
+    "  tally-bench-cpu --mode decode --manifest DIR/manifest.csv [--threads 16] [--seconds 10]\n"
+    "  tally-bench-cpu --mode surface3d --pred P.nii.gz --ref R.nii.gz [--device N]";
+
 int main(int argc, char** argv) {
-  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
-  std::vector<char*> args = tally::ArgvPointers(normalized);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (!tally::ParseToolFlags(argc, argv, kUsage, "bench/cpu_bench.cc")) {
+    return 0;
+  }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   return mode == "decode" ? RunDecode() : mode == "surface3d" ? RunSurface3D() : RunMetrics();
 }

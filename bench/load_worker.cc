@@ -21,7 +21,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "common/base/flag_util.h"
 #include "proto/tally.grpc.pb.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "tallyd's address");
@@ -77,8 +77,15 @@ struct Held {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "tally-load-worker: a fake worker over the real WorkerControl API for loading tallyd (bench/load_bench.py).\n"
+    "\n"
+    "  tally-load-worker --coordinator HOST:PORT [--rate 2200] [--classes 3] [--name load0]";
+
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  if (!tally::ParseToolFlags(argc, argv, kUsage, "bench/load_worker.cc")) {
+    return 0;
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);

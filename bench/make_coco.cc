@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "common/base/flag_util.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -161,7 +161,15 @@ int Run() {
 }  // namespace
 }  // namespace tally
 
+constexpr char kUsage[] =
+    "tally-make-coco: a deterministic COCO-val2017-sized synthetic instance set (annotations and\n"
+    "results) for benchmarks.\n"
+    "\n"
+    "  tally-make-coco --out DIR [--images 5000] [--detections 100] [--seed 1]";
+
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  if (!tally::ParseToolFlags(argc, argv, kUsage, "bench/make_coco.cc")) {
+    return 0;
+  }
   return tally::Run();
 }

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "common/base/flag_util.h"
 #include "common/io/image_io.h"
@@ -107,10 +106,16 @@ void MakeOne(int index, int size, int classes, double noise, uint64_t seed, std:
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "tally-make-dataset: a deterministic synthetic segmentation dataset for benchmarks\n"
+    "(photograph-like images and their masks).\n"
+    "\n"
+    "  tally-make-dataset --out DIR [--count 1600] [--size 512] [--format png|jpeg] [--quality 90]";
+
 int main(int argc, char** argv) {
-  std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
-  std::vector<char*> args = tally::ArgvPointers(normalized);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (!tally::ParseToolFlags(argc, argv, kUsage, "bench/make_dataset.cc")) {
+    return 0;
+  }
   const std::string out = absl::GetFlag(FLAGS_out);
   const int count = absl::GetFlag(FLAGS_count), size = absl::GetFlag(FLAGS_size);
   const bool jpeg = absl::GetFlag(FLAGS_format) == "jpeg" || absl::GetFlag(FLAGS_format) == "jpg";

@@ -1,9 +1,11 @@
 #include "common/base/flag_util.h"
 
 #include <algorithm>
+#include <iostream>
 #include <set>
 
 #include "absl/flags/commandlineflag.h"
+#include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -127,6 +129,21 @@ std::string GroupedFlagHelp(const std::string& usage, const std::vector<FlagGrou
   section("Other", rest);
   out += "\nFlags accept dashes or underscores (--state-dir = --state_dir). --helpfull lists every library's flags too.\n";
   return out;
+}
+
+std::string ToolFlagHelp(const std::string& usage, const std::string& main_file) {
+  return GroupedFlagHelp(usage, {{"Flags", FlagsDefinedIn(main_file)}}, main_file);
+}
+
+bool ParseToolFlags(int argc, char** argv, const std::string& usage, const std::string& main_file) {
+  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
+  if (AsksForHelp(normalized)) {
+    std::cout << ToolFlagHelp(usage, main_file);
+    return false;
+  }
+  std::vector<char*> args = ArgvPointers(normalized);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  return true;
 }
 
 bool AsksForHelp(const std::vector<std::string>& args) {

@@ -29,6 +29,13 @@ struct FlagGroup {
 };
 std::string GroupedFlagHelp(const std::string& usage, const std::vector<FlagGroup>& groups,
                             const std::string& main_file);
+// `--help` of a tool with one list of flags (the bench and load tools): `usage`, then every flag
+// defined in `main_file` with its help and default.
+std::string ToolFlagHelp(const std::string& usage, const std::string& main_file);
+// The start of such a tool's main(): dashes accepted in flag names; when the arguments ask for help,
+// prints ToolFlagHelp to stdout and returns false (main returns 0); else parses the flags with Abseil
+// (an unknown flag exits 1 with Abseil's message) and returns true.
+bool ParseToolFlags(int argc, char** argv, const std::string& usage, const std::string& main_file);
 // Names (underscores) of the flags defined in the file whose path ends with `main_file`, sorted.
 std::vector<std::string> FlagsDefinedIn(const std::string& main_file);
 // True when `args` (as NormalizeFlagNames leaves them, before "--") ask for help: --help, -h,
