@@ -28,6 +28,19 @@ class HelpAndUsageTest(unittest.TestCase):
         for verb in ("run", "submit", "wait", "jobs", "workers", "token"):
             self.assertIn(f"  {verb} ", p.stdout)
 
+    def test_every_tool_binary_has_a_useful_help(self):
+        # Each binary prints a usage line and every flag of its main file (issue 47), not Abseil's
+        # "No flags matched".
+        tools = {"tallyd": "--state-dir", "tally-worker": "--coordinator", "tally-make-dataset": "--count",
+                 "tally-make-coco": "--detections", "tally-bench-cpu": "--mode", "tally-coco-eval": "--results",
+                 "tally-load-worker": "--rate"}
+        for tool, flag in tools.items():
+            p = subprocess.run([os.path.join(tt.BIN, tool), "--help"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, tool)
+            self.assertNotIn("No flags matched", p.stdout + p.stderr, tool)
+            self.assertIn(tool, p.stdout.splitlines()[0], tool)
+            self.assertIn(flag, p.stdout, tool)
+
     def test_usage_errors_exit_2_and_say_what_was_meant(self):
         p = tt.tally("run", "--model", "m.pt", "--manifest", "x.csv", "--out", "o", "--wrkers", "2", check=False)
         self.assertEqual(p.returncode, 2)
