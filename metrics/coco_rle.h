@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,11 +51,24 @@ absl::StatusOr<Rle> RleFromCounts(const std::vector<int64_t>& counts, int64_t he
 // One polygon (x1, y1, x2, y2, ...), and an annotation's polygons united. Errors: an odd number of
 // coordinates, fewer than 3 points, a point not finite or farther outside the image than its size.
 absl::StatusOr<Rle> RleFromPolygon(const std::vector<double>& xy, int64_t height, int64_t width);
+// With `max_bytes` >= 0, a polygon whose walk (PolygonWalkBytes) and the polygons before it would
+// need more is refused before it is walked (RESOURCE_EXHAUSTED, naming the cost).
 absl::StatusOr<Rle> RleFromPolygons(const std::vector<std::vector<double>>& polygons, int64_t height,
-                                    int64_t width);
+                                    int64_t width, int64_t max_bytes = -1);
 
-// The union of masks of one size (empty: an all-0 mask of that size).
+// What rasterising a polygon costs, known before the work: rleFrPoly walks every point of every edge
+// on the 5x grid, and each point takes kPolygonBytesPerPoint bytes while the mask is built (its two
+// grid coordinates, a crossing and a run). 0 for a polygon RleFromPolygon refuses.
+inline constexpr int64_t kPolygonBytesPerPoint = 16;
+int64_t PolygonWalkBytes(const std::vector<double>& xy, int64_t height, int64_t width);
+
+// The union of masks of one size (empty: an all-0 mask of that size), in canonical runs (none empty
+// but a leading run of 0s). Pairwise: n masks of R runs in all cost O(R log n).
 Rle RleUnion(const std::vector<const Rle*>& masks, int64_t height, int64_t width);
+
+// Calls on_span(start, length, in_a, in_b) for every stretch, in the masks' order (column by column),
+// where neither of two masks of one size changes; stretches of length 0 are skipped.
+void RleSpans(const Rle& a, const Rle& b, const std::function<void(uint64_t, uint64_t, bool, bool)>& on_span);
 
 uint64_t RleArea(const Rle& rle);
 std::array<double, 4> RleBbox(const Rle& rle);  // x, y, width, height; all 0 for an empty mask.

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "metrics/connected_components.h"
 #include "metrics/surface_distance.h"
 
@@ -235,6 +236,15 @@ double LesionHd95(int64_t lesions, int64_t fp, double hd95_sum) {
   return n > 0 ? hd95_sum / static_cast<double>(n) : 0.0;
 }
 
+// What the components cost beside the voxels' own buffers, against what the row may still use.
+absl::Status CheckComponentBytes(int64_t predicted, int64_t reference, int64_t max_bytes) {
+  if (max_bytes < 0 || (predicted + reference) * kLesionBytesPerComponent <= max_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      predicted, " predicted and ", reference, " reference components need about ",
+      (predicted + reference) * kLesionBytesPerComponent / 1048576, " MiB beside the voxels, more than the ",
+      max_bytes / 1048576, " MiB left for them (--max-worker-memory)"));
+}
+
 // Steps: components of both masks; reference lesions (merged by dilation, or the components); per
 // lesion its components (dilation or IoU), Dice and HD95; the components nobody took are false
 // positives.
@@ -251,6 +261,7 @@ absl::Status ComputeLesions(const uint8_t* pred, const uint8_t* ref, int depth, 
                                    ? LabelComponents(ref, depth, height, width, connectivity, &rlab)
                                    : MergedReferenceLesions(ref, dims, three_d, connectivity, options.dilation, &rlab);
   if (!nr.ok()) return nr.status();
+  RETURN_IF_ERROR(CheckComponentBytes(*np, *nr, options.max_component_bytes));
   const std::vector<Component> pc = Describe(plab, *np, dims), rc = Describe(rlab, *nr, dims);
   const std::vector<int32_t> iou_match = by_iou ? MatchByIou(rlab, plab, rc, pc, options.iou_threshold)
                                                 : std::vector<int32_t>();

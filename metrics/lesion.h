@@ -48,7 +48,15 @@ struct LesionOptions {
   double min_volume = 50;      // In spacing units cubed (squared in 2D).
   double max_hd95 = 374;
   double spacing_z = 1, spacing_y = 1, spacing_x = 1;
+  // >= 0: what the components may take beyond the voxels' own buffers (kLesionBytesPerComponent
+  // each, both maps'); more fails with RESOURCE_EXHAUSTED once they are counted, before the per-
+  // lesion work. -1: no limit.
+  int64_t max_component_bytes = -1;
 };
+
+// What one component costs once counted: its size and box in each map's table, its record, its
+// row in the result and the bookkeeping of matching (an upper bound).
+inline constexpr int64_t kLesionBytesPerComponent = 256;
 
 enum class LesionKind { kTruePositive, kFalseNegative, kFalsePositive, kSmall };
 const char* LesionKindName(LesionKind k);  // tp | fn | fp | small

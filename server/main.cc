@@ -48,11 +48,21 @@ ABSL_FLAG(std::string, http_listen, "",
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics at http://host:port/metrics (port 0 = any free port; no TLS or tokens: "
           "a trusted network only). Empty: off");
+ABSL_FLAG(std::vector<std::string>, http_allowed_hosts, {},
+          "Host names the dashboard answers to besides IP addresses, localhost, its listen name and this machine's "
+          "name (comma-separated; e.g. the name of a reverse proxy in front of it). Other Host headers get 403, "
+          "against DNS rebinding");
 ABSL_FLAG(double, lease_seconds, 10.0, "A worker silent this long loses its shards to others");
 ABSL_FLAG(double, heartbeat_seconds, 1.0, "How often workers heartbeat");
 ABSL_FLAG(int, max_shard_attempts, 3,
           "A shard lost this many times is split into single rows; a single row lost this many times fails");
 ABSL_FLAG(int64_t, max_manifest_rows, 50000000, "Manifests with more data rows are refused");
+ABSL_FLAG(std::string, max_json_file_size, "2GiB",
+          "COCO annotation, results and panoptic JSON files larger than this are refused, at submission and "
+          "by workers (each is read whole into memory)");
+ABSL_FLAG(double, submit_read_timeout, 300,
+          "Seconds a submission may spend reading its manifest and COCO files; past them it is refused, so "
+          "that no submission holds a submission thread without bound");
 ABSL_FLAG(double, retain_days, 0, "Delete finished jobs (rows, results, reports) after this many days; 0 = keep");
 ABSL_FLAG(bool, spawn_workers, false, "Start and supervise local workers (--gpus or --workers)");
 ABSL_FLAG(std::string, gpus, "", "With --spawn-workers: all or 0,1,... (one worker per GPU)");
@@ -70,11 +80,12 @@ namespace {
 
 const std::vector<tally::FlagGroup>& HelpGroups() {
   static const auto* groups = new std::vector<tally::FlagGroup>{
-      {"Serving", {"listen", "port_file", "state_dir", "metrics_listen", "http_listen"}},
+      {"Serving", {"listen", "port_file", "state_dir", "metrics_listen", "http_listen", "http_allowed_hosts"}},
       {"Security (SECURITY.md)", {"tls_cert", "tls_key", "tls_client_ca", "auth_tokens", "data_root"}},
       {"Workers", {"spawn_workers", "gpus", "gpus_per_worker", "workers", "worker_binary", "max_worker_memory",
                    "lease_seconds", "heartbeat_seconds"}},
-      {"Limits", {"max_shard_attempts", "max_manifest_rows", "retain_days"}},
+      {"Limits", {"max_shard_attempts", "max_manifest_rows", "max_json_file_size", "submit_read_timeout",
+                  "retain_days"}},
   };
   return *groups;
 }
@@ -95,12 +106,21 @@ absl::StatusOr<tally::ServerOptions> ReadOptions(std::vector<std::string> data_r
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
+  options.http_allowed_hosts = absl::GetFlag(FLAGS_http_allowed_hosts);
   options.coordinator.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.coordinator.lease_seconds = absl::GetFlag(FLAGS_lease_seconds);
   options.coordinator.heartbeat_seconds = absl::GetFlag(FLAGS_heartbeat_seconds);
   options.coordinator.max_shard_attempts = absl::GetFlag(FLAGS_max_shard_attempts);
   options.coordinator.max_manifest_rows = absl::GetFlag(FLAGS_max_manifest_rows);
   options.coordinator.retain_days = absl::GetFlag(FLAGS_retain_days);
+  auto json_bytes = tally::ParseByteSize("max-json-file-size", absl::GetFlag(FLAGS_max_json_file_size));
+  if (!json_bytes.ok()) return json_bytes.status();
+  if (*json_bytes < 1) return absl::InvalidArgumentError("--max-json-file-size must be at least 1 byte");
+  options.coordinator.max_json_file_bytes = *json_bytes;
+  options.coordinator.submit_read_seconds = absl::GetFlag(FLAGS_submit_read_timeout);
+  if (!(options.coordinator.submit_read_seconds > 0)) {
+    return absl::InvalidArgumentError("--submit-read-timeout must be more than 0 seconds");
+  }
   options.spawn_workers = absl::GetFlag(FLAGS_spawn_workers);
   if (!options.spawn_workers) return options;
   options.workers.worker_binary = absl::GetFlag(FLAGS_worker_binary);

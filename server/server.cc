@@ -84,10 +84,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
 
 // The web dashboard (--http-listen), with the gRPC server's tokens and, with TLS, its certificate.
 absl::Status Server::StartDashboard(const ServerOptions& options) {
-  dashboard_handler_ = std::make_unique<DashboardHandler>(core_.get(), auth_.get());
   DashboardOptions d;
   d.listen = options.http_listen;
   const std::string host = options.http_listen.substr(0, options.http_listen.rfind(':'));
+  // The names a browser may use for it besides IP addresses and localhost (DNS rebinding).
+  std::vector<std::string> names = options.http_allowed_hosts;
+  names.push_back(host);
+  char hostname[256] = {};
+  if (gethostname(hostname, sizeof(hostname) - 1) == 0) names.push_back(hostname);
+  dashboard_handler_ = std::make_unique<DashboardHandler>(core_.get(), auth_.get(), std::move(names));
   const bool loopback = host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]";
   if (!options.tls.cert.empty() && !DashboardCanServeTls()) {
     // Tokens must not cross a network in the clear: plain HTTP on loopback only (an SSH tunnel or a

@@ -29,6 +29,7 @@ struct ServerOptions {
   std::string port_file;                   // If set, the bound port is written here once serving.
   std::string metrics_listen;              // host:port of the Prometheus /metrics endpoint; empty: none.
   std::string http_listen;                 // host:port of the web dashboard (server/http/dashboard.h); empty: none.
+  std::vector<std::string> http_allowed_hosts;  // Host names the dashboard answers to besides IPs and localhost.
   ServerTlsOptions tls;                    // No certificate: plaintext.
   std::string auth_tokens;                 // Tokens file (common/security/auth_tokens.h); empty: no authentication.
   // Folders clients may name files in; empty: any. Enforced in this process (the caller sets the

@@ -196,8 +196,12 @@ class Worker {
                  double seconds);
   void ReporterLoop();
   void HeartbeatLoop();
-  // Sends one ReportResults; returns false if it must be retried later.
+  // Sends a lease's results in as many ReportResults as the message limit needs (a row too large
+  // for any fails with the reason); returns false if it must be retried later, `results` then
+  // holding the rows not yet taken.
   bool Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete);
+  enum class SendOutcome { kSent, kRetry, kLeaseGone };
+  SendOutcome SendMessage(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete);
   bool SendJobError(const JobError& error);
   // Gives a lease back to the coordinator (best effort) and forgets it. `started` false: no row of it was
   // begun (the worker refuses the job), which is no mark against the rows.

@@ -282,8 +282,10 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
                            double seconds) { OnTimeout(lease, indices, what, seconds); };
   // COCO jobs: the annotations (and detections on disk), read once for the job.
   std::shared_ptr<const CocoSource> coco;
+  ClientFileLimits json_limits;
+  json_limits.max_bytes = config.max_json_file_bytes;
   if (!config.coco.empty()) {
-    ASSIGN_OR_RETURN(coco, CocoSource::Load(config.coco, config.coco_results));
+    ASSIGN_OR_RETURN(coco, CocoSource::Load(config.coco, config.coco_results, json_limits));
   }
   if (config.predictions()) {
     // No model: score the manifest's predictions on the CPU, one row per thread.
@@ -292,11 +294,13 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     Log("job ", job_id, ": scoring predictions on ", threads, " thread(s)");
     std::shared_ptr<const PanopticSource> panoptic;
     if (config.panoptic_job()) {
-      ASSIGN_OR_RETURN(panoptic, PanopticSource::Load(config.coco_panoptic, config.panoptic_predictions));
+      ASSIGN_OR_RETURN(panoptic,
+                       PanopticSource::Load(config.coco_panoptic, config.panoptic_predictions, json_limits));
     }
     auto scoring =
         std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, coco, std::move(panoptic));
     scoring->UseDeviceForSurfaces(SurfaceDevice(options_));
+    scoring->SetMemoryBudget(MemoryBudget());
     evaluator->pipeline = std::move(scoring);
   } else if (config.volume_job()) {
     // Volumes: one row at a time through the model, scored as prediction volumes are.
@@ -313,6 +317,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     auto scoring = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, nullptr, nullptr,
                                                      std::move(model), std::move(save));
     scoring->UseDeviceForSurfaces(SurfaceDevice(options_));
+    scoring->SetMemoryBudget(MemoryBudget());
     evaluator->pipeline = std::move(scoring);
   } else {
     ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));

@@ -44,6 +44,48 @@ int32_t ClassesOf(const std::vector<v1::ImageResult>& results) {
   return 0;
 }
 
+// Room in a ReportResults message for its own fields besides the results.
+constexpr size_t kRequestHeadroom = size_t{1} << 20;
+constexpr size_t kResultsPerMessage = static_cast<size_t>(kMaxMessageBytes) - kRequestHeadroom;
+
+// A row whose result alone would not fit one message fails with the reason (it would otherwise be
+// refused by gRPC and retried for ever): "results of 75.8 MB exceed the 64 MiB message limit: ...".
+void FailOversizeResults(std::vector<v1::ImageResult>* results) {
+  for (v1::ImageResult& r : *results) {
+    const size_t bytes = r.ByteSizeLong();
+    if (bytes <= kResultsPerMessage) continue;
+    std::string what = "the row's per-class results";
+    if (r.lesions_size() > 0) {
+      what = absl::StrCat(r.lesions_size(), " lesions (raise --lesion-min-volume or --lesion-dilation, or leave out "
+                          "--metrics lesion)");
+    } else if (r.instances_size() > 0) {
+      what = absl::StrCat("the records of ", r.instances_size(), " categories");
+    }
+    v1::ImageResult failed;
+    failed.set_index(r.index());
+    failed.set_error(absl::StrFormat("results of %.1f MB exceed the %d MiB message limit: %s", bytes / 1e6,
+                                     kMaxMessageBytes >> 20, what));
+    r = std::move(failed);
+  }
+}
+
+// Consecutive runs of `results` that each fit one message (a run holds at least one row): the end
+// of each.
+std::vector<size_t> MessageEnds(const std::vector<v1::ImageResult>& results) {
+  std::vector<size_t> ends;
+  size_t bytes = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const size_t b = results[i].ByteSizeLong() + 8;  // The field's tag and length.
+    if (i > 0 && bytes + b > kResultsPerMessage) {
+      ends.push_back(i);
+      bytes = 0;
+    }
+    bytes += b;
+  }
+  ends.push_back(results.size());
+  return ends;
+}
+
 }  // namespace
 
 
@@ -141,6 +183,29 @@ bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bo
     r.mutable_classes(1)->set_tp(r.classes(1).tp() - 1);
     r.mutable_classes(1)->set_fn(r.classes(1).fn() + 1);
   }
+  FailOversizeResults(results);
+  // Several messages where one would pass the limit; the shard is complete with the last.
+  const std::vector<size_t> ends = MessageEnds(*results);
+  size_t begin = 0;
+  for (size_t m = 0; m < ends.size(); ++m) {
+    std::vector<v1::ImageResult> part(std::make_move_iterator(results->begin() + begin),
+                                      std::make_move_iterator(results->begin() + ends[m]));
+    const SendOutcome outcome = SendMessage(key, &part, complete && m + 1 == ends.size());
+    if (outcome == SendOutcome::kRetry) {
+      // Keep the rows not yet taken and try again: they are not lost while this process lives.
+      std::vector<v1::ImageResult> rest = std::move(part);
+      for (size_t i = ends[m]; i < results->size(); ++i) rest.push_back(std::move((*results)[i]));
+      *results = std::move(rest);
+      return false;
+    }
+    if (outcome == SendOutcome::kLeaseGone) break;
+    begin = ends[m];
+  }
+  results->clear();
+  return true;
+}
+
+Worker::SendOutcome Worker::SendMessage(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete) {
   v1::ReportResultsRequest request;
   {
     absl::MutexLock lock(&mu_);
@@ -160,26 +225,25 @@ bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bo
   grpc::Status s = stub_->ReportResults(&ctx, request, &response);
   if (s.ok()) {
     if (response.abandon()) DropLease(key.lease_id);
-    return true;
+    return SendOutcome::kSent;
   }
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
     Log("the coordinator no longer knows this worker (", s.error_message(), "); dropping shard ", key.shard_id);
     absl::MutexLock lock(&mu_);
     need_register_ = true;
-    return true;  // Nothing to retry: the lease is gone with the coordinator's memory of us.
+    return SendOutcome::kLeaseGone;  // Nothing to retry: the lease is gone with the coordinator's memory of us.
   }
   if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
     // The coordinator ended the lease when it rejected the results; say so explicitly too, so the
     // shard cannot stay orphaned whichever side saw what.
     Log("the coordinator rejected results for shard ", key.shard_id, " of job ", key.job_id, ": ", s.error_message());
     Release(key, absl::StrCat("results rejected: ", s.error_message()), false);
-    return true;
+    return SendOutcome::kLeaseGone;
   }
-  // Keep the results and try again: they are not lost while this process lives.
   results->clear();
   for (v1::ImageResult& r : *request.mutable_results()) results->push_back(std::move(r));
   Log("sending results to ", options_.coordinator, " failed (", s.error_message(), "); will retry");
-  return false;
+  return SendOutcome::kRetry;
 }
 
 bool Worker::SendJobError(const JobError& error) {

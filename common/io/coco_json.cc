@@ -6,6 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/file_util.h"
+#include "common/io/manifest.h"
+#include "common/security/data_roots.h"
+#include "common/security/sha256.h"
 
 namespace tally {
 namespace {
@@ -16,6 +19,24 @@ using simdjson::error_code;
 absl::Status FileError(absl::string_view name, absl::string_view where, error_code e) {
   return absl::InvalidArgumentError(
       absl::StrCat("COCO file '", name, "': ", where, ": ", simdjson::error_message(e)));
+}
+
+absl::Status FieldError(absl::string_view name, absl::string_view where, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("COCO file '", name, "': ", where, ": ", why));
+}
+
+// A name that reaches reports and file paths: no NUL or other control character (as manifest
+// fields). simdjson has already checked that the document is UTF-8.
+error_code GetName(sj::value v, std::string* out, std::string* why, absl::string_view field) {
+  std::string_view s;
+  if (error_code e = v.get_string().get(s); e) return e;
+  const int64_t at = FirstControlCharacter(absl::string_view(s.data(), s.size()), false);
+  if (at >= 0) {
+    *why = absl::StrCat("'", field, "' holds a control character (byte ", at, ")");
+    return simdjson::INCORRECT_TYPE;
+  }
+  *out = std::string(s);
+  return simdjson::SUCCESS;
 }
 
 // A value of the wrong type or range: the annotation is wrong, the file can still be read.
@@ -102,9 +123,10 @@ error_code ParseRle(sj::object o, CocoSegmentation* s, std::string* why) {
       }
     } else if (key == "size") {
       std::vector<double> size;
-      if (error_code e = GetNumbers(v, &size); e || size.size() != 2 || size[0] < 0 || size[1] < 0 ||
-                                                 size[0] > 1e9 || size[1] > 1e9) {
-        *why = "segmentation 'size' is not [height, width]";
+      if (error_code e = GetNumbers(v, &size); e || size.size() != 2 || !(size[0] >= 0) || !(size[1] >= 0) ||
+                                                 size[0] > 1e9 || size[1] > 1e9 || std::floor(size[0]) != size[0] ||
+                                                 std::floor(size[1]) != size[1]) {
+        *why = "segmentation 'size' is not [height, width] in whole numbers";
         return e ? e : simdjson::INCORRECT_TYPE;
       }
       s->height = static_cast<int64_t>(size[0]);
@@ -157,7 +179,7 @@ error_code ParseSegmentation(sj::value v, CocoSegmentation* s, std::string* why)
 
 // One annotation or result object. Structural errors are returned; an annotation's own problems
 // go to its `error`.
-error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a) {
+error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a, std::string* file_why) {
   bool has_id = false, has_image = false, has_category = false, has_score = false;
   std::string why;
   error_code walked = ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
@@ -168,11 +190,17 @@ error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a) {
       e = GetInt(v, &a->id);
       has_id = e == simdjson::SUCCESS;
     } else if (key == "image_id") {
-      e = GetInt(v, &a->image_id);
-      has_image = e == simdjson::SUCCESS;
+      // Without its image an annotation cannot fail that image's row: the file is wrong (an image
+      // scored without one of its annotations would be silently mis-scored).
+      if (GetInt(v, &a->image_id) != simdjson::SUCCESS) {
+        *file_why = "'image_id' is not an integer (an annotation must name its image)";
+        return simdjson::INCORRECT_TYPE;
+      }
+      has_image = true;
     } else if (key == "category_id") {
       e = GetInt(v, &a->category_id);
       has_category = e == simdjson::SUCCESS;
+      if (!has_category) field_why = "'category_id' is not an integer";
     } else if (key == "area") {
       e = v.get_double().get(a->area);
       a->has_area = e == simdjson::SUCCESS;
@@ -194,7 +222,10 @@ error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a) {
     return simdjson::SUCCESS;
   });
   if (walked) return walked;
-  if (why.empty() && !has_image) why = "no 'image_id'";
+  if (!has_image) {
+    *file_why = "no 'image_id' (an annotation must name its image)";
+    return simdjson::INCORRECT_TYPE;
+  }
   if (why.empty() && !has_category) why = "no 'category_id'";
   if (why.empty() && !result && !has_id) why = "no 'id'";
   if (why.empty() && result && !has_score) why = "no finite 'score'";
@@ -207,33 +238,26 @@ error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a) {
   return simdjson::SUCCESS;
 }
 
-error_code GetText(sj::value v, std::string* out) {
-  std::string_view s;
-  if (error_code e = v.get_string().get(s); e) return e;
-  *out = std::string(s);
-  return simdjson::SUCCESS;
-}
-
-error_code ParseImage(sj::object o, CocoImageInfo* image, bool* has_id) {
+error_code ParseImage(sj::object o, CocoImageInfo* image, bool* has_id, std::string* why) {
   return ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
     if (key == "id") {
       *has_id = true;
       return GetInt(v, &image->id);
     }
-    if (key == "file_name") return GetText(v, &image->file_name);
+    if (key == "file_name") return GetName(v, &image->file_name, why, "file_name");
     if (key == "height") return GetInt(v, &image->height);
     if (key == "width") return GetInt(v, &image->width);
     return simdjson::SUCCESS;
   });
 }
 
-error_code ParseCategory(sj::object o, CocoCategoryInfo* c, bool* has_id) {
+error_code ParseCategory(sj::object o, CocoCategoryInfo* c, bool* has_id, std::string* why) {
   return ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
     if (key == "id") {
       *has_id = true;
       return GetInt(v, &c->id);
     }
-    if (key == "name") return GetText(v, &c->name);
+    if (key == "name") return GetName(v, &c->name, why, "name");
     if (key == "isthing") return GetFlag(v, &c->isthing);
     return simdjson::SUCCESS;
   });
@@ -263,7 +287,10 @@ absl::Status ParseIdList(sj::value v, absl::string_view name, absl::string_view 
   return ForEachObject(v, name, field, [&](sj::object o, size_t i) {
     T item;
     bool has_id = false;
-    if (error_code e = parse(o, &item, &has_id); e || !has_id) {
+    std::string why;
+    const error_code e = parse(o, &item, &has_id, &why);
+    if (!why.empty()) return FieldError(name, absl::StrCat(field, "[", i, "]"), why);
+    if (e || !has_id) {
       return FileError(name, absl::StrCat(field, "[", i, "] has no integer 'id'"), e ? e : simdjson::INCORRECT_TYPE);
     }
     out->push_back(std::move(item));
@@ -304,7 +331,14 @@ error_code ParsePanopticAnnotation(sj::object o, CocoPanopticAnnotation* a) {
       has_image = true;
       return GetInt(v, &a->image_id);
     }
-    if (key == "file_name") return GetText(v, &a->file_name);
+    if (key == "file_name") {
+      std::string why;
+      if (error_code e = GetName(v, &a->file_name, &why, "file_name"); e) {
+        if (!why.empty() && a->error.empty()) a->error = why;
+        return why.empty() ? e : simdjson::SUCCESS;
+      }
+      return simdjson::SUCCESS;
+    }
     if (key != "segments_info") return simdjson::SUCCESS;
     sj::array segments;
     if (error_code e = v.get_array().get(segments); e) return e;
@@ -344,7 +378,11 @@ absl::Status ParseDatasetField(std::string_view key, sj::value v, absl::string_v
   if (key == "annotations") {
     return ForEachObject(v, name, "annotations", [&](sj::object o, size_t i) {
       CocoAnnotation a;
-      if (error_code e = ParseAnnotation(o, false, &a); e) return FileError(name, absl::StrCat("annotations[", i, "]"), e);
+      std::string why;
+      if (error_code e = ParseAnnotation(o, false, &a, &why); e) {
+        return why.empty() ? FileError(name, absl::StrCat("annotations[", i, "]"), e)
+                           : FieldError(name, absl::StrCat("annotations[", i, "]"), why);
+      }
       out->annotations.push_back(std::move(a));
       return absl::OkStatus();
     });
@@ -352,36 +390,48 @@ absl::Status ParseDatasetField(std::string_view key, sj::value v, absl::string_v
   return absl::OkStatus();
 }
 
-absl::StatusOr<CocoDataset> ParseDataset(absl::string_view json, absl::string_view name, bool panoptic);
+absl::StatusOr<CocoDataset> ParseDataset(const simdjson::padded_string_view& json, absl::string_view name,
+                                         bool panoptic);
+absl::StatusOr<std::vector<CocoAnnotation>> ParseResults(const simdjson::padded_string_view& json,
+                                                         absl::string_view name);
 
-absl::StatusOr<std::string> ReadWhole(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFileToString(path);
-  if (!text.ok()) return absl::NotFoundError(absl::StrCat("cannot open COCO file '", path, "'"));
+// The file with simdjson's padding after it, so that it is parsed where it was read (one copy of
+// a large file in memory, not two).
+absl::StatusOr<std::string> ReadWhole(const std::string& path, const ClientFileLimits& limits, std::string* sha256) {
+  absl::StatusOr<std::string> text = ReadClientFile("COCO file", path, limits, simdjson::SIMDJSON_PADDING);
+  if (text.ok() && sha256 != nullptr) *sha256 = Sha256Hex(*text);
   return text;
+}
+
+simdjson::padded_string_view Padded(const std::string& text) {
+  return simdjson::padded_string_view(text.data(), text.size(), text.capacity());
 }
 
 }  // namespace
 
 absl::StatusOr<CocoDataset> ParseCocoDataset(absl::string_view json, absl::string_view name) {
-  return ParseDataset(json, name, false);
+  const simdjson::padded_string padded(json.data(), json.size());
+  return ParseDataset(padded, name, false);
 }
 
 absl::StatusOr<CocoDataset> ParseCocoPanoptic(absl::string_view json, absl::string_view name) {
-  return ParseDataset(json, name, true);
+  const simdjson::padded_string padded(json.data(), json.size());
+  return ParseDataset(padded, name, true);
 }
 
-absl::StatusOr<CocoDataset> LoadCocoPanoptic(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadWhole(path);
+absl::StatusOr<CocoDataset> LoadCocoPanoptic(const std::string& path, const ClientFileLimits& limits,
+                                             std::string* sha256) {
+  absl::StatusOr<std::string> text = ReadWhole(path, limits, sha256);
   if (!text.ok()) return text.status();
-  return ParseCocoPanoptic(*text, path);
+  return ParseDataset(Padded(*text), path, true);
 }
 
 namespace {
-absl::StatusOr<CocoDataset> ParseDataset(absl::string_view json, absl::string_view name, bool panoptic) {
-  const simdjson::padded_string padded(json.data(), json.size());
+absl::StatusOr<CocoDataset> ParseDataset(const simdjson::padded_string_view& json, absl::string_view name,
+                                         bool panoptic) {
   sj::parser parser;
   sj::document doc;
-  if (error_code e = parser.iterate(padded).get(doc); e) return FileError(name, "not JSON", e);
+  if (error_code e = parser.iterate(json).get(doc); e) return FileError(name, "not JSON", e);
   sj::object root;
   if (error_code e = doc.get_object().get(root); e) return FileError(name, "not a JSON object", e);
   CocoDataset out;
@@ -400,9 +450,15 @@ absl::StatusOr<CocoDataset> ParseDataset(absl::string_view json, absl::string_vi
 
 absl::StatusOr<std::vector<CocoAnnotation>> ParseCocoResults(absl::string_view json, absl::string_view name) {
   const simdjson::padded_string padded(json.data(), json.size());
+  return ParseResults(padded, name);
+}
+
+namespace {
+absl::StatusOr<std::vector<CocoAnnotation>> ParseResults(const simdjson::padded_string_view& json,
+                                                         absl::string_view name) {
   sj::parser parser;
   sj::document doc;
-  if (error_code e = parser.iterate(padded).get(doc); e) return FileError(name, "not JSON", e);
+  if (error_code e = parser.iterate(json).get(doc); e) return FileError(name, "not JSON", e);
   sj::array results;
   if (error_code e = doc.get_array().get(results); e) return FileError(name, "a results file is a JSON list", e);
   std::vector<CocoAnnotation> out;
@@ -413,30 +469,37 @@ absl::StatusOr<std::vector<CocoAnnotation>> ParseCocoResults(absl::string_view j
     }
     CocoAnnotation a;
     a.id = static_cast<int64_t>(out.size()) + 1;
-    if (error_code e = ParseAnnotation(o, true, &a); e) return FileError(name, absl::StrCat("result ", a.id), e);
+    std::string why;
+    if (error_code e = ParseAnnotation(o, true, &a, &why); e) {
+      return why.empty() ? FileError(name, absl::StrCat("result ", a.id), e)
+                         : FieldError(name, absl::StrCat("result ", a.id), why);
+    }
     out.push_back(std::move(a));
   }
   return out;
 }
+}  // namespace
 
-absl::StatusOr<CocoDataset> LoadCocoDataset(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadWhole(path);
+absl::StatusOr<CocoDataset> LoadCocoDataset(const std::string& path, const ClientFileLimits& limits,
+                                            std::string* sha256) {
+  absl::StatusOr<std::string> text = ReadWhole(path, limits, sha256);
   if (!text.ok()) return text.status();
-  return ParseCocoDataset(*text, path);
+  return ParseDataset(Padded(*text), path, false);
 }
 
-absl::StatusOr<std::vector<CocoAnnotation>> LoadCocoResults(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadWhole(path);
+absl::StatusOr<std::vector<CocoAnnotation>> LoadCocoResults(const std::string& path, const ClientFileLimits& limits,
+                                                            std::string* sha256) {
+  absl::StatusOr<std::string> text = ReadWhole(path, limits, sha256);
   if (!text.ok()) return text.status();
-  return ParseCocoResults(*text, path);
+  return ParseResults(Padded(*text), path);
 }
 
-absl::StatusOr<Rle> SegmentationRle(const CocoSegmentation& s, int64_t height, int64_t width) {
+absl::StatusOr<Rle> SegmentationRle(const CocoSegmentation& s, int64_t height, int64_t width, int64_t max_bytes) {
   switch (s.kind) {
     case CocoSegmentation::Kind::kNone:
       return absl::InvalidArgumentError("no segmentation");
     case CocoSegmentation::Kind::kPolygons:
-      return RleFromPolygons(s.polygons, height, width);
+      return RleFromPolygons(s.polygons, height, width, max_bytes);
     case CocoSegmentation::Kind::kCounts:
     case CocoSegmentation::Kind::kString:
       break;

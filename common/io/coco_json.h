@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/security/data_roots.h"
 #include "metrics/coco_rle.h"
 
 namespace tally {
@@ -79,14 +80,23 @@ absl::StatusOr<std::vector<CocoAnnotation>> ParseCocoResults(absl::string_view j
 // A COCO panoptic file (ground truth or predictions: `annotations` with `segments_info`; a
 // predictions file may lack `images`).
 absl::StatusOr<CocoDataset> ParseCocoPanoptic(absl::string_view json, absl::string_view name);
-absl::StatusOr<CocoDataset> LoadCocoPanoptic(const std::string& path);
-// The files at `path` (read whole).
-absl::StatusOr<CocoDataset> LoadCocoDataset(const std::string& path);
-absl::StatusOr<std::vector<CocoAnnotation>> LoadCocoResults(const std::string& path);
+// The files at `path`, read whole through ReadClientFile (common/security/data_roots.h: regular
+// files only, at most `limits.max_bytes`, before `limits.deadline`) and parsed where they were read.
+// `sha256` (when given): the hex SHA-256 of the bytes parsed.
+absl::StatusOr<CocoDataset> LoadCocoPanoptic(const std::string& path, const ClientFileLimits& limits = {},
+                                             std::string* sha256 = nullptr);
+absl::StatusOr<CocoDataset> LoadCocoDataset(const std::string& path, const ClientFileLimits& limits = {},
+                                            std::string* sha256 = nullptr);
+absl::StatusOr<std::vector<CocoAnnotation>> LoadCocoResults(const std::string& path,
+                                                            const ClientFileLimits& limits = {},
+                                                            std::string* sha256 = nullptr);
 
 // The mask of a segmentation on an image of `height` x `width` (pycocotools' annToRLE). Errors: no
 // segmentation, an RLE whose `size` is not the image's, a malformed RLE or polygon.
-absl::StatusOr<Rle> SegmentationRle(const CocoSegmentation& s, int64_t height, int64_t width);
+// Polygons that would need more than `max_bytes` (>= 0) to rasterise are refused unwalked
+// (metrics/coco_rle.h RleFromPolygons).
+absl::StatusOr<Rle> SegmentationRle(const CocoSegmentation& s, int64_t height, int64_t width,
+                                    int64_t max_bytes = -1);
 
 }  // namespace tally
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/io/thumbnail.h"
+#include "common/base/checked_math.h"
 #include "common/base/status_macros.h"
 #include "metrics/coco_eval.h"
 
@@ -16,11 +17,12 @@ namespace tally {
 namespace {
 
 // Decodes one annotation or result of an image of `height` x `width`.
-absl::Status Decode(const CocoAnnotation& a, bool result, int64_t height, int64_t width, CocoInstance* out) {
+absl::Status Decode(const CocoAnnotation& a, bool result, int64_t height, int64_t width, int64_t max_bytes,
+                    CocoInstance* out) {
   const std::string name = absl::StrCat(result ? "result " : "annotation ", a.id);
   if (!a.error.empty()) return absl::InvalidArgumentError(a.error);
-  absl::StatusOr<Rle> mask = SegmentationRle(a.segmentation, height, width);
-  if (!mask.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", mask.status().message()));
+  absl::StatusOr<Rle> mask = SegmentationRle(a.segmentation, height, width, max_bytes);
+  if (!mask.ok()) return absl::Status(mask.status().code(), absl::StrCat(name, ": ", mask.status().message()));
   out->id = a.id;
   out->category_id = a.category_id;
   out->score = a.score;
@@ -33,13 +35,14 @@ absl::Status Decode(const CocoAnnotation& a, bool result, int64_t height, int64_
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const CocoSource>> CocoSource::Load(const std::string& annotations,
-                                                                   const std::string& results) {
+                                                                   const std::string& results,
+                                                                   const ClientFileLimits& limits) {
   auto source = std::shared_ptr<CocoSource>(new CocoSource());
-  absl::StatusOr<CocoDataset> gt = LoadCocoDataset(annotations);
+  absl::StatusOr<CocoDataset> gt = LoadCocoDataset(annotations, limits);
   if (!gt.ok()) return gt.status();
   source->gt_ = *std::move(gt);
   if (!results.empty()) {
-    absl::StatusOr<std::vector<CocoAnnotation>> r = LoadCocoResults(results);
+    absl::StatusOr<std::vector<CocoAnnotation>> r = LoadCocoResults(results, limits);
     if (!r.ok()) return r.status();
     source->results_ = *std::move(r);
   }
@@ -61,9 +64,14 @@ const CocoImageInfo* CocoSource::Image(int64_t id) const {
   return it == image_index_.end() ? nullptr : &gt_.images[it->second];
 }
 
-absl::Status CocoSource::Instances(int64_t image_id, CocoImageInstances* out) const {
+absl::Status CocoSource::Instances(int64_t image_id, CocoImageInstances* out, int64_t max_bytes) const {
   const CocoImageInfo* image = Image(image_id);
   if (image == nullptr) return absl::InvalidArgumentError(absl::StrCat("COCO image ", image_id, " is not in the annotation file"));
+  if (image->height <= 0 || image->width <= 0 || !ProductWithin({image->height, image->width}, 0xffffffffll)) {
+    return absl::InvalidArgumentError(absl::StrCat("COCO image ", image_id, " is ", image->height, "x", image->width,
+                                                   " (HxW) in the annotation file: not a size a mask can have (1 to "
+                                                   "2^32 - 1 pixels)"));
+  }
   out->image_id = image_id;
   out->height = image->height;
   out->width = image->width;
@@ -75,19 +83,21 @@ absl::Status CocoSource::Instances(int64_t image_id, CocoImageInstances* out) co
     if (it == index.end()) continue;
     for (size_t i : it->second) {
       const CocoAnnotation& a = result ? results_[i] : gt_.annotations[i];
+      if (!a.error.empty()) return absl::InvalidArgumentError(a.error);  // Before its category is looked up.
       if (!HasCategory(a.category_id)) {
         return absl::InvalidArgumentError(absl::StrCat(result ? "result " : "annotation ", a.id, ": category ",
                                                        a.category_id, " is not in the annotation file's categories"));
       }
       CocoInstance inst;
-      if (absl::Status s = Decode(a, result, image->height, image->width, &inst); !s.ok()) return s;
+      if (absl::Status s = Decode(a, result, image->height, image->width, max_bytes, &inst); !s.ok()) return s;
       (result ? out->detections : out->references).push_back(std::move(inst));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Rle> CocoSource::AnnotationUnion(const std::vector<int64_t>& ids, int64_t height, int64_t width) const {
+absl::StatusOr<Rle> CocoSource::AnnotationUnion(const std::vector<int64_t>& ids, int64_t height, int64_t width,
+                                                int64_t max_bytes) const {
   std::vector<CocoInstance> parts;
   int64_t image_id = 0;
   for (int64_t id : ids) {
@@ -112,7 +122,7 @@ absl::StatusOr<Rle> CocoSource::AnnotationUnion(const std::vector<int64_t>& ids,
                                                      height, "x", width));
     }
     CocoInstance inst;
-    if (absl::Status s = Decode(a, false, height, width, &inst); !s.ok()) return s;
+    if (absl::Status s = Decode(a, false, height, width, max_bytes, &inst); !s.ok()) return s;
     parts.push_back(std::move(inst));
   }
   std::vector<const Rle*> masks;
@@ -162,15 +172,36 @@ void CollectMatching(const CocoImageInstances& image, const std::vector<size_t>&
 
 }  // namespace
 
+namespace {
+
+// EvaluateCocoInstances' work; with `layers`, the matching's masks to paint (CollectMatching).
+void EvaluateInstances(const CocoImageInstances& image, google::protobuf::RepeatedPtrField<v1::CocoImageRecord>* records,
+                       std::array<std::vector<const Rle*>, 3>* layers);
+
+}  // namespace
+
 void EvaluateCocoInstances(const CocoImageInstances& image,
                            google::protobuf::RepeatedPtrField<v1::CocoImageRecord>* records,
                            std::vector<uint8_t>* outcomes) {
+  std::array<std::vector<const Rle*>, 3> layers;
+  EvaluateInstances(image, records, outcomes != nullptr ? &layers : nullptr);
+  if (outcomes == nullptr) return;
+  outcomes->assign(static_cast<size_t>(image.height * image.width), kOutcomeNone);
+  const uint8_t colour[3] = {kOutcomeTp, kOutcomeFn, kOutcomeFp};
+  for (int layer = 0; layer < 3; ++layer) {
+    for (const Rle* mask : layers[layer]) PaintRuns(*mask, colour[layer], outcomes->data());
+  }
+}
+
+namespace {
+
+void EvaluateInstances(const CocoImageInstances& image, google::protobuf::RepeatedPtrField<v1::CocoImageRecord>* records,
+                       std::array<std::vector<const Rle*>, 3>* layers) {
   std::map<int64_t, std::pair<std::vector<size_t>, std::vector<size_t>>> by_category;
   for (size_t i = 0; i < image.references.size(); ++i) by_category[image.references[i].category_id].first.push_back(i);
   for (size_t i = 0; i < image.detections.size(); ++i) by_category[image.detections[i].category_id].second.push_back(i);
   const CocoParams& params = CocoDefaultParams();
   const size_t T = params.iou_thresholds.size();
-  std::array<std::vector<const Rle*>, 3> layers;
   for (const auto& [category, members] : by_category) {
     const std::vector<size_t>& gi = members.first;  // Not a structured binding: lambdas capture these.
     const std::vector<size_t>& di = members.second;
@@ -207,15 +238,34 @@ void EvaluateCocoInstances(const CocoImageInstances& image,
     r->set_tp50(tp);
     r->set_fp50(fp);
     r->set_fn50(e.positives.empty() ? 0 : e.positives[0] - tp);
-    if (outcomes != nullptr) CollectMatching(image, gi, di, e, &layers);
-  }
-  if (outcomes == nullptr) return;
-  outcomes->assign(static_cast<size_t>(image.height * image.width), kOutcomeNone);
-  const uint8_t colour[3] = {kOutcomeTp, kOutcomeFn, kOutcomeFp};
-  for (int layer = 0; layer < 3; ++layer) {
-    for (const Rle* mask : layers[layer]) PaintRuns(*mask, colour[layer], outcomes->data());
+    if (layers != nullptr) CollectMatching(image, gi, di, e, layers);
   }
 }
+
+// Adds `length` pixels of `outcome` from column-major position `start` of an image of `height` rows
+// to the cells of the panel pixels whose boxes hold them.
+void AddSpan(const ThumbnailGrid& grid, int64_t height, uint64_t start, uint64_t length, PixelOutcome outcome,
+             ThumbnailCells* cells) {
+  uint64_t p = start;
+  const uint64_t end = start + length;
+  while (p < end) {
+    const int64_t x = static_cast<int64_t>(p / static_cast<uint64_t>(height));
+    const int64_t y = static_cast<int64_t>(p % static_cast<uint64_t>(height));
+    const int64_t y_end = std::min<int64_t>(height, y + static_cast<int64_t>(end - p));
+    // The panel columns whose boxes hold column x, and the rows whose boxes meet [y, y_end).
+    int ox = static_cast<int>(std::upper_bound(grid.x1.begin(), grid.x1.end(), x) - grid.x1.begin());
+    for (; ox < grid.ow && grid.x0[ox] <= x; ++ox) {
+      int oy = static_cast<int>(std::upper_bound(grid.y1.begin(), grid.y1.end(), y) - grid.y1.begin());
+      for (; oy < grid.oh && grid.y0[oy] < y_end; ++oy) {
+        const int64_t overlap = std::min<int64_t>(grid.y1[oy], y_end) - std::max<int64_t>(grid.y0[oy], y);
+        if (overlap > 0) cells->count[(static_cast<size_t>(oy) * grid.ow + ox) * 5 + outcome] += overlap;
+      }
+    }
+    p += static_cast<uint64_t>(y_end - y);
+  }
+}
+
+}  // namespace
 
 double RowInstanceF1(const v1::ImageResult& result) {
   int64_t tp = 0, fp = 0, fn = 0;
@@ -252,19 +302,20 @@ void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections
 }
 
 absl::Status CocoReferenceLabels(const CocoSource& source, const v1::ManifestRow& row, int height, int width,
-                                 LabelMap* out) {
+                                 LabelMap* out, int64_t max_bytes) {
   out->height = height;
   out->width = width;
   out->depth = 1;
   out->labels.assign(static_cast<size_t>(height) * width, 0);
   if (row.has_coco_ann_ids()) {
-    absl::StatusOr<Rle> u = source.AnnotationUnion({row.coco_ann_ids().begin(), row.coco_ann_ids().end()}, height, width);
+    absl::StatusOr<Rle> u =
+        source.AnnotationUnion({row.coco_ann_ids().begin(), row.coco_ann_ids().end()}, height, width, max_bytes);
     if (!u.ok()) return u.status();
     PaintRle(*u, 1, out->labels.data());
     return absl::OkStatus();
   }
   CocoImageInstances image;
-  if (absl::Status s = source.Instances(row.coco_image_id(), &image); !s.ok()) return s;
+  if (absl::Status s = source.Instances(row.coco_image_id(), &image, max_bytes); !s.ok()) return s;
   if (image.height != height || image.width != width) {
     return absl::InvalidArgumentError(absl::StrCat("image '", row.image_path(), "' is ", height, "x", width,
                                                    " (height x width) but the annotation file says ", image.height,
@@ -275,19 +326,36 @@ absl::Status CocoReferenceLabels(const CocoSource& source, const v1::ManifestRow
 }
 
 absl::StatusOr<std::string> RenderInstanceThumbnail(const CocoImageInstances& image, const uint8_t* rgb) {
-  std::vector<uint8_t> outcomes;
+  if (image.height <= 0 || image.width <= 0) return absl::InvalidArgumentError("empty image");
+  std::array<std::vector<const Rle*>, 3> layers;  // tp, fn, fp: painted in that order, each over the last.
   google::protobuf::RepeatedPtrField<v1::CocoImageRecord> records;  // Evaluated again, for the picture.
-  EvaluateCocoInstances(image, &records, &outcomes);
-  return RenderThumbnail(rgb, outcomes.data(), static_cast<int>(image.height), static_cast<int>(image.width));
+  EvaluateInstances(image, &records, &layers);
+  // The picture EvaluateCocoInstances paints, counted per panel box from the masks' runs: a pixel is
+  // fp where any false detection is, else fn where a missed reference is, else tp. No full-size
+  // picture is made (a 16384 x 16384 image's took minutes to paint pixel by pixel).
+  std::array<Rle, 3> unions;
+  for (int k = 0; k < 3; ++k) unions[k] = RleUnion(layers[k], image.height, image.width);
+  const Rle errors = RleUnion({&unions[1], &unions[2]}, image.height, image.width);
+  const ThumbnailGrid grid(static_cast<int>(image.height), static_cast<int>(image.width));
+  ThumbnailCells cells(grid, rgb != nullptr);
+  RleSpans(unions[2], unions[1], [&](uint64_t start, uint64_t n, bool fp, bool fn) {
+    if (fp || fn) AddSpan(grid, image.height, start, n, fp ? kOutcomeFp : kOutcomeFn, &cells);
+  });
+  RleSpans(errors, unions[0], [&](uint64_t start, uint64_t n, bool error, bool tp) {
+    if (tp && !error) AddSpan(grid, image.height, start, n, kOutcomeTp, &cells);
+  });
+  CountOutcomesAndPixels(grid, rgb, nullptr, static_cast<int>(image.width), &cells);
+  return ComposeThumbnail(grid, cells);
 }
 
 absl::StatusOr<std::shared_ptr<const PanopticSource>> PanopticSource::Load(const std::string& reference,
-                                                                           const std::string& predictions) {
+                                                                           const std::string& predictions,
+                                                                           const ClientFileLimits& limits) {
   auto source = std::shared_ptr<PanopticSource>(new PanopticSource());
-  absl::StatusOr<CocoDataset> r = LoadCocoPanoptic(reference);
+  absl::StatusOr<CocoDataset> r = LoadCocoPanoptic(reference, limits);
   if (!r.ok()) return r.status();
   source->reference_ = *std::move(r);
-  absl::StatusOr<CocoDataset> p = LoadCocoPanoptic(predictions);
+  absl::StatusOr<CocoDataset> p = LoadCocoPanoptic(predictions, limits);
   if (!p.ok()) return p.status();
   source->predictions_ = *std::move(p);
   for (const CocoPanopticAnnotation& a : source->reference_.panoptic) source->by_image_[0].emplace(a.image_id, &a);

@@ -38,15 +38,19 @@ struct CocoImageInstances {
 
 class CocoSource {
  public:
-  // `results` may be empty (a model gives the detections).
+  // `results` may be empty (a model gives the detections). Both are read with `limits`.
   static absl::StatusOr<std::shared_ptr<const CocoSource>> Load(const std::string& annotations,
-                                                                const std::string& results);
+                                                                const std::string& results,
+                                                                const ClientFileLimits& limits = {});
 
-  // The image's references and, from the results file, detections, decoded.
-  absl::Status Instances(int64_t image_id, CocoImageInstances* out) const;
+  // The image's references and, from the results file, detections, decoded. `max_bytes` (>= 0):
+  // what rasterising one annotation's polygons may take; one that would need more fails the row,
+  // named, before it is walked.
+  absl::Status Instances(int64_t image_id, CocoImageInstances* out, int64_t max_bytes = -1) const;
   // The union of annotations `ids` (all of one image) as a mask of that image's size; no ids: an
   // empty mask of `height` x `width`.
-  absl::StatusOr<Rle> AnnotationUnion(const std::vector<int64_t>& ids, int64_t height, int64_t width) const;
+  absl::StatusOr<Rle> AnnotationUnion(const std::vector<int64_t>& ids, int64_t height, int64_t width,
+                                      int64_t max_bytes = -1) const;
   bool HasCategory(int64_t id) const;
   const CocoImageInfo* Image(int64_t id) const;
 
@@ -64,7 +68,8 @@ class CocoSource {
 class PanopticSource {
  public:
   static absl::StatusOr<std::shared_ptr<const PanopticSource>> Load(const std::string& reference,
-                                                                    const std::string& predictions);
+                                                                    const std::string& predictions,
+                                                                    const ClientFileLimits& limits = {});
   // The row's PNGs (mask_path: reference, prediction_path: prediction) read and evaluated
   // (metrics/panoptic.h) into `result`, and painted as label maps of category ids (void 0) for the
   // semantic metrics. Errors name the file, image or segment.
@@ -102,7 +107,7 @@ absl::StatusOr<std::string> RenderInstanceThumbnail(const CocoImageInstances& im
 // annotations as label 1. Errors: the sizes disagree, or an annotation is missing or malformed.
 // The caller applies the mask conventions (PrepareMask).
 absl::Status CocoReferenceLabels(const CocoSource& source, const v1::ManifestRow& row, int height, int width,
-                                 LabelMap* out);
+                                 LabelMap* out, int64_t max_bytes = -1);
 
 }  // namespace tally
 

@@ -59,49 +59,70 @@ int BusiestSlice(const uint8_t* outcomes, int depth, int height, int width) {
   return best;
 }
 
-absl::StatusOr<std::string> RenderThumbnail(const uint8_t* rgb, const uint8_t* outcomes, int height, int width) {
-  if (height <= 0 || width <= 0) return absl::InvalidArgumentError("empty image");
+ThumbnailGrid::ThumbnailGrid(int height, int width) {
   // Each panel keeps the aspect ratio, the longer side kThumbnailSide (small images are enlarged).
   const double scale = static_cast<double>(kThumbnailSide) / std::max(height, width);
-  const int oh = std::max(1, static_cast<int>(std::lround(height * scale)));
-  const int ow = std::max(1, static_cast<int>(std::lround(width * scale)));
-  const int out_w = 2 * ow + kGap;
-  std::vector<uint8_t> out(static_cast<size_t>(oh) * out_w * 3, 255);
-  // Box of output column ox: source columns [x0[ox], x1[ox]); rows likewise. Source rows are read
-  // in order, each once per output row whose box holds it, into per-column sums.
-  std::vector<int> x0(ow), x1(ow);
+  oh = std::max(1, static_cast<int>(std::lround(height * scale)));
+  ow = std::max(1, static_cast<int>(std::lround(width * scale)));
+  // Box of output column ox: source columns [x0[ox], x1[ox]); rows likewise.
+  x0.resize(ow);
+  x1.resize(ow);
   for (int ox = 0; ox < ow; ++ox) {
     x0[ox] = static_cast<int>(static_cast<int64_t>(ox) * width / ow);
     x1[ox] = std::max(x0[ox] + 1, static_cast<int>(static_cast<int64_t>(ox + 1) * width / ow));
   }
-  std::vector<uint32_t> sum(static_cast<size_t>(ow) * 3), count(static_cast<size_t>(ow) * 5);
+  y0.resize(oh);
+  y1.resize(oh);
   for (int oy = 0; oy < oh; ++oy) {
-    const int y0 = static_cast<int>(static_cast<int64_t>(oy) * height / oh);
-    const int y1 = std::max(y0 + 1, static_cast<int>(static_cast<int64_t>(oy + 1) * height / oh));
-    std::fill(sum.begin(), sum.end(), 0);
-    std::fill(count.begin(), count.end(), 0);
-    for (int y = y0; y < y1; ++y) {
-      const uint8_t* orow = outcomes + static_cast<size_t>(y) * width;
+    y0[oy] = static_cast<int>(static_cast<int64_t>(oy) * height / oh);
+    y1[oy] = std::max(y0[oy] + 1, static_cast<int>(static_cast<int64_t>(oy + 1) * height / oh));
+  }
+}
+
+ThumbnailCells::ThumbnailCells(const ThumbnailGrid& grid, bool with_image)
+    : count(static_cast<size_t>(grid.oh) * grid.ow * 5, 0),
+      sum(with_image ? static_cast<size_t>(grid.oh) * grid.ow * 3 : 0, 0) {}
+
+void CountOutcomesAndPixels(const ThumbnailGrid& grid, const uint8_t* rgb, const uint8_t* outcomes, int width,
+                            ThumbnailCells* cells) {
+  // Source rows are read in order, each once per output row whose box holds it.
+  for (int oy = 0; oy < grid.oh; ++oy) {
+    for (int y = grid.y0[oy]; y < grid.y1[oy]; ++y) {
+      const uint8_t* orow = outcomes != nullptr ? outcomes + static_cast<size_t>(y) * width : nullptr;
       const uint8_t* prow = rgb != nullptr ? rgb + static_cast<size_t>(y) * width * 3 : nullptr;
-      for (int ox = 0; ox < ow; ++ox) {
-        uint32_t* c = &count[static_cast<size_t>(ox) * 5];
-        for (int x = x0[ox]; x < x1[ox]; ++x) ++c[orow[x] <= kOutcomeIgnored ? orow[x] : 0];
+      for (int ox = 0; ox < grid.ow; ++ox) {
+        const size_t cell = static_cast<size_t>(oy) * grid.ow + ox;
+        if (orow != nullptr) {
+          uint32_t* c = &cells->count[cell * 5];
+          for (int x = grid.x0[ox]; x < grid.x1[ox]; ++x) ++c[orow[x] <= kOutcomeIgnored ? orow[x] : 0];
+        }
         if (prow != nullptr) {
           uint32_t r = 0, g = 0, b = 0;
-          for (int x = x0[ox]; x < x1[ox]; ++x) {
+          for (int x = grid.x0[ox]; x < grid.x1[ox]; ++x) {
             r += prow[3 * x];
             g += prow[3 * x + 1];
             b += prow[3 * x + 2];
           }
-          sum[3 * ox] += r;
-          sum[3 * ox + 1] += g;
-          sum[3 * ox + 2] += b;
+          cells->sum[cell * 3] += r;
+          cells->sum[cell * 3 + 1] += g;
+          cells->sum[cell * 3 + 2] += b;
         }
       }
     }
+  }
+}
+
+absl::StatusOr<std::string> ComposeThumbnail(const ThumbnailGrid& grid, const ThumbnailCells& cells) {
+  const bool with_image = !cells.sum.empty();
+  const int oh = grid.oh, ow = grid.ow;
+  const int out_w = 2 * ow + kGap;
+  std::vector<uint8_t> out(static_cast<size_t>(oh) * out_w * 3, 255);
+  for (int oy = 0; oy < oh; ++oy) {
     for (int ox = 0; ox < ow; ++ox) {
-      const uint32_t* c = &count[static_cast<size_t>(ox) * 5];
-      const uint32_t area = static_cast<uint32_t>(y1 - y0) * static_cast<uint32_t>(x1[ox] - x0[ox]);
+      const size_t cell = static_cast<size_t>(oy) * ow + ox;
+      const uint32_t* c = &cells.count[cell * 5];
+      const uint32_t area =
+          static_cast<uint32_t>(grid.y1[oy] - grid.y0[oy]) * static_cast<uint32_t>(grid.x1[ox] - grid.x0[ox]);
       // Any error in the box shows; otherwise a hit; otherwise ignored if the box is mostly so.
       int outcome = kOutcomeNone;
       if (c[kOutcomeFp] + c[kOutcomeFn] > 0) {
@@ -114,8 +135,8 @@ absl::StatusOr<std::string> RenderThumbnail(const uint8_t* rgb, const uint8_t* o
       uint8_t* left = &out[(static_cast<size_t>(oy) * out_w + ox) * 3];
       uint8_t* right = &out[(static_cast<size_t>(oy) * out_w + ow + kGap + ox) * 3];
       uint8_t base[3];
-      if (rgb != nullptr) {
-        for (int ch = 0; ch < 3; ++ch) base[ch] = static_cast<uint8_t>((sum[3 * ox + ch] + area / 2) / area);
+      if (with_image) {
+        for (int ch = 0; ch < 3; ++ch) base[ch] = static_cast<uint8_t>((cells.sum[cell * 3 + ch] + area / 2) / area);
       } else {
         // No image: the reference (tp + fn) in white on black.
         const uint8_t v = c[kOutcomeTp] + c[kOutcomeFn] > 0 ? 255 : 0;
@@ -123,7 +144,7 @@ absl::StatusOr<std::string> RenderThumbnail(const uint8_t* rgb, const uint8_t* o
       }
       for (int ch = 0; ch < 3; ++ch) left[ch] = base[ch];
       // Under the colours, the image in darkened grey, so that its own colours cannot pass for them.
-      const float grey = rgb != nullptr ? 0.7f * (0.299f * base[0] + 0.587f * base[1] + 0.114f * base[2]) : 0.0f;
+      const float grey = with_image ? 0.7f * (0.299f * base[0] + 0.587f * base[1] + 0.114f * base[2]) : 0.0f;
       if (outcome == kOutcomeNone) {
         for (int ch = 0; ch < 3; ++ch) right[ch] = static_cast<uint8_t>(std::lround(grey));
         continue;
@@ -131,13 +152,21 @@ absl::StatusOr<std::string> RenderThumbnail(const uint8_t* rgb, const uint8_t* o
       const Rgb col = kColours[outcome];
       const uint8_t colour[3] = {col.r, col.g, col.b};
       for (int ch = 0; ch < 3; ++ch) {
-        right[ch] = rgb != nullptr ? static_cast<uint8_t>(std::lround(kAlpha * colour[ch] + (1 - kAlpha) * grey))
-                                   : colour[ch];
+        right[ch] = with_image ? static_cast<uint8_t>(std::lround(kAlpha * colour[ch] + (1 - kAlpha) * grey))
+                               : colour[ch];
       }
     }
   }
   // 4:4:4: a few pixels of error colour must survive the encoding.
   return EncodeJpeg(out.data(), oh, out_w, kQuality, /*full_chroma=*/true);
+}
+
+absl::StatusOr<std::string> RenderThumbnail(const uint8_t* rgb, const uint8_t* outcomes, int height, int width) {
+  if (height <= 0 || width <= 0) return absl::InvalidArgumentError("empty image");
+  const ThumbnailGrid grid(height, width);
+  ThumbnailCells cells(grid, rgb != nullptr);
+  CountOutcomesAndPixels(grid, rgb, outcomes, width, &cells);
+  return ComposeThumbnail(grid, cells);
 }
 
 absl::StatusOr<std::string> RenderClassThumbnail(const uint8_t* rgb, const uint16_t* prediction,

@@ -64,6 +64,27 @@ int BusiestSlice(const uint8_t* outcomes, int depth, int height, int width);
 // `rgb` (height x width x 3, or null) and the class outcomes of the same size, as JPEG bytes.
 absl::StatusOr<std::string> RenderThumbnail(const uint8_t* rgb, const uint8_t* outcomes, int height, int width);
 
+// RenderThumbnail in its steps, for callers that count outcomes without a full-size picture of them
+// (COCO instances, from their runs: common/io/coco_source.cc). The panels' size and the source box
+// of each panel pixel: columns [x0[ox], x1[ox]), rows [y0[oy], y1[oy]) (boxes overlap where a small
+// image is enlarged).
+struct ThumbnailGrid {
+  ThumbnailGrid(int height, int width);  // Both > 0.
+  int oh = 0, ow = 0;
+  std::vector<int> x0, x1, y0, y1;
+};
+// Per panel pixel (row-major): how many source pixels of each PixelOutcome its box holds, and with
+// an image the sums of their red, green and blue.
+struct ThumbnailCells {
+  ThumbnailCells(const ThumbnailGrid& grid, bool with_image);
+  std::vector<uint32_t> count;  // 5 a pixel, indexed by PixelOutcome.
+  std::vector<uint32_t> sum;    // 3 a pixel; empty without an image.
+};
+// Adds the boxes' outcomes (row-major, height x width; null: none) and pixels (rgb, or null).
+void CountOutcomesAndPixels(const ThumbnailGrid& grid, const uint8_t* rgb, const uint8_t* outcomes, int width,
+                            ThumbnailCells* cells);
+absl::StatusOr<std::string> ComposeThumbnail(const ThumbnailGrid& grid, const ThumbnailCells& cells);
+
 // Class `cls` (or, with `member` non-null, the region it describes) of a 2D image (depth 1) or a
 // volume, rendered on the slice with most tp + fp + fn (`*slice`; 0 for 2D). `rgb` may be null.
 absl::StatusOr<std::string> RenderClassThumbnail(const uint8_t* rgb, const uint16_t* prediction,

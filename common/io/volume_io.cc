@@ -7,7 +7,12 @@
 #include <type_traits>
 
 #include <unistd.h>
+#include <zlib.h>
 
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/security/data_roots.h"
+#include "common/base/checked_math.h"
 #include "common/base/file_util.h"
 #include "common/base/status_macros.h"
 
@@ -74,10 +80,139 @@ absl::Status Convert(const nifti_image& nim, const std::string& path, bool scale
         continue;
       }
     }
+    if (!std::isfinite(v)) return bad(i, v, "is not finite");
     if (!(v == std::floor(v))) return bad(i, v, "is not an integer");
     if (v < 0 || v > kMaxMaskValue) return bad(i, v, "is out of range");
     (*out)[i] = static_cast<uint16_t>(v);
   }
+  return absl::OkStatus();
+}
+
+// The header's vox_offset as the file states it (NIfTI-1: a float at byte 108; NIfTI-2: an int64 at
+// byte 168), in the file's byte order. nifti_clib casts NIfTI-1's float to int (undefined past 2^31)
+// and raises any offset below the header's size to it, so it is read here, as nibabel does.
+absl::StatusOr<double> HeaderVoxOffset(gzFile f, const std::string& path) {
+  unsigned char h[540];
+  const int n = gzread(f, h, sizeof(h));
+  if (n < 348) return absl::InvalidArgumentError(absl::StrCat("volume '", path, "': the header is cut short"));
+  auto u32 = [&](int at, bool swap) {
+    uint32_t v;
+    std::memcpy(&v, h + at, 4);
+    return swap ? __builtin_bswap32(v) : v;
+  };
+  for (bool swap : {false, true}) {
+    if (u32(0, swap) == 348) {
+      const uint32_t bits = u32(108, swap);
+      float offset;
+      std::memcpy(&offset, &bits, 4);
+      return static_cast<double>(offset);
+    }
+    if (u32(0, swap) == 540 && n >= 540) {
+      uint64_t v;
+      std::memcpy(&v, h + 168, 8);
+      if (swap) v = __builtin_bswap64(v);
+      return static_cast<double>(static_cast<int64_t>(v));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a NIfTI-1/NIfTI-2 file"));
+}
+
+// The header's dimension count read before nifti_clib sees the file: its NIfTI-2 reader fixes up
+// dim[1..dim[0]] without checking that dim[0] is at most 7, writing past its stack for a crafted
+// dim[0] (found by tests/fuzz/nifti_fuzz.cc). NIfTI-1 and NIfTI-2 in either byte order.
+absl::Status CheckDimensionCount(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open volume '", path, "'"));
+  unsigned char h[540];
+  const int n = gzread(f, h, sizeof(h));
+  gzclose(f);
+  auto u32 = [&](int at, bool swap) {
+    uint32_t v;
+    std::memcpy(&v, h + at, 4);
+    return swap ? __builtin_bswap32(v) : v;
+  };
+  for (bool swap : {false, true}) {
+    int64_t dims = -1;
+    if (n >= 348 && u32(0, swap) == 348) {
+      uint16_t d;
+      std::memcpy(&d, h + 40, 2);
+      dims = static_cast<int16_t>(swap ? __builtin_bswap16(d) : d);
+    } else if (n >= 540 && u32(0, swap) == 540) {
+      uint64_t d;
+      std::memcpy(&d, h + 16, 8);
+      dims = static_cast<int64_t>(swap ? __builtin_bswap64(d) : d);
+    } else {
+      continue;
+    }
+    if (dims < 1 || dims > 7) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("volume '", path, "' declares ", dims, " dimensions (dim[0]); a NIfTI file has 1 to 7"));
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a NIfTI-1/NIfTI-2 file"));
+}
+
+// The voxels of `nim` read from `path` (plain or gzip) into nim->data, instead of nifti_clib's
+// nifti_image_load: that one replaces NaN and infinite floats by 0 without a word (a prediction of
+// NaNs would be scored as empty) and trusts vox_offset. Here the offset must be a whole number at
+// or past the header and the extension flag (352 bytes for NIfTI-1, 544 for NIfTI-2), and the file
+// must hold every voxel after it; the bytes are swapped to this machine's order.
+absl::Status LoadVoxels(nifti_image* nim, const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open volume '", path, "'"));
+  absl::Cleanup closer = [f] { gzclose(f); };
+  ASSIGN_OR_RETURN(const double offset, HeaderVoxOffset(f, path));
+  const double first = nim->nifti_type == NIFTI_FTYPE_NIFTI2_1 ? 544 : 352;
+  if (!std::isfinite(offset) || offset != std::floor(offset) || offset < first || offset > 1e15) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "volume '%s': vox_offset %.17g is not where voxels can start (a whole number of bytes from %.0f on)", path,
+        offset, first));
+  }
+  const int64_t bytes = CheckedProduct({nim->nvox, nim->nbyper});
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("volume '", path, "': its size overflows"));
+  if (gzseek(f, static_cast<z_off_t>(offset), SEEK_SET) < 0 || gztell(f) != static_cast<z_off_t>(offset)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "volume '%s': vox_offset %.0f lies past the end of the file", path, offset));
+  }
+  nim->data = std::malloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)));  // nifti_image_free frees it.
+  if (nim->data == nullptr) return absl::ResourceExhaustedError(absl::StrCat("volume '", path, "': out of memory"));
+  int64_t got = 0;
+  while (got < bytes) {
+    const unsigned piece = static_cast<unsigned>(std::min<int64_t>(bytes - got, int64_t{1} << 30));
+    const int n = gzread(f, static_cast<char*>(nim->data) + got, piece);
+    if (n <= 0) break;
+    got += n;
+  }
+  if (got != bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "volume '%s': the file ends %d bytes into its voxels (vox_offset %.0f, %d bytes of voxels declared): truncated, "
+        "or vox_offset is wrong", path, got, offset, bytes));
+  }
+  if (nim->byteorder != nifti_short_order() && nim->swapsize > 1) nifti_swap_Nbytes(nim->nvox, nim->swapsize, nim->data);
+  return absl::OkStatus();
+}
+
+// The first NaN or infinite value of a float volume, named with its position; OK for other types.
+template <typename T>
+absl::Status CheckFinite(const nifti_image& nim, const std::string& path) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T* data = static_cast<const T*>(nim.data);
+    const int64_t nx = nim.dim[1], ny = std::max<int64_t>(1, nim.dim[2]);
+    for (int64_t i = 0; i < nim.nvox; ++i) {
+      if (!std::isfinite(data[i])) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "volume '%s': value %g at (x=%d, y=%d, z=%d) is not finite", path, static_cast<double>(data[i]), i % nx,
+            (i / nx) % ny, i / (nx * ny)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFiniteVoxels(const nifti_image& nim, const std::string& path) {
+  if (nim.datatype == NIFTI_TYPE_FLOAT32) return CheckFinite<float>(nim, path);
+  if (nim.datatype == NIFTI_TYPE_FLOAT64) return CheckFinite<double>(nim, path);
   return absl::OkStatus();
 }
 
@@ -184,14 +319,14 @@ bool WithinTolerance(double a, double b, double tolerance) {
 absl::Status LoadNiftiImage(const std::string& path, int64_t max_voxels, bool keep_raw, VolumeImage* out) {
   QuietNifti();
   RETURN_IF_ERROR(CheckOpenable(path));
+  RETURN_IF_ERROR(CheckDimensionCount(path));
   NimPtr nim(nifti_image_read(path.c_str(), 0));
   if (nim == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
   }
   RETURN_IF_ERROR(ReadGeometry(nim.get(), path, max_voxels, &out->geometry));
-  if (nifti_image_load(nim.get()) != 0 || nim->data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "': reading its voxels failed (truncated or corrupt file?)"));
-  }
+  RETURN_IF_ERROR(LoadVoxels(nim.get(), path));
+  RETURN_IF_ERROR(CheckFiniteVoxels(*nim, path));  // A model must not get NaN for a voxel.
   const bool scaled = nim->scl_slope != 0 && std::isfinite(nim->scl_slope) &&
                       (nim->scl_slope != 1 || nim->scl_inter != 0);
   const int64_t n = nim->nvox;
@@ -228,16 +363,14 @@ absl::Status LoadNiftiImage(const std::string& path, int64_t max_voxels, bool ke
 absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelMap* out, VolumeGeometry* geometry) {
   QuietNifti();
   RETURN_IF_ERROR(CheckOpenable(path));
+  RETURN_IF_ERROR(CheckDimensionCount(path));
   NimPtr nim(nifti_image_read(path.c_str(), 0));
   if (nim == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
   }
   VolumeGeometry g;
   RETURN_IF_ERROR(ReadGeometry(nim.get(), path, max_voxels, &g));
-  if (nifti_image_load(nim.get()) != 0 || nim->data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "': reading its ", g.width, "x", g.height, "x",
-                                                   g.depth, " voxels failed (truncated or corrupt file?)"));
-  }
+  RETURN_IF_ERROR(LoadVoxels(nim.get(), path));
   RETURN_IF_ERROR(ConvertLabels(nim.get(), path, &out->labels));
   out->depth = static_cast<int>(g.depth);
   out->height = static_cast<int>(g.height);
@@ -246,6 +379,46 @@ absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelM
   out->ignored = 0;
   *geometry = g;
   return absl::OkStatus();
+}
+
+absl::StatusOr<DeclaredSize> ReadDeclaredSize(const std::string& path, int64_t max_voxels) {
+  DeclaredSize d;
+  if (IsNiftiPath(path)) {
+    QuietNifti();
+    RETURN_IF_ERROR(CheckOpenable(path));
+    RETURN_IF_ERROR(CheckDimensionCount(path));
+    NimPtr nim(nifti_image_read(path.c_str(), 0));
+    if (nim == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
+    }
+    VolumeGeometry g;
+    RETURN_IF_ERROR(ReadGeometry(nim.get(), path, max_voxels, &g));
+    d.depth = g.depth;
+    d.height = g.height;
+    d.width = g.width;
+    d.stored_bytes_per_voxel = std::max(1, nim->nbyper);
+    return d;
+  }
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+  if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("", path);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(), absl::StrCat("cannot read '", path, "': ", file.status().message()));
+  }
+  // A PNG's size is in its first 24 bytes; a JPEG's frame header is usually in its first few KB.
+  std::string head(64 << 10, '\0');
+  const ssize_t n = pread(file->fd, head.data(), head.size(), 0);
+  close(file->fd);
+  head.resize(static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  int h = 0, w = 0;
+  RETURN_IF_ERROR(ImageDimensions(head, path, &h, &w));
+  d.height = h;
+  d.width = w;
+  d.file_bytes = file->size;
+  if (!ProductWithin({d.height, d.width}, max_voxels)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' declares ", h, "x", w, " pixels, more than the limit of ",
+                                                   max_voxels, " (--max-image-pixels)"));
+  }
+  return d;
 }
 
 absl::Status WriteNiftiLabels(const std::string& path, const VolumeGeometry& g, const uint16_t* labels, int datatype,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/base/file_util.h"
 #include "common/io/image_io.h"
 
@@ -53,6 +54,21 @@ absl::Status LoadNiftiImage(const std::string& path, int64_t max_voxels, bool ke
 // geometry. A header declaring more than `max_voxels` voxels fails before the data is read.
 // Errors name the file and what is wrong with it.
 absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelMap* out, VolumeGeometry* geometry);
+
+// What a label map's file declares before any pixel is read (a NIfTI header, a PNG's IHDR, a JPEG's
+// frame header): its size, the bytes a voxel takes in the file once read (the NIfTI data type's
+// size; 1 for PNG and JPEG, decoded 8 bits at a time), and the bytes of the file held in memory
+// while it is decoded (a PNG's or JPEG's whole file; 0 for NIfTI, read as a stream). For memory
+// estimates.
+struct DeclaredSize {
+  int64_t depth = 1, height = 0, width = 0;
+  int64_t stored_bytes_per_voxel = 1;
+  int64_t file_bytes = 0;
+  int64_t voxels() const { return depth * height * width; }
+};
+// Errors as loading the file would give them (a path outside the data roots, not a regular file, a
+// header that is no image's), naming the file; a declared size above `max_voxels` is an error too.
+absl::StatusOr<DeclaredSize> ReadDeclaredSize(const std::string& path, int64_t max_voxels);
 
 // Writes a label volume (tests, benchmarks, the demo). `datatype` is a NIfTI DT_* code of an
 // integer type (or float32); `nifti2` writes the NIfTI-2 header. Names ending .gz are compressed.

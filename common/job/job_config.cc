@@ -298,6 +298,7 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   c.nsd_tolerance = spec.nsd_tolerance();
   c.include_background = spec.include_background();
   if (spec.max_image_pixels() > 0) c.max_image_pixels = spec.max_image_pixels();
+  if (spec.max_json_file_bytes() > 0) c.max_json_file_bytes = spec.max_json_file_bytes();
   if (spec.batch_timeout_seconds() > 0) c.batch_timeout_seconds = spec.batch_timeout_seconds();
   ASSIGN_OR_RETURN(c.nonfinite, ParseNonfinite(spec.nonfinite()));
   RETURN_IF_ERROR(ReadMaskSettings(spec, &c));

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/io/image_io.h"
+#include "common/security/data_roots.h"
 #include "metrics/catalogue.h"
 #include "metrics/lesion.h"
 #include "metrics/overlap.h"
@@ -80,6 +81,7 @@ struct JobConfig {
   double nsd_tolerance = 1.0;
   bool include_background = false;
   int64_t max_image_pixels = int64_t{1} << 28;
+  int64_t max_json_file_bytes = kDefaultMaxJsonFileBytes;  // COCO/panoptic JSON files (JobSpec's).
   double batch_timeout_seconds = 600;
   NonfinitePolicy nonfinite = NonfinitePolicy::kFail;
   int ignore_index = 255;                        // kNoIgnoreIndex: every value is a label.

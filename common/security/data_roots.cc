@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -113,6 +114,55 @@ absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path) {
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return RegularFile{fd, static_cast<int64_t>(st.st_size)};
+}
+
+absl::StatusOr<std::string> ReadClientFile(const std::string& what, const std::string& path,
+                                           const ClientFileLimits& limits, size_t padding) {
+  auto named = [&](const absl::Status& s, absl::string_view text) {
+    return absl::Status(s.code(), absl::StrCat(what, " '", path, "': ", text));
+  };
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+  if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError(what, path);
+  if (absl::IsInvalidArgument(file.status())) {
+    return named(file.status(), absl::StrCat("is ", file.status().message(), ", not a regular file"));
+  }
+  if (!file.ok()) return named(file.status(), absl::StrCat("cannot open: ", file.status().message()));
+  const int fd = file->fd;
+  auto too_large = [&](int64_t bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "': ", bytes, " bytes, more than the ",
+                                                   limits.max_bytes, " allowed (", limits.max_bytes_flag, ")"));
+  };
+  if (file->size > limits.max_bytes) {
+    close(fd);
+    return too_large(file->size);
+  }
+  std::string text;
+  text.reserve(static_cast<size_t>(file->size) + padding);
+  std::vector<char> piece(size_t{1} << 20);
+  absl::Status status;
+  while (true) {
+    if (absl::Now() > limits.deadline) {
+      status = absl::DeadlineExceededError(absl::StrCat(what, " '", path, "': not read in time (", text.size(),
+                                                        " bytes read before the submission's deadline)"));
+      break;
+    }
+    const ssize_t n = read(fd, piece.data(), piece.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      status = named(absl::PermissionDeniedError(""), absl::StrCat("read failed: ", std::strerror(errno)));
+      break;
+    }
+    if (n == 0) break;
+    if (static_cast<int64_t>(text.size()) + n > limits.max_bytes) {
+      status = too_large(static_cast<int64_t>(text.size()) + n);
+      break;
+    }
+    text.append(piece.data(), static_cast<size_t>(n));
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  if (text.capacity() < text.size() + padding) text.reserve(text.size() + padding);
+  return text;
 }
 
 }  // namespace tally

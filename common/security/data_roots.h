@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace tally {
 
@@ -50,6 +51,28 @@ struct RegularFile {
 // With process data roots (below), a path outside them is PERMISSION_DENIED
 // kOutsideDataRoots before anything else is looked at.
 absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path);
+
+// The largest client-named JSON file (COCO annotations, results, panoptic) read whole by default:
+// LVIS's training annotations are 1.1 GB, COCO's 448 MB. tallyd's --max-json-file-size sets it
+// per job (JobSpec.max_json_file_bytes), workers read with the job's.
+inline constexpr int64_t kDefaultMaxJsonFileBytes = int64_t{2} << 30;
+
+// Limits on reading a client-named file whole.
+struct ClientFileLimits {
+  int64_t max_bytes = kDefaultMaxJsonFileBytes;
+  // When reading must have ended (a submission's deadline); InfiniteFuture: none.
+  absl::Time deadline = absl::InfiniteFuture();
+  // The flag that sets max_bytes, named in the error.
+  std::string max_bytes_flag = "--max-json-file-size";
+};
+// A client-named file read whole: opened with OpenRegularFile (regular files only, never waiting on
+// a FIFO, data roots enforced), refused before reading when it holds more than `max_bytes` (and when
+// it grows past them while read), read in pieces with the deadline checked between them. The
+// string has `padding` spare bytes of capacity after its text (simdjson reads up to 64 bytes past
+// the end). Errors name `what` and the path: NOT_FOUND / PERMISSION_DENIED when it cannot be
+// opened, INVALID_ARGUMENT when it is not a regular file or too large, DEADLINE_EXCEEDED.
+absl::StatusOr<std::string> ReadClientFile(const std::string& what, const std::string& path,
+                                           const ClientFileLimits& limits, size_t padding = 0);
 
 // True for the error Resolve (and OpenRegularFile) return for a path outside the roots.
 bool IsOutsideDataRoots(const absl::Status& status);

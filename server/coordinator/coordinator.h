@@ -52,6 +52,11 @@ struct CoordinatorOptions {
   double heartbeat_seconds = 1.0;   // Told to workers at registration.
   int max_shard_attempts = 3;
   int64_t max_manifest_rows = 50'000'000;
+  // COCO annotation, results and panoptic JSON files larger than this are refused (--max-json-file-size).
+  int64_t max_json_file_bytes = kDefaultMaxJsonFileBytes;
+  // A submission's files (manifest, COCO JSON) must be read within this many seconds
+  // (--submit-read-timeout), so that no submission holds a submission thread without bound.
+  double submit_read_seconds = 300;
   double retain_days = 0;           // Finished jobs older than this are deleted; 0 = kept forever.
   // Unix time in seconds; tests inject a fake clock. Default: the wall clock.
   std::function<double()> clock;
@@ -338,10 +343,12 @@ class Coordinator {
   void WarnJobLocked(JobEntry* job, const std::string& warning, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Now() const { return options_.clock(); }
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
+  // The limits a submission reads its client-named files with: the size cap and a deadline from now.
+  ClientFileLimits SubmissionLimits() const;
   // StoreManifest's rows into the store in batches, noting ids (duplicates) and whether the first
-  // image is a volume.
+  // image is a volume; DEADLINE_EXCEEDED once `deadline` has passed.
   absl::Status StreamManifestRows(ManifestReader* reader, const std::string& job_id, bool blocks,
-                                  DuplicateIds* duplicates, std::optional<bool>* volumes);
+                                  DuplicateIds* duplicates, std::optional<bool>* volumes, absl::Time deadline);
   // COCO instance jobs (no manifest): one row per image of the annotation file (coordinator_coco.cc).
   absl::StatusOr<JobRecord> StoreCocoImages(const v1::JobSpec& spec, const std::string& job_id);
   // Panoptic jobs: one row per reference annotation, its prediction found by image id.

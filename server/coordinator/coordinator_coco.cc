@@ -44,7 +44,8 @@ void WarnUnlisted(const std::vector<CocoAnnotation>& anns, const std::set<int64_
 
 // The annotation file's images and categories checked, and what the stored spec holds of them: the
 // categories, the class count and conventions of the semantic metrics, the warnings, the hashes.
-absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, v1::JobSpec* out) {
+absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, const ClientFileLimits& limits,
+                              v1::JobSpec* out) {
   v1::JobSpec& spec = *out;
   std::set<int64_t> image_ids;
   for (const CocoImageInfo& im : gt.images) {
@@ -81,12 +82,12 @@ absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, v1::JobSp
     k->set_isthing(c->isthing);
   }
   WarnUnlisted(gt.annotations, image_ids, "annotation", &spec);
-  spec.set_coco_sha256(Sha256FileHex(spec.coco()));
   if (!spec.coco_results().empty()) {
     // Read once here too: a file that is no results file fails the submission, not every worker.
-    ASSIGN_OR_RETURN(std::vector<CocoAnnotation> results, LoadCocoResults(spec.coco_results()));
+    std::string sha256;
+    ASSIGN_OR_RETURN(std::vector<CocoAnnotation> results, LoadCocoResults(spec.coco_results(), limits, &sha256));
     WarnUnlisted(results, image_ids, "result", &spec);
-    spec.set_coco_results_sha256(Sha256FileHex(spec.coco_results()));
+    spec.set_coco_results_sha256(sha256);
   }
   return absl::OkStatus();
 }
@@ -112,8 +113,6 @@ absl::Status CompletePanopticSpec(const CocoDataset& gt, v1::JobSpec* spec) {
   spec->set_num_classes(static_cast<int32_t>(top + 1));
   spec->set_ignore_index(0);
   spec->clear_label_map();
-  spec->set_coco_sha256(Sha256FileHex(spec->coco_panoptic()));
-  spec->set_coco_results_sha256(Sha256FileHex(spec->panoptic_predictions()));
   return absl::OkStatus();
 }
 
@@ -121,8 +120,13 @@ absl::Status CompletePanopticSpec(const CocoDataset& gt, v1::JobSpec* spec) {
 
 absl::StatusOr<JobRecord> Coordinator::StorePanopticImages(const v1::JobSpec& in, const std::string& job_id) {
   v1::JobSpec spec = in;
-  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoPanoptic(spec.coco_panoptic()));
-  ASSIGN_OR_RETURN(CocoDataset predictions, LoadCocoPanoptic(spec.panoptic_predictions()));
+  const ClientFileLimits limits = SubmissionLimits();
+  std::string sha256[2];
+  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoPanoptic(spec.coco_panoptic(), limits, &sha256[0]));
+  ASSIGN_OR_RETURN(CocoDataset predictions, LoadCocoPanoptic(spec.panoptic_predictions(), limits, &sha256[1]));
+  spec.set_coco_sha256(sha256[0]);
+  spec.set_coco_results_sha256(sha256[1]);
+  spec.set_max_json_file_bytes(options_.max_json_file_bytes);
   RETURN_IF_ERROR(CompletePanopticSpec(gt, &spec));
   if (static_cast<int64_t>(gt.panoptic.size()) > options_.max_manifest_rows) {
     return absl::InvalidArgumentError(absl::StrCat("COCO panoptic file '", spec.coco_panoptic(), "' has ",
@@ -165,8 +169,12 @@ absl::StatusOr<JobRecord> Coordinator::StorePanopticImages(const v1::JobSpec& in
 
 absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, const std::string& job_id) {
   v1::JobSpec spec = in;
-  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoDataset(spec.coco()));
-  RETURN_IF_ERROR(CompleteCocoSpec(gt, options_.max_manifest_rows, &spec));
+  const ClientFileLimits limits = SubmissionLimits();
+  std::string sha256;
+  ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoDataset(spec.coco(), limits, &sha256));
+  spec.set_coco_sha256(sha256);
+  spec.set_max_json_file_bytes(options_.max_json_file_bytes);
+  RETURN_IF_ERROR(CompleteCocoSpec(gt, options_.max_manifest_rows, limits, &spec));
   std::vector<ManifestRow> rows;
   for (size_t i = 0; i < gt.images.size(); ++i) {
     const CocoImageInfo& im = gt.images[i];

@@ -132,8 +132,16 @@ absl::StatusOr<int64_t> Coordinator::NameDuplicates(const std::string& job_id, D
   return repeated;
 }
 
+ClientFileLimits Coordinator::SubmissionLimits() const {
+  ClientFileLimits limits;
+  limits.max_bytes = options_.max_json_file_bytes;
+  limits.deadline = absl::Now() + absl::Seconds(options_.submit_read_seconds);
+  return limits;
+}
+
 absl::Status Coordinator::StreamManifestRows(ManifestReader* reader, const std::string& job_id, bool blocks,
-                                            DuplicateIds* duplicates, std::optional<bool>* volumes) {
+                                            DuplicateIds* duplicates, std::optional<bool>* volumes,
+                                            absl::Time deadline) {
   // Parsing and the rest overlap: this thread parses the next batch while another notes the last
   // one's ids and inserts it (one transaction a batch: JobStore::InsertManifestRows). One batch in
   // flight at a time, so `duplicates` and `volumes` are never touched by two threads at once.
@@ -142,6 +150,12 @@ absl::Status Coordinator::StreamManifestRows(ManifestReader* reader, const std::
   std::vector<ManifestRow> in_flight;
   absl::Status parsed;
   while (true) {
+    if (absl::Now() > deadline) {
+      parsed = absl::DeadlineExceededError(absl::StrCat(
+          "manifest '", reader->path(), "': not read within ", options_.submit_read_seconds, " s (", reader->rows_read(),
+          " rows read; tallyd --submit-read-timeout)"));
+      break;
+    }
     parsed = reader->NextBatch(kSubmitBatchRows, &batch);
     if (!parsed.ok() || batch.empty()) break;
     if (inserting.has_value()) RETURN_IF_ERROR(inserting->get());
@@ -182,7 +196,8 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   std::thread hash([&] { manifest_sha256 = Sha256FileHex(reader->path()); });
   auto stream = [&]() -> absl::Status {
     // Rows in blocks unless the job reads them scattered (--order random).
-    RETURN_IF_ERROR(StreamManifestRows(reader.get(), job_id, !spec.random_order(), &duplicates, &volumes));
+    RETURN_IF_ERROR(StreamManifestRows(reader.get(), job_id, !spec.random_order(), &duplicates, &volumes,
+                                       SubmissionLimits().deadline));
     ASSIGN_OR_RETURN(duplicate_rows, NameDuplicates(job_id, &duplicates, &duplicate_message));
     if (duplicate_rows > 0 && !spec.save_predictions().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("manifest '", reader->path(), "': --save-predictions writes each ",
@@ -207,7 +222,10 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   JobRecord rec = QueuedRecord(queued, job_id, reader->rows_read());
   rec.job.mutable_spec()->set_manifest(reader->path());
   rec.job.mutable_spec()->set_manifest_sha256(manifest_sha256);
-  if (!spec.coco().empty()) rec.job.mutable_spec()->set_coco_sha256(Sha256FileHex(spec.coco()));
+  if (!spec.coco().empty()) {  // A referring set: workers read the COCO file with the same limit.
+    rec.job.mutable_spec()->set_coco_sha256(Sha256FileHex(spec.coco()));
+    rec.job.mutable_spec()->set_max_json_file_bytes(options_.max_json_file_bytes);
+  }
   if (keep_columns) {  // A Python model: the files its options name, so workers can check their copies.
     for (const auto& [key, value] : spec.model_options()) {
       struct stat st;

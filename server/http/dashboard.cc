@@ -1,5 +1,13 @@
 #include "server/http/dashboard.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+
 #include <civetweb.h>
 
 #include "absl/strings/match.h"
@@ -34,7 +42,10 @@ HttpResponse FromStatus(const absl::Status& s) {
     case absl::StatusCode::kNotFound: return Error(404, std::string(s.message()));
     case absl::StatusCode::kInvalidArgument: return Error(400, std::string(s.message()));
     case absl::StatusCode::kFailedPrecondition: return Error(409, std::string(s.message()));
-    default: return Error(500, std::string(s.message()));
+    default:
+      // An internal error may name tallyd's own files: the log has it, the client gets no path.
+      Log("dashboard: ", s.ToString());
+      return Error(500, "internal error (tallyd's log has the cause)");
   }
 }
 
@@ -47,8 +58,40 @@ std::string ContentType(const std::string& file) {
 
 }  // namespace
 
-HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view query,
-                                   absl::string_view authorization) const {
+HttpResponse DashboardHandler::ReportFile(const std::string& job_id, const std::string& file) const {
+  absl::StatusOr<std::string> dir = core_->ReportDir(job_id);
+  if (!dir.ok()) return FromStatus(dir.status());
+  const std::string missing = absl::StrCat("job ", job_id, " has no ", file, " (not every job writes every file)");
+  const int dfd = open(dir->c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return Error(404, missing);
+  // O_NOFOLLOW: a symlink put in the folder is not followed; O_NONBLOCK: a FIFO is not waited on.
+  const int fd = openat(dfd, file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  close(dfd);
+  if (fd < 0) return Error(404, missing);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return Error(404, absl::StrCat("job ", job_id, ": ", file, " is not a regular file"));
+  }
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t n = read(fd, data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  data.resize(got);
+  return HttpResponse{200, ContentType(file), std::move(data)};
+}
+
+HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view query, absl::string_view authorization,
+                                   absl::string_view host) const {
+  if (!HostAllowed(host, host_names_)) {
+    return Error(403, absl::StrCat("Host '", host.substr(0, 100), "' is not a name this dashboard answers to (an IP ",
+                                   "address, localhost, its own name, or tallyd --http-allowed-hosts)"));
+  }
   const DashboardRoute route = ParseDashboardRequest(path, query);
   using Kind = DashboardRoute::Kind;
   if (route.kind == Kind::kPage) return HttpResponse{200, "text/html; charset=utf-8", kDashboardPage};
@@ -75,11 +118,7 @@ HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view que
     }
     case Kind::kJobFile: {
       if (absl::StatusOr<v1::Job> job = VisibleJob(core_, *caller, route.job_id); !job.ok()) return FromStatus(job.status());
-      absl::StatusOr<std::string> dir = core_->ReportDir(route.job_id);
-      if (!dir.ok()) return FromStatus(dir.status());
-      absl::StatusOr<std::string> data = ReadFileToString(absl::StrCat(*dir, "/", route.file));
-      if (!data.ok()) return FromStatus(data.status());
-      return HttpResponse{200, ContentType(route.file), std::move(*data)};
+      return ReportFile(route.job_id, route.file);
     }
     case Kind::kWorkers:
       return Json(VisibleWorkers(core_, *caller));
@@ -91,7 +130,7 @@ HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view que
       if (!dir.ok()) return FromStatus(dir.status());
       absl::StatusOr<std::string> data = ReadFileToString(*dir + "/compare.json");
       RemoveTree(*dir).IgnoreError();
-      return data.ok() ? HttpResponse{200, "application/json", std::move(*data)} : FromStatus(data.status());
+      return data.ok() ? HttpResponse{200, "application/json", std::move(*data)} : Error(500, "comparison not written");
     }
     default:
       return Error(404, "no such page");
@@ -100,24 +139,53 @@ HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view que
 
 namespace {
 
-int Handle(mg_connection* conn, void* data) {
-  const auto* handler = static_cast<const DashboardHandler*>(data);
-  const mg_request_info* ri = mg_get_request_info(conn);
-  HttpResponse r;
-  if (std::string(ri->request_method) != "GET") {
-    r = HttpResponse{405, "application/json", "{\"error\":\"only GET\"}"};
-  } else {
-    const char* auth = mg_get_header(conn, "Authorization");
-    r = handler->Get(ri->local_uri_raw != nullptr ? ri->local_uri_raw : ri->local_uri,
-                     ri->query_string != nullptr ? ri->query_string : "", auth != nullptr ? auth : "");
-  }
+// A response's headers, then its body in pieces: a client that stops reading is dropped by
+// civetweb's write timeout, and one that reads too slowly by the deadline (a second per 256 KiB
+// past the first 30 s).
+void Send(mg_connection* conn, const HttpResponse& r) {
   mg_printf(conn,
             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
             "X-Content-Type-Options: nosniff\r\nX-Frame-Options: SAMEORIGIN\r\nReferrer-Policy: no-referrer\r\n"
             "Content-Security-Policy: default-src 'self' 'unsafe-inline' blob: data:\r\nConnection: close\r\n\r\n",
             r.status, mg_get_response_code_text(conn, r.status), r.content_type.c_str(), r.body.size());
-  mg_write(conn, r.body.data(), r.body.size());
+  constexpr size_t kPiece = 256 << 10;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30 + r.body.size() / kPiece);
+  for (size_t at = 0; at < r.body.size(); at += kPiece) {
+    if (mg_write(conn, r.body.data() + at, std::min(kPiece, r.body.size() - at)) <= 0) return;
+    if (std::chrono::steady_clock::now() > deadline) return;
+  }
+}
+
+int Handle(mg_connection* conn, void* data) {
+  auto* server = static_cast<DashboardServer*>(data);
+  const mg_request_info* ri = mg_get_request_info(conn);
+  const std::string client = ri->remote_addr;
+  HttpResponse r;
+  if (!server->Admit(client)) {
+    r = Error(429, "too many requests in progress from this address");
+  } else {
+    if (std::string(ri->request_method) != "GET") {
+      r = Error(405, "only GET");
+    } else if (ri->local_uri_raw == nullptr) {
+      r = Error(400, "not a path of this server");
+    } else {
+      const char* auth = mg_get_header(conn, "Authorization");
+      const char* host = mg_get_header(conn, "Host");
+      // civetweb leaves the path as received (decode_url no): it is decoded once, by the router.
+      r = server->handler()->Get(ri->local_uri_raw, ri->query_string != nullptr ? ri->query_string : "",
+                                 auth != nullptr ? auth : "", host != nullptr ? host : "");
+    }
+    server->Release(client);
+  }
+  Send(conn, r);
   return r.status;
+}
+
+// civetweb's own errors (a malformed request line, an unsupported HTTP version, headers too long)
+// as the dashboard's JSON errors.
+int CivetwebError(mg_connection* conn, int status, const char* message) {
+  Send(conn, Error(status, message != nullptr ? message : "bad request"));
+  return 0;
 }
 
 }  // namespace
@@ -135,9 +203,14 @@ absl::StatusOr<std::unique_ptr<DashboardServer>> DashboardServer::Start(const Da
   const bool tls = !options.tls_cert.empty();
   const std::string ports = options.listen + (tls ? "s" : "");
   const std::string threads = absl::StrCat(options.threads);
+  const std::string timeout = absl::StrCat(options.header_timeout_ms);
+  server->max_requests_per_client_ = options.max_requests_per_client;
+  // request_timeout_ms bounds reading a request's headers (in all, from the connection's start) and
+  // each stalled write; decode_url no: the router decodes the path once.
   std::vector<const char*> opts = {"listening_ports", ports.c_str(), "num_threads", threads.c_str(),
-                                   "request_timeout_ms", "10000", "max_request_size", "16384",
-                                   "enable_directory_listing", "no"};
+                                   "request_timeout_ms", timeout.c_str(), "max_request_size", "16384",
+                                   "enable_directory_listing", "no", "decode_url", "no",
+                                   "enable_keep_alive", "no", "listen_backlog", "1024"};
   if (tls) {
     opts.push_back("ssl_certificate");
     opts.push_back(options.tls_cert.c_str());
@@ -147,12 +220,13 @@ absl::StatusOr<std::unique_ptr<DashboardServer>> DashboardServer::Start(const Da
     return absl::UnavailableError("--http-listen with TLS: this civetweb cannot serve HTTPS");
   }
   mg_callbacks callbacks{};
+  callbacks.http_error = CivetwebError;
   server->ctx_ = mg_start(&callbacks, nullptr, opts.data());
   if (server->ctx_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("--http-listen ", options.listen, ": cannot listen (address in use, "
                                                "invalid, or TLS unavailable)"));
   }
-  mg_set_request_handler(server->ctx_, "/", Handle, const_cast<DashboardHandler*>(handler));
+  mg_set_request_handler(server->ctx_, "/", Handle, server.get());
   mg_server_port port{};
   if (mg_get_server_ports(server->ctx_, 1, &port) > 0) server->port_ = port.port;
   return server;
@@ -160,6 +234,20 @@ absl::StatusOr<std::unique_ptr<DashboardServer>> DashboardServer::Start(const Da
 
 DashboardServer::~DashboardServer() {
   if (ctx_ != nullptr) mg_stop(ctx_);
+}
+
+bool DashboardServer::Admit(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  int& n = in_progress_[client];
+  if (n >= max_requests_per_client_) return false;
+  ++n;
+  return true;
+}
+
+void DashboardServer::Release(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  auto it = in_progress_.find(client);
+  if (it != in_progress_.end() && --it->second <= 0) in_progress_.erase(it);
 }
 
 }  // namespace tally

@@ -1,5 +1,6 @@
 #include "server/http/dashboard_routes.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -101,6 +102,45 @@ bool PercentDecode(absl::string_view in, bool plus_is_space, std::string* out) {
     out->push_back(c);
   }
   return true;
+}
+
+bool HostAllowed(absl::string_view host, const std::vector<std::string>& names) {
+  if (host.empty() || host.size() > 255) return false;
+  absl::string_view name = host;
+  if (name.front() == '[') {  // An IPv6 literal, [addr] or [addr]:port.
+    const size_t close = name.find(']');
+    if (close == absl::string_view::npos) return false;
+    const absl::string_view rest = name.substr(close + 1);
+    if (!rest.empty() && (rest.front() != ':' || rest.size() == 1)) return false;
+    for (char c : rest.substr(std::min<size_t>(1, rest.size()))) {
+      if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+    }
+    for (char c : name.substr(1, close - 1)) {
+      if (!absl::ascii_isxdigit(static_cast<unsigned char>(c)) && c != ':' && c != '.') return false;
+    }
+    return close > 1;
+  }
+  if (const size_t colon = name.rfind(':'); colon != absl::string_view::npos) {
+    for (char c : name.substr(colon + 1)) {
+      if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+    }
+    name = name.substr(0, colon);
+  }
+  if (name.empty()) return false;
+  // Dotted IPv4: four numbers of at most three digits.
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
+  bool ipv4 = parts.size() == 4;
+  for (absl::string_view p : parts) {
+    int v = 0;
+    ipv4 = ipv4 && !p.empty() && p.size() <= 3 && absl::SimpleAtoi(p, &v) && v <= 255 &&
+           absl::ascii_isdigit(static_cast<unsigned char>(p.front()));
+  }
+  if (ipv4) return true;
+  if (absl::EqualsIgnoreCase(name, "localhost")) return true;
+  for (const std::string& n : names) {
+    if (!n.empty() && absl::EqualsIgnoreCase(name, n)) return true;
+  }
+  return false;
 }
 
 DashboardRoute ParseDashboardRequest(absl::string_view path, absl::string_view query) {

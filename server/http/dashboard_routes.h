@@ -11,6 +11,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -34,6 +35,13 @@ DashboardRoute ParseDashboardRequest(absl::string_view path, absl::string_view q
 
 // Percent-decoding ('+' is a space in queries); false on a malformed escape or a NUL.
 bool PercentDecode(absl::string_view in, bool plus_is_space, std::string* out);
+
+// Whether a request's Host header may be answered (DNS rebinding: a web page whose own name was
+// made to resolve to this machine must not read the dashboard through the visitor's browser). Its
+// host part (the port aside) must be an IP address (v4, or v6 in brackets: no name was resolved),
+// "localhost", or one of `names` (the listen address's name, this machine's name,
+// --http-allowed-hosts), compared without case. An empty or missing Host is refused.
+bool HostAllowed(absl::string_view host, const std::vector<std::string>& names);
 
 }  // namespace tally
 

@@ -1,7 +1,9 @@
 // COCO JSON files on arbitrary bytes (as a dataset, a results list and a panoptic file): no crash, no
-// unbounded allocation; every annotation that parsed rasterises (or is refused) on a small
-// image, its mask sums to the image's pixels, and its compressed string decodes to the same runs.
+// unbounded allocation; every annotation that parsed rasterises (or is refused) on a small image
+// within a budget, its mask sums to the image's pixels, and its compressed string decodes to the
+// same runs; image file names and category names hold no control character.
 #include "common/io/coco_json.h"
+#include "common/io/manifest.h"
 #include "fuzz_util.h"
 #include "metrics/coco_rle.h"
 
@@ -11,7 +13,8 @@ void CheckMasks(const std::vector<tally::CocoAnnotation>& annotations) {
   for (const tally::CocoAnnotation& a : annotations) {
     const int64_t h = a.segmentation.height > 0 && a.segmentation.height <= 64 ? a.segmentation.height : 16;
     const int64_t w = a.segmentation.width > 0 && a.segmentation.width <= 64 ? a.segmentation.width : 16;
-    absl::StatusOr<tally::Rle> r = tally::SegmentationRle(a.segmentation, h, w);
+    // With a rasterisation budget (issue 49): refused or within it, never past it.
+    absl::StatusOr<tally::Rle> r = tally::SegmentationRle(a.segmentation, h, w, int64_t{1} << 20);
     if (!r.ok()) continue;
     uint64_t total = 0;
     for (uint32_t c : r->counts) total += c;
@@ -27,7 +30,12 @@ void CheckMasks(const std::vector<tally::CocoAnnotation>& annotations) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text = FuzzInput(data, size);
   absl::StatusOr<tally::CocoDataset> d = tally::ParseCocoDataset(text, "fuzz.json");
-  if (d.ok()) CheckMasks(d->annotations);
+  if (d.ok()) {
+    CheckMasks(d->annotations);
+    // Names reach reports and paths: no control character gets through.
+    for (const tally::CocoImageInfo& im : d->images) FUZZ_CHECK(tally::FirstControlCharacter(im.file_name, false) < 0);
+    for (const tally::CocoCategoryInfo& c : d->categories) FUZZ_CHECK(tally::FirstControlCharacter(c.name, false) < 0);
+  }
   absl::StatusOr<std::vector<tally::CocoAnnotation>> r = tally::ParseCocoResults(text, "fuzz.json");
   if (r.ok()) CheckMasks(*r);
   absl::StatusOr<tally::CocoDataset> p = tally::ParseCocoPanoptic(text, "fuzz.json");

@@ -29,6 +29,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (r.kind == Kind::kJobs) FUZZ_CHECK(r.limit >= 1 && r.limit <= 1000);
   if (r.kind == Kind::kBadRequest) FUZZ_CHECK(!r.error.empty());
+  // Host headers (DNS rebinding): an allowed one is an address, localhost or the given name.
+  if (tally::HostAllowed(text, {"tally-box"})) {
+    FUZZ_CHECK(text.find('/') == std::string::npos && text.find('\0') == std::string::npos);
+    FUZZ_CHECK(text.find(' ') == std::string::npos);
+  }
   std::string decoded;
   if (tally::PercentDecode(query, true, &decoded)) FUZZ_CHECK(decoded.find('\0') == std::string::npos);
   return 0;

@@ -76,6 +76,48 @@ def main():
     for i, s in enumerate([b"plain", b"with,comma", b'quote"inside', b"new\nline", b"\x00\x01\x1f\x7f",
                            "\u00e9\u4e2d\U0001F600".encode(), b"\xc3\x28 invalid", b"\xed\xa0\x80 surrogate"]):
         save("report_strings", f"s{i}", s)
+    hostile_seeds()
+
+
+def hostile_seeds():
+    """Issue 49's cases: COCO sizes that overflow, fields of the wrong type, control characters; a
+    dashboard path with %00 and Host headers; NIfTI files with NaN voxels and misplaced vox_offset."""
+    import json
+    import struct
+    import tempfile
+    import nibabel as nib
+    tri = [[0, 0, 5, 0, 0, 5]]
+    save("coco_json", "hostile_sizes.json", json.dumps({
+        "images": [{"id": 1, "height": 4294967296, "width": 4294967296}, {"id": 2, "height": 1, "width": 268435456}],
+        "categories": [{"id": 1, "name": "a"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "segmentation": tri},
+                        {"id": 2, "image_id": 2, "category_id": 1, "segmentation": [[0, 0, 268435455, 0, 0, 0.9]]},
+                        {"id": 3, "image_id": 2, "category_id": 1,
+                         "segmentation": {"counts": [0, 4], "size": [100.5, 100]}}]}).encode())
+    save("coco_json", "hostile_types.json", json.dumps({
+        "images": [{"id": 7, "file_name": "a\u0000b.png", "height": 4, "width": 4}],
+        "categories": [{"id": 1, "name": "c\u001bt"}],
+        "annotations": [{"id": 1, "image_id": "7", "category_id": "1", "segmentation": tri},
+                        {"id": 2, "image_id": 7, "category_id": 1e20, "segmentation": tri}]}).encode())
+    save("dashboard", "nul_path", b"/api/jobs/j1%00garbage/files/report.json")
+    save("dashboard", "nul_file", b"/api/jobs/j1/files/report.json%00../../tally.db")
+    save("dashboard", "double_encoded", b"/api/jobs/%256a")
+    save("dashboard", "host", b"[::1]:8080")
+    with tempfile.TemporaryDirectory() as tmp:
+        vol = np.zeros((4, 3, 2), np.uint8)
+        vol[1:3, 1, :] = 2
+        for name, v in (("uint8.nii", vol), ("float32_nan.nii", np.where(vol > 0, np.nan, 0).astype(np.float32)),
+                        ("int16.nii", vol.astype(np.int16))):
+            nib.save(nib.Nifti1Image(v, np.eye(4)), os.path.join(tmp, name))
+            with open(os.path.join(tmp, name), "rb") as f:
+                save("nifti", name, f.read())
+        nib.save(nib.Nifti2Image(vol, np.eye(4)), os.path.join(tmp, "nifti2.nii"))
+        with open(os.path.join(tmp, "nifti2.nii"), "rb") as f:
+            save("nifti", "nifti2.nii", f.read())
+        with open(os.path.join(tmp, "uint8.nii"), "rb") as f:
+            raw = f.read()
+        for offset in (2147483904.0, -1000.0, 1e12):
+            save("nifti", f"offset_{int(offset)}.nii", raw[:108] + struct.pack("<f", offset) + raw[112:])
 
 
 if __name__ == "__main__":

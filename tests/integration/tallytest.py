@@ -138,6 +138,15 @@ def tally(*args, check=True, timeout=600):
     return p
 
 
+def run_binary(name, *args, check=True, timeout=120):
+    """Runs one of the built binaries (tallyd, tally-worker, the bench tools); returns the CompletedProcess."""
+    p = subprocess.run([os.path.join(BIN, name)] + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{name} {' '.join(map(str, args))} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
 def tally_run(model, manifest, out, *extra, check=True):
     """`tally run`; rows may fail without a non-zero exit (exit code 3) unless the test sets
     --max-failed-fraction itself."""

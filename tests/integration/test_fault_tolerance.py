@@ -488,7 +488,12 @@ class UnreachableCoordinatorTest(unittest.TestCase):
         worker = subprocess.Popen([os.path.join(tt.BIN, "tally-worker"), "--coordinator", f"127.0.0.1:{port}"],
                                   stdout=log, stderr=subprocess.STDOUT)
         self.addCleanup(lambda: (worker.poll() is None and worker.terminate(), worker.wait(10)))
-        time.sleep(1.5)
+        # The coordinator comes up only once the worker has tried it (a loaded machine can take seconds
+        # just to load the worker's libraries).
+        deadline = time.time() + 60
+        while "cannot reach the coordinator" not in open(os.path.join(root, "worker.log")).read():
+            self.assertLess(time.time(), deadline, "the worker never tried the coordinator")
+            time.sleep(0.1)
         with open(os.path.join(root, "tallyd.log"), "w") as tlog:
             tallyd = subprocess.Popen([os.path.join(tt.BIN, "tallyd"), "--listen", f"127.0.0.1:{port}",
                                        "--state-dir", os.path.join(root, "state")], stdout=tlog,

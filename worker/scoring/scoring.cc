@@ -4,8 +4,10 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/checked_math.h"
 #include "common/base/clock.h"
 #include "common/io/image_io.h"
 #include "metrics/label_counts.h"
@@ -193,15 +195,18 @@ absl::Status ScoringPipeline::LoadPanopticPair(const v1::ManifestRow& row, Loade
 }
 
 absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
-                                           v1::ImageResult* result, ShardThumbnails* thumbnails) const {
+                                           v1::ImageResult* result, ShardThumbnails* thumbnails, int64_t spare) const {
   if (!row.has_coco_image()) return absl::InvalidArgumentError("the row names no COCO image");
-  CocoImageInstances image;
-  RETURN_IF_ERROR(coco_->Instances(row.coco_image_id(), &image));
-  const int64_t pixels = image.height * image.width;
-  if (image.height <= 0 || image.width <= 0 || pixels > config_.max_image_pixels) {
-    return absl::InvalidArgumentError(absl::StrCat("COCO image ", image.image_id, " is ", image.height, "x", image.width,
-                                                   " (HxW); expected a size of 1 to ", config_.max_image_pixels, " pixels"));
+  // The size the annotation file gives, checked before anything of that size is made.
+  const CocoImageInfo* info = coco_->Image(row.coco_image_id());
+  if (info != nullptr && (info->height <= 0 || info->width <= 0 ||
+                          !ProductWithin({info->height, info->width}, config_.max_image_pixels))) {
+    return absl::InvalidArgumentError(absl::StrCat("COCO image ", info->id, " is ", info->height, "x", info->width,
+                                                   " (HxW); expected a size of 1 to ", config_.max_image_pixels,
+                                                   " pixels (--max-image-pixels)"));
   }
+  CocoImageInstances image;
+  RETURN_IF_ERROR(coco_->Instances(row.coco_image_id(), &image, spare));
   result->set_coco_image_id(image.image_id);
   EvaluateCocoInstances(image, result->mutable_instances());
   bool render = false;
@@ -229,7 +234,7 @@ absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap
     map->volume = false;
     map->labels.height = static_cast<int>(row_major ? image.height : image.width);
     map->labels.width = static_cast<int>(row_major ? image.width : image.height);
-    map->labels.labels.resize(pixels);
+    map->labels.labels.resize(static_cast<size_t>(image.height * image.width));  // Checked above.
     PaintCocoLabels(detections ? image.detections : image.references, detections, image.height, image.width,
                     map->labels.labels.data(), !row_major);
     map->geometry = VolumeGeometry{};
@@ -262,34 +267,49 @@ void ScoringPipeline::Surfaces(const uint16_t* p, const uint16_t* r, int depth, 
 }
 
 absl::Status ScoringPipeline::Lesions(const uint16_t* p, const uint16_t* r, int depth, int height, int width,
-                                      const SurfaceOptions3D& spacing, v1::ImageResult* result) const {
+                                      const SurfaceOptions3D& spacing, int64_t spare, v1::ImageResult* result) const {
   LesionOptions lesion = config_.lesion;
+  lesion.max_component_bytes = spare;
   lesion.spacing_z = spacing.spacing_z;
   lesion.spacing_y = spacing.spacing_y;
   lesion.spacing_x = spacing.spacing_x;
   return ScoreLesions(p, r, depth, height, width, config_.regions, config_.include_background, lesion, result);
 }
 
+namespace {
+
+// `result` failed with `message`: what was scored of it is dropped.
+v1::ImageResult Failed(v1::ImageResult result, absl::string_view message) {
+  result.clear_classes();
+  result.clear_instances();
+  result.clear_panoptic();
+  result.clear_panoptic_matches();
+  result.clear_panoptic_fp();
+  result.clear_panoptic_fn();
+  result.clear_lesions();
+  result.set_error(std::string(message));
+  return result;
+}
+
+}  // namespace
+
 v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails,
                                           std::string* fatal) const {
   const JobConfig& config = config_;
   v1::ImageResult result;
   result.set_index(row.index());
-  auto fail = [&](absl::string_view message) {
-    result.clear_classes();
-    result.clear_instances();
-    result.clear_panoptic();
-    result.clear_panoptic_matches();
-    result.clear_panoptic_fp();
-    result.clear_panoptic_fn();
-    result.clear_lesions();
-    result.set_error(std::string(message));
-    return result;
-  };
+  auto fail = [&](absl::string_view message) { return Failed(std::move(result), message); };
   if (!row.error().empty()) return fail(row.error());
+  // The row's memory, from what its files declare, held at the gate while it is scored.
+  int64_t held = 0, spare = -1;
+  if (std::string why = Admit(row, &held, &spare); !why.empty()) return fail(why);
+  absl::Cleanup release = [&] {
+    if (held > 0) memory_->Release(held);
+  };
   LoadedMap ref, pred;
   const absl::Status loaded = panoptic_ != nullptr                       ? LoadPanopticPair(row, &ref, &pred, &result)
-                              : coco_ != nullptr && row.has_coco_image() ? LoadCocoPair(row, &ref, &pred, &result, thumbnails)
+                              : coco_ != nullptr && row.has_coco_image() ? LoadCocoPair(row, &ref, &pred, &result, thumbnails,
+                                                                                        spare)
                               : volumes_ != nullptr                      ? PredictPair(row, &ref, &pred)
                                                                          : LoadPair(row, &ref, &pred);
   if (!loaded.ok()) return fail(loaded.message());
@@ -342,7 +362,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
     cr->set_nsd(surface[c].nsd);
   }
   if (AnyLesionMetric(config.metrics)) {
-    const absl::Status scored = Lesions(p, r, depth, height, width, spacing, &result);
+    const absl::Status scored = Lesions(p, r, depth, height, width, spacing, spare, &result);
     if (!scored.ok()) return fail(scored.message());
   }
   // COCO instance jobs show instances (matched, missed, false) instead of one class's pixels.
@@ -397,6 +417,50 @@ ScoringPipeline::ScoringPipeline(JobConfig config, int threads, ResultFn on_resu
   activity_.resize(threads_count_);
   for (int i = 0; i < threads_count_; ++i) threads_.emplace_back([this, i] { Loop(i); });
   if (on_timeout_ && config_.batch_timeout_seconds > 0) threads_.emplace_back([this] { WatchdogLoop(); });
+}
+
+void ScoringPipeline::SetMemoryBudget(int64_t bytes) {
+  memory_ = bytes > 0 ? std::make_unique<MemoryGate>(bytes) : nullptr;
+}
+
+std::string ScoringPipeline::Admit(const v1::ManifestRow& row, int64_t* held, int64_t* spare) const {
+  if (memory_ == nullptr) return "";
+  std::string what;
+  const int64_t bytes = EstimateRow(row, &what);
+  if (std::string why = RowOverBudget(bytes, memory_->budget(), what); !why.empty()) return why;
+  *held = memory_->Acquire(bytes);
+  *spare = memory_->budget() - bytes;
+  return "";
+}
+
+int64_t ScoringPipeline::EstimateRow(const v1::ManifestRow& row, std::string* what) const {
+  RowMemoryInputs in;
+  in.lesions = AnyLesionMetric(config_.metrics);
+  in.lesion_dilation = config_.lesion.iou_threshold > 0 ? 0 : config_.lesion.dilation;
+  std::string size;
+  if (coco_ != nullptr && row.has_coco_image()) {
+    const CocoImageInfo* info = coco_->Image(row.coco_image_id());
+    if (info == nullptr || !ProductWithin({info->height, info->width}, config_.max_image_pixels)) return 0;
+    in.voxels = info->height * info->width;
+    in.coco = true;
+    in.thumbnail = config_.thumbnails > 0;
+    size = absl::StrCat(info->height, "x", info->width, " pixels");
+  } else {
+    // Both files (a volume job's model gives the prediction: its reference alone).
+    for (const std::string& path : {row.mask_path(), volumes_ != nullptr ? std::string() : row.prediction_path()}) {
+      if (path.empty()) continue;
+      absl::StatusOr<DeclaredSize> d = ReadDeclaredSize(path, config_.max_image_pixels);
+      if (!d.ok()) return 0;
+      in.voxels = std::max(in.voxels, d->voxels());
+      in.stored_bytes_per_voxel = std::max(in.stored_bytes_per_voxel, d->stored_bytes_per_voxel);
+      in.file_bytes = std::max(in.file_bytes, d->file_bytes);
+      size = d->depth > 1 ? absl::StrCat(d->width, "x", d->height, "x", d->depth, " (x, y, z) voxels")
+                          : absl::StrCat(d->height, "x", d->width, " pixels");
+    }
+    in.panoptic = panoptic_ != nullptr;
+  }
+  *what = absl::StrCat(size, in.lesions ? " with lesion metrics" : "", in.panoptic ? " (panoptic)" : "");
+  return ScoringRowBytes(in);
 }
 
 ScoringPipeline::~ScoringPipeline() {

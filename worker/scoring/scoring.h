@@ -33,6 +33,7 @@
 #include "common/io/thumbnail.h"
 #include "common/io/volume_io.h"
 #include "worker/interfaces/row_evaluator.h"
+#include "worker/scoring/row_memory.h"
 #include "worker/scoring/volume_model.h"
 
 namespace tally {
@@ -56,6 +57,10 @@ class ScoringPipeline : public RowEvaluator {
   // Volumes' surface distances with the GPU doing the voxel work (metrics/gpu/surface3d_kernel.h; the
   // same values) on CUDA device `device`; -1: the CPU. Builds without Tally's CUDA kernels ignore it.
   void UseDeviceForSurfaces(int device) { surface_device_ = device; }
+  // The host memory the rows in progress may hold together (worker/scoring/row_memory.h): a row
+  // whose estimate passes it fails, naming both; others wait until theirs fits. Call before Submit.
+  // <= 0: no limit.
+  void SetMemoryBudget(int64_t bytes);
 
   void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) override;
   void Drop(int64_t lease_id) override;
@@ -90,14 +95,21 @@ class ScoringPipeline : public RowEvaluator {
   // COCO instance jobs: the row's instances evaluated into `result`, and painted as both maps.
   // Rows among the shard's lowest instance F1 get a thumbnail of the matching (`thumbnails` may be null).
   absl::Status LoadCocoPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred, v1::ImageResult* result,
-                            ShardThumbnails* thumbnails) const;
+                            ShardThumbnails* thumbnails, int64_t spare = -1) const;
   absl::StatusOr<int> ClassCount(const v1::ManifestRow& row, const LoadedMap& ref, const LoadedMap& pred) const;
+  // What the row will hold at its peak, from the sizes its files declare (row_memory.h), and its
+  // size in words ("512x512x300 voxels with lesion metrics"). 0 where a file cannot be read: loading
+  // it then fails the row with the reason.
+  int64_t EstimateRow(const v1::ManifestRow& row, std::string* what) const;
+  // The row admitted at the memory gate: `held` what it holds there (release it), `spare` what
+  // polygons and lesion components may take beyond it (-1: no limit). Non-empty: why it cannot run.
+  std::string Admit(const v1::ManifestRow& row, int64_t* held, int64_t* spare) const;
   // The surface distances of every class or region of a row.
   void Surfaces(const uint16_t* p, const uint16_t* r, int depth, int height, int width, int classes,
                 const SurfaceOptions3D& spacing, std::vector<SurfaceValues>* surface) const;
   // The lesion-wise metrics of every class or region of a row into `result`.
   absl::Status Lesions(const uint16_t* p, const uint16_t* r, int depth, int height, int width,
-                       const SurfaceOptions3D& spacing, v1::ImageResult* result) const;
+                       const SurfaceOptions3D& spacing, int64_t spare, v1::ImageResult* result) const;
   absl::StatusOr<SurfaceOptions3D> SpacingOf(const v1::ManifestRow& row, const LoadedMap& ref) const;
   void AddThumbnails(const v1::ManifestRow& row, const uint16_t* prediction, const uint16_t* reference, int depth,
                      int height, int width, ShardThumbnails* thumbnails, v1::ImageResult* result) const;
@@ -129,6 +141,7 @@ class ScoringPipeline : public RowEvaluator {
   const std::shared_ptr<VolumeModel> volumes_;             // Volume jobs.
   const std::string save_predictions_;                     // Volume jobs: resolved folder, or empty.
   mutable std::atomic<int> surface_device_{-1};            // UseDeviceForSurfaces; -1 once it failed.
+  std::unique_ptr<MemoryGate> memory_;                     // SetMemoryBudget; null: no limit.
   // Panoptic jobs: the row's segments evaluated into `result`, and their categories as both maps.
   absl::Status LoadPanopticPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
                                 v1::ImageResult* result) const;
