@@ -14,6 +14,7 @@
 #include "common/io/manifest.h"
 #include "common/io/thumbnail.h"
 #include "common/job/job_config.h"
+#include "common/job/job_spec_validation.h"
 #include "metrics/catalogue.h"
 
 namespace tally {
@@ -404,6 +405,13 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const JobFlags& flags, const std::stri
   if (absl::Status s = ModelFlags(flags, manifest.empty() ? flags.manifest : manifest, &spec); !s.ok()) return s;
   for (auto step : {ThresholdFlags, ReportFlags, LesionFlags, VolumeFlags, SamplingFlags, InputFlags, RunnerFlags, MaskFlags}) {
     if (absl::Status s = step(flags, &spec); !s.ok()) return s;
+  }
+  // The coordinator's checks of the fields, here too: a bad flag is a usage error (exit 2) before
+  // anything is started or sent. The files are the coordinator's to find.
+  if (absl::StatusOr<v1::JobSpec> checked = ValidateJobSpec(spec, /*check_files=*/false); !checked.ok()) {
+    std::string message(checked.status().message());
+    if (absl::StartsWith(message, "job spec: ")) message = message.substr(10);
+    return absl::InvalidArgumentError(message);
   }
   return spec;
 }

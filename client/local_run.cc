@@ -171,7 +171,10 @@ int PrintOutcome(const v1::Job& last, const std::string& out_dir) {
   std::cout << last.summary();
   std::cout << "\n" << last.images_evaluated() << "/" << last.images_total() << " images evaluated";
   if (last.images_failed() > 0) std::cout << ", " << last.images_failed() << " failed (see report.json 'failures')";
-  std::cout << absl::StrFormat("; %.1f images/s. Reports: %s/{report.json,per_image.csv,summary.md,report.html}\n",
+  // The rate `tally status` shows (from the first row leased: start-up not included); the report's
+  // Throughput fact names it beside the others.
+  std::cout << absl::StrFormat("; %.1f rows/s from the first row leased. Reports: "
+                               "%s/{report.json,per_image.csv,summary.md,report.html}\n",
                                last.images_per_second(), out_dir);
   const int code = JobExitCode(last);
   if (code == kExitTooManyFailedRows) {

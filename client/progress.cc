@@ -14,6 +14,11 @@
 
 namespace tally {
 
+std::string WithInterval(double mean, double low, double high, int digits) {
+  if (std::isnan(low) || std::isnan(high)) return absl::StrFormat("%.*f", digits, mean);
+  return absl::StrFormat("%.*f [%.*f, %.*f]", digits, mean, digits, low, digits, high);
+}
+
 std::string FormatDuration(double seconds) {
   if (seconds < 0 || !std::isfinite(seconds)) return "?";
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
@@ -59,7 +64,7 @@ std::string ProgressPrinter::Line(const v1::Job& job) const {
         break;
       }
       absl::StrAppend(&line, shown == 1 ? "  dice " : ", ", e.class_id(), ": ",
-                      absl::StrFormat("%.3f+/-%.3f", e.dice_mean(), e.dice_half_width()));
+                      WithInterval(e.dice_mean(), e.dice_ci_low(), e.dice_ci_high(), 3));
     }
   }
   if (!job.sampled().empty()) absl::StrAppend(&line, "  (", job.sampled(), ")");

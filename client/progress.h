@@ -11,6 +11,9 @@ namespace tally {
 
 // "1:02:03", "4:05", "12s".
 std::string FormatDuration(double seconds);
+// "0.9542 [0.9123, 0.9781]": an estimate with its 95% interval (a betting interval: not symmetric),
+// or the estimate alone where there is none (NaN: too few rows, or rows that are no random sample).
+std::string WithInterval(double mean, double low, double high, int digits = 4);
 
 class ProgressPrinter {
  public:

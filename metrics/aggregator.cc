@@ -37,15 +37,17 @@ double LesionValue(Metric m, int64_t tp, int64_t fn, int64_t fp, double dice_sum
 }  // namespace
 
 Aggregator::Aggregator(AggregateOptions options) : options_(std::move(options)) {
-  bootstrap_ = options_.population_rows <= 0 && options_.bootstrap_resamples > 0;
-  const int resamples = bootstrap_ ? options_.bootstrap_resamples : 0;
-  classes_.assign(std::max(0, options_.num_classes), PerClass(resamples));
+  classes_.assign(std::max(0, options_.num_classes), PerClass());
+  // Row keys are hashes (a fraction of them by the job's rows); positions count from 0.
+  const IntervalSample interval(options_.interval == IntervalKind::kRows
+                                    ? IntervalSample::HashKeyLimit(options_.population_rows)
+                                    : static_cast<uint64_t>(kMaxIntervalRows));
   for (PerClass& pc : classes_) {
+    pc.dice_interval = interval;
     pc.iou_ge.assign(options_.iou_thresholds.size(), 0);
     pc.sum.resize(options_.metrics.size());
   }
   thresholds_.resize(options_.thresholds.size());
-  weights_.resize(resamples);
 }
 
 double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m, EmptyScore empty) {
@@ -62,6 +64,12 @@ double Aggregator::ImageMetric(const v1::ImageResult& result, int c, Metric m, E
 namespace {
 constexpr size_t kWorstRows = 10;
 
+// Per-image values in [0, 1], binned over it (distances and counts over [0, their largest]).
+bool UnitRange(Metric m) {
+  return IsCountMetric(m) || m == Metric::kLesionDice || m == Metric::kLesionSensitivity ||
+         m == Metric::kLesionPrecision || m == Metric::kLesionF1;
+}
+
 // `entry` into a max-heap of the kWorstRows lowest (dice, index) pairs.
 void KeepWorst(const std::pair<double, int64_t>& entry, std::vector<std::pair<double, int64_t>>* heap) {
   if (heap->size() >= kWorstRows && !(entry < heap->front())) return;
@@ -74,7 +82,7 @@ void KeepWorst(const std::pair<double, int64_t>& entry, std::vector<std::pair<do
 }
 }  // namespace
 
-void Aggregator::AddValue(PerClass* pc, size_t slot, Metric m, double v, int64_t index, const uint8_t* weights) {
+void Aggregator::AddValue(PerClass* pc, size_t slot, Metric m, double v, int64_t index, uint64_t order_key) {
   const int k = static_cast<int>(m);
   if (m == Metric::kIou && !std::isnan(v)) {
     ++pc->iou_defined;
@@ -86,25 +94,26 @@ void Aggregator::AddValue(PerClass* pc, size_t slot, Metric m, double v, int64_t
   } else {
     pc->sum[slot].Add(v);
     ++pc->count[k];
-    if (IsCountMetric(m)) pc->unit_bins[k][std::clamp(static_cast<int>(v * kHistogramBins), 0, kHistogramBins - 1)]++;
+    if (UnitRange(m)) pc->unit_bins[k][std::clamp(static_cast<int>(v * kHistogramBins), 0, kHistogramBins - 1)]++;
   }
   if (m == Metric::kDice) {
-    if (weights != nullptr) pc->bootstrap.Add(v, weights);
-    if (!bootstrap_) pc->dice_squares.Add(v * v);
+    if (options_.interval != IntervalKind::kNone) pc->dice_interval.Add(order_key, v);
     pc->dice_zero += v == 0.0;
     KeepWorst({v, index}, &pc->worst);
-  } else if (!IsCountMetric(m)) {
+  } else if (!UnitRange(m)) {
     pc->values[k].push_back(v);
   }
 }
 
-void Aggregator::Add(const v1::ImageResult& result, std::optional<uint64_t> row_key) {
+void Aggregator::Add(const v1::ImageResult& result, std::optional<uint64_t> order_key) {
   ++images_;
-  const uint8_t* weights = nullptr;
-  if (bootstrap_) {
-    const uint64_t key = row_key.has_value() ? *row_key : RowKey(absl::StrCat("#", result.index()));
-    PoissonBootstrapMean::RowWeights(options_.bootstrap_seed, key, options_.bootstrap_resamples, weights_.data());
-    weights = weights_.data();
+  uint64_t key = 0;
+  if (order_key.has_value()) {
+    key = *order_key;
+  } else if (options_.interval == IntervalKind::kSample) {
+    key = static_cast<uint64_t>(result.index());
+  } else {
+    key = RowKey(absl::StrCat("#", result.index()));
   }
   for (int c = 0; c < static_cast<int>(classes_.size()) && c < result.classes_size(); ++c) {
     PerClass& pc = classes_[c];
@@ -113,6 +122,7 @@ void Aggregator::Add(const v1::ImageResult& result, std::optional<uint64_t> row_
     pc.reference_images += cr.tp() + cr.fn() > 0;
     pc.predicted_images += cr.tp() + cr.fp() > 0;
     if (cr.lesion()) {
+      ++pc.lesion_rows;
       pc.lesion_tp += cr.lesion_tp();
       pc.lesion_fn += cr.lesion_fn();
       pc.lesion_fp += cr.lesion_fp();
@@ -121,7 +131,7 @@ void Aggregator::Add(const v1::ImageResult& result, std::optional<uint64_t> row_
     }
     for (size_t slot = 0; slot < options_.metrics.size(); ++slot) {
       const Metric m = options_.metrics[slot];
-      AddValue(&pc, slot, m, ImageMetric(result, c, m, options_.empty_score), result.index(), weights);
+      AddValue(&pc, slot, m, ImageMetric(result, c, m, options_.empty_score), result.index(), key);
     }
   }
   for (size_t t = 0; t < thresholds_.size() && t < static_cast<size_t>(result.thresholds_size()); ++t) {
@@ -155,14 +165,14 @@ void Aggregator::Merge(const Aggregator& other) {
       pc.values[k].insert(pc.values[k].end(), o.values[k].begin(), o.values[k].end());
       for (int b = 0; b < kHistogramBins; ++b) pc.unit_bins[k][b] += o.unit_bins[k][b];
     }
-    pc.bootstrap.Merge(o.bootstrap);
-    pc.dice_squares.Merge(o.dice_squares);
+    pc.dice_interval.Merge(o.dice_interval);
     pc.dice_zero += o.dice_zero;
     for (const auto& entry : o.worst) KeepWorst(entry, &pc.worst);
     pc.iou_defined += o.iou_defined;
     for (size_t t = 0; t < pc.iou_ge.size() && t < o.iou_ge.size(); ++t) pc.iou_ge[t] += o.iou_ge[t];
     pc.reference_images += o.reference_images;
     pc.predicted_images += o.predicted_images;
+    pc.lesion_rows += o.lesion_rows;
     pc.lesion_tp += o.lesion_tp;
     pc.lesion_fn += o.lesion_fn;
     pc.lesion_fp += o.lesion_fp;
@@ -188,7 +198,7 @@ ClassAggregate Aggregator::FinishClass(int c) const {
   for (Metric m : options_.metrics) {
     const int k = static_cast<int>(m);
     Histogram& h = ca.histograms[k];
-    if (IsCountMetric(m)) {
+    if (UnitRange(m)) {
       h.bins = pc.unit_bins[k];
       continue;
     }
@@ -212,8 +222,10 @@ ClassAggregate Aggregator::FinishClass(int c) const {
     if (IsCountMetric(m)) {
       ma.global = CountMetric(m, pc.counts);
     } else if (IsLesionMetric(m)) {
-      ma.global = LesionValue(m, pc.lesion_tp, pc.lesion_fn, pc.lesion_fp, pc.lesion_dice_sum.Value(),
-                              pc.lesion_hd95_sum.Value());
+      // A class no row scored lesion by lesion (the background, unless included) has no pooled value.
+      ma.global = pc.lesion_rows == 0 ? kNaN
+                                      : LesionValue(m, pc.lesion_tp, pc.lesion_fn, pc.lesion_fp,
+                                                    pc.lesion_dice_sum.Value(), pc.lesion_hd95_sum.Value());
     } else {
       std::vector<double> v = pc.values[k];  // One copy: PercentileLinear is right for any order of it.
       ma.median = PercentileLinear(&v, 0.5);
@@ -235,19 +247,16 @@ void Aggregator::FinishDice(int c, ClassAggregate* ca) const {
   const int64_t n = pc.count[dice];
   size_t slot = 0;
   while (slot < options_.metrics.size() && options_.metrics[slot] != Metric::kDice) ++slot;
+  // The interval's values in their order (keys, then values for equal keys: repeated ids).
   std::pair<double, double> ci{kNaN, kNaN};
-  if (!bootstrap_ && n > 0 && slot < pc.sum.size()) {
-    // A sample of the manifest: the interval of the manifest's mean (the class's share of the
-    // population estimated from the sample's), its variance from the exact sums.
-    const double nn = static_cast<double>(n);
-    const double sum = pc.sum[slot].Value();
-    const double mean = sum / nn;
-    const double m2 = std::max(0.0, pc.dice_squares.Value() - sum * mean);
-    const double population = options_.population_rows * nn / static_cast<double>(std::max<int64_t>(1, images_));
-    const double half = SamplingHalfWidth95(n, m2, population);
-    ci = {mean - half, mean + half};
-  } else if (bootstrap_) {
-    ci = pc.bootstrap.Ci95();
+  if (options_.interval != IntervalKind::kNone && n > 0 && slot < pc.sum.size()) {
+    double population = 0;
+    if (options_.interval == IntervalKind::kSample) {
+      // The class's share of the manifest, estimated from the sample's (rows where its Dice is defined).
+      population = std::ceil(options_.population_rows * static_cast<double>(n) /
+                             static_cast<double>(std::max<int64_t>(1, images_)));
+    }
+    ci = pc.dice_interval.Ci95(population);
   }
   ca->dice_ci_low = ci.first;
   ca->dice_ci_high = ci.second;

@@ -1,7 +1,7 @@
 // Dataset-level aggregation of per-image results. Results may come in any order and be split over
 // several aggregators joined with Merge: every number is the same, to the bit, whatever the order,
-// the split, the number of workers or the shard size (sums are exact, ExactSum; the interval is the
-// order-free Poisson bootstrap; percentiles sort). So tallyd keeps a job's aggregate up to date as
+// the split, the number of workers or the shard size (sums are exact, ExactSum; the interval reads
+// the rows in an order fixed by the rows alone; percentiles sort). So tallyd keeps a job's aggregate up to date as
 // its rows arrive, and the end of the job only reads it out.
 //
 // Per class and selected metric:
@@ -12,12 +12,19 @@
 //                  skipped, inf kept (an image with an empty mask is infinitely far off);
 //   lesion_<m>_global lesion metrics: the metric of the lesion counts and sums pooled over images
 //                  (lesion_dice: all Dice over all counted lesions and false positives);
-//   dice_mean_ci95 Poisson bootstrap over images (PoissonBootstrapMeanCi95: 1000 replicates, fixed
-//                  seed, each row's weights keyed by its row key, the same for every class), so
-//                  that the interval depends on the set of rows, not on their order or split. Kept
-//                  as rows arrive: per replicate the exact weighted sums (1000 x classes adds a row).
-//                  Sampled jobs: the sampling interval (SamplingHalfWidth95) from the exact sums of
-//                  the Dice values and of their squares.
+//   dice_mean_ci95 the betting interval of the mean over images (metrics/bounded_mean.h: valid at any
+//                  number of images and for skewed sets, none below kMinIntervalRows), read in an
+//                  order of the rows alone, never their values: AggregateOptions::interval says
+//                  which. kRows (a finished job's every row): the rows as independent draws of the
+//                  images they stand for, ordered by their row key (RowKey of the id), so that the
+//                  interval depends on the set of rows, not on their order, split or merge. kSample
+//                  (--sample, --until-ci, a random-order job's rows so far): a uniform random sample
+//                  without replacement of the manifest, in the order it was drawn (positions),
+//                  finite-population corrected. kNone (a manifest-order job's rows so far, which no
+//                  random process chose): no interval. At most about kMaxIntervalRows rows enter it: for
+//                  kRows those whose key lies below IntervalSample::HashKeyLimit of the job's rows
+//                  (a uniform subsample fixed by the rows), for kSample the first positions (a
+//                  random sample itself).
 // With empty_score kOne, an image whose prediction and reference of a class are both empty scores 1
 // for that class's dice and iou (LISA/ReLA) instead of NaN (nnU-Net/MONAI). iou_ge[t]: the share of
 // images with IoU >= t among those whose IoU is defined (ReLA's Pr@t). Threshold sweep: per
@@ -34,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "metrics/bounded_mean.h"
 #include "metrics/exact_sum.h"
 #include "metrics/overlap.h"
 #include "metrics/statistics.h"
@@ -41,14 +49,16 @@
 
 namespace tally {
 
+// What the Dice interval stands for (see dice_mean_ci95 above).
+enum class IntervalKind { kRows, kSample, kNone };
+
 struct AggregateOptions {
   int num_classes = 0;
   std::vector<Metric> metrics;  // Canonical order (ParseMetricNames).
   bool include_background = false;
-  int bootstrap_resamples = 1000;
-  uint64_t bootstrap_seed = 20261121;
-  // Sampled jobs (--sample, --until-ci): the rows are a uniform random sample of this many, and the
-  // Dice interval is the sampling interval (SamplingHalfWidth95) instead of the bootstrap. 0: not sampled.
+  IntervalKind interval = IntervalKind::kRows;
+  // The manifest's rows: kSample's rows are a uniform random sample of them; kRows keeps a
+  // subsample of its row keys by their number (IntervalSample::HashKeyLimit).
   double population_rows = 0;
   EmptyScore empty_score = EmptyScore::kNaN;
   std::vector<double> iou_thresholds;
@@ -72,8 +82,9 @@ struct MetricAggregate {
 // Per-image distributions in the reports: this many equal bins.
 inline constexpr int kHistogramBins = 20;
 
-// One metric's per-image values of one class, binned: over [0, 1] for count metrics, over
-// [0, max] of the finite values for surface distances (infinities are in inf_count).
+// One metric's per-image values of one class, binned: over [0, 1] for count metrics and the lesion
+// metrics in [0, 1] (dice, sensitivity, precision, f1), over [0, max] of the finite values for
+// surface distances and lesion counts and HD95 (infinities are in inf_count).
 struct Histogram {
   double max = 1;
   std::array<int64_t, kHistogramBins> bins{};
@@ -110,9 +121,10 @@ class Aggregator {
 
   // Adds one evaluated image, in any order; failed rows are not added. Per-image metric values
   // are computed here from the counts and surface values.
-  // `row_key`: the row's bootstrap key (RowKey of its id; reports pass it so that merged parts
-  // give the whole job's interval); by default RowKey("#<index>").
-  void Add(const v1::ImageResult& result, std::optional<uint64_t> row_key = std::nullopt);
+  // `order_key`: where the row comes in the interval's order: kRows, its row key (RowKey of its id,
+  // so that merged parts give the whole job's interval; by default RowKey("#<index>")); kSample,
+  // its position in the job's order (by default its index).
+  void Add(const v1::ImageResult& result, std::optional<uint64_t> order_key = std::nullopt);
   // Adds what `other` (built with the same options) was given: as if its rows had been added here.
   void Merge(const Aggregator& other);
   Aggregate Finish() const;
@@ -123,26 +135,25 @@ class Aggregator {
 
  private:
   struct PerClass {
-    explicit PerClass(int resamples) : bootstrap(resamples) {}
     ConfusionCounts counts;
     std::vector<ExactSum> sum;  // Per selected metric (options_.metrics order).
     std::array<int64_t, kNumMetrics> count{};
     std::array<int64_t, kNumMetrics> inf_count{};
     std::array<std::vector<double>, kNumMetrics> values;  // Kept for surface metrics (percentiles).
-    PoissonBootstrapMean bootstrap;                        // Of the Dice values.
-    ExactSum dice_squares;                                 // Sampled jobs' interval.
+    IntervalSample dice_interval;  // The Dice values with their order keys.
     int64_t dice_zero = 0;
     std::vector<std::pair<double, int64_t>> worst;         // A max-heap of the 10 lowest (dice, index).
     int64_t iou_defined = 0;
     std::vector<int64_t> iou_ge;
     int64_t reference_images = 0;
     int64_t predicted_images = 0;
+    int64_t lesion_rows = 0;                              // Rows scored lesion by lesion for this class.
     int64_t lesion_tp = 0, lesion_fn = 0, lesion_fp = 0;  // Lesion metrics' pooled values.
     ExactSum lesion_dice_sum, lesion_hd95_sum;
-    std::array<std::array<int64_t, kHistogramBins>, kNumMetrics> unit_bins{};  // Count metrics, [0, 1].
+    std::array<std::array<int64_t, kHistogramBins>, kNumMetrics> unit_bins{};  // Values in [0, 1] (UnitRange).
   };
   // One metric value of an image into its class (Add's per-metric part).
-  void AddValue(PerClass* pc, size_t metric_slot, Metric m, double v, int64_t index, const uint8_t* weights);
+  void AddValue(PerClass* pc, size_t metric_slot, Metric m, double v, int64_t index, uint64_t order_key);
   // One class's aggregate from its sums and values (Finish's per-class part).
   ClassAggregate FinishClass(int c) const;
   // Its Dice interval and worst rows.
@@ -159,8 +170,6 @@ class Aggregator {
   AggregateOptions options_;
   std::vector<PerClass> classes_;
   int64_t images_ = 0;
-  std::vector<uint8_t> weights_;  // The current row's bootstrap weights (Add's scratch).
-  bool bootstrap_ = true;         // Not for sampled jobs (their interval is the sampling one).
 };
 
 }  // namespace tally

@@ -66,6 +66,10 @@ int ReportVerb(const JobVerbFlags& f) {
   if (const int rc = OneJob("report", f, &client, &id); rc != 0) return rc;
   if (f.out.empty()) return UsageError("report", "tally report needs --out DIR");
   auto files = client->FetchReport(id, f.out, f.partial);
+  if (!f.partial && absl::IsFailedPrecondition(files.status())) {  // A job still running.
+    return Finish(absl::FailedPreconditionError(absl::StrCat(
+        files.status().message(), "; `tally report ", id, " --partial --out DIR` writes the rows done so far")));
+  }
   if (!files.ok()) return Finish(files.status());
   for (const std::string& file : *files) std::cout << file << "\n";
   return 0;

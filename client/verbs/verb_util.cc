@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/progress.h"
 #include "common/job/job_config.h"
 #include "common/job/rpc.h"
 #include "common/process/gpu_inventory.h"
@@ -103,11 +104,13 @@ void PrintJob(const v1::Job& job) {
   if (!IsTerminal(job.state()) && job.live_size() > 0) {
     std::cout << "  live estimates (" << job.live_note() << "):\n";
     for (const v1::LiveEstimate& e : job.live()) {
-      std::cout << absl::StrFormat("    class %-3d dice %.4f +/- %.4f  iou %.4f +/- %.4f  (%d rows)%s\n", e.class_id(),
-                                   e.dice_mean(), e.dice_half_width(), e.iou_mean(), e.iou_half_width(), e.rows(),
+      std::cout << absl::StrFormat("    class %-3d dice %s  iou %s  (%d rows)%s\n", e.class_id(),
+                                   WithInterval(e.dice_mean(), e.dice_ci_low(), e.dice_ci_high()),
+                                   WithInterval(e.iou_mean(), e.iou_ci_low(), e.iou_ci_high()), e.rows(),
                                    e.foreground() ? "" : "  (not in the foreground)");
     }
   }
+  if (!job.until_ci_note().empty()) std::cout << "  " << job.until_ci_note() << "\n";
 }
 
 }  // namespace tally

@@ -2,6 +2,7 @@
 // code is the worst of the jobs' (failed > cancelled > too many failed rows > succeeded).
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -26,10 +27,20 @@ int WaitVerb(const JobVerbFlags& f) {
   const absl::Time deadline = f.timeout > 0 ? absl::Now() + absl::Seconds(f.timeout) : absl::InfiniteFuture();
   std::vector<std::string> pending = *ids;
   int worst = kExitSucceeded;
+  // tallyd restarting (connection refused, UNAVAILABLE) is ridden through until --timeout (without
+  // one, for kUnreachableSeconds): its jobs resume where they were.
+  constexpr double kUnreachableSeconds = 120;
+  absl::Time unreachable_since = absl::InfiniteFuture();
   while (!pending.empty()) {
     std::vector<std::string> still;
+    bool unreachable = false;
     for (const std::string& id : pending) {
       auto job = (*client)->Get(id);
+      if (absl::IsUnavailable(job.status())) {
+        unreachable = true;
+        still.push_back(id);
+        continue;
+      }
       if (!job.ok()) return Finish(job.status());
       if (!IsTerminal(job->state()) || !job->report_ready()) {
         still.push_back(id);
@@ -44,6 +55,16 @@ int WaitVerb(const JobVerbFlags& f) {
     }
     pending = std::move(still);
     if (pending.empty()) break;
+    if (unreachable && unreachable_since == absl::InfiniteFuture()) {
+      unreachable_since = absl::Now();
+      std::cerr << "tally wait: the coordinator is not answering (restarting?); waiting for it\n";
+    } else if (!unreachable) {
+      unreachable_since = absl::InfiniteFuture();
+    }
+    if (unreachable && f.timeout <= 0 && absl::Now() - unreachable_since > absl::Seconds(kUnreachableSeconds)) {
+      return Finish(absl::UnavailableError(absl::StrCat("the coordinator has not answered for ", kUnreachableSeconds,
+                                                        " s")));
+    }
     if (absl::Now() >= deadline) {
       std::cerr << "tally wait: timed out after " << f.timeout << " s; still running: " << absl::StrJoin(pending, ", ")
                 << "\n";

@@ -1,6 +1,6 @@
 // A job's settings, typed and with every default applied: what workers and the report writer read
 // instead of the wire's JobSpec. The coordinator completes and validates a submitted spec once
-// (server/coordinator/job_spec_validation.h); JobConfigFromSpec reads such a spec.
+// (common/job/job_spec_validation.h); JobConfigFromSpec reads such a spec.
 //
 // The exact-results rule, stated once: batches are blocks of manifest indices aligned to multiples
 // of the batch size, never crossing a shard; shards are multiples of `batch_alignment` rows; the

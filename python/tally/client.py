@@ -66,12 +66,54 @@ def _job_dict(job):
     for k in ("images_total", "images_evaluated", "images_failed", "images_held", "images_planned"):
         d[k] = int(d.get(k, 0))
     # Live estimates (README "Answers before the end"): per class, the running mean Dice and IoU
-    # over the committed rows with their 95% half-widths.
+    # over the committed rows with their 95% intervals and half-widths.
+    # The intervals are betting intervals (README "Intervals"); NaN where there is none (too few
+    # rows, or a manifest-order job's rows, which are no random sample: `live_note` says which).
+    # Protobuf's JSON leaves out fields that are 0 and writes NaN as "NaN".
     d["live"] = [dict(e, rows=int(e.get("rows", 0)), class_id=int(e.get("class_id", 0)),
-                      dice_mean=float(e.get("dice_mean", 0)), dice_half_width=float(e.get("dice_half_width", 0)),
-                      iou_mean=float(e.get("iou_mean", 0)), iou_half_width=float(e.get("iou_half_width", 0)),
+                      **{k: float(e.get(k, 0)) for k in ("dice_mean", "dice_half_width", "dice_ci_low", "dice_ci_high",
+                                                          "iou_mean", "iou_half_width", "iou_ci_low", "iou_ci_high")},
                       foreground=bool(e.get("foreground", False))) for e in d.get("live", [])]
     return d
+
+
+# JobSpec fields tallyd fills in (hashes, resolved trials, warnings): never a client's to give.
+_SERVER_SET = {"model_sha256", "manifest_sha256", "coco_sha256", "coco_results_sha256", "model_option_sha256",
+               "channels_last_resolved", "channels_last_trial", "decode_resolved", "decode_trial",
+               "manifest_warnings", "run_warnings", "duplicate_id_rows", "batch_alignment", "coco_categories",
+               "volume_inputs", "manifest_columns", "max_json_file_bytes"}
+# The CLI's flag names that are no JobSpec field, as `tally submit` reads them.
+_CLI_NAMES = {"order", "sample", "images", "label", "model_option"}
+
+
+def _cli_options(options, spec):
+    """The CLI's flag names turned into JobSpec fields (client/job_flags.cc does the same)."""
+    out = dict(options)
+    if "order" in out:
+        order = str(out.pop("order")).lower()
+        if order == "random" or order.startswith("random:"):
+            out["random_order"] = True
+            if ":" in order:
+                out["order_seed"] = int(order.split(":", 1)[1])
+        elif order != "manifest":
+            raise ValueError(f"order: expected manifest or random[:SEED], got {order!r}")
+    if "sample" in out:
+        sample = str(out.pop("sample"))
+        if sample.endswith("%"):
+            out["sample_percent"] = float(sample[:-1])
+        else:
+            out["sample_rows"] = int(sample)
+    if ("sample_rows" in out or "sample_percent" in out or out.get("until_ci")) and "random_order" not in out:
+        out["random_order"] = True  # As the CLI: a sample is drawn in a random order.
+    if "images" in out:
+        out["coco_images"] = out.pop("images")
+    if "label" in out:
+        k, v = str(out.pop("label")).split("=", 1)
+        out.setdefault("labels", {})[k] = v
+    if "model_option" in out:
+        k, v = str(out.pop("model_option")).split("=", 1)
+        out.setdefault("model_options", {})[k] = v
+    return out
 
 
 # JobSpec fields that name files or folders: made absolute before they are sent.
@@ -126,21 +168,26 @@ class Client:
     # Jobs -----------------------------------------------------------------------------------
 
     def submit(self, manifest=None, model=None, **options):
-        """Submits a job; returns its id. `options` are JobSpec fields (proto/tally.proto) by name:
-        name, labels={...}, metrics=[...] or "dice,iou", batch_size, shard_size, mean, std,
-        num_classes, thresholds, iou_thresholds, empty_score, max_failed_fraction, python,
-        model_options={...}, ignore_index, label_map={...}, precision, thumbnails,
-        save_predictions, ... Paths are made absolute
-        here, as tallyd and the workers read them. COCO jobs (README "Instances"): manifest=None with
-        coco=..., coco_images=... and coco_results=... (or a model); or coco_panoptic=..., panoptic_dir=...,
+        """Submits a job; returns its id. `options` are the CLI's job flags by name (dashes or
+        underscores): name, labels={...} (or label="k=v"), metrics=[...] or "dice,iou", batch_size,
+        shard_size, mean, std, num_classes, thresholds, iou_thresholds, empty_score,
+        max_failed_fraction, python, model_options={...}, ignore_index, label_map={...}, precision,
+        thumbnails, save_predictions, order="random" | "random:SEED" | "manifest", sample=60 or
+        "30%", until_ci=0.04, min_rows, images= (--images of COCO jobs), ... and any other JobSpec
+        field (proto/tally.proto) a client sets. Paths are made absolute here, as tallyd and the
+        workers read them. COCO jobs (README "Instances"): manifest=None with coco=...,
+        images=... and coco_results=... (or a model); or coco_panoptic=..., panoptic_dir=...,
         panoptic_predictions=...."""
         spec = tally_pb2.JobSpec(manifest=os.path.abspath(manifest) if manifest else "")
         if model:
             spec.model = _absolute_model(model)
         fields = spec.DESCRIPTOR.fields_by_name
+        options = _cli_options({k.replace("-", "_"): v for k, v in options.items()}, spec)
         for key, value in options.items():
-            if key not in fields:
-                raise TypeError(f"submit() got an unknown option {key!r}; JobSpec fields: {', '.join(sorted(fields))}")
+            if key not in fields or key in _SERVER_SET:
+                why = "set by tallyd" if key in _SERVER_SET else "not a job option"
+                names = sorted(set(fields) - _SERVER_SET | set(_CLI_NAMES))
+                raise TypeError(f"submit() got {key!r}: {why}; the options are: {', '.join(names)}")
             field = fields[key]
             if key in _PATH_OPTIONS and value:
                 value = os.path.abspath(value)
@@ -154,9 +201,24 @@ class Client:
                 setattr(spec, key, value)
         return self._call("SubmitJob", tally_pb2.SubmitJobRequest(spec=spec), timeout=600).job.job_id
 
+    def _resolve(self, job_id):
+        """A job id, or a prefix of one as the CLI takes it (`tally status j2026`): the one job this
+        token sees whose id starts with it; ambiguous or unknown: TallyError NOT_FOUND."""
+        try:
+            return self._call("GetJob", tally_pb2.GetJobRequest(job_id=job_id)).job_id
+        except TallyError as e:
+            if e.code != grpc.StatusCode.NOT_FOUND or not job_id:
+                raise
+        matches = [j["job_id"] for j in self.jobs() if j["job_id"].startswith(job_id)]
+        if len(matches) == 1:
+            return matches[0]
+        why = f"is ambiguous: {', '.join(matches[:10])}" if matches else "matches no job"
+        raise TallyError(grpc.StatusCode.NOT_FOUND, f"job id prefix {job_id!r} {why}")
+
     def job(self, job_id):
-        """The job as a dict (Job's fields; `state` as "queued", "running", "succeeded", ...)."""
-        return _job_dict(self._call("GetJob", tally_pb2.GetJobRequest(job_id=job_id)))
+        """The job as a dict (Job's fields; `state` as "queued", "running", "succeeded", ...). `job_id`
+        may be a prefix, as on the command line."""
+        return _job_dict(self._call("GetJob", tally_pb2.GetJobRequest(job_id=self._resolve(job_id))))
 
     def jobs(self, label=None, state=None):
         """Every job this token may see, newest first, optionally only those with all of `label`'s
@@ -175,14 +237,14 @@ class Client:
             request.page_token = page.next_page_token
 
     def cancel(self, job_id):
-        return _job_dict(self._call("CancelJob", tally_pb2.CancelJobRequest(job_id=job_id)))
+        return _job_dict(self._call("CancelJob", tally_pb2.CancelJobRequest(job_id=self._resolve(job_id))))
 
     def wait(self, job_ids, timeout=None, poll=0.25, raise_on_failure=False):
         """Blocks until every job has ended and its report is ready. Returns the jobs (a dict for
         one id, a list for several). TimeoutError after `timeout` seconds (the jobs go on); with
         `raise_on_failure`, JobFailed for a job that failed or was cancelled."""
         single = isinstance(job_ids, str)
-        ids = [job_ids] if single else list(job_ids)
+        ids = [self._resolve(i) for i in ([job_ids] if single else list(job_ids))]
         deadline = None if timeout is None else time.monotonic() + timeout
         done = {}
         while len(done) < len(ids):
@@ -204,7 +266,7 @@ class Client:
 
     def report_files(self, job_id, partial=False):
         """The job's report files as {name: bytes}; `partial`: a running job's, over the rows so far."""
-        request = tally_pb2.FetchReportRequest(job_id=job_id, partial=partial)
+        request = tally_pb2.FetchReportRequest(job_id=self._resolve(job_id), partial=partial)
         files = {}
         try:
             for chunk in self._stub.FetchReport(request, metadata=self._metadata, timeout=600):

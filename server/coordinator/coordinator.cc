@@ -27,7 +27,7 @@
 #include "common/io/thumbnail.h"
 #include "server/store/sharding.h"
 #include "common/base/status_macros.h"
-#include "server/coordinator/job_spec_validation.h"
+#include "common/job/job_spec_validation.h"
 #include "server/report/compare.h"
 #include "server/report/report_writer.h"
 

@@ -24,6 +24,7 @@
 
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <memory>
@@ -42,7 +43,8 @@
 #include "proto/tally.pb.h"
 #include "server/store/job_store.h"
 #include "server/report/live_report.h"
-#include "server/coordinator/row_order.h"
+#include "common/job/row_order.h"
+#include "metrics/bounded_mean.h"
 
 namespace tally {
 
@@ -215,11 +217,20 @@ class Coordinator {
     int64_t planned = 0;        // Positions [0, planned) are evaluated (--sample: a prefix).
     EmptyScore empty_score = EmptyScore::kNaN;  // The spec's, for the live estimates.
     bool stopped_early = false; // --until-ci reached: shards not yet leased were dropped.
-    // Live estimates (README "Answers before the end"): per class, Welford's running mean and sum
-    // of squared deviations of the committed rows' Dice and IoU.
+    // Live estimates (README "Answers before the end"): per class, Welford's running mean of the
+    // committed rows' Dice and IoU and, for random-order jobs, their values by position for the
+    // betting interval (metrics/bounded_mean.h), recomputed once the rows have grown by 1%.
+    struct LiveMetric {
+      int64_t n = 0;
+      double mean = 0, m2 = 0;
+      IntervalSample sample;
+      // The interval, cached: computed under mu_ by readers too (FillLive is const).
+      mutable int64_t ci_rows = -1;  // Rows the cached interval was computed from.
+      mutable std::pair<double, double> ci{std::numeric_limits<double>::quiet_NaN(),
+                                           std::numeric_limits<double>::quiet_NaN()};
+    };
     struct LiveClass {
-      int64_t n = 0, n_iou = 0;
-      double dice_mean = 0, dice_m2 = 0, iou_mean = 0, iou_m2 = 0;
+      LiveMetric dice, iou;
       bool in_reference = false;  // Some committed reference holds the class.
     };
     std::vector<LiveClass> live;
@@ -316,10 +327,19 @@ class Coordinator {
   void PlanJob(JobEntry* entry) const;
   // Live estimates: one evaluated row in; the job's estimates out (Snapshot).
   static void AddLive(JobEntry* job, const v1::ImageResult& result);
+  // A live metric's interval (random-order jobs; NaN for others), recomputed once its rows have
+  // grown by 1% (at least one row) since the last, and exactly once the job has ended: a betting
+  // interval costs a pass over the rows per bisection step. The cache lives in the metric
+  // (mutable): callers hold mu_.
+  static std::pair<double, double> LiveCi(const JobEntry& job, const JobEntry::LiveMetric& m);
   void FillLive(const JobEntry& job, v1::Job* out) const;
   // --until-ci: once every foreground class's interval is narrow enough, the shards not yet leased
   // are dropped (the job ends when the leased ones are in).
   void MaybeStopEarlyLocked(JobEntry* job, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // --until-ci jobs: rows leased but not yet in stay under a quarter of those in (at least two shards
+  // per registered worker), so that the rule can end the job before every row is leased (a small
+  // job would otherwise be leased whole at once and never stop). Other jobs: always.
+  bool MayLeaseMoreLocked(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a shard of a job stopped early (done, its rows not evaluated).
   void DropShardLocked(JobEntry* job, int64_t shard_id, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The shard leaves its workers' lease sets: the lease's and its speculative copy's.

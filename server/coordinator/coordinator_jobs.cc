@@ -29,9 +29,10 @@
 #include "common/io/thumbnail.h"
 #include "server/store/sharding.h"
 #include "common/base/status_macros.h"
-#include "server/coordinator/job_spec_validation.h"
+#include "common/job/job_spec_validation.h"
 #include "server/report/compare.h"
 #include "server/coordinator/live_estimates.h"
+#include "server/report/report_data.h"
 #include "server/report/report_writer.h"
 
 namespace tally {
@@ -582,6 +583,14 @@ void Coordinator::MaybeCompleteLocked(JobEntry* job) {
   if (job->finalize_queued || IsTerminal(job->record.job.state())) return;
   if (job->shards_done < static_cast<int64_t>(job->shards.size())) return;
   job->finalize_queued = true;
+  v1::Job& j = job->record.job;
+  if (j.spec().until_ci() > 0 && !job->stopped_early) {
+    // Every row in without the rule met: said in status and the reports, not left to guess.
+    const std::string before = j.until_ci_note();
+    const size_t at = before.find(": widest"), stop = before.find(" (stops");
+    j.set_until_ci_note(absl::StrCat("--until-ci ", j.spec().until_ci(), " not reached: every row was evaluated",
+                                     at == std::string::npos ? std::string() : before.substr(at, stop - at)));
+  }
   finalize_queue_.push_back(job->record.job.job_id());
 }
 
@@ -607,7 +616,10 @@ void Coordinator::RunFinalizers() {
     ReportOutcome outcome;
     // The report kept as rows arrived holds every committed row: only files to write. Otherwise
     // (the batch path's jobs, or rows it missed) one pass over the database.
-    const bool kept = live != nullptr && live->rows() == rec.job.images_evaluated() + rec.job.images_failed();
+    // Its interval is over all rows (kRows): a job that ended with rows missing (cancelled) gets the
+    // batch path's, which says what its rows are a sample of, if anything.
+    const bool kept = live != nullptr && live->rows() == rec.job.images_evaluated() + rec.job.images_failed() &&
+                      IntervalKindFor(rec) == IntervalKind::kRows;
     absl::Status s = kept ? live->Write(store_.get(), rec, ReportPath(job_id), &outcome) : absl::OkStatus();
     if (!kept || !s.ok()) {
       if (!s.ok()) Log("job ", job_id, ": the report kept as rows arrived failed (", s.message(), "); built from the database");

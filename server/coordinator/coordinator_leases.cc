@@ -25,7 +25,7 @@
 #include "common/io/thumbnail.h"
 #include "server/store/sharding.h"
 #include "common/base/status_macros.h"
-#include "server/coordinator/job_spec_validation.h"
+#include "common/job/job_spec_validation.h"
 #include "server/report/compare.h"
 #include "server/report/report_writer.h"
 
@@ -51,6 +51,7 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
     const v1::JobState state = job.record.job.state();
     if (IsTerminal(state) || job.excluded_workers.count(worker_id)) continue;
     if (job.pending.empty() != (pass == 1)) continue;
+    if (pass == 0 && !MayLeaseMoreLocked(job)) continue;
     Grant g;
     g.job_id = id;
     g.worker_id = worker_id;
@@ -95,6 +96,17 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
     return g;
   }
   return std::nullopt;
+}
+
+bool Coordinator::MayLeaseMoreLocked(const JobEntry& job) const {
+  if (job.record.job.spec().until_ci() <= 0 || job.stopped_early) return true;
+  int64_t in_flight = 0;
+  for (const Shard& s : job.shards) {
+    if (s.phase == ShardPhase::kLeased) in_flight += s.end - s.begin;
+  }
+  const int64_t cap = std::max<int64_t>(2 * static_cast<int64_t>(workers_.size()) * job.record.shard_size,
+                                        job.live_rows / 4);
+  return in_flight < cap;
 }
 
 // The job's rows, not this worker's share: the layout chosen once serves every worker, and the

@@ -1,6 +1,7 @@
 // Coordinator: answers before the end (README "Answers before the end"): the order a job's rows are
 // evaluated in and how many, the live estimates kept as results are committed, and --until-ci.
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +15,8 @@
 
 namespace tally {
 namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 void Welford(double x, int64_t* n, double* mean, double* m2) {
   ++*n;
@@ -33,12 +36,14 @@ bool Foreground(const v1::JobSpec& spec, int c) {
   return c != 0 || spec.include_background() || spec.regions_size() > 0;
 }
 
-// The class's share of the population: rows of the manifest where its value is defined, estimated
-// from the committed rows (0 = no correction: rows in manifest order are no random sample).
-double Population(const v1::Job& job, bool random, int64_t n, int64_t rows) {
-  if (!random || rows <= 0) return 0;
-  return static_cast<double>(job.images_total()) * static_cast<double>(n) / static_cast<double>(rows);
+// The class's share of the manifest: rows where its value is defined, estimated from the committed
+// rows (a random-order job's rows so far are a uniform random sample without replacement).
+double Population(const v1::Job& job, int64_t n, int64_t rows) {
+  if (rows <= 0) return 0;
+  return std::ceil(static_cast<double>(job.images_total()) * static_cast<double>(n) / static_cast<double>(rows));
 }
+
+double HalfWidth(const std::pair<double, double>& ci) { return 0.5 * (ci.second - ci.first); }
 
 }  // namespace
 
@@ -66,10 +71,11 @@ std::string SampledNote(const v1::Job& job, int64_t planned) {
 
 std::string LiveNote(bool random_order) {
   return random_order
-             ? "mean over the committed rows +/- 95% normal interval for a uniform random sample without replacement "
-               "(finite-population corrected; --order random)"
-             : "rows in manifest order are not a random sample: the 95% normal interval assumes they are, without the "
-               "finite-population correction (use --order random for a valid interval)";
+             ? absl::StrCat("mean over the committed rows with a 95% betting interval for the manifest's mean (a uniform "
+                            "random sample without replacement, finite-population corrected; valid at any number of "
+                            "rows; none below ", kMinIntervalRows, " rows)")
+             : "mean over the committed rows; no interval: rows in manifest order are not a random sample (--order "
+               "random gives one)";
 }
 
 void Coordinator::PlanJob(JobEntry* entry) const {
@@ -79,57 +85,81 @@ void Coordinator::PlanJob(JobEntry* entry) const {
   entry->empty_score = ParseEmptyScore(j.spec().empty_score()).value_or(EmptyScore::kNaN);  // Validated.
 }
 
+std::pair<double, double> Coordinator::LiveCi(const JobEntry& job, const JobEntry::LiveMetric& m) {
+  if (!job.order.random()) return {kNaN, kNaN};
+  const bool ended = IsTerminal(job.record.job.state()) && m.n != m.ci_rows;  // Exact once no row comes.
+  if (ended || m.ci_rows < 0 || static_cast<double>(m.n) >= 1.01 * static_cast<double>(m.ci_rows) + 1) {
+    m.ci = m.sample.Ci95(Population(job.record.job, m.n, job.live_rows));
+    m.ci_rows = m.n;
+  }
+  return m.ci;
+}
+
 void Coordinator::AddLive(JobEntry* job, const v1::ImageResult& r) {
   if (!r.error().empty()) return;
   const EmptyScore empty = job->empty_score;
   if (job->live.size() < static_cast<size_t>(r.classes_size())) job->live.resize(r.classes_size());
   job->live_rows++;
+  const bool random = job->order.random();
+  const uint64_t position = random ? static_cast<uint64_t>(job->order.PositionOf(r.index())) : 0;
   for (int c = 0; c < r.classes_size(); ++c) {
     JobEntry::LiveClass& l = job->live[c];
     if (r.classes(c).tp() + r.classes(c).fn() > 0) l.in_reference = true;
-    const double dice = Aggregator::ImageMetric(r, c, Metric::kDice, empty);
-    const double iou = Aggregator::ImageMetric(r, c, Metric::kIou, empty);
-    if (std::isfinite(dice)) Welford(dice, &l.n, &l.dice_mean, &l.dice_m2);
-    if (std::isfinite(iou)) Welford(iou, &l.n_iou, &l.iou_mean, &l.iou_m2);
+    for (auto [metric, live] : {std::pair<Metric, JobEntry::LiveMetric*>{Metric::kDice, &l.dice}, {Metric::kIou, &l.iou}}) {
+      const double v = Aggregator::ImageMetric(r, c, metric, empty);
+      if (!std::isfinite(v)) continue;
+      Welford(v, &live->n, &live->mean, &live->m2);
+      if (random) live->sample.Add(position, v);
+    }
   }
 }
 
 void Coordinator::FillLive(const JobEntry& job, v1::Job* out) const {
-  const bool random = job.order.random();
   for (size_t c = 0; c < job.live.size(); ++c) {
     const JobEntry::LiveClass& l = job.live[c];
-    if (l.n == 0 && l.n_iou == 0) continue;
+    if (l.dice.n == 0 && l.iou.n == 0) continue;
     v1::LiveEstimate* e = out->add_live();
     e->set_class_id(static_cast<int32_t>(c));
-    e->set_rows(l.n);
-    e->set_dice_mean(l.dice_mean);
-    e->set_dice_half_width(SamplingHalfWidth95(l.n, l.dice_m2, Population(job.record.job, random, l.n, job.live_rows)));
-    e->set_iou_mean(l.iou_mean);
-    e->set_iou_half_width(
-        SamplingHalfWidth95(l.n_iou, l.iou_m2, Population(job.record.job, random, l.n_iou, job.live_rows)));
+    e->set_rows(l.dice.n);
+    const std::pair<double, double> dice = LiveCi(job, l.dice), iou = LiveCi(job, l.iou);
+    e->set_dice_mean(l.dice.mean);
+    e->set_dice_ci_low(dice.first);
+    e->set_dice_ci_high(dice.second);
+    e->set_dice_half_width(HalfWidth(dice));
+    e->set_iou_mean(l.iou.mean);
+    e->set_iou_ci_low(iou.first);
+    e->set_iou_ci_high(iou.second);
+    e->set_iou_half_width(HalfWidth(iou));
     e->set_foreground(Foreground(job.record.job.spec(), static_cast<int>(c)) && l.in_reference);
   }
-  if (out->live_size() > 0) out->set_live_note(LiveNote(random));
+  if (out->live_size() > 0) out->set_live_note(LiveNote(job.order.random()));
 }
 
 void Coordinator::MaybeStopEarlyLocked(JobEntry* job, Deferred* deferred) {
   const v1::Job& j = job->record.job;
   const double width = j.spec().until_ci();
-  if (width <= 0 || job->stopped_early || IsTerminal(j.state())) return;
+  // Done (its last shard committed: MaybeCompleteLocked wrote whether the width was reached).
+  if (width <= 0 || job->stopped_early || job->finalize_queued || IsTerminal(j.state())) return;
   const int64_t min_rows = j.spec().min_rows() > 0 ? j.spec().min_rows() : kDefaultMinRows;
-  if (job->live_rows < min_rows) return;
-  bool any = false;
+  // Where the rule stands, for status and the report: the widest foreground interval so far.
+  bool any = false, within = true;
   double widest = 0;
   for (size_t c = 0; c < job->live.size(); ++c) {
     const JobEntry::LiveClass& l = job->live[c];
     if (!Foreground(j.spec(), static_cast<int>(c)) || !l.in_reference) continue;
-    const double half = SamplingHalfWidth95(l.n, l.dice_m2, Population(j, job->order.random(), l.n, job->live_rows));
-    if (!(half <= width)) return;
-    widest = std::max(widest, half);
+    const double half = HalfWidth(LiveCi(*job, l.dice));
+    within = within && half <= width;  // NaN (too few rows) is not within.
+    widest = std::isnan(half) || std::isnan(widest) ? kNaN : std::max(widest, half);
     any = true;
   }
-  if (!any) return;
+  job->record.job.set_until_ci_note(absl::StrCat(
+      "--until-ci ", width, ": widest foreground Dice half-width ",
+      any && !std::isnan(widest) ? absl::StrFormat("%.4g", widest) : std::string("none yet"), " after ",
+      job->live_rows, " rows (stops once every one is within ", width, ", from --min-rows ", min_rows, " rows on)"));
+  if (job->live_rows < min_rows || !any || !within) return;
   job->stopped_early = true;
+  job->record.job.set_until_ci_note(absl::StrCat("--until-ci ", width, " reached: widest foreground Dice half-width ",
+                                                 absl::StrFormat("%.4g", widest), " after ", job->live_rows, " rows"));
   Log("job ", j.job_id(), ": every foreground class's Dice interval is within +/- ", absl::StrFormat("%.4g", widest),
       " after ", job->live_rows, " rows (--until-ci ", width, "); dropping the ", job->pending.size(),
       " shards not yet leased");

@@ -26,7 +26,7 @@
 #include "common/io/thumbnail.h"
 #include "server/store/sharding.h"
 #include "common/base/status_macros.h"
-#include "server/coordinator/job_spec_validation.h"
+#include "common/job/job_spec_validation.h"
 #include "server/report/compare.h"
 #include "server/report/report_writer.h"
 
@@ -357,6 +357,7 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
       }
     }
     MaybeStopEarlyLocked(&job, &deferred);
+    if (job.record.job.spec().until_ci() > 0) NoteWorkLocked();  // Paced leases (MayLeaseMoreLocked) may go on.
     Shard& shard = job.shards[shard_id];
     if (shard.phase == ShardPhase::kDone && !shard.split) {
       done = true;

@@ -48,9 +48,14 @@ function askToken() {
 }
 const n = (v) => Number(v || 0);
 function state(j) { return (j.state || "JOB_STATE_UNSPECIFIED").replace("JOB_STATE_", "").toLowerCase(); }
+// An estimate with its interval, or alone where there is none (NaN arrives as the string "NaN").
+function est(mean, lo, hi, digits) {
+  const ok = lo !== undefined && lo !== "NaN" && hi !== "NaN" && !isNaN(Number(lo));
+  return n(mean).toFixed(digits) + (ok ? ` [${n(lo).toFixed(digits)}, ${n(hi).toFixed(digits)}]` : "");
+}
 function live(j) {
   return (j.live || []).filter(e => e.foreground).map(e =>
-    `${n(e.class_id)}: ${n(e.dice_mean).toFixed(3)} &plusmn; ${n(e.dice_half_width).toFixed(3)}`).join("<br>");
+    `${n(e.class_id)}: ${est(e.dice_mean, e.dice_ci_low, e.dice_ci_high, 3)}`).join("<br>");
 }
 function progress(j) {
   const done = n(j.images_evaluated) + n(j.images_failed), total = n(j.images_planned) || n(j.images_total);
@@ -95,9 +100,10 @@ async function job(id) {
   if ((j.live || []).length) {
     h += `<h3>Live estimates</h3><p class=muted>${esc(j.live_note)}</p><table><tr><th>Class</th><th>Rows</th>
       <th>Dice</th><th>IoU</th></tr>${j.live.map(e => `<tr><td>${n(e.class_id)}</td><td>${n(e.rows)}</td>
-      <td>${n(e.dice_mean).toFixed(4)} &plusmn; ${n(e.dice_half_width).toFixed(4)}</td>
-      <td>${n(e.iou_mean).toFixed(4)} &plusmn; ${n(e.iou_half_width).toFixed(4)}</td></tr>`).join("")}</table>`;
+      <td>${est(e.dice_mean, e.dice_ci_low, e.dice_ci_high, 4)}</td>
+      <td>${est(e.iou_mean, e.iou_ci_low, e.iou_ci_high, 4)}</td></tr>`).join("")}</table>`;
   }
+  if (j.until_ci_note) h += `<p>${esc(j.until_ci_note)}</p>`;
   if (done && j.report_ready) {
     const report = await api(`/api/jobs/${encodeURIComponent(id)}/files/report.json`);
     const reasons = report.failure_reasons || [];

@@ -21,7 +21,6 @@
 namespace tally {
 namespace {
 
-constexpr uint64_t kBootstrapSeed = 20261123;
 
 struct Evaluated {
   v1::ImageResult result;
@@ -119,7 +118,8 @@ absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, cons
     for (size_t m = 0; m < c.metrics.size(); ++m) {
       MetricComparison mc;
       mc.metric = c.metrics[m];
-      static_cast<PairedSummary&>(mc) = SummarisePairs(pairs[k][m], 1000, kBootstrapSeed);
+      static_cast<PairedSummary&>(mc) =
+          SummarisePairs(pairs[k][m], IsCountMetric(c.metrics[m]) || c.metrics[m] == Metric::kNsd);
       cc.metrics.push_back(mc);
     }
     std::stable_sort(changed[k].begin(), changed[k].end(), [](const ChangedImage& x, const ChangedImage& y) {
@@ -213,7 +213,8 @@ std::string Markdown(const Comparison& c) {
   std::string out = "# Tally comparison\n\n";
   for (absl::string_view line : absl::StrSplit(Header(c), '\n')) absl::StrAppend(&out, "- ", line, "\n");
   out += "\nPer class and metric, over the images with a finite value in both runs: the means, the mean paired "
-         "difference B - A with its paired bootstrap 95% interval, and the Wilcoxon signed-rank p-value.\n\n";
+         "difference B - A with its 95% interval (a betting interval, valid at any number of images, for metrics "
+         "in [0, 1]; none for surface distances, which are unbounded), and the Wilcoxon signed-rank p-value.\n\n";
   out += MarkdownTable(SummaryTable(c));
   for (const ClassComparison& cc : c.classes) {
     if (cc.most_changed.empty()) continue;

@@ -1,7 +1,7 @@
 // tally compare: two runs over the same manifest (a base and an edited model, fp32 vs bf16, two
 // checkpoints), paired image by image. Per class and metric: the mean of each run over the images
-// both evaluated with a finite value, the mean paired difference (B - A) with a paired bootstrap
-// 95% interval, and a two-sided Wilcoxon signed-rank p-value; per class, the images whose Dice
+// both evaluated with a finite value, the mean paired difference (B - A) with its 95% interval
+// (metrics in [0, 1]: the betting interval, metrics/bounded_mean.h), and a two-sided Wilcoxon signed-rank p-value; per class, the images whose Dice
 // changed most. Rendered as compare.json, compare.csv, compare.md and compare.html.
 #ifndef TALLY_SERVER_REPORT_COMPARE_H_
 #define TALLY_SERVER_REPORT_COMPARE_H_
@@ -16,8 +16,8 @@
 
 namespace tally {
 
-// One metric of one class, paired (metrics/statistics.h): pairs, means, mean(B - A) with a paired
-// bootstrap 95% interval (1000 resamples of the pairs, fixed seed), the Wilcoxon p-value (NaN when
+// One metric of one class, paired (metrics/statistics.h): pairs, means, mean(B - A) with its 95%
+// interval (SummarisePairs: NaN for unbounded metrics), the Wilcoxon p-value (NaN when
 // every difference is 0), and how many pairs went up and down.
 struct MetricComparison : PairedSummary {
   Metric metric = Metric::kDice;

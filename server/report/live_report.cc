@@ -33,7 +33,8 @@ absl::StatusOr<std::unique_ptr<LiveReport>> LiveReport::Create(const JobRecord& 
   const int parts = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   for (int i = 0; i < parts; ++i) {
     auto part = std::make_unique<Part>();
-    ASSIGN_OR_RETURN(std::unique_ptr<ReportAccumulator> acc, ReportAccumulator::Create(record));
+    // Kept only for jobs that end with every row (Eligible): their interval is over all rows.
+    ASSIGN_OR_RETURN(std::unique_ptr<ReportAccumulator> acc, ReportAccumulator::Create(record, IntervalKind::kRows));
     absl::MutexLock lock(&part->mu);
     part->acc = std::move(acc);
     live->parts_.push_back(std::move(part));

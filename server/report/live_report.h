@@ -14,7 +14,8 @@
 // writing lesions.csv or nnU-Net's summary.json, prediction jobs without a fixed class count (the
 // count grows with the rows), and sampled jobs (--sample, --until-ci: their interval is decided at
 // the end). Memory: 12 bytes a manifest row for the spool's index, plus each surface metric's values
-// (8 bytes a row and class), plus the accumulators (about 24 KB a class for the bootstrap).
+// (8 bytes a row and class), plus the accumulators (the Dice interval's values: 16 bytes a row and
+// class, at most about kMaxIntervalRows rows, metrics/bounded_mean.h).
 #ifndef TALLY_SERVER_REPORT_LIVE_REPORT_H_
 #define TALLY_SERVER_REPORT_LIVE_REPORT_H_
 

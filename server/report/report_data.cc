@@ -129,7 +129,7 @@ void AddWarnings(ReportData* d) {
   }
 }
 
-AggregateOptions AggregateOptionsFor(const ReportData& d) {
+AggregateOptions AggregateOptionsFor(const ReportData& d, std::optional<IntervalKind> interval = {}) {
   AggregateOptions o;
   o.num_classes = d.num_classes;
   o.metrics = d.config.metrics;
@@ -137,9 +137,8 @@ AggregateOptions AggregateOptionsFor(const ReportData& d) {
   o.empty_score = d.config.empty_score;
   o.iou_thresholds = d.config.iou_thresholds;
   o.thresholds = d.config.thresholds;
-  if (d.record != nullptr && !d.record->job.sampled().empty()) {
-    o.population_rows = static_cast<double>(d.record->job.images_total());
-  }
+  o.interval = interval.has_value() ? *interval : IntervalKindFor(*d.record);
+  o.population_rows = static_cast<double>(d.record->job.images_total());
   return o;
 }
 
@@ -189,11 +188,44 @@ absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*
 
 }  // namespace
 
-ReportAccumulator::ReportAccumulator(const JobRecord& record, JobConfig config) : config_(std::move(config)) {
+IntervalKind IntervalKindFor(const JobRecord& record) {
+  const v1::Job& job = record.job;
+  // Every row accounted for (a finished job, a merge): the rows stand for the images they are drawn
+  // from. Fewer: a random-order job's rows so far, or a sample, are a random sample of the manifest;
+  // a manifest-order job's are its first rows, which no random process chose.
+  if (job.sampled().empty() && job.images_evaluated() + job.images_failed() >= job.images_total()) {
+    return IntervalKind::kRows;
+  }
+  return job.spec().random_order() ? IntervalKind::kSample : IntervalKind::kNone;
+}
+
+std::string IntervalMethod(IntervalKind kind) {
+  switch (kind) {
+    case IntervalKind::kRows:
+      return "betting interval (Waudby-Smith & Ramdas 2023) of the mean over the images these rows are drawn from; "
+             "valid at any number of rows for values in [0, 1]";
+    case IntervalKind::kSample:
+      return "betting interval (Waudby-Smith & Ramdas 2023) of the manifest's mean from a uniform random sample "
+             "without replacement (finite-population corrected); valid at any number of rows for values in [0, 1]";
+    case IntervalKind::kNone:
+      break;
+  }
+  return "none: the rows evaluated so far are the manifest's first ones, not a random sample (--order random "
+         "gives one)";
+}
+
+ReportAccumulator::ReportAccumulator(const JobRecord& record, JobConfig config, std::optional<IntervalKind> interval)
+    : config_(std::move(config)) {
   d_.record = &record;
   d_.config = config_;
   d_.num_classes = record.job.num_classes();
-  aggregator_ = std::make_unique<Aggregator>(AggregateOptionsFor(d_));
+  const AggregateOptions options = AggregateOptionsFor(d_, interval);
+  d_.interval = options.interval;
+  aggregator_ = std::make_unique<Aggregator>(options);
+  // A sample's interval reads the rows in the order they were drawn.
+  if (options.interval == IntervalKind::kSample) {
+    order_ = RowOrder(record.job.images_total(), record.job.spec().random_order(), record.job.spec().order_seed());
+  }
   d_.record = nullptr;  // Set again by Finish (the record may move meanwhile).
   // These keep a reference to the configuration: config_, which stays where it is.
   if (config_.instance_job()) instances_ = std::make_unique<InstanceAccumulator>(config_);
@@ -202,9 +234,10 @@ ReportAccumulator::ReportAccumulator(const JobRecord& record, JobConfig config) 
 
 ReportAccumulator::~ReportAccumulator() = default;
 
-absl::StatusOr<std::unique_ptr<ReportAccumulator>> ReportAccumulator::Create(const JobRecord& record) {
+absl::StatusOr<std::unique_ptr<ReportAccumulator>> ReportAccumulator::Create(const JobRecord& record,
+                                                                          std::optional<IntervalKind> interval) {
   ASSIGN_OR_RETURN(JobConfig config, JobConfigFromSpec(record.job.spec()));
-  return std::make_unique<ReportAccumulator>(record, std::move(config));
+  return std::make_unique<ReportAccumulator>(record, std::move(config), interval);
 }
 
 void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& names, int64_t offset,
@@ -238,9 +271,11 @@ void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& 
   }
   d_.mask_max_label = std::max(d_.mask_max_label, r.mask_max_label());
   d_.mask_ignored += r.mask_ignored_pixels();
-  // The bootstrap's weights follow the row's id (its image's name where the manifest has none), so
-  // that `tally merge` of any split of a manifest gives the whole job's interval.
-  aggregator_->Add(r, RowKey(names.id.empty() ? image : names.id));
+  if (r.spacing_size() == 3) ++d_.spacings[{r.spacing(0), r.spacing(1), r.spacing(2)}];
+  // The interval's order: a sample's draw order, else the row's id (its image's name where the
+  // manifest has none), so that `tally merge` of any split of a manifest gives the whole job's.
+  aggregator_->Add(r, order_.has_value() ? static_cast<uint64_t>(order_->PositionOf(r.index()))
+                                         : RowKey(names.id.empty() ? image : names.id));
   if (instances_ != nullptr) instances_->Add(r);
   if (panoptic_ != nullptr) panoptic_->Add(r);
   if (on_row) on_row(r, names);
@@ -255,6 +290,7 @@ void ReportAccumulator::Merge(ReportAccumulator* other) {
   d_.nonfinite_values += other->d_.nonfinite_values;
   d_.mask_max_label = std::max(d_.mask_max_label, other->d_.mask_max_label);
   d_.mask_ignored += other->d_.mask_ignored;
+  for (const auto& [spacing, rows] : other->d_.spacings) d_.spacings[spacing] += rows;
 }
 
 absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std::vector<const JobRecord*>& parts,
@@ -276,6 +312,7 @@ absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std:
     d.workers.insert(d.workers.end(), workers.begin(), workers.end());
   }
   const double end_unix = record.last_result_unix > 0 ? record.last_result_unix : record.job.finished_unix();
+  d.end_unix = end_unix;
   d.wall_seconds = std::max(0.0, end_unix - record.job.created_unix());
   if (d.evaluated > 0 && d.mask_max_label <= 0 && d.mask_ignored > 0) {
     // A binary mask stored as 0/255 with 255 the ignore value: its whole foreground is ignored.

@@ -4,16 +4,20 @@
 #ifndef TALLY_SERVER_REPORT_REPORT_DATA_H_
 #define TALLY_SERVER_REPORT_REPORT_DATA_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/job/job_config.h"
+#include "common/job/row_order.h"
 #include "metrics/aggregator.h"
 #include "server/store/job_store.h"
 #include "server/report/report_instances.h"
@@ -51,6 +55,10 @@ struct ReportData {
   int64_t nonfinite_values = 0;
   int num_classes = 0;
   double wall_seconds = 0;
+  IntervalKind interval = IntervalKind::kRows;  // What dice_mean_ci95 stands for.
+  // Volumes: each spacing (z, y, x) the rows were scored with, and how many rows (ImageResult.spacing).
+  std::map<std::array<double, 3>, int64_t> spacings;
+  double end_unix = 0;  // The last result's time (or the job's end).
   int mask_max_label = -1;     // Over every evaluated image's reference mask, ignored pixels aside.
   int64_t mask_ignored = 0;    // Reference pixels equal to the ignore index, summed.
   // Conditions that make the numbers suspect (README "Warnings"), worded for the user.
@@ -80,7 +88,14 @@ struct ReportData {
     return class_id != 0 || config.include_background || !config.regions.empty();
   }
   // How reports name class (or region) `class_id`: "3", or a region's labels as "1+2".
-  std::string ClassName(int class_id) const { return ClassLabel(config, class_id); }
+  // A class as the human-readable reports name it: its id, and for instance and panoptic jobs the
+  // category's name ("3 person"); per_image.csv keeps the bare id (ClassLabel).
+  std::string ClassName(int class_id) const {
+    for (const JobConfig::CocoCategory& c : config.coco_categories) {
+      if (c.id == class_id && !c.name.empty()) return absl::StrCat(class_id, " ", c.name);
+    }
+    return ClassLabel(config, class_id);
+  }
   // Images of a class whose Dice is exactly 0, and the note the worst-images tables carry when more
   // of them tie than a table shows ("" otherwise).
   static int64_t DiceZeroImages(const ClassAggregate& ca);
@@ -117,8 +132,12 @@ using ReportRowFn = std::function<void(const v1::ImageResult&, const RowNames& n
 // (server/report/live_report.h). Either way Finish gives the same ReportData.
 class ReportAccumulator {
  public:
-  static absl::StatusOr<std::unique_ptr<ReportAccumulator>> Create(const JobRecord& record);
-  ReportAccumulator(const JobRecord& record, JobConfig config);
+  // `interval`: what the Dice interval stands for; by default what the record says now
+  // (IntervalKindFor). The report kept as rows arrive (live_report.h), only for jobs that end with
+  // every row, passes kRows.
+  static absl::StatusOr<std::unique_ptr<ReportAccumulator>> Create(const JobRecord& record,
+                                                                   std::optional<IntervalKind> interval = {});
+  ReportAccumulator(const JobRecord& record, JobConfig config, std::optional<IntervalKind> interval = {});
   ~ReportAccumulator();
   // One stored result, `offset` rows after the merged order's start (its part's first row). `on_row`
   // (may be empty) sees every evaluated result, padded to the job's classes, with its names.
@@ -137,14 +156,20 @@ class ReportAccumulator {
   std::unique_ptr<Aggregator> aggregator_;
   std::unique_ptr<InstanceAccumulator> instances_;
   std::unique_ptr<PanopticAccumulator> panoptic_;
+  std::optional<RowOrder> order_;  // A sample's draw order (IntervalKind::kSample).
 };
+
+// What a job's report interval stands for (metrics/aggregator.h IntervalKind), from its record, and
+// that in words (report.json dice_mean_ci95_method).
+IntervalKind IntervalKindFor(const JobRecord& record);
+std::string IntervalMethod(IntervalKind kind);
 
 // Reads the job's results once, in index order. `on_row` sees every evaluated result with its
 // names as written (per_image.csv is streamed from it, so results are not held in memory). Results
 // of prediction jobs without a fixed class count arrive padded to the job's class count.
 absl::StatusOr<ReportData> GatherReportData(JobStore* store, const JobRecord& record, const ReportRowFn& on_row);
 // The same over several jobs' rows as one set (tally merge): `parts` in order, each part's indices
-// shifted by the rows of the parts before it, so that the aggregates (bootstrap included) are those
+// shifted by the rows of the parts before it, so that the aggregates (the Dice interval included) are those
 // of one job over the concatenated manifests. `record` describes the merged job.
 absl::StatusOr<ReportData> GatherMergedReportData(JobStore* store, const std::vector<const JobRecord*>& parts,
                                                   const JobRecord& record, const ReportRowFn& on_row);

@@ -8,13 +8,14 @@
 #include "common/job/rpc.h"
 #include "common/base/build_info.h"
 #include "common/io/coco_source.h"
+#include "server/report/report_facts.h"
 #include "server/report/report_formats.h"
 #include "server/report/report_table.h"
 
 namespace tally {
 namespace {
 
-// Bar chart of mean Dice per class with its bootstrap interval, as inline SVG.
+// Bar chart of mean Dice per class with its interval (where there is one), as inline SVG.
 std::string DiceBarChart(const ReportData& d) {
   const int n = static_cast<int>(d.aggregate.classes.size());
   const int left = 50, top = 20, plot_h = 240, bottom = 40;
@@ -164,13 +165,15 @@ std::string Thumbnails(const ReportData& d, const ClassAggregate& ca) {
 }
 
 // A category's precision-recall curves (COCOeval's 101-point interpolated precision, all areas,
-// 100 detections) at IoU 0.5 (blue) and 0.75 (orange).
+// 100 detections) at IoU 0.75 (orange, solid) and 0.5 (blue, dashed over it: equal curves stay
+// visible). The title takes two lines so that no name or number is cut off.
 std::string PrCurve(const InstanceCategory& c) {
-  const int left = 34, top = 18, plot = 150, bottom = 30;
+  const int left = 34, top = 32, plot = 150, bottom = 30;
   std::string s = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" role=\"img\" "
-      "aria-label=\"precision against recall, %s\"><text x=\"%d\" y=\"12\" class=\"axis\">%s (AP50 %s, AP75 %s)</text>",
-      left + plot + 8, top + plot + bottom, HtmlEscape(c.name), left, HtmlEscape(absl::StrCat(c.id, " ", c.name)),
+      "aria-label=\"precision against recall, %s\"><text x=\"%d\" y=\"12\" class=\"axis\">%s</text>"
+      "<text x=\"%d\" y=\"25\" class=\"tick\">AP50 %s, AP75 %s</text>",
+      left + plot + 8, top + plot + bottom, HtmlEscape(c.name), 2, HtmlEscape(absl::StrCat(c.id, " ", c.name)), 2,
       FormatCell(c.ap50), FormatCell(c.ap75));
   auto x = [&](double r) { return left + plot * r; };
   auto y = [&](double p) { return top + plot * (1.0 - p); };
@@ -182,16 +185,16 @@ std::string PrCurve(const InstanceCategory& c) {
                                         x(g / 2.0), top + plot + 14, g / 2.0));
   }
   const std::vector<double>& recall = CocoDefaultParams().recall_thresholds;
-  for (auto [curve, colour] : {std::pair<const std::vector<double>*, const char*>{&c.precision50, "#3b6fd4"},
-                               {&c.precision75, "#d4793b"}}) {
+  for (auto [curve, style] :
+       {std::pair<const std::vector<double>*, const char*>{&c.precision75, "stroke=\"#d4793b\" stroke-width=\"2.5\""},
+        {&c.precision50, "stroke=\"#3b6fd4\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\""}}) {
     std::string points;
     for (size_t r = 0; r < curve->size() && r < recall.size(); ++r) {
       if ((*curve)[r] < 0) continue;  // -1: no reference of the category counts.
       absl::StrAppend(&points, absl::StrFormat("%.1f,%.1f ", x(recall[r]), y((*curve)[r])));
     }
     if (!points.empty()) {
-      absl::StrAppend(&s, absl::StrFormat("<polyline points=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"/>",
-                                          points, colour));
+      absl::StrAppend(&s, absl::StrFormat("<polyline points=\"%s\" fill=\"none\" %s/>", points, style));
     }
   }
   absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%d\" class=\"tick\" text-anchor=\"middle\">recall</text>",
@@ -207,8 +210,9 @@ std::string InstancesHtml(const ReportData& d) {
       " evaluated images (IoU 0.50:0.95, maxDets 100; -1 where undefined).</p>\n<div class=\"table-wrap\">",
       HtmlTable(InstanceStatsTable(d)), "</div>\n<h3>Per category</h3>\n<div class=\"table-wrap\">",
       HtmlTable(InstanceCategoryTable(d)), "</div>\n<h3>Precision-recall curves</h3>\n<p>IoU 0.5 "
-      "<span style=\"color:#3b6fd4\">blue</span>, IoU 0.75 <span style=\"color:#d4793b\">orange</span>; all areas, "
-      "100 detections per image.</p>\n<div class=\"thumbs\">\n");
+      "<span style=\"color:#3b6fd4\">blue, dashed</span>, IoU 0.75 <span style=\"color:#d4793b\">orange</span> "
+      "(where they are equal, the dashes lie on the orange line); all areas, 100 detections per image.</p>\n"
+      "<div class=\"thumbs\">\n");
   for (const InstanceCategory& c : d.instances.categories) h += PrCurve(c) + "\n";
   h += "</div>\n";
   if (d.instances.worst.empty()) return h;
@@ -256,23 +260,20 @@ std::string JobMeta(const ReportData& d) {
   const v1::Job& job = d.record->job;
   std::string h;
   absl::StrAppend(&h, "<h1>Tally report <code>", HtmlEscape(job.job_id()), "</code></h1>\n<div class=\"meta\">");
-  absl::StrAppend(&h, "State: <span class=\"state-", JobStateName(job.state()), "\">", JobStateName(job.state()),
-                  "</span>", job.error().empty() ? "" : " — " + HtmlEscape(job.error()), "<br>");
-  absl::StrAppend(&h, "Model: <code>", HtmlEscape(job.spec().model()), "</code><br>Manifest: <code>",
-                  HtmlEscape(job.spec().manifest()), "</code><br>");
-  absl::StrAppend(&h, "Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ", d.failed,
-                  " failed<br>");
-  if (!job.sampled().empty()) {
-    absl::StrAppend(&h, "<strong>", HtmlEscape(job.sampled()), "</strong>: the other ",
-                    job.images_total() - d.evaluated - d.failed,
-                    " rows are not evaluated (sample); the Dice intervals are sampling intervals<br>");
+  for (const ReportFact& f : JobFacts(d)) {
+    std::string text = HtmlEscape(f.text);
+    if (f.label == "State") {
+      text = absl::StrCat("<span class=\"state-", JobStateName(job.state()), "\">", text, "</span>");
+    } else if (f.strong) {
+      text = absl::StrCat("<strong>", text, "</strong>");
+    }
+    if (!f.path.empty()) {
+      text = f.text.empty() ? absl::StrCat("<code>", HtmlEscape(f.path), "</code>")
+                            : absl::StrCat("<code>", HtmlEscape(f.path), "</code> (", text, ")");
+    }
+    absl::StrAppend(&h, HtmlEscape(f.label), ": ", text, "<br>");
   }
-  absl::StrAppend(&h, absl::StrFormat("Wall time: %.2f s (%.1f images/s)", d.wall_seconds,
-                                      d.wall_seconds > 0 ? (d.evaluated + d.failed) / d.wall_seconds : 0.0),
-                  "<br>");
-  absl::StrAppend(&h, "Provenance: Tally ", kTallyVersion, " (git ", kGitRevision, "), model sha256 <code>",
-                  job.spec().model_sha256().empty() ? "-" : job.spec().model_sha256(), "</code>, manifest sha256 <code>",
-                  job.spec().manifest_sha256().empty() ? "-" : job.spec().manifest_sha256(), "</code></div>\n");
+  h += "</div>\n";
   return h;
 }
 
@@ -286,6 +287,7 @@ std::string Distributions(const ReportData& d) {
     absl::StrAppend(&h, "<h3>", label, "</h3>\n<div class=\"hists\">\n");
     for (const ClassAggregate& ca : d.aggregate.classes) {
       const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];
+      if (ma.count == 0 && ma.inf_count == 0) continue;  // No image has a value (lesions: the background).
       absl::StrAppend(&h, "<div class=\"hist\"><h4>class ", d.ClassName(ca.class_id),
                       d.IsForeground(ca.class_id) ? "" : " (background)", " — ", ma.count, " images",
                       ma.inf_count > 0 ? absl::StrCat(", ", ma.inf_count, " inf") : "", "</h4>",
@@ -300,7 +302,11 @@ std::string Distributions(const ReportData& d) {
 std::string WorstImages(const ReportData& d) {
   std::string h;
   h += "<h2>Worst images by Dice</h2>\n";
-  if (!d.thumbnails.empty()) {
+  // The legend only where some class shown here has thumbnails (an instance job's are the matching's,
+  // shown with the worst images by instance F1).
+  bool any = false;
+  for (const auto& [key, thumbnail] : d.thumbnails) any |= !(d.config.instance_job() && key.first == kInstanceThumbnailClass);
+  if (any) {
     h += "<p class=\"legend\">Thumbnails: the image, and the image with the class coloured: <span class=\"key\" "
          "style=\"background:#00c800\"></span> reference and prediction, <span class=\"key\" "
          "style=\"background:#eb1e1e\"></span> prediction only (false positive), <span class=\"key\" "
@@ -328,8 +334,12 @@ std::string Failures(const ReportData& d) {
     h += "</ul>\n";
   }
   if (d.failures.empty()) {
-    h += "<p>None: every manifest row was evaluated.</p>\n";
+    absl::StrAppend(&h, "<p>", HtmlEscape(NoFailuresStatement(d)), "</p>\n");
   } else {
+    if (RowsNotEvaluated(d) > 0) {
+      absl::StrAppend(&h, "<p>", RowsNotEvaluated(d), " more rows were not evaluated (", HtmlEscape(NotEvaluatedReason(d)),
+                      ").</p>\n");
+    }
     h += HtmlTable(FailureTable(d));
     if (d.failures.size() > kMaxFailuresShown) {
       absl::StrAppend(&h, "<p>... and ", d.failures.size() - kMaxFailuresShown, " more in report.json</p>\n");
@@ -351,13 +361,23 @@ std::string ReportHtml(const ReportData& d) {
          "<div class=\"table-wrap\">" + HtmlTable(PanopticTable(d)) + "</div>\n<h3>Per category</h3>\n"
          "<div class=\"table-wrap\">" + HtmlTable(PanopticCategoryTable(d)) + "</div>\n";
   }
-  h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
-       "bootstrap interval; global = from summed counts.</p>\n<div class=\"table-wrap\">" + HtmlTable(ClassTable(d)) +
-       "</div>\n";
-  h += "<h2>Mean Dice per class (with 95% bootstrap interval)</h2>\n" + DiceBarChart(d) + "\n";
+  h += "<h2>Per class</h2>\n<p>Means over images (NaN skipped; inf skipped and counted); " +
+       HtmlEscape(IntervalSentence(d)) + "; global = from summed counts.</p>\n<div class=\"table-wrap\">" +
+       HtmlTable(ClassTable(d)) + "</div>\n";
+  if (!d.config.iou_thresholds.empty()) {
+    h += "<p>Pr@t: the share of images whose IoU is at least t (a referring set's precision at t).</p>\n";
+  }
+  if (HasLesionTable(d)) {
+    h += "<h2>Lesions</h2>\n<p>Per foreground class: lesion-wise means over images and the values pooled over every "
+         "lesion (global); tp, fp, fn are lesion counts.</p>\n<div class=\"table-wrap\">" + HtmlTable(LesionTable(d)) +
+         "</div>\n";
+  }
+  h += std::string("<h2>Mean Dice per class") + (d.interval == IntervalKind::kNone ? "" : " (with its 95% interval)") +
+       "</h2>\n" + DiceBarChart(d) + "\n";
   if (!d.aggregate.thresholds.empty()) {
     h += "<h2>Threshold sweep (foreground class)</h2>\n<p>Dice and IoU means over images at each probability "
-         "threshold; the other metrics use the primary threshold 0.5.</p>\n" + ThresholdCurve(d) + "\n";
+         "threshold; the other metrics use the primary threshold 0.5.</p>\n" + ThresholdCurve(d) +
+         "\n<div class=\"table-wrap\">" + HtmlTable(ThresholdTable(d)) + "</div>\n";
   }
   h += Distributions(d);
   h += WorstImages(d);

@@ -6,11 +6,68 @@
 #include "common/job/rpc.h"
 #include "common/base/json_writer.h"
 #include "common/base/build_info.h"
+#include "metrics/bounded_mean.h"
+#include "server/report/report_facts.h"
 #include "server/report/report_formats.h"
 
 namespace tally {
 namespace {
 constexpr const char* kVersion = "0.1.0";
+
+// [sy, sx], or [sz, sy, sx] when --spacing gave three. A volume job without --spacing scored each
+// volume with its header's: "spacing" is null and "spacings" lists them with their rows.
+void SpacingJson(const ReportData& d, JsonWriter& w) {
+  const JobConfig& c = d.config;
+  const bool from_headers = c.spacing_z <= 0 && !d.spacings.empty();
+  if (from_headers) {
+    w.Key("spacing").Null();
+  } else {
+    w.Key("spacing").BeginArray();
+    if (c.spacing_z > 0) w.Number(c.spacing_z);
+    w.Number(c.spacing_y).Number(c.spacing_x).EndArray();
+  }
+  if (!c.predictions() && !c.volume_job()) return;
+  w.Field("spacing_source", c.spacing_z > 0      ? (c.force_spacing ? "forced" : "flag")
+                            : from_headers       ? "header"
+                            : c.spacing_given    ? "flag (2D)"
+                                                 : "default (2D: 1, 1)");
+  if (from_headers) {
+    w.Key("spacings").BeginArray();
+    for (const auto& [s, rows] : d.spacings) {
+      w.BeginObject();
+      w.Key("spacing").BeginArray().Number(s[0]).Number(s[1]).Number(s[2]).EndArray();
+      w.Field("rows", rows);
+      w.EndObject();
+    }
+    w.EndArray();
+  }
+}
+
+// How a volume job's model saw each volume (README "Volumes into models").
+void VolumeSettingsJson(const JobConfig& c, JsonWriter& w) {
+  if (c.sliding_window[0] > 0) {
+    w.Key("sliding_window").BeginArray().Int(c.sliding_window[0]).Int(c.sliding_window[1]).Int(c.sliding_window[2]).EndArray();
+    w.Field("overlap", c.overlap);
+    w.Field("sw_batch_size", c.sw_batch_size);
+  } else {
+    w.Key("sliding_window").Null();
+  }
+  w.Field("intensity", c.intensity_name);
+  w.Field("keep_dtype", c.keep_dtype);
+}
+
+// What only a 2D image model's run has: the memory layout and the JPEG decoder.
+void ImageModelSettingsJson(const JobConfig& c, JsonWriter& w) {
+  // "auto" resolves to "on"/"off" by the first worker's timed trial (TorchScript on CUDA); it
+  // stays "auto" where no worker ran one (CPU, Python models).
+  w.Field("channels_last_mode", c.channels_last_mode);
+  w.Field("channels_last", c.channels_last_ran());
+  w.Field("channels_last_trial", c.channels_last_trial);
+  // JPEG decoding: "cpu" | "gpu"; "auto" resolves to one of them by the first worker's trial.
+  w.Field("decode_mode", c.decode_mode);
+  w.Field("decode", c.decode_ran());
+  w.Field("decode_trial", c.decode_trial);
+}
 // The job's settings, as the report's reader needs them to reproduce it.
 void SettingsJson(const ReportData& d, JsonWriter& w) {
   const v1::Job& job = d.record->job;
@@ -20,27 +77,12 @@ void SettingsJson(const ReportData& d, JsonWriter& w) {
   for (Metric m : d.metrics()) w.String(MetricName(m));
   w.EndArray();
   w.Field("include_background", d.config.include_background);
-  // [sy, sx]; [sz, sy, sx] when --spacing gave three; a prediction job without --spacing takes each
-  // volume's from its header ("spacing_source": "header"; 2D images use [1, 1]).
-  w.Key("spacing").BeginArray();
-  if (d.config.spacing_z > 0) w.Number(d.config.spacing_z);
-  w.Number(d.config.spacing_y).Number(d.config.spacing_x).EndArray();
-  if (d.config.predictions()) {
-    w.Field("spacing_source", d.config.spacing_z > 0 ? (d.config.force_spacing ? "forced" : "flag")
-                              : d.config.spacing_given ? "flag (2D)" : "header");
-    w.Field("regions", static_cast<int>(d.config.regions.size()));
-  }
+  SpacingJson(d, w);
+  if (d.config.predictions()) w.Field("regions", static_cast<int>(d.config.regions.size()));
   w.Field("nsd_tolerance", d.config.nsd_tolerance);
-  w.Field("precision", PrecisionName(d.config.precision));
-  // "auto" resolves to "on"/"off" by the first worker's timed trial (TorchScript on CUDA); it
-  // stays "auto" where no worker ran one (CPU, Python models).
-  w.Field("channels_last_mode", d.config.channels_last_mode);
-  w.Field("channels_last", d.config.channels_last_ran());
-  w.Field("channels_last_trial", d.config.channels_last_trial);
-  // JPEG decoding: "cpu" | "gpu"; "auto" resolves to one of them by the first worker's trial.
-  w.Field("decode_mode", d.config.decode_mode);
-  w.Field("decode", d.config.decode_ran());
-  w.Field("decode_trial", d.config.decode_trial);
+  if (d.config.volume_job()) VolumeSettingsJson(d.config, w);
+  if (!d.config.predictions()) w.Field("precision", PrecisionName(d.config.precision));
+  if (!d.config.predictions() && !d.config.volume_job()) ImageModelSettingsJson(d.config, w);
   w.Field("shard_size", d.record->shard_size);
   w.Field("max_image_pixels", d.config.max_image_pixels);
   w.Field("batch_timeout_seconds", d.config.batch_timeout_seconds);
@@ -53,15 +95,19 @@ void SettingsJson(const ReportData& d, JsonWriter& w) {
   w.Key("label_map").BeginObject();
   for (const auto& [from, to] : d.config.label_map) w.Field(absl::StrCat(from), to);
   w.EndObject();
-  if (spec.input_height() > 0) {
-    w.Key("input_size").BeginArray().Int(spec.input_height()).Int(spec.input_width()).EndArray();
-  } else {
-    w.Key("input_size").Null();
+  if (!d.config.predictions() && !d.config.volume_job()) {
+    if (spec.input_height() > 0) {
+      w.Key("input_size").BeginArray().Int(spec.input_height()).Int(spec.input_width()).EndArray();
+    } else {
+      w.Key("input_size").Null();
+    }
   }
   w.Key("provenance").BeginObject();
   w.Field("tally_version", kTallyVersion).Field("git_revision", kGitRevision);
   w.Field("torch_version", kTorchVersion).Field("cuda_version", kCudaVersion);
   w.Field("model_sha256", job.spec().model_sha256()).Field("manifest_sha256", job.spec().manifest_sha256());
+  if (!spec.coco_sha256().empty()) w.Field("annotations_sha256", spec.coco_sha256());
+  if (!spec.coco_results_sha256().empty()) w.Field("results_sha256", spec.coco_results_sha256());
   w.EndObject();
 }
 
@@ -280,8 +326,12 @@ std::string ReportJson(const ReportData& d) {
     w.Field("sampled", job.sampled());
     w.Field("images_not_evaluated", not_evaluated);
     w.Field("not_evaluated_reason", "not evaluated (sample)");
-    w.Field("dice_mean_ci95_method",
-            "sampling: 95% normal interval of the manifest's mean, finite-population corrected (not the bootstrap)");
+  }
+  w.Field("dice_mean_ci95_method", IntervalMethod(d.interval));
+  w.Field("dice_mean_ci95_min_rows", kMinIntervalRows);
+  if (spec.until_ci() > 0) {
+    w.Key("until_ci").BeginObject().Field("half_width", spec.until_ci()).Field("note", job.until_ci_note());
+    w.Field("reached", !job.sampled().empty()).EndObject();
   }
   w.Key("classes").BeginArray();
   for (const ClassAggregate& ca : d.aggregate.classes) ClassJson(d, ca, w);
@@ -296,7 +346,14 @@ std::string ReportJson(const ReportData& d) {
   WorkersJson(d, w);
   w.Field("created_unix", job.created_unix());
   w.Field("finished_unix", job.finished_unix());
-  w.Field("wall_seconds", d.wall_seconds);
+  w.Field("wall_seconds", d.wall_seconds);  // Submission to the last result (images_per_second's time).
+  const Throughputs t = JobThroughputs(d);
+  w.Key("throughput").BeginObject();
+  w.Field("since_submission_rows_per_second", t.since_submission).Field("since_submission_seconds", t.seconds_since_submission);
+  w.Field("since_first_lease_rows_per_second", t.since_first_lease)
+      .Field("since_first_lease_seconds", t.seconds_since_first_lease);
+  w.Field("workers_rows_per_second", t.workers);
+  w.EndObject();
   w.Field("images_per_second",
           d.wall_seconds > 0 ? static_cast<double>(d.evaluated + d.failed) / d.wall_seconds : 0.0);
   w.EndObject();

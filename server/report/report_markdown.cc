@@ -5,6 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "common/job/rpc.h"
 #include "common/base/build_info.h"
+#include "server/report/report_facts.h"
 #include "server/report/report_formats.h"
 #include "server/report/report_table.h"
 
@@ -27,17 +28,10 @@ std::string InstancesMarkdown(const ReportData& d) {
 std::string ReportMarkdown(const ReportData& d) {
   const v1::Job& job = d.record->job;
   std::string out = absl::StrCat("# Tally report: ", job.job_id(), "\n\n");
-  absl::StrAppend(&out, "- State: **", JobStateName(job.state()), "**", job.error().empty() ? "" : " — " + job.error(),
-                  "\n");
-  absl::StrAppend(&out, "- Model: `", job.spec().model(), "`\n- Manifest: `", job.spec().manifest(), "`\n");
-  absl::StrAppend(&out, "- Provenance: Tally ", kTallyVersion, " (git ", kGitRevision, "); model sha256 `",
-                  job.spec().model_sha256().empty() ? "-" : job.spec().model_sha256(), "`; manifest sha256 `",
-                  job.spec().manifest_sha256().empty() ? "-" : job.spec().manifest_sha256(), "`\n");
-  absl::StrAppend(&out, "- Images: ", job.images_total(), " in the manifest, ", d.evaluated, " evaluated, ",
-                  d.failed, " failed", "\n");
-  if (!job.sampled().empty()) {
-    absl::StrAppend(&out, "- **", job.sampled(), "**: the other ", job.images_total() - d.evaluated - d.failed,
-                    " rows are not evaluated (sample); the Dice intervals are sampling intervals\n");
+  for (const ReportFact& f : JobFacts(d)) {
+    std::string text = f.strong ? absl::StrCat("**", f.text, "**") : f.text;
+    if (!f.path.empty()) text = f.text.empty() ? absl::StrCat("`", f.path, "`") : absl::StrCat("`", f.path, "` (", text, ")");
+    absl::StrAppend(&out, "- ", f.label, ": ", text, "\n");
   }
   if (d.nonfinite_images > 0) {
     absl::StrAppend(&out, "- **Warning**: ", d.nonfinite_images, " evaluated images had NaN/Inf in the model output (",
@@ -51,8 +45,7 @@ std::string ReportMarkdown(const ReportData& d) {
   absl::StrAppend(&out, "- Classes: ", d.num_classes, "; foreground means over ",
                   in_mean.empty() ? "none" : absl::StrJoin(in_mean, ", "),
                   " (foreground classes present in at least one reference mask)\n");
-  absl::StrAppend(&out, absl::StrFormat("- Wall time: %.2f s (%.1f images/s)\n\n", d.wall_seconds,
-                                        d.images_per_second()));
+  out += "\n";
   if (d.instances.present) out += InstancesMarkdown(d);
   if (d.panoptic.present) {
     absl::StrAppend(&out, "## Panoptic quality\n\npanopticapi's PQ, SQ and RQ over ", d.panoptic.images,
@@ -60,9 +53,20 @@ std::string ReportMarkdown(const ReportData& d) {
                     MarkdownTable(PanopticTable(d)), "\n### Per category\n\n", MarkdownTable(PanopticCategoryTable(d)),
                     "\nThe semantic metrics below treat each category id as a class (void ignored).\n\n");
   }
-  out += "## Per class\n\nMeans over images (NaN skipped; inf skipped and counted); Dice mean with its 95% "
-         "bootstrap interval; global = from summed counts.\n\n";
+  absl::StrAppend(&out, "## Per class\n\nMeans over images (NaN skipped; inf skipped and counted); ",
+                  IntervalSentence(d), "; global = from summed counts.\n\n");
   out += MarkdownTable(ClassTable(d));
+  if (!d.config.iou_thresholds.empty()) {
+    out += "\nPr@t: the share of images whose IoU is at least t (a referring set's precision at t).\n";
+  }
+  if (HasLesionTable(d)) {
+    absl::StrAppend(&out, "\n## Lesions\n\nPer foreground class: lesion-wise means over images and the values pooled "
+                          "over every lesion (global); tp, fp, fn are lesion counts.\n\n", MarkdownTable(LesionTable(d)));
+  }
+  if (!d.aggregate.thresholds.empty()) {
+    absl::StrAppend(&out, "\n## Threshold sweep (foreground class)\n\nDice and IoU at each probability threshold; the "
+                          "other metrics use the primary threshold 0.5.\n\n", MarkdownTable(ThresholdTable(d)));
+  }
   out += "\n## Worst images by Dice\n";
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;
@@ -77,8 +81,11 @@ std::string ReportMarkdown(const ReportData& d) {
     out += "\n";
   }
   if (d.failures.empty()) {
-    out += "None: every manifest row was evaluated.\n";
+    absl::StrAppend(&out, NoFailuresStatement(d), "\n");
   } else {
+    if (RowsNotEvaluated(d) > 0) {
+      absl::StrAppend(&out, RowsNotEvaluated(d), " more rows were not evaluated (", NotEvaluatedReason(d), ").\n\n");
+    }
     out += MarkdownTable(FailureTable(d));
     if (d.failures.size() > kMaxFailuresShown) {
       absl::StrAppend(&out, "\n... and ", d.failures.size() - kMaxFailuresShown, " more in report.json\n");

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "metrics/bounded_mean.h"
+#include "server/report/report_facts.h"
 
 namespace tally {
 
@@ -21,36 +23,119 @@ TableCell Text(std::string s) { return TableCell{std::move(s), false}; }
 TableCell Code(std::string s) { return TableCell{std::move(s), true}; }
 }  // namespace
 
-Table ClassTable(const ReportData& d) {
+namespace {
+
+// Per class: images and the selected metrics, the lesion metrics or all the others (means; Dice with
+// its interval; globals of Dice, IoU and lesion metrics; Pr@t), then the foreground means.
+Table MetricTable(const ReportData& d, bool lesions) {
+  std::vector<Metric> metrics;
+  for (Metric m : d.metrics()) {
+    if (IsLesionMetric(m) == lesions) metrics.push_back(m);
+  }
   Table t;
   t.header = {"class", "images"};
-  for (Metric m : d.metrics()) {
-    t.header.push_back(absl::StrCat(MetricName(m), " mean"));
-    if (HasGlobalColumn(m)) t.header.push_back(absl::StrCat(MetricName(m), " global"));
+  for (Metric m : metrics) {
+    const bool count_only = m == Metric::kLesionTp || m == Metric::kLesionFp || m == Metric::kLesionFn;
+    if (!count_only) t.header.push_back(absl::StrCat(MetricName(m), " mean"));
+    if (HasGlobalColumn(m)) t.header.push_back(absl::StrCat(MetricName(m), count_only ? "" : " global"));
+  }
+  // Referring sets' headline numbers (Pr@t: the share of images with IoU >= t).
+  if (!lesions) {
+    for (double th : d.config.iou_thresholds) t.header.push_back(absl::StrCat("Pr@", th));
   }
   t.left.assign(t.header.size(), false);
   t.left[0] = true;
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (ca.class_id != 0 && !d.IsCategoryClass(ca.class_id)) continue;  // Instance jobs: ids of no category.
+    // Lesion metrics skip the background (README "Lesion-wise metrics"), unless it is included.
+    if (lesions && !d.IsForeground(ca.class_id)) continue;
+    const int images_metric = static_cast<int>(lesions ? metrics.front() : Metric::kDice);
     std::vector<TableCell> row = {Text(absl::StrCat(d.ClassName(ca.class_id), d.IsForeground(ca.class_id) ? "" : " (background)")),
-                                  Text(absl::StrCat(ca.metrics[static_cast<int>(Metric::kDice)].count))};
-    for (Metric m : d.metrics()) {
+                                  Text(absl::StrCat(ca.metrics[images_metric].count))};
+    for (Metric m : metrics) {
       const MetricAggregate& ma = ca.metrics[static_cast<int>(m)];
+      const bool count_only = m == Metric::kLesionTp || m == Metric::kLesionFp || m == Metric::kLesionFn;
       std::string cell = FormatCell(ma.mean);
-      if (m == Metric::kDice) absl::StrAppend(&cell, " [", FormatCell(ca.dice_ci_low), ", ", FormatCell(ca.dice_ci_high), "]");
+      if (m == Metric::kDice && !std::isnan(ca.dice_ci_low)) {
+        absl::StrAppend(&cell, " [", FormatCell(ca.dice_ci_low), ", ", FormatCell(ca.dice_ci_high), "]");
+      }
       if (ma.inf_count > 0) absl::StrAppend(&cell, " (", ma.inf_count, " inf)");
-      row.push_back(Text(cell));
-      if (HasGlobalColumn(m)) row.push_back(Text(FormatCell(ma.global)));
+      if (!count_only) row.push_back(Text(cell));
+      if (HasGlobalColumn(m)) {
+        row.push_back(Text(count_only ? absl::StrCat(static_cast<int64_t>(ma.global)) : FormatCell(ma.global)));
+      }
+    }
+    if (!lesions) {
+      for (double v : ca.iou_ge) row.push_back(Text(FormatCell(v)));
     }
     t.rows.push_back(std::move(row));
   }
   std::vector<TableCell> foreground = {Text("foreground mean"), Text("")};
-  for (Metric m : d.metrics()) {
-    foreground.push_back(Text(FormatCell(d.aggregate.foreground_mean[static_cast<int>(m)])));
+  for (Metric m : metrics) {
+    const bool count_only = m == Metric::kLesionTp || m == Metric::kLesionFp || m == Metric::kLesionFn;
+    if (!count_only) foreground.push_back(Text(FormatCell(d.aggregate.foreground_mean[static_cast<int>(m)])));
     if (HasGlobalColumn(m)) foreground.push_back(Text(""));
+  }
+  if (!lesions) {
+    for (size_t i = 0; i < d.config.iou_thresholds.size(); ++i) foreground.push_back(Text(""));
   }
   t.rows.push_back(std::move(foreground));
   return t;
+}
+
+}  // namespace
+
+Table ClassTable(const ReportData& d) { return MetricTable(d, false); }
+
+bool HasLesionTable(const ReportData& d) {
+  for (Metric m : d.metrics()) {
+    if (IsLesionMetric(m)) return true;
+  }
+  return false;
+}
+
+Table LesionTable(const ReportData& d) { return MetricTable(d, true); }
+
+Table ThresholdTable(const ReportData& d) {
+  Table t;
+  t.header = {"threshold", "dice mean", "dice global", "iou mean", "iou global"};
+  t.left.assign(t.header.size(), false);
+  for (size_t i = 0; i < d.aggregate.thresholds.size(); ++i) {
+    const ThresholdAggregate& ta = d.aggregate.thresholds[i];
+    const bool best = static_cast<int>(i) == d.aggregate.best_threshold;
+    t.rows.push_back({Text(absl::StrCat(ta.threshold, best ? " (best dice mean)" : "")), Text(FormatCell(ta.dice_mean)),
+                      Text(FormatCell(ta.dice_global)), Text(FormatCell(ta.iou_mean)), Text(FormatCell(ta.iou_global))});
+  }
+  return t;
+}
+
+std::string TerminalSummary(const ReportData& d) {
+  std::string out;
+  if (d.instances.present) {
+    absl::StrAppend(&out, MarkdownTable(InstanceStatsTable(d)), "\n", MarkdownTable(InstanceCategoryTable(d)), "\n");
+  }
+  if (d.panoptic.present) absl::StrAppend(&out, MarkdownTable(PanopticTable(d)), "\n");
+  out += MarkdownTable(ClassTable(d));
+  if (HasLesionTable(d)) absl::StrAppend(&out, "\n", MarkdownTable(LesionTable(d)));
+  if (!d.aggregate.thresholds.empty()) absl::StrAppend(&out, "\n", MarkdownTable(ThresholdTable(d)));
+  return out;
+}
+
+std::string IntervalSentence(const ReportData& d) {
+  switch (d.interval) {
+    case IntervalKind::kRows:
+      return absl::StrCat("Dice mean with its 95% interval for the images these rows are drawn from (a betting "
+                          "interval: it holds its coverage at any number of rows, skewed sets included; none below ",
+                          kMinIntervalRows, " rows)");
+    case IntervalKind::kSample:
+      return absl::StrCat("Dice mean with its 95% interval for the whole manifest's mean, from this uniform random "
+                          "sample (a betting interval, finite-population corrected: it holds its coverage at any "
+                          "sample size; none below ", kMinIntervalRows, " rows)");
+    case IntervalKind::kNone:
+      break;
+  }
+  return "no Dice interval: the rows evaluated so far are the manifest's first ones, not a random sample "
+         "(--order random gives one)";
 }
 
 Table WorstTable(const ReportData& d, const ClassAggregate& ca) {
@@ -90,11 +175,21 @@ Table ParameterTable(const ReportData& d) {
   add("empty score", std::string(EmptyScoreName(c.empty_score)));
   if (!c.thresholds.empty()) add("thresholds", list(c.thresholds));
   if (!c.iou_thresholds.empty()) add("iou thresholds", list(c.iou_thresholds));
-  add("spacing", c.spacing_z > 0 ? absl::StrCat(c.spacing_z, ",", c.spacing_y, ",", c.spacing_x)
-                                 : absl::StrCat(c.spacing_y, ",", c.spacing_x));
+  const std::string volume_spacing = SpacingText(d);
+  add("spacing", !volume_spacing.empty() ? volume_spacing
+                 : c.spacing_z > 0       ? absl::StrCat(c.spacing_z, ",", c.spacing_y, ",", c.spacing_x)
+                                         : absl::StrCat(c.spacing_y, ",", c.spacing_x));
   add("nsd tolerance", absl::StrCat(c.nsd_tolerance));
-  if (!c.predictions()) {
-    add("precision", std::string(PrecisionName(c.precision)));
+  if (c.volume_job()) {
+    add("sliding window", c.sliding_window[0] > 0 ? absl::StrCat(c.sliding_window[0], ",", c.sliding_window[1], ",",
+                                                                 c.sliding_window[2], " (z,y,x), overlap ", c.overlap,
+                                                                 ", ", c.sw_batch_size, " windows a batch")
+                                                  : "none (whole volumes)");
+    add("intensity", c.intensity_name);
+    if (c.keep_dtype) add("keep dtype", "yes");
+  }
+  if (!c.predictions()) add("precision", std::string(PrecisionName(c.precision)));
+  if (!c.predictions() && !c.volume_job()) {  // What only a 2D image model's run has.
     const std::string ran = c.channels_last_ran() == "on" ? "yes" : "no";
     if (c.channels_last_mode != "auto") {
       add("channels last", ran);
@@ -113,6 +208,8 @@ Table ParameterTable(const ReportData& d) {
     add("batch size", c.batch_size > 0 ? absl::StrCat(c.batch_size) : c.batch_size == kBatchAuto ? "auto" : "worker default");
     add("input size", c.input_height > 0 ? absl::StrCat(c.input_height, "x", c.input_width) : "as decoded");
     add("mean / std", absl::StrCat(list(c.mean), " / ", list(c.std)));
+  }
+  if (!c.predictions()) {
     add("non-finite outputs", std::string(NonfiniteName(c.nonfinite)));
     if (c.python_model()) {
       add("python", c.python.empty() ? "python3" : c.python, true);
@@ -145,7 +242,7 @@ Table FailureTable(const ReportData& d) {
 
 Table WorkerTable(const ReportData& d) {
   Table t;
-  t.header = {"worker", "device", "images", "seconds", "images/s"};
+  t.header = {"worker", "device", "images", "seconds, first lease to last result", "images/s while evaluating"};
   t.left = {true, true, false, false, false};
   for (const WorkerRecord& wr : d.workers) {
     const double seconds = std::max(0.0, wr.last_result_unix - wr.first_lease_unix);

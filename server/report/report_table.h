@@ -27,9 +27,22 @@ struct Table {
 // 4 decimals, nan/inf spelled out.
 std::string FormatCell(double v);
 
-// Per class: images, every metric's mean (Dice with its 95% interval, infinities counted), global
-// Dice and IoU; then the foreground means.
+// Per class: images, every metric's mean but the lesion metrics' (Dice with its 95% interval,
+// infinities counted), global Dice and IoU, Pr@t of referring sets; then the foreground means.
 Table ClassTable(const ReportData& d);
+// Lesion metrics (lesion_*), per foreground class: means and pooled globals (README "Lesion-wise
+// metrics"); the background is left out unless included. HasLesionTable: the job selected any.
+bool HasLesionTable(const ReportData& d);
+Table LesionTable(const ReportData& d);
+// The --thresholds sweep: per threshold the foreground class's Dice and IoU, the best marked.
+Table ThresholdTable(const ReportData& d);
+// What `tally run` prints at the end (Job.summary): the instance or panoptic numbers (with the AP
+// of each category), the per-class table, the lesion table and the threshold sweep where they apply.
+std::string TerminalSummary(const ReportData& d);
+// What the per-class table's Dice interval is, in a sentence (README "Intervals"): the betting
+// interval over the rows or of a sample, none below kMinIntervalRows, or none at all (a manifest-
+// order job's first rows).
+std::string IntervalSentence(const ReportData& d);
 // The (up to 10) images with the lowest Dice of one class.
 Table WorstTable(const ReportData& d, const ClassAggregate& ca);
 // The first kMaxFailuresShown failures.

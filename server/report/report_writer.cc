@@ -46,9 +46,7 @@ absl::Status WriteReportFiles(const ReportData& d, const std::string& dir, Repor
   if (outcome != nullptr) {
     // The table `tally run` and `tally status` print, then what makes the numbers suspect and the
     // failed rows grouped by reason.
-    outcome->summary = MarkdownTable(ClassTable(d));
-    if (d.instances.present) outcome->summary = MarkdownTable(InstanceStatsTable(d)) + "\n" + outcome->summary;
-    if (d.panoptic.present) outcome->summary = MarkdownTable(PanopticTable(d)) + "\n" + outcome->summary;
+    outcome->summary = TerminalSummary(d);
     for (const std::string& w : d.warnings) absl::StrAppend(&outcome->summary, "\nWarning: ", w);
     if (!d.failure_groups.empty()) absl::StrAppend(&outcome->summary, "\nFailed rows by reason:");
     for (size_t i = 0; i < d.failure_groups.size() && i < 10; ++i) {

@@ -282,6 +282,110 @@ class Cluster:
 # Reading reports
 # ---------------------------------------------------------------------------------------------
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z):
+    """SplitMix64's finaliser (the state advanced by the golden gamma first)."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def row_key(identity):
+    """A row's key as README "Intervals" defines it: FNV-1a 64 of the id's bytes, then SplitMix64."""
+    h = 0xcbf29ce484222325
+    for b in identity.encode():
+        h = ((h ^ b) * 0x100000001b3) & _MASK64
+    return _mix64(h)
+
+
+def row_position(rows, seed, index):
+    """Where manifest row `index` comes in a --order random:SEED job of `rows` rows (README "Answers
+    before the end": a 4-round Feistel network over the smallest even-bit power of two holding the
+    rows, cycle-walked into [0, rows)), decrypting as the documented permutation does."""
+    if rows <= 1:
+        return index
+    bits = 2
+    while bits < 62 and (1 << bits) < rows:
+        bits += 1
+    bits += bits % 2
+    half = bits // 2
+    mask = (1 << half) - 1
+
+    def round_(r, x):
+        return _mix64(seed ^ _mix64((x * 0xD1B54A32D192ED03 + r) & _MASK64)) & mask
+
+    def decrypt(x):
+        left, right = x >> half, x & mask
+        for r in range(3, -1, -1):
+            left, right = right ^ round_(r, left), left
+        return (left << half) | right
+
+    x = decrypt(index)
+    while x >= rows:
+        x = decrypt(x)
+    return x
+
+
+def betting_ci(values, population=0):
+    """README "Intervals", written again here: the 95% betting interval (Waudby-Smith & Ramdas 2023) of
+    the mean of `values` in [0, 1], taken in the order given; a uniform random sample without
+    replacement of `population` values when it is > 0. (nan, nan) below 10 values."""
+    import math
+    x = [float(v) for v in values]
+    n = len(x)
+    if n < 10:
+        return (float("nan"), float("nan"))
+    if 0 < population < n:
+        population = 0
+    alpha, theta, c = 0.05, 0.5, 0.75
+    lam, total, squares = [], 0.0, 0.25
+    for t, v in enumerate(x):
+        lam.append(math.sqrt(2 * math.log(2 / alpha) / (n * squares / (t + 1))))
+        total += v
+        mu = (0.5 + total) / (t + 2)
+        squares += (v - mu) ** 2
+
+    def rejected(m, upper):
+        threshold = math.log(1 / (alpha * ((1 - theta) if upper else theta)))
+        capital, drawn = 0.0, 0.0
+        for t, v in enumerate(x):
+            mt = (population * m - drawn) / (population - t) if population > 0 else m
+            drawn += v
+            if not upper:
+                if mt <= 0:
+                    if mt < 0 or v > 0:
+                        return True
+                    continue
+                capital += math.log1p(min(lam[t], c / mt) * (v - mt))
+            else:
+                if mt >= 1:
+                    if mt > 1 or v < 1:
+                        return True
+                    continue
+                capital += math.log1p(-min(lam[t], c / (1 - mt)) * (v - mt))
+            if capital >= threshold:
+                return True
+        return False
+
+    lo, hi = 0.0, 1.0
+    if rejected(0.0, False):
+        a, b = 0.0, 1.0
+        while b - a > 1e-10:
+            mid = (a + b) / 2
+            a, b = (mid, b) if rejected(mid, False) else (a, mid)
+        lo = a
+    if rejected(1.0, True):
+        a, b = 0.0, 1.0
+        while b - a > 1e-10:
+            mid = (a + b) / 2
+            a, b = (a, mid) if rejected(mid, True) else (mid, b)
+        hi = b
+    return (lo, max(lo, hi))
+
+
 def sha256_file(path):
     import hashlib
     with open(path, "rb") as f:

@@ -12,9 +12,8 @@ from PIL import Image
 
 import tallytest as tt
 
-RUN_FIELDS = {"job_id", "name", "created_unix", "finished_unix", "wall_seconds", "images_per_second", "workers",
-              "state", "shard_size", "provenance"}
-Z = 1.959963984540054
+RUN_FIELDS = {"job_id", "name", "created_unix", "finished_unix", "wall_seconds", "images_per_second", "throughput",
+              "workers", "state", "shard_size", "provenance"}
 
 
 def write_predictions(root, rng, n, size=20, classes=3):
@@ -59,12 +58,26 @@ def dice_by_class(rows):
     return {k: np.array(v) for k, v in out.items()}
 
 
-def half_width(values, population):
-    """The documented interval: 1.96 s / sqrt(n) * sqrt((N - n) / (N - 1)); no correction for N <= 1."""
-    n = len(values)
-    s2 = np.sum((values - values.mean()) ** 2) / (n - 1)
-    fpc = np.sqrt(max(0.0, (population - n) / (population - 1))) if population > 1 else 1.0
-    return Z * np.sqrt(s2 / n) * fpc
+def dice_by_index(rows):
+    """Per class, (index, dice) of the rows whose Dice is defined."""
+    out = {}
+    for r in rows:
+        v = tt.num(r["dice"])
+        if not np.isnan(v):
+            out.setdefault(int(r["class"]), []).append((int(r["index"]), v))
+    return out
+
+
+def sample_ci(pairs, total, seed, sampled_rows):
+    """The documented interval of a sample: betting, in draw order, population estimated as the
+    class's share of the sample times the manifest's rows."""
+    ordered = [v for _, v in sorted(pairs, key=lambda p: tt.row_position(total, seed, p[0]))]
+    return tt.betting_ci(ordered, int(np.ceil(total * len(pairs) / sampled_rows)))
+
+
+def rows_ci(pairs, ids):
+    """The documented interval of a finished job's rows: betting, in row-key order of their ids."""
+    return tt.betting_ci([v for _, v in sorted(pairs, key=lambda p: (tt.row_key(ids[p[0]]), p[1]))])
 
 
 class RandomOrderTest(unittest.TestCase):
@@ -99,12 +112,12 @@ class RandomOrderTest(unittest.TestCase):
         self.assertIn("in random order", c.log("tallyd.log"))
         # --until-ci and --sample refuse the manifest's order, and bad values are named.
         p = c.cli("submit", "--manifest", pred_manifest, "--sample", "10", "--order", "manifest", check=False)
-        self.assertNotEqual(p.returncode, 0)
+        self.assertEqual(p.returncode, 2)  # A usage error, found before anything is sent.
         self.assertIn("random order", p.stderr)
         for flags, what in ((["--sample", "0"], "--sample"), (["--until-ci", "2"], "--until-ci"),
                             (["--order", "shuffled"], "--order"), (["--order", "random:x"], "--order")):
             p = c.cli("submit", "--manifest", pred_manifest, *flags, check=False)
-            self.assertNotEqual(p.returncode, 0, flags)
+            self.assertEqual(p.returncode, 2, flags)
             self.assertIn(what, p.stderr, flags)
 
 
@@ -125,29 +138,40 @@ class LiveEstimatesTest(unittest.TestCase):
                          (60, 140, 0))
         self.assertEqual(report["not_evaluated_reason"], "not evaluated (sample)")
         self.assertIn("sampled: 60 of 200 rows", c.cli("jobs").stdout)
-        values = dice_by_class(rows)
+        values = dice_by_index(rows)
         live = {e.get("class_id", 0): e for e in st["live"]}
-        for k, v in values.items():
-            population = 200 * len(v) / 60
+        seed = int(st["spec"]["order_seed"])
+        for k, pairs in values.items():
+            v = np.array([d for _, d in pairs])
             self.assertEqual(int(live[k]["rows"]), len(v))
             self.assertTrue(tt.same(live[k]["dice_mean"], v.mean(), 1e-12), k)
-            self.assertTrue(tt.same(live[k]["dice_half_width"], half_width(v, population), 1e-9), k)
-            lo, hi = report["classes"][k]["dice_mean_ci95"]
-            self.assertTrue(tt.same(lo, v.mean() - half_width(v, population), 1e-9), k)
-            self.assertTrue(tt.same(hi, v.mean() + half_width(v, population), 1e-9), k)
+            lo, hi = sample_ci(pairs, 200, seed, 60)
+            self.assertTrue(tt.same(live[k]["dice_ci_low"], lo, 1e-8) and tt.same(live[k]["dice_ci_high"], hi, 1e-8), k)
+            self.assertTrue(tt.same(live[k]["dice_half_width"], (hi - lo) / 2, 1e-8), k)
+            self.assertEqual(report["classes"][k]["dice_mean_ci95"], [live[k]["dice_ci_low"], live[k]["dice_ci_high"]])
+            self.assertLessEqual(lo, v.mean())
+            self.assertGreaterEqual(hi, v.mean())
+        self.assertIn("uniform random sample without replacement", report["dice_mean_ci95_method"])
         self.assertFalse(live[0].get("foreground", False))
         self.assertTrue(live[1]["foreground"])
-        # Manifest order: no finite-population correction, and the note says why the interval is weak.
+        # Manifest order: no live interval (the rows so far are no random sample); the finished job's
+        # interval is over its rows, in row-key order.
         job = c.cli("submit", "--manifest", manifest, "--shard-size", "6").stdout.strip()
         self.assertEqual(c.wait(job)["state"], "succeeded")
         st = status_json(c, job)
         self.assertIn("not a random sample", st["live_note"])
         out = os.path.join(root, "all")
         c.fetch(job, out)
-        values = dice_by_class(tt.read_per_image(out))
+        rows = tt.read_per_image(out)
+        ids = {int(r["index"]): r["id"] for r in rows}
+        values = dice_by_index(rows)
         for e in st["live"]:
-            v = values[e.get("class_id", 0)]
-            self.assertTrue(tt.same(e["dice_half_width"], half_width(v, 0), 1e-9))
+            self.assertTrue(np.isnan(float(e["dice_half_width"])), e)
+        report = tt.read_report(out)
+        for k, pairs in values.items():
+            lo, hi = rows_ci(pairs, ids)
+            got = report["classes"][k]["dice_mean_ci95"]
+            self.assertTrue(tt.same(got[0], lo, 1e-8) and tt.same(got[1], hi, 1e-8), (k, got, lo, hi))
 
     def test_until_ci_stops_with_the_interval_in_most_seeds(self):
         root, manifest, c = prediction_setup(self, 6, 400)
@@ -176,27 +200,6 @@ class LiveEstimatesTest(unittest.TestCase):
                 covered += lo <= truth[cl["class"]] <= hi
         print(f"until-ci: the full run's mean inside the interval in {covered} of {trials} (seed, class) pairs")
         self.assertGreaterEqual(covered, 0.75 * trials)
-
-
-class CoverageTest(unittest.TestCase):
-    def test_the_documented_interval_covers_in_a_simulation(self):
-        # Simple random samples without replacement from a skewed synthetic population (Dice-like:
-        # a mass near 1 and a tail): the 95% interval with the finite-population correction covers
-        # the population mean in 95% +/- 1.5% of 4000 samples, at a small and a large sampling fraction.
-        rng = np.random.default_rng(2026)
-        population = np.concatenate([rng.beta(8, 1.5, 1600), rng.uniform(0, 0.5, 400)])
-        mu = population.mean()
-        for n in (100, 1200):
-            hits = 0
-            for _ in range(4000):
-                s = rng.choice(population, n, replace=False)
-                h = half_width(s, len(population))
-                hits += abs(s.mean() - mu) <= h
-            self.assertAlmostEqual(hits / 4000, 0.95, delta=0.015, msg=f"n={n}")
-        # Without the correction the large sample's interval over-covers (the reason to correct).
-        over = sum(abs((s := rng.choice(population, 1200, replace=False)).mean() - mu) <= half_width(s, 0)
-                   for _ in range(2000)) / 2000
-        self.assertGreater(over, 0.985)
 
 
 class PartialReportTest(unittest.TestCase):
@@ -229,10 +232,11 @@ class PartialReportTest(unittest.TestCase):
             self.assertEqual(live[k]["rows"], cls["images"])
             self.assertTrue(tt.same(value(samples, "tally_job_dice_estimate", job=job, **{"class": str(k)}),
                                     cls["dice_mean"], 1e-12), k)
-            v = dice_by_class(tt.read_per_image(out)).get(k)
-            if v is not None:  # Manifest order: the interval without the finite-population correction.
-                self.assertTrue(tt.same(value(samples, "tally_job_dice_half_width", job=job, **{"class": str(k)}),
-                                        half_width(v, 0), 1e-9), k)
+            # Manifest order: the rows so far are the first ones, no random sample: no interval, live or
+            # in the partial report.
+            self.assertTrue(np.isnan(float(live[k]["dice_half_width"])), k)
+            self.assertIsNone(cls["dice_mean_ci95"][0], k)
+        self.assertIn("not a random sample", report["dice_mean_ci95_method"])
         # The folder it was built in is gone (once the stream ends); a plain report of a running job
         # is still refused.
         deadline = time.time() + 10

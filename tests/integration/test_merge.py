@@ -10,7 +10,7 @@ import tallytest as tt
 
 # Fields that describe the run rather than the results.
 RUN_FIELDS = {"job_id", "name", "manifest", "created_unix", "finished_unix", "wall_seconds", "images_per_second",
-              "workers", "state", "shard_size", "provenance"}
+              "throughput", "workers", "state", "shard_size", "provenance"}
 
 
 class MergeTest(unittest.TestCase):

@@ -34,7 +34,7 @@ class PackagesTest(unittest.TestCase):
         v = subprocess.run([os.path.join(scratch, tally[0]), "--version"], capture_output=True, text=True)
         self.assertEqual(v.returncode, 0, v.stderr)
         self.assertTrue(v.stdout.startswith("tally "), v.stdout)
-        for want in ("bin/tallyd", "bin/tally-worker", "lib/systemd/system/tallyd.service",
+        for want in ("bin/tallyd", "bin/tally-worker", "bin/tally-coco-eval", "lib/systemd/system/tallyd.service",
                      "lib/systemd/system/tally-worker@.service", "share/doc/tally/README.md",
                      "lib/python3/dist-packages/tally/client.py", "lib/python3/dist-packages/tally_pb2.py",
                      "lib/python3/dist-packages/tally_pb2_grpc.py"):

@@ -107,3 +107,37 @@ class PythonClientCocoTest(unittest.TestCase):
         tt.tally("run", "--coco", os.path.join(root, "gt.json"), "--images", root, "--coco-results",
                  os.path.join(root, "results.json"), "--out", out)
         self.assertEqual(report["instances"]["stats"], tt.read_report(out)["instances"]["stats"])
+
+
+class PythonClientNamesTest(unittest.TestCase):
+    def test_the_clis_flag_names_and_job_id_prefixes(self):
+        root = tt.tmpdir(self)
+        manifest = dataset(os.path.join(root, "d"), 20, seed=9)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        with Client(c.address) as client:
+            # The CLI's names: --order random:SEED, --sample 50%, dashes or underscores.
+            job = client.submit(manifest, model=tt.fixture("three_class.pt"), order="random:7", sample="50%",
+                                **{"batch-size": 2})
+            other = client.submit(manifest, model=tt.fixture("three_class.pt"), label="sweep=a")
+            done = client.wait(job[:-2], timeout=120)  # A prefix, as `tally wait j2026...` takes.
+            self.assertEqual(done["state"], "succeeded")
+            spec = done["spec"]
+            self.assertTrue(spec["random_order"])
+            self.assertEqual((int(spec["order_seed"]), spec["sample_percent"], spec["batch_size"]), (7, 50, 2))
+            self.assertEqual(done["images_evaluated"], 10)
+            self.assertEqual(client.job(other)["spec"]["labels"], {"sweep": "a"})
+            self.assertIn("report.json", client.report_files(job[:-3]))
+            with self.assertRaises(TallyError) as e:
+                client.job(job[:2])  # Both jobs start so.
+            self.assertEqual(e.exception.code.name, "NOT_FOUND")
+            self.assertIn("ambiguous", str(e.exception))
+            # tallyd's own fields are refused, naming why and listing the options (the CLI's names too).
+            with self.assertRaises(TypeError) as e:
+                client.submit(manifest, model=tt.fixture("three_class.pt"), model_sha256="0" * 64)
+            self.assertIn("set by tallyd", str(e.exception))
+            self.assertIn("order", str(e.exception))
+            self.assertNotIn("manifest_sha256", str(e.exception))
+            with self.assertRaises(ValueError):
+                client.submit(manifest, model=tt.fixture("three_class.pt"), order="sideways")
+            client.wait(other, timeout=120)

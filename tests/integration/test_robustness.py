@@ -343,8 +343,14 @@ class ServiceLimitsTest(unittest.TestCase):
         cluster = tt.Cluster(self, os.path.join(root, "cluster"))
         p = cluster.cli("submit", "--model", tt.fixture("red_vs_rest.pt"), "--manifest", manifest, "--name",
                         "x" * 100000, check=False)
-        self.assertEqual(p.returncode, 1)
+        # The CLI refuses it before sending (a usage error, exit 2), and so does tallyd (another client).
+        self.assertEqual(p.returncode, 2)
         self.assertIn("'name' is 100000 bytes; the limit is 256", p.stderr)
+        from tally.client import Client, TallyError
+        with Client(cluster.address) as client:
+            with self.assertRaises(TallyError) as refused:
+                client.submit(manifest, tt.fixture("red_vs_rest.pt"), name="x" * 100000)
+            self.assertIn("'name' is 100000 bytes; the limit is 256", str(refused.exception))
         ok = cluster.submit(tt.fixture("red_vs_rest.pt"), manifest, "--name", "fine")
         jobs = cluster.cli("jobs").stdout.splitlines()
         self.assertEqual(jobs[0].split()[:2], ["JOB", "STATE"])  # A header, then one line per job.

@@ -123,6 +123,6 @@ class ProvenanceTest(unittest.TestCase):
             self.assertEqual(c["dice_zero_images"], zeros)
         with open(os.path.join(out, "summary.md")) as f:
             md = f.read()
-        self.assertIn(f"model sha256 `{prov['model_sha256']}`", md)
+        self.assertIn(f"(sha256 {prov['model_sha256']})", md)
         with open(os.path.join(out, "report.html")) as f:
             self.assertIn(prov["manifest_sha256"], f.read())

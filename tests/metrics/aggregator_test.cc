@@ -1,4 +1,5 @@
 #include "metrics/aggregator.h"
+#include "metrics/bounded_mean.h"
 
 #include <algorithm>
 #include <cmath>
@@ -90,12 +91,61 @@ TEST_F(AggregatorTest, ForegroundMeansAndWorstCases) {
   EXPECT_DOUBLE_EQ(with_bg.foreground_mean[d], (a.classes[0].metrics[d].mean + a.classes[1].metrics[d].mean) / 2);
 }
 
-TEST_F(AggregatorTest, DiceIntervalIsDeterministicAndInRange) {
-  Aggregate a = Run(false), b = Run(false);
-  EXPECT_EQ(a.classes[1].dice_ci_low, b.classes[1].dice_ci_low);
-  EXPECT_EQ(a.classes[1].dice_ci_high, b.classes[1].dice_ci_high);
-  EXPECT_GE(a.classes[1].dice_ci_low, 0.4);
-  EXPECT_LE(a.classes[1].dice_ci_high, 4.0 / 6.0);
+TEST_F(AggregatorTest, NoDiceIntervalBelowTenRows) {
+  Aggregate a = Run(false);  // Two images with a Dice for class 1.
+  EXPECT_TRUE(std::isnan(a.classes[1].dice_ci_low));
+  EXPECT_TRUE(std::isnan(a.classes[1].dice_ci_high));
+}
+
+// The interval kinds of aggregator.h: kRows reads the values by row key, kSample by position with the
+// manifest as the population, kNone gives none.
+TEST(AggregatorIntervalTest, EachKindReadsTheValuesAsDocumented) {
+  std::vector<v1::ImageResult> rows;
+  std::vector<double> dice;
+  for (int i = 0; i < 40; ++i) {
+    v1::ImageResult r;
+    r.set_index(i);
+    const int tp = 5 + (i * 7) % 11, fp = (i * 3) % 5, fn = (i * 5) % 4;
+    v1::ClassResult* c = r.add_classes();
+    c->set_tn(100);
+    c = r.add_classes();
+    c->set_tp(tp);
+    c->set_fp(fp);
+    c->set_fn(fn);
+    c->set_tn(100 - tp - fp - fn);
+    dice.push_back(2.0 * tp / (2.0 * tp + fp + fn));
+    rows.push_back(r);
+  }
+  AggregateOptions o;
+  o.num_classes = 2;
+  o.metrics = {Metric::kDice};
+  // kRows: in row-key order.
+  Aggregator by_key(o);
+  std::vector<std::pair<uint64_t, double>> keyed;
+  for (int i = 0; i < 40; ++i) {
+    const uint64_t key = RowKey("case" + std::to_string(i));
+    by_key.Add(rows[i], key);
+    keyed.emplace_back(key, dice[i]);
+  }
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<double> in_key_order;
+  for (const auto& e : keyed) in_key_order.push_back(e.second);
+  const Aggregate a = by_key.Finish();
+  EXPECT_EQ(a.classes[1].dice_ci_low, BettingMeanCi95(in_key_order).first);
+  EXPECT_EQ(a.classes[1].dice_ci_high, BettingMeanCi95(in_key_order).second);
+  // kSample: positions given (here the reverse of the indices), population 100 rows.
+  o.interval = IntervalKind::kSample;
+  o.population_rows = 100;
+  Aggregator sample(o);
+  for (int i = 0; i < 40; ++i) sample.Add(rows[i], static_cast<uint64_t>(39 - i));
+  const std::vector<double> drawn(dice.rbegin(), dice.rend());
+  const Aggregate b = sample.Finish();
+  EXPECT_EQ(b.classes[1].dice_ci_low, BettingMeanCi95(drawn, 100).first);
+  EXPECT_EQ(b.classes[1].dice_ci_high, BettingMeanCi95(drawn, 100).second);
+  o.interval = IntervalKind::kNone;
+  Aggregator none(o);
+  for (const auto& r : rows) none.Add(r);
+  EXPECT_TRUE(std::isnan(none.Finish().classes[1].dice_ci_low));
 }
 
 TEST(AggregatorConventions, EmptyScoreIouSharesAndThresholdSweep) {
@@ -140,116 +190,6 @@ TEST(AggregatorConventions, EmptyScoreIouSharesAndThresholdSweep) {
   EXPECT_EQ(out.best_threshold, 1);
 }
 
-TEST(BootstrapTest, ConstantValuesGiveAPointInterval) {
-  auto ci = BootstrapMeanCi95(std::vector<double>(50, 0.75), 1000, 1, 1);
-  EXPECT_DOUBLE_EQ(ci.first, 0.75);
-  EXPECT_DOUBLE_EQ(ci.second, 0.75);
-  auto empty = BootstrapMeanCi95({}, 1000, 1, 1);
-  EXPECT_TRUE(std::isnan(empty.first));
-}
-
-TEST(BootstrapTest, ThreadCountDoesNotChangeTheResult) {
-  std::vector<double> v;
-  for (int i = 0; i < 3000; ++i) v.push_back((i * 37 % 101) / 100.0);
-  auto one = BootstrapMeanCi95(v, 1000, 42, 1);
-  auto four = BootstrapMeanCi95(v, 1000, 42, 4);
-  EXPECT_EQ(one.first, four.first);
-  EXPECT_EQ(one.second, four.second);
-}
-
-// Half zeros, half ones, n = 2000: the normal approximation gives 0.5 +/- 1.96 * sqrt(0.25 / 2000)
-// = 0.5 +/- 0.0219. The percentile bootstrap should land close to that.
-TEST(BootstrapTest, WidthMatchesTheNormalApproximation) {
-  std::vector<double> v(2000);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = i % 2;
-  auto ci = BootstrapMeanCi95(v, 1000, 7, 2);
-  EXPECT_NEAR(ci.first, 0.5 - 0.0219, 0.004);
-  EXPECT_NEAR(ci.second, 0.5 + 0.0219, 0.004);
-}
-
-TEST(PoissonBootstrapTest, WeightsArePoissonOne) {
-  // Over 200 000 (key, replicate) pairs: P(0) = P(1) = e^-1 = 0.3679, P(2) = 0.1839, mean 1, variance 1.
-  int64_t counts[4] = {0, 0, 0, 0};
-  double sum = 0, sum2 = 0;
-  const int n = 200000;
-  for (int i = 0; i < n; ++i) {
-    const int w = PoissonWeight(5, RowKey(std::to_string(i / 100)), i % 100);
-    counts[std::min(w, 3)]++;
-    sum += w;
-    sum2 += w * w;
-  }
-  EXPECT_NEAR(counts[0] / double(n), std::exp(-1.0), 0.004);
-  EXPECT_NEAR(counts[1] / double(n), std::exp(-1.0), 0.004);
-  EXPECT_NEAR(counts[2] / double(n), std::exp(-1.0) / 2, 0.004);
-  EXPECT_NEAR(sum / n, 1.0, 0.01);
-  EXPECT_NEAR(sum2 / n - (sum / n) * (sum / n), 1.0, 0.02);
-}
-
-TEST(PoissonBootstrapTest, AnyOrderOrSplitOfTheRowsGivesTheSameInterval) {
-  std::vector<double> v;
-  std::vector<uint64_t> k;
-  for (int i = 0; i < 3001; ++i) {
-    v.push_back(((i * 7919) % 1009) / 1008.0);
-    k.push_back(RowKey("case_" + std::to_string(i)));
-  }
-  const auto whole = PoissonBootstrapMeanCi95(v, k, 1000, 99);
-  // Interleaved: rows 0, 4, 8, ... then 1, 5, 9, ... (what tally merge of four interleaved parts sees).
-  std::vector<double> v2;
-  std::vector<uint64_t> k2;
-  for (int part = 0; part < 4; ++part) {
-    for (size_t i = part; i < v.size(); i += 4) {
-      v2.push_back(v[i]);
-      k2.push_back(k[i]);
-    }
-  }
-  const auto interleaved = PoissonBootstrapMeanCi95(v2, k2, 1000, 99);
-  EXPECT_EQ(whole.first, interleaved.first);
-  EXPECT_EQ(whole.second, interleaved.second);
-  EXPECT_LT(whole.first, whole.second);
-  // Another seed, another interval; constant values, a point.
-  EXPECT_NE(PoissonBootstrapMeanCi95(v, k, 1000, 100).first, whole.first);
-  const auto point = PoissonBootstrapMeanCi95(std::vector<double>(50, 0.75), std::vector<uint64_t>(k.begin(), k.begin() + 50), 1000, 1);
-  EXPECT_DOUBLE_EQ(point.first, 0.75);
-  EXPECT_DOUBLE_EQ(point.second, 0.75);
-  EXPECT_TRUE(std::isnan(PoissonBootstrapMeanCi95({}, {}, 1000, 1).first));
-}
-
-// Half zeros, half ones, n = 2000: the normal approximation gives 0.5 +/- 0.0219.
-TEST(PoissonBootstrapTest, WidthMatchesTheNormalApproximation) {
-  std::vector<double> v(2000);
-  std::vector<uint64_t> k(2000);
-  for (size_t i = 0; i < v.size(); ++i) {
-    v[i] = i % 2;
-    k[i] = RowKey(std::to_string(i));
-  }
-  auto ci = PoissonBootstrapMeanCi95(v, k, 1000, 7);
-  EXPECT_NEAR(ci.first, 0.5 - 0.0219, 0.004);
-  EXPECT_NEAR(ci.second, 0.5 + 0.0219, 0.004);
-}
-
-// Coverage: 400 samples of 200 rows from a skewed population on [0, 1] (Beta(5, 1)-like, mean
-// 5/6); the interval holds the population mean in 95% +/- 3.3% of them (3 standard errors of 400
-// Bernoulli(0.95) trials).
-TEST(PoissonBootstrapTest, CoversThePopulationMean) {
-  std::mt19937_64 rng(2026);
-  std::uniform_real_distribution<double> u(0, 1);
-  int covered = 0;
-  const int trials = 400;
-  for (int t = 0; t < trials; ++t) {
-    std::vector<double> v(200);
-    std::vector<uint64_t> k(200);
-    for (size_t i = 0; i < v.size(); ++i) {
-      v[i] = std::pow(u(rng), 1.0 / 5);  // Inverse CDF of Beta(5, 1): mean 5/6.
-      k[i] = RowKey(std::to_string(t) + "/" + std::to_string(i));
-    }
-    const auto ci = PoissonBootstrapMeanCi95(v, k, 1000, 11);
-    covered += ci.first <= 5.0 / 6 && 5.0 / 6 <= ci.second;
-  }
-  EXPECT_NEAR(covered / double(trials), 0.95, 0.033);
-}
-
-// Class 2 is in no reference mask but predicted in image 0 (its Dice there is 0): it is left out of
-// the foreground means of every metric, so they are class 1's means (hand-worked: dice 4/6 and 2/5).
 TEST(AggregatorForeground, ClassesAbsentFromEveryReferenceLeaveEveryMean) {
   AggregateOptions o;
   o.num_classes = 3;
@@ -334,32 +274,21 @@ TEST(AggregatorOrderTest, AnyOrderAndSplitGiveTheAggregateOfIndexOrder) {
   }
   EXPECT_EQ(got.thresholds[0].dice_mean, want.thresholds[0].dice_mean);
   EXPECT_EQ(got.foreground_mean, want.foreground_mean);
-  // The interval kept as rows arrive is the batch function's (statistics.h) on the same rows.
+  // The interval is the betting interval of the rows' Dice values in row-key order.
+  std::vector<std::pair<uint64_t, double>> keyed;
   std::vector<double> dice;
-  std::vector<uint64_t> keys;
   for (const auto& r : rows) {
     const double d = Aggregator::ImageMetric(r, 1, Metric::kDice);
     if (std::isnan(d)) continue;
     dice.push_back(d);
-    keys.push_back(RowKey("row" + std::to_string(r.index())));
+    keyed.emplace_back(RowKey("row" + std::to_string(r.index())), d);
   }
-  // Replicate by replicate, with exact 128-bit sums of the fixed-point values (not the aggregator's
-  // row-by-row 64-bit partial sums).
-  std::vector<double> means;
-  for (int rep = 0; rep < 1000; ++rep) {
-    __int128 sum = 0;
-    int64_t weight = 0;
-    for (size_t i = 0; i < dice.size(); ++i) {
-      const int w = PoissonWeight(AggregateOptions().bootstrap_seed, keys[i], rep);
-      sum += static_cast<__int128>(std::llround(std::ldexp(dice[i], 53))) * w;
-      weight += w;
-    }
-    if (weight > 0) means.push_back(std::ldexp(static_cast<double>(sum), -53) / static_cast<double>(weight));
-  }
-  std::vector<double> copy = means;
-  const std::pair<double, double> batch = {PercentileLinear(&copy, 0.025), PercentileLinear(&means, 0.975)};
-  EXPECT_EQ(want.classes[1].dice_ci_low, batch.first);
-  EXPECT_EQ(want.classes[1].dice_ci_high, batch.second);
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<double> by_key;
+  for (const auto& e : keyed) by_key.push_back(e.second);
+  const std::pair<double, double> ci = BettingMeanCi95(by_key);
+  EXPECT_EQ(want.classes[1].dice_ci_low, ci.first);
+  EXPECT_EQ(want.classes[1].dice_ci_high, ci.second);
   // The mean is the exact mean: sum the Dice values as exact fractions of their common
   // denominators would; here a long double sum sorted ascending agrees to the double.
   std::sort(dice.begin(), dice.end());

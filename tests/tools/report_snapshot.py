@@ -67,8 +67,8 @@ def jobs(work):
     }
 
 
-VOLATILE_JSON = {"job_id", "created_unix", "finished_unix", "wall_seconds", "images_per_second", "workers",
-                 "git_revision"}
+VOLATILE_JSON = {"job_id", "created_unix", "finished_unix", "wall_seconds", "images_per_second", "throughput",
+                 "workers", "git_revision"}
 
 
 def scrub_json(value):

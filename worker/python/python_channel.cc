@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -25,6 +26,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -99,12 +103,16 @@ std::vector<std::string> StubEnvironment(const std::string& package_dir) {
   return env;
 }
 
-// The stub's output, line by line, into this worker's log. Detached: a process the model started
-// may hold the pipe open after the stub is gone.
-void ForwardStubOutput(int fd) {
-  std::thread([fd] {
+// The stub's output, line by line, into this worker's log and `tail`. Detached: a process the model
+// started may hold the pipe open after the stub is gone.
+void ForwardStubOutput(int fd, std::shared_ptr<OutputTail> tail) {
+  std::thread([fd, tail] {
     std::string pending;
     char buf[4096];
+    auto emit = [&](const std::string& line) {
+      Log("[model] ", line);
+      tail->Add(line);
+    };
     while (true) {
       const ssize_t r = read(fd, buf, sizeof(buf));
       if (r < 0 && errno == EINTR) continue;
@@ -112,17 +120,28 @@ void ForwardStubOutput(int fd) {
       pending.append(buf, static_cast<size_t>(r));
       size_t nl;
       while ((nl = pending.find('\n')) != std::string::npos) {
-        Log("[model] ", pending.substr(0, nl));
+        emit(pending.substr(0, nl));
         pending.erase(0, nl + 1);
       }
       if (pending.size() > 65536) {
-        Log("[model] ", pending);
+        emit(pending);
         pending.clear();
       }
     }
-    if (!pending.empty()) Log("[model] ", pending);
+    if (!pending.empty()) emit(pending);
+    tail->Close();
     close(fd);
   }).detach();
+}
+
+// Where this worker's own output goes, where that is a file ("" for a terminal or a pipe).
+std::string WorkerLogPath() {
+  char target[4096];
+  const ssize_t n = readlink("/proc/self/fd/2", target, sizeof(target) - 1);
+  if (n <= 0) return "";
+  target[n] = '\0';
+  struct stat st;
+  return target[0] == '/' && stat(target, &st) == 0 && S_ISREG(st.st_mode) ? std::string(target) : "";
 }
 
 // posix_spawnp of the stub: stdin /dev/null, stdout and stderr into `out_fd`, the socket as fd 3;
@@ -381,7 +400,8 @@ absl::Status Channel::Spawn() {
     return absl::NotFoundError(absl::StrCat("cannot start the Python interpreter '", python, "' (--python): ",
                                             strerror(rc)));
   }
-  ForwardStubOutput(out[0]);
+  output_ = std::make_shared<OutputTail>();
+  ForwardStubOutput(out[0], output_);
   std::vector<std::pair<int64_t, std::pair<int, size_t>>> buffers;
   {
     absl::MutexLock lock(&mu_);
@@ -393,6 +413,41 @@ absl::Status Channel::Spawn() {
   reader_ = std::thread(&Channel::ReaderLoop, this, sv[0], pid);
   for (const auto& [id, b] : buffers) SendMap(id, b.first, b.second);
   return absl::OkStatus();
+}
+
+void OutputTail::Add(const std::string& line) {
+  absl::MutexLock lock(&mu_);
+  lines_.push_back(line.size() > 2000 ? line.substr(0, 2000) : line);
+  if (lines_.size() > 40) lines_.pop_front();
+}
+
+void OutputTail::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+}
+
+std::vector<std::string> OutputTail::Lines(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&closed_), timeout);
+  return std::vector<std::string>(lines_.begin(), lines_.end());
+}
+
+std::string StubFailureCause(const std::vector<std::string>& lines) {
+  // A traceback ends with "SomeError: message" (or "SomeError" alone) at the start of a line.
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    const std::string& l = *it;
+    const size_t colon = l.find(':');
+    const std::string name = l.substr(0, colon);
+    const bool exception = !name.empty() && std::isupper(static_cast<unsigned char>(name[0])) &&
+                           (absl::EndsWith(name, "Error") || absl::EndsWith(name, "Exception") ||
+                            absl::EndsWith(name, "Exit") || absl::EndsWith(name, "Interrupt")) &&
+                           name.find(' ') == std::string::npos;
+    if (exception) return l;
+  }
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    if (!absl::StripAsciiWhitespace(*it).empty()) return std::string(absl::StripAsciiWhitespace(*it));
+  }
+  return "";
 }
 
 absl::Status Channel::EnsureRunning() {
@@ -412,9 +467,14 @@ absl::Status Channel::EnsureRunning() {
   std::shared_ptr<Reply> reply = Send(init);
   reply->done.WaitForNotification();
   if (!reply->died.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("model '", options_.model_path, "': the model process died while "
-                                                   "loading the model (", reply->died,
-                                                   "); its output is in the worker's log"));
+    // What the interpreter said before it died: usually the cause (No module named 'numpy').
+    const std::string cause = StubFailureCause(output_->Lines(absl::Seconds(2)));
+    const std::string log = WorkerLogPath();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", options_.model_path, "': the model process (interpreter '",
+        options_.python.empty() ? "python3" : options_.python, "', --python) died while loading the model (",
+        reply->died, ")", cause.empty() ? "" : absl::StrCat(": ", cause), "; its whole output is in the worker's log",
+        log.empty() ? "" : absl::StrCat(" (", log, ")")));
   }
   if (!reply->response.error().empty()) {
     SendExit();

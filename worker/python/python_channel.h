@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/notification.h"
 #include "proto/tally.pb.h"
 #include "worker/interfaces/model_runner.h"
@@ -37,6 +39,25 @@ struct Reply {
   v1::StubResponse response;
   std::string died;  // Non-empty: the stub died before answering ("signal 9").
 };
+
+// The last lines the stub printed (stdout and stderr), kept for the error a failed start gives,
+// and whether its output has ended (the pipe closed).
+class OutputTail {
+ public:
+  void Add(const std::string& line) ABSL_LOCKS_EXCLUDED(mu_);
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
+  // The lines so far, once the output has ended or `timeout` has passed.
+  std::vector<std::string> Lines(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::string> lines_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// "ModuleNotFoundError: No module named 'numpy'": the line of a Python traceback that says what
+// went wrong (its last line naming an exception), else the last non-empty line; "" for none.
+std::string StubFailureCause(const std::vector<std::string>& lines);
 
 // The stub process and everything shared with the buffers and pending batches that outlive a
 // call: the registry of shared-memory buffers (re-sent to a restarted stub) and the requests
@@ -83,6 +104,7 @@ class Channel {
   void ReaderLoop(int sock, pid_t pid);
 
   const ModelRunnerOptions options_;
+  std::shared_ptr<OutputTail> output_;  // The current stub's (Spawn).
   absl::Mutex start_mu_;  // Serialises starts and stops.
   std::thread reader_ ABSL_GUARDED_BY(start_mu_);
   mutable absl::Mutex mu_;

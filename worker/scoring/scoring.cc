@@ -293,6 +293,15 @@ v1::ImageResult Failed(v1::ImageResult result, absl::string_view message) {
 
 }  // namespace
 
+void ScoringPipeline::RecordSpacing(const LoadedMap& ref, const SurfaceOptions3D& spacing,
+                                    v1::ImageResult* result) const {
+  // The spacing the report names: the one the distances used, or where none was computed the header's.
+  const bool used = AnySurfaceMetric(config_.metrics) || AnyLesionMetric(config_.metrics);
+  result->add_spacing(used ? spacing.spacing_z : ref.geometry.spacing[0]);
+  result->add_spacing(used ? spacing.spacing_y : ref.geometry.spacing[1]);
+  result->add_spacing(used ? spacing.spacing_x : ref.geometry.spacing[2]);
+}
+
 v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails,
                                           std::string* fatal) const {
   const JobConfig& config = config_;
@@ -344,6 +353,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
     spacing = *given;
   }
   if (AnySurfaceMetric(config.metrics)) Surfaces(p, r, depth, height, width, *classes, spacing, &surface);
+  if (ref.volume && depth > 1) RecordSpacing(ref, spacing, &result);
   // COCO rows' maps may run column by column (LoadCocoPair): the image's size is the geometry's.
   result.set_height(row.has_coco_image() ? ref.geometry.height : height);
   result.set_width(row.has_coco_image() ? ref.geometry.width : width);

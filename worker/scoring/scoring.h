@@ -111,6 +111,8 @@ class ScoringPipeline : public RowEvaluator {
   absl::Status Lesions(const uint16_t* p, const uint16_t* r, int depth, int height, int width,
                        const SurfaceOptions3D& spacing, int64_t spare, v1::ImageResult* result) const;
   absl::StatusOr<SurfaceOptions3D> SpacingOf(const v1::ManifestRow& row, const LoadedMap& ref) const;
+  // A volume's spacing into its result (ImageResult.spacing).
+  void RecordSpacing(const LoadedMap& ref, const SurfaceOptions3D& spacing, v1::ImageResult* result) const;
   void AddThumbnails(const v1::ManifestRow& row, const uint16_t* prediction, const uint16_t* reference, int depth,
                      int height, int width, ShardThumbnails* thumbnails, v1::ImageResult* result) const;
 

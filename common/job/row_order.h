@@ -8,8 +8,8 @@
 // of two holding the rows, restricted to [0, rows) by cycle walking (Black & Rogaway 2002): a
 // bijection computed in O(1) memory both ways, so nothing is stored per row and a restarted
 // coordinator finds the same order from the spec.
-#ifndef TALLY_SERVER_COORDINATOR_ROW_ORDER_H_
-#define TALLY_SERVER_COORDINATOR_ROW_ORDER_H_
+#ifndef TALLY_COMMON_JOB_ROW_ORDER_H_
+#define TALLY_COMMON_JOB_ROW_ORDER_H_
 
 #include <cstdint>
 
@@ -37,4 +37,4 @@ class RowOrder {
 
 }  // namespace tally
 
-#endif  // TALLY_SERVER_COORDINATOR_ROW_ORDER_H_
+#endif  // TALLY_COMMON_JOB_ROW_ORDER_H_

@@ -1,4 +1,4 @@
-#include "server/coordinator/job_spec_validation.h"
+#include "common/job/job_spec_validation.h"
 
 #include <sys/stat.h>
 
@@ -41,15 +41,17 @@ absl::Status CheckSizes(const v1::JobSpec& spec) {
 // The model file: inside the data roots, present, a file; Python options only for Python models.
 // No model: a prediction job, scoring the manifest's `prediction` column (checked with the
 // manifest's header).
-absl::Status CheckModel(v1::JobSpec* spec) {
+absl::Status CheckModel(v1::JobSpec* spec, bool check_files) {
   if (!spec->model().empty()) {
     spec->set_model(AbsoluteModel(spec->model()));
     const ModelRef ref = ParseModelRef(spec->model());
     const std::string& path = ref.path;
     // Before anything about the file is looked at: outside the roots, its existence is not told.
-    if (!ProcessDataRoots().Resolve(path).ok()) return OutsideDataRootsError("model", path);
+    if (check_files && !ProcessDataRoots().Resolve(path).ok()) return OutsideDataRootsError("model", path);
     struct stat st;
-    if (stat(path.c_str(), &st) != 0) {
+    if (!check_files) {
+      st.st_mode = S_IFREG;
+    } else if (stat(path.c_str(), &st) != 0) {
       return absl::NotFoundError(absl::StrCat("model file '", path, "' does not exist"));
     }
     if (S_ISDIR(st.st_mode)) {
@@ -106,7 +108,7 @@ absl::Status CheckSettings(v1::JobSpec* spec) {
 
 // Names (metrics, precision, the non-finite policy) are parsed in one place, JobConfigFromSpec;
 // the stored spec gets their canonical forms.
-absl::Status Canonicalise(v1::JobSpec* spec) {
+absl::Status Canonicalise(v1::JobSpec* spec, bool check_files) {
   absl::StatusOr<JobConfig> config = JobConfigFromSpec(*spec);
   if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", config.status().message()));
   spec->clear_metrics();
@@ -128,7 +130,7 @@ absl::Status Canonicalise(v1::JobSpec* spec) {
   spec->clear_manifest_columns();  // The coordinator fills it from the manifest's header.
   spec->set_thumbnails(config->thumbnails);
   // Workers write there: with data roots, only inside them (checked again where the files are written).
-  if (!config->save_predictions.empty() && !ProcessDataRoots().Resolve(config->save_predictions).ok()) {
+  if (check_files && !config->save_predictions.empty() && !ProcessDataRoots().Resolve(config->save_predictions).ok()) {
     return OutsideDataRootsError("save_predictions", config->save_predictions);
   }
   return absl::OkStatus();
@@ -137,7 +139,7 @@ absl::Status Canonicalise(v1::JobSpec* spec) {
 // COCO jobs (README "Instances"): the annotation file (and results) inside the data roots and
 // present; rows from its images need an image folder, and a model or a results file.
 // Paths a COCO job names: absolute, inside the data roots, present.
-absl::Status CheckCocoPaths(std::initializer_list<std::pair<const char*, std::string*>> paths) {
+absl::Status CheckCocoPaths(std::initializer_list<std::pair<const char*, std::string*>> paths, bool check_files) {
   for (auto [field, value] : paths) {
     if (value->empty()) continue;
     if (value->size() > kMaxPathBytes) {
@@ -145,6 +147,7 @@ absl::Status CheckCocoPaths(std::initializer_list<std::pair<const char*, std::st
                                                      kMaxPathBytes));
     }
     *value = AbsolutePath(*value);
+    if (!check_files) continue;
     if (!ProcessDataRoots().Resolve(*value).ok()) return OutsideDataRootsError(field, *value);
     struct stat st;
     if (stat(value->c_str(), &st) != 0) {
@@ -162,7 +165,7 @@ void CountingMetricsByDefault(v1::JobSpec* spec) {
 }
 
 // Panoptic jobs (README "Panoptic quality"): reference and predictions in COCO's panoptic format.
-absl::Status CheckPanoptic(v1::JobSpec* spec) {
+absl::Status CheckPanoptic(v1::JobSpec* spec, bool check_files) {
   if (!spec->model().empty() || !spec->manifest().empty() || !spec->coco().empty()) {
     return absl::InvalidArgumentError(
         "job spec: --coco-panoptic scores panoptic predictions on disk (--panoptic-predictions): no --model, "
@@ -181,16 +184,17 @@ absl::Status CheckPanoptic(v1::JobSpec* spec) {
   RETURN_IF_ERROR(CheckCocoPaths({{"coco_panoptic", spec->mutable_coco_panoptic()},
                                   {"panoptic_dir", spec->mutable_panoptic_dir()},
                                   {"panoptic_predictions", spec->mutable_panoptic_predictions()},
-                                  {"panoptic_predictions_dir", spec->mutable_panoptic_predictions_dir()}}));
+                                  {"panoptic_predictions_dir", spec->mutable_panoptic_predictions_dir()}},
+                                 check_files));
   CountingMetricsByDefault(spec);
   return absl::OkStatus();
 }
 
-absl::Status CheckCoco(v1::JobSpec* spec) {
+absl::Status CheckCoco(v1::JobSpec* spec, bool check_files) {
   spec->clear_coco_categories();
   spec->clear_coco_sha256();
   spec->clear_coco_results_sha256();
-  if (!spec->coco_panoptic().empty()) return CheckPanoptic(spec);
+  if (!spec->coco_panoptic().empty()) return CheckPanoptic(spec, check_files);
   if (!spec->panoptic_dir().empty() || !spec->panoptic_predictions().empty() ||
       !spec->panoptic_predictions_dir().empty()) {
     return absl::InvalidArgumentError("job spec: --panoptic-dir and --panoptic-predictions need --coco-panoptic");
@@ -204,7 +208,8 @@ absl::Status CheckCoco(v1::JobSpec* spec) {
   }
   RETURN_IF_ERROR(CheckCocoPaths({{"coco", spec->mutable_coco()},
                                   {"coco_results", spec->mutable_coco_results()},
-                                  {"coco_images", spec->mutable_coco_images()}}));
+                                  {"coco_images", spec->mutable_coco_images()}},
+                                 check_files));
   if (!spec->coco_results().empty() && !spec->model().empty()) {
     return absl::InvalidArgumentError("job spec: --coco-results scores detections already on disk: give it or --model, not both");
   }
@@ -265,11 +270,11 @@ absl::Status CheckSampling(v1::JobSpec* spec) {
 
 }  // namespace
 
-absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
+absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in, bool check_files) {
   v1::JobSpec spec = in;
-  RETURN_IF_ERROR(CheckCoco(&spec));
+  RETURN_IF_ERROR(CheckCoco(&spec, check_files));
   RETURN_IF_ERROR(CheckSizes(spec));
-  RETURN_IF_ERROR(CheckModel(&spec));
+  RETURN_IF_ERROR(CheckModel(&spec, check_files));
   if (spec.metrics_size() > 64) return absl::InvalidArgumentError("job spec: too many metrics");
   spec.clear_model_sha256();  // The coordinator's to set.
   spec.clear_channels_last_resolved();
@@ -283,7 +288,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in) {
   spec.clear_model_option_sha256();
   RETURN_IF_ERROR(CheckSettings(&spec));
   RETURN_IF_ERROR(CheckSampling(&spec));
-  RETURN_IF_ERROR(Canonicalise(&spec));
+  RETURN_IF_ERROR(Canonicalise(&spec, check_files));
   // The exact-results rule (common/job/job_config.h): shards are multiples of the alignment, which
   // every batch size used for the job divides.
   // Prediction jobs have no batches: any shard size keeps their results exact.

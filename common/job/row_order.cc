@@ -1,4 +1,4 @@
-#include "server/coordinator/row_order.h"
+#include "common/job/row_order.h"
 
 namespace tally {
 namespace {

@@ -1,6 +1,6 @@
 // --order random's permutation: a bijection of [0, rows) both ways for any row count, fixed by its
 // seed, and uniform enough that each row is equally likely to come first.
-#include "server/coordinator/row_order.h"
+#include "common/job/row_order.h"
 
 #include <algorithm>
 #include <vector>
