@@ -13,13 +13,17 @@
 #include <memory>
 #include <unistd.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/security/data_roots.h"
 #include "common/base/file_util.h"
+#include "common/io/image_formats.h"
 #include "common/io/png_fast.h"
 
 namespace tally {
 namespace {
+
+constexpr const char* kFormats = "PNG, JPEG, TIFF, WebP or DICOM";
 
 bool IsPng(const std::string& b) {
   return b.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(b.data()), 0, 8) == 0;
@@ -190,6 +194,49 @@ absl::Status JpegError(tjhandle tj, const std::string& name) {
 
 }  // namespace
 
+ImageFormat DetectImageFormat(const std::string& b) {
+  if (IsPng(b)) return ImageFormat::kPng;
+  if (IsJpeg(b)) return ImageFormat::kJpeg;
+  if (b.size() >= 4 && (b.compare(0, 4, "II*\0", 4) == 0 || b.compare(0, 4, "MM\0*", 4) == 0 ||
+                        b.compare(0, 4, "II+\0", 4) == 0 || b.compare(0, 4, "MM\0+", 4) == 0)) {
+    return ImageFormat::kTiff;
+  }
+  if (b.size() >= 12 && b.compare(0, 4, "RIFF") == 0 && b.compare(8, 4, "WEBP") == 0) return ImageFormat::kWebp;
+  if (b.size() >= 132 && b.compare(128, 4, "DICM") == 0) return ImageFormat::kDicom;
+  return ImageFormat::kUnknown;
+}
+
+const char* ImageFormatName(ImageFormat format) {
+  switch (format) {
+    case ImageFormat::kPng: return "PNG";
+    case ImageFormat::kJpeg: return "JPEG";
+    case ImageFormat::kTiff: return "TIFF";
+    case ImageFormat::kWebp: return "WebP";
+    case ImageFormat::kDicom: return "DICOM";
+    case ImageFormat::kUnknown: break;
+  }
+  return "unknown";
+}
+
+absl::StatusOr<DecodeOptions> RowDecodeOptions(const std::string& text, const Window& window) {
+  DecodeOptions o;
+  o.window = window;
+  if (text.empty()) return o;
+  if (!absl::SimpleAtoi(text, &o.page) || o.page < 0 || o.page > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat("column 'page': '", text.substr(0, 40),
+                                                   "' is not a page number (0 for a TIFF's first page)"));
+  }
+  return o;
+}
+
+uint8_t ApplyWindow(double v, const Window& w) {
+  const double c = w.center - 0.5, half = (w.width - 1) / 2;
+  if (!(v > c - half)) return 0;  // NaN too.
+  if (v > c + half) return 255;
+  const double y = ((v - c) / (w.width - 1) + 0.5) * 255;
+  return static_cast<uint8_t>(std::clamp(std::lround(y), 0L, 255L));
+}
+
 absl::Status ReadFileBytes(const std::string& path, std::string* out) {
   absl::StatusOr<RegularFile> file = OpenRegularFile(path);
   if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("", path);
@@ -246,7 +293,7 @@ absl::Status InspectJpeg(const std::string& bytes, const std::string& name, int6
   return absl::OkStatus();
 }
 
-absl::Status ImageDimensions(const std::string& bytes, const std::string& name, int* height, int* width) {
+absl::Status ImageDimensions(const std::string& bytes, const std::string& name, int* height, int* width, int page) {
   if (IsPng(bytes)) {
     // The IHDR chunk comes first: its width and height, big-endian, at bytes 16 and 20.
     if (bytes.size() < 24 || bytes.compare(12, 4, "IHDR") != 0) {
@@ -266,12 +313,25 @@ absl::Status ImageDimensions(const std::string& bytes, const std::string& name, 
     *width = static_cast<int>(w);
     return absl::OkStatus();
   }
-  if (LooksLikeJpeg(bytes)) return InspectJpeg(bytes, name, std::numeric_limits<int64_t>::max(), height, width);
-  return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is neither a PNG nor a JPEG"));
+  switch (DetectImageFormat(bytes)) {
+    case ImageFormat::kJpeg: return InspectJpeg(bytes, name, std::numeric_limits<int64_t>::max(), height, width);
+    case ImageFormat::kTiff: return TiffDimensions(bytes, name, page, height, width);
+    case ImageFormat::kWebp: return WebpDimensions(bytes, name, height, width);
+    case ImageFormat::kDicom: return DicomDimensions(bytes, name, height, width);
+    default: break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is not an image Tally reads (", kFormats, ")"));
 }
 
-absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out, int64_t max_pixels) {
+absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out, int64_t max_pixels,
+                         const DecodeOptions& options) {
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is empty (0 bytes)"));
+  switch (DetectImageFormat(bytes)) {
+    case ImageFormat::kTiff: return DecodeTiffImage(bytes, name, options, max_pixels, out);
+    case ImageFormat::kWebp: return DecodeWebpImage(bytes, name, max_pixels, out);
+    case ImageFormat::kDicom: return DecodeDicomImage(bytes, name, options, max_pixels, out);
+    default: break;
+  }
   if (IsPng(bytes)) {
     std::string err;
     int h = 0, w = 0;
@@ -312,7 +372,7 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("image '", name, "' is neither PNG nor JPEG (unrecognised file signature)"));
+      absl::StrCat("image '", name, "' is not an image Tally reads (unrecognised file signature; ", kFormats, ")"));
 }
 
 absl::Status DecodePngWithLibpng(const std::string& bytes, int64_t max_pixels, RgbImage* rgb, LabelMap* labels) {
@@ -365,13 +425,26 @@ int ScanLabels(uint16_t* labels, size_t n, int ignore, int64_t* ignored) {
 }
 }  // namespace
 
-absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out, int64_t max_pixels) {
+absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out, int64_t max_pixels,
+                        int page) {
   out->depth = 1;
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("mask '", name, "' is empty (0 bytes)"));
-  if (!IsPng(bytes)) {
+  const ImageFormat format = DetectImageFormat(bytes);
+  if (format == ImageFormat::kTiff || format == ImageFormat::kWebp) {
+    absl::Status s = format == ImageFormat::kTiff ? DecodeTiffMask(bytes, name, page, max_pixels, out)
+                                                  : DecodeWebpMask(bytes, name, max_pixels, out);
+    if (!s.ok()) return s;
+    int64_t ignored = 0;
+    out->max_label = ScanLabels<false>(out->labels.data(), out->labels.size(), kIgnoreLabel, &ignored);
+    return absl::OkStatus();
+  }
+  if (format != ImageFormat::kPng) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "mask '", name, "' is not a PNG", IsJpeg(bytes) ? " (JPEG is lossy and would corrupt class indices)" : "",
-        "; masks must be single-channel PNGs of class indices"));
+        "mask '", name, "' is ",
+        format == ImageFormat::kJpeg    ? "a JPEG, which is lossy and would corrupt class indices"
+        : format == ImageFormat::kDicom ? "a DICOM image, not a label map"
+                                        : "not a PNG, TIFF or WebP",
+        "; masks must be single-channel PNG, lossless TIFF or lossless WebP files of class indices"));
   }
   std::string err;
   thread_local std::vector<uint8_t> scratch;
@@ -411,12 +484,14 @@ absl::Status ReadAndDecode(const char* what, const std::string& path, DecodeFn d
 }
 }  // namespace
 
-absl::Status LoadImage(const std::string& path, RgbImage* out, int64_t max_pixels) {
-  return ReadAndDecode("image", path, [&](const std::string& bytes) { return DecodeImage(bytes, path, out, max_pixels); });
+absl::Status LoadImage(const std::string& path, RgbImage* out, int64_t max_pixels, const DecodeOptions& options) {
+  return ReadAndDecode("image", path,
+                       [&](const std::string& bytes) { return DecodeImage(bytes, path, out, max_pixels, options); });
 }
 
-absl::Status LoadMask(const std::string& path, LabelMap* out, int64_t max_pixels) {
-  return ReadAndDecode("mask", path, [&](const std::string& bytes) { return DecodeMask(bytes, path, out, max_pixels); });
+absl::Status LoadMask(const std::string& path, LabelMap* out, int64_t max_pixels, int page) {
+  return ReadAndDecode("mask", path,
+                       [&](const std::string& bytes) { return DecodeMask(bytes, path, out, max_pixels, page); });
 }
 
 std::string DescribeLabelOutOfRange(const uint16_t* labels, int height, int width, int num_classes) {

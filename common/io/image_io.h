@@ -1,15 +1,19 @@
-// Image and mask decoding (libpng, libjpeg-turbo) into reusable buffers.
+// Image and mask decoding (libpng, libjpeg-turbo; TIFF, WebP and DICOM in common/io/image_formats.h)
+// into reusable buffers.
 //
-// Images: PNG or JPEG (format detected from the bytes, not the extension), 8-bit gray, RGB or
-// RGBA, palette and gray+alpha too; always returned as interleaved 8-bit RGB (alpha dropped, as
-// PIL's convert("RGB") does). 16-bit PNG images are reduced to their high byte.
+// Images: PNG, JPEG, TIFF, WebP or DICOM (format detected from the bytes, not the extension), 8-bit
+// gray, RGB or RGBA, palette and gray+alpha too; always returned as interleaved 8-bit RGB (alpha
+// dropped, as PIL's convert("RGB") does). 16-bit images are reduced to their high byte, or mapped by
+// a window (DecodeOptions::window; DICOM always: image_formats.h says how).
 // Masks: single-channel PNG of class indices, 1/2/4/8/16-bit gray or palette (palette indices
-// are the labels, as in Pascal VOC). Returned as uint16 labels.
+// are the labels, as in Pascal VOC); lossless TIFF and WebP likewise. Returned as uint16 labels.
 // All functions are thread-safe; each call may reuse the memory of `out`.
 #ifndef TALLY_COMMON_IO_IMAGE_IO_H_
 #define TALLY_COMMON_IO_IMAGE_IO_H_
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +25,31 @@
 namespace tally {
 
 inline constexpr uint16_t kIgnoreLabel = 255;
+
+enum class ImageFormat { kUnknown, kPng, kJpeg, kTiff, kWebp, kDicom };
+// From the bytes' signature (TIFF: II*\0, MM\0*, BigTIFF II+\0 / MM\0+; WebP: RIFF....WEBP;
+// DICOM: DICM at offset 128).
+ImageFormat DetectImageFormat(const std::string& bytes);
+const char* ImageFormatName(ImageFormat format);
+
+// A window (centre, width) maps value v to 0..255 by DICOM's linear VOI rule (PS3.3 C.11.2.1.2.1):
+// v <= c - 0.5 - (w - 1) / 2 -> 0, v > c - 0.5 + (w - 1) / 2 -> 255, else
+// ((v - (c - 0.5)) / (w - 1) + 0.5) * 255, rounded to the nearest integer. Width >= 1.
+struct Window {
+  double center = std::numeric_limits<double>::quiet_NaN();
+  double width = std::numeric_limits<double>::quiet_NaN();
+  bool given() const { return !std::isnan(center) && !std::isnan(width); }
+};
+uint8_t ApplyWindow(double value, const Window& window);
+
+// What a row says about decoding its image beyond the bytes.
+struct DecodeOptions {
+  int page = 0;   // TIFF: the page (IFD, from 0) to read (the manifest's 'page' column).
+  Window window;  // --window: 16-bit TIFF and DICOM images.
+};
+// A row's decode options: its 'page' column's text (empty: page 0) must be a page number
+// 0..1000000; otherwise the row fails with the reason.
+absl::StatusOr<DecodeOptions> RowDecodeOptions(const std::string& page, const Window& window);
 
 // Default bound on the pixels an image or mask may declare (width x height), checked against the
 // header before any pixel memory is allocated: a guard against decompression bombs (a 74-byte PNG
@@ -75,9 +104,9 @@ absl::Status ReadFileBytes(const std::string& path, std::string* out);
 // Decoders. `name` is used in error messages (usually the path). A header declaring more than
 // `max_pixels` pixels fails (INVALID_ARGUMENT, naming the declared size) before pixels are allocated.
 absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out,
-                         int64_t max_pixels = kDefaultMaxImagePixels);
+                         int64_t max_pixels = kDefaultMaxImagePixels, const DecodeOptions& options = {});
 absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out,
-                        int64_t max_pixels = kDefaultMaxImagePixels);
+                        int64_t max_pixels = kDefaultMaxImagePixels, int page = 0);
 
 // JPEG signature check (FF D8 FF), and the header checks DecodeImage makes before decoding a JPEG
 // (valid header, size, pixel limit, not CMYK), with the same errors; sets the declared size. For
@@ -86,9 +115,10 @@ bool LooksLikeJpeg(const std::string& bytes);
 absl::Status InspectJpeg(const std::string& bytes, const std::string& name, int64_t max_pixels, int* height,
                          int* width);
 
-// The size a PNG or JPEG declares in its header, without decoding it: what a worker checks against
-// its memory budget before it allocates the pixels. INVALID_ARGUMENT for anything else.
-absl::Status ImageDimensions(const std::string& bytes, const std::string& name, int* height, int* width);
+// The size an image declares in its header, without decoding its pixels: what a worker checks
+// against its memory budget before it allocates them. INVALID_ARGUMENT for an unknown format.
+absl::Status ImageDimensions(const std::string& bytes, const std::string& name, int* height, int* width,
+                             int page = 0);
 
 // The libpng decoder alone, which DecodeImage/DecodeMask fall back on for layouts the fast decoder
 // leaves (interlaced, 16-bit RGB, palette images...); exactly one of `rgb` and `labels` is non-null.
@@ -96,8 +126,10 @@ absl::Status ImageDimensions(const std::string& bytes, const std::string& name, 
 absl::Status DecodePngWithLibpng(const std::string& bytes, int64_t max_pixels, RgbImage* rgb, LabelMap* labels);
 
 // Convenience: read + decode. Errors name the file and say what is wrong with it.
-absl::Status LoadImage(const std::string& path, RgbImage* out, int64_t max_pixels = kDefaultMaxImagePixels);
-absl::Status LoadMask(const std::string& path, LabelMap* out, int64_t max_pixels = kDefaultMaxImagePixels);
+absl::Status LoadImage(const std::string& path, RgbImage* out, int64_t max_pixels = kDefaultMaxImagePixels,
+                       const DecodeOptions& options = {});
+absl::Status LoadMask(const std::string& path, LabelMap* out, int64_t max_pixels = kDefaultMaxImagePixels,
+                      int page = 0);
 
 // Describes the first pixel of a prepared mask (PrepareMask) whose label is >= num_classes and not
 // kIgnoredPixel, e.g. "mask value 7 at (y=3, x=10) >= number of classes 3"; empty if none.

@@ -139,7 +139,7 @@ TEST(ImageIoTest, CorruptAndMissingFilesNameTheFile) {
   std::ofstream(Tmp("text.png")) << "this is not an image";
   s = LoadImage(Tmp("text.png"), &img);
   ASSERT_FALSE(s.ok());
-  EXPECT_THAT(s.message(), HasSubstr("neither PNG nor JPEG"));
+  EXPECT_THAT(s.message(), HasSubstr("is not an image Tally reads (unrecognised file signature; PNG, JPEG, TIFF, WebP or DICOM)"));
   s = LoadImage(Tmp("does_not_exist.png"), &img);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("does_not_exist.png"));

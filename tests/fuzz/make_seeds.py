@@ -120,5 +120,86 @@ def hostile_seeds():
             save("nifti", f"offset_{int(offset)}.nii", raw[:108] + struct.pack("<f", offset) + raw[112:])
 
 
+def format_seeds():
+    """TIFF (every layout tiff_io.cc reads, and pages), WebP (lossy, lossless, alpha) and DICOM
+    (MONOCHROME1/2 of 8-16 bits, signed, RGB, a window, RLE) seeds: small, so mutations stay cheap."""
+    import tempfile
+    import tifffile
+    rng = np.random.default_rng(1)
+    rgb = rng.integers(0, 256, (9, 11, 3), dtype=np.uint8)
+    grey = rng.integers(0, 4, (9, 11), dtype=np.uint8)
+    with tempfile.TemporaryDirectory() as tmp:
+        def tif(name, data, page_byte=0, **kw):
+            path = os.path.join(tmp, name)
+            tifffile.imwrite(path, data, **kw)
+            with open(path, "rb") as f:
+                save("tiff", name, bytes([page_byte]) + f.read())
+
+        def pil_tif(name, img, compression):
+            path = os.path.join(tmp, name)
+            img.save(path, compression=compression)
+            with open(path, "rb") as f:
+                save("tiff", name, b"\0" + f.read())
+
+        tif("rgb.tif", rgb, photometric="rgb")
+        tif("grey16.tif", grey.astype(np.uint16) * 3000, page_byte=4)
+        tif("planar_tiled.tif", np.moveaxis(np.tile(rgb, (2, 2, 1)), -1, 0), photometric="rgb", tile=(16, 16),
+            planarconfig="separate")
+        tif("bigtiff.tif", grey, bigtiff=True)
+        tif("pages.tif", np.stack([grey, grey + 1]), page_byte=1)
+        tif("zlib.tif", rgb, photometric="rgb", compression="zlib")
+        tif("bilevel.tif", grey > 1)
+        tif("palette.tif", grey, photometric="palette", colormap=rng.integers(0, 65536, (3, 256), dtype=np.uint16))
+        pil_tif("lzw.tif", Image.fromarray(rgb), "tiff_lzw")
+        pil_tif("packbits.tif", Image.fromarray(grey), "packbits")
+        pil_tif("jpeg.tif", Image.fromarray(rgb), "jpeg")
+        for name, img, kw in (("lossless.webp", Image.fromarray(rgb), {"lossless": True}),
+                              ("lossy.webp", Image.fromarray(rgb), {"quality": 80}),
+                              ("grey.webp", Image.fromarray(grey * 60).convert("RGB"), {"lossless": True}),
+                              ("alpha.webp", Image.fromarray(np.dstack([rgb, rgb[..., :1]])), {"lossless": True})):
+            b = io.BytesIO()
+            img.save(b, format="WEBP", **kw)
+            save("webp", name, b.getvalue())
+        from pydicom.dataset import Dataset, FileMetaDataset
+        from pydicom.uid import ExplicitVRLittleEndian, RLELossless, generate_uid
+
+        def dcm(name, pixels, photometric, bits, signed=False, window=None, rle=False, flag=0):
+            meta = FileMetaDataset()
+            meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.7"
+            meta.MediaStorageSOPInstanceUID = generate_uid()
+            meta.TransferSyntaxUID = ExplicitVRLittleEndian
+            ds = Dataset()
+            ds.file_meta = meta
+            ds.is_little_endian, ds.is_implicit_VR = True, False
+            ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+            ds.Rows, ds.Columns = pixels.shape[:2]
+            ds.SamplesPerPixel = 3 if pixels.ndim == 3 else 1
+            ds.PhotometricInterpretation = photometric
+            if pixels.ndim == 3:
+                ds.PlanarConfiguration = 0
+            ds.BitsAllocated = 8 if pixels.dtype.itemsize == 1 else 16
+            ds.BitsStored, ds.HighBit, ds.PixelRepresentation = bits, bits - 1, int(signed)
+            ds.RescaleSlope, ds.RescaleIntercept = "1.5", "-20"
+            if window:
+                ds.WindowCenter, ds.WindowWidth = window
+            ds.PixelData = pixels.tobytes()
+            if rle:
+                ds.compress(RLELossless)
+            path = os.path.join(tmp, name)
+            ds.save_as(path, write_like_original=False)
+            with open(path, "rb") as f:
+                save("dicom", name, bytes([flag]) + f.read())
+
+        dcm("mono2_12bit.dcm", (grey.astype(np.uint16) * 1000), "MONOCHROME2", 12, window=("40", "400"))
+        dcm("mono1_8bit.dcm", grey * 60, "MONOCHROME1", 8, flag=1)
+        dcm("signed16.dcm", (grey.astype(np.int16) - 2) * 3000, "MONOCHROME2", 16, signed=True)
+        dcm("rgb.dcm", rgb, "RGB", 8)
+        try:
+            dcm("rle.dcm", grey.astype(np.uint16) * 100, "MONOCHROME2", 16, rle=True)
+        except Exception:  # pydicom's RLE encoder needs numpy only, but older versions lack it.
+            pass
+
+
 if __name__ == "__main__":
     main()
+    format_seeds()
