@@ -148,6 +148,16 @@ absl::Status VolumeFlags(const JobFlags& f, v1::JobSpec* spec) {
   }
   spec->set_sw_batch_size(f.sw_batch_size);
   spec->set_intensity(f.intensity);
+  if (!f.window.empty()) {
+    auto v = ParseDoubleList("window", f.window);
+    if (!v.ok()) return v.status();
+    if (v->size() != 2 || !((*v)[1] >= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("--window: expected CENTRE,WIDTH with WIDTH >= 1, got '", f.window,
+                                                     "'"));
+    }
+    spec->set_window_center((*v)[0]);
+    spec->set_window_width((*v)[1]);
+  }
   spec->set_keep_dtype(f.keep_dtype);
   if (f.keep_dtype && !ParseModelRef(spec->model()).python) {
     return absl::InvalidArgumentError("--keep-dtype is for Python models (TorchScript models take float32 volumes)");

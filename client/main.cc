@@ -90,6 +90,9 @@ ABSL_FLAG(double, overlap, 0.5, "Volume jobs: the sliding window's overlap, in [
 ABSL_FLAG(int, sw_batch_size, 0, "Volume jobs: sliding-window patches per forward pass (0: 4)");
 ABSL_FLAG(std::string, intensity, "",
           "Volume jobs: intensity preprocessing of every channel: none, zscore, or clip:LO,HI (clip and scale to [0, 1])");
+ABSL_FLAG(std::string, window, "",
+          "16-bit and DICOM images: CENTRE,WIDTH of the window that maps their values to 0..255 (DICOM: default the "
+          "header's window)");
 ABSL_FLAG(bool, keep_dtype, false, "Volume jobs, Python models: the stored voxels in their own type, not float32");
 ABSL_FLAG(bool, partial, false,
           "tally report: a running job's report over the rows committed so far (built on demand; its intervals are "
@@ -225,6 +228,7 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.sw_batch_size = absl::GetFlag(FLAGS_sw_batch_size);
   f.intensity = absl::GetFlag(FLAGS_intensity);
   f.keep_dtype = absl::GetFlag(FLAGS_keep_dtype);
+  f.window = absl::GetFlag(FLAGS_window);
   f.order = absl::GetFlag(FLAGS_order);
   f.until_ci = absl::GetFlag(FLAGS_until_ci);
   f.min_rows = absl::GetFlag(FLAGS_min_rows);

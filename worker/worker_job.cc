@@ -253,6 +253,8 @@ absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& conf
   po.any_input_size = config.input_height > 0;
   po.input_pixels = static_cast<int64_t>(config.input_height) * config.input_width;
   po.max_image_pixels = config.max_image_pixels;
+  po.window = config.window;
+  po.page_column = config.page_column;
   po.batch_timeout_seconds = config.batch_timeout_seconds;
   po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
   po.ignore_index = config.ignore_index;

@@ -46,6 +46,7 @@ struct JobFlags {
   double lesion_min_volume = 50, lesion_max_hd95 = 374, lesion_iou = 0;
   // Volume jobs (README "Volumes into models").
   std::string sliding_window, intensity;
+  std::string window;  // --window CENTRE,WIDTH (16-bit and DICOM images).
   double overlap = 0.5;
   int sw_batch_size = 0;
   bool keep_dtype = false;

@@ -272,6 +272,14 @@ absl::Status ReadVolumeSettings(const v1::JobSpec& spec, JobConfig* c) {
     c->intensity = JobConfig::Intensity::kClip;
   }
   c->intensity_name = intensity.empty() ? "none" : intensity;
+  if (spec.window_width() != 0 || spec.window_center() != 0) {
+    if (!(spec.window_width() >= 1) || !std::isfinite(spec.window_width()) || !std::isfinite(spec.window_center())) {
+      return absl::InvalidArgumentError(absl::StrCat("window: expected a centre and a width >= 1, got ",
+                                                     spec.window_center(), ",", spec.window_width()));
+    }
+    c->window.center = spec.window_center();
+    c->window.width = spec.window_width();
+  }
   c->keep_dtype = spec.keep_dtype();
   if (c->keep_dtype && c->intensity != JobConfig::Intensity::kNone) {
     return absl::InvalidArgumentError("keep_dtype hands the stored voxels to the model: no intensity preprocessing");
@@ -313,6 +321,9 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   for (const auto& [k, v] : spec.model_options()) c.model_options.emplace_back(k, v);
   std::sort(c.model_options.begin(), c.model_options.end());
   c.manifest_columns.assign(spec.manifest_columns().begin(), spec.manifest_columns().end());
+  for (size_t i = 0; i < c.manifest_columns.size(); ++i) {
+    if (absl::AsciiStrToLower(c.manifest_columns[i]) == "page") c.page_column = static_cast<int>(i);
+  }
   c.coco = spec.coco();
   c.coco_images = spec.coco_images();
   c.coco_results = spec.coco_results();

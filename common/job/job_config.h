@@ -150,6 +150,10 @@ struct JobConfig {
   double clip_low = 0, clip_high = 0;
   std::string intensity_name = "none";  // As given: none | zscore | clip:LO,HI.
   bool keep_dtype = false;
+  // 16-bit and DICOM images: --window (README "Where your data can be"); not given: NaN.
+  Window window;
+  // The manifest's 'page' column among manifest_columns (TIFF pages), or -1.
+  int page_column = -1;
   // Classes the report treats as foreground: regions all, class 0 only with include_background.
   bool IsForegroundClass(int c) const { return c != 0 || include_background || !regions.empty(); }
 };

@@ -83,7 +83,7 @@ _SERVER_SET = {"model_sha256", "manifest_sha256", "coco_sha256", "coco_results_s
                "manifest_warnings", "run_warnings", "duplicate_id_rows", "batch_alignment", "coco_categories",
                "volume_inputs", "manifest_columns", "max_json_file_bytes"}
 # The CLI's flag names that are no JobSpec field, as `tally submit` reads them.
-_CLI_NAMES = {"order", "sample", "images", "label", "model_option"}
+_CLI_NAMES = {"order", "sample", "images", "label", "model_option", "window"}
 
 
 def _cli_options(options, spec):
@@ -110,6 +110,9 @@ def _cli_options(options, spec):
     if "label" in out:
         k, v = str(out.pop("label")).split("=", 1)
         out.setdefault("labels", {})[k] = v
+    if "window" in out:  # --window CENTRE,WIDTH
+        center, width = (float(x) for x in str(out.pop("window")).split(","))
+        out["window_center"], out["window_width"] = center, width
     if "model_option" in out:
         k, v = str(out.pop("model_option")).split("=", 1)
         out.setdefault("model_options", {})[k] = v

@@ -13,6 +13,7 @@
 #include <iterator>
 #include <random>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
@@ -184,8 +185,11 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
     return absl::InvalidArgumentError(absl::StrCat("no model given, and manifest '", reader->path(),
                                                    "' has no 'prediction' column to score instead"));
   }
-  // Only Python models read the other columns (prompts, ...): other jobs do not store them.
-  const bool keep_columns = ParseModelRef(spec.model()).python;
+  // Only Python models read the other columns (prompts, ...), and workers a TIFF's 'page': other
+  // jobs do not store them.
+  const bool page_column = std::any_of(reader->extra_columns().begin(), reader->extra_columns().end(),
+                                       [](const std::string& c) { return absl::AsciiStrToLower(c) == "page"; });
+  const bool keep_columns = ParseModelRef(spec.model()).python || page_column;
   if (keep_columns) reader->KeepExtraColumns();
   RETURN_IF_ERROR(store_->BeginSubmission(job_id));
   DuplicateIds duplicates;
@@ -227,7 +231,8 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
     rec.job.mutable_spec()->set_coco_sha256(Sha256FileHex(spec.coco()));
     rec.job.mutable_spec()->set_max_json_file_bytes(options_.max_json_file_bytes);
   }
-  if (keep_columns) {  // A Python model: the files its options name, so workers can check their copies.
+  // A Python model: the files its options name, so workers can check their copies.
+  if (ParseModelRef(spec.model()).python) {
     for (const auto& [key, value] : spec.model_options()) {
       struct stat st;
       if (value.empty() || value[0] != '/' || stat(value.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;

@@ -129,7 +129,7 @@ class RowErrorsTest(unittest.TestCase):
         self.assertIn("missing_mask.png", reasons[2])
         self.assertIn("truncated.png", reasons[3])
         self.assertIn("truncated.jpg", reasons[4])
-        self.assertIn("neither PNG nor JPEG", reasons[5])
+        self.assertIn("is not an image Tally reads (unrecognised file signature", reasons[5])
         self.assertIn("8x8", reasons[6])
         self.assertIn("6x8", reasons[6])
         self.assertIn("mask value 9 at (y=2, x=3) >= number of classes 2", reasons[7])

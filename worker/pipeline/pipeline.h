@@ -68,6 +68,10 @@ struct PipelineOptions {
   LesionOptions lesion;  // Lesion metrics: the job's settings (spacing from `surface`).
   bool any_input_size = false;  // Images of different sizes may share a batch (inputs are resized).
   int64_t max_image_pixels = kDefaultMaxImagePixels;  // Larger declared images/masks fail their row.
+  // TIFF pages and 16-bit/DICOM windows (common/io/image_io.h DecodeOptions): the job's --window and
+  // the index of the manifest's 'page' column in each row's columns (-1: none).
+  Window window;
+  int page_column = -1;
   double batch_timeout_seconds = 600;  // A decode or forward pass running longer calls on_timeout.
   bool nonfinite_warn = false;  // Evaluate rows whose model output has NaN/Inf (else they fail).
   int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
@@ -230,7 +234,7 @@ class Pipeline : public RowEvaluator {
   // (memory_model_), before the first batch; then decoding may ask (CheckMemory).
   void MeasureMemory() ABSL_LOCKS_EXCLUDED(mu_);
   // OK, or why the row whose image file is `bytes` cannot run within the budget (before decoding).
-  absl::Status CheckMemory(const std::string& bytes, const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckMemory(const std::string& bytes, const std::string& path, int page = 0) ABSL_LOCKS_EXCLUDED(mu_);
   // A batch group cut into launches that fit the budget (one group where there is none).
   std::vector<std::vector<Item*>> SplitByBudget(const std::vector<Item*>& group) ABSL_LOCKS_EXCLUDED(mu_);
   void LaunchBatch(std::shared_ptr<InFlight> batch) ABSL_LOCKS_EXCLUDED(mu_);
@@ -255,6 +259,8 @@ class Pipeline : public RowEvaluator {
   void Decode(Item* item);
   // The mask half of Decode: loads and prepares the item's mask and checks it against `image`.
   void DecodeMask(Item* item, std::unique_ptr<RgbImage> image);
+  // The row's TIFF page and the job's window (PipelineOptions::page_column, window).
+  absl::StatusOr<DecodeOptions> RowOptions(const v1::ManifestRow& row) const;
   // Decodes `items` (consecutive rows of one shard) with nvJPEG (the `slot`'s decoder): JPEG images
   // in one call, PNG images and masks on this thread.
   void DecodeOnGpu(const std::vector<Item*>& items, size_t slot);

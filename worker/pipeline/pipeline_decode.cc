@@ -82,11 +82,13 @@ void Pipeline::Decode(Item* item) {
   }
   thread_local std::string bytes;
   std::unique_ptr<RgbImage> image = TakeImage();
-  absl::Status s = ReadImageBytes(item->row.image_path(), &bytes);
-  if (s.ok()) s = CheckMemory(bytes, item->row.image_path());
+  absl::StatusOr<DecodeOptions> decode = RowOptions(item->row);
+  absl::Status s = decode.status();
+  if (s.ok()) s = ReadImageBytes(item->row.image_path(), &bytes);
+  if (s.ok()) s = CheckMemory(bytes, item->row.image_path(), decode->page);
   if (s.ok()) {
     item->jpeg = LooksLikeJpeg(bytes);
-    s = DecodeImage(bytes, item->row.image_path(), image.get(), options_.max_image_pixels);
+    s = DecodeImage(bytes, item->row.image_path(), image.get(), options_.max_image_pixels, *decode);
   }
   if (bytes.capacity() > kKeepBufferBytes) std::string().swap(bytes);
   if (!s.ok()) {
@@ -95,6 +97,11 @@ void Pipeline::Decode(Item* item) {
     return;
   }
   DecodeMask(item, std::move(image));
+}
+
+absl::StatusOr<DecodeOptions> Pipeline::RowOptions(const v1::ManifestRow& row) const {
+  const int c = options_.page_column;
+  return RowDecodeOptions(c >= 0 && c < row.columns_size() ? row.columns(c) : std::string(), options_.window);
 }
 
 void Pipeline::DecodeMask(Item* item, std::unique_ptr<RgbImage> image) {
@@ -109,7 +116,9 @@ void Pipeline::DecodeMask(Item* item, std::unique_ptr<RgbImage> image) {
     item->image = std::move(image);
     return;
   }
-  absl::Status s = LoadMask(item->row.mask_path(), mask.get(), options_.max_image_pixels);
+  absl::StatusOr<DecodeOptions> decode = RowOptions(row);  // A mask's page is its image's.
+  absl::Status s = decode.ok() ? LoadMask(item->row.mask_path(), mask.get(), options_.max_image_pixels, decode->page)
+                               : decode.status();
   if (s.ok()) PrepareMask(mask.get(), label_lut_, options_.ignore_index);
   if (!s.ok()) {
     item->error = std::string(s.message());
@@ -187,7 +196,10 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
       continue;
     }
     if (status[i].ok() && (!item->jpeg || decoder == nullptr)) {
-      status[i] = DecodeImage(bytes[i], item->row.image_path(), images[i].get(), options_.max_image_pixels);
+      absl::StatusOr<DecodeOptions> decode = RowOptions(item->row);
+      status[i] = decode.ok() ? DecodeImage(bytes[i], item->row.image_path(), images[i].get(),
+                                            options_.max_image_pixels, *decode)
+                              : decode.status();
     }
     if (!status[i].ok()) {
       item->error = std::string(status[i].message());

@@ -60,10 +60,10 @@ void Pipeline::MeasureMemory() {
   memory_model_ready_ = true;
 }
 
-absl::Status Pipeline::CheckMemory(const std::string& bytes, const std::string& path) {
+absl::Status Pipeline::CheckMemory(const std::string& bytes, const std::string& path, int page) {
   if (options_.memory_budget <= 0) return absl::OkStatus();
   int height = 0, width = 0;
-  if (!ImageDimensions(bytes, path, &height, &width).ok()) return absl::OkStatus();  // Decoding says why.
+  if (!ImageDimensions(bytes, path, &height, &width, page).ok()) return absl::OkStatus();  // Decoding says why.
   // Past --max-image-pixels the decoder refuses it before any allocation, naming that limit.
   if (static_cast<int64_t>(height) * width > options_.max_image_pixels) return absl::OkStatus();
   MemoryModel model;

@@ -387,8 +387,11 @@ void ScoringPipeline::AddThumbnails(const v1::ManifestRow& row, const uint16_t* 
   if (classes.empty()) return;
   // The row's image, where the manifest has one of the same size (2D only).
   RgbImage image;
-  const bool with_image = depth <= 1 && !row.image_path().empty() &&
-                          LoadImage(row.image_path(), &image, config_.max_image_pixels).ok() &&
+  const int page_column = config_.page_column;
+  const absl::StatusOr<DecodeOptions> decode = RowDecodeOptions(
+      page_column >= 0 && page_column < row.columns_size() ? row.columns(page_column) : std::string(), config_.window);
+  const bool with_image = depth <= 1 && !row.image_path().empty() && decode.ok() &&
+                          LoadImage(row.image_path(), &image, config_.max_image_pixels, *decode).ok() &&
                           image.height == height && image.width == width;
   std::vector<uint8_t> member;
   for (int c : classes) {
