@@ -18,6 +18,7 @@
 #include "common/security/data_roots.h"
 #include "common/base/file_util.h"
 #include "common/io/image_formats.h"
+#include "common/io/tar_shards.h"
 #include "common/io/png_fast.h"
 
 namespace tally {
@@ -238,6 +239,7 @@ uint8_t ApplyWindow(double v, const Window& w) {
 }
 
 absl::Status ReadFileBytes(const std::string& path, std::string* out) {
+  if (IsMemberLocator(path)) return ReadMemberBytes(path, out);  // A tar shard's member.
   absl::StatusOr<RegularFile> file = OpenRegularFile(path);
   if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("", path);
   if (absl::IsInvalidArgument(file.status())) {
@@ -485,13 +487,14 @@ absl::Status ReadAndDecode(const char* what, const std::string& path, DecodeFn d
 }  // namespace
 
 absl::Status LoadImage(const std::string& path, RgbImage* out, int64_t max_pixels, const DecodeOptions& options) {
-  return ReadAndDecode("image", path,
-                       [&](const std::string& bytes) { return DecodeImage(bytes, path, out, max_pixels, options); });
+  return ReadAndDecode("image", path, [&](const std::string& bytes) {
+    return DecodeImage(bytes, DisplayPath(path), out, max_pixels, options);
+  });
 }
 
 absl::Status LoadMask(const std::string& path, LabelMap* out, int64_t max_pixels, int page) {
   return ReadAndDecode("mask", path,
-                       [&](const std::string& bytes) { return DecodeMask(bytes, path, out, max_pixels, page); });
+                       [&](const std::string& bytes) { return DecodeMask(bytes, DisplayPath(path), out, max_pixels, page); });
 }
 
 std::string DescribeLabelOutOfRange(const uint16_t* labels, int height, int width, int num_classes) {

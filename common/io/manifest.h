@@ -127,9 +127,20 @@ class DuplicateIds {
 std::string DuplicateIdsMessage(int64_t rows, int64_t ids,
                                 const std::vector<std::pair<std::string, std::vector<int64_t>>>& named);
 
+// Where a job's rows come from, in batches: a manifest (ManifestReader) or tar shards
+// (common/io/tar_shards.h ShardIndex).
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  // Appends up to `max_rows` rows to `rows` (cleared first); an empty batch means the end.
+  virtual absl::Status NextBatch(size_t max_rows, std::vector<ManifestRow>* rows) = 0;
+  virtual const std::string& path() const = 0;  // For messages.
+  virtual int64_t rows_read() const = 0;
+};
+
 // Streams a manifest's rows in batches. Open() checks the file (a regular, readable file) and its
 // header; NextBatch() parses up to `max_rows` further rows.
-class ManifestReader {
+class ManifestReader : public RowSource {
  public:
   // Errors name the file: NOT_FOUND when it does not exist, PERMISSION_DENIED when it cannot be
   // read, INVALID_ARGUMENT when it is not a regular file or the header lacks a required column.
@@ -142,9 +153,9 @@ class ManifestReader {
   // Appends up to `max_rows` rows to `rows` (cleared first); an empty batch means the end.
   // Malformed data rows do not fail the manifest: they carry `error` so the job fails just that
   // row. Unterminated quotes, invalid UTF-8, oversized fields and too many rows fail it.
-  absl::Status NextBatch(size_t max_rows, std::vector<ManifestRow>* rows);
-  const std::string& path() const { return path_; }
-  int64_t rows_read() const { return next_index_; }
+  absl::Status NextBatch(size_t max_rows, std::vector<ManifestRow>* rows) override;
+  const std::string& path() const override { return path_; }
+  int64_t rows_read() const override { return next_index_; }
   bool has_prediction() const { return prediction_col_ >= 0; }
   bool has_image() const { return image_col_ >= 0; }
   bool has_coco_ann_ids() const { return coco_ann_ids_col_ >= 0; }

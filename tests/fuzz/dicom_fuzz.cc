@@ -1,4 +1,4 @@
-// DICOM (common/io/dicom_io.cc, through GDCM): the image decoder on arbitrary bytes, with the
+// DICOM (common/io/dicom_io.cc, through DCMTK): the image decoder on arbitrary bytes, with the
 // header's window or a given one, and the size read.
 #include "common/io/image_formats.h"
 #include "fuzz_util.h"

@@ -200,6 +200,43 @@ def format_seeds():
             pass
 
 
+def tar_seeds():
+    """Tar shards: ustar, pax (long names), GNU, gzip; samples with json, a symlink, a directory."""
+    import io
+    import tarfile
+    rng = np.random.default_rng(2)
+    image = png(Image.fromarray(rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)))
+    mask = png(Image.fromarray(rng.integers(0, 3, (4, 5), dtype=np.uint8)))
+
+    def tar(name, mode="w", fmt=tarfile.USTAR_FORMAT, flags=1):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode=mode, format=fmt) as t:
+            def add(n, data):
+                ti = tarfile.TarInfo(n)
+                ti.size = len(data)
+                t.addfile(ti, io.BytesIO(data))
+            add("a/k1.png", image)
+            add("a/k1.seg.png", mask)
+            add("a/k1.json", b'{"prompt": "x", "n": [1, 2]}')
+            if fmt != tarfile.USTAR_FORMAT:
+                add("b/" + "L" * 120 + ".jpg", image)
+            d = tarfile.TarInfo("dir")
+            d.type = tarfile.DIRTYPE
+            t.addfile(d)
+            s = tarfile.TarInfo("k2.png")
+            s.type, s.linkname = tarfile.SYMTYPE, "../x"
+            t.addfile(s)
+            add("k2.seg.png", mask)
+            add("k3.pred.png", mask)
+        save("tar", name, bytes([flags]) + buf.getvalue())
+
+    tar("ustar.tar")
+    tar("pax.tar", fmt=tarfile.PAX_FORMAT)
+    tar("gnu.tar", fmt=tarfile.GNU_FORMAT, flags=2)
+    tar("pax.tar.gz", mode="w:gz", fmt=tarfile.PAX_FORMAT)
+
+
 if __name__ == "__main__":
     main()
     format_seeds()
+    tar_seeds()

@@ -13,7 +13,7 @@ CC=clang CXX=clang++ cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Deb
 cmake --build "$build" -j "$(nproc)" >/dev/null
 mkdir -p "$build/artifacts"
 status=0
-for target in manifest png_fast png_libpng image report_strings coco_json dashboard nifti tiff webp dicom; do
+for target in manifest png_fast png_libpng image report_strings coco_json dashboard nifti tiff webp dicom tar; do
   work="$build/corpus/$target"
   mkdir -p "$work"
   log="$build/$target.log"

@@ -43,3 +43,49 @@ TEST(ShardingTest, ShardsCoverEveryIndexOnce) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+std::vector<std::pair<int64_t, int64_t>> Pairs(const std::vector<ShardRange>& shards) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const ShardRange& s : shards) out.emplace_back(s.begin, s.end);
+  return out;
+}
+
+// Tar shards: never a shard across two tars; cuts at global multiples of the size inside one (so
+// index-aligned batches are the same blocks they are in a manifest); a compressed tar is one shard.
+TEST(TarShardsTest, CutAtEveryTarAndAtGlobalMultiples) {
+  using P = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(Pairs(MakeShards(20, 8, {0, 5, 13}, {false, false, false})),
+            (P{{0, 5}, {5, 8}, {8, 13}, {13, 16}, {16, 20}}));
+  EXPECT_EQ(Pairs(MakeShards(20, 8, {0, 5, 13}, {false, true, false})), (P{{0, 5}, {5, 13}, {13, 16}, {16, 20}}));
+  // Empty tars (two starts at one row) add nothing; a --sample prefix ends where it ends.
+  EXPECT_EQ(Pairs(MakeShards(11, 4, {0, 3, 3, 9}, {false, false, true, true})), (P{{0, 3}, {3, 9}, {9, 11}}));
+  EXPECT_EQ(Pairs(MakeShards(11, 4, {0, 3, 3, 9}, {false, false, false, true})),
+            (P{{0, 3}, {3, 4}, {4, 8}, {8, 9}, {9, 11}}));
+  EXPECT_EQ(Pairs(MakeShards(7, 4, {0, 3, 3, 9}, {false, false, true, true})), (P{{0, 3}, {3, 7}}));
+  // Without starts: the manifest's shards.
+  EXPECT_EQ(Pairs(MakeShards(10, 4, {}, {})), Pairs(MakeShards(10, 4)));
+  // Every row in exactly one shard, in order.
+  const std::vector<ShardRange> s = MakeShards(1000, 64, {0, 37, 400, 401, 999}, {false, true, false, true, false});
+  int64_t next = 0;
+  for (const ShardRange& r : s) {
+    EXPECT_EQ(r.begin, next);
+    EXPECT_LT(r.begin, r.end);
+    next = r.end;
+  }
+  EXPECT_EQ(next, 1000);
+}
+
+TEST(TarShardsTest, JobShardsCutOnlyInTheManifestOrder) {
+  v1::JobSpec spec;
+  for (int64_t v : {0, 5}) spec.add_tar_starts(v);
+  for (bool v : {false, true}) spec.add_tar_compressed(v);
+  EXPECT_EQ(Pairs(JobShards(spec, 12, 4)), (std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 5}, {5, 12}}));
+  spec.set_random_order(true);  // Positions scattered over the tars: plain shards.
+  EXPECT_EQ(Pairs(JobShards(spec, 12, 4)), Pairs(MakeShards(12, 4)));
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,755 @@
+#include "common/io/tar_shards.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <simdjson.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/base/file_util.h"
+#include "common/security/data_roots.h"
+#include "common/security/sha256.h"
+
+namespace tally {
+namespace {
+
+constexpr char kLocatorPrefix[] = "@tar:";
+
+bool HasTarExtension(absl::string_view path) {
+  for (const char* e : {".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd", ".tar.xz", ".tar.bz2"}) {
+    if (absl::EndsWithIgnoreCase(path, e)) return true;
+  }
+  return false;
+}
+
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+absl::StatusOr<std::vector<std::string>> Glob(const std::string& pattern, size_t max) {
+  if (pattern.find_first_of("*?[") == std::string::npos) return std::vector<std::string>{pattern};
+  glob_t g;
+  std::memset(&g, 0, sizeof(g));
+  const int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> out;
+  if (rc == 0) {
+    for (size_t i = 0; i < g.gl_pathc && out.size() <= max; ++i) out.emplace_back(g.gl_pathv[i]);
+  }
+  globfree(&g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && out.empty())) {
+    return absl::NotFoundError(absl::StrCat("--shards: no file matches '", pattern, "'"));
+  }
+  if (rc != 0) return absl::InvalidArgumentError(absl::StrCat("--shards: cannot match '", pattern, "'"));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> ReadShardList(const std::string& path, size_t max) {
+  ClientFileLimits limits;
+  limits.max_bytes = int64_t{256} << 20;
+  limits.max_bytes_flag = "(a shard list's limit)";
+  absl::StatusOr<std::string> text = ReadClientFile("shard list", path, limits);
+  if (!text.ok()) return text.status();
+  if (FirstInvalidUtf8(*text) >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("shard list '", path, "' is not UTF-8 text"));
+  }
+  std::vector<std::string> out;
+  int line = 0;
+  for (absl::string_view l : absl::StrSplit(*text, '\n')) {
+    ++line;
+    l = absl::StripAsciiWhitespace(l);
+    if (l.empty() || l[0] == '#') continue;
+    if (FirstControlCharacter(l, false) >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("shard list '", path, "' line ", line, ": a control character"));
+    }
+    out.push_back(ResolvePath(Dirname(path), std::string(l)));
+    if (out.size() > max) break;
+  }
+  return out;
+}
+
+// The first member of `names` that `ext` equals (case-insensitively).
+bool ExtensionIn(absl::string_view ext, const std::vector<std::string>& names) {
+  return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return absl::EqualsIgnoreCase(ext, n); });
+}
+
+// Key and extension of a member name (WebDataset: up to / after the first dot of the base name).
+void SplitMemberName(const std::string& name, std::string* key, std::string* ext) {
+  const size_t slash = name.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  const size_t dot = name.find('.', base);
+  if (dot == std::string::npos) {
+    *key = name;
+    ext->clear();
+  } else {
+    *key = name.substr(0, dot);
+    *ext = name.substr(dot + 1);
+  }
+}
+
+std::string Printable(absl::string_view s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 512)) {
+    if (c < 0x20 || c == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (s.size() > 512) out += "...";
+  return out;
+}
+
+struct ArchiveCloser {
+  void operator()(archive* a) const { archive_read_free(a); }
+};
+using ArchivePtr = std::unique_ptr<archive, ArchiveCloser>;
+
+std::string EntryKind(archive_entry* e) {
+  switch (archive_entry_filetype(e)) {
+    case AE_IFDIR:
+      return "a directory";
+    case AE_IFLNK: {
+      const char* target = archive_entry_symlink(e);
+      return absl::StrCat("a symbolic link to '", Printable(target ? target : ""), "'");
+    }
+    case AE_IFCHR:
+    case AE_IFBLK:
+      return "a device";
+    case AE_IFIFO:
+      return "a FIFO";
+    case AE_IFSOCK:
+      return "a socket";
+    default:
+      break;
+  }
+  if (archive_entry_hardlink(e) != nullptr) {
+    return absl::StrCat("a hard link to '", Printable(archive_entry_hardlink(e)), "'");
+  }
+  return "not a regular file";
+}
+
+// Lists an opened archive. A member's data offset is where the next header starts less its data
+// rounded up to tar's 512-byte blocks (libarchive's header position counts the pax and GNU long
+// name headers of the next member, so this holds for every tar flavour).
+absl::StatusOr<TarListing> ListOpened(archive* a, const std::string& name, int64_t file_size, bool read_json) {
+  TarListing out;
+  archive_entry* e = nullptr;
+  bool first = true;
+  int64_t previous_padded = 0;
+  while (true) {
+    const int r = archive_read_next_header(a, &e);
+    if (first) out.compressed = archive_filter_code(a, 0) != ARCHIVE_FILTER_NONE;
+    const int64_t position = archive_read_header_position(a);
+    if (!out.members.empty() && out.members.back().offset == -2) {
+      TarMember& m = out.members.back();
+      m.offset = position - previous_padded;
+      if (m.offset < 0) {
+        m.offset = -1;
+        m.problem = "its header is inconsistent";
+      }
+    }
+    if (r == ARCHIVE_EOF) break;
+    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
+      if (first) {
+        return absl::InvalidArgumentError(absl::StrCat("shard '", name, "' is not a tar Tally reads (",
+                                                       archive_error_string(a) ? archive_error_string(a) : "unknown",
+                                                       ")"));
+      }
+      out.ended_early = archive_error_string(a) ? archive_error_string(a) : "the archive ends early";
+      break;
+    }
+    first = false;
+    TarMember m;
+    const char* path = archive_entry_pathname(e);
+    m.name = path ? path : "";
+    if (m.name.empty()) m.name = "(unnamed)";
+    m.size = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
+    const bool directory = archive_entry_filetype(e) == AE_IFDIR;
+    m.regular = archive_entry_filetype(e) == AE_IFREG && archive_entry_hardlink(e) == nullptr;
+    if (!m.regular) m.kind = EntryKind(e);
+    if (m.regular && archive_entry_sparse_count(e) > 0) m.problem = "it is a sparse member";
+    if (m.size < 0) m.problem = "its header gives a negative size";
+    if (directory) {
+      if (archive_read_data_skip(a) != ARCHIVE_OK) {
+        out.ended_early = archive_error_string(a) ? archive_error_string(a) : "the archive ends early";
+        break;
+      }
+      continue;
+    }
+    // Stored data: a regular member's size (links and others store none).
+    const int64_t stored = m.regular ? m.size : 0;
+    previous_padded = (stored + 511) / 512 * 512;
+    m.offset = -2;  // Set from the next header's position.
+    std::string key, ext;
+    SplitMemberName(m.name, &key, &ext);
+    const bool json = read_json && m.regular && absl::EqualsIgnoreCase(ext, "json") && m.problem.empty();
+    if (file_size >= 0 && m.size > file_size) {
+      m.problem = absl::StrCat("its header claims ", m.size, " bytes, more than the whole shard (", file_size,
+                               "): truncated or corrupt");
+    }
+    const bool read_data = json && m.size <= kMaxJsonMemberBytes && m.problem.empty();
+    if (json && !read_data && m.problem.empty()) {
+      m.problem = absl::StrCat("a JSON member of ", m.size, " bytes (the limit is ", kMaxJsonMemberBytes, ")");
+    }
+    out.members.push_back(std::move(m));
+    int rc = ARCHIVE_OK;
+    if (read_data) {
+      TarMember& back = out.members.back();
+      back.data.resize(static_cast<size_t>(back.size));
+      size_t done = 0;
+      while (done < back.data.size()) {
+        const la_ssize_t n = archive_read_data(a, back.data.data() + done, back.data.size() - done);
+        if (n <= 0) {
+          rc = n < 0 ? ARCHIVE_FATAL : ARCHIVE_EOF;
+          break;
+        }
+        done += static_cast<size_t>(n);
+      }
+      if (done < back.data.size()) back.data.clear();
+    }
+    if (rc == ARCHIVE_OK) rc = archive_read_data_skip(a);
+    if (rc != ARCHIVE_OK) {
+      TarMember& back = out.members.back();
+      back.offset = -1;
+      back.problem = absl::StrCat("the shard ends inside it (",
+                                  archive_error_string(a) ? archive_error_string(a) : "truncated", ")");
+      out.ended_early = back.problem;
+      break;
+    }
+  }
+  // A last member whose end the archive never reached.
+  if (!out.members.empty() && out.members.back().offset == -2) {
+    out.members.back().offset = -1;
+    if (out.members.back().problem.empty()) out.members.back().problem = "the shard ends inside it";
+  }
+  // Uncompressed: every member's data inside the file.
+  for (TarMember& m : out.members) {
+    if (m.problem.empty() && m.regular && file_size >= 0 && !out.compressed && m.offset + m.size > file_size) {
+      m.problem = absl::StrCat("its header claims ", m.size, " bytes, past the end of the shard (", file_size,
+                               " bytes): truncated or corrupt");
+    }
+  }
+  return out;
+}
+
+ArchivePtr NewTarReader() {
+  ArchivePtr a(archive_read_new());
+  archive_read_support_filter_all(a.get());
+  archive_read_support_format_tar(a.get());
+  return a;
+}
+
+// JSON object fields as column values: strings as they are, other values as their JSON text.
+absl::Status JsonFields(const std::string& text, std::vector<std::pair<std::string, std::string>>* out) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (auto e = parser.parse(text).get(doc); e) return absl::InvalidArgumentError(simdjson::error_message(e));
+  simdjson::dom::object object;
+  if (auto e = doc.get_object().get(object); e) return absl::InvalidArgumentError("not a JSON object");
+  for (auto field : object) {
+    std::string v;
+    if (field.value.is_string()) {
+      std::string_view s;
+      if (auto e = field.value.get_string().get(s); e) return absl::InvalidArgumentError(simdjson::error_message(e));
+      v = std::string(s);
+    } else {
+      v = simdjson::minify(field.value);
+    }
+    out->emplace_back(std::string(field.key), std::move(v));
+  }
+  return absl::OkStatus();
+}
+
+// ---- Reading members (workers) ----
+
+// A shard open for reading: the tar itself, or a compressed tar's decompressed bytes in an
+// unlinked scratch file, written as far as readers have needed.
+struct OpenShard {
+  ~OpenShard() {
+    if (fd >= 0) close(fd);
+    if (source >= 0) close(source);
+  }
+  struct stat identity {};
+  int fd = -1;
+  bool compressed = false;
+  std::mutex mu;  // Compressed: the decompression below.
+  int source = -1;
+  ArchivePtr raw;
+  int64_t written = 0;
+  bool ended = false;
+  std::string error;
+};
+
+absl::StatusOr<int> ScratchFile() {
+  const char* dir = getenv("TMPDIR");
+  std::string d = dir != nullptr && *dir != '\0' ? dir : "/tmp";
+#ifdef O_TMPFILE
+  int fd = open(d.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+#endif
+  std::string path = d + "/tally-shard-XXXXXX";
+  fd = mkstemp(path.data());
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create a scratch file in '", d, "': ", std::strerror(errno)));
+  unlink(path.c_str());
+  return fd;
+}
+
+// Process-wide: the shards open lately (a worker reads a lease's members from one tar, and may
+// hold a few leases at once). At most kOpenShards; compressed ones at most kScratchShards (each
+// holds its tar's decompressed bytes on the scratch disk until it is dropped).
+constexpr size_t kOpenShards = 16, kScratchShards = 3;
+class ShardCache {
+ public:
+  absl::StatusOr<std::shared_ptr<OpenShard>> Get(const std::string& path, bool compressed) {
+    struct stat st;
+    const bool stat_ok = stat(path.c_str(), &st) == 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = open_.begin(); it != open_.end(); ++it) {
+        if (it->first != path || it->second->compressed != compressed) continue;
+        const struct stat& id = it->second->identity;
+        if (stat_ok && id.st_ino == st.st_ino && id.st_dev == st.st_dev && id.st_size == st.st_size &&
+            id.st_mtim.tv_sec == st.st_mtim.tv_sec && id.st_mtim.tv_nsec == st.st_mtim.tv_nsec) {
+          open_.splice(open_.begin(), open_, it);
+          return open_.front().second;
+        }
+        open_.erase(it);  // Changed on disk: opened again below.
+        break;
+      }
+    }
+    absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+    if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("shard", path);
+    if (!file.ok()) {
+      return absl::Status(file.status().code(), absl::StrCat("cannot open shard '", path, "': ", file.status().message()));
+    }
+    auto shard = std::make_shared<OpenShard>();
+    fstat(file->fd, &shard->identity);
+    shard->compressed = compressed;
+    if (!compressed) {
+      shard->fd = file->fd;
+    } else {
+      shard->source = file->fd;
+      absl::StatusOr<int> scratch = ScratchFile();
+      if (!scratch.ok()) return scratch.status();
+      shard->fd = *scratch;
+      shard->raw.reset(archive_read_new());
+      archive_read_support_filter_all(shard->raw.get());
+      archive_read_support_format_raw(shard->raw.get());
+      archive_entry* e = nullptr;
+      if (archive_read_open_fd(shard->raw.get(), shard->source, 1 << 20) != ARCHIVE_OK ||
+          archive_read_next_header(shard->raw.get(), &e) != ARCHIVE_OK) {
+        return absl::DataLossError(absl::StrCat("cannot decompress shard '", path, "': ",
+                                                archive_error_string(shard->raw.get()) ? archive_error_string(shard->raw.get()) : "unknown"));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    open_.emplace_front(path, shard);
+    size_t scratch = 0;
+    for (auto it = open_.begin(); it != open_.end();) {
+      const bool drop = std::distance(open_.begin(), it) >= static_cast<long>(kOpenShards) ||
+                        (it->second->compressed && ++scratch > kScratchShards);
+      it = drop ? open_.erase(it) : std::next(it);
+    }
+    return shard;
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<std::pair<std::string, std::shared_ptr<OpenShard>>> open_;
+};
+
+ShardCache& Cache() {
+  static auto* cache = new ShardCache;
+  return *cache;
+}
+
+// Decompresses `shard` into its scratch file until it holds `end` bytes (or the stream ends).
+absl::Status DecompressTo(OpenShard* shard, int64_t end, const std::string& path) {
+  std::lock_guard<std::mutex> lock(shard->mu);
+  std::string buffer(1 << 20, '\0');
+  while (shard->written < end && !shard->ended) {
+    const la_ssize_t n = archive_read_data(shard->raw.get(), buffer.data(), buffer.size());
+    if (n < 0) {
+      shard->ended = true;
+      shard->error = archive_error_string(shard->raw.get()) ? archive_error_string(shard->raw.get()) : "corrupt";
+      break;
+    }
+    if (n == 0) {
+      shard->ended = true;
+      break;
+    }
+    for (la_ssize_t done = 0; done < n;) {
+      const ssize_t w = pwrite(shard->fd, buffer.data() + done, n - done, shard->written + done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        return absl::ResourceExhaustedError(absl::StrCat("cannot write shard '", path, "' decompressed to the scratch ",
+                                                         "folder ($TMPDIR): ", std::strerror(errno)));
+      }
+      done += w;
+    }
+    shard->written += n;
+  }
+  if (shard->written < end) {
+    return absl::DataLossError(absl::StrCat("shard '", path, "' decompresses to ", shard->written, " bytes, short of ",
+                                            end, shard->error.empty() ? "" : absl::StrCat(" (", shard->error, ")")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ExpandBraces(const std::string& pattern, size_t max_results) {
+  const size_t open = pattern.find('{');
+  if (open == std::string::npos) return std::vector<std::string>{pattern};
+  const size_t close = pattern.find('}', open);
+  if (close == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--shards: '", pattern, "' opens a brace it does not close"));
+  }
+  const std::string head = pattern.substr(0, open), body = pattern.substr(open + 1, close - open - 1);
+  absl::StatusOr<std::vector<std::string>> tails = ExpandBraces(pattern.substr(close + 1), max_results);
+  if (!tails.ok()) return tails.status();
+  std::vector<std::string> items;
+  const size_t dots = body.find("..");
+  if (dots != std::string::npos) {
+    const std::string a = body.substr(0, dots), b = body.substr(dots + 2);
+    int64_t lo = 0, hi = 0;
+    if (a.empty() || b.empty() || a.size() > 18 || b.size() > 18 || !absl::SimpleAtoi(a, &lo) ||
+        !absl::SimpleAtoi(b, &hi) || lo < 0 || hi < lo || a.find_first_not_of("0123456789") != std::string::npos ||
+        b.find_first_not_of("0123456789") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--shards: '{", body, "}' is not a range like {000000..000999}"));
+    }
+    if (static_cast<uint64_t>(hi - lo) >= max_results) {
+      return absl::InvalidArgumentError(absl::StrCat("--shards: '{", body, "}' names more than ", max_results, " shards"));
+    }
+    const int width = static_cast<int>(a.size());
+    for (int64_t v = lo; v <= hi; ++v) {
+      std::string s = absl::StrCat(v);
+      if (static_cast<int>(s.size()) < width) s.insert(0, width - s.size(), '0');
+      items.push_back(std::move(s));
+    }
+  } else {
+    items = absl::StrSplit(body, ',');
+  }
+  std::vector<std::string> out;
+  for (const std::string& item : items) {
+    for (const std::string& tail : *tails) {
+      out.push_back(absl::StrCat(head, item, tail));
+      if (out.size() > max_results) {
+        return absl::InvalidArgumentError(absl::StrCat("--shards: '", pattern, "' names more than ", max_results, " shards"));
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> ExpandShardPatterns(const std::vector<std::string>& patterns,
+                                                             size_t max_shards) {
+  std::vector<std::string> out;
+  for (const std::string& pattern : patterns) {
+    struct stat st;
+    if (patterns.size() == 1 && !HasTarExtension(pattern) && pattern.find_first_of("{*?[") == std::string::npos &&
+        stat(pattern.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      return ReadShardList(pattern, max_shards);
+    }
+    absl::StatusOr<std::vector<std::string>> braces = ExpandBraces(pattern, max_shards);
+    if (!braces.ok()) return braces.status();
+    for (const std::string& b : *braces) {
+      absl::StatusOr<std::vector<std::string>> matched = Glob(b, max_shards);
+      if (!matched.ok()) return matched.status();
+      out.insert(out.end(), matched->begin(), matched->end());
+      if (out.size() > max_shards) {
+        return absl::InvalidArgumentError(absl::StrCat("--shards names more than ", max_shards, " shards"));
+      }
+    }
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--shards names no shard");
+  return out;
+}
+
+std::string MemberLocator(const std::string& shard, int64_t offset, int64_t size, bool compressed,
+                          const std::string& member) {
+  return absl::StrCat(kLocatorPrefix, offset, ":", size, ":", compressed ? "z" : "t", ":", shard.size(), ":", shard,
+                      member);
+}
+
+bool IsMemberLocator(absl::string_view path) { return absl::StartsWith(path, kLocatorPrefix); }
+
+absl::StatusOr<MemberRef> ParseMemberLocator(absl::string_view locator) {
+  auto bad = [&] { return absl::InvalidArgumentError(absl::StrCat("malformed member locator '", locator.substr(0, 256), "'")); };
+  if (!IsMemberLocator(locator)) return bad();
+  absl::string_view rest = locator.substr(sizeof(kLocatorPrefix) - 1);
+  std::vector<absl::string_view> parts = absl::StrSplit(rest, absl::MaxSplits(':', 4));
+  if (parts.size() != 5) return bad();
+  MemberRef ref;
+  uint64_t shard_len = 0;
+  if (!absl::SimpleAtoi(parts[0], &ref.offset) || !absl::SimpleAtoi(parts[1], &ref.size) ||
+      !absl::SimpleAtoi(parts[3], &shard_len) || ref.offset < 0 || ref.size < 0 || (parts[2] != "z" && parts[2] != "t") ||
+      shard_len > parts[4].size()) {
+    return bad();
+  }
+  ref.compressed = parts[2] == "z";
+  ref.shard = std::string(parts[4].substr(0, shard_len));
+  ref.member = std::string(parts[4].substr(shard_len));
+  return ref;
+}
+
+std::string DisplayPath(const std::string& path) {
+  if (!IsMemberLocator(path)) return path;
+  absl::StatusOr<MemberRef> ref = ParseMemberLocator(path);
+  return ref.ok() ? absl::StrCat(ref->shard, ":", ref->member) : path;
+}
+
+absl::Status ReadMemberBytes(const std::string& locator, std::string* out) {
+  absl::StatusOr<MemberRef> ref = ParseMemberLocator(locator);
+  if (!ref.ok()) return ref.status();
+  absl::StatusOr<std::shared_ptr<OpenShard>> shard = Cache().Get(ref->shard, ref->compressed);
+  if (!shard.ok()) return shard.status();
+  if (ref->compressed) {
+    if (absl::Status s = DecompressTo(shard->get(), ref->offset + ref->size, ref->shard); !s.ok()) return s;
+  }
+  out->resize(static_cast<size_t>(ref->size));
+  size_t done = 0;
+  while (done < out->size()) {
+    const ssize_t n = pread((*shard)->fd, out->data() + done, out->size() - done, ref->offset + static_cast<int64_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DataLossError(absl::StrCat("member '", ref->member, "' of shard '", ref->shard, "': ",
+                                              n == 0 ? "the shard ends before the member does" : std::strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TarListing> ListTarFd(int fd, const std::string& name, int64_t file_size, bool read_json) {
+  ArchivePtr a = NewTarReader();
+  if (archive_read_open_fd(a.get(), fd, 64 << 10) != ARCHIVE_OK) {
+    return absl::InvalidArgumentError(absl::StrCat("shard '", name, "' cannot be read (",
+                                                   archive_error_string(a.get()) ? archive_error_string(a.get()) : "unknown", ")"));
+  }
+  return ListOpened(a.get(), name, file_size, read_json);
+}
+
+absl::StatusOr<TarListing> ListTarBytes(absl::string_view bytes, const std::string& name, bool read_json) {
+  ArchivePtr a = NewTarReader();
+  if (archive_read_open_memory(a.get(), bytes.data(), bytes.size()) != ARCHIVE_OK) {
+    return absl::InvalidArgumentError(absl::StrCat("shard '", name, "' cannot be read (",
+                                                   archive_error_string(a.get()) ? archive_error_string(a.get()) : "unknown", ")"));
+  }
+  return ListOpened(a.get(), name, static_cast<int64_t>(bytes.size()), read_json);
+}
+
+std::vector<ManifestRow> SampleRows(const TarListing& listing, const std::string& shard,
+                                    const SampleConventions& conventions, int64_t first_index,
+                                    SampleRowsState* state) {
+  // The samples: runs of adjacent members with one key.
+  struct Sample {
+    std::string key;
+    std::vector<const TarMember*> members;
+    std::vector<std::string> exts;
+  };
+  std::vector<Sample> samples;
+  for (const TarMember& m : listing.members) {
+    std::string key, ext;
+    SplitMemberName(m.name, &key, &ext);
+    if (samples.empty() || samples.back().key != key) samples.push_back({key, {}, {}});
+    samples.back().members.push_back(&m);
+    samples.back().exts.push_back(ext);
+  }
+  // Parsed JSON per sample, and the columns from the first listing.
+  std::vector<std::vector<std::pair<std::string, std::string>>> fields(samples.size());
+  std::vector<std::string> json_errors(samples.size());
+  if (conventions.keep_columns) {
+    for (size_t s = 0; s < samples.size(); ++s) {
+      for (size_t i = 0; i < samples[s].members.size(); ++i) {
+        const TarMember& m = *samples[s].members[i];
+        if (!absl::EqualsIgnoreCase(samples[s].exts[i], "json") || !m.problem.empty() || !m.regular) continue;
+        if (absl::Status js = JsonFields(m.data, &fields[s]); !js.ok()) {
+          json_errors[s] = absl::StrCat("member '", m.name, "' is not a JSON object (", js.message(), ")");
+        }
+      }
+    }
+    if (!state->columns_fixed) {
+      for (const auto& f : fields) {
+        for (const auto& [k, v] : f) {
+          if (std::find(state->columns.begin(), state->columns.end(), k) == state->columns.end()) state->columns.push_back(k);
+        }
+      }
+    }
+  }
+  state->columns_fixed = true;
+  std::vector<ManifestRow> rows;
+  rows.reserve(samples.size());
+  for (size_t s = 0; s < samples.size(); ++s) {
+    const Sample& sample = samples[s];
+    ManifestRow row;
+    row.index = first_index + static_cast<int64_t>(s);
+    row.line = static_cast<int64_t>(s) + 1;
+    row.id = sample.key;
+    std::string error;
+    auto fail = [&](std::string why) {
+      if (error.empty()) error = absl::StrCat("shard '", shard, "', sample '", Printable(sample.key), "': ", why);
+    };
+    if (FirstInvalidUtf8(sample.key) >= 0 || FirstControlCharacter(sample.key, false) >= 0) {
+      row.id = Printable(sample.key);
+      fail("its key is not printable UTF-8 text");
+    }
+    if (row.id.size() > 4096) {
+      row.id.resize(4096);
+      fail("its key is longer than 4096 bytes");
+    }
+    if (!state->seen_keys.insert(sample.key).second) {
+      fail("an earlier sample has the same key (a sample's members must be adjacent, and keys unique across shards)");
+    }
+    const TarMember* image = nullptr;
+    const TarMember* mask = nullptr;
+    const TarMember* prediction = nullptr;
+    for (size_t i = 0; i < sample.members.size(); ++i) {
+      const TarMember* m = sample.members[i];
+      const std::string& ext = sample.exts[i];
+      const TarMember** slot = ExtensionIn(ext, conventions.mask)         ? &mask
+                               : ExtensionIn(ext, conventions.prediction) ? &prediction
+                               : ExtensionIn(ext, conventions.image)      ? &image
+                                                                          : nullptr;
+      const bool json = absl::EqualsIgnoreCase(ext, "json");
+      if (slot == nullptr && !json) continue;
+      if (!m->regular) {
+        fail(absl::StrCat("member '", Printable(m->name), "' is ", m->kind, "; Tally reads regular members only"));
+        continue;
+      }
+      if (!m->problem.empty()) {
+        fail(absl::StrCat("member '", Printable(m->name), "' cannot be read: ", m->problem));
+        continue;
+      }
+      if (slot == nullptr) continue;
+      if (*slot != nullptr) {
+        fail(absl::StrCat("two ", slot == &mask ? "mask" : slot == &prediction ? "prediction" : "image", " members ('",
+                          Printable((*slot)->name), "', '", Printable(m->name), "')"));
+        continue;
+      }
+      *slot = m;
+    }
+    if (!json_errors[s].empty()) fail(json_errors[s]);
+    const std::string listed_image = absl::StrJoin(conventions.image, ", ");
+    if (conventions.model && image == nullptr) fail(absl::StrCat("no image member (", listed_image, ")"));
+    if (mask == nullptr) fail(absl::StrCat("no mask member (", absl::StrJoin(conventions.mask, ", "), ")"));
+    if (!conventions.model && prediction == nullptr) {
+      fail(absl::StrCat("no prediction member (", absl::StrJoin(conventions.prediction, ", "), ")"));
+    }
+    auto set = [&](const TarMember* m, std::string* written, std::string* path) {
+      if (m == nullptr) return;
+      *written = absl::StrCat(shard, ":", m->name);
+      *path = MemberLocator(shard, m->offset, m->size, listing.compressed, m->name);
+    };
+    set(image, &row.image, &row.image_path);
+    set(mask, &row.mask, &row.mask_path);
+    set(prediction, &row.prediction, &row.prediction_path);
+    if (row.image.empty() && row.mask.empty()) row.image = absl::StrCat(shard, ":", Printable(sample.key));
+    if (conventions.keep_columns) {
+      row.columns.assign(state->columns.size(), "");
+      for (const auto& [k, v] : fields[s]) {
+        auto it = std::find(state->columns.begin(), state->columns.end(), k);
+        if (it != state->columns.end()) {
+          row.columns[it - state->columns.begin()] = v;
+        } else if (std::find(state->later_keys.begin(), state->later_keys.end(), k) == state->later_keys.end() &&
+                   state->later_keys.size() < 16) {
+          state->later_keys.push_back(k);
+        }
+      }
+    }
+    row.error = std::move(error);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+ShardIndex::ShardIndex(std::vector<std::string> shards, SampleConventions conventions, int64_t max_rows)
+    : shards_(std::move(shards)), conventions_(std::move(conventions)), max_rows_(max_rows) {
+  description_ = shards_.size() == 1 ? shards_[0]
+                                      : absl::StrCat(shards_.size(), " shards: ", shards_.front(), " ... ", shards_.back());
+}
+
+absl::StatusOr<std::unique_ptr<ShardIndex>> ShardIndex::Open(std::vector<std::string> shards,
+                                                             SampleConventions conventions, int64_t max_rows) {
+  if (shards.empty()) return absl::InvalidArgumentError("no shards");
+  return std::unique_ptr<ShardIndex>(new ShardIndex(std::move(shards), std::move(conventions), max_rows));
+}
+
+absl::Status ShardIndex::IndexNext() {
+  const std::string& path = shards_[next_shard_++];
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path);
+  if (IsOutsideDataRoots(file.status())) return OutsideDataRootsError("shard", path);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(), absl::StrCat("shard '", path, "': ", file.status().message()));
+  }
+  absl::StatusOr<TarListing> listing = ListTarFd(file->fd, path, file->size, conventions_.keep_columns);
+  close(file->fd);
+  if (!listing.ok()) return listing.status();
+  tar_starts_.push_back(next_index_);
+  tar_compressed_.push_back(listing->compressed);
+  if (!listing->ended_early.empty()) {
+    ended_early_.push_back(absl::StrCat("shard '", path, "' ends early after ", listing->members.size(), " members (",
+                                        listing->ended_early, ")"));
+  }
+  std::string index_text = absl::StrCat(path, "\n");
+  for (const TarMember& m : listing->members) absl::StrAppend(&index_text, m.name, "\t", m.offset, "\t", m.size, "\n");
+  digests_ += Sha256Hex(index_text);
+  pending_ = SampleRows(*listing, path, conventions_, next_index_, &state_);
+  pending_at_ = 0;
+  for (const ManifestRow& r : pending_) has_prediction_ = has_prediction_ || !r.prediction_path.empty();
+  if (next_index_ + static_cast<int64_t>(pending_.size()) > max_rows_) {
+    return absl::InvalidArgumentError(absl::StrCat("the shards hold more than ", max_rows_,
+                                                   " samples (tallyd --max-manifest-rows)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardIndex::NextBatch(size_t max_rows, std::vector<ManifestRow>* rows) {
+  rows->clear();
+  while (rows->size() < max_rows) {
+    if (pending_at_ == pending_.size()) {
+      if (next_shard_ == shards_.size()) break;
+      if (absl::Status s = IndexNext(); !s.ok()) return s;
+      continue;
+    }
+    rows->push_back(std::move(pending_[pending_at_++]));
+    next_index_++;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ShardIndex::Warnings() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < ended_early_.size() && i < 8; ++i) out.push_back(ended_early_[i]);
+  if (ended_early_.size() > 8) out.push_back(absl::StrCat(ended_early_.size() - 8, " more shards end early"));
+  if (!state_.later_keys.empty()) {
+    out.push_back(absl::StrCat("JSON field(s) ", absl::StrJoin(state_.later_keys, ", "),
+                               " first appear after the first shard and are not columns (the columns are the first "
+                               "shard's JSON fields: ",
+                               state_.columns.empty() ? "none" : absl::StrJoin(state_.columns, ", "), ")"));
+  }
+  return out;
+}
+
+std::string ShardIndex::IndexSha256() const { return Sha256Hex(digests_); }
+
+}  // namespace tally
