@@ -58,20 +58,22 @@ absl::StatusOr<FolderPairs> ListPairs(const std::string& predictions, const std:
 }
 
 absl::StatusOr<std::string> PairFolders(const std::string& predictions, const std::string& references,
-                                        const std::string& file_ending, const std::string& state_dir) {
+                                        const std::string& file_ending, const std::string& state_dir,
+                                        std::vector<std::string>* warnings) {
   const std::string pred_dir = AbsolutePath(predictions), ref_dir = AbsolutePath(references);
   absl::StatusOr<FolderPairs> p = ListPairs(pred_dir, ref_dir, file_ending);
   if (!p.ok()) return p.status();
-  if (!p->only_references.empty()) {
+  if (!p->only_references.empty()) {  // A missing prediction is the model's failure: nnU-Net refuses too.
     return absl::FailedPreconditionError(absl::StrCat(
         p->only_references.size(), " reference(s) in '", ref_dir, "' have no prediction in '", pred_dir,
         "': ", Listing(p->only_references)));
   }
   if (!p->only_predictions.empty()) {
-    std::cerr << "tally: " << p->only_predictions.size() << " prediction(s) in '" << pred_dir
-              << "' have no reference in '" << ref_dir << "' and are skipped: " << Listing(p->only_predictions)
-              << "\n";
+    warnings->push_back(absl::StrCat(p->only_predictions.size(), " prediction(s) in '", pred_dir,
+                                     "' have no reference in '", ref_dir,
+                                     "' and are not evaluated: ", Listing(p->only_predictions)));
   }
+  for (const std::string& w : *warnings) std::cerr << "tally: " << w << "\n";
   if (p->names.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("no files ending in '", file_ending, "' in '", ref_dir,
                                                       "' (--file-ending)"));

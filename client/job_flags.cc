@@ -41,10 +41,41 @@ absl::Status ParseRegions(const std::string& text, v1::JobSpec* spec) {
 // The model, the manifest and what the rows carry: --model, --manifest, --num-classes, --regions,
 // --python, --model-option, --label.
 absl::Status ModelFlags(const JobFlags& f, const std::string& manifest_path, v1::JobSpec* spec) {
-  if (manifest_path.empty() && f.coco.empty() && f.coco_panoptic.empty()) {
+  const bool folders = !f.masks.empty();
+  if (manifest_path.empty() && f.coco.empty() && f.coco_panoptic.empty() && f.shards.empty() && !folders) {
     return absl::InvalidArgumentError(
-        "--manifest is required (or, for tally run, --predictions and --references; or --coco with --images; or "
-        "--coco-panoptic)");
+        "--manifest is required (or --shards; or --images and --masks; or, for tally run, --predictions and "
+        "--references; or --coco with --images; or --coco-panoptic)");
+  }
+  if (folders && f.coco_images.empty()) return absl::InvalidArgumentError("--masks needs --images (the images' folder)");
+  if (!f.mask_suffix.empty() && !folders) return absl::InvalidArgumentError("--mask-suffix is for --images with --masks");
+  if (static_cast<int>(!manifest_path.empty()) + static_cast<int>(!f.shards.empty()) + static_cast<int>(folders) > 1) {
+    return absl::InvalidArgumentError("give one of --manifest, --shards and --images/--masks");
+  }
+  if (f.shards.empty() && (!f.image_ext.empty() || !f.mask_ext.empty() || !f.prediction_ext.empty())) {
+    return absl::InvalidArgumentError("--image-ext, --mask-ext and --prediction-ext are for --shards");
+  }
+  if (folders) {
+    spec->set_images_dir(AbsolutePath(f.coco_images));
+    spec->set_masks_dir(AbsolutePath(f.masks));
+    spec->set_mask_suffix(f.mask_suffix);
+  }
+  if (!f.shards.empty()) {
+    // Relative shard paths are the caller's: made absolute here (a list file's lines are relative
+    // to the list file, which tallyd reads).
+    std::string shards = f.shards;
+    if (!shards.empty() && shards[0] != '/') shards = AbsolutePath(".") + "/" + shards;
+    spec->add_shards(shards);
+    for (auto [text, field] : {std::pair<const std::string&, google::protobuf::RepeatedPtrField<std::string>*>{
+                                   f.image_ext, spec->mutable_image_extensions()},
+                               {f.mask_ext, spec->mutable_mask_extensions()},
+                               {f.prediction_ext, spec->mutable_prediction_extensions()}}) {
+      for (absl::string_view e : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+        e = absl::StripAsciiWhitespace(e);
+        if (!e.empty() && e[0] == '.') e.remove_prefix(1);
+        if (!e.empty()) field->Add(std::string(e));
+      }
+    }
   }
   for (auto [value, field] : {std::pair<const std::string&, std::string*>{f.coco_panoptic, spec->mutable_coco_panoptic()},
                               {f.panoptic_dir, spec->mutable_panoptic_dir()},
@@ -55,9 +86,9 @@ absl::Status ModelFlags(const JobFlags& f, const std::string& manifest_path, v1:
   if (!f.model.empty()) spec->set_model(AbsoluteModel(f.model));
   if (!manifest_path.empty()) spec->set_manifest(AbsolutePath(manifest_path));
   if (!f.coco.empty()) spec->set_coco(AbsolutePath(f.coco));
-  if (!f.coco_images.empty()) spec->set_coco_images(AbsolutePath(f.coco_images));
+  if (!f.coco_images.empty() && !folders) spec->set_coco_images(AbsolutePath(f.coco_images));
   if (!f.coco_results.empty()) spec->set_coco_results(AbsolutePath(f.coco_results));
-  if (f.coco.empty() && (!f.coco_images.empty() || !f.coco_results.empty())) {
+  if (f.coco.empty() && ((!f.coco_images.empty() && !folders) || !f.coco_results.empty())) {
     return absl::InvalidArgumentError("--images and --coco-results need --coco (the instance annotations)");
   }
   if (f.num_classes < 0) return absl::InvalidArgumentError("--num-classes must be >= 0");

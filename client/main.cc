@@ -120,7 +120,19 @@ ABSL_FLAG(std::string, save_predictions, "",
 ABSL_FLAG(std::string, coco, "",
           "COCO instance annotations (instances.json): without --manifest, one row per image (with --images), scored "
           "as instances (COCO mask AP); with a manifest, resolves its coco_ann_ids column");
-ABSL_FLAG(std::string, images, "", "With --coco: the folder images[].file_name is relative to");
+ABSL_FLAG(std::string, images, "",
+          "With --masks: the folder of images, paired with masks by their path without extension (recursive); with "
+          "--coco: the folder images[].file_name is relative to");
+ABSL_FLAG(std::string, masks, "", "With --images: the folder of masks (README \"Where your data can be\")");
+ABSL_FLAG(std::string, mask_suffix, "",
+          "With --images/--masks: what mask names add before their extension (001_mask.png: _mask)");
+ABSL_FLAG(std::string, shards, "",
+          "Tar shards instead of a manifest (WebDataset's convention): paths, brace ranges "
+          "('train-{000000..000999}.tar'), globs, or a text file listing one shard a line");
+ABSL_FLAG(std::string, image_ext, "", "With --shards: image members' extensions (default jpg,jpeg,png,tif,tiff,webp)");
+ABSL_FLAG(std::string, mask_ext, "", "With --shards: mask members' extensions (default seg.png,mask.png)");
+ABSL_FLAG(std::string, prediction_ext, "",
+          "With --shards and no --model: prediction members' extensions (default pred.png)");
 ABSL_FLAG(std::string, coco_results, "", "With --coco: detections in COCO's results format, scored instead of a model");
 ABSL_FLAG(std::string, coco_panoptic, "",
           "COCO panoptic annotations (panoptic.json): one row per annotation, scored as panoptic quality (PQ)");
@@ -211,6 +223,12 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.save_predictions = absl::GetFlag(FLAGS_save_predictions);
   f.coco = absl::GetFlag(FLAGS_coco);
   f.coco_images = absl::GetFlag(FLAGS_images);
+  f.masks = absl::GetFlag(FLAGS_masks);
+  f.mask_suffix = absl::GetFlag(FLAGS_mask_suffix);
+  f.shards = absl::GetFlag(FLAGS_shards);
+  f.image_ext = absl::GetFlag(FLAGS_image_ext);
+  f.mask_ext = absl::GetFlag(FLAGS_mask_ext);
+  f.prediction_ext = absl::GetFlag(FLAGS_prediction_ext);
   f.coco_results = absl::GetFlag(FLAGS_coco_results);
   f.coco_panoptic = absl::GetFlag(FLAGS_coco_panoptic);
   f.panoptic_dir = absl::GetFlag(FLAGS_panoptic_dir);

@@ -12,13 +12,13 @@ namespace {
 
 // --predictions/--references: nnU-Net's folders paired into a manifest under OUT/.tally; "" when
 // neither is given. Returns 0 or the exit code of the error it reported.
-int PairedManifest(const RunFlags& f, std::string* manifest) {
+int PairedManifest(const RunFlags& f, std::string* manifest, std::vector<std::string>* warnings) {
   if (f.predictions.empty() && f.references.empty()) return 0;
   if (f.predictions.empty() || f.references.empty()) return UsageError("run", "--predictions and --references go together");
   if (!f.job.manifest.empty() || !f.job.model.empty()) {
     return UsageError("run", "--predictions/--references replace --manifest and --model");
   }
-  auto paired = PairFolders(f.predictions, f.references, f.file_ending, AbsolutePath(f.out) + "/.tally");
+  auto paired = PairFolders(f.predictions, f.references, f.file_ending, AbsolutePath(f.out) + "/.tally", warnings);
   if (!paired.ok()) return Finish(paired.status());
   *manifest = *paired;
   return 0;
@@ -29,9 +29,11 @@ int PairedManifest(const RunFlags& f, std::string* manifest) {
 int RunVerb(const RunFlags& f) {
   if (f.out.empty()) return UsageError("run", "--out is required");
   std::string manifest;
-  if (const int rc = PairedManifest(f, &manifest); rc != 0) return rc;
+  std::vector<std::string> warnings;
+  if (const int rc = PairedManifest(f, &manifest, &warnings); rc != 0) return rc;
   auto spec = SpecFromFlags(f.job, manifest);
   if (!spec.ok()) return UsageError("run", std::string(spec.status().message()));
+  for (const std::string& w : warnings) spec->add_client_warnings(w);
   LocalRunOptions options;
   options.spec = *spec;
   options.out_dir = AbsolutePath(f.out);

@@ -37,6 +37,8 @@ struct JobFlags {
   int thumbnails = 5;
   std::string save_predictions;
   std::string coco, coco_images, coco_results;  // COCO jobs (README "Instances").
+  // README "Where your data can be": two folders (--images = coco_images, --masks), tar shards.
+  std::string masks, mask_suffix, shards, image_ext, mask_ext, prediction_ext;
   std::string coco_panoptic, panoptic_dir, panoptic_predictions, panoptic_predictions_dir;
   std::vector<std::string> model_options;  // KEY=VALUE, repeatable.
   std::vector<std::string> labels;         // KEY=VALUE, repeatable.

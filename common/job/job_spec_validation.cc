@@ -190,6 +190,56 @@ absl::Status CheckPanoptic(v1::JobSpec* spec, bool check_files) {
   return absl::OkStatus();
 }
 
+// Where a (non-COCO) job's rows come from: a manifest, tar shards or two folders, exactly one.
+absl::Status CheckRowSource(v1::JobSpec* spec) {
+  spec->clear_tar_starts();  // The coordinator's to set.
+  spec->clear_tar_compressed();
+  const bool folders = !spec->images_dir().empty() || !spec->masks_dir().empty();
+  const int sources = static_cast<int>(!spec->manifest().empty()) + static_cast<int>(spec->shards_size() > 0) +
+                      static_cast<int>(folders);
+  if (sources == 0) return absl::InvalidArgumentError("job spec: 'manifest' is required (or shards, or images_dir and masks_dir)");
+  if (sources > 1) return absl::InvalidArgumentError("job spec: give one of manifest, shards and images_dir/masks_dir");
+  if (folders && (spec->images_dir().empty() || spec->masks_dir().empty())) {
+    return absl::InvalidArgumentError("job spec: images_dir and masks_dir go together (--images DIR --masks DIR)");
+  }
+  if (folders && spec->model().empty()) {
+    return absl::InvalidArgumentError("job spec: --images/--masks pairs images with masks for a model (--model); to score "
+                                      "predictions on disk, use tally run --predictions DIR --references DIR");
+  }
+  if (spec->shards_size() > 64) return absl::InvalidArgumentError("job spec: more than 64 shard patterns");
+  for (const auto* list : {&spec->image_extensions(), &spec->mask_extensions(), &spec->prediction_extensions()}) {
+    if (list->size() > 64) return absl::InvalidArgumentError("job spec: more than 64 member extensions");
+    for (const std::string& e : *list) {
+      if (e.empty() || e.size() > 64 || e.find('/') != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("job spec: member extension '", e.substr(0, 64),
+                                                       "' (expected text like seg.png, without '/')"));
+      }
+    }
+  }
+  if (spec->shards_size() == 0 && (spec->image_extensions_size() > 0 || spec->mask_extensions_size() > 0 ||
+                                   spec->prediction_extensions_size() > 0)) {
+    return absl::InvalidArgumentError("job spec: member extensions are for shards (--shards)");
+  }
+  if (!folders && !spec->mask_suffix().empty()) {
+    return absl::InvalidArgumentError("job spec: mask_suffix (--mask-suffix) is for --images/--masks");
+  }
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"images_dir", &spec->images_dir()},
+                                     {"masks_dir", &spec->masks_dir()},
+                                     {"mask_suffix", &spec->mask_suffix()}}) {
+    if (value->size() > kMaxPathBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: '", field, "' is longer than ", kMaxPathBytes, " bytes"));
+    }
+  }
+  for (const std::string& s : spec->shards()) {
+    if (s.empty() || s.size() > kMaxPathBytes) return absl::InvalidArgumentError("job spec: a shards entry is empty or too long");
+  }
+  if (spec->client_warnings_size() > 16) return absl::InvalidArgumentError("job spec: more than 16 client warnings");
+  for (std::string& w : *spec->mutable_client_warnings()) {
+    if (w.size() > 4096) w.resize(4096);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckCoco(v1::JobSpec* spec, bool check_files) {
   spec->clear_coco_categories();
   spec->clear_coco_sha256();
@@ -203,8 +253,11 @@ absl::Status CheckCoco(v1::JobSpec* spec, bool check_files) {
     if (!spec->coco_results().empty() || !spec->coco_images().empty()) {
       return absl::InvalidArgumentError("job spec: --coco-results and --images need --coco (the instance annotations)");
     }
-    if (spec->manifest().empty()) return absl::InvalidArgumentError("job spec: 'manifest' is required");
-    return absl::OkStatus();
+    return CheckRowSource(spec);
+  }
+  if (spec->shards_size() > 0 || !spec->images_dir().empty()) {
+    return absl::InvalidArgumentError("job spec: --coco takes its rows from the annotation file or a manifest, not "
+                                      "--shards or --images/--masks");
   }
   RETURN_IF_ERROR(CheckCocoPaths({{"coco", spec->mutable_coco()},
                                   {"coco_results", spec->mutable_coco_results()},

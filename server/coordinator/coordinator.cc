@@ -100,10 +100,11 @@ absl::Status Coordinator::Resume() {
       const int64_t n = rec.job.images_total();
       entry->record = rec;
       PlanJob(entry.get());
-      const int64_t num_shards = NumShards(entry->planned, rec.shard_size);
+      const std::vector<ShardRange> ranges = JobShards(rec.job.spec(), entry->planned, rec.shard_size);
+      const int64_t num_shards = static_cast<int64_t>(ranges.size());
       ASSIGN_OR_RETURN(std::vector<ShardState> states, store_->ReadShardStates(id, num_shards));
       ASSIGN_OR_RETURN(std::vector<int64_t> done_rows, store_->ReadResultIndices(id));
-      for (const ShardRange& r : MakeShards(entry->planned, rec.shard_size)) {
+      for (const ShardRange& r : ranges) {
         Shard s;
         s.begin = r.begin;
         s.end = r.end;
@@ -113,10 +114,8 @@ absl::Status Coordinator::Resume() {
       entry->committed_rows.assign(n, false);
       for (int64_t idx : done_rows) {
         if (idx >= 0 && idx < n) entry->committed_rows[idx] = true;
-        const int64_t position = entry->order.PositionOf(idx);
-        if (rec.shard_size > 0 && position >= 0 && position / rec.shard_size < num_shards) {
-          entry->shards[position / rec.shard_size].committed++;
-        }
+        const int64_t shard = BaseShardAt(*entry, entry->order.PositionOf(idx));
+        if (shard >= 0) entry->shards[shard].committed++;
       }
       for (int64_t i = 0; i < num_shards; ++i) {
         Shard& s = entry->shards[i];

@@ -362,12 +362,22 @@ class Coordinator {
   // Adds a warning to the job's reports (JobSpec.run_warnings), once.
   void WarnJobLocked(JobEntry* job, const std::string& warning, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Now() const { return options_.clock(); }
-  absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id);
+  // `folder_text`: a manifest built from two folders (StoreFolders), kept at spec.manifest().
+  absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id,
+                                          const std::string* folder_text = nullptr);
+  // Tar shards (coordinator_sources.cc): the samples indexed from the tars' headers into rows.
+  // The base shard (of the job's own, [0, base_shards)) holding `position`, or -1.
+  static int64_t BaseShardAt(const JobEntry& job, int64_t position);
+  absl::StatusOr<JobRecord> StoreShards(const v1::JobSpec& spec, const std::string& job_id);
+  // Two folders (--images/--masks): paired into a manifest kept in the state folder, then stored as
+  // one; files without a partner become the job's warnings.
+  absl::StatusOr<JobRecord> StoreFolders(const v1::JobSpec& spec, const std::string& job_id);
+  std::string FolderManifestPath(const std::string& job_id) const;
   // The limits a submission reads its client-named files with: the size cap and a deadline from now.
   ClientFileLimits SubmissionLimits() const;
   // StoreManifest's rows into the store in batches, noting ids (duplicates) and whether the first
   // image is a volume; DEADLINE_EXCEEDED once `deadline` has passed.
-  absl::Status StreamManifestRows(ManifestReader* reader, const std::string& job_id, bool blocks,
+  absl::Status StreamManifestRows(RowSource* reader, const std::string& job_id, bool blocks,
                                   DuplicateIds* duplicates, std::optional<bool>* volumes, absl::Time deadline);
   // COCO instance jobs (no manifest): one row per image of the annotation file (coordinator_coco.cc).
   absl::StatusOr<JobRecord> StoreCocoImages(const v1::JobSpec& spec, const std::string& job_id);

@@ -4,6 +4,7 @@
 #include "server/coordinator/coordinator.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -141,7 +142,7 @@ ClientFileLimits Coordinator::SubmissionLimits() const {
   return limits;
 }
 
-absl::Status Coordinator::StreamManifestRows(ManifestReader* reader, const std::string& job_id, bool blocks,
+absl::Status Coordinator::StreamManifestRows(RowSource* reader, const std::string& job_id, bool blocks,
                                             DuplicateIds* duplicates, std::optional<bool>* volumes,
                                             absl::Time deadline) {
   // Parsing and the rest overlap: this thread parses the next batch while another notes the last
@@ -174,12 +175,17 @@ absl::Status Coordinator::StreamManifestRows(ManifestReader* reader, const std::
   return parsed;
 }
 
-absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id) {
+absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id,
+                                                     const std::string* folder_text) {
   if (spec.manifest().empty() && !spec.coco().empty()) return StoreCocoImages(spec, job_id);
   if (spec.manifest().empty() && !spec.coco_panoptic().empty()) return StorePanopticImages(spec, job_id);
+  if (spec.manifest().empty() && spec.shards_size() > 0) return StoreShards(spec, job_id);
+  if (spec.manifest().empty() && !spec.images_dir().empty()) return StoreFolders(spec, job_id);
   ManifestLimits limits;
   limits.max_rows = options_.max_manifest_rows;
-  ASSIGN_OR_RETURN(std::unique_ptr<ManifestReader> reader, ManifestReader::Open(spec.manifest(), limits));
+  ASSIGN_OR_RETURN(std::unique_ptr<ManifestReader> reader,
+                   folder_text != nullptr ? ManifestReader::FromText(*folder_text, "/", spec.manifest(), limits)
+                                          : ManifestReader::Open(spec.manifest(), limits));
   RETURN_IF_ERROR(CheckCocoColumn(*reader, spec));
   if (spec.model().empty() && !reader->has_prediction()) {
     return absl::InvalidArgumentError(absl::StrCat("no model given, and manifest '", reader->path(),
@@ -198,7 +204,9 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
   std::optional<bool> volumes;  // Whether the first row's image is a NIfTI volume (volume jobs).
   // The manifest's SHA-256 (the report names the file it scored) while the rows stream in.
   std::string manifest_sha256;
-  std::thread hash([&] { manifest_sha256 = Sha256FileHex(reader->path()); });
+  std::thread hash([&] {
+    manifest_sha256 = folder_text != nullptr ? Sha256Hex(*folder_text) : Sha256FileHex(reader->path());
+  });
   auto stream = [&]() -> absl::Status {
     // Rows in blocks unless the job reads them scattered (--order random).
     RETURN_IF_ERROR(StreamManifestRows(reader.get(), job_id, !spec.random_order(), &duplicates, &volumes,
@@ -282,6 +290,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in, const std:
   const std::string job_id = NewJobId(Now(), RandomHex(6));
   ASSIGN_OR_RETURN(JobRecord rec, StoreManifest(spec, job_id));
   rec.job.set_owner(owner);
+  for (const std::string& w : spec.client_warnings()) rec.job.mutable_spec()->add_manifest_warnings(w);
   if (absl::Status s = store_->CreateJob(rec); !s.ok()) {
     store_->DeleteJob(job_id).IgnoreError();
     NoteStorage(s);
@@ -290,7 +299,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in, const std:
   auto entry = std::make_unique<JobEntry>();
   entry->record = rec;
   PlanJob(entry.get());
-  for (const ShardRange& r : MakeShards(entry->planned, rec.shard_size)) {
+  for (const ShardRange& r : JobShards(rec.job.spec(), entry->planned, rec.shard_size)) {
     Shard s;
     s.begin = r.begin;
     s.end = r.end;
@@ -385,6 +394,7 @@ absl::Status Coordinator::DeleteJob(const std::string& job_id) {
   }
   RETURN_IF_ERROR(store_->DeleteJob(job_id));
   RETURN_IF_ERROR(RemoveTree(ReportPath(job_id)));
+  unlink(FolderManifestPath(job_id).c_str());  // A folder job's manifest, if it is one.
   Log("job ", job_id, " deleted");
   return absl::OkStatus();
 }

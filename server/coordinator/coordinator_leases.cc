@@ -339,7 +339,16 @@ void Coordinator::ForgetShardLeasesLocked(const std::string& job_id, int64_t sha
 int64_t Coordinator::OwnerShard(const JobEntry& job, int64_t index) const {
   auto it = job.row_shard.find(index);
   if (it != job.row_shard.end()) return it->second;
-  return job.record.shard_size > 0 ? job.order.PositionOf(index) / job.record.shard_size : 0;
+  return std::max<int64_t>(0, BaseShardAt(job, job.order.PositionOf(index)));
+}
+
+int64_t Coordinator::BaseShardAt(const JobEntry& job, int64_t position) {
+  const auto end = job.shards.begin() + job.base_shards;
+  auto it = std::upper_bound(job.shards.begin(), end, position,
+                             [](int64_t p, const Shard& s) { return p < s.begin; });
+  if (it == job.shards.begin()) return -1;
+  --it;
+  return position < it->end ? static_cast<int64_t>(it - job.shards.begin()) : -1;
 }
 
 absl::StatusOr<v1::ResolveLayoutResponse> Coordinator::ResolveLayout(const v1::ResolveLayoutRequest& request) {

@@ -503,7 +503,8 @@ absl::Status JobStore::CreateJob(const JobRecord& record) {
     Stmt shard(db, "INSERT INTO shards VALUES(?,?,0,0)");
     RETURN_IF_ERROR(shard.status());
     const int64_t n = job.images_total();
-    for (int64_t s = 0; s < NumShards(n, record.shard_size); ++s) {
+    const int64_t num_shards = static_cast<int64_t>(JobShards(job.spec(), n, record.shard_size).size());
+    for (int64_t s = 0; s < num_shards; ++s) {
       shard.Bind(1, job.job_id()).Bind(2, s);
       RETURN_IF_ERROR(shard.Run());
     }

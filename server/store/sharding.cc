@@ -29,4 +29,37 @@ std::vector<ShardRange> MakeShards(int64_t total_rows, int64_t shard_size) {
   return shards;
 }
 
+std::vector<ShardRange> MakeShards(int64_t total_rows, int64_t shard_size, const std::vector<int64_t>& starts,
+                                   const std::vector<bool>& whole) {
+  if (starts.empty()) return MakeShards(total_rows, shard_size);
+  if (shard_size <= 0) shard_size = 1;
+  std::vector<ShardRange> shards;
+  auto cut = [&](int64_t begin, int64_t end, bool one) {
+    end = std::min(end, total_rows);
+    if (begin >= end) return;
+    if (one) {
+      shards.push_back({begin, end});
+      return;
+    }
+    for (int64_t b = begin; b < end;) {
+      const int64_t next = std::min(end, (b / shard_size + 1) * shard_size);  // The next global multiple.
+      shards.push_back({b, next});
+      b = next;
+    }
+  };
+  cut(0, starts[0], false);
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const int64_t end = i + 1 < starts.size() ? starts[i + 1] : total_rows;
+    cut(starts[i], end, i < whole.size() && whole[i]);
+  }
+  return shards;
+}
+
+std::vector<ShardRange> JobShards(const v1::JobSpec& spec, int64_t planned, int64_t shard_size) {
+  if (spec.random_order() || spec.tar_starts().empty()) return MakeShards(planned, shard_size);
+  const std::vector<int64_t> starts(spec.tar_starts().begin(), spec.tar_starts().end());
+  const std::vector<bool> whole(spec.tar_compressed().begin(), spec.tar_compressed().end());
+  return MakeShards(planned, shard_size, starts, whole);
+}
+
 }  // namespace tally

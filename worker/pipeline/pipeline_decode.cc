@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "absl/strings/str_format.h"
 #include "common/base/clock.h"
+#include "common/io/tar_shards.h"
 #include "common/job/job_config.h"
 #include "common/base/log.h"
 #include "worker/pipeline/pipeline_internal.h"
@@ -85,10 +86,10 @@ void Pipeline::Decode(Item* item) {
   absl::StatusOr<DecodeOptions> decode = RowOptions(item->row);
   absl::Status s = decode.status();
   if (s.ok()) s = ReadImageBytes(item->row.image_path(), &bytes);
-  if (s.ok()) s = CheckMemory(bytes, item->row.image_path(), decode->page);
+  if (s.ok()) s = CheckMemory(bytes, DisplayPath(item->row.image_path()), decode->page);
   if (s.ok()) {
     item->jpeg = LooksLikeJpeg(bytes);
-    s = DecodeImage(bytes, item->row.image_path(), image.get(), options_.max_image_pixels, *decode);
+    s = DecodeImage(bytes, DisplayPath(item->row.image_path()), image.get(), options_.max_image_pixels, *decode);
   }
   if (bytes.capacity() > kKeepBufferBytes) std::string().swap(bytes);
   if (!s.ok()) {
@@ -123,8 +124,8 @@ void Pipeline::DecodeMask(Item* item, std::unique_ptr<RgbImage> image) {
   if (!s.ok()) {
     item->error = std::string(s.message());
   } else if (mask->height != image->height || mask->width != image->width) {
-    item->error = absl::StrCat("image '", item->row.image_path(), "' is ", image->height, "x", image->width,
-                               " (height x width) but mask '", item->row.mask_path(), "' is ", mask->height, "x",
+    item->error = absl::StrCat("image '", DisplayPath(item->row.image_path()), "' is ", image->height, "x", image->width,
+                               " (height x width) but mask '", DisplayPath(item->row.mask_path()), "' is ", mask->height, "x",
                                mask->width);
   }
   item->mask = std::move(mask);
@@ -164,8 +165,8 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
     Item* item = items[i];
     if (!item->row.error().empty()) continue;
     images[i] = TakeImage();
-    const std::string& path = item->row.image_path();
-    status[i] = ReadImageBytes(path, &bytes[i]);
+    const std::string path = DisplayPath(item->row.image_path());
+    status[i] = ReadImageBytes(item->row.image_path(), &bytes[i]);
     if (status[i].ok()) status[i] = CheckMemory(bytes[i], path);
     if (!status[i].ok()) continue;
     item->jpeg = LooksLikeJpeg(bytes[i]);
@@ -197,7 +198,7 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
     }
     if (status[i].ok() && (!item->jpeg || decoder == nullptr)) {
       absl::StatusOr<DecodeOptions> decode = RowOptions(item->row);
-      status[i] = decode.ok() ? DecodeImage(bytes[i], item->row.image_path(), images[i].get(),
+      status[i] = decode.ok() ? DecodeImage(bytes[i], DisplayPath(item->row.image_path()), images[i].get(),
                                             options_.max_image_pixels, *decode)
                               : decode.status();
     }
@@ -243,7 +244,7 @@ void Pipeline::RedecodeStaged(const BatchSpec& spec, const std::vector<bool>& re
     if (!ReadImageBytes(b.row->image_path(), &bytes[i]).ok() || !LooksLikeJpeg(bytes[i])) continue;
     GpuJpegImage job;
     job.bytes = &bytes[i];
-    job.name = b.row->image_path();
+    job.name = DisplayPath(b.row->image_path());
     job.height = b.height;
     job.width = b.width;
     job.out = spec.images->data() + b.image_offset;

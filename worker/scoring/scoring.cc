@@ -10,6 +10,7 @@
 #include "common/base/checked_math.h"
 #include "common/base/clock.h"
 #include "common/io/image_io.h"
+#include "common/io/tar_shards.h"
 #include "metrics/label_counts.h"
 #include "common/base/log.h"
 #include "metrics/surface_distance.h"
@@ -65,16 +66,16 @@ absl::Status ScoringPipeline::LoadPair(const v1::ManifestRow& row, LoadedMap* re
   RETURN_IF_ERROR(Load(row.mask_path(), config_.max_image_pixels, "mask", ref));
   RETURN_IF_ERROR(Load(row.prediction_path(), config_.max_image_pixels, "prediction", pred));
   if (ref->volume != pred->volume) {
-    return absl::InvalidArgumentError(absl::StrCat("prediction '", row.prediction_path(), "' is ",
+    return absl::InvalidArgumentError(absl::StrCat("prediction '", DisplayPath(row.prediction_path()), "' is ",
                                                    pred->volume ? "a NIfTI volume" : "a PNG image", " but reference '",
-                                                   row.mask_path(), "' is ",
+                                                   DisplayPath(row.mask_path()), "' is ",
                                                    ref->volume ? "a NIfTI volume" : "a PNG image"));
   }
   if (ref->volume) {
     RETURN_IF_ERROR(CheckSameGeometry(ref->geometry, row.mask_path(), pred->geometry, row.prediction_path()));
   } else if (ref->labels.height != pred->labels.height || ref->labels.width != pred->labels.width) {
-    return absl::InvalidArgumentError(absl::StrCat("prediction '", row.prediction_path(), "' is ", pred->labels.height,
-                                                   "x", pred->labels.width, " (HxW) but reference '", row.mask_path(),
+    return absl::InvalidArgumentError(absl::StrCat("prediction '", DisplayPath(row.prediction_path()), "' is ", pred->labels.height,
+                                                   "x", pred->labels.width, " (HxW) but reference '", DisplayPath(row.mask_path()),
                                                    "' is ", ref->labels.height, "x", ref->labels.width));
   }
   // Mask conventions: the label map on both, then the ignore index on the reference.
@@ -88,7 +89,7 @@ absl::Status ScoringPipeline::LoadPair(const v1::ManifestRow& row, LoadedMap* re
 absl::Status ScoringPipeline::PredictPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred) const {
   RETURN_IF_ERROR(Load(row.mask_path(), config_.max_image_pixels, "mask", ref));
   if (!ref->volume) {
-    return absl::InvalidArgumentError(absl::StrCat("mask '", row.mask_path(), "' is not a NIfTI volume; a volume ",
+    return absl::InvalidArgumentError(absl::StrCat("mask '", DisplayPath(row.mask_path()), "' is not a NIfTI volume; a volume ",
                                                    "job's references are volumes"));
   }
   ASSIGN_OR_RETURN(VolumePrediction p, volumes_->Predict(row, ref->geometry, row.mask_path()));
@@ -125,7 +126,7 @@ absl::StatusOr<int> ScoringPipeline::ClassCount(const v1::ManifestRow& row, cons
     }
   }
   if (pred_max > kMaxMaskValue) {
-    return absl::InvalidArgumentError(absl::StrCat("prediction '", row.prediction_path(), "' holds label ", pred_max,
+    return absl::InvalidArgumentError(absl::StrCat("prediction '", DisplayPath(row.prediction_path()), "' holds label ", pred_max,
                                                    " at ", Position(pred.labels, pred_max_at), "; labels are 0..",
                                                    kMaxMaskValue));
   }
@@ -171,7 +172,7 @@ absl::StatusOr<SurfaceOptions3D> ScoringPipeline::SpacingOf(const v1::ManifestRo
     }
     o.spacing_z = config.spacing_z;
   } else if (config.spacing_given && ref.labels.depth > 1) {
-    return absl::FailedPreconditionError(absl::StrCat("--spacing has two values (y,x) but '", row.mask_path(),
+    return absl::FailedPreconditionError(absl::StrCat("--spacing has two values (y,x) but '", DisplayPath(row.mask_path()),
                                                       "' is a 3D volume: give three (z,y,x), or none to use the header's"));
   } else {
     o.spacing_z = h[0];
