@@ -81,9 +81,10 @@ def _job_dict(job):
 _SERVER_SET = {"model_sha256", "manifest_sha256", "coco_sha256", "coco_results_sha256", "model_option_sha256",
                "channels_last_resolved", "channels_last_trial", "decode_resolved", "decode_trial",
                "manifest_warnings", "run_warnings", "duplicate_id_rows", "batch_alignment", "coco_categories",
-               "volume_inputs", "manifest_columns", "max_json_file_bytes"}
+               "volume_inputs", "manifest_columns", "max_json_file_bytes", "tar_starts", "tar_compressed"}
 # The CLI's flag names that are no JobSpec field, as `tally submit` reads them.
-_CLI_NAMES = {"order", "sample", "images", "label", "model_option", "window"}
+_CLI_NAMES = {"order", "sample", "images", "masks", "label", "model_option", "window", "image_ext", "mask_ext",
+              "prediction_ext"}
 
 
 def _cli_options(options, spec):
@@ -105,8 +106,21 @@ def _cli_options(options, spec):
             out["sample_rows"] = int(sample)
     if ("sample_rows" in out or "sample_percent" in out or out.get("until_ci")) and "random_order" not in out:
         out["random_order"] = True  # As the CLI: a sample is drawn in a random order.
+    if "masks" in out:  # --images DIR --masks DIR: two folders (README "Where your data can be").
+        out["masks_dir"] = out.pop("masks")
+        if "images" in out:
+            out["images_dir"] = out.pop("images")
     if "images" in out:
         out["coco_images"] = out.pop("images")
+    if "shards" in out:  # --shards PATTERN (or a list of patterns)
+        shards = out["shards"]
+        out["shards"] = [os.path.abspath(x) for x in ([shards] if isinstance(shards, str) else shards)]
+    for flag, field in (("image_ext", "image_extensions"), ("mask_ext", "mask_extensions"),
+                        ("prediction_ext", "prediction_extensions")):
+        if flag in out:
+            value = out.pop(flag)
+            out[field] = [e.strip().lstrip(".") for e in (value.split(",") if isinstance(value, str) else value)
+                          if e.strip()]
     if "label" in out:
         k, v = str(out.pop("label")).split("=", 1)
         out.setdefault("labels", {})[k] = v
@@ -121,7 +135,7 @@ def _cli_options(options, spec):
 
 # JobSpec fields that name files or folders: made absolute before they are sent.
 _PATH_OPTIONS = {"save_predictions", "coco", "coco_images", "coco_results", "coco_panoptic", "panoptic_dir",
-                 "panoptic_predictions", "panoptic_predictions_dir"}
+                 "panoptic_predictions", "panoptic_predictions_dir", "images_dir", "masks_dir"}
 
 
 def _absolute_model(model):
@@ -176,7 +190,8 @@ class Client:
         shard_size, mean, std, num_classes, thresholds, iou_thresholds, empty_score,
         max_failed_fraction, python, model_options={...}, ignore_index, label_map={...}, precision,
         thumbnails, save_predictions, order="random" | "random:SEED" | "manifest", sample=60 or
-        "30%", until_ci=0.04, min_rows, images= (--images of COCO jobs), ... and any other JobSpec
+        "30%", until_ci=0.04, min_rows, images= (--images of COCO jobs; with masks=, two folders),
+        shards="data/train-{000..099}.tar" (tar shards; image_ext=, mask_ext=), ... and any other JobSpec
         field (proto/tally.proto) a client sets. Paths are made absolute here, as tallyd and the
         workers read them. COCO jobs (README "Instances"): manifest=None with coco=...,
         images=... and coco_results=... (or a model); or coco_panoptic=..., panoptic_dir=...,

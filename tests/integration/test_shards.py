@@ -155,6 +155,21 @@ class ShardsTest(unittest.TestCase):
         cluster.fetch(job, out)
         self.assertSameAsManifest(out, "tallyd restarted")
 
+    def test_the_python_client_submits_shards(self):
+        from tally.client import Client
+        root = tt.tmpdir(self)
+        cluster = tt.Cluster(self, root)
+        for _ in range(2):
+            cluster.start_worker()
+        client = Client(cluster.address)
+        self.addCleanup(client.close)
+        job = client.submit(model=self.model, shards=os.path.relpath(self.pattern), image_ext="png,jpg",
+                            mask_ext=".seg.png", metrics="dice,hd95", shard_size=8, batch_size=4)
+        self.assertEqual(client.wait([job], timeout=300)[0]["state"], "succeeded")
+        out = os.path.join(root, "out")
+        client.fetch(job, out)
+        self.assertSameAsManifest(out, "python client")
+
     def test_predictions_from_shards_equal_a_prediction_manifest(self):
         root = tt.tmpdir(self)
         rng = np.random.default_rng(3)
