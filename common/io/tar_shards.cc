@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
@@ -147,6 +148,44 @@ std::string EntryKind(archive_entry* e) {
   return "not a regular file";
 }
 
+// After a member's header: its data read (a JSON member, when asked) or skipped. False when the
+// archive ends inside it (its problem then says so).
+bool ReadOrSkipData(archive* a, int64_t file_size, bool read_json, TarMember* m) {
+  std::string key, ext;
+  SplitMemberName(m->name, &key, &ext);
+  const bool json = read_json && m->regular && absl::EqualsIgnoreCase(ext, "json") && m->problem.empty();
+  if (file_size >= 0 && m->size > file_size) {
+    m->problem = absl::StrCat("its header claims ", m->size, " bytes, more than the whole shard (", file_size,
+                              "): truncated or corrupt");
+  }
+  const bool read_data = json && m->size <= kMaxJsonMemberBytes && m->problem.empty();
+  if (json && !read_data && m->problem.empty()) {
+    m->problem = absl::StrCat("a JSON member of ", m->size, " bytes (the limit is ", kMaxJsonMemberBytes, ")");
+  }
+  int rc = ARCHIVE_OK;
+  if (read_data) {
+    m->data.resize(static_cast<size_t>(m->size));
+    size_t done = 0;
+    while (done < m->data.size()) {
+      const la_ssize_t n = archive_read_data(a, m->data.data() + done, m->data.size() - done);
+      if (n <= 0) {
+        rc = n < 0 ? ARCHIVE_FATAL : ARCHIVE_EOF;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (done < m->data.size()) m->data.clear();
+  }
+  if (rc == ARCHIVE_OK) rc = archive_read_data_skip(a);
+  if (rc == ARCHIVE_OK) return true;
+  m->offset = -1;
+  if (m->problem.empty()) {
+    m->problem = absl::StrCat("the shard ends inside it (",
+                              archive_error_string(a) ? archive_error_string(a) : "truncated", ")");
+  }
+  return false;
+}
+
 // Lists an opened archive. A member's data offset is where the next header starts less its data
 // rounded up to tar's 512-byte blocks (libarchive's header position counts the pax and GNU long
 // name headers of the next member, so this holds for every tar flavour).
@@ -196,43 +235,11 @@ absl::StatusOr<TarListing> ListOpened(archive* a, const std::string& name, int64
       continue;
     }
     // Stored data: a regular member's size (links and others store none).
-    const int64_t stored = m.regular ? m.size : 0;
-    previous_padded = (stored + 511) / 512 * 512;
+    previous_padded = ((m.regular ? m.size : 0) + 511) / 512 * 512;
     m.offset = -2;  // Set from the next header's position.
-    std::string key, ext;
-    SplitMemberName(m.name, &key, &ext);
-    const bool json = read_json && m.regular && absl::EqualsIgnoreCase(ext, "json") && m.problem.empty();
-    if (file_size >= 0 && m.size > file_size) {
-      m.problem = absl::StrCat("its header claims ", m.size, " bytes, more than the whole shard (", file_size,
-                               "): truncated or corrupt");
-    }
-    const bool read_data = json && m.size <= kMaxJsonMemberBytes && m.problem.empty();
-    if (json && !read_data && m.problem.empty()) {
-      m.problem = absl::StrCat("a JSON member of ", m.size, " bytes (the limit is ", kMaxJsonMemberBytes, ")");
-    }
     out.members.push_back(std::move(m));
-    int rc = ARCHIVE_OK;
-    if (read_data) {
-      TarMember& back = out.members.back();
-      back.data.resize(static_cast<size_t>(back.size));
-      size_t done = 0;
-      while (done < back.data.size()) {
-        const la_ssize_t n = archive_read_data(a, back.data.data() + done, back.data.size() - done);
-        if (n <= 0) {
-          rc = n < 0 ? ARCHIVE_FATAL : ARCHIVE_EOF;
-          break;
-        }
-        done += static_cast<size_t>(n);
-      }
-      if (done < back.data.size()) back.data.clear();
-    }
-    if (rc == ARCHIVE_OK) rc = archive_read_data_skip(a);
-    if (rc != ARCHIVE_OK) {
-      TarMember& back = out.members.back();
-      back.offset = -1;
-      back.problem = absl::StrCat("the shard ends inside it (",
-                                  archive_error_string(a) ? archive_error_string(a) : "truncated", ")");
-      out.ended_early = back.problem;
+    if (!ReadOrSkipData(a, file_size, read_json, &out.members.back())) {
+      out.ended_early = out.members.back().problem;
       break;
     }
   }
@@ -558,15 +565,16 @@ absl::StatusOr<TarListing> ListTarBytes(absl::string_view bytes, const std::stri
   return ListOpened(a.get(), name, static_cast<int64_t>(bytes.size()), read_json);
 }
 
-std::vector<ManifestRow> SampleRows(const TarListing& listing, const std::string& shard,
-                                    const SampleConventions& conventions, int64_t first_index,
-                                    SampleRowsState* state) {
-  // The samples: runs of adjacent members with one key.
-  struct Sample {
-    std::string key;
-    std::vector<const TarMember*> members;
-    std::vector<std::string> exts;
-  };
+namespace {
+
+// A run of adjacent members with one key.
+struct Sample {
+  std::string key;
+  std::vector<const TarMember*> members;
+  std::vector<std::string> exts;
+};
+
+std::vector<Sample> GroupSamples(const TarListing& listing) {
   std::vector<Sample> samples;
   for (const TarMember& m : listing.members) {
     std::string key, ext;
@@ -575,27 +583,82 @@ std::vector<ManifestRow> SampleRows(const TarListing& listing, const std::string
     samples.back().members.push_back(&m);
     samples.back().exts.push_back(ext);
   }
-  // Parsed JSON per sample, and the columns from the first listing.
-  std::vector<std::vector<std::pair<std::string, std::string>>> fields(samples.size());
-  std::vector<std::string> json_errors(samples.size());
-  if (conventions.keep_columns) {
-    for (size_t s = 0; s < samples.size(); ++s) {
-      for (size_t i = 0; i < samples[s].members.size(); ++i) {
-        const TarMember& m = *samples[s].members[i];
-        if (!absl::EqualsIgnoreCase(samples[s].exts[i], "json") || !m.problem.empty() || !m.regular) continue;
-        if (absl::Status js = JsonFields(m.data, &fields[s]); !js.ok()) {
-          json_errors[s] = absl::StrCat("member '", m.name, "' is not a JSON object (", js.message(), ")");
-        }
-      }
-    }
-    if (!state->columns_fixed) {
-      for (const auto& f : fields) {
-        for (const auto& [k, v] : f) {
-          if (std::find(state->columns.begin(), state->columns.end(), k) == state->columns.end()) state->columns.push_back(k);
-        }
+  return samples;
+}
+
+// Each sample's JSON fields (or why its JSON member is not an object); the columns from the first
+// listing seen.
+void ReadJsonFields(const std::vector<Sample>& samples, SampleRowsState* state,
+                    std::vector<std::vector<std::pair<std::string, std::string>>>* fields,
+                    std::vector<std::string>* errors) {
+  fields->assign(samples.size(), {});
+  errors->assign(samples.size(), "");
+  for (size_t s = 0; s < samples.size(); ++s) {
+    for (size_t i = 0; i < samples[s].members.size(); ++i) {
+      const TarMember& m = *samples[s].members[i];
+      if (!absl::EqualsIgnoreCase(samples[s].exts[i], "json") || !m.problem.empty() || !m.regular) continue;
+      if (absl::Status js = JsonFields(m.data, &(*fields)[s]); !js.ok()) {
+        (*errors)[s] = absl::StrCat("member '", m.name, "' is not a JSON object (", js.message(), ")");
       }
     }
   }
+  if (state->columns_fixed) return;
+  for (const auto& f : *fields) {
+    for (const auto& [k, v] : f) {
+      if (std::find(state->columns.begin(), state->columns.end(), k) == state->columns.end()) state->columns.push_back(k);
+    }
+  }
+}
+
+// The sample's image, mask and prediction members (null where it has none); `fail` gets what is wrong.
+struct Parts {
+  const TarMember* image = nullptr;
+  const TarMember* mask = nullptr;
+  const TarMember* prediction = nullptr;
+};
+Parts FindParts(const Sample& sample, const SampleConventions& c, const std::function<void(std::string)>& fail) {
+  Parts p;
+  for (size_t i = 0; i < sample.members.size(); ++i) {
+    const TarMember* m = sample.members[i];
+    const std::string& ext = sample.exts[i];
+    const TarMember** slot = ExtensionIn(ext, c.mask)         ? &p.mask
+                             : ExtensionIn(ext, c.prediction) ? &p.prediction
+                             : ExtensionIn(ext, c.image)      ? &p.image
+                                                              : nullptr;
+    if (slot == nullptr && !absl::EqualsIgnoreCase(ext, "json")) continue;
+    if (!m->regular) {
+      fail(absl::StrCat("member '", Printable(m->name), "' is ", m->kind, "; Tally reads regular members only"));
+      continue;
+    }
+    if (!m->problem.empty()) {
+      fail(absl::StrCat("member '", Printable(m->name), "' cannot be read: ", m->problem));
+      continue;
+    }
+    if (slot == nullptr) continue;
+    if (*slot != nullptr) {
+      fail(absl::StrCat("two ", slot == &p.mask ? "mask" : slot == &p.prediction ? "prediction" : "image", " members ('",
+                        Printable((*slot)->name), "', '", Printable(m->name), "')"));
+      continue;
+    }
+    *slot = m;
+  }
+  if (c.model && p.image == nullptr) fail(absl::StrCat("no image member (", absl::StrJoin(c.image, ", "), ")"));
+  if (p.mask == nullptr) fail(absl::StrCat("no mask member (", absl::StrJoin(c.mask, ", "), ")"));
+  if (!c.model && p.prediction == nullptr) {
+    fail(absl::StrCat("no prediction member (", absl::StrJoin(c.prediction, ", "), ")"));
+  }
+  return p;
+}
+
+}  // namespace
+
+std::vector<ManifestRow> SampleRows(const TarListing& listing, const std::string& shard,
+                                    const SampleConventions& conventions, int64_t first_index,
+                                    SampleRowsState* state) {
+  const std::vector<Sample> samples = GroupSamples(listing);
+  std::vector<std::vector<std::pair<std::string, std::string>>> fields;
+  std::vector<std::string> json_errors;
+  if (conventions.keep_columns) ReadJsonFields(samples, state, &fields, &json_errors);
   state->columns_fixed = true;
   std::vector<ManifestRow> rows;
   rows.reserve(samples.size());
@@ -620,49 +683,16 @@ std::vector<ManifestRow> SampleRows(const TarListing& listing, const std::string
     if (!state->seen_keys.insert(sample.key).second) {
       fail("an earlier sample has the same key (a sample's members must be adjacent, and keys unique across shards)");
     }
-    const TarMember* image = nullptr;
-    const TarMember* mask = nullptr;
-    const TarMember* prediction = nullptr;
-    for (size_t i = 0; i < sample.members.size(); ++i) {
-      const TarMember* m = sample.members[i];
-      const std::string& ext = sample.exts[i];
-      const TarMember** slot = ExtensionIn(ext, conventions.mask)         ? &mask
-                               : ExtensionIn(ext, conventions.prediction) ? &prediction
-                               : ExtensionIn(ext, conventions.image)      ? &image
-                                                                          : nullptr;
-      const bool json = absl::EqualsIgnoreCase(ext, "json");
-      if (slot == nullptr && !json) continue;
-      if (!m->regular) {
-        fail(absl::StrCat("member '", Printable(m->name), "' is ", m->kind, "; Tally reads regular members only"));
-        continue;
-      }
-      if (!m->problem.empty()) {
-        fail(absl::StrCat("member '", Printable(m->name), "' cannot be read: ", m->problem));
-        continue;
-      }
-      if (slot == nullptr) continue;
-      if (*slot != nullptr) {
-        fail(absl::StrCat("two ", slot == &mask ? "mask" : slot == &prediction ? "prediction" : "image", " members ('",
-                          Printable((*slot)->name), "', '", Printable(m->name), "')"));
-        continue;
-      }
-      *slot = m;
-    }
-    if (!json_errors[s].empty()) fail(json_errors[s]);
-    const std::string listed_image = absl::StrJoin(conventions.image, ", ");
-    if (conventions.model && image == nullptr) fail(absl::StrCat("no image member (", listed_image, ")"));
-    if (mask == nullptr) fail(absl::StrCat("no mask member (", absl::StrJoin(conventions.mask, ", "), ")"));
-    if (!conventions.model && prediction == nullptr) {
-      fail(absl::StrCat("no prediction member (", absl::StrJoin(conventions.prediction, ", "), ")"));
-    }
+    const Parts parts = FindParts(sample, conventions, fail);
+    if (conventions.keep_columns && !json_errors[s].empty()) fail(json_errors[s]);
     auto set = [&](const TarMember* m, std::string* written, std::string* path) {
       if (m == nullptr) return;
       *written = absl::StrCat(shard, ":", m->name);
       *path = MemberLocator(shard, m->offset, m->size, listing.compressed, m->name);
     };
-    set(image, &row.image, &row.image_path);
-    set(mask, &row.mask, &row.mask_path);
-    set(prediction, &row.prediction, &row.prediction_path);
+    set(parts.image, &row.image, &row.image_path);
+    set(parts.mask, &row.mask, &row.mask_path);
+    set(parts.prediction, &row.prediction, &row.prediction_path);
     if (row.image.empty() && row.mask.empty()) row.image = absl::StrCat(shard, ":", Printable(sample.key));
     if (conventions.keep_columns) {
       row.columns.assign(state->columns.size(), "");

@@ -175,6 +175,18 @@ absl::Status Coordinator::StreamManifestRows(RowSource* reader, const std::strin
   return parsed;
 }
 
+namespace {
+// A Python model: the files its options name, so workers can check their copies.
+void HashModelOptions(v1::JobSpec* spec) {
+  if (!ParseModelRef(spec->model()).python) return;
+  for (const auto& [key, value] : spec->model_options()) {
+    struct stat st;
+    if (value.empty() || value[0] != '/' || stat(value.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (std::string hash = Sha256FileHex(value); !hash.empty()) (*spec->mutable_model_option_sha256())[key] = hash;
+  }
+}
+}  // namespace
+
 absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id,
                                                      const std::string* folder_text) {
   if (spec.manifest().empty() && !spec.coco().empty()) return StoreCocoImages(spec, job_id);
@@ -239,16 +251,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
     rec.job.mutable_spec()->set_coco_sha256(Sha256FileHex(spec.coco()));
     rec.job.mutable_spec()->set_max_json_file_bytes(options_.max_json_file_bytes);
   }
-  // A Python model: the files its options name, so workers can check their copies.
-  if (ParseModelRef(spec.model()).python) {
-    for (const auto& [key, value] : spec.model_options()) {
-      struct stat st;
-      if (value.empty() || value[0] != '/' || stat(value.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-      if (std::string hash = Sha256FileHex(value); !hash.empty()) {
-        (*rec.job.mutable_spec()->mutable_model_option_sha256())[key] = hash;
-      }
-    }
-  }
+  HashModelOptions(rec.job.mutable_spec());
   if (keep_columns) {
     for (const std::string& c : reader->extra_columns()) rec.job.mutable_spec()->add_manifest_columns(c);
   }
