@@ -4,7 +4,8 @@
 # and from tar shards of the same samples (256 a shard), on 1 GPU and on every GPU of the box; steady
 # and wall img/s, whether per_image.csv (image column aside) equals the loose run's. Then the box's
 # CPU decode rate (tally-bench-cpu) on 1 thread and on every core, images + masks, for both formats.
-#   OUT=/tmp/logs bash bench/gpu/issue44.sh [IMAGES] [STAGES]   (stages: build,setup,runs,decode)
+#   OUT=/tmp/logs bash bench/gpu/issue44.sh [IMAGES] [STAGES]   (stages: build,setup,runs,decode,repeat)
+# Stage repeat: every GPU, loose and shards alternated three times for each format (the spread).
 set -uo pipefail
 n=${1:-6400}
 stages=${2:-build,setup,runs,decode}
@@ -65,6 +66,16 @@ if has runs; then
     done
     echo "runs $k: $(( $(date +%s) - t_start )) s"
   done
+fi
+if has repeat; then
+  for i in 1 2 3; do
+    for data in jpg png; do
+      run ${data}_loose_${gpus}_r$i $gpus $data loose
+      cp -r "$work/out/${data}_loose_${gpus}_r$i" "$work/out/${data}_loose_$gpus" 2> /dev/null
+      run ${data}_tar_${gpus}_r$i $gpus $data tar
+    done
+  done
+  lscpu > $OUT/lscpu.txt
 fi
 if has decode; then
   for data in png jpg; do
