@@ -255,6 +255,7 @@ absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& conf
   po.max_image_pixels = config.max_image_pixels;
   po.window = config.window;
   po.page_column = config.page_column;
+  po.raw_images = ParseModelRef(config.model).python;  // 16-bit TIFF and DICOM values, unreduced.
   po.batch_timeout_seconds = config.batch_timeout_seconds;
   po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
   po.ignore_index = config.ignore_index;

@@ -181,45 +181,129 @@ absl::Status DicomDimensions(const std::string& bytes, const std::string& name, 
   return absl::OkStatus();
 }
 
-absl::Status DecodeDicomImage(const std::string& bytes, const std::string& name, const DecodeOptions& options,
-                              int64_t max_pixels, RgbImage* out) {
-  Parsed p;
-  absl::Status s = Read(bytes, name, &p);
+namespace {
+
+// The checks every decode makes, then the native pixel data (compressed syntaxes decoded).
+absl::Status PixelData(const std::string& bytes, const std::string& name, int64_t max_pixels, Parsed* p,
+                       const Uint8** data) {
+  absl::Status s = Read(bytes, name, p);
   if (!s.ok()) return s;
-  if (static_cast<int64_t>(p.rows) * p.cols > max_pixels) {
-    return absl::InvalidArgumentError(TooManyPixels("image", name, p.rows, p.cols, max_pixels));
+  if (static_cast<int64_t>(p->rows) * p->cols > max_pixels) {
+    return absl::InvalidArgumentError(TooManyPixels("image", name, p->rows, p->cols, max_pixels));
   }
-  const bool mono = p.photometric == "MONOCHROME1" || p.photometric == "MONOCHROME2";
-  const bool rgb = p.photometric == "RGB";
-  if (!((mono && p.spp == 1 && (p.allocated == 8 || p.allocated == 16) && p.stored >= 1 && p.stored <= p.allocated) ||
-        (rgb && p.spp == 3 && p.allocated == 8))) {
+  const bool mono = p->photometric == "MONOCHROME1" || p->photometric == "MONOCHROME2";
+  const bool rgb = p->photometric == "RGB";
+  if (!((mono && p->spp == 1 && (p->allocated == 8 || p->allocated == 16) && p->stored >= 1 && p->stored <= p->allocated) ||
+        (rgb && p->spp == 3 && p->allocated == 8))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "image '", name, "' is a DICOM image Tally cannot read: photometric interpretation '", p.photometric.substr(0, 32),
-        "', ", p.spp, " samples of ", p.allocated, " bits (Tally reads MONOCHROME1/2 of 8 or 16 bits and 8-bit RGB)"));
+        "image '", name, "' is a DICOM image Tally cannot read: photometric interpretation '", p->photometric.substr(0, 32),
+        "', ", p->spp, " samples of ", p->allocated, " bits (Tally reads MONOCHROME1/2 of 8 or 16 bits and 8-bit RGB)"));
   }
   // Every part of the pixel data no longer than the file (they are loaded at their declared size).
-  if (!PixelDataFits(*p.ds, bytes.size())) {
+  if (!PixelDataFits(*p->ds, bytes.size())) {
     return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a DICOM image whose pixel data claims more ",
                                                    "bytes than the file holds (truncated or corrupt)"));
   }
   // Compressed pixel data to native (RLE, JPEG, JPEG-LS); others fail here.
-  const OFCondition native = p.ds->chooseRepresentation(EXS_LittleEndianExplicit, nullptr);
+  const OFCondition native = p->ds->chooseRepresentation(EXS_LittleEndianExplicit, nullptr);
   DcmElement* element = nullptr;
-  const size_t pixels = static_cast<size_t>(p.rows) * p.cols;
-  const size_t need = pixels * p.spp * (p.allocated / 8);
-  const Uint8* data = nullptr;
-  if (native.good() && p.ds->findAndGetElement(DCM_PixelData, element).good() && element != nullptr) {
+  const size_t need = static_cast<size_t>(p->rows) * p->cols * p->spp * (p->allocated / 8);
+  *data = nullptr;
+  if (native.good() && p->ds->findAndGetElement(DCM_PixelData, element).good() && element != nullptr) {
     Uint8* bytes8 = nullptr;
-    if (element->getUint8Array(bytes8).good() || (p.allocated == 16 && element->getUint16Array(
-                                                                            reinterpret_cast<Uint16*&>(bytes8)).good())) {
-      data = bytes8;
+    Uint16* words = nullptr;
+    if (element->getUint8Array(bytes8).good()) {
+      *data = bytes8;
+    } else if (p->allocated == 16 && element->getUint16Array(words).good()) {
+      *data = reinterpret_cast<const Uint8*>(words);
     }
   }
-  if (data == nullptr || element->getLength() < need) {
+  if (*data == nullptr || element->getLength() < need) {
     return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is a DICOM image whose pixel data cannot be ",
                                                    "decoded (", native.bad() ? native.text() : "truncated or corrupt",
                                                    ")"));
   }
+  return absl::OkStatus();
+}
+
+// A stored value: the sample's `stored` low bits, sign-extended where signed.
+inline int64_t StoredValue(const Uint8* data, size_t i, int allocated, int stored, bool is_signed) {
+  uint32_t v;
+  if (allocated == 8) {
+    v = data[i];
+  } else {
+    uint16_t u;
+    std::memcpy(&u, data + 2 * i, 2);
+    v = u;
+  }
+  const uint32_t mask = stored >= 32 ? ~0u : (1u << stored) - 1;
+  v &= mask;
+  return is_signed && (v >> (stored - 1)) & 1 ? static_cast<int64_t>(v) - (int64_t{1} << stored) : static_cast<int64_t>(v);
+}
+
+void RescaleOf(const Parsed& p, double* slope, double* intercept) {
+  Float64 s = 1, i = 0;
+  if (p.ds->findAndGetFloat64(DCM_RescaleSlope, s).bad() || !std::isfinite(s) || s == 0) s = 1;
+  if (p.ds->findAndGetFloat64(DCM_RescaleIntercept, i).bad() || !std::isfinite(i)) i = 0;
+  *slope = s;
+  *intercept = i;
+}
+
+}  // namespace
+
+absl::Status DecodeDicomRaw(const std::string& bytes, const std::string& name, int64_t max_pixels, RawImage* out) {
+  Parsed p;
+  const Uint8* data = nullptr;
+  absl::Status s = PixelData(bytes, name, max_pixels, &p, &data);
+  if (!s.ok()) return s;
+  const size_t pixels = static_cast<size_t>(p.rows) * p.cols;
+  out->height = p.rows;
+  out->width = p.cols;
+  out->channels = p.spp;
+  out->header.clear();
+  out->header.emplace_back("photometric", p.photometric);
+  out->header.emplace_back("bits_stored", absl::StrCat(p.stored));
+  if (p.photometric == "RGB") {
+    out->dtype = "uint8";
+    out->data.resize(pixels * 3);
+    for (size_t i = 0; i < pixels; ++i) {
+      for (int k = 0; k < 3; ++k) out->data[3 * i + k] = p.planar == 1 ? data[k * pixels + i] : data[3 * i + k];
+    }
+    return absl::OkStatus();
+  }
+  double slope = 1, intercept = 0;
+  RescaleOf(p, &slope, &intercept);
+  out->header.emplace_back("rescale_slope", absl::StrCat(slope));
+  out->header.emplace_back("rescale_intercept", absl::StrCat(intercept));
+  Float64 center = 0, width = 0;
+  if (p.ds->findAndGetFloat64(DCM_WindowCenter, center).good() && p.ds->findAndGetFloat64(DCM_WindowWidth, width).good()) {
+    out->header.emplace_back("window_center", absl::StrCat(center));
+    out->header.emplace_back("window_width", absl::StrCat(width));
+  }
+  const bool is_signed = p.representation == 1;
+  const int bytes_per = p.allocated / 8;
+  out->dtype = absl::StrCat(is_signed ? "int" : "uint", p.allocated);
+  out->data.resize(pixels * bytes_per);
+  for (size_t i = 0; i < pixels; ++i) {
+    const int64_t v = StoredValue(data, i, p.allocated, p.stored, is_signed);
+    if (bytes_per == 1) {
+      out->data[i] = static_cast<uint8_t>(static_cast<int8_t>(v));
+    } else {
+      const uint16_t u = static_cast<uint16_t>(static_cast<int16_t>(v));
+      std::memcpy(out->data.data() + 2 * i, &u, 2);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeDicomImage(const std::string& bytes, const std::string& name, const DecodeOptions& options,
+                              int64_t max_pixels, RgbImage* out) {
+  Parsed p;
+  const Uint8* data = nullptr;
+  absl::Status s = PixelData(bytes, name, max_pixels, &p, &data);
+  if (!s.ok()) return s;
+  const size_t pixels = static_cast<size_t>(p.rows) * p.cols;
+  const bool rgb = p.photometric == "RGB";
   out->height = p.rows;
   out->width = p.cols;
   out->pixels.resize(pixels * 3);
@@ -230,25 +314,12 @@ absl::Status DecodeDicomImage(const std::string& bytes, const std::string& name,
     }
     return absl::OkStatus();
   }
-  Float64 slope = 1, intercept = 0;
-  if (p.ds->findAndGetFloat64(DCM_RescaleSlope, slope).bad() || !std::isfinite(slope) || slope == 0) slope = 1;
-  if (p.ds->findAndGetFloat64(DCM_RescaleIntercept, intercept).bad() || !std::isfinite(intercept)) intercept = 0;
+  double slope = 1, intercept = 0;
+  RescaleOf(p, &slope, &intercept);
   const Window window = DicomWindow(p, slope, intercept, options);
-  const int stored = p.stored;
   const bool is_signed = p.representation == 1, invert = p.photometric == "MONOCHROME1";
-  const uint32_t mask = stored >= 32 ? ~0u : (1u << stored) - 1;
   for (size_t i = 0; i < pixels; ++i) {
-    uint32_t v;
-    if (p.allocated == 8) {
-      v = data[i];
-    } else {
-      uint16_t u;
-      std::memcpy(&u, data + 2 * i, 2);
-      v = u;
-    }
-    v &= mask;
-    const int64_t value = is_signed && (v >> (stored - 1)) & 1 ? static_cast<int64_t>(v) - (int64_t{1} << stored)
-                                                                : static_cast<int64_t>(v);
+    const int64_t value = StoredValue(data, i, p.allocated, p.stored, is_signed);
     const uint8_t g = ApplyWindow(static_cast<double>(value) * slope + intercept, window);
     o[3 * i] = o[3 * i + 1] = o[3 * i + 2] = invert ? static_cast<uint8_t>(255 - g) : g;
   }

@@ -1,5 +1,5 @@
 // The image formats beyond PNG and JPEG (README "Where your data can be"): TIFF through libtiff,
-// WebP through libwebp, DICOM through GDCM. common/io/image_io.h's DecodeImage, DecodeMask and
+// WebP through libwebp, DICOM through DCMTK. common/io/image_io.h's DecodeImage, DecodeMask and
 // ImageDimensions detect the format from the bytes and come here; these are the decoders.
 //
 // What a model gets (one rule for every format, so that the same pixels give the same numbers):
@@ -15,8 +15,9 @@
 // TIFF: the first page (IFD) unless options.page names another; stripped or tiled, contiguous or
 // planar samples, BigTIFF; 1, 8 or 16-bit unsigned integer samples (other sample formats are
 // refused naming theirs). WebP: still images only. DICOM: single-frame MONOCHROME1, MONOCHROME2
-// (8-16 bits, signed or not) or RGB (8 bits), any transfer syntax GDCM decodes (JPEG, JPEG-LS,
-// JPEG 2000, RLE).
+// (8-16 bits, signed or not) or RGB (8 bits), any transfer syntax DCMTK decodes (JPEG, JPEG-LS, RLE;
+// not JPEG 2000). Python models get 16-bit TIFF and DICOM values unreduced (DecodeTiffRaw,
+// DecodeDicomRaw: common/io/image_io.h RawImage).
 // All limits are checked before pixel memory is allocated: the declared pixels against max_pixels,
 // a TIFF's strip or tile against the image, a DICOM's pixel data against its dimensions.
 #ifndef TALLY_COMMON_IO_IMAGE_FORMATS_H_
@@ -34,6 +35,9 @@ absl::Status DecodeTiffImage(const std::string& bytes, const std::string& name, 
                              int64_t max_pixels, RgbImage* out);
 absl::Status DecodeTiffMask(const std::string& bytes, const std::string& name, int page, int64_t max_pixels,
                             LabelMap* out);
+// False (nothing done) unless the page's samples are 16-bit.
+absl::StatusOr<bool> DecodeTiffRaw(const std::string& bytes, const std::string& name, int page, int64_t max_pixels,
+                                   RawImage* out);
 absl::Status TiffDimensions(const std::string& bytes, const std::string& name, int page, int* height, int* width);
 
 absl::Status DecodeWebpImage(const std::string& bytes, const std::string& name, int64_t max_pixels, RgbImage* out);
@@ -42,6 +46,7 @@ absl::Status WebpDimensions(const std::string& bytes, const std::string& name, i
 
 absl::Status DecodeDicomImage(const std::string& bytes, const std::string& name, const DecodeOptions& options,
                               int64_t max_pixels, RgbImage* out);
+absl::Status DecodeDicomRaw(const std::string& bytes, const std::string& name, int64_t max_pixels, RawImage* out);
 absl::Status DicomDimensions(const std::string& bytes, const std::string& name, int* height, int* width);
 
 }  // namespace tally

@@ -325,6 +325,19 @@ absl::Status ImageDimensions(const std::string& bytes, const std::string& name, 
   return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is not an image Tally reads (", kFormats, ")"));
 }
 
+absl::StatusOr<bool> DecodeRawImage(const std::string& bytes, const std::string& name, int page, int64_t max_pixels,
+                                    RawImage* out) {
+  switch (DetectImageFormat(bytes)) {
+    case ImageFormat::kTiff: return DecodeTiffRaw(bytes, name, page, max_pixels, out);
+    case ImageFormat::kDicom: {
+      absl::Status s = DecodeDicomRaw(bytes, name, max_pixels, out);
+      if (!s.ok()) return s;
+      return true;
+    }
+    default: return false;
+  }
+}
+
 absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out, int64_t max_pixels,
                          const DecodeOptions& options) {
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat("image '", name, "' is empty (0 bytes)"));

@@ -76,6 +76,20 @@ struct RgbImage {
   std::vector<uint8_t> pixels;  // height * width * 3, row-major HWC.
 };
 
+// An image's stored values where a byte does not hold them (16-bit TIFF, DICOM), as Python models
+// get them (README "What a model gets"): height x width x channels samples of `dtype` ("uint8",
+// "int8", "uint16", "int16"), native byte order, row-major; `header`: what the file says about
+// reading them (DICOM: rescale_slope, rescale_intercept, window_center, window_width, photometric,
+// bits_stored; TIFF: photometric, bits_per_sample), for rows[i].
+struct RawImage {
+  std::string dtype;
+  int height = 0;
+  int width = 0;
+  int channels = 1;
+  std::vector<uint8_t> data;
+  std::vector<std::pair<std::string, std::string>> header;
+};
+
 struct LabelMap {
   int height = 0;
   int width = 0;
@@ -105,6 +119,10 @@ absl::Status ReadFileBytes(const std::string& path, std::string* out);
 // `max_pixels` pixels fails (INVALID_ARGUMENT, naming the declared size) before pixels are allocated.
 absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbImage* out,
                          int64_t max_pixels = kDefaultMaxImagePixels, const DecodeOptions& options = {});
+// The stored values of a TIFF of 16-bit samples or of a DICOM image: true and `out` filled; false
+// for every other image (its 8-bit values are what DecodeImage gives). Errors as DecodeImage's.
+absl::StatusOr<bool> DecodeRawImage(const std::string& bytes, const std::string& name, int page, int64_t max_pixels,
+                                    RawImage* out);
 absl::Status DecodeMask(const std::string& bytes, const std::string& name, LabelMap* out,
                         int64_t max_pixels = kDefaultMaxImagePixels, int page = 0);
 

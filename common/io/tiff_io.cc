@@ -282,6 +282,50 @@ absl::Status DecodeTiffImage(const std::string& bytes, const std::string& name, 
   });
 }
 
+absl::StatusOr<bool> DecodeTiffRaw(const std::string& bytes, const std::string& name, int page, int64_t max_pixels,
+                                   RawImage* out) {
+  Tiff t(bytes, name);
+  absl::Status s = t.Open(page, "image");
+  if (s.ok()) s = t.CheckSize("image", max_pixels);
+  if (!s.ok()) return s;
+  const Page& p = t.page();
+  const uint16_t photo = p.photometric;
+  if (p.bps != 16 || (photo != PHOTOMETRIC_MINISBLACK && photo != PHOTOMETRIC_MINISWHITE && photo != PHOTOMETRIC_RGB)) {
+    return false;
+  }
+  const bool colour = photo == PHOTOMETRIC_RGB;
+  if (colour && p.spp < 3) return t.Error("image", absl::StrCat("is RGB with ", p.spp, " samples a pixel"));
+  const int channels = colour ? 3 : 1;
+  out->dtype = "uint16";
+  out->height = static_cast<int>(p.height);
+  out->width = static_cast<int>(p.width);
+  out->channels = channels;
+  out->header = {{"photometric", colour ? "rgb" : photo == PHOTOMETRIC_MINISWHITE ? "min-is-white" : "min-is-black"},
+                 {"bits_per_sample", "16"}};
+  out->data.assign(static_cast<size_t>(p.height) * p.width * channels * 2, 0);
+  auto* dst = reinterpret_cast<uint16_t*>(out->data.data());
+  const uint32_t width = p.width;
+  const bool planar = p.planar == PLANARCONFIG_SEPARATE && p.spp > 1;
+  s = t.ForEachBlock("image", [&](int plane, uint32_t y0, uint32_t x0, uint32_t rows, uint32_t cols,
+                                  const uint8_t* data, size_t row_bytes) {
+    const int spp = planar ? 1 : p.spp;
+    if (planar && plane >= channels) return;
+    for (uint32_t r = 0; r < rows; ++r) {
+      const uint8_t* row = data + r * row_bytes;
+      uint16_t* o = dst + (static_cast<size_t>(y0 + r) * width + x0) * channels;
+      for (uint32_t i = 0; i < cols; ++i, o += channels) {
+        if (planar) {
+          o[plane] = static_cast<uint16_t>(Sample(row, i, 0, 1, 16));
+        } else {
+          for (int k = 0; k < channels; ++k) o[k] = static_cast<uint16_t>(Sample(row, i, k, spp, 16));
+        }
+      }
+    }
+  });
+  if (!s.ok()) return s;
+  return true;
+}
+
 absl::Status DecodeTiffMask(const std::string& bytes, const std::string& name, int page, int64_t max_pixels,
                             LabelMap* out) {
   Tiff t(bytes, name);

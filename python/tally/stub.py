@@ -404,11 +404,18 @@ class _Stub:
         items = msg.get("items", [])
         images_mm = self.buffers[int(msg["image_buffer"])]
         out_mm = self.buffers[int(msg["output_buffer"])]
+        raw_mm = self.buffers.get(int(msg.get("raw_buffer", 0))) if msg.get("raw_buffer") else None
         images, rows = [], []
         for it in items:
             h, w = int(it["height"]), int(it["width"])
             # Views of the shared buffer, valid until predict returns: copy what must outlive it.
-            images.append(np.ndarray((h, w, 3), np.uint8, buffer=images_mm, offset=int(it.get("image_offset", 0))))
+            if it.get("dtype") and raw_mm is not None:
+                # 16-bit TIFF and DICOM: the stored values with their dtype (H x W, or H x W x C).
+                c = int(it.get("channels", 1))
+                images.append(np.ndarray((h, w) if c == 1 else (h, w, c), np.dtype(it["dtype"]), buffer=raw_mm,
+                                         offset=int(it.get("raw_offset", 0))))
+            else:
+                images.append(np.ndarray((h, w, 3), np.uint8, buffer=images_mm, offset=int(it.get("image_offset", 0))))
             row = dict(it.get("row", {}))
             row["index"] = int(it.get("index", 0))
             rows.append(row)

@@ -144,6 +144,35 @@ def grey_model(path):
     return path
 
 
+# A Python model that reads stored values: DICOM in physical units (rows[i]'s rescale), 16-bit TIFF as
+# stored; it checks each image's dtype against the manifest's and the header's values it needs.
+RAW_MODEL = """
+import numpy as np
+
+
+class Model:
+    def __init__(self, devices, options):
+        pass
+
+    def predict(self, images, rows):
+        out = []
+        for img, row in zip(images, rows):
+            if str(img.dtype) != row["dtype"] or img.ndim != 2:
+                raise TypeError("row %s: got %s %s, expected %s" % (row["id"], img.dtype, img.shape, row["dtype"]))
+            if row["kind"] == "tiff16":
+                assert row["photometric"] == "min-is-black" and row["bits_per_sample"] == "16", row
+                value, hi, lo = img.astype(np.float64), 40000, 12000
+            else:
+                assert row["photometric"] == "MONOCHROME2", row
+                value = img.astype(np.float64) * float(row["rescale_slope"]) + float(row["rescale_intercept"])
+                hi, lo = (700, 200) if row["kind"] == "dicom_unsigned" else (600, -1200)
+                if row["kind"] == "dicom_unsigned":
+                    assert float(row["window_center"]) == 300 and float(row["window_width"]) == 600, row
+            out.append(np.where(value > hi, 1, np.where(value < lo, 2, 0)).astype(np.int64))
+        return out
+"""
+
+
 def per_image_without_image(out):
     return [{k: v for k, v in r.items() if k != "image"} for r in tt.read_per_image(out)]
 
@@ -256,6 +285,60 @@ class FormatsTest(unittest.TestCase):
         manifest = write_set(os.path.join(self.root, "tiff_window"), [(i, i, masks[i]) for i in wide],
                              lambda p, i: tifffile.imwrite(p, wide[i], photometric="rgb"), png_mask, "tif", "png")
         self.assertSameAsPng(png, self.evaluate("tiff_window", manifest, "--window", "6000,9000"), "tiff_window")
+
+    def test_python_models_get_16_bit_and_dicom_values_with_their_dtype_and_header(self):
+        """A Python model gets a DICOM's stored values (uint16 or int16) with rescale and window in
+        rows[i], and a 16-bit TIFF's uint16 values; thresholding them in physical units gives the
+        label maps an independent numpy rendition writes as PNG predictions: identical per_image.csv."""
+        root = os.path.join(self.root, "raw")
+        os.makedirs(root)
+        model = tt.write_text(os.path.join(root, "raw_model.py"), RAW_MODEL)
+        rng = np.random.default_rng(7)
+        stored, cases = {}, {}
+        for i, (rid, a, m) in enumerate(self.rows[:6]):
+            g = grey(a).astype(np.int64) * 16 + rng.integers(0, 16, a.shape[:2])
+            kind = ("dicom_unsigned", "dicom_signed", "tiff16")[i % 3]
+            if kind == "dicom_unsigned":
+                v = g.astype(np.uint16)
+                header = dict(slope=0.5, intercept=-100, center=300, width=600)
+                value = v * 0.5 - 100
+            elif kind == "dicom_signed":
+                v = (g - 2048).astype(np.int16)
+                header = dict(signed=True, bits_stored=16, slope=1.0, intercept=0.0)
+                value = v.astype(np.float64)
+            else:
+                v = (g * 16).astype(np.uint16)
+                value = v.astype(np.float64)
+            stored[rid], cases[rid] = v, (kind, header if kind != "tiff16" else None)
+            # The model's rule, independently: class 1 above the row's upper threshold, 2 below its lower.
+            hi, lo = (700, 200) if kind != "tiff16" else (40000, 12000)
+            if kind == "dicom_signed":
+                hi, lo = 600, -1200
+            label = np.where(value > hi, 1, np.where(value < lo, 2, 0)).astype(np.uint8)
+            Image.fromarray(label).save(os.path.join(root, rid + "_pred.png"))
+        lines = ["id,image,mask,kind,dtype"]
+        pred_lines = ["id,mask,prediction"]
+        for rid, a, m in self.rows[:6]:
+            kind, header = cases[rid]
+            if kind == "tiff16":
+                path = os.path.join(root, rid + ".tif")
+                tifffile.imwrite(path, stored[rid])
+            else:
+                path = os.path.join(root, rid + ".dcm")
+                dicom(path, stored[rid], **header)
+            mp = os.path.join(root, rid + "_m.png")
+            png_mask(mp, m)
+            lines.append(f"{rid},{path},{mp},{kind},{stored[rid].dtype}")
+            pred_lines.append(f"{rid},{mp},{os.path.join(root, rid + '_pred.png')}")
+        manifest = tt.write_manifest(root, lines)
+        predictions = tt.write_manifest(root, pred_lines, "predictions.csv")
+        out, ref = os.path.join(root, "out"), os.path.join(root, "ref")
+        tt.tally_run(model, manifest, out, "--python", "/usr/bin/python3", "--num-classes", "3",
+                     "--metrics", "dice,iou,hd95")
+        tt.tally("run", "--manifest", predictions, "--out", ref, "--num-classes", "3", "--metrics", "dice,iou,hd95")
+        report = tt.read_report(out)
+        self.assertEqual(report["images_failed"], 0, report.get("failures"))
+        self.assertEqual(per_image_without_image(out), per_image_without_image(ref))
 
     def test_lossy_masks_and_unreadable_files_fail_only_their_rows(self):
         root = os.path.join(self.root, "bad")

@@ -100,12 +100,17 @@ class HostBuffer {
   virtual size_t size() const = 0;
 };
 
+struct RawImage;  // common/io/image_io.h
+
 struct BatchImage {
   size_t image_offset = 0;  // Byte offset of H x W x 3 uint8 RGB in the image buffer.
   size_t mask_offset = 0;   // Element offset of H x W uint16 labels in the mask buffer.
   int height = 0;
   int width = 0;
   const v1::ManifestRow* row = nullptr;  // The manifest row (Python models read its columns).
+  // Python models: the image's stored values where a byte does not hold them (16-bit TIFF, DICOM),
+  // valid until the batch is finished; null otherwise.
+  const RawImage* raw = nullptr;
 };
 
 // Surface metrics (hd, hd95, assd, nsd of every class) computed where the labels are, when the runner

@@ -72,6 +72,9 @@ struct PipelineOptions {
   // the index of the manifest's 'page' column in each row's columns (-1: none).
   Window window;
   int page_column = -1;
+  // Python models: 16-bit TIFF and DICOM images also decoded to their stored values (RawImage),
+  // which the model gets instead of the 8-bit pixels (README "What a model gets").
+  bool raw_images = false;
   double batch_timeout_seconds = 600;  // A decode or forward pass running longer calls on_timeout.
   bool nonfinite_warn = false;  // Evaluate rows whose model output has NaN/Inf (else they fail).
   int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
@@ -153,6 +156,7 @@ class Pipeline : public RowEvaluator {
     v1::ManifestRow row;
     std::unique_ptr<RgbImage> image;
     std::unique_ptr<LabelMap> mask;
+    std::unique_ptr<RawImage> raw;  // PipelineOptions::raw_images, where the image has one.
     std::string error;
     bool decoded = false;
     bool jpeg = false;        // The image is a JPEG...
@@ -259,6 +263,9 @@ class Pipeline : public RowEvaluator {
   void Decode(Item* item);
   // The mask half of Decode: loads and prepares the item's mask and checks it against `image`.
   void DecodeMask(Item* item, std::unique_ptr<RgbImage> image);
+  // The image's 8-bit pixels, and with PipelineOptions::raw_images its stored values where it has
+  // them (item->raw).
+  absl::Status DecodePixels(Item* item, const std::string& bytes, const DecodeOptions& decode, RgbImage* image);
   // The row's TIFF page and the job's window (PipelineOptions::page_column, window).
   absl::StatusOr<DecodeOptions> RowOptions(const v1::ManifestRow& row) const;
   // Decodes `items` (consecutive rows of one shard) with nvJPEG (the `slot`'s decoder): JPEG images

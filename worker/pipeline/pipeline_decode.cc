@@ -22,6 +22,7 @@
 #include "common/io/tar_shards.h"
 #include "common/job/job_config.h"
 #include "common/base/log.h"
+#include "common/base/status_macros.h"
 #include "worker/pipeline/pipeline_internal.h"
 
 namespace tally {
@@ -89,7 +90,7 @@ void Pipeline::Decode(Item* item) {
   if (s.ok()) s = CheckMemory(bytes, DisplayPath(item->row.image_path()), decode->page);
   if (s.ok()) {
     item->jpeg = LooksLikeJpeg(bytes);
-    s = DecodeImage(bytes, DisplayPath(item->row.image_path()), image.get(), options_.max_image_pixels, *decode);
+    s = DecodePixels(item, bytes, *decode, image.get());
   }
   if (bytes.capacity() > kKeepBufferBytes) std::string().swap(bytes);
   if (!s.ok()) {
@@ -98,6 +99,19 @@ void Pipeline::Decode(Item* item) {
     return;
   }
   DecodeMask(item, std::move(image));
+}
+
+absl::Status Pipeline::DecodePixels(Item* item, const std::string& bytes, const DecodeOptions& decode,
+                                    RgbImage* image) {
+  const std::string name = DisplayPath(item->row.image_path());
+  RETURN_IF_ERROR(DecodeImage(bytes, name, image, options_.max_image_pixels, decode));
+  item->raw.reset();
+  if (!options_.raw_images) return absl::OkStatus();
+  auto raw = std::make_unique<RawImage>();
+  absl::StatusOr<bool> has = DecodeRawImage(bytes, name, decode.page, options_.max_image_pixels, raw.get());
+  if (!has.ok()) return has.status();
+  if (*has) item->raw = std::move(raw);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DecodeOptions> Pipeline::RowOptions(const v1::ManifestRow& row) const {
@@ -198,9 +212,7 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
     }
     if (status[i].ok() && (!item->jpeg || decoder == nullptr)) {
       absl::StatusOr<DecodeOptions> decode = RowOptions(item->row);
-      status[i] = decode.ok() ? DecodeImage(bytes[i], DisplayPath(item->row.image_path()), images[i].get(),
-                                            options_.max_image_pixels, *decode)
-                              : decode.status();
+      status[i] = decode.ok() ? DecodePixels(item, bytes[i], *decode, images[i].get()) : decode.status();
     }
     if (!status[i].ok()) {
       item->error = std::string(status[i].message());

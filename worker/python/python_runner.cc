@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/io/tar_shards.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/io/coco_source.h"
@@ -44,11 +45,12 @@ namespace {
 class PythonPendingBatch final : public PendingBatch {
  public:
   PythonPendingBatch(std::shared_ptr<Channel> channel, v1::StubRequest request, BatchSpec spec,
-                     std::unique_ptr<ShmBuffer> output, std::shared_ptr<Reply> reply)
+                     std::unique_ptr<ShmBuffer> output, std::shared_ptr<Reply> reply, std::unique_ptr<ShmBuffer> raw)
       : channel_(std::move(channel)),
         request_(std::move(request)),
         spec_(std::move(spec)),
         output_(std::move(output)),
+        raw_(std::move(raw)),
         reply_(std::move(reply)) {}
   ~PythonPendingBatch() override {
     // The stub has answered (or died): nothing writes to the buffer any more.
@@ -80,6 +82,7 @@ class PythonPendingBatch final : public PendingBatch {
   v1::StubRequest request_;
   BatchSpec spec_;
   std::unique_ptr<ShmBuffer> output_;
+  std::unique_ptr<ShmBuffer> raw_;  // The batch's stored values (16-bit TIFF, DICOM), if any.
   std::shared_ptr<Reply> reply_;
   bool waited_ = false;
   absl::Status status_;
@@ -327,7 +330,16 @@ class PythonRunner final : public ModelRunner {
     req.set_image_buffer(images->id());
     req.set_output_buffer(output->id());
     const std::vector<std::string>& columns = channel_->options().columns;
-    size_t off = 0;
+    // Images with stored values a byte does not hold go as those values, in a buffer of their own.
+    size_t raw_bytes = 0;
+    for (const BatchImage& it : batch.items) raw_bytes += it.raw != nullptr ? it.raw->data.size() : 0;
+    std::unique_ptr<ShmBuffer> raw;
+    if (raw_bytes > 0) {
+      raw = ShmBuffer::Create(channel_, raw_bytes);
+      if (!raw) return absl::ResourceExhaustedError("cannot allocate shared memory for the images' stored values");
+      req.set_raw_buffer(raw->id());
+    }
+    size_t off = 0, raw_off = 0;
     for (const BatchImage& it : batch.items) {
       v1::StubItem* item = req.add_items();
       item->set_image_offset(static_cast<int64_t>(it.image_offset));
@@ -342,13 +354,21 @@ class PythonRunner final : public ModelRunner {
         // Other columns first: the fixed keys win where a column shares their name.
         for (int c = 0; c < row.columns_size() && c < static_cast<int>(columns.size()); ++c) m[columns[c]] = row.columns(c);
         m["id"] = row.id();
-        m["image"] = row.image_path();
-        m["mask"] = row.mask_path();
+        m["image"] = DisplayPath(row.image_path());
+        m["mask"] = DisplayPath(row.mask_path());
+      }
+      if (it.raw != nullptr) {
+        std::memcpy(raw->data() + raw_off, it.raw->data.data(), it.raw->data.size());
+        item->set_raw_offset(static_cast<int64_t>(raw_off));
+        item->set_dtype(it.raw->dtype);
+        item->set_channels(it.raw->channels);
+        raw_off += it.raw->data.size();
+        for (const auto& [k, v] : it.raw->header) (*item->mutable_row())[k] = v;
       }
     }
     std::shared_ptr<Reply> reply = channel_->Send(req);
-    return std::unique_ptr<PendingBatch>(
-        new PythonPendingBatch(channel_, std::move(req), batch, std::move(output), std::move(reply)));
+    return std::unique_ptr<PendingBatch>(new PythonPendingBatch(channel_, std::move(req), batch, std::move(output),
+                                                                std::move(reply), std::move(raw)));
   }
 
   // One volume through the stub's predict_volume: the voxels in a shared buffer, the labels back in
