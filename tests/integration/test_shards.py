@@ -127,6 +127,14 @@ class ShardsTest(unittest.TestCase):
         # --order random reads the samples scattered: uncompressed only.
         out = self.run_shards("random", self.pattern, "--workers", "2", "--order", "random:7")
         self.assertSameAsManifest(out, "random order")
+        # --sample draws the same rows from shards as from the manifest (the order depends on the row
+        # count and the seed only).
+        sampled = self.run_shards("sample", self.pattern, "--workers", "2", "--order", "random:11", "--sample", "40")
+        manifest_sampled = os.path.join(self.root, "manifest-sample")
+        tt.tally_run(self.model, self.manifest, manifest_sampled, "--workers", "1", *FLAGS, "--order", "random:11",
+                     "--sample", "40")
+        self.assertEqual(without_image(sampled), without_image(manifest_sampled))
+        self.assertEqual(len({r["id"] for r in tt.read_per_image(sampled)}), 40)
         p = tt.tally("run", "--model", self.model, "--shards", os.path.join(self.root, "gz", "train-*.tar.gz"),
                      "--out", os.path.join(self.root, "gz-random"), "--order", "random", check=False)
         self.assertNotEqual(p.returncode, 0)
