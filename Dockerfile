@@ -24,6 +24,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libabsl20220623 libgrpc29 libgrpc++1.51 libprotobuf32 libtorch1.13 libpng16-16 libdeflate0 \
       libturbojpeg0 libsqlite3-0 zlib1g libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libsimdjson14 \
+      libtiff6 libwebp7 libdcmtk17 libarchive13 \
       ca-certificates python3 python3-numpy \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /var/lib/tally --create-home tally
