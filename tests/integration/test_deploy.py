@@ -180,8 +180,9 @@ class SlurmTest(unittest.TestCase):
             self.assertEqual(subprocess.run(["bash", "-n", path]).returncode, 0, name)
             with open(path) as f:
                 text = f.read()
-            self.assertIn("--gpus-per-task=1", text)
-            self.assertIn("--device cuda:0", text)
+            self.assertIn("--gpus-per-task=1", text)   # GPU jobs: a GPU a task, seen as cuda:0...
+            self.assertIn("device=cuda:0", text)
+            self.assertIn("device=cpu", text)          # ...CPU jobs: the task's CPUs (test_slurm runs them).
         for binary, flags in wanted.items():
             self.assertLessEqual(flags, known_flags(binary), binary)
 
