@@ -300,6 +300,8 @@ std::optional<v1::ShardAssignment> Worker::LeaseOne(Backoff* backoff) {
       need_register_ = true;
       return std::nullopt;
     }
+    // Stop() cancels the long poll: not a failure to report.
+    if (s.error_code() == grpc::StatusCode::CANCELLED && Stopping()) return std::nullopt;
     // An assignment that cannot be parsed lands here too: the coordinator takes that lease back
     // once our heartbeats do not list it.
     const double delay = backoff->Next();
