@@ -77,10 +77,19 @@ def organs(rng, shape, labels):
     return v
 
 
-def predicted(rng, ref):
-    """A plausible prediction: shifted by a voxel or two, eroded or dilated, per label."""
+PREDICTION_KINDS = ("smooth", "speckled", "fragmented", "empty-class", "filling")
+
+
+def predicted(rng, ref, kind="smooth", speckle=0.002):
+    """A prediction of `ref` as models make them (issue 45 item 3). smooth: per label shifted by a
+    voxel or two, eroded or dilated; speckled: smooth plus `speckle` of all voxels (isolated)
+    mislabelled at random, as a weak model or a thresholded probability map gives; fragmented:
+    smooth plus 400 small components (1-3 voxels a side) of random labels; empty-class: smooth
+    without its last label (absent on one side); filling: the last label fills the volume wherever
+    the smooth prediction has background."""
     out = np.zeros_like(ref)
-    for c in range(1, int(ref.max()) + 1):
+    labels = int(ref.max())
+    for c in range(1, labels + 1):
         m = ref == c
         m = np.roll(m, int(rng.integers(-2, 3)), axis=int(rng.integers(0, 3)))
         op = rng.integers(0, 3)
@@ -89,6 +98,21 @@ def predicted(rng, ref):
         elif op == 2:
             m = ndimage.binary_erosion(m)
         out[m] = c
+    if kind == "speckled":
+        flat = out.reshape(-1)
+        idx = rng.choice(flat.size, int(speckle * flat.size), replace=False)
+        flat[idx] = rng.integers(0, labels + 1, idx.size).astype(out.dtype)
+    elif kind == "fragmented":
+        for _ in range(400):
+            size = [int(rng.integers(1, 4)) for _ in range(3)]
+            at = [int(rng.integers(0, s - k)) for s, k in zip(out.shape, size)]
+            out[at[0]:at[0] + size[0], at[1]:at[1] + size[1], at[2]:at[2] + size[2]] = rng.integers(1, labels + 1)
+    elif kind == "empty-class":
+        out[out == labels] = 0
+    elif kind == "filling":
+        out[out == 0] = labels
+    elif kind != "smooth":
+        raise ValueError(f"prediction kind {kind!r}: expected one of {', '.join(PREDICTION_KINDS)}")
     return out
 
 
@@ -154,6 +178,9 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--work", default="/tmp/tally-volume-bench")
     ap.add_argument("--sizes", default="512x512x300:2,160x192x160:6")
+    ap.add_argument("--prediction", default="smooth", choices=PREDICTION_KINDS,
+                    help="what the predictions look like (speckled, fragmented, ...: issue 45 item 3)")
+    ap.add_argument("--speckle", type=float, default=0.002, help="--prediction speckled: the share of voxels")
     ap.add_argument("--workers", default=f"1,{min(4, os.cpu_count())}")
     ap.add_argument("--monai-volumes", type=int, default=1)
     ap.add_argument("--cupy", action="store_true")
@@ -169,7 +196,7 @@ def main():
         rng = np.random.default_rng(1)
         ref = organs(rng, shape, 5)
         write_nifti(os.path.join(d, "ref.nii.gz"), ref, SPACING_XYZ)
-        write_nifti(os.path.join(d, "pred.nii.gz"), predicted(rng, ref), SPACING_XYZ)
+        write_nifti(os.path.join(d, "pred.nii.gz"), predicted(rng, ref, args.prediction, args.speckle), SPACING_XYZ)
         del ref
         with open(os.path.join(d, "m.csv"), "w") as f:
             f.write("mask,prediction\nref.nii.gz,pred.nii.gz\n")
@@ -223,7 +250,7 @@ def main():
         for i in range(count):
             labels = 2 + i % 4
             ref = organs(rng, shape, labels)
-            pred = predicted(rng, ref)
+            pred = predicted(rng, ref, args.prediction, args.speckle)
             rp, pp = os.path.join(d, f"ref{i}.nii.gz"), os.path.join(d, f"pred{i}.nii.gz")
             if not os.path.exists(pp):
                 write_nifti(rp, ref, SPACING_XYZ)
