@@ -9,7 +9,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
 #include "common/io/manifest.h"
 
@@ -30,14 +29,6 @@ absl::StatusOr<std::vector<std::string>> FilesEndingIn(const std::string& dir, c
   closedir(d);
   std::sort(names.begin(), names.end());
   return names;
-}
-
-std::string Listing(const std::vector<std::string>& names) {
-  constexpr size_t kShown = 20;
-  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kShown));
-  std::string s = absl::StrJoin(shown, ", ");
-  if (names.size() > kShown) absl::StrAppend(&s, " and ", names.size() - kShown, " more");
-  return s;
 }
 
 }  // namespace
@@ -66,12 +57,12 @@ absl::StatusOr<std::string> PairFolders(const std::string& predictions, const st
   if (!p->only_references.empty()) {  // A missing prediction is the model's failure: nnU-Net refuses too.
     return absl::FailedPreconditionError(absl::StrCat(
         p->only_references.size(), " reference(s) in '", ref_dir, "' have no prediction in '", pred_dir,
-        "': ", Listing(p->only_references)));
+        "': ", ListNames(p->only_references, 20)));
   }
   if (!p->only_predictions.empty()) {
     warnings->push_back(absl::StrCat(p->only_predictions.size(), " prediction(s) in '", pred_dir,
                                      "' have no reference in '", ref_dir,
-                                     "' and are not evaluated: ", Listing(p->only_predictions)));
+                                     "' and are not evaluated: ", ListNames(p->only_predictions, 20)));
   }
   for (const std::string& w : *warnings) std::cerr << "tally: " << w << "\n";
   if (p->names.empty()) {

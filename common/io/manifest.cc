@@ -499,6 +499,13 @@ absl::StatusOr<Manifest> ReadAll(absl::StatusOr<std::unique_ptr<ManifestReader>>
 }
 }  // namespace
 
+std::string ListNames(const std::vector<std::string>& names, size_t shown) {
+  std::vector<std::string> first(names.begin(), names.begin() + std::min(names.size(), shown));
+  std::string s = absl::StrJoin(first, ", ");
+  if (names.size() > shown) absl::StrAppend(&s, " and ", names.size() - shown, " more");
+  return s;
+}
+
 std::string CsvField(const std::string& s) {
   if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string out = "\"";

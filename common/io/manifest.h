@@ -193,6 +193,10 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string
 // A `coco_ann_ids` field: positive integers joined by ';' (blank: none). Errors quote the field.
 absl::Status ParseCocoAnnIds(absl::string_view text, std::vector<int64_t>* ids);
 
+// The first `shown` of `names` joined by ", ", then " and N more" for the rest: files or rows named
+// in a message without listing thousands.
+std::string ListNames(const std::vector<std::string>& names, size_t shown);
+
 // One CSV field as RFC 4180 writes it: quoted (with "" for ") when it holds a comma, quote or line end.
 std::string CsvField(const std::string& s);
 

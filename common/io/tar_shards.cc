@@ -87,7 +87,7 @@ absl::StatusOr<std::vector<std::string>> ReadShardList(const std::string& path, 
   return out;
 }
 
-// The first member of `names` that `ext` equals (case-insensitively).
+// Whether `ext` is one of `names` (case-insensitively).
 bool ExtensionIn(absl::string_view ext, const std::vector<std::string>& names) {
   return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return absl::EqualsIgnoreCase(ext, n); });
 }
@@ -745,7 +745,6 @@ absl::Status ShardIndex::IndexNext() {
   digests_ += Sha256Hex(index_text);
   pending_ = SampleRows(*listing, path, conventions_, next_index_, &state_);
   pending_at_ = 0;
-  for (const ManifestRow& r : pending_) has_prediction_ = has_prediction_ || !r.prediction_path.empty();
   if (next_index_ + static_cast<int64_t>(pending_.size()) > max_rows_) {
     return absl::InvalidArgumentError(absl::StrCat("the shards hold more than ", max_rows_,
                                                    " samples (tallyd --max-manifest-rows)"));

@@ -114,12 +114,10 @@ class ShardIndex : public RowSource {
   // After the last batch: the columns, the first row of each tar, which tars are compressed,
   // what was noticed (truncated tars, later JSON fields), and a SHA-256 over every tar's index.
   const std::vector<std::string>& columns() const { return state_.columns; }
-  bool has_prediction() const { return has_prediction_; }
   const std::vector<int64_t>& tar_starts() const { return tar_starts_; }
   const std::vector<bool>& tar_compressed() const { return tar_compressed_; }
   std::vector<std::string> Warnings() const;
   std::string IndexSha256() const;
-  size_t num_shards() const { return shards_.size(); }
 
  private:
   ShardIndex(std::vector<std::string> shards, SampleConventions conventions, int64_t max_rows);
@@ -134,7 +132,6 @@ class ShardIndex : public RowSource {
   size_t pending_at_ = 0;
   int64_t next_index_ = 0;
   SampleRowsState state_;
-  bool has_prediction_ = false;
   std::vector<int64_t> tar_starts_;
   std::vector<bool> tar_compressed_;
   std::vector<std::string> ended_early_;

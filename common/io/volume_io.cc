@@ -88,6 +88,13 @@ absl::Status Convert(const nifti_image& nim, const std::string& path, bool scale
   return absl::OkStatus();
 }
 
+// A header's 32-bit word at byte `at`, swapped when the file's byte order is not this machine's.
+uint32_t HeaderWord(const unsigned char* h, int at, bool swap) {
+  uint32_t v;
+  std::memcpy(&v, h + at, 4);
+  return swap ? __builtin_bswap32(v) : v;
+}
+
 // The header's vox_offset as the file states it (NIfTI-1: a float at byte 108; NIfTI-2: an int64 at
 // byte 168), in the file's byte order. nifti_clib casts NIfTI-1's float to int (undefined past 2^31)
 // and raises any offset below the header's size to it, so it is read here, as nibabel does.
@@ -95,11 +102,7 @@ absl::StatusOr<double> HeaderVoxOffset(gzFile f, const std::string& path) {
   unsigned char h[540];
   const int n = gzread(f, h, sizeof(h));
   if (n < 348) return absl::InvalidArgumentError(absl::StrCat("volume '", path, "': the header is cut short"));
-  auto u32 = [&](int at, bool swap) {
-    uint32_t v;
-    std::memcpy(&v, h + at, 4);
-    return swap ? __builtin_bswap32(v) : v;
-  };
+  auto u32 = [&](int at, bool swap) { return HeaderWord(h, at, swap); };
   for (bool swap : {false, true}) {
     if (u32(0, swap) == 348) {
       const uint32_t bits = u32(108, swap);
@@ -126,11 +129,7 @@ absl::Status CheckDimensionCount(const std::string& path) {
   unsigned char h[540];
   const int n = gzread(f, h, sizeof(h));
   gzclose(f);
-  auto u32 = [&](int at, bool swap) {
-    uint32_t v;
-    std::memcpy(&v, h + at, 4);
-    return swap ? __builtin_bswap32(v) : v;
-  };
+  auto u32 = [&](int at, bool swap) { return HeaderWord(h, at, swap); };
   for (bool swap : {false, true}) {
     int64_t dims = -1;
     if (n >= 348 && u32(0, swap) == 348) {
@@ -309,6 +308,19 @@ absl::Status ConvertLabels(const nifti_image* nim, const std::string& path, std:
   return s;
 }
 
+// A NIfTI file's header through nifti_clib (voxels not read), after the checks that keep
+// nifti_clib from misreading it: the file opens, and its dimension count is 1 to 7.
+absl::StatusOr<NimPtr> ReadNiftiHeader(const std::string& path) {
+  QuietNifti();
+  RETURN_IF_ERROR(CheckOpenable(path));
+  RETURN_IF_ERROR(CheckDimensionCount(path));
+  NimPtr nim(nifti_image_read(path.c_str(), 0));
+  if (nim == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
+  }
+  return nim;
+}
+
 }  // namespace
 
 bool WithinTolerance(double a, double b, double tolerance) {
@@ -317,13 +329,7 @@ bool WithinTolerance(double a, double b, double tolerance) {
 
 
 absl::Status LoadNiftiImage(const std::string& path, int64_t max_voxels, bool keep_raw, VolumeImage* out) {
-  QuietNifti();
-  RETURN_IF_ERROR(CheckOpenable(path));
-  RETURN_IF_ERROR(CheckDimensionCount(path));
-  NimPtr nim(nifti_image_read(path.c_str(), 0));
-  if (nim == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
-  }
+  ASSIGN_OR_RETURN(NimPtr nim, ReadNiftiHeader(path));
   RETURN_IF_ERROR(ReadGeometry(nim.get(), path, max_voxels, &out->geometry));
   RETURN_IF_ERROR(LoadVoxels(nim.get(), path));
   RETURN_IF_ERROR(CheckFiniteVoxels(*nim, path));  // A model must not get NaN for a voxel.
@@ -361,13 +367,7 @@ absl::Status LoadNiftiImage(const std::string& path, int64_t max_voxels, bool ke
 }
 
 absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelMap* out, VolumeGeometry* geometry) {
-  QuietNifti();
-  RETURN_IF_ERROR(CheckOpenable(path));
-  RETURN_IF_ERROR(CheckDimensionCount(path));
-  NimPtr nim(nifti_image_read(path.c_str(), 0));
-  if (nim == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
-  }
+  ASSIGN_OR_RETURN(NimPtr nim, ReadNiftiHeader(path));
   VolumeGeometry g;
   RETURN_IF_ERROR(ReadGeometry(nim.get(), path, max_voxels, &g));
   RETURN_IF_ERROR(LoadVoxels(nim.get(), path));
@@ -384,13 +384,7 @@ absl::Status LoadNiftiLabels(const std::string& path, int64_t max_voxels, LabelM
 absl::StatusOr<DeclaredSize> ReadDeclaredSize(const std::string& path, int64_t max_voxels) {
   DeclaredSize d;
   if (IsNiftiPath(path)) {
-    QuietNifti();
-    RETURN_IF_ERROR(CheckOpenable(path));
-    RETURN_IF_ERROR(CheckDimensionCount(path));
-    NimPtr nim(nifti_image_read(path.c_str(), 0));
-    if (nim == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("volume '", path, "' is not a readable NIfTI-1/NIfTI-2 file"));
-    }
+    ASSIGN_OR_RETURN(NimPtr nim, ReadNiftiHeader(path));
     VolumeGeometry g;
     RETURN_IF_ERROR(ReadGeometry(nim.get(), path, max_voxels, &g));
     d.depth = g.depth;

@@ -13,7 +13,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
@@ -35,15 +34,6 @@ std::vector<std::string> OrDefault(const google::protobuf::RepeatedPtrField<std:
                                    std::vector<std::string> fallback) {
   if (given.empty()) return fallback;
   return std::vector<std::string>(given.begin(), given.end());
-}
-
-// "a, b, c and 7 more".
-std::string Listing(const std::vector<std::string>& names) {
-  constexpr size_t kShown = 10;
-  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kShown));
-  std::string s = absl::StrJoin(shown, ", ");
-  if (names.size() > kShown) absl::StrAppend(&s, " and ", names.size() - kShown, " more");
-  return s;
 }
 
 // Files a folder pairing looks at: images, masks and volumes by extension (others are counted).
@@ -182,12 +172,12 @@ absl::StatusOr<JobRecord> Coordinator::StoreFolders(const v1::JobSpec& spec, con
   if (!unpaired_images.empty()) {
     kept->add_manifest_warnings(absl::StrCat(unpaired_images.size(), " image(s) in '", spec.images_dir(),
                                              "' have no mask in '", spec.masks_dir(),
-                                             "' and are not evaluated: ", Listing(unpaired_images)));
+                                             "' and are not evaluated: ", ListNames(unpaired_images, 10)));
   }
   if (!unpaired_masks.empty()) {
     kept->add_manifest_warnings(absl::StrCat(unpaired_masks.size(), " mask(s) in '", spec.masks_dir(),
                                              "' have no image in '", spec.images_dir(),
-                                             "' and are not evaluated: ", Listing(unpaired_masks)));
+                                             "' and are not evaluated: ", ListNames(unpaired_masks, 10)));
   }
   if (images.other + masks.other > 0) {
     kept->add_manifest_warnings(absl::StrCat(images.other + masks.other, " file(s) in the folders are not images or ",
@@ -199,10 +189,8 @@ absl::StatusOr<JobRecord> Coordinator::StoreFolders(const v1::JobSpec& spec, con
 
 absl::StatusOr<JobRecord> Coordinator::StoreShards(const v1::JobSpec& spec, const std::string& job_id) {
   std::vector<std::string> patterns(spec.shards().begin(), spec.shards().end());
+  // Each shard is opened through the data roots as it is indexed (ShardIndex).
   ASSIGN_OR_RETURN(std::vector<std::string> shards, ExpandShardPatterns(patterns, kMaxShards));
-  for (const std::string& s : shards) {
-    if (!ProcessDataRoots().Resolve(s).ok()) return OutsideDataRootsError("shard", s);
-  }
   SampleConventions conventions;
   conventions.image = OrDefault(spec.image_extensions(), conventions.image);
   conventions.mask = OrDefault(spec.mask_extensions(), conventions.mask);
