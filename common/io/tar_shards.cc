@@ -186,26 +186,16 @@ bool ReadOrSkipData(archive* a, int64_t file_size, bool read_json, TarMember* m)
   return false;
 }
 
-// Lists an opened archive. A member's data offset is where the next header starts less its data
-// rounded up to tar's 512-byte blocks (libarchive's header position counts the pax and GNU long
-// name headers of the next member, so this holds for every tar flavour).
+// Lists an opened archive. A member's data offset is the count of (uncompressed) bytes the tar
+// reader has consumed once its header is read: every header before the data, pax and GNU long-name
+// ones included, is behind it, so this holds for every tar flavour and needs no later header.
 absl::StatusOr<TarListing> ListOpened(archive* a, const std::string& name, int64_t file_size, bool read_json) {
   TarListing out;
   archive_entry* e = nullptr;
   bool first = true;
-  int64_t previous_padded = 0;
   while (true) {
     const int r = archive_read_next_header(a, &e);
     if (first) out.compressed = archive_filter_code(a, 0) != ARCHIVE_FILTER_NONE;
-    const int64_t position = archive_read_header_position(a);
-    if (!out.members.empty() && out.members.back().offset == -2) {
-      TarMember& m = out.members.back();
-      m.offset = position - previous_padded;
-      if (m.offset < 0) {
-        m.offset = -1;
-        m.problem = "its header is inconsistent";
-      }
-    }
     if (r == ARCHIVE_EOF) break;
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
       if (first) {
@@ -234,19 +224,17 @@ absl::StatusOr<TarListing> ListOpened(archive* a, const std::string& name, int64
       }
       continue;
     }
-    // Stored data: a regular member's size (links and others store none).
-    previous_padded = ((m.regular ? m.size : 0) + 511) / 512 * 512;
-    m.offset = -2;  // Set from the next header's position.
+    m.offset = archive_filter_bytes(a, 0);
+    if (m.offset < 0) {
+      m.offset = -1;
+      if (m.problem.empty()) m.problem = "its header is inconsistent";
+    }
     out.members.push_back(std::move(m));
-    if (!ReadOrSkipData(a, file_size, read_json, &out.members.back())) {
+    // A compressed member may be larger than the whole compressed shard.
+    if (!ReadOrSkipData(a, out.compressed ? -1 : file_size, read_json, &out.members.back())) {
       out.ended_early = out.members.back().problem;
       break;
     }
-  }
-  // A last member whose end the archive never reached.
-  if (!out.members.empty() && out.members.back().offset == -2) {
-    out.members.back().offset = -1;
-    if (out.members.back().problem.empty()) out.members.back().problem = "the shard ends inside it";
   }
   // Uncompressed: every member's data inside the file.
   for (TarMember& m : out.members) {

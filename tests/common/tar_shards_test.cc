@@ -2,6 +2,8 @@
 // offsets worked out by hand from the tar format (512-byte headers, data padded to 512), samples.
 #include "common/io/tar_shards.h"
 
+#include <archive.h>
+#include <archive_entry.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -107,6 +109,73 @@ TEST(TarShardsTest, ClaimsPastTheEndAndTruncationFailTheirSamplesOnly) {
   EXPECT_TRUE(rows[0].error.empty()) << rows[0].error;
   EXPECT_NE(rows[1].error.find("cut.png"), std::string::npos) << rows[1].error;
   EXPECT_FALSE(ListTarBytes("not a tar at all, just text", "x.tar", false).ok());
+}
+
+
+TEST(TarShardsTest, ANegativeOrAbsurdSizeClaimFailsItsMemberWithoutOverflow) {
+  // GNU base-256 sizes: 0xff... is -1; 0x80 then 0x7f ff.. is near INT64_MAX.
+  std::string negative = Member("neg.png", "");
+  std::memset(&negative[124], 0xff, 12);
+  std::string huge = Member("huge.png", "");
+  std::memset(&huge[124], 0, 12);
+  huge[124] = static_cast<char>(0x80);
+  std::memset(&huge[128], 0xff, 8);
+  huge[128] = 0x7f;
+  for (std::string* h : {&negative, &huge}) {  // The checksum again over the new size bytes.
+    std::memset(&(*h)[148], ' ', 8);
+    unsigned sum = 0;
+    for (int i = 0; i < 512; ++i) sum += static_cast<unsigned char>((*h)[i]);
+    std::snprintf(&(*h)[148], 8, "%06o", sum);
+    (*h)[155] = ' ';
+  }
+  for (const std::string& bad : {negative, huge}) {
+    const std::string tar = Member("a.png", "i") + Member("a.seg.png", "m") + bad + Member("b.png", "i") + End();
+    auto listing = ListTarBytes(tar, "s.tar", false);
+    ASSERT_TRUE(listing.ok()) << listing.status();
+    // libarchive may refuse the header (the shard ends early there) or list it: never a sample.
+    ASSERT_GE(listing->members.size(), 2u);
+    EXPECT_EQ(listing->members[0].offset, 512);
+    EXPECT_EQ(listing->members[1].offset, 1536);
+    if (listing->members.size() == 2) {
+      EXPECT_FALSE(listing->ended_early.empty());
+    } else {
+      EXPECT_FALSE(listing->members[2].problem.empty());
+      EXPECT_LT(listing->members[2].offset, static_cast<int64_t>(tar.size()));
+    }
+  }
+}
+
+TEST(TarShardsTest, ACompressedMemberMayBeLargerThanTheWholeCompressedShard) {
+  // 200 KB of zeros (an uncompressed mask, say) gzips to a few hundred bytes.
+  const std::string big(200000, '\0');
+  std::vector<char> out(1 << 20);
+  size_t used = 0;
+  archive* w = archive_write_new();
+  archive_write_add_filter_gzip(w);
+  archive_write_set_format_pax_restricted(w);
+  ASSERT_EQ(archive_write_open_memory(w, out.data(), out.size(), &used), ARCHIVE_OK);
+  for (const auto& [name, data] : {std::pair<std::string, std::string>{"k.tif", big}, {"k.seg.tif", big}}) {
+    archive_entry* e = archive_entry_new();
+    archive_entry_set_pathname(e, name.c_str());
+    archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
+    archive_entry_set_filetype(e, AE_IFREG);
+    archive_entry_set_perm(e, 0644);
+    archive_write_header(w, e);
+    archive_write_data(w, data.data(), data.size());
+    archive_entry_free(e);
+  }
+  archive_write_close(w);
+  archive_write_free(w);
+  ASSERT_LT(used, big.size());
+  auto listing = ListTarBytes(std::string(out.data(), used), "s.tar.gz", false);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_TRUE(listing->compressed);
+  ASSERT_EQ(listing->members.size(), 2u);
+  for (const TarMember& m : listing->members) {
+    EXPECT_TRUE(m.problem.empty()) << m.name << ": " << m.problem;
+    EXPECT_EQ(m.size, 200000);
+  }
+  EXPECT_EQ(listing->members[1].offset - listing->members[0].offset, 200192 + 512);
 }
 
 }  // namespace

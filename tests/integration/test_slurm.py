@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -171,6 +172,8 @@ PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscr
         while time.time() < deadline:
             state = self.job_state(job)
             if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "GONE"):
+                if state != "COMPLETED":  # What Slurm says of it, for the failure message.
+                    print(self.slurm("scontrol", "show", "job", job, check=False).stdout, file=sys.stderr)
                 return state
             time.sleep(0.5)
         raise AssertionError(f"Slurm job {job} did not end: {self.tail(f'slurm-{job}.out')}")
