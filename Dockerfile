@@ -1,21 +1,36 @@
 # Tally in a container (CPU image; the GPU variant is described at the end and in README
-# "Deployment"). Two stages: the build is the README's own (scripts/install-deps.sh, then
+# "Deployment"). Stages: the build is the README's own (scripts/install-deps.sh, then
 # scripts/build.sh, on Debian bookworm), the runtime image holds the binaries, the Python package
 # and the shared libraries they link (tests/integration/test_deploy.py keeps that list true).
 #
-#   docker build -t tally .
+#   docker build -t tally .            # or: podman build --format docker -t tally .
 #   docker run -d --name tallyd -p 50051:50051 -p 9464:9464 -v tally-state:/var/lib/tally tally \
 #       tallyd --listen 0.0.0.0:50051 --metrics-listen 0.0.0.0:9464 --state-dir /var/lib/tally --data-root /datasets ...
 #   docker run -d -v /datasets:/datasets:ro tally tally-worker --coordinator tallyd:50051 --device cpu
 #
-# Both run as the unprivileged user `tally` (uid 10001); mount state and data so that it may read
-# (and, for --state-dir and --save-predictions, write) them.
+# Both run as the unprivileged user `tally` (uid 10001) and need no writable root file system
+# (`--read-only`, as the Kubernetes manifests run them); mount state and data so that it may read
+# (and, for --state-dir and --save-predictions, write) them. The health check asks tallyd's gRPC
+# health service, as the manifests' grpc probes do.
+#
+# Binaries already built on a bookworm host (what tests/integration/test_containers.py does, in
+# minutes instead of a compile inside the image):
+#   cmake --install build --strip --prefix .prebuilt/opt/tally
+#   podman build --format docker --build-arg TALLY_BINARIES=prebuilt -t tally .
+ARG TALLY_BINARIES=build
 
 FROM debian:bookworm AS build
 COPY . /src
 RUN /src/scripts/install-deps.sh \
  && TALLY_CMAKE_ARGS="-DTALLY_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=/opt/tally" /src/scripts/build.sh /build \
- && cmake --install /build
+ && cmake --install /build --strip
+
+# The host's build (see above); the Dockerfile alone is copied when there is none, so that builders
+# that run every stage still pass.
+FROM scratch AS prebuilt
+COPY Dockerfile .prebuil[t] /
+
+FROM ${TALLY_BINARIES} AS binaries
 
 FROM debian:bookworm-slim AS runtime
 # The libraries the binaries link (NEEDED entries), by package, and python3 + numpy for the Python
@@ -27,12 +42,14 @@ RUN apt-get update \
       libtiff6 libwebp7 libdcmtk17 libarchive13 \
       ca-certificates python3 python3-numpy \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --home-dir /var/lib/tally --create-home tally
-COPY --from=build /opt/tally /opt/tally
+ && groupadd --system --gid 10001 tally \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/tally --create-home tally
+COPY --from=binaries /opt/tally /opt/tally
 ENV PATH=/opt/tally/bin:$PATH
 USER tally
 WORKDIR /var/lib/tally
 EXPOSE 50051 9464
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 CMD ["tally", "health", "--server", "127.0.0.1:50051"]
 CMD ["tallyd", "--listen", "0.0.0.0:50051", "--state-dir", "/var/lib/tally"]
 
 # GPU variant (not built here: it needs NVIDIA's CUDA and a CUDA LibTorch): build on a host or

@@ -95,6 +95,7 @@ const std::vector<Verb>& Verbs() {
        Join({kConnection, {"out"}})},
       {"merge", "JOB JOB... --out DIR", "one report over several jobs' rows (a set evaluated as several jobs)",
        Join({kConnection, {"out"}})},
+      {"health", "", "tallyd's gRPC health (exit 0: SERVING), as container health checks ask", kConnection},
       {"workers", "", "registered workers, their device, state and current jobs", Join({kConnection, {"json"}})},
       {"estimate", "--model M --manifest data.csv [--gpus 0|0,1|all] [--max-memory 0.8|20GiB] [--max-batch N]",
        "trial passes: peak memory and images/s per batch size, the largest that fits, the manifest's predicted time",

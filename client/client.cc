@@ -1,11 +1,13 @@
 #include "client/client.h"
 
 #include <chrono>
+#include <future>
 #include <fstream>
 
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "common/base/backoff.h"
 #include "common/base/file_util.h"
 #include "common/job/job_config.h"
@@ -48,6 +50,30 @@ absl::StatusOr<std::unique_ptr<TallyClient>> TallyClient::Create(const std::stri
   client->channel_ = *std::move(channel);
   client->stub_ = v1::Coordinator::NewStub(client->channel_);
   return client;
+}
+
+absl::StatusOr<std::string> TallyClient::Health(double timeout_seconds) {
+  // grpc.health.v1 without its generated code (Debian ships none): the request for the whole
+  // server is the empty message; the response is field 1, the status enum, as one varint.
+  grpc::GenericStub stub(channel_);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout_seconds);
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1), response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  grpc::Status s = done.get_future().get();
+  if (!s.ok()) return FromGrpc(s, server_);
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return absl::InternalError("unreadable health response");
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  int status = 0;  // UNKNOWN when the field is absent.
+  if (bytes.size() == 2 && bytes[0] == 0x08) status = static_cast<unsigned char>(bytes[1]);
+  else if (!bytes.empty()) return absl::InternalError("unexpected health response");
+  static const char* const kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};
+  return std::string(status < 4 ? kNames[status] : "UNKNOWN");
 }
 
 bool TallyClient::WaitUntilReady(double seconds) {

@@ -61,6 +61,9 @@ class TallyClient {
   // Two finished runs of the same manifest compared (B - A), written into `dir`.
   absl::StatusOr<std::vector<std::string>> CompareJobs(const std::string& a, const std::string& b,
                                                        const std::string& dir);
+  // tallyd's answer on the standard gRPC health service (grpc.health.v1.Health/Check, the one
+  // Kubernetes' grpc probes ask): "SERVING", "NOT_SERVING" (its database cannot be written), ...
+  absl::StatusOr<std::string> Health(double timeout_seconds);
   // True once the server answers (used while tallyd starts).
   bool WaitUntilReady(double seconds);
 

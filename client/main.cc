@@ -309,6 +309,7 @@ constexpr Handler kHandlers[] = {
     {"estimate", Estimate},
     {"submit", Submit},
     {"jobs", Jobs},
+    {"health", [](const Invocation&) { return HealthVerb(ReadConnectionFlags()); }},
     {"workers", [](const Invocation&) { return WorkersVerb({ReadConnectionFlags(), absl::GetFlag(FLAGS_json)}); }},
     {"gpus", [](const Invocation&) { return GpusVerb(absl::GetFlag(FLAGS_json)); }},
     {"token", [](const Invocation& in) { return TokenVerb({in.positional, absl::GetFlag(FLAGS_tokens_file)}); }},

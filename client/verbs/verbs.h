@@ -130,6 +130,10 @@ struct WorkersFlags {
 };
 int WorkersVerb(const WorkersFlags& flags);
 
+// tallyd's gRPC health: prints SERVING (exit 0) or what else it says (exit 1); unreachable: 5.
+// The container image's HEALTHCHECK.
+int HealthVerb(const ConnectionFlags& connection);
+
 int GpusVerb(bool json);
 
 struct TokenFlags {

@@ -172,7 +172,7 @@ PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscr
         while time.time() < deadline:
             state = self.job_state(job)
             if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "GONE"):
-                if state != "COMPLETED":  # What Slurm says of it, for the failure message.
+                if state not in ("COMPLETED", "CANCELLED"):  # What Slurm says of it, for the failure message.
                     print(self.slurm("scontrol", "show", "job", job, check=False).stdout, file=sys.stderr)
                 return state
             time.sleep(0.5)
