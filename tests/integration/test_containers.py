@@ -88,12 +88,14 @@ class ContainersTest(unittest.TestCase):
         cls.ensure_base_image()
         cls.build_image()
         data = os.path.join(cls.root, "data")
-        cls.manifest = tt.write_dataset(data, np.random.default_rng(146), 240, [(40, 40), (32, 48)], classes=2)
+        # Large enough that slow.pt takes ~0.4 s a row on one core: the job lasts while containers
+        # are killed and started (podman takes a second or two for each).
+        cls.manifest = tt.write_dataset(data, np.random.default_rng(146), 80, [(160, 160), (144, 176)], classes=2)
         cls.model = os.path.join(data, "slow.pt")
         shutil.copy(tt.fixture("slow.pt"), cls.model)
         cls.data = data
         cls.reference = os.path.join(cls.root, "reference")
-        tt.tally_run(cls.model, cls.manifest, cls.reference, "--workers", "1", *FLAGS)
+        tt.tally_run(cls.model, cls.manifest, cls.reference, "--workers", "2", *FLAGS)
 
     @classmethod
     def podman(cls, *args, check=True, timeout=600):
@@ -111,12 +113,23 @@ class ContainersTest(unittest.TestCase):
         tarball = os.path.join(CACHE, "debian-bookworm-minbase.tar")
         if not os.path.exists(tarball):
             rootfs = os.path.join(cls.root, "rootfs")
-            argv = ["debootstrap", "--variant=minbase", "bookworm", rootfs, debian_mirror()]
+            mirror = debian_mirror()
+            argv = ["debootstrap", "--variant=minbase", "bookworm", rootfs, mirror]
             if os.path.isdir("/var/cache/apt/archives"):
                 argv.insert(1, "--cache-dir=/var/cache/apt/archives")
             p = subprocess.run(argv, capture_output=True, text=True)
             if p.returncode != 0:
                 raise AssertionError(f"debootstrap failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+            # As Debian's own images: the release, its updates and its security archive.
+            security = mirror.rsplit("/debian", 1)[0] + "/debian-security" if mirror.endswith("/debian") else \
+                "http://deb.debian.org/debian-security"
+            if os.path.exists(os.path.join(rootfs, "etc/apt/sources.list")):
+                os.remove(os.path.join(rootfs, "etc/apt/sources.list"))
+            with open(os.path.join(rootfs, "etc/apt/sources.list.d/debian.sources"), "w") as f:
+                f.write(f"Types: deb\nURIs: {mirror}\nSuites: bookworm bookworm-updates\nComponents: main\n"
+                        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+                        f"Types: deb\nURIs: {security}\nSuites: bookworm-security\nComponents: main\n"
+                        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
             os.makedirs(CACHE, exist_ok=True)
             subprocess.run(["tar", "-C", rootfs, "-cf", tarball + ".part", "."], check=True)
             os.rename(tarball + ".part", tarball)
@@ -230,12 +243,14 @@ class ContainersTest(unittest.TestCase):
             self.progress(job)))
         self.assertLess(state[1], state[2], f"the job ended before the kill; make it slower\n"
                         f"{getattr(self, 'last_error', '')}{self.logs()}")
+        at_kill = state[1]
         self.podman("kill", "--signal", "KILL", "w1")
         self.start_worker("w3")
         # tallyd's container killed mid-job and started again on the same state volume: at once,
         # while w1's leases (10 s) still hold rows that nobody has sent, so the job cannot be over.
         state = self.progress(job)
         self.assertLess(state[1], state[2], "the job ended before tallyd's restart")
+        print(f"rows done: {at_kill}/{state[2]} at the worker's kill, {state[1]} at tallyd's", file=sys.stderr)
         self.podman("kill", "--signal", "KILL", "tallyd")
         self.podman("rm", "tallyd")
         self.start_tallyd()

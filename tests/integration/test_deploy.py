@@ -163,6 +163,21 @@ class KubernetesTest(unittest.TestCase):
                         self.assertIn(v["secret"]["secretName"], f.read())
         overlay = self.load(os.path.join("overlays", "cpu-workers", "kustomization.yaml"))[0]
         self.assertEqual(overlay["resources"], ["../.."])
+        # The images test_containers builds and runs: tallyd's is the Dockerfile's (tally:latest),
+        # the CPU workers' overlay runs the same; the GPU workers' is its GPU variant.
+        self.assertEqual(c["image"], "tally:latest")
+        self.assertEqual(w["image"], "tally-gpu:latest")
+        self.assertIn("value: tally:latest", str(overlay["patches"][0]["patch"]))
+        for pod in (tallyd, workers):
+            c0 = pod["spec"]["template"]["spec"]["containers"][0]
+            self.assertFalse(c0["securityContext"]["allowPrivilegeEscalation"])
+            self.assertEqual(c0["securityContext"]["capabilities"]["drop"], ["ALL"])
+        self.assertEqual(tallyd["spec"]["template"]["spec"]["securityContext"]["runAsGroup"], 10001)
+        self.assertTrue(c["securityContext"]["readOnlyRootFilesystem"])
+        with open(os.path.join(tt.SRC, "Dockerfile")) as f:
+            dockerfile = f.read()
+        self.assertIn("--uid 10001 --gid 10001", dockerfile)  # The manifests' runAsUser and runAsGroup.
+        self.assertIn('"tally", "health", "--server", "127.0.0.1:50051"', dockerfile)  # As the grpc probes.
 
     @unittest.skipIf(shutil.which("yamllint") is None, "yamllint is not installed")
     def test_yamllint(self):
