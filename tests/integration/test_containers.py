@@ -222,6 +222,7 @@ class ContainersTest(unittest.TestCase):
                                                  "{{.State.Health.Status}}").stdout.strip() == "healthy"
 
     def test_three_containers_equal_tally_run_survive_a_killed_worker_and_a_restarted_tallyd(self):
+        self.dns_before = subprocess.run(["pgrep", "aardvark-dns"], capture_output=True).returncode == 0
         self.podman("network", "create", self.tag)
         self.podman("volume", "create", self.tag)
         self.port = free_port()
@@ -238,22 +239,24 @@ class ContainersTest(unittest.TestCase):
             self.start_worker(w)
 
         job = self.cli("submit", "--model", self.model, "--manifest", self.manifest, *FLAGS).stdout.strip()
+        submitted = time.time()
+        # Mid-job, whatever the machine's speed: once a shard is in, both workers are frozen
+        # (SIGSTOP, one command), so nothing moves while the rest happens.
+        state = self.wait_until("the first rows", lambda: (lambda s: s and s[1] > 0 and s)(self.progress(job)))
+        self.podman("kill", "--signal", "STOP", "w1", "w2")
+        state = self.progress(job)
+        print(f"{state[1]}/{state[2]} rows when the workers froze, {time.time() - submitted:.1f} s after the "
+              "submission", file=sys.stderr)
+        self.assertLess(state[1], state[2], "the job ended before the workers froze")
         # A worker container SIGKILLed mid-job (no chance to hand back its rows), then replaced.
-        state = self.wait_until("a quarter of the rows", lambda: (lambda s: s and s[1] >= s[2] // 4 and s)(
-            self.progress(job)))
-        self.assertLess(state[1], state[2], f"the job ended before the kill; make it slower\n"
-                        f"{getattr(self, 'last_error', '')}{self.logs()}")
-        at_kill = state[1]
         self.podman("kill", "--signal", "KILL", "w1")
         self.start_worker("w3")
-        # tallyd's container killed mid-job and started again on the same state volume: at once,
-        # while w1's leases (10 s) still hold rows that nobody has sent, so the job cannot be over.
-        state = self.progress(job)
-        self.assertLess(state[1], state[2], "the job ended before tallyd's restart")
-        print(f"rows done: {at_kill}/{state[2]} at the worker's kill, {state[1]} at tallyd's", file=sys.stderr)
+        # tallyd's container SIGKILLed and started again on the same state volume; the frozen worker
+        # then goes on, finding a coordinator that no longer knows its leases.
         self.podman("kill", "--signal", "KILL", "tallyd")
         self.podman("rm", "tallyd")
         self.start_tallyd()
+        self.podman("kill", "--signal", "CONT", "w2")
         self.wait_until("tallyd's health check after the restart", self.health, timeout=60)
         final = self.wait_until("the job's end", lambda: (lambda s: s and s[0] in ("succeeded", "failed", "cancelled")
                                                           and s)(self.progress(job)), timeout=300)
@@ -280,8 +283,17 @@ class ContainersTest(unittest.TestCase):
         self.podman("network", "rm", self.tag)
         self.podman("volume", "rm", self.tag)
         self.assertEqual(self.podman("ps", "-aq", "--filter", f"label=tally-test={self.tag}").stdout.strip(), "")
-        left = subprocess.run(["pgrep", "-af", self.tag], capture_output=True, text=True).stdout.strip()
-        self.assertEqual(left, "", "processes left")
+        # No process of it either: its containers' conmon, and the network's DNS daemon when none
+        # ran before the test.
+        def left():
+            found = subprocess.run(["pgrep", "-af", self.tag], capture_output=True, text=True).stdout.strip()
+            if not self.dns_before:
+                found += subprocess.run(["pgrep", "-af", "aardvark-dns"], capture_output=True, text=True).stdout.strip()
+            return found
+        deadline = time.time() + 20
+        while left() and time.time() < deadline:
+            time.sleep(0.2)
+        self.assertEqual(left(), "", "processes left")
 
 
 if __name__ == "__main__":
