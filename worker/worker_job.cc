@@ -288,7 +288,8 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   ClientFileLimits json_limits;
   json_limits.max_bytes = config.max_json_file_bytes;
   if (!config.coco.empty()) {
-    ASSIGN_OR_RETURN(coco, CocoSource::Load(config.coco, config.coco_results, json_limits));
+    ASSIGN_OR_RETURN(coco, CocoSource::Load(config.coco, config.coco_results_in_rows ? "" : config.coco_results,
+                                            json_limits));
   }
   if (config.predictions()) {
     // No model: score the manifest's predictions on the CPU, one row per thread.
@@ -382,13 +383,16 @@ absl::Status Worker::CheckModelFiles(const v1::JobSpec& spec) {
     files.emplace_back(absl::StrCat("--model-option ", key), option->second);
     wanted.push_back(hash);
   }
-  // COCO jobs: the annotation and results files every worker reads the instances from.
+  // COCO jobs: the annotation and results files every worker reads the instances from (not the
+  // results file when the rows carry the detections).
   const bool panoptic = !spec.coco_panoptic().empty();
+  static const std::string kNoFile;
   for (const auto& [what, path, hash] : {std::tuple<const char*, const std::string&, const std::string&>{
                                              panoptic ? "--coco-panoptic file" : "--coco file",
                                              panoptic ? spec.coco_panoptic() : spec.coco(), spec.coco_sha256()},
                                          {panoptic ? "--panoptic-predictions file" : "--coco-results file",
-                                          panoptic ? spec.panoptic_predictions() : spec.coco_results(),
+                                          panoptic ? spec.panoptic_predictions()
+                                          : spec.coco_results_in_rows() ? kNoFile : spec.coco_results(),
                                           spec.coco_results_sha256()}}) {
     if (path.empty() || hash.empty()) continue;
     files.emplace_back(what, path);

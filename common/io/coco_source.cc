@@ -64,7 +64,8 @@ const CocoImageInfo* CocoSource::Image(int64_t id) const {
   return it == image_index_.end() ? nullptr : &gt_.images[it->second];
 }
 
-absl::Status CocoSource::Instances(int64_t image_id, CocoImageInstances* out, int64_t max_bytes) const {
+absl::Status CocoSource::Instances(int64_t image_id, CocoImageInstances* out, int64_t max_bytes,
+                                  const std::string& row_detections) const {
   const CocoImageInfo* image = Image(image_id);
   if (image == nullptr) return absl::InvalidArgumentError(absl::StrCat("COCO image ", image_id, " is not in the annotation file"));
   if (image->height <= 0 || image->width <= 0 || !ProductWithin({image->height, image->width}, 0xffffffffll)) {
@@ -77,23 +78,91 @@ absl::Status CocoSource::Instances(int64_t image_id, CocoImageInstances* out, in
   out->width = image->width;
   out->references.clear();
   out->detections.clear();
+  std::vector<CocoAnnotation> sent;
+  if (!row_detections.empty()) {
+    ASSIGN_OR_RETURN(sent, DecodeCocoDetections(row_detections));
+  }
+  std::vector<const CocoAnnotation*> anns[2];
+  if (auto it = gt_by_image_.find(image_id); it != gt_by_image_.end()) {
+    for (size_t i : it->second) anns[0].push_back(&gt_.annotations[i]);
+  }
+  if (auto it = results_by_image_.find(image_id); it != results_by_image_.end()) {
+    for (size_t i : it->second) anns[1].push_back(&results_[i]);
+  }
+  for (const CocoAnnotation& a : sent) anns[1].push_back(&a);
   for (bool result : {false, true}) {
-    const auto& index = result ? results_by_image_ : gt_by_image_;
-    auto it = index.find(image_id);
-    if (it == index.end()) continue;
-    for (size_t i : it->second) {
-      const CocoAnnotation& a = result ? results_[i] : gt_.annotations[i];
-      if (!a.error.empty()) return absl::InvalidArgumentError(a.error);  // Before its category is looked up.
-      if (!HasCategory(a.category_id)) {
-        return absl::InvalidArgumentError(absl::StrCat(result ? "result " : "annotation ", a.id, ": category ",
-                                                       a.category_id, " is not in the annotation file's categories"));
+    for (const CocoAnnotation* a : anns[result]) {
+      if (!a->error.empty()) return absl::InvalidArgumentError(a->error);  // Before its category is looked up.
+      if (!HasCategory(a->category_id)) {
+        return absl::InvalidArgumentError(absl::StrCat(result ? "result " : "annotation ", a->id, ": category ",
+                                                       a->category_id, " is not in the annotation file's categories"));
       }
       CocoInstance inst;
-      if (absl::Status s = Decode(a, result, image->height, image->width, max_bytes, &inst); !s.ok()) return s;
+      if (absl::Status s = Decode(*a, result, image->height, image->width, max_bytes, &inst); !s.ok()) return s;
       (result ? out->detections : out->references).push_back(std::move(inst));
     }
   }
   return absl::OkStatus();
+}
+
+std::string EncodeCocoDetections(const std::vector<const CocoAnnotation*>& detections) {
+  v1::CocoDetections out;
+  for (const CocoAnnotation* a : detections) {
+    v1::CocoDetection* d = out.add_detections();
+    d->set_id(a->id);
+    d->set_image_id(a->image_id);
+    d->set_category_id(a->category_id);
+    d->set_score(a->score);
+    d->set_area(a->area);
+    d->set_has_area(a->has_area);
+    d->set_iscrowd(a->iscrowd);
+    d->set_error(a->error);
+    const CocoSegmentation& s = a->segmentation;
+    d->set_segmentation_kind(static_cast<int32_t>(s.kind));
+    for (const std::vector<double>& p : s.polygons) {
+      d->add_polygon_sizes(static_cast<int64_t>(p.size()));
+      for (double v : p) d->add_polygon_points(v);
+    }
+    for (int64_t c : s.counts) d->add_counts(c);
+    d->set_counts_string(s.counts_string);
+    d->set_height(s.height);
+    d->set_width(s.width);
+  }
+  return out.SerializeAsString();
+}
+
+absl::StatusOr<std::vector<CocoAnnotation>> DecodeCocoDetections(const std::string& bytes) {
+  v1::CocoDetections in;
+  if (!in.ParseFromString(bytes)) return absl::DataLossError("the row's COCO detections are unreadable");
+  std::vector<CocoAnnotation> out(static_cast<size_t>(in.detections_size()));
+  for (int i = 0; i < in.detections_size(); ++i) {
+    const v1::CocoDetection& d = in.detections(i);
+    CocoAnnotation& a = out[static_cast<size_t>(i)];
+    a.id = d.id();
+    a.image_id = d.image_id();
+    a.category_id = d.category_id();
+    a.score = d.score();
+    a.area = d.area();
+    a.has_area = d.has_area();
+    a.iscrowd = d.iscrowd();
+    a.error = d.error();
+    CocoSegmentation& s = a.segmentation;
+    if (d.segmentation_kind() < 0 || d.segmentation_kind() > static_cast<int32_t>(CocoSegmentation::Kind::kString)) {
+      return absl::DataLossError("the row's COCO detections name an unknown segmentation kind");
+    }
+    s.kind = static_cast<CocoSegmentation::Kind>(d.segmentation_kind());
+    int64_t at = 0;
+    for (int64_t n : d.polygon_sizes()) {
+      if (n < 0 || n > d.polygon_points_size() - at) return absl::DataLossError("the row's COCO polygons are inconsistent");
+      s.polygons.emplace_back(d.polygon_points().begin() + at, d.polygon_points().begin() + at + n);
+      at += n;
+    }
+    s.counts.assign(d.counts().begin(), d.counts().end());
+    s.counts_string = d.counts_string();
+    s.height = d.height();
+    s.width = d.width();
+  }
+  return out;
 }
 
 absl::StatusOr<Rle> CocoSource::AnnotationUnion(const std::vector<int64_t>& ids, int64_t height, int64_t width,

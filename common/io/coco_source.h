@@ -45,8 +45,10 @@ class CocoSource {
 
   // The image's references and, from the results file, detections, decoded. `max_bytes` (>= 0):
   // what rasterising one annotation's polygons may take; one that would need more fails the row,
-  // named, before it is walked.
-  absl::Status Instances(int64_t image_id, CocoImageInstances* out, int64_t max_bytes = -1) const;
+  // named, before it is walked. `row_detections` (a serialized v1::CocoDetections, a row's
+  // coco_detections): the image's detections when the coordinator sent them with the row.
+  absl::Status Instances(int64_t image_id, CocoImageInstances* out, int64_t max_bytes = -1,
+                         const std::string& row_detections = "") const;
   // The union of annotations `ids` (all of one image) as a mask of that image's size; no ids: an
   // empty mask of `height` x `width`.
   absl::StatusOr<Rle> AnnotationUnion(const std::vector<int64_t>& ids, int64_t height, int64_t width,
@@ -65,6 +67,10 @@ class CocoSource {
 
 // A panoptic job's reference and predicted annotations (COCO panoptic JSON), loaded once per job.
 // Thread-safe after Load.
+// One image's results as a row carries them (v1::CocoDetections, serialized), and back.
+std::string EncodeCocoDetections(const std::vector<const CocoAnnotation*>& detections);
+absl::StatusOr<std::vector<CocoAnnotation>> DecodeCocoDetections(const std::string& bytes);
+
 class PanopticSource {
  public:
   static absl::StatusOr<std::shared_ptr<const PanopticSource>> Load(const std::string& reference,

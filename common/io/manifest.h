@@ -42,6 +42,8 @@ struct ManifestRow {
   bool has_coco_image = false;
   std::vector<int64_t> coco_ann_ids;
   bool has_coco_ann_ids = false;
+  // COCO results jobs: the image's detections, a serialized v1::CocoDetections (coco_source.h).
+  std::string coco_detections;
 };
 
 struct ManifestLimits {

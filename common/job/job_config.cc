@@ -329,6 +329,7 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   c.coco_results = spec.coco_results();
   c.coco_sha256 = spec.coco_sha256();
   c.coco_results_sha256 = spec.coco_results_sha256();
+  c.coco_results_in_rows = spec.coco_results_in_rows();
   c.coco_panoptic = spec.coco_panoptic();
   c.panoptic_dir = spec.panoptic_dir();
   c.panoptic_predictions = spec.panoptic_predictions();

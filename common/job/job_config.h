@@ -125,6 +125,7 @@ struct JobConfig {
   std::string coco_images;
   std::string coco_results;
   std::string coco_sha256, coco_results_sha256;
+  bool coco_results_in_rows = false;  // The rows carry the detections: the file is not read.
   struct CocoCategory {
     int64_t id = 0;
     std::string name;

@@ -244,6 +244,7 @@ absl::Status CheckCoco(v1::JobSpec* spec, bool check_files) {
   spec->clear_coco_categories();
   spec->clear_coco_sha256();
   spec->clear_coco_results_sha256();
+  spec->clear_coco_results_in_rows();
   if (!spec->coco_panoptic().empty()) return CheckPanoptic(spec, check_files);
   if (!spec->panoptic_dir().empty() || !spec->panoptic_predictions().empty() ||
       !spec->panoptic_predictions_dir().empty()) {

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/file_util.h"
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
 #include "common/io/coco_json.h"
+#include "common/io/coco_source.h"
 #include "common/io/manifest.h"
 #include "common/job/job_config.h"
 #include "common/security/sha256.h"
@@ -44,8 +46,9 @@ void WarnUnlisted(const std::vector<CocoAnnotation>& anns, const std::set<int64_
 
 // The annotation file's images and categories checked, and what the stored spec holds of them: the
 // categories, the class count and conventions of the semantic metrics, the warnings, the hashes.
+// `results`: the results file's detections, read here once for every worker.
 absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, const ClientFileLimits& limits,
-                              v1::JobSpec* out) {
+                              v1::JobSpec* out, std::vector<CocoAnnotation>* results) {
   v1::JobSpec& spec = *out;
   std::set<int64_t> image_ids;
   for (const CocoImageInfo& im : gt.images) {
@@ -83,11 +86,13 @@ absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, const Cli
   }
   WarnUnlisted(gt.annotations, image_ids, "annotation", &spec);
   if (!spec.coco_results().empty()) {
-    // Read once here too: a file that is no results file fails the submission, not every worker.
+    // Read once, here: a file that is no results file fails the submission, and each row carries
+    // its image's detections to the worker that scores it (no worker parses the whole file).
     std::string sha256;
-    ASSIGN_OR_RETURN(std::vector<CocoAnnotation> results, LoadCocoResults(spec.coco_results(), limits, &sha256));
-    WarnUnlisted(results, image_ids, "result", &spec);
+    ASSIGN_OR_RETURN(*results, LoadCocoResults(spec.coco_results(), limits, &sha256));
+    WarnUnlisted(*results, image_ids, "result", &spec);
     spec.set_coco_results_sha256(sha256);
+    spec.set_coco_results_in_rows(true);
   }
   return absl::OkStatus();
 }
@@ -174,7 +179,10 @@ absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, co
   ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoDataset(spec.coco(), limits, &sha256));
   spec.set_coco_sha256(sha256);
   spec.set_max_json_file_bytes(options_.max_json_file_bytes);
-  RETURN_IF_ERROR(CompleteCocoSpec(gt, options_.max_manifest_rows, limits, &spec));
+  std::vector<CocoAnnotation> results;
+  RETURN_IF_ERROR(CompleteCocoSpec(gt, options_.max_manifest_rows, limits, &spec, &results));
+  std::unordered_map<int64_t, std::vector<const CocoAnnotation*>> detections;  // By image, in the file's order.
+  for (const CocoAnnotation& a : results) detections[a.image_id].push_back(&a);
   std::vector<ManifestRow> rows;
   for (size_t i = 0; i < gt.images.size(); ++i) {
     const CocoImageInfo& im = gt.images[i];
@@ -185,6 +193,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, co
     if (!im.file_name.empty()) row.image_path = ResolvePath(spec.coco_images(), im.file_name);
     row.has_coco_image = true;
     row.coco_image_id = im.id;
+    if (auto it = detections.find(im.id); it != detections.end()) row.coco_detections = EncodeCocoDetections(it->second);
     // Only a model reads the image (a results job draws its thumbnails without one).
     if (im.file_name.empty() && !spec.model().empty()) row.error = absl::StrCat("COCO image ", im.id, " has no file_name");
     rows.push_back(std::move(row));

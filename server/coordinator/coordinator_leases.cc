@@ -165,6 +165,7 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Gran
       row->set_has_coco_ann_ids(true);
       for (int64_t id : r.coco_ann_ids) row->add_coco_ann_ids(id);
     }
+    if (!r.coco_detections.empty()) row->set_coco_detections(r.coco_detections);
   }
   return response;
 }

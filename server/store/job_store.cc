@@ -294,7 +294,7 @@ bool GetString(const char** p, const char* end, std::string* v) {
 // The serialized ManifestRow holding a row's extra columns and COCO fields ("" for other rows).
 void ExtraBlob(const ManifestRow& r, std::string* out) {
   out->clear();
-  if (r.columns.empty() && !r.has_coco_image && !r.has_coco_ann_ids) return;
+  if (r.columns.empty() && !r.has_coco_image && !r.has_coco_ann_ids && r.coco_detections.empty()) return;
   v1::ManifestRow extra;
   for (const std::string& v : r.columns) extra.add_columns(v);
   if (r.has_coco_image) {
@@ -305,6 +305,7 @@ void ExtraBlob(const ManifestRow& r, std::string* out) {
     extra.set_has_coco_ann_ids(true);
     for (int64_t id : r.coco_ann_ids) extra.add_coco_ann_ids(id);
   }
+  extra.set_coco_detections(r.coco_detections);
   extra.SerializeToString(out);
 }
 
@@ -317,6 +318,7 @@ absl::Status ApplyExtraBlob(const std::string& blob, ManifestRow* r) {
   r->coco_image_id = extra.coco_image_id();
   r->has_coco_ann_ids = extra.has_coco_ann_ids();
   r->coco_ann_ids.assign(extra.coco_ann_ids().begin(), extra.coco_ann_ids().end());
+  r->coco_detections = extra.coco_detections();
   return absl::OkStatus();
 }
 

@@ -137,3 +137,60 @@ TEST(ParseCocoPanopticTest, SegmentsAndTheirErrors) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// What a row carries from tallyd to a worker: every field of every segmentation kind, in order.
+TEST(CocoDetectionsTest, EveryKindOfSegmentationRoundTrips) {
+  std::vector<CocoAnnotation> in(4);
+  in[0].id = 7;
+  in[0].image_id = 3;
+  in[0].category_id = 2;
+  in[0].score = 0.123456789012345;
+  in[0].segmentation.kind = CocoSegmentation::Kind::kPolygons;
+  in[0].segmentation.polygons = {{1.5, 2, 3, 4.25, 5, 6}, {10, 10, 20, 10, 15, 20, 11, 12}};
+  in[1].id = 8;
+  in[1].score = 1;
+  in[1].segmentation.kind = CocoSegmentation::Kind::kCounts;
+  in[1].segmentation.counts = {0, 5, 3, 100};
+  in[1].segmentation.height = 9;
+  in[1].segmentation.width = 12;
+  in[2].id = 9;
+  in[2].area = 41.5;
+  in[2].has_area = true;
+  in[2].iscrowd = true;
+  in[2].segmentation.kind = CocoSegmentation::Kind::kString;
+  in[2].segmentation.counts_string = std::string("Ph0\0;1", 6);
+  in[2].segmentation.height = 640;
+  in[2].segmentation.width = 480;
+  in[3].id = 10;
+  in[3].error = "result 10: no segmentation";
+  std::vector<const CocoAnnotation*> pointers;
+  for (const CocoAnnotation& a : in) pointers.push_back(&a);
+  auto out = DecodeCocoDetections(EncodeCocoDetections(pointers));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const CocoAnnotation &a = in[i], &b = (*out)[i];
+    EXPECT_EQ(a.id, b.id);
+    EXPECT_EQ(a.image_id, b.image_id);
+    EXPECT_EQ(a.category_id, b.category_id);
+    EXPECT_EQ(a.score, b.score);  // Bit for bit: scores order the matching.
+    EXPECT_EQ(a.area, b.area);
+    EXPECT_EQ(a.has_area, b.has_area);
+    EXPECT_EQ(a.iscrowd, b.iscrowd);
+    EXPECT_EQ(a.error, b.error);
+    EXPECT_EQ(a.segmentation.kind, b.segmentation.kind);
+    EXPECT_EQ(a.segmentation.polygons, b.segmentation.polygons);
+    EXPECT_EQ(a.segmentation.counts, b.segmentation.counts);
+    EXPECT_EQ(a.segmentation.counts_string, b.segmentation.counts_string);
+    EXPECT_EQ(a.segmentation.height, b.segmentation.height);
+    EXPECT_EQ(a.segmentation.width, b.segmentation.width);
+  }
+  EXPECT_TRUE(DecodeCocoDetections("").ok());
+  EXPECT_FALSE(DecodeCocoDetections("\xff\xff\xff").ok());
+}
+
+}  // namespace
+}  // namespace tally

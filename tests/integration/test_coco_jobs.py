@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import signal
+import time
 import unittest
 
 import numpy as np
@@ -183,6 +184,50 @@ class CocoJobTest(unittest.TestCase):
         report = tt.read_report(out)
         self.assertEqual(report["images_evaluated"], len(images))
         self.assertEqual(report["instances"]["images"], len(images))
+
+    def test_workers_get_their_images_detections_from_tallyd_and_a_killed_lease_holder_changes_nothing(self):
+        """tallyd parses the results file once; each row carries its image's detections (issue 45):
+        the file moved away after the submission changes nothing, and a worker SIGKILLed while it
+        holds leases (frozen first, so that it surely does) loses nothing."""
+        root = tt.tmpdir(self)
+        images, cats, gts, dts = self.make(root, 44, parts=8)
+        want_stats, want_ap = ref.coco_eval(images, cats, gts, dts)
+        cluster = tt.Cluster(self, os.path.join(root, "cluster"), lease_seconds=2.0)
+        frozen = cluster.start_worker(name="frozen")
+        cluster.wait_registered(1)
+        time.sleep(0.5)  # Its long poll for work is open now...
+        frozen.send_signal(signal.SIGSTOP)  # ...and stays open while it cannot run.
+        job = cluster.cli("submit", "--coco", os.path.join(root, "gt.json"), "--images", root, "--coco-results",
+                          os.path.join(root, "results.json"), "--shard-size", "2").stdout.strip()
+        os.rename(os.path.join(root, "results.json"), os.path.join(root, "results.moved"))
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            held = [w for w in json.loads(cluster.cli("workers", "--json").stdout).get("workers", [])
+                    if w.get("name") == "frozen" and job in w.get("jobs", [])]
+            if held:
+                break
+            time.sleep(0.1)
+        self.assertTrue(held, "the frozen worker was granted nothing: " + cluster.log("tallyd.log")[-2000:])
+        frozen.send_signal(signal.SIGKILL)
+        frozen.wait(10)
+        for _ in range(3):
+            cluster.start_worker()
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        self.assertEqual(stats_of(out), (want_stats, want_ap))
+        report = tt.read_report(out)
+        self.assertEqual(report["images_evaluated"], len(images))
+        self.assertEqual(report["images_failed"], 0)
+        rows = tt.read_per_image(out)
+        keys = [(r["index"], r["class"]) for r in rows]
+        self.assertEqual(len(keys), len(set(keys)))
+        # The same rows as one worker reading them with the file in place.
+        os.rename(os.path.join(root, "results.moved"), os.path.join(root, "results.json"))
+        one = os.path.join(root, "one")
+        self.run_job(root, one, "--coco-results", os.path.join(root, "results.json"), "--workers", "1",
+                     "--shard-size", "2")
+        self.assertTrue(tt.same_files(out, one))
 
     def test_bad_annotations_fail_only_their_image_naming_them(self):
         root = tt.tmpdir(self)

@@ -207,7 +207,7 @@ absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap
                                                    " pixels (--max-image-pixels)"));
   }
   CocoImageInstances image;
-  RETURN_IF_ERROR(coco_->Instances(row.coco_image_id(), &image, spare));
+  RETURN_IF_ERROR(coco_->Instances(row.coco_image_id(), &image, spare, row.coco_detections()));
   result->set_coco_image_id(image.image_id);
   EvaluateCocoInstances(image, result->mutable_instances());
   bool render = false;
