@@ -127,6 +127,9 @@ absl::StatusOr<v1::AcquireShardResponse> Coordinator::BuildAssignment(const Gran
   } else {
     rows = store_->ReadRows(g.job_id, g.shard.begin, g.shard.end);
   }
+  if (rows.ok() && g.spec.coco_results_in_rows()) {
+    if (absl::Status s = store_->ReadDetections(g.job_id, &*rows); !s.ok()) rows = s;
+  }
   if (!rows.ok()) {
     Deferred undo;
     {

@@ -115,6 +115,8 @@ CREATE TABLE IF NOT EXISTS results(
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, worker_id TEXT NOT NULL, error TEXT NOT NULL,
   payload BLOB NOT NULL, committed REAL NOT NULL, PRIMARY KEY(job_id, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS submissions(job_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS row_detections(
+  job_id TEXT NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY(job_id, idx));
 CREATE TABLE IF NOT EXISTS thumbnails(
   job_id TEXT NOT NULL, cls INTEGER NOT NULL, idx INTEGER NOT NULL, dice REAL NOT NULL, slice INTEGER NOT NULL,
   jpeg BLOB NOT NULL, PRIMARY KEY(job_id, cls, idx)) WITHOUT ROWID;
@@ -294,7 +296,7 @@ bool GetString(const char** p, const char* end, std::string* v) {
 // The serialized ManifestRow holding a row's extra columns and COCO fields ("" for other rows).
 void ExtraBlob(const ManifestRow& r, std::string* out) {
   out->clear();
-  if (r.columns.empty() && !r.has_coco_image && !r.has_coco_ann_ids && r.coco_detections.empty()) return;
+  if (r.columns.empty() && !r.has_coco_image && !r.has_coco_ann_ids) return;
   v1::ManifestRow extra;
   for (const std::string& v : r.columns) extra.add_columns(v);
   if (r.has_coco_image) {
@@ -305,7 +307,6 @@ void ExtraBlob(const ManifestRow& r, std::string* out) {
     extra.set_has_coco_ann_ids(true);
     for (int64_t id : r.coco_ann_ids) extra.add_coco_ann_ids(id);
   }
-  extra.set_coco_detections(r.coco_detections);
   extra.SerializeToString(out);
 }
 
@@ -318,7 +319,6 @@ absl::Status ApplyExtraBlob(const std::string& blob, ManifestRow* r) {
   r->coco_image_id = extra.coco_image_id();
   r->has_coco_ann_ids = extra.has_coco_ann_ids();
   r->coco_ann_ids.assign(extra.coco_ann_ids().begin(), extra.coco_ann_ids().end());
-  r->coco_detections = extra.coco_detections();
   return absl::OkStatus();
 }
 
@@ -418,6 +418,7 @@ absl::StatusOr<bool> JobStore::BlockedLocked(const std::string& job_id) {
 absl::Status JobStore::InsertManifestRows(const std::string& job_id, const std::vector<ManifestRow>& rows,
                                           bool blocks) {
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(InsertDetectionsLocked(job_id, rows));
   if (blocks) {
     blocked_[job_id] = true;
     return InTransaction([&](sqlite3* db) -> absl::Status {
@@ -521,7 +522,9 @@ absl::Status JobStore::DeleteInBatches(const char* table, const std::string& job
   // Tables keyed by (job_id, idx) can hold millions of rows of a job: delete them in bounded
   // transactions, so that other jobs' commits are not held up behind one large deletion.
   const std::string name = table;
-  const char* key = name == "manifest_rows" || name == "results" ? "idx" : name == "manifest_blocks" ? "block" : nullptr;
+  const char* key = name == "manifest_rows" || name == "results" || name == "row_detections" ? "idx"
+                    : name == "manifest_blocks"                                            ? "block"
+                                                                                           : nullptr;
   const bool by_index = key != nullptr;
   const std::string sql = by_index ? absl::StrCat("DELETE FROM ", table, " WHERE job_id=?1 AND ", key, " IN (SELECT ",
                                                   key, " FROM ", table, " WHERE job_id=?1 ORDER BY ", key,
@@ -544,7 +547,8 @@ absl::Status JobStore::DeleteInBatches(const char* table, const std::string& job
 
 absl::Status JobStore::DeleteJob(const std::string& job_id) {
   for (const char* table :
-       {"results", "manifest_rows", "manifest_blocks", "shards", "job_workers", "thumbnails", "jobs", "submissions"}) {
+       {"results", "manifest_rows", "manifest_blocks", "row_detections", "shards", "job_workers", "thumbnails", "jobs",
+        "submissions"}) {
     RETURN_IF_ERROR(DeleteInBatches(table, job_id));
   }
   absl::MutexLock lock(&mu_);
@@ -641,6 +645,38 @@ absl::StatusOr<ManifestRow> RowFromStmt(Stmt& q) {
 }
 
 }  // namespace
+
+// COCO results jobs' detections (ManifestRow.coco_detections), a record per row beside the rows:
+// a lease reads only its own rows' (the rows' blocks stay small for every other reader).
+absl::Status JobStore::InsertDetectionsLocked(const std::string& job_id, const std::vector<ManifestRow>& rows) {
+  if (std::none_of(rows.begin(), rows.end(), [](const ManifestRow& r) { return !r.coco_detections.empty(); })) {
+    return absl::OkStatus();
+  }
+  return InTransaction([&](sqlite3* db) -> absl::Status {
+    Stmt write(db, "INSERT OR REPLACE INTO row_detections VALUES(?,?,?)");
+    RETURN_IF_ERROR(write.status());
+    for (const ManifestRow& r : rows) {
+      if (r.coco_detections.empty()) continue;
+      write.BindStatic(1, job_id).Bind(2, r.index).BindBlob(3, r.coco_detections);
+      RETURN_IF_ERROR(write.Run());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status JobStore::ReadDetections(const std::string& job_id, std::vector<ManifestRow>* rows) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT data FROM row_detections WHERE job_id=? AND idx=?");
+  RETURN_IF_ERROR(q.status());
+  for (ManifestRow& r : *rows) {
+    absl::Status s;
+    q.Bind(1, job_id).Bind(2, r.index);
+    if (q.Step(&s)) r.coco_detections = q.Blob(0);
+    q.Reset();
+    RETURN_IF_ERROR(s);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<ManifestRow>> JobStore::ReadRows(const std::string& job_id, int64_t begin, int64_t end) {
   absl::MutexLock lock(&mu_);

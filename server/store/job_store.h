@@ -102,6 +102,9 @@ class JobStore {
   absl::StatusOr<std::vector<ManifestRow>> ReadRows(const std::string& job_id, int64_t begin, int64_t end);
   // The rows of these manifest indices, in the order given (missing ones left out).
   absl::StatusOr<std::vector<ManifestRow>> ReadRowsAt(const std::string& job_id, const std::vector<int64_t>& indices);
+  // COCO results jobs (JobSpec.coco_results_in_rows): each row's coco_detections filled in (stored
+  // apart from the rows, which other readers read without them).
+  absl::Status ReadDetections(const std::string& job_id, std::vector<ManifestRow>* rows);
 
   // Commits results in one transaction; rows that already have a result are left as they are
   // (a re-run of a shard produces the same values). `new_rows` receives, for each result, whether
@@ -141,6 +144,8 @@ class JobStore {
   // body gets the handle as an argument: lambdas are outside the lock analysis, so they must not
   // read db_ themselves.
   absl::Status InTransaction(const std::function<absl::Status(sqlite3* db)>& body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InsertDetectionsLocked(const std::string& job_id, const std::vector<ManifestRow>& rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeleteInBatches(const char* table, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Whether the job's rows are in blocks (InsertManifestRows), remembered once known.

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Issue 45 item 4: the whole `tally run --coco ... --coco-results ...` command, from process start to
+# the report, on tally-make-coco's COCO-val2017-sized set (5000 images, 100 detections each,
+# compressed RLE): every core, and one core (taskset -c 0, as in a one-CPU container); the peak
+# RSS of tallyd and of each worker (their logs' VmHWM at exit is not kept, so /proc is sampled).
+#   OUT=/tmp/logs bash bench/gpu/issue45_coco.sh [STAGES]   (build,setup,run; BIN=DIR: other binaries)
+set -uo pipefail
+stages=${1:-build,setup,run}
+has() { [[ ",$stages," == *",$1,"* ]]; }
+src=$PWD; work=/tmp/i45c; mkdir -p "$work"
+export DEB_DIR=$src/.gpu/debs
+t_start=$(date +%s)
+if has build; then
+  scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; exit 1; }
+  echo "build: $(( $(date +%s) - t_start )) s"
+fi
+bin=${BIN:-$src/build-gpu/bin}
+echo "cores: $(nproc); binaries: $bin"
+if has setup; then
+  "$bin/tally-make-coco" --out "$work/set" --images 5000 --detections 100 > /dev/null
+  mkdir -p "$work/img"
+  ls -la "$work/set"
+fi
+peak() {  # pattern: the largest VmHWM (MB) among running processes matching it, sampled until none
+  local best=0
+  while pgrep -f "$1" > /dev/null; do
+    for p in $(pgrep -f "$1"); do
+      v=$(awk '/VmHWM/ {print int($2/1024)}' /proc/$p/status 2>/dev/null); [ -n "$v" ] && [ "$v" -gt "$best" ] && best=$v
+    done
+    sleep 0.05
+  done
+  echo $best
+}
+if has run; then
+  for cpu in "" "taskset -c 0"; do
+    for rep in $(seq ${REPS:-3}); do
+      rm -rf "$work/out"
+      s=$(date +%s.%N)
+      $cpu "$bin/tally" run --coco "$work/set/gt.json" --images "$work/img" --coco-results "$work/set/results.json" \
+        --out "$work/out" > "$work/run.log" 2>&1 &
+      pid=$!
+      sleep 0.2
+      peak "$bin/tallyd" > "$work/peak_tallyd" & peak "$bin/tally-worker" > "$work/peak_worker" &
+      wait $pid; rc=$?
+      e=$(date +%s.%N)
+      wait
+      python3 - "$work/out/report.json" "${cpu:-all cores}" "$(python3 -c "print($e - $s)")" "$(cat $work/peak_tallyd)" \
+        "$(cat $work/peak_worker)" "$rc" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+s = r["instances"]["stats"]
+print(f"{sys.argv[2]}: command {float(sys.argv[3]):.2f} s (rc {sys.argv[6]}), job wall {r['wall_seconds']:.2f} s, "
+      f"workers {len(r['workers'])}, peak RSS tallyd {sys.argv[4]} MB, worker {sys.argv[5]} MB, "
+      f"AP {s['AP']:.6f} AP50 {s['AP50']:.6f} AR100 {s['AR100']:.6f}")
+PY
+    done
+  done
+fi
+echo "total: $(( $(date +%s) - t_start )) s"
