@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -128,6 +129,13 @@ def write_pairs(root, pairs):
 # ---------------------------------------------------------------------------------------------
 # Running Tally
 # ---------------------------------------------------------------------------------------------
+
+def free_port():
+    """A loopback port free now (for daemons that must be told their port in advance)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 def tally(*args, check=True, timeout=600):
     """Runs the tally CLI; returns the CompletedProcess (stdout/stderr as text)."""

@@ -17,7 +17,6 @@ test's own (CONTAINERS_CONF): runc, and ulimits the VM lets an unprivileged cont
 """
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,12 +49,6 @@ def missing():
         if shutil.which(b) is None and not os.path.exists("/usr/sbin/" + b):
             return f"{b} is not installed (podman, runc, debootstrap: scripts/install-deps.sh)"
     return None
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def debian_mirror():
@@ -225,7 +218,7 @@ class ContainersTest(unittest.TestCase):
         self.dns_before = subprocess.run(["pgrep", "aardvark-dns"], capture_output=True).returncode == 0
         self.podman("network", "create", self.tag)
         self.podman("volume", "create", self.tag)
-        self.port = free_port()
+        self.port = tt.free_port()
         self.start_tallyd()
         self.wait_until("tallyd's health check", self.health, timeout=60)
         # As the manifests expect: the unprivileged user and a root file system nobody can write.

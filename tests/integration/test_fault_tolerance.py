@@ -3,7 +3,6 @@ import base64
 import os
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,12 +19,6 @@ def figures(out):
         html = f.read()
     pattern = r'<figure data-index="(\d+)" data-class="(\d+)"><img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)"'
     return {(int(c), int(i)): base64.b64decode(b) for i, c, b in re.findall(pattern, html)}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kill_and_restart_tallyd(test, cluster, root):
@@ -469,7 +462,7 @@ class DecodeResolutionTest(unittest.TestCase):
 
 class UnreachableCoordinatorTest(unittest.TestCase):
     def test_worker_retries_with_backoff_and_says_so(self):
-        port = free_port()
+        port = tt.free_port()
         start = time.time()
         p = subprocess.run([os.path.join(tt.BIN, "tally-worker"), "--coordinator", f"127.0.0.1:{port}",
                             "--max-connect-seconds", "3"], capture_output=True, text=True, timeout=60)
@@ -482,7 +475,7 @@ class UnreachableCoordinatorTest(unittest.TestCase):
     def test_worker_started_before_the_coordinator_joins_when_it_comes_up(self):
         root = tt.tmpdir(self)
         manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(1), 6, [(16, 16)], classes=2)
-        port = free_port()
+        port = tt.free_port()
         log = open(os.path.join(root, "worker.log"), "w")
         self.addCleanup(log.close)
         worker = subprocess.Popen([os.path.join(tt.BIN, "tally-worker"), "--coordinator", f"127.0.0.1:{port}"],

@@ -28,12 +28,6 @@ def read(path):
         return f.read().strip()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def missing():
     if os.geteuid() != 0:
         return "needs root (slurmd and munged run as root here)"
@@ -83,8 +77,8 @@ class SlurmTest(unittest.TestCase):
 SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
+SlurmctldPort={tt.free_port()}
+SlurmdPort={tt.free_port()}
 AuthType=auth/munge
 AuthInfo=socket={cls.munge_socket}
 StateSaveLocation={r}/ctld
