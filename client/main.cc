@@ -21,6 +21,7 @@
 #include "client/verbs/verb_util.h"
 #include "client/verbs/verbs.h"
 #include "common/base/flag_util.h"
+#include "common/job/rpc.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tallyd address (host:port) for submit/watch/status/...");
 // Security (SECURITY.md).
@@ -342,6 +343,7 @@ int HelpOrVersion(const CommandLine& cl) {
 }  // namespace tally
 
 int main(int argc, char** argv) {
+  tally::KeepGrpcUntilExit();  // Exits do not wait on gRPC's threads (common/job/rpc.h).
   absl::SetProgramUsageMessage("tally VERB [flags]; `tally help` lists the verbs");
   std::vector<std::string> normalized = tally::NormalizeFlagNames(argc, argv);
   // --channels-last was a bare boolean before it took auto|on|off: a bare one still means on.

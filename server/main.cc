@@ -30,6 +30,7 @@
 #include "common/process/gpu_inventory.h"
 #include "common/base/log.h"
 #include "common/process/signals.h"
+#include "common/job/rpc.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -146,6 +147,7 @@ absl::StatusOr<tally::ServerOptions> ReadOptions(std::vector<std::string> data_r
 }  // namespace
 
 int main(int argc, char** argv) {
+  tally::KeepGrpcUntilExit();  // Exits do not wait on gRPC's threads (common/job/rpc.h).
   tally::SetLogName("tallyd");
   const std::string usage = "Tally coordinator. Usage: tallyd [--listen host:port] [--state-dir DIR] [flags]";
   absl::SetProgramUsageMessage(usage);

@@ -39,6 +39,7 @@
 #include "common/base/status_macros.h"
 #include "common/process/signals.h"
 #include "common/io/image_io.h"
+#include "common/job/rpc.h"
 #include "worker/early_cuda.h"
 #include "worker/estimate.h"
 #include "worker/worker.h"
@@ -235,6 +236,7 @@ int Serve(const tally::WorkerOptions& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tally::KeepGrpcUntilExit();  // Exits do not wait on gRPC's threads (common/job/rpc.h).
   const double started_after = ProcessAgeSeconds();
   std::atexit(tally::JoinEarlyCuda);  // Before any exit path: see worker/early_cuda.h.
   const std::string usage = "Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N [flags]";

@@ -1,5 +1,7 @@
 #include "common/job/rpc.h"
 
+#include <grpc/grpc.h>
+
 #include "google/protobuf/util/json_util.h"
 
 namespace tally {
@@ -33,6 +35,14 @@ std::string ToJson(const google::protobuf::Message& m) {
 
 bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+void KeepGrpcUntilExit() {
+  static const bool held = [] {
+    grpc_init();
+    return true;
+  }();
+  (void)held;
 }
 
 }  // namespace tally

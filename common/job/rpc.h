@@ -22,6 +22,15 @@ std::string ToJson(const google::protobuf::Message& m);
 // Succeeded, failed or cancelled: the job will not change again.
 bool IsTerminal(v1::JobState state);
 
+// Holds a reference on the gRPC library until the process exits; each binary's main calls it first.
+// With gRPC 1.51 (Debian's), dropping the last reference (the server's or the last channel's
+// destructor) runs grpc_shutdown, which joins gRPC's executor threads; one of them may sit in the
+// TCP backup poller's wait after a large write that met a full socket (a big lease, a report) and
+// let it run out: seconds of an exit spent on nothing (issue 45: `tally run` lingering 5 s, tallyd
+// killed by its caller's grace period, a worker SIGKILLed after its stop). Everything Tally must
+// keep is written before that point, so the process exit ends those threads instead.
+void KeepGrpcUntilExit();
+
 }  // namespace tally
 
 #endif  // TALLY_COMMON_JOB_RPC_H_
