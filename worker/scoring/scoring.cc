@@ -117,17 +117,14 @@ absl::StatusOr<int> ScoringPipeline::ClassCount(const v1::ManifestRow& row, cons
   const uint16_t* r = ref.labels.labels.data();
   const int64_t n = static_cast<int64_t>(ref.labels.labels.size());
   // Prediction labels: kIgnoredPixel (65535) is no label there, so the plain maximum is checked.
-  int pred_max = -1;
-  int64_t pred_max_at = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (p[i] > pred_max) {
-      pred_max = p[i];
-      pred_max_at = i;
-    }
-  }
+  // The maximum first (a loop the compiler vectorises), its position only for the error.
+  uint16_t top = 0;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, p[i]);
+  const int pred_max = n > 0 ? top : -1;
+  auto pred_max_at = [&] { return static_cast<int64_t>(std::find(p, p + n, top) - p); };
   if (pred_max > kMaxMaskValue) {
     return absl::InvalidArgumentError(absl::StrCat("prediction '", DisplayPath(row.prediction_path()), "' holds label ", pred_max,
-                                                   " at ", Position(pred.labels, pred_max_at), "; labels are 0..",
+                                                   " at ", Position(pred.labels, pred_max_at()), "; labels are 0..",
                                                    kMaxMaskValue));
   }
   if (!config_.regions.empty()) return static_cast<int>(config_.regions.size());
@@ -142,7 +139,7 @@ absl::StatusOr<int> ScoringPipeline::ClassCount(const v1::ManifestRow& row, cons
   const int classes = fixed;
   if (pred_max >= classes) {
     return absl::InvalidArgumentError(absl::StrCat("prediction value ", pred_max, " at ",
-                                                   Position(pred.labels, pred_max_at), " >= number of classes ", classes,
+                                                   Position(pred.labels, pred_max_at()), " >= number of classes ", classes,
                                                    " (--num-classes; values are labels after --label-map)"));
   }
   // PrepareMask's max_label spares a scan of the reference on every good row.
