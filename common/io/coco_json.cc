@@ -1,11 +1,15 @@
 #include "common/io/coco_json.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include <simdjson.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 #include "common/io/manifest.h"
 #include "common/security/data_roots.h"
 #include "common/security/sha256.h"
@@ -479,6 +483,125 @@ absl::StatusOr<std::vector<CocoAnnotation>> ParseResults(const simdjson::padded_
   return out;
 }
 }  // namespace
+
+namespace {
+// One detection's JSON text (a view into the whole file, whose padding lies after its end), parsed
+// on its own.
+error_code ParseOneResult(sj::parser* parser, simdjson::dom::parser* validator, std::string_view text, size_t readable,
+                          CocoAnnotation* a, std::string* why) {
+  // Valid JSON first (simdjson's DOM parser checks all of it): the on-demand parser below reads
+  // lazily, and what it tolerates in skipped values could differ from the whole file's single pass.
+  simdjson::dom::element checked;
+  if (error_code e = validator->parse(text.data(), text.size(), false).get(checked); e) return e;
+  sj::document doc;
+  if (error_code e = parser->iterate(simdjson::padded_string_view(text.data(), text.size(), readable)).get(doc); e) {
+    return e;
+  }
+  sj::object o;
+  if (error_code e = doc.get_object().get(o); e) return e;
+  return ParseAnnotation(o, true, a, why);
+}
+
+// Whether `texts` (each a detection's JSON object) tile the document's array: '[', the objects
+// separated by single commas, ']', nothing but whitespace between. Anything else (the walk stopped
+// early, a value that is no object) leaves the file to the single pass, whose errors are the ones
+// Tally has always given.
+bool TilesTheArray(std::string_view doc, const std::vector<std::string_view>& texts) {
+  auto skip_space = [&](size_t i) {
+    while (i < doc.size() && (doc[i] == ' ' || doc[i] == '\t' || doc[i] == '\n' || doc[i] == '\r')) ++i;
+    return i;
+  };
+  size_t at = skip_space(0);
+  if (at >= doc.size() || doc[at] != '[') return false;
+  at = skip_space(at + 1);
+  for (size_t k = 0; k < texts.size(); ++k) {
+    if (k > 0) {
+      if (at >= doc.size() || doc[at] != ',') return false;
+      at = skip_space(at + 1);
+    }
+    const std::string_view t = texts[k];
+    if (t.data() != doc.data() + at || t.size() < 2 || t.front() != '{' || t.back() != '}') return false;
+    at = skip_space(at + t.size());
+  }
+  return at < doc.size() && doc[at] == ']';
+}
+
+absl::StatusOr<int> ParseResultsInParts(const simdjson::padded_string_view& json, absl::string_view name, int threads,
+                                        const CocoResultVisitor& each, size_t min_per_part) {
+  // Whatever the parts cannot take (a malformed file) goes through the single pass, for its error.
+  auto single = [&]() -> absl::StatusOr<int> {
+    ASSIGN_OR_RETURN(std::vector<CocoAnnotation> all, ParseResults(json, name));
+    for (CocoAnnotation& a : all) each(0, std::move(a));
+    return 1;
+  };
+  std::vector<std::string_view> texts;
+  {
+    // First pass: where each detection's text lies (simdjson skips over it without decoding it).
+    sj::parser parser;
+    sj::document doc;
+    sj::array results;
+    if (parser.iterate(json).get(doc) || doc.get_array().get(results)) return single();
+    for (auto element : results) {
+      sj::object o;
+      std::string_view text;
+      if (element.get_object().get(o) || o.raw_json().get(text)) return single();
+      texts.push_back(text);
+    }
+  }
+  if (!TilesTheArray(std::string_view(json.data(), json.size()), texts)) return single();
+  const size_t n = texts.size();
+  const int parts = static_cast<int>(
+      std::clamp<size_t>(n / std::max<size_t>(min_per_part, 1), 1, static_cast<size_t>(std::max(threads, 1))));
+  // Parsed part by part first, handed over only once every part has parsed: a malformed detection
+  // anywhere hands nothing over and goes to the single pass.
+  std::vector<std::vector<CocoAnnotation>> parsed(parts);
+  std::atomic<bool> failed{false};
+  auto run = [&](int part) {
+    sj::parser mine;
+    simdjson::dom::parser validator;
+    std::string why;
+    const size_t begin = n * part / parts, end = n * (part + 1) / parts;
+    parsed[part].reserve(end - begin);
+    for (size_t i = begin; i < end && !failed.load(std::memory_order_relaxed); ++i) {
+      CocoAnnotation a;
+      a.id = static_cast<int64_t>(i) + 1;
+      const size_t readable = static_cast<size_t>(json.data() + json.capacity() - texts[i].data());
+      if (ParseOneResult(&mine, &validator, texts[i], readable, &a, &why)) {
+        failed.store(true);
+        return;
+      }
+      parsed[part].push_back(std::move(a));
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int part = 1; part < parts; ++part) pool.emplace_back(run, part);
+  run(0);
+  for (std::thread& t : pool) t.join();
+  if (failed.load()) return single();
+  std::vector<std::thread> hand;
+  auto give = [&](int part) {
+    for (CocoAnnotation& a : parsed[part]) each(part, std::move(a));
+    std::vector<CocoAnnotation>().swap(parsed[part]);
+  };
+  for (int part = 1; part < parts; ++part) hand.emplace_back(give, part);
+  give(0);
+  for (std::thread& t : hand) t.join();
+  return parts;
+}
+}  // namespace
+
+absl::StatusOr<int> ParseCocoResultsInParts(absl::string_view json, absl::string_view name, int threads,
+                                            const CocoResultVisitor& each, size_t min_per_part) {
+  const simdjson::padded_string padded(json.data(), json.size());
+  return ParseResultsInParts(padded, name, threads, each, min_per_part);
+}
+
+absl::StatusOr<int> LoadCocoResultsInParts(const std::string& path, const ClientFileLimits& limits, std::string* sha256,
+                                           int threads, const CocoResultVisitor& each, size_t min_per_part) {
+  absl::StatusOr<std::string> text = ReadWhole(path, limits, sha256);
+  if (!text.ok()) return text.status();
+  return ParseResultsInParts(Padded(*text), path, threads, each, min_per_part);
+}
 
 absl::StatusOr<CocoDataset> LoadCocoDataset(const std::string& path, const ClientFileLimits& limits,
                                             std::string* sha256) {

@@ -10,6 +10,7 @@
 #define TALLY_COMMON_IO_COCO_JSON_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,17 @@ absl::StatusOr<CocoDataset> LoadCocoDataset(const std::string& path, const Clien
 absl::StatusOr<std::vector<CocoAnnotation>> LoadCocoResults(const std::string& path,
                                                             const ClientFileLimits& limits = {},
                                                             std::string* sha256 = nullptr);
+// A results file read once and parsed on up to `threads` threads, nothing kept: its detections are
+// split into parts of consecutive ones (parts in the file's order) and `each(part, detection)` sees
+// every detection of a part, in the file's order, on one thread (parts run at the same time).
+// Returns the number of parts (at least `min_per_part` detections each, but one part at least). The
+// detections are ParseCocoResults' to the bit; of several malformed ones, the first in the file
+// that is no JSON object, else the first that is not a detection, names the error.
+using CocoResultVisitor = std::function<void(int part, CocoAnnotation&& detection)>;
+absl::StatusOr<int> LoadCocoResultsInParts(const std::string& path, const ClientFileLimits& limits, std::string* sha256,
+                                           int threads, const CocoResultVisitor& each, size_t min_per_part = 4096);
+absl::StatusOr<int> ParseCocoResultsInParts(absl::string_view json, absl::string_view name, int threads,
+                                            const CocoResultVisitor& each, size_t min_per_part = 4096);
 
 // The mask of a segmentation on an image of `height` x `width` (pycocotools' annToRLE). Errors: no
 // segmentation, an RLE whose `size` is not the image's, a malformed RLE or polygon.

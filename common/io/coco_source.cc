@@ -1,5 +1,9 @@
 #include "common/io/coco_source.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <algorithm>
 #include <array>
 #include <limits>
@@ -105,30 +109,41 @@ absl::Status CocoSource::Instances(int64_t image_id, CocoImageInstances* out, in
   return absl::OkStatus();
 }
 
-std::string EncodeCocoDetections(const std::vector<const CocoAnnotation*>& detections) {
-  v1::CocoDetections out;
-  for (const CocoAnnotation* a : detections) {
-    v1::CocoDetection* d = out.add_detections();
-    d->set_id(a->id);
-    d->set_image_id(a->image_id);
-    d->set_category_id(a->category_id);
-    d->set_score(a->score);
-    d->set_area(a->area);
-    d->set_has_area(a->has_area);
-    d->set_iscrowd(a->iscrowd);
-    d->set_error(a->error);
-    const CocoSegmentation& s = a->segmentation;
-    d->set_segmentation_kind(static_cast<int32_t>(s.kind));
-    for (const std::vector<double>& p : s.polygons) {
-      d->add_polygon_sizes(static_cast<int64_t>(p.size()));
-      for (double v : p) d->add_polygon_points(v);
-    }
-    for (int64_t c : s.counts) d->add_counts(c);
-    d->set_counts_string(s.counts_string);
-    d->set_height(s.height);
-    d->set_width(s.width);
+void AppendCocoDetection(const CocoAnnotation& a, std::string* out) {
+  thread_local v1::CocoDetection d;
+  d.Clear();
+  d.set_id(a.id);
+  d.set_image_id(a.image_id);
+  d.set_category_id(a.category_id);
+  d.set_score(a.score);
+  d.set_area(a.area);
+  d.set_has_area(a.has_area);
+  d.set_iscrowd(a.iscrowd);
+  d.set_error(a.error);
+  const CocoSegmentation& s = a.segmentation;
+  d.set_segmentation_kind(static_cast<int32_t>(s.kind));
+  for (const std::vector<double>& p : s.polygons) {
+    d.add_polygon_sizes(static_cast<int64_t>(p.size()));
+    for (double v : p) d.add_polygon_points(v);
   }
-  return out.SerializeAsString();
+  for (int64_t c : s.counts) d.add_counts(c);
+  d.set_counts_string(s.counts_string);
+  d.set_height(s.height);
+  d.set_width(s.width);
+  // CocoDetections' field 1 (length-delimited): one element of its `detections`, so that appended
+  // elements are the serialized list.
+  google::protobuf::io::StringOutputStream stream(out);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.WriteTag(google::protobuf::internal::WireFormatLite::MakeTag(
+      v1::CocoDetections::kDetectionsFieldNumber, google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+  coded.WriteVarint32(static_cast<uint32_t>(d.ByteSizeLong()));
+  d.SerializeWithCachedSizes(&coded);
+}
+
+std::string EncodeCocoDetections(const std::vector<const CocoAnnotation*>& detections) {
+  std::string out;
+  for (const CocoAnnotation* a : detections) AppendCocoDetection(*a, &out);
+  return out;
 }
 
 absl::StatusOr<std::vector<CocoAnnotation>> DecodeCocoDetections(const std::string& bytes) {

@@ -69,6 +69,9 @@ class CocoSource {
 // Thread-safe after Load.
 // One image's results as a row carries them (v1::CocoDetections, serialized), and back.
 std::string EncodeCocoDetections(const std::vector<const CocoAnnotation*>& detections);
+// Appends one detection to `out` as EncodeCocoDetections would: detections appended one by one
+// (in the file's order) are their list's encoding.
+void AppendCocoDetection(const CocoAnnotation& a, std::string* out);
 absl::StatusOr<std::vector<CocoAnnotation>> DecodeCocoDetections(const std::string& bytes);
 
 class PanopticSource {

@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/clock.h"
 #include "common/base/file_util.h"
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
@@ -44,11 +47,56 @@ void WarnUnlisted(const std::vector<CocoAnnotation>& anns, const std::set<int64_
   if (count > 0) spec->add_manifest_warnings(UnlistedWarning(what, count, first_id, first_image));
 }
 
+// The results file's detections, parsed on every core and encoded per image as rows carry them
+// (v1::CocoDetections, in the file's order); those for images the reference does not list are
+// counted for the warning and dropped.
+absl::Status ReadDetections(const std::string& path, const ClientFileLimits& limits, const std::set<int64_t>& image_ids,
+                            std::string* sha256, v1::JobSpec* spec,
+                            std::unordered_map<int64_t, std::string>* detections) {
+  struct Part {
+    std::unordered_map<int64_t, std::string> by_image;
+    int64_t unlisted = 0, first_id = 0, first_image = 0;
+  };
+  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 32u));
+  std::vector<Part> parts(threads);
+  ASSIGN_OR_RETURN(const int used, LoadCocoResultsInParts(path, limits, sha256, threads, [&](int k, CocoAnnotation&& a) {
+    Part& p = parts[k];
+    if (image_ids.count(a.image_id) == 0) {
+      if (p.unlisted++ == 0) {
+        p.first_id = a.id;
+        p.first_image = a.image_id;
+      }
+      return;
+    }
+    AppendCocoDetection(a, &p.by_image[a.image_id]);
+  }));
+  int64_t unlisted = 0, first_id = 0, first_image = 0;
+  for (int k = 0; k < used; ++k) {
+    Part& p = parts[k];
+    if (p.unlisted > 0 && unlisted == 0) {
+      first_id = p.first_id;
+      first_image = p.first_image;
+    }
+    unlisted += p.unlisted;
+    for (auto& [image, bytes] : p.by_image) {
+      std::string& all = (*detections)[image];
+      if (all.empty()) {
+        all = std::move(bytes);
+      } else {
+        all += bytes;
+      }
+    }
+    p.by_image.clear();
+  }
+  if (unlisted > 0) spec->add_manifest_warnings(UnlistedWarning("result", unlisted, first_id, first_image));
+  return absl::OkStatus();
+}
+
 // The annotation file's images and categories checked, and what the stored spec holds of them: the
 // categories, the class count and conventions of the semantic metrics, the warnings, the hashes.
-// `results`: the results file's detections, read here once for every worker.
+// `detections`: the results file's, read here once for every worker, encoded by image.
 absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, const ClientFileLimits& limits,
-                              v1::JobSpec* out, std::vector<CocoAnnotation>* results) {
+                              v1::JobSpec* out, std::unordered_map<int64_t, std::string>* detections) {
   v1::JobSpec& spec = *out;
   std::set<int64_t> image_ids;
   for (const CocoImageInfo& im : gt.images) {
@@ -89,8 +137,7 @@ absl::Status CompleteCocoSpec(const CocoDataset& gt, int64_t max_rows, const Cli
     // Read once, here: a file that is no results file fails the submission, and each row carries
     // its image's detections to the worker that scores it (no worker parses the whole file).
     std::string sha256;
-    ASSIGN_OR_RETURN(*results, LoadCocoResults(spec.coco_results(), limits, &sha256));
-    WarnUnlisted(*results, image_ids, "result", &spec);
+    RETURN_IF_ERROR(ReadDetections(spec.coco_results(), limits, image_ids, &sha256, &spec, detections));
     spec.set_coco_results_sha256(sha256);
     spec.set_coco_results_in_rows(true);
   }
@@ -176,13 +223,14 @@ absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, co
   v1::JobSpec spec = in;
   const ClientFileLimits limits = SubmissionLimits();
   std::string sha256;
+  const double t0 = NowUnix();
   ASSIGN_OR_RETURN(CocoDataset gt, LoadCocoDataset(spec.coco(), limits, &sha256));
   spec.set_coco_sha256(sha256);
   spec.set_max_json_file_bytes(options_.max_json_file_bytes);
-  std::vector<CocoAnnotation> results;
-  RETURN_IF_ERROR(CompleteCocoSpec(gt, options_.max_manifest_rows, limits, &spec, &results));
-  std::unordered_map<int64_t, std::vector<const CocoAnnotation*>> detections;  // By image, in the file's order.
-  for (const CocoAnnotation& a : results) detections[a.image_id].push_back(&a);
+  std::unordered_map<int64_t, std::string> detections;  // By image, encoded, in the file's order.
+  const double t1 = NowUnix();
+  RETURN_IF_ERROR(CompleteCocoSpec(gt, options_.max_manifest_rows, limits, &spec, &detections));
+  const double t2 = NowUnix();
   std::vector<ManifestRow> rows;
   for (size_t i = 0; i < gt.images.size(); ++i) {
     const CocoImageInfo& im = gt.images[i];
@@ -193,12 +241,17 @@ absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, co
     if (!im.file_name.empty()) row.image_path = ResolvePath(spec.coco_images(), im.file_name);
     row.has_coco_image = true;
     row.coco_image_id = im.id;
-    if (auto it = detections.find(im.id); it != detections.end()) row.coco_detections = EncodeCocoDetections(it->second);
+    if (auto it = detections.find(im.id); it != detections.end()) row.coco_detections = std::move(it->second);
     // Only a model reads the image (a results job draws its thumbnails without one).
     if (im.file_name.empty() && !spec.model().empty()) row.error = absl::StrCat("COCO image ", im.id, " has no file_name");
     rows.push_back(std::move(row));
   }
+  const double t3 = NowUnix();
   RETURN_IF_ERROR(StoreRows(job_id, std::move(rows)));
+  Log("job ", job_id, ": ", spec.coco(), " read in ", absl::StrFormat("%.2f", t1 - t0), " s",
+      spec.coco_results().empty() ? std::string()
+                                  : absl::StrCat(", ", spec.coco_results(), " in ", absl::StrFormat("%.2f", t2 - t1), " s"),
+      "; ", gt.images.size(), " rows stored in ", absl::StrFormat("%.2f", NowUnix() - t3), " s");
   return QueuedRecord(spec, job_id, static_cast<int64_t>(gt.images.size()));
 }
 

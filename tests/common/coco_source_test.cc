@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/io/coco_json.h"
 #include "common/io/thumbnail.h"
 #include "gtest/gtest.h"
 
@@ -140,6 +142,63 @@ TEST(ParseCocoPanopticTest, SegmentsAndTheirErrors) {
 
 namespace tally {
 namespace {
+
+// tallyd's parse of a results file on several threads: the parts hold consecutive detections, in
+// the file's order, each the single-threaded parser's to the bit; appended one by one they encode as
+// the whole list does; a malformed detection is named as the single-threaded parser names it.
+TEST(CocoResultsInPartsTest, PartsAreTheFileInOrderAndEncodeAsTheList) {
+  std::string json = "[";
+  for (int i = 0; i < 1000; ++i) {
+    if (i > 0) json += ",\n";
+    json += absl::StrCat("{\"image_id\": ", i % 7, ", \"category_id\": ", 1 + i % 3, ", \"score\": 0.", 1000 + i,
+                         i % 2 == 0 ? ", \"segmentation\": {\"size\": [4, 5], \"counts\": \"02N0\\\\0\"}"
+                                    : ", \"segmentation\": [[0, 0, 3, 0, 3, 2]]",
+                         "}");
+  }
+  json += "]";
+  auto whole = ParseCocoResults(json, "r.json");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(whole->size(), 1000u);
+  std::vector<std::vector<CocoAnnotation>> parts(4);
+  auto used = ParseCocoResultsInParts(
+      json, "r.json", 4, [&](int k, CocoAnnotation&& a) { parts[k].push_back(std::move(a)); }, 100);
+  ASSERT_TRUE(used.ok()) << used.status();
+  EXPECT_EQ(*used, 4);
+  std::vector<const CocoAnnotation*> flat;
+  std::string appended;
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(parts[k].size(), 250u);
+    for (const CocoAnnotation& a : parts[k]) {
+      flat.push_back(&a);
+      AppendCocoDetection(a, &appended);
+    }
+  }
+  ASSERT_EQ(flat.size(), whole->size());
+  std::vector<const CocoAnnotation*> expected;
+  for (size_t i = 0; i < flat.size(); ++i) {
+    const CocoAnnotation &a = *flat[i], &b = (*whole)[i];
+    expected.push_back(&b);
+    EXPECT_EQ(a.id, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(a.id, b.id);
+    EXPECT_EQ(a.image_id, b.image_id);
+    EXPECT_EQ(a.score, b.score);
+    EXPECT_EQ(a.segmentation.kind, b.segmentation.kind);
+    EXPECT_EQ(a.segmentation.counts_string, b.segmentation.counts_string);
+    EXPECT_EQ(a.segmentation.polygons, b.segmentation.polygons);
+  }
+  EXPECT_EQ(appended, EncodeCocoDetections(expected));
+  // A detection near the 700th without an image id: named as ParseCocoResults names it.
+  const size_t at = json.find("{\"image_id\": 0, \"category_id\": ", json.size() * 7 / 10);
+  ASSERT_NE(at, std::string::npos);
+  std::string bad = json;
+  bad.replace(at, std::string("{\"image_id\": 0, \"category_id\": ").size(), "{\"imageid\": 0, \"category_id\": ");
+  auto single = ParseCocoResults(bad, "r.json");
+  auto split = ParseCocoResultsInParts(bad, "r.json", 4, [](int, CocoAnnotation&&) {}, 100);
+  ASSERT_FALSE(single.ok());
+  ASSERT_FALSE(split.ok());
+  EXPECT_EQ(split.status().message(), single.status().message());
+  EXPECT_NE(split.status().message().find("r.json"), absl::string_view::npos);
+}
 
 // What a row carries from tallyd to a worker: every field of every segmentation kind, in order.
 TEST(CocoDetectionsTest, EveryKindOfSegmentationRoundTrips) {

@@ -38,6 +38,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   absl::StatusOr<std::vector<tally::CocoAnnotation>> r = tally::ParseCocoResults(text, "fuzz.json");
   if (r.ok()) CheckMasks(*r);
+  // tallyd's parse on several threads (a part per detection here) accepts what the single pass
+  // accepts, and yields the same detections in the same order.
+  std::vector<std::vector<tally::CocoAnnotation>> parts(3);
+  absl::StatusOr<int> split = tally::ParseCocoResultsInParts(
+      text, "fuzz.json", 3, [&](int k, tally::CocoAnnotation&& a) { parts[k].push_back(std::move(a)); }, 1);
+  FUZZ_CHECK(split.ok() == r.ok());
+  if (split.ok()) {
+    size_t i = 0;
+    for (const auto& part : parts) {
+      for (const tally::CocoAnnotation& a : part) {
+        FUZZ_CHECK(i < r->size() && a.id == (*r)[i].id && a.image_id == (*r)[i].image_id && a.error == (*r)[i].error);
+        ++i;
+      }
+    }
+    FUZZ_CHECK(i == r->size());
+  }
   absl::StatusOr<tally::CocoDataset> p = tally::ParseCocoPanoptic(text, "fuzz.json");
   if (p.ok()) {
     for (const tally::CocoPanopticAnnotation& a : p->panoptic) {
