@@ -31,14 +31,31 @@ void CountClasses(const uint16_t* pred, const uint16_t* ref, int64_t n, int num_
     ++in_ref[k][ri];
     agree[k][pi] += p == r;
   };
+  // Background in both maps (most pixels of instance and lesion masks) is tested 16 pixels at a
+  // time (a loop the compiler turns into vector ORs) and counted at once.
+  constexpr int kBlock = 16;
+  int64_t background = 0;
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    one(0, i);
-    one(1, i + 1);
-    one(2, i + 2);
-    one(3, i + 3);
+  for (; i + kBlock <= n; i += kBlock) {
+    uint16_t any = 0;
+    for (int k = 0; k < kBlock; ++k) any |= static_cast<uint16_t>(pred[i + k] | ref[i + k]);
+    if (any == 0) {
+      background += kBlock;
+      continue;
+    }
+    for (int k = 0; k < kBlock; k += 4) {
+      one(0, i + k);
+      one(1, i + k + 1);
+      one(2, i + k + 2);
+      one(3, i + k + 3);
+    }
   }
   for (; i < n; ++i) one(0, i);
+  if (num_classes > 0) {  // Label 0 in both: agreed, and counted on each side.
+    agree[0][0] += background;
+    in_pred[0][0] += background;
+    in_ref[0][0] += background;
+  }
   const int64_t ignored = in_ref[0][spare] + in_ref[1][spare] + in_ref[2][spare] + in_ref[3][spare];
   const int64_t valid = n - ignored;
   out->assign(num_classes, {});

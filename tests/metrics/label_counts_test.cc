@@ -44,5 +44,42 @@ TEST(LabelCountsTest, ClassCountsFromMatrixMatchCountClasses) {
   }
 }
 
+// Long stretches of background in both maps (counted 16 pixels at a time), objects, ignored pixels
+// and a length that is no multiple of 16: each class's counts against a per-pixel count written
+// here, pixel by pixel.
+TEST(LabelCountsTest, CountClassesOnBackgroundObjectsAndIgnoredPixelsMatchesPixelByPixel) {
+  const int64_t n = 16 * 700 + 13;
+  std::vector<uint16_t> ref(n, 0), pred(n, 0);
+  uint32_t state = 12345;
+  auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  for (int64_t i = 0; i < n; ++i) {
+    if ((i / 160) % 3 == 0) continue;  // Background in both.
+    ref[i] = static_cast<uint16_t>(next() >> 29);  // 0..7
+    pred[i] = (next() >> 28) % 3 == 0 ? static_cast<uint16_t>(next() >> 29) : ref[i];
+    if ((next() >> 27) == 0) ref[i] = kIgnoredPixel;
+  }
+  ref[n - 1] = 3;  // The tail past the last whole block.
+  pred[n - 1] = 0;
+  const int classes = 8;
+  std::vector<ConfusionCounts> got;
+  CountClasses(pred.data(), ref.data(), n, classes, &got);
+  ASSERT_EQ(got.size(), static_cast<size_t>(classes));
+  for (int c = 0; c < classes; ++c) {
+    ConfusionCounts want{0, 0, 0, 0};
+    for (int64_t i = 0; i < n; ++i) {
+      if (ref[i] == kIgnoredPixel) continue;
+      const bool r = ref[i] == c, p = pred[i] == c;
+      want.tp += r && p;
+      want.fp += !r && p;
+      want.fn += r && !p;
+      want.tn += !r && !p;
+    }
+    EXPECT_EQ(got[c].tp, want.tp) << c;
+    EXPECT_EQ(got[c].fp, want.fp) << c;
+    EXPECT_EQ(got[c].fn, want.fn) << c;
+    EXPECT_EQ(got[c].tn, want.tn) << c;
+  }
+}
+
 }  // namespace
 }  // namespace tally
