@@ -3,7 +3,9 @@
 # the report, on tally-make-coco's COCO-val2017-sized set (5000 images, 100 detections each,
 # compressed RLE): every core, and one core (taskset -c 0, as in a one-CPU container); the peak
 # RSS of tallyd and of each worker (their logs' VmHWM at exit is not kept, so /proc is sampled).
-#   OUT=/tmp/logs bash bench/gpu/issue45_coco.sh [STAGES]   (build,setup,run; BIN=DIR: other binaries)
+# `anchor`: the real pycocotools on the same set (bench/gpu/pycocotools_anchor.sh; its source in
+# COCOAPI=DIR, default .gpu/cocoapi).
+#   OUT=/tmp/logs bash bench/gpu/issue45_coco.sh [STAGES]   (build,setup,run,anchor; BIN=DIR: other binaries)
 set -uo pipefail
 stages=${1:-build,setup,run}
 has() { [[ ",$stages," == *",$1,"* ]]; }
@@ -44,6 +46,7 @@ if has run; then
       wait $pid; rc=$?
       e=$(date +%s.%N)
       wait
+      grep -h "read in" "$work/out/.tally/tallyd.log" | cut -c12- || true
       python3 - "$work/out/report.json" "${cpu:-all cores}" "$(python3 -c "print($e - $s)")" "$(cat $work/peak_tallyd)" \
         "$(cat $work/peak_worker)" "$rc" <<'PY'
 import json, sys
@@ -55,5 +58,9 @@ print(f"{sys.argv[2]}: command {float(sys.argv[3]):.2f} s (rc {sys.argv[6]}), jo
 PY
     done
   done
+fi
+if has anchor; then
+  echo "pycocotools: $(bash bench/gpu/pycocotools_anchor.sh "${COCOAPI:-$src/.gpu/cocoapi}" "$work/set/gt.json" "$work/set/results.json")"
+  echo "pycocotools, one core: $(bash bench/gpu/pycocotools_anchor.sh "${COCOAPI:-$src/.gpu/cocoapi}" "$work/set/gt.json" "$work/set/results.json" 0)"
 fi
 echo "total: $(( $(date +%s) - t_start )) s"
