@@ -625,6 +625,7 @@ void Coordinator::RunFinalizers() {
       rec = jobs_.at(job_id)->record;
       live = jobs_.at(job_id)->live_report;
     }
+    const double started = NowUnix();
     const bool completing = !IsTerminal(rec.job.state());
     if (completing) {
       rec.job.set_state(v1::JOB_STATE_SUCCEEDED);
@@ -639,7 +640,9 @@ void Coordinator::RunFinalizers() {
     const bool kept = live != nullptr && live->rows() == rec.job.images_evaluated() + rec.job.images_failed() &&
                       IntervalKindFor(rec) == IntervalKind::kRows;
     absl::Status s = kept ? live->Write(store_.get(), rec, ReportPath(job_id), &outcome) : absl::OkStatus();
+    bool from_rows = kept;
     if (!kept || !s.ok()) {
+      from_rows = false;
       if (!s.ok()) Log("job ", job_id, ": the report kept as rows arrived failed (", s.message(), "); built from the database");
       outcome = ReportOutcome();
       s = WriteReports(store_.get(), rec, ReportPath(job_id), &outcome);
@@ -674,7 +677,8 @@ void Coordinator::RunFinalizers() {
     NoteStorage(saved);
     if (!saved.ok()) Log("saving job ", job_id, " failed: ", saved.ToString());
     Log("job ", job_id, " ", v1::JobState_Name(rec.job.state()), ": ", rec.job.images_evaluated(), " evaluated, ",
-        rec.job.images_failed(), " failed of ", rec.job.images_total());
+        rec.job.images_failed(), " failed of ", rec.job.images_total(), "; report ", from_rows ? "kept as rows arrived" : "built from the database",
+        ", written in ", absl::StrFormat("%.2f", NowUnix() - started), " s");
   }
 }
 

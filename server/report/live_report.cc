@@ -15,7 +15,9 @@ namespace tally {
 
 bool LiveReport::Eligible(const v1::Job& job) {
   absl::StatusOr<JobConfig> config = JobConfigFromSpec(job.spec());
-  if (!config.ok() || config->instance_job() || config->panoptic_job() || config->nnunet_summary) return false;
+  // COCO instance jobs are kept too (their evaluation orders images by id, whatever order rows came
+  // in); panoptic ones are not (PQ sums each category's IoUs in the rows' order).
+  if (!config.ok() || config->panoptic_job() || config->nnunet_summary) return false;
   if (AnyLesionMetric(config->metrics)) return false;
   const v1::JobSpec& spec = job.spec();
   if (spec.sample_rows() > 0 || spec.sample_percent() > 0 || spec.until_ci() > 0) return false;

@@ -291,6 +291,7 @@ void ReportAccumulator::Merge(ReportAccumulator* other) {
   d_.mask_max_label = std::max(d_.mask_max_label, other->d_.mask_max_label);
   d_.mask_ignored += other->d_.mask_ignored;
   for (const auto& [spacing, rows] : other->d_.spacings) d_.spacings[spacing] += rows;
+  if (instances_ != nullptr && other->instances_ != nullptr) instances_->Merge(other->instances_.get());
 }
 
 absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std::vector<const JobRecord*>& parts,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -45,6 +46,21 @@ void InstanceAccumulator::Add(const v1::ImageResult& r) {
     std::sort(worst_.begin(), worst_.end(), less);
     worst_.resize(kWorstInstanceImages);
   }
+}
+
+void InstanceAccumulator::Merge(InstanceAccumulator* other) {
+  images_ += other->images_;
+  evals_.insert(evals_.end(), std::make_move_iterator(other->evals_.begin()),
+                std::make_move_iterator(other->evals_.end()));
+  worst_.insert(worst_.end(), other->worst_.begin(), other->worst_.end());
+  for (const auto& [id, c] : other->counts_) {
+    std::array<int64_t, 5>& mine = counts_[id];
+    for (size_t i = 0; i < c.size(); ++i) mine[i] += c[i];
+  }
+  other->images_ = 0;
+  other->evals_.clear();
+  other->worst_.clear();
+  other->counts_.clear();
 }
 
 InstanceReport InstanceAccumulator::Finish() {

@@ -69,6 +69,9 @@ class InstanceAccumulator {
  public:
   explicit InstanceAccumulator(const JobConfig& config) : config_(config) {}
   void Add(const v1::ImageResult& r);
+  // Takes `other`'s images (any split of a job's rows, in any order: the evaluation orders each
+  // category's images by image id, and the worst images by F1 and index).
+  void Merge(InstanceAccumulator* other);
   InstanceReport Finish();
 
  private:
