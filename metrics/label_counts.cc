@@ -31,16 +31,21 @@ void CountClasses(const uint16_t* pred, const uint16_t* ref, int64_t n, int num_
     ++in_ref[k][ri];
     agree[k][pi] += p == r;
   };
-  // Background in both maps (most pixels of instance and lesion masks) is tested 16 pixels at a
-  // time (a loop the compiler turns into vector ORs) and counted at once.
+  // Label maps are mostly long stretches of one (prediction, reference) pair: a block of 16 pixels
+  // that holds a single pair (tested by a loop the compiler turns into vector compares) is counted
+  // at once, the others pixel by pixel.
   constexpr int kBlock = 16;
-  int64_t background = 0;
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    uint16_t any = 0;
-    for (int k = 0; k < kBlock; ++k) any |= static_cast<uint16_t>(pred[i + k] | ref[i + k]);
-    if (any == 0) {
-      background += kBlock;
+    const uint16_t p0 = pred[i], r0 = ref[i];
+    uint16_t differ = 0;
+    for (int k = 0; k < kBlock; ++k) differ |= static_cast<uint16_t>((pred[i + k] ^ p0) | (ref[i + k] ^ r0));
+    if (differ == 0) {
+      const bool ignored = r0 == kIgnoredPixel;
+      const size_t pi = ignored ? spare : p0, ri = ignored ? spare : r0;
+      in_pred[0][pi] += kBlock;
+      in_ref[0][ri] += kBlock;
+      agree[0][pi] += p0 == r0 ? kBlock : 0;
       continue;
     }
     for (int k = 0; k < kBlock; k += 4) {
@@ -51,11 +56,6 @@ void CountClasses(const uint16_t* pred, const uint16_t* ref, int64_t n, int num_
     }
   }
   for (; i < n; ++i) one(0, i);
-  if (num_classes > 0) {  // Label 0 in both: agreed, and counted on each side.
-    agree[0][0] += background;
-    in_pred[0][0] += background;
-    in_ref[0][0] += background;
-  }
   const int64_t ignored = in_ref[0][spare] + in_ref[1][spare] + in_ref[2][spare] + in_ref[3][spare];
   const int64_t valid = n - ignored;
   out->assign(num_classes, {});

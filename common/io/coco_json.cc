@@ -458,28 +458,37 @@ absl::StatusOr<std::vector<CocoAnnotation>> ParseCocoResults(absl::string_view j
 }
 
 namespace {
-absl::StatusOr<std::vector<CocoAnnotation>> ParseResults(const simdjson::padded_string_view& json,
-                                                         absl::string_view name) {
+// The results file in one pass, each detection handed to `each` as it is read (on an error, what
+// `each` saw is to be discarded).
+absl::Status VisitResults(const simdjson::padded_string_view& json, absl::string_view name,
+                          const std::function<void(CocoAnnotation&&)>& each) {
   sj::parser parser;
   sj::document doc;
   if (error_code e = parser.iterate(json).get(doc); e) return FileError(name, "not JSON", e);
   sj::array results;
   if (error_code e = doc.get_array().get(results); e) return FileError(name, "a results file is a JSON list", e);
-  std::vector<CocoAnnotation> out;
+  int64_t count = 0;
   for (auto element : results) {
     sj::object o;
     if (error_code e = element.get_object().get(o); e) {
-      return FileError(name, absl::StrCat("result ", out.size() + 1, " is not an object"), e);
+      return FileError(name, absl::StrCat("result ", count + 1, " is not an object"), e);
     }
     CocoAnnotation a;
-    a.id = static_cast<int64_t>(out.size()) + 1;
+    a.id = ++count;
     std::string why;
     if (error_code e = ParseAnnotation(o, true, &a, &why); e) {
       return why.empty() ? FileError(name, absl::StrCat("result ", a.id), e)
                          : FieldError(name, absl::StrCat("result ", a.id), why);
     }
-    out.push_back(std::move(a));
+    each(std::move(a));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CocoAnnotation>> ParseResults(const simdjson::padded_string_view& json,
+                                                         absl::string_view name) {
+  std::vector<CocoAnnotation> out;
+  RETURN_IF_ERROR(VisitResults(json, name, [&](CocoAnnotation&& a) { out.push_back(std::move(a)); }));
   return out;
 }
 }  // namespace
@@ -528,12 +537,12 @@ bool TilesTheArray(std::string_view doc, const std::vector<std::string_view>& te
 
 absl::StatusOr<int> ParseResultsInParts(const simdjson::padded_string_view& json, absl::string_view name, int threads,
                                         const CocoResultVisitor& each, size_t min_per_part) {
-  // Whatever the parts cannot take (a malformed file) goes through the single pass, for its error.
+  // One thread, or whatever the parts cannot take (a malformed file, for its error): the single pass.
   auto single = [&]() -> absl::StatusOr<int> {
-    ASSIGN_OR_RETURN(std::vector<CocoAnnotation> all, ParseResults(json, name));
-    for (CocoAnnotation& a : all) each(0, std::move(a));
+    RETURN_IF_ERROR(VisitResults(json, name, [&](CocoAnnotation&& a) { each(0, std::move(a)); }));
     return 1;
   };
+  if (threads <= 1) return single();
   std::vector<std::string_view> texts;
   {
     // First pass: where each detection's text lies (simdjson skips over it without decoding it).

@@ -95,8 +95,8 @@ absl::StatusOr<std::vector<CocoAnnotation>> LoadCocoResults(const std::string& p
 // split into parts of consecutive ones (parts in the file's order) and `each(part, detection)` sees
 // every detection of a part, in the file's order, on one thread (parts run at the same time).
 // Returns the number of parts (at least `min_per_part` detections each, but one part at least). The
-// detections are ParseCocoResults' to the bit; of several malformed ones, the first in the file
-// that is no JSON object, else the first that is not a detection, names the error.
+// detections are ParseCocoResults' to the bit, and so is the error (on an error, what `each` saw is
+// to be discarded).
 using CocoResultVisitor = std::function<void(int part, CocoAnnotation&& detection)>;
 absl::StatusOr<int> LoadCocoResultsInParts(const std::string& path, const ClientFileLimits& limits, std::string* sha256,
                                            int threads, const CocoResultVisitor& each, size_t min_per_part = 4096);

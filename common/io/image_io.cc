@@ -536,8 +536,10 @@ void PrepareMask(LabelMap* mask, const std::vector<uint16_t>& lut, int ignore_in
   if (!lut.empty()) {
     for (uint16_t& v : mask->labels) v = lut[v];
   }
-  // ignore_index -1 (none) equals no uint16 label.
-  mask->max_label = ScanLabels<true>(mask->labels.data(), mask->labels.size(), ignore_index, &mask->ignored);
+  // ignore_index -1 (none) equals no uint16 label: nothing to mark, the labels are only read.
+  mask->max_label = ignore_index < 0 || ignore_index > 0xFFFF
+                        ? ScanLabels<false>(mask->labels.data(), mask->labels.size(), ignore_index, &mask->ignored)
+                        : ScanLabels<true>(mask->labels.data(), mask->labels.size(), ignore_index, &mask->ignored);
 }
 
 std::string DescribeLabelOutOfRange(const LabelMap& mask, int num_classes) {

@@ -44,10 +44,10 @@ TEST(LabelCountsTest, ClassCountsFromMatrixMatchCountClasses) {
   }
 }
 
-// Long stretches of background in both maps (counted 16 pixels at a time), objects, ignored pixels
-// and a length that is no multiple of 16: each class's counts against a per-pixel count written
+// Long stretches of one pair (background in both, a disagreeing pair, ignored pixels: counted 16
+// pixels at a time), mixed pixels and a length that is no multiple of 16: each class's counts against a per-pixel count written
 // here, pixel by pixel.
-TEST(LabelCountsTest, CountClassesOnBackgroundObjectsAndIgnoredPixelsMatchesPixelByPixel) {
+TEST(LabelCountsTest, CountClassesOnUniformBlocksMixedPixelsAndIgnoredPixelsMatchesPixelByPixel) {
   const int64_t n = 16 * 700 + 13;
   std::vector<uint16_t> ref(n, 0), pred(n, 0);
   uint32_t state = 12345;
@@ -57,6 +57,14 @@ TEST(LabelCountsTest, CountClassesOnBackgroundObjectsAndIgnoredPixelsMatchesPixe
     ref[i] = static_cast<uint16_t>(next() >> 29);  // 0..7
     pred[i] = (next() >> 28) % 3 == 0 ? static_cast<uint16_t>(next() >> 29) : ref[i];
     if ((next() >> 27) == 0) ref[i] = kIgnoredPixel;
+  }
+  for (int64_t i = n / 2; i < n / 2 + 200; ++i) {  // Whole blocks of one disagreeing pair...
+    pred[i] = 5;
+    ref[i] = 3;
+  }
+  for (int64_t i = n / 2 + 200; i < n / 2 + 400; ++i) {  // ...and of ignored pixels.
+    pred[i] = 2;
+    ref[i] = kIgnoredPixel;
   }
   ref[n - 1] = 3;  // The tail past the last whole block.
   pred[n - 1] = 0;
