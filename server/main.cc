@@ -147,7 +147,6 @@ absl::StatusOr<tally::ServerOptions> ReadOptions(std::vector<std::string> data_r
 }  // namespace
 
 int main(int argc, char** argv) {
-  tally::KeepGrpcUntilExit();  // Exits do not wait on gRPC's threads (common/job/rpc.h).
   tally::SetLogName("tallyd");
   const std::string usage = "Tally coordinator. Usage: tallyd [--listen host:port] [--state-dir DIR] [flags]";
   absl::SetProgramUsageMessage(usage);
@@ -163,6 +162,9 @@ int main(int argc, char** argv) {
   tally::BlockTerminationSignals();
   tally::DumpStacksOnQuitSignal();
   tally::BlockReloadSignal();
+  // After the masks: gRPC's threads start here and inherit them (a termination or reload signal
+  // must reach only the thread that waits for it). Exits do not wait on those threads (rpc.h).
+  tally::KeepGrpcUntilExit();
   absl::StatusOr<tally::ServerOptions> options = ReadOptions(data_roots);
   if (!options.ok()) {
     std::cerr << "tallyd: " << options.status().message() << "\n";

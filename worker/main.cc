@@ -210,6 +210,9 @@ absl::StatusOr<tally::WorkerOptions> ReadOptions() {
 int Serve(const tally::WorkerOptions& options) {
   // Termination signals go to one thread (WaitForTerminationSignal): blocked before any thread starts.
   tally::BlockTerminationSignals();
+  // After the mask: gRPC's threads start here and inherit it (a termination signal must reach only
+  // the thread that waits for it). Exits do not wait on those threads (common/job/rpc.h).
+  tally::KeepGrpcUntilExit();
   tally::DumpStacksOnQuitSignal();
   auto worker = tally::Worker::Create(options);
   if (!worker.ok()) {
@@ -236,7 +239,6 @@ int Serve(const tally::WorkerOptions& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  tally::KeepGrpcUntilExit();  // Exits do not wait on gRPC's threads (common/job/rpc.h).
   const double started_after = ProcessAgeSeconds();
   std::atexit(tally::JoinEarlyCuda);  // Before any exit path: see worker/early_cuda.h.
   const std::string usage = "Tally worker. Usage: tally-worker --coordinator host:port --device cpu|cuda:N [flags]";

@@ -22,7 +22,9 @@ std::string ToJson(const google::protobuf::Message& m);
 // Succeeded, failed or cancelled: the job will not change again.
 bool IsTerminal(v1::JobState state);
 
-// Holds a reference on the gRPC library until the process exits; each binary's main calls it first.
+// Holds a reference on the gRPC library until the process exits. gRPC starts threads here, which
+// inherit the caller's signal mask: a binary that waits for termination signals on one thread calls
+// it after blocking them (common/process/signals.h), or a SIGTERM may end the process unhandled.
 // With gRPC 1.51 (Debian's), dropping the last reference (the server's or the last channel's
 // destructor) runs grpc_shutdown, which joins gRPC's executor threads; one of them may sit in the
 // TCP backup poller's wait after a large write that met a full socket (a big lease, a report) and
