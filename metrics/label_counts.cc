@@ -23,14 +23,15 @@ void CountClasses(const uint16_t* pred, const uint16_t* ref, int64_t n, int num_
     in_pred[k] = tallies.data() + (3 * k + 1) * slots;
     in_ref[k] = tallies.data() + (3 * k + 2) * slots;
   }
-  auto one = [&](int k, int64_t i) {
-    const uint16_t r = ref[i], p = pred[i];
+  // `weight` pixels of the pair (p, r) into tally set k.
+  auto add = [&](int k, uint16_t p, uint16_t r, int64_t weight) {
     const bool ignored = r == kIgnoredPixel;
     const size_t pi = ignored ? spare : p, ri = ignored ? spare : r;
-    ++in_pred[k][pi];
-    ++in_ref[k][ri];
-    agree[k][pi] += p == r;
+    in_pred[k][pi] += weight;
+    in_ref[k][ri] += weight;
+    agree[k][pi] += p == r ? weight : 0;
   };
+  auto one = [&](int k, int64_t i) { add(k, pred[i], ref[i], 1); };
   // Label maps are mostly long stretches of one (prediction, reference) pair: a block of 16 pixels
   // that holds a single pair (tested by a loop the compiler turns into vector compares) is counted
   // at once, the others pixel by pixel.
@@ -41,11 +42,7 @@ void CountClasses(const uint16_t* pred, const uint16_t* ref, int64_t n, int num_
     uint16_t differ = 0;
     for (int k = 0; k < kBlock; ++k) differ |= static_cast<uint16_t>((pred[i + k] ^ p0) | (ref[i + k] ^ r0));
     if (differ == 0) {
-      const bool ignored = r0 == kIgnoredPixel;
-      const size_t pi = ignored ? spare : p0, ri = ignored ? spare : r0;
-      in_pred[0][pi] += kBlock;
-      in_ref[0][ri] += kBlock;
-      agree[0][pi] += p0 == r0 ? kBlock : 0;
+      add(0, p0, r0, kBlock);
       continue;
     }
     for (int k = 0; k < kBlock; k += 4) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <thread>
 
 #include <simdjson.h>
 
@@ -13,6 +12,7 @@
 #include "common/io/manifest.h"
 #include "common/security/data_roots.h"
 #include "common/security/sha256.h"
+#include "metrics/parallel_for.h"
 
 namespace tally {
 namespace {
@@ -559,13 +559,12 @@ absl::StatusOr<int> ParseResultsInParts(const simdjson::padded_string_view& json
   }
   if (!TilesTheArray(std::string_view(json.data(), json.size()), texts)) return single();
   const size_t n = texts.size();
-  const int parts = static_cast<int>(
-      std::clamp<size_t>(n / std::max<size_t>(min_per_part, 1), 1, static_cast<size_t>(std::max(threads, 1))));
+  const int parts = static_cast<int>(std::clamp<size_t>(n / std::max<size_t>(min_per_part, 1), 1, static_cast<size_t>(threads)));
   // Parsed part by part first, handed over only once every part has parsed: a malformed detection
   // anywhere hands nothing over and goes to the single pass.
   std::vector<std::vector<CocoAnnotation>> parsed(parts);
   std::atomic<bool> failed{false};
-  auto run = [&](int part) {
+  auto run = [&](size_t part) {
     sj::parser mine;
     simdjson::dom::parser validator;
     std::string why;
@@ -582,19 +581,12 @@ absl::StatusOr<int> ParseResultsInParts(const simdjson::padded_string_view& json
       parsed[part].push_back(std::move(a));
     }
   };
-  std::vector<std::thread> pool;
-  for (int part = 1; part < parts; ++part) pool.emplace_back(run, part);
-  run(0);
-  for (std::thread& t : pool) t.join();
+  ParallelFor(parts, parts, run);
   if (failed.load()) return single();
-  std::vector<std::thread> hand;
-  auto give = [&](int part) {
-    for (CocoAnnotation& a : parsed[part]) each(part, std::move(a));
+  ParallelFor(parts, parts, [&](size_t part) {
+    for (CocoAnnotation& a : parsed[part]) each(static_cast<int>(part), std::move(a));
     std::vector<CocoAnnotation>().swap(parsed[part]);
-  };
-  for (int part = 1; part < parts; ++part) hand.emplace_back(give, part);
-  give(0);
-  for (std::thread& t : hand) t.join();
+  });
   return parts;
 }
 }  // namespace

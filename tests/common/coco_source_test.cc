@@ -143,6 +143,24 @@ TEST(ParseCocoPanopticTest, SegmentsAndTheirErrors) {
 namespace tally {
 namespace {
 
+// Every field of two detections, bit for bit (scores order the matching).
+void ExpectSameDetection(const CocoAnnotation& a, const CocoAnnotation& b) {
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.image_id, b.image_id);
+  EXPECT_EQ(a.category_id, b.category_id);
+  EXPECT_EQ(a.score, b.score);
+  EXPECT_EQ(a.area, b.area);
+  EXPECT_EQ(a.has_area, b.has_area);
+  EXPECT_EQ(a.iscrowd, b.iscrowd);
+  EXPECT_EQ(a.error, b.error);
+  EXPECT_EQ(a.segmentation.kind, b.segmentation.kind);
+  EXPECT_EQ(a.segmentation.polygons, b.segmentation.polygons);
+  EXPECT_EQ(a.segmentation.counts, b.segmentation.counts);
+  EXPECT_EQ(a.segmentation.counts_string, b.segmentation.counts_string);
+  EXPECT_EQ(a.segmentation.height, b.segmentation.height);
+  EXPECT_EQ(a.segmentation.width, b.segmentation.width);
+}
+
 // tallyd's parse of a results file on several threads: the parts hold consecutive detections, in
 // the file's order, each the single-threaded parser's to the bit; appended one by one they encode as
 // the whole list does; a malformed detection is named as the single-threaded parser names it.
@@ -176,15 +194,9 @@ TEST(CocoResultsInPartsTest, PartsAreTheFileInOrderAndEncodeAsTheList) {
   ASSERT_EQ(flat.size(), whole->size());
   std::vector<const CocoAnnotation*> expected;
   for (size_t i = 0; i < flat.size(); ++i) {
-    const CocoAnnotation &a = *flat[i], &b = (*whole)[i];
-    expected.push_back(&b);
-    EXPECT_EQ(a.id, static_cast<int64_t>(i) + 1);
-    EXPECT_EQ(a.id, b.id);
-    EXPECT_EQ(a.image_id, b.image_id);
-    EXPECT_EQ(a.score, b.score);
-    EXPECT_EQ(a.segmentation.kind, b.segmentation.kind);
-    EXPECT_EQ(a.segmentation.counts_string, b.segmentation.counts_string);
-    EXPECT_EQ(a.segmentation.polygons, b.segmentation.polygons);
+    expected.push_back(&(*whole)[i]);
+    EXPECT_EQ(flat[i]->id, static_cast<int64_t>(i) + 1);
+    ExpectSameDetection(*flat[i], (*whole)[i]);
   }
   EXPECT_EQ(appended, EncodeCocoDetections(expected));
   // A detection near the 700th without an image id: named as ParseCocoResults names it.
@@ -231,21 +243,7 @@ TEST(CocoDetectionsTest, EveryKindOfSegmentationRoundTrips) {
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_EQ(out->size(), in.size());
   for (size_t i = 0; i < in.size(); ++i) {
-    const CocoAnnotation &a = in[i], &b = (*out)[i];
-    EXPECT_EQ(a.id, b.id);
-    EXPECT_EQ(a.image_id, b.image_id);
-    EXPECT_EQ(a.category_id, b.category_id);
-    EXPECT_EQ(a.score, b.score);  // Bit for bit: scores order the matching.
-    EXPECT_EQ(a.area, b.area);
-    EXPECT_EQ(a.has_area, b.has_area);
-    EXPECT_EQ(a.iscrowd, b.iscrowd);
-    EXPECT_EQ(a.error, b.error);
-    EXPECT_EQ(a.segmentation.kind, b.segmentation.kind);
-    EXPECT_EQ(a.segmentation.polygons, b.segmentation.polygons);
-    EXPECT_EQ(a.segmentation.counts, b.segmentation.counts);
-    EXPECT_EQ(a.segmentation.counts_string, b.segmentation.counts_string);
-    EXPECT_EQ(a.segmentation.height, b.segmentation.height);
-    EXPECT_EQ(a.segmentation.width, b.segmentation.width);
+    ExpectSameDetection(in[i], (*out)[i]);
   }
   EXPECT_TRUE(DecodeCocoDetections("").ok());
   EXPECT_FALSE(DecodeCocoDetections("\xff\xff\xff").ok());
