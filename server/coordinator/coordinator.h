@@ -217,6 +217,9 @@ class Coordinator {
     int64_t planned = 0;        // Positions [0, planned) are evaluated (--sample: a prefix).
     EmptyScore empty_score = EmptyScore::kNaN;  // The spec's, for the live estimates.
     bool stopped_early = false; // --until-ci reached: shards not yet leased were dropped.
+    // --until-ci's rule held on the rows so far: no new leases until those in flight are in, then
+    // the rule is checked again on every row the report will hold (MaybeStopEarlyLocked).
+    bool ci_draining = false;
     // Live estimates (README "Answers before the end"): per class, Welford's running mean of the
     // committed rows' Dice and IoU and, for random-order jobs, their values by position for the
     // betting interval (metrics/bounded_mean.h), recomputed once the rows have grown by 1%.
@@ -332,6 +335,10 @@ class Coordinator {
   // interval costs a pass over the rows per bisection step. The cache lives in the metric
   // (mutable): callers hold mu_.
   static std::pair<double, double> LiveCi(const JobEntry& job, const JobEntry::LiveMetric& m);
+  // The widest foreground Dice half-width (NaN: some class has too few rows; nullopt: no foreground
+  // class yet); `exact`: every interval computed from all the rows, not the cached one.
+  static std::optional<double> WidestForegroundHalfWidth(const JobEntry& job, bool exact);
+  static int64_t RowsInFlight(const JobEntry& job);
   void FillLive(const JobEntry& job, v1::Job* out) const;
   // --until-ci: once every foreground class's interval is narrow enough, the shards not yet leased
   // are dropped (the job ends when the leased ones are in).

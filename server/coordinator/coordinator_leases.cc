@@ -98,12 +98,20 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
   return std::nullopt;
 }
 
+int64_t Coordinator::RowsInFlight(const JobEntry& job) {
+  int64_t rows = 0;
+  for (const Shard& s : job.shards) {
+    if (s.phase == ShardPhase::kLeased) rows += s.end - s.begin;
+  }
+  return rows;
+}
+
 bool Coordinator::MayLeaseMoreLocked(const JobEntry& job) const {
   if (job.record.job.spec().until_ci() <= 0 || job.stopped_early) return true;
-  int64_t in_flight = 0;
-  for (const Shard& s : job.shards) {
-    if (s.phase == ShardPhase::kLeased) in_flight += s.end - s.begin;
-  }
+  const int64_t in_flight = RowsInFlight(job);
+  // Draining for the final check: none leased until every leased row is in (a lease lost on the way
+  // leaves none in flight and no commit to run the check: leasing goes on).
+  if (job.ci_draining) return in_flight == 0;
   const int64_t cap = std::max<int64_t>(2 * static_cast<int64_t>(workers_.size()) * job.record.shard_size,
                                         job.live_rows / 4);
   return in_flight < cap;

@@ -135,6 +135,22 @@ void Coordinator::FillLive(const JobEntry& job, v1::Job* out) const {
   if (out->live_size() > 0) out->set_live_note(LiveNote(job.order.random()));
 }
 
+std::optional<double> Coordinator::WidestForegroundHalfWidth(const JobEntry& job, bool exact) {
+  std::optional<double> widest;
+  for (size_t c = 0; c < job.live.size(); ++c) {
+    const JobEntry::LiveClass& l = job.live[c];
+    if (!Foreground(job.record.job.spec(), static_cast<int>(c)) || !l.in_reference) continue;
+    if (exact && l.dice.ci_rows != l.dice.n) l.dice.ci_rows = -1;  // Recomputed from every row.
+    const double half = HalfWidth(LiveCi(job, l.dice));
+    widest = std::isnan(half) || (widest && std::isnan(*widest)) ? kNaN : std::max(widest.value_or(0), half);
+  }
+  return widest;
+}
+
+// The rule is checked on the cached intervals as rows come; once it holds, no more shards are leased
+// and, when every leased row is in, checked again on the exact intervals of all the rows: those the
+// report holds (an interval can widen as rows come, so the rule holding earlier is not enough). It
+// stops the job only if it still holds; else leasing goes on.
 void Coordinator::MaybeStopEarlyLocked(JobEntry* job, Deferred* deferred) {
   const v1::Job& j = job->record.job;
   const double width = j.spec().until_ci();
@@ -142,25 +158,26 @@ void Coordinator::MaybeStopEarlyLocked(JobEntry* job, Deferred* deferred) {
   if (width <= 0 || job->stopped_early || job->finalize_queued || IsTerminal(j.state())) return;
   const int64_t min_rows = j.spec().min_rows() > 0 ? j.spec().min_rows() : kDefaultMinRows;
   // Where the rule stands, for status and the report: the widest foreground interval so far.
-  bool any = false, within = true;
-  double widest = 0;
-  for (size_t c = 0; c < job->live.size(); ++c) {
-    const JobEntry::LiveClass& l = job->live[c];
-    if (!Foreground(j.spec(), static_cast<int>(c)) || !l.in_reference) continue;
-    const double half = HalfWidth(LiveCi(*job, l.dice));
-    within = within && half <= width;  // NaN (too few rows) is not within.
-    widest = std::isnan(half) || std::isnan(widest) ? kNaN : std::max(widest, half);
-    any = true;
+  std::optional<double> widest = WidestForegroundHalfWidth(*job, false);
+  auto holds = [&] { return job->live_rows >= min_rows && widest && *widest <= width; };  // NaN does not.
+  bool within = holds();
+  const bool settled = within && RowsInFlight(*job) == 0;
+  if (settled) {
+    widest = WidestForegroundHalfWidth(*job, true);
+    within = holds();
+    if (!within) Log("job ", j.job_id(), ": --until-ci ", width, " held as rows came but not on all ", job->live_rows,
+                     " rows in; leasing goes on");
   }
   job->record.job.set_until_ci_note(absl::StrCat(
       "--until-ci ", width, ": widest foreground Dice half-width ",
-      any && !std::isnan(widest) ? absl::StrFormat("%.4g", widest) : std::string("none yet"), " after ",
+      widest && !std::isnan(*widest) ? absl::StrFormat("%.4g", *widest) : std::string("none yet"), " after ",
       job->live_rows, " rows (stops once every one is within ", width, ", from --min-rows ", min_rows, " rows on)"));
-  if (job->live_rows < min_rows || !any || !within) return;
+  job->ci_draining = within && !settled;
+  if (!within || !settled) return;
   job->stopped_early = true;
   job->record.job.set_until_ci_note(absl::StrCat("--until-ci ", width, " reached: widest foreground Dice half-width ",
-                                                 absl::StrFormat("%.4g", widest), " after ", job->live_rows, " rows"));
-  Log("job ", j.job_id(), ": every foreground class's Dice interval is within +/- ", absl::StrFormat("%.4g", widest),
+                                                 absl::StrFormat("%.4g", *widest), " after ", job->live_rows, " rows"));
+  Log("job ", j.job_id(), ": every foreground class's Dice interval is within +/- ", absl::StrFormat("%.4g", *widest),
       " after ", job->live_rows, " rows (--until-ci ", width, "); dropping the ", job->pending.size(),
       " shards not yet leased");
   while (!job->pending.empty()) {
