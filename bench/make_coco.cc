@@ -10,6 +10,13 @@
 // image: for most references a few detections near it (shifted, grown or shrunk, some duplicates),
 // the rest false positives of random categories and places, scores uniform in (0, 1). Image i
 // depends only on (--seed, i). No image files are written: a results job reads none.
+//
+// --shapes realistic (issue 45 item 5): objects as COCO has them instead of convex ellipses and
+// rectangles. References are polygons (as COCO's annotations are; 2-decimal vertices, 12-40 of
+// them) of irregular star-shaped outlines (a few harmonics of the radius: concave, several runs a
+// column), 15% in two parts (an occluded object), crowd regions as uncompressed RLE; detections are
+// such outlines perturbed (moved, scaled, other harmonics: the mask a model draws around the object),
+// 30% with 1-3 small fragments near their edge, as masks thresholded from a probability map have.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +37,9 @@ ABSL_FLAG(std::string, out, "", "Output folder (created): gt.json, results.json"
 ABSL_FLAG(int, images, 5000, "Number of images");
 ABSL_FLAG(int, detections, 100, "Detections per image");
 ABSL_FLAG(int, seed, 1, "Seed");
+ABSL_FLAG(std::string, shapes, "simple",
+          "simple (convex ellipses and rectangles, compressed RLE) or realistic (polygon references of irregular "
+          "outlines, some in parts; detections with fragments)");
 
 namespace tally {
 namespace {
@@ -95,12 +105,109 @@ std::string Segmentation(const Rle& m, int h, int w) {
                       absl::StrReplaceAll(RleToString(m), {{"\\", "\\\\"}}), "\"}");
 }
 
+// An irregular outline: the shape's ellipse with its radius modulated by harmonics 2-5.
+struct Outline {
+  Shape s;
+  double amp[4], phase[4];
+};
+
+Outline RandomOutline(std::mt19937_64& rng, const Shape& s) {
+  std::uniform_real_distribution<double> u(0, 1);
+  Outline o{s, {}, {}};
+  for (int k = 0; k < 4; ++k) {
+    o.amp[k] = u(rng) * 0.3 / (k + 1);
+    o.phase[k] = u(rng) * 6.283185307179586;
+  }
+  return o;
+}
+
+// The outline as a polygon of 12-40 vertices (x, y), inside the image, to 2 decimals as COCO's.
+std::vector<double> OutlinePolygon(std::mt19937_64& rng, const Outline& o, int h, int w) {
+  std::uniform_real_distribution<double> u(0, 1);
+  const int n = 12 + static_cast<int>(u(rng) * 29);
+  std::vector<double> xy;
+  for (int i = 0; i < n; ++i) {
+    const double t = 6.283185307179586 * (i + 0.4 * (u(rng) - 0.5)) / n;
+    double f = 1;
+    for (int k = 0; k < 4; ++k) f += o.amp[k] * std::cos((k + 2) * t + o.phase[k]);
+    f = std::max(0.3, f);
+    const double x = std::clamp(o.s.cx + o.s.rx * f * std::cos(t), 0.0, static_cast<double>(w));
+    const double y = std::clamp(o.s.cy + o.s.ry * f * std::sin(t), 0.0, static_cast<double>(h));
+    xy.push_back(std::round(x * 100) / 100);
+    xy.push_back(std::round(y * 100) / 100);
+  }
+  return xy;
+}
+
+std::string PolygonJson(const std::vector<std::vector<double>>& parts) {
+  std::string out = "[";
+  for (size_t p = 0; p < parts.size(); ++p) {
+    absl::StrAppend(&out, p ? ", [" : "[");
+    for (size_t i = 0; i < parts[p].size(); ++i) absl::StrAppend(&out, i ? ", " : "", absl::StrFormat("%.2f", parts[p][i]));
+    absl::StrAppend(&out, "]");
+  }
+  return out + "]";
+}
+
+std::string UncompressedJson(const Rle& m, int h, int w) {
+  std::string out = absl::StrCat("{\"size\": [", h, ", ", w, "], \"counts\": [");
+  for (size_t i = 0; i < m.counts.size(); ++i) absl::StrAppend(&out, i ? ", " : "", m.counts[i]);
+  return out + "]}";
+}
+
+// A reference of --shapes realistic: its polygons (one, or two for an occluded object) and mask.
+struct RealisticReference {
+  std::vector<std::vector<double>> parts;
+  Rle mask;
+};
+
+RealisticReference RealisticObject(std::mt19937_64& rng, const Shape& s, int h, int w) {
+  std::uniform_real_distribution<double> u(0, 1);
+  RealisticReference r;
+  r.parts.push_back(OutlinePolygon(rng, RandomOutline(rng, s), h, w));
+  if (u(rng) < 0.15) {  // Occluded: a second, smaller part beside the first.
+    Shape t = s;
+    t.cx += (u(rng) < 0.5 ? -1 : 1) * s.rx * (1.1 + 0.5 * u(rng));
+    t.ry *= 0.3 + 0.4 * u(rng);
+    t.rx *= 0.3 + 0.4 * u(rng);
+    t.cx = std::clamp(t.cx, 0.0, static_cast<double>(w));
+    r.parts.push_back(OutlinePolygon(rng, RandomOutline(rng, t), h, w));
+  }
+  r.mask = RleFromPolygons(r.parts, h, w).value();  // In the image, 3 or more points: valid.
+  return r;
+}
+
+// A detection of --shapes realistic around `s`: an outline's mask, sometimes with fragments.
+Rle RealisticDetection(std::mt19937_64& rng, const Shape& s, int h, int w) {
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<Rle> pieces;
+  pieces.push_back(RleFromPolygon(OutlinePolygon(rng, RandomOutline(rng, s), h, w), h, w).value());
+  if (u(rng) < 0.3) {
+    const int fragments = 1 + static_cast<int>(u(rng) * 3);
+    for (int f = 0; f < fragments; ++f) {
+      const double t = u(rng) * 6.283185307179586, r = 1 + u(rng) * 3;
+      Shape b{std::clamp(s.cy + s.ry * 1.1 * std::sin(t), 0.0, h - 1.0),
+              std::clamp(s.cx + s.rx * 1.1 * std::cos(t), 0.0, w - 1.0), r, r, true};
+      pieces.push_back(Draw(b, h, w));
+    }
+  }
+  std::vector<const Rle*> parts;
+  for (const Rle& p : pieces) parts.push_back(&p);
+  return RleUnion(parts, h, w);
+}
+
 int Run() {
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) {
     std::fprintf(stderr, "tally-make-coco: --out is required\n");
     return 2;
   }
+  const std::string shapes = absl::GetFlag(FLAGS_shapes);
+  if (shapes != "simple" && shapes != "realistic") {
+    std::fprintf(stderr, "tally-make-coco: --shapes %s: expected simple or realistic\n", shapes.c_str());
+    return 2;
+  }
+  const bool realistic = shapes == "realistic";
   mkdir(out.c_str(), 0755);
   std::ofstream gt(out + "/gt.json"), res(out + "/results.json");
   gt << "{\"images\": [";
@@ -130,15 +237,18 @@ int Run() {
     };
     for (int g = 0; g < count; ++g) {
       const Shape s = RandomShape(rng, h, w);
-      const Rle m = Draw(s, h, w);
+      RealisticReference real;
+      if (realistic) real = RealisticObject(rng, s, h, w);
+      const Rle m = realistic ? real.mask : Draw(s, h, w);
       const int64_t area = static_cast<int64_t>(RleArea(m));
       if (area == 0) continue;
       const int category = kCategoryIds[static_cast<int>(u(rng) * 80) % 80];
+      const bool crowd = u(rng) < 0.01;
       gt << (ann_id ? ", " : "");
       ++ann_id;
-      gt << "{\"id\": " << ann_id << ", \"image_id\": " << (i + 1)
-         << ", \"category_id\": " << category << ", \"iscrowd\": " << (u(rng) < 0.01 ? 1 : 0) << ", \"area\": " << area
-         << ", \"segmentation\": " << Segmentation(m, h, w) << "}";
+      gt << "{\"id\": " << ann_id << ", \"image_id\": " << (i + 1) << ", \"category_id\": " << category
+         << ", \"iscrowd\": " << (crowd ? 1 : 0) << ", \"area\": " << area << ", \"segmentation\": "
+         << (!realistic ? Segmentation(m, h, w) : crowd ? UncompressedJson(m, h, w) : PolygonJson(real.parts)) << "}";
       const int near = static_cast<int>(u(rng) * 4);  // 0-3 detections near it.
       for (int d = 0; d < near && made < per_image; ++d) {
         Shape t = s;
@@ -146,10 +256,15 @@ int Run() {
         t.cx += (u(rng) - 0.5) * s.rx * 0.6;
         t.ry *= 0.8 + 0.4 * u(rng);
         t.rx *= 0.8 + 0.4 * u(rng);
-        detection(u(rng) < 0.9 ? category : kCategoryIds[static_cast<int>(u(rng) * 80) % 80], Draw(t, h, w));
+        const int label = u(rng) < 0.9 ? category : kCategoryIds[static_cast<int>(u(rng) * 80) % 80];
+        detection(label, realistic ? RealisticDetection(rng, t, h, w) : Draw(t, h, w));
       }
     }
-    while (made < per_image) detection(kCategoryIds[static_cast<int>(u(rng) * 80) % 80], Draw(RandomShape(rng, h, w), h, w));
+    while (made < per_image) {
+      const Shape t = RandomShape(rng, h, w);  // Drawn before its category, as the sets made so far were.
+      const int label = kCategoryIds[static_cast<int>(u(rng) * 80) % 80];
+      detection(label, realistic ? RealisticDetection(rng, t, h, w) : Draw(t, h, w));
+    }
   }
   gt << "]}\n";
   res << "]\n";
@@ -165,7 +280,7 @@ constexpr char kUsage[] =
     "tally-make-coco: a deterministic COCO-val2017-sized synthetic instance set (annotations and\n"
     "results) for benchmarks.\n"
     "\n"
-    "  tally-make-coco --out DIR [--images 5000] [--detections 100] [--seed 1]";
+    "  tally-make-coco --out DIR [--images 5000] [--detections 100] [--seed 1] [--shapes simple|realistic]";
 
 int main(int argc, char** argv) {
   if (!tally::ParseToolFlags(argc, argv, kUsage, "bench/make_coco.cc")) {
