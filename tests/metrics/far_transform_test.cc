@@ -6,12 +6,14 @@
 #include "metrics/far_transform.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "metrics/surface_distance.h"
+#include "tests/metrics/prediction_kinds.h"
 
 namespace tally {
 namespace {
@@ -134,6 +136,56 @@ TEST(FarTransformTest, PiecesGiveTheCpuTransformBitForBit) {
           << "trial " << trial << " query " << k << ": cpu " << cpu[k] << " pieces " << pieces[k];
     }
   }
+}
+
+// Issue 45 item 3's kinds of prediction (tests/metrics/prediction_kinds.h): each class's two
+// directions with every query sent to the transform, the pieces against the CPU's bit for bit, and
+// every 29th query against the nearest feature by brute force (independent of both).
+TEST(FarTransformTest, PiecesGiveTheCpuTransformOnEveryKindOfPrediction) {
+  std::mt19937 rng(45);
+  const int labels = 4, d = 18, h = 34, w = 30;
+  const SurfaceOptions3D o{2.5, 0.8, 0.8, 1};
+  int directions = 0;
+  for (test::PredictionKind kind : test::kPredictionKinds) {
+    for (int trial = 0; trial < 2; ++trial) {
+      const test::LabelVolume ref = test::OrganVolume(rng, d, h, w, labels);
+      const test::LabelVolume pred = test::PredictionOf(rng, ref, labels, kind);
+      for (uint16_t c = 0; c < labels; ++c) {
+        const std::vector<int64_t> edges[2] = {test::EdgeVoxels(pred, c), test::EdgeVoxels(ref, c)};
+        for (int m = 0; m < 2; ++m) {
+          const std::vector<int64_t>& queries = edges[m];
+          const std::vector<int64_t>& features = edges[1 - m];
+          if (queries.empty() || features.empty()) continue;
+          ++directions;
+          NearSearch3D none;
+          none.near.assign(queries.size(), 0);
+          none.found.assign(queries.size(), 0);
+          none.cost.assign(queries.size(), 0);
+          std::vector<double> cpu;
+          FinishDirected3D(queries, features, d, h, w, o, none, &cpu);
+          const std::vector<double> pieces = FarByPieces(queries, features, d, h, w, o.spacing_z, o.spacing_y,
+                                                         o.spacing_x);
+          ASSERT_EQ(cpu.size(), pieces.size());
+          for (size_t k = 0; k < cpu.size(); ++k) {
+            ASSERT_EQ(std::memcmp(&cpu[k], &pieces[k], sizeof(double)), 0)
+                << test::KindName(kind) << " class " << c << " direction " << m << " query " << k;
+          }
+          for (size_t k = 0; k < queries.size(); k += 29) {
+            const int64_t q = queries[k];
+            double best = 1e300;
+            for (int64_t f : features) {
+              const double dz = (q / (h * w) - f / (h * w)) * o.spacing_z;
+              const double dy = (q / w % h - f / w % h) * o.spacing_y, dx = (q % w - f % w) * o.spacing_x;
+              best = std::min(best, dz * dz + dy * dy + dx * dx);
+            }
+            EXPECT_NEAR(cpu[k], std::sqrt(best), 1e-12 * (1 + std::sqrt(best)))
+                << test::KindName(kind) << " class " << c << " direction " << m << " query " << k;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(directions, 70);  // 5 kinds x 2 trials x 4 classes x 2, less the empty class's.
 }
 
 TEST(FarTransformTest, NearestZTakesTheLaterFeatureOnATie) {

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "metrics/label_counts.h"
 #include "metrics/surface_distance.h"
+#include "tests/metrics/prediction_kinds.h"
 
 namespace tally {
 namespace {
@@ -133,6 +134,31 @@ TEST(Surface3DKernelTest, LargeVolumeWithFarQueriesEqualsTheCpu) {
   ASSERT_EQ(ClassSurfaceMetrics3DOnDevice(pred.v.data(), ref.v.data(), d, h, w, 3, kIgnoredPixel, o, &gpu, 0, 4), "");
   EXPECT_GT(cpu[1].hd, 20.0);
   ExpectSameBits(cpu, gpu, -1);
+}
+
+// Issue 45 item 3's kinds of prediction (smooth, speckled, fragmented, a class empty on one side, a
+// class filling the volume), at two sizes and spacings.
+TEST(Surface3DKernelTest, EveryKindOfPredictionEqualsTheCpu) {
+  std::string why;
+  if (!DevicePresent(&why)) GTEST_SKIP() << why;
+  std::mt19937 rng(452);
+  int trial = 0;
+  for (test::PredictionKind kind : test::kPredictionKinds) {
+    for (const int size : {24, 56}) {
+      const int labels = 5, d = size / 2, h = size + 8, w = size;
+      const test::LabelVolume ref = test::OrganVolume(rng, d, h, w, labels);
+      const test::LabelVolume pred = test::PredictionOf(rng, ref, labels, kind);
+      const SurfaceOptions3D o = size == 24 ? SurfaceOptions3D{1, 1, 1, 1} : SurfaceOptions3D{2.5, 0.8, 0.8, 2};
+      std::vector<SurfaceValues> cpu, gpu;
+      ClassSurfaceMetrics3D(pred.v.data(), ref.v.data(), d, h, w, labels, kIgnoredPixel, o, &cpu, 2);
+      ASSERT_EQ(ClassSurfaceMetrics3DOnDevice(pred.v.data(), ref.v.data(), d, h, w, labels, kIgnoredPixel, o, &gpu, 0,
+                                              4),
+                "")
+          << test::KindName(kind);
+      SCOPED_TRACE(test::KindName(kind));
+      ExpectSameBits(cpu, gpu, trial++);
+    }
+  }
 }
 
 }  // namespace
