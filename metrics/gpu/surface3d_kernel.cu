@@ -287,7 +287,11 @@ __global__ void ZPassKernel(FarPlan p, int64_t s0, int64_t count) {
 // global memory), else in the batch's global storage. Entry k of thread t: [k * stride + t].
 constexpr int kEnvelopeSharedBytes = 48 * 1024;
 constexpr int kEnvelopeEntryBytes = 12;  // z (double) and v (int32).
+// TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 (benchmarks only): every envelope in global memory, to compare
+// (the values are the same either way: only where the entries live differs).
 int SharedEnvelopeThreads(int n) {
+  static const bool global_only = std::getenv("TALLY_SURFACE3D_GLOBAL_ENVELOPES") != nullptr;
+  if (global_only) return 0;
   return std::min(64, kEnvelopeSharedBytes / ((n + 1) * kEnvelopeEntryBytes));  // 0: global memory.
 }
 __device__ far_transform::Envelope EnvelopeAt(bool shared_memory, int n, int32_t* v, double* z, int64_t t,

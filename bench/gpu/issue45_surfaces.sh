@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Issue 45 item 3: 3D surface distances on the GPU for every kind of prediction (bench/volume_bench.py
+# --prediction kinds: smooth, speckled, fragmented, empty-class, filling) of one 512x512x300 reference
+# with LABELS labels (default 5; spacing 0.8 x 0.8 x 2.5): Tally's device path (tally-bench-cpu
+# --mode surface3d --device 0, best of 5, volumes in host memory: the upload is counted) against
+# cupyx's EDT path (MONAI's monai_hd95_nsd with cupyx.scipy.ndimage, volumes already on the GPU,
+# best of 3), each kind's profile (TALLY_SURFACE3D_PROFILE=1), with global-memory envelopes too, and
+# the device path's bit-for-bit tests (surface_kernel_test, every kind included).
+#   OUT=/tmp/logs bash bench/gpu/issue45_surfaces.sh [build,test,data,tally,cupyx]
+set -uo pipefail
+stages=${1:-build,test,data,tally,cupyx}
+has() { [[ ",$stages," == *",$1,"* ]]; }
+src=$PWD; work=/tmp/i45s; mkdir -p "$work"
+export DEB_DIR=$src/.gpu/debs
+t_start=$(date +%s)
+if has build; then
+  scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; tail -20 $OUT/build.log; exit 1; }
+  echo "build: $(( $(date +%s) - t_start )) s"
+fi
+bin=$src/build-gpu/bin
+kinds="smooth speckled fragmented empty-class filling"
+echo "cores: $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+if has test; then
+  $bin/surface_kernel_test --gtest_filter='Surface3D*' 2>&1 | grep -E "OK|FAILED|PASSED|Failure" | tail -6
+  TALLY_SURFACE_MAX_BOX=1 $bin/surface_kernel_test --gtest_filter='Surface3D*' 2>&1 | tail -2
+fi
+if has data; then
+  python3 - "$work" ${LABELS:-5} $kinds <<'PY'
+import sys, time
+import numpy as np
+sys.path.insert(0, "bench")
+from volume_bench import organs, predicted, write_nifti
+work, labels, kinds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+t0 = time.time()
+ref = organs(np.random.default_rng(3), (512, 512, 300), labels)
+write_nifti(f"{work}/ref.nii.gz", ref, (0.8, 0.8, 2.5))
+for kind in kinds:
+    pred = predicted(np.random.default_rng(4), ref, kind)
+    write_nifti(f"{work}/pred_{kind}.nii.gz", pred, (0.8, 0.8, 2.5))
+print(f"data: {time.time() - t0:.1f} s")
+PY
+fi
+if has tally; then
+  for kind in $kinds; do
+    $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 5 --device 0 | sed "s/^/$kind: /"
+    TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 2 --device 0 2>&1 | grep "profile: box" | tail -1 | sed "s/^/$kind: /"
+    TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 5 --device 0 | sed "s/^/$kind (global envelopes): /"
+  done
+fi
+if has cupyx; then
+  python3 - "$work" ${LABELS:-5} $kinds <<'PY'
+import gzip, struct, sys, time
+import numpy as np
+sys.path.insert(0, "bench")
+from volume_bench import monai_hd95_nsd
+import cupy as cp
+from cupyx.scipy import ndimage as cnd
+def read(path):
+    raw = gzip.open(path).read(); dims = struct.unpack_from("<8h", raw, 40)
+    return np.frombuffer(raw, np.uint8, count=dims[1] * dims[2] * dims[3], offset=352).reshape(dims[1:4], order="F")
+work, labels, kinds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+gr = cp.asarray(read(f"{work}/ref.nii.gz"))
+for kind in kinds:
+    gp = cp.asarray(read(f"{work}/pred_{kind}.nii.gz"))
+    run = lambda: monai_hd95_nsd(gp, gr, labels, (0.8, 0.8, 2.5), 1.0, xp=cp, edt=cnd.distance_transform_edt, erode=cnd.binary_erosion)
+    run(); cp.cuda.Device().synchronize(); best = 1e9
+    for _ in range(3):
+        t0 = time.perf_counter(); run(); cp.cuda.Device().synchronize(); best = min(best, time.perf_counter() - t0)
+    print(f"{kind}: cupyx (MONAI's GPU path) {best:.4f} s (best of 3, volumes already on the GPU)")
+# The issue's bound for the worst case: one exact distance transform of a box (here the whole volume).
+mask = gr != 0
+cnd.distance_transform_edt(mask, sampling=(0.8, 0.8, 2.5)); cp.cuda.Device().synchronize(); best = 1e9
+for _ in range(3):
+    t0 = time.perf_counter(); cnd.distance_transform_edt(mask, sampling=(0.8, 0.8, 2.5)); cp.cuda.Device().synchronize()
+    best = min(best, time.perf_counter() - t0)
+print(f"one cupyx distance_transform_edt of the whole 512x512x300 volume: {best:.4f} s (best of 3)")
+PY
+fi
+echo "total: $(( $(date +%s) - t_start )) s"
