@@ -6,11 +6,11 @@
 # cupyx's EDT path (MONAI's monai_hd95_nsd with cupyx.scipy.ndimage, volumes already on the GPU,
 # best of 3), each kind's profile (TALLY_SURFACE3D_PROFILE=1), with global-memory envelopes too, and
 # the device path's bit-for-bit tests (surface_kernel_test, every kind included).
-#   OUT=/tmp/logs bash bench/gpu/issue45_surfaces.sh [build,test,data,tally,cupyx]
+#   OUT=/tmp/logs [LABELS=2] [KINDS="speckled filling"] bash bench/gpu/issue45_surfaces.sh [build,test,data,tally,cupyx]
 set -uo pipefail
 stages=${1:-build,test,data,tally,cupyx}
 has() { [[ ",$stages," == *",$1,"* ]]; }
-src=$PWD; work=/tmp/i45s; mkdir -p "$work"
+src=$PWD; work=/tmp/i45s${LABELS:-5}; mkdir -p "$work"
 export DEB_DIR=$src/.gpu/debs
 t_start=$(date +%s)
 if has build; then
@@ -18,7 +18,7 @@ if has build; then
   echo "build: $(( $(date +%s) - t_start )) s"
 fi
 bin=$src/build-gpu/bin
-kinds="smooth speckled fragmented empty-class filling"
+kinds=${KINDS:-smooth speckled fragmented empty-class filling}
 echo "cores: $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 if has test; then
   $bin/surface_kernel_test --gtest_filter='Surface3D*' 2>&1 | grep -E "OK|FAILED|PASSED|Failure" | tail -6

@@ -282,17 +282,21 @@ __global__ void ZPassKernel(FarPlan p, int64_t s0, int64_t count) {
   p.gz[t] = far_transform::NearestZ(p.fz, p.col_start[c], p.col_start[c + 1], p.SliceZ(s0 + t / area));
 }
 
-// The envelopes of a pass over sites [0, n) in shared memory where a block of a few threads fits
+// The envelopes of a pass over sites [0, n) in shared memory where a block of a warp or more fits
 // (the passes are chains of dependent reads: shared memory answers them several times faster than
 // global memory), else in the batch's global storage. Entry k of thread t: [k * stride + t].
 constexpr int kEnvelopeSharedBytes = 48 * 1024;
 constexpr int kEnvelopeEntryBytes = 12;  // z (double) and v (int32).
-// TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 (benchmarks only): every envelope in global memory, to compare
-// (the values are the same either way: only where the entries live differs).
+// Only where a whole warp's fit (boxes up to 127 voxels a side): blocks of fewer threads leave the
+// SMs too few threads to hide the chains' latency, and global memory (cached) is faster there: on
+// an H200, 512x512x300 with 5 labels, shared-memory envelopes of 7 threads a block against global
+// ones, speckled 0.109 -> 0.066 s, fragmented 0.069 -> 0.050, filling 0.046 -> 0.033, smooth 0.027 ->
+// 0.025 (BENCHMARKS.md, issue 45 item 3). TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 (tests and benchmarks
+// only): every envelope in global memory; the values are the same either way.
 int SharedEnvelopeThreads(int n) {
   static const bool global_only = std::getenv("TALLY_SURFACE3D_GLOBAL_ENVELOPES") != nullptr;
-  if (global_only) return 0;
-  return std::min(64, kEnvelopeSharedBytes / ((n + 1) * kEnvelopeEntryBytes));  // 0: global memory.
+  const int fit = std::min(64, kEnvelopeSharedBytes / ((n + 1) * kEnvelopeEntryBytes));
+  return global_only || fit < 32 ? 0 : fit;  // 0: global memory.
 }
 __device__ far_transform::Envelope EnvelopeAt(bool shared_memory, int n, int32_t* v, double* z, int64_t t,
                                               int64_t threads) {
