@@ -131,13 +131,18 @@ void AppendCocoDetection(const CocoAnnotation& a, std::string* out) {
   d.set_height(s.height);
   d.set_width(s.width);
   // CocoDetections' field 1 (length-delimited): one element of its `detections`, so that appended
-  // elements are the serialized list.
-  google::protobuf::io::StringOutputStream stream(out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.WriteTag(google::protobuf::internal::WireFormatLite::MakeTag(
-      v1::CocoDetections::kDetectionsFieldNumber, google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
-  coded.WriteVarint32(static_cast<uint32_t>(d.ByteSizeLong()));
-  d.SerializeWithCachedSizes(&coded);
+  // elements are the serialized list. Written in place after one resize (a StringOutputStream on
+  // `out` would zero its whole spare capacity at every append).
+  using google::protobuf::io::CodedOutputStream;
+  const uint32_t tag = google::protobuf::internal::WireFormatLite::MakeTag(
+      v1::CocoDetections::kDetectionsFieldNumber, google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+  const uint32_t body = static_cast<uint32_t>(d.ByteSizeLong());
+  const size_t at = out->size();
+  out->resize(at + CodedOutputStream::VarintSize32(tag) + CodedOutputStream::VarintSize32(body) + body);
+  uint8_t* p = reinterpret_cast<uint8_t*>(&(*out)[at]);
+  p = CodedOutputStream::WriteVarint32ToArray(tag, p);
+  p = CodedOutputStream::WriteVarint32ToArray(body, p);
+  d.SerializeWithCachedSizesToArray(p);
 }
 
 std::string EncodeCocoDetections(const std::vector<const CocoAnnotation*>& detections) {
