@@ -248,7 +248,18 @@ absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap
     map->geometry.height = static_cast<int>(image.height);
     map->geometry.width = static_cast<int>(image.width);
   }
-  PrepareMask(&ref->labels, {}, kNoIgnoreIndex);
+  auto in_range = [&](const std::vector<CocoInstance>& instances) {
+    return std::all_of(instances.begin(), instances.end(), [&](const CocoInstance& i) {
+      return i.category_id >= 0 && i.category_id < config_.num_classes;
+    });
+  };
+  ref->labels_in_range = config_.num_classes > 0 && config_.num_classes <= kMaxMaskValue + 1 && config_.regions.empty() &&
+                         in_range(image.references) && in_range(image.detections);
+  if (ref->labels_in_range) {
+    ref->labels.ignored = 0;  // PrepareMask's, with no ignore value; max_label follows the counts.
+  } else {
+    PrepareMask(&ref->labels, {}, kNoIgnoreIndex);
+  }
   return absl::OkStatus();
 }
 
@@ -329,7 +340,8 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
                               : volumes_ != nullptr                      ? PredictPair(row, &ref, &pred)
                                                                          : LoadPair(row, &ref, &pred);
   if (!loaded.ok()) return fail(loaded.message());
-  const absl::StatusOr<int> classes = ClassCount(row, ref, pred);
+  const absl::StatusOr<int> classes = ref.labels_in_range ? absl::StatusOr<int>(config.num_classes)
+                                                          : ClassCount(row, ref, pred);
   if (!classes.ok()) return fail(classes.status().message());
   if (pred.nonfinite > 0) {
     if (config.nonfinite == NonfinitePolicy::kFail) {
@@ -345,6 +357,12 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   std::vector<ConfusionCounts> counts;
   if (config.regions.empty()) {
     CountClasses(p, r, n, *classes, &counts);
+    if (ref.labels_in_range) {  // The largest label the reference holds, as PrepareMask's scan finds it.
+      ref.labels.max_label = -1;
+      for (int c = 0; c < *classes; ++c) {
+        if (counts[c].tp + counts[c].fn > 0) ref.labels.max_label = c;
+      }
+    }
   } else {
     CountRegions(p, r, n, config.regions, &counts);
   }
