@@ -27,8 +27,10 @@ inline constexpr double kCocoSemanticScore = 0.5;
 // score >= kCocoSemanticScore painted in ascending score (file order among ties), so the most
 // confident is on top. Pixels of no instance are 0.
 // `column_major`: the map column by column (as the RLEs run: far faster to paint) instead.
+// `zeroed`: `labels` holds 0s already (the fill is skipped).
 void PaintCocoLabels(const std::vector<CocoInstance>& instances, bool detections, int64_t height, int64_t width,
-                     uint16_t* labels, bool column_major = false);
+                     uint16_t* labels, bool column_major = false,
+                     bool zeroed = false);
 // Paints `value` where `mask` is set (row-major labels of the mask's size).
 void PaintRle(const Rle& mask, uint16_t value, uint16_t* labels);
 

@@ -241,9 +241,9 @@ absl::Status ScoringPipeline::LoadCocoPair(const v1::ManifestRow& row, LoadedMap
     map->volume = false;
     map->labels.height = static_cast<int>(row_major ? image.height : image.width);
     map->labels.width = static_cast<int>(row_major ? image.width : image.height);
-    map->labels.labels.resize(static_cast<size_t>(image.height * image.width));  // Checked above.
+    map->labels.labels.assign(static_cast<size_t>(image.height * image.width), 0);  // Size checked above.
     PaintCocoLabels(detections ? image.detections : image.references, detections, image.height, image.width,
-                    map->labels.labels.data(), !row_major);
+                    map->labels.labels.data(), !row_major, /*zeroed=*/true);
     map->geometry = VolumeGeometry{};
     map->geometry.height = static_cast<int>(image.height);
     map->geometry.width = static_cast<int>(image.width);
