@@ -65,8 +65,6 @@ class CocoSource {
   std::unordered_map<int64_t, bool> categories_;
 };
 
-// A panoptic job's reference and predicted annotations (COCO panoptic JSON), loaded once per job.
-// Thread-safe after Load.
 // One image's results as a row carries them (v1::CocoDetections, serialized), and back.
 std::string EncodeCocoDetections(const std::vector<const CocoAnnotation*>& detections);
 // Appends one detection to `out` as EncodeCocoDetections would: detections appended one by one
@@ -74,6 +72,8 @@ std::string EncodeCocoDetections(const std::vector<const CocoAnnotation*>& detec
 void AppendCocoDetection(const CocoAnnotation& a, std::string* out);
 absl::StatusOr<std::vector<CocoAnnotation>> DecodeCocoDetections(const std::string& bytes);
 
+// A panoptic job's reference and predicted annotations (COCO panoptic JSON), loaded once per job.
+// Thread-safe after Load.
 class PanopticSource {
  public:
   static absl::StatusOr<std::shared_ptr<const PanopticSource>> Load(const std::string& reference,
