@@ -54,6 +54,35 @@ TEST(PaintCocoLabelsTest, DetectionsByAscendingScoreAboveHalfReferencesInOrder) 
   }
 }
 
+// Column runs of every length from 1 to 40 (the fill's short runs, whole blocks of 8 and partial
+// last blocks) and runs ending at the image's last pixel, against the map painted pixel by pixel.
+TEST(PaintCocoLabelsTest, ColumnRunsOfEveryLengthPaintTheirPixelsOnly) {
+  const int h = 41, w = 43;
+  std::vector<CocoInstance> dets;
+  std::vector<uint16_t> want(static_cast<size_t>(h) * w, 0);  // Column-major.
+  for (int k = 0; k < 6; ++k) {
+    std::vector<uint8_t> m(static_cast<size_t>(h) * w, 0);
+    for (int x = 0; x < w; ++x) {
+      const int len = 1 + (x + 7 * k) % 40, y0 = (k % 2 == 0) ? (x * 3 + k) % (h - len + 1) : h - len;
+      for (int y = y0; y < y0 + len; ++y) m[static_cast<size_t>(y) * w + x] = 1;
+    }
+    CocoInstance inst;
+    inst.id = k + 1;
+    inst.category_id = 10 + k;
+    inst.score = 0.5 + 0.05 * k;  // Ascending: painted in this order.
+    inst.mask = RleFromMask(m.data(), h, w);
+    dets.push_back(inst);
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        if (m[static_cast<size_t>(y) * w + x]) want[static_cast<size_t>(x) * h + y] = static_cast<uint16_t>(10 + k);
+      }
+    }
+  }
+  std::vector<uint16_t> got(static_cast<size_t>(h) * w, 0);
+  PaintCocoLabels(dets, true, h, w, got.data(), /*column_major=*/true, /*zeroed=*/true);
+  EXPECT_EQ(got, want);
+}
+
 TEST(EvaluateCocoInstancesTest, CountsAtHalfWithCrowdAndAnotherCategory) {
   const int h = 8, w = 8;
   CocoImageInstances image;
