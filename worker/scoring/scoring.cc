@@ -309,6 +309,22 @@ v1::ImageResult Failed(v1::ImageResult result, absl::string_view message) {
   return result;
 }
 
+// The row's counts per class (or region). `max_from_counts` (LoadedMap::labels_in_range): the
+// reference's largest label is set from them, as PrepareMask's scan would have found it.
+void CountRow(const uint16_t* p, const uint16_t* r, int64_t n, int classes, const std::vector<std::vector<int>>& regions,
+              LabelMap* ref, bool max_from_counts, std::vector<ConfusionCounts>* counts) {
+  if (!regions.empty()) {
+    CountRegions(p, r, n, regions, counts);
+    return;
+  }
+  CountClasses(p, r, n, classes, counts);
+  if (!max_from_counts) return;
+  ref->max_label = -1;
+  for (int c = 0; c < classes; ++c) {
+    if ((*counts)[c].tp + (*counts)[c].fn > 0) ref->max_label = c;
+  }
+}
+
 }  // namespace
 
 void ScoringPipeline::RecordSpacing(const LoadedMap& ref, const SurfaceOptions3D& spacing,
@@ -355,17 +371,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   const int64_t n = static_cast<int64_t>(ref.labels.labels.size());
   const int depth = ref.labels.depth, height = ref.labels.height, width = ref.labels.width;
   std::vector<ConfusionCounts> counts;
-  if (config.regions.empty()) {
-    CountClasses(p, r, n, *classes, &counts);
-    if (ref.labels_in_range) {  // The largest label the reference holds, as PrepareMask's scan finds it.
-      ref.labels.max_label = -1;
-      for (int c = 0; c < *classes; ++c) {
-        if (counts[c].tp + counts[c].fn > 0) ref.labels.max_label = c;
-      }
-    }
-  } else {
-    CountRegions(p, r, n, config.regions, &counts);
-  }
+  CountRow(p, r, n, *classes, config.regions, &ref.labels, ref.labels_in_range, &counts);
   std::vector<SurfaceValues> surface(*classes, SurfaceValues{kNaN, kNaN, kNaN, kNaN});
   SurfaceOptions3D spacing;
   if (AnySurfaceMetric(config.metrics) || AnyLesionMetric(config.metrics)) {
