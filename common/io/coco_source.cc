@@ -10,7 +10,6 @@
 #include <map>
 #include <unordered_map>
 #include <numeric>
-#include <type_traits>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif

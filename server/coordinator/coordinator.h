@@ -340,8 +340,9 @@ class Coordinator {
   static std::optional<double> WidestForegroundHalfWidth(const JobEntry& job, bool exact);
   static int64_t RowsInFlight(const JobEntry& job);
   void FillLive(const JobEntry& job, v1::Job* out) const;
-  // --until-ci: once every foreground class's interval is narrow enough, the shards not yet leased
-  // are dropped (the job ends when the leased ones are in).
+  // --until-ci: once every foreground class's interval is narrow enough, no more shards are leased;
+  // when the leased ones are in and the rule still holds on all the rows, the shards not yet leased
+  // are dropped and the job ends (else leasing goes on).
   void MaybeStopEarlyLocked(JobEntry* job, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // --until-ci jobs: rows leased but not yet in stay under a quarter of those in (at least two shards
   // per registered worker), so that the rule can end the job before every row is leased (a small
