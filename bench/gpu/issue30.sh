@@ -12,14 +12,9 @@
 #   OUT=/tmp/logs bash bench/gpu/issue30.sh [STAGES]
 set -uo pipefail
 stages=${1:-build,data,python,tally}
-has() { [[ ",$stages," == *",$1,"* ]]; }
-t_start=$(date +%s)
-src=$PWD; work=/tmp/i30; mkdir -p "$work"
-export DEB_DIR=$src/.gpu/debs
-if has build; then
-  scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; tail -20 $OUT/build.log; exit 1; }
-  echo "build: $(( $(date +%s) - t_start )) s"
-fi
+source "$(dirname "$0")/lib.sh"
+work=/tmp/i30; mkdir -p "$work"
+build_stage
 bin=$src/build-gpu/bin
 cores=$(nproc)
 echo "cores: $cores; $(lscpu | grep 'Model name' | sed 's/  */ /g')"

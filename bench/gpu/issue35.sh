@@ -13,15 +13,10 @@
 #   OUT=/tmp/logs REPS=3 bash bench/gpu/issue35.sh [STAGES]
 set -uo pipefail
 stages=${1:-build,tests,trial,bf16,volumes}
-has() { [[ ",$stages," == *",$1,"* ]]; }
-t_start=$(date +%s)
-src=$PWD; work=/tmp/i35; mkdir -p "$work/out"
-export DEB_DIR=$src/.gpu/debs
-if has build; then
-  scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; tail -20 $OUT/build.log; exit 1; }
-  grep -E "Tally: (CUDA|JPEG)" $OUT/build.log
-  echo "build: $(( $(date +%s) - t_start )) s"
-fi
+source "$(dirname "$0")/lib.sh"
+work=/tmp/i35; mkdir -p "$work/out"
+build_stage
+has build && grep -E "Tally: (CUDA|JPEG)" $OUT/build.log
 bin=$src/build-gpu/bin
 export TALLY_BIN=$bin TALLY_SOURCE=$src PYTHONPATH=$src/python:$src/build-gpu/python
 if has tests; then

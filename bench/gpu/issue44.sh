@@ -9,14 +9,9 @@
 set -uo pipefail
 n=${1:-6400}
 stages=${2:-build,setup,runs,decode}
-has() { [[ ",$stages," == *",$1,"* ]]; }
-src=$PWD; work=/tmp/i44; mkdir -p "$work/out"
-export DEB_DIR=$src/.gpu/debs
-t_start=$(date +%s)
-if has build; then
-  scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; tail -20 $OUT/build.log; exit 1; }
-  echo "build: $(( $(date +%s) - t_start )) s"
-fi
+source "$(dirname "$0")/lib.sh"
+work=/tmp/i44; mkdir -p "$work/out"
+build_stage
 bin=$src/build-gpu/bin
 gpus=$(nvidia-smi -L | wc -l)
 echo "gpus: $gpus; cores: $(nproc); $(lscpu | grep -E 'Model name' | sed 's/  */ /g')"

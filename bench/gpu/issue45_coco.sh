@@ -8,14 +8,9 @@
 #   OUT=/tmp/logs bash bench/gpu/issue45_coco.sh [STAGES]   (build,setup,run,anchor; BIN=DIR: other binaries)
 set -uo pipefail
 stages=${1:-build,setup,run}
-has() { [[ ",$stages," == *",$1,"* ]]; }
-src=$PWD; work=/tmp/i45c; mkdir -p "$work"
-export DEB_DIR=$src/.gpu/debs
-t_start=$(date +%s)
-if has build; then
-  scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; exit 1; }
-  echo "build: $(( $(date +%s) - t_start )) s"
-fi
+source "$(dirname "$0")/lib.sh"
+work=/tmp/i45c; mkdir -p "$work"
+build_stage
 bin=${BIN:-$src/build-gpu/bin}
 echo "cores: $(nproc); binaries: $bin"
 if has setup; then

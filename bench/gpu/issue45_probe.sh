@@ -6,14 +6,9 @@
 #   OUT=/tmp/logs bash bench/gpu/issue45_probe.sh [STAGES]   (build,setup,threads,startup)
 set -uo pipefail
 stages=${1:-build,setup,threads,startup}
-has() { [[ ",$stages," == *",$1,"* ]]; }
-src=$PWD; work=/tmp/i45; mkdir -p "$work/out"
-export DEB_DIR=$src/.gpu/debs
-t_start=$(date +%s)
-if has build; then
-  scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; exit 1; }
-  echo "build: $(( $(date +%s) - t_start )) s"
-fi
+source "$(dirname "$0")/lib.sh"
+work=/tmp/i45; mkdir -p "$work/out"
+build_stage
 bin=$src/build-gpu/bin
 gpus=$(nvidia-smi -L | wc -l)
 echo "gpus: $gpus; cores: $(nproc)"

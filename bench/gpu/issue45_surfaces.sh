@@ -9,14 +9,9 @@
 #   OUT=/tmp/logs [LABELS=2] [KINDS="speckled filling"] bash bench/gpu/issue45_surfaces.sh [build,test,data,tally,cupyx]
 set -uo pipefail
 stages=${1:-build,test,data,tally,cupyx}
-has() { [[ ",$stages," == *",$1,"* ]]; }
-src=$PWD; work=/tmp/i45s${LABELS:-5}; mkdir -p "$work"
-export DEB_DIR=$src/.gpu/debs
-t_start=$(date +%s)
-if has build; then
-  scripts/gpu/build.sh build-gpu > $OUT/build.log 2>&1 || { grep -E "error" $OUT/build.log | head -40; tail -20 $OUT/build.log; exit 1; }
-  echo "build: $(( $(date +%s) - t_start )) s"
-fi
+source "$(dirname "$0")/lib.sh"
+work=/tmp/i45s${LABELS:-5}; mkdir -p "$work"
+build_stage
 bin=$src/build-gpu/bin
 kinds=${KINDS:-smooth speckled fragmented empty-class filling}
 echo "cores: $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
