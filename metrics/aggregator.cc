@@ -287,7 +287,7 @@ Aggregate Aggregator::Finish() const {
   // The classes are independent: large jobs finish them on several threads (their percentiles and
   // histograms walk every row's values).
   out.classes.resize(classes_.size());
-  const int threads = images_ < 100000 ? 1 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = images_ < 100000 ? 1 : UsableCores();
   ParallelFor(classes_.size(), threads, [&](size_t c) { out.classes[c] = FinishClass(static_cast<int>(c)); });
   for (ClassAggregate& ca : out.classes) {
     ca.in_foreground_mean = (ca.class_id != 0 || options_.include_background) && ca.reference_images > 0;

@@ -95,20 +95,31 @@ void MatchAtAreaRange(const std::vector<CocoReference>& refs, const std::vector<
 }
 
 // One category, area range and maxDets: COCOeval.accumulate's curves, into `acc`.
+// A kept detection in AccumulateCoco's order: its score, its outcomes (at area range a and
+// threshold t: outcome[(a * T + t) * stride]) and its rank in its image (for the maxDets cut).
 struct Entry {
   double score;
-  const CocoOutcome* outcome;  // Its outcome at threshold 0; threshold t is t * stride further.
+  const CocoOutcome* outcome;
   size_t stride;
+  size_t rank;
 };
-void AccumulateOne(std::vector<Entry> entries, int64_t positives, size_t k, size_t a, size_t m, const CocoParams& p,
-                   CocoAccumulated* acc) {
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) { return x.score > y.score; });
-  const size_t nd = entries.size(), R = p.recall_thresholds.size();
+
+// One (category, area range, maxDets) cell: `entries` in COCOeval's order (scores descending, a
+// stable sort over the images in id order), those of rank < max_det taken.
+void AccumulateOne(const std::vector<Entry>& entries, size_t max_det, int64_t positives, size_t k, size_t a, size_t m,
+                   const CocoParams& p, CocoAccumulated* acc) {
+  const size_t R = p.recall_thresholds.size(), T = p.iou_thresholds.size();
+  std::vector<const Entry*> taken;
+  taken.reserve(entries.size());
+  for (const Entry& e : entries) {
+    if (e.rank < max_det) taken.push_back(&e);
+  }
+  const size_t nd = taken.size();
   std::vector<double> rc(nd), pr(nd);
-  for (size_t t = 0; t < p.iou_thresholds.size(); ++t) {
+  for (size_t t = 0; t < T; ++t) {
     double tp = 0, fp = 0;
     for (size_t i = 0; i < nd; ++i) {
-      const CocoOutcome o = entries[i].outcome[t * entries[i].stride];
+      const CocoOutcome o = taken[i]->outcome[(a * T + t) * taken[i]->stride];
       tp += o == CocoOutcome::kTruePositive ? 1 : 0;
       fp += o == CocoOutcome::kFalsePositive ? 1 : 0;
       rc[i] = tp / static_cast<double>(positives);
@@ -206,26 +217,29 @@ CocoAccumulated AccumulateCoco(const std::vector<const CocoImageEval*>& evals, s
   std::map<int64_t, std::vector<const CocoImageEval*>> by_category;
   for (const CocoImageEval* e : evals) by_category[e->category_id].push_back(e);
   // Categories on several threads: each writes only its own cells of precision and recall.
-  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  const int threads = std::clamp(UsableCores(), 1, 16);
   ParallelFor(acc.K, threads, [&](size_t k) {
     auto it = by_category.find(category_ids[k]);
     if (it == by_category.end()) return;
     std::vector<const CocoImageEval*>& images = it->second;
     std::stable_sort(images.begin(), images.end(),
                      [](const CocoImageEval* x, const CocoImageEval* y) { return x->image_id < y->image_id; });
+    // COCOeval sorts each (area range, maxDets) cell's detections by score, stably; every cell's
+    // detections are the same images' first max_det, so one stable sort of all of them, filtered
+    // by rank, gives each cell's order (a stable sort's order restricted to a subset is the
+    // subset's stable order).
+    std::vector<Entry> entries;
+    for (const CocoImageEval* e : images) {
+      const size_t D = e->scores.size();
+      for (size_t d = 0; d < D; ++d) entries.push_back({e->scores[d], e->outcome.data() + d, D, d});
+    }
+    std::stable_sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) { return x.score > y.score; });
     for (size_t a = 0; a < acc.A; ++a) {
+      int64_t positives = 0;
+      for (const CocoImageEval* e : images) positives += e->positives[a];
+      if (positives == 0) continue;
       for (size_t m = 0; m < acc.M; ++m) {
-        std::vector<Entry> entries;
-        int64_t positives = 0;
-        for (const CocoImageEval* e : images) {
-          const size_t D = e->scores.size();
-          const size_t keep = std::min(D, static_cast<size_t>(p.max_dets[m]));
-          const CocoOutcome* base = e->outcome.data() + a * acc.T * D;
-          for (size_t d = 0; d < keep; ++d) entries.push_back({e->scores[d], base + d, D});
-          positives += e->positives[a];
-        }
-        if (positives == 0) continue;
-        AccumulateOne(std::move(entries), positives, k, a, m, p, &acc);
+        AccumulateOne(entries, static_cast<size_t>(p.max_dets[m]), positives, k, a, m, p, &acc);
       }
     }
   });

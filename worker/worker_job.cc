@@ -34,6 +34,7 @@
 #include "worker/scoring/scoring.h"
 #include "worker/pipeline/memory_budget.h"
 #include "worker/worker_internal.h"
+#include "metrics/parallel_for.h"
 
 namespace tally {
 namespace {
@@ -294,7 +295,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   if (config.predictions()) {
     // No model: score the manifest's predictions on the CPU, one row per thread.
     const int threads = options_.threads > 0 ? options_.threads
-                                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+                                             : UsableCores();
     Log("job ", job_id, ": scoring predictions on ", threads, " thread(s)");
     std::shared_ptr<const PanopticSource> panoptic;
     if (config.panoptic_job()) {
@@ -315,7 +316,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
       ASSIGN_OR_RETURN(save, PreparePredictionFolder(config.save_predictions));
     }
     const int threads = options_.threads > 0 ? options_.threads
-                                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+                                             : UsableCores();
     Log("job ", job_id, ": volumes through the model, read and scored on ", threads, " thread(s)");
     auto model = std::make_shared<VolumeModel>(evaluator->runner.get(), config);
     auto scoring = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, nullptr, nullptr,

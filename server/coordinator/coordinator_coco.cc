@@ -19,6 +19,7 @@
 #include "common/io/manifest.h"
 #include "common/job/job_config.h"
 #include "common/security/sha256.h"
+#include "metrics/parallel_for.h"
 #include "server/coordinator/coordinator.h"
 
 namespace tally {
@@ -57,7 +58,7 @@ absl::Status ReadDetections(const std::string& path, const ClientFileLimits& lim
     std::unordered_map<int64_t, std::string> by_image;
     int64_t unlisted = 0, first_id = 0, first_image = 0;
   };
-  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 32u));
+  const int threads = std::clamp(UsableCores(), 1, 32);
   std::vector<Part> parts(threads);
   ASSIGN_OR_RETURN(const int used, LoadCocoResultsInParts(path, limits, sha256, threads, [&](int k, CocoAnnotation&& a) {
     Part& p = parts[k];

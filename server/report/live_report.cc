@@ -10,6 +10,7 @@
 #include "common/base/status_macros.h"
 #include "common/job/job_config.h"
 #include "server/report/report_writer.h"
+#include "metrics/parallel_for.h"
 
 namespace tally {
 
@@ -32,7 +33,7 @@ absl::StatusOr<std::unique_ptr<LiveReport>> LiveReport::Create(const JobRecord& 
   std::unique_ptr<LiveReport> live(new LiveReport(spool_path));
   const size_t slash = spool_path.rfind('/');
   if (slash != std::string::npos) RETURN_IF_ERROR(MakeDirs(spool_path.substr(0, slash)));
-  const int parts = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  const int parts = std::clamp(UsableCores(), 1, 8);
   for (int i = 0; i < parts; ++i) {
     auto part = std::make_unique<Part>();
     // Kept only for jobs that end with every row (Eligible): their interval is over all rows.

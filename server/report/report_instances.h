@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <utility>
@@ -76,7 +77,7 @@ class InstanceAccumulator {
 
  private:
   const JobConfig& config_;
-  std::vector<CocoImageEval> evals_;
+  std::deque<CocoImageEval> evals_;  // A deque: no copies as it grows (a COCO job has an entry per image and category).
   std::vector<InstanceReport::Worst> worst_;
   std::map<int64_t, std::array<int64_t, 5>> counts_;  // references, detections, tp50, fp50, fn50.
   int64_t images_ = 0;

@@ -24,6 +24,7 @@
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
 #include "worker/pipeline/pipeline_internal.h"
+#include "metrics/parallel_for.h"
 
 namespace tally {
 
@@ -376,7 +377,7 @@ bool Pipeline::ResolveDecode(const BatchSpec& spec) {
     auto p = runner_->Launch(spec);
     const bool ran = p.ok() && (*p)->Wait().ok();
     const double model = ran ? spec.items.size() / std::max(NowUnix() - t0, 1e-6) : 0;
-    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const int cores = UsableCores();
     const double cpu = std::min(threads, cores) * cpu_rows / cpu_seconds;
     probe = GpuJpegDecoder::Create(options_.decode_device);
     if (!probe.ok()) {
