@@ -147,6 +147,8 @@ class JobStore {
   absl::Status InsertDetectionsLocked(const std::string& job_id, const std::vector<ManifestRow>& rows)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeleteInBatches(const char* table, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The file that holds a COCO results job's detections beside the database ("" for an in-memory one).
+  std::string DetectionsPath(const std::string& job_id) const;
 
   // Whether the job's rows are in blocks (InsertManifestRows), remembered once known.
   absl::StatusOr<bool> BlockedLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -4,6 +4,7 @@
 #include <random>
 
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include "gtest/gtest.h"
 #include "tests/server/store_fixture.h"
@@ -45,6 +46,44 @@ std::string Sql(const std::string& path, const std::string& sql) {
 // A database from before schema versions (the first schema: no owner, summary, prediction or
 // columns columns, no thumbnails or job_workers tables) opens, keeps its job and is brought to
 // the current version.
+// COCO results jobs' detections live in a file beside the database: each row reads back its own
+// bytes (from two batches, rows without any left empty), and DeleteJob (or, for a submission that
+// never completed, the next Open) removes the file with the rest of the job.
+TEST_F(JobStoreTest, DetectionsComeBackPerRowAndLeaveWithTheJob) {
+  ASSERT_TRUE(store_->BeginSubmission("coco").ok());
+  std::vector<ManifestRow> rows(6);
+  for (int64_t i = 0; i < 6; ++i) {
+    rows[i].index = i;
+    if (i != 3) rows[i].coco_detections = std::string(static_cast<size_t>(100 + i * 37), static_cast<char>('a' + i));
+  }
+  ASSERT_TRUE(store_->InsertManifestRows("coco", {rows.begin(), rows.begin() + 4}).ok());
+  ASSERT_TRUE(store_->InsertManifestRows("coco", {rows.begin() + 4, rows.end()}).ok());
+  std::vector<ManifestRow> asked(6);
+  for (int64_t i = 0; i < 6; ++i) asked[i].index = 5 - i;
+  ASSERT_TRUE(store_->ReadDetections("coco", &asked).ok());
+  for (const ManifestRow& r : asked) {
+    EXPECT_EQ(r.coco_detections, rows[r.index].coco_detections) << "row " << r.index;
+  }
+  const std::string file = dir_ + "/state.db-detections/" + "636f636f";  // "coco" in hex.
+  EXPECT_EQ(access(file.c_str(), F_OK), 0);
+  ASSERT_TRUE(store_->DeleteJob("coco").ok());
+  EXPECT_NE(access(file.c_str(), F_OK), 0);
+  std::vector<ManifestRow> gone(1);
+  gone[0].index = 1;
+  ASSERT_TRUE(store_->ReadDetections("coco", &gone).ok());
+  EXPECT_TRUE(gone[0].coco_detections.empty());
+  // A submission that never completed is deleted at the next Open, its file with it.
+  ASSERT_TRUE(store_->BeginSubmission("half").ok());
+  ASSERT_TRUE(store_->InsertManifestRows("half", {rows.begin(), rows.begin() + 2}).ok());
+  const std::string half = dir_ + "/state.db-detections/" + "68616c66";  // "half" in hex.
+  EXPECT_EQ(access(half.c_str(), F_OK), 0);
+  store_.reset();
+  auto reopened = JobStore::Open(dir_ + "/state.db");
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  store_ = std::move(*reopened);
+  EXPECT_NE(access(half.c_str(), F_OK), 0);
+}
+
 TEST_F(JobStoreTest, OldDatabaseIsMigratedOnOpen) {
   const std::string path = dir_ + "/old.db";
   Sql(path,
