@@ -5,16 +5,17 @@
 # RSS of tallyd and of each worker (their logs' VmHWM at exit is not kept, so /proc is sampled).
 # `anchor`: the real pycocotools on the same set (bench/gpu/pycocotools_anchor.sh; its source in
 # COCOAPI=DIR, default .gpu/cocoapi).
-#   OUT=/tmp/logs bash bench/gpu/issue45_coco.sh [STAGES]   (build,setup,run,anchor; BIN=DIR: other binaries)
+#   OUT=/tmp/logs bash bench/gpu/issue45_coco.sh [STAGES]   (build,setup,run,anchor; BIN=DIR: other binaries;
+#   SHAPES=realistic: tally-make-coco --shapes realistic, in WORK=DIR, default /tmp/i45c)
 set -uo pipefail
 stages=${1:-build,setup,run}
 source "$(dirname "$0")/lib.sh"
-work=/tmp/i45c; mkdir -p "$work"
+work=${WORK:-/tmp/i45c}; mkdir -p "$work"
 build_stage
 bin=${BIN:-$src/build-gpu/bin}
 echo "cores: $(nproc); binaries: $bin"
 if has setup; then
-  "$bin/tally-make-coco" --out "$work/set" --images 5000 --detections 100 > /dev/null
+  "$bin/tally-make-coco" --out "$work/set" --images 5000 --detections 100 --shapes ${SHAPES:-simple} > /dev/null
   mkdir -p "$work/img"
   ls -la "$work/set"
 fi
