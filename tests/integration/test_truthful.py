@@ -391,9 +391,18 @@ class JobKindsTest(unittest.TestCase):
                     lo, hi = c["dice_mean_ci95"]
                     if c["images"] < 10:
                         self.assertEqual((lo, hi), (None, None), (kind, c["class"]))
-                    elif c.get("dice_mean") is not None:
+                    elif c.get("dice_mean") is not None and kind != "stopped":
                         self.assertLessEqual(lo, c["dice_mean"])
                         self.assertGreaterEqual(hi, c["dice_mean"])
+                    elif c.get("dice_mean") is not None:
+                        # The betting interval rejects every mean its wealth ever reached 1/alpha for as the
+                        # rows came (metrics/bounded_mean.h), so it need not hold the final sample mean; a
+                        # stopped job's rows depend on timing, and one CI run had the mean 0.005 below lo.
+                        # It is near it.
+                        width = hi - lo
+                        self.assertLessEqual(lo, hi)
+                        self.assertLessEqual(lo - width, c["dice_mean"])
+                        self.assertGreaterEqual(hi + width, c["dice_mean"])
 
 
 class EndedEarlyTest(unittest.TestCase):
