@@ -94,7 +94,6 @@ void MatchAtAreaRange(const std::vector<CocoReference>& refs, const std::vector<
   }
 }
 
-// One category, area range and maxDets: COCOeval.accumulate's curves, into `acc`.
 // A kept detection in AccumulateCoco's order: its score, its outcomes (at area range a and
 // threshold t: outcome[(a * T + t) * stride]) and its rank in its image (for the maxDets cut).
 struct Entry {
@@ -104,8 +103,9 @@ struct Entry {
   size_t rank;
 };
 
-// One (category, area range, maxDets) cell: `entries` in COCOeval's order (scores descending, a
-// stable sort over the images in id order), those of rank < max_det taken.
+// COCOeval.accumulate's curves for one (category, area range, maxDets) cell, into `acc`: `entries`
+// in COCOeval's order (scores descending, a stable sort over the images in id order), those of
+// rank < max_det taken.
 void AccumulateOne(const std::vector<Entry>& entries, size_t max_det, int64_t positives, size_t k, size_t a, size_t m,
                    const CocoParams& p, CocoAccumulated* acc) {
   const size_t R = p.recall_thresholds.size(), T = p.iou_thresholds.size();
