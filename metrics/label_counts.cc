@@ -3,14 +3,45 @@
 #include <algorithm>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 
 namespace tally {
+
+namespace {
+
+// Bit 2j+1 set where pixel j of the 32 at p (and r) differs from pixel j+1 in either map; pixel 32
+// is read, so it must exist.
+inline uint64_t StretchEnds32(const uint16_t* p, const uint16_t* r) {
+#if defined(__SSE2__)
+  uint64_t same = 0;
+  for (int q = 0; q < 4; ++q) {
+    const __m128i pa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * q));
+    const __m128i pb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * q + 1));
+    const __m128i ra = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 8 * q));
+    const __m128i rb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 8 * q + 1));
+    const __m128i eq = _mm_and_si128(_mm_cmpeq_epi16(pa, pb), _mm_cmpeq_epi16(ra, rb));
+    same |= static_cast<uint64_t>(static_cast<uint32_t>(_mm_movemask_epi8(eq))) << (16 * q);
+  }
+  return ~same & 0xAAAAAAAAAAAAAAAAULL;
+#else
+  uint64_t ends = 0;
+  for (int j = 0; j < 32; ++j) {
+    if (p[j] != p[j + 1] || r[j] != r[j + 1]) ends |= uint64_t{1} << (2 * j + 1);
+  }
+  return ends;
+#endif
+}
+
+}  // namespace
 
 void CountClasses(const uint16_t* pred, const uint16_t* ref, int64_t n, int num_classes,
                   std::vector<ConfusionCounts>* out) {
   // Three tallies instead of a C x C matrix: tp where both agree, and each side's pixel counts.
-  // Neighbouring pixels mostly hold the same labels, and one set of tallies would make every
-  // increment wait for the previous one's store: four sets, one per pixel mod 4, summed at the end.
+  // One set of tallies would make every increment wait for the previous one's store (neighbouring
+  // stretches often hold the same labels): four sets, taking turns, summed at the end.
   // Ignored pixels count in a spare slot (index C), without a branch.
   const size_t slots = static_cast<size_t>(num_classes) + 1;
   const size_t spare = static_cast<size_t>(num_classes);
@@ -32,24 +63,21 @@ void CountClasses(const uint16_t* pred, const uint16_t* ref, int64_t n, int num_
     agree[k][pi] += p == r ? weight : 0;
   };
   auto one = [&](int k, int64_t i) { add(k, pred[i], ref[i], 1); };
-  // Label maps are mostly long stretches of one (prediction, reference) pair: a block of 16 pixels
-  // that holds a single pair (tested by a loop the compiler turns into vector compares) is counted
-  // at once, the others pixel by pixel.
-  constexpr int kBlock = 16;
+  // Label maps are mostly long stretches of one (prediction, reference) pair: each block of 32
+  // pixels is cut where either map changes (vector compares of each pixel with the next), and each
+  // stretch is counted at once; tally sets take turns by stretch.
+  constexpr int kBlock = 32;
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    const uint16_t p0 = pred[i], r0 = ref[i];
-    uint16_t differ = 0;
-    for (int k = 0; k < kBlock; ++k) differ |= static_cast<uint16_t>((pred[i + k] ^ p0) | (ref[i + k] ^ r0));
-    if (differ == 0) {
-      add(0, p0, r0, kBlock);
-      continue;
-    }
-    for (int k = 0; k < kBlock; k += 4) {
-      one(0, i + k);
-      one(1, i + k + 1);
-      one(2, i + k + 2);
-      one(3, i + k + 3);
+  int k = 0;
+  for (; i + kBlock + 1 <= n; i += kBlock) {
+    uint64_t ends = StretchEnds32(pred + i, ref + i) | (uint64_t{1} << 63);  // The block's last pixel ends one.
+    int64_t start = i;
+    while (ends != 0) {
+      const int64_t stop = i + (__builtin_ctzll(ends) >> 1) + 1;
+      ends &= ends - 1;
+      add(k, pred[start], ref[start], stop - start);
+      k = (k + 1) & 3;
+      start = stop;
     }
   }
   for (; i < n; ++i) one(0, i);

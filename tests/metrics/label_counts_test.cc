@@ -44,9 +44,9 @@ TEST(LabelCountsTest, ClassCountsFromMatrixMatchCountClasses) {
   }
 }
 
-// Long stretches of one pair (background in both, a disagreeing pair, ignored pixels: counted 16
-// pixels at a time), mixed pixels and a length that is no multiple of 16: each class's counts against a per-pixel count written
-// here, pixel by pixel.
+// Long stretches of one pair (background in both, a disagreeing pair, ignored pixels: counted a
+// stretch at a time), mixed pixels and a length that is no multiple of the 32-pixel blocks: each
+// class's counts against a per-pixel count written here, pixel by pixel.
 TEST(LabelCountsTest, CountClassesOnUniformBlocksMixedPixelsAndIgnoredPixelsMatchesPixelByPixel) {
   const int64_t n = 16 * 700 + 13;
   std::vector<uint16_t> ref(n, 0), pred(n, 0);
@@ -86,6 +86,37 @@ TEST(LabelCountsTest, CountClassesOnUniformBlocksMixedPixelsAndIgnoredPixelsMatc
     EXPECT_EQ(got[c].fp, want.fp) << c;
     EXPECT_EQ(got[c].fn, want.fn) << c;
     EXPECT_EQ(got[c].tn, want.tn) << c;
+  }
+}
+
+// Stretches that end exactly at, just before and just after the 32-pixel blocks' edges, on maps of
+// every length from 1 to 130 pixels: against a per-pixel count written here.
+TEST(LabelCountsTest, CountClassesStretchesAcrossBlockEdgesMatchPixelByPixel) {
+  const int classes = 4;
+  for (int64_t n = 1; n <= 130; ++n) {
+    std::vector<uint16_t> ref(n), pred(n);
+    for (int64_t i = 0; i < n; ++i) {
+      ref[i] = static_cast<uint16_t>((i / 32) % classes);        // Changes at every block edge.
+      pred[i] = static_cast<uint16_t>(((i + 1) / 31) % classes);  // Changes just before or after one.
+      if (i % 45 == 44) ref[i] = kIgnoredPixel;
+    }
+    std::vector<ConfusionCounts> got;
+    CountClasses(pred.data(), ref.data(), n, classes, &got);
+    for (int c = 0; c < classes; ++c) {
+      ConfusionCounts want{0, 0, 0, 0};
+      for (int64_t i = 0; i < n; ++i) {
+        if (ref[i] == kIgnoredPixel) continue;
+        const bool r = ref[i] == c, p = pred[i] == c;
+        want.tp += r && p;
+        want.fp += !r && p;
+        want.fn += r && !p;
+        want.tn += !r && !p;
+      }
+      EXPECT_EQ(got[c].tp, want.tp) << n << " " << c;
+      EXPECT_EQ(got[c].fp, want.fp) << n << " " << c;
+      EXPECT_EQ(got[c].fn, want.fn) << n << " " << c;
+      EXPECT_EQ(got[c].tn, want.tn) << n << " " << c;
+    }
   }
 }
 
