@@ -46,6 +46,8 @@ RUN apt-get update \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/tally --create-home tally
 COPY --from=binaries /opt/tally /opt/tally
 ENV PATH=/opt/tally/bin:$PATH
+# malloc's large areas on transparent huge pages (as `tally run` gives its own processes; README).
+ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1
 USER tally
 WORKDIR /var/lib/tally
 EXPOSE 50051 9464

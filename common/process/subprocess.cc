@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -16,11 +17,20 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 
 extern char** environ;
 
 namespace tally {
+
+std::string WithHugePageMalloc(const char* tunables) {
+  const std::string current = tunables == nullptr ? "" : tunables;
+  for (absl::string_view t : absl::StrSplit(current, ':')) {
+    if (absl::StartsWith(t, "glibc.malloc.hugetlb=")) return current;  // The user's choice stands.
+  }
+  return current.empty() ? "glibc.malloc.hugetlb=1" : current + ":glibc.malloc.hugetlb=1";
+}
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions& options) {
   if (options.argv.empty()) return absl::InvalidArgumentError("Spawn: empty argv");
@@ -34,6 +44,13 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions
     if (!overridden) env_strings.push_back(entry);
   }
   for (const auto& kv : options.env) env_strings.push_back(kv.first + "=" + kv.second);
+  if (!options.keep_malloc_tunables &&
+      std::none_of(options.env.begin(), options.env.end(), [](const auto& kv) { return kv.first == "GLIBC_TUNABLES"; })) {
+    env_strings.erase(std::remove_if(env_strings.begin(), env_strings.end(),
+                                     [](const std::string& e) { return e.rfind("GLIBC_TUNABLES=", 0) == 0; }),
+                      env_strings.end());
+    env_strings.push_back("GLIBC_TUNABLES=" + WithHugePageMalloc(std::getenv("GLIBC_TUNABLES")));
+  }
   std::vector<char*> envp, argv;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);

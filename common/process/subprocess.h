@@ -22,7 +22,18 @@ struct SpawnOptions {
   std::vector<std::pair<std::string, std::string>> env;  // Added to / replacing the parent's.
   std::string log_path;           // stdout and stderr appended here; empty = inherit.
   std::vector<int> cpu_affinity;  // CPUs the child may run on; empty = unchanged.
+  // Unless set (or `env` names GLIBC_TUNABLES), the child's glibc malloc asks for transparent huge
+  // pages (WithHugePageMalloc).
+  bool keep_malloc_tunables = false;
 };
+
+// GLIBC_TUNABLES for a child of Tally's: `tunables` (the parent's, may be null) plus
+// glibc.malloc.hugetlb=1 unless it sets glibc.malloc.hugetlb already (0 turns it off). With it,
+// malloc marks its large areas for transparent huge pages (glibc >= 2.35; older glibc ignores it):
+// tallyd and the workers fill hundreds of MB of fresh memory per job (a COCO results file, its
+// parse, label maps), and on a VM each 4 KiB page's first-touch fault and TLB miss cost more than
+// the work on it (the whole one-core COCO command 11% faster, BENCHMARKS.md).
+std::string WithHugePageMalloc(const char* tunables);
 
 class Subprocess {
  public:
