@@ -20,48 +20,49 @@ namespace tally {
 namespace {
 
 // Streams job snapshots: one at once, then one per interval, until the job has ended and its report
-// is ready (or the client goes away). Waits on a grpc::Alarm, never blocking a reactor thread.
+// is ready (or the client goes away); a report written wakes it at once (Coordinator's report
+// listeners), so the last snapshot does not wait out the interval. Waits on a grpc::Alarm, never
+// blocking a reactor thread.
 class WatchJobReactor final : public grpc::ServerWriteReactor<v1::Job> {
  public:
   WatchJobReactor(Coordinator* core, std::string job_id, absl::Duration interval)
       : core_(core), job_id_(std::move(job_id)), interval_(interval) {
+    listener_ = core_->AddReportListener([this] { Wake(); });
     WriteSnapshot();
   }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    if (!ok) {
-      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
-      return;
-    }
-    if (last_) {
-      FinishLocked(grpc::Status::OK);
-      return;
-    }
-    alarm_pending_ = true;
-    alarm_.Set(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(interval_), [this](bool fired) {
-      bool remove = false;
-      {
-        absl::MutexLock lock(&mu_);
-        alarm_pending_ = false;
-        remove = done_;
-        if (!remove && !finishing_) {
-          if (!fired) {
-            FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-          }
-        }
-      }
-      if (remove) {
-        delete this;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok) {
+        FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
         return;
       }
-      if (fired) WriteSnapshot();
-    });
+      if (last_) {
+        FinishLocked(grpc::Status::OK);
+        return;
+      }
+      if (!wake_requested_) {
+        alarm_pending_ = true;
+        alarm_.Set(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(interval_),
+                   [this](bool fired) { OnAlarm(fired); });
+        return;
+      }
+      wake_requested_ = false;  // A report was written while this write was in flight.
+    }
+    WriteSnapshot();
   }
 
-  void OnCancel() override { alarm_.Cancel(); }
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    alarm_.Cancel();
+  }
 
   void OnDone() override {
+    core_->RemoveReportListener(listener_);  // No Wake() runs after this returns.
     bool remove = false;
     {
       absl::MutexLock lock(&mu_);
@@ -72,6 +73,37 @@ class WatchJobReactor final : public grpc::ServerWriteReactor<v1::Job> {
   }
 
  private:
+  // A report was written (this job's or another's): a snapshot now rather than at the interval.
+  void Wake() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finishing_ || done_) return;
+      if (!alarm_pending_) {
+        wake_requested_ = true;  // OnWriteDone writes the next snapshot at once.
+        return;
+      }
+    }
+    alarm_.Cancel();  // OnAlarm(false): a wake, unless the call was cancelled.
+  }
+
+  void OnAlarm(bool fired) {
+    bool remove = false, write = false;
+    {
+      absl::MutexLock lock(&mu_);
+      alarm_pending_ = false;
+      remove = done_;
+      if (!remove && !finishing_) {
+        write = fired || !cancelled_;
+        if (!write) FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      }
+    }
+    if (remove) {
+      delete this;
+      return;
+    }
+    if (write) WriteSnapshot();
+  }
+
   void WriteSnapshot() {
     absl::StatusOr<v1::Job> job = core_->GetJob(job_id_);
     absl::MutexLock lock(&mu_);
@@ -94,6 +126,7 @@ class WatchJobReactor final : public grpc::ServerWriteReactor<v1::Job> {
   Coordinator* const core_;
   const std::string job_id_;
   const absl::Duration interval_;
+  int64_t listener_ = 0;
   grpc::Alarm alarm_;
   absl::Mutex mu_;
   v1::Job snapshot_ ABSL_GUARDED_BY(mu_);
@@ -101,6 +134,8 @@ class WatchJobReactor final : public grpc::ServerWriteReactor<v1::Job> {
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool alarm_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;       // OnCancel: the client went away.
+  bool wake_requested_ ABSL_GUARDED_BY(mu_) = false;  // Woken while a write was in flight.
 };
 
 // Streams the report files of a job in 1 MiB chunks. With `remove_after`, the folder is a

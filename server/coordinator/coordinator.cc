@@ -251,7 +251,10 @@ void Coordinator::BackgroundLoop() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) return;
+      // Every 100 ms, or at once when a job has reached its end (its report is then written
+      // without waiting out the period).
+      mu_.AwaitWithTimeout(absl::Condition(this, &Coordinator::StoppingOrFinalizing), absl::Milliseconds(100));
+      if (stopping_) return;
     }
     ExpireLeases();
     RunFinalizers();

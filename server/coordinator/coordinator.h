@@ -170,6 +170,11 @@ class Coordinator {
   void RunFinalizers();
   // Deletes finished jobs older than `retain_days`. Called by the background thread.
   void ApplyRetention();
+  // `wake` is called (outside the coordinator's locks, on the thread that wrote it) each time a
+  // job's report has been written or has failed: WatchJob streams answer then instead of at their
+  // next interval. Returns a handle for RemoveReportListener, after which `wake` is never called.
+  int64_t AddReportListener(std::function<void()> wake);
+  void RemoveReportListener(int64_t handle);
 
  private:
   enum class ShardPhase { kPending, kLeased, kDone };
@@ -467,6 +472,10 @@ class Coordinator {
   int64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::string> finalize_queue_ ABSL_GUARDED_BY(mu_);
+  bool StoppingOrFinalizing() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !finalize_queue_.empty(); }
+  absl::Mutex listeners_mu_;  // Never held with mu_.
+  std::map<int64_t, std::function<void()>> report_listeners_ ABSL_GUARDED_BY(listeners_mu_);
+  int64_t next_listener_ ABSL_GUARDED_BY(listeners_mu_) = 1;
   std::string storage_error_ ABSL_GUARDED_BY(mu_);  // Why the database cannot be written now.
   double last_retention_ ABSL_GUARDED_BY(mu_) = 0;
   Counters counters_ ABSL_GUARDED_BY(mu_);

@@ -612,6 +612,18 @@ void Coordinator::MaybeCompleteLocked(JobEntry* job) {
   finalize_queue_.push_back(job->record.job.job_id());
 }
 
+int64_t Coordinator::AddReportListener(std::function<void()> wake) {
+  absl::MutexLock lock(&listeners_mu_);
+  const int64_t handle = next_listener_++;
+  report_listeners_.emplace(handle, std::move(wake));
+  return handle;
+}
+
+void Coordinator::RemoveReportListener(int64_t handle) {
+  absl::MutexLock lock(&listeners_mu_);
+  report_listeners_.erase(handle);
+}
+
 void Coordinator::RunFinalizers() {
   while (true) {
     std::string job_id;
@@ -676,6 +688,10 @@ void Coordinator::RunFinalizers() {
     absl::Status saved = store_->UpdateJob(rec);
     NoteStorage(saved);
     if (!saved.ok()) Log("saving job ", job_id, " failed: ", saved.ToString());
+    {
+      absl::MutexLock lock(&listeners_mu_);
+      for (const auto& [handle, wake] : report_listeners_) wake();
+    }
     Log("job ", job_id, " ", v1::JobState_Name(rec.job.state()), ": ", rec.job.images_evaluated(), " evaluated, ",
         rec.job.images_failed(), " failed of ", rec.job.images_total(), "; report ", from_rows ? "kept as rows arrived" : "built from the database",
         ", written in ", absl::StrFormat("%.2f", NowUnix() - started), " s");
