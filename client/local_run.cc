@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "common/base/file_util.h"
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
+#include "common/job/report_files.h"
 #include "common/process/subprocess.h"
 #include "common/process/worker_launcher.h"
 
@@ -133,6 +135,36 @@ absl::StatusOr<LocalCluster> StartCluster(const LocalRunOptions& options, const 
   return c;
 }
 
+// The run's own tallyd wrote the job's report into STATE_DIR/reports/JOB on this machine: its files
+// are copied from there into `out_dir` (in the kernel, each to a temporary name, then renamed, as a
+// fetch writes them) instead of streaming through gRPC (0.1-0.15 s for a 30 MB per_image.csv).
+// Fails, for FetchReport to do it, when a required file is not there.
+absl::StatusOr<std::vector<std::string>> CopyLocalReport(const std::string& report_dir, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const char* f : kReportFiles) {
+    if (!fs::is_regular_file(report_dir + "/" + f, ec)) return absl::NotFoundError(f);
+    names.emplace_back(f);
+  }
+  for (const char* f : kOptionalReportFiles) {
+    if (fs::is_regular_file(report_dir + "/" + f, ec)) names.emplace_back(f);
+  }
+  RETURN_IF_ERROR(MakeDirs(out_dir));
+  std::vector<std::string> written;
+  for (const std::string& f : names) {
+    const std::string to = out_dir + "/" + f, tmp = absl::StrCat(out_dir, "/.", f, ".copy-", getpid());
+    if (!fs::copy_file(report_dir + "/" + f, tmp, fs::copy_options::overwrite_existing, ec) ||
+        std::rename(tmp.c_str(), to.c_str()) != 0) {
+      const std::string why = ec ? ec.message() : std::strerror(errno);
+      unlink(tmp.c_str());
+      return absl::UnavailableError(absl::StrCat("copying ", f, ": ", why));
+    }
+    written.push_back(to);
+  }
+  return written;
+}
+
 // Progress until the job ends. Ctrl-C cancels it; a dead tallyd, or every worker gone before the
 // job ended, sets `abort_reason`.
 absl::StatusOr<v1::Job> WatchLocalJob(TallyClient& client, const std::string& job_id, LocalCluster& c,
@@ -227,7 +259,12 @@ int RunLocally(const LocalRunOptions& options) {
   if (!abort_reason.empty()) return Fail(abort_reason);
   if (!last.ok()) return Fail(std::string(last.status().message()));
   progress.Done(*last);
-  auto files = client.FetchReport(job_id, options.out_dir);
+  // The job has ended: the workers stop while the report is fetched (they took 0.1-0.2 s to exit,
+  // which every run waited for after the fetch).
+  cluster->workers->SignalAll();
+  absl::StatusOr<std::vector<std::string>> files = absl::UnavailableError("no report written");
+  if (last->report_ready()) files = CopyLocalReport(absl::StrCat(state_dir, "/reports/", job_id), options.out_dir);
+  if (!files.ok()) files = client.FetchReport(job_id, options.out_dir);
   // The client's connection goes first: tallyd's shutdown waits for its connections to close (its
   // GOAWAY stays unread on an idle channel), which cost every run 2 s (the shutdown's deadline).
   connected->reset();

@@ -15,6 +15,7 @@
 // rows were failed or handed back; restart the worker), 77 refused by the coordinator (an unknown
 // token, or one that is not a worker token, 3 times in a row).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <malloc.h>
 #include <signal.h>
@@ -278,5 +279,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!absl::GetFlag(FLAGS_estimate).empty()) return RunEstimateCommand(*options);
-  return Serve(*options);
+  const int code = Serve(*options);
+  // Everything the worker owed is sent (Serve returns after the rows in hand are delivered) and its
+  // log lines are written unbuffered: the process ends here, without running the libraries' exit
+  // handlers and static destructors (LibTorch's, CUDA's), which took 0.1-0.15 s of every `tally run`'s
+  // shutdown. Python model processes end with it (PR_SET_PDEATHSIG).
+  tally::JoinEarlyCuda();
+  std::fflush(nullptr);
+  std::_Exit(code);
 }

@@ -128,7 +128,7 @@ void Subprocess::Terminate(double grace_seconds) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_seconds);
   while (std::chrono::steady_clock::now() < deadline) {
     if (!Running()) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   kill(pid_, SIGKILL);
   int status = 0;

@@ -110,6 +110,12 @@ bool WorkerLauncher::ShouldRestart(Worker& w) const {
   return true;
 }
 
+void WorkerLauncher::SignalAll() {
+  for (Worker& w : workers_) {
+    if (w.process) w.process->Signal(SIGTERM);
+  }
+}
+
 void WorkerLauncher::StopAll() {
   for (Worker& w : workers_) {
     if (w.process) w.process->Signal(SIGTERM);

@@ -41,6 +41,9 @@ class WorkerLauncher {
   int Poll(std::vector<std::string>* exited = nullptr);
   pid_t pid(int i) const { return workers_[i].process ? workers_[i].process->pid() : -1; }
   const std::string& log_path(int i) const { return workers_[i].log_path; }
+  // SIGTERM to every worker without waiting (they finish the rows in hand and exit); StopAll then
+  // waits for them.
+  void SignalAll();
   void StopAll();
 
  private:

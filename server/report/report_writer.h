@@ -8,15 +8,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/job/report_files.h"
 #include "server/store/job_store.h"
 #include "server/report/report_data.h"
 
 namespace tally {
-
-inline constexpr const char* kReportFiles[] = {"report.json", "per_image.csv", "summary.md", "report.html"};
-// Written when the job asks for them: summary.json in nnU-Net v2's layout (--nnunet-summary), lesions.csv
-// (lesion_ metrics).
-inline constexpr const char* kOptionalReportFiles[] = {"summary.json", "lesions.csv"};
 
 // Writes the four files into `dir` (created if needed), each atomically (temp file + rename).
 // `outcome` (optional) receives the per-class table and the warnings.
