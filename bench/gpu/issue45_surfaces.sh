@@ -6,7 +6,9 @@
 # cupyx's EDT path (MONAI's monai_hd95_nsd with cupyx.scipy.ndimage, volumes already on the GPU,
 # best of 3), each kind's profile (TALLY_SURFACE3D_PROFILE=1), with global-memory envelopes too, and
 # the device path's bit-for-bit tests (surface_kernel_test, every kind included).
-#   OUT=/tmp/logs [LABELS=2] [KINDS="speckled filling"] bash bench/gpu/issue45_surfaces.sh [build,test,data,tally,cupyx]
+#   OUT=/tmp/logs [LABELS=2] [KINDS="speckled filling"] [FAR_CELLS_AB=33554432] bash bench/gpu/issue45_surfaces.sh [build,test,data,tally,cupyx]
+# FAR_CELLS_AB=N: each kind again with the far transform's batches limited to N cells (the limit before
+# was 2^25 = 33554432).
 set -uo pipefail
 stages=${1:-build,test,data,tally,cupyx}
 source "$(dirname "$0")/lib.sh"
@@ -18,6 +20,7 @@ echo "cores: $(nproc); $(nvidia-smi --query-gpu=name --format=csv,noheader | hea
 if has test; then
   $bin/surface_kernel_test --gtest_filter='Surface3D*' 2>&1 | grep -E "OK|FAILED|PASSED|Failure" | tail -6
   TALLY_SURFACE_MAX_BOX=1 $bin/surface_kernel_test --gtest_filter='Surface3D*' 2>&1 | tail -2
+  TALLY_SURFACE_MAX_BOX=1 TALLY_SURFACE3D_FAR_CELLS=1 $bin/surface_kernel_test --gtest_filter='Surface3D*' 2>&1 | tail -2
 fi
 if has data; then
   python3 - "$work" ${LABELS:-5} $kinds <<'PY'
@@ -39,6 +42,8 @@ if has tally; then
   for kind in $kinds; do
     $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 5 --device 0 | sed "s/^/$kind: /"
     TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 2 --device 0 2>&1 | grep "profile: box" | tail -1 | sed "s/^/$kind: /"
+    [ -n "${FAR_CELLS_AB:-}" ] && TALLY_SURFACE3D_FAR_CELLS=$FAR_CELLS_AB TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 5 --device 0 2>&1 | grep -v "profile: box searches" | sed "s/^/$kind (far cells $FAR_CELLS_AB): /"
+    [ -n "${FAR_CELLS_AB:-}" ] && TALLY_SURFACE3D_FAR_CELLS=$FAR_CELLS_AB TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 2 --device 0 2>&1 | grep "profile: box" | tail -1 | sed "s/^/$kind (far cells $FAR_CELLS_AB): /"
     TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 5 --device 0 | sed "s/^/$kind (global envelopes): /"
   done
 fi

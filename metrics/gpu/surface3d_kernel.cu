@@ -32,9 +32,13 @@ unsigned Blocks(int64_t n) { return static_cast<unsigned>((std::max<int64_t>(n, 
 constexpr int kBudgetItems = static_cast<int>(kSurfaceQueryChunk) / kThreads;
 static_assert(kBudgetItems * kThreads == static_cast<int>(kSurfaceQueryChunk), "a budget chunk per block");
 // The far transform takes the slices holding far queries in batches: at most this many cells (box
-// voxels of the batch's slices, 24 bytes each of device memory), so a 512 x 512 box takes about 120
-// slices at once (FarCells).
-constexpr int64_t kFarCells = int64_t{1} << 25;
+// voxels of the batch's slices, 24 bytes each of device memory, 3.2 GB for all of them), so a
+// 512 x 512 box takes about 500 slices at once (FarCells). Each pass runs a thread per envelope (a
+// slice's column, a query row), and an envelope is a chain of dependent steps: a batch needs enough
+// of them to fill the GPU. With 2^25 cells (120 such slices, 61 000 threads on an H200's 270 000)
+// a prediction speckled over 600 box slices spent 15-20 ms in the y and x passes (BENCHMARKS.md,
+// issue 45 item 3). TALLY_SURFACE3D_FAR_CELLS=N (benchmarks): another limit.
+constexpr int64_t kFarCells = int64_t{1} << 27;
 
 // A bitmap's box: its first voxel and its extent along y and x.
 struct Box {
@@ -661,10 +665,15 @@ struct Scratch {
 };
 
 // The most cells (24 bytes each, a box slice needing (H + 1) x W) the far transform's batches may
-// take: kFarCells, less on a device short of memory, but always one slice of the volume.
+// take: kFarCells, less on a device short of memory (an eighth of its free memory), but always one
+// slice of the volume.
 int64_t FarCells(const Volume3& v) {
   size_t free_bytes = 0, total_bytes = 0;
-  int64_t cells = kFarCells;
+  static const int64_t limit = [] {
+    const char* env = std::getenv("TALLY_SURFACE3D_FAR_CELLS");
+    return env != nullptr && std::atoll(env) > 0 ? static_cast<int64_t>(std::atoll(env)) : kFarCells;
+  }();
+  int64_t cells = limit;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     cells = std::min<int64_t>(cells, static_cast<int64_t>(free_bytes / 8 / 24));
   }
