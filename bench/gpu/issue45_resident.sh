@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 45 items 1 and 2 on a warm machine: tallyd and one tally-worker per GPU already running (their
+# CUDA and LibTorch started, the model loaded by a first small job), then a 12 800-row LRASPP fp32 job
+# submitted with `tally submit`; for 1, 2 and every GPU: each worker's first batch after submission,
+# the job's wall (submission to last result) and steady rate (sum of the workers'), on photograph-like
+# PNGs (tally-make-dataset --noise 4) and on the same images as JPEG q90. `tally run` (cold: starts
+# tallyd, the workers and CUDA with the job) on 1 and every GPU beside it, same data.
+#   OUT=/tmp/logs bash bench/gpu/issue45_resident.sh [STAGES]   (build,setup,resident,cold)
+set -uo pipefail
+stages=${1:-build,setup,resident,cold}
+source "$(dirname "$0")/lib.sh"
+work=/tmp/i45w; mkdir -p "$work/out"
+build_stage
+bin=$src/build-gpu/bin
+gpus=$(nvidia-smi -L | wc -l); cores=$(nproc)
+echo "gpus: $gpus; cores: $cores; numa nodes: $(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l)"
+if has setup; then
+  python3 bench/gpu/export_models.py "$work/models" > $OUT/export.log 2>&1 || tail -5 $OUT/export.log
+  "$bin/tally-make-dataset" --out "$work/png" --count 12800 --size 512 --format png --noise 4 > /dev/null
+  "$bin/tally-make-dataset" --out "$work/jpeg" --count 12800 --size 512 --format jpeg --quality 90 --noise 4 > /dev/null
+  for f in png jpeg; do head -641 "$work/$f/manifest.csv" > "$work/$f/warm.csv"; done
+  echo "setup: $(( $(date +%s) - t_start )) s"
+fi
+summary() {  # report_dir label
+  [ -f "$1/report.json" ] || { echo "$2: no report in $1"; return 1; }
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1] + "/report.json")); w = r["workers"]
+print(json.dumps({"run": sys.argv[2], "images": r["images_evaluated"], "wall_s": round(r["wall_seconds"], 3),
+                  "steady": round(sum(x["images_per_second"] for x in w), 1),
+                  "first_batch_s": sorted(round(x["first_batch_seconds"], 3) for x in w),
+                  "decode_threads": [x.get("decode_threads") for x in w]}))
+PY
+}
+if has resident; then
+  for fmt in png jpeg; do
+    for k in 1 2 $gpus; do
+      port=$((50900 + k)); state=$work/state_${fmt}_$k; rm -rf $state
+      "$bin/tallyd" --listen 127.0.0.1:$port --state-dir $state > $OUT/tallyd_${fmt}_$k.log 2>&1 &
+      tpid=$!
+      pids=()
+      for i in $(seq 0 $((k - 1))); do
+        CUDA_VISIBLE_DEVICES=$i "$bin/tally-worker" --coordinator 127.0.0.1:$port --device cuda:0 --threads $((cores / k)) \
+          --name gpu$i > $OUT/worker_${fmt}_${k}_$i.log 2>&1 &
+        pids+=($!)
+      done
+      for _ in $(seq 100); do [ "$(grep -c registered $OUT/tallyd_${fmt}_$k.log)" -ge "$k" ] && break; sleep 0.1; done
+      for job in warm measured; do
+        manifest=$work/$fmt/manifest.csv; [ $job = warm ] && manifest=$work/$fmt/warm.csv
+        id=$("$bin/tally" submit --server 127.0.0.1:$port --model "$work/models/lraspp.pt" --manifest "$manifest" \
+          --precision fp32 --metrics dice --batch-size 32 --name $job 2>&1 | tail -1)
+        "$bin/tally" wait --server 127.0.0.1:$port "$id" > /dev/null 2>&1
+        "$bin/tally" report --server 127.0.0.1:$port "$id" --out "$work/out/${fmt}_${k}_$job" > /dev/null 2>&1
+        [ $job = measured ] && { summary "$work/out/${fmt}_${k}_$job" "resident $fmt $k GPU(s)" || { echo "job id: $id"; tail -3 $OUT/tallyd_${fmt}_$k.log; tail -3 $OUT/worker_${fmt}_${k}_0.log; }; }
+      done
+      kill "${pids[@]}" $tpid 2>/dev/null; wait 2>/dev/null
+    done
+  done
+  cmp -s "$work/out/png_1_measured/per_image.csv" "$work/out/png_${gpus}_measured/per_image.csv" && echo "per_image.csv: 1 and $gpus GPUs identical (png)"
+  cmp -s "$work/out/jpeg_1_measured/per_image.csv" "$work/out/jpeg_${gpus}_measured/per_image.csv" && echo "per_image.csv: 1 and $gpus GPUs identical (jpeg)"
+fi
+if has cold; then
+  for k in 1 $gpus; do
+    s=$(date +%s.%N)
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((k - 1))) "$bin/tally" run --model "$work/models/lraspp.pt" --manifest "$work/png/manifest.csv" \
+      --out "$work/out/cold_$k" --gpus all --precision fp32 --metrics dice --batch-size 32 > "$work/out/cold_$k.log" 2>&1 \
+      || { tail -5 "$work/out/cold_$k.log"; continue; }
+    e=$(date +%s.%N)
+    summary "$work/out/cold_$k" "tally run (cold) png $k GPU(s), command $(python3 -c "print(round($e - $s, 2))") s"
+  done
+fi
+echo "total: $(( $(date +%s) - t_start )) s"
