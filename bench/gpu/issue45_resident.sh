@@ -14,7 +14,7 @@ build_stage
 bin=$src/build-gpu/bin
 gpus=$(nvidia-smi -L | wc -l); cores=$(nproc)
 echo "gpus: $gpus; cores: $cores; numa nodes: $(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l)"
-if has setup; then
+if has setup && [ ! -f "$work/jpeg/warm.csv" ]; then
   python3 bench/gpu/export_models.py "$work/models" > $OUT/export.log 2>&1 || tail -5 $OUT/export.log
   "$bin/tally-make-dataset" --out "$work/png" --count 12800 --size 512 --format png --noise 4 > /dev/null
   "$bin/tally-make-dataset" --out "$work/jpeg" --count 12800 --size 512 --format jpeg --quality 90 --noise 4 > /dev/null
@@ -36,24 +36,20 @@ if has resident; then
   for fmt in png jpeg; do
     for k in 1 2 $gpus; do
       port=$((50900 + k)); state=$work/state_${fmt}_$k; rm -rf $state
-      "$bin/tallyd" --listen 127.0.0.1:$port --state-dir $state > $OUT/tallyd_${fmt}_$k.log 2>&1 &
+      # tallyd starts and supervises the workers, each on its share of the cores (as tally run places them).
+      "$bin/tallyd" --listen 127.0.0.1:$port --state-dir $state --spawn-workers --gpus $(seq -s, 0 $((k - 1))) \
+        > $OUT/tallyd_${fmt}_$k.log 2>&1 &
       tpid=$!
-      pids=()
-      for i in $(seq 0 $((k - 1))); do
-        CUDA_VISIBLE_DEVICES=$i "$bin/tally-worker" --coordinator 127.0.0.1:$port --device cuda:0 --threads $((cores / k)) \
-          --name gpu$i > $OUT/worker_${fmt}_${k}_$i.log 2>&1 &
-        pids+=($!)
-      done
-      for _ in $(seq 100); do [ "$(grep -c registered $OUT/tallyd_${fmt}_$k.log)" -ge "$k" ] && break; sleep 0.1; done
+      for _ in $(seq 100); do [ "$(grep -c "tallyd: worker .* registered" $OUT/tallyd_${fmt}_$k.log)" -ge "$k" ] && break; sleep 0.1; done
       for job in warm measured; do
         manifest=$work/$fmt/manifest.csv; [ $job = warm ] && manifest=$work/$fmt/warm.csv
         id=$("$bin/tally" submit --server 127.0.0.1:$port --model "$work/models/lraspp.pt" --manifest "$manifest" \
           --precision fp32 --metrics dice --batch-size 32 --name $job 2>&1 | tail -1)
         "$bin/tally" wait --server 127.0.0.1:$port "$id" > /dev/null 2>&1
         "$bin/tally" report --server 127.0.0.1:$port "$id" --out "$work/out/${fmt}_${k}_$job" > /dev/null 2>&1
-        [ $job = measured ] && { summary "$work/out/${fmt}_${k}_$job" "resident $fmt $k GPU(s)" || { echo "job id: $id"; tail -3 $OUT/tallyd_${fmt}_$k.log; tail -3 $OUT/worker_${fmt}_${k}_0.log; }; }
+        [ $job = measured ] && { summary "$work/out/${fmt}_${k}_$job" "resident $fmt $k GPU(s)" || { echo "job id: $id"; tail -5 $OUT/tallyd_${fmt}_$k.log; }; }
       done
-      kill "${pids[@]}" $tpid 2>/dev/null; wait 2>/dev/null
+      kill $tpid 2>/dev/null; wait 2>/dev/null
     done
   done
   cmp -s "$work/out/png_1_measured/per_image.csv" "$work/out/png_${gpus}_measured/per_image.csv" && echo "per_image.csv: 1 and $gpus GPUs identical (png)"
