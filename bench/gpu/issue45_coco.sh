@@ -6,7 +6,8 @@
 # `anchor`: the real pycocotools on the same set (bench/gpu/pycocotools_anchor.sh; its source in
 # COCOAPI=DIR, default .gpu/cocoapi).
 #   OUT=/tmp/logs bash bench/gpu/issue45_coco.sh [STAGES]   (build,setup,run,anchor; BIN=DIR: other binaries;
-#   SHAPES=realistic: tally-make-coco --shapes realistic, in WORK=DIR, default /tmp/i45c)
+#   SHAPES=realistic: tally-make-coco --shapes realistic, in WORK=DIR, default /tmp/i45c;
+#   CPUS="taskset -c 0-15;taskset -c 0": the CPU sets, ';'-separated, default every core then core 0)
 set -uo pipefail
 stages=${1:-build,setup,run}
 source "$(dirname "$0")/lib.sh"
@@ -30,7 +31,8 @@ peak() {  # pattern: the largest VmHWM (MB) among running processes matching it,
   echo $best
 }
 if has run; then
-  for cpu in "" "taskset -c 0"; do
+  IFS=';' read -ra cpusets <<< "${CPUS:-;taskset -c 0}"
+  for cpu in "${cpusets[@]}"; do
     for rep in $(seq ${REPS:-3}); do
       rm -rf "$work/out"
       s=$(date +%s.%N)

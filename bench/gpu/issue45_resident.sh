@@ -45,7 +45,13 @@ if has resident; then
         manifest=$work/$fmt/manifest.csv; [ $job = warm ] && manifest=$work/$fmt/warm.csv
         id=$("$bin/tally" submit --server 127.0.0.1:$port --model "$work/models/lraspp.pt" --manifest "$manifest" \
           --precision fp32 --metrics dice --batch-size 32 --name $job 2>&1 | tail -1)
+        read -r _ u0 n0 s0 i0 w0 q0 sq0 st0 _ < /proc/stat; c0=$(date +%s.%N)
         "$bin/tally" wait --server 127.0.0.1:$port "$id" > /dev/null 2>&1
+        read -r _ u1 n1 s1 i1 w1 q1 sq1 st1 _ < /proc/stat; c1=$(date +%s.%N)
+        # The box's CPU while the job ran (submission to its end): cores busy, CPU seconds an image.
+        [ $job = measured ] && python3 -c "
+busy = (($u1+$n1+$s1+$q1+$sq1+$st1) - ($u0+$n0+$s0+$q0+$sq0+$st0)) / 100.0; wall = $c1 - $c0
+print(f'cpu while the job ran ($fmt, $k GPU(s)): {busy / wall:.1f} of $cores cores busy over {wall:.2f} s, {busy / 12800 * 1000:.2f} ms of CPU an image')"
         "$bin/tally" report --server 127.0.0.1:$port "$id" --out "$work/out/${fmt}_${k}_$job" > /dev/null 2>&1
         [ $job = measured ] && { summary "$work/out/${fmt}_${k}_$job" "resident $fmt $k GPU(s)" || { echo "job id: $id"; tail -5 $OUT/tallyd_${fmt}_$k.log; }; }
       done
