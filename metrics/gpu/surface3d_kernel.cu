@@ -32,13 +32,13 @@ unsigned Blocks(int64_t n) { return static_cast<unsigned>((std::max<int64_t>(n, 
 constexpr int kBudgetItems = static_cast<int>(kSurfaceQueryChunk) / kThreads;
 static_assert(kBudgetItems * kThreads == static_cast<int>(kSurfaceQueryChunk), "a budget chunk per block");
 // The far transform takes the slices holding far queries in batches: at most this many cells (box
-// voxels of the batch's slices, 24 bytes each of device memory, 3.2 GB for all of them), so a
-// 512 x 512 box takes about 500 slices at once (FarCells). Each pass runs a thread per envelope (a
-// slice's column, a query row), and an envelope is a chain of dependent steps: a batch needs enough
-// of them to fill the GPU. With 2^25 cells (120 such slices, 61 000 threads on an H200's 270 000)
-// a prediction speckled over 600 box slices spent 15-20 ms in the y and x passes (BENCHMARKS.md,
-// issue 45 item 3). TALLY_SURFACE3D_FAR_CELLS=N (benchmarks): another limit.
-constexpr int64_t kFarCells = int64_t{1} << 27;
+// voxels of the batch's slices, 24 bytes each of device memory), so a 512 x 512 box takes about 120
+// slices at once (FarCells). Each pass runs a thread per envelope (a slice's column, a query row):
+// smaller batches leave the GPU short of threads, larger ones spill the batch's z pass out of L2.
+// On an H200, a 2-label prediction speckled over 605 box slices: 2^22 cells 0.094 s, 2^23 0.063,
+// 2^24 0.047, 2^25 0.043, 2^27 0.051 (BENCHMARKS.md, issue 45 item 3). TALLY_SURFACE3D_FAR_CELLS=N
+// (benchmarks, tests): another limit.
+constexpr int64_t kFarCells = int64_t{1} << 25;
 
 // A bitmap's box: its first voxel and its extent along y and x.
 struct Box {
