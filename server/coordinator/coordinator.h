@@ -214,6 +214,7 @@ class Coordinator {
     std::deque<int64_t> pending;
     int64_t shards_done = 0;
     bool finalize_queued = false;
+    double rows_done_at = 0;  // When its last shard was done while canaries were under way.
     std::set<std::string> known_workers;    // Workers with a job_workers row.
     std::set<std::string> excluded_workers; // Workers that reported a model error for this job.
     std::map<std::string, std::set<std::string>> model_errors;  // Message -> reporting workers.
@@ -372,6 +373,10 @@ class Coordinator {
                                  Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void VoteCanariesLocked(JobEntry* job, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every row is in but a worker's canary is still under way (a slower start, a Python model
+  // loading): the job waits for its vote, which may name that worker, for up to the canary's wait
+  // (10 s) from its last row. ExpireLeases looks again; a canary's end completes the job at once.
+  bool CanariesUnderWayLocked(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a warning to the job's reports (JobSpec.run_warnings), once.
   void WarnJobLocked(JobEntry* job, const std::string& warning, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Now() const { return options_.clock(); }

@@ -105,8 +105,17 @@ absl::Status Coordinator::AdmitCanaryLocked(JobEntry* job, const v1::ReportResul
     c.completed = Now();
     VoteCanariesLocked(job, deferred);
     NoteWorkLocked();  // Workers waiting for a verdict.
+    MaybeCompleteLocked(job);  // Every row may be in already, the job waiting for this vote.
   }
   return absl::OkStatus();
+}
+
+bool Coordinator::CanariesUnderWayLocked(JobEntry* job) {
+  bool under_way = false;
+  for (const auto& [w, c] : job->canaries) under_way |= c.completed == 0 && workers_.count(w) > 0;
+  if (!under_way) return false;
+  if (job->rows_done_at == 0) job->rows_done_at = Now();
+  return Now() - job->rows_done_at < kCanaryWaitSeconds;
 }
 
 void Coordinator::VoteCanariesLocked(JobEntry* job, Deferred* deferred) {

@@ -600,6 +600,7 @@ void Coordinator::EndJobLocked(JobEntry* job, v1::JobState state, const std::str
 void Coordinator::MaybeCompleteLocked(JobEntry* job) {
   if (job->finalize_queued || IsTerminal(job->record.job.state())) return;
   if (job->shards_done < static_cast<int64_t>(job->shards.size())) return;
+  if (CanariesUnderWayLocked(job)) return;
   job->finalize_queued = true;
   v1::Job& j = job->record.job;
   if (j.spec().until_ci() > 0 && !job->stopped_early) {

@@ -481,6 +481,11 @@ void Coordinator::ExpireLeases() {
       }
       ++it;
     }
+    // Jobs whose rows are all in, waiting for canaries under way (CanariesUnderWayLocked): done once
+    // those end, their workers are gone or the wait is over.
+    for (auto& [job_id, job] : jobs_) {
+      if (job->rows_done_at > 0) MaybeCompleteLocked(job.get());
+    }
   }
   Apply(deferred);
 }
