@@ -212,8 +212,11 @@ PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscr
         self.assertNothingRuns(out, f"--coordinator {socket.gethostname().split('.')[0]}:{port}")
 
         # Requeued mid-job (as a preemption does): the next run's tallyd resumes the same job.
+        # Its workers wait 40 ms a row before sending (the results are the same): the whole job takes
+        # a few seconds, so that the requeue lands mid-job (a fast machine finished all 160 rows
+        # between two polls, twice in clean-clone runs).
         out = os.path.join(self.root, "requeued")
-        job = self.sbatch("tally.sbatch", self.model, self.manifest, out, *FLAGS)
+        job = self.sbatch("tally.sbatch", self.model, self.manifest, out, *FLAGS, env={"TALLY_TEST_THROTTLE_MS": "40"})
         state = os.path.join(out, ".tally-state")
         deadline = time.time() + 120
         while time.time() < deadline and not (os.path.exists(os.path.join(state, "job")) and
