@@ -32,7 +32,8 @@ struct SpawnOptions {
 // malloc marks its large areas for transparent huge pages (glibc >= 2.35; older glibc ignores it):
 // tallyd and the workers fill hundreds of MB of fresh memory per job (a COCO results file, its
 // parse, label maps), and on a VM each 4 KiB page's first-touch fault and TLB miss cost more than
-// the work on it (the whole one-core COCO command 11% faster, BENCHMARKS.md).
+// the work on it (the whole one-core COCO command 11-18% faster on the 2-core development VM; no
+// difference measured on the H200 GPU box, BENCHMARKS.md).
 std::string WithHugePageMalloc(const char* tunables);
 
 class Subprocess {

@@ -117,9 +117,7 @@ void WorkerLauncher::SignalAll() {
 }
 
 void WorkerLauncher::StopAll() {
-  for (Worker& w : workers_) {
-    if (w.process) w.process->Signal(SIGTERM);
-  }
+  SignalAll();  // All at once: each then exits while the others are waited for.
   for (Worker& w : workers_) {
     if (w.process) w.process->Terminate(5.0);
   }

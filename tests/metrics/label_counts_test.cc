@@ -44,6 +44,20 @@ TEST(LabelCountsTest, ClassCountsFromMatrixMatchCountClasses) {
   }
 }
 
+// Class c's counts, pixel by pixel, ignored reference pixels left out: what CountClasses must give.
+ConfusionCounts PixelByPixel(const std::vector<uint16_t>& pred, const std::vector<uint16_t>& ref, int c) {
+  ConfusionCounts want{0, 0, 0, 0};
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (ref[i] == kIgnoredPixel) continue;
+    const bool r = ref[i] == c, p = pred[i] == c;
+    want.tp += r && p;
+    want.fp += !r && p;
+    want.fn += r && !p;
+    want.tn += !r && !p;
+  }
+  return want;
+}
+
 // Long stretches of one pair (background in both, a disagreeing pair, ignored pixels: counted a
 // stretch at a time), mixed pixels and a length that is no multiple of the 32-pixel blocks: each
 // class's counts against a per-pixel count written here, pixel by pixel.
@@ -73,15 +87,7 @@ TEST(LabelCountsTest, CountClassesOnUniformBlocksMixedPixelsAndIgnoredPixelsMatc
   CountClasses(pred.data(), ref.data(), n, classes, &got);
   ASSERT_EQ(got.size(), static_cast<size_t>(classes));
   for (int c = 0; c < classes; ++c) {
-    ConfusionCounts want{0, 0, 0, 0};
-    for (int64_t i = 0; i < n; ++i) {
-      if (ref[i] == kIgnoredPixel) continue;
-      const bool r = ref[i] == c, p = pred[i] == c;
-      want.tp += r && p;
-      want.fp += !r && p;
-      want.fn += r && !p;
-      want.tn += !r && !p;
-    }
+    const ConfusionCounts want = PixelByPixel(pred, ref, c);
     EXPECT_EQ(got[c].tp, want.tp) << c;
     EXPECT_EQ(got[c].fp, want.fp) << c;
     EXPECT_EQ(got[c].fn, want.fn) << c;
@@ -103,15 +109,7 @@ TEST(LabelCountsTest, CountClassesStretchesAcrossBlockEdgesMatchPixelByPixel) {
     std::vector<ConfusionCounts> got;
     CountClasses(pred.data(), ref.data(), n, classes, &got);
     for (int c = 0; c < classes; ++c) {
-      ConfusionCounts want{0, 0, 0, 0};
-      for (int64_t i = 0; i < n; ++i) {
-        if (ref[i] == kIgnoredPixel) continue;
-        const bool r = ref[i] == c, p = pred[i] == c;
-        want.tp += r && p;
-        want.fp += !r && p;
-        want.fn += r && !p;
-        want.tn += !r && !p;
-      }
+      const ConfusionCounts want = PixelByPixel(pred, ref, c);
       EXPECT_EQ(got[c].tp, want.tp) << n << " " << c;
       EXPECT_EQ(got[c].fp, want.fp) << n << " " << c;
       EXPECT_EQ(got[c].fn, want.fn) << n << " " << c;
