@@ -247,6 +247,18 @@ void Coordinator::Apply(Deferred& deferred) {
   }
 }
 
+int64_t Coordinator::AddReportListener(std::function<void()> wake) {
+  absl::MutexLock lock(&listeners_mu_);
+  const int64_t handle = next_listener_++;
+  report_listeners_.emplace(handle, std::move(wake));
+  return handle;
+}
+
+void Coordinator::RemoveReportListener(int64_t handle) {
+  absl::MutexLock lock(&listeners_mu_);
+  report_listeners_.erase(handle);
+}
+
 void Coordinator::BackgroundLoop() {
   while (true) {
     {

@@ -613,18 +613,6 @@ void Coordinator::MaybeCompleteLocked(JobEntry* job) {
   finalize_queue_.push_back(job->record.job.job_id());
 }
 
-int64_t Coordinator::AddReportListener(std::function<void()> wake) {
-  absl::MutexLock lock(&listeners_mu_);
-  const int64_t handle = next_listener_++;
-  report_listeners_.emplace(handle, std::move(wake));
-  return handle;
-}
-
-void Coordinator::RemoveReportListener(int64_t handle) {
-  absl::MutexLock lock(&listeners_mu_);
-  report_listeners_.erase(handle);
-}
-
 void Coordinator::RunFinalizers() {
   while (true) {
     std::string job_id;
