@@ -7,7 +7,9 @@
 # COCOAPI=DIR, default .gpu/cocoapi).
 #   OUT=/tmp/logs bash bench/gpu/issue45_coco.sh [STAGES]   (build,setup,run,anchor; BIN=DIR: other binaries;
 #   SHAPES=realistic: tally-make-coco --shapes realistic, in WORK=DIR, default /tmp/i45c;
-#   CPUS="taskset -c 0-15;taskset -c 0": the CPU sets, ';'-separated, default every core then core 0)
+#   CPUS="taskset -c 0-15;taskset -c 0": the CPU sets, ';'-separated, default every core then core 0;
+#   THREADS=1: each run's CPU seconds per process and thread, bench/gpu/thread_cpu.py, and its
+#   timeline; RUN_FLAGS="--shard-size 100": more flags for tally run)
 set -uo pipefail
 stages=${1:-build,setup,run}
 source "$(dirname "$0")/lib.sh"
@@ -37,14 +39,21 @@ if has run; then
       rm -rf "$work/out"
       s=$(date +%s.%N)
       $cpu "$bin/tally" run --coco "$work/set/gt.json" --images "$work/img" --coco-results "$work/set/results.json" \
-        --out "$work/out" > "$work/run.log" 2>&1 &
+        --out "$work/out" ${RUN_FLAGS:-} > "$work/run.log" 2>&1 &
       pid=$!
+      [ -n "${THREADS:-}" ] && python3 bench/gpu/thread_cpu.py "$bin/tallyd" "$bin/tally-worker" > "$work/threads" &
       sleep 0.2
       peak "$bin/tallyd" > "$work/peak_tallyd" & peak "$bin/tally-worker" > "$work/peak_worker" &
       wait $pid; rc=$?
       e=$(date +%s.%N)
       wait
       grep -h "read in" "$work/out/.tally/tallyd.log" | cut -c12- || true
+      if [ -n "${THREADS:-}" ]; then  # the timeline: tallyd's and the worker's milestones
+        echo "  started $(date -u -d @$s +%T.%3N)"
+        grep -h -E "serving on|registered:|submitted|SUCCEEDED|signal" "$work/out/.tally/tallyd.log" | cut -c12-130 | sed 's/^/  /'
+        grep -h -E "main reached|scoring" "$work/out/.tally/"worker-*.log | cut -c12-130 | sed 's/^/  /'
+        echo "  ended $(date -u -d @$e +%T.%3N)"
+      fi
       python3 - "$work/out/report.json" "${cpu:-all cores}" "$(python3 -c "print($e - $s)")" "$(cat $work/peak_tallyd)" \
         "$(cat $work/peak_worker)" "$rc" <<'PY'
 import json, sys
@@ -54,6 +63,7 @@ print(f"{sys.argv[2]}: command {float(sys.argv[3]):.2f} s (rc {sys.argv[6]}), jo
       f"workers {len(r['workers'])}, peak RSS tallyd {sys.argv[4]} MB, worker {sys.argv[5]} MB, "
       f"AP {s['AP']:.6f} AP50 {s['AP50']:.6f} AR100 {s['AR100']:.6f}")
 PY
+      [ -n "${THREADS:-}" ] && cat "$work/threads"
     done
   done
 fi
