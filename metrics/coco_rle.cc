@@ -190,6 +190,7 @@ absl::StatusOr<Rle> RleFromString(absl::string_view counts, int64_t height, int6
   Rle r;
   r.height = height;
   r.width = width;
+  r.counts.reserve(counts.size());  // A run takes one character at least.
   size_t p = 0;
   while (p < counts.size()) {
     int64_t x = 0;

@@ -221,7 +221,7 @@ absl::Status Worker::Run() {
     RETURN_IF_ERROR(ReregisterIfForgotten());
     if (!HasRoomForAnotherShard()) continue;
     std::optional<v1::ShardAssignment> assignment = LeaseOne(&backoff);
-    if (assignment) Accept(*assignment);
+    if (assignment) Accept(std::move(*assignment));
   }
   return FinishRun();
 }
@@ -321,7 +321,7 @@ std::optional<v1::ShardAssignment> Worker::LeaseOne(Backoff* backoff) {
   return std::move(*response.mutable_assignment());
 }
 
-void Worker::Accept(const v1::ShardAssignment& a) {
+void Worker::Accept(v1::ShardAssignment a) {
   LeaseKey key{a.job_id(), a.shard_id(), a.lease_id()};
   bool known_bad = false;
   {
@@ -356,7 +356,9 @@ void Worker::Accept(const v1::ShardAssignment& a) {
     OnFatal(JobError{a.job_id(), std::string(started.message()), false, IsWorkerLocal(started)});
     return;
   }
-  std::vector<v1::ManifestRow> rows(a.rows().begin(), a.rows().end());
+  // Moved, not copied: a COCO row carries its image's detections (26 KB each in COCO val2017's).
+  std::vector<v1::ManifestRow> rows(std::make_move_iterator(a.mutable_rows()->begin()),
+                                    std::make_move_iterator(a.mutable_rows()->end()));
   absl::MutexLock lock(&mu_);
   evaluator_->pipeline->Submit(key, std::move(rows));
 }

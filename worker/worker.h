@@ -186,7 +186,7 @@ class Worker {
   // One AcquireShard call; the assignment, or nothing (retried after a pause).
   std::optional<v1::ShardAssignment> LeaseOne(Backoff* backoff) ABSL_LOCKS_EXCLUDED(mu_);
   // Checks an assignment, loads its job's model if needed and queues its rows, or releases it.
-  void Accept(const v1::ShardAssignment& a) ABSL_LOCKS_EXCLUDED(mu_);
+  void Accept(v1::ShardAssignment a) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status FinishRun() ABSL_LOCKS_EXCLUDED(mu_);
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
 

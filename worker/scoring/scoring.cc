@@ -573,7 +573,7 @@ void ScoringPipeline::Loop(size_t slot) {
       mu_.Await(absl::Condition(this, &ScoringPipeline::WorkOrStopLocked));
       if (stopping_) return;
       shard = shards_.front();
-      row = shard->rows[shard->next++];
+      row = std::move(shard->rows[shard->next++]);  // Each row is taken once.
       if (shard->next == shard->rows.size()) shards_.pop_front();
       activity_[slot] = Activity{NowUnix(), shard->lease, row.index()};
       if (clock_start_ == 0) clock_start_ = NowUnix();
