@@ -1,5 +1,6 @@
-// A plain fork-join over indices (the metrics library, and common/io's parse of COCO results), for
-// work whose result does not depend on how it is shared (each index writes only its own output).
+// A plain fork-join over indices (the metrics library, common/io's parse of COCO results, the
+// worker's concurrent result calls), for work whose result does not depend on how it is shared
+// (each index writes only its own output).
 #ifndef TALLY_METRICS_PARALLEL_FOR_H_
 #define TALLY_METRICS_PARALLEL_FOR_H_
 

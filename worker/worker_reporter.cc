@@ -38,13 +38,23 @@ namespace {
 
 constexpr double kFlushSeconds = 0.5;
 
+// Test hook: a straggler (speculation's tests and benchmark): every row's result waits this long
+// before it is sent.
+long TestThrottleMs() {
+  static const long throttle_ms = [] {
+    const char* v = std::getenv("TALLY_TEST_THROTTLE_MS");
+    return v != nullptr ? std::max(0L, std::strtol(v, nullptr, 10)) : 0L;
+  }();
+  return throttle_ms;
+}
+
 // How many leases' results go out at once. With one call at a time, a fast evaluator (COCO
 // detections on 16 cores: 5000 rows in about a second) waited on tallyd's handling of each call in
-// turn. TALLY_REPORT_STREAMS=N (benchmarks): another number; 1 while TALLY_TEST_THROTTLE_MS slows
-// every send (the tests' stragglers must stay that slow).
+// turn. TALLY_REPORT_STREAMS=N (benchmarks): another number; 1 while the test throttle slows every
+// send (the tests' stragglers must stay that slow).
 int ReportStreams() {
   static const int streams = [] {
-    if (std::getenv("TALLY_TEST_THROTTLE_MS") != nullptr) return 1;
+    if (TestThrottleMs() > 0) return 1;
     const char* v = std::getenv("TALLY_REPORT_STREAMS");
     int n = 0;
     return v != nullptr && absl::SimpleAtoi(v, &n) && n > 0 ? std::min(n, 64) : 4;
@@ -186,12 +196,9 @@ void Worker::DropLease(int64_t lease_id) {
 }
 
 bool Worker::Send(const LeaseKey& key, std::vector<v1::ImageResult>* results, bool complete) {
-  // Test hook: a straggler (speculation's tests and benchmark): every row's result waits this long.
-  static const long throttle_ms = [] {
-    const char* v = std::getenv("TALLY_TEST_THROTTLE_MS");
-    return v != nullptr ? std::max(0L, std::strtol(v, nullptr, 10)) : 0L;
-  }();
-  if (throttle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(throttle_ms * static_cast<long>(results->size())));
+  if (const long throttle_ms = TestThrottleMs(); throttle_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(throttle_ms * static_cast<long>(results->size())));
+  }
   // Test hook: a faulty GPU (the canary's tests): one pixel of class 1 per row counted as missed.
   static const bool faulty = std::getenv("TALLY_TEST_FAULTY") != nullptr;
   for (v1::ImageResult& r : *results) {
