@@ -90,6 +90,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A coordinator restarted elsewhere (a container given a new address) is looked up again within a
+  // second: gRPC's default waits 30 s between lookups, and until then the channel dials the old
+  // address (seen in test_containers: heartbeats failing 20 s after tallyd came back).
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
   ASSIGN_OR_RETURN(w->channel_, CreateClientChannel(w->options_.coordinator, w->options_.security, args));
   w->stub_ = v1::WorkerControl::NewStub(w->channel_);
   return w;
