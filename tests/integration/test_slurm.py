@@ -244,7 +244,10 @@ PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscr
         root = os.path.join(self.root, "outside")
         cluster = tt.Cluster(self, root, lease_seconds=2.0)
         job = cluster.submit(self.model, self.manifest, *FLAGS)
-        slurm_job = self.sbatch("workers.sbatch", env={"TALLY_COORDINATOR": cluster.address})
+        # Its workers wait 40 ms a row before sending, as in the requeue test: unthrottled, a clean-clone
+        # run finished all 160 rows between two polls.
+        slurm_job = self.sbatch("workers.sbatch", env={"TALLY_COORDINATOR": cluster.address,
+                                                       "TALLY_TEST_THROTTLE_MS": "40"})
         at_cancel = cluster.wait_for_progress(job, 0.25, timeout=180)
         self.assertLess(at_cancel["done"], 160, "the job ended before scancel; make it slower")
         self.slurm("scancel", slurm_job)
