@@ -40,6 +40,13 @@ int64_t FirstLabelAtOrAbove(const uint16_t* labels, int64_t n, int limit);
 // The largest label (kIgnoredPixel aside), or -1.
 int MaxLabel(const uint16_t* labels, int64_t n);
 
+// Labels narrowed to one byte each, as the device's 3D surface path uploads them when the classes
+// number at most 254: a prediction's label v as min(v, 255); a reference's as 255 where it equals
+// `ignore`, else min(v, 254). (No class is 254 or 255 then, so the narrowed values keep every
+// class, every ignored voxel, and every other value as a non-class.)
+void NarrowPrediction(const uint16_t* labels, int64_t n, uint8_t* out);
+void NarrowReference(const uint16_t* labels, int64_t n, uint16_t ignore, uint8_t* out);
+
 }  // namespace tally
 
 #endif  // TALLY_METRICS_LABEL_COUNTS_H_

@@ -118,5 +118,26 @@ TEST(LabelCountsTest, CountClassesStretchesAcrossBlockEdgesMatchPixelByPixel) {
   }
 }
 
+TEST(LabelCountsTest, NarrowedLabelsAreTheClampedValuesForEveryUint16) {
+  // Every value, at every alignment of the 16-label blocks (offsets 0-16, so the tails are covered).
+  std::vector<uint16_t> all(65536 + 40);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i * 40503u + 7u);
+  for (size_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  for (int offset : {0, 1, 7, 15, 16}) {
+    const uint16_t* in = all.data() + offset;
+    const int64_t n = static_cast<int64_t>(all.size()) - offset;
+    std::vector<uint8_t> pred(n), ref(n);
+    NarrowPrediction(in, n, pred.data());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pred[i], in[i] > 255 ? 255 : in[i]) << "value " << in[i];
+    for (int ignore : {0, 3, 253, 254, 255, 256, 40000, 65535}) {
+      NarrowReference(in, n, static_cast<uint16_t>(ignore), ref.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const int want = in[i] == ignore ? 255 : in[i] > 254 ? 254 : in[i];
+        ASSERT_EQ(ref[i], want) << "value " << in[i] << ", ignore " << ignore;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tally
