@@ -9,7 +9,8 @@
 // The pieces, over the box (y0..y0+H-1, x0..x0+W-1) of all far queries and features:
 //   - the features of column c = (y - y0) * W + (x - x0) as their z, ascending: fz[col_start[c],
 //     col_start[c + 1]); NearestZ is the CPU's z pass (ZPass) for one column and slice, done for
-//     every column of a slice holding queries first (step 1);
+//     every column of a slice holding queries first (step 1; NearestZAt for a column walked slice by
+//     slice);
 //   - YPassColumn: one slice holding queries and one column x of the box: the lower envelope along y
 //     of the z pass's costs, evaluated at the slice's query rows (the CPU's step 2);
 //   - XPassRow: one row holding queries: the envelope along x of the y pass's costs, evaluated at the
@@ -54,10 +55,10 @@ TALLY_HD int64_t PartitionPoint(int64_t lo, int64_t hi, Below below) {
   return lo;
 }
 
-// ZPass for one column: the signed z offset from `slice` to the column's nearest feature (the later
-// one on a tie), kNoZ for none.
-TALLY_HD int32_t NearestZ(const int32_t* fz, int64_t begin, int64_t end, int64_t slice) {
-  const int64_t lo = PartitionPoint(begin, end, [&](int64_t i) { return fz[i] < slice; });
+// ZPass for one column whose features fz[begin, end) before `lo` lie below `slice` and from `lo` on
+// at or above it: the signed z offset from `slice` to the nearest (the later one on a tie), kNoZ
+// for none. A column walked slice by slice moves lo forward (the CPU's ZPass, the device's).
+TALLY_HD int32_t NearestZAt(const int32_t* fz, int64_t begin, int64_t end, int64_t lo, int64_t slice) {
   int32_t best = kNoZ;
   int64_t best_abs = INT64_MAX;
   if (lo < end) {
@@ -66,6 +67,12 @@ TALLY_HD int32_t NearestZ(const int32_t* fz, int64_t begin, int64_t end, int64_t
   }
   if (lo > begin && slice - fz[lo - 1] < best_abs) best = static_cast<int32_t>(fz[lo - 1] - slice);
   return best;
+}
+
+// The same for one slice on its own: lo by binary search.
+TALLY_HD int32_t NearestZ(const int32_t* fz, int64_t begin, int64_t end, int64_t slice) {
+  const int64_t lo = PartitionPoint(begin, end, [&](int64_t i) { return fz[i] < slice; });
+  return NearestZAt(fz, begin, end, lo, slice);
 }
 
 // (sz * gz)^2, the z pass's cost.
@@ -85,30 +92,43 @@ struct Envelope {
   int k = -1;
   int j = 0;
 
-  // f(c) for c in [0, n): a site's cost, Infinity() for none.
+  // Site c in [0, n) costs f.Cost(f.Load(c)), Infinity() for none: Load reads what the cost needs
+  // and Cost computes it, so that each site's read is issued a step ahead and overlaps the step
+  // before (on the device, a load stalls only when its value is used). The top entry's site,
+  // f(p) + w2 p^2 and boundary stay in registers (the same expressions on the same values): a push
+  // reads nothing back, and only a pop reads the entry below. The closing Infinity() is written once.
   template <typename F>
-  TALLY_HD void Build(F f, int n, double w2) {
+  TALLY_HD void Build(const F& f, int n, double w2) {
     k = -1;
+    j = 0;
+    if (n <= 0) return;
+    int top = 0;
+    double top_g = 0, top_z = 0;  // v[k], f(v[k]) + w2 v[k]^2, z[k].
+    auto next = f.Load(0);
     for (int c = 0; c < n; ++c) {
-      const double fc = f(c);
+      const auto raw = next;
+      if (c + 1 < n) next = f.Load(c + 1);
+      const double fc = f.Cost(raw);
       if (fc == Infinity()) continue;
+      const double gc = fc + w2 * c * static_cast<double>(c);
       double s = 0;
       while (k >= 0) {
-        const int p = v[k * stride];
-        s = ((fc + w2 * c * static_cast<double>(c)) - (f(p) + w2 * p * static_cast<double>(p))) /
-            (2.0 * w2 * (c - p));
-        if (s <= z[k * stride]) {
-          --k;
-        } else {
-          break;
+        s = (gc - top_g) / (2.0 * w2 * (c - top));
+        if (!(s <= top_z)) break;
+        if (--k >= 0) {
+          top = v[k * stride];
+          top_g = f.Cost(f.Load(top)) + w2 * top * static_cast<double>(top);
+          top_z = z[k * stride];
         }
       }
       ++k;
+      top = c;
+      top_g = gc;
+      top_z = k == 0 ? -Infinity() : s;
       v[k * stride] = c;
-      z[k * stride] = k == 0 ? -Infinity() : s;
-      z[(k + 1) * stride] = Infinity();
+      z[k * stride] = top_z;
     }
-    j = 0;
+    if (k >= 0) z[(k + 1) * stride] = Infinity();
   }
   // Non-decreasing q between Build calls; -1 when no site.
   TALLY_HD int ArgMin(int q) {
@@ -121,7 +141,34 @@ struct Envelope {
 // Envelope::Build's costs from an array (the CPU's Envelope1D).
 struct ArrayCosts {
   const double* f;
-  TALLY_HD double operator()(int c) const { return f[c]; }
+  TALLY_HD double Load(int c) const { return f[c]; }
+  TALLY_HD double Cost(double fc) const { return fc; }
+};
+
+// The y pass's: a column's z offsets at gz[r * W].
+struct ColumnCosts {
+  const int32_t* gz;
+  int64_t W;
+  double sz;
+  TALLY_HD int32_t Load(int r) const { return gz[r * W]; }
+  TALLY_HD double Cost(int32_t g) const { return ZCost(g, sz); }
+};
+
+// The x pass's for query row r: each column's nearest row (-1: none) and its z offset.
+struct RowCosts {
+  const int32_t* best_y;
+  const int32_t* best_gz;
+  int r;
+  double sy, sz;
+  struct Site {
+    int32_t by, gz;
+  };
+  TALLY_HD Site Load(int cx) const { return Site{best_y[cx], best_gz[cx]}; }
+  TALLY_HD double Cost(Site s) const {
+    if (s.by < 0) return Infinity();
+    const double dy = sy * static_cast<double>(r - s.by);
+    return ZCost(s.gz, sz) + dy * dy;
+  }
 };
 
 // Step 2 for one slice and box column: gz[r * W] is the z pass's offset at row r of the column (a
@@ -130,7 +177,7 @@ struct ArrayCosts {
 // row's z offset.
 TALLY_HD void YPassColumn(const Geometry& g, const int32_t* gz, const int32_t* rows, int64_t rows_n, int32_t* best_y,
                           int32_t* best_gz, Envelope env) {
-  env.Build([&](int r) { return ZCost(gz[static_cast<int64_t>(r) * g.W], g.sz); }, g.H, g.sy * g.sy);
+  env.Build(ColumnCosts{gz, g.W, g.sz}, g.H, g.sy * g.sy);
   for (int64_t i = 0; i < rows_n; ++i) {
     const int by = env.ArgMin(rows[i]);
     best_y[i * g.W] = by;
@@ -142,13 +189,7 @@ TALLY_HD void YPassColumn(const Geometry& g, const int32_t* gz, const int32_t* r
 // distance of each of its queries (linear indices, ascending) into out[out_at[k]].
 TALLY_HD void XPassRow(const Geometry& g, int r, const int32_t* best_y, const int32_t* best_gz, const int64_t* queries,
                        int64_t queries_n, const int64_t* out_at, double* out, Envelope env) {
-  auto cost = [&](int cx) {
-    const int by = best_y[cx];
-    if (by < 0) return Infinity();
-    const double dy = g.sy * static_cast<double>(r - by);
-    return ZCost(best_gz[cx], g.sz) + dy * dy;
-  };
-  env.Build(cost, g.W, g.sx * g.sx);
+  env.Build(RowCosts{best_y, best_gz, r, g.sy, g.sz}, g.W, g.sx * g.sx);
   for (int64_t k = 0; k < queries_n; ++k) {
     const int qx = static_cast<int>(queries[k] % g.width - g.x0);
     const int bx = env.ArgMin(qx);

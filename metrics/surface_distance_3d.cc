@@ -110,13 +110,7 @@ void ZPass(FeatureColumns& f, int64_t slice, double sz, std::vector<int32_t>* gz
     const int64_t end = f.start[c + 1];
     int64_t& k = f.cursor[c];
     while (k < end && f.fz[k] < slice) ++k;
-    int32_t best = kNoZ;
-    int64_t best_abs = std::numeric_limits<int64_t>::max();
-    if (k < end) {
-      best = static_cast<int32_t>(f.fz[k] - slice);
-      best_abs = best;
-    }
-    if (k > f.start[c] && slice - f.fz[k - 1] < best_abs) best = static_cast<int32_t>(f.fz[k - 1] - slice);
+    const int32_t best = far_transform::NearestZAt(f.fz.data(), f.start[c], end, k, slice);
     (*gz)[c] = best;
     if (best == kNoZ) {
       (*cost)[c] = kInf;

@@ -2,6 +2,7 @@
 
 #include "metrics/box_search.h"
 #include "metrics/far_transform.h"
+#include "metrics/label_counts.h"
 #include "metrics/parallel_for.h"
 #include "metrics/statistics.h"
 #include "metrics/surface_summary.h"
@@ -277,13 +278,21 @@ struct FarPlan {
   __device__ int64_t SliceZ(int64_t s) const { return far_queries[row_first[slice_first[s]]] / g.plane; }
 };
 
-// Step 1 for slices [s0, s0 + count): a thread per (slice, box row, box column).
+// Step 1 for slices [s0, s0 + count): a thread per box column, walking the batch's slices (ascending)
+// with a cursor into the column's features, as the CPU's ZPass does (a binary search per slice and
+// column was a chain of dependent reads per cell: z 3.3 ms of a 2-label speckled prediction's far
+// transforms on an H200).
 __global__ void ZPassKernel(FarPlan p, int64_t s0, int64_t count) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t area = static_cast<int64_t>(p.g.H) * p.g.W;
-  if (t >= count * area) return;
-  const int64_t c = t % area;
-  p.gz[t] = far_transform::NearestZ(p.fz, p.col_start[c], p.col_start[c + 1], p.SliceZ(s0 + t / area));
+  if (c >= area) return;
+  const int64_t begin = p.col_start[c], end = p.col_start[c + 1];
+  int64_t lo = begin;
+  for (int64_t s = 0; s < count; ++s) {
+    const int64_t slice = p.SliceZ(s0 + s);
+    while (lo < end && p.fz[lo] < slice) ++lo;
+    p.gz[s * area + c] = far_transform::NearestZAt(p.fz, begin, end, lo, slice);
+  }
 }
 
 // The envelopes of a pass over sites [0, n) in shared memory where a block of a warp or more fits
@@ -392,10 +401,27 @@ struct Profile {
 };
 
 // Device memory freed at scope exit, in stream order, from a pool of this file's own per device
-// (held under DeviceMutex) that keeps up to kPoolKeep bytes from call to call, so that a stream of
+// (held under DeviceMutex) that keeps up to PoolKeep() bytes from call to call, so that a stream of
 // volumes does not map and unmap its buffers every time; more goes back to the device at the
 // stream's next synchronisation. Without memory pools: cudaMalloc and cudaFree.
-constexpr uint64_t kPoolKeep = uint64_t{512} << 20;
+// A 512x512x300 pair takes about 1.4 GB (labels 157 MB, edge maps 314 MB, the far transform's
+// batches up to 805 MB): a 32nd of the device's memory, between 512 MiB and 2 GiB, stays mapped
+// (2 GiB on an 80 GB GPU, 768 MB on a 24 GB one, beside the model). TALLY_SURFACE3D_POOL_KEEP_MB=N
+// (benchmarks): another amount.
+uint64_t PoolKeep(int device) {
+  if (const char* env = std::getenv("TALLY_SURFACE3D_POOL_KEEP_MB"); env != nullptr && std::atoll(env) >= 0) {
+    return static_cast<uint64_t>(std::atoll(env)) << 20;
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  int current = 0;
+  uint64_t total = 0;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device &&
+      cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    total = total_bytes;
+  }
+  cudaGetLastError();
+  return std::min(std::max(total / 32, uint64_t{512} << 20), uint64_t{2} << 30);
+}
 
 cudaMemPool_t Pool(int device) {
   static std::vector<cudaMemPool_t> pools;
@@ -415,7 +441,7 @@ cudaMemPool_t Pool(int device) {
     props.location.id = device;
     cudaMemPool_t pool = nullptr;
     if (supported && cudaMemPoolCreate(&pool, &props) == cudaSuccess) {
-      uint64_t keep = kPoolKeep;
+      uint64_t keep = PoolKeep(device);
       cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
       pools[device] = pool;
     }
@@ -505,13 +531,9 @@ std::string Upload(const uint16_t* pred, const uint16_t* ref, int64_t n, bool na
     if (!narrow) {
       std::memcpy(staging + at, src, (end - begin) * unit);
     } else if (m == 0) {
-      uint8_t* dst = staging + at;
-      for (int64_t i = 0; i < end - begin; ++i) dst[i] = static_cast<uint8_t>(src[i] < 255 ? src[i] : 255);
+      NarrowPrediction(src, end - begin, staging + at);
     } else {
-      uint8_t* dst = staging + at;
-      for (int64_t i = 0; i < end - begin; ++i) {
-        dst[i] = static_cast<uint8_t>(src[i] == ignore ? 255 : src[i] < 254 ? src[i] : 254);
-      }
+      NarrowReference(src, end - begin, ignore, staging + at);
     }
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) {
@@ -641,6 +663,28 @@ std::string GroupByClass(int16_t* const edge[2], const Volume3& v, cudaStream_t 
   return "";
 }
 
+// The far transform's batch storage (gz, envelopes, the y pass's results: 24 bytes a cell), taken
+// once a call and grown when a direction needs more: allocated for each direction, its hundreds of
+// MB went back to the device at the next synchronisation and were mapped again for the next one.
+struct FarStorage {
+  DeviceBuffers* mem;
+  int64_t cells = 0;
+  int32_t *gz = nullptr, *v = nullptr, *best_y = nullptr, *best_gz = nullptr;
+  double* z = nullptr;
+  std::string Reserve(int64_t need) {
+    if (need <= cells) return "";
+    cudaError_t err = cudaSuccess;
+    for (int32_t** b : {&gz, &v, &best_y, &best_gz}) {
+      *b = mem->Alloc<int32_t>(need, &err);
+      TALLY_CUDA_OR_RETURN(err);
+    }
+    z = mem->Alloc<double>(need, &err);
+    TALLY_CUDA_OR_RETURN(err);
+    cells = need;
+    return "";
+  }
+};
+
 // Device memory for every direction of a call, sized for the largest.
 struct Scratch {
   uint32_t* bits;
@@ -660,6 +704,7 @@ struct Scratch {
   int64_t* col_start;
   int32_t* fz;
   int64_t far_cells;  // The most the far transform may take (FarCells).
+  FarStorage* far_storage;
   void* temp;
   size_t temp_bytes;
 };
@@ -734,19 +779,15 @@ std::string Selected(const Scratch& s, int k, cudaStream_t stream, int64_t* n) {
 // Steps 1-3 of the far transform over batches of slices that fit `most_cells` (slice_first: where
 // each slice's rows start, on the host too).
 std::string FarPasses(FarPlan plan, const std::vector<int64_t>& slice_first, int64_t most_cells, cudaStream_t stream,
-                      int device, double* dist, Profile* profile) {
+                      FarStorage* storage, double* dist, Profile* profile) {
   const far_transform::Geometry& g = plan.g;
   const int64_t area = static_cast<int64_t>(g.H) * g.W;
   const int64_t per_slice = static_cast<int64_t>(g.W) * (g.H + 1), per_row = g.W + 1;
   const int64_t cells = std::min(most_cells, std::max(per_slice, plan.slices_n * per_slice));
-  DeviceBuffers mem(stream, device);
-  cudaError_t err = cudaSuccess;
-  for (int32_t** b : {&plan.gz, &plan.v, &plan.best_y, &plan.best_gz}) {
-    *b = mem.Alloc<int32_t>(cells, &err);
-    TALLY_CUDA_OR_RETURN(err);
-  }
-  plan.z = mem.Alloc<double>(cells, &err);
-  TALLY_CUDA_OR_RETURN(err);
+  const std::string why = storage->Reserve(cells);
+  if (!why.empty()) return why;
+  plan.gz = storage->gz, plan.v = storage->v, plan.best_y = storage->best_y, plan.best_gz = storage->best_gz;
+  plan.z = storage->z;
   auto rows_until = [&](int64_t end) { return end < plan.slices_n ? slice_first[end] : plan.rows_n; };
   for (int64_t s0 = 0; s0 < plan.slices_n;) {
     int64_t count = 1;
@@ -755,7 +796,7 @@ std::string FarPasses(FarPlan plan, const std::vector<int64_t>& slice_first, int
       ++count;
     }
     const int64_t r0 = slice_first[s0], rows = rows_until(s0 + count) - r0;
-    ZPassKernel<<<Blocks(count * area), kThreads, 0, stream>>>(plan, s0, count);
+    ZPassKernel<<<Blocks(area), kThreads, 0, stream>>>(plan, s0, count);
     profile->Add(&profile->far_ms[1]);
     const PassShape y = ShapeFor(count * g.W, g.H), x = ShapeFor(rows, g.W);
     YPassKernel<<<y.blocks, y.block, y.shared, stream>>>(plan, s0, count, r0, y.shared_memory);
@@ -822,7 +863,7 @@ std::string FarTransform(const DirectionIn& in, int64_t far_n, const Volume3& v,
   profile->Add(&profile->far_ms[0]);
   const FarPlan plan{g, s.col_start, s.fz, s.far_queries, s.far_at, s.row_first, s.row_y, s.slice_first, far_n,
                      rows_n, slices_n};
-  return FarPasses(plan, slice_first, s.far_cells, stream, device, dist, profile);
+  return FarPasses(plan, slice_first, s.far_cells, stream, s.far_storage, dist, profile);
 }
 
 // One direction of one class into dist (its queries' distances): box searches, budgets, the far
@@ -932,6 +973,8 @@ std::string DeviceSummaries(const uint16_t* pred, const uint16_t* ref, const Vol
   if (!why.empty()) return why;
   profile->Mark("edges grouped by class, boxes");
   Scratch scratch;
+  FarStorage far_storage{&mem};
+  scratch.far_storage = &far_storage;
   why = MakeScratch(v, edges->most, stream, &mem, &scratch);
   if (!why.empty()) return why;
   profile->Mark("scratch");
