@@ -104,6 +104,7 @@ Worker::~Worker() {
   {
     absl::MutexLock lock(&mu_);
     done_ = true;
+    for (grpc::ClientContext* call : calls_) call->TryCancel();
   }
   if (device_check_.joinable()) device_check_.join();
   if (reporter_.joinable()) reporter_.join();

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -239,6 +240,11 @@ class Worker {
   grpc::ClientContext* lease_call_ ABSL_GUARDED_BY(mu_) = nullptr;  // The AcquireShard call in flight.
   static constexpr int kLeaseWaitMs = 2000;  // AcquireShardRequest.max_wait_ms.
   bool done_ ABSL_GUARDED_BY(mu_) = false;           // Reporter and heartbeat threads exit.
+  // The reporter's and heartbeat's calls in flight (CallInFlight): cancelled when done_ is set, so
+  // that the end of the process never waits on a call's deadline (a coordinator that stopped
+  // answering held a worker's exit for the report call's 60 s after its 10 s flush).
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  class CallInFlight;
   // Wake-ups, each the condition of one wait: the leasing loop (a result freed room, or stop),
   // the reporter (a shard completed, an error or a flush is waiting).
   bool wake_leaser_ ABSL_GUARDED_BY(mu_) = false;

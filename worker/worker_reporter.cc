@@ -114,6 +114,26 @@ std::vector<size_t> MessageEnds(const std::vector<v1::ImageResult>& results) {
 
 }  // namespace
 
+// A reporter's or heartbeat's call, listed for its length so that ~Worker can cancel it; one that
+// starts after that is cancelled at once.
+class Worker::CallInFlight {
+ public:
+  CallInFlight(Worker* worker, grpc::ClientContext* ctx) : worker_(worker), ctx_(ctx) {
+    absl::MutexLock lock(&worker_->mu_);
+    if (worker_->done_) ctx_->TryCancel();
+    worker_->calls_.insert(ctx_);
+  }
+  ~CallInFlight() {
+    absl::MutexLock lock(&worker_->mu_);
+    worker_->calls_.erase(ctx_);
+  }
+  CallInFlight(const CallInFlight&) = delete;
+  CallInFlight& operator=(const CallInFlight&) = delete;
+
+ private:
+  Worker* const worker_;
+  grpc::ClientContext* const ctx_;
+};
 
 void Worker::OnResult(const LeaseKey& lease, v1::ImageResult result) {
   absl::MutexLock lock(&mu_);
@@ -245,7 +265,11 @@ Worker::SendOutcome Worker::SendMessage(const LeaseKey& key, std::vector<v1::Ima
   v1::ReportResultsResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(60));
-  grpc::Status s = stub_->ReportResults(&ctx, request, &response);
+  grpc::Status s;
+  {
+    CallInFlight listed(this, &ctx);
+    s = stub_->ReportResults(&ctx, request, &response);
+  }
   if (s.ok()) {
     if (response.abandon()) DropLease(key.lease_id);
     return SendOutcome::kSent;
@@ -265,6 +289,18 @@ Worker::SendOutcome Worker::SendMessage(const LeaseKey& key, std::vector<v1::Ima
   }
   results->clear();
   for (v1::ImageResult& r : *request.mutable_results()) results->push_back(std::move(r));
+  bool done = false;
+  {
+    absl::MutexLock lock(&mu_);
+    done = done_;
+  }
+  if (done) {
+    // The flush is over and the process ends: the coordinator takes the lease back when it expires
+    // and has the rows evaluated again.
+    Log("left unsent at exit: ", results->size(), " results of shard ", key.shard_id, " of job ", key.job_id,
+        " (the coordinator did not take them: ", s.error_message(), "); their lease expires and they are redone");
+    return SendOutcome::kRetry;
+  }
   Log("sending results to ", options_.coordinator, " failed (", s.error_message(), "); will retry");
   return SendOutcome::kRetry;
 }
@@ -283,6 +319,7 @@ bool Worker::SendJobError(const JobError& error) {
   v1::ReportJobErrorResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(10));
+  CallInFlight listed(this, &ctx);
   grpc::Status s = stub_->ReportJobError(&ctx, request, &response);
   return s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND;
 }
@@ -417,7 +454,11 @@ void Worker::HeartbeatLoop() {
     v1::HeartbeatResponse response;
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(std::max(2.0, period * 2)));
-    grpc::Status s = stub_->Heartbeat(&ctx, request, &response);
+    grpc::Status s;
+    {
+      CallInFlight listed(this, &ctx);
+      s = stub_->Heartbeat(&ctx, request, &response);
+    }
     if (!s.ok()) {
       Log("heartbeat to ", options_.coordinator, " failed: ", s.error_message());
       continue;

@@ -86,6 +86,36 @@ class FaultToleranceTest(unittest.TestCase):
         self.assertIn("stopped responding", log)
         self.assertIn("queued again", log)
 
+    def test_a_stopping_worker_whose_coordinator_stopped_answering_ends_after_its_flush(self):
+        # tallyd frozen (SIGSTOP): its connections stay open and no call is answered. A worker told to
+        # stop finishes its rows, tries for its 10 s flush, and ends: the report call in flight is
+        # cancelled, not waited out to its 60 s deadline. Its rows are redone once tallyd answers again.
+        root = tt.tmpdir(self)
+        cluster = tt.Cluster(self, root, lease_seconds=2.0)
+        worker = cluster.start_worker()
+        cluster.wait_registered(1)
+        job = cluster.submit(tt.fixture("slow.pt"), self.manifest, "--metrics", "dice,hd95", "--shard-size", "8",
+                             "--batch-size", "4")
+        cluster.wait_for_progress(job, 0.1)
+        cluster.tallyd.send_signal(signal.SIGSTOP)
+        self.addCleanup(lambda: cluster.tallyd.poll() is None and cluster.tallyd.send_signal(signal.SIGCONT))
+        time.sleep(1.5)  # The reporter's next call (every 0.5 s) goes out to the frozen tallyd.
+        worker.send_signal(signal.SIGTERM)
+        try:
+            code = worker.wait(40)
+        except subprocess.TimeoutExpired:
+            self.fail("the stopping worker waited on a call's deadline: " + cluster.log("worker-0.log")[-2000:])
+        self.assertEqual(code, 0)
+        log = cluster.log("worker-0.log")
+        self.assertIn("stopping: finishing the rows in hand", log)
+        self.assertIn("left unsent at exit", log)
+        cluster.tallyd.send_signal(signal.SIGCONT)
+        cluster.start_worker()
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        out = os.path.join(root, "out")
+        cluster.fetch(job, out)
+        self.assert_same_as_reference(out)
+
     def test_coordinator_killed_and_restarted_resumes_the_job(self):
         root = tt.tmpdir(self)
         cluster = tt.Cluster(self, root, lease_seconds=2.0)
