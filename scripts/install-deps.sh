@@ -9,7 +9,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       python3 python3-numpy python3-scipy python3-pil python3-torch python3-nibabel python3-grpcio python3-protobuf python3-pandas
       openssl chromium systemd python3-yaml yamllint python3-prometheus-client
       dpkg-dev python3-venv python3-pip python3-setuptools python3-wheel python3-selenium chromium-driver
-      slurm-wlm munge podman runc netavark aardvark-dns debootstrap)
+      slurm-wlm munge podman runc netavark aardvark-dns iptables debootstrap)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,7 @@ a job or fail it as a whole, and checks the outcome against an undisturbed run o
 expectation."""
 import concurrent.futures
 import os
+import re
 import shutil
 import signal
 import struct
@@ -204,9 +205,12 @@ class MemoryBudgetTest(unittest.TestCase):
         report = tt.read_report(out)
         self.assertEqual((report["images_evaluated"], report["images_failed"]), (2, 1))
         reason = report["failures"][0]["reason"]
-        # The demo model holds some 150 bytes a pixel at 4000x4000 (2.4 GiB; measured, README).
-        self.assertRegex(reason, r"^image '.*big\.png' needs about 2\.[0-9] GiB for 4000x4000; this worker may use "
-                                 r"1\.0 GiB \(--max-worker-memory\); try --input-size")
+        # The demo model holds some 100-150 bytes a pixel at 4000x4000, measured by the worker at start
+        # (2.4 GiB on one machine, 1.5 GiB on another; README): more than the budget, whatever it is here.
+        m = re.match(r"^image '.*big\.png' needs about ([0-9.]+) GiB for 4000x4000; this worker may use "
+                     r"1\.0 GiB \(--max-worker-memory\); try --input-size", reason)
+        self.assertIsNotNone(m, reason)
+        self.assertGreater(float(m.group(1)), 1.0, reason)
         with open(os.path.join(out, ".tally", "worker-0.log")) as f:
             log = f.read()
         self.assertIn("memory budget 1.0 GiB", log)
