@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Issue 45 item 3: 3D surface distances on the GPU for every kind of prediction (bench/volume_bench.py
-# --prediction kinds: smooth, speckled, fragmented, empty-class, filling) of one 512x512x300 reference
-# with LABELS labels (default 5; spacing 0.8 x 0.8 x 2.5): Tally's device path (tally-bench-cpu
-# --mode surface3d --device 0, best of 5, volumes in host memory: the upload is counted) against
-# cupyx's EDT path (MONAI's monai_hd95_nsd with cupyx.scipy.ndimage, volumes already on the GPU,
-# best of 3), each kind's profile (TALLY_SURFACE3D_PROFILE=1), with global-memory envelopes too, and
-# the device path's bit-for-bit tests (surface_kernel_test, every kind included).
-#   OUT=/tmp/logs [LABELS=2] [KINDS="speckled filling"] [FAR_CELLS_AB=33554432] bash bench/gpu/issue45_surfaces.sh [build,test,data,tally,cupyx]
-# FAR_CELLS_AB=N: each kind again with the far transform's batches limited to N cells (the limit before
-# was 2^25 = 33554432).
+# --prediction kinds: smooth, speckled, fragmented, empty-class, filling) of one reference of SHAPE
+# (x,y,z; default 512,512,300) with LABELS labels (default 5; spacing 0.8 x 0.8 x 2.5): Tally's device
+# path (tally-bench-cpu --mode surface3d --device 0, best of 5, volumes in host memory: the upload is
+# counted) against cupyx's EDT path (MONAI's monai_hd95_nsd with cupyx.scipy.ndimage, volumes already
+# on the GPU, best of 3), each kind's profile (TALLY_SURFACE3D_PROFILE=1), and the device path's
+# bit-for-bit tests (surface_kernel_test, every kind included).
+#   OUT=/tmp/logs [LABELS=2] [SHAPE=160,192,160] [KINDS="speckled filling"] [AB="VAR=value ..."] [FAR_CELLS_AB=N] bash bench/gpu/issue45_surfaces.sh [build,test,data,tally,cupyx]
+# AB: each kind again with each setting, timed and profiled (default: none). FAR_CELLS_AB=N: each kind
+# again with the far transform's batches limited to N cells (the default is 2^25 = 33554432).
 set -uo pipefail
 stages=${1:-build,test,data,tally,cupyx}
 source "$(dirname "$0")/lib.sh"
-work=/tmp/i45s${LABELS:-5}; mkdir -p "$work"
+shape=${SHAPE:-512,512,300}
+work=/tmp/i45s${LABELS:-5}_${shape//,/x}; mkdir -p "$work"
 build_stage
 bin=$src/build-gpu/bin
 kinds=${KINDS:-smooth speckled fragmented empty-class filling}
@@ -23,14 +24,14 @@ if has test; then
   TALLY_SURFACE_MAX_BOX=1 TALLY_SURFACE3D_FAR_CELLS=1 $bin/surface_kernel_test --gtest_filter='Surface3D*' 2>&1 | tail -2
 fi
 if has data; then
-  python3 - "$work" ${LABELS:-5} $kinds <<'PY'
+  python3 - "$work" ${LABELS:-5} $shape $kinds <<'PY'
 import sys, time
 import numpy as np
 sys.path.insert(0, "bench")
 from volume_bench import organs, predicted, write_nifti
-work, labels, kinds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+work, labels, shape, kinds = sys.argv[1], int(sys.argv[2]), tuple(map(int, sys.argv[3].split(","))), sys.argv[4:]
 t0 = time.time()
-ref = organs(np.random.default_rng(3), (512, 512, 300), labels)
+ref = organs(np.random.default_rng(3), shape, labels)
 write_nifti(f"{work}/ref.nii.gz", ref, (0.8, 0.8, 2.5))
 for kind in kinds:
     pred = predicted(np.random.default_rng(4), ref, kind)
@@ -41,10 +42,13 @@ fi
 if has tally; then
   for kind in $kinds; do
     $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 5 --device 0 | sed "s/^/$kind: /"
-    TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 2 --device 0 2>&1 | grep "profile: box" | tail -1 | sed "s/^/$kind: /"
+    TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 2 --device 0 2>&1 | grep "profile:" | tail -6 | sed "s/^/$kind: /"
     [ -n "${FAR_CELLS_AB:-}" ] && TALLY_SURFACE3D_FAR_CELLS=$FAR_CELLS_AB TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 5 --device 0 2>&1 | grep -v "profile: box searches" | sed "s/^/$kind (far cells $FAR_CELLS_AB): /"
     [ -n "${FAR_CELLS_AB:-}" ] && TALLY_SURFACE3D_FAR_CELLS=$FAR_CELLS_AB TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 2 --device 0 2>&1 | grep "profile: box" | tail -1 | sed "s/^/$kind (far cells $FAR_CELLS_AB): /"
-    TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 5 --device 0 | sed "s/^/$kind (global envelopes): /"
+    for ab in ${AB:-}; do
+      env $ab $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 5 --device 0 | sed "s/^/$kind ($ab): /"
+      env $ab TALLY_SURFACE3D_PROFILE=1 $bin/tally-bench-cpu --mode surface3d --pred $work/pred_$kind.nii.gz --ref $work/ref.nii.gz --threads $(nproc) --iters 2 --device 0 2>&1 | grep "profile: box" | tail -1 | sed "s/^/$kind ($ab): /"
+    done
   done
 fi
 if has cupyx; then
@@ -73,7 +77,7 @@ cnd.distance_transform_edt(mask, sampling=(0.8, 0.8, 2.5)); cp.cuda.Device().syn
 for _ in range(3):
     t0 = time.perf_counter(); cnd.distance_transform_edt(mask, sampling=(0.8, 0.8, 2.5)); cp.cuda.Device().synchronize()
     best = min(best, time.perf_counter() - t0)
-print(f"one cupyx distance_transform_edt of the whole 512x512x300 volume: {best:.4f} s (best of 3)")
+print(f"one cupyx distance_transform_edt of the whole {'x'.join(map(str, mask.shape))} volume: {best:.4f} s (best of 3)")
 PY
 fi
 echo "total: $(( $(date +%s) - t_start )) s"
