@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <limits>
 #include <numeric>
 #include <thread>
 
@@ -99,7 +98,7 @@ struct FeatureColumns {
   }
 };
 
-constexpr int32_t kNoZ = std::numeric_limits<int32_t>::max();
+using far_transform::kNoZ;
 
 // Pass 1 of SeparableDistances3D: for each column of the box, the signed z offset from `slice` to
 // its nearest feature (kNoZ: none) and that offset's cost (sz * gz)^2 (kInf: none). Slices must
@@ -112,12 +111,7 @@ void ZPass(FeatureColumns& f, int64_t slice, double sz, std::vector<int32_t>* gz
     while (k < end && f.fz[k] < slice) ++k;
     const int32_t best = far_transform::NearestZAt(f.fz.data(), f.start[c], end, k, slice);
     (*gz)[c] = best;
-    if (best == kNoZ) {
-      (*cost)[c] = kInf;
-    } else {
-      const double d = sz * static_cast<double>(best);
-      (*cost)[c] = d * d;
-    }
+    (*cost)[c] = far_transform::ZCost(best, sz);  // kInf for none.
   }
 }
 

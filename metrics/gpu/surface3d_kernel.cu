@@ -812,7 +812,7 @@ std::string FarPasses(FarPlan plan, const std::vector<int64_t>& slice_first, int
 // The far queries' separable transform (metrics/far_transform.h): the box, the column index,
 // rows and slices, then the y and x passes over batches of slices that fit the envelope storage.
 std::string FarTransform(const DirectionIn& in, int64_t far_n, const Volume3& v, const SurfaceOptions3D& o,
-                         const Scratch& s, cudaStream_t stream, int device, double* dist, Profile* profile) {
+                         const Scratch& s, cudaStream_t stream, double* dist, Profile* profile) {
   thrust::counting_iterator<int64_t> indices(0);
   GatherFarKernel<<<Blocks(far_n), kThreads, 0, stream>>>(in.queries, s.far_at, far_n, v.g.width, s.far_queries,
                                                           s.flags);
@@ -869,7 +869,7 @@ std::string FarTransform(const DirectionIn& in, int64_t far_n, const Volume3& v,
 // One direction of one class into dist (its queries' distances): box searches, budgets, the far
 // queries' transform.
 std::string Directed(const DirectionIn& in, const Volume3& v, const SurfaceOptions3D& o, const Scratch& s,
-                     cudaStream_t stream, int device, double* dist, Profile* profile) {
+                     cudaStream_t stream, double* dist, Profile* profile) {
   const int* f = in.feature_bounds;
   const int64_t z1 = -f[3], y1 = -f[4], x1 = -f[5];
   const Box b{f[0], f[1], f[2], y1 - f[1] + 1, x1 - f[2] + 1};
@@ -894,7 +894,7 @@ std::string Directed(const DirectionIn& in, const Volume3& v, const SurfaceOptio
   TALLY_CUDA_OR_RETURN(cudaStreamSynchronize(stream));
   profile->Add(&profile->near_ms);
   if (far_n == 0) return "";
-  return FarTransform(in, far_n, v, o, s, stream, device, dist, profile);
+  return FarTransform(in, far_n, v, o, s, stream, dist, profile);
 }
 
 // Each direction's summary from its distances (dist[m]'s class segments): the order statistics from
@@ -990,7 +990,7 @@ std::string DeviceSummaries(const uint16_t* pred, const uint16_t* ref, const Vol
       const DirectionIn in{edges->grouped[m] + edges->offsets[m][c], edges->counts[m][c],
                            edges->grouped[1 - m] + edges->offsets[1 - m][c], edges->counts[1 - m][c],
                            edges->bounds.data() + ((1 - m) * v.classes + c) * 6};
-      why = Directed(in, v, options, scratch, stream, device, dist[m] + edges->offsets[m][c], profile);
+      why = Directed(in, v, options, scratch, stream, dist[m] + edges->offsets[m][c], profile);
       if (!why.empty()) return why;
     }
   }
