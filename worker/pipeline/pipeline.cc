@@ -54,10 +54,27 @@ Pipeline::Pipeline(ModelRunner* runner, PipelineOptions options, ResultFn on_res
     free_slots_.push_back(slots_.back().get());
   }
   decoding_.resize(std::max(1, options_.decode_threads));
-  for (size_t i = 0; i < decoding_.size(); ++i) threads_.emplace_back([this, i] { DecodeLoop(i); });
-  threads_.emplace_back([this] { BatchLoop(); });
-  threads_.emplace_back([this] { CompletionLoop(); });
-  if (on_timeout_ && options_.batch_timeout_seconds > 0) threads_.emplace_back([this] { WatchdogLoop(); });
+  // Named so that per-thread CPU (top -H, /proc/PID/task) tells the stages apart.
+  for (size_t i = 0; i < decoding_.size(); ++i) {
+    threads_.emplace_back([this, i] {
+      NameThisThread(absl::StrCat("decode-", i));
+      DecodeLoop(i);
+    });
+  }
+  threads_.emplace_back([this] {
+    NameThisThread("batcher");
+    BatchLoop();
+  });
+  threads_.emplace_back([this] {
+    NameThisThread("completion");
+    CompletionLoop();
+  });
+  if (on_timeout_ && options_.batch_timeout_seconds > 0) {
+    threads_.emplace_back([this] {
+      NameThisThread("watchdog");
+      WatchdogLoop();
+    });
+  }
 }
 
 void Pipeline::WatchdogLoop() {

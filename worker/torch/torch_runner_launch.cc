@@ -4,6 +4,7 @@
 #include "worker/torch/torch_runner.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include "metrics/coco_rle.h"
 #include "metrics/label_counts.h"
@@ -435,7 +436,13 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
   }
 #if TALLY_WITH_CUDA
   if (cuda_) {
-    pending->done_ = std::make_unique<at::cuda::CUDAEvent>();
+    // The completion thread sleeps on the event instead of spinning: CUDA's default for a process
+    // with fewer contexts than CPUs is to spin, which kept a CPU busy per worker for the whole of
+    // every batch, taken from the decode threads beside it (BENCHMARKS, issue 45 session 15).
+    // TALLY_SPIN_WAIT=1 spins as before (the A/B of that measurement).
+    static const unsigned int flags =
+        cudaEventDisableTiming | (std::getenv("TALLY_SPIN_WAIT") != nullptr ? 0u : cudaEventBlockingSync);
+    pending->done_ = std::make_unique<at::cuda::CUDAEvent>(flags);
     pending->done_->record(*compute_stream_);
   }
 #endif
