@@ -5,7 +5,11 @@
 # the job's wall (submission to last result) and steady rate (sum of the workers'), on photograph-like
 # PNGs (tally-make-dataset --noise 4) and on the same images as JPEG q90. `tally run` (cold: starts
 # tallyd, the workers and CUDA with the job) on 1 and every GPU beside it, same data.
-#   OUT=/tmp/logs bash bench/gpu/issue45_resident.sh [STAGES]   (build,setup,resident,cold)
+# Each measured job also gets its CPU seconds per process and thread name (thread_delta.py).
+#   OUT=/tmp/logs [FORMATS="png jpeg"] [KS="1 2 4"] [VARIANTS="base;TALLY_SPIN_WAIT=1"] [REPS=1] [PROFILE=1] \
+#     bash bench/gpu/issue45_resident.sh [STAGES]   (build,setup,resident,cold)
+# VARIANTS: ';'-separated environment assignments for tallyd and its workers ("base" = none), each
+# variant a run of its own (REPS times); PROFILE=1 adds TALLY_PIPELINE_PROFILE=1 and prints the workers' profiles.
 set -uo pipefail
 stages=${1:-build,setup,resident,cold}
 source "$(dirname "$0")/lib.sh"
@@ -14,6 +18,7 @@ build_stage
 bin=$src/build-gpu/bin
 gpus=$(nvidia-smi -L | wc -l); cores=$(nproc)
 echo "gpus: $gpus; cores: $cores; numa nodes: $(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l)"
+echo "cpu0's siblings: $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null); $(lscpu 2>/dev/null | grep -E '^(Model name|Thread|Core|Socket)' | tr -s ' ' | paste -sd';')"
 if has setup && [ ! -f "$work/jpeg/warm.csv" ]; then
   python3 bench/gpu/export_models.py "$work/models" > $OUT/export.log 2>&1 || tail -5 $OUT/export.log
   "$bin/tally-make-dataset" --out "$work/png" --count 12800 --size 512 --format png --noise 4 > /dev/null
@@ -33,29 +38,61 @@ print(json.dumps({"run": sys.argv[2], "images": r["images_evaluated"], "wall_s":
 PY
 }
 if has resident; then
-  for fmt in png jpeg; do
-    for k in 1 2 $gpus; do
-      port=$((50900 + k)); state=$work/state_${fmt}_$k; rm -rf $state
+  IFS=';' read -ra variants <<< "${VARIANTS:-base}"
+  for fmt in ${FORMATS:-png jpeg}; do
+    for k in ${KS:-1 2 $gpus}; do
+      for variant in "${variants[@]}"; do
+      for rep in $(seq ${REPS:-1}); do
+      env_args=(); [ "$variant" != base ] && read -ra env_args <<< "$variant"
+      [ -n "${PROFILE:-}" ] && env_args+=(TALLY_PIPELINE_PROFILE=1)
+      tag=${fmt}_$k; [ "$variant" != base ] && tag=${tag}_$(echo "$variant" | tr -c 'A-Za-z0-9\n' _)
+      port=$((50900 + k)); state=$work/state_$tag; rm -rf $state
       # tallyd starts and supervises the workers, each on its share of the cores (as tally run places them).
-      "$bin/tallyd" --listen 127.0.0.1:$port --state-dir $state --spawn-workers --gpus $(seq -s, 0 $((k - 1))) \
-        > $OUT/tallyd_${fmt}_$k.log 2>&1 &
+      env "${env_args[@]}" "$bin/tallyd" --listen 127.0.0.1:$port --state-dir $state --spawn-workers --gpus $(seq -s, 0 $((k - 1))) \
+        > $OUT/tallyd_$tag.log 2>&1 &
       tpid=$!
-      for _ in $(seq 100); do [ "$(grep -c "tallyd: worker .* registered" $OUT/tallyd_${fmt}_$k.log)" -ge "$k" ] && break; sleep 0.1; done
+      for _ in $(seq 100); do [ "$(grep -c "tallyd: worker .* registered" $OUT/tallyd_$tag.log)" -ge "$k" ] && break; sleep 0.1; done
       for job in warm measured; do
         manifest=$work/$fmt/manifest.csv; [ $job = warm ] && manifest=$work/$fmt/warm.csv
         id=$("$bin/tally" submit --server 127.0.0.1:$port --model "$work/models/lraspp.pt" --manifest "$manifest" \
           --precision fp32 --metrics dice --batch-size 32 --name $job 2>&1 | tail -1)
+        if [ $job = measured ]; then
+          python3 bench/gpu/thread_delta.py save $work/threads_before "$bin/tallyd" "$bin/tally-worker"
+          nvidia-smi --query-gpu=index,utilization.gpu,clocks.sm --format=csv,noheader,nounits -lms 100 > $work/smi 2>/dev/null &
+          smi=$!
+        fi
         read -r _ u0 n0 s0 i0 w0 q0 sq0 st0 _ < /proc/stat; c0=$(date +%s.%N)
         "$bin/tally" wait --server 127.0.0.1:$port "$id" > /dev/null 2>&1
         read -r _ u1 n1 s1 i1 w1 q1 sq1 st1 _ < /proc/stat; c1=$(date +%s.%N)
         # The box's CPU while the job ran (submission to its end): cores busy, CPU seconds an image.
-        [ $job = measured ] && python3 -c "
+        if [ $job = measured ]; then
+          python3 -c "
 busy = (($u1+$n1+$s1+$q1+$sq1+$st1) - ($u0+$n0+$s0+$q0+$sq0+$st0)) / 100.0; wall = $c1 - $c0
-print(f'cpu while the job ran ($fmt, $k GPU(s)): {busy / wall:.1f} of $cores cores busy over {wall:.2f} s, {busy / 12800 * 1000:.2f} ms of CPU an image')"
-        "$bin/tally" report --server 127.0.0.1:$port "$id" --out "$work/out/${fmt}_${k}_$job" > /dev/null 2>&1
-        [ $job = measured ] && { summary "$work/out/${fmt}_${k}_$job" "resident $fmt $k GPU(s)" || { echo "job id: $id"; tail -5 $OUT/tallyd_${fmt}_$k.log; }; }
+print(f'cpu while the job ran ($tag): {busy / wall:.1f} of $cores cores busy over {wall:.2f} s, {busy / 12800 * 1000:.2f} ms of CPU an image')"
+          python3 bench/gpu/thread_delta.py diff $work/threads_before "$(python3 -c "print($c1 - $c0)")" "$bin/tallyd" "$bin/tally-worker"
+          kill $smi 2>/dev/null
+          # The GPUs' utilisation (share of 100 ms samples with a kernel running) and SM clocks while it ran.
+          python3 - $work/smi <<'PY'
+import sys
+by = {}
+for line in open(sys.argv[1]):
+    try:
+        i, u, c = (int(x) for x in line.split(","))
+    except ValueError:
+        continue
+    by.setdefault(i, []).append((u, c))
+print("  gpus: " + "; ".join(f"{i}: util mean {sum(u for u, _ in v) / len(v):.0f}% median "
+      f"{sorted(u for u, _ in v)[len(v) // 2]}%, sm clock {min(c for _, c in v)}-{max(c for _, c in v)} MHz"
+      for i, v in sorted(by.items())))
+PY
+        fi
+        "$bin/tally" report --server 127.0.0.1:$port "$id" --out "$work/out/${tag}_$job" > /dev/null 2>&1
+        [ $job = measured ] && { summary "$work/out/${tag}_$job" "resident $tag ($variant)" || { echo "job id: $id"; tail -5 $OUT/tallyd_$tag.log; }; }
       done
       kill $tpid 2>/dev/null; wait 2>/dev/null
+      [ -n "${PROFILE:-}" ] && grep -rh "pipeline profile\|decode profile" $OUT/tallyd_$tag.log $state 2>/dev/null | tail -$((2 * k)) | cut -c1-400
+      done
+      done
     done
   done
   cmp -s "$work/out/png_1_measured/per_image.csv" "$work/out/png_${gpus}_measured/per_image.csv" && echo "per_image.csv: 1 and $gpus GPUs identical (png)"
