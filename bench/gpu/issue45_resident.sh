@@ -95,8 +95,16 @@ PY
       done
     done
   done
-  cmp -s "$work/out/png_1_measured/per_image.csv" "$work/out/png_${gpus}_measured/per_image.csv" && echo "per_image.csv: 1 and $gpus GPUs identical (png)"
-  cmp -s "$work/out/jpeg_1_measured/per_image.csv" "$work/out/jpeg_${gpus}_measured/per_image.csv" && echo "per_image.csv: 1 and $gpus GPUs identical (jpeg)"
+  # Every measured job of a format against the first one's per_image.csv (GPU counts and variants).
+  for fmt in ${FORMATS:-png jpeg}; do
+    first=""; same=0; differ=""
+    for d in "$work"/out/${fmt}_*_measured; do
+      [ -f "$d/per_image.csv" ] || continue
+      if [ -z "$first" ]; then first=$d/per_image.csv; continue; fi
+      if cmp -s "$first" "$d/per_image.csv"; then same=$((same + 1)); else differ="$differ $(basename "$d")"; fi
+    done
+    echo "per_image.csv ($fmt): $same jobs identical to $(basename "$(dirname "$first")")${differ:+; DIFFERENT:$differ}"
+  done
 fi
 if has cold; then
   for k in 1 $gpus; do
