@@ -249,6 +249,10 @@ class Worker {
   // the reporter (a shard completed, an error or a flush is waiting).
   bool wake_leaser_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_reporter_ ABSL_GUARDED_BY(mu_) = false;
+  // The reporter has taken results or job errors out of leases_/job_errors_ and is sending them:
+  // Flush waits for it too, or a worker leaving at once (out of service) cancelled the very call
+  // that said why (~Worker cancels the calls in flight).
+  bool reporter_sending_ ABSL_GUARDED_BY(mu_) = false;
   bool trimmed_ ABSL_GUARDED_BY(mu_) = false;  // TrimMemoryWhenIdle ran since the last lease.
   int64_t images_total_ ABSL_GUARDED_BY(mu_) = 0;  // Rows with a result since start (WorkerGauges).
 

@@ -188,7 +188,7 @@ void Worker::Flush(double seconds) {
   while (std::chrono::steady_clock::now() < deadline) {
     {
       absl::MutexLock lock(&mu_);
-      bool pending = !job_errors_.empty();
+      bool pending = !job_errors_.empty() || reporter_sending_;
       for (const auto& [id, lb] : leases_) pending |= !lb.pending.empty() || lb.delivered >= lb.expected;
       if (!pending) return;
       wake_reporter_ = true;
@@ -351,6 +351,7 @@ void Worker::ReporterLoop() {
       }
       // Results first: rows evaluated before a model error still count.
       if (batches.empty()) errors.swap(job_errors_);
+      reporter_sending_ = !batches.empty() || !errors.empty();
     }
     // Each lease's batch is its own call, several at once (at most one per lease: a shard's
     // results arrive in order, its completion last): tallyd receives, checks and files them on
@@ -381,6 +382,10 @@ void Worker::ReporterLoop() {
         absl::MutexLock lock(&mu_);
         job_errors_.push_back(e);
       }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      reporter_sending_ = false;
     }
     if (failed) {
       const double delay = backoff.Next();
