@@ -106,38 +106,42 @@ inline uint8_t Paeth(int a, int b, int c) {
   return static_cast<uint8_t>(pa <= pb && pa <= pc ? a : bc);
 }
 
-// One row's filter reversed, for pixels of kBpp bytes. Sub, Average and Paeth read the byte kBpp to
-// the left, which was just written: the previous pixel's bytes (a) and the row above's (c) are
-// carried in registers instead of read back from memory, which would chain every byte through a
-// store and a load (most of a mask's decode time went there). The channels are independent chains.
+// One row's filter reversed, for pixels of kBpp bytes: `in` (the filtered bytes) into `out`, which
+// may be `in` itself; `prev` is the row above, already reversed. Sub, Average and Paeth read the byte
+// kBpp to the left, which was just written: the previous pixel's bytes (a) and the row above's (c)
+// are carried in registers instead of read back from memory, which would chain every byte through
+// a store and a load (most of a mask's decode time went there). The channels are independent chains.
 template <int kBpp>
-void UnfilterRow(uint8_t filter, uint8_t* cur, const uint8_t* prev, size_t rowbytes) {
+void UnfilterRow(uint8_t filter, const uint8_t* in, uint8_t* out, const uint8_t* prev, size_t rowbytes) {
   uint8_t a[kBpp], c[kBpp];
   switch (filter) {
+    case 0:
+      if (in != out) std::memcpy(out, in, rowbytes);
+      break;
     case 1:
-      for (int k = 0; k < kBpp; ++k) a[k] = cur[k];
+      for (int k = 0; k < kBpp; ++k) out[k] = a[k] = in[k];
       for (size_t i = kBpp; i < rowbytes; i += kBpp) {
-        for (int k = 0; k < kBpp; ++k) cur[i + k] = a[k] = static_cast<uint8_t>(cur[i + k] + a[k]);
+        for (int k = 0; k < kBpp; ++k) out[i + k] = a[k] = static_cast<uint8_t>(in[i + k] + a[k]);
       }
       break;
     case 2:
-      for (size_t i = 0; i < rowbytes; ++i) cur[i] = static_cast<uint8_t>(cur[i] + prev[i]);
+      for (size_t i = 0; i < rowbytes; ++i) out[i] = static_cast<uint8_t>(in[i] + prev[i]);
       break;
     case 3:
-      for (int k = 0; k < kBpp; ++k) cur[k] = a[k] = static_cast<uint8_t>(cur[k] + (prev[k] >> 1));
+      for (int k = 0; k < kBpp; ++k) out[k] = a[k] = static_cast<uint8_t>(in[k] + (prev[k] >> 1));
       for (size_t i = kBpp; i < rowbytes; i += kBpp) {
-        for (int k = 0; k < kBpp; ++k) cur[i + k] = a[k] = static_cast<uint8_t>(cur[i + k] + ((a[k] + prev[i + k]) >> 1));
+        for (int k = 0; k < kBpp; ++k) out[i + k] = a[k] = static_cast<uint8_t>(in[i + k] + ((a[k] + prev[i + k]) >> 1));
       }
       break;
     case 4:
       for (int k = 0; k < kBpp; ++k) {
-        cur[k] = a[k] = static_cast<uint8_t>(cur[k] + prev[k]);
+        out[k] = a[k] = static_cast<uint8_t>(in[k] + prev[k]);
         c[k] = prev[k];
       }
       for (size_t i = kBpp; i < rowbytes; i += kBpp) {
         for (int k = 0; k < kBpp; ++k) {
           const uint8_t b = prev[i + k];
-          cur[i + k] = a[k] = static_cast<uint8_t>(cur[i + k] + Paeth(a[k], b, c[k]));
+          out[i + k] = a[k] = static_cast<uint8_t>(in[i + k] + Paeth(a[k], b, c[k]));
           c[k] = b;
         }
       }
@@ -147,9 +151,10 @@ void UnfilterRow(uint8_t filter, uint8_t* cur, const uint8_t* prev, size_t rowby
   }
 }
 
-// Reverses the per-row filters in place. `raw` holds height rows of (1 filter byte + rowbytes), and
-// rowbytes is a whole number of bpp-byte pixels.
-bool Unfilter(uint8_t* raw, uint32_t height, size_t rowbytes, int bpp) {
+// Reverses the per-row filters. `raw` holds height rows of (1 filter byte + rowbytes), and rowbytes
+// is a whole number of bpp-byte pixels. The rows go to `dst` (height x rowbytes, no filter bytes)
+// when given, which saves a copy of the image; else they stay in `raw`, after their filter bytes.
+bool Unfilter(uint8_t* raw, uint32_t height, size_t rowbytes, int bpp, uint8_t* dst) {
   if (bpp < 1 || bpp > 4 || rowbytes % static_cast<size_t>(bpp) != 0) return false;
   std::vector<uint8_t> zero_row;
   const uint8_t* prev = nullptr;
@@ -157,25 +162,27 @@ bool Unfilter(uint8_t* raw, uint32_t height, size_t rowbytes, int bpp) {
     uint8_t* row = raw + y * (rowbytes + 1);
     const uint8_t f = row[0];
     if (f > 4) return false;
-    uint8_t* cur = row + 1;
+    const uint8_t* in = row + 1;
+    uint8_t* out = dst != nullptr ? dst + y * rowbytes : row + 1;
     if (prev == nullptr && f >= 2) {
       zero_row.assign(rowbytes, 0);
       prev = zero_row.data();
     }
     switch (bpp) {
-      case 1: UnfilterRow<1>(f, cur, prev, rowbytes); break;
-      case 2: UnfilterRow<2>(f, cur, prev, rowbytes); break;
-      case 3: UnfilterRow<3>(f, cur, prev, rowbytes); break;
-      default: UnfilterRow<4>(f, cur, prev, rowbytes); break;
+      case 1: UnfilterRow<1>(f, in, out, prev, rowbytes); break;
+      case 2: UnfilterRow<2>(f, in, out, prev, rowbytes); break;
+      case 3: UnfilterRow<3>(f, in, out, prev, rowbytes); break;
+      default: UnfilterRow<4>(f, in, out, prev, rowbytes); break;
     }
-    prev = cur;
+    prev = out;
   }
   return true;
 }
 
-// Inflates and unfilters; returns a pointer to the first row's data (after its filter byte).
+// Inflates and unfilters into `raw` (each row after its filter byte), or into `dst` when given
+// (Unfilter).
 PngFastResult Inflate(const std::vector<uint8_t>& idat, const Header& h, size_t rowbytes, int bpp,
-                      std::vector<uint8_t>* raw, std::string* error) {
+                      std::vector<uint8_t>* raw, uint8_t* dst, std::string* error) {
   const size_t expected = static_cast<size_t>(h.height) * (rowbytes + 1);
   raw->resize(expected);
   size_t actual = 0;
@@ -193,7 +200,7 @@ PngFastResult Inflate(const std::vector<uint8_t>& idat, const Header& h, size_t 
     *error = "corrupt image data (inflate failed)";
     return PngFastResult::kError;
   }
-  if (!Unfilter(raw->data(), h.height, rowbytes, bpp)) {
+  if (!Unfilter(raw->data(), h.height, rowbytes, bpp, dst)) {
     *error = "bad row filter type (corrupt file)";
     return PngFastResult::kError;
   }
@@ -242,26 +249,23 @@ PngFastResult DecodePngRgbFast(const std::string& bytes, int64_t max_pixels, int
   }
   if (h.depth != 8 || h.interlace != 0) return PngFastResult::kUnsupported;
   const size_t rowbytes = static_cast<size_t>(h.width) * channels;
-  r = Inflate(idat, h, rowbytes, channels, &raw, error);
+  rgb->resize(static_cast<size_t>(h.height) * h.width * 3);
+  // RGB rows are unfiltered straight into the image; the other layouts are converted after.
+  r = Inflate(idat, h, rowbytes, channels, &raw, channels == 3 ? rgb->data() : nullptr, error);
   if (r != PngFastResult::kOk) return r;
   *height = static_cast<int>(h.height);
   *width = static_cast<int>(h.width);
-  rgb->resize(static_cast<size_t>(h.height) * h.width * 3);
-  for (uint32_t y = 0; y < h.height; ++y) {
+  for (uint32_t y = 0; y < h.height && channels != 3; ++y) {
     const uint8_t* src = raw.data() + y * (rowbytes + 1) + 1;
     uint8_t* dst = rgb->data() + static_cast<size_t>(y) * h.width * 3;
-    if (channels == 3) {
-      std::memcpy(dst, src, rowbytes);
-    } else {
-      for (uint32_t x = 0; x < h.width; ++x) {
-        if (channels >= 3) {
-          dst[3 * x] = src[channels * x];
-          dst[3 * x + 1] = src[channels * x + 1];
-          dst[3 * x + 2] = src[channels * x + 2];
-        } else {
-          const uint8_t g = src[channels * x];
-          dst[3 * x] = dst[3 * x + 1] = dst[3 * x + 2] = g;
-        }
+    for (uint32_t x = 0; x < h.width; ++x) {
+      if (channels == 4) {
+        dst[3 * x] = src[4 * x];
+        dst[3 * x + 1] = src[4 * x + 1];
+        dst[3 * x + 2] = src[4 * x + 2];
+      } else {
+        const uint8_t g = src[channels * x];
+        dst[3 * x] = dst[3 * x + 1] = dst[3 * x + 2] = g;
       }
     }
   }
@@ -281,7 +285,7 @@ PngFastResult DecodePngLabelsFast(const std::string& bytes, int64_t max_pixels, 
   if (!(gray || palette) || h.interlace != 0) return PngFastResult::kUnsupported;
   const int bpp = h.depth / 8;
   const size_t rowbytes = static_cast<size_t>(h.width) * bpp;
-  r = Inflate(idat, h, rowbytes, bpp, &raw, error);
+  r = Inflate(idat, h, rowbytes, bpp, &raw, nullptr, error);
   if (r != PngFastResult::kOk) return r;
   *height = static_cast<int>(h.height);
   *width = static_cast<int>(h.width);
