@@ -10,35 +10,18 @@ import os
 import sys
 import time
 
+from proc_threads import matching, thread_times
+
 patterns = sys.argv[1:]
-tick = os.sysconf("SC_CLK_TCK")
 seen = {}  # pid -> (name, {tid: (comm, seconds)}, first, last)
 
 
 def sample():
     alive = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        match = next((p for p in patterns if p in cmd), None)
-        if match is None:
-            continue
+    for pid, cmd in matching(patterns):
         alive += 1
         name, threads, first, _ = seen.get(pid, (os.path.basename(cmd), {}, time.time(), 0))
-        try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    text = f.read()
-                comm = text[text.index("(") + 1:text.rindex(")")]
-                fields = text[text.rindex(")") + 2:].split()
-                threads[tid] = (comm, (int(fields[11]) + int(fields[12])) / tick)
-        except (OSError, ValueError):
-            pass
-        seen[pid] = (name, threads, first, time.time())
+        seen[pid] = (name, thread_times(pid, threads), first, time.time())
     return alive
 
 

@@ -12,32 +12,11 @@ import os
 import re
 import sys
 
-tick = os.sysconf("SC_CLK_TCK")
+from proc_threads import matching, thread_times
 
 
 def snapshot(patterns):
-    out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        if not any(p in cmd for p in patterns):
-            continue
-        threads = {}
-        try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    text = f.read()
-                comm = text[text.index("(") + 1:text.rindex(")")]
-                fields = text[text.rindex(")") + 2:].split()
-                threads[tid] = [comm, (int(fields[11]) + int(fields[12])) / tick]
-        except (OSError, ValueError):
-            pass
-        out[pid] = [os.path.basename(cmd), threads]
-    return out
+    return {pid: [os.path.basename(cmd), thread_times(pid, {})] for pid, cmd in matching(patterns)}
 
 
 mode, path = sys.argv[1], sys.argv[2]
