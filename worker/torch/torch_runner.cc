@@ -237,6 +237,7 @@ void TorchRunner::SetUpDevice() {
     }
     copy_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
     compute_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
+    results_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
   }
 #endif
 }

@@ -55,6 +55,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -164,6 +165,7 @@ class TorchPendingBatch final : public PendingBatch {
   std::vector<at::Tensor> labels_host_;  // int16, host.
   std::vector<const uint16_t*> label_ptrs_;
   std::vector<std::pair<at::Tensor, int64_t>> device_labels_;  // keep_labels: image i's group and row.
+  std::vector<at::Tensor> device_inputs_;  // The device tensors copied to the ones above, until done.
   at::Tensor ties_;
   at::Tensor nonfinite_host_;  // [n] int64, host.
   const int64_t* nonfinite_ptr_ = nullptr;
@@ -430,6 +432,7 @@ class TorchRunner final : public ModelRunner {
     std::vector<at::Tensor> counts, labels, nonfinite, thresholds;
     std::vector<at::Tensor> surface;  // [n, K, 4] double per group, when asked for and computed.
     bool surface_missing = false;     // Asked for but not computed for some group.
+    bool on_kernels = true;           // Every group scored by the fused kernels (metrics/gpu/).
     at::Tensor ties;
     int k = 0;
   };
@@ -526,8 +529,42 @@ class TorchRunner final : public ModelRunner {
   bool profile_first_launch_ = false;
   std::atomic<bool> launched_{false};  // Launches come from the batcher and, for retries, the completion thread.
   at::Tensor mean_, std_;
+  std::atomic<int> timing_passes_{0};  // TimePasses calls under way, on any thread (no CUDA graphs then).
 #if TALLY_WITH_CUDA
-  std::unique_ptr<c10::cuda::CUDAStream> copy_stream_, compute_stream_;
+  // Uploads, the launch's work, and the copies of its results to the host (ResultsToHost says why
+  // those have a stream of their own).
+  std::unique_ptr<c10::cuda::CUDAStream> copy_stream_, compute_stream_, results_stream_;
+  // CUDA graphs (worker/torch/torch_runner_graph.cc): the device part of a launch (preprocess,
+  // forward pass, argmax and confusion counts) captured once for the batches of one shape and
+  // replayed, so that a batch costs the CPU one graph launch instead of the model's kernels one by
+  // one (5-6 ms a batch for LRASPP, twice that on a busy host). Two graphs alternate, each with its
+  // own inputs, so that one batch's upload overlaps the previous batch's replay.
+  struct GraphedLaunch {
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    at::Tensor images, masks;  // Static inputs: [n, H, W, 3] uint8 and [n, H, W] int16 on the device.
+    Outputs out;               // Static outputs, rewritten by every replay.
+    std::unique_ptr<at::cuda::CUDAEvent> replayed;  // After its latest replay: its inputs are free.
+    std::unique_ptr<at::cuda::CUDAEvent> copied;    // After its outputs' copies: they may be rewritten.
+  };
+  // The shape and options a graph of this launch would hold; "" where none can (the batch, the
+  // options or a layout trial running). Only LaunchImpl calls these.
+  std::string GraphKey(torch::jit::Module& module, bool channels_last, const Groups& host, const BatchSpec& batch,
+                       bool want_labels) const;
+  // The graph to replay for `key`, captured first once the eager path has run it twice in a row; null
+  // to launch eagerly.
+  GraphedLaunch* GraphFor(torch::jit::Module& module, bool channels_last, const Groups& host, const std::string& key,
+                          bool want_labels, const std::string& input_shape);
+  // Captures `g` in `pool` ({0, 0}: a pool of its own); "" or what went wrong.
+  std::string CaptureGraph(GraphedLaunch* g, at::cuda::MempoolId_t pool, torch::jit::Module& module,
+                           bool channels_last, const Groups& host, bool want_labels, const std::string& input_shape);
+  absl::StatusOr<std::unique_ptr<PendingBatch>> ReplayGraph(GraphedLaunch* g, const Groups& host, bool labels_to_host);
+  void NoteEagerLaunch(const std::string& key, bool on_kernels);
+  bool graphs_enabled_ = true;  // TALLY_CUDA_GRAPHS=0 turns them off; a failed capture too.
+  std::string graph_key_;       // What the graphs were captured for.
+  std::string eager_key_;       // What the latest eager launches were, and how many in a row on
+  int eager_in_a_row_ = 0;      // the fused kernels (instance models never count: no capture).
+  GraphedLaunch graphs_[2];
+  int next_graph_ = 0;
 #endif
 };
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 
 #include "metrics/coco_rle.h"
 #include "metrics/label_counts.h"
@@ -177,6 +178,7 @@ absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Te
                                       bool want_labels, const SurfaceRequest& surface, Outputs* o) {
   ASSIGN_OR_RETURN(const at::Tensor logits, CheckLogits(raw_logits, gt, input_shape, o));
   if (PostprocessOnKernels(logits, gt, want_labels, surface, o)) return absl::OkStatus();
+  o->on_kernels = false;
   if (surface.enabled) o->surface_missing = true;
   PostprocessWithTorch(logits, gt, want_labels, o);
   return absl::OkStatus();
@@ -398,16 +400,36 @@ absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Grou
 std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool want_labels) {
   auto pending = std::make_unique<TorchPendingBatch>();
   pending->k_ = o.k;
+  // Each result as one device tensor (groups concatenated on the compute stream), then copied.
+  const auto one = [](const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 0); };
+  const at::Tensor counts = one(o.counts), nonfinite = one(o.nonfinite);
+  const at::Tensor thresholds = o.thresholds.empty() ? at::Tensor() : one(o.thresholds);
+  const bool surface = !o.surface.empty() && !o.surface_missing;
+  const at::Tensor surface_values = surface ? one(o.surface) : at::Tensor();
   auto host_opts = at::TensorOptions().device(at::kCPU);
-  if (cuda_) host_opts = host_opts.pinned_memory(true);
-  // Small results back to (pinned) host memory, asynchronously on CUDA.
-  auto to_host = [&](const std::vector<at::Tensor>& parts, at::ScalarType type) {
-    const at::Tensor all = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+#if TALLY_WITH_CUDA
+  // On CUDA the copies to (pinned) host memory go on a stream of their own, after the launch's
+  // work: the pinned memory's allocator records an event on every stream a block was copied on
+  // when the block is freed, from whichever thread frees it, and an event recorded on a stream
+  // while a CUDA graph is captured on it belongs to the capture (torch_runner_graph.cc); querying
+  // it later fails (cudaErrorInvalidValue). The device tensors copied are kept until the batch is
+  // done: the compute stream may reuse their memory as soon as they are freed.
+  std::optional<c10::cuda::CUDAStreamGuard> on_results;
+  if (cuda_) {
+    host_opts = host_opts.pinned_memory(true);
+    at::cuda::CUDAEvent computed;
+    computed.record(*compute_stream_);
+    computed.block(*results_stream_);
+    on_results.emplace(*results_stream_);
+  }
+#endif
+  auto to_host = [&](const at::Tensor& all, at::ScalarType type) {
     at::Tensor h = at::empty(all.sizes(), host_opts.dtype(type));
     h.copy_(all, /*non_blocking=*/cuda_);
+    if (cuda_) pending->device_inputs_.push_back(all);
     return h;
   };
-  pending->counts_host_ = to_host(o.counts, at::kLong);
+  pending->counts_host_ = to_host(counts, at::kLong);
   pending->counts_ = pending->counts_host_.data_ptr<int64_t>();
   if (!want_labels) {
     for (const at::Tensor& l : o.labels) {
@@ -415,23 +437,23 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
     }
   }
   for (const at::Tensor& l : want_labels ? o.labels : std::vector<at::Tensor>()) {
-    at::Tensor h = to_host({l}, at::kShort);
+    at::Tensor h = to_host(l, at::kShort);
     const int64_t per_image = l.size(1) * l.size(2);
     for (int64_t i = 0; i < l.size(0); ++i) {
       pending->label_ptrs_.push_back(reinterpret_cast<const uint16_t*>(h.data_ptr<int16_t>() + i * per_image));
     }
     pending->labels_host_.push_back(h);
   }
-  pending->nonfinite_host_ = to_host(o.nonfinite, at::kLong);
+  pending->nonfinite_host_ = to_host(nonfinite, at::kLong);
   pending->nonfinite_ptr_ = pending->nonfinite_host_.data_ptr<int64_t>();
-  if (o.ties.defined()) pending->ties_ = to_host({o.ties}, at::kLong);
-  if (!o.thresholds.empty()) {
-    pending->thresholds_host_ = to_host(o.thresholds, at::kLong);
+  if (o.ties.defined()) pending->ties_ = to_host(o.ties, at::kLong);
+  if (thresholds.defined()) {
+    pending->thresholds_host_ = to_host(thresholds, at::kLong);
     pending->thresholds_ptr_ = pending->thresholds_host_.data_ptr<int64_t>();
     pending->num_thresholds_ = options_.thresholds.size();
   }
-  if (!o.surface.empty() && !o.surface_missing) {
-    pending->surface_host_ = to_host(o.surface, at::kDouble);
+  if (surface) {
+    pending->surface_host_ = to_host(surface_values, at::kDouble);
     pending->surface_ptr_ = pending->surface_host_.data_ptr<double>();
   }
 #if TALLY_WITH_CUDA
@@ -439,11 +461,12 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
     // The completion thread sleeps on the event instead of spinning: CUDA's default for a process
     // with fewer contexts than CPUs is to spin, which kept a CPU busy per worker for the whole of
     // every batch, taken from the decode threads beside it (BENCHMARKS, issue 45 session 15).
-    // TALLY_SPIN_WAIT=1 spins as before (the A/B of that measurement).
+    // TALLY_SPIN_WAIT=1 spins as before (the A/B of that measurement). After the copies, so after
+    // the launch's work too.
     static const unsigned int flags =
         cudaEventDisableTiming | (std::getenv("TALLY_SPIN_WAIT") != nullptr ? 0u : cudaEventBlockingSync);
     pending->done_ = std::make_unique<at::cuda::CUDAEvent>(flags);
-    pending->done_->record(*compute_stream_);
+    pending->done_->record(*results_stream_);
   }
 #endif
   return pending;
@@ -465,6 +488,19 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit
     t = now;
   };
   ASSIGN_OR_RETURN(const Groups host, HostGroups(batch));
+  const bool device_labels = batch.want_labels || batch.keep_labels || batch.surface.enabled;
+#if TALLY_WITH_CUDA
+  const std::string graph_key = timed ? "" : GraphKey(module, channels_last, host, batch, device_labels);
+  if (!graph_key.empty()) {
+    const at::Tensor& img = host.images[0];  // [n, H, W, 3]: the model sees [n, 3, H', W'].
+    *input_shape = absl::StrCat("[", img.size(0), ", 3, ",
+                                options_.input_height > 0 ? options_.input_height : img.size(1), ", ",
+                                options_.input_height > 0 ? options_.input_width : img.size(2), "]");
+    if (GraphedLaunch* g = GraphFor(module, channels_last, host, graph_key, device_labels, *input_shape)) {
+      return ReplayGraph(g, host, batch.want_labels);
+    }
+  }
+#endif
   std::unique_ptr<ComputeStreamScope> compute;  // On CUDA, the rest runs on the compute stream.
   const Groups dev = Upload(host, &compute);
   step("upload");
@@ -478,10 +514,11 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit
   if (instances) return instances;
   ASSIGN_OR_RETURN(const at::Tensor logits, ExtractLogits(raw, options_.model_path));
   Outputs outputs;
-  RETURN_IF_ERROR(PostprocessGroups(logits, dev, *input_shape,
-                                    batch.want_labels || batch.keep_labels || batch.surface.enabled, batch.surface,
-                                    &outputs));
+  RETURN_IF_ERROR(PostprocessGroups(logits, dev, *input_shape, device_labels, batch.surface, &outputs));
   step("postprocess");
+#if TALLY_WITH_CUDA
+  NoteEagerLaunch(graph_key, outputs.on_kernels);
+#endif
   // Where the device could not score the surfaces, the labels go to the host for the CPU to.
   auto pending = ResultsToHost(outputs, batch.want_labels || (batch.surface.enabled && outputs.surface_missing));
   step("results to host");
