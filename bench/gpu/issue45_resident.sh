@@ -19,11 +19,13 @@ bin=$src/build-gpu/bin
 gpus=$(nvidia-smi -L | wc -l); cores=$(nproc)
 echo "gpus: $gpus; cores: $cores; numa nodes: $(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l)"
 echo "cpu0's siblings: $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null); $(lscpu 2>/dev/null | grep -E '^(Model name|Thread|Core|Socket)' | tr -s ' ' | paste -sd';')"
-if has setup && [ ! -f "$work/jpeg/warm.csv" ]; then
+if has setup; then
   python3 bench/gpu/export_models.py "$work/models" > $OUT/export.log 2>&1 || tail -5 $OUT/export.log
-  "$bin/tally-make-dataset" --out "$work/png" --count 12800 --size 512 --format png --noise 4 > /dev/null
-  "$bin/tally-make-dataset" --out "$work/jpeg" --count 12800 --size 512 --format jpeg --quality 90 --noise 4 > /dev/null
-  for f in png jpeg; do head -641 "$work/$f/manifest.csv" > "$work/$f/warm.csv"; done
+  for f in ${FORMATS:-png jpeg}; do
+    q=(); [ $f = jpeg ] && q=(--quality 90)
+    "$bin/tally-make-dataset" --out "$work/$f" --count 12800 --size 512 --format $f "${q[@]}" --noise 4 > /dev/null
+    head -641 "$work/$f/manifest.csv" > "$work/$f/warm.csv"
+  done
   echo "setup: $(( $(date +%s) - t_start )) s"
 fi
 summary() {  # report_dir label
