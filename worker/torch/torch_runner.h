@@ -535,16 +535,16 @@ class TorchRunner final : public ModelRunner {
   // those have a stream of their own).
   std::unique_ptr<c10::cuda::CUDAStream> copy_stream_, compute_stream_, results_stream_;
   // CUDA graphs (worker/torch/torch_runner_graph.cc): the device part of a launch (preprocess,
-  // forward pass, argmax and confusion counts) captured once for the batches of one shape and
-  // replayed, so that a batch costs the CPU one graph launch instead of the model's kernels one by
-  // one (5-6 ms a batch for LRASPP, twice that on a busy host). Two graphs alternate, each with its
-  // own inputs, so that one batch's upload overlaps the previous batch's replay.
+  // forward pass, argmax and confusion counts, surface distances) captured once for the batches of
+  // one shape and replayed, so that a batch costs the CPU one graph launch instead of the model's
+  // kernels one by one (5-6 ms a batch for LRASPP, twice that on a busy host). Two graphs
+  // alternate, each with its own inputs, so that one batch's upload overlaps the previous batch's
+  // replay.
   struct GraphedLaunch {
     std::unique_ptr<at::cuda::CUDAGraph> graph;
     at::Tensor images, masks;  // Static inputs: [n, H, W, 3] uint8 and [n, H, W] int16 on the device.
-    Outputs out;               // Static outputs, rewritten by every replay.
+    Outputs out;               // Static outputs, rewritten by every replay of either graph.
     std::unique_ptr<at::cuda::CUDAEvent> replayed;  // After its latest replay: its inputs are free.
-    std::unique_ptr<at::cuda::CUDAEvent> copied;    // After its outputs' copies: they may be rewritten.
   };
   // The shape and options a graph of this launch would hold; "" where none can (the batch, the
   // options or a layout trial running). Only LaunchImpl calls these.
@@ -553,18 +553,26 @@ class TorchRunner final : public ModelRunner {
   // The graph to replay for `key`, captured first once the eager path has run it twice in a row; null
   // to launch eagerly.
   GraphedLaunch* GraphFor(torch::jit::Module& module, bool channels_last, const Groups& host, const std::string& key,
-                          bool want_labels, const std::string& input_shape);
+                          bool want_labels, const SurfaceRequest& surface, const std::string& input_shape)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(graph_mu_);
   // Captures `g` in `pool` ({0, 0}: a pool of its own); "" or what went wrong.
   std::string CaptureGraph(GraphedLaunch* g, at::cuda::MempoolId_t pool, torch::jit::Module& module,
-                           bool channels_last, const Groups& host, bool want_labels, const std::string& input_shape);
-  absl::StatusOr<std::unique_ptr<PendingBatch>> ReplayGraph(GraphedLaunch* g, const Groups& host, bool labels_to_host);
-  void NoteEagerLaunch(const std::string& key, bool on_kernels);
-  bool graphs_enabled_ = true;  // TALLY_CUDA_GRAPHS=0 turns them off; a failed capture too.
-  std::string graph_key_;       // What the graphs were captured for.
-  std::string eager_key_;       // What the latest eager launches were, and how many in a row on
-  int eager_in_a_row_ = 0;      // the fused kernels (instance models never count: no capture).
-  GraphedLaunch graphs_[2];
-  int next_graph_ = 0;
+                           bool channels_last, const Groups& host, bool want_labels, const SurfaceRequest& surface,
+                           const std::string& input_shape);
+  absl::StatusOr<std::unique_ptr<PendingBatch>> ReplayGraph(GraphedLaunch* g, const Groups& host, bool labels_to_host)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(graph_mu_);
+  void NoteEagerLaunch(const std::string& key, bool on_kernels) ABSL_LOCKS_EXCLUDED(eager_mu_);
+  // Launches come from more than one thread (the batcher; a retry's from the completion thread; a
+  // layout trial's), and a capture records whatever is queued on the compute stream, from any
+  // thread: captures and replays hold graph_mu_ exclusively, eager launches shared.
+  absl::Mutex graph_mu_;
+  std::atomic<bool> graphs_enabled_{true};  // Off for good after a failed capture (TALLY_CUDA_GRAPHS=1: on).
+  std::string graph_key_ ABSL_GUARDED_BY(graph_mu_);  // What the graphs were captured for.
+  GraphedLaunch graphs_[2] ABSL_GUARDED_BY(graph_mu_);
+  int next_graph_ ABSL_GUARDED_BY(graph_mu_) = 0;
+  absl::Mutex eager_mu_;
+  std::string eager_key_ ABSL_GUARDED_BY(eager_mu_);  // The latest eager launches' key, and how many in
+  int eager_in_a_row_ ABSL_GUARDED_BY(eager_mu_) = 0;  // a row on the fused kernels (instance models: none).
 #endif
 };
 

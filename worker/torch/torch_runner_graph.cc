@@ -13,30 +13,35 @@ namespace torch_internal {
 
 std::string TorchRunner::GraphKey(torch::jit::Module& module, bool channels_last, const Groups& host,
                                   const BatchSpec& batch, bool want_labels) const {
+  // Opt-in until a GPU run confirms the copies below (ReplayGraph): TALLY_CUDA_GRAPHS=1.
   static const bool env_off = [] {
     const char* v = std::getenv("TALLY_CUDA_GRAPHS");
-    return v != nullptr && std::string(v) == "0";
+    return v == nullptr || std::string(v) != "1";
   }();
-  // What a graph holds: one group of same-sized images, scored by the fused kernels (no surface
-  // distances, no threshold sweep), in fp32 (autocast's cast cache cannot be captured), by the
-  // evaluation's own module (not a layout trial's copy), with no trial running beside it and no
-  // layout being timed.
-  if (!cuda_ || env_off || !graphs_enabled_ || !host.uniform || host.images.size() != 1 || batch.surface.enabled ||
+  // What a graph holds: one group of same-sized images, scored by the fused kernels (surface
+  // distances too, where the device computes them; no threshold sweep), in fp32 (autocast's cast
+  // cache cannot be captured), by the evaluation's own module (not a layout trial's copy), with no
+  // trial running beside it and no layout being timed.
+  if (!cuda_ || env_off || !graphs_enabled_ || !host.uniform || host.images.size() != 1 ||
       !options_.thresholds.empty() || options_.precision != "fp32" || options_.jit_optimize || &module != &module_ ||
       beside_ || timing_passes_.load() > 0) {
     return "";
   }
-  return absl::StrCat(Shape(host.images[0]), channels_last ? " channels-last" : "", want_labels ? " labels" : "");
+  // The surface kernels' options are arguments of their launches: part of what a graph holds.
+  const SurfaceOptions& so = batch.surface.options;
+  return absl::StrCat(Shape(host.images[0]), channels_last ? " channels-last" : "", want_labels ? " labels" : "",
+                      batch.surface.enabled ? absl::StrFormat(" surfaces (spacing %.17g x %.17g, tolerance %.17g)",
+                                                              so.spacing_y, so.spacing_x, so.nsd_tolerance)
+                                            : "");
 }
 
 std::string TorchRunner::CaptureGraph(GraphedLaunch* g, at::cuda::MempoolId_t pool, torch::jit::Module& module,
                                       bool channels_last, const Groups& host, bool want_labels,
-                                      const std::string& input_shape) {
+                                      const SurfaceRequest& surface, const std::string& input_shape) {
   const auto bytes = at::TensorOptions().device(device_).dtype(at::kByte);
   g->images = at::zeros(host.images[0].sizes(), bytes);
   g->masks = at::zeros(host.masks[0].sizes(), bytes.dtype(at::kShort));
   g->replayed = std::make_unique<at::cuda::CUDAEvent>();
-  g->copied = std::make_unique<at::cuda::CUDAEvent>();
   g->graph = std::make_unique<at::cuda::CUDAGraph>();
   Groups dev;
   dev.uniform = true;
@@ -58,10 +63,10 @@ std::string TorchRunner::CaptureGraph(GraphedLaunch* g, at::cuda::MempoolId_t po
       error = std::string(raw.status().message());
     } else if (absl::StatusOr<at::Tensor> logits = ExtractLogits(*raw, options_.model_path); !logits.ok()) {
       error = std::string(logits.status().message());
-    } else if (absl::Status s = PostprocessGroups(*logits, dev, input_shape, want_labels, SurfaceRequest{}, &g->out);
+    } else if (absl::Status s = PostprocessGroups(*logits, dev, input_shape, want_labels, surface, &g->out);
                !s.ok()) {
       error = std::string(s.message());
-    } else if (!g->out.on_kernels) {
+    } else if (!g->out.on_kernels || g->out.surface_missing) {
       error = "the outputs were not scored by the fused kernels";
     }
   } catch (const std::exception& e) {
@@ -77,16 +82,20 @@ std::string TorchRunner::CaptureGraph(GraphedLaunch* g, at::cuda::MempoolId_t po
 
 TorchRunner::GraphedLaunch* TorchRunner::GraphFor(torch::jit::Module& module, bool channels_last, const Groups& host,
                                                   const std::string& key, bool want_labels,
-                                                  const std::string& input_shape) {
+                                                  const SurfaceRequest& surface, const std::string& input_shape) {
   if (key.empty()) return nullptr;
   if (key == graph_key_) {
     GraphedLaunch* g = &graphs_[next_graph_];
     next_graph_ ^= 1;
     return g;
   }
-  // Captured for a shape the eager path has run twice in a row on the fused kernels: warm (cuDNN's
+  // Captured for a shape the eager path has run twice in a row on the fused kernels (surfaces
+  // included, where asked for): warm (cuDNN's
   // plans, lazy initialisation) and known to fit in memory.
-  if (key != eager_key_ || eager_in_a_row_ < 2) return nullptr;
+  {
+    absl::MutexLock lock(&eager_mu_);
+    if (key != eager_key_ || eager_in_a_row_ < 2) return nullptr;
+  }
   c10::cuda::CUDAStreamGuard guard(*compute_stream_);
   compute_stream_->synchronize();  // Nothing of earlier batches in the stream while it captures.
   graph_key_.clear();
@@ -98,7 +107,7 @@ TorchRunner::GraphedLaunch* TorchRunner::GraphFor(torch::jit::Module& module, bo
   c10::cuda::CUDACachingAllocator::emptyCache();
   for (GraphedLaunch& g : graphs_) {
     const at::cuda::MempoolId_t pool = &g == &graphs_[0] ? at::cuda::MempoolId_t{0, 0} : graphs_[0].graph->pool();
-    if (std::string error = CaptureGraph(&g, pool, module, channels_last, host, want_labels, input_shape);
+    if (std::string error = CaptureGraph(&g, pool, module, channels_last, host, want_labels, surface, input_shape);
         !error.empty()) {
       for (GraphedLaunch& h : graphs_) h = GraphedLaunch();
       graphs_enabled_ = false;
@@ -114,7 +123,7 @@ TorchRunner::GraphedLaunch* TorchRunner::GraphFor(torch::jit::Module& module, bo
   }
   graph_key_ = key;
   next_graph_ = 1;
-  Log("CUDA graphs captured for batches of ", key, " (TALLY_CUDA_GRAPHS=0 turns them off)");
+  Log("CUDA graphs captured for batches of ", key, " (TALLY_CUDA_GRAPHS=1 turned them on)");
   return &graphs_[0];
 }
 
@@ -133,21 +142,27 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::ReplayGraph(GraphedLa
     c10::cuda::CUDAStreamGuard guard(*compute_stream_);
     step = "wait";
     uploaded.block(*compute_stream_);
-    g->copied->block(*compute_stream_);  // Its previous replay's outputs are on the host.
     step = "replay";
     g->graph->replay();
     step = "record";
     g->replayed->record(*compute_stream_);
-    Outputs o = g->out;
-    // Labels kept on the device for later (thumbnails) outlive the next replay of this graph.
+    // The outputs copied on the compute stream, before anything else runs on it: the two graphs
+    // share one memory pool, so the other graph's next replay may write its scratch where this
+    // one's outputs are (found on an H200: saved predictions wrong, counts right); the copies are
+    // the batch's own, for the results stream and for labels kept on the device (thumbnails).
     step = "clone";
-    if (!labels_to_host) {
-      for (at::Tensor& l : o.labels) l = l.clone();
-    }
+    Outputs o = g->out;
+    auto own = [](std::vector<at::Tensor>* v) {
+      for (at::Tensor& t : *v) t = t.clone();
+    };
+    own(&o.counts);
+    own(&o.labels);
+    own(&o.nonfinite);
+    own(&o.thresholds);
+    own(&o.surface);
+    if (o.ties.defined()) o.ties = o.ties.clone();
     step = "results";
-    std::unique_ptr<PendingBatch> pending = ResultsToHost(o, labels_to_host);
-    g->copied->record(*results_stream_);
-    return pending;
+    return ResultsToHost(o, labels_to_host);
   } catch (const std::exception& e) {
     Log("CUDA graph ", g - graphs_, " failed at its ", step);
     throw;
@@ -156,6 +171,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::ReplayGraph(GraphedLa
 
 void TorchRunner::NoteEagerLaunch(const std::string& key, bool on_kernels) {
   if (key.empty()) return;
+  absl::MutexLock lock(&eager_mu_);
   if (!on_kernels) {
     eager_key_.clear();
     eager_in_a_row_ = 0;

@@ -496,10 +496,12 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit
     *input_shape = absl::StrCat("[", img.size(0), ", 3, ",
                                 options_.input_height > 0 ? options_.input_height : img.size(1), ", ",
                                 options_.input_height > 0 ? options_.input_width : img.size(2), "]");
-    if (GraphedLaunch* g = GraphFor(module, channels_last, host, graph_key, device_labels, *input_shape)) {
+    absl::MutexLock graphs(&graph_mu_);
+    if (GraphedLaunch* g = GraphFor(module, channels_last, host, graph_key, device_labels, batch.surface, *input_shape)) {
       return ReplayGraph(g, host, batch.want_labels);
     }
   }
+  absl::ReaderMutexLock eager(&graph_mu_);  // No capture while this launch queues its kernels.
 #endif
   std::unique_ptr<ComputeStreamScope> compute;  // On CUDA, the rest runs on the compute stream.
   const Groups dev = Upload(host, &compute);
@@ -517,7 +519,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit
   RETURN_IF_ERROR(PostprocessGroups(logits, dev, *input_shape, device_labels, batch.surface, &outputs));
   step("postprocess");
 #if TALLY_WITH_CUDA
-  NoteEagerLaunch(graph_key, outputs.on_kernels);
+  NoteEagerLaunch(graph_key, outputs.on_kernels && !outputs.surface_missing);
 #endif
   // Where the device could not score the surfaces, the labels go to the host for the CPU to.
   auto pending = ResultsToHost(outputs, batch.want_labels || (batch.surface.enabled && outputs.surface_missing));
