@@ -90,8 +90,7 @@ TorchRunner::GraphedLaunch* TorchRunner::GraphFor(torch::jit::Module& module, bo
     return g;
   }
   // Captured for a shape the eager path has run twice in a row on the fused kernels (surfaces
-  // included, where asked for): warm (cuDNN's
-  // plans, lazy initialisation) and known to fit in memory.
+  // included, where asked for): warm (cuDNN's plans, lazy initialisation) and known to fit in memory.
   {
     absl::MutexLock lock(&eager_mu_);
     if (key != eager_key_ || eager_in_a_row_ < 2) return nullptr;

@@ -60,10 +60,7 @@ double TorchRunner::TimePasses(torch::jit::Module& module, bool channels_last, c
   // No CUDA graph is captured or replayed while a layout is timed: the passes measure the eager
   // launch, and a trial's thread launching on the stream a capture records would end up in it.
   timing_passes_.fetch_add(1);
-  struct Done {
-    std::atomic<int>* n;
-    ~Done() { n->fetch_sub(1); }
-  } done{&timing_passes_};
+  absl::Cleanup done = [this] { timing_passes_.fetch_sub(1); };
   for (int k = 0; k < warm; ++k) {
     auto p = LaunchWith(module, channels_last, batch);
     if (!p.ok() || !(*p)->Wait().ok()) return -1;
