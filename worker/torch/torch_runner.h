@@ -566,7 +566,7 @@ class TorchRunner final : public ModelRunner {
   // layout trial's), and a capture records whatever is queued on the compute stream, from any
   // thread: captures and replays hold graph_mu_ exclusively, eager launches shared.
   absl::Mutex graph_mu_;
-  std::atomic<bool> graphs_enabled_{true};  // Off for good after a failed capture (TALLY_CUDA_GRAPHS=1: on).
+  std::atomic<bool> graphs_enabled_{true};  // Off for good after a failed capture (TALLY_CUDA_GRAPHS=0: off).
   std::string graph_key_ ABSL_GUARDED_BY(graph_mu_);  // What the graphs were captured for.
   GraphedLaunch graphs_[2] ABSL_GUARDED_BY(graph_mu_);
   int next_graph_ ABSL_GUARDED_BY(graph_mu_) = 0;

@@ -13,10 +13,11 @@ namespace torch_internal {
 
 std::string TorchRunner::GraphKey(torch::jit::Module& module, bool channels_last, const Groups& host,
                                   const BatchSpec& batch, bool want_labels) const {
-  // Opt-in until a GPU run confirms the copies below (ReplayGraph): TALLY_CUDA_GRAPHS=1.
+  // On unless TALLY_CUDA_GRAPHS=0 is in the environment (to compare with the eager path, or to rule
+  // graphs out when a model misbehaves).
   static const bool env_off = [] {
     const char* v = std::getenv("TALLY_CUDA_GRAPHS");
-    return v == nullptr || std::string(v) != "1";
+    return v != nullptr && std::string(v) == "0";
   }();
   // What a graph holds: one group of same-sized images, scored by the fused kernels (surface
   // distances too, where the device computes them; no threshold sweep), in fp32 (autocast's cast
@@ -122,7 +123,7 @@ TorchRunner::GraphedLaunch* TorchRunner::GraphFor(torch::jit::Module& module, bo
   }
   graph_key_ = key;
   next_graph_ = 1;
-  Log("CUDA graphs captured for batches of ", key, " (TALLY_CUDA_GRAPHS=1 turned them on)");
+  Log("CUDA graphs captured for batches of ", key, " (TALLY_CUDA_GRAPHS=0 turns them off)");
   return &graphs_[0];
 }
 
