@@ -445,6 +445,9 @@ class TorchRunner final : public ModelRunner {
   // `compute` lives, waiting for the copies. On CPU: the host tensors themselves.
   Groups Upload(const Groups& host, std::unique_ptr<ComputeStreamScope>* compute);
   at::Tensor Preprocess(const Groups& dev, bool channels_last) const;
+  // The shape of the model's input for n images of h x w: [n, 3, H', W'] after Preprocess's resize
+  // (--input-height/width). The graph path names a batch's input without running Preprocess.
+  std::string ModelInputShape(int64_t n, int64_t h, int64_t w) const;
   // ABORTED when the model raises (out-of-memory errors propagate as exceptions).
   absl::StatusOr<c10::IValue> Forward(torch::jit::Module& module, const at::Tensor& x, const std::string& input_shape);
   // PredictVolume's work on the launching thread (worker/torch/torch_volume.cc).

@@ -245,12 +245,19 @@ TorchRunner::Groups TorchRunner::Upload(const Groups& host, std::unique_ptr<Comp
   return dev;
 }
 
+// The resize rule of Preprocess: every image to --input-height x --input-width where given.
+std::string TorchRunner::ModelInputShape(int64_t n, int64_t h, int64_t w) const {
+  const bool resized = options_.input_height > 0;
+  return absl::StrCat("[", n, ", 3, ", resized ? options_.input_height : h, ", ", resized ? options_.input_width : w,
+                      "]");
+}
+
 at::Tensor TorchRunner::Preprocess(const Groups& dev, bool channels_last) const {
   auto preprocess = [&](const at::Tensor& u8) {
     at::Tensor x = u8.permute({0, 3, 1, 2}).to(at::kFloat).div_(255.0);
     if (mean_.defined()) x = x.sub_(mean_);
     if (std_.defined()) x = x.div_(std_);
-    if (options_.input_height > 0) {
+    if (options_.input_height > 0) {  // ModelInputShape says the same.
       x = at::upsample_bilinear2d(x, {options_.input_height, options_.input_width}, /*align_corners=*/false);
     }
     return x.contiguous(channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
@@ -492,10 +499,8 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit
 #if TALLY_WITH_CUDA
   const std::string graph_key = timed ? "" : GraphKey(module, channels_last, host, batch, device_labels);
   if (!graph_key.empty()) {
-    const at::Tensor& img = host.images[0];  // [n, H, W, 3]: the model sees [n, 3, H', W'].
-    *input_shape = absl::StrCat("[", img.size(0), ", 3, ",
-                                options_.input_height > 0 ? options_.input_height : img.size(1), ", ",
-                                options_.input_height > 0 ? options_.input_width : img.size(2), "]");
+    const at::Tensor& img = host.images[0];  // [n, H, W, 3].
+    *input_shape = ModelInputShape(img.size(0), img.size(1), img.size(2));
     absl::MutexLock graphs(&graph_mu_);
     if (GraphedLaunch* g = GraphFor(module, channels_last, host, graph_key, device_labels, batch.surface, *input_shape)) {
       return ReplayGraph(g, host, batch.want_labels);
