@@ -154,17 +154,19 @@ struct ColumnCosts {
   TALLY_HD double Cost(int32_t g) const { return ZCost(g, sz); }
 };
 
-// The x pass's for query row r: each column's nearest row (-1: none) and its z offset.
+// The y pass's result for one query row and box column: the nearest row (-1: none) and that row's
+// z offset, side by side (one 8-byte read a site for the x pass, where two arrays took two).
+struct alignas(8) RowBest {
+  int32_t by, gz;
+};
+
+// The x pass's for query row r: each column's RowBest.
 struct RowCosts {
-  const int32_t* best_y;
-  const int32_t* best_gz;
+  const RowBest* best;
   int r;
   double sy, sz;
-  struct Site {
-    int32_t by, gz;
-  };
-  TALLY_HD Site Load(int cx) const { return Site{best_y[cx], best_gz[cx]}; }
-  TALLY_HD double Cost(Site s) const {
+  TALLY_HD RowBest Load(int cx) const { return best[cx]; }
+  TALLY_HD double Cost(RowBest s) const {
     if (s.by < 0) return Infinity();
     const double dy = sy * static_cast<double>(r - s.by);
     return ZCost(s.gz, sz) + dy * dy;
@@ -173,32 +175,30 @@ struct RowCosts {
 
 // Step 2 for one slice and box column: gz[r * W] is the z pass's offset at row r of the column (a
 // slice's NearestZ for every column, laid out by row), rows[0..rows_n) the slice's query rows
-// (y - y0, ascending); best_y[i * W] gets row i's nearest row (-1: none) and best_gz[i * W] that
-// row's z offset.
-TALLY_HD void YPassColumn(const Geometry& g, const int32_t* gz, const int32_t* rows, int64_t rows_n, int32_t* best_y,
-                          int32_t* best_gz, Envelope env) {
+// (y - y0, ascending); best[i * W] gets row i's nearest row (-1: none) and that row's z offset.
+TALLY_HD void YPassColumn(const Geometry& g, const int32_t* gz, const int32_t* rows, int64_t rows_n, RowBest* best,
+                          Envelope env) {
   env.Build(ColumnCosts{gz, g.W, g.sz}, g.H, g.sy * g.sy);
   for (int64_t i = 0; i < rows_n; ++i) {
     const int by = env.ArgMin(rows[i]);
-    best_y[i * g.W] = by;
-    best_gz[i * g.W] = by < 0 ? kNoZ : gz[static_cast<int64_t>(by) * g.W];
+    best[i * g.W] = RowBest{by, by < 0 ? kNoZ : gz[static_cast<int64_t>(by) * g.W]};
   }
 }
 
-// Step 3 for the query row r (y - y0) whose step-2 results are best_y[0..W), best_gz[0..W): the
-// distance of each of its queries (linear indices, ascending) into out[out_at[k]].
-TALLY_HD void XPassRow(const Geometry& g, int r, const int32_t* best_y, const int32_t* best_gz, const int64_t* queries,
-                       int64_t queries_n, const int64_t* out_at, double* out, Envelope env) {
-  env.Build(RowCosts{best_y, best_gz, r, g.sy, g.sz}, g.W, g.sx * g.sx);
+// Step 3 for the query row r (y - y0) whose step-2 results are best[0..W): the distance of each of
+// its queries (linear indices, ascending) into out[out_at[k]].
+TALLY_HD void XPassRow(const Geometry& g, int r, const RowBest* best, const int64_t* queries, int64_t queries_n,
+                       const int64_t* out_at, double* out, Envelope env) {
+  env.Build(RowCosts{best, r, g.sy, g.sz}, g.W, g.sx * g.sx);
   for (int64_t k = 0; k < queries_n; ++k) {
     const int qx = static_cast<int>(queries[k] % g.width - g.x0);
     const int bx = env.ArgMin(qx);
-    const int by = bx < 0 ? -1 : best_y[bx];
+    const int by = bx < 0 ? -1 : best[bx].by;
     if (by < 0) {
       out[out_at[k]] = Infinity();  // Unreachable: the box holds a feature.
       continue;
     }
-    const double dz = g.sz * static_cast<double>(best_gz[bx]);
+    const double dz = g.sz * static_cast<double>(best[bx].gz);
     const double dy = g.sy * static_cast<double>(r - by);
     const double dx = g.sx * static_cast<double>(qx - bx);
     out[out_at[k]] = sqrt((dx * dx + dy * dy) + dz * dz);

@@ -273,8 +273,7 @@ struct FarPlan {
   int32_t* gz = nullptr;
   int32_t* v = nullptr;
   double* z = nullptr;
-  int32_t* best_y = nullptr;
-  int32_t* best_gz = nullptr;
+  far_transform::RowBest* best = nullptr;
   __device__ int64_t SliceZ(int64_t s) const { return far_queries[row_first[slice_first[s]]] / g.plane; }
 };
 
@@ -329,8 +328,8 @@ __global__ void YPassKernel(FarPlan p, int64_t s0, int64_t count, int64_t r0, bo
   const int cx = static_cast<int>(t % p.g.W);
   const int64_t first = p.slice_first[s], end = s + 1 < p.slices_n ? p.slice_first[s + 1] : p.rows_n;
   const int64_t at = (first - r0) * p.g.W + cx;
-  far_transform::YPassColumn(p.g, p.gz + (s - s0) * p.g.H * p.g.W + cx, p.row_y + first, end - first, p.best_y + at,
-                             p.best_gz + at, EnvelopeAt(shared_memory, p.g.H, p.v, p.z, t, threads));
+  far_transform::YPassColumn(p.g, p.gz + (s - s0) * p.g.H * p.g.W + cx, p.row_y + first, end - first, p.best + at,
+                             EnvelopeAt(shared_memory, p.g.H, p.v, p.z, t, threads));
 }
 
 // Rows [r0, r0 + count), a thread per row: its queries' distances into dist.
@@ -339,8 +338,8 @@ __global__ void XPassKernel(FarPlan p, int64_t r0, int64_t count, double* dist, 
   if (t >= count) return;
   const int64_t i = r0 + t;
   const int64_t first = p.row_first[i], end = i + 1 < p.rows_n ? p.row_first[i + 1] : p.far_n;
-  far_transform::XPassRow(p.g, p.row_y[i], p.best_y + t * p.g.W, p.best_gz + t * p.g.W, p.far_queries + first,
-                          end - first, p.far_at + first, dist, EnvelopeAt(shared_memory, p.g.W, p.v, p.z, t, count));
+  far_transform::XPassRow(p.g, p.row_y[i], p.best + t * p.g.W, p.far_queries + first, end - first, p.far_at + first,
+                          dist, EnvelopeAt(shared_memory, p.g.W, p.v, p.z, t, count));
 }
 
 // Launch shape of a pass of `threads` envelopes over n sites: (blocks, threads a block, shared bytes).
@@ -669,15 +668,18 @@ std::string GroupByClass(int16_t* const edge[2], const Volume3& v, cudaStream_t 
 struct FarStorage {
   DeviceBuffers* mem;
   int64_t cells = 0;
-  int32_t *gz = nullptr, *v = nullptr, *best_y = nullptr, *best_gz = nullptr;
+  int32_t *gz = nullptr, *v = nullptr;
+  far_transform::RowBest* best = nullptr;
   double* z = nullptr;
   std::string Reserve(int64_t need) {
     if (need <= cells) return "";
     cudaError_t err = cudaSuccess;
-    for (int32_t** b : {&gz, &v, &best_y, &best_gz}) {
+    for (int32_t** b : {&gz, &v}) {
       *b = mem->Alloc<int32_t>(need, &err);
       TALLY_CUDA_OR_RETURN(err);
     }
+    best = mem->Alloc<far_transform::RowBest>(need, &err);
+    TALLY_CUDA_OR_RETURN(err);
     z = mem->Alloc<double>(need, &err);
     TALLY_CUDA_OR_RETURN(err);
     cells = need;
@@ -786,7 +788,7 @@ std::string FarPasses(FarPlan plan, const std::vector<int64_t>& slice_first, int
   const int64_t cells = std::min(most_cells, std::max(per_slice, plan.slices_n * per_slice));
   const std::string why = storage->Reserve(cells);
   if (!why.empty()) return why;
-  plan.gz = storage->gz, plan.v = storage->v, plan.best_y = storage->best_y, plan.best_gz = storage->best_gz;
+  plan.gz = storage->gz, plan.v = storage->v, plan.best = storage->best;
   plan.z = storage->z;
   auto rows_until = [&](int64_t end) { return end < plan.slices_n ? slice_first[end] : plan.rows_n; };
   for (int64_t s0 = 0; s0 < plan.slices_n;) {

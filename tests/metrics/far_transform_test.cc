@@ -66,7 +66,7 @@ std::vector<double> FarByPieces(const std::vector<int64_t>& queries, const std::
   const int64_t rows_n = static_cast<int64_t>(row_first.size() - 1);
   std::vector<int32_t> row_y(rows_n);
   for (int64_t i = 0; i < rows_n; ++i) row_y[i] = static_cast<int32_t>(queries[row_first[i]] % g.plane / width - y0);
-  std::vector<int32_t> best_y(rows_n * g.W), best_gz(rows_n * g.W);
+  std::vector<far_transform::RowBest> best(rows_n * g.W);
   // Envelope storage as the device lays it out: thread t's entry k at [k * threads + t].
   const int64_t threads = static_cast<int64_t>(g.W);
   const int most = std::max(g.H, g.W) + 1;
@@ -78,8 +78,8 @@ std::vector<double> FarByPieces(const std::vector<int64_t>& queries, const std::
     const int64_t slice = queries[row_first[first]] / g.plane;
     for (int64_t c = 0; c < area; ++c) gz[c] = far_transform::NearestZ(fz.data(), col_start[c], col_start[c + 1], slice);
     for (int cx = 0; cx < g.W; ++cx) {
-      far_transform::YPassColumn(g, gz.data() + cx, row_y.data() + first, n, best_y.data() + first * g.W + cx,
-                                 best_gz.data() + first * g.W + cx, Envelope{v.data() + cx, z.data() + cx, threads});
+      far_transform::YPassColumn(g, gz.data() + cx, row_y.data() + first, n, best.data() + first * g.W + cx,
+                                 Envelope{v.data() + cx, z.data() + cx, threads});
     }
   }
   std::vector<double> out(queries.size(), -1.0);
@@ -87,8 +87,8 @@ std::vector<double> FarByPieces(const std::vector<int64_t>& queries, const std::
   for (size_t k = 0; k < queries.size(); ++k) out_at[k] = static_cast<int64_t>(k);
   for (int64_t i = 0; i < rows_n; ++i) {
     const int t = static_cast<int>(i % threads);
-    far_transform::XPassRow(g, row_y[i], best_y.data() + i * g.W, best_gz.data() + i * g.W,
-                            queries.data() + row_first[i], row_first[i + 1] - row_first[i],
+    far_transform::XPassRow(g, row_y[i], best.data() + i * g.W, queries.data() + row_first[i],
+                            row_first[i + 1] - row_first[i],
                             out_at.data() + row_first[i], out.data(), Envelope{v.data() + t, z.data() + t, threads});
   }
   return out;
