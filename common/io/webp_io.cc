@@ -1,6 +1,7 @@
 // WebP through libwebp (common/io/image_formats.h): still images; masks only from lossless files.
 #include <webp/decode.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/io/image_formats.h"
 
@@ -69,6 +70,9 @@ absl::Status DecodeWebpMask(const std::string& bytes, const std::string& name, i
     return absl::InvalidArgumentError(TooManyPixels("mask", name, f.height, f.width, max_pixels));
   }
   thread_local std::vector<uint8_t> rgb;
+  // Released at the end if an outlier grew it, also when decoding fails; after the return value
+  // (whose message may read a pixel of it) is made.
+  absl::Cleanup release = [] { ShrinkIfLarger(&rgb, kKeepBufferBytes); };
   s = DecodeRgb(bytes, name, "mask", f, &rgb);
   if (!s.ok()) return s;
   out->height = f.height;
@@ -80,14 +84,12 @@ absl::Status DecodeWebpMask(const std::string& bytes, const std::string& name, i
     const uint8_t* px = rgb.data() + 3 * i;
     if (px[0] != px[1] || px[0] != px[2]) {
       const size_t y = i / f.width, x = i % f.width;
-      ShrinkIfLarger(&rgb, kKeepBufferBytes);
-      return absl::InvalidArgumentError(absl::StrCat("mask '", name, "' is a colour WebP (pixel (y=", y, ", x=", x,
-                                                     ") is ", int{px[0]}, ",", int{px[1]}, ",", int{px[2]}, "); a WebP mask must be "
-                                                     "grey, its value the class index"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mask '", name, "' is a colour WebP (pixel (y=", y, ", x=", x, ") is ", int{px[0]}, ",",
+                       int{px[1]}, ",", int{px[2]}, "); a WebP mask must be grey, its value the class index"));
     }
     out->labels[i] = px[0];
   }
-  ShrinkIfLarger(&rgb, kKeepBufferBytes);
   return absl::OkStatus();
 }
 

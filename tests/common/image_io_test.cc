@@ -1,6 +1,7 @@
 #include "common/io/image_io.h"
 
 #include <sys/stat.h>
+#include <webp/encode.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -29,6 +30,25 @@ TEST(ImageIoTest, RgbPngRoundTrip) {
   EXPECT_EQ(img.height, 2);
   EXPECT_EQ(img.width, 3);
   EXPECT_EQ(img.pixels, rgb);
+}
+
+// A colour WebP mask large enough that its decode buffer (2400 x 2400 x 3 bytes, past the 16 MiB a
+// buffer keeps) is released on the way out: the error still names the first colour pixel and its
+// values (the message once read them from the released buffer: a fuzz finding under ASan).
+TEST(ImageIoTest, LargeColourWebpMaskNamesItsFirstColourPixel) {
+  const int h = 2400, w = 2400;
+  std::vector<uint8_t> rgb(static_cast<size_t>(3) * h * w, 7);  // Grey: class 7.
+  const size_t at = 3 * (static_cast<size_t>(1000) * w + 5);
+  rgb[at] = 10, rgb[at + 1] = 20, rgb[at + 2] = 30;
+  uint8_t* encoded = nullptr;
+  const size_t n = WebPEncodeLosslessRGB(rgb.data(), w, h, 3 * w, &encoded);
+  ASSERT_GT(n, 0u);
+  const std::string bytes(reinterpret_cast<const char*>(encoded), n);
+  WebPFree(encoded);
+  LabelMap mask;
+  const absl::Status s = DecodeMask(bytes, "big.webp", &mask);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("mask 'big.webp' is a colour WebP (pixel (y=1000, x=5) is 10,20,30)"));
 }
 
 TEST(ImageIoTest, GrayAndRgbaBecomeRgb) {
