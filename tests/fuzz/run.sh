@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan) into BUILD_DIR and runs each for SECONDS on a
 # copy of its seed corpus (tests/fuzz/corpus/<target>). Fails if any target finds a crash, a leak
-# or a failed check; the input that did it is left in BUILD_DIR/artifacts.
+# or a failed check; the input that did it is left in BUILD_DIR/artifacts. Then replays the sequences
+# of tests/fuzz/make_sequences.py, each in one process.
 #   tests/fuzz/run.sh build/fuzz 20          # what ctest's fuzz.short runs
 #   tests/fuzz/run.sh build/fuzz 3600 4      # a long run: an hour per target, 4 jobs each
 set -euo pipefail
@@ -25,5 +26,17 @@ for target in manifest png_fast png_libpng image report_strings coco_json dashbo
   fi
   runs=$(grep -h "stat::number_of_executed_units" "$log" "$build"/fuzz-*.log 2>/dev/null | awk '{s+=$2} END {print s+0}')
   echo "fuzz $target: ${runs} executions in ${seconds} s, corpus $(ls "$work" | wc -l) + $(ls "$src/corpus/$target" | wc -l) seeds, no crash"
+done
+# Sequences that crashed a target only in that order (tests/fuzz/make_sequences.py), each replayed
+# in one process.
+rm -rf "$build/sequences"
+/usr/bin/python3 "$src/make_sequences.py" "$build/sequences"
+for dir in "$build/sequences"/*; do
+  target=$(basename "$dir")
+  if ! "$build/${target}_fuzz" -rss_limit_mb=2048 "$dir"/* >"$build/$target.sequence.log" 2>&1; then
+    echo "fuzz $target: a replayed sequence FAILED (see $build/$target.sequence.log)"; tail -30 "$build/$target.sequence.log"
+    status=1; continue
+  fi
+  echo "fuzz $target: sequence of $(ls "$dir" | wc -l) inputs replayed in one process, no crash"
 done
 exit $status
