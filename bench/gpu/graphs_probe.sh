@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CUDA graphs of a launch (worker/torch/torch_runner_graph.cc) on one GPU: `tally run` of LRASPP (and
-# DeepLabV3) fp32 batch 32 on photograph-like PNGs with graphs on (the default; TALLY_CUDA_GRAPHS=1 says so) and off, each
-# job's per_image.csv compared with its graphs-off twin, the wall, the steady
+# DeepLabV3) fp32 batch 32 on photograph-like PNGs with graphs on (the default; TALLY_CUDA_GRAPHS=1
+# says so) and off, each job's per_image.csv compared with its graphs-off twin, the wall, the steady
 # rate, the CPU seconds of the command and its children and the pipeline's profile (ms a batch).
 #   OUT=/tmp/logs [COUNT=3200] [REPS=2] bash bench/gpu/graphs_probe.sh [STAGES]   (build,setup,speed,options,limits,deeplab)
 set -uo pipefail
