@@ -6,8 +6,10 @@
 
 #ifdef __CUDACC__
 #define TALLY_HD __host__ __device__ __forceinline__
+#define TALLY_UNROLL _Pragma("unroll")
 #else
 #define TALLY_HD inline
+#define TALLY_UNROLL
 #endif
 
 #endif  // TALLY_METRICS_HOST_DEVICE_H_

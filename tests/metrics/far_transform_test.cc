@@ -197,5 +197,43 @@ TEST(FarTransformTest, NearestZTakesTheLaterFeatureOnATie) {
   EXPECT_EQ(far_transform::NearestZ(fz, 1, 1, 5), far_transform::kNoZ);
 }
 
+// ArgMin's galloping search against a walk through the same envelope, and the site it names against a
+// brute-force minimum of f(p) + (q - p)^2 (integer costs: exact in doubles), for rows of every
+// density: one query, a few far apart, every position.
+TEST(FarTransformTest, ArgMinFindsTheWalksEntryAndALeastCostSite) {
+  std::mt19937 rng(45);
+  int rows = 0;
+  for (int n : {1, 2, 7, 64, 513}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<double> f(n);
+      std::uniform_int_distribution<int> cost(0, trial % 2 == 0 ? 4 : 400);
+      for (double& c : f) c = (rng() % 5 == 0) ? far_transform::Infinity() : cost(rng);
+      std::vector<int32_t> v(n + 1);
+      std::vector<double> z(n + 2);
+      Envelope env{v.data(), z.data(), 1};
+      env.Build(far_transform::ArrayCosts{f.data()}, n, 1.0);
+      std::vector<int> queries;
+      for (int q = 0; q < n; ++q) {
+        if (trial % 3 == 0 || rng() % (1 + trial % 7 * 20) == 0) queries.push_back(q);
+      }
+      int walk = 0;
+      for (int q : queries) {
+        const int site = env.ArgMin(q);
+        double least = far_transform::Infinity();
+        for (int p = 0; p < n; ++p) least = std::min(least, f[p] + double(q - p) * (q - p));
+        if (least == far_transform::Infinity()) {
+          EXPECT_EQ(site, -1);
+          continue;
+        }
+        while (z[walk + 1] < q) ++walk;
+        ASSERT_EQ(site, v[walk]) << "n " << n << " trial " << trial << " q " << q;
+        ASSERT_EQ(f[site] + double(q - site) * (q - site), least) << "n " << n << " trial " << trial << " q " << q;
+      }
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 200);
+}
+
 }  // namespace
 }  // namespace tally
