@@ -8,7 +8,8 @@
 # bit-for-bit tests (surface_kernel_test, every kind included).
 #   OUT=/tmp/logs [LABELS=2] [SHAPE=160,192,160] [KINDS="speckled filling"] [AB="VAR=value ..."] [FAR_CELLS_AB=N] bash bench/gpu/issue45_surfaces.sh [build,test,data,tally,cupyx]
 # AB: each kind again with each setting, timed and profiled (default: none). FAR_CELLS_AB=N: each kind
-# again with the far transform's batches limited to N cells (the default is 2^25 = 33554432).
+# again with the far transform's batches limited to N cells (the default is a 48th of the GPU's memory
+# in cells of 24 bytes, between 2^25 and 2^27).
 set -uo pipefail
 stages=${1:-build,test,data,tally,cupyx}
 source "$(dirname "$0")/lib.sh"

@@ -32,14 +32,16 @@ constexpr int kThreads = 256;
 unsigned Blocks(int64_t n) { return static_cast<unsigned>((std::max<int64_t>(n, 1) + kThreads - 1) / kThreads); }
 constexpr int kBudgetItems = static_cast<int>(kSurfaceQueryChunk) / kThreads;
 static_assert(kBudgetItems * kThreads == static_cast<int>(kSurfaceQueryChunk), "a budget chunk per block");
-// The far transform takes the slices holding far queries in batches: at most this many cells (box
-// voxels of the batch's slices, 24 bytes each of device memory), so a 512 x 512 box takes about 120
-// slices at once (FarCells). Each pass runs a thread per envelope (a slice's column, a query row):
-// smaller batches leave the GPU short of threads, larger ones spill the batch's z pass out of L2.
-// On an H200, a 2-label prediction speckled over 605 box slices: 2^22 cells 0.094 s, 2^23 0.063,
-// 2^24 0.047, 2^25 0.043, 2^27 0.051 (BENCHMARKS.md, issue 45 item 3). TALLY_SURFACE3D_FAR_CELLS=N
-// (benchmarks, tests): another limit.
-constexpr int64_t kFarCells = int64_t{1} << 25;
+// The far transform takes the slices holding far queries in batches of at most FarCells() cells (box
+// voxels of the batch's slices, 24 bytes each of device memory): a 48th of the device's memory,
+// between 2^25 and 2^27 cells (a 512 x 512 box: 127 to 510 slices at once). Each pass runs a thread
+// per envelope (a slice's column, a query row), a chain of steps as long as the box is wide, so a
+// batch takes about as long as one chain whatever its size until the GPU is full: fewer, larger
+// batches are faster. On an H200, a 2-label speckled 512x512x300 prediction's far transforms
+// (605 box slices, both directions): 2^25 cells 11.8 ms, 2^26 10.1, 2^27 8.5, 2^28 8.5; fragmented
+// 5.8, 4.8, 3.8, 3.7 (BENCHMARKS.md, issue 45 item 3). TALLY_SURFACE3D_FAR_CELLS=N (benchmarks,
+// tests): another limit.
+constexpr int64_t kFarCellsLeast = int64_t{1} << 25, kFarCellsMost = int64_t{1} << 27;
 
 // A bitmap's box: its first voxel and its extent along y and x.
 struct Box {
@@ -403,10 +405,10 @@ struct Profile {
 // (held under DeviceMutex) that keeps up to PoolKeep() bytes from call to call, so that a stream of
 // volumes does not map and unmap its buffers every time; more goes back to the device at the
 // stream's next synchronisation. Without memory pools: cudaMalloc and cudaFree.
-// A 512x512x300 pair takes about 1.4 GB (labels 157 MB, edge maps 314 MB, the far transform's
-// batches up to 805 MB): a 32nd of the device's memory, between 512 MiB and 2 GiB, stays mapped
-// (2 GiB on an 80 GB GPU, 768 MB on a 24 GB one, beside the model). TALLY_SURFACE3D_POOL_KEEP_MB=N
-// (benchmarks): another amount.
+// A 512x512x300 pair takes about 0.6 GB besides the far transform (labels 157 MB, edge maps 314 MB,
+// the queries' scratch), whose batches take up to a 48th of the device's memory (FarCells): a 32nd, between 512 MiB and 4 GiB,
+// stays mapped (4 GiB on a 141 GB GPU, 2.7 GB on an 80 GB one, 768 MB on a 24 GB one, beside the
+// model). TALLY_SURFACE3D_POOL_KEEP_MB=N (benchmarks): another amount.
 uint64_t PoolKeep(int device) {
   if (const char* env = std::getenv("TALLY_SURFACE3D_POOL_KEEP_MB"); env != nullptr && std::atoll(env) >= 0) {
     return static_cast<uint64_t>(std::atoll(env)) << 20;
@@ -419,7 +421,7 @@ uint64_t PoolKeep(int device) {
     total = total_bytes;
   }
   cudaGetLastError();
-  return std::min(std::max(total / 32, uint64_t{512} << 20), uint64_t{2} << 30);
+  return std::min(std::max(total / 32, uint64_t{512} << 20), uint64_t{4} << 30);
 }
 
 cudaMemPool_t Pool(int device) {
@@ -712,18 +714,22 @@ struct Scratch {
 };
 
 // The most cells (24 bytes each, a box slice needing (H + 1) x W) the far transform's batches may
-// take: kFarCells, less on a device short of memory (an eighth of its free memory), but always one
-// slice of the volume.
+// take: a 48th of the device's memory between kFarCellsLeast and kFarCellsMost, less on a device
+// short of memory (an eighth of its free memory), but always one slice of the volume.
 int64_t FarCells(const Volume3& v) {
-  size_t free_bytes = 0, total_bytes = 0;
   static const int64_t limit = [] {
     const char* env = std::getenv("TALLY_SURFACE3D_FAR_CELLS");
-    return env != nullptr && std::atoll(env) > 0 ? static_cast<int64_t>(std::atoll(env)) : kFarCells;
+    return env != nullptr && std::atoll(env) > 0 ? static_cast<int64_t>(std::atoll(env)) : int64_t{0};
   }();
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool known = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  cudaGetLastError();
   int64_t cells = limit;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-    cells = std::min<int64_t>(cells, static_cast<int64_t>(free_bytes / 8 / 24));
+  if (cells == 0) {
+    cells = known ? std::clamp(static_cast<int64_t>(total_bytes / 48 / 24), kFarCellsLeast, kFarCellsMost)
+                  : kFarCellsLeast;
   }
+  if (known) cells = std::min<int64_t>(cells, static_cast<int64_t>(free_bytes / 8 / 24));
   return std::max<int64_t>(cells, (v.g.height + 1) * (v.g.width + 1));
 }
 
