@@ -410,9 +410,9 @@ struct Profile {
 // volumes does not map and unmap its buffers every time; more goes back to the device at the
 // stream's next synchronisation. Without memory pools: cudaMalloc and cudaFree.
 // A 512x512x300 pair takes about 0.6 GB besides the far transform (labels 157 MB, edge maps 314 MB,
-// the queries' scratch), whose batches take up to a 48th of the device's memory (FarCells): a 32nd, between 512 MiB and 4 GiB,
-// stays mapped (4 GiB on a 141 GB GPU, 2.7 GB on an 80 GB one, 768 MB on a 24 GB one, beside the
-// model). TALLY_SURFACE3D_POOL_KEEP_MB=N (benchmarks): another amount.
+// the queries' scratch), whose batches take up to a 48th of the device's memory (FarCells): a 32nd,
+// between 512 MiB and 4 GiB, stays mapped (4 GiB on a 141 GB GPU, 2.7 GB on an 80 GB one, 768 MB on
+// a 24 GB one, beside the model). TALLY_SURFACE3D_POOL_KEEP_MB=N (benchmarks): another amount.
 uint64_t PoolKeep(int device) {
   if (const char* env = std::getenv("TALLY_SURFACE3D_POOL_KEEP_MB"); env != nullptr && std::atoll(env) >= 0) {
     return static_cast<uint64_t>(std::atoll(env)) << 20;
