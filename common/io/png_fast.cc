@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/io/image_io.h"
 
@@ -216,18 +217,10 @@ bool TooLarge(const Header& h, int64_t max_pixels, int* height, int* width) {
 }
 
 // Gives the thread's scratch buffers back to the allocator when an outlier image grew them.
-class ScratchReleaser {
- public:
-  ScratchReleaser(std::vector<uint8_t>* a, std::vector<uint8_t>* b) : a_(a), b_(b) {}
-  ~ScratchReleaser() {
-    ShrinkIfLarger(a_, kKeepBufferBytes);
-    ShrinkIfLarger(b_, kKeepBufferBytes);
-  }
-
- private:
-  std::vector<uint8_t>* a_;
-  std::vector<uint8_t>* b_;
-};
+void ReleaseScratch(std::vector<uint8_t>* idat, std::vector<uint8_t>* raw) {
+  ShrinkIfLarger(idat, kKeepBufferBytes);
+  ShrinkIfLarger(raw, kKeepBufferBytes);
+}
 
 }  // namespace
 
@@ -235,7 +228,7 @@ PngFastResult DecodePngRgbFast(const std::string& bytes, int64_t max_pixels, int
                                std::vector<uint8_t>* rgb, std::string* error) {
   Header h;
   thread_local std::vector<uint8_t> idat, raw;
-  ScratchReleaser release(&idat, &raw);
+  absl::Cleanup release = [] { ReleaseScratch(&idat, &raw); };
   PngFastResult r = Parse(bytes, &h, &idat, error);
   if (r != PngFastResult::kOk) return r;
   if (TooLarge(h, max_pixels, height, width)) return PngFastResult::kTooLarge;
@@ -276,7 +269,7 @@ PngFastResult DecodePngLabelsFast(const std::string& bytes, int64_t max_pixels, 
                                   std::vector<uint16_t>* labels, std::string* error) {
   Header h;
   thread_local std::vector<uint8_t> idat, raw;
-  ScratchReleaser release(&idat, &raw);
+  absl::Cleanup release = [] { ReleaseScratch(&idat, &raw); };
   PngFastResult r = Parse(bytes, &h, &idat, error);
   if (r != PngFastResult::kOk) return r;
   if (TooLarge(h, max_pixels, height, width)) return PngFastResult::kTooLarge;
