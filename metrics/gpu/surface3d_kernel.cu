@@ -668,10 +668,12 @@ std::string GroupByClass(int16_t* const edge[2], const Volume3& v, cudaStream_t 
   return "";
 }
 
-// The far transform's batch storage (gz, envelopes, the y pass's results: 24 bytes a cell), taken
+// The far transform's batch storage (gz, envelopes, the y pass's results: kCellBytes a cell), taken
 // once a call and grown when a direction needs more: allocated for each direction, its hundreds of
 // MB went back to the device at the next synchronisation and were mapped again for the next one.
 struct FarStorage {
+  static constexpr int64_t kCellBytes = 2 * sizeof(int32_t) + sizeof(far_transform::RowBest) + sizeof(double);
+  static_assert(kCellBytes == 24, "the 24 bytes a cell that the comments and BENCHMARKS.md count");
   DeviceBuffers* mem;
   int64_t cells = 0;
   int32_t *gz = nullptr, *v = nullptr;
@@ -717,7 +719,7 @@ struct Scratch {
   size_t temp_bytes;
 };
 
-// The most cells (24 bytes each, a box slice needing (H + 1) x W) the far transform's batches may
+// The most cells (FarStorage::kCellBytes each, a box slice needing (H + 1) x W) the far transform's batches may
 // take: a 48th of the device's memory between kFarCellsLeast and kFarCellsMost, less on a device
 // short of memory (an eighth of its free memory), but always one slice of the volume.
 int64_t FarCells(const Volume3& v) {
@@ -730,10 +732,11 @@ int64_t FarCells(const Volume3& v) {
   cudaGetLastError();
   int64_t cells = limit;
   if (cells == 0) {
-    cells = known ? std::clamp(static_cast<int64_t>(total_bytes / 48 / 24), kFarCellsLeast, kFarCellsMost)
+    cells = known ? std::clamp(static_cast<int64_t>(total_bytes / 48 / FarStorage::kCellBytes), kFarCellsLeast,
+                               kFarCellsMost)
                   : kFarCellsLeast;
   }
-  if (known) cells = std::min<int64_t>(cells, static_cast<int64_t>(free_bytes / 8 / 24));
+  if (known) cells = std::min<int64_t>(cells, static_cast<int64_t>(free_bytes / 8 / FarStorage::kCellBytes));
   return std::max<int64_t>(cells, (v.g.height + 1) * (v.g.width + 1));
 }
 
