@@ -1,5 +1,5 @@
-# Tally in a container (CPU image; the GPU variant is described at the end and in README
-# "Deployment"). Stages: the build is the README's own (scripts/install-deps.sh, then
+# Tally in a container (CPU image; the GPU variant is described at the end and in docs/deployment.md).
+# Stages: the build is the README's own (scripts/install-deps.sh, then
 # scripts/build.sh, on Debian bookworm), the runtime image holds the binaries, the Python package
 # and the shared libraries they link (tests/integration/test_deploy.py keeps that list true).
 #
@@ -46,7 +46,7 @@ RUN apt-get update \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/tally --create-home tally
 COPY --from=binaries /opt/tally /opt/tally
 ENV PATH=/opt/tally/bin:$PATH
-# malloc's large areas on transparent huge pages (as `tally run` gives its own processes; README).
+# malloc's large areas on transparent huge pages (as `tally run` gives its own processes; docs/how-it-works.md).
 ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1
 USER tally
 WORKDIR /var/lib/tally

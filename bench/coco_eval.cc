@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "common/base/flag_util.h"
+#include "base/flag_util.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/io/coco_json.h"
+#include "common/coco/coco_json.h"
 #include "metrics/coco_eval.h"
 #include "metrics/coco_rle.h"
 

@@ -17,16 +17,17 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
-#include "common/base/flag_util.h"
-#include "common/io/volume_io.h"
+#include "base/flag_util.h"
+#include "common/formats/volume.h"
 #if TALLY_CUDA_KERNELS
 #include "metrics/gpu/surface3d_kernel.h"
 #endif
-#include "common/io/image_io.h"
-#include "common/io/manifest.h"
+#include "common/formats/decode.h"
+#include "common/sources/manifest.h"
 #include "metrics/label_counts.h"
 #include "metrics/overlap.h"
 #include "metrics/surface_distance.h"
+#include "common/sources/row_files.h"
 
 ABSL_FLAG(std::string, mode, "metrics", "metrics, decode or surface3d");
 ABSL_FLAG(std::string, pred, "", "surface3d: predicted label volume (NIfTI)");

@@ -1,4 +1,4 @@
-// tally-load-worker: a fake worker for loading tallyd (issue 36). It speaks the real WorkerControl
+// tally-load-worker: a fake worker for loading tallyd. It speaks the real WorkerControl
 // API (RegisterWorker, AcquireShard as a long poll, one ReportResults per shard, Heartbeat listing
 // its lease) but opens no image and runs no model: every row's result is made up from its index
 // alone (LoadRowCounts below; bench/load_bench.py computes the same numbers independently to check
@@ -21,7 +21,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
-#include "common/base/flag_util.h"
+#include "base/flag_util.h"
 #include "proto/tally.grpc.pb.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "tallyd's address");

@@ -1,5 +1,5 @@
 // tally-make-coco: a deterministic COCO-val2017-sized synthetic instance set for benchmarks
-// (README "Instances", BENCHMARKS.md): instance annotations and a results file of detections, both
+// (docs/instances.md "Instances", BENCHMARKS.md): instance annotations and a results file of detections, both
 // with compressed RLE masks.
 //
 //   tally-make-coco --out /data/coco-bench --images 5000 --detections 100
@@ -11,7 +11,7 @@
 // the rest false positives of random categories and places, scores uniform in (0, 1). Image i
 // depends only on (--seed, i). No image files are written: a results job reads none.
 //
-// --shapes realistic (issue 45 item 5): objects as COCO has them instead of convex ellipses and
+// --shapes realistic: objects as COCO has them instead of convex ellipses and
 // rectangles. References are polygons (as COCO's annotations are; 2-decimal vertices, 12-40 of
 // them) of irregular star-shaped outlines (a few harmonics of the radius: concave, several runs a
 // column), 15% in two parts (an occluded object), crowd regions as uncompressed RLE; detections are
@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "common/base/flag_util.h"
+#include "base/flag_util.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"

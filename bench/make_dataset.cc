@@ -21,8 +21,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
-#include "common/base/flag_util.h"
-#include "common/io/image_io.h"
+#include "base/flag_util.h"
+#include "common/formats/decode.h"
+#include "common/formats/png.h"
+#include "common/formats/jpeg.h"
 
 ABSL_FLAG(std::string, out, "", "Output folder (created): manifest.csv, images/, masks/");
 ABSL_FLAG(int, count, 100, "Number of image/mask pairs");

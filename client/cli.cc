@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "common/base/build_info.h"
+#include "base/build_info.h"
 
 namespace tally {
 namespace {
@@ -211,7 +211,7 @@ std::string GeneralHelp() {
   out += "\n`tally VERB --help` lists a verb's flags. Flags accept dashes or underscores.\n";
   out += "Exit codes: 0 succeeded, 1 failed (or an error), 2 bad usage, 3 succeeded but more rows failed than\n"
          "--max-failed-fraction allows (default 0: any), 4 cancelled, 5 tallyd unreachable, 6 timed out (--timeout),\n"
-         "130 interrupted. See README.md.\n";
+         "130 interrupted. See docs/cli.md.\n";
   return out;
 }
 

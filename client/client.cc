@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "common/base/backoff.h"
-#include "common/base/file_util.h"
+#include "base/backoff.h"
+#include "base/file_util.h"
 #include "common/job/job_config.h"
 #include "common/job/rpc.h"
 

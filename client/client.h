@@ -15,7 +15,7 @@
 
 namespace tally {
 
-// Exit codes of `tally` (README "CLI"): 0 succeeded, 1 failed (or an error), 2 bad usage, 3 the job
+// Exit codes of `tally` (docs/cli.md "CLI"): 0 succeeded, 1 failed (or an error), 2 bad usage, 3 the job
 // succeeded but more rows failed than its max_failed_fraction allows, 4 cancelled, 5 tallyd could
 // not be reached, 6 timed out (watch/wait --timeout), 130 interrupted.
 inline constexpr int kExitSucceeded = 0;

@@ -15,7 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "common/base/json_writer.h"
+#include "base/json_writer.h"
 
 namespace tally {
 namespace {

@@ -9,13 +9,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/base/file_util.h"
-#include "common/base/flag_util.h"
-#include "common/io/manifest.h"
-#include "common/io/thumbnail.h"
+#include "base/file_util.h"
+#include "base/flag_util.h"
+#include "common/sources/manifest.h"
+#include "common/formats/thumbnail.h"
 #include "common/job/job_config.h"
 #include "common/job/job_spec_validation.h"
 #include "metrics/catalogue.h"
+#include "base/text.h"
 
 namespace tally {
 namespace {

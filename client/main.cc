@@ -6,7 +6,7 @@
 //   tally watch|status|cancel|report JOB_ID --server host:50051 [--out DIR]
 //   tally jobs --server host:50051
 //
-// Flags accept dashes or underscores. See README "CLI" for every flag. Every flag is defined here;
+// Flags accept dashes or underscores. See docs/cli.md "CLI" for every flag. Every flag is defined here;
 // each verb (client/verbs/) takes the ones it uses as a typed struct, read below.
 #include <iostream>
 #include <string>
@@ -20,7 +20,7 @@
 #include "client/client.h"
 #include "client/verbs/verb_util.h"
 #include "client/verbs/verbs.h"
-#include "common/base/flag_util.h"
+#include "base/flag_util.h"
 #include "common/job/rpc.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tallyd address (host:port) for submit/watch/status/...");
@@ -117,14 +117,14 @@ ABSL_FLAG(double, max_failed_fraction, 0,
 ABSL_FLAG(int, thumbnails, 5, "report.html: thumbnails of this many worst images per class (0-10; 0 = none)");
 ABSL_FLAG(std::string, save_predictions, "",
           "Models: write every predicted label map into this folder on the worker hosts, as <id>.png");
-// COCO instance jobs (README "Instances").
+// COCO instance jobs (docs/instances.md "Instances").
 ABSL_FLAG(std::string, coco, "",
           "COCO instance annotations (instances.json): without --manifest, one row per image (with --images), scored "
           "as instances (COCO mask AP); with a manifest, resolves its coco_ann_ids column");
 ABSL_FLAG(std::string, images, "",
           "With --masks: the folder of images, paired with masks by their path without extension (recursive); with "
           "--coco: the folder images[].file_name is relative to");
-ABSL_FLAG(std::string, masks, "", "With --images: the folder of masks (README \"Where your data can be\")");
+ABSL_FLAG(std::string, masks, "", "With --images: the folder of masks (docs/data.md \"Two folders\")");
 ABSL_FLAG(std::string, mask_suffix, "",
           "With --images/--masks: what mask names add before their extension (001_mask.png: _mask)");
 ABSL_FLAG(std::string, shards, "",

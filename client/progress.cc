@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
-#include "common/base/clock.h"
-#include "common/base/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "common/job/rpc.h"
 
 namespace tally {

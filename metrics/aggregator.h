@@ -102,7 +102,7 @@ struct ClassAggregate {
   int64_t reference_images = 0;  // Images whose reference mask holds the class (tp + fn > 0).
   int64_t predicted_images = 0;  // Images where the model predicts it (tp + fp > 0).
   // In the foreground means: a foreground class (or region) present in at least one reference
-  // mask. The same classes for every metric (README "Aggregation").
+  // mask. The same classes for every metric (docs/metrics.md "Aggregation").
   bool in_foreground_mean = false;
   std::array<Histogram, kNumMetrics> histograms;  // Of the selected metrics.
 };

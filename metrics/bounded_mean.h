@@ -1,5 +1,5 @@
 // Intervals for the mean of per-image values in [0, 1] (Dice) that hold their coverage at every
-// sample size and for every population, skewed ones included (README "Intervals"). A normal interval
+// sample size and for every population, skewed ones included (docs/metrics.md "Intervals"). A normal interval
 // does not: when a few images score far below the rest, a small sample usually holds none of them,
 // its spread is tiny, and the interval misses the mean (simulated: 38 % coverage at n = 15). Any
 // interval that covers there must use that the values lie in [0, 1]; this one is the betting
@@ -26,7 +26,7 @@
 // The order matters to the bits but not to the coverage: callers pass the rows in the order the job
 // drew them (positions of --order random) or by a key of the rows alone (RowKey), never by value.
 // Below kMinIntervalRows rows no interval is given (the tests' simulation holds >= 93 % coverage from
-// 10 rows on skewed populations; README "Intervals" says why none is shown below).
+// 10 rows on skewed populations; docs/metrics.md "Intervals" says why none is shown below).
 #ifndef TALLY_METRICS_BOUNDED_MEAN_H_
 #define TALLY_METRICS_BOUNDED_MEAN_H_
 

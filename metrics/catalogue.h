@@ -1,7 +1,7 @@
 // The metric catalogue: every per-image metric Tally reports, its name, and the canonical order of
 // per_image.csv's columns and report.json's fields. Each family's definition and reference is in
 // its own file: overlap.h (dice, iou, precision, recall, specificity, accuracy from confusion
-// counts), surface_distance.h (hd, hd95, assd, nsd). README "Metrics" has the full table and the
+// counts), surface_distance.h (hd, hd95, assd, nsd). docs/metrics.md "Metrics" has the full table and the
 // comparison with MONAI, nnU-Net and torchmetrics.
 #ifndef TALLY_METRICS_CATALOGUE_H_
 #define TALLY_METRICS_CATALOGUE_H_

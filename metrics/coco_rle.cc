@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/base/checked_math.h"
+#include "base/checked_math.h"
 
 namespace tally {
 namespace {

@@ -1,4 +1,4 @@
-// Connected components of a binary mask, 2D or 3D: the ground of lesion-wise metrics (issue 31).
+// Connected components of a binary mask, 2D or 3D: the ground of lesion-wise metrics.
 //
 // Definitions: voxels are neighbours when they share a face (3D connectivity 6, 2D 4), a face or an
 // edge (18; 2D 8 is faces and corners), or a face, an edge or a corner (26). Components are numbered

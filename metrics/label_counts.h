@@ -12,9 +12,14 @@
 
 namespace tally {
 
-// What an ignored reference pixel holds once a worker has prepared a mask (common/io/image_io.h
+// What an ignored reference pixel holds once a worker has prepared a mask (common/formats/decode.h
 // PrepareMask): -1 as int16, which every count leaves out whatever the job's ignore index was.
 inline constexpr uint16_t kIgnoredPixel = 0xFFFF;
+
+// Most classes (or regions) a job may have: results carry one entry per class.
+inline constexpr int kMaxClasses = 4096;
+// A job's ignore index when no label is ignored.
+inline constexpr int kNoIgnoreIndex = -1;
 
 // Per class in [0, num_classes): labels of either map at or above num_classes (other than an
 // ignored reference pixel) must not occur; the caller checks (LabelsBelow).

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status_macros.h"
+#include "base/status_macros.h"
 #include "metrics/connected_components.h"
 #include "metrics/surface_distance.h"
 

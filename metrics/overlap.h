@@ -11,7 +11,7 @@
 // Every value is one division of two doubles holding exact integer counts (< 2^53), so the result is
 // the correctly rounded quotient: the same bits as numpy's and torchmetrics' float64 formulas.
 // EmptyScore::kOne (LISA/ReLA's referring-segmentation convention) scores dice and iou 1 instead of
-// NaN where prediction and reference are both empty. README "Metrics" compares the conventions.
+// NaN where prediction and reference are both empty. docs/metrics.md "Metrics" compares the conventions.
 #ifndef TALLY_METRICS_OVERLAP_H_
 #define TALLY_METRICS_OVERLAP_H_
 

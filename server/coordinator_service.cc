@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/job/rpc.h"
 #include "grpcpp/alarm.h"
 #include "server/grpc_util.h"

@@ -8,10 +8,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/security/auth_tokens.h"
-#include "common/base/file_util.h"
-#include "common/base/log.h"
+#include "base/file_util.h"
+#include "base/log.h"
 #include "common/process/sd_notify.h"
-#include "common/base/status_macros.h"
+#include "base/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/grpc_util.h"
 

@@ -1,4 +1,4 @@
-// CUDA's initialisation started before main() in a GPU tally-worker (issue 14, goal 4).
+// CUDA's initialisation started before main() in a GPU tally-worker, so that it overlaps the loading of LibTorch.
 //
 // A GPU worker's process spends ~0.3 s in LibTorch's static initialisers before main() runs, and
 // CUDA's initialisation (the driver, then the device's primary context) takes another ~0.3 s that

@@ -12,16 +12,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/base/clock.h"
-#include "common/io/image_io.h"
+#include "base/clock.h"
+#include "common/formats/decode.h"
 #include "common/job/job_config.h"
-#include "common/base/json_writer.h"
-#include "common/base/log.h"
-#include "common/io/manifest.h"
+#include "base/json_writer.h"
+#include "base/log.h"
+#include "common/sources/manifest.h"
 #include "metrics/overlap.h"
-#include "common/base/status_macros.h"
+#include "base/status_macros.h"
 #include "common/process/subprocess.h"
 #include "worker/interfaces/model_runner.h"
+#include "common/sources/row_files.h"
 
 namespace tally {
 namespace {

@@ -35,15 +35,16 @@
 #include "absl/strings/str_format.h"
 #include "common/security/auth_tokens.h"
 #include "common/security/data_roots.h"
-#include "common/base/flag_util.h"
-#include "common/base/log.h"
-#include "common/base/status_macros.h"
+#include "base/flag_util.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 #include "common/process/signals.h"
-#include "common/io/image_io.h"
+#include "common/formats/decode.h"
 #include "common/job/rpc.h"
 #include "worker/early_cuda.h"
 #include "worker/estimate.h"
 #include "worker/worker.h"
+#include "common/sources/row_files.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");

@@ -30,7 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/base/backoff.h"
+#include "base/backoff.h"
 #include "common/security/channel_security.h"
 #include "common/job/job_config.h"
 #include "grpcpp/grpcpp.h"
@@ -59,7 +59,7 @@ struct WorkerOptions {
   bool cudnn_benchmark = false;
   // TorchScript's profiling executor optimisations (fusion). Off by default: on the benchmark
   // models they gave no speed and cost 0.7-1 s of start-up, 3 s more with the layout trial
-  // (BENCHMARKS.md, issue 14).
+  // (BENCHMARKS.md).
   bool jit_optimize = false;
   // Where --channels-last auto's trial results are kept between processes (one small file per
   // model file's SHA-256, runner options, batch shape, GPU and library versions), so a model that

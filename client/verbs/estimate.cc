@@ -10,8 +10,8 @@
 #include "absl/time/time.h"
 #include "client/job_flags.h"
 #include "client/verbs/verb_util.h"
-#include "common/base/clock.h"
-#include "common/base/file_util.h"
+#include "base/clock.h"
+#include "base/file_util.h"
 #include "common/process/subprocess.h"
 
 namespace tally {

@@ -1,11 +1,11 @@
 // tally run: a whole evaluation on this machine (client/local_run.h).
 #include "absl/strings/str_cat.h"
 #include "client/job_flags.h"
-#include "client/folder_pairs.h"
+#include "common/sources/folder_pairs.h"
 #include "client/local_run.h"
 #include "client/verbs/verb_util.h"
-#include "common/base/file_util.h"
-#include "common/base/flag_util.h"
+#include "base/file_util.h"
+#include "base/flag_util.h"
 
 namespace tally {
 namespace {

@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "client/verbs/verb_util.h"
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/security/auth_tokens.h"
 
 namespace tally {

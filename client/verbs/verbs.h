@@ -36,23 +36,23 @@ struct JobFlags {
   double max_failed_fraction = 0;
   int thumbnails = 5;
   std::string save_predictions;
-  std::string coco, coco_images, coco_results;  // COCO jobs (README "Instances").
-  // README "Where your data can be": two folders (--images = coco_images, --masks), tar shards.
+  std::string coco, coco_images, coco_results;  // COCO jobs (docs/instances.md "Instances").
+  // docs/data.md "Where your data can be": two folders (--images = coco_images, --masks), tar shards.
   std::string masks, mask_suffix, shards, image_ext, mask_ext, prediction_ext;
   std::string coco_panoptic, panoptic_dir, panoptic_predictions, panoptic_predictions_dir;
   std::vector<std::string> model_options;  // KEY=VALUE, repeatable.
   std::vector<std::string> labels;         // KEY=VALUE, repeatable.
-  // Lesion-wise metrics (README "Lesion-wise metrics"); defaults are BraTS-GLI's.
+  // Lesion-wise metrics (docs/metrics.md "Lesion-wise metrics"); defaults are BraTS-GLI's.
   int connectivity = 0;
   int lesion_dilation = 3;
   double lesion_min_volume = 50, lesion_max_hd95 = 374, lesion_iou = 0;
-  // Volume jobs (README "Volumes into models").
+  // Volume jobs (docs/volumes.md "Volumes into models").
   std::string sliding_window, intensity;
   std::string window;  // --window CENTRE,WIDTH (16-bit and DICOM images).
   double overlap = 0.5;
   int sw_batch_size = 0;
   bool keep_dtype = false;
-  // Answers before the end (README "Answers before the end").
+  // Answers before the end (docs/metrics.md "Answers before the end").
   std::string order;               // manifest | random[:SEED]; "": manifest unless sampling
   double until_ci = 0;
   int64_t min_rows = 0;

@@ -8,9 +8,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
-#include "common/base/file_util.h"
-#include "common/base/status_macros.h"
-#include "common/io/thumbnail.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "common/formats/thumbnail.h"
 
 namespace tally {
 

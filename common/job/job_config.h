@@ -19,9 +19,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/io/image_io.h"
+#include "common/formats/decode.h"
 #include "common/security/data_roots.h"
 #include "metrics/catalogue.h"
+#include "metrics/label_counts.h"
 #include "metrics/lesion.h"
 #include "metrics/overlap.h"
 #include "metrics/surface_distance.h"
@@ -114,11 +115,11 @@ struct JobConfig {
   std::vector<double> iou_thresholds;            // Sorted, in [0, 1].
   double max_failed_fraction = 0;                // In [0, 1]; more failed rows is a warning.
   bool TooManyFailed(int64_t failed, int64_t total) const;
-  // Report thumbnails: the worst rows of each class that get one (common/io/thumbnail.h); 0 = none.
+  // Report thumbnails: the worst rows of each class that get one (common/formats/thumbnail.h); 0 = none.
   int thumbnails = 5;
   // Non-empty: workers write every predicted label map into this folder (absolute) as <id>.png.
   std::string save_predictions;
-  // COCO jobs (README "Instances"): the instance annotations; rows made from its images
+  // COCO jobs (docs/instances.md "Instances"): the instance annotations; rows made from its images
   // (instance_job) or a manifest whose coco_ann_ids name references (referring); detections from
   // coco_results instead of a model. Categories by id, as the coordinator read them at submission.
   std::string coco;
@@ -140,7 +141,7 @@ struct JobConfig {
   // Lesion-wise metrics (a lesion_ metric selected): connectivity, dilation, min_volume, max_hd95,
   // iou_threshold as metrics/lesion.h; the spacing comes from each row.
   LesionOptions lesion;
-  // Volume jobs (README "Volumes into models"): NIfTI images into a model.
+  // Volume jobs (docs/volumes.md "Volumes into models"): NIfTI images into a model.
   bool volume_inputs = false;
   bool volume_job() const { return volume_inputs && !model.empty(); }
   std::array<int, 3> sliding_window{};  // z, y, x; all 0: whole volumes.
@@ -151,7 +152,7 @@ struct JobConfig {
   double clip_low = 0, clip_high = 0;
   std::string intensity_name = "none";  // As given: none | zscore | clip:LO,HI.
   bool keep_dtype = false;
-  // 16-bit and DICOM images: --window (README "Where your data can be"); not given: NaN.
+  // 16-bit and DICOM images: --window (docs/data.md "Where your data can be"); not given: NaN.
   Window window;
   // The manifest's 'page' column among manifest_columns (TIFF pages), or -1.
   int page_column = -1;
@@ -167,11 +168,6 @@ bool TooManyFailedRows(int64_t failed, int64_t total, double max_failed_fraction
 // plain file name (no '/', no control character, not "." or "..", at most 200 bytes), else
 // "row<index>.png"; volume jobs' end in ".nii.gz".
 std::string PredictionFileName(const std::string& id, int64_t index, absl::string_view extension = ".png");
-
-// Most classes (or regions) a job may have: results carry one entry per class.
-inline constexpr int kMaxClasses = 4096;
-
-inline constexpr int kNoIgnoreIndex = -1;
 
 // Reads a spec as the coordinator stored it. Specs stored before a field existed read as its
 // default. Errors name the field.

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/file_util.h"
-#include "common/io/image_io.h"
+#include "base/file_util.h"
+#include "common/formats/decode.h"
 #include "common/security/data_roots.h"
 #include "common/job/job_config.h"
 #include "metrics/overlap.h"
-#include "common/base/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tally {
 
@@ -136,7 +136,7 @@ absl::Status Canonicalise(v1::JobSpec* spec, bool check_files) {
   return absl::OkStatus();
 }
 
-// COCO jobs (README "Instances"): the annotation file (and results) inside the data roots and
+// COCO jobs (docs/instances.md "Instances"): the annotation file (and results) inside the data roots and
 // present; rows from its images need an image folder, and a model or a results file.
 // Paths a COCO job names: absolute, inside the data roots, present.
 absl::Status CheckCocoPaths(std::initializer_list<std::pair<const char*, std::string*>> paths, bool check_files) {
@@ -164,7 +164,7 @@ void CountingMetricsByDefault(v1::JobSpec* spec) {
   for (const char* m : {"dice", "iou", "precision", "recall"}) spec->add_metrics(m);
 }
 
-// Panoptic jobs (README "Panoptic quality"): reference and predictions in COCO's panoptic format.
+// Panoptic jobs (docs/instances.md "Panoptic quality"): reference and predictions in COCO's panoptic format.
 absl::Status CheckPanoptic(v1::JobSpec* spec, bool check_files) {
   if (!spec->model().empty() || !spec->manifest().empty() || !spec->coco().empty()) {
     return absl::InvalidArgumentError(

@@ -13,7 +13,7 @@
 
 namespace tally {
 
-// Bounds on what a client may submit (README "Bad input").
+// Bounds on what a client may submit (docs/data.md "Bad input").
 inline constexpr size_t kMaxJobNameBytes = 256;
 inline constexpr size_t kMaxPathBytes = 4096;
 

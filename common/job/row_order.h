@@ -1,6 +1,6 @@
 // The order a job evaluates its manifest's rows in (JobSpec.random_order): the manifest's, or a
 // pseudo-random permutation fixed by a seed, so that every prefix of the evaluated rows is a
-// uniform random sample of the manifest (README "Answers before the end"). The coordinator works in
+// uniform random sample of the manifest (docs/metrics.md "Answers before the end"). The coordinator works in
 // positions: shards are ranges [begin, end) of positions, the row at position p is IndexAt(p), and
 // results, which name their manifest index, are placed back with PositionOf.
 //

@@ -28,7 +28,7 @@ bool IsTerminal(v1::JobState state);
 // With gRPC 1.51 (Debian's), dropping the last reference (the server's or the last channel's
 // destructor) runs grpc_shutdown, which joins gRPC's executor threads; one of them may sit in the
 // TCP backup poller's wait after a large write that met a full socket (a big lease, a report) and
-// let it run out: seconds of an exit spent on nothing (issue 45: `tally run` lingering 5 s, tallyd
+// let it run out: seconds of an exit spent on nothing (seen on a GPU box: `tally run` lingering 5 s, tallyd
 // killed by its caller's grace period, a worker SIGKILLed after its stop). Everything Tally must
 // keep is written before that point, so the process exit ends those threads instead.
 void KeepGrpcUntilExit();

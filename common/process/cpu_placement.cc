@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 
 namespace tally {
 namespace {

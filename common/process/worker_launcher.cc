@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "common/base/clock.h"
-#include "common/base/log.h"
-#include "common/base/status_macros.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 #include "common/process/cpu_placement.h"
 
 namespace tally {

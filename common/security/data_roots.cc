@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 
 namespace tally {
 namespace {

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/security/data_roots.h"
 
 namespace tally {

@@ -1,4 +1,5 @@
 #include "metrics/gpu/surface3d_kernel.h"
+#include "metrics/gpu/surface3d_memory.h"
 
 #include "metrics/box_search.h"
 #include "metrics/far_transform.h"
@@ -28,6 +29,8 @@
 namespace tally {
 namespace {
 
+using namespace surface3d_internal;  // NOLINT: the memory helpers of this one kernel file.
+
 constexpr int kThreads = 256;
 unsigned Blocks(int64_t n) { return static_cast<unsigned>((std::max<int64_t>(n, 1) + kThreads - 1) / kThreads); }
 constexpr int kBudgetItems = static_cast<int>(kSurfaceQueryChunk) / kThreads;
@@ -39,7 +42,7 @@ static_assert(kBudgetItems * kThreads == static_cast<int>(kSurfaceQueryChunk), "
 // batch takes about as long as one chain whatever its size until the GPU is full: fewer, larger
 // batches are faster. On an H200, a 2-label speckled 512x512x300 prediction's far transforms
 // (605 box slices, both directions): 2^25 cells 11.8 ms, 2^26 10.1, 2^27 8.5, 2^28 8.5; fragmented
-// 5.8, 4.8, 3.8, 3.7 (BENCHMARKS.md, issue 45 item 3). TALLY_SURFACE3D_FAR_CELLS=N (benchmarks,
+// 5.8, 4.8, 3.8, 3.7 (BENCHMARKS.md "3D surfaces"). TALLY_SURFACE3D_FAR_CELLS=N (benchmarks,
 // tests): another limit.
 constexpr int64_t kFarCellsLeast = int64_t{1} << 25, kFarCellsMost = int64_t{1} << 27;
 
@@ -305,7 +308,7 @@ constexpr int kEnvelopeEntryBytes = 12;  // z (double) and v (int32).
 // SMs too few threads to hide the chains' latency, and global memory (cached) is faster there: on
 // an H200, 512x512x300 with 5 labels, shared-memory envelopes of 7 threads a block against global
 // ones, speckled 0.109 -> 0.066 s, fragmented 0.069 -> 0.050, filling 0.046 -> 0.033, smooth 0.027 ->
-// 0.025 (BENCHMARKS.md, issue 45 item 3). TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 (tests and benchmarks
+// 0.025 (BENCHMARKS.md "3D surfaces"). TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 (tests and benchmarks
 // only): every envelope in global memory; the values are the same either way.
 int SharedEnvelopeThreads(int n) {
   static const bool global_only = std::getenv("TALLY_SURFACE3D_GLOBAL_ENVELOPES") != nullptr;
@@ -360,159 +363,6 @@ PassShape ShapeFor(int64_t threads, int n) {
   if (per_block < 1) return PassShape{Blocks(threads), static_cast<unsigned>(kThreads), 0, false};
   return PassShape{static_cast<unsigned>((threads + per_block - 1) / per_block), static_cast<unsigned>(per_block),
                    static_cast<size_t>(per_block) * (n + 1) * kEnvelopeEntryBytes, true};
-}
-
-std::mutex& DeviceMutex() {
-  static std::mutex mu;
-  return mu;
-}
-
-// TALLY_SURFACE3D_PROFILE=1: where a call's time goes, to stderr (the stream drained at each mark).
-struct Profile {
-  cudaStream_t stream = nullptr;
-  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-  double near_ms = 0, far_ms[4] = {0, 0, 0, 0};  // Summed over the directions; far: set-up, z, y, x passes.
-  int64_t far_queries = 0, far_slices = 0;
-  static bool On() {
-    static const bool on = std::getenv("TALLY_SURFACE3D_PROFILE") != nullptr;
-    return on;
-  }
-  double Lap() {
-    if (stream != nullptr) cudaStreamSynchronize(stream);
-    const auto t = std::chrono::steady_clock::now();
-    const double ms = std::chrono::duration<double, std::milli>(t - t0).count();
-    t0 = t;
-    return ms;
-  }
-  void Add(double* into) {
-    if (On()) *into += Lap();
-  }
-  void Mark(const char* what) {
-    if (!On()) return;
-    const double ms = Lap();
-    const double far = far_ms[0] + far_ms[1] + far_ms[2] + far_ms[3];
-    if (near_ms + far > 0) {
-      std::fprintf(stderr,
-                   "surface3d profile: %s %.2f ms (box searches and budgets %.2f; far transforms %.2f: set-up %.2f, "
-                   "z %.2f, y %.2f, x %.2f; %lld queries on %lld slices)\n",
-                   what, ms + near_ms + far, near_ms, far, far_ms[0], far_ms[1], far_ms[2], far_ms[3],
-                   static_cast<long long>(far_queries), static_cast<long long>(far_slices));
-      near_ms = 0;
-      for (double& f : far_ms) f = 0;
-    } else {
-      std::fprintf(stderr, "surface3d profile: %s %.2f ms\n", what, ms);
-    }
-  }
-};
-
-// Device memory freed at scope exit, in stream order, from a pool of this file's own per device
-// (held under DeviceMutex) that keeps up to PoolKeep() bytes from call to call, so that a stream of
-// volumes does not map and unmap its buffers every time; more goes back to the device at the
-// stream's next synchronisation. Without memory pools: cudaMalloc and cudaFree.
-// A 512x512x300 pair takes about 0.6 GB besides the far transform (labels 157 MB, edge maps 314 MB,
-// the queries' scratch), whose batches take up to a 48th of the device's memory (FarCells): a 32nd,
-// between 512 MiB and 4 GiB, stays mapped (4 GiB on a 141 GB GPU, 2.7 GB on an 80 GB one, 768 MB on
-// a 24 GB one, beside the model). TALLY_SURFACE3D_POOL_KEEP_MB=N (benchmarks): another amount.
-uint64_t PoolKeep(int device) {
-  if (const char* env = std::getenv("TALLY_SURFACE3D_POOL_KEEP_MB"); env != nullptr && std::atoll(env) >= 0) {
-    return static_cast<uint64_t>(std::atoll(env)) << 20;
-  }
-  size_t free_bytes = 0, total_bytes = 0;
-  int current = 0;
-  uint64_t total = 0;
-  if (cudaGetDevice(&current) == cudaSuccess && current == device &&
-      cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-    total = total_bytes;
-  }
-  cudaGetLastError();
-  return std::min(std::max(total / 32, uint64_t{512} << 20), uint64_t{4} << 30);
-}
-
-cudaMemPool_t Pool(int device) {
-  static std::vector<cudaMemPool_t> pools;
-  static std::vector<bool> tried;
-  if (device < 0) return nullptr;
-  if (static_cast<size_t>(device) >= pools.size()) {
-    pools.resize(device + 1, nullptr);
-    tried.resize(device + 1, false);
-  }
-  if (!tried[device]) {
-    tried[device] = true;
-    int supported = 0;
-    cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device);
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    cudaMemPool_t pool = nullptr;
-    if (supported && cudaMemPoolCreate(&pool, &props) == cudaSuccess) {
-      uint64_t keep = PoolKeep(device);
-      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-      pools[device] = pool;
-    }
-    cudaGetLastError();
-  }
-  return pools[device];
-}
-
-struct DeviceBuffers {
-  cudaStream_t stream;
-  cudaMemPool_t pool;
-  std::vector<void*> held;
-  DeviceBuffers(cudaStream_t s, int device) : stream(s), pool(Pool(device)) {}
-  template <typename T>
-  T* Alloc(size_t count, cudaError_t* err) {
-    void* p = nullptr;
-    const size_t bytes = std::max<size_t>(1, count) * sizeof(T);
-    *err = pool != nullptr ? cudaMallocFromPoolAsync(&p, bytes, pool, stream) : cudaMalloc(&p, bytes);
-    if (*err == cudaSuccess) held.push_back(p);
-    return static_cast<T*>(p);
-  }
-  ~DeviceBuffers() {
-    for (void* p : held) pool != nullptr ? cudaFreeAsync(p, stream) : cudaFree(p);
-  }
-};
-
-// Page-locked host memory kept from call to call (used under DeviceMutex): the labels' staging on
-// the way up and the distances on the way back.
-struct PinnedBuffer {
-  void* p = nullptr;
-  size_t bytes = 0;
-  void* Get(size_t need, cudaError_t* err) {
-    *err = cudaSuccess;
-    if (need <= bytes) return p;
-    if (p != nullptr) cudaFreeHost(p);
-    p = nullptr;
-    bytes = 0;
-    *err = cudaHostAlloc(&p, need, cudaHostAllocPortable);
-    if (*err == cudaSuccess) bytes = need;
-    return p;
-  }
-};
-PinnedBuffer& Staging() {
-  static PinnedBuffer b;
-  return b;
-}
-PinnedBuffer& Returning() {
-  static PinnedBuffer b;
-  return b;
-}
-
-std::string Why(cudaError_t e, const char* what) {
-  cudaGetLastError();
-  return std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e);
-}
-
-#define TALLY_CUDA_OR_RETURN(expr)                    \
-  do {                                                \
-    const cudaError_t tally_err = (expr);             \
-    if (tally_err != cudaSuccess) return Why(tally_err, #expr); \
-  } while (0)
-
-int BitsFor(uint64_t v) {
-  int b = 1;
-  while (b < 64 && (v >> b) != 0) ++b;
-  return b;
 }
 
 // Both maps into `labels` (pred's n, then ref's n) through page-locked staging, a slab at a time

@@ -8,7 +8,7 @@ A model is a plain class; nothing here needs importing to write one:
         def __init__(self, devices, options): ...
         def predict(self, images, rows): ...   # one output per image
 
-See README "Python models" for the contract. This package needs numpy only; torch is used when
+See docs/models.md "Python models" for the contract. This package needs numpy only; torch is used when
 the model returns torch tensors.
 """
 

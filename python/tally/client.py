@@ -13,7 +13,7 @@
 
 Needs grpcio and protobuf (Debian: python3-grpcio, python3-protobuf); pandas is optional. The gRPC
 modules (tally_pb2, tally_pb2_grpc) are generated from proto/tally.proto by the build into
-BUILD/python: put that folder on PYTHONPATH next to this package's (README "Python client").
+BUILD/python: put that folder on PYTHONPATH next to this package's (docs/operations.md "Python client").
 """
 
 import csv
@@ -65,9 +65,9 @@ def _job_dict(job):
     d["state"] = _STATES.get(job.state, "unknown")
     for k in ("images_total", "images_evaluated", "images_failed", "images_held", "images_planned"):
         d[k] = int(d.get(k, 0))
-    # Live estimates (README "Answers before the end"): per class, the running mean Dice and IoU
+    # Live estimates (docs/metrics.md "Answers before the end"): per class, the running mean Dice and IoU
     # over the committed rows with their 95% intervals and half-widths.
-    # The intervals are betting intervals (README "Intervals"); NaN where there is none (too few
+    # The intervals are betting intervals (docs/metrics.md "Intervals"); NaN where there is none (too few
     # rows, or a manifest-order job's rows, which are no random sample: `live_note` says which).
     # Protobuf's JSON leaves out fields that are 0 and writes NaN as "NaN".
     d["live"] = [dict(e, rows=int(e.get("rows", 0)), class_id=int(e.get("class_id", 0)),
@@ -106,7 +106,7 @@ def _cli_options(options, spec):
             out["sample_rows"] = int(sample)
     if ("sample_rows" in out or "sample_percent" in out or out.get("until_ci")) and "random_order" not in out:
         out["random_order"] = True  # As the CLI: a sample is drawn in a random order.
-    if "masks" in out:  # --images DIR --masks DIR: two folders (README "Where your data can be").
+    if "masks" in out:  # --images DIR --masks DIR: two folders (docs/data.md "Where your data can be").
         out["masks_dir"] = out.pop("masks")
         if "images" in out:
             out["images_dir"] = out.pop("images")
@@ -193,7 +193,7 @@ class Client:
         "30%", until_ci=0.04, min_rows, images= (--images of COCO jobs; with masks=, two folders),
         shards="data/train-{000..099}.tar" (tar shards; image_ext=, mask_ext=), ... and any other JobSpec
         field (proto/tally.proto) a client sets. Paths are made absolute here, as tallyd and the
-        workers read them. COCO jobs (README "Instances"): manifest=None with coco=...,
+        workers read them. COCO jobs (docs/instances.md "Instances"): manifest=None with coco=...,
         images=... and coco_results=... (or a model); or coco_panoptic=..., panoptic_dir=...,
         panoptic_predictions=...."""
         spec = tally_pb2.JobSpec(manifest=os.path.abspath(manifest) if manifest else "")

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/security/channel_security.h"
-#include "common/base/log.h"
+#include "base/log.h"
 
 namespace tally {
 

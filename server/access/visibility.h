@@ -1,4 +1,4 @@
-// What a caller may see (README "Security"): a client token sees its own jobs only, over gRPC and
+// What a caller may see (SECURITY.md): a client token sees its own jobs only, over gRPC and
 // the dashboard alike.
 #ifndef TALLY_SERVER_ACCESS_VISIBILITY_H_
 #define TALLY_SERVER_ACCESS_VISIBILITY_H_

@@ -38,7 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/io/manifest.h"
+#include "common/sources/manifest.h"
 #include "common/job/job_config.h"
 #include "proto/tally.pb.h"
 #include "server/store/job_store.h"
@@ -96,7 +96,7 @@ struct CoordinatorMetrics {
     v1::WorkerGauges gauges;
   };
   std::vector<Worker> workers;    // In service.
-  // Running jobs' live estimates (README "Answers before the end"), by job.
+  // Running jobs' live estimates (docs/metrics.md "Answers before the end"), by job.
   std::vector<std::pair<std::string, std::vector<v1::LiveEstimate>>> live;
 };
 
@@ -226,7 +226,7 @@ class Coordinator {
     // --until-ci's rule held on the rows so far: no new leases until those in flight are in, then
     // the rule is checked again on every row the report will hold (MaybeStopEarlyLocked).
     bool ci_draining = false;
-    // Live estimates (README "Answers before the end"): per class, Welford's running mean of the
+    // Live estimates (docs/metrics.md "Answers before the end"): per class, Welford's running mean of the
     // committed rows' Dice and IoU and, for random-order jobs, their values by position for the
     // betting interval (metrics/bounded_mean.h), recomputed once the rows have grown by 1%.
     struct LiveMetric {
@@ -403,7 +403,7 @@ class Coordinator {
   absl::StatusOr<JobRecord> StorePanopticImages(const v1::JobSpec& spec, const std::string& job_id);
   // Stores the rows of a submission made in memory (COCO jobs), in batches; on an error they are
   // discarded again.
-  absl::Status StoreRows(const std::string& job_id, std::vector<ManifestRow> rows);
+  absl::Status StoreRows(const std::string& job_id, RowSource* rows);
   // Deletes what a refused submission stored so far (logging a failure to) and returns `why`.
   absl::Status DiscardSubmission(const std::string& job_id, absl::Status why);
   // A submission's record once its rows are stored: queued, `rows` rows, the model's hash, and the

@@ -1,4 +1,4 @@
-// Coordinator: the canary for wrong GPUs (--canary N, README "Answers before the end"). Every worker
+// Coordinator: the canary for wrong GPUs (--canary N, docs/metrics.md "Answers before the end"). Every worker
 // of the job evaluates the first N positions of its order as its first lease; the results (their
 // per-class counts, hence the label maps) are compared across workers and never committed. A
 // worker takes the job's shards only once its canary agrees with another worker's, so a faulty
@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/base/log.h"
-#include "common/base/status_macros.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 #include "server/coordinator/coordinator.h"
 
 namespace tally {

@@ -18,19 +18,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
-#include "common/base/clock.h"
+#include "base/clock.h"
 #include "common/job/job_config.h"
-#include "common/io/image_io.h"
-#include "common/base/file_util.h"
-#include "common/base/log.h"
-#include "common/io/manifest.h"
-#include "common/io/volume_io.h"
+#include "common/formats/decode.h"
+#include "base/file_util.h"
+#include "base/log.h"
+#include "common/sources/manifest.h"
+#include "common/formats/volume.h"
 #include "metrics/overlap.h"
 #include "common/job/rpc.h"
 #include "common/security/sha256.h"
-#include "common/io/thumbnail.h"
+#include "common/formats/thumbnail.h"
 #include "server/store/sharding.h"
-#include "common/base/status_macros.h"
+#include "base/status_macros.h"
 #include "common/job/job_spec_validation.h"
 #include "server/report/compare.h"
 #include "server/coordinator/live_estimates.h"
@@ -65,7 +65,7 @@ v1::Job Summary(v1::Job job) {
   return job;
 }
 
-// A manifest's coco_ann_ids column and --coco go together (README "Instances": referring rows).
+// A manifest's coco_ann_ids column and --coco go together (docs/instances.md "Instances": referring rows).
 absl::Status CheckCocoColumn(const ManifestReader& reader, const v1::JobSpec& spec) {
   if (reader.has_coco_ann_ids() == !spec.coco().empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(

@@ -1,11 +1,11 @@
-// Coordinator: answers before the end (README "Answers before the end"): the order a job's rows are
+// Coordinator: answers before the end (docs/metrics.md "Answers before the end"): the order a job's rows are
 // evaluated in and how many, the live estimates kept as results are committed, and --until-ci.
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/base/log.h"
+#include "base/log.h"
 #include "common/job/rpc.h"
 #include "metrics/aggregator.h"
 #include "metrics/overlap.h"

@@ -13,19 +13,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
-#include "common/base/clock.h"
+#include "base/clock.h"
 #include "common/job/job_config.h"
-#include "common/io/image_io.h"
-#include "common/base/file_util.h"
-#include "common/base/log.h"
-#include "common/io/manifest.h"
+#include "common/formats/decode.h"
+#include "base/file_util.h"
+#include "base/log.h"
+#include "common/sources/manifest.h"
 #include "metrics/overlap.h"
 #include "common/job/rpc.h"
 #include "common/security/sha256.h"
-#include "common/io/coco_source.h"
-#include "common/io/thumbnail.h"
+#include "common/coco/coco_instances.h"
+#include "common/formats/thumbnail.h"
 #include "server/store/sharding.h"
-#include "common/base/status_macros.h"
+#include "base/status_macros.h"
 #include "common/job/job_spec_validation.h"
 #include "server/report/compare.h"
 #include "server/report/report_writer.h"
@@ -42,7 +42,7 @@ std::string NegativeCount(int64_t tp, int64_t fp, int64_t fn, int64_t tn) {
 }
 
 // Moves the thumbnails out of `results` (stored results carry none), each with its row's Dice (in
-// instance jobs, class 0's with the row's instance F1: common/io/coco_source.h).
+// instance jobs, class 0's with the row's instance F1: common/coco/coco_instances.h).
 std::vector<StoredThumbnail> TakeThumbnails(std::vector<v1::ImageResult>* results, EmptyScore empty,
                                             bool instance_job) {
   std::vector<StoredThumbnail> out;

@@ -1,4 +1,4 @@
-// Answers before the end (README "Answers before the end"): which rows a sampled job evaluates and
+// Answers before the end (docs/metrics.md "Answers before the end"): which rows a sampled job evaluates and
 // how its reports name the rest.
 #ifndef TALLY_SERVER_COORDINATOR_LIVE_ESTIMATES_H_
 #define TALLY_SERVER_COORDINATOR_LIVE_ESTIMATES_H_

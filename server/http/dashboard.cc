@@ -12,8 +12,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/base/file_util.h"
-#include "common/base/log.h"
+#include "base/file_util.h"
+#include "base/log.h"
 #include "common/job/rpc.h"
 #include "server/http/dashboard_routes.h"
 #include "server/access/visibility.h"

@@ -1,4 +1,4 @@
-// tallyd's web dashboard (README "Dashboard"): `--http-listen HOST:PORT` serves a read-only page and
+// tallyd's web dashboard (docs/operations.md "Dashboard"): `--http-listen HOST:PORT` serves a read-only page and
 // the JSON it is built from, through civetweb (Debian's libcivetweb, the library prometheus-cpp
 // embeds; no hand-written HTTP parsing), with the same tokens as gRPC (`Authorization: Bearer`;
 // a client token sees only its own jobs) and, when tallyd has a certificate, the same TLS.

@@ -1,4 +1,4 @@
-// The dashboard's one page (README "Dashboard"): markup, style and script together, served by
+// The dashboard's one page (docs/operations.md "Dashboard"): markup, style and script together, served by
 // tallyd itself (no CDN, nothing fetched from elsewhere). Hash routes: #/jobs, #/job/ID, #/workers,
 // #/compare. It polls the JSON API every 2 s; the token typed once is kept for the browser session
 // (sessionStorage) and sent as "Authorization: Bearer".

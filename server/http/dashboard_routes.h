@@ -1,4 +1,4 @@
-// The dashboard's requests (README "Dashboard"), parsed without the HTTP server or the coordinator
+// The dashboard's requests (docs/operations.md "Dashboard"), parsed without the HTTP server or the coordinator
 // so that the parser can be tested and fuzzed on its own (tests/fuzz/dashboard_fuzz.cc). Only GET:
 //   /                          the page (HTML, CSS and script served by tallyd; no data in it)
 //   /api/jobs?state=S&label=K=V&owner=O&limit=N&page_token=T   a page of jobs (ListJobs)

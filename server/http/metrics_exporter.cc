@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/build_info.h"
+#include "base/build_info.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
@@ -95,7 +95,7 @@ void AddLiveFamilies(const CoordinatorMetrics& m, std::vector<MetricFamily>* out
   MetricFamily mean = Family("tally_job_dice_estimate",
                              "A running job's mean Dice of a class over the rows committed so far.", MetricType::Gauge);
   MetricFamily half = Family("tally_job_dice_half_width",
-                             "The 95% interval half-width of tally_job_dice_estimate (README: Answers before the end).",
+                             "The 95% interval half-width of tally_job_dice_estimate (docs/metrics.md: Answers before the end).",
                              MetricType::Gauge);
   MetricFamily rows = Family("tally_job_dice_rows", "Rows behind tally_job_dice_estimate.", MetricType::Gauge);
   for (const auto& [job_id, estimates] : m.live) {

@@ -3,7 +3,7 @@
 // coordinator's figures (Coordinator::Metrics) at that moment: jobs by state, rows evaluated and
 // failed, shards leased/expired/retried, workers registered and busy, the commit latency
 // histogram, the database size, and each worker's rows, images/s and GPU memory from its latest
-// heartbeat, so one scrape of tallyd sees the whole fleet. Names and labels: README "Metrics endpoint".
+// heartbeat, so one scrape of tallyd sees the whole fleet. Names and labels: docs/operations.md "Metrics endpoint".
 #ifndef TALLY_SERVER_HTTP_METRICS_EXPORTER_H_
 #define TALLY_SERVER_HTTP_METRICS_EXPORTER_H_
 

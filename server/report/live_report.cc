@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/file_util.h"
-#include "common/base/status_macros.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
 #include "common/job/job_config.h"
 #include "server/report/report_writer.h"
 #include "metrics/parallel_for.h"

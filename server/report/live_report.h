@@ -1,4 +1,4 @@
-// A job's report kept up to date as its results arrive (issue 36), so that the end of a job only
+// A job's report kept up to date as its results arrive, so that the end of a job only
 // writes files. Every newly committed row goes, in whatever order the workers send it, into one of
 // a few ReportAccumulators (order-free and mergeable: report_data.h; the concurrent ReportResults
 // calls spread over them) and its per_image.csv lines into a spool file, an append-only file of

@@ -1,9 +1,9 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "common/io/manifest.h"
+#include "common/sources/manifest.h"
 #include "metrics/aggregator.h"
-#include "common/base/number_format.h"
+#include "base/number_format.h"
 #include "server/report/report_data.h"
 #include "server/report/report_formats.h"
 

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/base/status_macros.h"
-#include "common/io/coco_source.h"
+#include "base/status_macros.h"
+#include "common/coco/coco_instances.h"
 
 namespace tally {
 
@@ -81,7 +81,7 @@ std::string FailureKind(const std::string& reason) {
 
 namespace {
 
-// The warnings that catch wrong numbers (README "Warnings"), and the failed rows grouped by reason.
+// The warnings that catch wrong numbers (docs/reports.md "Warnings"), and the failed rows grouped by reason.
 void AddWarnings(ReportData* d) {
   // What the coordinator noticed about the manifest at submission (duplicate ids) and about the
   // workers while the job ran (one refusing it: another copy of the model).

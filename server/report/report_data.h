@@ -61,14 +61,14 @@ struct ReportData {
   double end_unix = 0;  // The last result's time (or the job's end).
   int mask_max_label = -1;     // Over every evaluated image's reference mask, ignored pixels aside.
   int64_t mask_ignored = 0;    // Reference pixels equal to the ignore index, summed.
-  // Conditions that make the numbers suspect (README "Warnings"), worded for the user.
+  // Conditions that make the numbers suspect (docs/reports.md "Warnings"), worded for the user.
   std::vector<std::string> warnings;
   struct WorstRow {
     std::string id;
     std::string image;
   };
   std::map<int64_t, WorstRow> worst_rows;  // Each index in a worst list.
-  // Thumbnails of worst rows by (class, index) (common/io/thumbnail.h); rows without one are absent.
+  // Thumbnails of worst rows by (class, index) (common/formats/thumbnail.h); rows without one are absent.
   std::map<std::pair<int, int64_t>, StoredThumbnail> thumbnails;
   // COCO instance jobs (present): COCO AP and the rest (server/report/report_instances.h).
   InstanceReport instances;

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/base/build_info.h"
+#include "base/build_info.h"
 #include "common/job/rpc.h"
 
 namespace tally {

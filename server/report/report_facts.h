@@ -1,4 +1,4 @@
-// What a report states about its job before any number (README "Reports"), written once and rendered
+// What a report states about its job before any number (docs/reports.md "Reports"), written once and rendered
 // by summary.md and report.html alike, so that the two say the same and agree with report.json: what
 // was evaluated and with what (the model, or the prediction, annotation and results files, with their
 // SHA-256), which rows were and were not evaluated and why (a sample, --until-ci, a job still

@@ -1,5 +1,5 @@
 // The report files, one renderer per format, all from the same ReportData (report_data.h). Formats
-// are specified in README "Reports".
+// are specified in docs/reports.md "Reports".
 #ifndef TALLY_SERVER_REPORT_REPORT_FORMATS_H_
 #define TALLY_SERVER_REPORT_REPORT_FORMATS_H_
 

@@ -1,6 +1,6 @@
 #include "server/report/report_instances.h"
 
-#include "common/io/coco_source.h"
+#include "common/coco/coco_instances.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// COCO instance jobs' part of the report (README "Instances"): every evaluated row's per-category
+// COCO instance jobs' part of the report (docs/instances.md "Instances"): every evaluated row's per-category
 // records (workers' CocoImageRecord) gathered in index order and accumulated as COCOeval does
 // (metrics/coco_eval.h), so the 12 numbers, AP per category and the precision-recall curves are the
 // same for any number of workers; per category the instance counts at IoU 0.5; the images with the

@@ -4,8 +4,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/job/job_config.h"
 #include "common/job/rpc.h"
-#include "common/base/json_writer.h"
-#include "common/base/build_info.h"
+#include "base/json_writer.h"
+#include "base/build_info.h"
 #include "metrics/bounded_mean.h"
 #include "server/report/report_facts.h"
 #include "server/report/report_formats.h"
@@ -43,7 +43,7 @@ void SpacingJson(const ReportData& d, JsonWriter& w) {
   }
 }
 
-// How a volume job's model saw each volume (README "Volumes into models").
+// How a volume job's model saw each volume (docs/volumes.md "Volumes into models").
 void VolumeSettingsJson(const JobConfig& c, JsonWriter& w) {
   if (c.sliding_window[0] > 0) {
     w.Key("sliding_window").BeginArray().Int(c.sliding_window[0]).Int(c.sliding_window[1]).Int(c.sliding_window[2]).EndArray();

@@ -4,7 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job/rpc.h"
-#include "common/base/build_info.h"
+#include "base/build_info.h"
 #include "server/report/report_facts.h"
 #include "server/report/report_formats.h"
 #include "server/report/report_table.h"

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/base/file_util.h"
-#include "common/base/json_writer.h"
+#include "base/file_util.h"
+#include "base/json_writer.h"
 #include "metrics/overlap.h"
 
 namespace tally {

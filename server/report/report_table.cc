@@ -47,7 +47,7 @@ Table MetricTable(const ReportData& d, bool lesions) {
   t.left[0] = true;
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (ca.class_id != 0 && !d.IsCategoryClass(ca.class_id)) continue;  // Instance jobs: ids of no category.
-    // Lesion metrics skip the background (README "Lesion-wise metrics"), unless it is included.
+    // Lesion metrics skip the background (docs/metrics.md "Lesion-wise metrics"), unless it is included.
     if (lesions && !d.IsForeground(ca.class_id)) continue;
     const int images_metric = static_cast<int>(lesions ? metrics.front() : Metric::kDice);
     std::vector<TableCell> row = {Text(absl::StrCat(d.ClassName(ca.class_id), d.IsForeground(ca.class_id) ? "" : " (background)")),

@@ -30,7 +30,7 @@ std::string FormatCell(double v);
 // Per class: images, every metric's mean but the lesion metrics' (Dice with its 95% interval,
 // infinities counted), global Dice and IoU, Pr@t of referring sets; then the foreground means.
 Table ClassTable(const ReportData& d);
-// Lesion metrics (lesion_*), per foreground class: means and pooled globals (README "Lesion-wise
+// Lesion metrics (lesion_*), per foreground class: means and pooled globals (docs/metrics.md "Lesion-wise
 // metrics"); the background is left out unless included. HasLesionTable: the job selected any.
 bool HasLesionTable(const ReportData& d);
 Table LesionTable(const ReportData& d);
@@ -39,7 +39,7 @@ Table ThresholdTable(const ReportData& d);
 // What `tally run` prints at the end (Job.summary): the instance or panoptic numbers (with the AP
 // of each category), the per-class table, the lesion table and the threshold sweep where they apply.
 std::string TerminalSummary(const ReportData& d);
-// What the per-class table's Dice interval is, in a sentence (README "Intervals"): the betting
+// What the per-class table's Dice interval is, in a sentence (docs/metrics.md "Intervals"): the betting
 // interval over the rows or of a sample, none below kMinIntervalRows, or none at all (a manifest-
 // order job's first rows).
 std::string IntervalSentence(const ReportData& d);

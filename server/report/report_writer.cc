@@ -1,8 +1,8 @@
 #include "server/report/report_writer.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/base/file_util.h"
-#include "common/base/status_macros.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
 #include "server/report/report_formats.h"
 #include "server/report/report_nnunet.h"
 #include "server/report/report_table.h"

@@ -19,7 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/io/manifest.h"
+#include "common/sources/manifest.h"
 #include "proto/tally.pb.h"
 
 struct sqlite3;
@@ -41,7 +41,7 @@ inline RowNames NamesOf(const ManifestRow& r) {
   return RowNames{r.id, r.image, r.mask, r.prediction, r.mask_path, r.prediction_path};
 }
 
-// One report thumbnail (common/io/thumbnail.h) as the store keeps it, stripped from its result.
+// One report thumbnail (common/formats/thumbnail.h) as the store keeps it, stripped from its result.
 struct StoredThumbnail {
   int64_t index = 0;
   int class_index = 0;
@@ -110,7 +110,7 @@ class JobStore {
   // (a re-run of a shard produces the same values). `new_rows` receives, for each result, whether
   // it was newly inserted. In the same transaction, the thumbnails of newly inserted rows join the
   // job's, of which only the `keep_thumbnails` lowest (dice, index) per class stay: so the table
-  // holds exactly the job's worst rows once every shard's worst sent theirs (common/io/thumbnail.h).
+  // holds exactly the job's worst rows once every shard's worst sent theirs (common/formats/thumbnail.h).
   // `names` (optional) receives, for each newly inserted row, its names from the manifest (read in
   // the same transaction); other entries are left empty.
   absl::Status CommitResults(const std::string& job_id, const std::string& worker_id,

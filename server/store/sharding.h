@@ -20,7 +20,7 @@ int64_t DefaultShardSize(int64_t total_rows);
 
 // The shard size a job uses: `requested` (or the default when <= 0), rounded up to a multiple of
 // `batch_alignment` (> 0) so that the batches a worker forms are the same whichever worker
-// evaluates a shard (see README "Exact results").
+// evaluates a shard (see docs/how-it-works.md "Exact results").
 int64_t EffectiveShardSize(int64_t total_rows, int64_t requested, int64_t batch_alignment);
 
 // Shards of a manifest of `total_rows` rows cut at `shard_size` rows (0 when either is 0).
@@ -29,7 +29,7 @@ int64_t NumShards(int64_t total_rows, int64_t shard_size);
 // Cuts [0, total_rows) into consecutive shards of `shard_size` rows (the last may be shorter).
 std::vector<ShardRange> MakeShards(int64_t total_rows, int64_t shard_size);
 
-// The shards of a job read from tar shards (README "Where your data can be"): [0, total_rows) cut
+// The shards of a job read from tar shards (docs/data.md "Where your data can be"): [0, total_rows) cut
 // at multiples of `shard_size` and also at every `starts[i]` (the first row of tar i), so that no
 // shard spans two tars; the rows of a tar whose `whole[i]` is set (a compressed tar, read front to
 // back) are one shard whatever their number. Without starts it is MakeShards. Rows before

@@ -1,15 +1,15 @@
-// COCO jobs' per-row pieces (common/io/coco_source.h, coco_masks.h, coco_json.h's panoptic reader)
+// COCO jobs' per-row pieces (common/coco/coco_instances.h, coco_masks.h, coco_json.h's panoptic reader)
 // on hand-worked cases: label maps painted in the documented order, a row's records at IoU 0.5 with
 // a crowd region and a category without references, the instance F1, panoptic files' errors.
-#include "common/io/coco_source.h"
+#include "common/coco/coco_instances.h"
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/io/coco_json.h"
-#include "common/io/thumbnail.h"
+#include "common/coco/coco_json.h"
+#include "common/formats/thumbnail.h"
 #include "proto/tally.pb.h"
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-// Hostile inputs on the surfaces of issue 49, unit by unit: sizes that overflow, client-named JSON
+// Hostile inputs (SECURITY.md "Hostile inputs handled"), unit by unit: sizes that overflow, client-named JSON
 // files that are no regular files or too large, COCO fields of the wrong type or with control
 // characters, polygons whose rasterisation would cost more than a row may use, unions of many
 // polygons, NIfTI files whose voxels are not finite or not where the header says, and the instance
@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/checked_math.h"
-#include "common/io/coco_json.h"
-#include "common/io/coco_source.h"
-#include "common/io/thumbnail.h"
-#include "common/io/volume_io.h"
+#include "base/checked_math.h"
+#include "common/coco/coco_json.h"
+#include "common/coco/coco_instances.h"
+#include "common/formats/thumbnail.h"
+#include "common/formats/volume.h"
 #include "common/security/data_roots.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "common/io/image_io.h"
+#include "common/formats/decode.h"
 
 #include <sys/stat.h>
 #include <webp/encode.h>
@@ -14,6 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/sources/row_files.h"
+#include "common/formats/png.h"
+#include "common/formats/jpeg.h"
 
 namespace tally {
 namespace {

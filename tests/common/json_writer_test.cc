@@ -1,5 +1,5 @@
 // JSON string escaping of odd strings (ids, paths, error texts), hand-worked against RFC 8259.
-#include "common/base/json_writer.h"
+#include "base/json_writer.h"
 
 #include <cmath>
 #include <limits>

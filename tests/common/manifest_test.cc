@@ -1,4 +1,4 @@
-#include "common/io/manifest.h"
+#include "common/sources/manifest.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "base/text.h"
 
 namespace tally {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "common/security/auth_tokens.h"
 #include "common/security/data_roots.h"
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "common/security/sha256.h"
 #include "gtest/gtest.h"
 

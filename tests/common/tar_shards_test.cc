@@ -1,6 +1,6 @@
-// Tar shards (common/io/tar_shards.h): pattern expansion, locators, the header index against
+// Tar shards (common/sources/tar_shards.h): pattern expansion, locators, the header index against
 // offsets worked out by hand from the tar format (512-byte headers, data padded to 512), samples.
-#include "common/io/tar_shards.h"
+#include "common/sources/tar_shards.h"
 
 #include <archive.h>
 #include <archive_entry.h>

@@ -1,4 +1,4 @@
-#include "common/io/thumbnail.h"
+#include "common/formats/thumbnail.h"
 #include "common/job/job_config.h"
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <random>
 #include <set>
 
-#include "common/io/image_io.h"
+#include "common/formats/decode.h"
 #include "gtest/gtest.h"
 
 namespace tally {

@@ -2,10 +2,11 @@
 // unbounded allocation; every annotation that parsed rasterises (or is refused) on a small image
 // within a budget, its mask sums to the image's pixels, and its compressed string decodes to the
 // same runs; image file names and category names hold no control character.
-#include "common/io/coco_json.h"
-#include "common/io/manifest.h"
+#include "common/coco/coco_json.h"
+#include "common/sources/manifest.h"
 #include "fuzz_util.h"
 #include "metrics/coco_rle.h"
+#include "base/text.h"
 
 namespace {
 
@@ -13,7 +14,7 @@ void CheckMasks(const std::vector<tally::CocoAnnotation>& annotations) {
   for (const tally::CocoAnnotation& a : annotations) {
     const int64_t h = a.segmentation.height > 0 && a.segmentation.height <= 64 ? a.segmentation.height : 16;
     const int64_t w = a.segmentation.width > 0 && a.segmentation.width <= 64 ? a.segmentation.width : 16;
-    // With a rasterisation budget (issue 49): refused or within it, never past it.
+    // With a rasterisation budget: refused or within it, never past it.
     absl::StatusOr<tally::Rle> r = tally::SegmentationRle(a.segmentation, h, w, int64_t{1} << 20);
     if (!r.ok()) continue;
     uint64_t total = 0;

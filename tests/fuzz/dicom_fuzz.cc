@@ -1,6 +1,6 @@
 // DICOM (common/io/dicom_io.cc, through DCMTK): the image decoder on arbitrary bytes, with the
 // header's window or a given one, and the size read.
-#include "common/io/image_formats.h"
+#include "common/formats/dicom.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,6 +1,6 @@
 // What workers run on every image and mask file: DecodeImage (PNG fast path, libpng, TurboJPEG)
 // and DecodeMask on arbitrary bytes.
-#include "common/io/image_io.h"
+#include "common/formats/decode.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

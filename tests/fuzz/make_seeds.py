@@ -80,7 +80,7 @@ def main():
 
 
 def hostile_seeds():
-    """Issue 49's cases: COCO sizes that overflow, fields of the wrong type, control characters; a
+    """Hostile cases: COCO sizes that overflow, fields of the wrong type, control characters; a
     dashboard path with %00 and Host headers; NIfTI files with NaN voxels and misplaced vox_offset."""
     import json
     import struct

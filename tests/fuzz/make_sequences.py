@@ -21,7 +21,7 @@ def main(out):
     rng = np.random.default_rng(0)
     d = os.path.join(out, "webp")
     os.makedirs(d, exist_ok=True)
-    # webp (fixed in session 17): two truncated lossless WebPs of noise, within the fuzz targets'
+    # webp (fixed in d446e6d): two truncated lossless WebPs of noise, within the fuzz targets'
     # pixel limit, each failing to decode after the mask buffer was sized for it: the second grows
     # it past the 16 MiB a buffer keeps. Then a small colour mask: its error message read its first
     # colour pixel from the buffer after releasing it (ASan: heap-use-after-free).

@@ -1,7 +1,8 @@
 // The manifest parser on arbitrary bytes: no crash, rows numbered in order, and no error message
 // that carries the header's bytes (a non-manifest must not leak its content, SECURITY.md).
-#include "common/io/manifest.h"
+#include "common/sources/manifest.h"
 #include "fuzz_util.h"
+#include "base/text.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text = FuzzInput(data, size);

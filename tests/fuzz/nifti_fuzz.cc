@@ -1,4 +1,4 @@
-// NIfTI-1/2 files on arbitrary bytes (issue 49: the header through nifti_clib, the voxels read by
+// NIfTI-1/2 files on arbitrary bytes (the header through nifti_clib, the voxels read by
 // Tally after it): no crash and no allocation past the voxel limit; a volume that loads holds
 // exactly its declared voxels, every label a finite integer in range.
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "common/io/volume_io.h"
+#include "common/formats/volume.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,6 +1,6 @@
 // The libdeflate PNG decoder (common/io/png_fast.cc) on arbitrary bytes, as RGB and as labels: no
 // crash, and on success exactly height x width pixels.
-#include "common/io/png_fast.h"
+#include "common/formats/png_fast.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

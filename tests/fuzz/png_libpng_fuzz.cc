@@ -1,6 +1,7 @@
 // The libpng fallback decoder (common/io/image_io.cc) on arbitrary bytes, as RGB and as labels.
-#include "common/io/image_io.h"
+#include "common/formats/decode.h"
 #include "fuzz_util.h"
+#include "common/formats/png.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes = FuzzInput(data, size);

@@ -3,9 +3,10 @@
 // as exactly the bytes written.
 #include <string>
 
-#include "common/io/manifest.h"
+#include "common/sources/manifest.h"
 #include "fuzz_util.h"
-#include "common/base/json_writer.h"
+#include "base/json_writer.h"
+#include "base/text.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // Tar shards (common/io/tar_shards.cc): the header index libarchive gives of arbitrary bytes (tar,
 // or tar inside gzip and the other filters), then the samples made of it, JSON columns included.
-#include "common/io/tar_shards.h"
+#include "common/sources/tar_shards.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

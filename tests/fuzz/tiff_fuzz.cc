@@ -1,6 +1,6 @@
 // TIFF (common/io/tiff_io.cc, through libtiff): the image and mask decoders on arbitrary bytes, at
 // the page and window the input's first byte picks, and the header-only size read.
-#include "common/io/image_formats.h"
+#include "common/formats/tiff.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,5 +1,5 @@
 // WebP (common/io/webp_io.cc, through libwebp): the image and mask decoders on arbitrary bytes.
-#include "common/io/image_formats.h"
+#include "common/formats/webp.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

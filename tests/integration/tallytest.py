@@ -302,7 +302,7 @@ def _mix64(z):
 
 
 def row_key(identity):
-    """A row's key as README "Intervals" defines it: FNV-1a 64 of the id's bytes, then SplitMix64."""
+    """A row's key as docs/metrics.md "Intervals" defines it: FNV-1a 64 of the id's bytes, then SplitMix64."""
     h = 0xcbf29ce484222325
     for b in identity.encode():
         h = ((h ^ b) * 0x100000001b3) & _MASK64
@@ -310,7 +310,7 @@ def row_key(identity):
 
 
 def row_position(rows, seed, index):
-    """Where manifest row `index` comes in a --order random:SEED job of `rows` rows (README "Answers
+    """Where manifest row `index` comes in a --order random:SEED job of `rows` rows (docs/metrics.md "Answers
     before the end": a 4-round Feistel network over the smallest even-bit power of two holding the
     rows, cycle-walked into [0, rows)), decrypting as the documented permutation does."""
     if rows <= 1:
@@ -338,7 +338,7 @@ def row_position(rows, seed, index):
 
 
 def betting_ci(values, population=0):
-    """README "Intervals", written again here: the 95% betting interval (Waudby-Smith & Ramdas 2023) of
+    """docs/metrics.md "Intervals", written again here: the 95% betting interval (Waudby-Smith & Ramdas 2023) of
     the mean of `values` in [0, 1], taken in the order given; a uniform random sample without
     replacement of `population` values when it is > 0. (nan, nan) below 10 values."""
     import math

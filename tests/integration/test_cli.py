@@ -29,7 +29,7 @@ class HelpAndUsageTest(unittest.TestCase):
             self.assertIn(f"  {verb} ", p.stdout)
 
     def test_every_tool_binary_has_a_useful_help(self):
-        # Each binary prints a usage line and every flag of its main file (issue 47), not Abseil's
+        # Each binary prints a usage line and every flag of its main file, not Abseil's
         # "No flags matched".
         tools = {"tallyd": "--state-dir", "tally-worker": "--coordinator", "tally-make-dataset": "--count",
                  "tally-make-coco": "--detections", "tally-bench-cpu": "--mode", "tally-coco-eval": "--results",

@@ -1,4 +1,4 @@
-"""COCO instance jobs end to end (README "Instances"): `tally run|submit --coco FILE --images DIR`
+"""COCO instance jobs end to end (docs/instances.md "Instances"): `tally run|submit --coco FILE --images DIR`
 with detections from a results file (--coco-results) or from a Python model returning
 torchvision's detection dicts. Every one of COCOeval's 12 numbers and every category's AP equal an
 independent numpy COCOeval (coco_reference.py) to the bit, for 1 and 3 workers, after a worker is
@@ -186,7 +186,7 @@ class CocoJobTest(unittest.TestCase):
         self.assertEqual(report["instances"]["images"], len(images))
 
     def test_workers_get_their_images_detections_from_tallyd_and_a_killed_lease_holder_changes_nothing(self):
-        """tallyd parses the results file once; each row carries its image's detections (issue 45):
+        """tallyd parses the results file once; each row carries its image's detections:
         the file moved away after the submission changes nothing, and a worker SIGKILLed while it
         holds leases (frozen first, so that it surely does) loses nothing."""
         root = tt.tmpdir(self)

@@ -1,4 +1,4 @@
-"""Containers for real (issue 46): the project's Dockerfile built by podman on a base image that
+"""Containers for real: the project's Dockerfile built by podman on a base image that
 debootstrap made from Debian's own packages (no registry is reachable), then tallyd and two
 workers as three containers on a podman network, run as the Kubernetes manifests run them
 (uid 10001, read-only root file system, no capabilities, gRPC health check):
@@ -12,8 +12,8 @@ The base image is cached as a tarball (TALLY_CACHE_DIR, default /var/cache/tally
 runs on the same machine skip debootstrap; debootstrap and the image's apt step take their .deb
 files from the host's apt cache when they are there (scripts/install-deps.sh leaves them), which
 keeps a first run within a few minutes on the 2-core machine. The engine's configuration is this
-test's own (CONTAINERS_CONF): runc, and ulimits the VM lets an unprivileged container set (README
-"Containers" says why).
+test's own (CONTAINERS_CONF): runc, and ulimits the VM lets an unprivileged container set
+(docs/deployment.md "Containers" says why).
 """
 import os
 import shutil
@@ -134,7 +134,7 @@ class ContainersTest(unittest.TestCase):
     @classmethod
     def build_image(cls):
         """The project's Dockerfile, its runtime stage fed with this machine's build (the
-        `prebuilt` stage: cmake --install --strip), as README "Containers" shows."""
+        `prebuilt` stage: cmake --install --strip), as docs/deployment.md "Containers" shows."""
         start = time.time()
         ctx = os.path.join(cls.root, "context")
         os.makedirs(ctx)

@@ -1,4 +1,4 @@
-"""The web dashboard (`tallyd --http-listen`, README "Dashboard"): its JSON against the gRPC API's
+"""The web dashboard (`tallyd --http-listen`, docs/operations.md "Dashboard"): its JSON against the gRPC API's
 answers, tokens (unauthenticated refused, a client token sees only its own jobs), report files,
 hostile requests answered with clear errors and no crash, and the page itself driven by headless
 Chromium (Debian's chromium-driver and python3-selenium): a job submitted while the page is open

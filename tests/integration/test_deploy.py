@@ -138,7 +138,7 @@ class KubernetesTest(unittest.TestCase):
         port = c["ports"][0]["containerPort"]
         self.assertIn(f"--listen=0.0.0.0:{port}", c["args"])
         for probe in ("readinessProbe", "livenessProbe"):
-            self.assertEqual(c[probe]["grpc"]["port"], port)  # grpc.health.v1 (README "Deployment").
+            self.assertEqual(c[probe]["grpc"]["port"], port)  # grpc.health.v1 (docs/deployment.md "Deployment").
         self.assertIn({"name": "state", "mountPath": "/var/lib/tally"}, c["volumeMounts"])
         self.assertIn("--state-dir=/var/lib/tally", c["args"])
         service = docs[("Service", "tallyd")]

@@ -1,4 +1,4 @@
-"""Images and masks as labs keep them (issue 44, README "Where your data can be"): TIFF (none, LZW,
+"""Images and masks as labs keep them (docs/data.md "Where your data can be"): TIFF (none, LZW,
 deflate, PackBits, tiled, planar, BigTIFF, 16-bit, RGBA, pages), WebP and DICOM. Every lossless
 variant's per_image.csv equals that of the same pixels stored as PNG (image column aside); DICOM
 and windowed 16-bit images equal PNGs of the values an independent numpy rendition of DICOM's

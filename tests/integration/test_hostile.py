@@ -1,4 +1,4 @@
-"""Hostile inputs on the new surfaces (issue 49), end to end, each with a memory guard where it used
+"""Hostile inputs (SECURITY.md "Hostile inputs handled"), end to end, each with a memory guard where it used
 to blow up: a COCO image whose size overflows (a worker crash), COCO/panoptic/results paths that
 are FIFOs, devices or too large (submission threads held), rasterisation bombs under
 --max-worker-memory, a result larger than gRPC's 64 MiB (retried for ever), NaN/Inf and misplaced

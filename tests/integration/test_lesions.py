@@ -1,4 +1,4 @@
-"""Lesion-wise metrics (README "Lesion-wise metrics") through real Tally processes on prediction
+"""Lesion-wise metrics (docs/metrics.md "Lesion-wise metrics") through real Tally processes on prediction
 manifests, against a re-implementation here of the BraTS 2023 rules (and of IoU matching) with
 scipy.ndimage.label / binary_dilation and the scipy surface-distance reference of tallytest: a
 hundred random 2D and 3D cases (lesions split, merged, shifted, missed, false ones, small ones),

@@ -1,4 +1,4 @@
-"""Answers before the end (README "Answers before the end"): rows in a seeded random order give the
+"""Answers before the end (docs/metrics.md "Answers before the end"): rows in a seeded random order give the
 manifest order's reports; live estimates and their finite-population-corrected intervals equal a numpy
 re-computation from the committed rows; --sample and --until-ci end a job early with every row
 accounted for; the interval's coverage in a numpy simulation; a running job's partial report."""

@@ -1,4 +1,4 @@
-"""Issue 36: the report kept as results arrive. A job fed by the fake workers of the load generator
+"""The report kept as results arrive (docs/how-it-works.md "Millions of rows"). A job fed by the fake workers of the load generator
 (bench/load_worker.cc: the real WorkerControl API, results made up from each row's index) gives the
 means that the generator's own formula gives (computed here with numpy, independently of tallyd),
 and a tallyd SIGKILLed halfway and restarted (it rebuilds the kept report from the database, then

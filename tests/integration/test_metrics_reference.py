@@ -181,7 +181,7 @@ class MetricsReferenceTest(unittest.TestCase):
 
 def percentile_keeping_inf(v, q):
     """Linear-interpolated percentile of sorted v (NaN already removed), inf kept: an infinite
-    neighbour makes the result infinite (README 'Aggregation')."""
+    neighbour makes the result infinite (docs/metrics.md 'Aggregation')."""
     if v.size == 0:
         return float("nan")
     pos = q * (v.size - 1)

@@ -1,4 +1,4 @@
-"""Panoptic jobs end to end (README "Panoptic quality"): `tally run --coco-panoptic REF.json
+"""Panoptic jobs end to end (docs/instances.md "Panoptic quality"): `tally run --coco-panoptic REF.json
 --panoptic-dir DIR --panoptic-predictions PRED.json` on random panoptic PNGs (things and stuff,
 crowd regions, void, segments split, merged, shifted and relabelled, `area` fields unlike the pixel
 count) give panopticapi's PQ, SQ and RQ (panoptic_reference.py, written from its pq_compute) to the

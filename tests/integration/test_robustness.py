@@ -206,7 +206,7 @@ class MemoryBudgetTest(unittest.TestCase):
         self.assertEqual((report["images_evaluated"], report["images_failed"]), (2, 1))
         reason = report["failures"][0]["reason"]
         # The demo model holds some 100-150 bytes a pixel at 4000x4000, measured by the worker at start
-        # (2.4 GiB on one machine, 1.5 GiB on another; README): more than the budget, whatever it is here.
+        # (2.4 GiB on one machine, 1.5 GiB on another; docs/data.md "Bad input"): more than the budget, whatever it is here.
         m = re.match(r"^image '.*big\.png' needs about ([0-9.]+) GiB for 4000x4000; this worker may use "
                      r"1\.0 GiB \(--max-worker-memory\); try --input-size", reason)
         self.assertIsNotNone(m, reason)

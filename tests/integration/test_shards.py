@@ -1,4 +1,4 @@
-"""Tar shards and plain folders (issue 44, README "Where your data can be"). A job over WebDataset tar
+"""Tar shards and plain folders (docs/data.md "Where your data can be"). A job over WebDataset tar
 shards gives the report of the same samples in a manifest (per_image.csv with the image column aside,
 and every aggregate), with 1 and 3 workers, compressed shards, --order random, a worker SIGKILLed
 mid-shard and tallyd SIGKILLed and restarted mid-job; predictions can come from shards; hostile shards

@@ -1,4 +1,4 @@
-"""deploy/slurm on a real Slurm (issue 46, README "Deployment"): a one-node cluster from Debian's
+"""deploy/slurm on a real Slurm (docs/deployment.md "Deployment"): a one-node cluster from Debian's
 slurm-wlm and munge (proctrack/linuxproc, no cgroup plugin, a CPU node) started for these tests in a
 folder of their own, on free ports, with its own munged; then `sbatch deploy/slurm/tally.sbatch`
 gives `tally run`'s report on the same manifest; `workers.sbatch` adds workers to a tallyd outside

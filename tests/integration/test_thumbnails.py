@@ -4,7 +4,7 @@ The saved label maps are checked against per_image.csv's counts (recounted here 
 against the demo model run by torch; the worst rows against a ranking of per_image.csv; each
 thumbnail's overlay against outcomes computed here from the saved prediction and the mask. The
 same thumbnails must come out whatever the number of workers (the worker renders a row when it
-enters its shard's running worst, the coordinator keeps the job's worst: common/io/thumbnail.h).
+enters its shard's running worst, the coordinator keeps the job's worst: common/formats/thumbnail.h).
 """
 import base64
 import csv

@@ -1,4 +1,4 @@
-"""Every report tells the truth (issue 48): for each kind of job (model, prediction 2D and 3D, volume
+"""Every report tells the truth: for each kind of job (model, prediction 2D and 3D, volume
 model, instance, panoptic, referring, lesion, sampled, stopped early, partial, cancelled) summary.md
 and report.html state the rows that were and were not evaluated exactly as report.json counts them,
 never "every manifest row was evaluated" when one was not, and show the inputs and settings that

@@ -1,4 +1,4 @@
-"""Volumes into models (README "Volumes into models"): NIfTI volumes with several channels through a
+"""Volumes into models (docs/volumes.md "Volumes into models"): NIfTI volumes with several channels through a
 TorchScript 3D network with --sliding-window (checked against a sliding-window loop written here
 from MONAI's definition) and through a Python model (which must get the voxels, spacing and
 affine exactly), scored in 3D against scipy, identical for any number of workers.

@@ -1,4 +1,4 @@
-"""Warnings that catch wrong numbers (README "Warnings") and the exit codes that go with them,
+"""Warnings that catch wrong numbers (docs/reports.md "Warnings") and the exit codes that go with them,
 against an independent reference (PIL + torch + numpy, tallytest.py)."""
 import csv
 import os

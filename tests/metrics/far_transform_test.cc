@@ -138,7 +138,7 @@ TEST(FarTransformTest, PiecesGiveTheCpuTransformBitForBit) {
   }
 }
 
-// Issue 45 item 3's kinds of prediction (tests/metrics/prediction_kinds.h): each class's two
+// The kinds of prediction models make (tests/metrics/prediction_kinds.h): each class's two
 // directions with every query sent to the transform, the pieces against the CPU's bit for bit, and
 // every 29th query against the nearest feature by brute force (independent of both).
 TEST(FarTransformTest, PiecesGiveTheCpuTransformOnEveryKindOfPrediction) {

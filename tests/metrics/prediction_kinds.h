@@ -1,4 +1,4 @@
-// Reference and prediction label volumes of the kinds of prediction issue 45 item 3 names, at test
+// Reference and prediction label volumes of the kinds of prediction models make (smooth, speckled, fragmented, ...), at test
 // size, as bench/volume_bench.py --prediction makes them at full size: ellipsoid "organs" and a
 // prediction of them that is
 //   smooth:      each label shifted by a voxel or two along one axis;

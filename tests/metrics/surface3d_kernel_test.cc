@@ -136,7 +136,7 @@ TEST(Surface3DKernelTest, LargeVolumeWithFarQueriesEqualsTheCpu) {
   ExpectSameBits(cpu, gpu, -1);
 }
 
-// Issue 45 item 3's kinds of prediction (smooth, speckled, fragmented, a class empty on one side, a
+// The kinds of prediction models make (smooth, speckled, fragmented, a class empty on one side, a
 // class filling the volume), at two sizes and spacings.
 TEST(Surface3DKernelTest, EveryKindOfPredictionEqualsTheCpu) {
   std::string why;

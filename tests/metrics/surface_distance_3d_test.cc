@@ -6,10 +6,10 @@
 #include <limits>
 #include <random>
 
-#include "common/io/image_io.h"
+#include "common/formats/decode.h"
 #include "metrics/label_counts.h"
 #include "metrics/surface_distance.h"
-#include "common/io/volume_io.h"
+#include "common/formats/volume.h"
 #include "gtest/gtest.h"
 
 namespace tally {

@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "common/base/file_util.h"
+#include "base/file_util.h"
 #include "gtest/gtest.h"
 
 namespace tally {

@@ -9,7 +9,7 @@ The jobs: the demo (2 workers), the demo's 3 classes with --metrics all and ever
 (3 workers), a 3D prediction manifest (NIfTI, --metrics all, nnU-Net summary) and the Python backend
 (examples/python-model/colour_segmenter.py). Normalised away: job ids, times and rates, the git
 revision, and which worker evaluated how many rows (timing decides that); every metric, count,
-row and file name stays. Used to show that a restructuring changed no report (issue 29).
+row and file name stays. Used to show that a restructuring changed no report.
 """
 import json
 import os

@@ -2,8 +2,8 @@
 // measured bytes, the split of a batch group, the refusal's words, the cgroup's limit.
 #include "worker/pipeline/memory_budget.h"
 
-#include "common/base/flag_util.h"
-#include "common/io/image_io.h"
+#include "base/flag_util.h"
+#include "common/formats/decode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

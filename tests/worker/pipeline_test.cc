@@ -9,10 +9,11 @@
 #include <mutex>
 #include <set>
 
-#include "common/io/image_io.h"
+#include "common/formats/decode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/interfaces/model_runner.h"
+#include "common/formats/png.h"
 
 namespace tally {
 namespace {

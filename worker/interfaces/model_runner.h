@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/io/coco_masks.h"
+#include "common/coco/coco_masks.h"
 #include "metrics/surface_distance.h"
 
 namespace tally {
@@ -100,7 +100,7 @@ class HostBuffer {
   virtual size_t size() const = 0;
 };
 
-struct RawImage;  // common/io/image_io.h
+struct RawImage;  // common/formats/decode.h
 
 struct BatchImage {
   size_t image_offset = 0;  // Byte offset of H x W x 3 uint8 RGB in the image buffer.
@@ -167,9 +167,9 @@ class PendingBatch {
   virtual const double* surface(int /*i*/) const { return nullptr; }
   // With thresholds: tp, fp, fn, tn of the foreground class at each threshold for image i.
   virtual const int64_t* threshold_counts(int /*i*/) const { return nullptr; }
-  // Instance outputs (a Python model's detection dict, README "Instances"): image i's detections,
+  // Instance outputs (a Python model's detection dict, docs/instances.md "Instances"): image i's detections,
   // decoded; null for other outputs. labels(i) is then their semantic label map
-  // (common/io/coco_masks.h PaintCocoLabels).
+  // (common/coco/coco_masks.h PaintCocoLabels).
   virtual const std::vector<CocoInstance>* instances(int /*i*/) const { return nullptr; }
 };
 

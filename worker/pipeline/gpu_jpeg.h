@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/formats/jpeg.h"
 
 namespace tally {
 
@@ -28,7 +29,7 @@ namespace tally {
 bool GpuJpegBuilt();
 
 struct GpuJpegImage {
-  const std::string* bytes = nullptr;  // A JPEG that passed InspectJpeg (common/io/image_io.h).
+  const std::string* bytes = nullptr;  // A JPEG that passed InspectJpeg (common/formats/decode.h).
   std::string name;                    // For errors.
   int height = 0;
   int width = 0;

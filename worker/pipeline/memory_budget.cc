@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/base/file_util.h"
-#include "common/base/flag_util.h"
+#include "base/file_util.h"
+#include "base/flag_util.h"
 
 namespace tally {
 namespace {

@@ -1,4 +1,4 @@
-// A worker's host-memory budget and what a row costs against it. Found by probing (issue 35): one
+// A worker's host-memory budget and what a row costs against it. Found by probing: one
 // 4000x4000 PNG made a CPU worker peak at 2.7 GB, and a default --max-image-pixels admits images
 // that would need some 40 GB, so the kernel killed the worker instead of Tally failing the row.
 //

@@ -9,7 +9,7 @@
 //           results, hands surface-metric work to the CPU pool, delivers results.
 //
 // Batches depend only on the manifest indices and the batch size, never on which shards a worker
-// got, so results are bit-identical across worker counts and shard sizes (README "Exact results").
+// got, so results are bit-identical across worker counts and shard sizes (docs/how-it-works.md "Exact results").
 // On device out-of-memory, and when the model raises on a batch, the batch is split in halves and
 // retried down to single images, so only the guilty rows fail (with the model's message). A
 // watchdog reports a decode or forward pass that runs past the batch timeout.
@@ -31,13 +31,13 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "common/io/coco_source.h"
-#include "common/io/image_io.h"
+#include "common/coco/coco_instances.h"
+#include "common/formats/decode.h"
 #include "metrics/overlap.h"
 #include "common/job/job_config.h"
 #include "metrics/lesion.h"
 #include "metrics/surface_distance.h"
-#include "common/io/thumbnail.h"
+#include "common/formats/thumbnail.h"
 #include "proto/tally.pb.h"
 #include "worker/pipeline/gpu_jpeg.h"
 #include "worker/pipeline/memory_budget.h"
@@ -68,25 +68,25 @@ struct PipelineOptions {
   LesionOptions lesion;  // Lesion metrics: the job's settings (spacing from `surface`).
   bool any_input_size = false;  // Images of different sizes may share a batch (inputs are resized).
   int64_t max_image_pixels = kDefaultMaxImagePixels;  // Larger declared images/masks fail their row.
-  // TIFF pages and 16-bit/DICOM windows (common/io/image_io.h DecodeOptions): the job's --window and
+  // TIFF pages and 16-bit/DICOM windows (common/formats/decode.h DecodeOptions): the job's --window and
   // the index of the manifest's 'page' column in each row's columns (-1: none).
   Window window;
   int page_column = -1;
   // Python models: 16-bit TIFF and DICOM images also decoded to their stored values (RawImage),
-  // which the model gets instead of the 8-bit pixels (README "What a model gets").
+  // which the model gets instead of the 8-bit pixels (docs/data.md "What a model gets").
   bool raw_images = false;
   double batch_timeout_seconds = 600;  // A decode or forward pass running longer calls on_timeout.
   bool nonfinite_warn = false;  // Evaluate rows whose model output has NaN/Inf (else they fail).
   int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
   std::vector<std::pair<int, int>> label_map;  // Applied to reference masks first (value -> label).
   size_t num_thresholds = 0;    // Results carry the runner's threshold counts (ModelRunnerOptions).
-  // Report thumbnails (common/io/thumbnail.h): the worst rows per class and shard that get one.
+  // Report thumbnails (common/formats/thumbnail.h): the worst rows per class and shard that get one.
   int thumbnails = 0;
   EmptyScore empty_score = EmptyScore::kNaN;  // The Dice that orders them.
   bool all_foreground = false;                // Class 0 gets thumbnails too.
   // Non-empty: an existing folder (resolved) where every predicted label map is written as PNG.
   std::string save_predictions;
-  // COCO jobs (README "Instances"): rows of the annotation file's images get their references (and
+  // COCO jobs (docs/instances.md "Instances"): rows of the annotation file's images get their references (and
   // a Python model's detections their records) from here; referring rows their coco_ann_ids' union.
   std::shared_ptr<const CocoSource> coco;
   bool instance_job = false;  // Rows are the annotation file's images (thumbnails by instance F1).

@@ -19,9 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_format.h"
-#include "common/base/clock.h"
+#include "base/clock.h"
 #include "common/job/job_config.h"
-#include "common/base/log.h"
+#include "base/log.h"
 #include "worker/pipeline/pipeline_internal.h"
 
 namespace tally {
@@ -138,7 +138,7 @@ void Pipeline::ResolveLayoutTrial() {
   }
   // The held results go, with their places among the worst rows: every thumbnail selection starts
   // again from the rows evaluated from now on (a subset of the job's rows: the argument of
-  // common/io/thumbnail.h holds for it).
+  // common/formats/thumbnail.h holds for it).
   {
     absl::MutexLock lock(&worst_mu_);
     workers_worst_ = RunningWorst(options_.thumbnails);

@@ -4,7 +4,7 @@
 #include "worker/pipeline/pipeline.h"
 #include "worker/scoring/lesion_scoring.h"
 
-#include "common/base/status_macros.h"
+#include "base/status_macros.h"
 
 #include <algorithm>
 #include <atomic>
@@ -22,11 +22,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_format.h"
-#include "common/base/clock.h"
+#include "base/clock.h"
 #include "common/job/job_config.h"
-#include "common/base/log.h"
+#include "base/log.h"
 #include "worker/pipeline/pipeline_internal.h"
 #include "metrics/label_counts.h"
+#include "common/formats/png.h"
 namespace tally {
 namespace {
 
@@ -192,7 +193,7 @@ absl::Status Pipeline::EvaluateInstances(const InFlight& batch, size_t i, const 
   image.detections = *detections;
   r->set_coco_image_id(image.image_id);
   EvaluateCocoInstances(image, r->mutable_instances());
-  // The rows of lowest instance F1 get a picture of their matching (common/io/coco_source.h).
+  // The rows of lowest instance F1 get a picture of their matching (common/coco/coco_instances.h).
   ShardThumbnails* st = batch.shard->thumbnails.get();
   if (st != nullptr && st->EnterScore(kInstanceThumbnailClass, RowInstanceF1(*r), r->index())) {
     const uint8_t* rgb = batch.slot->images->data() + batch.spec.items[i].image_offset;

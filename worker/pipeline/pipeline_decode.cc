@@ -18,13 +18,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_format.h"
-#include "common/base/clock.h"
-#include "common/io/tar_shards.h"
+#include "base/clock.h"
+#include "common/sources/tar_shards.h"
 #include "common/job/job_config.h"
-#include "common/base/log.h"
-#include "common/base/status_macros.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 #include "worker/pipeline/pipeline_internal.h"
 #include "metrics/parallel_for.h"
+#include "common/sources/row_files.h"
+#include "common/formats/jpeg.h"
 
 namespace tally {
 

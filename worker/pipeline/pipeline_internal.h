@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/base/clock.h"
+#include "base/clock.h"
 #include "worker/pipeline/pipeline.h"
 
 namespace tally {

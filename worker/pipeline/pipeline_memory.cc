@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/base/flag_util.h"
-#include "common/base/log.h"
+#include "base/flag_util.h"
+#include "base/log.h"
 #include "worker/pipeline/pipeline_internal.h"
 
 namespace tally {

@@ -18,9 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_format.h"
-#include "common/base/clock.h"
+#include "base/clock.h"
 #include "common/job/job_config.h"
-#include "common/base/log.h"
+#include "base/log.h"
 #include "worker/pipeline/pipeline_internal.h"
 
 namespace tally {

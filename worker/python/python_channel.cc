@@ -33,12 +33,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/base/clock.h"
-#include "common/base/log.h"
+#include "base/clock.h"
+#include "base/file_util.h"
+#include "base/log.h"
 #include "common/process/subprocess.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/tally.pb.h"
-#include "worker/python/python_runner.h"
 
 
 namespace tally {
@@ -519,4 +519,18 @@ void Channel::Stop() {
 }
 
 }  // namespace python_internal
+std::string PythonPackageDir() {
+  struct stat st;
+  auto has_stub = [&](const std::string& d) { return stat((d + "/tally/stub.py").c_str(), &st) == 0; };
+  if (const char* env = getenv("TALLY_PYTHON_DIR"); env != nullptr && *env != '\0') return env;
+  const std::string exe = ExecutableDir();
+  for (const std::string& d : {exe + "/../python", exe + "/../share/tally/python"}) {
+    if (has_stub(d)) return d;
+  }
+#ifdef TALLY_PYTHON_SOURCE_DIR
+  if (has_stub(TALLY_PYTHON_SOURCE_DIR)) return TALLY_PYTHON_SOURCE_DIR;
+#endif
+  return std::string();
+}
+
 }  // namespace tally

@@ -163,6 +163,11 @@ class ShmBuffer final : public HostBuffer {
 };
 
 }  // namespace python_internal
+
+// Folder holding Tally's Python package (`tally/stub.py`): $TALLY_PYTHON_DIR, else next to the
+// executable (../python, ../share/tally/python), else the source tree this binary was built from.
+std::string PythonPackageDir();
+
 }  // namespace tally
 
 #endif  // TALLY_WORKER_PYTHON_PYTHON_CHANNEL_H_

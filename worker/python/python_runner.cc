@@ -27,10 +27,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/io/tar_shards.h"
-#include "common/base/clock.h"
-#include "common/base/log.h"
-#include "common/io/coco_source.h"
+#include "common/sources/tar_shards.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "common/coco/coco_instances.h"
 #include "common/process/subprocess.h"
 #include "metrics/label_counts.h"
 #include "google/protobuf/util/json_util.h"
@@ -465,20 +465,6 @@ class PythonRunner final : public ModelRunner {
 
 using python_internal::Channel;
 using python_internal::PythonRunner;
-
-std::string PythonPackageDir() {
-  struct stat st;
-  auto has_stub = [&](const std::string& d) { return stat((d + "/tally/stub.py").c_str(), &st) == 0; };
-  if (const char* env = getenv("TALLY_PYTHON_DIR"); env != nullptr && *env != '\0') return env;
-  const std::string exe = ExecutableDir();
-  for (const std::string& d : {exe + "/../python", exe + "/../share/tally/python"}) {
-    if (has_stub(d)) return d;
-  }
-#ifdef TALLY_PYTHON_SOURCE_DIR
-  if (has_stub(TALLY_PYTHON_SOURCE_DIR)) return TALLY_PYTHON_SOURCE_DIR;
-#endif
-  return std::string();
-}
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreatePythonRunner(const ModelRunnerOptions& options) {
   const auto start = std::chrono::steady_clock::now();

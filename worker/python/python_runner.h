@@ -37,10 +37,6 @@ namespace tally {
 // missing on this host; INVALID_ARGUMENT when the class is missing or its __init__ raised.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreatePythonRunner(const ModelRunnerOptions& options);
 
-// Folder holding Tally's Python package (`tally/stub.py`): $TALLY_PYTHON_DIR, else next to the
-// executable (../python, ../share/tally/python), else the source tree this binary was built from.
-std::string PythonPackageDir();
-
 }  // namespace tally
 
 #endif  // TALLY_WORKER_PYTHON_PYTHON_RUNNER_H_

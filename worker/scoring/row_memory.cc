@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/flag_util.h"
+#include "base/flag_util.h"
 
 namespace tally {
 

@@ -7,19 +7,20 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/base/checked_math.h"
-#include "common/base/clock.h"
-#include "common/io/image_io.h"
-#include "common/io/tar_shards.h"
+#include "base/checked_math.h"
+#include "base/clock.h"
+#include "common/formats/decode.h"
+#include "common/sources/tar_shards.h"
 #include "metrics/label_counts.h"
-#include "common/base/log.h"
+#include "base/log.h"
 #include "metrics/surface_distance.h"
 #include "worker/scoring/lesion_scoring.h"
 #if TALLY_CUDA_KERNELS
 #include "metrics/gpu/surface3d_kernel.h"
 #endif
-#include "common/io/volume_io.h"
-#include "common/base/status_macros.h"
+#include "common/formats/volume.h"
+#include "base/status_macros.h"
+#include "common/sources/row_files.h"
 
 namespace tally {
 namespace {
@@ -190,7 +191,10 @@ absl::StatusOr<SurfaceOptions3D> ScoringPipeline::SpacingOf(const v1::ManifestRo
 
 absl::Status ScoringPipeline::LoadPanopticPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
                                                v1::ImageResult* result) const {
-  RETURN_IF_ERROR(panoptic_->Evaluate(row, config_.max_image_pixels, &ref->labels, &pred->labels, result));
+  RgbImage png[2];
+  RETURN_IF_ERROR(LoadImage(row.mask_path(), &png[0], config_.max_image_pixels));
+  RETURN_IF_ERROR(LoadImage(row.prediction_path(), &png[1], config_.max_image_pixels));
+  RETURN_IF_ERROR(panoptic_->Evaluate(row, png[0], png[1], &ref->labels, &pred->labels, result));
   for (LoadedMap* map : {ref, pred}) {
     map->volume = false;
     map->geometry = VolumeGeometry{};

@@ -29,9 +29,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/job/job_config.h"
-#include "common/io/coco_source.h"
-#include "common/io/thumbnail.h"
-#include "common/io/volume_io.h"
+#include "common/coco/coco_instances.h"
+#include "common/formats/thumbnail.h"
+#include "common/formats/volume.h"
 #include "worker/interfaces/row_evaluator.h"
 #include "worker/scoring/row_memory.h"
 #include "worker/scoring/volume_model.h"
@@ -152,7 +152,7 @@ class ScoringPipeline : public RowEvaluator {
   absl::Status LoadPanopticPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
                                 v1::ImageResult* result) const;
   // Instance jobs: the lowest instance F1 over every row this worker scored. A row among the job's
-  // worst is among these too (common/io/thumbnail.h), so only rows in both get rendered.
+  // worst is among these too (common/formats/thumbnail.h), so only rows in both get rendered.
   mutable absl::Mutex worst_mu_;
   mutable RunningWorst worker_worst_ ABSL_GUARDED_BY(worst_mu_);
   const std::vector<uint16_t> label_lut_;  // From config_.label_map, built once; empty = identity.

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tally {
 

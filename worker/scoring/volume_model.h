@@ -1,4 +1,4 @@
-// Volume jobs (README "Volumes into models"): a row's NIfTI volume (one file per channel, joined by
+// Volume jobs (docs/volumes.md "Volumes into models"): a row's NIfTI volume (one file per channel, joined by
 // ';' in the manifest's `image`) through the job's model, as D x H x W labels at the reference's
 // geometry. ScoringPipeline then scores them as it scores a prediction volume: the same counts,
 // surface distances and lesions, in 3D.
@@ -22,7 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/io/volume_io.h"
+#include "common/formats/volume.h"
 #include "common/job/job_config.h"
 #include "proto/tally.pb.h"
 #include "worker/interfaces/model_runner.h"

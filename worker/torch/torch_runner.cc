@@ -181,7 +181,7 @@ absl::StatusOr<std::string> ResolveDevice(const ModelRunnerOptions& options) {
   if (want_cuda) {
     return absl::UnimplementedError(absl::StrCat("device '", options.device,
                                                  "': this tally-worker was built against a CPU-only LibTorch; "
-                                                 "see README 'GPU box' to build against a CUDA LibTorch"));
+                                                 "see docs/deployment.md 'GPU box' to build against a CUDA LibTorch"));
   }
 #endif
   if (!want_cuda) RETURN_IF_ERROR(ModelRunner::CheckDevice(dev));
@@ -345,7 +345,7 @@ absl::Status ModelRunner::CheckDevice(const std::string& device) {
 #if !TALLY_WITH_CUDA
   return absl::UnimplementedError(absl::StrCat("device '", device,
                                                "': this tally-worker was built against a CPU-only LibTorch; "
-                                               "see README 'GPU box' to build against a CUDA LibTorch"));
+                                               "see docs/deployment.md 'GPU box' to build against a CUDA LibTorch"));
 #else
   int index = 0;
   if (device.size() > 5 && (device[4] != ':' || !absl::SimpleAtoi(device.substr(5), &index) || index < 0)) {

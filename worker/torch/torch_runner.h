@@ -41,10 +41,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/base/file_util.h"
-#include "common/base/log.h"
+#include "base/file_util.h"
+#include "base/log.h"
 #include "common/security/sha256.h"
-#include "common/base/status_macros.h"
+#include "base/status_macros.h"
 
 #if TALLY_CUDA_KERNELS
 #include "metrics/gpu/confusion_kernel.h"
@@ -76,7 +76,7 @@ constexpr double kMaxLayoutGain = 0.3;
 // The least a layout trial is taken to cost, seconds: cuDNN 9 builds channels-last kernels at run
 // time, 2.0-3.2 s on LRASPP's first channels-last pass on an H100, while the first contiguous batch
 // takes 0.25 s; a forced trial on 3200 LRASPP rows cost their job 0.7-1.1 s of wall and held its
-// first results 2.5 s longer (BENCHMARKS.md, issue 35).
+// first results 2.5 s longer (BENCHMARKS.md).
 constexpr double kMinTrialSeconds = 2.0;
 
 inline std::string Shape(const at::Tensor& t) { return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]"); }
@@ -174,7 +174,7 @@ class TorchPendingBatch final : public PendingBatch {
   size_t num_thresholds_ = 0;
   at::Tensor surface_host_;  // [n, K, 4] double, host.
   const double* surface_ptr_ = nullptr;
-  // Instance outputs (README "Instances"): evaluated on the host, per image.
+  // Instance outputs (docs/instances.md "Instances"): evaluated on the host, per image.
   std::vector<std::vector<CocoInstance>> instances_;
   std::vector<std::vector<uint16_t>> owned_labels_;
   std::vector<int64_t> owned_counts_;
