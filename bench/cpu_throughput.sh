@@ -12,7 +12,7 @@ bin=$src/build/bin
 mkdir -p "$work"
 /usr/bin/python3 -c "import torchvision" 2>/dev/null || {
   echo "needs python3-torchvision: apt-get install python3-torchvision" >&2; exit 1; }
-[ -f "$work/models/lraspp.pt" ] || /usr/bin/python3 "$src/bench/gpu/export_models.py" "$work/models" lraspp
+[ -f "$work/models/lraspp.pt" ] || /usr/bin/python3 "$src/bench/gpu/tools/export_models.py" "$work/models" lraspp
 [ -f "$work/png/manifest.csv" ] || "$bin/tally-make-dataset" --out "$work/png" --count "$n" --size 512 --format png
 "$bin/tally-bench-cpu" --mode metrics --iters 20
 "$bin/tally-bench-cpu" --mode decode --manifest "$work/png/manifest.csv" --threads "$(nproc)" --seconds 4

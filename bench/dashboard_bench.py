@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 33: the dashboard with 1 000 jobs in the database. Submits JOBS one-row prediction jobs
+"""The dashboard with 1 000 jobs in the database. Submits JOBS one-row prediction jobs
 (one CPU worker evaluates them), then times the dashboard's JSON the page polls every 2 s: the first
 page of jobs (50), a filtered page, one job, the workers; median of 20 requests each.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Decode rate per core of every image format Tally reads (README "Where your data can be",
+"""Decode rate per core of every image format Tally reads (docs/data.md "Where your data can be",
 BENCHMARKS.md): the same photograph-like 512x512 images (tally-make-dataset: shading, texture,
 sensor noise) stored as PNG, JPEG q90, TIFF (none, LZW, deflate), WebP (lossy q90, lossless) and
 DICOM (12-bit MONOCHROME2, the images' grey levels x 16 plus noise, native and RLE), each decoded

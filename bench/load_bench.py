@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 36: tallyd under millions of rows, fed by fake workers (bench/load_worker.cc) over the real
+"""tallyd under millions of rows, fed by fake workers (bench/load_worker.cc) over the real
 WorkerControl API. No images, no model: each row's result is made up from its index (64 x 64
 pixels, CLASSES classes), and this script computes the same numbers on its own (numpy) to check
 the report's means.

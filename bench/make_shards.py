@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A manifest's samples as WebDataset tar shards (README "Where your data can be"): KEY.EXT for the
+"""A manifest's samples as WebDataset tar shards (docs/data.md "Where your data can be"): KEY.EXT for the
 image (its own extension), KEY.seg.png for the mask, SAMPLES samples a shard, in the manifest's order;
 KEY is the row's id (or the image's stem). Used by the benchmarks to compare shards with loose files.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Submit of tar shards (README "Where your data can be", BENCHMARKS.md): SHARDS tars of SAMPLES
+"""Submit of tar shards (docs/data.md "Where your data can be", BENCHMARKS.md): SHARDS tars of SAMPLES
 samples each (key.jpg + key.seg.png, MEMBER bytes each; the index reads headers only, so the
 members' content does not matter), then the wall time of `tally submit --shards` against a tallyd
 with no workers: from the command's start until it prints the job id, i.e. every tar indexed and

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 32, no straggling tail: job wall time with one slow worker among three, with and without
+"""No straggling tail: job wall time with one slow worker among three, with and without
 speculative copies. A prediction job (no model) of ROWS rows in shards of 8 on CPU workers; worker 0
 waits THROTTLE ms per row before sending its results (TALLY_TEST_THROTTLE_MS), the others run free.
 

@@ -81,7 +81,7 @@ PREDICTION_KINDS = ("smooth", "speckled", "fragmented", "empty-class", "filling"
 
 
 def predicted(rng, ref, kind="smooth", speckle=0.002):
-    """A prediction of `ref` as models make them (issue 45 item 3). smooth: per label shifted by a
+    """A prediction of `ref` as models make them. smooth: per label shifted by a
     voxel or two, eroded or dilated; speckled: smooth plus `speckle` of all voxels (isolated)
     mislabelled at random, as a weak model or a thresholded probability map gives; fragmented:
     smooth plus 400 small components (1-3 voxels a side) of random labels; empty-class: smooth
@@ -179,7 +179,7 @@ def main():
     ap.add_argument("--work", default="/tmp/tally-volume-bench")
     ap.add_argument("--sizes", default="512x512x300:2,160x192x160:6")
     ap.add_argument("--prediction", default="smooth", choices=PREDICTION_KINDS,
-                    help="what the predictions look like (speckled, fragmented, ...: issue 45 item 3)")
+                    help="what the predictions look like (speckled, fragmented, ...)")
     ap.add_argument("--speckle", type=float, default=0.002, help="--prediction speckled: the share of voxels")
     ap.add_argument("--workers", default=f"1,{min(4, os.cpu_count())}")
     ap.add_argument("--monai-volumes", type=int, default=1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Volumes into a 3D model (issue 31): Tally's volume job against the plain PyTorch loop a researcher
+"""Volumes into a 3D model: Tally's volume job against the plain PyTorch loop a researcher
 writes for the same evaluation.
 
   python3 bench/volume_model_bench.py --bin build-gpu/bin --work /tmp/vmb [--volumes 8]

@@ -12,7 +12,7 @@
 
 namespace tally {
 
-// What an ignored reference pixel holds once a worker has prepared a mask (common/formats/decode.h
+// What an ignored reference pixel holds once a worker has prepared a mask (common/formats/image_formats.h
 // PrepareMask): -1 as int16, which every count leaves out whatever the job's ignore index was.
 inline constexpr uint16_t kIgnoredPixel = 0xFFFF;
 

@@ -1,4 +1,4 @@
-// A plain fork-join over indices (the metrics library, common/io's parse of COCO results, the
+// A plain fork-join over indices (the metrics library, common/coco/coco_json.cc parse of COCO results, the
 // worker's concurrent result calls), for work whose result does not depend on how it is shared
 // (each index writes only its own output).
 #ifndef TALLY_METRICS_PARALLEL_FOR_H_

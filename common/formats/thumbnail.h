@@ -65,7 +65,7 @@ int BusiestSlice(const uint8_t* outcomes, int depth, int height, int width);
 absl::StatusOr<std::string> RenderThumbnail(const uint8_t* rgb, const uint8_t* outcomes, int height, int width);
 
 // RenderThumbnail in its steps, for callers that count outcomes without a full-size picture of them
-// (COCO instances, from their runs: common/io/coco_source.cc). The panels' size and the source box
+// (COCO instances, from their runs: common/coco/coco_instances.cc). The panels' size and the source box
 // of each panel pixel: columns [x0[ox], x1[ox]), rows [y0[oy], y1[oy]) (boxes overlap where a small
 // image is enlarged).
 struct ThumbnailGrid {

@@ -1,5 +1,5 @@
 // The bytes of a row's files, wherever a row source put them: a path (a manifest's, a folder's, a
-// COCO file's image) or a tar shard's member (common/sources/tar_shards.h MemberLocator). Files are
+// COCO file's image) or a tar shard's member (common/sources/tar_members.h MemberLocator). Files are
 // opened through the data roots (common/security/data_roots.h OpenRegularFile), never followed
 // into a FIFO or a device. LoadImage and LoadMask read and decode (common/formats/decode.h).
 #ifndef TALLY_COMMON_SOURCES_ROW_FILES_H_

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns a referring-segmentation set into a Tally manifest over its COCO annotation file: one row
 per expression, with the expression as `prompt` and the annotations it refers to as `coco_ann_ids`
-(README "Instances"). Then
+(docs/instances.md "Instances"). Then
 
     tally run --model my_model.py --manifest refcoco_val.csv --coco instances.json --out results/
 

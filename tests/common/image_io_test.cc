@@ -328,7 +328,7 @@ std::string FilteredPng(uint32_t width, uint32_t height, uint8_t depth, uint8_t 
   return png;
 }
 
-// The fast PNG path (common/io/png_fast.cc) reverses every row filter for every pixel size it takes
+// The fast PNG path (common/formats/png_fast.cc) reverses every row filter for every pixel size it takes
 // (1 to 4 bytes): random pixels written with all five filters, in every order, come back exactly.
 // Smooth pixels too, where the filters' predictions are right and the residuals small.
 TEST(ImageIoTest, FastPngPathReversesEveryFilterExactly) {

@@ -1,4 +1,4 @@
-// DICOM (common/io/dicom_io.cc, through DCMTK): the image decoder on arbitrary bytes, with the
+// DICOM (common/formats/dicom.cc, through DCMTK): the image decoder on arbitrary bytes, with the
 // header's window or a given one, and the size read.
 #include "common/formats/dicom.h"
 #include "fuzz_util.h"

@@ -1,4 +1,4 @@
-// The libdeflate PNG decoder (common/io/png_fast.cc) on arbitrary bytes, as RGB and as labels: no
+// The libdeflate PNG decoder (common/formats/png_fast.cc) on arbitrary bytes, as RGB and as labels: no
 // crash, and on success exactly height x width pixels.
 #include "common/formats/png_fast.h"
 #include "fuzz_util.h"

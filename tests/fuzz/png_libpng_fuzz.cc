@@ -1,4 +1,4 @@
-// The libpng fallback decoder (common/io/image_io.cc) on arbitrary bytes, as RGB and as labels.
+// The libpng fallback decoder (common/formats/png.cc) on arbitrary bytes, as RGB and as labels.
 #include "common/formats/decode.h"
 #include "fuzz_util.h"
 #include "common/formats/png.h"

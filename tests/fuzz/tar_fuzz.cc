@@ -1,4 +1,4 @@
-// Tar shards (common/io/tar_shards.cc): the header index libarchive gives of arbitrary bytes (tar,
+// Tar shards (common/sources/tar_shards.cc): the header index libarchive gives of arbitrary bytes (tar,
 // or tar inside gzip and the other filters), then the samples made of it, JSON columns included.
 #include "common/sources/tar_shards.h"
 #include "fuzz_util.h"

@@ -1,4 +1,4 @@
-// TIFF (common/io/tiff_io.cc, through libtiff): the image and mask decoders on arbitrary bytes, at
+// TIFF (common/formats/tiff.cc, through libtiff): the image and mask decoders on arbitrary bytes, at
 // the page and window the input's first byte picks, and the header-only size read.
 #include "common/formats/tiff.h"
 #include "fuzz_util.h"

@@ -1,4 +1,4 @@
-// WebP (common/io/webp_io.cc, through libwebp): the image and mask decoders on arbitrary bytes.
+// WebP (common/formats/webp.cc, through libwebp): the image and mask decoders on arbitrary bytes.
 #include "common/formats/webp.h"
 #include "fuzz_util.h"
 

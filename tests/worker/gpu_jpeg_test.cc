@@ -1,4 +1,4 @@
-// nvJPEG (worker/pipeline/gpu_jpeg.h) against libjpeg-turbo (common/formats/decode.h) on the same files: the
+// nvJPEG (worker/pipeline/gpu_jpeg.h) against libjpeg-turbo (common/formats/jpeg.h) on the same files: the
 // images come out with the right sizes and nearly the same pixels (the two decoders round their
 // inverse DCT and chroma upsampling differently: the test prints how far apart they are, which
 // BENCHMARKS.md records), corrupt streams fail alone, and many images in one call land at their own

@@ -100,7 +100,7 @@ class HostBuffer {
   virtual size_t size() const = 0;
 };
 
-struct RawImage;  // common/formats/decode.h
+struct RawImage;  // common/formats/image_formats.h
 
 struct BatchImage {
   size_t image_offset = 0;  // Byte offset of H x W x 3 uint8 RGB in the image buffer.

@@ -29,7 +29,7 @@ namespace tally {
 bool GpuJpegBuilt();
 
 struct GpuJpegImage {
-  const std::string* bytes = nullptr;  // A JPEG that passed InspectJpeg (common/formats/decode.h).
+  const std::string* bytes = nullptr;  // A JPEG that passed InspectJpeg (common/formats/jpeg.h).
   std::string name;                    // For errors.
   int height = 0;
   int width = 0;

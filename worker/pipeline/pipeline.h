@@ -68,7 +68,7 @@ struct PipelineOptions {
   LesionOptions lesion;  // Lesion metrics: the job's settings (spacing from `surface`).
   bool any_input_size = false;  // Images of different sizes may share a batch (inputs are resized).
   int64_t max_image_pixels = kDefaultMaxImagePixels;  // Larger declared images/masks fail their row.
-  // TIFF pages and 16-bit/DICOM windows (common/formats/decode.h DecodeOptions): the job's --window and
+  // TIFF pages and 16-bit/DICOM windows (common/formats/image_formats.h DecodeOptions): the job's --window and
   // the index of the manifest's 'page' column in each row's columns (-1: none).
   Window window;
   int page_column = -1;

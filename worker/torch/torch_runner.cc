@@ -132,8 +132,8 @@ std::string ArchitectureFingerprint(const torch::jit::Module& module) {
 // A fresh process's first forward pass on a GPU spends 0.3-0.9 s (H100, LRASPP) on start-up that
 // does not depend on the model or the input's shape: cuDNN's sub-libraries and NVRTC are loaded,
 // cuDNN's handle made, each kernel loaded at its first launch. The layers common to segmentation
-// networks, on a tiny input, take that cost (bench/gpu/first_pass_probe.py: the model's first pass
-// 0.40-0.94 s alone, 0.10 s after this), on threads of their own while the model is read: one for
+// networks, on a tiny input, take that cost (measured by bench/gpu/first_pass_probe.py, in git at
+// 015064c: the model's first pass 0.40-0.94 s alone, 0.10 s after this), on threads of their own while the model is read: one for
 // cuDNN (convolutions, batch norm), one for the other kernels. Results are untouched: cuDNN plans
 // and caches per shape, and none of these shapes is the model's.
 void WarmUpDevice(const at::Device& device, bool convolutions) {

@@ -165,7 +165,7 @@ void TorchRunner::PostprocessWithTorch(const at::Tensor& logits, const at::Tenso
     return;
   }
   at::Tensor ref = gt.to(at::kLong);
-  // Prepared masks hold ignored pixels as -1 (common/formats/decode.h kIgnoredPixel): out of [0, K).
+  // Prepared masks hold ignored pixels as -1 (metrics/label_counts.h kIgnoredPixel): out of [0, K).
   at::Tensor valid = ref.ge(0).logical_and(ref.lt(K));
   at::Tensor base = at::arange(n, ref.options()).view({n, 1, 1}).mul(K * K);
   at::Tensor idx = at::where(valid, base + ref * K + pred, at::full({}, n * K * K, ref.options()));
