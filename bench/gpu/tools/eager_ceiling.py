@@ -49,10 +49,10 @@ def main():
     torch.manual_seed(0)
     model = ctor(weights=None, weights_backbone=None, num_classes=2).eval().cuda()
     x = torch.rand(a.batch, 3, a.size, a.size, device="cuda")
-    eager = rate(lambda t: model(t)["out"], x, a.batch)
+    eager = rate(lambda t: model(t)["out"], x, a.batch, precision=a.precision)
     scripted = torch.jit.script(model)
-    ts = rate(lambda t: scripted(t)["out"], x, a.batch)
-    out = {"arch": a.arch, "batch": a.batch, "eager_images_per_second": eager,
+    ts = rate(lambda t: scripted(t)["out"], x, a.batch, precision=a.precision)
+    out = {"arch": a.arch, "batch": a.batch, "precision": a.precision, "eager_images_per_second": eager,
            "torchscript_images_per_second": ts, "eager_over_torchscript": eager / ts}
     if a.layouts:
         cl = torch.channels_last
