@@ -42,7 +42,7 @@ static_assert(kBudgetItems * kThreads == static_cast<int>(kSurfaceQueryChunk), "
 // batch takes about as long as one chain whatever its size until the GPU is full: fewer, larger
 // batches are faster. On an H200, a 2-label speckled 512x512x300 prediction's far transforms
 // (605 box slices, both directions): 2^25 cells 11.8 ms, 2^26 10.1, 2^27 8.5, 2^28 8.5; fragmented
-// 5.8, 4.8, 3.8, 3.7 (BENCHMARKS.md "3D surfaces"). TALLY_SURFACE3D_FAR_CELLS=N (benchmarks,
+// 5.8, 4.8, 3.8, 3.7 (BENCHMARKS.md "3D surface distances"). TALLY_SURFACE3D_FAR_CELLS=N (benchmarks,
 // tests): another limit.
 constexpr int64_t kFarCellsLeast = int64_t{1} << 25, kFarCellsMost = int64_t{1} << 27;
 
@@ -308,7 +308,7 @@ constexpr int kEnvelopeEntryBytes = 12;  // z (double) and v (int32).
 // SMs too few threads to hide the chains' latency, and global memory (cached) is faster there: on
 // an H200, 512x512x300 with 5 labels, shared-memory envelopes of 7 threads a block against global
 // ones, speckled 0.109 -> 0.066 s, fragmented 0.069 -> 0.050, filling 0.046 -> 0.033, smooth 0.027 ->
-// 0.025 (BENCHMARKS.md "3D surfaces"). TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 (tests and benchmarks
+// 0.025 (BENCHMARKS.md "3D surface distances"). TALLY_SURFACE3D_GLOBAL_ENVELOPES=1 (tests and benchmarks
 // only): every envelope in global memory; the values are the same either way.
 int SharedEnvelopeThreads(int n) {
   static const bool global_only = std::getenv("TALLY_SURFACE3D_GLOBAL_ENVELOPES") != nullptr;

@@ -3,7 +3,7 @@
 // worker within its budget (--max-worker-memory; worker/pipeline/memory_budget.h).
 //
 // Measured (tests/integration/test_hostile.py checks each kind within 20 % of the worker's peak
-// resident memory; BENCHMARKS.md "Memory of a scoring row"), per voxel of the row:
+// resident memory), per voxel of the row:
 //   - every row: both label maps as uint16 (2 + 2) and, while a map is read, its file's voxels as
 //     stored (a NIfTI data type's size; 1 for a PNG) and the file's bytes;
 //   - lesion metrics: both binary masks of a class (1 + 1) and both maps' component labels as int32
