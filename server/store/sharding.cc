@@ -34,24 +34,26 @@ std::vector<ShardRange> MakeShards(int64_t total_rows, int64_t shard_size, const
   if (starts.empty()) return MakeShards(total_rows, shard_size);
   if (shard_size <= 0) shard_size = 1;
   std::vector<ShardRange> shards;
-  auto cut = [&](int64_t begin, int64_t end, bool one) {
+  // Rows [begin, end) of uncompressed tars: cut at global multiples of the size, as a manifest's.
+  auto plain = [&](int64_t begin, int64_t end) {
     end = std::min(end, total_rows);
-    if (begin >= end) return;
-    if (one) {
-      shards.push_back({begin, end});
-      return;
-    }
     for (int64_t b = begin; b < end;) {
-      const int64_t next = std::min(end, (b / shard_size + 1) * shard_size);  // The next global multiple.
+      const int64_t next = std::min(end, (b / shard_size + 1) * shard_size);
       shards.push_back({b, next});
       b = next;
     }
   };
-  cut(0, starts[0], false);
+  int64_t from = 0;  // The first row not yet in a shard.
   for (size_t i = 0; i < starts.size(); ++i) {
-    const int64_t end = i + 1 < starts.size() ? starts[i + 1] : total_rows;
-    cut(starts[i], end, i < whole.size() && whole[i]);
+    if (i >= whole.size() || !whole[i]) continue;
+    const int64_t begin = std::min(starts[i], total_rows);
+    const int64_t end = std::min(i + 1 < starts.size() ? starts[i + 1] : total_rows, total_rows);
+    if (begin >= end) continue;
+    plain(from, begin);
+    shards.push_back({begin, end});
+    from = end;
   }
+  plain(from, total_rows);
   return shards;
 }
 

@@ -29,16 +29,17 @@ int64_t NumShards(int64_t total_rows, int64_t shard_size);
 // Cuts [0, total_rows) into consecutive shards of `shard_size` rows (the last may be shorter).
 std::vector<ShardRange> MakeShards(int64_t total_rows, int64_t shard_size);
 
-// The shards of a job read from tar shards (docs/data.md "Where your data can be"): [0, total_rows) cut
-// at multiples of `shard_size` and also at every `starts[i]` (the first row of tar i), so that no
-// shard spans two tars; the rows of a tar whose `whole[i]` is set (a compressed tar, read front to
-// back) are one shard whatever their number. Without starts it is MakeShards. Rows before
-// starts[0] or at and after total_rows are not cut (a --sample prefix ends where it ends).
+// The shards of a job read from tar shards (docs/data.md "Tar shards"): the rows of a tar whose
+// `whole[i]` is set (a compressed tar, read front to back) are one shard whatever their number; the
+// rows of uncompressed tars are cut at global multiples of `shard_size`, as a manifest's are, tar
+// boundaries or not (a member is one pread wherever it lies), so that batches are full and the same
+// index-aligned blocks as the same rows' in a manifest. `starts[i]` is the first row of tar i.
+// Without starts it is MakeShards; nothing is cut at or after total_rows (a --sample prefix).
 std::vector<ShardRange> MakeShards(int64_t total_rows, int64_t shard_size, const std::vector<int64_t>& starts,
                                    const std::vector<bool>& whole);
 
-// A job's shards over its first `planned` positions: cut at the tars' first rows (spec.tar_starts)
-// when it reads tar shards in their order; a random order's positions are scattered over the tars,
+// A job's shards over its first `planned` positions: compressed tars whole (spec.tar_starts,
+// spec.tar_compressed) when it reads tar shards in their order; a random order's positions are scattered over the tars,
 // so there they are plain MakeShards (and compressed tars are refused at submission).
 std::vector<ShardRange> JobShards(const v1::JobSpec& spec, int64_t planned, int64_t shard_size);
 

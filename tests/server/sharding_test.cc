@@ -53,26 +53,36 @@ std::vector<std::pair<int64_t, int64_t>> Pairs(const std::vector<ShardRange>& sh
   return out;
 }
 
-// Tar shards: never a shard across two tars; cuts at global multiples of the size inside one (so
-// index-aligned batches are the same blocks they are in a manifest); a compressed tar is one shard.
-TEST(TarShardsTest, CutAtEveryTarAndAtGlobalMultiples) {
+// Tar shards: uncompressed tars cut as a manifest is (global multiples of the size, across tar
+// boundaries: full index-aligned batches); a compressed tar is one shard of its own.
+TEST(TarShardsTest, CompressedTarsWholeTheRestAsAManifest) {
   using P = std::vector<std::pair<int64_t, int64_t>>;
-  EXPECT_EQ(Pairs(MakeShards(20, 8, {0, 5, 13}, {false, false, false})),
-            (P{{0, 5}, {5, 8}, {8, 13}, {13, 16}, {16, 20}}));
+  EXPECT_EQ(Pairs(MakeShards(20, 8, {0, 5, 13}, {false, false, false})), Pairs(MakeShards(20, 8)));
   EXPECT_EQ(Pairs(MakeShards(20, 8, {0, 5, 13}, {false, true, false})), (P{{0, 5}, {5, 13}, {13, 16}, {16, 20}}));
   // Empty tars (two starts at one row) add nothing; a --sample prefix ends where it ends.
   EXPECT_EQ(Pairs(MakeShards(11, 4, {0, 3, 3, 9}, {false, false, true, true})), (P{{0, 3}, {3, 9}, {9, 11}}));
-  EXPECT_EQ(Pairs(MakeShards(11, 4, {0, 3, 3, 9}, {false, false, false, true})),
-            (P{{0, 3}, {3, 4}, {4, 8}, {8, 9}, {9, 11}}));
+  EXPECT_EQ(Pairs(MakeShards(11, 4, {0, 3, 3, 9}, {false, false, false, true})), (P{{0, 4}, {4, 8}, {8, 9}, {9, 11}}));
   EXPECT_EQ(Pairs(MakeShards(7, 4, {0, 3, 3, 9}, {false, false, true, true})), (P{{0, 3}, {3, 7}}));
+  // 64 uncompressed tars of 50 rows, shards of 32: every shard but the last full.
+  std::vector<int64_t> starts;
+  for (int64_t t = 0; t < 64; ++t) starts.push_back(50 * t);
+  const std::vector<ShardRange> many = MakeShards(3200, 32, starts, std::vector<bool>(64, false));
+  EXPECT_EQ(many.size(), 100u);
+  for (const ShardRange& r : many) EXPECT_EQ(r.end - r.begin, 32);
   // Without starts: the manifest's shards.
   EXPECT_EQ(Pairs(MakeShards(10, 4, {}, {})), Pairs(MakeShards(10, 4)));
-  // Every row in exactly one shard, in order.
-  const std::vector<ShardRange> s = MakeShards(1000, 64, {0, 37, 400, 401, 999}, {false, true, false, true, false});
+  // Every row in exactly one shard, in order; no shard holds rows of a compressed tar and others.
+  const std::vector<int64_t> s5 = {0, 37, 400, 401, 999};
+  const std::vector<bool> w5 = {false, true, false, true, false};
+  const std::vector<ShardRange> s = MakeShards(1000, 64, s5, w5);
   int64_t next = 0;
   for (const ShardRange& r : s) {
     EXPECT_EQ(r.begin, next);
     EXPECT_LT(r.begin, r.end);
+    for (size_t i = 0; i < s5.size(); ++i) {
+      const int64_t tb = s5[i], te = i + 1 < s5.size() ? s5[i + 1] : 1000;
+      if (w5[i] && r.begin < te && tb < r.end) EXPECT_TRUE(r.begin == tb && r.end == te);
+    }
     next = r.end;
   }
   EXPECT_EQ(next, 1000);
@@ -83,6 +93,8 @@ TEST(TarShardsTest, JobShardsCutOnlyInTheManifestOrder) {
   for (int64_t v : {0, 5}) spec.add_tar_starts(v);
   for (bool v : {false, true}) spec.add_tar_compressed(v);
   EXPECT_EQ(Pairs(JobShards(spec, 12, 4)), (std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 5}, {5, 12}}));
+  spec.set_tar_compressed(1, false);  // Uncompressed tars: a manifest's shards.
+  EXPECT_EQ(Pairs(JobShards(spec, 12, 4)), Pairs(MakeShards(12, 4)));
   spec.set_random_order(true);  // Positions scattered over the tars: plain shards.
   EXPECT_EQ(Pairs(JobShards(spec, 12, 4)), Pairs(MakeShards(12, 4)));
 }
