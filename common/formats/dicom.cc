@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "common/formats/dicom.h"
 
 #ifndef TALLY_DCMTK_DICT
@@ -92,7 +93,112 @@ struct Parsed {
   std::string photometric;
 };
 
+
+// The structure DCMTK would build from the bytes, walked without building it: sequences and items
+// nested deeper than kMaxDicomDepth, or more than kMaxDicomElements elements, fail the file before
+// DCMTK parses it (DCMTK recurses once a level: 10 000 nested sequences overflowed a worker's stack).
+// Explicit and implicit VR little endian and explicit big endian are walked; a deflated data set
+// is inflated by DCMTK only, and its nesting is not bounded here.
+class DicomWalk {
+ public:
+  DicomWalk(const std::string& bytes, const std::string& name) : b_(bytes), name_(name) {}
+  absl::Status Run();
+
+ private:
+  uint16_t U16(size_t at) const {
+    const auto* p = reinterpret_cast<const unsigned char*>(b_.data() + at);
+    return big_ ? static_cast<uint16_t>(p[0] << 8 | p[1]) : static_cast<uint16_t>(p[0] | p[1] << 8);
+  }
+  uint32_t U32(size_t at) const {
+    const auto* p = reinterpret_cast<const unsigned char*>(b_.data() + at);
+    return big_ ? (uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | p[3])
+                : (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24);
+  }
+  // Reads one element header at pos_: false at the end or where the bytes stop making sense.
+  bool Next(uint16_t* group, uint16_t* element, bool* sequence, uint32_t* length);
+  absl::Status TooDeep() const {
+    return absl::InvalidArgumentError(absl::StrCat("image '", name_, "' is a DICOM file whose sequences nest more than ",
+                                                   kMaxDicomDepth, " deep (a limit Tally sets before parsing it)"));
+  }
+
+  const std::string& b_;
+  const std::string& name_;
+  size_t pos_ = 132;
+  bool explicit_ = true, big_ = false;
+};
+
+bool DicomWalk::Next(uint16_t* group, uint16_t* element, bool* sequence, uint32_t* length) {
+  if (pos_ + 8 > b_.size()) return false;
+  const bool meta = U16(pos_) == 0x0002 && !big_;  // The meta group is explicit little endian.
+  const bool was_big = big_;
+  if (meta) big_ = false;
+  *group = U16(pos_);
+  *element = U16(pos_ + 2);
+  *sequence = false;
+  if (*group == 0xFFFE || (!explicit_ && !meta)) {
+    *length = U32(pos_ + 4);
+    pos_ += 8;
+    // Implicit VR: a sequence shows only by its undefined length (or the data dictionary).
+    *sequence = *group != 0xFFFE && *length == 0xFFFFFFFFu;
+  } else {
+    const char vr[3] = {b_[pos_ + 4], b_[pos_ + 5], 0};
+    const std::string v(vr);
+    const bool long_form = v == "OB" || v == "OD" || v == "OF" || v == "OL" || v == "OV" || v == "OW" || v == "SQ" ||
+                           v == "SV" || v == "UC" || v == "UN" || v == "UR" || v == "UT" || v == "UV";
+    if (long_form) {
+      if (pos_ + 12 > b_.size()) return false;
+      *length = U32(pos_ + 8);
+      pos_ += 12;
+    } else {
+      *length = U16(pos_ + 6);
+      pos_ += 8;
+    }
+    *sequence = v == "SQ" || ((v == "UN" || v == "OB") && *length == 0xFFFFFFFFu);
+  }
+  big_ = meta ? was_big : big_;
+  return true;
+}
+
+absl::Status DicomWalk::Run() {
+  std::vector<size_t> ends;  // Open sequences and items: where each ends (SIZE_MAX: at its delimiter).
+  int64_t elements = 0;
+  uint16_t group = 0, element = 0;
+  bool sequence = false;
+  uint32_t length = 0;
+  while (true) {
+    while (!ends.empty() && ends.back() != SIZE_MAX && pos_ >= ends.back()) ends.pop_back();
+    if (!Next(&group, &element, &sequence, &length)) break;
+    if (++elements > kMaxDicomElements) {
+      return absl::InvalidArgumentError(absl::StrCat("image '", name_, "' is a DICOM file of more than ",
+                                                     kMaxDicomElements, " elements (a limit Tally sets before parsing it)"));
+    }
+    if (group == 0x0002 && element == 0x0010 && length < 256 && pos_ + length <= b_.size()) {
+      const std::string syntax(b_.data() + pos_, length);
+      const size_t last = syntax.find_last_not_of(std::string("\0 ", 2));
+      const std::string uid = last == std::string::npos ? "" : syntax.substr(0, last + 1);
+      explicit_ = uid != "1.2.840.10008.1.2";
+      big_ = uid == "1.2.840.10008.1.2.2";
+      if (uid == "1.2.840.10008.1.2.1.99") return absl::OkStatus();  // Deflated: DCMTK's to inflate.
+    }
+    if (group == 0xFFFE && (element == 0xE00D || element == 0xE0DD)) {  // An item's or a sequence's end.
+      if (!ends.empty()) ends.pop_back();
+      continue;
+    }
+    const bool opens = sequence || (group == 0xFFFE && element == 0xE000) ||
+                       (group == 0x7FE0 && element == 0x0010 && length == 0xFFFFFFFFu);
+    if (opens) {
+      ends.push_back(length == 0xFFFFFFFFu ? SIZE_MAX : pos_ + length);
+      if (ends.size() > static_cast<size_t>(kMaxDicomDepth)) return TooDeep();
+      continue;
+    }
+    if (length == 0xFFFFFFFFu || pos_ + length > b_.size()) return absl::OkStatus();  // DCMTK decides.
+    pos_ += length;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Read(const std::string& bytes, const std::string& name, Parsed* p) {
+  if (absl::Status s = DicomWalk(bytes, name).Run(); !s.ok()) return s;
   InitDcmtk();
   ViewStream in(bytes.data(), bytes.size());
   p->file.transferInit();
@@ -241,12 +347,43 @@ inline int64_t StoredValue(const Uint8* data, size_t i, int allocated, int store
   return is_signed && (v >> (stored - 1)) & 1 ? static_cast<int64_t>(v) - (int64_t{1} << stored) : static_cast<int64_t>(v);
 }
 
-void RescaleOf(const Parsed& p, double* slope, double* intercept) {
+// The rescale (slope 0 or absent: 1; intercept absent: 0). A value that is not finite, or one that
+// takes the stored type's range out of the finite numbers, fails the image naming the tag: its
+// window would be NaN and every pixel black.
+absl::Status RescaleOf(const Parsed& p, const std::string& name, double* slope, double* intercept) {
   Float64 s = 1, i = 0;
-  if (p.ds->findAndGetFloat64(DCM_RescaleSlope, s).bad() || !std::isfinite(s) || s == 0) s = 1;
-  if (p.ds->findAndGetFloat64(DCM_RescaleIntercept, i).bad() || !std::isfinite(i)) i = 0;
+  if (p.ds->findAndGetFloat64(DCM_RescaleSlope, s).good() && !std::isfinite(s)) {
+    return absl::InvalidArgumentError(absl::StrCat("image '", name, "': DICOM RescaleSlope (0028,1053) is ", s,
+                                                   ", not a finite number"));
+  }
+  if (p.ds->findAndGetFloat64(DCM_RescaleIntercept, i).good() && !std::isfinite(i)) {
+    return absl::InvalidArgumentError(absl::StrCat("image '", name, "': DICOM RescaleIntercept (0028,1052) is ", i,
+                                                   ", not a finite number"));
+  }
+  if (s == 0) s = 1;
+  const int bits = std::max(1, std::min<int>(p.stored, 32));
+  const double top = std::ldexp(1.0, bits);
+  if (!std::isfinite(top * s + i) || !std::isfinite(-top * s + i)) {
+    return absl::InvalidArgumentError(absl::StrCat("image '", name, "': DICOM RescaleSlope (0028,1053) ", s,
+                                                   " and RescaleIntercept (0028,1052) ", i, " take the ", bits,
+                                                   "-bit stored values past the finite numbers"));
+  }
   *slope = s;
   *intercept = i;
+  return absl::OkStatus();
+}
+
+// A window the header gives that is not finite fails the image naming the tag.
+absl::Status CheckHeaderWindow(const Parsed& p, const std::string& name) {
+  Float64 v = 0;
+  for (const auto& [key, tag] : {std::pair<const char*, DcmTagKey>{"WindowCenter (0028,1050)", DCM_WindowCenter},
+                                 {"WindowWidth (0028,1051)", DCM_WindowWidth}}) {
+    if (p.ds->findAndGetFloat64(tag, v).good() && !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat("image '", name, "': DICOM ", key, " is ", v,
+                                                     ", not a finite number"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -272,7 +409,7 @@ absl::Status DecodeDicomRaw(const std::string& bytes, const std::string& name, i
     return absl::OkStatus();
   }
   double slope = 1, intercept = 0;
-  RescaleOf(p, &slope, &intercept);
+  RETURN_IF_ERROR(RescaleOf(p, name, &slope, &intercept));
   out->header.emplace_back("rescale_slope", absl::StrCat(slope));
   out->header.emplace_back("rescale_intercept", absl::StrCat(intercept));
   Float64 center = 0, width = 0;
@@ -315,7 +452,8 @@ absl::Status DecodeDicomImage(const std::string& bytes, const std::string& name,
     return absl::OkStatus();
   }
   double slope = 1, intercept = 0;
-  RescaleOf(p, &slope, &intercept);
+  RETURN_IF_ERROR(RescaleOf(p, name, &slope, &intercept));
+  if (!options.window.given()) RETURN_IF_ERROR(CheckHeaderWindow(p, name));
   const Window window = DicomWindow(p, slope, intercept, options);
   const bool is_signed = p.representation == 1, invert = p.photometric == "MONOCHROME1";
   for (size_t i = 0; i < pixels; ++i) {

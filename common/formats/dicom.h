@@ -16,6 +16,10 @@ namespace tally {
 
 const ImageDecoder& DicomDecoder();
 
+// Bounds on a file's structure, checked by walking it before DCMTK parses it (SECURITY.md "Limits").
+inline constexpr int kMaxDicomDepth = 64;            // Sequences and items nested.
+inline constexpr int64_t kMaxDicomElements = 1000000;  // Elements of the whole file.
+
 // The decoder's parts, for the fuzz targets (tests/fuzz/dicom_fuzz.cc).
 absl::Status DecodeDicomImage(const std::string& bytes, const std::string& name, const DecodeOptions& options,
                               int64_t max_pixels, RgbImage* out);

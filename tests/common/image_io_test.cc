@@ -425,5 +425,41 @@ TEST(ImageIoTest, MaskScansAgreeWithAPlainLoopAtEveryLength) {
   }
 }
 
+
+// A DICOM file by hand: preamble, "DICM", the meta group's transfer syntax (explicit VR little
+// endian), then `body` (elements in that syntax).
+std::string DicomFile(const std::string& body) {
+  std::string f(128, '\0');
+  f += "DICM";
+  const std::string uid = std::string("1.2.840.10008.1.2.1") + '\0';  // Even length.
+  f += std::string("\x02\x00\x10\x00UI", 6);
+  f.push_back(static_cast<char>(uid.size()));
+  f.push_back('\0');
+  f += uid;
+  return f + body;
+}
+// An undefined-length sequence (tag 0008,1115 SQ) holding one undefined-length item, `depth` deep.
+std::string NestedSequences(int depth) {
+  const std::string open_sq("\x08\x00\x15\x11SQ\x00\x00\xff\xff\xff\xff", 12);
+  const std::string open_item("\xfe\xff\x00\xe0\xff\xff\xff\xff", 8);
+  const std::string close_item("\xfe\xff\x0d\xe0\x00\x00\x00\x00", 8);
+  const std::string close_sq("\xfe\xff\xdd\xe0\x00\x00\x00\x00", 8);
+  std::string out;
+  for (int i = 0; i < depth; ++i) out += open_sq + open_item;
+  for (int i = 0; i < depth; ++i) out += close_item + close_sq;
+  return out;
+}
+
+TEST(DicomLimitsTest, DeepNestingIsRefusedBeforeDcmtkParsesIt) {
+  // 10 000 nested sequences (240 KB) overflowed a worker's stack inside DCMTK; the walk refuses them.
+  RgbImage image;
+  absl::Status s = DecodeImage(DicomFile(NestedSequences(10000)), "deep.dcm", &image);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("'deep.dcm' is a DICOM file whose sequences nest more than 64 deep"));
+  // Within the limit the walk lets it through (DCMTK then finds no pixel data).
+  s = DecodeImage(DicomFile(NestedSequences(20)), "shallow.dcm", &image);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("without pixel data"));
+}
 }  // namespace
 }  // namespace tally
