@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -87,6 +88,41 @@ std::string ListNames(const std::vector<std::string>& names, size_t shown) {
   std::string s = absl::StrJoin(first, ", ");
   if (names.size() > shown) absl::StrAppend(&s, " and ", names.size() - shown, " more");
   return s;
+}
+
+std::string Printable(absl::string_view s, size_t max_bytes) {
+  const absl::string_view shown = s.substr(0, max_bytes);
+  std::string out;
+  out.reserve(shown.size());
+  for (size_t i = 0; i < shown.size();) {
+    const unsigned char c = static_cast<unsigned char>(shown[i]);
+    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (len > 1 && (i + len > shown.size() || FirstInvalidUtf8(shown.substr(i, len)) >= 0)) len = 0;
+    if (len == 2 && c == 0xC2 && static_cast<unsigned char>(shown[i + 1]) < 0xA0) len = 0;  // C1 controls.
+    if (len == 0 || (len == 1 && (c < 0x20 || c == 0x7F))) {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+      ++i;
+      continue;
+    }
+    out.append(shown.data() + i, len);
+    i += len;
+  }
+  if (s.size() > max_bytes) out += "...";
+  return out;
+}
+
+std::string UncarriableNameReason(absl::string_view name) {
+  if (const int64_t at = FirstInvalidUtf8(name); at >= 0) {
+    return absl::StrCat("it is not valid UTF-8 (byte 0x",
+                        absl::AsciiStrToUpper(absl::StrCat(absl::Hex(static_cast<unsigned char>(name[at]), absl::kZeroPad2))),
+                        " at byte ", at, ")");
+  }
+  if (const int64_t at = FirstControlCharacter(name, false); at >= 0) {
+    return absl::StrCat("it holds a control character (0x",
+                        absl::AsciiStrToUpper(absl::StrCat(absl::Hex(static_cast<unsigned char>(name[at]), absl::kZeroPad2))),
+                        " at byte ", at, ")");
+  }
+  return "";
 }
 
 }  // namespace tally

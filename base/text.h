@@ -18,6 +18,15 @@ int64_t FirstInvalidUtf8(absl::string_view text);
 // carriage returns pass when `newlines_allowed`. `text` must be valid UTF-8.
 int64_t FirstControlCharacter(absl::string_view text, bool newlines_allowed);
 
+// `s`, at most its first `max_bytes`, fit for a message: control characters (C0, DEL, C1) and bytes
+// that are not valid UTF-8 written as \xHH, and "..." where it was cut. For untrusted names (tar members, files).
+std::string Printable(absl::string_view s, size_t max_bytes = 512);
+
+// Why `name` (a file or member name) cannot be written into a manifest or a report as it is, or ""
+// when it can: "it is not valid UTF-8 (byte 0xE9 at byte 4)", "it holds a control character (0x0D
+// at byte 3)".
+std::string UncarriableNameReason(absl::string_view name);
+
 // The first `shown` of `names` joined by ", ", then " and N more" for the rest: files or rows named
 // in a message without listing thousands.
 std::string ListNames(const std::vector<std::string>& names, size_t shown);

@@ -1,7 +1,5 @@
 #include "common/sources/tar_shards.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <simdjson.h>
@@ -80,8 +78,11 @@ absl::StatusOr<std::vector<std::string>> ReadShardList(const std::string& path, 
     if (FirstControlCharacter(l, false) >= 0) {
       return absl::InvalidArgumentError(absl::StrCat("shard list '", path, "' line ", line, ": a control character"));
     }
+    if (out.size() == max) {
+      return absl::InvalidArgumentError(absl::StrCat("shard list '", path, "' names more than ", max,
+                                                     " shards (line ", line, "); the limit of one job"));
+    }
     out.push_back(ResolvePath(Dirname(path), std::string(l)));
-    if (out.size() > max) break;
   }
   return out;
 }
@@ -105,161 +106,25 @@ void SplitMemberName(const std::string& name, std::string* key, std::string* ext
   }
 }
 
-std::string Printable(absl::string_view s) {
-  std::string out;
-  for (unsigned char c : s.substr(0, 512)) {
-    if (c < 0x20 || c == 0x7f) {
-      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  if (s.size() > 512) out += "...";
-  return out;
-}
-
-struct ArchiveCloser {
-  void operator()(archive* a) const { archive_read_free(a); }
-};
-using ArchivePtr = std::unique_ptr<archive, ArchiveCloser>;
-
-std::string EntryKind(archive_entry* e) {
-  switch (archive_entry_filetype(e)) {
-    case AE_IFDIR:
-      return "a directory";
-    case AE_IFLNK: {
-      const char* target = archive_entry_symlink(e);
-      return absl::StrCat("a symbolic link to '", Printable(target ? target : ""), "'");
-    }
-    case AE_IFCHR:
-    case AE_IFBLK:
-      return "a device";
-    case AE_IFIFO:
-      return "a FIFO";
-    case AE_IFSOCK:
-      return "a socket";
-    default:
-      break;
-  }
-  if (archive_entry_hardlink(e) != nullptr) {
-    return absl::StrCat("a hard link to '", Printable(archive_entry_hardlink(e)), "'");
-  }
-  return "not a regular file";
-}
-
-// After a member's header: its data read (a JSON member, when asked) or skipped. False when the
-// archive ends inside it (its problem then says so).
-bool ReadOrSkipData(archive* a, int64_t file_size, bool read_json, TarMember* m) {
-  std::string key, ext;
-  SplitMemberName(m->name, &key, &ext);
-  const bool json = read_json && m->regular && absl::EqualsIgnoreCase(ext, "json") && m->problem.empty();
-  if (file_size >= 0 && m->size > file_size) {
-    m->problem = absl::StrCat("its header claims ", m->size, " bytes, more than the whole shard (", file_size,
-                              "): truncated or corrupt");
-  }
-  const bool read_data = json && m->size <= kMaxJsonMemberBytes && m->problem.empty();
-  if (json && !read_data && m->problem.empty()) {
-    m->problem = absl::StrCat("a JSON member of ", m->size, " bytes (the limit is ", kMaxJsonMemberBytes, ")");
-  }
-  int rc = ARCHIVE_OK;
-  if (read_data) {
-    m->data.resize(static_cast<size_t>(m->size));
-    size_t done = 0;
-    while (done < m->data.size()) {
-      const la_ssize_t n = archive_read_data(a, m->data.data() + done, m->data.size() - done);
-      if (n <= 0) {
-        rc = n < 0 ? ARCHIVE_FATAL : ARCHIVE_EOF;
-        break;
-      }
-      done += static_cast<size_t>(n);
-    }
-    if (done < m->data.size()) m->data.clear();
-  }
-  if (rc == ARCHIVE_OK) rc = archive_read_data_skip(a);
-  if (rc == ARCHIVE_OK) return true;
-  m->offset = -1;
-  if (m->problem.empty()) {
-    m->problem = absl::StrCat("the shard ends inside it (",
-                              archive_error_string(a) ? archive_error_string(a) : "truncated", ")");
-  }
-  return false;
-}
-
-// Lists an opened archive. A member's data offset is the count of (uncompressed) bytes the tar
-// reader has consumed once its header is read: every header before the data, pax and GNU long-name
-// ones included, is behind it, so this holds for every tar flavour and needs no later header.
-absl::StatusOr<TarListing> ListOpened(archive* a, const std::string& name, int64_t file_size, bool read_json) {
-  TarListing out;
-  archive_entry* e = nullptr;
-  bool first = true;
-  while (true) {
-    const int r = archive_read_next_header(a, &e);
-    if (first) out.compressed = archive_filter_code(a, 0) != ARCHIVE_FILTER_NONE;
-    if (r == ARCHIVE_EOF) break;
-    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
-      if (first) {
-        return absl::InvalidArgumentError(absl::StrCat("shard '", name, "' is not a tar Tally reads (",
-                                                       archive_error_string(a) ? archive_error_string(a) : "unknown",
-                                                       ")"));
-      }
-      out.ended_early = archive_error_string(a) ? archive_error_string(a) : "the archive ends early";
-      break;
-    }
-    first = false;
-    TarMember m;
-    const char* path = archive_entry_pathname(e);
-    m.name = path ? path : "";
-    if (m.name.empty()) m.name = "(unnamed)";
-    m.size = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
-    const bool directory = archive_entry_filetype(e) == AE_IFDIR;
-    m.regular = archive_entry_filetype(e) == AE_IFREG && archive_entry_hardlink(e) == nullptr;
-    if (!m.regular) m.kind = EntryKind(e);
-    if (m.regular && archive_entry_sparse_count(e) > 0) m.problem = "it is a sparse member";
-    if (m.size < 0) m.problem = "its header gives a negative size";
-    if (directory) {
-      if (archive_read_data_skip(a) != ARCHIVE_OK) {
-        out.ended_early = archive_error_string(a) ? archive_error_string(a) : "the archive ends early";
-        break;
-      }
-      continue;
-    }
-    m.offset = archive_filter_bytes(a, 0);
-    if (m.offset < 0) {
-      m.offset = -1;
-      if (m.problem.empty()) m.problem = "its header is inconsistent";
-    }
-    out.members.push_back(std::move(m));
-    // A compressed member may be larger than the whole compressed shard.
-    if (!ReadOrSkipData(a, out.compressed ? -1 : file_size, read_json, &out.members.back())) {
-      out.ended_early = out.members.back().problem;
-      break;
-    }
-  }
-  // Uncompressed: every member's data inside the file.
-  for (TarMember& m : out.members) {
-    if (m.problem.empty() && m.regular && file_size >= 0 && !out.compressed && m.offset + m.size > file_size) {
-      m.problem = absl::StrCat("its header claims ", m.size, " bytes, past the end of the shard (", file_size,
-                               " bytes): truncated or corrupt");
-    }
-  }
-  return out;
-}
-
-ArchivePtr NewTarReader() {
-  ArchivePtr a(archive_read_new());
-  archive_read_support_filter_all(a.get());
-  archive_read_support_format_tar(a.get());
-  return a;
-}
-
-// JSON object fields as column values: strings as they are, other values as their JSON text.
+// JSON object fields as column values: strings as they are, other values as their JSON text. A
+// sample's fields are held to a manifest row's limits (ManifestLimits: fields, bytes a field).
 absl::Status JsonFields(const std::string& text, std::vector<std::pair<std::string, std::string>>* out) {
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
   if (auto e = parser.parse(text).get(doc); e) return absl::InvalidArgumentError(simdjson::error_message(e));
   simdjson::dom::object object;
   if (auto e = doc.get_object().get(object); e) return absl::InvalidArgumentError("not a JSON object");
+  const ManifestLimits limits;
   for (auto field : object) {
+    if (out->size() >= limits.max_fields) {
+      out->clear();
+      return absl::InvalidArgumentError(absl::StrCat("more than ", limits.max_fields, " fields (a row's limit)"));
+    }
+    if (field.key.size() > limits.max_field_bytes) {
+      out->clear();
+      return absl::InvalidArgumentError(absl::StrCat("a field name of ", field.key.size(), " bytes (the limit is ",
+                                                     limits.max_field_bytes, ")"));
+    }
     std::string v;
     if (field.value.is_string()) {
       std::string_view s;
@@ -267,6 +132,12 @@ absl::Status JsonFields(const std::string& text, std::vector<std::pair<std::stri
       v = std::string(s);
     } else {
       v = simdjson::minify(field.value);
+    }
+    if (v.size() > limits.max_field_bytes) {
+      const std::string key(field.key.substr(0, 64));
+      out->clear();
+      return absl::InvalidArgumentError(absl::StrCat("field '", key, "' holds ", v.size(), " bytes (the limit is ",
+                                                     limits.max_field_bytes, ")"));
     }
     out->emplace_back(std::string(field.key), std::move(v));
   }
@@ -343,24 +214,6 @@ absl::StatusOr<std::vector<std::string>> ExpandShardPatterns(const std::vector<s
   return out;
 }
 
-absl::StatusOr<TarListing> ListTarFd(int fd, const std::string& name, int64_t file_size, bool read_json) {
-  ArchivePtr a = NewTarReader();
-  if (archive_read_open_fd(a.get(), fd, 64 << 10) != ARCHIVE_OK) {
-    return absl::InvalidArgumentError(absl::StrCat("shard '", name, "' cannot be read (",
-                                                   archive_error_string(a.get()) ? archive_error_string(a.get()) : "unknown", ")"));
-  }
-  return ListOpened(a.get(), name, file_size, read_json);
-}
-
-absl::StatusOr<TarListing> ListTarBytes(absl::string_view bytes, const std::string& name, bool read_json) {
-  ArchivePtr a = NewTarReader();
-  if (archive_read_open_memory(a.get(), bytes.data(), bytes.size()) != ARCHIVE_OK) {
-    return absl::InvalidArgumentError(absl::StrCat("shard '", name, "' cannot be read (",
-                                                   archive_error_string(a.get()) ? archive_error_string(a.get()) : "unknown", ")"));
-  }
-  return ListOpened(a.get(), name, static_cast<int64_t>(bytes.size()), read_json);
-}
-
 namespace {
 
 // A run of adjacent members with one key.
@@ -399,9 +252,13 @@ void ReadJsonFields(const std::vector<Sample>& samples, SampleRowsState* state,
     }
   }
   if (state->columns_fixed) return;
+  const size_t max_columns = ManifestLimits{}.max_fields;
   for (const auto& f : *fields) {
     for (const auto& [k, v] : f) {
-      if (std::find(state->columns.begin(), state->columns.end(), k) == state->columns.end()) state->columns.push_back(k);
+      if (state->columns.size() < max_columns &&
+          std::find(state->columns.begin(), state->columns.end(), k) == state->columns.end()) {
+        state->columns.push_back(k);
+      }
     }
   }
 }
@@ -421,7 +278,8 @@ Parts FindParts(const Sample& sample, const SampleConventions& c, const std::fun
                              : ExtensionIn(ext, c.prediction) ? &p.prediction
                              : ExtensionIn(ext, c.image)      ? &p.image
                                                               : nullptr;
-    if (slot == nullptr && !absl::EqualsIgnoreCase(ext, "json")) continue;
+    // A member whose own name could not be read (too long) may be any of the sample's parts.
+    if (slot == nullptr && !absl::EqualsIgnoreCase(ext, "json") && !m->name_lost) continue;
     if (!m->regular) {
       fail(absl::StrCat("member '", Printable(m->name), "' is ", m->kind, "; Tally reads regular members only"));
       continue;
@@ -450,7 +308,7 @@ Parts FindParts(const Sample& sample, const SampleConventions& c, const std::fun
 
 std::vector<ManifestRow> SampleRows(const TarListing& listing, const std::string& shard,
                                     const SampleConventions& conventions, int64_t first_index,
-                                    SampleRowsState* state) {
+                                    SampleRowsState* state, const ShardIdentity& identity) {
   const std::vector<Sample> samples = GroupSamples(listing);
   std::vector<std::vector<std::pair<std::string, std::string>>> fields;
   std::vector<std::string> json_errors;
@@ -484,7 +342,7 @@ std::vector<ManifestRow> SampleRows(const TarListing& listing, const std::string
     auto set = [&](const TarMember* m, std::string* written, std::string* path) {
       if (m == nullptr) return;
       *written = absl::StrCat(shard, ":", m->name);
-      *path = MemberLocator(shard, m->offset, m->size, listing.compressed, m->name);
+      *path = MemberLocator(shard, m->offset, m->size, listing.compressed, m->name, identity);
     };
     set(parts.image, &row.image, &row.image_path);
     set(parts.mask, &row.mask, &row.mask_path);
@@ -527,20 +385,35 @@ absl::Status ShardIndex::IndexNext() {
   if (!file.ok()) {
     return absl::Status(file.status().code(), absl::StrCat("shard '", path, "': ", file.status().message()));
   }
-  absl::StatusOr<TarListing> listing = ListTarFd(file->fd, path, file->size, conventions_.keep_columns);
+  TarListOptions list;
+  list.read_json = conventions_.keep_columns;
+  list.max_member_bytes = conventions_.max_member_bytes;
+  list.deadline = conventions_.deadline;
+  const ShardIdentity identity = IdentityOf(file->fd);
+  absl::StatusOr<TarListing> listing = ListTarFd(file->fd, path, file->size, list);
   close(file->fd);
   if (!listing.ok()) return listing.status();
   tar_starts_.push_back(next_index_);
   tar_compressed_.push_back(listing->compressed);
-  if (!listing->ended_early.empty()) {
-    ended_early_.push_back(absl::StrCat("shard '", path, "' ends early after ", listing->members.size(), " members (",
-                                        listing->ended_early, ")"));
-  }
   std::string index_text = absl::StrCat(path, "\n");
   for (const TarMember& m : listing->members) absl::StrAppend(&index_text, m.name, "\t", m.offset, "\t", m.size, "\n");
   digests_ += Sha256Hex(index_text);
-  pending_ = SampleRows(*listing, path, conventions_, next_index_, &state_);
+  pending_ = SampleRows(*listing, path, conventions_, next_index_, &state_, identity);
   pending_at_ = 0;
+  if (!listing->ended_early.empty()) {
+    // What the index could not reach is in no row: one more row says so, failed, and the job is
+    // not complete (TarListing::ended_early).
+    const std::string why = absl::StrCat("shard '", path, "' ends early after ", listing->members.size(), " members: ",
+                                         listing->ended_early, "; whatever samples follow are not in the job");
+    ended_early_.push_back(why);
+    ManifestRow row;
+    row.index = next_index_ + static_cast<int64_t>(pending_.size());
+    row.line = static_cast<int64_t>(pending_.size()) + 1;
+    row.id = absl::StrCat(path, ":(the rest)");
+    row.image = row.id;
+    row.error = why;
+    pending_.push_back(std::move(row));
+  }
   if (next_index_ + static_cast<int64_t>(pending_.size()) > max_rows_) {
     return absl::InvalidArgumentError(absl::StrCat("the shards hold more than ", max_rows_,
                                                    " samples (tallyd --max-manifest-rows)"));
@@ -564,8 +437,10 @@ absl::Status ShardIndex::NextBatch(size_t max_rows, std::vector<ManifestRow>* ro
 
 std::vector<std::string> ShardIndex::Warnings() const {
   std::vector<std::string> out;
-  for (size_t i = 0; i < ended_early_.size() && i < 8; ++i) out.push_back(ended_early_[i]);
-  if (ended_early_.size() > 8) out.push_back(absl::StrCat(ended_early_.size() - 8, " more shards end early"));
+  if (!ended_early_.empty()) {
+    out.push_back(absl::StrCat(ended_early_.size(), " shard(s) end early; their samples after that point are in no ",
+                               "row (each has a failed row saying so), so the job cannot be complete"));
+  }
   if (!state_.later_keys.empty()) {
     out.push_back(absl::StrCat("JSON field(s) ", absl::StrJoin(state_.later_keys, ", "),
                                " first appear after the first shard and are not columns (the columns are the first "

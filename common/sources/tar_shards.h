@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/sources/manifest.h"
+#include "common/sources/tar_listing.h"
 #include "common/sources/tar_members.h"
 
 namespace tally {
@@ -44,29 +45,9 @@ struct SampleConventions {
   std::vector<std::string> prediction = {"pred.png"};
   bool model = true;          // A model job: samples need an image; else a prediction.
   bool keep_columns = false;  // Read JSON members into columns.
+  int64_t max_member_bytes = kDefaultMaxMemberBytes;  // A member declaring more fails its sample.
+  absl::Time deadline = absl::InfiniteFuture();       // Indexing past it fails (DEADLINE_EXCEEDED).
 };
-
-// One tar's members as its headers give them (data offset: where the member's bytes start).
-struct TarMember {
-  std::string name;
-  int64_t offset = -1;  // -1: unknown (the archive ended inside this member's header or data).
-  int64_t size = 0;
-  bool regular = true;
-  std::string kind;     // For a non-regular member: "a symbolic link to 'x'", "a directory", ...
-  std::string data;     // JSON members when read.
-  std::string problem;  // Why its data cannot be read ("" when it can).
-};
-struct TarListing {
-  std::vector<TarMember> members;
-  bool compressed = false;
-  std::string ended_early;  // The archive's error when it ended before its end-of-archive marker.
-};
-// Lists a tar from its headers (libarchive). `file_size` (-1: unknown) bounds uncompressed members'
-// data; members whose extension is "json" are read when `read_json` (up to kMaxJsonMemberBytes).
-// Fails only when the bytes are no tar at all.
-inline constexpr int64_t kMaxJsonMemberBytes = 1 << 20;
-absl::StatusOr<TarListing> ListTarFd(int fd, const std::string& name, int64_t file_size, bool read_json);
-absl::StatusOr<TarListing> ListTarBytes(absl::string_view bytes, const std::string& name, bool read_json);
 
 // Rows from one tar's listing: a row per sample, in order. `seen_keys` holds the keys of earlier
 // samples (of this and earlier tars): a key met again fails its sample. `columns` are the JSON
@@ -78,9 +59,10 @@ struct SampleRowsState {
   bool columns_fixed = false;
   std::vector<std::string> later_keys;  // JSON fields that appeared after the columns were fixed.
 };
+// `identity`: the shard as indexed, carried by the rows' locators.
 std::vector<ManifestRow> SampleRows(const TarListing& listing, const std::string& shard,
                                     const SampleConventions& conventions, int64_t first_index,
-                                    SampleRowsState* state);
+                                    SampleRowsState* state, const ShardIdentity& identity = {});
 
 // A job's rows from its shards, indexed one tar at a time as NextBatch asks for rows (so that the
 // first tars' rows are stored while later ones are read). The columns are the JSON fields of the
@@ -96,6 +78,9 @@ class ShardIndex : public RowSource {
   // After the last batch: the columns, the first row of each tar, which tars are compressed,
   // what was noticed (truncated tars, later JSON fields), and a SHA-256 over every tar's index.
   const std::vector<std::string>& columns() const { return state_.columns; }
+  // Why part of the shards could not be indexed (a shard that ends early): each has a failed row,
+  // and a job with any is not complete.
+  const std::vector<std::string>& Incomplete() const { return ended_early_; }
   const std::vector<int64_t>& tar_starts() const { return tar_starts_; }
   const std::vector<bool>& tar_compressed() const { return tar_compressed_; }
   std::vector<std::string> Warnings() const;

@@ -119,6 +119,18 @@ TEST(ManifestTest, InvalidUtf8NamesLineAndColumn) {
   EXPECT_EQ(FirstInvalidUtf8("a\xc0\xaf"), 1);      // Overlong '/'.
 }
 
+TEST(ManifestTest, UntrustedNamesArePrintableAndSayWhyNoManifestCanHoldThem) {
+  EXPECT_EQ(Printable("caf\xc3\xa9.png"), "caf\xc3\xa9.png");  // Valid UTF-8 stays as it is.
+  EXPECT_EQ(Printable("bad\xe9.png"), "bad\\xe9.png");
+  EXPECT_EQ(Printable("a\r\nb\x7f"), "a\\x0d\\x0ab\\x7f");
+  EXPECT_EQ(Printable("c1\xc2\x85"), "c1\\xc2\\x85");  // NEL, a C1 control.
+  EXPECT_EQ(Printable("\xe2\x82"), "\\xe2\\x82");      // A cut character.
+  EXPECT_EQ(Printable(std::string(600, 'x'), 512), std::string(512, 'x') + "...");
+  EXPECT_EQ(UncarriableNameReason("caf\xc3\xa9.png"), "");
+  EXPECT_EQ(UncarriableNameReason("bad\xe9.png"), "it is not valid UTF-8 (byte 0xE9 at byte 3)");
+  EXPECT_EQ(UncarriableNameReason("line\rfeed.png"), "it holds a control character (0x0D at byte 4)");
+}
+
 // Found by probing: "images/case_000.png<NUL>../../etc/passwd" was evaluated as images/case_000.png
 // while the reports carried the whole string. NUL and control characters refuse the manifest, naming
 // the line and the column; tabs pass, and line breaks only inside a quoted prompt.

@@ -6,7 +6,13 @@
 #include <archive_entry.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace tally {
 namespace {
@@ -68,7 +74,7 @@ TEST(TarShardsTest, IndexGivesDataOffsetsAndSamplesByKey) {
                           Member("k2.seg.png", "s") +                           // 4608, 5120
                           Member("k3.png", "", '2', "../../etc/passwd") +       // a symlink
                           Member("k3.seg.png", "s") + End();
-  auto listing = ListTarBytes(tar, "s.tar", true);
+  auto listing = ListTarBytes(tar, "s.tar", TarListOptions{true});
   ASSERT_TRUE(listing.ok()) << listing.status();
   ASSERT_EQ(listing->members.size(), 7u);
   EXPECT_FALSE(listing->compressed);
@@ -100,7 +106,7 @@ TEST(TarShardsTest, IndexGivesDataOffsetsAndSamplesByKey) {
 TEST(TarShardsTest, ClaimsPastTheEndAndTruncationFailTheirSamplesOnly) {
   std::string tar = Member("ok.png", "i") + Member("ok.seg.png", "m") + Member("cut.png", std::string(3000, 'c'));
   tar.resize(tar.size() - 1000);  // Ends inside cut.png's data.
-  auto listing = ListTarBytes(tar, "s.tar", false);
+  auto listing = ListTarBytes(tar, "s.tar", TarListOptions{false});
   ASSERT_TRUE(listing.ok());
   EXPECT_FALSE(listing->ended_early.empty());
   SampleRowsState state;
@@ -108,7 +114,7 @@ TEST(TarShardsTest, ClaimsPastTheEndAndTruncationFailTheirSamplesOnly) {
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_TRUE(rows[0].error.empty()) << rows[0].error;
   EXPECT_NE(rows[1].error.find("cut.png"), std::string::npos) << rows[1].error;
-  EXPECT_FALSE(ListTarBytes("not a tar at all, just text", "x.tar", false).ok());
+  EXPECT_FALSE(ListTarBytes("not a tar at all, just text", "x.tar", TarListOptions{}).ok());
 }
 
 
@@ -130,7 +136,7 @@ TEST(TarShardsTest, ANegativeOrAbsurdSizeClaimFailsItsMemberWithoutOverflow) {
   }
   for (const std::string& bad : {negative, huge}) {
     const std::string tar = Member("a.png", "i") + Member("a.seg.png", "m") + bad + Member("b.png", "i") + End();
-    auto listing = ListTarBytes(tar, "s.tar", false);
+    auto listing = ListTarBytes(tar, "s.tar", TarListOptions{false});
     ASSERT_TRUE(listing.ok()) << listing.status();
     // libarchive may refuse the header (the shard ends early there) or list it: never a sample.
     ASSERT_GE(listing->members.size(), 2u);
@@ -167,7 +173,7 @@ TEST(TarShardsTest, ACompressedMemberMayBeLargerThanTheWholeCompressedShard) {
   archive_write_close(w);
   archive_write_free(w);
   ASSERT_LT(used, big.size());
-  auto listing = ListTarBytes(std::string(out.data(), used), "s.tar.gz", false);
+  auto listing = ListTarBytes(std::string(out.data(), used), "s.tar.gz", TarListOptions{});
   ASSERT_TRUE(listing.ok()) << listing.status();
   EXPECT_TRUE(listing->compressed);
   ASSERT_EQ(listing->members.size(), 2u);
@@ -176,6 +182,172 @@ TEST(TarShardsTest, ACompressedMemberMayBeLargerThanTheWholeCompressedShard) {
     EXPECT_EQ(m.size, 200000);
   }
   EXPECT_EQ(listing->members[1].offset - listing->members[0].offset, 200192 + 512);
+}
+
+
+// A gzipped tar of the given members (libarchive writes it: an independent writer).
+std::string Gzipped(const std::vector<std::pair<std::string, std::string>>& members, bool pax = true) {
+  std::vector<char> out(8 << 20);
+  size_t used = 0;
+  archive* w = archive_write_new();
+  archive_write_add_filter_gzip(w);
+  if (pax) {
+    archive_write_set_format_pax_restricted(w);
+  } else {
+    archive_write_set_format_gnutar(w);
+  }
+  archive_write_open_memory(w, out.data(), out.size(), &used);
+  for (const auto& [name, data] : members) {
+    archive_entry* e = archive_entry_new();
+    archive_entry_set_pathname(e, name.c_str());
+    archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
+    archive_entry_set_filetype(e, AE_IFREG);
+    archive_entry_set_perm(e, 0644);
+    archive_write_header(w, e);
+    archive_write_data(w, data.data(), data.size());
+    archive_entry_free(e);
+  }
+  archive_write_close(w);
+  archive_write_free(w);
+  return std::string(out.data(), used);
+}
+
+// A GNU long-name entry ('L') whose name is `n` bytes, before a member.
+std::string LongName(size_t n, const std::string& data) {
+  return Member("././@LongLink", std::string(n, 'x'), 'L') + Member(std::string(99, 'x'), data);
+}
+
+TEST(TarLimitsTest, ANameOverTheLimitFailsItsOwnSampleAndTheShardGoesOn) {
+  // 10 MB of name in the middle of a shard: its sample fails by name, the samples after it are rows.
+  const std::string tar = Member("a.png", "i") + Member("a.seg.png", "m") + LongName(10 << 20, "x") +
+                          Member("b.png", "i") + Member("b.seg.png", "m") + End();
+  auto listing = ListTarBytes(tar, "s.tar", TarListOptions{});
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_TRUE(listing->ended_early.empty()) << listing->ended_early;
+  ASSERT_EQ(listing->members.size(), 5u);
+  EXPECT_NE(listing->members[2].problem.find("its long-name header is 10485760 bytes, more than the limit of 4096"), std::string::npos)
+      << listing->members[2].problem;
+  SampleRowsState state;
+  const std::vector<ManifestRow> rows = SampleRows(*listing, "s.tar", SampleConventions{}, 0, &state);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_TRUE(rows[0].error.empty());
+  EXPECT_NE(rows[1].error.find("more than the limit of 4096"), std::string::npos) << rows[1].error;
+  EXPECT_TRUE(rows[2].error.empty()) << rows[2].error;
+  // A long name within the limit is the member's name.
+  auto ok = ListTarBytes(LongName(300, "x") + End(), "s.tar", TarListOptions{});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->members[0].name, std::string(300, 'x'));
+}
+
+TEST(TarLimitsTest, AMemberOverTheSizeLimitIsRefusedAtItsHeader) {
+  TarListOptions options;
+  options.max_member_bytes = 1000;
+  const std::string plain = Member("a.png", std::string(2000, 'i')) + Member("a.seg.png", "m") + Member("b.png", "i") +
+                            Member("b.seg.png", "m") + End();
+  auto listing = ListTarBytes(plain, "s.tar", options);
+  ASSERT_TRUE(listing.ok());
+  EXPECT_TRUE(listing->ended_early.empty());  // A plain tar seeks past it.
+  ASSERT_EQ(listing->members.size(), 4u);
+  EXPECT_EQ(listing->members[0].problem, "it declares 2000 bytes, more than the limit of 1000 for one member");
+  EXPECT_TRUE(listing->members[2].problem.empty());
+  // A compressed tar would have to decompress it to go on: the listing ends there, saying so.
+  auto gz = ListTarBytes(Gzipped({{"a.png", std::string(2000, 'i')}, {"a.seg.png", "m"}, {"b.png", "i"}}), "s.tar.gz",
+                         options);
+  ASSERT_TRUE(gz.ok()) << gz.status();
+  ASSERT_EQ(gz->members.size(), 1u);
+  EXPECT_NE(gz->ended_early.find("'a.png' declares 2000 bytes, more than the limit of 1000"), std::string::npos)
+      << gz->ended_early;
+}
+
+TEST(TarLimitsTest, SparseMembersAreListedNeverRead) {
+  // GNU's sparse entry (type 'S') and pax's GNU.sparse records: a 12 KB tar may declare gigabytes.
+  std::string pax_header = "30 GNU.sparse.size=6442450944\n";
+  const std::string tar = Member("s.png", "", 'S') + Member("./PaxHeaders/t.png", pax_header, 'x') +
+                          Member("t.png", "") + Member("u.png", "i") + End();
+  auto listing = ListTarBytes(tar, "s.tar", TarListOptions{});
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  ASSERT_EQ(listing->members.size(), 3u);
+  EXPECT_NE(listing->members[0].problem.find("sparse"), std::string::npos);
+  EXPECT_NE(listing->members[1].problem.find("sparse"), std::string::npos);
+  EXPECT_TRUE(listing->members[2].problem.empty());
+}
+
+TEST(TarLimitsTest, AHeaderThatIsNoHeaderEndsTheShardAndTheIndexSaysSo) {
+  std::string garbage(512, 'g');
+  const std::string tar = Member("a.png", "i") + Member("a.seg.png", "m") + garbage + Member("b.png", "i") + End();
+  auto listing = ListTarBytes(tar, "s.tar", TarListOptions{});
+  ASSERT_TRUE(listing.ok());
+  EXPECT_EQ(listing->members.size(), 2u);
+  EXPECT_NE(listing->ended_early.find("the block at byte 2048 is no tar header"), std::string::npos)
+      << listing->ended_early;
+}
+
+TEST(TarLimitsTest, MembersAfterALoneZeroBlockOrAnEndMarkerAreNotDroppedSilently) {
+  const std::string first = Member("a.png", "i") + Member("a.seg.png", "m");  // 2048 bytes.
+  const std::string zero(512, '\0');
+  // Record padding after the end marker is the archive's end; a second archive joined on is not.
+  for (const auto& [tar, want] : std::vector<std::pair<std::string, std::string>>{
+           {first + End() + std::string(8 * 512, '\0'), ""},
+           {first + zero + Member("b.png", "i") + End(), "a tar header at byte 2560 follows a lone zero block at byte 2048"},
+           {first + End() + Member("b.png", "i") + End(),
+            "a tar header at byte 3072 follows the end-of-archive marker at byte 2048"}}) {
+    auto listing = ListTarBytes(tar, "s.tar", TarListOptions{});
+    ASSERT_TRUE(listing.ok()) << listing.status();
+    EXPECT_EQ(listing->members.size(), 2u);
+    if (want.empty()) {
+      EXPECT_EQ(listing->ended_early, "");
+    } else {
+      EXPECT_NE(listing->ended_early.find(want), std::string::npos) << listing->ended_early;
+    }
+  }
+}
+
+TEST(TarLimitsTest, TheDeadlineBindsTheListing) {
+  TarListOptions options;
+  options.deadline = absl::InfinitePast();
+  auto listing = ListTarBytes(Member("a.png", "i") + End(), "slow.tar", options);
+  ASSERT_FALSE(listing.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(listing.status()));
+  EXPECT_NE(listing.status().message().find("shard 'slow.tar'"), std::string::npos);
+}
+
+TEST(TarLimitsTest, JsonFieldsAreHeldToARowsLimits) {
+  std::string many = "{";
+  for (int i = 0; i < 75000; ++i) absl::StrAppend(&many, i ? "," : "", "\"f", i, "\": 1");
+  many += "}";
+  const std::string tar = Member("a.png", "i") + Member("a.seg.png", "m") + Member("a.json", many) +
+                          Member("b.png", "i") + Member("b.seg.png", "m") + Member("b.json", R"({"prompt": "x"})") +
+                          Member("c.png", "i") + Member("c.seg.png", "m") +
+                          Member("c.json", absl::StrCat(R"({"prompt": ")", std::string(5000, 'p'), "\"}")) + End();
+  TarListOptions options;
+  options.read_json = true;
+  auto listing = ListTarBytes(tar, "s.tar", options);
+  ASSERT_TRUE(listing.ok());
+  SampleConventions conventions;
+  conventions.keep_columns = true;
+  SampleRowsState state;
+  const std::vector<ManifestRow> rows = SampleRows(*listing, "s.tar", conventions, 0, &state);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_NE(rows[0].error.find("shard 's.tar', sample 'a'"), std::string::npos) << rows[0].error;
+  EXPECT_NE(rows[0].error.find("more than 1024 fields"), std::string::npos) << rows[0].error;
+  EXPECT_TRUE(rows[1].error.empty()) << rows[1].error;
+  EXPECT_NE(rows[2].error.find("field 'prompt' holds 5000 bytes (the limit is 4096)"), std::string::npos) << rows[2].error;
+  EXPECT_EQ(state.columns, std::vector<std::string>{"prompt"});
+}
+
+TEST(TarLimitsTest, AShardListPastTheLimitIsRefusedNamingIt) {
+  const std::string dir = ::testing::TempDir() + "/shard_list";
+  mkdir(dir.c_str(), 0755);
+  std::string text;
+  for (int i = 0; i < 12; ++i) absl::StrAppend(&text, "s", i, ".tar\n");
+  FILE* f = std::fopen((dir + "/list.txt").c_str(), "w");
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+  auto shards = ExpandShardPatterns({dir + "/list.txt"}, 10);
+  ASSERT_FALSE(shards.ok());
+  EXPECT_NE(shards.status().message().find("names more than 10 shards (line 11)"), std::string::npos)
+      << shards.status();
+  EXPECT_TRUE(ExpandShardPatterns({dir + "/list.txt"}, 12).ok());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The report writers' handling of odd strings (ids, paths, error texts): JSON string escaping
-// must give a valid JSON string of valid UTF-8 whatever the bytes, and a CSV field must read back
-// as exactly the bytes written.
+// must give a valid JSON string of valid UTF-8 whatever the bytes, a CSV field must read back
+// as exactly the bytes written, and an untrusted name made printable (base/text.h Printable) must
+// be valid UTF-8 without control characters.
 #include <string>
 
 #include "common/sources/manifest.h"
@@ -60,5 +61,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string field = tally::CsvField(s);
   FUZZ_CHECK(ReadCsvField(field) == s);
   if (field == s) FUZZ_CHECK(s.find_first_of(",\"\n\r") == std::string::npos);
+  // Untrusted names in messages: valid UTF-8 without control characters, whatever the bytes.
+  const std::string shown = tally::Printable(s, 64);
+  FUZZ_CHECK(tally::FirstInvalidUtf8(shown) < 0 && tally::FirstControlCharacter(shown, false) < 0);
+  FUZZ_CHECK(tally::UncarriableNameReason(s).empty() ==
+             (tally::FirstInvalidUtf8(s) < 0 && tally::FirstControlCharacter(s, false) < 0));
   return 0;
 }

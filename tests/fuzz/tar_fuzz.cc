@@ -10,7 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   conventions.model = (data[0] & 2) == 0;
   conventions.keep_columns = json;
   const std::string bytes = FuzzInput(data + 1, size - 1);
-  absl::StatusOr<tally::TarListing> listing = tally::ListTarBytes(bytes, "fuzz.tar", json);
+  absl::StatusOr<tally::TarListing> listing = tally::ListTarBytes(bytes, "fuzz.tar", tally::TarListOptions{json});
   if (!listing.ok()) return 0;
   for (const tally::TarMember& m : listing->members) {
     if (m.problem.empty() && m.regular && !listing->compressed) {
