@@ -100,6 +100,8 @@ const std::vector<Verb>& Verbs() {
       {"estimate", "--model M --manifest data.csv [--gpus 0|0,1|all] [--max-memory 0.8|20GiB] [--max-batch N]",
        "trial passes: peak memory and images/s per batch size, the largest that fits, the manifest's predicted time",
        Join({kJob, {"gpus", "gpus_per_worker", "workers", "worker_threads", "worker_flags", "max_batch", "json"}})},
+      {"verify", "OUT",
+       "read a finished job's files again: every row whose bytes differ now from what was scored (exit 1)", {}},
       {"gpus", "[--json]",
        "this machine's GPUs: memory, processes, links, and whether each is ready (exit 0: one is)", {"json"}},
       {"token", "NAME client|worker|admin [--tokens-file F]", "make a token and its line for tallyd --auth-tokens",

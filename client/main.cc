@@ -322,6 +322,7 @@ constexpr Handler kHandlers[] = {
     {"report", [](const Invocation& in) { return ReportVerb(ReadJobVerbFlags(in)); }},
     {"compare", [](const Invocation& in) { return CompareVerb(ReadJobVerbFlags(in)); }},
     {"merge", [](const Invocation& in) { return MergeVerb(ReadJobVerbFlags(in)); }},
+    {"verify", [](const Invocation& in) { return VerifyVerb({in.positional}); }},
 };
 
 // Help and the version, answered before anything is parsed. Returns -1 when neither was asked for.

@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
       libtorch-dev libgtest-dev libgmock-dev libpng-dev libdeflate-dev libturbojpeg0-dev libsqlite3-dev zlib1g-dev libnifti2-dev libsimdjson-dev prometheus-cpp-dev libcivetweb-dev clang
-      libtiff-dev libwebp-dev libdcmtk-dev libarchive-dev python3-tifffile python3-pydicom
+      libtiff-dev libwebp-dev libdcmtk-dev libarchive-dev libxxhash-dev xxhash python3-tifffile python3-pydicom
       python3 python3-numpy python3-scipy python3-pil python3-torch python3-nibabel python3-grpcio python3-protobuf python3-pandas
       openssl chromium systemd python3-yaml yamllint python3-prometheus-client
       dpkg-dev python3-venv python3-pip python3-setuptools python3-wheel python3-selenium chromium-driver

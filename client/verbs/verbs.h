@@ -136,6 +136,12 @@ int HealthVerb(const ConnectionFlags& connection);
 
 int GpusVerb(bool json);
 
+// tally verify OUT: the report folder's rows whose files differ now from what they were scored from.
+struct VerifyFlags {
+  std::vector<std::string> positional;
+};
+int VerifyVerb(const VerifyFlags& flags);
+
 struct TokenFlags {
   std::vector<std::string> positional;  // NAME ROLE.
   std::string tokens_file;

@@ -319,7 +319,8 @@ class Client:
             import pandas as pd
         except ImportError:
             return list(csv.DictReader(io.StringIO(data)))
-        text = ("id", "image", "mask", "prediction", "class", "region")
+        text = ("id", "image", "mask", "prediction", "class", "region", "category",
+                "image_xxh128", "mask_xxh128", "prediction_xxh128")
         frame = pd.read_csv(io.StringIO(data), dtype=str, keep_default_na=False)
         integers = ("index", "tp", "fp", "fn", "tn", "nonfinite")
         for column in frame.columns:

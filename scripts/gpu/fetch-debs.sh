@@ -14,6 +14,6 @@ pkgs=(libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libgrpc++-dev libgrpc
       prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libcivetweb-dev
       libtiff-dev libtiff6 libjbig0 liblerc4 libwebp-dev libwebp7 libwebpdemux2 libwebpmux3
       libdcmtk-dev libdcmtk17 libwrap0 libxml2 libicu72
-      libarchive-dev libarchive13 libnettle8 liblz4-1 libzstd1 libacl1 liblzma5 libbz2-1.0 "$@")
+      libarchive-dev libarchive13 libnettle8 liblz4-1 libzstd1 libacl1 liblzma5 libbz2-1.0 libxxhash-dev libxxhash0 "$@")
 apt-get -qq download "${pkgs[@]}" 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
 ls -1 "$dir"/*.deb | wc -l

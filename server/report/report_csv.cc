@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sources/manifest.h"
+#include "common/sources/row_files.h"
 #include "metrics/aggregator.h"
 #include "base/number_format.h"
 #include "server/report/report_data.h"
@@ -16,12 +17,16 @@ std::string PerImageCsv::Header() const {
   if (config_.nonfinite == NonfinitePolicy::kWarn) h += ",nonfinite";
   // COCO instance jobs: one row per image and category, with its instances at IoU 0.5.
   if (config_.instance_job()) h += ",category,gt_instances,dt_instances,instance_tp50,instance_fp50,instance_fn50";
+  // What the row was scored from: its files' XXH128 digests as read (docs/reports.md; `tally verify`).
+  h += ",image_xxh128,mask_xxh128,prediction_xxh128";
   return h + "\n";
 }
 
 std::string PerImageCsv::Rows(const v1::ImageResult& r, const RowNames& names) const {
   const std::string prefix = absl::StrCat(r.index(), ",", CsvField(names.id), ",", CsvField(ShownImage(names)), ",");
   std::string out;
+  const v1::InputDigests& in = r.inputs();
+  const std::string digests = absl::StrCat(",", Hex128(in.image()), ",", Hex128(in.mask()), ",", Hex128(in.prediction()));
   std::map<int64_t, const v1::CocoImageRecord*> records;
   for (const v1::CocoImageRecord& rec : r.instances()) records[rec.category_id()] = &rec;
   for (int c = 0; c < r.classes_size(); ++c) {
@@ -39,6 +44,7 @@ std::string PerImageCsv::Rows(const v1::ImageResult& r, const RowNames& names) c
       absl::StrAppend(&out, ",", CsvField(category->second), ",", x.references(), ",", x.detections(), ",", x.tp50(),
                       ",", x.fp50(), ",", x.fn50());
     }
+    out += digests;
     out.push_back('\n');
   }
   return out;

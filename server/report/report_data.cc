@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "common/coco/coco_instances.h"
 
@@ -120,6 +121,14 @@ void AddWarnings(ReportData* d) {
                                          "0..", d->mask_max_label, " only"));
     }
   }
+  if (d->inputs_modified > 0) {
+    d->warnings.push_back(absl::StrCat(
+        d->inputs_modified, " evaluated row(s) were read from files modified after the job was submitted (the first: ",
+        "row ", d->inputs_modified_first, " '", d->inputs_modified_first_id, "', modified ",
+        absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixNanos(d->inputs_modified_first_ns), absl::UTCTimeZone()),
+        "): rows read before and after a change saw different data. per_image.csv's *_xxh128 columns say which ",
+        "bytes each row was scored from; tally verify names the files that differ now"));
+  }
   const int64_t total = d->record->job.images_total();
   if (d->config.TooManyFailed(d->failed, total)) {
     d->warnings.push_back(absl::StrFormat(
@@ -226,6 +235,7 @@ ReportAccumulator::ReportAccumulator(const JobRecord& record, JobConfig config, 
   if (options.interval == IntervalKind::kSample) {
     order_ = RowOrder(record.job.images_total(), record.job.spec().random_order(), record.job.spec().order_seed());
   }
+  if (record.job.created_unix() > 0) submitted_ns_ = static_cast<int64_t>(record.job.created_unix() * 1e9);
   d_.record = nullptr;  // Set again by Finish (the record may move meanwhile).
   // These keep a reference to the configuration: config_, which stays where it is.
   if (config_.instance_job()) instances_ = std::make_unique<InstanceAccumulator>(config_);
@@ -265,6 +275,15 @@ void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& 
   }
   const v1::ImageResult& r = *rp;
   ++d_.evaluated;
+  // A second of slack for the clocks of the file server and tallyd's host.
+  if (submitted_ns_ > 0 && r.inputs().modified_ns() > submitted_ns_ + 1'000'000'000) {
+    ++d_.inputs_modified;
+    if (d_.inputs_modified_first < 0 || r.index() < d_.inputs_modified_first) {
+      d_.inputs_modified_first = r.index();
+      d_.inputs_modified_first_id = names.id;
+      d_.inputs_modified_first_ns = r.inputs().modified_ns();
+    }
+  }
   if (r.nonfinite() > 0) {
     ++d_.nonfinite_images;
     d_.nonfinite_values += r.nonfinite();
@@ -288,6 +307,13 @@ void ReportAccumulator::Merge(ReportAccumulator* other) {
   d_.evaluated += other->d_.evaluated;
   d_.nonfinite_images += other->d_.nonfinite_images;
   d_.nonfinite_values += other->d_.nonfinite_values;
+  d_.inputs_modified += other->d_.inputs_modified;
+  if (other->d_.inputs_modified_first >= 0 &&
+      (d_.inputs_modified_first < 0 || other->d_.inputs_modified_first < d_.inputs_modified_first)) {
+    d_.inputs_modified_first = other->d_.inputs_modified_first;
+    d_.inputs_modified_first_id = other->d_.inputs_modified_first_id;
+    d_.inputs_modified_first_ns = other->d_.inputs_modified_first_ns;
+  }
   d_.mask_max_label = std::max(d_.mask_max_label, other->d_.mask_max_label);
   d_.mask_ignored += other->d_.mask_ignored;
   for (const auto& [spacing, rows] : other->d_.spacings) d_.spacings[spacing] += rows;

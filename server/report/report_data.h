@@ -53,6 +53,12 @@ struct ReportData {
   int64_t failed = 0;
   int64_t nonfinite_images = 0;  // Evaluated images whose model output had NaN/Inf (--nonfinite warn).
   int64_t nonfinite_values = 0;
+  // Evaluated rows read from a file modified after the job was submitted (InputDigests.modified_ns
+  // more than a second past created_unix), and the first of them by index.
+  int64_t inputs_modified = 0;
+  int64_t inputs_modified_first = -1;
+  std::string inputs_modified_first_id;
+  int64_t inputs_modified_first_ns = 0;
   int num_classes = 0;
   double wall_seconds = 0;
   IntervalKind interval = IntervalKind::kRows;  // What dice_mean_ci95 stands for.
@@ -157,6 +163,7 @@ class ReportAccumulator {
   std::unique_ptr<InstanceAccumulator> instances_;
   std::unique_ptr<PanopticAccumulator> panoptic_;
   std::optional<RowOrder> order_;  // A sample's draw order (IntervalKind::kSample).
+  int64_t submitted_ns_ = 0;       // The job's submission (0: unknown, no check).
 };
 
 // What a job's report interval stands for (metrics/aggregator.h IntervalKind), from its record, and

@@ -60,6 +60,9 @@ std::string NotEvaluatedReason(const ReportData& d) {
 
 std::string NoFailuresStatement(const ReportData& d) {
   const int64_t left = RowsNotEvaluated(d);
+  if (left == 0 && !d.record->job.spec().incomplete_sources().empty()) {
+    return "None of the manifest's rows failed, but part of the data could not be indexed (see Not complete).";
+  }
   if (left == 0) return "None: every manifest row was evaluated.";
   return absl::StrCat("None of the ", d.evaluated, " evaluated rows failed; ", left, " of the manifest's ",
                       d.record->job.images_total(), " rows were not evaluated (", NotEvaluatedReason(d), ").");
@@ -111,6 +114,15 @@ std::vector<ReportFact> JobFacts(const ReportData& d) {
   const bool short_of_all = RowsNotEvaluated(d) > 0;
   if (short_of_all) absl::StrAppend(&rows, ", ", RowsNotEvaluated(d), " not evaluated (", NotEvaluatedReason(d), ")");
   out.push_back({"Rows", rows, "", short_of_all});
+  if (!job.spec().incomplete_sources().empty()) {
+    out.push_back({"Not complete",
+                   absl::StrCat("part of the data could not be indexed, so not every sample is a row: ",
+                                job.spec().incomplete_sources(0),
+                                job.spec().incomplete_sources_size() > 1
+                                    ? absl::StrCat(" (and ", job.spec().incomplete_sources_size() - 1, " more)")
+                                    : ""),
+                   "", true});
+  }
   if (!job.until_ci_note().empty()) out.push_back({"Until CI", job.until_ci_note(), "", false});
   if (const std::string spacing = SpacingText(d); !spacing.empty()) out.push_back({"Spacing", spacing, "", false});
   const Throughputs t = JobThroughputs(d);

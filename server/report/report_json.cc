@@ -68,6 +68,48 @@ void ImageModelSettingsJson(const JobConfig& c, JsonWriter& w) {
   w.Field("decode", c.decode_ran());
   w.Field("decode_trial", c.decode_trial);
 }
+void Strings(JsonWriter& w, const char* key, const google::protobuf::RepeatedPtrField<std::string>& values) {
+  w.Key(key).BeginArray();
+  for (const std::string& v : values) w.String(v);
+  w.EndArray();
+}
+
+// Where the job's rows came from, as `tally verify` rebuilds them to read the files again.
+void SourceJson(const v1::JobSpec& spec, JsonWriter& w) {
+  w.Key("source").BeginObject();
+  const char* kind = !spec.shards().empty()            ? "shards"
+                     : !spec.images_dir().empty()      ? "folders"
+                     : !spec.coco_panoptic().empty()   ? "panoptic"
+                     : spec.manifest().empty() && !spec.coco().empty() ? "coco"
+                                                       : "manifest";
+  w.Field("kind", kind);
+  w.Field("manifest", spec.manifest());
+  w.Field("model", !spec.model().empty());
+  if (!spec.shards().empty()) {
+    Strings(w, "shards", spec.shards());
+    Strings(w, "image_extensions", spec.image_extensions());
+    Strings(w, "mask_extensions", spec.mask_extensions());
+    Strings(w, "prediction_extensions", spec.prediction_extensions());
+  }
+  if (!spec.images_dir().empty()) {
+    w.Field("images", spec.images_dir());
+    w.Field("masks", spec.masks_dir());
+    w.Field("mask_suffix", spec.mask_suffix());
+  }
+  if (!spec.coco().empty()) {
+    w.Field("coco", spec.coco());
+    w.Field("coco_images", spec.coco_images());
+  }
+  if (!spec.coco_panoptic().empty()) {
+    w.Field("coco_panoptic", spec.coco_panoptic());
+    w.Field("panoptic_dir", spec.panoptic_dir());
+    w.Field("panoptic_predictions", spec.panoptic_predictions());
+    w.Field("panoptic_predictions_dir", spec.panoptic_predictions_dir());
+  }
+  w.Field("digests", "xxh128");
+  w.EndObject();
+}
+
 // The job's settings, as the report's reader needs them to reproduce it.
 void SettingsJson(const ReportData& d, JsonWriter& w) {
   const v1::Job& job = d.record->job;
@@ -119,6 +161,7 @@ void RowsJson(const ReportData& d, int64_t missing, JsonWriter& w) {
   w.Field("images_failed", d.failed);
   w.Field("images_missing", missing);
   w.Field("nonfinite_images", d.nonfinite_images);
+  w.Field("inputs_modified_after_submission", d.inputs_modified);
   w.Field("nonfinite_values", d.nonfinite_values);
   w.Key("warnings").BeginArray();
   for (const std::string& warning : d.warnings) w.String(warning);
@@ -316,10 +359,17 @@ std::string ReportJson(const ReportData& d) {
   // A sampled job's other rows are accounted for: not evaluated (sample), not missing.
   const int64_t not_evaluated = job.sampled().empty() ? 0 : job.images_total() - d.evaluated - d.failed;
   const int64_t missing = job.images_total() - d.evaluated - d.failed - not_evaluated;
-  w.Field("complete", job.state() == v1::JOB_STATE_SUCCEEDED && missing == 0);
+  w.Field("complete", job.state() == v1::JOB_STATE_SUCCEEDED && missing == 0 && spec.incomplete_sources().empty());
+  if (!spec.incomplete_sources().empty()) {
+    w.Key("incomplete_sources");
+    w.BeginArray();
+    for (const std::string& why : spec.incomplete_sources()) w.String(why);
+    w.EndArray();
+  }
   w.Field("error", job.error());
   w.Field("model", spec.model());
   w.Field("manifest", spec.manifest());
+  SourceJson(spec, w);
   SettingsJson(d, w);
   RowsJson(d, missing, w);
   if (!job.sampled().empty()) {

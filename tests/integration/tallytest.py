@@ -415,6 +415,18 @@ def same_files(a, b, name="per_image.csv"):
         return fa.read() == fb.read()
 
 
+DIGEST_COLUMNS = ("image_xxh128", "mask_xxh128", "prediction_xxh128")
+
+
+def same_scores(a, b):
+    """per_image.csv of two reports equal but for the digests of the files read (two jobs that score
+    the same labels from different files: a model's output and its saved predictions)."""
+    def rows(d):
+        with open(os.path.join(d, "per_image.csv"), newline="") as f:
+            return [{k: v for k, v in r.items() if k not in DIGEST_COLUMNS} for r in csv.DictReader(f)]
+    return rows(a) == rows(b)
+
+
 def proc_status(pid, field):
     """A field of /proc/PID/status in bytes (VmRSS, VmHWM)."""
     with open(f"/proc/{pid}/status") as f:

@@ -43,7 +43,8 @@ class EndToEndTest(unittest.TestCase):
         rows = tt.read_per_image(out)
         self.assertEqual(list(rows[0].keys()),
                          ["index", "id", "image", "class", "tp", "fp", "fn", "tn", "dice", "iou", "precision",
-                          "recall", "specificity", "accuracy", "hd", "hd95", "assd", "nsd"])
+                          "recall", "specificity", "accuracy", "hd", "hd95", "assd", "nsd", "image_xxh128",
+                          "mask_xxh128", "prediction_xxh128"])
         manifest_rows = self.manifest_rows()
         self.assertEqual(len(rows), 30 * 3)
         compared = 0

@@ -279,8 +279,8 @@ class LesionWiseTest(unittest.TestCase):
         tt.tally("run", "--manifest", pm, "--out", out_pred, "--num-classes", str(k), *flags)
         lesions = read_csv(os.path.join(out_model, "lesions.csv"))
         self.assertGreater(len(lesions), 10)
-        for name in ("per_image.csv", "lesions.csv"):
-            self.assertTrue(tt.same_files(out_model, out_pred, name), name)
+        self.assertTrue(tt.same_scores(out_model, out_pred))  # Each reads other files: digests aside.
+        self.assertTrue(tt.same_files(out_model, out_pred, "lesions.csv"))
 
     def test_six_connectivity_fails_2d_rows_with_the_reason(self):
         root = tt.tmpdir(self)

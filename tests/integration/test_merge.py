@@ -9,8 +9,8 @@ import numpy as np
 import tallytest as tt
 
 # Fields that describe the run rather than the results.
-RUN_FIELDS = {"job_id", "name", "manifest", "created_unix", "finished_unix", "wall_seconds", "images_per_second",
-              "throughput", "workers", "state", "shard_size", "provenance"}
+RUN_FIELDS = {"job_id", "name", "manifest", "source", "created_unix", "finished_unix", "wall_seconds",
+              "images_per_second", "throughput", "workers", "state", "shard_size", "provenance"}
 
 
 class MergeTest(unittest.TestCase):

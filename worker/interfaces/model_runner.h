@@ -111,6 +111,8 @@ struct BatchImage {
   // Python models: the image's stored values where a byte does not hold them (16-bit TIFF, DICOM),
   // valid until the batch is finished; null otherwise.
   const RawImage* raw = nullptr;
+  // The XXH128 of the image file's bytes as decoded (v1::InputDigests.image); null where unknown.
+  const std::string* image_digest = nullptr;
 };
 
 // Surface metrics (hd, hd95, assd, nsd of every class) computed where the labels are, when the runner

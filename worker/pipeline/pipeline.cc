@@ -137,7 +137,10 @@ std::shared_ptr<Pipeline::Shard> Pipeline::NewShard(const LeaseKey& lease, std::
   auto shard = std::make_shared<Shard>();
   shard->lease = lease;
   shard->items.resize(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) shard->items[i].row = std::move(rows[i]);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    shard->items[i].row = std::move(rows[i]);
+    shard->position.emplace(shard->items[i].row.index(), i);
+  }
   shard->thumbnails = NewShardThumbnails();
   return shard;
 }
@@ -254,6 +257,11 @@ void Pipeline::Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult resu
   bool dropped = false;
   {
     absl::MutexLock lock(&mu_);
+    // What the row was scored from (its item is decoded by now: `decoded` was set under mu_).
+    if (auto p = shard->position.find(result.index()); p != shard->position.end() && !result.has_inputs()) {
+      const v1::InputDigests& inputs = shard->items[p->second].inputs;
+      if (!inputs.image().empty() || !inputs.mask().empty()) *result.mutable_inputs() = inputs;
+    }
     if (provisional) {
       --provisional_rows_;
       held_.emplace_back(shard, std::move(result));

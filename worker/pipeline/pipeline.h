@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/coco/coco_instances.h"
 #include "common/formats/decode.h"
@@ -161,6 +162,7 @@ class Pipeline : public RowEvaluator {
     bool decoded = false;
     bool jpeg = false;        // The image is a JPEG...
     bool gpu_pixels = false;  // ...decoded by nvJPEG.
+    v1::InputDigests inputs;  // The digests of the files as read (set by the decoding thread).
   };
   // Guarded by the pipeline's mu_ (its items' `decoded` too); an item's buffers belong to the
   // thread that took it (decoder, then batcher).
@@ -171,6 +173,7 @@ class Pipeline : public RowEvaluator {
     size_t next_batch = 0;   // Next item the batcher takes.
     bool dropped = false;
     std::shared_ptr<ShardThumbnails> thumbnails;  // Null when the job has none.
+    absl::flat_hash_map<int64_t, size_t> position;  // Row index -> its item (fixed at creation).
   };
   struct Slot {
     std::unique_ptr<HostBuffer> images;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,8 +17,8 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "base/clock.h"
 #include "common/sources/tar_shards.h"
 #include "common/job/job_config.h"
@@ -33,8 +34,13 @@ namespace tally {
 namespace {
 
 // Reads an image file as LoadImage does (its errors prefixed "image: "), into a reused buffer.
-absl::Status ReadImageBytes(const std::string& path, std::string* bytes) {
-  absl::Status s = ReadFileBytes(path, bytes);
+absl::Status ReadImageBytes(const std::string& path, std::string* bytes, v1::InputDigests* inputs) {
+  FileFacts facts;
+  absl::Status s = ReadFileBytes(path, bytes, inputs != nullptr ? &facts : nullptr);
+  if (s.ok() && inputs != nullptr) {
+    inputs->set_image(facts.xxh128);
+    inputs->set_modified_ns(std::max(inputs->modified_ns(), facts.mtime_ns));
+  }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("image: ", s.message()));
   return absl::OkStatus();
 }
@@ -80,7 +86,15 @@ size_t GpuDecodeThreads() {
 
 }  // namespace
 
+// Tests: a worker that meets the row with this id crashes (SIGSEGV), as on a file that crashes a
+// decoder (TALLY_TEST_CRASH_ID).
+static void CrashOnTestRow(const std::string& id) {
+  static const std::string crash = std::getenv("TALLY_TEST_CRASH_ID") ? std::getenv("TALLY_TEST_CRASH_ID") : "";
+  if (!crash.empty() && id == crash) std::raise(SIGSEGV);
+}
+
 void Pipeline::Decode(Item* item) {
+  CrashOnTestRow(item->row.id());
   if (!item->row.error().empty()) {
     item->error = item->row.error();
     return;
@@ -89,7 +103,7 @@ void Pipeline::Decode(Item* item) {
   std::unique_ptr<RgbImage> image = TakeImage();
   absl::StatusOr<DecodeOptions> decode = RowOptions(item->row);
   absl::Status s = decode.status();
-  if (s.ok()) s = ReadImageBytes(item->row.image_path(), &bytes);
+  if (s.ok()) s = ReadImageBytes(item->row.image_path(), &bytes, &item->inputs);
   if (s.ok()) s = CheckMemory(bytes, DisplayPath(item->row.image_path()), decode->page);
   if (s.ok()) {
     item->jpeg = LooksLikeJpeg(bytes);
@@ -135,8 +149,14 @@ void Pipeline::DecodeMask(Item* item, std::unique_ptr<RgbImage> image) {
     return;
   }
   absl::StatusOr<DecodeOptions> decode = RowOptions(row);  // A mask's page is its image's.
-  absl::Status s = decode.ok() ? LoadMask(item->row.mask_path(), mask.get(), options_.max_image_pixels, decode->page)
-                               : decode.status();
+  FileFacts facts;
+  absl::Status s = decode.ok()
+                       ? LoadMask(item->row.mask_path(), mask.get(), options_.max_image_pixels, decode->page, &facts)
+                       : decode.status();
+  if (!facts.xxh128.empty()) {
+    item->inputs.set_mask(facts.xxh128);
+    item->inputs.set_modified_ns(std::max(item->inputs.modified_ns(), facts.mtime_ns));
+  }
   if (s.ok()) PrepareMask(mask.get(), label_lut_, options_.ignore_index);
   if (!s.ok()) {
     item->error = std::string(s.message());
@@ -183,7 +203,7 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
     if (!item->row.error().empty()) continue;
     images[i] = TakeImage();
     const std::string path = DisplayPath(item->row.image_path());
-    status[i] = ReadImageBytes(item->row.image_path(), &bytes[i]);
+    status[i] = ReadImageBytes(item->row.image_path(), &bytes[i], &item->inputs);
     if (status[i].ok()) status[i] = CheckMemory(bytes[i], path);
     if (!status[i].ok()) continue;
     item->jpeg = LooksLikeJpeg(bytes[i]);
@@ -254,9 +274,13 @@ void Pipeline::RedecodeStaged(const BatchSpec& spec, const std::vector<bool>& re
   for (size_t i = 0; i < spec.items.size(); ++i) {
     if (!redo[i]) continue;
     const BatchImage& b = spec.items[i];
-    // The file was decoded moments ago; reading it again can only fail if it changed meanwhile,
-    // and then the CPU's pixels stay (the row still has an image of the right size).
-    if (!ReadImageBytes(b.row->image_path(), &bytes[i]).ok() || !LooksLikeJpeg(bytes[i])) continue;
+    // The file was decoded moments ago. Read again, its bytes must be the ones digested then; where
+    // the file changed meanwhile (or cannot be read), the CPU's pixels of the bytes digested stay.
+    v1::InputDigests again;
+    if (!ReadImageBytes(b.row->image_path(), &bytes[i], &again).ok() || !LooksLikeJpeg(bytes[i]) ||
+        (b.image_digest != nullptr && again.image() != *b.image_digest)) {
+      continue;
+    }
     GpuJpegImage job;
     job.bytes = &bytes[i];
     job.name = DisplayPath(b.row->image_path());

@@ -32,9 +32,19 @@ using LoadedMap = ScoringPipeline::LoadedMap;
 absl::Status Load(const std::string& path, int64_t max_voxels, const char* what, LoadedMap* out) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("no ", what, " path"));
   out->volume = IsNiftiPath(path);
-  if (out->volume) return LoadNiftiLabels(path, max_voxels, &out->labels, &out->geometry);
-  absl::Status s = LoadMask(path, &out->labels, max_voxels);
+  if (out->volume) {
+    RETURN_IF_ERROR(LoadNiftiLabels(path, max_voxels, &out->labels, &out->geometry));
+    absl::StatusOr<FileFacts> facts = DigestFile(path);  // nifti_clib read it: once more, for its digest.
+    if (!facts.ok()) return facts.status();
+    out->digest = facts->xxh128;
+    out->modified_ns = facts->mtime_ns;
+    return absl::OkStatus();
+  }
+  FileFacts facts;
+  absl::Status s = LoadMask(path, &out->labels, max_voxels, 0, &facts);
   if (!s.ok()) return s;
+  out->digest = facts.xxh128;
+  out->modified_ns = facts.mtime_ns;
   out->geometry = VolumeGeometry{};
   out->geometry.height = out->labels.height;
   out->geometry.width = out->labels.width;
@@ -192,8 +202,13 @@ absl::StatusOr<SurfaceOptions3D> ScoringPipeline::SpacingOf(const v1::ManifestRo
 absl::Status ScoringPipeline::LoadPanopticPair(const v1::ManifestRow& row, LoadedMap* ref, LoadedMap* pred,
                                                v1::ImageResult* result) const {
   RgbImage png[2];
-  RETURN_IF_ERROR(LoadImage(row.mask_path(), &png[0], config_.max_image_pixels));
-  RETURN_IF_ERROR(LoadImage(row.prediction_path(), &png[1], config_.max_image_pixels));
+  FileFacts facts[2];
+  RETURN_IF_ERROR(LoadImage(row.mask_path(), &png[0], config_.max_image_pixels, {}, &facts[0]));
+  RETURN_IF_ERROR(LoadImage(row.prediction_path(), &png[1], config_.max_image_pixels, {}, &facts[1]));
+  ref->digest = facts[0].xxh128;
+  pred->digest = facts[1].xxh128;
+  ref->modified_ns = facts[0].mtime_ns;
+  pred->modified_ns = facts[1].mtime_ns;
   RETURN_IF_ERROR(panoptic_->Evaluate(row, png[0], png[1], &ref->labels, &pred->labels, result));
   for (LoadedMap* map : {ref, pred}) {
     map->volume = false;
@@ -303,7 +318,7 @@ namespace {
 
 // `result` failed with `message`: what was scored of it is dropped.
 v1::ImageResult Failed(v1::ImageResult result, absl::string_view message) {
-  result.clear_classes();
+  result.clear_classes();  // What it was scored from (inputs) stays.
   result.clear_instances();
   result.clear_panoptic();
   result.clear_panoptic_matches();
@@ -360,6 +375,10 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
                                                                                         spare)
                               : volumes_ != nullptr                      ? PredictPair(row, &ref, &pred)
                                                                          : LoadPair(row, &ref, &pred);
+  if (!ref.digest.empty()) result.mutable_inputs()->set_mask(ref.digest);
+  if (!pred.digest.empty()) result.mutable_inputs()->set_prediction(pred.digest);
+  result.mutable_inputs()->set_modified_ns(
+      std::max({result.inputs().modified_ns(), ref.modified_ns, pred.modified_ns}));
   if (!loaded.ok()) return fail(loaded.message());
   const absl::StatusOr<int> classes = ref.labels_in_range ? absl::StatusOr<int>(config.num_classes)
                                                           : ClassCount(row, ref, pred);

@@ -87,6 +87,8 @@ class ScoringPipeline : public RowEvaluator {
     // out of range, so ClassCount's scans are spared and the reference's largest label comes from
     // the counts (LoadCocoPair, ScoreRow).
     bool labels_in_range = false;
+    std::string digest;  // The file's XXH128 as read (common/sources/row_files.h); "" for a model's.
+    int64_t modified_ns = 0;  // Its modification time as read.
   };
 
  private:
