@@ -55,8 +55,9 @@ ABSL_FLAG(std::vector<std::string>, http_allowed_hosts, {},
           "against DNS rebinding");
 ABSL_FLAG(double, lease_seconds, 10.0, "A worker silent this long loses its shards to others");
 ABSL_FLAG(double, heartbeat_seconds, 1.0, "How often workers heartbeat");
-ABSL_FLAG(int, max_shard_attempts, 3,
-          "A shard lost this many times is split into single rows; a single row lost this many times fails");
+ABSL_FLAG(int, max_shard_attempts, 2,
+          "A shard lost with a worker is split into single rows, each then leased alone; a row lost this many "
+          "times in all fails, named (2: the row that crashed a worker once fails when it crashes one again)");
 ABSL_FLAG(int64_t, max_manifest_rows, 50000000, "Manifests with more data rows are refused");
 ABSL_FLAG(std::string, max_json_file_size, "2GiB",
           "COCO annotation, results and panoptic JSON files larger than this are refused, at submission and "

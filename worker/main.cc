@@ -45,6 +45,7 @@
 #include "worker/estimate.h"
 #include "worker/worker.h"
 #include "common/sources/row_files.h"
+#include "common/sources/tar_members.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
@@ -92,6 +93,12 @@ ABSL_FLAG(std::string, max_worker_memory, "",
           "Host memory this worker's rows may use: a size (1GiB, 512MiB), or none; a row that needs more "
           "fails with the reason and batches are split to fit (default: the cgroup's limit, else physical "
           "memory divided among the host's GPUs for a GPU worker, less what the process holds with its model)");
+ABSL_FLAG(std::string, scratch_limit, "",
+          "Scratch space ($TMPDIR) the decompressed copies of compressed tar shards may take together: a size "
+          "(10GiB); a member beyond it fails its row (default: a quarter of $TMPDIR's free space)");
+ABSL_FLAG(int, host_workers, 0,
+          "Workers sharing this host's memory (tally run and tallyd --spawn-workers say how many they start): "
+          "the default --max-worker-memory is this host's share (0: unknown; GPU workers then divide by the GPUs)");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "A folder whose files jobs may make this worker read (repeatable): with data roots, models, images and "
           "masks must resolve inside one (SECURITY.md). Empty: every readable path, with a warning");
@@ -152,7 +159,8 @@ const std::vector<tally::FlagGroup>& HelpGroups() {
       {"Security (SECURITY.md)", {"tls_ca", "tls_cert", "tls_key", "tls_server_name", "token_file", "data_root"}},
       {"Device and model", {"device", "gpus_per_worker", "threads", "batch_size", "count_logit_ties", "cudnn_benchmark",
                             "jit_optimize", "cache_dir", "warmup_batches", "warm_up_device"}},
-      {"Limits", {"max_worker_memory", "max_leases", "staging_slots", "gpu_memory_limit_gib"}},
+      {"Limits", {"max_worker_memory", "host_workers", "scratch_limit", "max_leases", "staging_slots",
+                  "gpu_memory_limit_gib"}},
       {"tally estimate (run by `tally estimate`)",
        {"estimate", "estimate_workers", "estimate_decode_threads", "estimate_max_batch", "estimate_seconds",
         "estimate_json", "estimate_spawned_unix"}},
@@ -204,6 +212,11 @@ absl::StatusOr<tally::WorkerOptions> ReadOptions() {
     options.max_worker_memory = -1;
   } else if (!memory.empty()) {
     ASSIGN_OR_RETURN(options.max_worker_memory, tally::ParseByteSize("max-worker-memory", memory));
+  }
+  options.host_workers = std::max(0, absl::GetFlag(FLAGS_host_workers));
+  if (const std::string scratch = absl::GetFlag(FLAGS_scratch_limit); !scratch.empty()) {
+    ASSIGN_OR_RETURN(const int64_t bytes, tally::ParseByteSize("scratch-limit", scratch));
+    tally::SetScratchLimit(bytes);
   }
   return options;
 }

@@ -79,6 +79,8 @@ struct WorkerOptions {
   // default, the cgroup's limit (else physical memory, divided among the host's GPUs for a GPU
   // worker) less what the process holds once the job's model is loaded; < 0 = no budget.
   int64_t max_worker_memory = 0;
+  // Workers sharing this host's memory (--host-workers; 0: unknown): the default budget is its share.
+  int host_workers = 0;
 };
 
 // Exit codes of tally-worker besides 0 (stopped), 1 (error) and 2 (usage).

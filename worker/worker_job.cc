@@ -21,6 +21,8 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "common/security/data_roots.h"
+#include "common/sources/row_files.h"
+#include "common/sources/tar_members.h"
 #include "common/security/sha256.h"
 #include "common/job/job_config.h"
 #include "base/backoff.h"
@@ -185,6 +187,7 @@ bool Worker::RetirePreviousJob(const std::string& job_id) {
     old = std::move(evaluator_);
   }
   old->pipeline.reset();
+  CloseShards();  // The previous job's tar shards and their scratch copies.
   if (old->runner) {  // Kept for the next job, which may run the same model.
     idle_runner_key_ = old->runner_key;
     idle_runner_ = std::move(old->runner);
@@ -411,10 +414,19 @@ absl::Status Worker::CheckModelFiles(const v1::JobSpec& spec) {
 }
 
 int64_t Worker::MemoryBudget() const {
-  if (options_.max_worker_memory != 0) return std::max<int64_t>(0, options_.max_worker_memory);
+  if (options_.max_worker_memory != 0) {
+    if (options_.max_worker_memory > 0) SetInputFileLimit(std::min<int64_t>(options_.max_worker_memory, int64_t{4} << 30));
+    return std::max<int64_t>(0, options_.max_worker_memory);
+  }
   int64_t limit = MemoryLimitBytes();
-  if (options_.device.rfind("cuda", 0) == 0) limit /= std::max(1, HostGpus() / std::max(1, options_.gpus_per_worker));
-  return std::max<int64_t>(1, limit - ResidentBytes());
+  if (options_.host_workers > 0) {
+    limit /= options_.host_workers;
+  } else if (options_.device.rfind("cuda", 0) == 0) {
+    limit /= std::max(1, HostGpus() / std::max(1, options_.gpus_per_worker));
+  }
+  const int64_t budget = std::max<int64_t>(1, limit - ResidentBytes());
+  SetInputFileLimit(std::min<int64_t>(budget, int64_t{4} << 30));  // One input file's bytes, at most.
+  return budget;
 }
 
 }  // namespace tally

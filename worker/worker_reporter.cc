@@ -23,6 +23,7 @@
 #include "common/job/job_config.h"
 #include "base/backoff.h"
 #include "base/log.h"
+#include "common/sources/tar_members.h"
 #include "metrics/overlap.h"
 #include "metrics/parallel_for.h"
 #include "common/job/rpc.h"
@@ -206,6 +207,7 @@ void Worker::TrimMemoryWhenIdle() {
     if (evaluator_) pipeline = evaluator_->pipeline.get();  // Replaced only by this thread.
   }
   if (pipeline) pipeline->ReleaseIdleBuffers();
+  CloseShards();  // Idle: no tar shard stays open, and no scratch copy holds the disk.
   malloc_trim(0);
 }
 

@@ -1,5 +1,7 @@
 #include "common/process/worker_launcher.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <set>
@@ -44,6 +46,8 @@ absl::StatusOr<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Start(WorkerLaun
       w.spawn.argv.push_back("--gpus-per-worker");
       w.spawn.argv.push_back(absl::StrCat(owned));
     }
+    // The host's memory is split among the workers started on it (each takes its share by default).
+    w.spawn.argv.push_back(absl::StrCat("--host-workers=", n));
     for (const std::string& a : options.extra_args) w.spawn.argv.push_back(a);
     if (gpu) w.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpus[i]);
     for (const auto& kv : options.env) w.spawn.env.push_back(kv);
@@ -96,8 +100,11 @@ int WorkerLauncher::Poll(std::vector<std::string>* exited) {
 bool WorkerLauncher::ShouldRestart(Worker& w) const {
   constexpr int kExitUsage = 2, kExitOutOfService = 3, kExitRestart = 75, kExitRefused = 77;  // worker/worker.h
   const int code = w.process->exit_code();
-  const bool wanted = code == kExitRestart || (options_.restart && code != kExitUsage && code != kExitOutOfService &&
-                                               code != kExitRefused);
+  // Killed by a signal (128 + N): a crash on a row (SIGSEGV, SIGABRT, ...) or the kernel's OOM kill.
+  // The coordinator gives its rows to others and tries the suspect ones alone; the worker comes back.
+  const bool signaled = code > 128 && code != 128 + SIGTERM && code != 128 + SIGINT;
+  const bool wanted = code == kExitRestart || signaled ||
+                      (options_.restart && code != kExitUsage && code != kExitOutOfService && code != kExitRefused);
   if (!wanted) return false;
   const double now = NowUnix();
   w.restarts.erase(std::remove_if(w.restarts.begin(), w.restarts.end(), [&](double t) { return now - t > 60; }),

@@ -23,9 +23,10 @@ struct WorkerLaunchOptions {
   std::vector<std::string> extra_args;   // Passed to every worker.
   std::vector<std::pair<std::string, std::string>> env;  // Set for every worker (TALLY_TOKEN).
   // Service mode: restart a worker that exits, unless with code 2 (usage), 3 (out of service: its
-  // device or files are broken here) or 77 (the coordinator refused its token). Without it, only exit code 75 (the worker timed out in a
-  // decode or forward pass and asks to be restarted) is restarted. Either way a worker restarted 5
-  // times within a minute is left down.
+  // device or files are broken here) or 77 (the coordinator refused its token). Without it, only a
+  // worker killed by a signal (a crash on a row, the kernel's OOM kill; not SIGTERM or SIGINT) and
+  // exit code 75 (the worker timed out in a decode or forward pass and asks to be restarted) are
+  // restarted. Either way a worker restarted 5 times within a minute is left down.
   bool restart = false;
 };
 

@@ -9,9 +9,10 @@
 // Invariant: every lease ends in a commit, an explicit release or an expiry. A lease is released
 // when the worker gives it back (ReleaseShard), when its results are rejected, when the worker's
 // heartbeat stops listing it, when the worker is taken out of service or goes silent for
-// `lease_seconds`, and when the worker makes no progress for the job's batch timeout. A shard
-// released `max_shard_attempts` times is split into single-row shards, so that only a row that
-// crashes or hangs workers fails (naming the row) and its neighbours are evaluated.
+// `lease_seconds`, and when the worker makes no progress for the job's batch timeout. A shard lost
+// with its worker (not given back unbegun) is split into single-row shards, each leased alone on its
+// worker (Shard::suspect), so that only a row that crashes or hangs workers fails (naming the row,
+// once lost `max_shard_attempts` times in all) and its neighbours are evaluated.
 //
 // Job-level failure: a model error reported by one worker takes that worker off the job; the job
 // fails when a second worker (or every worker in service) reports the same error, or at once when
@@ -52,7 +53,7 @@ struct CoordinatorOptions {
   std::string state_dir;            // Holds tally.db and reports/<job_id>/.
   double lease_seconds = 10.0;      // A worker silent for this long loses its shards.
   double heartbeat_seconds = 1.0;   // Told to workers at registration.
-  int max_shard_attempts = 3;
+  int max_shard_attempts = 2;
   int64_t max_manifest_rows = 50'000'000;
   // COCO annotation, results and panoptic JSON files larger than this are refused (--max-json-file-size).
   int64_t max_json_file_bytes = kDefaultMaxJsonFileBytes;
@@ -77,8 +78,8 @@ struct CoordinatorMetrics {
   int64_t shards_leased = 0;      // Leases granted.
   int64_t shards_expired = 0;     // Leases taken back from silent or stuck workers.
   int64_t shards_speculated = 0;  // Speculative copies granted (--speculate-after).
-  int64_t shards_retried = 0;     // Leases that ended without a commit and put their shard back in the queue
-                                  // (whole, or split into single rows).
+  int64_t shards_retried = 0;     // Shards queued again: a lease that ended without a commit put its shard
+                                  // back whole, or each single row it was split into.
   int64_t workers_registered = 0; // In service now.
   int64_t workers_busy = 0;       // Of those, holding a lease.
   int64_t workers_out_of_service = 0;
@@ -188,6 +189,10 @@ class Coordinator {
     double lease_unix = 0;   // When the current lease was granted.
     int64_t committed = 0;   // Rows of this shard with a committed result.
     bool split = false;      // Its remaining rows went to single-row shards.
+    // A single row that was in a worker's hands when the worker was lost: it is leased only to a
+    // worker holding nothing else (so that a second loss names it), and fails at
+    // --max-shard-attempts losses.
+    bool suspect = false;
     // A speculative copy (--speculate-after): a second lease of the shard to another worker; the
     // first commit of each row wins. Empty worker id: none.
     int64_t spec_lease_id = 0;
@@ -380,9 +385,11 @@ class Coordinator {
   // Adds a warning to the job's reports (JobSpec.run_warnings), once.
   void WarnJobLocked(JobEntry* job, const std::string& warning, Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Now() const { return options_.clock(); }
-  // `folder_text`: a manifest built from two folders (StoreFolders), kept at spec.manifest().
+  // `folder_text`: a manifest built from two folders (StoreFolders), kept at spec.manifest();
+  // `failed_rows`: rows of those folders that fail as they are (PairedFolders::failed), after it.
   absl::StatusOr<JobRecord> StoreManifest(const v1::JobSpec& spec, const std::string& job_id,
-                                          const std::string* folder_text = nullptr);
+                                          const std::string* folder_text = nullptr,
+                                          std::vector<ManifestRow>* failed_rows = nullptr);
   // Tar shards (coordinator_sources.cc): the samples indexed from the tars' headers into rows.
   // The base shard (of the job's own, [0, base_shards)) holding `position`, or -1.
   static int64_t BaseShardAt(const JobEntry& job, int64_t position);
@@ -396,7 +403,7 @@ class Coordinator {
   // StoreManifest's rows into the store in batches, noting ids (duplicates) and whether the first
   // image is a volume; DEADLINE_EXCEEDED once `deadline` has passed.
   absl::Status StreamManifestRows(RowSource* reader, const std::string& job_id, bool blocks,
-                                  DuplicateIds* duplicates, std::optional<bool>* volumes, absl::Time deadline);
+                                  DuplicateIds* duplicates, std::optional<bool>* volumes, absl::Time deadline, const char* what = "manifest");
   // COCO instance jobs (no manifest): one row per image of the annotation file (coordinator_coco.cc).
   absl::StatusOr<JobRecord> StoreCocoImages(const v1::JobSpec& spec, const std::string& job_id);
   // Panoptic jobs: one row per reference annotation, its prediction found by image id.
@@ -423,13 +430,22 @@ class Coordinator {
   // the rows (lost worker, rejected results); false when the worker, not the rows, is at fault.
   // `who`: the worker letting go (its speculative copy only ends that copy; the lease itself, with a
   // copy out, passes to the copy's worker). Null: the shard's lease.
+  // Ends a shard's lease. `count_attempt`: the loss counts towards --max-shard-attempts. `with_worker`:
+  // the shard was lost with its worker (silent, or no progress for the batch timeout), which a row
+  // may have caused: its uncommitted rows become suspect single-row shards (Shard::suspect). Other
+  // counted losses (results rejected, rows missing) queue it again whole, and split it into plain
+  // single rows once it was lost --max-shard-attempts times.
   void ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std::string& why, bool count_attempt,
-                          Deferred* deferred, const std::string* who = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                          Deferred* deferred, const std::string* who = nullptr, bool with_worker = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseWorkerLeasesLocked(WorkerEntry* worker, const std::string& worker_id, const std::string& only_job,
                                  const std::string& why, bool count_attempt, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Re-queues the uncommitted rows of a shard as single-row shards.
-  void SplitShardLocked(JobEntry* job, int64_t shard_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-queues the uncommitted rows of a shard as single-row shards; returns how many (each counts as
+  // a shard queued again in the metrics, so that leases = shards committed + shards queued again).
+  int64_t SplitShardLocked(JobEntry* job, int64_t shard_id, bool suspect = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `worker` holds a suspect row (Shard::suspect).
+  bool HoldsSuspectLocked(const WorkerEntry& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteLocked(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t OwnerShard(const JobEntry& job, int64_t index) const;
   // A copy of the record of a job whose report is built; NOT_FOUND or FAILED_PRECONDITION otherwise.

@@ -62,8 +62,13 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
       if (g.shard_id < 0) continue;
       g.speculative = true;
     } else {
-      g.shard_id = job.pending.front();
-      job.pending.pop_front();
+      // A suspect row goes to a worker holding nothing else, and such a worker takes nothing more.
+      if (HoldsSuspectLocked(*worker)) return std::nullopt;
+      auto next = job.pending.begin();
+      while (next != job.pending.end() && !worker->leases.empty() && job.shards[*next].suspect) ++next;
+      if (next == job.pending.end()) continue;
+      g.shard_id = *next;
+      job.pending.erase(next);
       Shard& s = job.shards[g.shard_id];
       s.phase = ShardPhase::kLeased;
       s.attempts++;
@@ -436,7 +441,7 @@ absl::Status Coordinator::ReleaseShard(const v1::ReleaseShardRequest& request) {
       wit->second.leases.erase({request.job_id(), request.shard_id()});
       shard.phase = ShardPhase::kPending;
       shard.worker_id.clear();
-      SplitShardLocked(&job, request.shard_id());
+      counters_.shards_retried += SplitShardLocked(&job, request.shard_id());
     } else {
       ReleaseShardLocked(&job, request.shard_id(), request.reason(), !request.not_started(), &deferred,
                          &request.worker_id());
@@ -477,7 +482,7 @@ void Coordinator::ExpireLeases() {
         ReleaseShardLocked(job, shard_id,
                            absl::StrCat("worker ", it->first, " (", w.info.name(), ") made no progress for ",
                                         absl::StrFormat("%.0f", BatchTimeout(*job) + options_.lease_seconds), " s"),
-                           true, &deferred, &it->first);
+                           true, &deferred, &it->first, /*with_worker=*/true);
       }
       ++it;
     }
@@ -491,7 +496,7 @@ void Coordinator::ExpireLeases() {
 }
 
 void Coordinator::ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std::string& why, bool count_attempt,
-                                     Deferred* deferred, const std::string* who) {
+                                     Deferred* deferred, const std::string* who, bool with_worker) {
   if (shard_id == kCanaryShard) {  // A canary given back unfinished: the worker gets it again later.
     if (who != nullptr) job->canaries.erase(*who);
     return;
@@ -533,19 +538,25 @@ void Coordinator::ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std:
     MaybeCompleteLocked(job);
     return;
   }
-  if (s.attempts >= options_.max_shard_attempts) {
-    if (s.end - s.begin == 1) {
-      Log("row ", s.begin, " of job ", job_id, " lost ", s.attempts, " times (", why, "); failing it");
-      deferred->poisoned.emplace_back(job_id, shard_id);  // Stays leased to nobody until failed.
-      return;
-    }
-    Log("shard ", shard_id, " [", s.begin, ", ", s.end, ") of job ", job_id, " lost ", s.attempts, " times (", why,
-        "); splitting it into single rows to find the culprit");
-    s.phase = ShardPhase::kPending;
-    SplitShardLocked(job, shard_id);
-    counters_.shards_retried++;
+  const bool single = s.end - s.begin == 1;
+  if (count_attempt && single && s.attempts >= options_.max_shard_attempts) {
+    Log("row ", s.begin, " of job ", job_id, " lost ", s.attempts, " times (", why, "); failing it");
+    deferred->poisoned.emplace_back(job_id, shard_id);  // Stays leased to nobody until failed.
     return;
   }
+  // Lost with its worker (it died or hung), which one of its rows may have caused: the rows not yet
+  // committed are tried alone from now on, each on a worker holding nothing else, so a row that
+  // crashes workers fails at its --max-shard-attempts-th loss, naming itself, and its neighbours
+  // are evaluated. Other losses split the shard once it was lost --max-shard-attempts times.
+  if (count_attempt && !single && (with_worker || s.attempts >= options_.max_shard_attempts)) {
+    Log("shard ", shard_id, " [", s.begin, ", ", s.end, ") of job ", job_id, " lost",
+        with_worker ? "" : absl::StrCat(" ", s.attempts, " times"), " (", why, "); its rows are tried one at a time",
+        with_worker ? ", each alone on its worker" : "");
+    s.phase = ShardPhase::kPending;
+    counters_.shards_retried += SplitShardLocked(job, shard_id, /*suspect=*/with_worker);
+    return;
+  }
+  if (count_attempt && with_worker) s.suspect = true;
   Log("shard ", shard_id, " [", s.begin, ", ", s.end, ") of job ", job_id, " queued again: ", why);
   counters_.shards_retried++;
   s.phase = ShardPhase::kPending;
@@ -553,7 +564,15 @@ void Coordinator::ReleaseShardLocked(JobEntry* job, int64_t shard_id, const std:
   NoteWorkLocked();
 }
 
-void Coordinator::SplitShardLocked(JobEntry* job, int64_t shard_id) {
+bool Coordinator::HoldsSuspectLocked(const WorkerEntry& worker) const {
+  for (const auto& [job_id, shard_id] : worker.leases) {
+    auto jit = jobs_.find(job_id);
+    if (jit != jobs_.end() && jit->second->shards[shard_id].suspect) return true;
+  }
+  return false;
+}
+
+int64_t Coordinator::SplitShardLocked(JobEntry* job, int64_t shard_id, bool suspect) {
   job->pending.erase(std::remove(job->pending.begin(), job->pending.end(), shard_id), job->pending.end());
   const int64_t begin = job->shards[shard_id].begin, end = job->shards[shard_id].end;
   std::vector<int64_t> children;
@@ -563,6 +582,8 @@ void Coordinator::SplitShardLocked(JobEntry* job, int64_t shard_id) {
     Shard child;
     child.begin = i;
     child.end = i + 1;
+    child.suspect = suspect;
+    child.attempts = suspect ? job->shards[shard_id].attempts : 0;
     job->row_shard[index] = static_cast<int64_t>(job->shards.size());
     children.push_back(static_cast<int64_t>(job->shards.size()));
     job->shards.push_back(child);
@@ -576,6 +597,7 @@ void Coordinator::SplitShardLocked(JobEntry* job, int64_t shard_id) {
   for (auto it = children.rbegin(); it != children.rend(); ++it) job->pending.push_front(*it);
   NoteWorkLocked();
   MaybeCompleteLocked(job);
+  return static_cast<int64_t>(children.size());
 }
 
 void Coordinator::FailPoisonedRow(const std::string& job_id, int64_t shard_id) {

@@ -190,7 +190,9 @@ void Coordinator::ReleaseWorkerLeasesLocked(WorkerEntry* worker, const std::stri
       worker->leases.erase({job_id, shard_id});
       continue;
     }
-    ReleaseShardLocked(jit->second.get(), shard_id, why, count_attempt, deferred, &worker_id);
+    // Counted here only for a worker that went silent: lost with it.
+    ReleaseShardLocked(jit->second.get(), shard_id, why, count_attempt, deferred, &worker_id,
+                       /*with_worker=*/count_attempt);
   }
 }
 

@@ -139,7 +139,7 @@ std::vector<MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m) {
                        "Speculative copies of straggling shards granted to idle workers (--speculate-after).",
                        MetricType::Counter, static_cast<double>(m.shards_speculated)));
   out.push_back(Single("tally_shards_retried_total",
-                       "Shard leases that ended without a commit and put their shard back in the queue.",
+                       "Shards queued again: leases that ended without a commit, or the single rows a lost shard was split into.",
                        MetricType::Counter, static_cast<double>(m.shards_retried)));
 
   out.push_back(Single("tally_workers_registered", "Workers in service.", MetricType::Gauge,

@@ -63,7 +63,9 @@ class Chaos:
         with open(os.path.join(self.root, "tallyd.log"), "a") as log:
             self.tallyd = subprocess.Popen(
                 [os.path.join(tt.BIN, "tallyd"), "--listen", self.address or "127.0.0.1:0", "--port-file", port_file,
-                 "--state-dir", self.state, "--lease-seconds", str(self.lease_seconds), "--heartbeat-seconds", "0.5"],
+                 "--state-dir", self.state, "--lease-seconds", str(self.lease_seconds), "--heartbeat-seconds", "0.5",
+                 # The schedule's kills are not the rows' doing: no row is failed for being in hand.
+                 "--max-shard-attempts", "1000"],
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while not os.path.exists(port_file):

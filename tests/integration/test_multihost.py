@@ -138,7 +138,7 @@ class MultiHostTest(unittest.TestCase):
         names = {w["name"] for w in report["workers"]}
         self.assertIn("host2", names)
         self.assertLessEqual(names, {"host1", "host2"})
-        self.assertIn("queued again", self.log("tallyd"))
+        self.assertIn("its rows are tried one at a time", self.log("tallyd"))
 
 
 if __name__ == "__main__":
