@@ -43,6 +43,8 @@ std::string Stem(const std::string& relative) {
 struct FolderFiles {
   std::vector<std::string> files;  // Relative to the folder, sorted.
   int64_t other = 0;               // Regular files of other types.
+  // Image or mask files whose path no manifest or report can hold, with why (UncarriableNameReason).
+  std::vector<std::pair<std::string, std::string>> odd;
 };
 
 // Walks `root` (not following symbolic links to folders; hidden entries skipped).
@@ -65,6 +67,10 @@ absl::Status Walk(const std::string& root, const std::string& relative, int dept
     if (stat((root + "/" + rel).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     if (!PairableFile(name)) {
       out->other++;
+      continue;
+    }
+    if (std::string why = UncarriableNameReason(rel); !why.empty()) {
+      out->odd.emplace_back(rel, std::move(why));
       continue;
     }
     out->files.push_back(rel);
@@ -90,12 +96,13 @@ absl::StatusOr<FolderFiles> ListFolder(const std::string& what, const std::strin
   FolderFiles out;
   RETURN_IF_ERROR(Walk(dir, "", 0, max_files, &out));
   std::sort(out.files.begin(), out.files.end());
+  std::sort(out.odd.begin(), out.odd.end());
   return out;
 }
 
 
 absl::StatusOr<std::vector<std::string>> FilesEndingIn(const std::string& dir, const std::string& ending,
-                                                       const char* what) {
+                                                       const char* what, std::vector<std::string>* odd) {
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return absl::NotFoundError(absl::StrCat("cannot read the ", what, " folder '", dir, "'"));
   std::vector<std::string> names;
@@ -103,7 +110,12 @@ absl::StatusOr<std::vector<std::string>> FilesEndingIn(const std::string& dir, c
     const std::string name = e->d_name;
     if (name.empty() || name[0] == '.' || !absl::EndsWith(name, ending)) continue;
     struct stat st;
-    if (stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) names.push_back(name);
+    if (stat((dir + "/" + name).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (std::string why = UncarriableNameReason(name); !why.empty()) {
+      odd->push_back(absl::StrCat(what, " '", Printable(name), "' (", why, ")"));
+      continue;
+    }
+    names.push_back(name);
   }
   closedir(d);
   std::sort(names.begin(), names.end());
@@ -146,7 +158,18 @@ absl::StatusOr<PairedFolders> PairImagesAndMasks(const std::string& images_dir, 
   for (const auto& [stem, mask] : mask_by_stem) {
     if (image_by_stem.find(stem) == image_by_stem.end()) unpaired_masks.push_back(mask);
   }
-  if (out.pairs == 0) {
+  for (const auto& [image, why] : images.odd) {
+    ManifestRow row;
+    row.id = Printable(Stem(image));
+    row.image = Printable(images_dir + "/" + image);
+    row.error = absl::StrCat("image file '", row.image, "' in --images cannot be evaluated: its name cannot be ",
+                             "written into a manifest or a report, as ", why, "; rename it");
+    out.failed.push_back(std::move(row));
+  }
+  for (const auto& [mask, why] : masks.odd) {
+    unpaired_masks.push_back(absl::StrCat(Printable(mask), " (its name cannot be written into a manifest: ", why, ")"));
+  }
+  if (out.pairs == 0 && out.failed.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no image in '", images_dir, "' has a mask in '", masks_dir, "' (pairs by the path without its ",
         "extension", suffix.empty() ? "" : absl::StrCat(", masks ending in '", suffix, "'"), "; ", images.files.size(),
@@ -173,11 +196,12 @@ absl::StatusOr<PairedFolders> PairImagesAndMasks(const std::string& images_dir, 
 absl::StatusOr<FolderPairs> ListPairs(const std::string& predictions, const std::string& references,
                                       const std::string& file_ending) {
   if (file_ending.empty()) return absl::InvalidArgumentError("--file-ending must not be empty");
-  absl::StatusOr<std::vector<std::string>> preds = FilesEndingIn(predictions, file_ending, "predictions");
-  if (!preds.ok()) return preds.status();
-  absl::StatusOr<std::vector<std::string>> refs = FilesEndingIn(references, file_ending, "references");
-  if (!refs.ok()) return refs.status();
   FolderPairs p;
+  absl::StatusOr<std::vector<std::string>> preds = FilesEndingIn(predictions, file_ending, "prediction", &p.odd);
+  if (!preds.ok()) return preds.status();
+  absl::StatusOr<std::vector<std::string>> refs = FilesEndingIn(references, file_ending, "reference", &p.odd);
+  if (!refs.ok()) return refs.status();
+  std::sort(p.odd.begin(), p.odd.end());
   std::set_intersection(refs->begin(), refs->end(), preds->begin(), preds->end(), std::back_inserter(p.names));
   std::set_difference(refs->begin(), refs->end(), preds->begin(), preds->end(), std::back_inserter(p.only_references));
   std::set_difference(preds->begin(), preds->end(), refs->begin(), refs->end(),
@@ -200,6 +224,10 @@ absl::StatusOr<std::string> PairFolders(const std::string& predictions, const st
     warnings->push_back(absl::StrCat(p->only_predictions.size(), " prediction(s) in '", pred_dir,
                                      "' have no reference in '", ref_dir,
                                      "' and are not evaluated: ", ListNames(p->only_predictions, 20)));
+  }
+  if (!p->odd.empty()) {
+    warnings->push_back(absl::StrCat(p->odd.size(), " file(s) are not evaluated because their names cannot be ",
+                                     "written into a manifest or a report; rename them: ", ListNames(p->odd, 20)));
   }
   for (const std::string& w : *warnings) std::cerr << "tally: " << w << "\n";
   if (p->names.empty()) {

@@ -3,7 +3,8 @@
 // other (common/sources/manifest.h ManifestReader::FromText). Two conventions:
 //  - images and masks (`--images DIR --masks DIR [--mask-suffix S]`, tallyd pairs them at
 //    submission): files paired by their path below the folder without its extension, masks ending
-//    in the suffix before it; what is left unpaired is named in the job's warnings.
+//    in the suffix before it; what is left unpaired is named in the job's warnings, and an image whose
+//    name no manifest can hold (invalid UTF-8, CR/LF) is a failed row naming it.
 //  - nnU-Net's predictions and references (`tally run --predictions DIR --references DIR`): files
 //    ending in --file-ending paired by identical name. A reference without a prediction fails the
 //    run before it starts (naming them: a missing prediction is the model's failure, and nnU-Net
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/sources/row_source.h"
 
 namespace tally {
 
@@ -26,11 +28,16 @@ struct PairedFolders {
   std::string manifest;
   int64_t pairs = 0;
   std::vector<std::string> warnings;
+  // Images whose path cannot be written into a manifest or a report (not valid UTF-8, or holding a
+  // control character such as CR or LF): rows of their own after the manifest's, each failing with
+  // the file's name (escaped) and why. Masks with such names are named in a warning.
+  std::vector<ManifestRow> failed;
 };
 
 // Images and masks: walks both folders (not following links to folders; hidden entries skipped),
 // through the data roots; more than `max_files` files in one is an error (tallyd
-// --max-manifest-rows). No pair at all is an error naming both folders and the suffix.
+// --max-manifest-rows). No pair (and no failed image) at all is an error naming both folders and
+// the suffix.
 absl::StatusOr<PairedFolders> PairImagesAndMasks(const std::string& images_dir, const std::string& masks_dir,
                                                  const std::string& mask_suffix, size_t max_files);
 
@@ -39,6 +46,9 @@ struct FolderPairs {
   std::vector<std::string> names;            // Paired file names, sorted.
   std::vector<std::string> only_references;  // Sorted.
   std::vector<std::string> only_predictions;
+  // Files whose names no manifest can hold (invalid UTF-8, control characters), as "prediction
+  // 'a\xE9.nii.gz' (why)": not paired, named in a warning.
+  std::vector<std::string> odd;
 };
 absl::StatusOr<FolderPairs> ListPairs(const std::string& predictions, const std::string& references,
                                       const std::string& file_ending);

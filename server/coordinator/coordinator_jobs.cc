@@ -144,7 +144,7 @@ ClientFileLimits Coordinator::SubmissionLimits() const {
 
 absl::Status Coordinator::StreamManifestRows(RowSource* reader, const std::string& job_id, bool blocks,
                                             DuplicateIds* duplicates, std::optional<bool>* volumes,
-                                            absl::Time deadline) {
+                                            absl::Time deadline, const char* what) {
   // Parsing and the rest overlap: this thread parses the next batch while another notes the last
   // one's ids and inserts it (one transaction a batch: JobStore::InsertManifestRows). One batch in
   // flight at a time, so `duplicates` and `volumes` are never touched by two threads at once.
@@ -155,8 +155,8 @@ absl::Status Coordinator::StreamManifestRows(RowSource* reader, const std::strin
   while (true) {
     if (absl::Now() > deadline) {
       parsed = absl::DeadlineExceededError(absl::StrCat(
-          "manifest '", reader->path(), "': not read within ", options_.submit_read_seconds, " s (", reader->rows_read(),
-          " rows read; tallyd --submit-read-timeout)"));
+          what, " '", reader->path(), "': not read within ", options_.submit_read_seconds, " s (",
+          reader->rows_read(), " rows read by then; tallyd --submit-read-timeout)"));
       break;
     }
     parsed = reader->NextBatch(kSubmitBatchRows, &batch);
@@ -176,6 +176,19 @@ absl::Status Coordinator::StreamManifestRows(RowSource* reader, const std::strin
 }
 
 namespace {
+// Rows that fail as they are (a folder file whose name no manifest holds: PairedFolders::failed),
+// stored after the manifest's from `first_index` on.
+absl::Status AppendFailedRows(JobStore* store, const std::string& job_id, int64_t first_index, bool blocks,
+                              std::vector<ManifestRow>* rows, DuplicateIds* duplicates) {
+  if (rows->empty()) return absl::OkStatus();
+  for (size_t i = 0; i < rows->size(); ++i) {
+    ManifestRow& row = (*rows)[i];
+    row.index = first_index + static_cast<int64_t>(i);
+    duplicates->Add(row.id, row.index, row.line);
+  }
+  return store->InsertManifestRows(job_id, *rows, blocks);
+}
+
 // A Python model: the files its options name, so workers can check their copies.
 void HashModelOptions(v1::JobSpec* spec) {
   if (!ParseModelRef(spec->model()).python) return;
@@ -188,7 +201,8 @@ void HashModelOptions(v1::JobSpec* spec) {
 }  // namespace
 
 absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id,
-                                                     const std::string* folder_text) {
+                                                     const std::string* folder_text,
+                                                     std::vector<ManifestRow>* failed_rows) {
   if (spec.manifest().empty() && !spec.coco().empty()) return StoreCocoImages(spec, job_id);
   if (spec.manifest().empty() && !spec.coco_panoptic().empty()) return StorePanopticImages(spec, job_id);
   if (spec.manifest().empty() && spec.shards_size() > 0) return StoreShards(spec, job_id);
@@ -223,6 +237,10 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
     // Rows in blocks unless the job reads them scattered (--order random).
     RETURN_IF_ERROR(StreamManifestRows(reader.get(), job_id, !spec.random_order(), &duplicates, &volumes,
                                        SubmissionLimits().deadline));
+    if (failed_rows != nullptr) {
+      RETURN_IF_ERROR(AppendFailedRows(store_.get(), job_id, reader->rows_read(), !spec.random_order(), failed_rows,
+                                       &duplicates));
+    }
     ASSIGN_OR_RETURN(duplicate_rows, NameDuplicates(job_id, &duplicates, &duplicate_message));
     if (duplicate_rows > 0 && !spec.save_predictions().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("manifest '", reader->path(), "': --save-predictions writes each ",
@@ -244,7 +262,8 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
         "--sliding-window and --keep-dtype are for volume jobs, but the images of manifest '", reader->path(),
         "' are not NIfTI volumes (.nii, .nii.gz; channels joined by ';')")));
   }
-  JobRecord rec = QueuedRecord(queued, job_id, reader->rows_read());
+  JobRecord rec = QueuedRecord(queued, job_id,
+                               reader->rows_read() + (failed_rows != nullptr ? static_cast<int64_t>(failed_rows->size()) : 0));
   rec.job.mutable_spec()->set_manifest(reader->path());
   rec.job.mutable_spec()->set_manifest_sha256(manifest_sha256);
   if (!spec.coco().empty()) {  // A referring set: workers read the COCO file with the same limit.

@@ -55,7 +55,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreFolders(const v1::JobSpec& spec, con
   RETURN_IF_ERROR(WriteFileAtomically(path, text));
   v1::JobSpec as_manifest = spec;
   as_manifest.set_manifest(path);
-  absl::StatusOr<JobRecord> rec = StoreManifest(as_manifest, job_id, &text);
+  absl::StatusOr<JobRecord> rec = StoreManifest(as_manifest, job_id, &text, &paired.failed);
   if (!rec.ok()) {
     unlink(path.c_str());
     return rec.status();
@@ -75,6 +75,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreShards(const v1::JobSpec& spec, cons
   conventions.model = !spec.model().empty();
   // Only Python models read a row's other columns (docs/models.md "Python models").
   conventions.keep_columns = ParseModelRef(spec.model()).python;
+  conventions.deadline = SubmissionLimits().deadline;
   ASSIGN_OR_RETURN(std::unique_ptr<ShardIndex> index,
                    ShardIndex::Open(shards, conventions, options_.max_manifest_rows));
   RETURN_IF_ERROR(store_->BeginSubmission(job_id));
@@ -82,7 +83,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreShards(const v1::JobSpec& spec, cons
   std::optional<bool> volumes;
   auto stream = [&]() -> absl::Status {
     RETURN_IF_ERROR(StreamManifestRows(index.get(), job_id, !spec.random_order(), &duplicates, &volumes,
-                                       SubmissionLimits().deadline));
+                                       SubmissionLimits().deadline, "tar shards"));
     if (spec.random_order() &&
         std::find(index->tar_compressed().begin(), index->tar_compressed().end(), true) != index->tar_compressed().end()) {
       return absl::InvalidArgumentError(
@@ -107,6 +108,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreShards(const v1::JobSpec& spec, cons
     for (const std::string& c : index->columns()) kept->add_manifest_columns(c);
   }
   for (const std::string& w : index->Warnings()) kept->add_manifest_warnings(w);
+  for (const std::string& why : index->Incomplete()) kept->add_incomplete_sources(why);
   std::string duplicate_message;
   ASSIGN_OR_RETURN(int64_t duplicate_rows, NameDuplicates(job_id, &duplicates, &duplicate_message));
   if (duplicate_rows > 0) kept->set_duplicate_id_rows(duplicate_rows);
