@@ -240,6 +240,11 @@ int Serve(const tally::WorkerOptions& options) {
   });
   waiter.detach();
   absl::Status s = (*worker)->Run();
+  // Stopped on request while it was (re)connecting: it held nothing, so this is a clean stop.
+  if (absl::IsCancelled(s)) {
+    tally::Log(s.message());
+    return 0;
+  }
   if (!s.ok()) {
     tally::Log(s.message());
     std::cerr << "tally-worker: " << s.message() << "\n";
