@@ -10,9 +10,7 @@ namespace {
 
 // A NUL-terminated (or full) field.
 std::string Field(const char* p, size_t n) {
-  size_t len = 0;
-  while (len < n && p[len] != '\0') ++len;
-  return std::string(p, len);
+  return std::string(p, strnlen(p, n));
 }
 
 // An octal field (spaces and NULs around it), or GNU's base-256 (the first byte's high bit set):
@@ -47,13 +45,18 @@ int64_t Number(const char* p, size_t n) {
 bool ChecksumMatches(const char* block) {
   const int64_t stored = Number(block + 148, 8);
   if (stored < 0) return false;
-  int64_t unsigned_sum = 0, signed_sum = 0;
+  // The sum of the bytes with the checksum field counted as eight spaces: unsigned as POSIX says,
+  // else signed, as old writers summed.
+  const auto* u = reinterpret_cast<const unsigned char*>(block);
+  int64_t sum = 8 * ' ';
+  for (int i = 0; i < 148; ++i) sum += u[i];
+  for (int i = 156; i < kTarBlock; ++i) sum += u[i];
+  if (stored == sum) return true;
+  int64_t signed_sum = 8 * ' ';
   for (int i = 0; i < kTarBlock; ++i) {
-    const char c = i >= 148 && i < 156 ? ' ' : block[i];
-    unsigned_sum += static_cast<unsigned char>(c);
-    signed_sum += static_cast<signed char>(c);
+    if (i < 148 || i >= 156) signed_sum += static_cast<signed char>(block[i]);
   }
-  return stored == unsigned_sum || stored == signed_sum;  // Old writers summed signed chars.
+  return stored == signed_sum;
 }
 
 // The length of the UTF-8 character starting with `lead` (1 for a byte that starts none).
@@ -90,13 +93,8 @@ bool NameMatches(const std::string& header_name, const std::string& member) {
 
 TarHeader ParseTarHeader(const char* block) {
   TarHeader h;
-  h.zero = true;
-  for (int i = 0; i < kTarBlock; ++i) {
-    if (block[i] != '\0') {
-      h.zero = false;
-      break;
-    }
-  }
+  static const char kZeros[kTarBlock] = {};
+  h.zero = std::memcmp(block, kZeros, kTarBlock) == 0;
   if (h.zero || !ChecksumMatches(block)) return h;
   h.valid = true;
   h.type = block[156] == '\0' ? '0' : block[156];
