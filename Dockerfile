@@ -21,7 +21,7 @@ ARG TALLY_BINARIES=build
 
 FROM debian:bookworm AS build
 COPY . /src
-RUN /src/scripts/install-deps.sh \
+RUN /src/scripts/install-deps.sh build \
  && TALLY_CMAKE_ARGS="-DTALLY_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=/opt/tally" /src/scripts/build.sh /build \
  && cmake --install /build --strip
 
