@@ -1,11 +1,14 @@
 #include "client/verbs/verb_util.h"
 
+#include <algorithm>
 #include <iostream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "base/backoff.h"
 #include "client/progress.h"
 #include "common/job/job_config.h"
 #include "common/job/rpc.h"
@@ -72,6 +75,21 @@ absl::StatusOr<std::vector<std::string>> ResolveJobIds(TallyClient& client, cons
   return out;
 }
 
+absl::StatusOr<std::vector<std::string>> ResolveJobIdsPatiently(TallyClient& client, const std::vector<std::string>& ids,
+                                                                absl::Time deadline, const std::string& verb) {
+  Backoff backoff(0.25, 2.0);
+  bool said = false;
+  while (true) {
+    absl::StatusOr<std::vector<std::string>> resolved = ResolveJobIds(client, ids);
+    if (resolved.ok() || !absl::IsUnavailable(resolved.status()) || absl::Now() >= deadline) return resolved;
+    if (!said) {
+      std::cerr << "tally " << verb << ": " << resolved.status().message() << "; waiting for tallyd (restarting?)\n";
+      said = true;
+    }
+    absl::SleepFor(std::min(absl::Seconds(backoff.Next()), std::max(absl::ZeroDuration(), deadline - absl::Now())));
+  }
+}
+
 int SelectWorkerGpus(const std::string& verb, const LocalWorkerFlags& flags, const std::string& model,
                      std::vector<std::string>* groups) {
   if (flags.gpus.empty()) {
@@ -104,9 +122,10 @@ void PrintJob(const v1::Job& job) {
   if (!IsTerminal(job.state()) && job.live_size() > 0) {
     std::cout << "  live estimates (" << job.live_note() << "):\n";
     for (const v1::LiveEstimate& e : job.live()) {
-      std::cout << absl::StrFormat("    class %-3d dice %s  iou %s  (%d rows)%s\n", e.class_id(),
+      std::cout << absl::StrFormat("    class %-3d dice %s  iou %s  (%d row%s)%s\n", e.class_id(),
                                    WithInterval(e.dice_mean(), e.dice_ci_low(), e.dice_ci_high()),
                                    WithInterval(e.iou_mean(), e.iou_ci_low(), e.iou_ci_high()), e.rows(),
+                                   e.rows() == 1 ? "" : "s",
                                    e.foreground() ? "" : "  (not in the foreground)");
     }
   }

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "client/verbs/verbs.h"
 #include "common/job/rpc.h"  // ToJson
@@ -28,6 +29,13 @@ absl::StatusOr<std::unique_ptr<TallyClient>> Connect(const ConnectionFlags& flag
 // A job id, or an unambiguous prefix of one (the caller's visible jobs).
 absl::StatusOr<std::string> ResolveJobId(TallyClient& client, const std::string& id);
 absl::StatusOr<std::vector<std::string>> ResolveJobIds(TallyClient& client, const std::vector<std::string>& ids);
+// How long tally wait and tally watch wait, without --timeout, for a tallyd that does not answer
+// (a restart: its jobs resume where they were).
+inline constexpr double kUnreachableSeconds = 120;
+// ResolveJobIds through a tallyd that is restarting: UNAVAILABLE is retried with backoff until
+// `deadline`, saying once on stderr that `verb` waits for tallyd.
+absl::StatusOr<std::vector<std::string>> ResolveJobIdsPatiently(TallyClient& client, const std::vector<std::string>& ids,
+                                                                absl::Time deadline, const std::string& verb);
 
 // --gpus and --gpus-per-worker of tally run and tally estimate: each worker's CUDA_VISIBLE_DEVICES
 // into `groups` (none: CPU workers). Returns 0, or the exit code of the error it reported.

@@ -22,14 +22,18 @@ int WaitVerb(const JobVerbFlags& f) {
   auto client = Connect(f.connection);
   if (!client.ok()) return Finish(client.status());
   if (f.jobs.empty()) return UsageError("wait", "tally wait needs a job id");
-  auto ids = ResolveJobIds(**client, f.jobs);
-  if (!ids.ok()) return Finish(ids.status());
   const absl::Time deadline = f.timeout > 0 ? absl::Now() + absl::Seconds(f.timeout) : absl::InfiniteFuture();
+  // tallyd restarting (connection refused, UNAVAILABLE) is ridden through until --timeout (without
+  // one, for kUnreachableSeconds), from the first call on: its jobs resume where they were.
+  const absl::Time reachable_by = f.timeout > 0 ? deadline : absl::Now() + absl::Seconds(kUnreachableSeconds);
+  auto ids = ResolveJobIdsPatiently(**client, f.jobs, reachable_by, "wait");
+  if (!ids.ok() && absl::IsUnavailable(ids.status()) && f.timeout > 0) {
+    std::cerr << "tally wait: timed out after " << f.timeout << " s; tallyd did not answer\n";
+    return kExitTimedOut;
+  }
+  if (!ids.ok()) return Finish(ids.status());
   std::vector<std::string> pending = *ids;
   int worst = kExitSucceeded;
-  // tallyd restarting (connection refused, UNAVAILABLE) is ridden through until --timeout (without
-  // one, for kUnreachableSeconds): its jobs resume where they were.
-  constexpr double kUnreachableSeconds = 120;
   absl::Time unreachable_since = absl::InfiniteFuture();
   while (!pending.empty()) {
     std::vector<std::string> still;

@@ -14,9 +14,16 @@ int WatchVerb(const JobVerbFlags& f) {
   if (!client.ok()) return Finish(client.status());
   if (f.jobs.empty()) return UsageError("watch", "tally watch needs a job id");
   if (f.jobs.size() > 1) return UsageError("watch", "tally watch takes one job id");
-  auto id = ResolveJobId(**client, f.jobs[0]);
-  if (!id.ok()) return Finish(id.status());
   const absl::Time deadline = f.timeout > 0 ? absl::Now() + absl::Seconds(f.timeout) : absl::InfiniteFuture();
+  // A tallyd that is restarting is waited for, as a watch already under way reconnects.
+  const absl::Time reachable_by = f.timeout > 0 ? deadline : absl::Now() + absl::Seconds(kUnreachableSeconds);
+  auto ids = ResolveJobIdsPatiently(**client, f.jobs, reachable_by, "watch");
+  if (!ids.ok() && absl::IsUnavailable(ids.status()) && f.timeout > 0) {
+    std::cerr << "tally watch: timed out after " << f.timeout << " s; tallyd did not answer\n";
+    return kExitTimedOut;
+  }
+  if (!ids.ok()) return Finish(ids.status());
+  const std::string* id = &(*ids)[0];
   bool timed_out = false;
   ProgressPrinter progress;
   auto job = (*client)->Watch(
@@ -38,11 +45,18 @@ int WatchVerb(const JobVerbFlags& f) {
     return kExitTimedOut;
   }
   if (!job.ok()) return Finish(job.status());
+  const int code = JobExitCode(*job);
   if (!f.json) {
     progress.Done(*job);
     PrintJob(*job);
+    if (code == kExitTooManyFailedRows) {  // Why: the report's table, warnings and reasons.
+      std::cout << job->summary();
+      std::cerr << "tally watch: " << job->images_failed() << " of " << job->images_total()
+                << " rows failed, more than --max-failed-fraction " << job->spec().max_failed_fraction()
+                << " allows (exit code " << code << "); the reasons are above and in report.json 'failures'\n";
+    }
   }
-  return JobExitCode(*job);
+  return code;
 }
 
 }  // namespace tally
