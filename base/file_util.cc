@@ -17,13 +17,28 @@
 
 namespace tally {
 
+namespace {
+// `path` without "." components and repeated slashes ("a/./b//c" -> "a/b/c"); ".." stays (what it
+// means depends on symbolic links).
+std::string WithoutDots(const std::string& path) {
+  std::string out;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part == "." || (part.empty() && !out.empty())) continue;
+    if (!out.empty() && out.back() != '/') out.push_back('/');
+    if (part.empty()) {
+      out = "/";  // The leading slash of an absolute path.
+      continue;
+    }
+    absl::StrAppend(&out, part);
+  }
+  return out.empty() ? "." : out;
+}
+}  // namespace
+
 std::string ResolvePath(const std::string& base_dir, const std::string& path) {
   if (path.empty() || path[0] == '/') return path;
-  std::string rel = path;
-  while (rel.size() > 2 && rel[0] == '.' && rel[1] == '/') rel = rel.substr(2);
-  if (base_dir.empty() || base_dir == ".") return rel;
-  if (base_dir.back() == '/') return base_dir + rel;
-  return base_dir + "/" + rel;
+  if (base_dir.empty() || base_dir == ".") return WithoutDots(path);
+  return WithoutDots(base_dir + "/" + path);
 }
 
 bool IsNiftiPath(const std::string& path) {

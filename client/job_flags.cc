@@ -64,9 +64,7 @@ absl::Status ModelFlags(const JobFlags& f, const std::string& manifest_path, v1:
   if (!f.shards.empty()) {
     // Relative shard paths are the caller's: made absolute here (a list file's lines are relative
     // to the list file, which tallyd reads).
-    std::string shards = f.shards;
-    if (!shards.empty() && shards[0] != '/') shards = AbsolutePath(".") + "/" + shards;
-    spec->add_shards(shards);
+    spec->add_shards(AbsolutePath(f.shards));  // "./c/a.tar" as "/cwd/c/a.tar".
     for (auto [text, field] : {std::pair<const std::string&, google::protobuf::RepeatedPtrField<std::string>*>{
                                    f.image_ext, spec->mutable_image_extensions()},
                                {f.mask_ext, spec->mutable_mask_extensions()},

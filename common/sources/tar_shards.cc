@@ -13,6 +13,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
@@ -71,12 +72,39 @@ absl::StatusOr<std::vector<std::string>> ReadShardList(const std::string& path, 
   }
   std::vector<std::string> out;
   int line = 0;
+  bool first = true;
+  int column = -1;  // A CSV list (a header first): the column of the shards' paths.
   for (absl::string_view l : absl::StrSplit(*text, '\n')) {
     ++line;
     l = absl::StripAsciiWhitespace(l);
     if (l.empty() || l[0] == '#') continue;
     if (FirstControlCharacter(l, false) >= 0) {
       return absl::InvalidArgumentError(absl::StrCat("shard list '", path, "' line ", line, ": a control character"));
+    }
+    if (std::exchange(first, false)) {
+      // A CSV header ("path", "shard,samples"): then the column named so, else the first.
+      auto named = [](absl::string_view n) {
+        const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(n));
+        return lower == "path" || lower == "shard" || lower == "shards" || lower == "url" || lower == "file" ||
+               lower == "tar";
+      };
+      if (absl::StrContains(l, ',') || named(l)) {
+        const std::vector<absl::string_view> names = absl::StrSplit(l, ',');
+        column = 0;
+        for (size_t i = 0; i < names.size(); ++i) {
+          if (named(names[i])) column = static_cast<int>(i);
+        }
+        continue;
+      }
+    }
+    if (column >= 0) {
+      const std::vector<absl::string_view> fields = absl::StrSplit(l, ',');
+      if (column >= static_cast<int>(fields.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("shard list '", path, "' line ", line, ": no column ", column + 1, " (its header names it)"));
+      }
+      l = absl::StripAsciiWhitespace(fields[column]);
+      if (l.size() >= 2 && l.front() == '"' && l.back() == '"') l = l.substr(1, l.size() - 2);
     }
     if (out.size() == max) {
       return absl::InvalidArgumentError(absl::StrCat("shard list '", path, "' names more than ", max,
@@ -334,8 +362,14 @@ std::vector<ManifestRow> SampleRows(const TarListing& listing, const std::string
       row.id.resize(4096);
       fail("its key is longer than 4096 bytes");
     }
-    if (!state->seen_keys.insert(sample.key).second) {
-      fail("an earlier sample has the same key (a sample's members must be adjacent, and keys unique across shards)");
+    if (state->shards.empty() || state->shards.back() != shard) state->shards.push_back(shard);
+    const auto [first, added] =
+        state->seen_keys.emplace(sample.key, static_cast<uint32_t>(state->shards.size() - 1));
+    if (!added) {
+      const std::string& where = state->shards[first->second];
+      fail(absl::StrCat("its key is that of an earlier sample ",
+                        where == shard ? std::string("in this shard") : absl::StrCat("in shard '", where, "'"),
+                        " (a sample's members must be adjacent, and keys unique across shards)"));
     }
     const Parts parts = FindParts(sample, conventions, fail);
     if (conventions.keep_columns && !json_errors[s].empty()) fail(json_errors[s]);

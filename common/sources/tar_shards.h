@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -50,11 +50,13 @@ struct SampleConventions {
 };
 
 // Rows from one tar's listing: a row per sample, in order. `seen_keys` holds the keys of earlier
-// samples (of this and earlier tars): a key met again fails its sample. `columns` are the JSON
+// samples (of this and earlier tars) with the shard each was first met in (an index into `shards`):
+// a key met again fails its sample, naming that shard. `columns` are the JSON
 // fields kept as columns: those of the first listing's JSON members, in the order first met
 // (`columns_fixed` is then set); fields met later that are not among them go to `later_keys`.
 struct SampleRowsState {
-  absl::flat_hash_set<std::string> seen_keys;
+  absl::flat_hash_map<std::string, uint32_t> seen_keys;
+  std::vector<std::string> shards;  // The shards met so far, in order.
   std::vector<std::string> columns;
   bool columns_fixed = false;
   std::vector<std::string> later_keys;  // JSON fields that appeared after the columns were fixed.

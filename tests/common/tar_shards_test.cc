@@ -100,7 +100,8 @@ TEST(TarShardsTest, IndexGivesDataOffsetsAndSamplesByKey) {
   EXPECT_NE(rows[2].error.find("symbolic link to '../../etc/passwd'"), std::string::npos) << rows[2].error;
   // The same keys again (another shard): failed, saying why.
   std::vector<ManifestRow> again = SampleRows(*listing, "t.tar", c, 13, &state);
-  EXPECT_NE(again[0].error.find("same key"), std::string::npos) << again[0].error;
+  EXPECT_NE(again[0].error.find("its key is that of an earlier sample in shard 's.tar'"), std::string::npos)
+      << again[0].error;
 }
 
 TEST(TarShardsTest, ClaimsPastTheEndAndTruncationFailTheirSamplesOnly) {
@@ -348,6 +349,21 @@ TEST(TarLimitsTest, AShardListPastTheLimitIsRefusedNamingIt) {
   EXPECT_NE(shards.status().message().find("names more than 10 shards (line 11)"), std::string::npos)
       << shards.status();
   EXPECT_TRUE(ExpandShardPatterns({dir + "/list.txt"}, 12).ok());
+}
+
+// A CSV list's header is no shard, and paths come out without "./" segments.
+TEST(TarShardsTest, AShardListMayBeACsvFileWithAHeader) {
+  std::string dir = ::testing::TempDir();
+  while (!dir.empty() && dir.back() == '/') dir.pop_back();
+  dir += "/shard_csv";
+  mkdir(dir.c_str(), 0755);
+  const std::string text = "samples,path\n10,./a/s0.tar\n3,\"b//s1.tar\"\n";
+  FILE* f = std::fopen((dir + "/list.csv").c_str(), "w");
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+  auto shards = ExpandShardPatterns({dir + "/list.csv"}, 10);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  EXPECT_EQ(*shards, (std::vector<std::string>{dir + "/a/s0.tar", dir + "/b/s1.tar"}));
 }
 
 }  // namespace

@@ -137,8 +137,9 @@ class ShardsTest(unittest.TestCase):
         self.assertEqual(len({r["id"] for r in tt.read_per_image(sampled)}), 40)
         p = tt.tally("run", "--model", self.model, "--shards", os.path.join(self.root, "gz", "train-*.tar.gz"),
                      "--out", os.path.join(self.root, "gz-random"), "--order", "random", check=False)
-        self.assertNotEqual(p.returncode, 0)
-        self.assertIn("compressed tar", p.stderr)
+        self.assertEqual(p.returncode, 2, p.stderr)  # A usage error, found before anything starts.
+        self.assertIn("is compressed (read front to back only)", p.stderr)
+        self.assertNotIn("coordinator at", p.stderr)
 
     def test_a_worker_sigkilled_mid_shard_and_tallyd_restarted_lose_nothing(self):
         root = tt.tmpdir(self)
@@ -273,11 +274,11 @@ class ShardsTest(unittest.TestCase):
             "c-cut.tar:(the rest)": ["c-cut.tar", "ends early after", "not in the job"],
             "text": ["a-good.tar:text.png", "not an image"],
             "nomask": ["a-good.tar", "no mask member"],
-            "twice": ["a-good.tar", "same key"],
+            "twice": ["a-good.tar", "its key is that of an earlier sample in this shard"],
             "escape": ["a-good.tar", "escape" + ext, "symbolic link"],
             "big": ["b-huge.tar", "big" + ext, "2000000000000 bytes"],
             "cut": ["c-cut.tar", "cut" + ext, "past the end of the shard", "truncated"],
-            "ok1": ["d-other.tar", "same key"],
+            "ok1": ["d-other.tar", "its key is that of an earlier sample in shard '" + os.path.join(root, "a-good.tar")],
         }
         self.assertEqual(sorted(failed), sorted(expect))
         for rid, words in expect.items():

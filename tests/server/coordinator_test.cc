@@ -32,7 +32,10 @@ using ::testing::HasSubstr;
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/coordinator_test_XXXXXX";
+    // TempDir() ends with '/': the paths Tally records are normalised, so the expected ones must be too.
+    std::string base = ::testing::TempDir();
+    if (!base.empty() && base.back() == '/') base.pop_back();
+    std::string tmpl = base + "/coordinator_test_XXXXXX";
     dir_ = mkdtemp(tmpl.data());
     std::ofstream(dir_ + "/model.pt") << "not inspected by the coordinator";
     WriteManifest(10);
