@@ -1,7 +1,11 @@
 // tally run: a whole evaluation on this machine (client/local_run.h).
+#include <iostream>
+
 #include "absl/strings/str_cat.h"
 #include "client/job_flags.h"
 #include "common/sources/folder_pairs.h"
+#include "common/sources/tar_listing.h"
+#include "common/sources/tar_shards.h"
 #include "client/local_run.h"
 #include "client/verbs/verb_util.h"
 #include "base/file_util.h"
@@ -24,6 +28,35 @@ int PairedManifest(const RunFlags& f, std::string* manifest, std::vector<std::st
   return 0;
 }
 
+// What can be known of the job's data before any process starts (docs/cli.md "Flags of tally run"):
+// tar shards that --order random cannot read, folders whose masks pair with too few images. Returns
+// 0, or the exit code of the error it reported: 2 for flags that cannot work together or a
+// --mask-suffix no mask carries, 3 when fewer than half the images have a mask.
+int CheckSourcesFirst(const v1::JobSpec& spec) {
+  if (spec.shards_size() > 0 && spec.random_order()) {
+    auto shards = ExpandShardPatterns({spec.shards().begin(), spec.shards().end()}, 100'000);
+    if (!shards.ok()) return UsageError("run", std::string(shards.status().message()));
+    for (const std::string& shard : *shards) {
+      if (IsCompressedFile(shard)) {
+        return UsageError("run", absl::StrCat("--order random reads samples scattered over the shards, and '", shard,
+                                              "' is compressed (read front to back only): decompress the shards "
+                                              "(.tar), or keep the shards' order"));
+      }
+    }
+  }
+  if (!spec.images_dir().empty() && !spec.masks_dir().empty()) {
+    auto paired = PairImagesAndMasks(spec.images_dir(), spec.masks_dir(), spec.mask_suffix(), 50'000'000);
+    if (!paired.ok()) return UsageError("run", std::string(paired.status().message()));
+    if (2 * paired->pairs < paired->images) {
+      for (const std::string& w : paired->warnings) std::cerr << "tally run: " << w << "\n";
+      std::cerr << "tally run: only " << paired->pairs << " of " << paired->images
+                << " images have a mask; nothing was started\n";
+      return kExitTooManyFailedRows;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunVerb(const RunFlags& f) {
@@ -34,6 +67,7 @@ int RunVerb(const RunFlags& f) {
   auto spec = SpecFromFlags(f.job, manifest);
   if (!spec.ok()) return UsageError("run", std::string(spec.status().message()));
   for (const std::string& w : warnings) spec->add_client_warnings(w);
+  if (const int rc = CheckSourcesFirst(*spec); rc != 0) return rc;
   LocalRunOptions options;
   options.spec = *spec;
   options.out_dir = AbsolutePath(f.out);

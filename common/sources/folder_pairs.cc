@@ -42,7 +42,8 @@ std::string Stem(const std::string& relative) {
 
 struct FolderFiles {
   std::vector<std::string> files;  // Relative to the folder, sorted.
-  int64_t other = 0;               // Regular files of other types.
+  int64_t other = 0;               // Regular files of other types,
+  std::vector<std::string> other_names;  // the first of them.
   // Image or mask files whose path no manifest or report can hold, with why (UncarriableNameReason).
   std::vector<std::pair<std::string, std::string>> odd;
 };
@@ -66,7 +67,7 @@ absl::Status Walk(const std::string& root, const std::string& relative, int dept
     }
     if (stat((root + "/" + rel).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     if (!PairableFile(name)) {
-      out->other++;
+      if (out->other++ < 10) out->other_names.push_back(Printable(rel));
       continue;
     }
     if (std::string why = UncarriableNameReason(rel); !why.empty()) {
@@ -122,6 +123,62 @@ absl::StatusOr<std::vector<std::string>> FilesEndingIn(const std::string& dir, c
   return names;
 }
 
+// The suffix most of `mask_stems` carry that, taken off, gives an image's stem ("_mask" for
+// a/001_mask beside the image a/001): candidates are what follows the last '_', '-' or '.' of a
+// base name; "" when none pairs at least half of them.
+std::string GuessMaskSuffix(const std::map<std::string, std::string>& image_by_stem,
+                            const std::vector<std::string>& mask_stems) {
+  std::map<std::string, int64_t> pairs_by_suffix;
+  for (const std::string& stem : mask_stems) {
+    const size_t base = stem.rfind('/') == std::string::npos ? 0 : stem.rfind('/') + 1;
+    const size_t cut = stem.find_last_of("_-.");
+    if (cut == std::string::npos || cut <= base) continue;
+    if (image_by_stem.count(stem.substr(0, cut))) ++pairs_by_suffix[stem.substr(cut)];
+  }
+  std::string best;
+  int64_t most = 0;
+  for (const auto& [suffix, n] : pairs_by_suffix) {
+    if (n > most) best = suffix, most = n;
+  }
+  return 2 * most >= static_cast<int64_t>(mask_stems.size()) && most > 0 ? best : "";
+}
+
+// "masks look like NAME_mask.png: add --mask-suffix _mask" (or "use", where another was given).
+std::string SuffixHint(const std::string& guess, const std::string& given) {
+  return absl::StrCat("the masks look like NAME", guess, ".png: ", given.empty() ? "add" : "use", " --mask-suffix ",
+                      guess);
+}
+
+// A --mask-suffix no mask carries is a mistake, not a folder of unpaired images: refused, with the
+// suffix the masks do carry where one pairs most of them.
+absl::Status CheckSomeMaskCarries(const std::string& suffix, const std::string& masks_dir,
+                                  const std::vector<std::string>& mask_files, const std::vector<std::string>& mask_stems,
+                                  const std::map<std::string, std::string>& image_by_stem) {
+  if (suffix.empty() || mask_files.empty() ||
+      std::any_of(mask_stems.begin(), mask_stems.end(),
+                  [&](const std::string& stem) { return absl::EndsWith(stem, suffix); })) {
+    return absl::OkStatus();
+  }
+  const std::string guess = GuessMaskSuffix(image_by_stem, mask_stems);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no mask in '", masks_dir, "' ends in '", suffix, "' before its extension (--mask-suffix)",
+      guess.empty() ? absl::StrCat("; the masks are named like '", mask_files.front(), "'")
+                    : absl::StrCat("; ", SuffixHint(guess, suffix))));
+}
+
+// "N file(s) in the folders are not images or masks ...", naming the first 10.
+std::string NotImagesWarning(const FolderFiles& images, const FolderFiles& masks, const std::string& images_dir,
+                             const std::string& masks_dir) {
+  std::vector<std::string> named;
+  for (const std::string& f : images.other_names) named.push_back(images_dir + "/" + f);
+  for (const std::string& f : masks.other_names) named.push_back(masks_dir + "/" + f);
+  const int64_t unnamed = images.other + masks.other - static_cast<int64_t>(named.size());
+  return absl::StrCat(images.other + masks.other, " file(s) in the folders are not images or ",
+                      "masks (by extension: png, jpg, jpeg, tif, tiff, webp, dcm, nii, nii.gz) ",
+                      "and were not looked at: ", ListNames(named, 10),
+                      unnamed > 0 ? absl::StrCat(" and ", unnamed, " more") : "");
+}
+
 }  // namespace
 
 absl::StatusOr<PairedFolders> PairImagesAndMasks(const std::string& images_dir, const std::string& masks_dir,
@@ -134,10 +191,15 @@ absl::StatusOr<PairedFolders> PairImagesAndMasks(const std::string& images_dir, 
   for (const std::string& f : images.files) {
     if (!image_by_stem.emplace(Stem(f), f).second) unpaired_images.push_back(f + " (another image has its name)");
   }
+  std::vector<std::string> all_mask_stems;
+  for (const std::string& f : masks.files) all_mask_stems.push_back(Stem(f));
+  RETURN_IF_ERROR(CheckSomeMaskCarries(suffix, masks_dir, masks.files, all_mask_stems, image_by_stem));
+  std::vector<std::string> unpaired_stems;  // Of masks, as they are: what a suffix might explain.
   for (const std::string& f : masks.files) {
     std::string stem = Stem(f);
     if (!absl::EndsWith(stem, suffix)) {
       unpaired_masks.push_back(absl::StrCat(f, " (no '", suffix, "' before its extension)"));
+      unpaired_stems.push_back(stem);
       continue;
     }
     stem.resize(stem.size() - suffix.size());
@@ -156,8 +218,14 @@ absl::StatusOr<PairedFolders> PairImagesAndMasks(const std::string& images_dir, 
     out.pairs++;
   }
   for (const auto& [stem, mask] : mask_by_stem) {
-    if (image_by_stem.find(stem) == image_by_stem.end()) unpaired_masks.push_back(mask);
+    if (image_by_stem.find(stem) == image_by_stem.end()) {
+      unpaired_masks.push_back(mask);
+      unpaired_stems.push_back(Stem(mask));
+    }
   }
+  out.images = static_cast<int64_t>(images.files.size() + images.odd.size());
+  if (out.pairs < out.images) out.suggested_suffix = GuessMaskSuffix(image_by_stem, unpaired_stems);
+  if (out.suggested_suffix == suffix) out.suggested_suffix.clear();
   for (const auto& [image, why] : images.odd) {
     ManifestRow row;
     row.id = Printable(Stem(image));
@@ -169,27 +237,24 @@ absl::StatusOr<PairedFolders> PairImagesAndMasks(const std::string& images_dir, 
   for (const auto& [mask, why] : masks.odd) {
     unpaired_masks.push_back(absl::StrCat(Printable(mask), " (its name cannot be written into a manifest: ", why, ")"));
   }
+  const std::string hint = out.suggested_suffix.empty() ? "" : "; " + SuffixHint(out.suggested_suffix, suffix);
   if (out.pairs == 0 && out.failed.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no image in '", images_dir, "' has a mask in '", masks_dir, "' (pairs by the path without its ",
         "extension", suffix.empty() ? "" : absl::StrCat(", masks ending in '", suffix, "'"), "; ", images.files.size(),
-        " images, ", masks.files.size(), " masks)"));
+        " images, ", masks.files.size(), " masks)", hint));
   }
   std::sort(unpaired_images.begin(), unpaired_images.end());
   std::sort(unpaired_masks.begin(), unpaired_masks.end());
   if (!unpaired_images.empty()) {
     out.warnings.push_back(absl::StrCat(unpaired_images.size(), " image(s) in '", images_dir, "' have no mask in '",
-                                        masks_dir, "' and are not evaluated: ", ListNames(unpaired_images, 10)));
+                                        masks_dir, "' and are not evaluated: ", ListNames(unpaired_images, 10), hint));
   }
   if (!unpaired_masks.empty()) {
     out.warnings.push_back(absl::StrCat(unpaired_masks.size(), " mask(s) in '", masks_dir, "' have no image in '",
                                         images_dir, "' and are not evaluated: ", ListNames(unpaired_masks, 10)));
   }
-  if (images.other + masks.other > 0) {
-    out.warnings.push_back(absl::StrCat(images.other + masks.other, " file(s) in the folders are not images or ",
-                                        "masks (by extension: png, jpg, jpeg, tif, tiff, webp, dcm, nii, nii.gz) ",
-                                        "and were not looked at"));
-  }
+  if (images.other + masks.other > 0) out.warnings.push_back(NotImagesWarning(images, masks, images_dir, masks_dir));
   return out;
 }
 

@@ -32,12 +32,17 @@ struct PairedFolders {
   // control character such as CR or LF): rows of their own after the manifest's, each failing with
   // the file's name (escaped) and why. Masks with such names are named in a warning.
   std::vector<ManifestRow> failed;
+  int64_t images = 0;  // Image files found (paired or not).
+  // Where images went unpaired: the suffix most of the unpaired masks carry before their extension
+  // that would pair them ("_mask"); "" when none does.
+  std::string suggested_suffix;
 };
 
 // Images and masks: walks both folders (not following links to folders; hidden entries skipped),
 // through the data roots; more than `max_files` files in one is an error (tallyd
 // --max-manifest-rows). No pair (and no failed image) at all is an error naming both folders and
-// the suffix.
+// the suffix, as is a --mask-suffix that no mask carries; either says which suffix the masks seem to
+// carry where one would pair most of them (PairedFolders::suggested_suffix).
 absl::StatusOr<PairedFolders> PairImagesAndMasks(const std::string& images_dir, const std::string& masks_dir,
                                                  const std::string& mask_suffix, size_t max_files);
 

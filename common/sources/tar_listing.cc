@@ -3,6 +3,7 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -442,6 +443,15 @@ absl::StatusOr<TarListing> ListTarFd(int fd, const std::string& name, int64_t fi
   }
   FdStream in(fd, file_size);
   return Lister(&in, name, file_size, false, options).Run();
+}
+
+bool IsCompressedFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  unsigned char magic[8] = {0};
+  const ssize_t n = pread(fd, magic, sizeof(magic), 0);
+  close(fd);
+  return n > 0 && LooksCompressed(magic, static_cast<size_t>(n));
 }
 
 absl::StatusOr<TarListing> ListTarBytes(absl::string_view bytes, const std::string& name,

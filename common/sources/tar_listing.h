@@ -49,6 +49,9 @@ struct TarListOptions {
 absl::StatusOr<TarListing> ListTarFd(int fd, const std::string& name, int64_t file_size, const TarListOptions& options);
 absl::StatusOr<TarListing> ListTarBytes(absl::string_view bytes, const std::string& name,
                                         const TarListOptions& options);
+// Whether the file at `path` starts as a compressed stream (false where it cannot be read): such a
+// shard is read front to back only.
+bool IsCompressedFile(const std::string& path);
 
 }  // namespace tally
 
