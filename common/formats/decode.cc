@@ -51,6 +51,7 @@ absl::Status DecodeImage(const std::string& bytes, const std::string& name, RgbI
     return absl::InvalidArgumentError(
         absl::StrCat("image '", name, "' is not an image Tally reads (unrecognised file signature; ", kFormats, ")"));
   }
+  out->windowed = false;  // Set by the decoders that apply --window.
   return decoder->decode_image(bytes, name, options, max_pixels, out);
 }
 

@@ -455,6 +455,7 @@ absl::Status DecodeDicomImage(const std::string& bytes, const std::string& name,
   RETURN_IF_ERROR(RescaleOf(p, name, &slope, &intercept));
   if (!options.window.given()) RETURN_IF_ERROR(CheckHeaderWindow(p, name));
   const Window window = DicomWindow(p, slope, intercept, options);
+  out->windowed = options.window.given();
   const bool is_signed = p.representation == 1, invert = p.photometric == "MONOCHROME1";
   for (size_t i = 0; i < pixels; ++i) {
     const int64_t value = StoredValue(data, i, p.allocated, p.stored, is_signed);

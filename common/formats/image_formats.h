@@ -81,6 +81,9 @@ struct RgbImage {
   int height = 0;
   int width = 0;
   std::vector<uint8_t> pixels;  // height * width * 3, row-major HWC.
+  // Its values went through --window (16-bit TIFF, grey DICOM); false where a window given does not
+  // apply (8-bit formats), so that reports can say so.
+  bool windowed = false;
 };
 
 // An image's stored values where a byte does not hold them (16-bit TIFF, DICOM), as Python models

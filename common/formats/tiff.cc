@@ -253,6 +253,7 @@ absl::Status DecodeTiffImage(const std::string& bytes, const std::string& name, 
   };
   out->height = static_cast<int>(p.height);
   out->width = static_cast<int>(p.width);
+  out->windowed = bps == 16 && window.given();
   out->pixels.assign(static_cast<size_t>(p.height) * p.width * 3, 0);
   uint8_t* dst = out->pixels.data();
   const uint32_t width = p.width;

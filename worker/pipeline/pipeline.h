@@ -269,6 +269,8 @@ class Pipeline : public RowEvaluator {
   // The image's 8-bit pixels, and with PipelineOptions::raw_images its stored values where it has
   // them (item->raw).
   absl::Status DecodePixels(Item* item, const std::string& bytes, const DecodeOptions& decode, RgbImage* image);
+  // A --window the row's image did not go through (an 8-bit format): its format, for the report.
+  void NoteUnusedWindow(Item* item, const std::string& bytes, const RgbImage& image) const;
   // The row's TIFF page and the job's window (PipelineOptions::page_column, window).
   absl::StatusOr<DecodeOptions> RowOptions(const v1::ManifestRow& row) const;
   // Decodes `items` (consecutive rows of one shard) with nvJPEG (the `slot`'s decoder): JPEG images

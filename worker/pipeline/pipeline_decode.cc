@@ -118,10 +118,19 @@ void Pipeline::Decode(Item* item) {
   DecodeMask(item, std::move(image));
 }
 
+void Pipeline::NoteUnusedWindow(Item* item, const std::string& bytes, const RgbImage& image) const {
+  if (!options_.window.given() || image.windowed) return;
+  const ImageFormat format = DetectImageFormat(bytes);
+  item->inputs.set_window_unused(format == ImageFormat::kTiff    ? "TIFF of 8 bits or fewer"
+                                 : format == ImageFormat::kDicom ? "RGB DICOM"
+                                                                 : ImageFormatName(format));
+}
+
 absl::Status Pipeline::DecodePixels(Item* item, const std::string& bytes, const DecodeOptions& decode,
                                     RgbImage* image) {
   const std::string name = DisplayPath(item->row.image_path());
   RETURN_IF_ERROR(DecodeImage(bytes, name, image, options_.max_image_pixels, decode));
+  NoteUnusedWindow(item, bytes, *image);
   item->raw.reset();
   if (!options_.raw_images) return absl::OkStatus();
   auto raw = std::make_unique<RawImage>();
@@ -214,6 +223,8 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
     RgbImage* image = images[i].get();
     image->height = h;
     image->width = w;
+    image->windowed = false;
+    NoteUnusedWindow(item, bytes[i], *image);
     image->pixels.resize(static_cast<size_t>(h) * w * 3);
     GpuJpegImage job;
     job.bytes = &bytes[i];
