@@ -165,10 +165,15 @@ async function compare() {
         for (const cls of c.classes || []) for (const [m, s] of Object.entries(cls)) if (m !== "class" && s && typeof s === "object" && !Array.isArray(s))
           rows.push(`<tr><td>${esc(cls.class)}</td><td>${esc(m)}</td><td>${n(s.pairs)}</td><td>${n(s.mean_a).toFixed(4)}</td>
             <td>${n(s.mean_b).toFixed(4)}</td><td>${n(s.mean_diff).toFixed(4)}</td>
-            <td>[${(s.diff_ci95 || []).map(v => n(v).toFixed(4)).join(", ")}]</td><td>${esc(s.wilcoxon_p)}</td></tr>`);
+            <td>[${(s.diff_ci95 || []).map(v => n(v).toFixed(4)).join(", ")}]</td><td>${esc(s.wilcoxon_p)}</td>
+            <td>${n(s.defined_only_a)}</td><td>${n(s.defined_only_b)}</td>
+            <td>${n(s.own_mean_a).toFixed(4)} (${n(s.own_images_a)})</td><td>${n(s.own_mean_b).toFixed(4)} (${n(s.own_images_b)})</td></tr>`);
         $("#cmp-out").innerHTML = `<p>${n(c.paired_images)} paired rows (${n(c.only_a)} only in A, ${n(c.only_b)} only in B)</p>
           <table id="cmp-table"><tr><th>Class</th><th>Metric</th><th>Pairs</th><th>Mean A</th><th>Mean B</th>
-          <th>B - A</th><th>95% interval</th><th>Wilcoxon p</th></tr>${rows.join("")}</table>`;
+          <th>B - A</th><th>95% interval</th><th>Wilcoxon p</th><th>Defined in A only</th><th>Defined in B only</th>
+          <th>A (own mean)</th><th>B (own mean)</th></tr>${rows.join("")}</table>
+          <p class=muted>Pairs: images with a value in both runs. An image whose metric is defined in one run only
+          (Dice 0 against undefined) is left out of the pairs and counted; each run's own mean is its report's.</p>`;
       } catch (e) { $("#cmp-out").innerHTML = `<p class=err>${esc(e.message)}</p>`; }
     };
   }

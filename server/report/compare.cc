@@ -62,6 +62,85 @@ absl::Status CheckComparable(const JobRecord& a, const JobRecord& b) {
   return absl::OkStatus();
 }
 
+// Per class and metric: the paired values in index order, each run's own defined values and those
+// defined in one run only; per class the images whose Dice changed.
+struct Own {
+  double sum_a = 0, sum_b = 0;
+  int64_t n_a = 0, n_b = 0, only_a = 0, only_b = 0;
+};
+struct Tallies {
+  Tallies(int classes, size_t metrics)
+      : pairs(classes, std::vector<std::vector<std::pair<double, double>>>(metrics)),
+        changed(classes),
+        own(classes, std::vector<Own>(metrics)) {}
+  std::vector<std::vector<std::vector<std::pair<double, double>>>> pairs;
+  std::vector<std::vector<ChangedImage>> changed;
+  std::vector<std::vector<Own>> own;
+};
+
+void TallyRow(const Evaluated& ra, const Evaluated& rb, int64_t i, const JobConfig& ca, const JobConfig& cb,
+              int classes, Comparison* c, Tallies* t) {
+  const bool has_a = ra.result.classes_size() > 0, has_b = rb.result.classes_size() > 0;
+  for (int k = 0; k < classes; ++k) {
+    for (size_t m = 0; m < c->metrics.size(); ++m) {
+      const double va = has_a ? Aggregator::ImageMetric(ra.result, k, c->metrics[m], ca.empty_score) : NAN;
+      const double vb = has_b ? Aggregator::ImageMetric(rb.result, k, c->metrics[m], cb.empty_score) : NAN;
+      Own& o = t->own[k][m];
+      if (std::isfinite(va)) o.sum_a += va, ++o.n_a;
+      if (std::isfinite(vb)) o.sum_b += vb, ++o.n_b;
+      if (has_a && has_b && std::isfinite(va) != std::isfinite(vb)) ++(std::isfinite(va) ? o.only_a : o.only_b);
+    }
+  }
+  if (has_a != has_b) {
+    ++(has_a ? c->only_a : c->only_b);
+    return;
+  }
+  if (!has_a) return;
+  ++c->paired;
+  for (int k = 0; k < classes; ++k) {
+    Comparison::Row row{i, ra.id, k, {}, {}};
+    for (size_t m = 0; m < c->metrics.size(); ++m) {
+      const double va = Aggregator::ImageMetric(ra.result, k, c->metrics[m], ca.empty_score);
+      const double vb = Aggregator::ImageMetric(rb.result, k, c->metrics[m], cb.empty_score);
+      row.a.push_back(va);
+      row.b.push_back(vb);
+      if (std::isfinite(va) && std::isfinite(vb)) t->pairs[k][m].emplace_back(va, vb);
+      if (c->metrics[m] == Metric::kDice && std::isfinite(va) && std::isfinite(vb) && va != vb) {
+        t->changed[k].push_back({i, ra.id, va, vb});
+      }
+    }
+    c->rows.push_back(std::move(row));
+  }
+}
+
+void SummariseClasses(int classes, Tallies* t, Comparison* c) {
+  for (int k = 0; k < classes; ++k) {
+    ClassComparison cc;
+    cc.class_id = k;
+    for (size_t m = 0; m < c->metrics.size(); ++m) {
+      MetricComparison mc;
+      mc.metric = c->metrics[m];
+      static_cast<PairedSummary&>(mc) =
+          SummarisePairs(t->pairs[k][m], IsCountMetric(c->metrics[m]) || c->metrics[m] == Metric::kNsd);
+      const Own& o = t->own[k][m];
+      mc.defined_only_a = o.only_a;
+      mc.defined_only_b = o.only_b;
+      mc.own_images_a = o.n_a;
+      mc.own_images_b = o.n_b;
+      mc.own_mean_a = o.n_a > 0 ? o.sum_a / static_cast<double>(o.n_a) : NAN;
+      mc.own_mean_b = o.n_b > 0 ? o.sum_b / static_cast<double>(o.n_b) : NAN;
+      cc.metrics.push_back(mc);
+    }
+    std::vector<ChangedImage>& changed = t->changed[k];
+    std::stable_sort(changed.begin(), changed.end(), [](const ChangedImage& x, const ChangedImage& y) {
+      return std::fabs(x.dice_b - x.dice_a) > std::fabs(y.dice_b - y.dice_a);
+    });
+    if (changed.size() > 10) changed.resize(10);
+    cc.most_changed = std::move(changed);
+    c->classes.push_back(std::move(cc));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, const JobRecord& b) {
@@ -85,50 +164,11 @@ absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, cons
     }
   }
   const int classes = a.job.num_classes();
-  // Per class and metric: the paired values, in index order.
-  std::vector<std::vector<std::vector<std::pair<double, double>>>> pairs(
-      classes, std::vector<std::vector<std::pair<double, double>>>(c.metrics.size()));
-  std::vector<std::vector<ChangedImage>> changed(classes);
+  Tallies tallies(classes, c.metrics.size());
   for (size_t i = 0; i < ra.size(); ++i) {
-    const bool has_a = ra[i].result.classes_size() > 0, has_b = rb[i].result.classes_size() > 0;
-    if (has_a != has_b) {
-      ++(has_a ? c.only_a : c.only_b);
-      continue;
-    }
-    if (!has_a) continue;
-    ++c.paired;
-    for (int k = 0; k < classes; ++k) {
-      Comparison::Row row{static_cast<int64_t>(i), ra[i].id, k, {}, {}};
-      for (size_t m = 0; m < c.metrics.size(); ++m) {
-        const double va = Aggregator::ImageMetric(ra[i].result, k, c.metrics[m], ca.empty_score);
-        const double vb = Aggregator::ImageMetric(rb[i].result, k, c.metrics[m], cb.empty_score);
-        row.a.push_back(va);
-        row.b.push_back(vb);
-        if (std::isfinite(va) && std::isfinite(vb)) pairs[k][m].emplace_back(va, vb);
-        if (c.metrics[m] == Metric::kDice && std::isfinite(va) && std::isfinite(vb) && va != vb) {
-          changed[k].push_back({static_cast<int64_t>(i), ra[i].id, va, vb});
-        }
-      }
-      c.rows.push_back(std::move(row));
-    }
+    TallyRow(ra[i], rb[i], static_cast<int64_t>(i), ca, cb, classes, &c, &tallies);
   }
-  for (int k = 0; k < classes; ++k) {
-    ClassComparison cc;
-    cc.class_id = k;
-    for (size_t m = 0; m < c.metrics.size(); ++m) {
-      MetricComparison mc;
-      mc.metric = c.metrics[m];
-      static_cast<PairedSummary&>(mc) =
-          SummarisePairs(pairs[k][m], IsCountMetric(c.metrics[m]) || c.metrics[m] == Metric::kNsd);
-      cc.metrics.push_back(mc);
-    }
-    std::stable_sort(changed[k].begin(), changed[k].end(), [](const ChangedImage& x, const ChangedImage& y) {
-      return std::fabs(x.dice_b - x.dice_a) > std::fabs(y.dice_b - y.dice_a);
-    });
-    if (changed[k].size() > 10) changed[k].resize(10);
-    cc.most_changed = std::move(changed[k]);
-    c.classes.push_back(std::move(cc));
-  }
+  SummariseClasses(classes, &tallies, &c);
   return c;
 }
 
@@ -136,14 +176,18 @@ namespace {
 
 Table SummaryTable(const Comparison& c) {
   Table t;
-  t.header = {"class", "metric", "pairs", "A", "B", "B - A", "95% CI", "Wilcoxon p", "B higher", "B lower"};
+  t.header = {"class", "metric", "pairs", "A", "B", "B - A", "95% CI", "Wilcoxon p", "B higher", "B lower",
+              "defined in A only", "defined in B only", "A (own)", "B (own)"};
   t.left = {true, true};
   for (const ClassComparison& cc : c.classes) {
     for (const MetricComparison& mc : cc.metrics) {
       t.rows.push_back({{absl::StrCat(cc.class_id)}, {std::string(MetricName(mc.metric))}, {absl::StrCat(mc.pairs)},
                         {Cell(mc.mean_a)}, {Cell(mc.mean_b)}, {Cell(mc.mean_diff)},
                         {absl::StrCat("[", Cell(mc.ci_low), ", ", Cell(mc.ci_high), "]")},
-                        {absl::StrFormat("%.3g", mc.wilcoxon_p)}, {absl::StrCat(mc.higher)}, {absl::StrCat(mc.lower)}});
+                        {absl::StrFormat("%.3g", mc.wilcoxon_p)}, {absl::StrCat(mc.higher)}, {absl::StrCat(mc.lower)},
+                        {absl::StrCat(mc.defined_only_a)}, {absl::StrCat(mc.defined_only_b)},
+                        {absl::StrCat(Cell(mc.own_mean_a), " (", mc.own_images_a, ")")},
+                        {absl::StrCat(Cell(mc.own_mean_b), " (", mc.own_images_b, ")")}});
     }
   }
   return t;
@@ -176,6 +220,9 @@ std::string Json(const Comparison& c) {
       w.Field("pairs", mc.pairs).Field("mean_a", mc.mean_a).Field("mean_b", mc.mean_b).Field("mean_diff", mc.mean_diff);
       w.Key("diff_ci95").BeginArray().Number(mc.ci_low).Number(mc.ci_high).EndArray();
       w.Field("wilcoxon_p", mc.wilcoxon_p).Field("b_higher", mc.higher).Field("b_lower", mc.lower);
+      w.Field("defined_only_a", mc.defined_only_a).Field("defined_only_b", mc.defined_only_b);
+      w.Field("own_mean_a", mc.own_mean_a).Field("own_images_a", mc.own_images_a);
+      w.Field("own_mean_b", mc.own_mean_b).Field("own_images_b", mc.own_images_b);
       w.EndObject();
     }
     w.Key("most_changed").BeginArray();
@@ -214,7 +261,10 @@ std::string Markdown(const Comparison& c) {
   for (absl::string_view line : absl::StrSplit(Header(c), '\n')) absl::StrAppend(&out, "- ", line, "\n");
   out += "\nPer class and metric, over the images with a finite value in both runs: the means, the mean paired "
          "difference B - A with its 95% interval (a betting interval, valid at any number of images, for metrics "
-         "in [0, 1]; none for surface distances, which are unbounded), and the Wilcoxon signed-rank p-value.\n\n";
+         "in [0, 1]; none for surface distances, which are unbounded), and the Wilcoxon signed-rank p-value. The "
+         "images whose value is defined in one run only (Dice 0 in one, undefined where the other predicts nothing "
+         "and the reference has none) are left out of the pairs and counted per run; each run's own mean (over "
+         "every image it evaluated with a finite value, as its report has it) follows, with its images.\n\n";
   out += MarkdownTable(SummaryTable(c));
   for (const ClassComparison& cc : c.classes) {
     if (cc.most_changed.empty()) continue;

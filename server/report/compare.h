@@ -2,7 +2,9 @@
 // checkpoints), paired image by image. Per class and metric: the mean of each run over the images
 // both evaluated with a finite value, the mean paired difference (B - A) with its 95% interval
 // (metrics in [0, 1]: the betting interval, metrics/bounded_mean.h), and a two-sided Wilcoxon signed-rank p-value; per class, the images whose Dice
-// changed most. Rendered as compare.json, compare.csv, compare.md and compare.html.
+// changed most. The images a metric is defined for in one run only are counted per run, beside each
+// run's own mean (its report's), so that what the pairs leave out is seen. Rendered as compare.json,
+// compare.csv, compare.md and compare.html.
 #ifndef TALLY_SERVER_REPORT_COMPARE_H_
 #define TALLY_SERVER_REPORT_COMPARE_H_
 
@@ -21,6 +23,12 @@ namespace tally {
 // every difference is 0), and how many pairs went up and down.
 struct MetricComparison : PairedSummary {
   Metric metric = Metric::kDice;
+  // Images evaluated in both runs whose value is finite in one run only (an empty prediction's Dice
+  // is undefined where the other run's is 0): left out of the pairs, counted by the run that has it.
+  int64_t defined_only_a = 0, defined_only_b = 0;
+  // Each run's own mean over every image it evaluated with a finite value: its report's mean.
+  double own_mean_a = 0, own_mean_b = 0;
+  int64_t own_images_a = 0, own_images_b = 0;
 };
 
 struct ChangedImage {

@@ -128,6 +128,12 @@ class CompareTest(unittest.TestCase):
                 self.assertLessEqual(got["diff_ci95"][0], got["mean_diff"])
                 self.assertGreaterEqual(got["diff_ci95"][1], got["mean_diff"])
                 self.assertEqual(got["b_higher"], int(np.sum(diffs > 0)))
+                # What the pairs leave out, by run, and each run's own mean: its report's.
+                self.assertEqual(got["defined_only_a"], sum(np.isfinite(pa[i]) and not np.isfinite(pb[i]) for i in pa))
+                self.assertEqual(got["defined_only_b"], sum(np.isfinite(pb[i]) and not np.isfinite(pa[i]) for i in pa))
+                for run, report_dir in (("a", ra), ("b", rb)):
+                    mean = tt.read_report(report_dir)["classes"][k][f"{metric}_mean"]
+                    self.assertTrue(tt.same(got[f"own_mean_{run}"], mean, 1e-12), (run, got[f"own_mean_{run}"], mean))
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     p = stats.wilcoxon(diffs, zero_method="wilcox", correction=False, method="approx").pvalue
