@@ -539,6 +539,11 @@ absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::str
   }
   merged.job.mutable_spec()->clear_manifest_sha256();
   merged.job.mutable_spec()->set_name(absl::StrCat("merge of ", absl::StrJoin(job_ids, ", ")));
+  // One shard size where every part had it; else none (-1: the report writes null).
+  merged.shard_size = parts[0].shard_size;
+  for (const JobRecord& p : parts) {
+    if (p.shard_size != parts[0].shard_size) merged.shard_size = -1;
+  }
   merged.job.set_images_total(total);
   merged.job.set_images_evaluated(evaluated);
   merged.job.set_images_failed(failed);
@@ -688,6 +693,8 @@ void Coordinator::RunFinalizers() {
       }
       j.set_report_ready(s.ok());
       j.set_summary(outcome.summary);
+      // The note `tally status` shows, as the report states it (the same intervals as its table).
+      if (!outcome.until_ci_note.empty()) j.set_until_ci_note(outcome.until_ci_note);
       job.finalize_queued = false;
       job.live_report.reset();  // Written (or not needed): its memory and spool go.
       job.live_report_off = true;

@@ -25,10 +25,12 @@ void Welford(double x, int64_t* n, double* mean, double* m2) {
   *m2 += delta * (x - *mean);
 }
 
+// The flags that draw the same rows again: the sample, and the order whose prefix it is.
 std::string SampleReason(const v1::JobSpec& spec) {
-  if (spec.sample_rows() > 0) return absl::StrCat("--sample ", spec.sample_rows());
-  if (spec.sample_percent() > 0) return absl::StrCat("--sample ", spec.sample_percent(), "%");
-  return absl::StrCat("--until-ci ", spec.until_ci(), " reached");
+  const std::string order = absl::StrCat(" --order random:", spec.order_seed());
+  if (spec.sample_rows() > 0) return absl::StrCat("--sample ", spec.sample_rows(), order);
+  if (spec.sample_percent() > 0) return absl::StrCat("--sample ", spec.sample_percent(), "%", order);
+  return absl::StrCat("--until-ci ", spec.until_ci(), " reached;", order);
 }
 
 // Does class c count in the foreground (the report's foreground means; --until-ci)?

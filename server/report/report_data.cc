@@ -1,11 +1,13 @@
 #include "server/report/report_data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -61,14 +63,26 @@ std::string ReportData::DiceTieNote(const ClassAggregate& ca) {
 }
 
 std::string FailureKind(const std::string& reason) {
+  // A quote opens at an apostrophe that starts a word and closes at one that ends a word, so that
+  // "sample's" stays text and 'o'brien.png' stays one file name.
+  auto word = [&](size_t i) {
+    return i < reason.size() && (absl::ascii_isalnum(static_cast<unsigned char>(reason[i])) ||
+                                 static_cast<unsigned char>(reason[i]) >= 0x80);
+  };
   std::string out;
   bool quoted = false;
   for (size_t i = 0; i < reason.size(); ++i) {
     const char c = reason[i];
     if (c == '\'') {
-      if (!quoted) out += "'\xE2\x80\xA6'";
-      quoted = !quoted;
-      continue;
+      if (!quoted && !(i > 0 && word(i - 1))) {
+        out += "'\xE2\x80\xA6'";
+        quoted = true;
+        continue;
+      }
+      if (quoted && !word(i + 1)) {
+        quoted = false;
+        continue;
+      }
     }
     if (quoted) continue;
     if (c >= '0' && c <= '9') {
@@ -81,6 +95,40 @@ std::string FailureKind(const std::string& reason) {
 }
 
 namespace {
+
+// A finished --until-ci job's note from the report's intervals: the widest foreground Dice
+// half-width, its class and the rows, reached or not (docs/metrics.md "Answers before the end").
+std::string UntilCiNote(const ReportData& d) {
+  const v1::Job& job = d.record->job;
+  const double width = job.spec().until_ci();
+  if (width <= 0 || job.state() != v1::JOB_STATE_SUCCEEDED) return "";
+  double widest = -1;
+  int widest_class = -1;
+  for (const ClassAggregate& ca : d.aggregate.classes) {
+    if (!ca.in_foreground_mean) continue;
+    const double half = (ca.dice_ci_high - ca.dice_ci_low) / 2;
+    if (std::isnan(half)) {
+      widest = std::numeric_limits<double>::quiet_NaN();
+      widest_class = ca.class_id;
+      break;
+    }
+    if (half > widest) widest = half, widest_class = ca.class_id;
+  }
+  const std::string figure =
+      widest_class < 0 ? std::string("no foreground class")
+      : std::isnan(widest)
+          ? absl::StrCat("no interval for ", d.ClassName(widest_class))
+          : absl::StrCat("widest foreground Dice half-width ", absl::StrFormat("%.4g", widest), " (",
+                         d.config.regions.empty() ? "class " : "region ", d.ClassName(widest_class), ")");
+  const int64_t rows = d.evaluated + d.failed;
+  if (!job.sampled().empty()) {
+    return absl::StrCat("--until-ci ", width, " reached: ", figure, " after ", rows, " rows, as the table shows");
+  }
+  // Every row in: the manifest's means are exact, and the table's intervals are of the mean over the
+  // images the rows are drawn from (IntervalKind::kRows), which the note quotes.
+  return absl::StrCat("--until-ci ", width, " not reached: every row was evaluated first; ", figure, " over all ", rows,
+                      " rows, as the table shows (the interval of the mean over the images these rows are drawn from)");
+}
 
 // The warnings that catch wrong numbers (docs/reports.md "Warnings"), and the failed rows grouped by reason.
 void AddWarnings(ReportData* d) {
@@ -121,6 +169,20 @@ void AddWarnings(ReportData* d) {
                                          "0..", d->mask_max_label, " only"));
     }
   }
+  d->until_ci_note = UntilCiNote(*d);
+  if (!d->window_unused.empty()) {
+    int64_t rows = 0;
+    std::vector<std::string> formats;
+    for (const auto& [format, n] : d->window_unused) {
+      rows += n;
+      formats.push_back(absl::StrCat(format, " (", n, ")"));
+    }
+    const v1::JobSpec& spec = d->record->job.spec();
+    d->warnings.push_back(absl::StrCat("--window ", spec.window_center(), ",", spec.window_width(),
+                                       " applies to 16-bit TIFF and grey DICOM images only: ", rows,
+                                       " evaluated row(s) were read without it, their images being ",
+                                       absl::StrJoin(formats, ", ")));
+  }
   if (d->inputs_modified > 0) {
     d->warnings.push_back(absl::StrCat(
         d->inputs_modified, " evaluated row(s) were read from files modified after the job was submitted (the first: ",
@@ -132,9 +194,10 @@ void AddWarnings(ReportData* d) {
   const int64_t total = d->record->job.images_total();
   if (d->config.TooManyFailed(d->failed, total)) {
     d->warnings.push_back(absl::StrFormat(
-        "%d of %d rows failed (%.1f%%), more than --max-failed-fraction %g allows; most often: %s (%d rows)",
+        "%d of %d rows failed (%.1f%%), more than --max-failed-fraction %g allows; most often: %s (%d row%s)",
         d->failed, total, 100.0 * static_cast<double>(d->failed) / static_cast<double>(std::max<int64_t>(1, total)),
-        d->config.max_failed_fraction, d->failure_groups.front().kind, d->failure_groups.front().count));
+        d->config.max_failed_fraction, d->failure_groups.front().kind, d->failure_groups.front().count,
+        d->failure_groups.front().count == 1 ? "" : "s"));
   }
 }
 
@@ -168,17 +231,20 @@ absl::Status NameRows(JobStore* store, const std::vector<const JobRecord*>& part
   return absl::OkStatus();
 }
 
-// The worst rows' names, and the thumbnails kept for them.
+// The worst rows' names, and the thumbnails kept for the first --thumbnails of each list (a merge's
+// parts each kept theirs: only as many as one job shows are shown).
 absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*>& parts, ReportData* d) {
   std::set<std::pair<int, int64_t>> worst;
   std::set<int64_t> indices;
-  for (const InstanceReport::Worst& w : d->instances.worst) {
-    worst.insert({kInstanceThumbnailClass, w.index});
-    indices.insert(w.index);
+  const size_t shown = static_cast<size_t>(std::max(0, d->config.thumbnails));
+  for (size_t i = 0; i < d->instances.worst.size(); ++i) {
+    if (i < shown) worst.insert({kInstanceThumbnailClass, d->instances.worst[i].index});
+    indices.insert(d->instances.worst[i].index);
   }
   for (const ClassAggregate& ca : d->aggregate.classes) {
+    size_t i = 0;
     for (const auto& [dice, index] : ca.worst) {
-      worst.insert({ca.class_id, index});
+      if (i++ < shown) worst.insert({ca.class_id, index});
       indices.insert(index);
     }
   }
@@ -284,6 +350,7 @@ void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& 
       d_.inputs_modified_first_ns = r.inputs().modified_ns();
     }
   }
+  if (!r.inputs().window_unused().empty()) ++d_.window_unused[r.inputs().window_unused()];
   if (r.nonfinite() > 0) {
     ++d_.nonfinite_images;
     d_.nonfinite_values += r.nonfinite();
@@ -308,6 +375,7 @@ void ReportAccumulator::Merge(ReportAccumulator* other) {
   d_.nonfinite_images += other->d_.nonfinite_images;
   d_.nonfinite_values += other->d_.nonfinite_values;
   d_.inputs_modified += other->d_.inputs_modified;
+  for (const auto& [format, rows] : other->d_.window_unused) d_.window_unused[format] += rows;
   if (other->d_.inputs_modified_first >= 0 &&
       (d_.inputs_modified_first < 0 || other->d_.inputs_modified_first < d_.inputs_modified_first)) {
     d_.inputs_modified_first = other->d_.inputs_modified_first;

@@ -59,6 +59,11 @@ struct ReportData {
   int64_t inputs_modified_first = -1;
   std::string inputs_modified_first_id;
   int64_t inputs_modified_first_ns = 0;
+  // --until-ci jobs that ended: where the rule stands, from this report's own intervals (the note
+  // and the table cannot disagree); "" otherwise (the job's live note stands).
+  std::string until_ci_note;
+  // Evaluated rows whose image --window did not apply to, by the image's format (InputDigests).
+  std::map<std::string, int64_t> window_unused;
   int num_classes = 0;
   double wall_seconds = 0;
   IntervalKind interval = IntervalKind::kRows;  // What dice_mean_ci95 stands for.
@@ -121,6 +126,7 @@ struct ReportData {
 struct ReportOutcome {
   std::string summary;                // The per-class table as Markdown, for `tally run`.
   std::vector<std::string> warnings;  // Logged once per job.
+  std::string until_ci_note;          // --until-ci jobs: ReportData::until_ci_note, for `tally status`.
 };
 
 // What the reports show as a row's image: the image as written, or the prediction for prediction

@@ -123,7 +123,8 @@ std::vector<ReportFact> JobFacts(const ReportData& d) {
                                     : ""),
                    "", true});
   }
-  if (!job.until_ci_note().empty()) out.push_back({"Until CI", job.until_ci_note(), "", false});
+  const std::string& until_ci = d.until_ci_note.empty() ? job.until_ci_note() : d.until_ci_note;
+  if (!until_ci.empty()) out.push_back({"Until CI", until_ci, "", false});
   if (const std::string spacing = SpacingText(d); !spacing.empty()) out.push_back({"Spacing", spacing, "", false});
   const Throughputs t = JobThroughputs(d);
   out.push_back({"Throughput",

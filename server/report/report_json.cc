@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -110,6 +111,37 @@ void SourceJson(const v1::JobSpec& spec, JsonWriter& w) {
   w.EndObject();
 }
 
+// Which rows are scored, in which order, on which workers, and how stored values become pixels:
+// with these flags a re-run scores the same rows the same way (docs/reports.md).
+void RowChoiceJson(const v1::JobSpec& spec, JsonWriter& w) {
+  w.Field("order", spec.random_order() ? "random" : "manifest");
+  // A decimal string: exact in every JSON reader (a 64-bit seed is past JavaScript's integers).
+  if (spec.random_order()) w.Field("order_seed", absl::StrCat(spec.order_seed()));
+  // A sample is the order's prefix: it draws with the order's seed, recorded with it as well.
+  if (spec.sample_rows() > 0) {
+    w.Key("sample").BeginObject().Field("rows", spec.sample_rows());
+    w.Field("seed", absl::StrCat(spec.order_seed())).EndObject();
+  } else if (spec.sample_percent() > 0) {
+    w.Key("sample").BeginObject().Field("percent", spec.sample_percent());
+    w.Field("seed", absl::StrCat(spec.order_seed())).EndObject();
+  } else {
+    w.Key("sample").Null();
+  }
+  if (spec.speculate_after() < 0) {
+    w.Field("speculate_after", "off");
+  } else if (spec.speculate_after() == 0) {
+    w.Field("speculate_after", "auto");
+  } else {
+    w.Field("speculate_after", spec.speculate_after());
+  }
+  w.Field("canary_rows", spec.canary_rows());
+  if (spec.window_width() > 0) {
+    w.Key("window").BeginArray().Number(spec.window_center()).Number(spec.window_width()).EndArray();
+  } else {
+    w.Key("window").Null();
+  }
+}
+
 // The job's settings, as the report's reader needs them to reproduce it.
 void SettingsJson(const ReportData& d, JsonWriter& w) {
   const v1::Job& job = d.record->job;
@@ -125,7 +157,11 @@ void SettingsJson(const ReportData& d, JsonWriter& w) {
   if (d.config.volume_job()) VolumeSettingsJson(d.config, w);
   if (!d.config.predictions()) w.Field("precision", PrecisionName(d.config.precision));
   if (!d.config.predictions() && !d.config.volume_job()) ImageModelSettingsJson(d.config, w);
-  w.Field("shard_size", d.record->shard_size);
+  if (d.record->shard_size > 0) {
+    w.Field("shard_size", d.record->shard_size);
+  } else {
+    w.Key("shard_size").Null();  // A merge of jobs with other shard sizes.
+  }
   w.Field("max_image_pixels", d.config.max_image_pixels);
   w.Field("batch_timeout_seconds", d.config.batch_timeout_seconds);
   w.Field("nonfinite", NonfiniteName(d.config.nonfinite));
@@ -144,6 +180,7 @@ void SettingsJson(const ReportData& d, JsonWriter& w) {
       w.Key("input_size").Null();
     }
   }
+  RowChoiceJson(spec, w);
   w.Key("provenance").BeginObject();
   w.Field("tally_version", kTallyVersion).Field("git_revision", kGitRevision);
   w.Field("torch_version", kTorchVersion).Field("cuda_version", kCudaVersion);
@@ -210,8 +247,12 @@ void ClassJson(const ReportData& d, const ClassAggregate& ca, JsonWriter& w) {
       w.Field(name + "_median", ma.median);
       w.Field(name + "_p95", ma.p95);
     }
-    if (m == Metric::kDice) {
-      w.Key("dice_mean_ci95").BeginArray().Number(ca.dice_ci_low).Number(ca.dice_ci_high).EndArray();
+    if (m == Metric::kDice) {  // null where no interval is given (too few rows, not a random sample).
+      if (std::isfinite(ca.dice_ci_low) && std::isfinite(ca.dice_ci_high)) {
+        w.Key("dice_mean_ci95").BeginArray().Number(ca.dice_ci_low).Number(ca.dice_ci_high).EndArray();
+      } else {
+        w.Key("dice_mean_ci95").Null();
+      }
     }
   }
   // ReLA's Pr@t: the share of images (with a defined IoU) whose IoU is >= t.
@@ -380,7 +421,9 @@ std::string ReportJson(const ReportData& d) {
   w.Field("dice_mean_ci95_method", IntervalMethod(d.interval));
   w.Field("dice_mean_ci95_min_rows", kMinIntervalRows);
   if (spec.until_ci() > 0) {
-    w.Key("until_ci").BeginObject().Field("half_width", spec.until_ci()).Field("note", job.until_ci_note());
+    w.Key("until_ci").BeginObject().Field("half_width", spec.until_ci());
+    w.Field("note", d.until_ci_note.empty() ? job.until_ci_note() : d.until_ci_note);
+    w.Field("min_rows", spec.min_rows() > 0 ? spec.min_rows() : int64_t{100});  // 0: kDefaultMinRows.
     w.Field("reached", !job.sampled().empty()).EndObject();
   }
   w.Key("classes").BeginArray();

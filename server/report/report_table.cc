@@ -149,6 +149,36 @@ Table WorstTable(const ReportData& d, const ClassAggregate& ca) {
   return t;
 }
 
+void AddParameter(Table* t, const std::string& name, const std::string& value, bool code = false) {
+  t->rows.push_back({TableCell{name, false}, TableCell{value, code}});
+}
+
+// Which rows, in which order, and how stored values became pixels: the flags a re-run needs.
+void AddRowChoice(const ReportData& d, Table* table) {
+  const v1::JobSpec& spec = d.record->job.spec();
+  auto add = [table](const std::string& name, const std::string& value) { AddParameter(table, name, value); };
+  add("order", spec.random_order() ? absl::StrCat("random, seed ", spec.order_seed(), " (--order random:",
+                                                  spec.order_seed(), ")")
+                                   : std::string("manifest"));
+  if (spec.sample_rows() > 0 || spec.sample_percent() > 0) {
+    add("sample", absl::StrCat(spec.sample_rows() > 0 ? absl::StrCat("--sample ", spec.sample_rows())
+                                                      : absl::StrCat("--sample ", spec.sample_percent(), "%"),
+                               ", drawn with the order's seed ", spec.order_seed()));
+  }
+  if (spec.until_ci() > 0) {
+    add("until ci", absl::StrCat("--until-ci ", spec.until_ci(), " --min-rows ",
+                                 spec.min_rows() > 0 ? spec.min_rows() : int64_t{100}));
+  }
+  if (spec.window_width() > 0) {
+    add("window", absl::StrCat(spec.window_center(), ",", spec.window_width(), " (16-bit TIFF and grey DICOM)"));
+  }
+  add("speculate after", spec.speculate_after() < 0    ? std::string("off")
+                         : spec.speculate_after() == 0 ? std::string("auto")
+                                                       : absl::StrCat(spec.speculate_after(), " s"));
+  if (spec.canary_rows() > 0) add("canary rows", absl::StrCat(spec.canary_rows()));
+  add("shard size", d.record->shard_size > 0 ? absl::StrCat(d.record->shard_size) : std::string("as each part's"));
+}
+
 Table ParameterTable(const ReportData& d) {
   const JobConfig& c = d.config;
   const v1::JobSpec& spec = d.record->job.spec();
@@ -156,7 +186,7 @@ Table ParameterTable(const ReportData& d) {
   t.header = {"parameter", "value"};
   t.left = {true, true};
   auto add = [&t](const std::string& name, const std::string& value, bool code = false) {
-    t.rows.push_back({TableCell{name, false}, TableCell{value, code}});
+    AddParameter(&t, name, value, code);
   };
   auto list = [](const auto& values) {
     std::vector<std::string> parts;
@@ -218,7 +248,7 @@ Table ParameterTable(const ReportData& d) {
       if (!options.empty()) add("model options", absl::StrJoin(options, " "));
     }
   }
-  add("shard size", absl::StrCat(d.record->shard_size));
+  AddRowChoice(d, &t);
   add("max failed fraction", absl::StrCat(c.max_failed_fraction));
   add("thumbnails", absl::StrCat(c.thumbnails));
   if (!c.save_predictions.empty()) add("save predictions", c.save_predictions, true);

@@ -58,6 +58,7 @@ absl::Status WriteReportFiles(const ReportData& d, const std::string& dir, Repor
     }
     if (!d.warnings.empty() || !d.failure_groups.empty()) outcome->summary += "\n";
     outcome->warnings = d.warnings;
+    outcome->until_ci_note = d.until_ci_note;
   }
   return absl::OkStatus();
 }

@@ -14,6 +14,8 @@ import tallytest as tt
 
 RUN_FIELDS = {"job_id", "name", "created_unix", "finished_unix", "wall_seconds", "images_per_second", "throughput",
               "workers", "state", "shard_size", "provenance"}
+# The flags that choose rows and their order: recorded, and asserted where a test sets them.
+ROW_CHOICE = {"order", "order_seed", "sample", "speculate_after", "canary_rows", "window"}
 
 
 def write_predictions(root, rng, n, size=20, classes=3):
@@ -105,8 +107,10 @@ class RandomOrderTest(unittest.TestCase):
             c.fetch(manifest_job, a)
             c.fetch(random_job, b)
             ra, rb = tt.read_report(a), tt.read_report(b)
-            self.assertEqual({k: v for k, v in ra.items() if k not in RUN_FIELDS},
-                             {k: v for k, v in rb.items() if k not in RUN_FIELDS}, name)
+            self.assertEqual((ra["order"], "order_seed" in ra, rb["order"], rb["order_seed"]),
+                             ("manifest", False, "random", "3"), name)
+            self.assertEqual({k: v for k, v in ra.items() if k not in RUN_FIELDS | ROW_CHOICE},
+                             {k: v for k, v in rb.items() if k not in RUN_FIELDS | ROW_CHOICE}, name)
             self.assertTrue(tt.same_files(a, b, "per_image.csv"), name)
         # The permutation really is one: the random job's shards name rows out of manifest order.
         self.assertIn("in random order", c.log("tallyd.log"))
@@ -127,7 +131,7 @@ class LiveEstimatesTest(unittest.TestCase):
         job = c.cli("submit", "--manifest", manifest, "--sample", "30%", "--shard-size", "6").stdout.strip()
         self.assertEqual(c.wait(job)["state"], "succeeded")
         st = status_json(c, job)
-        self.assertEqual(st["sampled"], "sampled: 60 of 200 rows (--sample 30%)")
+        self.assertRegex(st["sampled"], r"^sampled: 60 of 200 rows \(--sample 30% --order random:\d+\)$")
         self.assertIn("finite-population corrected", st["live_note"])
         out = os.path.join(root, "out")
         c.fetch(job, out)
@@ -189,7 +193,8 @@ class LiveEstimatesTest(unittest.TestCase):
             report = tt.read_report(out)
             n = report["images_evaluated"]
             self.assertTrue(40 <= n < 400, (seed, n))
-            self.assertEqual(report["sampled"], f"sampled: {n} of 400 rows (--until-ci 0.04 reached)")
+            self.assertRegex(report["sampled"],
+                             rf"^sampled: {n} of 400 rows \(--until-ci 0.04 reached; --order random:\d+\)$")
             self.assertEqual(report["images_not_evaluated"], 400 - n)
             for cl in report["classes"]:
                 if cl["class"] == 0:
@@ -235,7 +240,7 @@ class PartialReportTest(unittest.TestCase):
             # Manifest order: the rows so far are the first ones, no random sample: no interval, live or
             # in the partial report.
             self.assertTrue(np.isnan(float(live[k]["dice_half_width"])), k)
-            self.assertIsNone(cls["dice_mean_ci95"][0], k)
+            self.assertIsNone(cls["dice_mean_ci95"], k)
         self.assertIn("not a random sample", report["dice_mean_ci95_method"])
         # The folder it was built in is gone (once the stream ends); a plain report of a running job
         # is still refused.
@@ -291,8 +296,9 @@ class SpeculationTest(unittest.TestCase):
             report = tt.read_report(out)
             self.assertEqual((report["images_evaluated"], report["images_failed"]), (48, 0), name)
             self.assertTrue(tt.same_files(plain, out, "per_image.csv"), name)
-            self.assertEqual({k: v for k, v in tt.read_report(plain).items() if k not in RUN_FIELDS},
-                             {k: v for k, v in report.items() if k not in RUN_FIELDS}, name)
+            self.assertEqual((tt.read_report(plain)["speculate_after"], report["speculate_after"]), ("auto", 1), name)
+            self.assertEqual({k: v for k, v in tt.read_report(plain).items() if k not in RUN_FIELDS | ROW_CHOICE},
+                             {k: v for k, v in report.items() if k not in RUN_FIELDS | ROW_CHOICE}, name)
             st = status_json(c, report["job_id"])
             self.assertEqual((int(st["images_evaluated"]), int(st.get("images_failed", 0))), (48, 0), name)
             c.stop()

@@ -240,7 +240,7 @@ class JobKindsTest(unittest.TestCase):
         r = self.reports["sampled"]
         self.assertEqual((r.json["images_evaluated"], r.json["images_not_evaluated"]), (15, 33))
         for text in (r.md_flat, r.html_flat):
-            self.assertIn("33 not evaluated (sampled: 15 of 48 rows (--sample 30%))", text)
+            self.assertRegex(text, r"33 not evaluated \(sampled: 15 of 48 rows \(--sample 30% --order random:\d+\)\)")
         self.assertIn("uniform random sample without replacement", r.json["dice_mean_ci95_method"])
         r = self.reports["stopped"]
         n = r.json["images_evaluated"]
@@ -249,7 +249,9 @@ class JobKindsTest(unittest.TestCase):
         self.assertIn("--until-ci 0.06 reached: widest foreground Dice half-width", r.json["until_ci"]["note"])
         for text in (r.md_flat, r.html_flat):
             self.assertIn("Until CI: --until-ci 0.06 reached", text)
-            self.assertIn(f"{400 - n} not evaluated (sampled: {n} of 400 rows (--until-ci 0.06 reached))", text)
+            self.assertRegex(text, r"until ci \W*--until-ci 0.06 --min-rows \d+")  # The settings table's row.
+            self.assertRegex(text, rf"{400 - n} not evaluated \(sampled: {n} of 400 rows \(--until-ci 0.06 reached; "
+                                   r"--order random:\d+\)\)")
         lo, hi = r.json["classes"][1]["dice_mean_ci95"]
         self.assertLessEqual((hi - lo) / 2, 0.06 + 1e-12)
         # Every row evaluated without reaching the width: said in the report and in status.
@@ -259,6 +261,14 @@ class JobKindsTest(unittest.TestCase):
         note = r.json["until_ci"]["note"]
         self.assertTrue(note.startswith("--until-ci 0.0001 not reached: every row was evaluated"), note)
         self.assertIn("Until CI: " + note, r.md_flat)
+        # One interval rule: the note quotes the table's widest foreground half-width, over every row.
+        for key in ("not_reached", "stopped"):
+            j = self.reports[key].json
+            halves = [((c["dice_mean_ci95"][1] - c["dice_mean_ci95"][0]) / 2, c["class"]) for c in j["classes"]
+                      if c["in_foreground_mean"] and c["dice_mean_ci95"] is not None]
+            widest, k = max(halves)
+            self.assertIn(f"widest foreground Dice half-width {widest:.4g} (class {k})", j["until_ci"]["note"], key)
+            self.assertIn(f"{j['images_evaluated'] + j['images_failed']} rows", j["until_ci"]["note"], key)
         status = self.cluster.cli("status", self.jobs["not_reached"]).stdout
         self.assertIn("--until-ci 0.0001 not reached", status)
 
@@ -388,10 +398,11 @@ class JobKindsTest(unittest.TestCase):
                 else:
                     self.assertIn("the images these rows are drawn from", method)
                 for c in r.json["classes"]:
+                    if c["images"] < 10:  # No interval: null (docs/reports.md), not a pair of nulls.
+                        self.assertIsNone(c["dice_mean_ci95"], (kind, c["class"]))
+                        continue
                     lo, hi = c["dice_mean_ci95"]
-                    if c["images"] < 10:
-                        self.assertEqual((lo, hi), (None, None), (kind, c["class"]))
-                    elif c.get("dice_mean") is not None and kind != "stopped":
+                    if c.get("dice_mean") is not None and kind != "stopped":
                         self.assertLessEqual(lo, c["dice_mean"])
                         self.assertGreaterEqual(hi, c["dice_mean"])
                     elif c.get("dice_mean") is not None:
@@ -426,7 +437,7 @@ class EndedEarlyTest(unittest.TestCase):
         # Manifest order: the first rows are no random sample: no interval, and the reason given.
         self.assertIn("not a random sample", r.json["dice_mean_ci95_method"])
         for cl in r.json["classes"]:
-            self.assertEqual(cl["dice_mean_ci95"], [None, None])
+            self.assertIsNone(cl["dice_mean_ci95"])
         c.cli("cancel", job)
         c.wait(job)
         out = os.path.join(root, "cancelled")
@@ -483,6 +494,102 @@ class ErrorsAndClientTest(unittest.TestCase):
         out, err = waiter.communicate(timeout=300)
         self.assertEqual(waiter.returncode, 0, err)
         self.assertEqual(c.wait(job)["state"], "succeeded")
+
+    def test_wait_and_watch_started_while_tallyd_is_down_wait_for_it(self):
+        root = tt.tmpdir(self)
+        c = tt.Cluster(self, os.path.join(root, "c"))
+        c.start_worker()
+        job = c.submit(os.path.join(DEMO, "model.pt"), os.path.join(DEMO, "manifest.csv"))
+        self.assertEqual(c.wait(job)["state"], "succeeded")
+        c.tallyd.kill()
+        c.tallyd.wait()
+        waiters = [subprocess.Popen([os.path.join(tt.BIN, "tally"), verb, job, "--server", c.address, "--timeout",
+                                     "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for verb in ("wait", "watch")]
+        time.sleep(3.0)
+        self.assertTrue(all(w.poll() is None for w in waiters))  # Still waiting, not "connection refused".
+        c.start_tallyd()
+        for verb, w in zip(("wait", "watch"), waiters):
+            out, err = w.communicate(timeout=120)
+            self.assertEqual(w.returncode, 0, (verb, err))
+            self.assertIn("waiting for tallyd", err, verb)
+        # With --timeout and no tallyd at all: the timeout's exit code, after the timeout.
+        c.tallyd.kill()
+        c.tallyd.wait()
+        p = tt.tally("wait", job, "--server", c.address, "--timeout", "2", check=False)
+        self.assertEqual(p.returncode, 6, p.stderr)
+
+    def test_folders_whose_masks_carry_a_suffix_say_which_before_anything_starts(self):
+        root = tt.tmpdir(self)
+        images, masks = os.path.join(root, "images"), os.path.join(root, "masks")
+        os.makedirs(images)
+        os.makedirs(masks)
+        rng = np.random.default_rng(5)
+        from PIL import Image
+        for i in range(6):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(os.path.join(images, f"{i:03d}.png"))
+            Image.fromarray(np.zeros((8, 8), np.uint8)).save(os.path.join(masks, f"{i:03d}_mask.png"))
+        with open(os.path.join(images, "notes.txt"), "w") as f:
+            f.write("x")
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(os.path.join(masks, "000.png"))  # One pairs as it is.
+        model = os.path.join(DEMO, "model.pt")
+        out = os.path.join(root, "out")
+        base = ["run", "--model", model, "--images", images, "--masks", masks, "--out", out]
+        p = tt.tally(*base, check=False)
+        self.assertEqual(p.returncode, 3, p.stderr)  # 1 of 6 pairs: nothing started.
+        self.assertIn("the masks look like NAME_mask.png: add --mask-suffix _mask", p.stderr)
+        self.assertIn("notes.txt", p.stderr)  # The file that is no image is named.
+        self.assertIn("nothing was started", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(out, ".tally", "tallyd.log")))
+        p = tt.tally(*base, "--mask-suffix", "_seg", check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("ends in '_seg'", p.stderr)
+        self.assertIn("use --mask-suffix _mask", p.stderr)
+        p = tt.tally(*base, "--mask-suffix", "_mask", check=False)
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+    def test_a_compressed_shard_in_random_order_is_a_usage_error_before_anything_starts(self):
+        import tarfile
+        root = tt.tmpdir(self)
+        shard = os.path.join(root, "s.tar.gz")
+        with tarfile.open(shard, "w:gz") as t:
+            t.add(os.path.join(DEMO, "manifest.csv"), arcname="a.txt")
+        out = os.path.join(root, "out")
+        p = tt.tally("run", "--model", os.path.join(DEMO, "model.pt"), "--shards", shard, "--order", "random",
+                     "--out", out, check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("is compressed", p.stderr)
+        self.assertNotIn("coordinator at", p.stderr)
+
+    def test_the_rows_chosen_and_the_window_are_recorded_and_a_rerun_draws_the_same_rows(self):
+        root = tt.tmpdir(self)
+        manifest = os.path.join(DEMO, "manifest.csv")
+        model = os.path.join(DEMO, "model.pt")
+        first = os.path.join(root, "first")
+        tt.tally("run", "--model", model, "--manifest", manifest, "--out", first, "--sample", "12", "--window", "40,400",
+                 "--speculate-after", "off")
+        j = tt.read_report(first)
+        seed = j["order_seed"]
+        self.assertRegex(seed, r"^\d+$")
+        self.assertEqual((j["order"], j["sample"], j["window"], j["speculate_after"]),
+                         ("random", {"rows": 12, "seed": seed}, [40, 400], "off"))
+        self.assertIn(f"--order random:{seed}", j["sampled"])
+        # The demo's images are 8-bit PNG: the window did not apply, and the report says so.
+        self.assertTrue(any("--window 40,400 applies to 16-bit TIFF and grey DICOM images only: 12 evaluated" in w
+                            and "PNG (12)" in w for w in j["warnings"]), j["warnings"])
+        with open(os.path.join(first, "summary.md")) as f:
+            md = f.read()
+        with open(os.path.join(first, "report.html")) as f:
+            html = f.read()
+        for text in (f"random, seed {seed} (--order random:{seed})", f"--sample 12, drawn with the order",
+                     f"seed {seed}", "40,400 (16-bit TIFF and grey DICOM)"):
+            self.assertIn(text, md)
+            self.assertIn(text, html)
+        again = os.path.join(root, "again")
+        tt.tally("run", "--model", model, "--manifest", manifest, "--out", again, "--sample", "12", "--order",
+                 f"random:{seed}")
+        ids = lambda d: sorted({r["id"] for r in tt.read_per_image(d)})
+        self.assertEqual(ids(first), ids(again))
 
 
 if __name__ == "__main__":

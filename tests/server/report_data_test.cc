@@ -14,5 +14,14 @@ TEST(FailureKindTest, FileNamesAndNumbersAreLeftOut) {
             "image '\xE2\x80\xA6' is #x# (height x width) but mask '\xE2\x80\xA6' is #x#");
 }
 
+// Found by trying it: "an earlier sample's key ('k') ..." was cut at the apostrophe of "sample's".
+TEST(FailureKindTest, ApostrophesInsideWordsAreTextAndQuotedNamesMayHoldThem) {
+  EXPECT_EQ(FailureKind("shard 'a.tar', sample 'k': an earlier sample's key (in 'b.tar') is the same"),
+            "shard '\xE2\x80\xA6', sample '\xE2\x80\xA6': an earlier sample's key (in '\xE2\x80\xA6') is the same");
+  EXPECT_EQ(FailureKind("image: cannot open '/d/o'brien 2.png': No such file"),
+            "image: cannot open '\xE2\x80\xA6': No such file");
+  EXPECT_EQ(FailureKind("it can't be read"), "it can't be read");
+}
+
 }  // namespace
 }  // namespace tally
