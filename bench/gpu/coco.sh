@@ -7,18 +7,20 @@
 # COCOAPI=DIR, default .gpu/cocoapi: tools/pycocotools_anchor.sh), free and on one core. The 12
 # numbers must equal pycocotools' in every run.
 #   bench/gpu/run.sh coco [STAGES]    (build,setup,run,anchor; default all)
-# Settings: SHAPES=realistic (polygon references, fragmented detections), REPS (3), CPUS (the CPU sets,
+# Settings: IMAGES (5000) and DETECTIONS (100 an image), SHAPES=realistic (polygon references,
+# fragmented detections), REPS (3), ANCHOR_CPUS (pycocotools' CPU lists, ';'-separated, "" for every
+# core; default every core, then core 0), CPUS (the CPU sets,
 # ';'-separated; default every core, then core 0), THREADS=1 (each run's CPU seconds per process and
 # thread, tools/thread_cpu.py, and its timeline), RUN_FLAGS (more flags for tally run), BIN (other binaries).
 set -uo pipefail
 stages=${1:-build,setup,run,anchor}
 source "$(dirname "$0")/lib.sh"
-work=${WORK:-/tmp/tally-bench/coco}/${SHAPES:-simple}; mkdir -p "$work"
+work=${WORK:-/tmp/tally-bench/coco}/${SHAPES:-simple}-${IMAGES:-5000}x${DETECTIONS:-100}; mkdir -p "$work"
 build_stage
 tests_stage
 echo "cores: $(nproc); binaries: $bin"
 if has setup; then
-  "$bin/tally-make-coco" --out "$work/set" --images 5000 --detections 100 --shapes ${SHAPES:-simple} > /dev/null
+  "$bin/tally-make-coco" --out "$work/set" --images ${IMAGES:-5000} --detections ${DETECTIONS:-100} --shapes ${SHAPES:-simple} > /dev/null
   mkdir -p "$work/img"
   ls -la "$work/set"
 fi
@@ -68,7 +70,9 @@ PY
   done
 fi
 if has anchor; then
-  echo "pycocotools: $(bash bench/gpu/tools/pycocotools_anchor.sh "${COCOAPI:-$src/.gpu/cocoapi}" "$work/set/gt.json" "$work/set/results.json")"
-  echo "pycocotools, one core: $(bash bench/gpu/tools/pycocotools_anchor.sh "${COCOAPI:-$src/.gpu/cocoapi}" "$work/set/gt.json" "$work/set/results.json" 0)"
+  IFS=';' read -ra anchor_cpus <<< "${ANCHOR_CPUS-;0}"
+  for cpu in "${anchor_cpus[@]}"; do
+    echo "pycocotools${cpu:+, cores $cpu}: $(bash bench/gpu/tools/pycocotools_anchor.sh "${COCOAPI:-$src/.gpu/cocoapi}" "$work/set/gt.json" "$work/set/results.json" $cpu)"
+  done
 fi
 echo "total: $(( $(date +%s) - t_start )) s"
