@@ -677,6 +677,32 @@ TEST_F(CoordinatorTest, LongPollGetsAShardReleasedWhileItWaits) {
   EXPECT_NE((*first)->assignment().lease_id(), only.lease_id());
 }
 
+// A suspect row's worker takes nothing more while it holds the row, so its long poll waits; the
+// commit of that row answers it with the next row at once (it used to wait out the poll, up to 5 s,
+// for every row of a shard lost with a worker).
+TEST_F(CoordinatorTest, ASuspectRowsCommitAnswersItsWorkersLongPoll) {
+  auto job = core_->SubmitJob(Spec(10, 1));
+  {
+    const std::string w = Register("crashy");
+    ASSERT_EQ(Acquire(w).rows_size(), 10);
+    now_ += 11;
+    core_->ExpireLeases();
+  }
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  ASSERT_EQ(a.rows_size(), 1);
+  PollAnswers answers;
+  ASSERT_NE(core_->AcquireShardAsync(Poll(w, 5000), answers.Done()), 0);
+  EXPECT_EQ(answers.Count(), 0u);  // Waiting: it holds a suspect row.
+  Complete(w, a);
+  auto next = answers.First(3);  // Well inside the poll's 5 s: answered by the commit, not its deadline.
+  ASSERT_TRUE(next.has_value());
+  ASSERT_TRUE(next->ok()) << next->status();
+  ASSERT_TRUE((*next)->has_assignment());
+  EXPECT_EQ((*next)->assignment().rows_size(), 1);
+  EXPECT_NE((*next)->assignment().begin(), a.begin());
+}
+
 TEST_F(CoordinatorTest, LongPollEndsEmptyAtItsDeadlineAndAsksForTheNextAtOnce) {
   const std::string w = Register("w");
   PollAnswers answers;
