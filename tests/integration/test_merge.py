@@ -29,7 +29,7 @@ class MergeTest(unittest.TestCase):
         c = tt.Cluster(self, os.path.join(root, "c"))
         c.start_worker()
         c.start_worker()
-        flags = ["--batch-size", "4", "--metrics", "all"]
+        flags = ["--batch-size", "4", "--metrics", "all", "--thumbnails", "3"]
         whole = c.submit(tt.fixture("three_class.pt"), manifest, *flags)
         part_ids = [c.submit(tt.fixture("three_class.pt"), p, *flags) for p in parts]
         for j in [whole] + part_ids:
@@ -45,6 +45,11 @@ class MergeTest(unittest.TestCase):
                          {k: v for k, v in b.items() if k not in RUN_FIELDS})
         self.assertEqual(a["classes"][1]["dice_mean_ci95"], b["classes"][1]["dice_mean_ci95"])
         self.assertTrue(tt.same_files(one, merged, "per_image.csv"))
+        # --thumbnails 3: three marked rows per class, not three of each part's; the parts' shard size.
+        for cl in b["classes"]:
+            self.assertLessEqual(sum(1 for w in cl.get("worst", []) if w["thumbnail"]), 3, cl["class"])
+        self.assertEqual(sum(1 for w in b["classes"][1]["worst"] if w["thumbnail"]), 3)
+        self.assertEqual((a["shard_size"], b["shard_size"]), (8, 8))
         self.assertEqual(b["provenance"]["model_sha256"], a["provenance"]["model_sha256"])
         self.assertEqual(b["provenance"]["manifest_sha256"], "")  # Several manifests.
         # Jobs with different settings do not merge.
@@ -53,6 +58,12 @@ class MergeTest(unittest.TestCase):
         p = c.cli("merge", part_ids[0], other, "--out", os.path.join(root, "bad"), check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("their metrics differ", p.stderr)
+        # Parts cut into shards of different sizes: the merged report has no one shard size.
+        wide = c.submit(tt.fixture("three_class.pt"), parts[1], *flags, "--shard-size", "16")
+        c.wait(wide)
+        mixed = os.path.join(root, "mixed")
+        c.cli("merge", part_ids[0], wide, "--out", mixed)
+        self.assertIsNone(tt.read_report(mixed)["shard_size"])
         # The temporary folders are gone once the reports are sent.
         self.assertEqual(os.listdir(os.path.join(c.state, "merged")), [])
 

@@ -513,6 +513,16 @@ class ErrorsAndClientTest(unittest.TestCase):
             out, err = w.communicate(timeout=120)
             self.assertEqual(w.returncode, 0, (verb, err))
             self.assertIn("waiting for tallyd", err, verb)
+        # A job with a failed row: watch exits 3 and says which row failed and why, not just a count.
+        broken = os.path.join(root, "broken.csv")
+        tt.write_text(broken, "id,image,mask\n" + "".join(
+            f"case_{i:03d},{DEMO}/images/case_{i:03d}.png,{DEMO}/masks/case_{i:03d}.png\n" for i in range(2)) +
+            "missing,/nonexistent/missing.png,/nonexistent/missing_mask.png\n")
+        failing = c.submit(os.path.join(DEMO, "model.pt"), broken)
+        p = tt.tally("watch", failing, "--server", c.address, "--timeout", "120", check=False)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("/nonexistent/missing.png", p.stdout + p.stderr)
+        self.assertIn("1 of 3 rows failed", p.stderr)
         # With --timeout and no tallyd at all: the timeout's exit code, after the timeout.
         c.tallyd.kill()
         c.tallyd.wait()
@@ -575,8 +585,13 @@ class ErrorsAndClientTest(unittest.TestCase):
                          ("random", {"rows": 12, "seed": seed}, [40, 400], "off"))
         self.assertIn(f"--order random:{seed}", j["sampled"])
         # The demo's images are 8-bit PNG: the window did not apply, and the report says so.
-        self.assertTrue(any("--window 40,400 applies to 16-bit TIFF and grey DICOM images only: 12 evaluated" in w
-                            and "PNG (12)" in w for w in j["warnings"]), j["warnings"])
+        # (The demo set holds a few JPEGs too: the formats are counted as the seed drew them.)
+        window = [w for w in j["warnings"] if "--window 40,400 applies to 16-bit TIFF and grey DICOM images only: 12 "
+                  "evaluated" in w]
+        self.assertEqual(len(window), 1, j["warnings"])
+        counts = dict((f, int(n)) for f, n in re.findall(r"(PNG|JPEG) \((\d+)\)", window[0]))
+        self.assertEqual(sum(counts.values()), 12, window[0])
+        self.assertIn("PNG", counts)
         with open(os.path.join(first, "summary.md")) as f:
             md = f.read()
         with open(os.path.join(first, "report.html")) as f:
