@@ -72,6 +72,8 @@ class SlurmTest(unittest.TestCase):
         for d in ("ctld", "d"):
             os.makedirs(os.path.join(r, d), exist_ok=True)
         conf = os.path.join(r, "slurm.conf")
+        # cred_expire=10: a requeued job waits that long (plus one second) before it may start again;
+        # the default 120 s was most of this suite's wall time.
         with open(conf, "w") as f:
             f.write(f"""ClusterName=tally{os.getpid()}
 SlurmctldHost={host}
@@ -80,7 +82,7 @@ SlurmdUser=root
 SlurmctldPort={tt.free_port()}
 SlurmdPort={tt.free_port()}
 AuthType=auth/munge
-AuthInfo=socket={cls.munge_socket}
+AuthInfo=socket={cls.munge_socket},cred_expire=10
 StateSaveLocation={r}/ctld
 SlurmdSpoolDir={r}/d
 SlurmctldPidFile={r}/ctld.pid
