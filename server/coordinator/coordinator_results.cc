@@ -348,9 +348,6 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
           Log("shard ", sid, " of job ", job_id, " done (", shard.worker_id == worker_id ? "its lease" : "its speculative copy",
               " first); the other copy is dropped");
         }
-        // A suspect row's worker took nothing more while it held it (HoldsSuspectLocked): its long poll
-        // is answered now, not at its deadline (5 s a row, after a crash, without this).
-        if (shard.suspect) NoteWorkLocked();
         shard.phase = ShardPhase::kDone;
         shard.worker_id.clear();
         shard.spec_worker_id.clear();
