@@ -128,6 +128,17 @@ bool Worker::Stopping() {
   return stop_;
 }
 
+void Worker::StopLeasing() {
+  absl::MutexLock lock(&mu_);
+  leasing_stopped_ = true;
+  if (lease_call_ != nullptr) lease_call_->TryCancel();
+}
+
+bool Worker::LeasingStopped() {
+  absl::MutexLock lock(&mu_);
+  return leasing_stopped_;
+}
+
 void Worker::SleepFor(double seconds) {
   absl::MutexLock lock(&mu_);
   mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Seconds(seconds));
@@ -289,6 +300,10 @@ std::optional<v1::ShardAssignment> Worker::LeaseOne(Backoff* backoff) {
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return std::nullopt;
+    if (leasing_stopped_) {  // Restarting once flushed: wait for that, leasing nothing.
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100));
+      return std::nullopt;
+    }
     request.set_worker_id(worker_id_);
     lease_call_ = &ctx;
   }
@@ -306,7 +321,7 @@ std::optional<v1::ShardAssignment> Worker::LeaseOne(Backoff* backoff) {
       return std::nullopt;
     }
     // Stop() cancels the long poll: not a failure to report.
-    if (s.error_code() == grpc::StatusCode::CANCELLED && Stopping()) return std::nullopt;
+    if (s.error_code() == grpc::StatusCode::CANCELLED && (Stopping() || LeasingStopped())) return std::nullopt;
     // An assignment that cannot be parsed lands here too: the coordinator takes that lease back
     // once our heartbeats do not list it.
     const double delay = backoff->Next();
@@ -321,6 +336,11 @@ std::optional<v1::ShardAssignment> Worker::LeaseOne(Backoff* backoff) {
     // retry_after_ms 0 follows a full wait; a server that did not wait gets no busy loop.
     const double retry = response.retry_after_ms() / 1000.0;
     if (retry > 0 || NowUnix() - t0 < 0.1) SleepFor(std::max(0.02, retry));
+    return std::nullopt;
+  }
+  if (LeasingStopped()) {  // Answered just before StopLeasing() cancelled the call: given back unbegun.
+    const v1::ShardAssignment& a = response.assignment();
+    Release(LeaseKey{a.job_id(), a.shard_id(), a.lease_id()}, "the worker is restarting", false, false);
     return std::nullopt;
   }
   return std::move(*response.mutable_assignment());
@@ -383,7 +403,12 @@ absl::Status Worker::FinishRun() {
   }
   // Graceful stop: finish what is in hand and send it.
   Log("stopping: finishing the rows in hand");
-  if (pipeline != nullptr) pipeline->WaitIdle();
+  // Bounded, with the flush under the 30 s a container runtime (podman stop, Kubernetes) grants
+  // before SIGKILL: rows held for an agreement from a tallyd that went away (a container restarted
+  // under a new address) never finish, and their leases expire on the coordinator anyway.
+  if (pipeline != nullptr && !pipeline->WaitIdle(absl::Seconds(15))) {
+    Log("stopping: rows still in hand after 15 s; the coordinator takes their leases back");
+  }
   Flush(10);
   return absl::OkStatus();
 }

@@ -192,6 +192,10 @@ class Worker {
   void Accept(v1::ShardAssignment a) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status FinishRun() ABSL_LOCKS_EXCLUDED(mu_);
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
+  // OnTimeout: the process restarts once its results are flushed; a lease taken meanwhile would be
+  // lost with it (and count against its rows), so none is taken and the long poll is cancelled.
+  void StopLeasing() ABSL_LOCKS_EXCLUDED(mu_);
+  bool LeasingStopped() ABSL_LOCKS_EXCLUDED(mu_);
 
   void OnResult(const LeaseKey& lease, v1::ImageResult result);
   void OnFatal(const JobError& error);
@@ -239,6 +243,7 @@ class Worker {
   bool need_register_ ABSL_GUARDED_BY(mu_) = false;
   std::string out_of_service_ ABSL_GUARDED_BY(mu_);  // Non-empty: why this worker stopped serving.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;           // Stop() was called.
+  bool leasing_stopped_ ABSL_GUARDED_BY(mu_) = false;  // StopLeasing() was called.
   grpc::ClientContext* lease_call_ ABSL_GUARDED_BY(mu_) = nullptr;  // The AcquireShard call in flight.
   static constexpr int kLeaseWaitMs = 2000;  // AcquireShardRequest.max_wait_ms.
   bool done_ ABSL_GUARDED_BY(mu_) = false;           // Reporter and heartbeat threads exit.

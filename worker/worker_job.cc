@@ -180,7 +180,7 @@ bool Worker::RetirePreviousJob(const std::string& job_id) {
   }
   if (previous == nullptr) return true;
   // One model at a time: let the previous job's rows finish before loading the next model.
-  previous->WaitIdle();
+  previous->WaitIdle(absl::InfiniteDuration());
   std::unique_ptr<Evaluator> old;
   {
     absl::MutexLock lock(&mu_);

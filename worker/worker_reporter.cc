@@ -171,6 +171,7 @@ void Worker::OnFatal(const JobError& error) {
 void Worker::OnTimeout(const LeaseKey& lease, const std::vector<int64_t>& indices, const std::string& what,
                        double seconds) {
   const std::string message = absl::StrFormat("timed out after %.0f s (%s; --batch-timeout)", seconds, what);
+  StopLeasing();  // The flush below answers tallyd's waiting for this worker: no new lease then.
   if (indices.size() == 1) {
     v1::ImageResult r;
     r.set_index(indices[0]);

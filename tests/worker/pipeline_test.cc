@@ -97,7 +97,7 @@ class PipelineTest : public ::testing::Test {
             out.definitive = definitive;
           });
       p.Submit(LeaseKey{"job", 0, 1}, std::move(rows));
-      p.WaitIdle();
+      p.WaitIdle(absl::InfiniteDuration());
     }
     return out;
   }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
+
 #include "proto/tally.pb.h"
 
 namespace tally {
@@ -36,8 +38,8 @@ class RowEvaluator {
   // The worker is idle: give back buffers that an outlier row grew (its last batch may have
   // staged in a buffer no later batch reused).
   virtual void ReleaseIdleBuffers() {}
-  // Blocks until the backlog is empty or the evaluator failed.
-  virtual void WaitIdle() = 0;
+  // Blocks until the backlog is empty or the evaluator failed, at most `limit`; whether it is idle.
+  virtual bool WaitIdle(absl::Duration limit) = 0;
   // Rows evaluated together (the leasing loop keeps a few of these queued).
   virtual int batch_size() const = 0;
   virtual v1::WorkerStats Stats() const = 0;

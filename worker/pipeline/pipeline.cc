@@ -184,9 +184,9 @@ bool Pipeline::HoldingResults() const {
 
 bool Pipeline::IdleLocked() const { return backlog_ == 0 || failed_ || stopping_; }
 
-void Pipeline::WaitIdle() {
+bool Pipeline::WaitIdle(absl::Duration limit) {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(this, &Pipeline::IdleLocked));
+  return mu_.AwaitWithTimeout(absl::Condition(this, &Pipeline::IdleLocked), limit);
 }
 
 int Pipeline::batch_size() const {

@@ -146,7 +146,7 @@ class Pipeline : public RowEvaluator {
   int64_t HeldRows() const override;
   void ReleaseIdleBuffers() override;
   // Blocks until the backlog is empty or the pipeline failed.
-  void WaitIdle() override;
+  bool WaitIdle(absl::Duration limit) override;
 
   int batch_size() const override;
   v1::WorkerStats Stats() const override;

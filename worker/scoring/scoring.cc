@@ -572,9 +572,9 @@ int64_t ScoringPipeline::Backlog() const {
 
 bool ScoringPipeline::IdleLocked() const { return backlog_ <= 0 || failed_ || stopping_; }
 
-void ScoringPipeline::WaitIdle() {
+bool ScoringPipeline::WaitIdle(absl::Duration limit) {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(this, &ScoringPipeline::IdleLocked));
+  return mu_.AwaitWithTimeout(absl::Condition(this, &ScoringPipeline::IdleLocked), limit);
 }
 
 bool ScoringPipeline::WorkOrStopLocked() const { return stopping_ || !shards_.empty(); }

@@ -65,7 +65,7 @@ class ScoringPipeline : public RowEvaluator {
   void Submit(const LeaseKey& lease, std::vector<v1::ManifestRow> rows) override;
   void Drop(int64_t lease_id) override;
   int64_t Backlog() const override;
-  void WaitIdle() override;
+  bool WaitIdle(absl::Duration limit) override;
   int batch_size() const override { return 1; }
   v1::WorkerStats Stats() const override;
 
