@@ -131,9 +131,11 @@ bool HostAllowed(absl::string_view host, const std::vector<std::string>& names) 
   std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
   bool ipv4 = parts.size() == 4;
   for (absl::string_view p : parts) {
+    // Digits only: SimpleAtoi alone takes "0 " (it trims whitespace), and a Host of "0.0.0 .0" passed.
     int v = 0;
-    ipv4 = ipv4 && !p.empty() && p.size() <= 3 && absl::SimpleAtoi(p, &v) && v <= 255 &&
-           absl::ascii_isdigit(static_cast<unsigned char>(p.front()));
+    ipv4 = ipv4 && !p.empty() && p.size() <= 3 &&
+           std::all_of(p.begin(), p.end(), [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); }) &&
+           absl::SimpleAtoi(p, &v) && v <= 255;
   }
   if (ipv4) return true;
   if (absl::EqualsIgnoreCase(name, "localhost")) return true;

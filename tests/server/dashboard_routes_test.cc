@@ -14,7 +14,8 @@ TEST(DashboardRoutesTest, HostMustBeAnAddressLocalhostOrAKnownName) {
     EXPECT_TRUE(HostAllowed(ok, names)) << ok;
   }
   for (const char* bad : {"", "evil.example.com", "evil.example.com:8080", "127.0.0.1.evil.com", "1.2.3", "256.1.1.1",
-                          "[::1", "[::1]x", "[::1]:8 80", "[::1]:", "localhost.evil.com", "tally-box.evil.com", "127.0.0.1:80x", ":8080"}) {
+                          "[::1", "[::1]x", "[::1]:8 80", "[::1]:", "localhost.evil.com", "tally-box.evil.com", "127.0.0.1:80x", ":8080",
+                          "0.00.0 .02", "1.2.3.4 ", "1.2. 3.4", "1.2.3.+4"}) {
     EXPECT_FALSE(HostAllowed(bad, names)) << bad;
   }
 }
