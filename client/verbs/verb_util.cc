@@ -75,13 +75,23 @@ absl::StatusOr<std::vector<std::string>> ResolveJobIds(TallyClient& client, cons
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> ResolveJobIdsPatiently(TallyClient& client, const std::vector<std::string>& ids,
-                                                                absl::Time deadline, const std::string& verb) {
+int ResolveJobIdsPatiently(TallyClient& client, const JobVerbFlags& f, const std::string& verb,
+                           std::vector<std::string>* ids) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(f.timeout > 0 ? f.timeout : kUnreachableSeconds);
   Backoff backoff(0.25, 2.0);
   bool said = false;
   while (true) {
-    absl::StatusOr<std::vector<std::string>> resolved = ResolveJobIds(client, ids);
-    if (resolved.ok() || !absl::IsUnavailable(resolved.status()) || absl::Now() >= deadline) return resolved;
+    absl::StatusOr<std::vector<std::string>> resolved = ResolveJobIds(client, f.jobs);
+    if (resolved.ok()) {
+      *ids = *std::move(resolved);
+      return kExitSucceeded;
+    }
+    if (!absl::IsUnavailable(resolved.status())) return Finish(resolved.status());
+    if (absl::Now() >= deadline) {
+      if (f.timeout <= 0) return Finish(resolved.status());
+      std::cerr << "tally " << verb << ": timed out after " << f.timeout << " s; tallyd did not answer\n";
+      return kExitTimedOut;
+    }
     if (!said) {
       std::cerr << "tally " << verb << ": " << resolved.status().message() << "; waiting for tallyd (restarting?)\n";
       said = true;

@@ -32,10 +32,12 @@ absl::StatusOr<std::vector<std::string>> ResolveJobIds(TallyClient& client, cons
 // How long tally wait and tally watch wait, without --timeout, for a tallyd that does not answer
 // (a restart: its jobs resume where they were).
 inline constexpr double kUnreachableSeconds = 120;
-// ResolveJobIds through a tallyd that is restarting: UNAVAILABLE is retried with backoff until
-// `deadline`, saying once on stderr that `verb` waits for tallyd.
-absl::StatusOr<std::vector<std::string>> ResolveJobIdsPatiently(TallyClient& client, const std::vector<std::string>& ids,
-                                                                absl::Time deadline, const std::string& verb);
+// tally wait's and tally watch's ResolveJobIds of f.jobs, through a tallyd that is restarting:
+// UNAVAILABLE is retried with backoff until --timeout (without one, for kUnreachableSeconds), saying
+// once on stderr that `verb` waits for tallyd. Returns kExitSucceeded with `ids` set, or the exit code
+// of what it reported (kExitTimedOut: --timeout passed and tallyd never answered).
+int ResolveJobIdsPatiently(TallyClient& client, const JobVerbFlags& f, const std::string& verb,
+                           std::vector<std::string>* ids);
 
 // --gpus and --gpus-per-worker of tally run and tally estimate: each worker's CUDA_VISIBLE_DEVICES
 // into `groups` (none: CPU workers). Returns 0, or the exit code of the error it reported.

@@ -23,16 +23,10 @@ int WaitVerb(const JobVerbFlags& f) {
   if (!client.ok()) return Finish(client.status());
   if (f.jobs.empty()) return UsageError("wait", "tally wait needs a job id");
   const absl::Time deadline = f.timeout > 0 ? absl::Now() + absl::Seconds(f.timeout) : absl::InfiniteFuture();
-  // tallyd restarting (connection refused, UNAVAILABLE) is ridden through until --timeout (without
-  // one, for kUnreachableSeconds), from the first call on: its jobs resume where they were.
-  const absl::Time reachable_by = f.timeout > 0 ? deadline : absl::Now() + absl::Seconds(kUnreachableSeconds);
-  auto ids = ResolveJobIdsPatiently(**client, f.jobs, reachable_by, "wait");
-  if (!ids.ok() && absl::IsUnavailable(ids.status()) && f.timeout > 0) {
-    std::cerr << "tally wait: timed out after " << f.timeout << " s; tallyd did not answer\n";
-    return kExitTimedOut;
-  }
-  if (!ids.ok()) return Finish(ids.status());
-  std::vector<std::string> pending = *ids;
+  // tallyd restarting (connection refused, UNAVAILABLE) is ridden through from the first call on:
+  // its jobs resume where they were.
+  std::vector<std::string> pending;
+  if (int code = ResolveJobIdsPatiently(**client, f, "wait", &pending); code != kExitSucceeded) return code;
   int worst = kExitSucceeded;
   absl::Time unreachable_since = absl::InfiniteFuture();
   while (!pending.empty()) {

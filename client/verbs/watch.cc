@@ -16,14 +16,9 @@ int WatchVerb(const JobVerbFlags& f) {
   if (f.jobs.size() > 1) return UsageError("watch", "tally watch takes one job id");
   const absl::Time deadline = f.timeout > 0 ? absl::Now() + absl::Seconds(f.timeout) : absl::InfiniteFuture();
   // A tallyd that is restarting is waited for, as a watch already under way reconnects.
-  const absl::Time reachable_by = f.timeout > 0 ? deadline : absl::Now() + absl::Seconds(kUnreachableSeconds);
-  auto ids = ResolveJobIdsPatiently(**client, f.jobs, reachable_by, "watch");
-  if (!ids.ok() && absl::IsUnavailable(ids.status()) && f.timeout > 0) {
-    std::cerr << "tally watch: timed out after " << f.timeout << " s; tallyd did not answer\n";
-    return kExitTimedOut;
-  }
-  if (!ids.ok()) return Finish(ids.status());
-  const std::string* id = &(*ids)[0];
+  std::vector<std::string> ids;
+  if (int code = ResolveJobIdsPatiently(**client, f, "watch", &ids); code != kExitSucceeded) return code;
+  const std::string* id = &ids[0];
   bool timed_out = false;
   ProgressPrinter progress;
   auto job = (*client)->Watch(
