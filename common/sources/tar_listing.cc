@@ -422,12 +422,17 @@ bool Lister::Entry(const TarHeader& h, int64_t at) {
   return true;
 }
 
+// Whether the file's first bytes are a compressor's magic (gzip, bzip2, xz, zstd, ...).
+bool FdLooksCompressed(int fd) {
+  unsigned char magic[8] = {0};
+  const ssize_t n = pread(fd, magic, sizeof(magic), 0);
+  return n > 0 && LooksCompressed(magic, static_cast<size_t>(n));
+}
+
 }  // namespace
 
 absl::StatusOr<TarListing> ListTarFd(int fd, const std::string& name, int64_t file_size, const TarListOptions& options) {
-  unsigned char magic[8] = {0};
-  const ssize_t n = pread(fd, magic, sizeof(magic), 0);
-  if (n > 0 && LooksCompressed(magic, static_cast<size_t>(n))) {
+  if (FdLooksCompressed(fd)) {
     std::unique_ptr<archive, ArchiveCloser> a(archive_read_new());
     archive_read_support_filter_all(a.get());
     archive_read_support_format_raw(a.get());
@@ -448,10 +453,9 @@ absl::StatusOr<TarListing> ListTarFd(int fd, const std::string& name, int64_t fi
 bool IsCompressedFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  unsigned char magic[8] = {0};
-  const ssize_t n = pread(fd, magic, sizeof(magic), 0);
+  const bool compressed = FdLooksCompressed(fd);
   close(fd);
-  return n > 0 && LooksCompressed(magic, static_cast<size_t>(n));
+  return compressed;
 }
 
 absl::StatusOr<TarListing> ListTarBytes(absl::string_view bytes, const std::string& name,
