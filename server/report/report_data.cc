@@ -170,6 +170,7 @@ void AddWarnings(ReportData* d) {
     }
   }
   d->until_ci_note = UntilCiNote(*d);
+  if (d->until_ci_note.empty()) d->until_ci_note = d->record->job.until_ci_note();  // Not finished: the live note.
   if (!d->window_unused.empty()) {
     int64_t rows = 0;
     std::vector<std::string> formats;

@@ -60,7 +60,7 @@ struct ReportData {
   std::string inputs_modified_first_id;
   int64_t inputs_modified_first_ns = 0;
   // --until-ci jobs that ended: where the rule stands, from this report's own intervals (the note
-  // and the table cannot disagree); "" otherwise (the job's live note stands).
+  // and the table cannot disagree); otherwise the job's live note, as `tally status` shows it.
   std::string until_ci_note;
   // Evaluated rows whose image --window did not apply to, by the image's format (InputDigests).
   std::map<std::string, int64_t> window_unused;

@@ -123,8 +123,7 @@ std::vector<ReportFact> JobFacts(const ReportData& d) {
                                     : ""),
                    "", true});
   }
-  const std::string& until_ci = d.until_ci_note.empty() ? job.until_ci_note() : d.until_ci_note;
-  if (!until_ci.empty()) out.push_back({"Until CI", until_ci, "", false});
+  if (!d.until_ci_note.empty()) out.push_back({"Until CI", d.until_ci_note, "", false});
   if (const std::string spacing = SpacingText(d); !spacing.empty()) out.push_back({"Spacing", spacing, "", false});
   const Throughputs t = JobThroughputs(d);
   out.push_back({"Throughput",

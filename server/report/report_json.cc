@@ -422,7 +422,7 @@ std::string ReportJson(const ReportData& d) {
   w.Field("dice_mean_ci95_min_rows", kMinIntervalRows);
   if (spec.until_ci() > 0) {
     w.Key("until_ci").BeginObject().Field("half_width", spec.until_ci());
-    w.Field("note", d.until_ci_note.empty() ? job.until_ci_note() : d.until_ci_note);
+    w.Field("note", d.until_ci_note);
     w.Field("min_rows", spec.min_rows() > 0 ? spec.min_rows() : int64_t{100});  // 0: kDefaultMinRows.
     w.Field("reached", !job.sampled().empty()).EndObject();
   }
