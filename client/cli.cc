@@ -22,7 +22,7 @@ const std::vector<std::string> kJob = {
     "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction",
     "json_infinity", "thumbnails", "save_predictions", "coco", "images", "masks", "mask_suffix", "shards", "image_ext", "mask_ext", "prediction_ext", "coco_results", "coco_panoptic", "panoptic_dir",
     "panoptic_predictions", "panoptic_predictions_dir", "connectivity", "lesion_dilation", "lesion_min_volume",
-    "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary"};
+    "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary", "priority"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",
                                        "count_logit_ties", "worker_threads", "worker_flags", "max_worker_memory",
                                        "predictions", "references", "file_ending"};
@@ -104,8 +104,8 @@ const std::vector<Verb>& Verbs() {
        "read a finished job's files again: every row whose bytes differ now from what was scored (exit 1)", {}},
       {"gpus", "[--json]",
        "this machine's GPUs: memory, processes, links, and whether each is ready (exit 0: one is)", {"json"}},
-      {"token", "NAME client|worker|admin [--tokens-file F]", "make a token and its line for tallyd --auth-tokens",
-       {"tokens_file"}},
+      {"token", "NAME client|worker|admin [--tokens-file F] [--out FILE]",
+       "make a token and its line for tallyd --auth-tokens", {"tokens_file", "out"}},
       {"help", "[VERB]", "this help, or a verb's", {}},
       {"version", "", "version, LibTorch and CUDA it was built with, git revision", {}},
   };

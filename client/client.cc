@@ -20,6 +20,11 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& server) {
   if (s.ok()) return absl::OkStatus();
   std::string msg = s.error_message();
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) msg = absl::StrCat("cannot reach tallyd at ", server, ": ", msg);
+  // This client cancels no call it waits for: CANCELLED is tallyd ending the call as it stops (a
+  // restart), which callers ride through like any unreachable moment.
+  if (s.error_code() == grpc::StatusCode::CANCELLED) {
+    return absl::UnavailableError(absl::StrCat("tallyd at ", server, " ended the call as it stopped (restarting?): ", msg));
+  }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
 }
 

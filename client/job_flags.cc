@@ -236,6 +236,7 @@ absl::Status SamplingFlags(const JobFlags& f, v1::JobSpec* spec) {
   if ((f.until_ci > 0 || !f.sample.empty()) && order.empty()) spec->set_random_order(true);
   if (f.canary < 0) return absl::InvalidArgumentError(absl::StrCat("--canary: expected rows >= 0, got ", f.canary));
   spec->set_canary_rows(f.canary);
+  spec->set_priority(f.priority);
   const std::string speculate = absl::AsciiStrToLower(f.speculate_after);
   double seconds = 0;
   if (speculate == "off") {

@@ -106,6 +106,9 @@ ABSL_FLAG(double, until_ci, 0,
           "random; the rest of the rows are not evaluated (sample))");
 ABSL_FLAG(int64_t, min_rows, 0, "--until-ci: evaluate at least this many rows first (0 = 100)");
 ABSL_FLAG(std::string, sample, "", "Evaluate a uniform random subset: N rows or P% of them (implies --order random)");
+ABSL_FLAG(int32_t, priority, 0,
+          "Among your own running jobs, workers go to those of the highest priority first (owners share the workers "
+          "fairly whatever their priorities; README \"Operating tallyd\")");
 ABSL_FLAG(int64_t, canary, 0,
           "Every worker first evaluates the first N rows of the job's order as well; a worker whose results disagree "
           "with the majority's is named in the report's warnings and taken out of the job (0: off)");
@@ -254,6 +257,7 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.sample = absl::GetFlag(FLAGS_sample);
   f.speculate_after = absl::GetFlag(FLAGS_speculate_after);
   f.canary = absl::GetFlag(FLAGS_canary);
+  f.priority = absl::GetFlag(FLAGS_priority);
   return f;
 }
 
@@ -313,7 +317,7 @@ constexpr Handler kHandlers[] = {
     {"health", [](const Invocation&) { return HealthVerb(ReadConnectionFlags()); }},
     {"workers", [](const Invocation&) { return WorkersVerb({ReadConnectionFlags(), absl::GetFlag(FLAGS_json)}); }},
     {"gpus", [](const Invocation&) { return GpusVerb(absl::GetFlag(FLAGS_json)); }},
-    {"token", [](const Invocation& in) { return TokenVerb({in.positional, absl::GetFlag(FLAGS_tokens_file)}); }},
+    {"token", [](const Invocation& in) { return TokenVerb({in.positional, absl::GetFlag(FLAGS_tokens_file), absl::GetFlag(FLAGS_out)}); }},
     {"watch", [](const Invocation& in) { return WatchVerb(ReadJobVerbFlags(in)); }},
     {"wait", [](const Invocation& in) { return WaitVerb(ReadJobVerbFlags(in)); }},
     {"status", [](const Invocation& in) { return StatusVerb(ReadJobVerbFlags(in)); }},

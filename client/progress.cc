@@ -52,7 +52,11 @@ std::string ProgressPrinter::Line(const v1::Job& job) const {
   } else {
     absl::StrAppend(&line, "  ", job.workers_active(), " worker", job.workers_active() == 1 ? "" : "s");
   }
-  if (job.state() == v1::JOB_STATE_QUEUED) line += "  (waiting for workers)";
+  if (!ended && !job.waiting().empty()) {
+    absl::StrAppend(&line, "  (", job.waiting(), ")");
+  } else if (job.state() == v1::JOB_STATE_QUEUED) {
+    line += "  (starting)";
+  }
   if (!job.stalled().empty()) absl::StrAppend(&line, "  ", job.stalled());
   // Live estimates of the foreground classes (a few; `tally status` lists them all).
   if (!ended) {

@@ -24,6 +24,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
 #include "common/security/data_roots.h"
 #include "base/flag_util.h"
@@ -53,6 +55,15 @@ ABSL_FLAG(std::vector<std::string>, http_allowed_hosts, {},
           "Host names the dashboard answers to besides IP addresses, localhost, its listen name and this machine's "
           "name (comma-separated; e.g. the name of a reverse proxy in front of it). Other Host headers get 403, "
           "against DNS rebinding");
+ABSL_FLAG(double, drain_seconds, 5.0,
+          "On SIGTERM: NOT_SERVING at once and no new leases; workers deliver what they hold for up to this long, "
+          "then tallyd hands its workers and their leases to the next tallyd on the state folder and exits");
+ABSL_FLAG(std::vector<std::string>, share_weights, {},
+          "Fair share of the workers between owners (token names) with work: NAME=WEIGHT,... (default weight 1; "
+          "'-' is the owner of jobs submitted without tokens)");
+ABSL_FLAG(double, share_quantum, 30.0,
+          "Seconds a worker stays on a job before moving to one waiting at an equal share (one worker, two jobs: "
+          "each in turn)");
 ABSL_FLAG(double, lease_seconds, 10.0, "A worker silent this long loses its shards to others");
 ABSL_FLAG(double, heartbeat_seconds, 1.0, "How often workers heartbeat");
 ABSL_FLAG(int, max_shard_attempts, 2,
@@ -82,7 +93,9 @@ namespace {
 
 const std::vector<tally::FlagGroup>& HelpGroups() {
   static const auto* groups = new std::vector<tally::FlagGroup>{
-      {"Serving", {"listen", "port_file", "state_dir", "metrics_listen", "http_listen", "http_allowed_hosts"}},
+      {"Serving", {"listen", "port_file", "state_dir", "metrics_listen", "http_listen", "http_allowed_hosts",
+                   "drain_seconds"}},
+      {"Sharing the workers", {"share_weights", "share_quantum"}},
       {"Security (SECURITY.md)", {"tls_cert", "tls_key", "tls_client_ca", "auth_tokens", "data_root"}},
       {"Workers", {"spawn_workers", "gpus", "gpus_per_worker", "workers", "worker_binary", "max_worker_memory",
                    "lease_seconds", "heartbeat_seconds"}},
@@ -115,6 +128,19 @@ absl::StatusOr<tally::ServerOptions> ReadOptions(std::vector<std::string> data_r
   options.coordinator.max_shard_attempts = absl::GetFlag(FLAGS_max_shard_attempts);
   options.coordinator.max_manifest_rows = absl::GetFlag(FLAGS_max_manifest_rows);
   options.coordinator.retain_days = absl::GetFlag(FLAGS_retain_days);
+  options.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  if (!(options.drain_seconds >= 0)) return absl::InvalidArgumentError("--drain-seconds must be 0 or more");
+  options.coordinator.share_quantum_seconds = absl::GetFlag(FLAGS_share_quantum);
+  for (const std::string& item : absl::GetFlag(FLAGS_share_weights)) {
+    const size_t eq = item.find('=');
+    double weight = 0;
+    if (eq == std::string::npos || !absl::SimpleAtod(item.substr(eq + 1), &weight) || !(weight > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--share-weights: '", item, "' is not NAME=WEIGHT with a weight above 0"));
+    }
+    const std::string name = item.substr(0, eq);
+    options.coordinator.owner_weights[name == "-" ? "" : name] = weight;
+  }
   auto json_bytes = tally::ParseByteSize("max-json-file-size", absl::GetFlag(FLAGS_max_json_file_size));
   if (!json_bytes.ok()) return json_bytes.status();
   if (*json_bytes < 1) return absl::InvalidArgumentError("--max-json-file-size must be at least 1 byte");

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/security/auth_tokens.h"
 #include "base/file_util.h"
 #include "base/log.h"
@@ -19,6 +20,7 @@ namespace tally {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions options) {
   std::unique_ptr<Server> server(new Server());
+  server->drain_seconds_ = options.drain_seconds;
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, CreateServerCredentials(options.tls));
   ASSIGN_OR_RETURN(server->auth_, Authorizer::Create(options.auth_tokens));
   std::string worker_token;
@@ -165,10 +167,30 @@ void Server::Wait() { grpc_server_->Wait(); }
 void Server::Shutdown() {
   if (stopping_.exchange(true)) return;
   SdNotify("STOPPING=1");
+  const auto start = std::chrono::steady_clock::now();
+  grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   if (supervisor_.joinable()) supervisor_.join();
-  if (launcher_) launcher_->StopAll();
-  core_->StopWaiting();  // Workers' long polls answer now, not at their deadlines.
-  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  core_->BeginDrain();  // No new leases; workers' long polls answer now.
+  if (launcher_) launcher_->SignalAll();  // Spawned workers finish the rows in hand, deliver them and exit.
+  const auto deadline = start + std::chrono::milliseconds(static_cast<int64_t>(drain_seconds_ * 1000));
+  int64_t held = core_->LeasesOutstanding();
+  Log("stopping: NOT_SERVING, no new leases; workers deliver what they hold (", held, " shard(s) out, up to ",
+      drain_seconds_, " s)");
+  while (std::chrono::steady_clock::now() < deadline &&
+         (core_->LeasesOutstanding(/*spawned=*/false) > 0 || (launcher_ && launcher_->Running() > 0))) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (launcher_) launcher_->StopAll(0.5);  // Whatever is still running after the drain.
+  held = core_->LeasesOutstanding(/*spawned=*/false);
+  if (absl::Status s = core_->SaveHandoff(true); !s.ok()) {
+    Log("stopping: cannot save the workers for the next tallyd (", s.message(), "); they will register again");
+  }
+  Log("stopping: ", held == 0 ? "every shard delivered" : absl::StrCat(held, " shard(s) still out: their workers "
+                                                                          "deliver them to the next tallyd"),
+      "; stopped after ", absl::StrFormat("%.1f", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()),
+      " s");
+  core_->StopWaiting();
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
 Server::~Server() {

@@ -38,6 +38,8 @@ struct ServerOptions {
   CoordinatorOptions coordinator;
   bool spawn_workers = false;
   WorkerLaunchOptions workers;           // `coordinator` is filled in with the bound address.
+  // A graceful stop (SIGTERM) lets workers deliver what they hold for at most this long (--drain-seconds).
+  double drain_seconds = 5.0;
 };
 
 class Server {
@@ -50,6 +52,9 @@ class Server {
   int http_port() const { return dashboard_ ? dashboard_->port() : 0; }
   // Blocks until Shutdown() is called (from a signal handler thread, say).
   void Wait();
+  // A graceful stop: NOT_SERVING at once, no new leases, workers deliver what they hold for up to
+  // --drain-seconds (spawned workers finish theirs and exit meanwhile), the workers and their leases
+  // handed to the next tallyd (coordinator_handoff.cc), then the server stops.
   void Shutdown();
   // SIGHUP: re-reads the tokens file (certificate files are watched and re-read by themselves).
   void Reload();
@@ -75,6 +80,7 @@ class Server {
   std::unique_ptr<WorkerLauncher> launcher_;
   std::thread supervisor_;
   std::atomic<bool> stopping_{false};
+  double drain_seconds_ = 5.0;
   int port_ = 0;
 };
 

@@ -15,6 +15,7 @@
 // rows were failed or handed back; restart the worker), 77 refused by the coordinator (an unknown
 // token, or one that is not a worker token, 3 times in a row).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <malloc.h>
@@ -197,6 +198,7 @@ absl::StatusOr<tally::WorkerOptions> ReadOptions() {
   options.default_batch_size = absl::GetFlag(FLAGS_batch_size);
   options.max_connect_seconds = absl::GetFlag(FLAGS_max_connect_seconds);
   options.max_leases = absl::GetFlag(FLAGS_max_leases);
+  if (const char* parent = std::getenv("TALLY_SPAWNED_BY"); parent != nullptr) options.spawned_by = std::atoi(parent);
   options.count_logit_ties = absl::GetFlag(FLAGS_count_logit_ties);
   options.cudnn_benchmark = absl::GetFlag(FLAGS_cudnn_benchmark);
   options.jit_optimize = absl::GetFlag(FLAGS_jit_optimize);
@@ -221,6 +223,18 @@ absl::StatusOr<tally::WorkerOptions> ReadOptions() {
   return options;
 }
 
+// A worker spawned by tallyd ends with it: a tallyd killed with SIGKILL sends no SIGTERM to
+// deliver (PR_SET_PDEATHSIG follows the thread that spawned, not the process), and a worker left
+// behind would hold its GPU's memory until a new tallyd refused it. Its leases expire there.
+void WatchParent(int parent) {
+  std::thread([parent] {
+    while (getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    tally::Log("tallyd (pid ", parent, ") has ended; this worker it spawned exits now");
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }).detach();
+}
+
 // Serves until a termination signal (finishing the rows in hand) or an error; the exit code.
 int Serve(const tally::WorkerOptions& options) {
   // Termination signals go to one thread (WaitForTerminationSignal): blocked before any thread starts.
@@ -239,6 +253,7 @@ int Serve(const tally::WorkerOptions& options) {
     (*worker)->Stop();
   });
   waiter.detach();
+  if (options.spawned_by > 0) WatchParent(options.spawned_by);
   absl::Status s = (*worker)->Run();
   // Stopped on request while it was (re)connecting: it held nothing, so this is a clean stop.
   if (absl::IsCancelled(s)) {

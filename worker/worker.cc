@@ -151,6 +151,7 @@ absl::Status Worker::Register(bool first) {
   request.set_device_name(options_.device == "cpu" ? "cpu" : options_.device);
   request.set_hostname(Hostname());
   request.set_pid(getpid());
+  request.set_spawned(options_.spawned_by > 0);
   const auto start = std::chrono::steady_clock::now();
   // Capped near the heartbeat interval: after a coordinator restart every worker is back within
   // about a second, without all of them dialling in the same instant.

@@ -52,6 +52,9 @@ struct WorkerOptions {
                                     // Must divide kDefaultBatchAlignment (common/job/job_config.h).
   double max_connect_seconds = 0;   // Give up registering after this long; 0 = never.
   int max_leases = 16;              // Shards held at once; the backlog target usually limits first.
+  // Started by this tallyd (its pid, from TALLY_SPAWNED_BY): the worker ends within a second of that
+  // process's end, whatever the way it ended; 0 = not spawned.
+  int spawned_by = 0;
   bool count_logit_ties = false;
   // Off by default: with benchmark mode each process times and picks its own convolution
   // algorithms, so two GPUs can round differently (measured: DeepLabV3, 3e-6 of pixels flipped

@@ -23,16 +23,21 @@ std::string Time(double unix_seconds) {
 std::string Clip(const std::string& s, size_t n) { return s.size() <= n ? s : s.substr(0, n - 3) + "..."; }
 
 void PrintJobsTable(const v1::ListJobsResponse& page) {
-  std::cout << absl::StrFormat("%-28s %-10s %17s %7s  %-19s  %-19s  %-20s %s\n", "JOB", "STATE", "DONE/TOTAL",
-                               "FAILED", "CREATED (UTC)", "FINISHED (UTC)", "NAME", "LABELS");
+  // Owners once tokens are in use (an admin sees everyone's jobs; others see their own).
+  bool owners = false;
+  for (const auto& job : page.jobs()) owners |= !job.owner().empty();
+  std::cout << absl::StrFormat("%-28s %-10s %17s %7s  %-19s  %-19s  ", "JOB", "STATE", "DONE/TOTAL", "FAILED",
+                               "CREATED (UTC)", "FINISHED (UTC)")
+            << (owners ? absl::StrFormat("%-16s ", "OWNER") : "") << absl::StrFormat("%-20s %s\n", "NAME", "LABELS");
   for (const auto& job : page.jobs()) {
     std::vector<std::string> l;
     for (const auto& [k, v] : job.spec().labels()) l.push_back(absl::StrCat(k, "=", v));
     std::sort(l.begin(), l.end());
-    std::cout << absl::StrFormat("%-28s %-10s %8d/%-8d %7d  %-19s  %-19s  %-20s %s\n", job.job_id(),
-                                 JobStateName(job.state()), job.images_evaluated() + job.images_failed(),
-                                 job.images_total(), job.images_failed(), Time(job.created_unix()),
-                                 Time(job.finished_unix()), Clip(job.spec().name().empty() ? "-" : job.spec().name(), 20),
+    std::cout << absl::StrFormat("%-28s %-10s %8d/%-8d %7d  %-19s  %-19s  ", job.job_id(), JobStateName(job.state()),
+                                 job.images_evaluated() + job.images_failed(), job.images_total(), job.images_failed(),
+                                 Time(job.created_unix()), Time(job.finished_unix()))
+              << (owners ? absl::StrFormat("%-16s ", Clip(job.owner().empty() ? "-" : job.owner(), 16)) : "")
+              << absl::StrFormat("%-20s %s\n", Clip(job.spec().name().empty() ? "-" : job.spec().name(), 20),
                                  absl::StrJoin(l, ","));
     if (!job.sampled().empty()) std::cout << "  " << job.sampled() << "\n";
   }
@@ -55,6 +60,32 @@ int Filter(const JobsFlags& f, v1::ListJobsRequest* filter) {
   return 0;
 }
 
+// A value as one shell word: as it is when plain, else in single quotes.
+std::string ShellQuote(const std::string& v) {
+  if (!v.empty() && v.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=@,+") ==
+                        std::string::npos) {
+    return v;
+  }
+  std::string out = "'";
+  for (char ch : v) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+// The command for the next page: this one's connection, filters and page size, with the token.
+std::string NextPageCommand(const JobsFlags& f, const std::string& token) {
+  std::string cmd = "tally jobs";
+  const ConnectionFlags& c = f.connection;
+  for (const auto& [flag, value] : std::vector<std::pair<const char*, std::string>>{
+           {"server", c.server}, {"tls-ca", c.tls_ca}, {"tls-cert", c.tls_cert}, {"tls-key", c.tls_key},
+           {"tls-server-name", c.tls_server_name}, {"token-file", c.token_file}, {"state", f.state}}) {
+    if (!value.empty()) absl::StrAppend(&cmd, " --", flag, " ", ShellQuote(value));
+  }
+  for (const std::string& label : f.labels) absl::StrAppend(&cmd, " --label ", ShellQuote(label));
+  if (f.limit != 20) absl::StrAppend(&cmd, " --limit ", f.limit);
+  absl::StrAppend(&cmd, " --page-token ", token);
+  return cmd;
+}
+
 }  // namespace
 
 int JobsVerb(const JobsFlags& f) {
@@ -69,7 +100,7 @@ int JobsVerb(const JobsFlags& f) {
     return 0;
   }
   PrintJobsTable(*page);
-  if (!page->next_page_token().empty()) std::cerr << "more: tally jobs --page-token " << page->next_page_token() << "\n";
+  if (!page->next_page_token().empty()) std::cerr << "more: " << NextPageCommand(f, page->next_page_token()) << "\n";
   return 0;
 }
 

@@ -124,6 +124,15 @@ void PrintJob(const v1::Job& job) {
                                job.spec().model().empty() ? "(scoring predictions)" : job.spec().model());
   if (!job.error().empty()) std::cout << "  error: " << job.error() << "\n";
   if (!job.stalled().empty()) std::cout << "  " << job.stalled() << "\n";
+  if (!IsTerminal(job.state())) {
+    // Scheduling (README "Operating tallyd"): its workers and share, or its place and why it waits.
+    std::cout << absl::StrFormat("  workers: %d on it (%.0f%% of those in service)", job.workers_assigned(),
+                                 100 * job.running_share());
+    if (job.spec().priority() != 0) std::cout << ", priority " << job.spec().priority();
+    if (job.queue_position() > 0) std::cout << "; queue position " << job.queue_position();
+    std::cout << "\n";
+    if (!job.waiting().empty()) std::cout << "  waiting: " << job.waiting() << "\n";
+  }
   if (job.images_held() > 0) {
     std::cout << "  held: " << job.images_held()
               << " more rows evaluated; their results wait for the layout trial (--channels-last auto)\n";

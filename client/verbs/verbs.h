@@ -59,6 +59,7 @@ struct JobFlags {
   std::string sample;              // N or P%
   std::string speculate_after;     // auto (""), off, or seconds
   int64_t canary = 0;              // Rows every worker evaluates first and must agree on.
+  int32_t priority = 0;            // Among the owner's jobs (README "Operating tallyd").
 };
 
 // The workers `tally run` and `tally estimate` start on this machine.
@@ -145,6 +146,7 @@ int VerifyVerb(const VerifyFlags& flags);
 struct TokenFlags {
   std::vector<std::string> positional;  // NAME ROLE.
   std::string tokens_file;
+  std::string out;  // Write the token here (mode 0600) instead of stdout.
 };
 int TokenVerb(const TokenFlags& flags);
 

@@ -1,5 +1,7 @@
 #include "common/process/worker_launcher.h"
 
+#include <unistd.h>
+
 #include <signal.h>
 
 #include <algorithm>
@@ -51,6 +53,7 @@ absl::StatusOr<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Start(WorkerLaun
     for (const std::string& a : options.extra_args) w.spawn.argv.push_back(a);
     if (gpu) w.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpus[i]);
     for (const auto& kv : options.env) w.spawn.env.push_back(kv);
+    w.spawn.env.emplace_back("TALLY_SPAWNED_BY", absl::StrCat(getpid()));  // It ends with this process.
     w.spawn.cpu_affinity = mine;
     if (gpu) {
       const std::set<int> mine_set(mine.begin(), mine.end());
@@ -123,11 +126,17 @@ void WorkerLauncher::SignalAll() {
   }
 }
 
-void WorkerLauncher::StopAll() {
+void WorkerLauncher::StopAll(double grace_seconds) {
   SignalAll();  // All at once: each then exits while the others are waited for.
   for (Worker& w : workers_) {
-    if (w.process) w.process->Terminate(5.0);
+    if (w.process) w.process->Terminate(grace_seconds);
   }
+}
+
+int WorkerLauncher::Running() {
+  int n = 0;
+  for (Worker& w : workers_) n += w.process && w.process->Running() ? 1 : 0;
+  return n;
 }
 
 }  // namespace tally

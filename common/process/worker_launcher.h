@@ -45,7 +45,10 @@ class WorkerLauncher {
   // SIGTERM to every worker without waiting (they finish the rows in hand and exit); StopAll then
   // waits for them.
   void SignalAll();
-  void StopAll();
+  // Waits up to `grace_seconds` for each, then SIGKILL.
+  void StopAll(double grace_seconds = 5.0);
+  // Workers running now; restarts none (a stopping tallyd's drain).
+  int Running();
 
  private:
   struct Worker {

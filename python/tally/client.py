@@ -45,6 +45,8 @@ __all__ = ["Client", "TallyError", "JobFailed"]
 
 _STATES = {v: k[len("JOB_STATE_"):].lower() for k, v in tally_pb2.JobState.items()}
 _TERMINAL = {"succeeded", "failed", "cancelled"}
+# Codes of a tallyd that is restarting or not yet up: waits ride them (Client.wait).
+_RESTARTING = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 
 
 class TallyError(Exception):
@@ -61,8 +63,20 @@ class JobFailed(TallyError):
 
 
 def _job_dict(job):
+    """A Job as a dict: every field of proto/tally.proto's Job under its own name (`spec` holds the
+    submitted settings), plus, at the top level for convenience, `name` and `labels` (copies of
+    spec.name and spec.labels), `priority`, and `state` as a word ("queued", "running", "succeeded",
+    "failed", "cancelled"). Scheduling while it runs: `workers_assigned`, `running_share`,
+    `queue_position` (0: not waiting), `waiting` (why, in words; "" when it is not)."""
     d = json_format.MessageToDict(job, preserving_proto_field_name=True)
     d["state"] = _STATES.get(job.state, "unknown")
+    d["name"] = job.spec.name
+    d["labels"] = dict(job.spec.labels)
+    d["priority"] = job.spec.priority
+    d["workers_assigned"] = job.workers_assigned
+    d["running_share"] = job.running_share
+    d["queue_position"] = job.queue_position
+    d["waiting"] = job.waiting
     for k in ("images_total", "images_evaluated", "images_failed", "images_held", "images_planned"):
         d[k] = int(d.get(k, 0))
     # Live estimates (docs/metrics.md "Answers before the end"): per class, the running mean Dice and IoU
@@ -153,6 +167,13 @@ class Client:
                  timeout=60.0):
         if token is None:
             token = os.environ.get("TALLY_TOKEN") or None
+        if token is not None:
+            # A token read from the file `tally token` wrote ends in a newline: whitespace is no part of
+            # a token. What remains must be a valid header value; the error never shows the token.
+            token = token.strip()
+            if not token or any(ord(c) < 0x21 or ord(c) > 0x7e for c in token):
+                raise ValueError("the token is empty or holds characters no token has (it is not shown here); "
+                                 "pass the contents of the file `tally token --out FILE` wrote")
         if tls_ca:
             def read(p):
                 with open(p, "rb") as f:
@@ -257,19 +278,37 @@ class Client:
     def cancel(self, job_id):
         return _job_dict(self._call("CancelJob", tally_pb2.CancelJobRequest(job_id=self._resolve(job_id))))
 
+    def _patiently(self, call, deadline, what):
+        """call() until it answers: tallyd restarting (UNAVAILABLE, or CANCELLED as it stops) is ridden
+        through until `deadline` (time.monotonic(); None: 120 s of not answering), then TimeoutError."""
+        backoff = 0.25
+        give_up = deadline if deadline is not None else time.monotonic() + 120
+        while True:
+            try:
+                return call()
+            except TallyError as e:
+                if e.code not in _RESTARTING:
+                    raise
+                if time.monotonic() + backoff > give_up:
+                    raise TimeoutError(f"{what}: tallyd at {self.address} has not answered ({e.message})") from None
+                time.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+
     def wait(self, job_ids, timeout=None, poll=0.25, raise_on_failure=False):
         """Blocks until every job has ended and its report is ready. Returns the jobs (a dict for
         one id, a list for several). TimeoutError after `timeout` seconds (the jobs go on); with
-        `raise_on_failure`, JobFailed for a job that failed or was cancelled."""
+        `raise_on_failure`, JobFailed for a job that failed or was cancelled. A tallyd restart (or a
+        tallyd not yet up) is ridden through until the timeout (without one: 120 s of silence)."""
         single = isinstance(job_ids, str)
-        ids = [self._resolve(i) for i in ([job_ids] if single else list(job_ids))]
         deadline = None if timeout is None else time.monotonic() + timeout
+        ids = [self._patiently(lambda i=i: self._resolve(i), deadline, "wait")
+               for i in ([job_ids] if single else list(job_ids))]
         done = {}
         while len(done) < len(ids):
             for i in ids:
                 if i in done:
                     continue
-                j = self.job(i)
+                j = self._patiently(lambda i=i: self.job(i), deadline, "wait")
                 if j["state"] in _TERMINAL and j.get("report_ready"):
                     if raise_on_failure and j["state"] != "succeeded":
                         raise JobFailed(grpc.StatusCode.ABORTED, f"job {i} {j['state']}: {j.get('error', '')}")
@@ -279,6 +318,25 @@ class Client:
                     raise TimeoutError(f"jobs still running after {timeout} s: {[i for i in ids if i not in done]}")
                 time.sleep(poll)
         return done[ids[0]] if single else [done[i] for i in ids]
+
+    def watch(self, job_id, timeout=None, poll=0.5):
+        """Yields the job (a dict, as job() gives it) each time its progress or state changes, until
+        it has ended and its report is ready (the last one yielded). Rides a tallyd restart as wait()
+        does; TimeoutError after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        job_id = self._patiently(lambda: self._resolve(job_id), deadline, "watch")
+        last = None
+        while True:
+            j = self._patiently(lambda: self.job(job_id), deadline, "watch")
+            key = (j["state"], j["images_evaluated"], j["images_failed"], j.get("report_ready"), j["waiting"])
+            if key != last:
+                last = key
+                yield j
+            if j["state"] in _TERMINAL and j.get("report_ready"):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still running after {timeout} s")
+            time.sleep(poll)
 
     # Reports --------------------------------------------------------------------------------
 

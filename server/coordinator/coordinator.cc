@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   const bool background = options.background_thread;
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), std::move(store)));
   RETURN_IF_ERROR(c->Resume());
+  RETURN_IF_ERROR(c->RestoreHandoff());
   if (background) c->background_ = std::thread([p = c.get()] { p->BackgroundLoop(); });
   c->waiter_thread_ = std::thread([p = c.get()] { p->WaiterLoop(); });
   return c;
@@ -151,10 +152,12 @@ absl::Status Coordinator::Resume() {
 
 bool Coordinator::Serving() {
   absl::MutexLock lock(&mu_);
-  return storage_error_.empty();
+  return storage_error_.empty() && !draining_;
 }
 
 namespace {
+// How often the workers and their leases are saved for the next tallyd while serving.
+constexpr double kHandoffSaveSeconds = 2.0;
 // Upper bounds of the commit-latency histogram, in seconds (a commit is one SQLite transaction:
 // about a millisecond on a local SSD, tens of milliseconds on network storage).
 constexpr double kCommitBounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -271,6 +274,15 @@ void Coordinator::BackgroundLoop() {
     ExpireLeases();
     RunFinalizers();
     ApplyRetention();
+    bool save = false;
+    {
+      absl::MutexLock lock(&mu_);
+      save = !draining_ && Now() - last_handoff_save_ >= kHandoffSaveSeconds;
+    }
+    // A killed tallyd hands over too (coordinator_handoff.cc), as of a few seconds before its end.
+    if (save) {
+      if (absl::Status s = SaveHandoff(false); !s.ok()) NoteStorage(s);
+    }
   }
 }
 

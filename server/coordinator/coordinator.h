@@ -66,6 +66,12 @@ struct CoordinatorOptions {
   // Run lease expiry and report building on a background thread. Tests may drive them by hand
   // with ExpireLeases() and RunFinalizers().
   bool background_thread = true;
+  // Fair share (README "Operating tallyd"): an owner's weight among owners with work (token name ->
+  // weight; 1 when not listed; "" is the owner of jobs submitted without tokens).
+  std::map<std::string, double> owner_weights;
+  // A worker moves to a job that waits at an equal share only after this long on its current job
+  // (one worker, two jobs: each in turn), so that workers do not switch models at every shard.
+  double share_quantum_seconds = 30;
 };
 
 
@@ -133,8 +139,18 @@ class Coordinator {
   // Pairs two finished runs of the same manifest (server/report/compare.h) and returns the folder of the
   // comparison files. Blocks on the database.
   absl::StatusOr<std::string> CompareJobs(const std::string& a, const std::string& b);
-  // False while the database cannot be written (disk full): health reports NOT_SERVING.
+  // False while the database cannot be written (disk full) or while draining: health reports NOT_SERVING.
   bool Serving();
+  // A graceful stop (SIGTERM): no lease is granted from now on and long polls answer at once; results,
+  // heartbeats and releases are taken as before, so that workers deliver what they hold.
+  void BeginDrain();
+  // Shards leased now (of jobs not ended), by workers this tallyd did not spawn unless `spawned`: a
+  // drain is complete at 0 once the spawned workers have exited.
+  int64_t LeasesOutstanding(bool spawned = true);
+  // Writes the handoff (v1::Handoff) the next tallyd on this state folder restores: the workers in
+  // service (not those spawned by this tallyd) and their leases. `clean`: written by a drained stop.
+  // Also called every few seconds by the background thread, so that a killed tallyd hands over too.
+  absl::Status SaveHandoff(bool clean);
   // The figures /metrics exports.
   CoordinatorMetrics Metrics();
 
@@ -189,6 +205,9 @@ class Coordinator {
     double lease_unix = 0;   // When the current lease was granted.
     int64_t committed = 0;   // Rows of this shard with a committed result.
     bool split = false;      // Its remaining rows went to single-row shards.
+    // Leased by the previous tallyd to a worker that kept its identity across the restart (v1::Handoff):
+    // if that worker does not come back, the shard goes back without an attempt counted.
+    bool restored = false;
     // A single row that was in a worker's hands when the worker was lost: it is leased only to a
     // worker holding nothing else (so that a second loss names it), and fails at
     // --max-shard-attempts losses.
@@ -275,6 +294,12 @@ class Coordinator {
     double last_progress = 0;  // Last committed result (or the first lease after a quiet time).
     std::set<std::pair<std::string, int64_t>> leases;  // (job_id, shard_id)
     v1::WorkerGauges gauges;   // From its latest heartbeat.
+    // Handed over by the previous tallyd (v1::Handoff) and not heard from since: silent for a lease
+    // period, it is dropped and its shards go back without an attempt counted.
+    bool restored = false;
+    // Scheduling: the job the worker last leased from and since when.
+    std::string current_job;
+    double current_since = 0;
   };
   // Counters behind CoordinatorMetrics (since this process started).
   struct Counters {
@@ -337,6 +362,20 @@ class Coordinator {
   int32_t ReconcileClassesLocked(JobEntry* job, const v1::ReportResultsRequest& request, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Resume();
+  // The previous tallyd's workers and leases (v1::Handoff), after Resume has rebuilt the jobs.
+  absl::Status RestoreHandoff();
+  void RestoreWorkerLocked(const v1::Handoff::Worker& saved, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Scheduling (coordinator_schedule.cc): the jobs `worker_id` may lease from, best first: owners by
+  // weighted fair share of the workers, an owner's jobs by priority, then share, then age.
+  std::vector<std::string> LeaseOrderLocked(const std::string& worker_id, const WorkerEntry& worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Workers on each job now: leasing from it or holding its leases (by job id).
+  std::map<std::string, int> WorkersOnJobsLocked(const std::string& except = "") const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Jobs with rows left to lease (not ended, pending shards): the candidates of fair share.
+  bool WantsWorkersLocked(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills the scheduling fields of a job's snapshot (Job.workers_assigned ... waiting).
+  void FillScheduleLocked(const JobEntry& job, v1::Job* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double OwnerWeight(const std::string& owner) const;
   // A job's order, planned rows and shards from its record (submission and restart).
   void PlanJob(JobEntry* entry) const;
   // Live estimates: one evaluated row in; the job's estimates out (Snapshot).
@@ -501,6 +540,8 @@ class Coordinator {
   double last_retention_ ABSL_GUARDED_BY(mu_) = 0;
   Counters counters_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  double last_handoff_save_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread background_;
 
   // Long polls (AcquireShardAsync) waiting for a shard to grant.

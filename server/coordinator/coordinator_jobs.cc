@@ -110,6 +110,7 @@ v1::Job Coordinator::Snapshot(const JobEntry& entry, double now) const {
   if (!IsTerminal(job.state()) && !storage_error_.empty()) {
     job.set_stalled(absl::StrCat("stalled: ", storage_error_));
   }
+  FillScheduleLocked(entry, &job);
   return job;
 }
 

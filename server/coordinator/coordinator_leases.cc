@@ -44,9 +44,12 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
   worker->last_seen = now;
   // A worker that held nothing starts its progress clock with its first lease.
   if (worker->leases.empty()) worker->last_progress = now;
-  // Pending shards of every job first; then, at a job's tail, a straggler's shard copied
-  // (--speculate-after).
-  for (int pass = 0; pass < 2; ++pass) for (const std::string& id : job_order_) {
+  worker->restored = false;
+  if (draining_) return std::nullopt;  // Stopping: no new leases (BeginDrain).
+  // Pending shards first, of the jobs in fair-share order (coordinator_schedule.cc); then, at a
+  // job's tail, a straggler's shard copied (--speculate-after), oldest job first.
+  const std::vector<std::string> fair = LeaseOrderLocked(worker_id, *worker);
+  for (int pass = 0; pass < 2; ++pass) for (const std::string& id : pass == 0 ? fair : job_order_) {
     JobEntry& job = *jobs_.at(id);
     const v1::JobState state = job.record.job.state();
     if (IsTerminal(state) || job.excluded_workers.count(worker_id)) continue;
@@ -75,7 +78,12 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
       s.lease_id = next_lease_id_++;
       s.worker_id = worker_id;
       s.lease_unix = now;
+      s.restored = false;
       worker->leases.insert({id, g.shard_id});
+    }
+    if (worker->current_job != id) {
+      worker->current_job = id;
+      worker->current_since = now;
     }
     const Shard s = g.canary ? g.shard : job.shards[g.shard_id];
     if (!g.canary) counters_.shards_leased++;
@@ -462,6 +470,14 @@ void Coordinator::ExpireLeases() {
     for (auto it = workers_.begin(); it != workers_.end();) {
       WorkerEntry& w = it->second;
       const double silent = now - w.last_seen;
+      if (w.restored && silent > options_.lease_seconds) {
+        // Handed over by the previous tallyd and not back: the restart ended its leases, not its rows.
+        Log("worker ", it->first, " (", w.info.name(), ") did not come back after the restart: its ",
+            w.leases.size(), " shard(s) go back to the queue");
+        ReleaseWorkerLeasesLocked(&w, it->first, "", "its worker did not come back after a restart", false, &deferred);
+        it = workers_.erase(it);
+        continue;
+      }
       if (silent > options_.lease_seconds) {
         const std::string why = absl::StrCat("worker ", it->first, " (", w.info.name(), ") stopped responding");
         Log(why, " for ", absl::StrFormat("%.1f", silent), " s: taking back its ", w.leases.size(), " shard(s)");

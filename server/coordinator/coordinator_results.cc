@@ -177,6 +177,7 @@ absl::StatusOr<Coordinator::Admission> Coordinator::AdmitReportLocked(const v1::
   }
   const double now = Now();
   wit->second.last_seen = now;
+  wit->second.restored = false;
   auto jit = jobs_.find(request.job_id());
   if (jit == jobs_.end() || IsTerminal(jit->second->record.job.state())) {
     a.abandon = true;  // Ended or deleted meanwhile.

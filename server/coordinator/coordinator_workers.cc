@@ -146,6 +146,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     WorkerEntry& worker = wit->second;
     const double now = Now();
     worker.last_seen = now;
+    worker.restored = false;
     worker.gauges = request.gauges();
     std::set<int64_t> listed;
     for (const v1::HeldLease& held : request.leases()) {
@@ -170,9 +171,12 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
       if (!listed.count(lease_id) && now - lease_unix > options_.lease_seconds) lost.emplace_back(job_id, shard_id);
     }
     for (const auto& [job_id, shard_id] : lost) {
-      ReleaseShardLocked(jobs_.at(job_id).get(), shard_id,
-                         absl::StrCat("worker ", request.worker_id(), " no longer holds its lease"), true, &deferred,
-                         &request.worker_id());
+      JobEntry* job = jobs_.at(job_id).get();
+      // A lease handed over across a restart that the worker does not hold (the handoff was saved
+      // before the worker let it go): the restart's doing, no attempt counted.
+      const bool restored = job->shards[shard_id].restored;
+      ReleaseShardLocked(job, shard_id, absl::StrCat("worker ", request.worker_id(), " no longer holds its lease"),
+                         !restored, &deferred, &request.worker_id());
     }
   }
   Apply(deferred);

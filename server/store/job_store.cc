@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS job_workers(
   job_id TEXT NOT NULL, worker_id TEXT NOT NULL, name TEXT NOT NULL, device TEXT NOT NULL,
   first_lease REAL NOT NULL, last_result REAL NOT NULL, stats BLOB NOT NULL,
   PRIMARY KEY(job_id, worker_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS service_state(key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 )sql";
 
 // The schema's version, kept in the database (PRAGMA user_version). 0: a new file, or a database
@@ -76,7 +77,8 @@ CREATE TABLE IF NOT EXISTS job_workers(
 // schema bumps this number and, where the statements above do not suffice, adds a step to
 // MigrateSchema (docs/operations.md "Operating tallyd": backups and upgrades).
 // 3: manifest_blocks (rows of manifest-order jobs, kRowBlock a record).
-constexpr int kSchemaVersion = 3;
+// 4: service_state (what one tallyd hands to the next across a restart: v1::Handoff).
+constexpr int kSchemaVersion = 4;
 
 // Columns added after the first schema, with their definitions (the schema above has them all).
 struct ColumnMigration {
@@ -471,6 +473,26 @@ absl::StatusOr<std::vector<int64_t>> JobStore::ReadResultIndices(const std::stri
   std::vector<int64_t> out;
   absl::Status s;
   while (q.Step(&s)) out.push_back(q.Int(0));
+  RETURN_IF_ERROR(s);
+  return out;
+}
+
+absl::Status JobStore::PutState(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  Stmt up(db_, "INSERT INTO service_state VALUES(?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value");
+  RETURN_IF_ERROR(up.status());
+  up.Bind(1, key).BindBlob(2, value);
+  return up.Run();
+}
+
+absl::StatusOr<std::optional<std::string>> JobStore::GetState(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT value FROM service_state WHERE key=?");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, key);
+  absl::Status s;
+  std::optional<std::string> out;
+  if (q.Step(&s)) out = q.Blob(0);
   RETURN_IF_ERROR(s);
   return out;
 }

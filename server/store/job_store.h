@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,9 @@ class JobStore {
   // Indices that already have a result (for resume).
   absl::StatusOr<std::vector<int64_t>> ReadResultIndices(const std::string& job_id);
 
+  // Small values of the service itself by key (the restart handoff), replaced whole.
+  absl::Status PutState(const std::string& key, const std::string& value);
+  absl::StatusOr<std::optional<std::string>> GetState(const std::string& key);
   absl::Status UpsertWorker(const std::string& job_id, const WorkerRecord& worker);
   absl::StatusOr<std::vector<WorkerRecord>> ReadWorkers(const std::string& job_id);
 
