@@ -1,8 +1,10 @@
 #include "server/access/visibility.h"
 
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace tally {
 
@@ -10,6 +12,28 @@ absl::StatusOr<v1::Job> VisibleJob(Coordinator* core, const Caller& caller, cons
   absl::StatusOr<v1::Job> job = core->GetJob(job_id);
   if (job.ok() && !caller.CanSee(job->owner())) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   return job;
+}
+
+absl::StatusOr<std::string> ResolveVisibleJobId(Coordinator* core, const Caller& caller, const std::string& id) {
+  if (VisibleJob(core, caller, id).ok()) return id;
+  std::vector<std::string> matches;
+  v1::ListJobsRequest request;
+  request.set_limit(1000);
+  const std::optional<std::string> owner = caller.sees_all ? std::nullopt : std::optional<std::string>(caller.name);
+  while (!id.empty()) {
+    absl::StatusOr<v1::ListJobsResponse> page = core->ListJobs(request, owner);
+    if (!page.ok()) return page.status();
+    for (const v1::Job& j : page->jobs()) {
+      if (j.job_id().compare(0, id.size(), id) == 0) matches.push_back(j.job_id());
+    }
+    if (page->next_page_token().empty() || matches.size() > 5) break;
+    request.set_page_token(page->next_page_token());
+  }
+  if (matches.size() == 1) return matches[0];
+  if (matches.empty()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  if (matches.size() > 5) matches.resize(5);
+  return absl::InvalidArgumentError(
+      absl::StrCat("job id prefix '", id, "' is ambiguous: ", absl::StrJoin(matches, ", "), ", ..."));
 }
 
 v1::ListWorkersResponse VisibleWorkers(Coordinator* core, const Caller& caller) {

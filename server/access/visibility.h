@@ -14,6 +14,10 @@ namespace tally {
 // The job, or NOT_FOUND when it does not exist or the caller may not see it (the same answer).
 absl::StatusOr<v1::Job> VisibleJob(Coordinator* core, const Caller& caller, const std::string& job_id);
 
+// A job id, or a prefix of exactly one job id the caller may see (as the CLI takes them): the full
+// id. NOT_FOUND when none matches, INVALID_ARGUMENT naming a few when several do.
+absl::StatusOr<std::string> ResolveVisibleJobId(Coordinator* core, const Caller& caller, const std::string& id);
+
 // The workers as the caller may see them: another owner's job ids, and the reasons its rows took a
 // worker out of service (they name its files), never.
 v1::ListWorkersResponse VisibleWorkers(Coordinator* core, const Caller& caller);

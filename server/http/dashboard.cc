@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/file_util.h"
+#include "base/json_writer.h"
 #include "base/log.h"
 #include "common/job/rpc.h"
 #include "server/http/dashboard_routes.h"
@@ -37,7 +38,10 @@ HttpResponse Error(int status, const std::string& message) {
 
 HttpResponse FromStatus(const absl::Status& s) {
   switch (s.code()) {
-    case absl::StatusCode::kUnauthenticated: return Error(401, std::string(s.message()));
+    // A browser's user has no command line: the page's token box is the way in.
+    case absl::StatusCode::kUnauthenticated:
+      return Error(401, "this tallyd needs a token: paste it into the dashboard's token box (or send "
+                        "Authorization: Bearer TOKEN)");
     case absl::StatusCode::kPermissionDenied: return Error(403, std::string(s.message()));
     case absl::StatusCode::kNotFound: return Error(404, std::string(s.message()));
     case absl::StatusCode::kInvalidArgument: return Error(400, std::string(s.message()));
@@ -86,6 +90,20 @@ HttpResponse DashboardHandler::ReportFile(const std::string& job_id, const std::
   return HttpResponse{200, ContentType(file), std::move(data)};
 }
 
+HttpResponse DashboardHandler::Session(absl::string_view authorization) const {
+  if (!auth_->enabled()) return HttpResponse{200, "application/json", "{\"tokens_required\":false,\"authenticated\":true}"};
+  absl::StatusOr<Caller> caller = auth_->Check(authorization, Api::kCoordinator);
+  JsonWriter w;
+  w.BeginObject().Field("tokens_required", true).Field("authenticated", caller.ok());
+  if (caller.ok()) {
+    w.Field("name", caller->name);
+  } else if (!authorization.empty()) {
+    w.Field("error", "that token was refused: paste the whole token `tally token` wrote (not its sha256 line)");
+  }
+  w.EndObject();
+  return HttpResponse{200, "application/json", w.str()};
+}
+
 HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view query, absl::string_view authorization,
                                    absl::string_view host) const {
   if (!HostAllowed(host, host_names_)) {
@@ -95,6 +113,8 @@ HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view que
   const DashboardRoute route = ParseDashboardRequest(path, query);
   using Kind = DashboardRoute::Kind;
   if (route.kind == Kind::kPage) return HttpResponse{200, "text/html; charset=utf-8", kDashboardPage};
+  if (route.kind == Kind::kFavicon) return HttpResponse{204, "image/x-icon", ""};
+  if (route.kind == Kind::kSession) return Session(authorization);
   if (route.kind == Kind::kNotFound) return Error(404, "no such page");
   if (route.kind == Kind::kBadRequest) return Error(400, route.error);
   absl::StatusOr<Caller> caller = auth_->Check(authorization, Api::kCoordinator);
@@ -123,10 +143,11 @@ HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view que
     case Kind::kWorkers:
       return Json(VisibleWorkers(core_, *caller));
     case Kind::kCompare: {
-      for (const std::string& id : {route.a, route.b}) {
-        if (absl::StatusOr<v1::Job> job = VisibleJob(core_, *caller, id); !job.ok()) return FromStatus(job.status());
-      }
-      absl::StatusOr<std::string> dir = core_->CompareJobs(route.a, route.b);
+      absl::StatusOr<std::string> a = ResolveVisibleJobId(core_, *caller, route.a);
+      if (!a.ok()) return FromStatus(a.status());
+      absl::StatusOr<std::string> b = ResolveVisibleJobId(core_, *caller, route.b);
+      if (!b.ok()) return FromStatus(b.status());
+      absl::StatusOr<std::string> dir = core_->CompareJobs(*a, *b);
       if (!dir.ok()) return FromStatus(dir.status());
       absl::StatusOr<std::string> data = ReadFileToString(*dir + "/compare.json");
       RemoveTree(*dir).IgnoreError();

@@ -44,6 +44,8 @@ class DashboardHandler {
   // A finished job's report file, opened only if it is a regular file directly in the job's folder
   // (no symlink followed, no FIFO opened). Errors never name the state folder.
   HttpResponse ReportFile(const std::string& job_id, const std::string& file) const;
+  // /api/session: whether tokens are needed and whether `authorization`'s is good; never 401.
+  HttpResponse Session(absl::string_view authorization) const;
 
   Coordinator* core_;
   const Authorizer* auth_;

@@ -1,13 +1,15 @@
 // The dashboard's one page (docs/operations.md "Dashboard"): markup, style and script together, served by
 // tallyd itself (no CDN, nothing fetched from elsewhere). Hash routes: #/jobs, #/job/ID, #/workers,
-// #/compare. It polls the JSON API every 2 s; the token typed once is kept for the browser session
-// (sessionStorage) and sent as "Authorization: Bearer".
+// #/compare. It asks /api/session first (never a 401, so a first load logs no error), then polls the
+// JSON API every 2 s; the token typed once is kept for the browser session (sessionStorage) and sent
+// as "Authorization: Bearer". While the token box shows nothing is polled (typing is never wiped), and
+// a refused token is said so.
 #include "server/http/dashboard.h"
 
 namespace tally {
 
 const char* const kDashboardPage = R"html(<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Tally</title>
+<html lang="en"><head><meta charset="utf-8"><title>Tally</title><link rel="icon" href="data:,">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -35,16 +37,26 @@ function token() { return sessionStorage.getItem("tally_token") || ""; }
 async function api(path, raw) {
   const headers = token() ? {"Authorization": "Bearer " + token()} : {};
   const r = await fetch(path, {headers, cache: "no-store"});
-  if (r.status === 401) { askToken(); throw new Error("a token is needed"); }
+  if (r.status === 401) {  // Revoked while the page was open (tokens file re-read): ask again, saying why.
+    sessionStorage.removeItem("tally_token");
+    askToken("tallyd no longer accepts that token: paste a valid one");
+    throw new Error("a token is needed");
+  }
   if (!r.ok) { let m = r.statusText; try { m = (await r.json()).error; } catch (e) {} throw new Error(m); }
   return raw ? r : r.json();
 }
-function askToken() {
+function askToken(message) {
   clearInterval(timer);
-  $("#main").innerHTML = `<h2>Token</h2><p>This tallyd needs a token (as <code>tally --token-file</code> holds).
-    It is kept for this browser session only.</p><input id="tok" type="password" size="60">
-    <button id="tok-ok">Use it</button>`;
-  $("#tok-ok").onclick = () => { sessionStorage.setItem("tally_token", $("#tok").value.trim()); route(); };
+  timer = null;
+  if (!$("#tok")) {  // Drawn once: what is typed stays.
+    $("#main").innerHTML = `<h2>Token</h2><p>This tallyd needs a token (the file <code>tally token --out</code>
+      wrote holds one). It is kept for this browser session only.</p><p id="tok-msg" class="err"></p>
+      <input id="tok" type="password" size="60"> <button id="tok-ok">Use it</button>`;
+    const use = () => { sessionStorage.setItem("tally_token", $("#tok").value.trim()); route(); };
+    $("#tok-ok").onclick = use;
+    $("#tok").onkeydown = (ev) => { if (ev.key === "Enter") use(); };
+  }
+  $("#tok-msg").textContent = message || "";
 }
 const n = (v) => Number(v || 0);
 function state(j) { return (j.state || "JOB_STATE_UNSPECIFIED").replace("JOB_STATE_", "").toLowerCase(); }
@@ -129,6 +141,15 @@ async function job(id) {
     });
   }
 }
+// Compare figures: "—" where there is none (JSON null, or NaN written as a string).
+const finite = (v) => v !== null && v !== undefined && v !== "" && isFinite(Number(v));
+const num = (v) => finite(v) ? Number(v).toFixed(4) : "—";
+const interval = (v) => Array.isArray(v) && v.length === 2 && v.every(finite) ? `[${num(v[0])}, ${num(v[1])}]` : "—";
+function pvalue(p) {
+  if (!finite(p)) return "—";
+  const x = Number(p);
+  return x === 0 ? "0" : x < 1e-4 ? x.toExponential(2) : x.toPrecision(3);
+}
 function gib(b) { return (n(b) / 1073741824).toFixed(1); }
 const models = {};  // Job id -> its model (the model a worker has loaded is its current job's).
 async function modelOf(id) {
@@ -161,17 +182,23 @@ async function compare() {
     $("#cmp-go").onclick = async () => {
       try {
         const c = await api("/api/compare?" + new URLSearchParams({a: $("#cmp-a").value.trim(), b: $("#cmp-b").value.trim()}));
-        const rows = [];
-        for (const cls of c.classes || []) for (const [m, s] of Object.entries(cls)) if (m !== "class" && s && typeof s === "object" && !Array.isArray(s))
-          rows.push(`<tr><td>${esc(cls.class)}</td><td>${esc(m)}</td><td>${n(s.pairs)}</td><td>${n(s.mean_a).toFixed(4)}</td>
-            <td>${n(s.mean_b).toFixed(4)}</td><td>${n(s.mean_diff).toFixed(4)}</td>
-            <td>[${(s.diff_ci95 || []).map(v => n(v).toFixed(4)).join(", ")}]</td><td>${esc(s.wilcoxon_p)}</td>
-            <td>${n(s.defined_only_a)}</td><td>${n(s.defined_only_b)}</td>
-            <td>${n(s.own_mean_a).toFixed(4)} (${n(s.own_images_a)})</td><td>${n(s.own_mean_b).toFixed(4)} (${n(s.own_images_b)})</td></tr>`);
-        $("#cmp-out").innerHTML = `<p>${n(c.paired_images)} paired rows (${n(c.only_a)} only in A, ${n(c.only_b)} only in B)</p>
+        const rows = [], changed = [];
+        for (const cls of c.classes || []) {
+          for (const [m, s] of Object.entries(cls)) if (m !== "class" && s && typeof s === "object" && !Array.isArray(s))
+            rows.push(`<tr><td>${esc(cls.class)}</td><td>${esc(m)}</td><td>${n(s.pairs)}</td><td>${num(s.mean_a)}</td>
+              <td>${num(s.mean_b)}</td><td>${num(s.mean_diff)}</td><td>${interval(s.diff_ci95)}</td><td>${pvalue(s.wilcoxon_p)}</td>
+              <td>${n(s.b_higher)}</td><td>${n(s.b_lower)}</td><td>${n(s.defined_only_a)}</td><td>${n(s.defined_only_b)}</td>
+              <td>${num(s.own_mean_a)} (${n(s.own_images_a)})</td><td>${num(s.own_mean_b)} (${n(s.own_images_b)})</td></tr>`);
+          if ((cls.most_changed || []).length) changed.push(`<h3>Class ${esc(cls.class)}: images whose Dice changed most</h3>
+            <table class="cmp-changed"><tr><th>Row</th><th>Id</th><th>Dice A</th><th>Dice B</th><th>B - A</th></tr>
+            ${cls.most_changed.map(x => `<tr><td>${n(x.index)}</td><td>${esc(x.id)}</td><td>${num(x.dice_a)}</td>
+            <td>${num(x.dice_b)}</td><td>${finite(x.dice_a) && finite(x.dice_b) ? (n(x.dice_b) - n(x.dice_a)).toFixed(4) : "—"}</td></tr>`).join("")}</table>`);
+        }
+        $("#cmp-out").innerHTML = `<p>A <code>${esc(c.a)}</code>, B <code>${esc(c.b)}</code>: ${n(c.paired_images)} paired rows
+          (${n(c.only_a)} only in A, ${n(c.only_b)} only in B)</p>
           <table id="cmp-table"><tr><th>Class</th><th>Metric</th><th>Pairs</th><th>Mean A</th><th>Mean B</th>
-          <th>B - A</th><th>95% interval</th><th>Wilcoxon p</th><th>Defined in A only</th><th>Defined in B only</th>
-          <th>A (own mean)</th><th>B (own mean)</th></tr>${rows.join("")}</table>
+          <th>B - A</th><th>95% interval</th><th>Wilcoxon p</th><th>B higher</th><th>B lower</th><th>Defined in A only</th>
+          <th>Defined in B only</th><th>A (own mean)</th><th>B (own mean)</th></tr>${rows.join("")}</table>${changed.join("")}
           <p class=muted>Pairs: images with a value in both runs. An image whose metric is defined in one run only
           (Dice 0 against undefined) is left out of the pairs and counted; each run's own mean is its report's.</p>`;
       } catch (e) { $("#cmp-out").innerHTML = `<p class=err>${esc(e.message)}</p>`; }
@@ -180,6 +207,15 @@ async function compare() {
 }
 async function route() {
   clearInterval(timer);
+  timer = null;
+  let s;
+  try { s = await api("/api/session"); } catch (e) { $("#main").innerHTML = `<p class=err>${esc(e.message)}</p>`; return; }
+  if (s.tokens_required && !s.authenticated) {
+    if (s.error) sessionStorage.removeItem("tally_token");
+    askToken(s.error);
+    return;
+  }
+  $("#who").textContent = s.name ? "token: " + s.name : "";
   const h = location.hash || "#/jobs";
   document.querySelectorAll("header a").forEach(a => a.classList.toggle("on", h.startsWith(a.getAttribute("href"))));
   $("#main").innerHTML = "";
@@ -188,7 +224,7 @@ async function route() {
   else if (h.startsWith("#/workers")) fn = workers;
   else if (h.startsWith("#/compare")) fn = compare;
   else { pageToken = ""; fn = jobs; }
-  const run = async () => { try { await fn(); } catch (e) {
+  const run = async () => { if ($("#tok")) return; try { await fn(); } catch (e) {
     if (!$("#tok")) $("#main").insertAdjacentHTML("afterbegin", `<p class=err>${esc(e.message)}</p>`); } };
   await run();
   if (fn !== compare) timer = setInterval(run, 2000);

@@ -146,9 +146,11 @@ bool HostAllowed(absl::string_view host, const std::vector<std::string>& names) 
 }
 
 DashboardRoute ParseDashboardRequest(absl::string_view path, absl::string_view query) {
-  if (path == "/" || path == "/index.html") {
+  if (path == "/" || path == "/index.html" || path == "/api/session" || path == "/favicon.ico") {
     DashboardRoute r;
-    r.kind = DashboardRoute::Kind::kPage;
+    r.kind = path == "/api/session"   ? DashboardRoute::Kind::kSession
+             : path == "/favicon.ico" ? DashboardRoute::Kind::kFavicon
+                                      : DashboardRoute::Kind::kPage;
     return r;
   }
   std::vector<std::pair<std::string, std::string>> params;

@@ -5,7 +5,10 @@
 //   /api/jobs/ID               one job (GetJob), live estimates included
 //   /api/jobs/ID/files/NAME    a finished job's report file (report.json, per_image.csv, ...)
 //   /api/workers               the workers (ListWorkers)
-//   /api/compare?a=ID&b=ID     two finished jobs of one manifest compared (compare.json)
+//   /api/compare?a=ID&b=ID     two finished jobs of one manifest compared (compare.json); ids or unique prefixes
+//   /api/session               whether tokens are needed and whether the request's token is good (never 401:
+//                              the page asks here first, so that a first load logs no error)
+//   /favicon.ico               204: there is none
 #ifndef TALLY_SERVER_HTTP_DASHBOARD_ROUTES_H_
 #define TALLY_SERVER_HTTP_DASHBOARD_ROUTES_H_
 
@@ -18,7 +21,7 @@
 namespace tally {
 
 struct DashboardRoute {
-  enum class Kind { kPage, kJobs, kJob, kJobFile, kWorkers, kCompare, kNotFound, kBadRequest };
+  enum class Kind { kPage, kJobs, kJob, kJobFile, kWorkers, kCompare, kSession, kFavicon, kNotFound, kBadRequest };
   Kind kind = Kind::kNotFound;
   std::string error;  // kBadRequest: why.
   std::string job_id, file;

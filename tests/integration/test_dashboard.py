@@ -125,6 +125,27 @@ class DashboardApiTest(unittest.TestCase):
         status, _, body = get(f"{url}/api/compare?a={alice_job}&b={other}", t["alice"][0])
         self.assertEqual(status, 200, body)
         self.assertEqual(json.loads(body)["paired_images"], 30)
+        # Unique prefixes, as the CLI takes them.
+        status, _, body = get(f"{url}/api/compare?a={alice_job[:-1]}&b={other[:-1]}", t["alice"][0])
+        self.assertEqual(status, 200, body)
+        self.assertEqual((json.loads(body)["a"], json.loads(body)["b"]), (alice_job, other))
+        status, _, body = get(f"{url}/api/compare?a=j&b={other}", t["alice"][0])
+        self.assertEqual(status, 400, body)
+        self.assertIn("ambiguous", json.loads(body)["error"])
+        # Without a token: 200 from /api/session (no error in a browser's console), and a 401 that
+        # speaks of the dashboard's token box, not of command-line flags.
+        status, _, body = get(url + "/api/session")
+        self.assertEqual((status, json.loads(body)), (200, {"tokens_required": True, "authenticated": False}))
+        status, _, body = get(url + "/api/session", "not-a-token")
+        self.assertFalse(json.loads(body)["authenticated"])
+        self.assertIn("refused", json.loads(body)["error"])
+        status, _, body = get(url + "/api/session", t["alice"][0])
+        self.assertEqual(json.loads(body), {"tokens_required": True, "authenticated": True, "name": "alice"})
+        status, _, body = get(url + "/api/jobs")
+        self.assertEqual(status, 401)
+        self.assertIn("token box", json.loads(body)["error"])
+        self.assertNotIn("--token-file", json.loads(body)["error"])
+        self.assertEqual(get(url + "/favicon.ico")[0], 204)
 
 
 class DashboardTlsTest(unittest.TestCase):
@@ -161,6 +182,7 @@ def selenium_driver():
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         options.add_argument(a)
     options.binary_location = "/usr/bin/chromium"
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # The console, read by the test.
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
@@ -196,6 +218,16 @@ class DashboardPageTest(unittest.TestCase):
         self.addCleanup(driver.quit)
         driver.get(url + "/#/jobs")
         self.wait_for(driver, lambda: driver.find_element("id", "tok"), "the token prompt")
+        # What is typed survives the page's refresh period; a wrong token is said to be wrong.
+        driver.find_element("id", "tok").send_keys("half-typed")
+        time.sleep(2.5)
+        self.assertEqual(driver.find_element("id", "tok").get_attribute("value"), "half-typed")
+        driver.find_element("id", "tok-ok").click()
+        self.wait_for(driver, lambda: "refused" in driver.find_element("id", "tok-msg").text, "the refusal")
+        # The first load and a refused token logged nothing in the console (no 401, no favicon 404).
+        severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        self.assertEqual(severe, [])
+        driver.find_element("id", "tok").clear()
         driver.find_element("id", "tok").send_keys(t["alice"][0])
         driver.find_element("id", "tok-ok").click()
         self.wait_for(driver, lambda: "no jobs" in driver.find_element("id", "jobs-table").text, "an empty job list")
@@ -231,15 +263,26 @@ class DashboardPageTest(unittest.TestCase):
         self.shot(driver, "workers")
         slow.send_signal(signal.SIGCONT)
         # Compare: a second run of the same manifest, picked and compared on the page.
+        # (--ignore-index 2: class 2's pixels leave the count, so some rows' Dice change.)
         other = tt.tally("submit", "--server", c.address, "--token-file", t["alice"][1], "--manifest", manifest,
-                         "--metrics", "dice").stdout.strip()
+                         "--metrics", "dice", "--ignore-index", "2").stdout.strip()
         self.assertEqual(c.wait(other)["state"], "succeeded")
         driver.get(f"{url}/#/compare")
         self.wait_for(driver, lambda: driver.find_element("id", "cmp-a"), "the compare form")
-        driver.find_element("id", "cmp-a").send_keys(job)
-        driver.find_element("id", "cmp-b").send_keys(other)
+        driver.find_element("id", "cmp-a").send_keys(job[:-1])  # Prefixes, as the CLI takes them.
+        driver.find_element("id", "cmp-b").send_keys(other[:-1])
         driver.find_element("id", "cmp-go").click()
         self.wait_for(driver, lambda: "60 paired rows" in driver.find_element("id", "cmp-out").text, "the paired table")
+        table = driver.find_element("id", "cmp-table").text
+        self.assertIn("B higher", table)
+        self.assertIsNone(re.search(r"\d\.\d{9,}", table), table)  # p-values formatted, not 20 digits.
+        self.assertIn("images whose Dice changed most", driver.find_element("id", "cmp-out").text)
+        # The same figures as `tally compare` writes (its JSON), shown to the page's precision.
+        cmp = json.loads(get(f"{url}/api/compare?a={job}&b={other}", t["alice"][0])[2])
+        dice = next(cls["dice"] for cls in cmp["classes"] if cls["class"] == 1)
+        ci = dice["diff_ci95"]
+        shown = "—" if ci is None or None in ci else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
+        self.assertIn(shown, table)
         self.shot(driver, "compare")
 
 
