@@ -602,6 +602,105 @@ TEST_F(CoordinatorTest, ResumesAnUnfinishedJobFromTheDatabase) {
   EXPECT_EQ(j->images_evaluated(), 10);
 }
 
+// Fair share (coordinator_schedule.cc): owners share the workers by weight. Three workers,
+// alice weighted 2 and bob 1: two go to alice's job, one to bob's, whatever the submission order.
+TEST_F(CoordinatorTest, OwnersShareTheWorkersByWeight) {
+  Restart([](CoordinatorOptions* o) { o->owner_weights = {{"alice", 2.0}, {"bob", 1.0}}; });
+  const std::string bob = core_->SubmitJob(Spec(1, 1), "bob")->job_id();
+  const std::string alice = core_->SubmitJob(Spec(1, 1), "alice")->job_id();
+  std::map<std::string, int> on;
+  for (const char* name : {"w1", "w2", "w3"}) on[Acquire(Register(name)).job_id()]++;
+  EXPECT_EQ(on[alice], 2);
+  EXPECT_EQ(on[bob], 1);
+  EXPECT_NEAR(core_->GetJob(alice)->running_share(), 2.0 / 3, 1e-12);
+  EXPECT_EQ(core_->GetJob(bob)->workers_assigned(), 1);
+}
+
+// A job submitted behind a long one gets a worker at that worker's next lease; the other worker
+// stays where it is (no model reloads), and the long job's rows are unaffected.
+TEST_F(CoordinatorTest, ASmallJobGetsAWorkerAtItsNextLease) {
+  WriteManifest(10);
+  const std::string big = core_->SubmitJob(Spec(1, 1))->job_id();
+  const std::string w1 = Register("w1"), w2 = Register("w2");
+  v1::ShardAssignment a1 = Acquire(w1), a2 = Acquire(w2);
+  EXPECT_EQ(a1.job_id(), big);
+  const std::string small = core_->SubmitJob(Spec(1, 1))->job_id();
+  EXPECT_EQ(core_->GetJob(small)->queue_position(), 1);
+  EXPECT_THAT(core_->GetJob(small)->waiting(), HasSubstr("waiting for a worker (position 1)"));
+  Complete(w1, a1);
+  EXPECT_EQ(Acquire(w1).job_id(), small);
+  Complete(w2, a2);
+  EXPECT_EQ(Acquire(w2).job_id(), big);
+  EXPECT_EQ(core_->GetJob(small)->queue_position(), 0);
+  EXPECT_EQ(core_->GetJob(small)->waiting(), "");
+}
+
+// Within one owner, the jobs of the highest priority first.
+TEST_F(CoordinatorTest, PriorityOrdersOneOwnersJobs) {
+  const std::string first = core_->SubmitJob(Spec(5, 1))->job_id();
+  v1::JobSpec urgent = Spec(5, 1);
+  urgent.set_priority(5);
+  const std::string second = core_->SubmitJob(urgent)->job_id();
+  EXPECT_EQ(Acquire(Register("w")).job_id(), second);
+  EXPECT_EQ(core_->GetJob(first)->queue_position(), 1);
+}
+
+// A graceful stop hands the workers and their leases to the next coordinator: the worker's results
+// for its lease are accepted after the restart, its shard is leased to nobody else meanwhile.
+TEST_F(CoordinatorTest, WorkersAndTheirLeasesSurviveARestart) {
+  auto job = core_->SubmitJob(Spec(5, 1));
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  core_->BeginDrain();
+  EXPECT_FALSE(core_->Serving());
+  EXPECT_FALSE(Acquire(w).has_spec());  // Draining: no new lease.
+  EXPECT_EQ(core_->LeasesOutstanding(), 1);
+  ASSERT_TRUE(core_->SaveHandoff(true).ok());
+  Restart();
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w);
+  v1::HeldLease* held = hb.add_leases();
+  held->set_job_id(a.job_id());
+  held->set_shard_id(a.shard_id());
+  held->set_lease_id(a.lease_id());
+  auto beat = core_->Heartbeat(hb);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_FALSE(beat->reregister());
+  EXPECT_EQ(beat->revoked_size(), 0);
+  const std::string w2 = Register("w2");
+  v1::ShardAssignment other = Acquire(w2);
+  EXPECT_NE(other.shard_id(), a.shard_id());
+  EXPECT_FALSE(Complete(w, a).abandon());
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 5);
+}
+
+// A handed-over worker that does not come back loses its shards after a lease period, with no
+// attempt counted: the shard goes to another whole, not split into suspect rows.
+TEST_F(CoordinatorTest, AHandedOverWorkerThatDoesNotComeBackLosesItsShardsWhole) {
+  core_->SubmitJob(Spec(5, 1));
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  ASSERT_TRUE(core_->SaveHandoff(false).ok());
+  Restart();
+  const std::string w2 = Register("w2");
+  v1::ShardAssignment b = Acquire(w2);
+  EXPECT_NE(b.shard_id(), a.shard_id());
+  now_ += 11;
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w2);
+  v1::HeldLease* held = hb.add_leases();
+  held->set_job_id(b.job_id());
+  held->set_shard_id(b.shard_id());
+  held->set_lease_id(b.lease_id());
+  ASSERT_TRUE(core_->Heartbeat(hb).ok());
+  core_->ExpireLeases();
+  Complete(w2, b);
+  v1::ShardAssignment again = Acquire(w2);
+  EXPECT_EQ(again.shard_id(), a.shard_id());
+  EXPECT_EQ(again.rows_size(), 5);  // Whole: not split into single suspect rows.
+  EXPECT_GT(again.lease_id(), a.lease_id() + 999'999);  // Past the ids granted after a serving save.
+}
+
 // The answers a long poll (AcquireShardAsync) receives, in order; every `done` call is counted.
 class PollAnswers {
  public:
