@@ -22,7 +22,7 @@ const std::vector<std::string> kJob = {
     "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction",
     "json_infinity", "thumbnails", "save_predictions", "coco", "images", "masks", "mask_suffix", "shards", "image_ext", "mask_ext", "prediction_ext", "coco_results", "coco_panoptic", "panoptic_dir",
     "panoptic_predictions", "panoptic_predictions_dir", "connectivity", "lesion_dilation", "lesion_min_volume",
-    "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary", "priority"};
+    "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary", "priority", "compile"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",
                                        "count_logit_ties", "worker_threads", "worker_flags", "max_worker_memory",
                                        "predictions", "references", "file_ending"};

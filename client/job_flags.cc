@@ -105,6 +105,12 @@ absl::Status ModelFlags(const JobFlags& f, const std::string& manifest_path, v1:
   if (!python_model && (!spec->python().empty() || !f.model_options.empty())) {
     return absl::InvalidArgumentError("--python and --model-option are for Python models (--model PATH.py)");
   }
+  spec->set_compile(f.compile);
+  if (f.compile && !python_model) {
+    return absl::InvalidArgumentError(
+        "--compile applies to Python models (--model PATH.py), whose modules Tally compiles with torch.compile; "
+        "a TorchScript model is run by LibTorch as it is");
+  }
   return absl::OkStatus();
 }
 

@@ -106,6 +106,9 @@ ABSL_FLAG(double, until_ci, 0,
           "random; the rest of the rows are not evaluated (sample))");
 ABSL_FLAG(int64_t, min_rows, 0, "--until-ci: evaluate at least this many rows first (0 = 100)");
 ABSL_FLAG(std::string, sample, "", "Evaluate a uniform random subset: N rows or P% of them (implies --order random)");
+ABSL_FLAG(bool, compile, false,
+          "Python models: compile the model's torch.nn.Module attributes with torch.compile before the first batch "
+          "(needs torch 2 in the model's interpreter; refused, never run uncompiled, without it)");
 ABSL_FLAG(int32_t, priority, 0,
           "Among your own running jobs, workers go to those of the highest priority first (owners share the workers "
           "fairly whatever their priorities; README \"Operating tallyd\")");
@@ -258,6 +261,7 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.speculate_after = absl::GetFlag(FLAGS_speculate_after);
   f.canary = absl::GetFlag(FLAGS_canary);
   f.priority = absl::GetFlag(FLAGS_priority);
+  f.compile = absl::GetFlag(FLAGS_compile);
   return f;
 }
 

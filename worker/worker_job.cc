@@ -108,6 +108,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
     ro.devices = devices;
     ro.python = config.python;
     ro.model_options = config.model_options;
+    ro.compile = config.compile;
+    if (config.compile && !options.cache_dir.empty()) ro.compile_cache_dir = options.cache_dir + "/inductor";
     ro.columns = config.manifest_columns;
     ro.num_classes = config.num_classes;
     return CreatePythonRunner(ro);
@@ -144,7 +146,7 @@ std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, 
                     options.gpu_memory_limit_gib, ",", options.jit_optimize),
        config.python, absl::StrJoin(options_kv, "\x1f"), absl::StrJoin(config.manifest_columns, "\x1f"),
        absl::StrCat(config.num_classes), absl::StrJoin(config.sliding_window, ","),
-       absl::StrCat(config.overlap, ",", config.sw_batch_size)},
+       absl::StrCat(config.overlap, ",", config.sw_batch_size, ",", config.compile)},
       "\x1e");
 }
 

@@ -60,6 +60,7 @@ struct JobFlags {
   std::string speculate_after;     // auto (""), off, or seconds
   int64_t canary = 0;              // Rows every worker evaluates first and must agree on.
   int32_t priority = 0;            // Among the owner's jobs (README "Operating tallyd").
+  bool compile = false;            // Python models: torch.compile (docs/models.md "Compiled models").
 };
 
 // The workers `tally run` and `tally estimate` start on this machine.

@@ -58,6 +58,10 @@ absl::Status CheckModel(v1::JobSpec* spec, bool check_files) {
       return absl::InvalidArgumentError(absl::StrCat("model '", path, "' is a directory, not a ",
                                                      ref.python ? "Python file" : "TorchScript file"));
     }
+    if (!ref.python && spec->compile()) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: --compile applies to Python models (PATH.py); '", path,
+                                                     "' is TorchScript"));
+    }
     if (!ref.python && (!spec->python().empty() || !spec->model_options().empty())) {
       return absl::InvalidArgumentError(absl::StrCat("job spec: --python and --model-option are for Python models "
                                                      "(PATH.py); '", path, "' is TorchScript"));

@@ -311,6 +311,34 @@ def _cuda_ready():
     return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
+def _compile(model, class_name):
+    """--compile: torch.compile the model's torch.nn.Module attributes (or hand the compile function
+    to the model's own `tally_compile(compile)`), static shapes. Returns (error or None, what was
+    compiled). Never falls back to eager: a torch without torch.compile is an error naming it."""
+    try:
+        import torch
+    except ImportError:
+        return "--compile needs torch (torch.compile), which the model's interpreter does not have", []
+    if not hasattr(torch, "compile"):
+        return ("--compile needs torch.compile (PyTorch 2.0 or newer), but the model's interpreter (%s) has torch %s: "
+                "run without --compile, or give --python an interpreter with torch 2" % (sys.executable, torch.__version__)), []
+
+    def compile_fn(module):
+        return torch.compile(module, dynamic=False)
+
+    hook = getattr(model, "tally_compile", None)
+    if callable(hook):
+        hook(compile_fn)
+        return None, ["tally_compile"]
+    names = sorted(n for n, v in vars(model).items() if isinstance(v, torch.nn.Module))
+    if not names:
+        return ("--compile found no torch.nn.Module attribute of %s to compile: keep the network in one "
+                "(self.net = ...), or define tally_compile(self, compile) to apply compile yourself" % class_name), []
+    for n in names:
+        setattr(model, n, compile_fn(getattr(model, n)))
+    return None, names
+
+
 class _Stub:
     def __init__(self, conn):
         self.conn = conn
@@ -392,8 +420,14 @@ class _Stub:
             return {"op": "error", "error": "%s.num_classes is %r; expected an integer" % (class_name, num_classes)}
         if num_classes == 1 or num_classes < 0 or num_classes > _MAX_CLASSES:
             return {"op": "error", "error": "%s.num_classes is %d; expected 2..%d" % (class_name, num_classes, _MAX_CLASSES)}
+        compiled = []
+        if msg.get("compile"):
+            error, compiled = _compile(self.model, class_name)
+            if error:
+                return {"op": "error", "error": error}
         return {
             "op": "ready",
+            "compiled": compiled,
             "num_classes": num_classes,
             "outputs_probabilities": bool(getattr(self.model, "outputs_probabilities", False)),
             "gpus": _gpu_stats(self.devices),

@@ -148,7 +148,7 @@ void Coordinator::FillScheduleLocked(const JobEntry& job, v1::Job* out) const {
   int eligible = 0;
   for (const auto& [id, w] : workers_) eligible += job.excluded_workers.count(id) ? 0 : 1;
   if (workers_.empty()) {
-    out->set_waiting("no worker in service yet (workers join with tally-worker --coordinator ADDRESS, or tallyd --spawn-workers)");
+    out->set_waiting("no worker in service yet: workers join with tally-worker --coordinator ADDRESS, or tallyd --spawn-workers");
   } else if (eligible == 0) {
     out->set_waiting("every worker in service refused this job's model (see the job's warnings)");
   } else {

@@ -5,6 +5,7 @@ Expected values come from numpy here (the same formulas as tallytest's reference
 """
 import math
 import os
+import shutil
 import textwrap
 import unittest
 
@@ -165,6 +166,36 @@ class PythonBackendTest(unittest.TestCase):
         report = tt.read_report(os.path.join(root, "py1"))
         self.assertEqual(report["images_evaluated"], 20)
         self.assertEqual(report["num_classes"], 3)
+
+    def test_compile_is_refused_where_torch_has_no_compile_and_for_torchscript(self):
+        # Debian's torch 1.13 has no torch.compile: the job fails naming compile and the version, never
+        # runs uncompiled. A TorchScript model with --compile is a usage error; a .pt2 package on a CPU
+        # build (LibTorch 1.13) fails naming what it needs.
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(3), 4, [(8, 8)], classes=2)
+        model = write_model(root, "net.py", """
+            import numpy as np, torch
+            class Model:
+                num_classes = 2
+                def __init__(self, devices, options):
+                    self.net = torch.nn.Conv2d(3, 2, 1)
+                def predict(self, images, rows):
+                    return [(i[..., 0] > i[..., 2]).astype(np.int64) for i in images]
+        """)
+        import torch
+        p = run(model, manifest, os.path.join(root, "c"), "--compile", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--compile needs torch.compile", p.stderr)
+        self.assertIn("has torch " + torch.__version__, p.stderr)
+        self.assertEqual(tt.read_report(os.path.join(root, "c"))["images_evaluated"], 0)
+        p = tt.tally_run(tt.fixture("three_class.pt"), manifest, os.path.join(root, "t"), "--compile", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--compile applies to Python models", p.stderr)
+        package = os.path.join(root, "model.pt2")
+        shutil.copy(tt.fixture("three_class.pt"), package)
+        p = tt.tally_run(package, manifest, os.path.join(root, "p"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("is an AOTInductor package (.pt2), which needs LibTorch 2.6 or newer", p.stderr)
 
     def test_colour_segmenter_example_equals_the_torchscript_demo(self):
         root = tt.tmpdir(self)

@@ -61,6 +61,8 @@ struct ModelRunnerOptions {
   std::string python;                // Interpreter; empty = python3.
   std::string class_name = "Model";
   std::vector<std::pair<std::string, std::string>> model_options;
+  bool compile = false;               // torch.compile the model's modules (JobSpec.compile).
+  std::string compile_cache_dir;      // Inductor's cache (TORCHINDUCTOR_CACHE_DIR); empty: its default.
   std::vector<std::string> columns;  // Names of ManifestRow.columns.
   int num_classes = 0;               // --num-classes: the class count of label-map outputs.
   // Volume jobs, TorchScript (PredictVolume): patches of this size (z, y, x) blended with a Gaussian

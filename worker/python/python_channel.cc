@@ -84,8 +84,9 @@ std::string DescribeExit(int status) {
 }
 
 // The stub's environment: this process's, with Tally's package first on PYTHONPATH and the
-// socket's descriptor named.
-std::vector<std::string> StubEnvironment(const std::string& package_dir) {
+// socket's descriptor named; with `inductor_cache`, torch.compile's caches there (every worker of
+// the host shares them: the second worker and the second job start warm).
+std::vector<std::string> StubEnvironment(const std::string& package_dir, const std::string& inductor_cache) {
   std::vector<std::string> env;
   std::string pythonpath = package_dir;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -100,6 +101,11 @@ std::vector<std::string> StubEnvironment(const std::string& package_dir) {
   env.push_back("PYTHONPATH=" + pythonpath);
   env.push_back("TALLY_STUB_FD=3");
   env.push_back("PYTHONUNBUFFERED=1");
+  if (!inductor_cache.empty()) {
+    env.push_back("TORCHINDUCTOR_CACHE_DIR=" + inductor_cache);
+    env.push_back("TORCHINDUCTOR_FX_GRAPH_CACHE=1");
+    env.push_back("TORCHINDUCTOR_AUTOGRAD_CACHE=1");
+  }
   return env;
 }
 
@@ -391,7 +397,7 @@ absl::Status Channel::Spawn() {
   const std::string python = options_.python.empty() ? "python3" : options_.python;
   std::vector<std::string> args = {python, "-u", "-m", "tally.stub"};
   pid_t pid = -1;
-  const int rc = SpawnStub(python, std::move(args), StubEnvironment(dir), out[1], sv[1], &pid);
+  const int rc = SpawnStub(python, std::move(args), StubEnvironment(dir, options_.compile ? options_.compile_cache_dir : ""), out[1], sv[1], &pid);
   close(sv[1]);
   close(out[1]);
   if (rc != 0) {
@@ -464,6 +470,7 @@ absl::Status Channel::EnsureRunning() {
   init.set_class_name(options_.class_name);
   for (const std::string& d : options_.devices) init.add_devices(d);
   for (const auto& [k, v] : options_.model_options) (*init.mutable_options())[k] = v;
+  init.set_compile(options_.compile);
   std::shared_ptr<Reply> reply = Send(init);
   reply->done.WaitForNotification();
   if (!reply->died.empty()) {
@@ -480,6 +487,10 @@ absl::Status Channel::EnsureRunning() {
     SendExit();
     return absl::InvalidArgumentError(
         absl::StrCat("model '", options_.model_path, "' could not be loaded: ", reply->response.error()));
+  }
+  if (options_.compile) {
+    Log("model ", options_.model_path, ": torch.compile applied to ", absl::StrJoin(reply->response.compiled(), ", "),
+        options_.compile_cache_dir.empty() ? "" : absl::StrCat(" (inductor's cache in ", options_.compile_cache_dir, ")"));
   }
   model_classes_ = reply->response.num_classes();
   probabilities_ = reply->response.outputs_probabilities();

@@ -1,6 +1,8 @@
 // TorchRunner (worker/torch/torch_runner.h): loading a TorchScript model onto its device (with the
 // device's warm-up beside the read), the network's fingerprint, and the device checks.
 #include "worker/torch/torch_runner.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace tally {
 namespace torch_internal {
@@ -334,6 +336,19 @@ absl::StatusOr<bool> TorchScriptMovesWithTo(const std::string& path, std::string
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelRunnerOptions& options) {
+  // An AOTInductor package (torch._inductor.aoti_compile_and_package): a zip archive, not TorchScript.
+  if (absl::EndsWith(options.model_path, ".pt2")) {
+#if TALLY_TORCH_AT_LEAST(2, 6)
+    return absl::UnimplementedError(absl::StrCat(
+        "model '", options.model_path, "' is an AOTInductor package (.pt2); this tally-worker does not load them yet: "
+        "give the TorchScript file (or a Python model with --compile)"));
+#else
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", options.model_path, "' is an AOTInductor package (.pt2), which needs LibTorch 2.6 or newer; this "
+        "tally-worker was built against LibTorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
+        " (a CPU build): give the TorchScript file, or run it on a GPU build against the torch wheel's LibTorch"));
+#endif
+  }
   return TorchRunner::Create(options);
 }
 
