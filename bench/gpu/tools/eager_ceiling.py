@@ -44,6 +44,7 @@ def main():
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--layouts", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="also the model torch.compile'd (dynamic=False)")
     a = ap.parse_args()
     ctor = {"lraspp": lraspp_mobilenet_v3_large, "deeplabv3": deeplabv3_resnet50}[a.arch]
     torch.manual_seed(0)
@@ -54,6 +55,19 @@ def main():
     ts = rate(lambda t: scripted(t)["out"], x, a.batch, precision=a.precision)
     out = {"arch": a.arch, "batch": a.batch, "precision": a.precision, "eager_images_per_second": eager,
            "torchscript_images_per_second": ts, "eager_over_torchscript": eager / ts}
+    if a.compile:  # As Tally's --compile applies it (python/tally/stub.py _compile).
+        import time
+        compiled = torch.compile(model, dynamic=False)
+        t0 = time.time()
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
+        with torch.no_grad(), torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+            ref, got = model(x)["out"], compiled(x)["out"]
+        torch.cuda.synchronize()
+        out["compile_first_call_seconds"] = time.time() - t0
+        out["compiled_images_per_second"] = rate(lambda t: compiled(t)["out"], x, a.batch, precision=a.precision)
+        out["compiled_over_eager"] = out["compiled_images_per_second"] / eager
+        out["compiled_max_abs_logit_diff"] = float((ref.float() - got.float()).abs().max())
+        out["compiled_argmax_agreement"] = float((ref.argmax(1) == got.argmax(1)).float().mean())
     if a.layouts:
         cl = torch.channels_last
         side = {}

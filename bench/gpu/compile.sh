@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Suite `compile`: Python models eager and with Tally's --compile, against the model-only rates
+# (eager and torch.compile'd, inputs already on the GPU: tools/eager_ceiling.py --compile) and the
+# TorchScript path, on one GPU: DeepLabV3-ResNet50 bf16 and LRASPP fp32 (tools/torchvision_model.py),
+# COUNT photograph-like 512x512 PNGs, batch 32. The compiled job runs twice: the second finds
+# inductor's cache warm (the worker's --cache-dir), and its model load says what that saves.
+#   bench/gpu/run.sh compile [STAGES]    (build,anchor,tally; default all)
+# Settings: COUNT (images, default 1600), ARCHS (default "deeplabv3:bf16 lraspp:fp32").
+set -uo pipefail
+stages=${1:-build,anchor,tally}
+source "$(dirname "$0")/lib.sh"
+work=${WORK:-/tmp/tally-bench/compile}; mkdir -p "$work/out"
+n=${COUNT:-1600}
+archs=${ARCHS:-"deeplabv3:bf16 lraspp:fp32"}
+build_stage
+results=$work/compile.jsonl
+: > "$results"
+if has anchor; then
+  for ap in $archs; do
+    $py "$src/bench/gpu/tools/eager_ceiling.py" --arch "${ap%%:*}" --precision "${ap##*:}" --compile >> "$results"
+    tail -1 "$results" >&2
+  done
+fi
+if has tally; then
+  export_models "$work/models"
+  make_images "$work/png" "$n" png
+  for ap in $archs; do
+    arch=${ap%%:*}; prec=${ap##*:}
+    "$bin/tally" run --model "$work/models/$arch.pt" --manifest "$work/png/manifest.csv" --out "$work/out/ts_$arch" \
+      --gpus all --metrics dice --batch-size 32 --precision "$prec" > "$work/out/ts_$arch.log" 2>&1 || tail -20 "$work/out/ts_$arch.log"
+    summary "$work/out/ts_$arch" "torchscript_${arch}_$prec"
+    for mode in eager compiled compiled_again; do
+      extra=(); [ "$mode" != eager ] && extra=(--compile)
+      "$bin/tally" run --model "$src/bench/gpu/tools/torchvision_model.py" --model-option "arch=$arch" \
+        --model-option "precision=$prec" --python "$py" --manifest "$work/png/manifest.csv" --out "$work/out/py_${arch}_$mode" \
+        --gpus all --metrics dice --batch-size 32 "${extra[@]}" > "$work/out/py_${arch}_$mode.log" 2>&1 \
+        || tail -20 "$work/out/py_${arch}_$mode.log"
+      summary "$work/out/py_${arch}_$mode" "python_${arch}_${prec}_$mode"
+    done
+  done
+fi
+cp "$results" "$OUT/" 2>/dev/null || true
