@@ -214,6 +214,10 @@ class RestartTest(unittest.TestCase):
         waiter.join(90)
         self.assertEqual(result["job"]["state"], "succeeded")
         self.assertEqual(result["job"]["job_id"], second)
+        # watch: the job each time it changes, ending with its end (here at once: it has ended).
+        seen = list(Client(cluster.address).watch(second[:-2], timeout=30))
+        self.assertEqual([j["state"] for j in seen], ["succeeded"])
+        self.assertEqual(seen[-1]["images_evaluated"], 96)
 
 
 class SpawnedWorkersTest(unittest.TestCase):
