@@ -144,8 +144,9 @@ class Coordinator {
   // A graceful stop (SIGTERM): no lease is granted from now on and long polls answer at once; results,
   // heartbeats and releases are taken as before, so that workers deliver what they hold.
   void BeginDrain();
-  // Shards leased now (of jobs not ended), by workers this tallyd did not spawn unless `spawned`: a
-  // drain is complete at 0 once the spawned workers have exited.
+  // Shards leased now (of jobs not ended) by workers heard from within two heartbeats, not counting
+  // those this tallyd spawned unless `spawned`: a drain is complete at 0 once the spawned workers
+  // have exited.
   int64_t LeasesOutstanding(bool spawned = true);
   // Writes the handoff (v1::Handoff) the next tallyd on this state folder restores: the workers in
   // service (not those spawned by this tallyd) and their leases. `clean`: written by a drained stop.

@@ -33,8 +33,13 @@ void Coordinator::BeginDrain() {
 
 int64_t Coordinator::LeasesOutstanding(bool spawned) {
   absl::MutexLock lock(&mu_);
+  // A worker silent for two heartbeats has stopped (or is stopping) and delivers nothing more: the
+  // drain does not wait for its shards, which the next tallyd restores for it if it comes back.
+  const double heard = Now() - std::max(1.0, 2 * options_.heartbeat_seconds);
   int64_t n = 0;
-  for (const auto& [id, w] : workers_) n += spawned || !w.info.spawned() ? static_cast<int64_t>(w.leases.size()) : 0;
+  for (const auto& [id, w] : workers_) {
+    if ((spawned || !w.info.spawned()) && w.last_seen >= heard) n += static_cast<int64_t>(w.leases.size());
+  }
   return n;
 }
 
