@@ -81,6 +81,17 @@ class CoordinatorTest : public ::testing::Test {
     return resp->worker_id();
   }
 
+  // A heartbeat from `worker` listing the lease of `a` as held.
+  static v1::HeartbeatRequest Beat(const std::string& worker, const v1::ShardAssignment& a) {
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(worker);
+    v1::HeldLease* held = hb.add_leases();
+    held->set_job_id(a.job_id());
+    held->set_shard_id(a.shard_id());
+    held->set_lease_id(a.lease_id());
+    return hb;
+  }
+
   v1::ShardAssignment Acquire(const std::string& worker) {
     v1::AcquireShardRequest r;
     r.set_worker_id(worker);
@@ -402,12 +413,7 @@ TEST_F(CoordinatorTest, NoProgressPastTheBatchTimeoutReleasesTheLease) {
   core_->SubmitJob(spec).IgnoreError();
   const std::string w = Register("w");
   v1::ShardAssignment a = Acquire(w);
-  v1::HeartbeatRequest hb;
-  hb.set_worker_id(w);
-  v1::HeldLease* held = hb.add_leases();
-  held->set_job_id(a.job_id());
-  held->set_shard_id(a.shard_id());
-  held->set_lease_id(a.lease_id());
+  v1::HeartbeatRequest hb = Beat(w, a);
   for (int t = 0; t < 8; ++t) {  // 32 s of heartbeats: < 30 + 10.
     now_ += 4;
     ASSERT_TRUE(core_->Heartbeat(hb).ok());
@@ -558,12 +564,7 @@ TEST_F(CoordinatorTest, ModelErrorFailsTheJobAndRevokesLeases) {
   auto j = core_->GetJob(job->job_id());
   EXPECT_EQ(j->state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(j->error(), HasSubstr("[2, 10]"));
-  v1::HeartbeatRequest hb;
-  hb.set_worker_id(w);
-  v1::HeldLease* held = hb.add_leases();
-  held->set_job_id(a.job_id());
-  held->set_shard_id(a.shard_id());
-  held->set_lease_id(a.lease_id());
+  v1::HeartbeatRequest hb = Beat(w, a);
   EXPECT_EQ(core_->Heartbeat(hb)->revoked_size(), 1);
   EXPECT_FALSE(Acquire(w).has_spec());
   core_->RunFinalizers();
@@ -657,12 +658,7 @@ TEST_F(CoordinatorTest, WorkersAndTheirLeasesSurviveARestart) {
   EXPECT_EQ(core_->LeasesOutstanding(), 1);
   ASSERT_TRUE(core_->SaveHandoff(true).ok());
   Restart();
-  v1::HeartbeatRequest hb;
-  hb.set_worker_id(w);
-  v1::HeldLease* held = hb.add_leases();
-  held->set_job_id(a.job_id());
-  held->set_shard_id(a.shard_id());
-  held->set_lease_id(a.lease_id());
+  v1::HeartbeatRequest hb = Beat(w, a);
   auto beat = core_->Heartbeat(hb);
   ASSERT_TRUE(beat.ok());
   EXPECT_FALSE(beat->reregister());
@@ -686,12 +682,7 @@ TEST_F(CoordinatorTest, AHandedOverWorkerThatDoesNotComeBackLosesItsShardsWhole)
   v1::ShardAssignment b = Acquire(w2);
   EXPECT_NE(b.shard_id(), a.shard_id());
   now_ += 11;
-  v1::HeartbeatRequest hb;
-  hb.set_worker_id(w2);
-  v1::HeldLease* held = hb.add_leases();
-  held->set_job_id(b.job_id());
-  held->set_shard_id(b.shard_id());
-  held->set_lease_id(b.lease_id());
+  v1::HeartbeatRequest hb = Beat(w2, b);
   ASSERT_TRUE(core_->Heartbeat(hb).ok());
   core_->ExpireLeases();
   Complete(w2, b);
