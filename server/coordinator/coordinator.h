@@ -370,6 +370,9 @@ class Coordinator {
   // weighted fair share of the workers, an owner's jobs by priority, then share, then age.
   std::vector<std::string> LeaseOrderLocked(const std::string& worker_id, const WorkerEntry& worker) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same, given `on` = WorkersOnJobsLocked(worker_id) already computed.
+  std::vector<std::string> LeaseOrderLocked(const std::string& worker_id, const WorkerEntry& worker,
+                                            const std::map<std::string, int>& on) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers on each job now: leasing from it or holding its leases (by job id).
   std::map<std::string, int> WorkersOnJobsLocked(const std::string& except = "") const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Jobs with rows left to lease (not ended, pending shards): the candidates of fair share.

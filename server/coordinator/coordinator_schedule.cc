@@ -71,7 +71,11 @@ std::map<std::string, int> Coordinator::WorkersOnJobsLocked(const std::string& e
 }
 
 std::vector<std::string> Coordinator::LeaseOrderLocked(const std::string& worker_id, const WorkerEntry& worker) const {
-  const std::map<std::string, int> on = WorkersOnJobsLocked(worker_id);
+  return LeaseOrderLocked(worker_id, worker, WorkersOnJobsLocked(worker_id));
+}
+
+std::vector<std::string> Coordinator::LeaseOrderLocked(const std::string& worker_id, const WorkerEntry& worker,
+                                                       const std::map<std::string, int>& on) const {
   // Owners with rows to lease: their weights, workers and their jobs' top priority.
   std::map<std::string, double> weight;
   std::map<std::string, int> owner_workers, top_priority, top_jobs;
@@ -139,7 +143,7 @@ void Coordinator::FillScheduleLocked(const JobEntry& job, v1::Job* out) const {
   if (!WantsWorkersLocked(job) || assigned > 0) return;
   // Its place among the jobs that wait for a worker, in the order a free worker would take them.
   int position = 0;
-  for (const std::string& id : LeaseOrderLocked("", WorkerEntry())) {
+  for (const std::string& id : LeaseOrderLocked("", WorkerEntry(), on)) {
     if (on.count(id)) continue;
     ++position;
     if (id == job.record.job.job_id()) break;
