@@ -37,15 +37,42 @@ def stack_images(images):
     return _np.stack(images)
 
 
+_COPY_STREAMS = {}  # (device type, index) -> the side stream uploads run on
+
+
+def _copy_stream(torch, device):
+    key = (device.type, device.index)
+    stream = _COPY_STREAMS.get(key)
+    if stream is None:
+        stream = _COPY_STREAMS[key] = torch.cuda.Stream(device=device)
+    return stream
+
+
 def to_tensor(images, device="cpu", dtype=None):
     """The batch as one contiguous N x 3 x H x W torch tensor of values in [0, 1] on `device`, as the
     TorchScript backend feeds its models: one asynchronous upload of Tally's shared buffer
     (stack_images), then the layout change and the conversion on the device.
+
+    On a GPU the upload runs on a side stream of its own, so it overlaps the previous batch's forward
+    pass instead of queueing behind it on the model's stream (LRASPP on an H200: 25 MB a batch of 32,
+    about 1 ms of a 12 ms batch); the model's stream waits for it.
 
     Contiguous matters: `x.permute(0, 3, 1, 2)` alone is a channels-last tensor, and eager
     convolutions then run channels-last through the whole network (torchvision's LRASPP on an
     H100: 1662 img/s instead of 2292 for the same model fed NCHW). Needs torch."""
     import torch
 
-    x = torch.from_numpy(stack_images(images)).to(device, non_blocking=True)
+    host = torch.from_numpy(stack_images(images))
+    device = torch.device(device)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        side = _copy_stream(torch, device)
+        current = torch.cuda.current_stream(device)
+        with torch.cuda.stream(side):
+            x = host.to(device, non_blocking=True)
+        current.wait_stream(side)
+        x.record_stream(current)  # Its memory is not reused before the model's stream is done with it.
+    else:
+        x = host.to(device)
     return x.permute(0, 3, 1, 2).contiguous().to(dtype or torch.float32).div_(255.0)
