@@ -217,6 +217,17 @@ absl::StatusOr<bool> Worker::TakeRunner(const JobConfig& config, const v1::Shard
     Log("job ", a.job_id(), ": model loaded in ", absl::StrFormat("%.2f", NowUnix() - t0), " s");
   }
   idle_runner_key_.clear();
+  if (config.compile) {
+    // The first worker's --compile trial decides for every worker of the job (one set of kernels).
+    const std::string job_id = a.job_id();
+    evaluator->runner->SetCompileResolver([this, job_id](bool faster, const v1::CompileTrial& trial) -> absl::StatusOr<bool> {
+      v1::ResolveLayoutRequest request;
+      request.set_compile(faster ? "on" : "off");
+      *request.mutable_compile_trial() = trial;
+      ASSIGN_OR_RETURN(v1::ResolveLayoutResponse r, Resolve(job_id, std::move(request)));
+      return r.compile() == "on";
+    });
+  }
   return reused;
 }
 

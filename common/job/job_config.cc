@@ -319,6 +319,8 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   c.json_infinity_string = spec.json_infinity() == "string";
   c.python = spec.python();
   c.compile = spec.compile();
+  c.compile_resolved = spec.compile_resolved();
+  c.compile_trial = spec.compile_trial();
   for (const auto& [k, v] : spec.model_options()) c.model_options.emplace_back(k, v);
   std::sort(c.model_options.begin(), c.model_options.end());
   c.manifest_columns.assign(spec.manifest_columns().begin(), spec.manifest_columns().end());

@@ -339,6 +339,8 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& in, bool check_fi
   spec.clear_channels_last_trial();
   spec.clear_decode_resolved();
   spec.clear_decode_trial();
+  spec.clear_compile_resolved();
+  spec.clear_compile_trial();
   spec.clear_manifest_sha256();
   spec.clear_manifest_warnings();
   spec.clear_duplicate_id_rows();

@@ -96,7 +96,22 @@ def _is_tensor(x):
     return t is not None and isinstance(x, t.Tensor)
 
 
-def _gpu_stats(devices):
+_GPU_STATS = {"at": 0.0, "fresh": 0, "stats": []}
+
+
+def _gpu_stats(devices, cached=False):
+    """The devices' memory figures. cached=True (a steady batch's answer) reuses the last figures for
+    up to a second once a few batches have been answered fresh: torch's memory_stats builds a dict of
+    every allocator counter under the GIL, which the launching thread of a small model misses."""
+    now = time.monotonic()
+    if cached and _GPU_STATS["fresh"] >= 4 and now - _GPU_STATS["at"] < 1.0:
+        return _GPU_STATS["stats"]
+    stats = _gpu_stats_now(devices)
+    _GPU_STATS.update(at=now, fresh=_GPU_STATS["fresh"] + 1, stats=stats)
+    return stats
+
+
+def _gpu_stats_now(devices):
     torch = _torch()
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return []
@@ -311,34 +326,6 @@ def _cuda_ready():
     return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-def _compile(model, class_name):
-    """--compile: torch.compile the model's torch.nn.Module attributes (or hand the compile function
-    to the model's own `tally_compile(compile)`), static shapes. Returns (error or None, what was
-    compiled). Never falls back to eager: a torch without torch.compile is an error naming it."""
-    try:
-        import torch
-    except ImportError:
-        return "--compile needs torch (torch.compile), which the model's interpreter does not have", []
-    if not hasattr(torch, "compile"):
-        return ("--compile needs torch.compile (PyTorch 2.0 or newer), but the model's interpreter (%s) has torch %s: "
-                "run without --compile, or give --python an interpreter with torch 2" % (sys.executable, torch.__version__)), []
-
-    def compile_fn(module):
-        return torch.compile(module, dynamic=False)
-
-    hook = getattr(model, "tally_compile", None)
-    if callable(hook):
-        hook(compile_fn)
-        return None, ["tally_compile"]
-    names = sorted(n for n, v in vars(model).items() if isinstance(v, torch.nn.Module))
-    if not names:
-        return ("--compile found no torch.nn.Module attribute of %s to compile: keep the network in one "
-                "(self.net = ...), or define tally_compile(self, compile) to apply compile yourself" % class_name), []
-    for n in names:
-        setattr(model, n, compile_fn(getattr(model, n)))
-    return None, names
-
-
 class _Stub:
     def __init__(self, conn):
         self.conn = conn
@@ -350,6 +337,10 @@ class _Stub:
         # have landed, while this thread already launches the next batch (see serve()).
         self.answers = queue.Queue()
         self.times = collections.Counter()  # TALLY_STUB_PROFILE
+        self.download_streams = {}  # device index -> the side stream outputs come back on
+        self.compile_state = None  # --compile (tally.compile_trial)
+        self.request_id = 0  # The predict being served.
+        self.deferred = collections.deque()  # Requests read while waiting for a compile_decision.
         threading.Thread(target=self._answer_loop, daemon=True).start()
 
     def _answer_loop(self):
@@ -422,7 +413,9 @@ class _Stub:
             return {"op": "error", "error": "%s.num_classes is %d; expected 2..%d" % (class_name, num_classes, _MAX_CLASSES)}
         compiled = []
         if msg.get("compile"):
-            error, compiled = _compile(self.model, class_name)
+            from tally.compile_trial import make_switches
+
+            error, compiled, self.compile_state = make_switches(self.model, class_name, self._on_compile_trial)
             if error:
                 return {"op": "error", "error": error}
         return {
@@ -433,7 +426,18 @@ class _Stub:
             "gpus": _gpu_stats(self.devices),
         }
 
+    def _on_compile_trial(self, trial):
+        """--compile's trial ran (inside the model's first call): tells the worker and waits for the
+        job's choice, keeping the requests that arrive meanwhile for serve()."""
+        self.conn.write({"op": "compile_trial", "id": self.request_id, "trial": trial})
+        while True:
+            msg = self.conn.read()
+            if msg.get("op") == "compile_decision":
+                return bool(msg.get("compiled"))
+            self.deferred.append(msg)
+
     def predict(self, msg):
+        self.request_id = msg.get("id", 0)
         self._register()
         items = msg.get("items", [])
         images_mm = self.buffers[int(msg["image_buffer"])]
@@ -462,13 +466,15 @@ class _Stub:
                 self.times["predict()"] += time.perf_counter() - t0
                 if outs is None:
                     raise TypeError("predict returned None; it must return one output per image")
+                t0 = time.perf_counter()
                 batched = self._convert_batch(outs, items, out_mm)
+                self.times["convert outputs"] += time.perf_counter() - t0
                 if batched is not None:
                     rid = msg.get("id", 0)
 
                     def answer():
                         try:
-                            return {"op": "result", "id": rid, "outputs": batched(), "gpus": _gpu_stats(self.devices)}
+                            return {"op": "result", "id": rid, "outputs": batched(), "gpus": _gpu_stats(self.devices, cached=True)}
                         except Exception as e:  # A CUDA error surfacing at the synchronisation.
                             return {"op": "result", "id": rid, "error": _short("%s: %s" % (type(e).__name__, e))}
 
@@ -490,6 +496,7 @@ class _Stub:
 
     def predict_volume(self, msg):
         """One volume: C x D x H x W voxels (z, y, x), the row with its spacing (z, y, x) and affine."""
+        self.request_id = msg.get("id", 0)
         self._register()
         it = msg.get("items", [{}])[0]
         c, d, h, w = int(it.get("channels", 1)), int(it["depth"]), int(it["height"]), int(it["width"])
@@ -520,6 +527,12 @@ class _Stub:
             return {"op": "result", "id": msg.get("id", 0), "error": _short("%s: %s" % (name, e)), "oom": oom}
         return {"op": "result", "id": msg.get("id", 0), "outputs": [output], "gpus": _gpu_stats(self.devices)}
 
+    def _download_stream(self, torch, device):
+        stream = self.download_streams.get(device.index)
+        if stream is None:
+            stream = self.download_streams[device.index] = torch.cuda.Stream(device=device)
+        return stream
+
     def _convert_batch(self, outs, items, out_mm):
         """One N x C x H x W float tensor for a batch of one size: argmax and non-finite counts in one
         pass on the model's device. None when the output is anything else (converted per image)."""
@@ -535,15 +548,28 @@ class _Stub:
         nonfinite = (~torch.isfinite(t)).sum(dim=(1, 2, 3))
         labels = t.argmax(1).to(torch.int16)
         if t.is_cuda:
-            # Asynchronous: the copies go straight into the page-locked output buffer; the answer
-            # waits for an event, so the stub can start the next batch first (serve()).
+            # Asynchronous, on a side stream: the copies go straight into the page-locked output
+            # buffer while the model's stream goes on with the next batch; the answer waits for an
+            # event, so the stub can start the next batch first (serve()).
+            current = torch.cuda.current_stream(t.device)
+            side = self._download_stream(torch, t.device)
+            side.wait_stream(current)
             counts = torch.empty(n, dtype=torch.int64, pin_memory=True)
-            counts.copy_(nonfinite, non_blocking=True)
-            for i, it in enumerate(items):
-                dest = np.ndarray((h, w), np.int16, buffer=out_mm, offset=int(it.get("output_offset", 0)))
-                torch.from_numpy(dest).copy_(labels[i], non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
+            with torch.cuda.stream(side):
+                counts.copy_(nonfinite, non_blocking=True)
+                offsets = [int(it.get("output_offset", 0)) for it in items]
+                if all(o == offsets[0] + i * h * w * 2 for i, o in enumerate(offsets)):
+                    # Back to back in the buffer (a batch of one size): one copy.
+                    dest = np.ndarray((n, h, w), np.int16, buffer=out_mm, offset=offsets[0])
+                    torch.from_numpy(dest).copy_(labels, non_blocking=True)
+                else:
+                    for i, o in enumerate(offsets):
+                        dest = np.ndarray((h, w), np.int16, buffer=out_mm, offset=o)
+                        torch.from_numpy(dest).copy_(labels[i], non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(side)
+            labels.record_stream(side)
+            nonfinite.record_stream(side)
         else:
             counts = nonfinite
             for i, it in enumerate(items):
@@ -561,7 +587,7 @@ class _Stub:
         return finish
 
     def serve(self):
-        # TALLY_STUB_PROFILE=1: every 100 predict requests, where the stub's time went (reading
+        # TALLY_STUB_PROFILE=1: every 25 predict requests, where the stub's time went (reading
         # requests, inside the model's predict(), waiting for the GPU), to the worker's log.
         profile = os.environ.get("TALLY_STUB_PROFILE") == "1"
         times = self.times
@@ -569,14 +595,19 @@ class _Stub:
         while True:
             try:
                 t_read = time.perf_counter()
-                msg = self.conn.read()
+                msg = self.deferred.popleft() if self.deferred else self.conn.read()
                 times["read request"] += time.perf_counter() - t_read
                 if msg.get("op") == "predict":
                     requests += 1
-                    if profile and requests % 100 == 0:
+                    if requests == 1:
+                        cpu0, wall0 = time.thread_time(), time.perf_counter()
+                    if profile and requests % 25 == 0:
                         registered = sum(v is not None for v in self.registered.values())
-                        print("stub profile over %d requests (%d registered buffers): %s" % (requests, registered, ", ".join(
-                            "%s %.2f ms/request" % (k, 1000 * v / requests) for k, v in sorted(times.items()))), flush=True)
+                        busy = (time.thread_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
+                        print("stub profile over %d requests (%d registered buffers; this thread on a CPU %.0f %% of "
+                              "the time since the first): %s" % (requests, registered, 100 * busy, ", ".join(
+                                  "%s %.2f ms/request" % (k, 1000 * v / requests) for k, v in sorted(times.items()))),
+                              flush=True)
                 else:
                     # Buffers may be unmapped, the model replaced or the stub stopped: let every
                     # answer in flight land first.
@@ -595,6 +626,7 @@ class _Stub:
                 self._unregister(int(msg.get("buffer", 0)))
                 self.buffers.pop(int(msg.get("buffer", 0)), None)
             elif op == "init":
+                _GPU_STATS["fresh"] = 0
                 reply = self.init(msg)
                 reply["id"] = msg.get("id", 0)
                 self.conn.write(reply)
@@ -610,6 +642,10 @@ class _Stub:
             elif op == "predict_volume":
                 self.answers.join()  # Answers leave in request order.
                 self.conn.write(self.predict_volume(msg))
+            elif op == "compile_decision":
+                # The job's choice, for a model whose trial ran in an earlier job (a reused runner).
+                if self.compile_state is not None:
+                    self.compile_state.mode = "compiled" if msg.get("compiled") else "eager"
             elif op == "empty_cache":
                 torch = _torch()
                 if torch is not None and torch.cuda.is_available():
@@ -617,6 +653,7 @@ class _Stub:
             elif op == "reset_peak":
                 # tally estimate: the next batches' peak alone (after the answers in flight left).
                 self.answers.join()
+                _GPU_STATS["fresh"] = 0
                 torch = _torch()
                 if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
                     torch.cuda.empty_cache()

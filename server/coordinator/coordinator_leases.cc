@@ -388,7 +388,13 @@ absl::StatusOr<v1::ResolveLayoutResponse> Coordinator::ResolveLayout(const v1::R
   if (!decode.empty() && decode != "cpu" && decode != "gpu") {
     return absl::InvalidArgumentError("ResolveLayout: decode must be cpu or gpu");
   }
-  if (layout.empty() && decode.empty()) return absl::InvalidArgumentError("ResolveLayout: nothing proposed");
+  const std::string& compile = request.compile();
+  if (!compile.empty() && compile != "on" && compile != "off") {
+    return absl::InvalidArgumentError("ResolveLayout: compile must be on or off");
+  }
+  if (layout.empty() && decode.empty() && compile.empty()) {
+    return absl::InvalidArgumentError("ResolveLayout: nothing proposed");
+  }
   absl::MutexLock lock(&mu_);
   auto wit = workers_.find(request.worker_id());
   if (wit != workers_.end()) wit->second.last_seen = Now();
@@ -408,14 +414,23 @@ absl::StatusOr<v1::ResolveLayoutResponse> Coordinator::ResolveLayout(const v1::R
     Log("job ", request.job_id(), ": JPEG decoding on the ", decode, " (worker ", request.worker_id(),
         "'s trial: ", request.decode_trial(), ")");
   }
+  if (!compile.empty() && spec->compile_resolved().empty()) {
+    updated.set_compile_resolved(compile);
+    *updated.mutable_compile_trial() = request.compile_trial();
+    Log("job ", request.job_id(), ": --compile ", compile == "on" ? "kept" : "declined", " (worker ",
+        request.worker_id(), "'s trial: eager ", absl::StrFormat("%.2f", request.compile_trial().eager_ms()),
+        " ms, compiled ", absl::StrFormat("%.2f", request.compile_trial().compiled_ms()), " ms a batch)");
+  }
   if (updated.channels_last_resolved() != spec->channels_last_resolved() ||
-      updated.decode_resolved() != spec->decode_resolved()) {
+      updated.decode_resolved() != spec->decode_resolved() ||
+      updated.compile_resolved() != spec->compile_resolved()) {
     RETURN_IF_ERROR(store_->UpdateSpec(request.job_id(), updated));
     *spec = std::move(updated);
   }
   v1::ResolveLayoutResponse response;
   if (!layout.empty()) response.set_channels_last(spec->channels_last_resolved());
   if (!decode.empty()) response.set_decode(spec->decode_resolved());
+  if (!compile.empty()) response.set_compile(spec->compile_resolved());
   return response;
 }
 

@@ -57,6 +57,31 @@ void VolumeSettingsJson(const JobConfig& c, JsonWriter& w) {
   w.Field("keep_dtype", c.keep_dtype);
 }
 
+// --compile (Python models): whether the job ran compiled and the first worker's trial on its
+// first batch: both timings, the compile time and the inductor cache, and how far the compiled
+// outputs are from eager's (max |difference|, pixels whose argmax changed). null without --compile.
+void CompileJson(const JobConfig& c, JsonWriter& w) {
+  if (!c.compile) {
+    w.Key("compile").Null();
+    return;
+  }
+  const v1::CompileTrial& t = c.compile_trial;
+  w.Key("compile").BeginObject();
+  w.Field("mode", "on");
+  w.Field("ran", c.compile_resolved == "on" ? "compiled" : c.compile_resolved == "off" ? "eager (declined)" : "no trial ran");
+  w.Field("batch", static_cast<int64_t>(t.batch()));
+  w.Field("compile_seconds", t.compile_seconds());
+  w.Field("eager_ms_per_batch", t.eager_ms());
+  w.Field("compiled_ms_per_batch", t.compiled_ms());
+  w.Field("cache_hits", t.cache_hits());
+  w.Field("cache_misses", t.cache_misses());
+  w.Field("max_abs_diff", t.max_abs_diff());
+  w.Field("argmax_changed_pixels", t.argmax_changed());
+  w.Field("pixels", t.pixels());
+  w.Field("note", t.note());
+  w.EndObject();
+}
+
 // What only a 2D image model's run has: the memory layout and the JPEG decoder.
 void ImageModelSettingsJson(const JobConfig& c, JsonWriter& w) {
   // "auto" resolves to "on"/"off" by the first worker's timed trial (TorchScript on CUDA); it
@@ -68,6 +93,7 @@ void ImageModelSettingsJson(const JobConfig& c, JsonWriter& w) {
   w.Field("decode_mode", c.decode_mode);
   w.Field("decode", c.decode_ran());
   w.Field("decode_trial", c.decode_trial);
+  CompileJson(c, w);
 }
 void Strings(JsonWriter& w, const char* key, const google::protobuf::RepeatedPtrField<std::string>& values) {
   w.Key(key).BeginArray();

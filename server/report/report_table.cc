@@ -179,6 +179,19 @@ void AddRowChoice(const ReportData& d, Table* table) {
   add("shard size", d.record->shard_size > 0 ? absl::StrCat(d.record->shard_size) : std::string("as each part's"));
 }
 
+// --compile in one line: what ran and the first worker's trial.
+std::string CompileLine(const JobConfig& c) {
+  const v1::CompileTrial& t = c.compile_trial;
+  if (c.compile_resolved.empty()) return "on (no worker ran a trial)";
+  std::string line = absl::StrFormat(
+      "%s (trial on a batch of %d: eager %.1f ms, compiled %.1f ms; compiled in %.1f s, %d cached graphs reused; "
+      "against eager: max |difference| %.3g, argmax changed on %d of %d pixels)",
+      c.compile_resolved == "on" ? "compiled" : "declined, ran eager", t.batch(), t.eager_ms(), t.compiled_ms(),
+      t.compile_seconds(), t.cache_hits(), t.max_abs_diff(), t.argmax_changed(), t.pixels());
+  if (!t.note().empty()) absl::StrAppend(&line, "; ", t.note());
+  return line;
+}
+
 Table ParameterTable(const ReportData& d) {
   const JobConfig& c = d.config;
   const v1::JobSpec& spec = d.record->job.spec();
@@ -246,6 +259,7 @@ Table ParameterTable(const ReportData& d) {
       std::vector<std::string> options;
       for (const auto& [k, v] : c.model_options) options.push_back(absl::StrCat(k, "=", v));
       if (!options.empty()) add("model options", absl::StrJoin(options, " "));
+      if (c.compile) add("compile", CompileLine(c));
     }
   }
   AddRowChoice(d, &t);

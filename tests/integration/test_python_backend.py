@@ -197,6 +197,74 @@ class PythonBackendTest(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("is an AOTInductor package (.pt2), which needs LibTorch 2.6 or newer", p.stderr)
 
+    def test_compile_trial_keeps_or_declines_once_for_the_job(self):
+        # Debian's torch 1.13 has no torch.compile, so the model installs a stand-in: its "compiled"
+        # twin shifts the class-1 logit by +0.25 (a difference the trial must report) and sleeps
+        # `twin_delay` instead of the eager net's `delay`. A faster twin is kept and every row is
+        # scored from it; a slower one is declined and every row is eager's; 1 and 2 workers agree.
+        root = tt.tmpdir(self)
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(5), 12, [(8, 10)], classes=2)
+        model = write_model(root, "standin.py", """
+            import time
+            import numpy as np, torch
+
+            class Net(torch.nn.Module):
+                def __init__(self, delay, shift=0.0):
+                    super().__init__()
+                    self.delay, self.shift = delay, shift
+                def forward(self, x):
+                    time.sleep(self.delay)
+                    c1 = x[:, 0] - 0.5 + self.shift
+                    return torch.stack([torch.zeros_like(c1), c1], 1)
+
+            class Model:
+                num_classes = 2
+                def __init__(self, devices, options):
+                    twin = Net(float(options["twin_delay"]), 0.25)
+                    torch.compile = lambda module, dynamic=False: twin  # The stand-in.
+                    self.net = Net(float(options["delay"]))
+                def predict(self, images, rows):
+                    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 255
+                    return self.net(x)
+        """)
+        with open(manifest) as f:
+            rows = [line.split(",") for line in f.read().split()[1:]]
+
+        def expected_dice(shift):
+            want = []
+            for _, img, msk in rows:
+                red = np.asarray(Image.open(os.path.join(root, "data", img)))[..., 0]
+                c1 = red.astype(np.float32) / np.float32(255) - np.float32(0.5) + np.float32(shift)
+                pred = (c1 > 0).astype(np.uint8)  # The first maximum on ties: class 0.
+                ref = np.asarray(Image.open(os.path.join(root, "data", msk)))
+                want.append(tt.count_metrics(*tt.counts(pred, ref, 2)[1])["dice"])
+            return want
+
+        for name, delay, twin_delay, ran, shift in (("kept", 0.2, 0.0, "compiled", 0.25),
+                                                    ("declined", 0.0, 0.2, "eager (declined)", 0.0)):
+            outs = []
+            for workers in (1, 2):
+                out = os.path.join(root, f"{name}{workers}")
+                run(model, manifest, out, "--compile", "--batch-size", "4", "--workers", str(workers),
+                    "--model-option", f"delay={delay}", "--model-option", f"twin_delay={twin_delay}")
+                outs.append(out)
+                c = tt.read_report(out)["compile"]
+                self.assertEqual(c["ran"], ran, c)
+                self.assertEqual(c["batch"], 4)
+                self.assertEqual(c["pixels"], 4 * 8 * 10)
+                self.assertAlmostEqual(c["max_abs_diff"], 0.25, delta=1e-6)
+                self.assertGreater(c["argmax_changed_pixels"], 0)
+                self.assertLessEqual(c["argmax_changed_pixels"], c["pixels"])
+                faster, slower = sorted((c["eager_ms_per_batch"], c["compiled_ms_per_batch"]))
+                self.assertLess(faster, 100)
+                self.assertGreater(slower, 190)
+                with open(os.path.join(out, "summary.md")) as f:
+                    self.assertIn("compiled" if ran == "compiled" else "declined, ran eager", f.read())
+            self.assertTrue(tt.same_files(*outs))
+            got = {r["id"]: float(r["dice"]) for r in tt.read_per_image(outs[0]) if r["class"] == "1"}
+            for (rid, _, _), want in zip(rows, expected_dice(shift)):
+                self.assertTrue(tt.same(got[rid], want, 1e-12) or (math.isnan(want) and math.isnan(got[rid])), rid)
+
     def test_colour_segmenter_example_equals_the_torchscript_demo(self):
         root = tt.tmpdir(self)
         demo = os.path.join(tt.SRC, "examples", "demo")

@@ -28,8 +28,14 @@ namespace tally {
 
 
 namespace v1 {
+class CompileTrial;
 class ManifestRow;
 }  // namespace v1
+
+// --compile (Python models): given this worker's trial (compiled faster or not, and what it
+// measured), the job's choice, which the first worker's trial makes for every worker: true to run
+// compiled.
+using CompileResolver = std::function<absl::StatusOr<bool>(bool faster, const v1::CompileTrial& trial)>;
 
 struct ModelRunnerOptions {
   std::string model_path;
@@ -254,6 +260,10 @@ class ModelRunner {
   virtual std::string TrialLayout(const BatchSpec& /*batch*/, std::string* /*trial*/) { return ""; }
   // Runs the model channels-last (parameters and inputs) or not from the next Launch on.
   virtual void SetChannelsLast(bool /*on*/) {}
+  // --compile: how the job's choice between the compiled and the eager model is agreed (set per job,
+  // before its first Launch). A runner whose model already ran a trial (an earlier job's) proposes
+  // that trial at once and adopts the answer. Runners that do not compile ignore it.
+  virtual void SetCompileResolver(CompileResolver /*resolver*/) {}
   virtual bool ChannelsLast() const { return false; }
 
   // --channels-last auto beside the evaluation (worker/pipeline/pipeline.h): the caller goes on launching in

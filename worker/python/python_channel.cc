@@ -326,6 +326,48 @@ std::shared_ptr<Reply> Channel::Send(v1::StubRequest request) {
 
 void Channel::SendNoReply(const v1::StubRequest& request) { SendFrame(ToJson(request), -1); }
 
+void Channel::SetCompileResolver(CompileResolver resolver) {
+  v1::CompileTrial trial;
+  {
+    absl::MutexLock lock(&mu_);
+    compile_resolver_ = std::move(resolver);
+    if (!has_trial_ || !alive_) return;
+    trial = trial_;
+  }
+  DecideCompile(trial, true);
+}
+
+void Channel::DecideCompile(const v1::CompileTrial& trial, bool from_earlier_job) {
+  CompileResolver resolver;
+  {
+    absl::MutexLock lock(&mu_);
+    resolver = compile_resolver_;
+  }
+  bool compiled = trial.faster();
+  if (resolver) {
+    absl::StatusOr<bool> agreed = resolver(trial.faster(), trial);
+    if (agreed.ok()) {
+      compiled = *agreed;
+    } else {
+      Log("[model] --compile: cannot agree on the job's choice with the coordinator (", agreed.status().message(),
+          "); this worker keeps its own trial's");
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    has_trial_ = true;
+    trial_ = trial;
+  }
+  v1::StubRequest decision;
+  decision.set_op("compile_decision");
+  decision.set_compiled(compiled);
+  SendNoReply(decision);
+  Log("[model] --compile: ", compiled ? "compiled" : "eager (compiling declined)", " for this job (",
+      compiled == trial.faster() ? "" : "not ", "this worker's choice; ", from_earlier_job ? "an earlier job's " : "",
+      absl::StrFormat("trial: eager %.2f ms, compiled %.2f ms a batch of %d, compiled in %.1f s)", trial.eager_ms(),
+                      trial.compiled_ms(), trial.batch(), trial.compile_seconds()));
+}
+
 void Channel::ReaderLoop(int sock, pid_t pid) {
   std::string body;
   while (true) {
@@ -341,6 +383,10 @@ void Channel::ReaderLoop(int sock, pid_t pid) {
     if (!google::protobuf::util::JsonStringToMessage(body, &r, opts).ok()) {
       Log("[model] unreadable message from the model process; stopping it");
       break;
+    }
+    if (r.op() == "compile_trial") {  // The stub waits for the job's choice before it answers.
+      DecideCompile(r.trial(), false);
+      continue;
     }
     NoteGpus(r);
     std::shared_ptr<Reply> reply;
@@ -414,6 +460,7 @@ absl::Status Channel::Spawn() {
     sock_ = sv[0];
     pid_ = pid;
     alive_ = true;
+    has_trial_ = false;  // A new stub: a new trial on its first batch.
     buffers.assign(buffers_.begin(), buffers_.end());
   }
   reader_ = std::thread(&Channel::ReaderLoop, this, sv[0], pid);

@@ -86,6 +86,9 @@ class Channel {
     return gpus_;
   }
   void NoteGpus(const v1::StubResponse& r) ABSL_LOCKS_EXCLUDED(mu_);
+  // --compile: the stub's compile_trial is answered with the job's choice (ModelRunner::
+  // SetCompileResolver); with a trial already run by this stub, it is proposed at once.
+  void SetCompileResolver(CompileResolver resolver) ABSL_LOCKS_EXCLUDED(mu_);
   const ModelRunnerOptions& options() const { return options_; }
 
   // Output buffers outlive their batch in a small pool: a new buffer costs a memfd, a mapping on
@@ -102,6 +105,8 @@ class Channel {
   void SendMap(int64_t id, int fd, size_t size) ABSL_LOCKS_EXCLUDED(mu_);
   void SendExit() ABSL_LOCKS_EXCLUDED(mu_);
   void ReaderLoop(int sock, pid_t pid);
+  // Agrees the job's choice for `trial` (the resolver, else the trial's own) and tells the stub.
+  void DecideCompile(const v1::CompileTrial& trial, bool from_earlier_job) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ModelRunnerOptions options_;
   std::shared_ptr<OutputTail> output_;  // The current stub's (Spawn).
@@ -117,6 +122,9 @@ class Channel {
   std::map<int64_t, std::pair<int, size_t>> buffers_ ABSL_GUARDED_BY(mu_);  // id -> (fd, size).
   int64_t next_buffer_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<GpuUsage> gpus_ ABSL_GUARDED_BY(mu_);
+  CompileResolver compile_resolver_ ABSL_GUARDED_BY(mu_);
+  bool has_trial_ ABSL_GUARDED_BY(mu_) = false;  // This stub ran its trial (reset by a restart).
+  v1::CompileTrial trial_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> model_classes_{0};
   std::atomic<bool> probabilities_{false};
   absl::Mutex pool_mu_;

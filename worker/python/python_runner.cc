@@ -437,6 +437,10 @@ class PythonRunner final : public ModelRunner {
 
   absl::StatusOr<int> FindMaxBatch(int, int, double, int, int fallback) override { return fallback; }
 
+  void SetCompileResolver(CompileResolver resolver) override {
+    if (channel_->options().compile) channel_->SetCompileResolver(std::move(resolver));
+  }
+
   RunnerStats Stats() override {
     RunnerStats s;
     const std::vector<std::string>& devices = channel_->options().devices;
