@@ -45,7 +45,10 @@ print(json.dumps({"run": sys.argv[2], "images": r["images_evaluated"], "failed":
                   "wall_s": round(r["wall_seconds"], 3), "steady": round(sum(x["images_per_second"] for x in w), 1),
                   "wall_rate": round(r["images_per_second"], 1),
                   "first_batch_s": sorted(round(x["first_batch_seconds"], 3) for x in w),
-                  "decode_threads": [x.get("decode_threads") for x in w]}))
+                  "decode_threads": [x.get("decode_threads") for x in w],
+                  "compile": {k: r["compile"][k] for k in
+                              ("ran", "compile_seconds", "cache_hits", "eager_ms_per_batch", "compiled_ms_per_batch",
+                               "argmax_changed_pixels")} if r.get("compile") else None}))
 PY
 }
 

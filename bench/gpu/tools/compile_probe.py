@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Where a compiled model's start-up goes, and whether an AOTInductor package can be built here.
+
+  python3 bench/gpu/tools/compile_probe.py warm --arch deeplabv3 --precision bf16 [--megacache FILE]
+      torch.compile'd first call (dynamic=False, as Tally's --compile applies it) with the inductor
+      cache in $TORCHINDUCTOR_CACHE_DIR: seconds to the first output, dynamo's phase times, the FX
+      graph and AOTAutograd cache hits. --megacache FILE loads torch.compiler's cache artifacts from
+      FILE first when it exists, and saves them there after.
+  python3 bench/gpu/tools/compile_probe.py aoti --arch lraspp --precision fp32 --package FILE.pt2
+      torch.export + torch._inductor.aoti_compile_and_package, then aoti_load_package: the seconds of
+      each, the package's rate and its outputs against eager (faulthandler on: a crash prints its stack).
+
+One JSON line on stdout.
+"""
+import argparse
+import faulthandler
+import json
+import os
+import sys
+import time
+
+faulthandler.enable()
+
+import torch
+
+torch._C._set_print_stack_traces_on_fatal_signal(True)  # A native crash prints its C++ frames too.
+from torchvision.models.segmentation import deeplabv3_resnet50, lraspp_mobilenet_v3_large
+
+
+class Net(torch.nn.Module):
+    """The network's "out" as a plain tensor, under the job's precision (autocast inside)."""
+
+    def __init__(self, arch, precision):
+        super().__init__()
+        ctor = {"lraspp": lraspp_mobilenet_v3_large, "deeplabv3": deeplabv3_resnet50}[arch]
+        torch.manual_seed(0)
+        self.net = ctor(weights=None, weights_backbone=None, num_classes=2).eval()
+        self.bf16 = precision == "bf16"
+
+    def forward(self, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16):
+            return self.net(x)["out"]
+
+
+def rate(fn, x, iters=20):
+    with torch.no_grad():
+        for _ in range(5):
+            fn(x)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn(x)
+        torch.cuda.synchronize()
+    return x.shape[0] * iters / (time.perf_counter() - t0)
+
+
+def compare(ref, got):
+    return {"max_abs_diff": float((ref.float() - got.float()).abs().max()),
+            "argmax_changed": int((ref.argmax(1) != got.argmax(1)).sum()), "pixels": int(ref[:, 0].numel())}
+
+
+def warm(a, model, x):
+    out = {"mode": "warm", "arch": a.arch, "precision": a.precision}
+    if a.megacache and os.path.exists(a.megacache):
+        t0 = time.perf_counter()
+        with open(a.megacache, "rb") as f:
+            info = torch.compiler.load_cache_artifacts(f.read())
+        out["megacache_load_seconds"] = time.perf_counter() - t0
+        out["megacache_loaded"] = str(info)[:300]
+    compiled = torch.compile(model, dynamic=False)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        got = compiled(x)
+    torch.cuda.synchronize()
+    out["first_call_seconds"] = time.perf_counter() - t0
+    from torch._dynamo.utils import counters, compile_times
+    out["counters"] = {k: dict(v) for k, v in counters.items() if k in ("inductor", "aot_autograd", "dynamo_cache")}
+    out["compile_times"] = compile_times(repr="str", aggregate=True)[:1500] if callable(compile_times) else ""
+    with torch.no_grad():
+        out.update(compare(model(x), got))
+    out["compiled_images_per_second"] = rate(compiled, x)
+    if a.megacache and not os.path.exists(a.megacache):
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            with open(a.megacache, "wb") as f:
+                f.write(saved[0])
+            out["megacache_bytes"] = len(saved[0])
+    return out
+
+
+def aoti(a, model, x):
+    out = {"mode": "aoti", "arch": a.arch, "precision": a.precision}
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        ep = torch.export.export(model, (x,))
+    out["export_seconds"] = time.perf_counter() - t0
+    print("exported", flush=True, file=sys.stderr)
+    t0 = time.perf_counter()
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=a.package)
+    out["package_seconds"] = time.perf_counter() - t0
+    out["package_bytes"] = os.path.getsize(path)
+    print("packaged", path, flush=True, file=sys.stderr)
+    if a.steps:
+        import subprocess, zipfile
+        folder = a.package + ".d"
+        zipfile.ZipFile(path).extractall(folder)
+        sos = [os.path.join(r, f) for r, _, fs in os.walk(folder) for f in fs if f.endswith(".so")]
+        print("members:", [os.path.relpath(os.path.join(r, f), folder) for r, _, fs in os.walk(folder) for f in fs][:20],
+              file=sys.stderr, flush=True)
+        for so in sos:
+            print(subprocess.run(["ldd", so], capture_output=True, text=True).stdout, file=sys.stderr, flush=True)
+        import ctypes
+        # The crash (std::regex in the generated parse_device_str, through std::locale facets): the
+        # wrapper .so binds to its own copy of libstdc++'s locale code when loaded RTLD_DEEPBIND.
+        for so in sos:
+            ctypes.CDLL(so, mode=os.RTLD_NOW | os.RTLD_DEEPBIND)
+            print("dlopen (RTLD_DEEPBIND) ok:", so, file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        runner = torch._C._aoti.AOTIModelContainerRunnerCuda(sos[0], 1, "cuda", os.path.dirname(sos[0]))
+        print("container runner ok", file=sys.stderr, flush=True)
+        with torch.no_grad():
+            got = runner.run([x])[0]
+        torch.cuda.synchronize()
+        out["deepbind_load_and_first_call_seconds"] = time.perf_counter() - t0
+        with torch.no_grad():
+            out.update(compare(model(x), got))
+        out["package_images_per_second"] = rate(lambda t: runner.run([t])[0], x)
+        out["eager_images_per_second"] = rate(model, x)
+        return out
+    t0 = time.perf_counter()
+    loaded = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        got = loaded(x)
+    torch.cuda.synchronize()
+    out["load_and_first_call_seconds"] = time.perf_counter() - t0
+    with torch.no_grad():
+        out.update(compare(model(x), got))
+    out["package_images_per_second"] = rate(loaded, x)
+    out["eager_images_per_second"] = rate(model, x)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=("warm", "aoti"))
+    ap.add_argument("--arch", default="lraspp")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--megacache", default="")
+    ap.add_argument("--package", default="/tmp/model.pt2")
+    ap.add_argument("--steps", action="store_true", help="aoti: load the package's parts one by one first")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    model = Net(a.arch, a.precision).cuda()
+    x = torch.rand(a.batch, 3, 512, 512, device="cuda")
+    with torch.no_grad():
+        model(x)
+    torch.cuda.synchronize()
+    setup = time.perf_counter() - t0
+    out = warm(a, model, x) if a.mode == "warm" else aoti(a, model, x)
+    out["setup_seconds"] = setup
+    out["torch"] = torch.__version__
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
