@@ -20,7 +20,7 @@ const std::vector<std::string> kJob = {
     "spacing", "force_spacing", "num_classes", "regions", "nnunet_summary", "nsd_tolerance", "include_background",
     "precision", "channels_last", "decode", "max_memory", "max_image_pixels", "batch_timeout", "nonfinite", "ignore_index",
     "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction",
-    "json_infinity", "thumbnails", "save_predictions", "coco", "images", "masks", "mask_suffix", "shards", "image_ext", "mask_ext", "prediction_ext", "coco_results", "coco_panoptic", "panoptic_dir",
+    "json_infinity", "thumbnails", "save_predictions", "prediction_store", "coco", "images", "masks", "mask_suffix", "shards", "image_ext", "mask_ext", "prediction_ext", "coco_results", "coco_panoptic", "panoptic_dir",
     "panoptic_predictions", "panoptic_predictions_dir", "connectivity", "lesion_dilation", "lesion_min_volume",
     "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary", "priority", "compile"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",

@@ -285,6 +285,12 @@ absl::Status ReportFlags(const JobFlags& f, v1::JobSpec* spec) {
     }
     spec->set_save_predictions(AbsolutePath(f.save_predictions));
   }
+  if (!f.prediction_store.empty()) {
+    if (spec->model().empty()) {
+      return absl::InvalidArgumentError("--prediction-store is for jobs with a model (--model)");
+    }
+    spec->set_prediction_store(AbsolutePath(f.prediction_store));
+  }
   spec->set_nnunet_summary(f.nnunet_summary);
   spec->set_force_spacing(f.force_spacing);
   spec->set_name(f.name);

@@ -123,6 +123,9 @@ ABSL_FLAG(double, max_failed_fraction, 0,
 ABSL_FLAG(int, thumbnails, 5, "report.html: thumbnails of this many worst images per class (0-10; 0 = none)");
 ABSL_FLAG(std::string, save_predictions, "",
           "Models: write every predicted label map into this folder on the worker hosts, as <id>.png");
+ABSL_FLAG(std::string, prediction_store, "",
+          "Models: keep every row's prediction in this folder by (model, settings, input) digests, and score rows "
+          "found there without running the model (docs/prediction-store.md)");
 // COCO instance jobs (docs/instances.md "Instances").
 ABSL_FLAG(std::string, coco, "",
           "COCO instance annotations (instances.json): without --manifest, one row per image (with --images), scored "
@@ -228,6 +231,7 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.max_failed_fraction = absl::GetFlag(FLAGS_max_failed_fraction);
   f.thumbnails = absl::GetFlag(FLAGS_thumbnails);
   f.save_predictions = absl::GetFlag(FLAGS_save_predictions);
+  f.prediction_store = absl::GetFlag(FLAGS_prediction_store);
   f.coco = absl::GetFlag(FLAGS_coco);
   f.coco_images = absl::GetFlag(FLAGS_images);
   f.masks = absl::GetFlag(FLAGS_masks);

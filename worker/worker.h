@@ -145,6 +145,8 @@ class Worker {
     std::string job_id;
     std::string runner_key;                  // RunnerKey() of the runner's job: what it can be reused for.
     std::unique_ptr<ModelRunner> runner;     // Null for prediction jobs.
+    // --prediction-store: the job's runner in front of `runner` (worker/store/store_runner.h).
+    std::unique_ptr<ModelRunner> store_runner;
     std::unique_ptr<RowEvaluator> pipeline;  // Pipeline (model) or ScoringPipeline (predictions).
   };
   // Proposes this worker's trial for a job-wide "auto" choice (the request's channels_last and/or

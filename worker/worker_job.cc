@@ -34,6 +34,7 @@
 #include "common/process/subprocess.h"
 #include "worker/python/python_runner.h"
 #include "worker/scoring/scoring.h"
+#include "worker/store/store_runner.h"
 #include "worker/pipeline/memory_budget.h"
 #include "worker/worker_internal.h"
 #include "metrics/parallel_for.h"
@@ -58,18 +59,31 @@ absl::StatusOr<std::string> CheckModelAllowed(const ModelRef& model, const std::
 
 // The --save-predictions folder, created when missing, resolved (symlinks followed); with data
 // roots, only inside them.
-absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder) {
+absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder,
+                                                    const std::string& flag = "--save-predictions") {
   const DataRoots& roots = ProcessDataRoots();
-  if (!roots.Resolve(folder).ok()) return OutsideDataRootsError("--save-predictions", folder);
+  if (!roots.Resolve(folder).ok()) return OutsideDataRootsError(flag, folder);
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec || !std::filesystem::is_directory(folder)) {
-    return absl::PermissionDeniedError(absl::StrCat("--save-predictions '", folder, "': cannot create the folder",
+    return absl::PermissionDeniedError(absl::StrCat(flag, " '", folder, "': cannot create the folder",
                                                     ec ? absl::StrCat(" (", ec.message(), ")") : std::string()));
   }
   absl::StatusOr<std::string> resolved = roots.Resolve(folder);
-  if (!resolved.ok()) return OutsideDataRootsError("--save-predictions", folder);
+  if (!resolved.ok()) return OutsideDataRootsError(flag, folder);
   return roots.empty() ? std::filesystem::canonical(folder, ec).string() : *resolved;
+}
+
+// --prediction-store: the job's runner in front of the model's (worker/store/store_runner.h).
+absl::StatusOr<std::unique_ptr<ModelRunner>> StoreRunnerFor(const JobConfig& config, const std::string& model_sha256,
+                                                            int batch_size, ModelRunner* runner) {
+  StoreRunnerOptions so;
+  ASSIGN_OR_RETURN(so.root, PreparePredictionFolder(config.prediction_store, "--prediction-store"));
+  ASSIGN_OR_RETURN(so.model_digest, PredictionModelDigest(config, model_sha256));
+  so.settings_digest = PredictionSettingsDigest(config, *runner, batch_size);
+  so.columns_are_input = config.python_model();
+  so.columns = config.manifest_columns;
+  return WrapWithStore(runner, std::move(so));
 }
 
 }  // namespace
@@ -346,7 +360,13 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     po.expected_rows = a.expected_rows();
     po.coco = coco;
     po.instance_job = config.instance_job();
-    evaluator->pipeline = std::make_unique<Pipeline>(evaluator->runner.get(), po, on_result, on_fatal, on_timeout);
+    ModelRunner* runner = evaluator->runner.get();
+    if (!config.prediction_store.empty() && !config.instance_job() && config.thresholds.empty() && !config.compile) {
+      ASSIGN_OR_RETURN(evaluator->store_runner, StoreRunnerFor(config, a.spec().model_sha256(), po.batch_size, runner));
+      runner = evaluator->store_runner.get();
+      Log("job ", job_id, ": predictions kept in and taken from ", config.prediction_store);
+    }
+    evaluator->pipeline = std::make_unique<Pipeline>(runner, po, on_result, on_fatal, on_timeout);
   }
   absl::MutexLock lock(&mu_);
   evaluator_ = std::move(evaluator);

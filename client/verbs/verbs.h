@@ -36,6 +36,7 @@ struct JobFlags {
   double max_failed_fraction = 0;
   int thumbnails = 5;
   std::string save_predictions;
+  std::string prediction_store;
   std::string coco, coco_images, coco_results;  // COCO jobs (docs/instances.md "Instances").
   // docs/data.md "Where your data can be": two folders (--images = coco_images, --masks), tar shards.
   std::string masks, mask_suffix, shards, image_ext, mask_ext, prediction_ext;

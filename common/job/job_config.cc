@@ -194,6 +194,15 @@ absl::Status ReadReportSettings(const v1::JobSpec& spec, JobConfig* c) {
   if (c->thumbnails < 0 || c->thumbnails > kMaxThumbnails) {
     return absl::InvalidArgumentError(absl::StrCat("thumbnails ", c->thumbnails, " is not in 0..", kMaxThumbnails));
   }
+  c->prediction_store = spec.prediction_store();
+  if (!c->prediction_store.empty()) {
+    if (c->predictions()) {
+      return absl::InvalidArgumentError("prediction_store is for jobs with a model");
+    }
+    if (c->prediction_store[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat("prediction_store '", c->prediction_store, "' is not an absolute path"));
+    }
+  }
   c->save_predictions = spec.save_predictions();
   if (!c->save_predictions.empty()) {
     if (c->predictions()) {

@@ -110,6 +110,7 @@ struct JobConfig {
   bool compile = false;                          // Python models: torch.compile (JobSpec.compile).
   std::string compile_resolved;                  // "on" | "off" (declined) once a worker's trial ran.
   v1::CompileTrial compile_trial;                // What that trial measured.
+  std::string prediction_store;                  // Absolute folder, or empty (JobSpec.prediction_store).
   std::vector<std::string> manifest_columns;     // Extra manifest columns the rows carry.
   bool python_model() const { return ParseModelRef(model).python; }
   // Single-score outputs: the count metrics at each of these thresholds too (sorted, in (0, 1)).

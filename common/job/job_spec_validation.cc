@@ -29,7 +29,8 @@ absl::Status CheckSizes(const v1::JobSpec& spec) {
   }
   for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"model", &spec.model()},
                                      {"manifest", &spec.manifest()},
-                                     {"save_predictions", &spec.save_predictions()}}) {
+                                     {"save_predictions", &spec.save_predictions()},
+                                     {"prediction_store", &spec.prediction_store()}}) {
     if (value->size() > kMaxPathBytes) {
       return absl::InvalidArgumentError(absl::StrCat("job spec: '", field, "' is ", value->size(),
                                                      " bytes; the limit is ", kMaxPathBytes));
@@ -136,6 +137,9 @@ absl::Status Canonicalise(v1::JobSpec* spec, bool check_files) {
   // Workers write there: with data roots, only inside them (checked again where the files are written).
   if (check_files && !config->save_predictions.empty() && !ProcessDataRoots().Resolve(config->save_predictions).ok()) {
     return OutsideDataRootsError("save_predictions", config->save_predictions);
+  }
+  if (check_files && !config->prediction_store.empty() && !ProcessDataRoots().Resolve(config->prediction_store).ok()) {
+    return OutsideDataRootsError("prediction_store", config->prediction_store);
   }
   return absl::OkStatus();
 }

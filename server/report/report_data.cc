@@ -342,6 +342,7 @@ void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& 
   }
   const v1::ImageResult& r = *rp;
   ++d_.evaluated;
+  if (r.from_store()) ++d_.from_store;
   // A second of slack for the clocks of the file server and tallyd's host.
   if (submitted_ns_ > 0 && r.inputs().modified_ns() > submitted_ns_ + 1'000'000'000) {
     ++d_.inputs_modified;
@@ -373,6 +374,7 @@ void ReportAccumulator::Merge(ReportAccumulator* other) {
   d_.failures.insert(d_.failures.end(), other->d_.failures.begin(), other->d_.failures.end());
   d_.failed += other->d_.failed;
   d_.evaluated += other->d_.evaluated;
+  d_.from_store += other->d_.from_store;
   d_.nonfinite_images += other->d_.nonfinite_images;
   d_.nonfinite_values += other->d_.nonfinite_values;
   d_.inputs_modified += other->d_.inputs_modified;

@@ -51,6 +51,7 @@ struct ReportData {
   std::vector<WorkerRecord> workers;
   int64_t evaluated = 0;
   int64_t failed = 0;
+  int64_t from_store = 0;  // Evaluated rows scored from the prediction store (ImageResult.from_store).
   int64_t nonfinite_images = 0;  // Evaluated images whose model output had NaN/Inf (--nonfinite warn).
   int64_t nonfinite_values = 0;
   // Evaluated rows read from a file modified after the job was submitted (InputDigests.modified_ns

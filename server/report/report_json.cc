@@ -221,6 +221,14 @@ void RowsJson(const ReportData& d, int64_t missing, JsonWriter& w) {
   const v1::Job& job = d.record->job;
   w.Field("images_total", job.images_total());
   w.Field("images_evaluated", d.evaluated);
+  // --prediction-store: the folder, and how many evaluated rows were scored from it (no model run).
+  const std::string& store = d.record->job.spec().prediction_store();
+  if (store.empty()) {
+    w.Key("prediction_store").Null();
+  } else {
+    w.Field("prediction_store", store);
+  }
+  w.Field("rows_from_store", d.from_store);
   w.Field("images_failed", d.failed);
   w.Field("images_missing", missing);
   w.Field("nonfinite_images", d.nonfinite_images);

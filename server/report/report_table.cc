@@ -179,6 +179,16 @@ void AddRowChoice(const ReportData& d, Table* table) {
   add("shard size", d.record->shard_size > 0 ? absl::StrCat(d.record->shard_size) : std::string("as each part's"));
 }
 
+std::string ModelOptionsLine(const JobConfig& c) {
+  std::vector<std::string> options;
+  for (const auto& [k, v] : c.model_options) options.push_back(absl::StrCat(k, "=", v));
+  return absl::StrJoin(options, " ");
+}
+
+std::string StoreLine(const ReportData& d) {
+  return absl::StrCat(d.config.prediction_store, " (", d.from_store, " of ", d.evaluated, " rows from it)");
+}
+
 // --compile in one line: what ran and the first worker's trial.
 std::string CompileLine(const JobConfig& c) {
   const v1::CompileTrial& t = c.compile_trial;
@@ -256,9 +266,7 @@ Table ParameterTable(const ReportData& d) {
     add("non-finite outputs", std::string(NonfiniteName(c.nonfinite)));
     if (c.python_model()) {
       add("python", c.python.empty() ? "python3" : c.python, true);
-      std::vector<std::string> options;
-      for (const auto& [k, v] : c.model_options) options.push_back(absl::StrCat(k, "=", v));
-      if (!options.empty()) add("model options", absl::StrJoin(options, " "));
+      if (!c.model_options.empty()) add("model options", ModelOptionsLine(c));
       if (c.compile) add("compile", CompileLine(c));
     }
   }
@@ -266,6 +274,7 @@ Table ParameterTable(const ReportData& d) {
   add("max failed fraction", absl::StrCat(c.max_failed_fraction));
   add("thumbnails", absl::StrCat(c.thumbnails));
   if (!c.save_predictions.empty()) add("save predictions", c.save_predictions, true);
+  if (!c.prediction_store.empty()) add("prediction store", StoreLine(d), true);
   std::vector<std::string> labels;
   for (const auto& [k, v] : spec.labels()) labels.push_back(absl::StrCat(k, "=", v));
   std::sort(labels.begin(), labels.end());

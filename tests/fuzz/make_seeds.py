@@ -236,7 +236,24 @@ def tar_seeds():
     tar("pax.tar.gz", mode="w:gz", fmt=tarfile.PAX_FORMAT)
 
 
+def store_entry_seeds():
+    """Prediction store entries (common/store/prediction_store.h's layout), one or two bytes a label;
+    the first byte is the row's size for the target (low nibble height - 1, high nibble width - 1)."""
+    import struct
+    import zlib
+
+    for name, h, w, k, width_bytes in (("bytes.tps", 3, 5, 3, 1), ("words.tps", 4, 2, 300, 2)):
+        labels = [(i * 7) % k for i in range(h * w)]
+        raw = b"".join(struct.pack("<B" if width_bytes == 1 else "<H", v) for v in labels)
+        c = zlib.compressobj(1, zlib.DEFLATED, -15)
+        payload = c.compress(raw) + c.flush()
+        header = b"TALLYPS1" + struct.pack("<IIIIII", 96, width_bytes, h, w, k, 0) + struct.pack("<qQ", 2, len(payload))
+        header += bytes(16) + bytes(32)  # Digests: not checked by the fuzz build.
+        save("store_entry", name, bytes([(h - 1) | ((w - 1) << 4)]) + header + payload)
+
+
 if __name__ == "__main__":
     main()
     format_seeds()
     tar_seeds()
+    store_entry_seeds()

@@ -36,12 +36,12 @@ EXCEPTION_MARK = "reads better whole"
 # The top-level layers: a folder includes only from its own layer's folder or a lower layer.
 LAYERS = {"base": 0, "metrics": 1, "common": 2, "server": 3, "worker": 3, "client": 3}
 COMMON = ["base", "metrics", "common/security", "common/process", "common/formats", "common/coco",
-          "common/sources", "common/job"]
+          "common/sources", "common/job", "common/store"]
 # Folder -> the folders its files may include from (besides its own). proto/ is everyone's.
 # server/ and worker/ are cut by what they do; within each, includes point one way (a folder never
 # includes one listed after it, and the process's wiring at the top may include every part):
 #   server: store <- report <- coordinator <- access <- http <- server/ (main, services)
-#   worker: interfaces <- scoring <- pipeline, torch, python <- worker/ (main, control plane)
+#   worker: interfaces <- scoring <- pipeline, torch, python, store <- worker/ (main, control plane)
 ALLOWED = {
     "base": [],
     "metrics": ["base"],
@@ -52,6 +52,7 @@ ALLOWED = {
     "common/coco": ["base", "common/security", "common/formats", "metrics"],
     "common/sources": ["base", "common/security", "common/formats", "common/coco", "metrics"],
     "common/job": ["base", "common/security", "common/formats", "common/coco", "common/sources", "metrics"],
+    "common/store": ["base", "common/security"],
     "server/store": COMMON,
     "server/report": COMMON + ["server/store"],
     "server/coordinator": COMMON + ["server/store", "server/report"],
@@ -63,8 +64,9 @@ ALLOWED = {
     "worker/pipeline": COMMON + ["worker/interfaces", "worker/scoring"],
     "worker/torch": COMMON + ["metrics/gpu", "worker/interfaces"],
     "worker/python": COMMON + ["worker/interfaces"],
+    "worker/store": COMMON + ["worker/interfaces"],
     "worker": COMMON + ["metrics/gpu", "worker/interfaces", "worker/scoring", "worker/pipeline", "worker/torch",
-                        "worker/python"],
+                        "worker/python", "worker/store"],
     "client": ["client/verbs"] + COMMON,
     "client/verbs": ["client"] + COMMON,
 }

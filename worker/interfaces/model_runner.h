@@ -143,6 +143,8 @@ struct BatchSpec {
   // large an image), PendingBatch::surface is null and the labels come to the host as with
   // want_labels, so the caller computes them itself.
   SurfaceRequest surface;
+  // JPEG images of this batch were decoded on the GPU (nvJPEG): their pixels differ from libjpeg's.
+  bool decoded_on_gpu = false;
 };
 
 class PendingBatch {
@@ -181,6 +183,8 @@ class PendingBatch {
   // decoded; null for other outputs. labels(i) is then their semantic label map
   // (common/coco/coco_masks.h PaintCocoLabels).
   virtual const std::vector<CocoInstance>* instances(int /*i*/) const { return nullptr; }
+  // Image i was scored from the prediction store: the model did not run on it.
+  virtual bool from_store(int /*i*/) const { return false; }
 };
 
 struct GpuUsage {

@@ -356,6 +356,7 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
       continue;
     }
     r.set_nonfinite(pending->nonfinite(static_cast<int>(j)));
+    r.set_from_store(pending->from_store(static_cast<int>(j)));
     FillCounts(*batch, pending, i, j, &r);
     if (absl::Status s = EvaluateInstances(*batch, i, pending->instances(static_cast<int>(j)), &r); !s.ok()) {
       v1::ImageResult failed;

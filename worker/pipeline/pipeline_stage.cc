@@ -47,6 +47,7 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
     absl::MutexLock lock(&mu_);
     last_image_bytes_ = image_bytes;
     last_mask_bytes_ = mask_words * 2;
+    spec->decoded_on_gpu = gpu_decode_;
   }
   spec->images = slot->images.get();
   spec->masks = slot->masks.get();

@@ -192,8 +192,14 @@ absl::StatusOr<TorchRunner::Groups> TorchRunner::HostGroups(const BatchSpec& bat
   }
   Groups g;
   g.n = static_cast<int64_t>(batch.items.size());
-  for (const BatchImage& it : batch.items) {
-    g.uniform &= it.height == batch.items[0].height && it.width == batch.items[0].width;
+  // One size, back to back in the buffers (a batch the pipeline staged; the prediction store's
+  // rows left to the model may leave gaps).
+  const BatchImage& first = batch.items[0];
+  const size_t pixels = static_cast<size_t>(first.height) * first.width;
+  for (size_t i = 0; i < batch.items.size(); ++i) {
+    const BatchImage& it = batch.items[i];
+    g.uniform &= it.height == first.height && it.width == first.width &&
+                 it.image_offset == first.image_offset + i * pixels * 3 && it.mask_offset == first.mask_offset + i * pixels;
   }
   const at::Tensor mask_words = masks->tensor().view(at::kShort);
   auto host_image = [&](const BatchImage& it, int64_t count) {

@@ -1,0 +1,204 @@
+#include "common/store/prediction_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "common/security/sha256.h"
+#include "libdeflate.h"
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace tally {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'A', 'L', 'L', 'Y', 'P', 'S', '1'};
+constexpr size_t kHeaderBytes = 96;
+// The largest label map an entry may hold: the decoders' own pixel limit's order (2^28 pixels).
+constexpr int64_t kMaxPixels = int64_t{1} << 28;
+
+void Put32(std::string* out, size_t at, uint32_t v) {
+  for (int i = 0; i < 4; ++i) (*out)[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+void Put64(std::string* out, size_t at, uint64_t v) {
+  for (int i = 0; i < 8; ++i) (*out)[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+uint32_t Get32(const std::string& in, size_t at) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(in[at + i]);
+  return v;
+}
+uint64_t Get64(const std::string& in, size_t at) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(in[at + i]);
+  return v;
+}
+
+std::string KeyDigest(const StoreKey& key) {
+  const auto d = Sha256(absl::StrCat("tally-store-v1", std::string(1, '\0'), key.model, std::string(1, '\0'),
+                                     key.settings, std::string(1, '\0'), key.input));
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+}
+
+// The labels as the entry's raw bytes: one byte a label when the classes fit, else two (LE).
+std::string RawLabels(const StoredPrediction& p, uint32_t label_bytes) {
+  std::string raw(p.labels.size() * label_bytes, '\0');
+  for (size_t i = 0; i < p.labels.size(); ++i) {
+    raw[i * label_bytes] = static_cast<char>(p.labels[i] & 0xFF);
+    if (label_bytes == 2) raw[i * 2 + 1] = static_cast<char>(p.labels[i] >> 8);
+  }
+  return raw;
+}
+
+// XXH128 of `bytes`, its 16 canonical (big-endian) bytes: as common/sources/row_files.h digests inputs.
+std::string Digest128(const std::string& bytes) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits(bytes.data(), bytes.size()));
+  return std::string(reinterpret_cast<const char*>(c.digest), sizeof(c.digest));
+}
+
+bool IsHex(const std::string& s) {
+  if (s.size() < 16) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string PredictionStore::EntryPath(const StoreKey& key) const {
+  return absl::StrCat(root_, "/v1/", key.model.substr(0, 16), "/", key.settings.substr(0, 16), "/",
+                      key.input.substr(0, 2), "/", key.input, ".tps");
+}
+
+std::string EncodeStoreEntry(const StoreKey& key, const StoredPrediction& p) {
+  const uint32_t label_bytes = p.classes <= 256 ? 1 : 2;
+  const std::string raw = RawLabels(p, label_bytes);
+  libdeflate_compressor* c = libdeflate_alloc_compressor(1);
+  std::string payload(libdeflate_deflate_compress_bound(c, raw.size()), '\0');
+  const size_t n = libdeflate_deflate_compress(c, raw.data(), raw.size(), payload.data(), payload.size());
+  libdeflate_free_compressor(c);
+  payload.resize(n);
+  std::string out(kHeaderBytes, '\0');
+  std::memcpy(out.data(), kMagic, 8);
+  Put32(&out, 8, kHeaderBytes);
+  Put32(&out, 12, label_bytes);
+  Put32(&out, 16, static_cast<uint32_t>(p.height));
+  Put32(&out, 20, static_cast<uint32_t>(p.width));
+  Put32(&out, 24, static_cast<uint32_t>(p.classes));
+  Put64(&out, 32, static_cast<uint64_t>(p.nonfinite));
+  Put64(&out, 40, payload.size());
+  const std::string digest = Digest128(raw);
+  std::memcpy(out.data() + 48, digest.data(), 16);
+  const std::string k = KeyDigest(key);
+  std::memcpy(out.data() + 64, k.data(), 32);
+  out += payload;
+  return out;
+}
+
+absl::StatusOr<StoredPrediction> DecodeStoreEntry(const std::string& bytes, const StoreKey& key, int height,
+                                                  int width) {
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 8) != 0 || Get32(bytes, 8) != kHeaderBytes) {
+    return absl::DataLossError("not a Tally prediction store entry (its header is missing or foreign)");
+  }
+  StoredPrediction p;
+  const uint32_t label_bytes = Get32(bytes, 12);
+  p.height = static_cast<int>(Get32(bytes, 16));
+  p.width = static_cast<int>(Get32(bytes, 20));
+  p.classes = static_cast<int>(Get32(bytes, 24));
+  p.nonfinite = static_cast<int64_t>(Get64(bytes, 32));
+  const uint64_t payload = Get64(bytes, 40);
+#ifndef TALLY_FUZZING  // Digests do not stop mutated inputs.
+  if (bytes.compare(64, 32, KeyDigest(key)) != 0) return absl::DataLossError("the entry is another row's (its key differs)");
+#endif
+  if (p.height != height || p.width != width) {
+    return absl::DataLossError(absl::StrCat("the entry is ", p.height, "x", p.width, ", the row's mask ", height, "x", width));
+  }
+  const int64_t pixels = static_cast<int64_t>(height) * width;
+  if (height <= 0 || width <= 0 || pixels > kMaxPixels || (label_bytes != 1 && label_bytes != 2) || p.classes < 2 ||
+      p.classes > 65535 || (label_bytes == 1 && p.classes > 256) || p.nonfinite < 0) {
+    return absl::DataLossError("the entry's header is out of range");
+  }
+  const size_t raw_size = static_cast<size_t>(pixels) * label_bytes;
+  if (payload != bytes.size() - kHeaderBytes || payload > raw_size + raw_size / 2 + 4096) {
+    return absl::DataLossError(absl::StrCat("the entry holds ", bytes.size() - kHeaderBytes, " payload bytes, its header says ",
+                                            payload, " (truncated or overwritten)"));
+  }
+  std::string raw(raw_size, '\0');
+  libdeflate_decompressor* d = libdeflate_alloc_decompressor();
+  size_t got = 0;
+  const libdeflate_result r =
+      libdeflate_deflate_decompress(d, bytes.data() + kHeaderBytes, payload, raw.data(), raw.size(), &got);
+  libdeflate_free_decompressor(d);
+  if (r != LIBDEFLATE_SUCCESS || got != raw_size) return absl::DataLossError("the entry's labels do not inflate to the row's size");
+#ifndef TALLY_FUZZING
+  if (Digest128(raw).compare(0, 16, bytes, 48, 16) != 0) return absl::DataLossError("the entry's labels do not match its digest");
+#endif
+  p.labels.resize(static_cast<size_t>(pixels));
+  for (size_t i = 0; i < p.labels.size(); ++i) {
+    const uint16_t v = label_bytes == 1 ? static_cast<uint8_t>(raw[i])
+                                        : static_cast<uint16_t>(static_cast<uint8_t>(raw[2 * i]) |
+                                                                (static_cast<uint8_t>(raw[2 * i + 1]) << 8));
+    if (v >= p.classes) return absl::DataLossError(absl::StrCat("the entry holds label ", v, " of ", p.classes, " classes"));
+    p.labels[i] = v;
+  }
+  return p;
+}
+
+absl::StatusOr<StoredPrediction> PredictionStore::Read(const StoreKey& key, int height, int width) const {
+  if (!IsHex(key.model) || !IsHex(key.settings) || !IsHex(key.input)) return absl::InvalidArgumentError("store key: not hex");
+  const std::string path = EntryPath(key);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return absl::NotFoundError(path);
+  const int64_t pixels = static_cast<int64_t>(height) * width;
+  // Held to the most a row of this size can take before it is read: 2 bytes a pixel, DEFLATE's bound.
+  if (!S_ISREG(st.st_mode) || st.st_size > static_cast<int64_t>(kHeaderBytes) + 3 * pixels + 4096 || pixels > kMaxPixels) {
+    return absl::DataLossError(absl::StrCat(path, ": ", st.st_size, " bytes, more than a ", height, "x", width, " entry holds"));
+  }
+  absl::StatusOr<std::string> bytes = ReadFileToString(path);
+  if (!bytes.ok()) return absl::NotFoundError(path);  // Gone meanwhile (gc, a concurrent writer's rename).
+  absl::StatusOr<StoredPrediction> p = DecodeStoreEntry(*bytes, key, height, width);
+  if (!p.ok()) return absl::DataLossError(absl::StrCat(path, ": ", p.status().message()));
+  return p;
+}
+
+absl::Status PredictionStore::Write(const StoreKey& key, const StoredPrediction& prediction) const {
+  if (!IsHex(key.model) || !IsHex(key.settings) || !IsHex(key.input)) return absl::InvalidArgumentError("store key: not hex");
+  const std::string path = EntryPath(key);
+  RETURN_IF_ERROR(MakeDirs(path.substr(0, path.rfind('/'))));
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", std::hash<std::thread::id>()(std::this_thread::get_id()),
+                                       ".", counter.fetch_add(1));
+  const std::string bytes = EncodeStoreEntry(key, prediction);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      close(fd);
+      unlink(tmp.c_str());
+      return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(e)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (close(fd) != 0 || rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    unlink(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(e)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tally

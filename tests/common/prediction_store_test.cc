@@ -1,0 +1,133 @@
+// The prediction store's entries (common/store/prediction_store.h): what goes in comes out, and an
+// entry that is not the row's own, whole and intact is refused (DATA_LOSS) before it is scored.
+#include "common/store/prediction_store.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/file_util.h"
+#include "gtest/gtest.h"
+
+namespace tally {
+namespace {
+
+StoreKey Key(const std::string& input = "00112233445566778899aabbccddeeff") {
+  return {std::string(64, 'a'), std::string(64, 'b'), input};
+}
+
+StoredPrediction Labels(int h, int w, int k, uint32_t seed) {
+  StoredPrediction p;
+  p.height = h;
+  p.width = w;
+  p.classes = k;
+  p.nonfinite = 7;
+  p.labels.resize(static_cast<size_t>(h) * w);
+  for (size_t i = 0; i < p.labels.size(); ++i) {
+    seed = seed * 1103515245u + 12345u;
+    p.labels[i] = static_cast<uint16_t>((seed >> 16) % static_cast<uint32_t>(k));
+  }
+  return p;
+}
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/tally-store-XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+TEST(PredictionStoreTest, EntriesRoundTripInOneAndTwoBytesALabel) {
+  for (int k : {2, 256, 257, 4096}) {
+    const StoredPrediction p = Labels(13, 17, k, 5);
+    const std::string bytes = EncodeStoreEntry(Key(), p);
+    EXPECT_EQ(bytes.compare(0, 8, "TALLYPS1"), 0);
+    EXPECT_EQ(static_cast<uint8_t>(bytes[12]), k <= 256 ? 1 : 2);
+    absl::StatusOr<StoredPrediction> got = DecodeStoreEntry(bytes, Key(), 13, 17);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->labels, p.labels);
+    EXPECT_EQ(got->classes, k);
+    EXPECT_EQ(got->nonfinite, 7);
+  }
+}
+
+TEST(PredictionStoreTest, AnEntryThatIsNotTheRowsOwnWholeAndIntactIsRefused) {
+  const StoredPrediction p = Labels(9, 11, 3, 1);
+  const std::string bytes = EncodeStoreEntry(Key(), p);
+  auto refused = [](const absl::StatusOr<StoredPrediction>& r) { return absl::IsDataLoss(r.status()); };
+  EXPECT_TRUE(refused(DecodeStoreEntry(bytes, Key("ffffffffffffffffffffffffffffffff"), 9, 11)));  // Another row's.
+  EXPECT_TRUE(refused(DecodeStoreEntry(bytes, Key(), 11, 9)));                                   // Another size.
+  EXPECT_TRUE(refused(DecodeStoreEntry(bytes.substr(0, bytes.size() - 1), Key(), 9, 11)));      // Truncated.
+  EXPECT_TRUE(refused(DecodeStoreEntry(bytes.substr(0, 50), Key(), 9, 11)));
+  EXPECT_TRUE(refused(DecodeStoreEntry(bytes + "x", Key(), 9, 11)));                            // Grown.
+  for (size_t at : {size_t{0}, size_t{16}, size_t{40}, size_t{50}, bytes.size() - 1}) {          // A byte changed.
+    std::string bad = bytes;
+    bad[at] = static_cast<char>(bad[at] ^ 0x21);
+    EXPECT_TRUE(refused(DecodeStoreEntry(bad, Key(), 9, 11))) << at;
+  }
+  // A header claiming more classes than the labels' width holds.
+  std::string wide = bytes;
+  wide[24] = static_cast<char>(0x2C);
+  wide[25] = static_cast<char>(0x01);  // 300 classes in one byte a label.
+  EXPECT_TRUE(refused(DecodeStoreEntry(wide, Key(), 9, 11)));
+}
+
+TEST(PredictionStoreTest, ConcurrentWritersOfOneEntryLeaveOneGoodEntryAndNoTemporaryFile) {
+  const std::string root = TempDir();
+  const PredictionStore store(root);
+  const StoredPrediction p = Labels(64, 48, 5, 9);
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 8; ++t) {
+    writers.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) ASSERT_TRUE(store.Write(Key(), p).ok());
+    });
+  }
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 2; ++t) {
+    readers.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        absl::StatusOr<StoredPrediction> got = store.Read(Key(), 64, 48);
+        // Absent before the first rename, whole afterwards: never part of one.
+        ASSERT_TRUE(got.ok() || absl::IsNotFound(got.status())) << got.status();
+        if (got.ok()) {
+          ASSERT_EQ(got->labels, p.labels);
+        }
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  for (auto& r : readers) r.join();
+  absl::StatusOr<StoredPrediction> got = store.Read(Key(), 64, 48);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->labels, p.labels);
+  const std::string path = store.EntryPath(Key());
+  EXPECT_EQ(path, root + "/v1/aaaaaaaaaaaaaaaa/bbbbbbbbbbbbbbbb/00/00112233445566778899aabbccddeeff.tps");
+  DIR* dir = opendir(path.substr(0, path.rfind('/')).c_str());
+  ASSERT_NE(dir, nullptr);
+  int files = 0;
+  while (dirent* e = readdir(dir)) files += e->d_name[0] != '.';
+  closedir(dir);
+  EXPECT_EQ(files, 1);
+  EXPECT_TRUE(RemoveTree(root).ok());
+}
+
+TEST(PredictionStoreTest, AnOversizedFileIsRefusedBeforeItIsRead) {
+  const std::string root = TempDir();
+  const PredictionStore store(root);
+  ASSERT_TRUE(store.Write(Key(), Labels(4, 4, 2, 3)).ok());
+  {
+    std::ofstream f(store.EntryPath(Key()), std::ios::app | std::ios::binary);
+    f << std::string(1 << 20, 'z');
+  }
+  absl::StatusOr<StoredPrediction> got = store.Read(Key(), 4, 4);
+  EXPECT_TRUE(absl::IsDataLoss(got.status())) << got.status();
+  EXPECT_NE(got.status().message().find("more than a 4x4 entry holds"), std::string::npos) << got.status();
+  EXPECT_TRUE(absl::IsNotFound(store.Read(Key("0123456789abcdef0123456789abcdef"), 4, 4).status()));
+  EXPECT_TRUE(RemoveTree(root).ok());
+}
+
+}  // namespace
+}  // namespace tally

@@ -1,0 +1,152 @@
+"""The prediction store (--prediction-store DIR), end to end with real processes: rows found in the
+store are scored from it without running the model, and a job's numbers are those of a run without
+the store. A Python model appends the id of every row it predicts to a file, so the test counts the
+model's own work, not Tally's account of it. The file is named by the environment, not by a
+--model-option: the bytes of a file an option names are part of the model's digest.
+"""
+import glob
+import os
+import shutil
+import textwrap
+import unittest
+
+import numpy as np
+from PIL import Image
+
+import tallytest as tt
+
+PY = "/usr/bin/python3"
+
+# Class 1 where red > blue + offset; `offset` comes from a weights file when one is named.
+COUNTING_MODEL = """
+import os
+import numpy as np
+
+class Model:
+    num_classes = 2
+
+    def __init__(self, devices, options):
+        self.log = os.environ["STORE_TEST_LOG"]
+        self.offset = 0
+        if "weights" in options:
+            with open(options["weights"]) as f:
+                self.offset = int(f.read())
+
+    def predict(self, images, rows):
+        with open(self.log, "a") as f:
+            for row in rows:
+                f.write(row["id"] + "\\n")
+        return [(im[..., 0].astype(np.int32) > im[..., 2].astype(np.int32) + self.offset).astype(np.int64)
+                for im in images]
+"""
+
+
+def predicted(log):
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        return f.read().split()
+
+
+class PredictionStoreTest(unittest.TestCase):
+    def setUp(self):
+        self.root = tt.tmpdir(self)
+        self.manifest = tt.write_dataset(os.path.join(self.root, "data"), np.random.default_rng(11), 24, [(12, 16)],
+                                         classes=2)
+        self.model = os.path.join(self.root, "model.py")
+        with open(self.model, "w") as f:
+            f.write(textwrap.dedent(COUNTING_MODEL))
+        self.store = os.path.join(self.root, "store")
+        self.ids = [f"s{i:04d}" for i in range(24)]
+
+    def run_py(self, name, *extra, store=True, log="log"):
+        out = os.path.join(self.root, name)
+        args = ["--python", PY, "--batch-size", "4"]
+        if store:
+            args += ["--prediction-store", self.store]
+        os.environ["STORE_TEST_LOG"] = os.path.join(self.root, log)
+        try:
+            tt.tally_run(self.model, self.manifest, out, *args, *extra)
+        finally:
+            del os.environ["STORE_TEST_LOG"]
+        return out, tt.read_report(out)
+
+    def test_a_sample_extended_to_the_whole_manifest_predicts_only_the_rest(self):
+        out, r = self.run_py("sample", "--sample", "25%", "--workers", "2")
+        sampled = predicted(os.path.join(self.root, "log"))
+        self.assertEqual(len(sampled), 6)
+        self.assertEqual(r["rows_from_store"], 0)
+        self.assertEqual(r["prediction_store"], self.store)
+        out, r = self.run_py("full", "--workers", "2")
+        everything = predicted(os.path.join(self.root, "log"))
+        self.assertEqual(sorted(everything), sorted(self.ids))  # Every row once: the sample's were not run again.
+        self.assertEqual(r["rows_from_store"], 6)
+        self.assertEqual(r["images_evaluated"], 24)
+        plain, _ = self.run_py("plain", store=False, log="plain_log")
+        self.assertTrue(tt.same_files(out, plain))
+        with open(os.path.join(out, "summary.md")) as f:
+            self.assertIn("6 of 24 rows from it", f.read())
+        # Again: nothing for the model; the numbers unchanged.
+        out, r = self.run_py("again", "--workers", "3")
+        self.assertEqual(len(predicted(os.path.join(self.root, "log"))), 24)
+        self.assertEqual(r["rows_from_store"], 24)
+        self.assertTrue(tt.same_files(out, plain))
+
+    def test_changed_weights_or_image_bytes_are_predicted_again(self):
+        weights = os.path.join(self.root, "weights.txt")
+        with open(weights, "w") as f:
+            f.write("0")
+        self.run_py("first", "--model-option", "weights=" + weights)
+        self.assertEqual(len(predicted(os.path.join(self.root, "log"))), 24)
+        with open(weights, "w") as f:
+            f.write("9")  # Same option, same file name, new bytes: another model.
+        out, r = self.run_py("new_weights", "--model-option", "weights=" + weights)
+        self.assertEqual(len(predicted(os.path.join(self.root, "log"))), 48)
+        self.assertEqual(r["rows_from_store"], 0)
+        # One image rewritten under its name: that row alone goes to the model.
+        path = os.path.join(self.root, "data", "img", "s0005.png")
+        pixels = np.asarray(Image.open(path)).copy()
+        pixels[0, 0] = 255 - pixels[0, 0]
+        Image.fromarray(pixels).save(path)
+        out, r = self.run_py("new_image", "--model-option", "weights=" + weights)
+        self.assertEqual(predicted(os.path.join(self.root, "log"))[48:], ["s0005"])
+        self.assertEqual(r["rows_from_store"], 23)
+        plain, _ = self.run_py("plain", "--model-option", "weights=" + weights, store=False, log="plain_log")
+        self.assertTrue(tt.same_files(out, plain))
+
+    def test_a_broken_entry_is_predicted_again_and_never_scored(self):
+        self.run_py("first")
+        entries = sorted(glob.glob(os.path.join(self.store, "v1", "*", "*", "*", "*.tps")))
+        self.assertEqual(len(entries), 24)
+        with open(entries[0], "r+b") as f:  # A flipped byte in the labels' payload.
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0x5A]))
+        with open(entries[1], "r+b") as f:  # Truncated, as a killed writer could not leave it.
+            f.truncate(60)
+        shutil.copy(entries[3], entries[2])  # Another row's entry under this row's name.
+        out, r = self.run_py("second")
+        self.assertEqual(len(predicted(os.path.join(self.root, "log"))), 24 + 3)
+        self.assertEqual(r["rows_from_store"], 21)
+        plain, _ = self.run_py("plain", store=False, log="plain_log")
+        self.assertTrue(tt.same_files(out, plain))
+        self.assertEqual(glob.glob(os.path.join(self.store, "**", "*.tmp.*"), recursive=True), [])
+
+    def test_torchscript_rows_come_from_the_store_and_settings_key_it(self):
+        out1 = os.path.join(self.root, "ts1")
+        out2 = os.path.join(self.root, "ts2")
+        out3 = os.path.join(self.root, "ts3")
+        model = tt.fixture("three_class.pt")
+        tt.tally_run(model, self.manifest, out1, "--prediction-store", self.store)
+        tt.tally_run(model, self.manifest, out2, "--prediction-store", self.store, "--workers", "2")
+        self.assertEqual(tt.read_report(out1)["rows_from_store"], 0)
+        self.assertEqual(tt.read_report(out2)["rows_from_store"], 24)
+        self.assertTrue(tt.same_files(out1, out2))
+        # Another normalisation changes the predictions' bits: nothing is taken from the store.
+        tt.tally_run(model, self.manifest, out3, "--prediction-store", self.store, "--mean", "0.5,0.5,0.5")
+        self.assertEqual(tt.read_report(out3)["rows_from_store"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
