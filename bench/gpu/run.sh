@@ -15,6 +15,8 @@
 #   volumes      3D volumes into a model with sliding windows, against a plain PyTorch loop
 #   coco         the whole COCO command against the real pycocotools
 #   python       the Python model backend against TorchScript; a model over two GPUs
+#   compile      Python models compiled (--compile) and eager, against the model-only rates
+#   store        the prediction store: a job with an empty store, with a full one, without
 # Every suite builds first (stage `build`, scripts/gpu/build.sh into build-gpu) unless its STAGES leave
 # `build` out, and runs the GPU tests with stage `tests` (lib.sh tests_stage);
 # logs go to $OUT (default /tmp/tally-bench/logs), data to $WORK (default /tmp/tally-bench/SUITE).
@@ -22,7 +24,7 @@ set -uo pipefail
 suite=${1:-}
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -z "$suite" ] || [ ! -f "$here/$suite.sh" ] || [ "$suite" = lib ] || [ "$suite" = run ]; then
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 export WORK=${WORK:-/tmp/tally-bench/$suite}
