@@ -170,6 +170,7 @@ ABSL_FLAG(int, limit, 20, "tally jobs: how many jobs to list");
 ABSL_FLAG(std::string, page_token, "", "tally jobs: continue after this job id (printed at the end of a page)");
 ABSL_FLAG(std::string, state, "", "tally jobs: only jobs in this state (queued, running, succeeded, failed, cancelled)");
 // Scripting.
+ABSL_FLAG(std::string, max_bytes, "", "tally store gc: the most bytes the store may keep (e.g. 200GiB)");
 ABSL_FLAG(bool, json, false, "Print JSON (one object; watch: one per line) instead of text");
 ABSL_FLAG(double, timeout, 0, "watch/wait: give up after this many seconds with exit code 6 (0 = never)");
 
@@ -335,6 +336,9 @@ constexpr Handler kHandlers[] = {
     {"compare", [](const Invocation& in) { return CompareVerb(ReadJobVerbFlags(in)); }},
     {"merge", [](const Invocation& in) { return MergeVerb(ReadJobVerbFlags(in)); }},
     {"verify", [](const Invocation& in) { return VerifyVerb({in.positional}); }},
+    {"store", [](const Invocation& in) {
+       return StoreVerb({in.positional, absl::GetFlag(FLAGS_max_bytes), absl::GetFlag(FLAGS_json)});
+     }},
 };
 
 // Help and the version, answered before anything is parsed. Returns -1 when neither was asked for.

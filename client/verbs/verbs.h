@@ -145,6 +145,15 @@ struct VerifyFlags {
 };
 int VerifyVerb(const VerifyFlags& flags);
 
+// tally store stats|ls|gc DIR: the prediction store's entries by model, each entry, or the least
+// recently used dropped past --max-bytes (docs/prediction-store.md).
+struct StoreFlags {
+  std::vector<std::string> positional;  // stats|ls|gc DIR.
+  std::string max_bytes;
+  bool json = false;
+};
+int StoreVerb(const StoreFlags& flags);
+
 struct TokenFlags {
   std::vector<std::string> positional;  // NAME ROLE.
   std::string tokens_file;

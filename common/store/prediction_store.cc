@@ -154,6 +154,27 @@ absl::StatusOr<StoredPrediction> DecodeStoreEntry(const std::string& bytes, cons
   return p;
 }
 
+absl::StatusOr<StoreEntryInfo> ReadStoreEntryHeader(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
+  struct stat st;
+  std::string header(kHeaderBytes, '\0');
+  const bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                  read(fd, header.data(), kHeaderBytes) == static_cast<ssize_t>(kHeaderBytes);
+  close(fd);
+  if (!ok || std::memcmp(header.data(), kMagic, 8) != 0 || Get32(header, 8) != kHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": not a Tally prediction store entry"));
+  }
+  StoreEntryInfo info;
+  info.label_bytes = static_cast<int>(Get32(header, 12));
+  info.height = static_cast<int>(Get32(header, 16));
+  info.width = static_cast<int>(Get32(header, 20));
+  info.classes = static_cast<int>(Get32(header, 24));
+  info.file_bytes = st.st_size;
+  info.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return info;
+}
+
 absl::StatusOr<StoredPrediction> PredictionStore::Read(const StoreKey& key, int height, int width) const {
   if (!IsHex(key.model) || !IsHex(key.settings) || !IsHex(key.input)) return absl::InvalidArgumentError("store key: not hex");
   const std::string path = EntryPath(key);
@@ -168,6 +189,7 @@ absl::StatusOr<StoredPrediction> PredictionStore::Read(const StoreKey& key, int 
   if (!bytes.ok()) return absl::NotFoundError(path);  // Gone meanwhile (gc, a concurrent writer's rename).
   absl::StatusOr<StoredPrediction> p = DecodeStoreEntry(*bytes, key, height, width);
   if (!p.ok()) return absl::DataLossError(absl::StrCat(path, ": ", p.status().message()));
+  utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // Recently used: `tally store gc` keeps it longer.
   return p;
 }
 

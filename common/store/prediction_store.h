@@ -64,6 +64,18 @@ class PredictionStore {
   std::string root_;
 };
 
+// What an entry's header says (tally store ls/stats), without reading its labels.
+struct StoreEntryInfo {
+  int height = 0;
+  int width = 0;
+  int classes = 0;
+  int label_bytes = 0;
+  int64_t file_bytes = 0;
+  int64_t mtime_ns = 0;  // Its last write or hit (Read touches it): what `tally store gc` drops by.
+};
+// DATA_LOSS when the file is not an entry (its header).
+absl::StatusOr<StoreEntryInfo> ReadStoreEntryHeader(const std::string& path);
+
 // The entry's bytes and back (no file): what Read and Write use, and what the tests break.
 std::string EncodeStoreEntry(const StoreKey& key, const StoredPrediction& prediction);
 absl::StatusOr<StoredPrediction> DecodeStoreEntry(const std::string& bytes, const StoreKey& key, int height,

@@ -5,9 +5,11 @@ model's own work, not Tally's account of it. The file is named by the environmen
 --model-option: the bytes of a file an option names are part of the model's digest.
 """
 import glob
+import json
 import os
 import shutil
 import textwrap
+import time
 import unittest
 
 import numpy as np
@@ -132,6 +134,39 @@ class PredictionStoreTest(unittest.TestCase):
         plain, _ = self.run_py("plain", store=False, log="plain_log")
         self.assertTrue(tt.same_files(out, plain))
         self.assertEqual(glob.glob(os.path.join(self.store, "**", "*.tmp.*"), recursive=True), [])
+
+    def test_store_verbs_count_list_and_drop_the_least_recently_used(self):
+        self.run_py("first", "--sample", "12")  # 12 entries, then 12 more a little later.
+        first = set(predicted(os.path.join(self.root, "log")))
+        time.sleep(0.05)
+        self.run_py("second")
+        entries = sorted(glob.glob(os.path.join(self.store, "v1", "*", "*", "*", "*.tps")))
+        sizes = sum(os.path.getsize(e) for e in entries)
+        stats = json.loads(tt.tally("store", "stats", self.store, "--json").stdout)
+        self.assertEqual((stats["entries"], stats["bytes"]), (24, sizes))
+        self.assertEqual([(g["entries"], g["bytes"]) for g in stats["groups"]], [(24, sizes)])
+        listed = json.loads(tt.tally("store", "ls", self.store, "--json").stdout)
+        self.assertEqual(sorted(e["path"] for e in listed), entries)
+        self.assertTrue(all((e["height"], e["width"], e["classes"]) == (12, 16, 2) for e in listed))
+        # The second run scored the sample's 12 from the store (a hit is a use): the 12 written by
+        # the second run are as recent. Keep about half: the oldest go, whichever they are, and
+        # the next run predicts exactly the rows whose entries went.
+        by_age = sorted(entries, key=lambda e: (os.stat(e).st_mtime_ns, e))
+        keep = sum(os.path.getsize(e) for e in by_age[12:])
+        p = tt.tally("store", "gc", self.store, "--max-bytes", str(keep))
+        self.assertIn("dropped 12 of 24 entries", p.stdout)
+        gone = set(by_age[:12])
+        self.assertEqual(set(glob.glob(os.path.join(self.store, "v1", "*", "*", "*", "*.tps"))), set(entries) - gone)
+        before = len(predicted(os.path.join(self.root, "log")))
+        out, r = self.run_py("third")
+        self.assertEqual(len(predicted(os.path.join(self.root, "log"))) - before, 12)
+        self.assertEqual(r["rows_from_store"], 12)
+        plain, _ = self.run_py("plain", store=False, log="plain_log")
+        self.assertTrue(tt.same_files(out, plain))
+        self.assertEqual(len(first), 12)
+        p = tt.tally("store", "gc", self.store, check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--max-bytes", p.stderr)
 
     def test_torchscript_rows_come_from_the_store_and_settings_key_it(self):
         out1 = os.path.join(self.root, "ts1")
