@@ -1,11 +1,14 @@
 #include "base/file_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
@@ -73,6 +76,26 @@ absl::Status MakeDirs(const std::string& dir) {
     if (i < dir.size()) path.push_back(dir[i]);
   }
   return absl::OkStatus();
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  static std::atomic<uint64_t> counter{0};
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  tmp_ = absl::StrCat(path_, ".tmp.", host, ".", getpid(), ".", counter.fetch_add(1));
+}
+
+std::vector<std::string> ListDirectory(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(name);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Open(const std::string& path) {

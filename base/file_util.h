@@ -28,12 +28,16 @@ std::vector<std::string> VolumeChannelFiles(const std::string& image);
 // Creates `dir` and its missing parents (mkdir -p). Errors name the folder that failed.
 absl::Status MakeDirs(const std::string& dir);
 
+// The names in folder `dir` (not "." or ".."), sorted; empty when it cannot be read.
+std::vector<std::string> ListDirectory(const std::string& dir);
+
 // Removes `path` and everything under it (rm -rf); a missing path is not an error.
 absl::Status RemoveTree(const std::string& path);
 
 // A file written under a temporary name and renamed into place by Commit(), so that readers see
 // the old file or the whole new one, never a part. Destroyed without Commit(), the temporary file
-// is removed.
+// is removed. The temporary name, PATH.tmp.HOST.PID.N, is the writer's own: writers of one path on
+// several hosts sharing a folder each rename a whole file of their own.
 class AtomicFile {
  public:
   static absl::StatusOr<std::unique_ptr<AtomicFile>> Open(const std::string& path);
@@ -42,7 +46,7 @@ class AtomicFile {
   absl::Status Commit();
 
  private:
-  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {}
+  explicit AtomicFile(std::string path);
   std::string path_;
   std::string tmp_;
   std::ofstream out_;
