@@ -20,7 +20,7 @@ const std::vector<std::string> kJob = {
     "spacing", "force_spacing", "num_classes", "regions", "nnunet_summary", "nsd_tolerance", "include_background",
     "precision", "channels_last", "decode", "max_memory", "max_image_pixels", "batch_timeout", "nonfinite", "ignore_index",
     "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction",
-    "json_infinity", "thumbnails", "save_predictions", "prediction_store", "coco", "images", "masks", "mask_suffix", "shards", "image_ext", "mask_ext", "prediction_ext", "coco_results", "coco_panoptic", "panoptic_dir",
+    "json_infinity", "thumbnails", "save_predictions", "prediction_store", "store_max_bytes", "coco", "images", "masks", "mask_suffix", "shards", "image_ext", "mask_ext", "prediction_ext", "coco_results", "coco_panoptic", "panoptic_dir",
     "panoptic_predictions", "panoptic_predictions_dir", "connectivity", "lesion_dilation", "lesion_min_volume",
     "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary", "priority", "compile"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",
@@ -78,6 +78,10 @@ const std::vector<Verb>& Verbs() {
   static const std::vector<Verb>* verbs = new std::vector<Verb>{
       {"run", "--model M.pt|M.py --manifest data.csv --out DIR [--workers N | --gpus all|0,1]",
        "evaluate locally in one command (its own tallyd and workers)", Join({kJob, kRun})},
+      {"rescore", "--from-store DIR --model M --manifest data.csv --out DIR [the run's flags] [--workers N]",
+       "a new report from stored predictions alone: other metrics, thresholds, regions, lesion rules, no model run",
+       Join({kJob, {"out", "workers", "lease_seconds", "worker_threads", "worker_flags", "max_worker_memory",
+                    "from_store", "store_settings"}})},
       {"submit", "--server HOST:PORT --model M --manifest data.csv [job flags]", "submit a job; prints its id",
        Join({kConnection, kJob, {"json"}})},
       {"watch", "JOB [--timeout S]", "progress until the job ends", Join({kConnection, {"json", "timeout"}})},

@@ -291,6 +291,12 @@ absl::Status ReportFlags(const JobFlags& f, v1::JobSpec* spec) {
     }
     spec->set_prediction_store(AbsolutePath(f.prediction_store));
   }
+  if (!f.store_max_bytes.empty()) {
+    if (f.prediction_store.empty()) return absl::InvalidArgumentError("--store-max-bytes bounds --prediction-store");
+    auto bytes = ParseByteSize("store-max-bytes", f.store_max_bytes);
+    if (!bytes.ok()) return bytes.status();
+    spec->set_store_max_bytes(*bytes);
+  }
   spec->set_nnunet_summary(f.nnunet_summary);
   spec->set_force_spacing(f.force_spacing);
   spec->set_name(f.name);

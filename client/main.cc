@@ -126,6 +126,12 @@ ABSL_FLAG(std::string, save_predictions, "",
 ABSL_FLAG(std::string, prediction_store, "",
           "Models: keep every row's prediction in this folder by (model, settings, input) digests, and score rows "
           "found there without running the model (docs/prediction-store.md)");
+ABSL_FLAG(std::string, store_max_bytes, "",
+          "With --prediction-store: the most the store may hold (e.g. 200GiB); workers drop its least recently used "
+          "entries past it");
+ABSL_FLAG(std::string, from_store, "", "tally rescore: the prediction store whose entries are scored (no model runs)");
+ABSL_FLAG(std::string, store_settings, "",
+          "tally rescore: which stored run to score (a settings digest's prefix), where the store has several");
 // COCO instance jobs (docs/instances.md "Instances").
 ABSL_FLAG(std::string, coco, "",
           "COCO instance annotations (instances.json): without --manifest, one row per image (with --images), scored "
@@ -233,6 +239,7 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.thumbnails = absl::GetFlag(FLAGS_thumbnails);
   f.save_predictions = absl::GetFlag(FLAGS_save_predictions);
   f.prediction_store = absl::GetFlag(FLAGS_prediction_store);
+  f.store_max_bytes = absl::GetFlag(FLAGS_store_max_bytes);
   f.coco = absl::GetFlag(FLAGS_coco);
   f.coco_images = absl::GetFlag(FLAGS_images);
   f.masks = absl::GetFlag(FLAGS_masks);
@@ -299,6 +306,11 @@ int Run(const Invocation& in) {
                   absl::GetFlag(FLAGS_references), absl::GetFlag(FLAGS_file_ending)});
 }
 
+int Rescore(const Invocation& in) {
+  return RescoreVerb({ReadJobFlags(in), ReadLocalWorkerFlags(), absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_from_store),
+                      absl::GetFlag(FLAGS_store_settings)});
+}
+
 int Estimate(const Invocation& in) {
   return EstimateVerb(
       {ReadJobFlags(in), ReadLocalWorkerFlags(), absl::GetFlag(FLAGS_max_batch), absl::GetFlag(FLAGS_json)});
@@ -320,6 +332,7 @@ struct Handler {
 };
 constexpr Handler kHandlers[] = {
     {"run", Run},
+    {"rescore", Rescore},
     {"estimate", Estimate},
     {"submit", Submit},
     {"jobs", Jobs},

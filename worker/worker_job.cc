@@ -25,6 +25,7 @@
 #include "common/sources/tar_members.h"
 #include "common/security/sha256.h"
 #include "common/job/job_config.h"
+#include "common/store/store_keys.h"
 #include "base/backoff.h"
 #include "base/log.h"
 #include "metrics/overlap.h"
@@ -74,15 +75,27 @@ absl::StatusOr<std::string> PreparePredictionFolder(const std::string& folder,
   return roots.empty() ? std::filesystem::canonical(folder, ec).string() : *resolved;
 }
 
-// --prediction-store: the job's runner in front of the model's (worker/store/store_runner.h).
+// --prediction-store: the job's runner in front of the model's (worker/store/store_runner.h); for a
+// rescore, in front of no model, taking the entries of the settings the client found in the store.
 absl::StatusOr<std::unique_ptr<ModelRunner>> StoreRunnerFor(const JobConfig& config, const std::string& model_sha256,
                                                             int batch_size, ModelRunner* runner) {
   StoreRunnerOptions so;
   ASSIGN_OR_RETURN(so.root, PreparePredictionFolder(config.prediction_store, "--prediction-store"));
-  ASSIGN_OR_RETURN(so.model_digest, PredictionModelDigest(config, model_sha256));
-  so.settings_digest = PredictionSettingsDigest(config, *runner, batch_size);
+  if (config.rescore) {
+    so.model_digest = config.store_model;
+    so.rescore_settings = config.store_settings;
+  } else {
+    ASSIGN_OR_RETURN(so.model_digest, PredictionModelDigest(config, model_sha256));
+    const std::string job_settings = JobSettingsText(config);
+    const bool cuda = runner->is_cuda();
+    const std::string gpu = runner->Stats().gpu_name;
+    so.settings_text = [config, job_settings, cuda, gpu, batch_size](bool channels_last, bool nvjpeg) {
+      return job_settings + RunSettingsText(config, cuda, gpu, batch_size, channels_last, nvjpeg);
+    };
+  }
   so.columns_are_input = config.python_model();
   so.columns = config.manifest_columns;
+  so.max_bytes = config.store_max_bytes;
   return WrapWithStore(runner, std::move(so));
 }
 
@@ -355,7 +368,15 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     scoring->SetMemoryBudget(MemoryBudget());
     evaluator->pipeline = std::move(scoring);
   } else {
-    ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
+    bool reused = false;
+    if (config.rescore) {  // No model: every row from the store.
+      evaluator->runner = NoModelRunner(absl::StrCat(
+          "the prediction store ", config.prediction_store, " has no prediction of this row's input by model ",
+          config.store_model.substr(0, 16), " with the settings rescored (tally rescore runs no model)"));
+      evaluator->runner_key = "no model";
+    } else {
+      ASSIGN_OR_RETURN(reused, TakeRunner(config, a, evaluator.get()));
+    }
     ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));
     po.expected_rows = a.expected_rows();
     po.coco = coco;

@@ -2,16 +2,13 @@
 // (docs/prediction-store.md). stats: entries and bytes by model and settings; ls: every entry from
 // its header; gc --max-bytes N: drops the least recently used entries (written or scored from last
 // longest ago) until the store holds at most N bytes, and temporary files a killed writer left.
-#include <dirent.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,64 +16,12 @@
 #include "base/flag_util.h"
 #include "base/json_writer.h"
 #include "client/verbs/verbs.h"
-#include "common/store/prediction_store.h"
+#include "common/store/store_gc.h"
 
 namespace tally {
 namespace {
 
-constexpr int64_t kStaleTemporaryNs = int64_t{3600} * 1000000000;  // A writer's temporary file an hour old.
-
-struct Entry {
-  std::string model, settings, path;
-  StoreEntryInfo info;
-};
-
-std::vector<std::string> Children(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return out;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") out.push_back(name);
-  }
-  closedir(d);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-// Every entry under ROOT/v1 (model/settings/xx/input.tps); files that are not entries are named on
-// stderr. Temporary files go to `temporaries` with their age in ns.
-std::vector<Entry> Walk(const std::string& root, std::vector<std::pair<std::string, int64_t>>* temporaries) {
-  std::vector<Entry> out;
-  const std::string v1 = root + "/v1";
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
-  const int64_t now_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-  for (const std::string& model : Children(v1)) {
-    for (const std::string& settings : Children(v1 + "/" + model)) {
-      for (const std::string& shard : Children(v1 + "/" + model + "/" + settings)) {
-        const std::string dir = absl::StrCat(v1, "/", model, "/", settings, "/", shard);
-        for (const std::string& name : Children(dir)) {
-          const std::string path = dir + "/" + name;
-          if (name.find(".tmp.") != std::string::npos) {
-            struct stat st;
-            if (temporaries != nullptr && lstat(path.c_str(), &st) == 0) {
-              temporaries->emplace_back(path, now_ns - (static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec));
-            }
-            continue;
-          }
-          absl::StatusOr<StoreEntryInfo> info = ReadStoreEntryHeader(path);
-          if (!info.ok()) {
-            std::cerr << "tally store: " << info.status().message() << "\n";
-            continue;
-          }
-          out.push_back({model, settings, path, *info});
-        }
-      }
-    }
-  }
-  return out;
-}
+using Entry = StoreFile;
 
 int Stats(const std::vector<Entry>& entries, bool json) {
   std::map<std::pair<std::string, std::string>, std::pair<int64_t, int64_t>> groups;  // -> (entries, bytes)
@@ -126,28 +71,11 @@ int List(const std::vector<Entry>& entries, bool json) {
   return 0;
 }
 
-int Collect(std::vector<Entry> entries, const std::vector<std::pair<std::string, int64_t>>& temporaries,
-            int64_t max_bytes) {
-  int64_t removed_temporaries = 0;
-  for (const auto& [path, age] : temporaries) {
-    if (age > kStaleTemporaryNs && unlink(path.c_str()) == 0) ++removed_temporaries;
-  }
-  int64_t bytes = 0;
-  for (const Entry& e : entries) bytes += e.info.file_bytes;
-  // Least recently used first (ties: by path, so two runs drop the same entries).
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return std::tie(a.info.mtime_ns, a.path) < std::tie(b.info.mtime_ns, b.path);
-  });
-  int64_t dropped = 0, freed = 0;
-  for (const Entry& e : entries) {
-    if (bytes - freed <= max_bytes) break;
-    if (unlink(e.path.c_str()) == 0) {
-      ++dropped;
-      freed += e.info.file_bytes;
-    }
-  }
-  std::cout << absl::StrFormat("dropped %d of %d entries (%d bytes; %d left), %d stale temporary files\n", dropped,
-                               entries.size(), freed, bytes - freed, removed_temporaries);
+int Collect(StoreWalk walk, int64_t max_bytes) {
+  const size_t total = walk.entries.size();
+  const StoreCollection c = CollectStore(std::move(walk), max_bytes);
+  std::cout << absl::StrFormat("dropped %d of %d entries (%d bytes; %d left), %d stale temporary files\n", c.dropped,
+                               total, c.freed, c.left, c.temporaries);
   return 0;
 }
 
@@ -164,10 +92,10 @@ int StoreVerb(const StoreFlags& flags) {
     std::cerr << "tally store: '" << p[1] << "' is not a prediction store (no v1/ folder in it)\n";
     return 1;
   }
-  std::vector<std::pair<std::string, int64_t>> temporaries;
-  std::vector<Entry> entries = Walk(p[1], &temporaries);
-  if (p[0] == "stats") return Stats(entries, flags.json);
-  if (p[0] == "ls") return List(entries, flags.json);
+  StoreWalk walk = WalkStore(p[1]);
+  for (const std::string& e : walk.errors) std::cerr << "tally store: " << e << "\n";
+  if (p[0] == "stats") return Stats(walk.entries, flags.json);
+  if (p[0] == "ls") return List(walk.entries, flags.json);
   if (flags.max_bytes.empty()) {
     std::cerr << "tally store gc: --max-bytes N (e.g. 200GiB) says how much the store may keep\n";
     return 2;
@@ -177,7 +105,7 @@ int StoreVerb(const StoreFlags& flags) {
     std::cerr << "tally store gc: " << max_bytes.status().message() << "\n";
     return 2;
   }
-  return Collect(std::move(entries), temporaries, *max_bytes);
+  return Collect(std::move(walk), *max_bytes);
 }
 
 }  // namespace tally

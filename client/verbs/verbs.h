@@ -37,6 +37,7 @@ struct JobFlags {
   int thumbnails = 5;
   std::string save_predictions;
   std::string prediction_store;
+  std::string store_max_bytes;  // A size (--store-max-bytes), or "".
   std::string coco, coco_images, coco_results;  // COCO jobs (docs/instances.md "Instances").
   // docs/data.md "Where your data can be": two folders (--images = coco_images, --masks), tar shards.
   std::string masks, mask_suffix, shards, image_ext, mask_ext, prediction_ext;
@@ -83,6 +84,16 @@ struct RunFlags {
   std::string predictions, references, file_ending;  // nnU-Net's folder convention.
 };
 int RunVerb(const RunFlags& flags);
+
+// tally rescore (client/verbs/rescore.cc): a run's flags, the store, and CPU workers.
+struct RescoreFlags {
+  JobFlags job;
+  LocalWorkerFlags local;
+  std::string out;
+  std::string from_store;
+  std::string store_settings;  // A settings digest's prefix: which stored run, where the store has several.
+};
+int RescoreVerb(const RescoreFlags& flags);
 
 struct EstimateFlags {
   JobFlags job;

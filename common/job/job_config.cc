@@ -203,6 +203,17 @@ absl::Status ReadReportSettings(const v1::JobSpec& spec, JobConfig* c) {
       return absl::InvalidArgumentError(absl::StrCat("prediction_store '", c->prediction_store, "' is not an absolute path"));
     }
   }
+  c->rescore = spec.rescore();
+  c->store_model = spec.store_model();
+  c->store_settings.assign(spec.store_settings().begin(), spec.store_settings().end());
+  c->store_max_bytes = spec.store_max_bytes();
+  if (c->store_max_bytes < 0) return absl::InvalidArgumentError("store_max_bytes must be >= 0");
+  if (c->rescore && (c->prediction_store.empty() || c->store_model.empty() || c->store_settings.empty())) {
+    return absl::InvalidArgumentError("rescore needs prediction_store, store_model and store_settings");
+  }
+  if (c->store_max_bytes > 0 && c->prediction_store.empty()) {
+    return absl::InvalidArgumentError("store_max_bytes is for jobs with a prediction_store");
+  }
   c->save_predictions = spec.save_predictions();
   if (!c->save_predictions.empty()) {
     if (c->predictions()) {

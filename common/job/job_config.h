@@ -111,6 +111,10 @@ struct JobConfig {
   std::string compile_resolved;                  // "on" | "off" (declined) once a worker's trial ran.
   v1::CompileTrial compile_trial;                // What that trial measured.
   std::string prediction_store;                  // Absolute folder, or empty (JobSpec.prediction_store).
+  bool rescore = false;                          // No model: rows from the store alone (JobSpec.rescore).
+  std::string store_model;                       // JobSpec.store_model, store_settings (rescore).
+  std::vector<std::string> store_settings;
+  int64_t store_max_bytes = 0;                   // JobSpec.store_max_bytes.
   std::vector<std::string> manifest_columns;     // Extra manifest columns the rows carry.
   bool python_model() const { return ParseModelRef(model).python; }
   // Single-score outputs: the count metrics at each of these thresholds too (sorted, in (0, 1)).

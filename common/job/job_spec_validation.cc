@@ -36,6 +36,17 @@ absl::Status CheckSizes(const v1::JobSpec& spec) {
                                                      " bytes; the limit is ", kMaxPathBytes));
     }
   }
+  // rescore: a model digest and up to 64 settings digests, each 64 hex digits.
+  if (spec.store_settings_size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", spec.store_settings_size(), " store_settings; the limit is 64"));
+  }
+  std::vector<const std::string*> digests = {&spec.store_model()};
+  for (const std::string& s : spec.store_settings()) digests.push_back(&s);
+  for (const std::string* d : digests) {
+    if (!d->empty() && (d->size() != 64 || d->find_first_not_of("0123456789abcdef") != std::string::npos)) {
+      return absl::InvalidArgumentError("job spec: store_model and store_settings are SHA-256 digests (64 hex digits)");
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "base/file_util.h"
@@ -193,13 +192,15 @@ absl::StatusOr<StoredPrediction> PredictionStore::Read(const StoreKey& key, int 
   return p;
 }
 
-absl::Status PredictionStore::Write(const StoreKey& key, const StoredPrediction& prediction) const {
+absl::Status PredictionStore::Write(const StoreKey& key, const StoredPrediction& prediction, int64_t* written) const {
   if (!IsHex(key.model) || !IsHex(key.settings) || !IsHex(key.input)) return absl::InvalidArgumentError("store key: not hex");
   const std::string path = EntryPath(key);
   RETURN_IF_ERROR(MakeDirs(path.substr(0, path.rfind('/'))));
+  // The writer's own temporary name: writers on several hosts may share the folder.
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", std::hash<std::thread::id>()(std::this_thread::get_id()),
-                                       ".", counter.fetch_add(1));
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  const std::string tmp = absl::StrCat(path, ".tmp.", host, ".", getpid(), ".", counter.fetch_add(1));
   const std::string bytes = EncodeStoreEntry(key, prediction);
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
@@ -220,6 +221,7 @@ absl::Status PredictionStore::Write(const StoreKey& key, const StoredPrediction&
     unlink(tmp.c_str());
     return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(e)));
   }
+  if (written != nullptr) *written = static_cast<int64_t>(bytes.size());
   return absl::OkStatus();
 }
 

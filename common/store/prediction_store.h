@@ -57,8 +57,8 @@ class PredictionStore {
   // The row's stored prediction, which must be `height` x `width`. NOT_FOUND: none; DATA_LOSS: an
   // entry that does not verify (the message says why and names the file).
   absl::StatusOr<StoredPrediction> Read(const StoreKey& key, int height, int width) const;
-  // Writes the entry whole (temporary file, rename). Errors name the file.
-  absl::Status Write(const StoreKey& key, const StoredPrediction& prediction) const;
+  // Writes the entry whole (temporary file, rename); `bytes`, when given, its size. Errors name the file.
+  absl::Status Write(const StoreKey& key, const StoredPrediction& prediction, int64_t* bytes = nullptr) const;
 
  private:
   std::string root_;

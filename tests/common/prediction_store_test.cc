@@ -7,11 +7,14 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "base/file_util.h"
+#include "common/security/sha256.h"
+#include "common/store/store_keys.h"
 #include "gtest/gtest.h"
 
 namespace tally {
@@ -126,6 +129,46 @@ TEST(PredictionStoreTest, AnOversizedFileIsRefusedBeforeItIsRead) {
   EXPECT_TRUE(absl::IsDataLoss(got.status())) << got.status();
   EXPECT_NE(got.status().message().find("more than a 4x4 entry holds"), std::string::npos) << got.status();
   EXPECT_TRUE(absl::IsNotFound(store.Read(Key("0123456789abcdef0123456789abcdef"), 4, 4).status()));
+  EXPECT_TRUE(RemoveTree(root).ok());
+}
+
+// A settings folder is found only when its file names the model and hashes to the folder's name:
+// a file edited by hand, or copied under another folder, is not a run's settings.
+TEST(StoreKeysTest, SettingsFilesAreFoundOnlyWhereTheyVerify) {
+  const std::string root = TempDir();
+  const std::string model(64, 'c');
+  const std::string job = "precision fp32\ninput 0x0\nmean \nstd \nlabel_map \ncompile off\n";
+  const std::string run_a = "decode cpu cpu\ndevice cuda H200\nbatch 32\nlayout contiguous\njpeg host\n";
+  const std::string run_b = "decode cpu cpu\ndevice cuda H200\nbatch 32\nlayout contiguous\njpeg nvjpeg\n";
+  const std::string run_c = "decode cpu cpu\ndevice cpu \nbatch 0\nlayout contiguous\njpeg host\n";
+  std::vector<std::string> digests;
+  for (const std::string& run : {run_a, run_b, run_c}) {
+    const std::string text = job + run;
+    // The folder is named by the text's SHA-256 (common/security's, tested on its own vectors).
+    const std::string digest = Sha256Hex(text);
+    digests.push_back(digest);
+    const std::string path = SettingsFilePath(root, model, digest);
+    ASSERT_TRUE(MakeDirs(path.substr(0, path.rfind('/'))).ok());
+    ASSERT_TRUE(WriteFileAtomically(path, SettingsFileText(model, text)).ok());
+  }
+  std::vector<StoredSettings> found = ListStoredSettings(root, model);
+  ASSERT_EQ(found.size(), 3u);
+  // Two JPEG decoders of one run are one run; the CPU's is another.
+  std::set<std::string> runs;
+  for (const StoredSettings& s : found) runs.insert(s.RunKey());
+  EXPECT_EQ(runs.size(), 2u);
+  EXPECT_EQ(found[0].Lines()[0], (std::pair<std::string, std::string>{"precision", "fp32"}));
+  EXPECT_EQ(SettingsFlag("input"), "--input-size");
+  EXPECT_EQ(SettingsFlag("batch"), "");
+  // Edited: precision bf16 under fp32's folder. Another model's file: not this model's.
+  ASSERT_TRUE(WriteFileAtomically(SettingsFilePath(root, model, digests[0]),
+                                  SettingsFileText(model, "precision bf16\n" + job.substr(15) + run_a)).ok());
+  ASSERT_TRUE(WriteFileAtomically(SettingsFilePath(root, model, digests[1]),
+                                  SettingsFileText(std::string(64, 'd'), job + run_b)).ok());
+  found = ListStoredSettings(root, model);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].settings, digests[2]);
+  EXPECT_TRUE(ListStoredSettings(root, std::string(64, 'e')).empty());
   EXPECT_TRUE(RemoveTree(root).ok());
 }
 

@@ -47,7 +47,7 @@ class HelpAndUsageTest(unittest.TestCase):
         self.assertIn("unknown flag --wrkers; did you mean --workers?", p.stderr)
         p = tt.tally("jobs", "--workers", "2", check=False)
         self.assertEqual(p.returncode, 2)
-        self.assertIn("tally jobs does not take --workers (a flag of: run, estimate)", p.stderr)
+        self.assertIn("tally jobs does not take --workers (a flag of: run, rescore, estimate)", p.stderr)
         p = tt.tally("stauts", "j1", check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("did you mean 'status'?", p.stderr)

@@ -183,5 +183,91 @@ class PredictionStoreTest(unittest.TestCase):
         self.assertEqual(tt.read_report(out3)["rows_from_store"], 0)
 
 
+    def rescore(self, name, *extra, check=True, store=None):
+        out = os.path.join(self.root, name)
+        os.environ["STORE_TEST_LOG"] = os.path.join(self.root, "log")
+        try:
+            p = tt.tally("rescore", "--from-store", store or self.store, "--model", self.model, "--manifest",
+                         self.manifest, "--out", out, "--python", PY, "--max-failed-fraction", "1", *extra, check=check)
+        finally:
+            del os.environ["STORE_TEST_LOG"]
+        return out, p
+
+    def test_rescore_equals_a_fresh_run_with_the_new_flags_and_runs_no_model(self):
+        self.run_py("stored", "--workers", "2")
+        self.assertEqual(len(predicted(os.path.join(self.root, "log"))), 24)
+        for i, flags in enumerate([("--metrics", "dice,iou,precision,recall", "--include-background"),
+                                   ("--metrics", "lesion,dice", "--lesion-dilation", "1", "--lesion-min-volume", "3"),
+                                   ("--ignore-index", "none", "--metrics", "dice,accuracy")]):
+            out, _ = self.rescore(f"rescored{i}", "--workers", "3", *flags)
+            self.assertEqual(len(predicted(os.path.join(self.root, "log"))), 24)  # The model never ran.
+            r = tt.read_report(out)
+            # Without an ignore index the masks' 255 bands are labels out of range: those rows fail in both.
+            self.assertEqual((r["rows_from_store"], r["images_failed"]), (24, 0) if i < 2 else (18, 6))
+            fresh, _ = self.run_py(f"fresh{i}", *flags, store=False, log="plain_log")
+            self.assertTrue(tt.same_files(out, fresh), flags)
+        # One value by hand: class 1's Dice of each row, the model's rule against the mask (255 ignored).
+        rows = {row["id"]: row for row in tt.read_per_image(os.path.join(self.root, "rescored0")) if row["class"] == "1"}
+        for i in (0, 5, 17):
+            name = f"s{i:04d}"
+            im = np.asarray(Image.open(os.path.join(self.root, "data", "img", name + ".png"))).astype(np.int32)
+            ref = np.asarray(Image.open(os.path.join(self.root, "data", "msk", name + ".png")))
+            tp, fp, fn, _ = tt.counts((im[..., 0] > im[..., 2]).astype(np.uint8), ref, 2)[1]
+            want = tt.ratio(2 * tp, 2 * tp + fp + fn)
+            self.assertTrue(tt.same(float(rows[name]["dice"]), want), (name, rows[name]["dice"], want))
+
+    def test_rescore_refuses_what_would_change_a_prediction_and_fails_rows_it_lacks(self):
+        self.run_py("stored", "--sample", "25%")
+        out, p = self.rescore("other_mean", "--mean", "0.5,0.5,0.5", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--mean", p.stderr)
+        for flag in (("--compile",), ("--decode", "gpu"), ("--thresholds", "0.5"), ("--prediction-store", self.store)):
+            _, p = self.rescore("refused", *flag, check=False)
+            self.assertEqual(p.returncode, 2, flag)
+            self.assertIn(flag[0], p.stderr)
+        weights = os.path.join(self.root, "weights.txt")
+        tt.write_text(weights, "3")
+        _, p = self.rescore("other_model", "--model-option", "weights=" + weights, check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no predictions of this model", p.stderr)
+        # The whole manifest from a 25 % sample's store: 6 rows scored, 18 failed naming the store.
+        out, _ = self.rescore("partial")
+        r = tt.read_report(out)
+        self.assertEqual((r["images_evaluated"], r["rows_from_store"], r["images_failed"]), (6, 6, 18))
+        self.assertTrue(all("has no prediction of this row" in f["reason"] for f in r["failures"]))
+        self.assertEqual(len(predicted(os.path.join(self.root, "log"))), 6)
+
+    def test_a_store_past_its_bound_evicts_and_the_job_is_unchanged(self):
+        self.run_py("sizing", "--sample", "4", store=True)
+        entry = max(os.path.getsize(e) for e in glob.glob(os.path.join(self.store, "v1", "*", "*", "*", "*.tps")))
+        shutil.rmtree(self.store)
+        bound = 8 * entry
+        out, r = self.run_py("bounded", "--store-max-bytes", str(bound))
+        self.assertEqual((r["images_evaluated"], r["images_failed"]), (24, 0))
+        entries = glob.glob(os.path.join(self.store, "v1", "*", "*", "*", "*.tps"))
+        self.assertLessEqual(sum(os.path.getsize(e) for e in entries), bound)
+        self.assertLess(len(entries), 24)
+        plain, _ = self.run_py("plain", store=False, log="plain_log")
+        self.assertTrue(tt.same_files(out, plain))
+
+    def test_torchscript_predictions_rescored_on_cpu_workers(self):
+        model = tt.fixture("three_class.pt")
+        first = os.path.join(self.root, "ts_first")
+        tt.tally_run(model, self.manifest, first, "--prediction-store", self.store, "--metrics", "dice")
+        settings = glob.glob(os.path.join(self.store, "v1", "*", "*", "settings"))
+        self.assertEqual(len(settings), 1)
+        with open(settings[0]) as f:
+            text = f.read()
+        self.assertTrue(text.startswith("tally-store-settings-v1\nmodel "), text)
+        self.assertIn("\nprecision fp32\n", text)
+        rescored = os.path.join(self.root, "ts_rescored")
+        tt.tally("rescore", "--from-store", self.store, "--model", model, "--manifest", self.manifest, "--out", rescored,
+                 "--metrics", "dice,iou,hd95", "--workers", "2", "--max-failed-fraction", "1")
+        fresh = os.path.join(self.root, "ts_fresh")
+        tt.tally_run(model, self.manifest, fresh, "--metrics", "dice,iou,hd95")
+        self.assertTrue(tt.same_files(rescored, fresh))
+        self.assertEqual(tt.read_report(rescored)["rows_from_store"], 24)
+
+
 if __name__ == "__main__":
     unittest.main()

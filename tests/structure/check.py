@@ -52,7 +52,7 @@ ALLOWED = {
     "common/coco": ["base", "common/security", "common/formats", "metrics"],
     "common/sources": ["base", "common/security", "common/formats", "common/coco", "metrics"],
     "common/job": ["base", "common/security", "common/formats", "common/coco", "common/sources", "metrics"],
-    "common/store": ["base", "common/security"],
+    "common/store": ["base", "common/security", "common/formats", "common/coco", "common/sources", "common/job", "metrics"],
     "server/store": COMMON,
     "server/report": COMMON + ["server/store"],
     "server/coordinator": COMMON + ["server/store", "server/report"],

@@ -1,103 +1,30 @@
 #include "worker/store/store_runner.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <map>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "common/security/sha256.h"
-#include "common/store/prediction_store.h"
+#include "base/file_util.h"
 #include "common/sources/row_files.h"
+#include "common/store/prediction_store.h"
+#include "common/store/store_gc.h"
+#include "common/store/store_keys.h"
 #include "metrics/label_counts.h"
 #include "proto/tally.pb.h"
 
 namespace tally {
 namespace {
 
-constexpr int kMaxDigestedFiles = 100000;  // Files of one --model-option folder that are digested.
-
-// Adds a file's, or a folder's files' (sorted, recursively), digests and names to `text`.
-absl::Status DigestPath(const std::string& path, int* files, std::string* text) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return absl::OkStatus();  // Not a path: the option's value alone.
-  if (S_ISREG(st.st_mode)) {
-    if (++*files > kMaxDigestedFiles) {
-      return absl::ResourceExhaustedError(absl::StrCat("--prediction-store: more than ", kMaxDigestedFiles,
-                                                       " files under a --model-option path to digest"));
-    }
-    ASSIGN_OR_RETURN(FileFacts f, DigestFile(path));
-    absl::StrAppend(text, path, "=", Hex128(f.xxh128), "\n");
-    return absl::OkStatus();
-  }
-  if (!S_ISDIR(st.st_mode)) return absl::OkStatus();
-  DIR* dir = opendir(path.c_str());
-  if (dir == nullptr) return absl::OkStatus();
-  std::vector<std::string> names;
-  while (dirent* e = readdir(dir)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  closedir(dir);
-  std::sort(names.begin(), names.end());
-  for (const std::string& n : names) RETURN_IF_ERROR(DigestPath(path + "/" + n, files, text));
-  return absl::OkStatus();
-}
-
-// The .py files beside a Python model (it may import them), sorted.
-std::vector<std::string> SiblingSources(const std::string& model_path) {
-  const std::string folder = model_path.substr(0, model_path.rfind('/') + 1);
-  std::vector<std::string> out;
-  DIR* dir = opendir(folder.empty() ? "." : folder.c_str());
-  if (dir == nullptr) return out;
-  while (dirent* e = readdir(dir)) {
-    const std::string name = e->d_name;
-    if (name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0) out.push_back(folder + name);
-  }
-  closedir(dir);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-}  // namespace
-
-absl::StatusOr<std::string> PredictionModelDigest(const JobConfig& config, const std::string& model_sha256) {
-  const ModelRef model = ParseModelRef(config.model);
-  if (!model.python) return model_sha256.empty() ? Sha256FileHex(model.path) : model_sha256;
-  std::string text = absl::StrCat("python model ", model.class_name, "\ninterpreter ",
-                                  config.python.empty() ? "python3" : config.python, "\n");
-  int files = 0;
-  for (const std::string& source : SiblingSources(model.path)) RETURN_IF_ERROR(DigestPath(source, &files, &text));
-  for (const auto& [k, v] : config.model_options) {
-    absl::StrAppend(&text, "option ", k, "=", v, "\n");
-    RETURN_IF_ERROR(DigestPath(v, &files, &text));
-  }
-  return Sha256Hex(text);
-}
-
-std::string PredictionSettingsDigest(const JobConfig& config, ModelRunner& runner, int batch_size) {
-  std::vector<std::string> map;
-  for (const auto& [from, to] : config.label_map) map.push_back(absl::StrCat(from, ":", to));
-  const RunnerStats stats = runner.Stats();
-  const std::string text = absl::StrCat(
-      "precision ", static_cast<int>(config.precision), "\ninput ", config.input_height, "x", config.input_width,
-      "\nmean ", absl::StrJoin(config.mean, ","), "\nstd ", absl::StrJoin(config.std, ","), "\nlabel map ",
-      absl::StrJoin(map, ","), "\ndecode ", config.decode_mode, config.decode_gpu ? " gpu" : " cpu", "\ncompile ",
-      config.compile ? "on" : "off", "\ndevice ", runner.is_cuda() ? "cuda " : "cpu ", stats.gpu_name,
-      // GPU kernels may change with the batch's size; on the CPU Tally's outputs do not.
-      "\nbatch ", runner.is_cuda() ? batch_size : 0, "\n");
-  return Sha256Hex(text);
-}
-
-namespace {
 
 // fn(0 .. n-1) on up to `threads` threads (this one among them): reading, inflating and writing
 // entries costs about as much a row as decoding a PNG, too much for the pipeline's one batcher or
@@ -116,12 +43,84 @@ void ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
 
 // One batch: its rows found in the store (scored here) and the rest, run by the model as a batch
 // of their own (`inner`, whose item j is the batch's item misses_[j]).
+
+// What one job's batches share: the store, the settings digests in use (each folder's `settings`
+// file written the first time), and the accounting of --store-max-bytes.
+class StoreState {
+ public:
+  explicit StoreState(StoreRunnerOptions options) : options_(std::move(options)), store_(options_.root) {}
+  const StoreRunnerOptions& options() const { return options_; }
+  const PredictionStore& store() const { return store_; }
+  // The settings digest of a batch run in this layout, its JPEGs decoded on the GPU or not.
+  std::string Settings(bool channels_last, bool nvjpeg);
+  // After a batch's entries were written: past the bound, drops the least recently used entries.
+  void Wrote(int64_t bytes);
+
+ private:
+  const StoreRunnerOptions options_;
+  const PredictionStore store_;
+  absl::Mutex mu_;
+  std::map<int, std::string> settings_ ABSL_GUARDED_BY(mu_);  // channels_last * 2 + nvjpeg -> digest.
+  int64_t estimate_ ABSL_GUARDED_BY(mu_) = -1;  // The store's bytes when last walked, plus written since.
+  absl::Mutex gc_mu_;                           // One collection at a time in this worker.
+};
+
+std::string StoreState::Settings(bool channels_last, bool nvjpeg) {
+  const int slot = (channels_last ? 2 : 0) + (nvjpeg ? 1 : 0);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = settings_.find(slot); it != settings_.end()) return it->second;
+  }
+  const std::string text = options_.settings_text(channels_last, nvjpeg);
+  const std::string digest = Sha256Hex(text);
+  // The folder says what made its entries (`tally rescore` finds them by it); written whole, once.
+  const std::string path = SettingsFilePath(options_.root, options_.model_digest, digest);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    absl::Status s = MakeDirs(path.substr(0, path.rfind('/')));
+    if (s.ok()) s = WriteFileAtomically(path, SettingsFileText(options_.model_digest, text));
+    if (!s.ok()) Log("prediction store: ", s.message());
+  }
+  absl::MutexLock lock(&mu_);
+  settings_[slot] = digest;
+  return digest;
+}
+
+void StoreState::Wrote(int64_t bytes) {
+  if (options_.max_bytes <= 0 || bytes <= 0) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (estimate_ >= 0) {
+      estimate_ += bytes;
+      if (estimate_ <= options_.max_bytes) return;
+    }
+  }
+  if (!gc_mu_.TryLock()) return;
+  // The store as it is (other workers write to it too), down to 90 % of the bound: the next walk
+  // comes after another tenth is written.
+  StoreWalk walk = WalkStore(options_.root);
+  int64_t left = walk.bytes;
+  if (walk.bytes > options_.max_bytes) {
+    const StoreCollection c = CollectStore(std::move(walk), options_.max_bytes / 10 * 9);
+    left = c.left;
+    Log("prediction store: over --store-max-bytes ", options_.max_bytes, "; dropped ", c.dropped,
+        " least recently used entries (", c.freed, " bytes), ", c.left, " bytes left");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    estimate_ = left;
+  }
+  gc_mu_.Unlock();
+}
+
+// One batch: its rows found in the store (scored here) and the rest, run by the model as a batch
+// of their own (`inner`, whose item j is the batch's item misses_[j]).
 class StorePendingBatch final : public PendingBatch {
  public:
-  StorePendingBatch(const PredictionStore* store, BatchSpec spec, std::vector<StoreKey> keys,
+  StorePendingBatch(StoreState* state, BatchSpec spec, std::vector<StoreKey> keys,
                     std::vector<std::unique_ptr<StoredPrediction>> hits, std::vector<int> misses,
                     std::unique_ptr<PendingBatch> inner)
-      : store_(store), spec_(std::move(spec)), keys_(std::move(keys)), hits_(std::move(hits)),
+      : state_(state), spec_(std::move(spec)), keys_(std::move(keys)), hits_(std::move(hits)),
         misses_(std::move(misses)), inner_(std::move(inner)), slot_(spec_.items.size(), -1) {
     for (size_t j = 0; j < misses_.size(); ++j) slot_[misses_[j]] = static_cast<int>(j);
   }
@@ -151,7 +150,7 @@ class StorePendingBatch final : public PendingBatch {
   bool hit(int i) const { return slot_[i] < 0; }
   void Store();  // The model's rows into the store.
 
-  const PredictionStore* store_;
+  StoreState* state_;
   BatchSpec spec_;
   std::vector<StoreKey> keys_;
   std::vector<std::unique_ptr<StoredPrediction>> hits_;  // Per item; null for the model's rows.
@@ -167,7 +166,7 @@ absl::Status StorePendingBatch::Wait() {
   if (inner_) RETURN_IF_ERROR(inner_->Wait());
   k_ = inner_ ? inner_->num_classes() : 0;
   for (const auto& h : hits_) {
-    if (h && k_ == 0) k_ = h->classes;
+    if (h && k_ == 0) k_ = h->classes;  // A rescore's batch: the entries say.
   }
   const size_t n = spec_.items.size();
   counts_.assign(n * k_ * k_, 0);
@@ -188,6 +187,7 @@ absl::Status StorePendingBatch::Wait() {
 
 void StorePendingBatch::Store() {
   static std::atomic<bool> warned{false};
+  std::atomic<int64_t> written{0};
   // Written before the batch's rows are delivered: a job that ends has left every entry.
   ParallelFor(misses_.size(), [&](size_t j) {
     const int i = misses_[j];
@@ -203,16 +203,61 @@ void StorePendingBatch::Store() {
     p.classes = k_;
     p.nonfinite = inner_->nonfinite(static_cast<int>(j));
     p.labels.assign(labels, labels + static_cast<size_t>(it.height) * it.width);
-    if (absl::Status s = store_->Write(keys_[i], p); !s.ok() && !warned.exchange(true)) {
+    int64_t bytes = 0;
+    if (absl::Status s = state_->store().Write(keys_[i], p, &bytes); !s.ok() && !warned.exchange(true)) {
       Log("prediction store: ", s.message(), " (rows are scored all the same; logged once)");
     }
+    written += bytes;
   });
+  state_->Wrote(written.load());
 }
+
+// A rescore's runner: no model; each row it is given is one the store did not have.
+class NoModelBatch final : public PendingBatch {
+ public:
+  explicit NoModelBatch(const std::string* reason) : reason_(reason) {}
+  absl::Status Wait() override { return absl::OkStatus(); }
+  int num_classes() const override { return 0; }
+  const int64_t* confusion(int /*i*/) const override { return nullptr; }
+  const uint16_t* labels(int /*i*/) const override { return nullptr; }
+  bool CopyLabels(int /*i*/, size_t /*pixels*/, std::vector<uint16_t>* /*out*/) const override { return false; }
+  int64_t nonfinite(int /*i*/) const override { return 0; }
+  int64_t logit_ties() const override { return 0; }
+  std::string error(int /*i*/) const override { return *reason_; }
+
+ private:
+  const std::string* reason_;
+};
+
+class VectorHostBuffer final : public HostBuffer {
+ public:
+  explicit VectorHostBuffer(size_t bytes) : bytes_(bytes) {}
+  uint8_t* data() override { return bytes_.data(); }
+  size_t size() const override { return bytes_.size(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+class NoModel final : public ModelRunner {
+ public:
+  explicit NoModel(std::string reason) : reason_(std::move(reason)) {}
+  std::unique_ptr<HostBuffer> AllocateHost(size_t bytes) override { return std::make_unique<VectorHostBuffer>(bytes); }
+  absl::StatusOr<std::unique_ptr<PendingBatch>> Launch(const BatchSpec& /*batch*/) override {
+    return std::unique_ptr<PendingBatch>(new NoModelBatch(&reason_));
+  }
+  void ReleaseCachedMemory() override {}
+  absl::StatusOr<int> FindMaxBatch(int, int, double, int, int fallback) override { return fallback; }
+  RunnerStats Stats() override { return RunnerStats(); }
+  bool is_cuda() const override { return false; }
+
+ private:
+  const std::string reason_;
+};
 
 class StoreRunner final : public ModelRunner {
  public:
-  StoreRunner(ModelRunner* inner, StoreRunnerOptions options)
-      : inner_(inner), options_(std::move(options)), store_(options_.root) {}
+  StoreRunner(ModelRunner* inner, StoreRunnerOptions options) : inner_(inner), state_(std::move(options)) {}
 
   absl::StatusOr<std::unique_ptr<PendingBatch>> Launch(const BatchSpec& batch) override;
 
@@ -239,47 +284,51 @@ class StoreRunner final : public ModelRunner {
   void CancelLayoutTrial() override { inner_->CancelLayoutTrial(); }
 
  private:
-  StoreKey KeyOf(const BatchSpec& batch, const BatchImage& it) const;
+  // The input's digest ("" where the bytes are not known: never stored).
+  std::string InputDigest(const BatchImage& it) const;
 
   ModelRunner* inner_;
-  const StoreRunnerOptions options_;
-  const PredictionStore store_;
+  StoreState state_;
 };
 
-StoreKey StoreRunner::KeyOf(const BatchSpec& batch, const BatchImage& it) const {
-  StoreKey key;
-  if (it.image_digest == nullptr || it.image_digest->size() != 16) return key;  // Unknown bytes: never stored.
-  key.model = options_.model_digest;
-  // What the runner decided at run time: the layout (a trial's), the JPEG decoder.
-  key.settings = Sha256Hex(absl::StrCat(options_.settings_digest, inner_->ChannelsLast() ? " channels-last" : "",
-                                        batch.decoded_on_gpu ? " nvjpeg" : ""));
-  key.input = Hex128(*it.image_digest);
-  if (options_.columns_are_input && it.row != nullptr) {
-    std::string columns = key.input;
-    for (int c = 0; c < it.row->columns_size() && c < static_cast<int>(options_.columns.size()); ++c) {
-      absl::StrAppend(&columns, "\n", options_.columns[c], "=", it.row->columns(c));
-    }
-    key.input = Sha256Hex(columns).substr(0, 32);
+std::string StoreRunner::InputDigest(const BatchImage& it) const {
+  if (it.image_digest == nullptr || it.image_digest->size() != 16) return "";
+  const StoreRunnerOptions& o = state_.options();
+  if (!o.columns_are_input || it.row == nullptr) return Hex128(*it.image_digest);
+  std::string columns = Hex128(*it.image_digest);
+  for (int c = 0; c < it.row->columns_size() && c < static_cast<int>(o.columns.size()); ++c) {
+    absl::StrAppend(&columns, "\n", o.columns[c], "=", it.row->columns(c));
   }
-  return key;
+  return Sha256Hex(columns).substr(0, 32);
 }
 
 absl::StatusOr<std::unique_ptr<PendingBatch>> StoreRunner::Launch(const BatchSpec& batch) {
   const size_t n = batch.items.size();
+  const StoreRunnerOptions& o = state_.options();
+  // The settings a row may be stored under, tried in order: what the runner decided for this batch
+  // (layout, JPEG decoder), or a rescore's list. A row is written under the first.
+  const std::vector<std::string> settings =
+      o.settings_text ? std::vector<std::string>{state_.Settings(inner_->ChannelsLast(), batch.decoded_on_gpu)}
+                      : o.rescore_settings;
   std::vector<StoreKey> keys(n);
   std::vector<std::unique_ptr<StoredPrediction>> hits(n);
-  std::vector<int> misses;
   ParallelFor(n, [&](size_t i) {
     const BatchImage& it = batch.items[i];
-    keys[i] = KeyOf(batch, it);
-    if (keys[i].input.empty()) return;
-    absl::StatusOr<StoredPrediction> p = store_.Read(keys[i], it.height, it.width);
-    if (p.ok()) {
-      hits[i] = std::make_unique<StoredPrediction>(*std::move(p));
-    } else if (p.status().code() == absl::StatusCode::kDataLoss) {
-      Log("prediction store: ", p.status().message(), "; the row is predicted again");
+    const std::string input = InputDigest(it);
+    if (input.empty() || settings.empty()) return;
+    keys[i] = StoreKey{o.model_digest, settings.front(), input};
+    for (const std::string& s : settings) {
+      absl::StatusOr<StoredPrediction> p = state_.store().Read(StoreKey{o.model_digest, s, input}, it.height, it.width);
+      if (p.ok()) {
+        hits[i] = std::make_unique<StoredPrediction>(*std::move(p));
+        return;
+      }
+      if (p.status().code() == absl::StatusCode::kDataLoss) {
+        Log("prediction store: ", p.status().message(), "; the row is predicted again");
+      }
     }
   });
+  std::vector<int> misses;
   for (size_t i = 0; i < n; ++i) {
     if (!hits[i]) misses.push_back(static_cast<int>(i));
   }
@@ -293,10 +342,12 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> StoreRunner::Launch(const BatchSpe
     ASSIGN_OR_RETURN(inner, inner_->Launch(sub));
   }
   return std::unique_ptr<PendingBatch>(
-      new StorePendingBatch(&store_, batch, std::move(keys), std::move(hits), std::move(misses), std::move(inner)));
+      new StorePendingBatch(&state_, batch, std::move(keys), std::move(hits), std::move(misses), std::move(inner)));
 }
 
 }  // namespace
+
+std::unique_ptr<ModelRunner> NoModelRunner(std::string reason) { return std::make_unique<NoModel>(std::move(reason)); }
 
 std::unique_ptr<ModelRunner> WrapWithStore(ModelRunner* inner, StoreRunnerOptions options) {
   return std::make_unique<StoreRunner>(inner, std::move(options));

@@ -1,0 +1,145 @@
+#include "common/store/store_keys.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "common/security/sha256.h"
+#include "common/sources/row_files.h"
+
+namespace tally {
+namespace {
+
+constexpr int kMaxDigestedFiles = 100000;  // Files of one --model-option folder that are digested.
+constexpr char kSettingsMagic[] = "tally-store-settings-v1";
+constexpr int64_t kMaxSettingsFileBytes = 1 << 16;
+
+// Adds a file's, or a folder's files' (sorted, recursively), digests and names to `text`.
+absl::Status DigestPath(const std::string& path, int* files, std::string* text) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return absl::OkStatus();  // Not a path: the option's value alone.
+  if (S_ISREG(st.st_mode)) {
+    if (++*files > kMaxDigestedFiles) {
+      return absl::ResourceExhaustedError(absl::StrCat("--prediction-store: more than ", kMaxDigestedFiles,
+                                                       " files under a --model-option path to digest"));
+    }
+    ASSIGN_OR_RETURN(FileFacts f, DigestFile(path));
+    absl::StrAppend(text, path, "=", Hex128(f.xxh128), "\n");
+    return absl::OkStatus();
+  }
+  if (!S_ISDIR(st.st_mode)) return absl::OkStatus();
+  for (const std::string& n : ListDirectory(path)) RETURN_IF_ERROR(DigestPath(path + "/" + n, files, text));
+  return absl::OkStatus();
+}
+
+// The .py files beside a Python model (it may import them), sorted.
+std::vector<std::string> SiblingSources(const std::string& model_path) {
+  const std::string folder = model_path.substr(0, model_path.rfind('/') + 1);
+  std::vector<std::string> out;
+  for (const std::string& name : ListDirectory(folder.empty() ? "." : folder)) {
+    if (absl::EndsWith(name, ".py")) out.push_back(folder + name);
+  }
+  return out;
+}
+
+bool IsHexDigest(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return absl::ascii_isxdigit(c); });
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> PredictionModelDigest(const JobConfig& config, const std::string& model_sha256) {
+  const ModelRef model = ParseModelRef(config.model);
+  if (!model.python) return model_sha256.empty() ? Sha256FileHex(model.path) : model_sha256;
+  std::string text = absl::StrCat("python model ", model.class_name, "\ninterpreter ",
+                                  config.python.empty() ? "python3" : config.python, "\n");
+  int files = 0;
+  for (const std::string& source : SiblingSources(model.path)) RETURN_IF_ERROR(DigestPath(source, &files, &text));
+  for (const auto& [k, v] : config.model_options) {
+    absl::StrAppend(&text, "option ", k, "=", v, "\n");
+    RETURN_IF_ERROR(DigestPath(v, &files, &text));
+  }
+  return Sha256Hex(text);
+}
+
+std::string JobSettingsText(const JobConfig& config) {
+  std::vector<std::string> map;
+  for (const auto& [from, to] : config.label_map) map.push_back(absl::StrCat(from, ":", to));
+  return absl::StrCat("precision ", PrecisionName(config.precision), "\ninput ", config.input_height, "x",
+                      config.input_width, "\nmean ", absl::StrJoin(config.mean, ","), "\nstd ",
+                      absl::StrJoin(config.std, ","), "\nlabel_map ", absl::StrJoin(map, ","), "\ncompile ",
+                      config.compile ? "on" : "off", "\n");
+}
+
+std::string RunSettingsText(const JobConfig& config, bool cuda, const std::string& gpu_name, int batch_size,
+                            bool channels_last, bool nvjpeg) {
+  // GPU kernels may change with the batch's size; on the CPU Tally's outputs do not.
+  return absl::StrCat("decode ", config.decode_mode, config.decode_gpu ? " gpu" : " cpu", "\ndevice ",
+                      cuda ? "cuda " : "cpu ", gpu_name, "\nbatch ", cuda ? batch_size : 0, "\nlayout ",
+                      channels_last ? "channels-last" : "contiguous", "\njpeg ", nvjpeg ? "nvjpeg" : "host", "\n");
+}
+
+std::vector<std::pair<std::string, std::string>> StoredSettings::Lines() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    const size_t space = line.find(' ');
+    out.emplace_back(std::string(line.substr(0, space)),
+                     space == absl::string_view::npos ? std::string() : std::string(line.substr(space + 1)));
+  }
+  return out;
+}
+
+std::string StoredSettings::RunKey() const {
+  std::string key;
+  for (const auto& [k, v] : Lines()) {
+    if (SettingsFlag(k).empty() && k != "jpeg") absl::StrAppend(&key, k, " ", v, "\n");
+  }
+  return key;
+}
+
+std::string SettingsFlag(const std::string& key) {
+  if (key == "precision") return "--precision";
+  if (key == "input") return "--input-size";
+  if (key == "mean") return "--mean";
+  if (key == "std") return "--std";
+  if (key == "label_map") return "--label-map";
+  if (key == "compile") return "--compile";
+  return "";
+}
+
+std::string SettingsFilePath(const std::string& root, const std::string& model, const std::string& settings) {
+  return absl::StrCat(root, "/v1/", model.substr(0, 16), "/", settings.substr(0, 16), "/settings");
+}
+
+std::string SettingsFileText(const std::string& model, const std::string& text) {
+  return absl::StrCat(kSettingsMagic, "\nmodel ", model, "\n", text);
+}
+
+std::vector<StoredSettings> ListStoredSettings(const std::string& root, const std::string& model) {
+  std::vector<StoredSettings> out;
+  const std::string dir = absl::StrCat(root, "/v1/", model.substr(0, 16));
+  for (const std::string& name : ListDirectory(dir)) {
+    const std::string path = absl::StrCat(dir, "/", name, "/settings");
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxSettingsFileBytes) continue;
+    absl::StatusOr<std::string> bytes = ReadFileToString(path);
+    if (!bytes.ok()) continue;
+    const std::string head = absl::StrCat(kSettingsMagic, "\nmodel ", model, "\n");
+    if (!absl::StartsWith(*bytes, head)) continue;
+    StoredSettings s;
+    s.model = model;
+    s.text = bytes->substr(head.size());
+    s.settings = Sha256Hex(s.text);
+    s.folder = absl::StrCat(dir, "/", name);
+    if (IsHexDigest(s.settings) && s.settings.substr(0, 16) == name) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace tally
