@@ -106,9 +106,10 @@ const std::vector<Verb>& Verbs() {
        Join({kJob, {"gpus", "gpus_per_worker", "workers", "worker_threads", "worker_flags", "max_batch", "json"}})},
       {"verify", "OUT",
        "read a finished job's files again: every row whose bytes differ now from what was scored (exit 1)", {}},
-      {"store", "stats|ls|gc DIR [--max-bytes N] [--json]",
-       "the prediction store: entries and bytes by model, every entry, or drop the least recently used past N bytes",
-       {"max_bytes", "json"}},
+      {"store", "stats|ls|export|gc DIR [--out D] [--max-bytes N] [--json]",
+       "the prediction store: entries and bytes by model, every entry, every entry as a PNG, or drop the least "
+       "recently used past N bytes",
+       {"max_bytes", "json", "out"}},
       {"gpus", "[--json]",
        "this machine's GPUs: memory, processes, links, and whether each is ready (exit 0: one is)", {"json"}},
       {"token", "NAME client|worker|admin [--tokens-file F] [--out FILE]",

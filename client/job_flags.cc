@@ -289,10 +289,11 @@ absl::Status ReportFlags(const JobFlags& f, v1::JobSpec* spec) {
     if (spec->model().empty()) {
       return absl::InvalidArgumentError("--prediction-store is for jobs with a model (--model)");
     }
-    spec->set_prediction_store(AbsolutePath(f.prediction_store));
+    // "off": not tallyd's default store either.
+    spec->set_prediction_store(f.prediction_store == "off" ? "off" : AbsolutePath(f.prediction_store));
   }
   if (!f.store_max_bytes.empty()) {
-    if (f.prediction_store.empty()) return absl::InvalidArgumentError("--store-max-bytes bounds --prediction-store");
+    if (f.prediction_store.empty() || f.prediction_store == "off") return absl::InvalidArgumentError("--store-max-bytes bounds --prediction-store");
     auto bytes = ParseByteSize("store-max-bytes", f.store_max_bytes);
     if (!bytes.ok()) return bytes.status();
     spec->set_store_max_bytes(*bytes);

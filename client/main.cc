@@ -350,7 +350,7 @@ constexpr Handler kHandlers[] = {
     {"merge", [](const Invocation& in) { return MergeVerb(ReadJobVerbFlags(in)); }},
     {"verify", [](const Invocation& in) { return VerifyVerb({in.positional}); }},
     {"store", [](const Invocation& in) {
-       return StoreVerb({in.positional, absl::GetFlag(FLAGS_max_bytes), absl::GetFlag(FLAGS_json)});
+       return StoreVerb({in.positional, absl::GetFlag(FLAGS_max_bytes), absl::GetFlag(FLAGS_json), absl::GetFlag(FLAGS_out)});
      }},
 };
 

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
 #include "common/security/data_roots.h"
+#include "base/file_util.h"
 #include "base/flag_util.h"
 #include "common/process/gpu_inventory.h"
 #include "base/log.h"
@@ -85,6 +86,11 @@ ABSL_FLAG(std::string, worker_binary, "", "Path of tally-worker (default: next t
 ABSL_FLAG(std::string, max_worker_memory, "",
           "With --spawn-workers: each worker's --max-worker-memory (a size such as 8GiB, or none; default: the "
           "worker's own, from its cgroup or the machine's memory)");
+ABSL_FLAG(std::string, prediction_store, "",
+          "Jobs with a model that name no --prediction-store keep and take predictions in this folder "
+          "(docs/prediction-store.md); a job's --prediction-store off opts out");
+ABSL_FLAG(std::string, store_max_bytes, "",
+          "With --prediction-store: the most it may hold (e.g. 500GiB), for jobs that set no bound of their own");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "A folder whose files clients may name (repeatable): with data roots, manifests, "
           "models, images and masks must resolve inside one (SECURITY.md). Empty: every readable path");
@@ -99,6 +105,7 @@ const std::vector<tally::FlagGroup>& HelpGroups() {
       {"Security (SECURITY.md)", {"tls_cert", "tls_key", "tls_client_ca", "auth_tokens", "data_root"}},
       {"Workers", {"spawn_workers", "gpus", "gpus_per_worker", "workers", "worker_binary", "max_worker_memory",
                    "lease_seconds", "heartbeat_seconds"}},
+      {"Prediction store", {"prediction_store", "store_max_bytes"}},
       {"Limits", {"max_shard_attempts", "max_manifest_rows", "max_json_file_size", "submit_read_timeout",
                   "retain_days"}},
   };
@@ -128,6 +135,17 @@ absl::StatusOr<tally::ServerOptions> ReadOptions(std::vector<std::string> data_r
   options.coordinator.max_shard_attempts = absl::GetFlag(FLAGS_max_shard_attempts);
   options.coordinator.max_manifest_rows = absl::GetFlag(FLAGS_max_manifest_rows);
   options.coordinator.retain_days = absl::GetFlag(FLAGS_retain_days);
+  if (const std::string store = absl::GetFlag(FLAGS_prediction_store); !store.empty()) {
+    options.coordinator.prediction_store = tally::AbsolutePath(store);
+  }
+  if (const std::string bound = absl::GetFlag(FLAGS_store_max_bytes); !bound.empty()) {
+    auto bytes = tally::ParseByteSize("store-max-bytes", bound);
+    if (!bytes.ok()) return bytes.status();
+    if (options.coordinator.prediction_store.empty()) {
+      return absl::InvalidArgumentError("--store-max-bytes bounds --prediction-store");
+    }
+    options.coordinator.store_max_bytes = *bytes;
+  }
   options.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   if (!(options.drain_seconds >= 0)) return absl::InvalidArgumentError("--drain-seconds must be 0 or more");
   options.coordinator.share_quantum_seconds = absl::GetFlag(FLAGS_share_quantum);

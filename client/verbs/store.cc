@@ -1,7 +1,8 @@
-// tally store stats|ls|gc DIR: the prediction store as a thing people look after
+// tally store stats|ls|export|gc DIR: the prediction store as a thing people look after
 // (docs/prediction-store.md). stats: entries and bytes by model and settings; ls: every entry from
-// its header; gc --max-bytes N: drops the least recently used entries (written or scored from last
-// longest ago) until the store holds at most N bytes, and temporary files a killed writer left.
+// its header; export --out D: every entry as a PNG label map any viewer opens; gc --max-bytes N:
+// drops the least recently used entries (written or scored from last longest ago) until the store
+// holds at most N bytes, and temporary files a killed writer left.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -16,7 +17,10 @@
 #include "base/flag_util.h"
 #include "base/json_writer.h"
 #include "client/verbs/verbs.h"
+#include "base/file_util.h"
+#include "common/formats/png.h"
 #include "common/store/store_gc.h"
+#include "common/store/store_keys.h"
 
 namespace tally {
 namespace {
@@ -71,6 +75,65 @@ int List(const std::vector<Entry>& entries, bool json) {
   return 0;
 }
 
+// The full model and settings digests of an entry's settings folder, from its `settings` file.
+absl::StatusOr<StoreKey> FolderKey(const std::string& root, const std::string& model16, const std::string& settings16) {
+  const std::string path = absl::StrCat(root, "/v1/", model16, "/", settings16, "/settings");
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok() || text->size() > (1 << 16) || text->find("\nmodel ") == std::string::npos) {
+    return absl::NotFoundError(absl::StrCat(path, ": no settings file (written by Tally since 2026-12-06)"));
+  }
+  const std::string model = text->substr(text->find("\nmodel ") + 7, 64);
+  for (const StoredSettings& s : ListStoredSettings(root, model)) {
+    if (s.settings.substr(0, 16) == settings16) return StoreKey{model, s.settings, ""};
+  }
+  return absl::DataLossError(absl::StrCat(path, ": does not verify against its folder's name"));
+}
+
+// Every entry that verifies, as OUT/<model>/<settings>/<input digest>.png (8-bit up to 256 classes,
+// else 16-bit) beside a copy of its folder's settings. Entries are read, not used: gc's order stays.
+int Export(const std::string& root, const StoreWalk& walk, const std::string& out) {
+  if (out.empty()) {
+    std::cerr << "tally store export: --out DIR says where the PNG files go\n";
+    return 2;
+  }
+  int64_t written = 0, skipped = 0;
+  std::map<std::string, absl::StatusOr<StoreKey>> folders;
+  for (const StoreFile& e : walk.entries) {
+    const std::string folder = e.model + "/" + e.settings;
+    auto it = folders.find(folder);
+    if (it == folders.end()) it = folders.emplace(folder, FolderKey(root, e.model, e.settings)).first;
+    StoreKey key = it->second.ok() ? *it->second : StoreKey{};
+    key.input = e.path.substr(e.path.rfind('/') + 1, e.path.size() - e.path.rfind('/') - 5);
+    const int64_t pixels = static_cast<int64_t>(e.info.height) * e.info.width;
+    absl::StatusOr<std::string> bytes = absl::DataLossError("more bytes than its size holds");
+    if (e.info.file_bytes <= 96 + 3 * pixels + 4096 && pixels <= (int64_t{1} << 28)) bytes = ReadFileToString(e.path);
+    absl::StatusOr<StoredPrediction> p = !it->second.ok() ? absl::StatusOr<StoredPrediction>(it->second.status())
+                                         : !bytes.ok()    ? absl::StatusOr<StoredPrediction>(bytes.status())
+                                                          : DecodeStoreEntry(*bytes, key, e.info.height, e.info.width);
+    absl::Status s = p.status();
+    const std::string dir = absl::StrCat(out, "/", folder);
+    if (s.ok()) s = MakeDirs(dir);
+    if (s.ok() && p->classes <= 256) {
+      std::vector<uint8_t> labels(p->labels.begin(), p->labels.end());
+      s = WritePng(absl::StrCat(dir, "/", key.input, ".png"), p->height, p->width, 1, 8, labels.data(), 1);
+    } else if (s.ok()) {
+      s = WritePng(absl::StrCat(dir, "/", key.input, ".png"), p->height, p->width, 1, 16, p->labels.data(), 1);
+    }
+    if (!s.ok()) {
+      std::cerr << "tally store export: " << e.path << ": " << s.message() << "\n";
+      ++skipped;
+      continue;
+    }
+    ++written;
+  }
+  for (const auto& [folder, key] : folders) {
+    absl::StatusOr<std::string> text = ReadFileToString(absl::StrCat(root, "/v1/", folder, "/settings"));
+    if (key.ok() && text.ok()) (void)WriteFileAtomically(absl::StrCat(out, "/", folder, "/settings"), *text);
+  }
+  std::cout << absl::StrFormat("exported %d entries to %s (%d skipped)\n", written, out, skipped);
+  return skipped > 0 ? 1 : 0;
+}
+
 int Collect(StoreWalk walk, int64_t max_bytes) {
   const size_t total = walk.entries.size();
   const StoreCollection c = CollectStore(std::move(walk), max_bytes);
@@ -83,8 +146,8 @@ int Collect(StoreWalk walk, int64_t max_bytes) {
 
 int StoreVerb(const StoreFlags& flags) {
   const std::vector<std::string>& p = flags.positional;
-  if (p.size() != 2 || (p[0] != "stats" && p[0] != "ls" && p[0] != "gc")) {
-    std::cerr << "usage: tally store stats|ls|gc DIR [--max-bytes N] [--json]\n";
+  if (p.size() != 2 || (p[0] != "stats" && p[0] != "ls" && p[0] != "gc" && p[0] != "export")) {
+    std::cerr << "usage: tally store stats|ls|export|gc DIR [--out D] [--max-bytes N] [--json]\n";
     return 2;
   }
   struct stat st;
@@ -96,6 +159,7 @@ int StoreVerb(const StoreFlags& flags) {
   for (const std::string& e : walk.errors) std::cerr << "tally store: " << e << "\n";
   if (p[0] == "stats") return Stats(walk.entries, flags.json);
   if (p[0] == "ls") return List(walk.entries, flags.json);
+  if (p[0] == "export") return Export(p[1], walk, flags.out);
   if (flags.max_bytes.empty()) {
     std::cerr << "tally store gc: --max-bytes N (e.g. 200GiB) says how much the store may keep\n";
     return 2;

@@ -156,12 +156,13 @@ struct VerifyFlags {
 };
 int VerifyVerb(const VerifyFlags& flags);
 
-// tally store stats|ls|gc DIR: the prediction store's entries by model, each entry, or the least
-// recently used dropped past --max-bytes (docs/prediction-store.md).
+// tally store stats|ls|export|gc DIR: the prediction store's entries by model, each entry, every
+// entry as a PNG (--out), or the least recently used dropped past --max-bytes (docs/prediction-store.md).
 struct StoreFlags {
-  std::vector<std::string> positional;  // stats|ls|gc DIR.
+  std::vector<std::string> positional;  // stats|ls|export|gc DIR.
   std::string max_bytes;
   bool json = false;
+  std::string out;
 };
 int StoreVerb(const StoreFlags& flags);
 

@@ -195,6 +195,7 @@ absl::Status ReadReportSettings(const v1::JobSpec& spec, JobConfig* c) {
     return absl::InvalidArgumentError(absl::StrCat("thumbnails ", c->thumbnails, " is not in 0..", kMaxThumbnails));
   }
   c->prediction_store = spec.prediction_store();
+  if (c->prediction_store == "off") c->prediction_store.clear();  // Not tallyd's default store either.
   if (!c->prediction_store.empty()) {
     if (c->predictions()) {
       return absl::InvalidArgumentError("prediction_store is for jobs with a model");

@@ -72,6 +72,10 @@ struct CoordinatorOptions {
   // A worker moves to a job that waits at an equal share only after this long on its current job
   // (one worker, two jobs: each in turn), so that workers do not switch models at every shard.
   double share_quantum_seconds = 30;
+  // tallyd --prediction-store, --store-max-bytes: for jobs with a model that name no store (a job's
+  // "off" opts out).
+  std::string prediction_store;
+  int64_t store_max_bytes = 0;
 };
 
 

@@ -312,7 +312,15 @@ JobRecord Coordinator::QueuedRecord(const v1::JobSpec& spec, const std::string& 
   return rec;
 }
 
-absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& in, const std::string& owner) {
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& submitted, const std::string& owner) {
+  v1::JobSpec in = submitted;
+  // tallyd's prediction store, for jobs with a model that name none; "off" opts out.
+  if (in.prediction_store() == "off") {
+    in.clear_prediction_store();
+  } else if (in.prediction_store().empty() && !options_.prediction_store.empty() && !in.model().empty()) {
+    in.set_prediction_store(options_.prediction_store);
+    if (in.store_max_bytes() == 0) in.set_store_max_bytes(options_.store_max_bytes);
+  }
   ASSIGN_OR_RETURN(v1::JobSpec spec, ValidateJobSpec(in));
   const std::string job_id = NewJobId(Now(), RandomHex(6));
   ASSIGN_OR_RETURN(JobRecord rec, StoreManifest(spec, job_id));

@@ -22,6 +22,7 @@ PY = "/usr/bin/python3"
 # Class 1 where red > blue + offset; `offset` comes from a weights file when one is named.
 COUNTING_MODEL = """
 import os
+import time
 import numpy as np
 
 class Model:
@@ -35,6 +36,7 @@ class Model:
                 self.offset = int(f.read())
 
     def predict(self, images, rows):
+        time.sleep(float(os.environ.get("STORE_TEST_SLEEP", "0")))
         with open(self.log, "a") as f:
             for row in rows:
                 f.write(row["id"] + "\\n")
@@ -267,6 +269,55 @@ class PredictionStoreTest(unittest.TestCase):
         tt.tally_run(model, self.manifest, fresh, "--metrics", "dice,iou,hd95")
         self.assertTrue(tt.same_files(rescored, fresh))
         self.assertEqual(tt.read_report(rescored)["rows_from_store"], 24)
+        # The entries as PNG files, by input digest (export) and by row id (rescore --save-predictions):
+        # each the model's labels as torch computes them here.
+        exported = os.path.join(self.root, "exported")
+        p = tt.tally("store", "export", self.store, "--out", exported)
+        self.assertIn("exported 24 entries", p.stdout)
+        by_id = os.path.join(self.root, "by_id")
+        tt.tally("rescore", "--from-store", self.store, "--model", model, "--manifest", self.manifest, "--out",
+                 os.path.join(self.root, "ts_saved"), "--save-predictions", by_id, "--max-failed-fraction", "1")
+        digests = {r["id"]: r["image_xxh128"] for r in tt.read_per_image(rescored)}
+        for name in ("s0000", "s0007", "s0023"):
+            want, _ = tt.predict(model, os.path.join(self.root, "data", "img", name + ".png"))
+            png = glob.glob(os.path.join(exported, "*", "*", digests[name] + ".png"))
+            self.assertEqual(len(png), 1)
+            np.testing.assert_array_equal(np.asarray(Image.open(png[0])), want)
+            np.testing.assert_array_equal(np.asarray(Image.open(os.path.join(by_id, name + ".png"))), want)
+        self.assertEqual(len(glob.glob(os.path.join(exported, "*", "*", "settings"))), 1)
+
+
+    def test_tallyd_default_store_and_a_killed_worker_leaves_no_half_entry(self):
+        cluster = tt.Cluster(self, os.path.join(self.root, "cluster"), tallyd_args=["--prediction-store", self.store])
+        log = os.path.join(self.root, "cluster_log")
+        slow = cluster.start_worker(env={"STORE_TEST_LOG": log, "STORE_TEST_SLEEP": "0.4"})
+        cluster.wait_registered(1)
+        job = cluster.submit(self.model, self.manifest, "--python", PY, "--batch-size", "2", "--shard-size", "4")
+        cluster.wait_for_progress(job, 0.25)
+        slow.kill()  # SIGKILL: whatever it was writing stays a temporary file, never an entry.
+        slow.wait()
+        cluster.start_worker(env={"STORE_TEST_LOG": log})
+        self.assertEqual(cluster.wait(job)["state"], "succeeded")
+        out = os.path.join(self.root, "killed")
+        cluster.fetch(job, out)
+        r = tt.read_report(out)
+        self.assertEqual((r["prediction_store"], r["images_evaluated"]), (self.store, 24))
+        plain, _ = self.run_py("plain", "--batch-size", "2", store=False, log="plain_log")
+        self.assertTrue(tt.same_files(out, plain))
+        # Every entry there is whole and verifies (export reads each one and fails on any that does not).
+        p = tt.tally("store", "export", self.store, "--out", os.path.join(self.root, "export"))
+        self.assertIn("exported 24 entries", p.stdout)
+        # Opting out, then the default again: none from the store, then all.
+        off = cluster.submit(self.model, self.manifest, "--python", PY, "--prediction-store", "off")
+        cluster.wait(off)
+        cluster.fetch(off, os.path.join(self.root, "off"))
+        r = tt.read_report(os.path.join(self.root, "off"))
+        self.assertEqual((r["prediction_store"], r["rows_from_store"]), (None, 0))
+        again = cluster.submit(self.model, self.manifest, "--python", PY, "--batch-size", "2")
+        cluster.wait(again)
+        cluster.fetch(again, os.path.join(self.root, "again"))
+        self.assertEqual(tt.read_report(os.path.join(self.root, "again"))["rows_from_store"], 24)
+        self.assertTrue(tt.same_files(os.path.join(self.root, "again"), plain))
 
 
 if __name__ == "__main__":
