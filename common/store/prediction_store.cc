@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <cerrno>
 #include <cstring>
 
@@ -19,7 +21,7 @@
 namespace tally {
 namespace {
 
-constexpr char kMagic[8] = {'T', 'A', 'L', 'L', 'Y', 'P', 'S', '1'};
+constexpr char kMagic[8] = {'T', 'A', 'L', 'L', 'Y', 'P', 'S', '2'};
 constexpr size_t kHeaderBytes = 96;
 // The largest label map an entry may hold: the decoders' own pixel limit's order (2^28 pixels).
 constexpr int64_t kMaxPixels = int64_t{1} << 28;
@@ -47,14 +49,57 @@ std::string KeyDigest(const StoreKey& key) {
   return std::string(reinterpret_cast<const char*>(d.data()), d.size());
 }
 
-// The labels as the entry's raw bytes: one byte a label when the classes fit, else two (LE).
-std::string RawLabels(const StoredPrediction& p, uint32_t label_bytes) {
-  std::string raw(p.labels.size() * label_bytes, '\0');
-  for (size_t i = 0; i < p.labels.size(); ++i) {
-    raw[i * label_bytes] = static_cast<char>(p.labels[i] & 0xFF);
-    if (label_bytes == 2) raw[i * 2 + 1] = static_cast<char>(p.labels[i] >> 8);
+// Bits a label: the fewest of 1, 2, 4, 8 and 16 that hold every class.
+uint32_t LabelBits(int classes) {
+  for (uint32_t bits : {1u, 2u, 4u, 8u}) {
+    if (classes <= (1 << bits)) return bits;
+  }
+  return 16;
+}
+
+size_t PackedBytes(size_t labels, uint32_t bits) { return (labels * bits + 7) / 8; }
+
+// The labels as the entry's raw bytes: one stream of `bits` bits a label, row-major, least
+// significant bits first within a byte (16 bits: little-endian). A two-class 512x512 map is 32 KiB
+// before DEFLATE, an eighth of a byte a label: compressing and digesting it costs that much less.
+std::string RawLabels(const StoredPrediction& p, uint32_t bits) {
+  std::string raw(PackedBytes(p.labels.size(), bits), '\0');
+  if (bits == 16) {
+    for (size_t i = 0; i < p.labels.size(); ++i) {
+      raw[2 * i] = static_cast<char>(p.labels[i] & 0xFF);
+      raw[2 * i + 1] = static_cast<char>(p.labels[i] >> 8);
+    }
+    return raw;
+  }
+  const size_t per_byte = 8 / bits;
+  for (size_t i = 0; i < p.labels.size(); i += per_byte) {
+    uint32_t byte = 0;
+    const size_t end = std::min(p.labels.size(), i + per_byte);
+    for (size_t j = i; j < end; ++j) byte |= static_cast<uint32_t>(p.labels[j]) << ((j - i) * bits);
+    raw[i / per_byte] = static_cast<char>(byte);
   }
   return raw;
+}
+
+// The labels back from RawLabels' bytes; false when one is not below `classes`.
+bool UnpackLabels(const std::string& raw, uint32_t bits, int classes, std::vector<uint16_t>* labels) {
+  uint32_t bad = 0;
+  if (bits == 16) {
+    for (size_t i = 0; i < labels->size(); ++i) {
+      const uint16_t v = static_cast<uint16_t>(static_cast<uint8_t>(raw[2 * i]) | (static_cast<uint8_t>(raw[2 * i + 1]) << 8));
+      bad |= v >= classes;
+      (*labels)[i] = v;
+    }
+    return bad == 0;
+  }
+  const size_t per_byte = 8 / bits;
+  const uint32_t mask = (1u << bits) - 1;
+  for (size_t i = 0; i < labels->size(); ++i) {
+    const uint32_t v = (static_cast<uint8_t>(raw[i / per_byte]) >> ((i % per_byte) * bits)) & mask;
+    bad |= v >= static_cast<uint32_t>(classes);
+    (*labels)[i] = static_cast<uint16_t>(v);
+  }
+  return bad == 0;
 }
 
 // XXH128 of `bytes`, its 16 canonical (big-endian) bytes: as common/sources/row_files.h digests inputs.
@@ -80,17 +125,18 @@ std::string PredictionStore::EntryPath(const StoreKey& key) const {
 }
 
 std::string EncodeStoreEntry(const StoreKey& key, const StoredPrediction& p) {
-  const uint32_t label_bytes = p.classes <= 256 ? 1 : 2;
-  const std::string raw = RawLabels(p, label_bytes);
-  libdeflate_compressor* c = libdeflate_alloc_compressor(1);
-  std::string payload(libdeflate_deflate_compress_bound(c, raw.size()), '\0');
-  const size_t n = libdeflate_deflate_compress(c, raw.data(), raw.size(), payload.data(), payload.size());
-  libdeflate_free_compressor(c);
+  const uint32_t bits = LabelBits(p.classes);
+  const std::string raw = RawLabels(p, bits);
+  // One compressor a thread: allocating one costs about as much as compressing a small entry.
+  thread_local std::unique_ptr<libdeflate_compressor, void (*)(libdeflate_compressor*)> c(
+      libdeflate_alloc_compressor(1), libdeflate_free_compressor);
+  std::string payload(libdeflate_deflate_compress_bound(c.get(), raw.size()), '\0');
+  const size_t n = libdeflate_deflate_compress(c.get(), raw.data(), raw.size(), payload.data(), payload.size());
   payload.resize(n);
   std::string out(kHeaderBytes, '\0');
   std::memcpy(out.data(), kMagic, 8);
   Put32(&out, 8, kHeaderBytes);
-  Put32(&out, 12, label_bytes);
+  Put32(&out, 12, bits);
   Put32(&out, 16, static_cast<uint32_t>(p.height));
   Put32(&out, 20, static_cast<uint32_t>(p.width));
   Put32(&out, 24, static_cast<uint32_t>(p.classes));
@@ -110,7 +156,7 @@ absl::StatusOr<StoredPrediction> DecodeStoreEntry(const std::string& bytes, cons
     return absl::DataLossError("not a Tally prediction store entry (its header is missing or foreign)");
   }
   StoredPrediction p;
-  const uint32_t label_bytes = Get32(bytes, 12);
+  const uint32_t bits = Get32(bytes, 12);
   p.height = static_cast<int>(Get32(bytes, 16));
   p.width = static_cast<int>(Get32(bytes, 20));
   p.classes = static_cast<int>(Get32(bytes, 24));
@@ -123,32 +169,28 @@ absl::StatusOr<StoredPrediction> DecodeStoreEntry(const std::string& bytes, cons
     return absl::DataLossError(absl::StrCat("the entry is ", p.height, "x", p.width, ", the row's mask ", height, "x", width));
   }
   const int64_t pixels = static_cast<int64_t>(height) * width;
-  if (height <= 0 || width <= 0 || pixels > kMaxPixels || (label_bytes != 1 && label_bytes != 2) || p.classes < 2 ||
-      p.classes > 65535 || (label_bytes == 1 && p.classes > 256) || p.nonfinite < 0) {
+  if (height <= 0 || width <= 0 || pixels > kMaxPixels || p.classes < 2 || p.classes > 65535 ||
+      bits != LabelBits(p.classes) || p.nonfinite < 0) {
     return absl::DataLossError("the entry's header is out of range");
   }
-  const size_t raw_size = static_cast<size_t>(pixels) * label_bytes;
+  const size_t raw_size = PackedBytes(static_cast<size_t>(pixels), bits);
   if (payload != bytes.size() - kHeaderBytes || payload > raw_size + raw_size / 2 + 4096) {
     return absl::DataLossError(absl::StrCat("the entry holds ", bytes.size() - kHeaderBytes, " payload bytes, its header says ",
                                             payload, " (truncated or overwritten)"));
   }
   std::string raw(raw_size, '\0');
-  libdeflate_decompressor* d = libdeflate_alloc_decompressor();
+  thread_local std::unique_ptr<libdeflate_decompressor, void (*)(libdeflate_decompressor*)> d(
+      libdeflate_alloc_decompressor(), libdeflate_free_decompressor);
   size_t got = 0;
   const libdeflate_result r =
-      libdeflate_deflate_decompress(d, bytes.data() + kHeaderBytes, payload, raw.data(), raw.size(), &got);
-  libdeflate_free_decompressor(d);
+      libdeflate_deflate_decompress(d.get(), bytes.data() + kHeaderBytes, payload, raw.data(), raw.size(), &got);
   if (r != LIBDEFLATE_SUCCESS || got != raw_size) return absl::DataLossError("the entry's labels do not inflate to the row's size");
 #ifndef TALLY_FUZZING
   if (Digest128(raw).compare(0, 16, bytes, 48, 16) != 0) return absl::DataLossError("the entry's labels do not match its digest");
 #endif
   p.labels.resize(static_cast<size_t>(pixels));
-  for (size_t i = 0; i < p.labels.size(); ++i) {
-    const uint16_t v = label_bytes == 1 ? static_cast<uint8_t>(raw[i])
-                                        : static_cast<uint16_t>(static_cast<uint8_t>(raw[2 * i]) |
-                                                                (static_cast<uint8_t>(raw[2 * i + 1]) << 8));
-    if (v >= p.classes) return absl::DataLossError(absl::StrCat("the entry holds label ", v, " of ", p.classes, " classes"));
-    p.labels[i] = v;
+  if (!UnpackLabels(raw, bits, p.classes, &p.labels)) {
+    return absl::DataLossError(absl::StrCat("the entry holds a label of ", p.classes, " classes or more"));
   }
   return p;
 }
@@ -165,7 +207,7 @@ absl::StatusOr<StoreEntryInfo> ReadStoreEntryHeader(const std::string& path) {
     return absl::DataLossError(absl::StrCat(path, ": not a Tally prediction store entry"));
   }
   StoreEntryInfo info;
-  info.label_bytes = static_cast<int>(Get32(header, 12));
+  info.label_bits = static_cast<int>(Get32(header, 12));
   info.height = static_cast<int>(Get32(header, 16));
   info.width = static_cast<int>(Get32(header, 20));
   info.classes = static_cast<int>(Get32(header, 24));

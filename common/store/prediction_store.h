@@ -5,13 +5,14 @@
 //   ROOT/v1/<model digest, 16 hex>/<settings digest, 16 hex>/<input digest's first 2 hex>/<input digest>.tps
 //
 // An entry, little-endian:
-//   0   8 bytes  "TALLYPS1"
+//   0   8 bytes  "TALLYPS2"
 //   8   u32      header bytes (96)
-//   12  u32      bytes a label (1 when the classes fit a byte, else 2)
+//   12  u32      bits a label: the fewest of 1, 2, 4, 8, 16 that hold the classes
 //   16  u32      height          20  u32  width          24  u32  classes (K)     28  u32  0
 //   32  i64      non-finite values the model's output had for this row
 //   40  u64      payload bytes (raw DEFLATE, libdeflate)
-//   48  16 bytes XXH128 of the uncompressed labels (row-major, each label's bytes little-endian)
+//   48  16 bytes XXH128 of the uncompressed labels (row-major, one stream of `bits` bits a label, least
+//                significant first within a byte; 16 bits: little-endian)
 //   64  32 bytes SHA-256 of "tally-store-v1\0" model "\0" settings "\0" input (the hex digests)
 //   96  payload
 // Entries are written whole (a temporary file in the same folder, then rename), so a reader sees an
@@ -69,7 +70,7 @@ struct StoreEntryInfo {
   int height = 0;
   int width = 0;
   int classes = 0;
-  int label_bytes = 0;
+  int label_bits = 0;  // 1, 2, 4, 8 or 16.
   int64_t file_bytes = 0;
   int64_t mtime_ns = 0;  // Its last write or hit (Read touches it): what `tally store gc` drops by.
 };

@@ -43,18 +43,36 @@ std::string TempDir() {
   return mkdtemp(tmpl);
 }
 
-TEST(PredictionStoreTest, EntriesRoundTripInOneAndTwoBytesALabel) {
-  for (int k : {2, 256, 257, 4096}) {
-    const StoredPrediction p = Labels(13, 17, k, 5);
+TEST(PredictionStoreTest, EntriesRoundTripInTheFewestBitsThatHoldTheClasses) {
+  for (const auto& [k, bits] : std::vector<std::pair<int, int>>{
+           {2, 1}, {3, 2}, {4, 2}, {5, 4}, {16, 4}, {17, 8}, {256, 8}, {257, 16}, {4096, 16}}) {
+    const StoredPrediction p = Labels(13, 17, k, 5);  // 221 labels: the last byte of a packed map is partial.
     const std::string bytes = EncodeStoreEntry(Key(), p);
-    EXPECT_EQ(bytes.compare(0, 8, "TALLYPS1"), 0);
-    EXPECT_EQ(static_cast<uint8_t>(bytes[12]), k <= 256 ? 1 : 2);
+    EXPECT_EQ(bytes.compare(0, 8, "TALLYPS2"), 0);
+    EXPECT_EQ(static_cast<uint8_t>(bytes[12]), bits) << k;
     absl::StatusOr<StoredPrediction> got = DecodeStoreEntry(bytes, Key(), 13, 17);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->labels, p.labels);
     EXPECT_EQ(got->classes, k);
     EXPECT_EQ(got->nonfinite, 7);
   }
+}
+
+// Eight two-class labels a byte, the first in the lowest bit: 1,0,0,0,0,0,0,1 | 1,1 -> 0x81 0x03.
+// (The bytes come out of DEFLATE: a stored block, whose payload is the packed bytes as they are,
+// is what libdeflate writes for 2 incompressible bytes.)
+TEST(PredictionStoreTest, TwoClassLabelsPackEightAByteLowestBitFirst) {
+  StoredPrediction p;
+  p.height = 1;
+  p.width = 10;
+  p.classes = 2;
+  p.labels = {1, 0, 0, 0, 0, 0, 0, 1, 1, 1};
+  const std::string bytes = EncodeStoreEntry(Key(), p);
+  const std::string payload = bytes.substr(96);
+  // A stored DEFLATE block: header byte 0x01 (final, stored), LEN 2, NLEN ~2, then the raw bytes.
+  ASSERT_EQ(payload.size(), 7u);
+  EXPECT_EQ(static_cast<uint8_t>(payload[5]), 0x81);
+  EXPECT_EQ(static_cast<uint8_t>(payload[6]), 0x03);
 }
 
 TEST(PredictionStoreTest, AnEntryThatIsNotTheRowsOwnWholeAndIntactIsRefused) {

@@ -237,20 +237,26 @@ def tar_seeds():
 
 
 def store_entry_seeds():
-    """Prediction store entries (common/store/prediction_store.h's layout), one or two bytes a label;
-    the first byte is the row's size for the target (low nibble height - 1, high nibble width - 1)."""
+    """Prediction store entries (common/store/prediction_store.h's layout), 1, 2, 4, 8 and 16 bits a
+    label; the first byte is the row's size for the target (low nibble height - 1, high nibble width - 1)."""
     import struct
     import zlib
 
-    for name, h, w, k, width_bytes in (("bytes.tps", 3, 5, 3, 1), ("words.tps", 4, 2, 300, 2)):
+    for name, h, w, k, bits in (("bits1.tps", 3, 5, 2, 1), ("bits2.tps", 3, 5, 3, 2), ("bits4.tps", 4, 3, 9, 4),
+                                ("bits8.tps", 3, 5, 200, 8), ("bits16.tps", 4, 2, 300, 16)):
         labels = [(i * 7) % k for i in range(h * w)]
-        raw = b"".join(struct.pack("<B" if width_bytes == 1 else "<H", v) for v in labels)
+        if bits == 16:
+            raw = b"".join(struct.pack("<H", v) for v in labels)
+        else:
+            stream = 0
+            for i, v in enumerate(labels):
+                stream |= v << (i * bits)
+            raw = stream.to_bytes((len(labels) * bits + 7) // 8, "little")
         c = zlib.compressobj(1, zlib.DEFLATED, -15)
         payload = c.compress(raw) + c.flush()
-        header = b"TALLYPS1" + struct.pack("<IIIIII", 96, width_bytes, h, w, k, 0) + struct.pack("<qQ", 2, len(payload))
+        header = b"TALLYPS2" + struct.pack("<IIIIII", 96, bits, h, w, k, 0) + struct.pack("<qQ", 2, len(payload))
         header += bytes(16) + bytes(32)  # Digests: not checked by the fuzz build.
         save("store_entry", name, bytes([(h - 1) | ((w - 1) << 4)]) + header + payload)
-
 
 if __name__ == "__main__":
     main()

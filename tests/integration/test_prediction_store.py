@@ -8,9 +8,11 @@ import glob
 import json
 import os
 import shutil
+import struct
 import textwrap
 import time
 import unittest
+import zlib
 
 import numpy as np
 from PIL import Image
@@ -285,6 +287,17 @@ class PredictionStoreTest(unittest.TestCase):
             np.testing.assert_array_equal(np.asarray(Image.open(png[0])), want)
             np.testing.assert_array_equal(np.asarray(Image.open(os.path.join(by_id, name + ".png"))), want)
         self.assertEqual(len(glob.glob(os.path.join(exported, "*", "*", "settings"))), 1)
+        # An entry read as docs/prediction-store.md lays it out, by a script of the user's own.
+        entry = glob.glob(os.path.join(self.store, "v1", "*", "*", "*", digests["s0007"] + ".tps"))[0]
+        with open(entry, "rb") as f:
+            data = f.read()
+        self.assertEqual(data[:8], b"TALLYPS2")
+        header, bits, height, width, classes = struct.unpack("<IIIII", data[8:28])
+        self.assertEqual((header, bits, classes), (96, 2, 3))
+        raw = np.frombuffer(zlib.decompress(data[96:], wbits=-15), np.uint8)
+        labels = ((raw[:, None] >> np.arange(0, 8, bits, dtype=np.uint8)) & ((1 << bits) - 1)).reshape(-1)
+        want, _ = tt.predict(model, os.path.join(self.root, "data", "img", "s0007.png"))
+        np.testing.assert_array_equal(labels[:height * width].reshape(height, width), want)
 
 
     def test_tallyd_default_store_and_a_killed_worker_leaves_no_half_entry(self):
