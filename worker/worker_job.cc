@@ -96,6 +96,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> StoreRunnerFor(const JobConfig& con
   so.columns_are_input = config.python_model();
   so.columns = config.manifest_columns;
   so.max_bytes = config.store_max_bytes;
+  // Found rows skip decoding where nothing the runner decides during the job (a layout trial of
+  // TorchScript on CUDA, the JPEG decoder's) can change their settings between lookup and batch.
+  const bool fixed_layout = !runner->is_cuda() || config.python_model() || !config.channels_last_auto;
+  so.find_before_decoding = config.rescore || (fixed_layout && !config.decode_auto && !config.decode_gpu);
   return WrapWithStore(runner, std::move(so));
 }
 

@@ -4,9 +4,11 @@ the store. A Python model appends the id of every row it predicts to a file, so 
 model's own work, not Tally's account of it. The file is named by the environment, not by a
 --model-option: the bytes of a file an option names are part of the model's digest.
 """
+import base64
 import glob
 import json
 import os
+import re
 import shutil
 import struct
 import textwrap
@@ -24,6 +26,7 @@ PY = "/usr/bin/python3"
 # Class 1 where red > blue + offset; `offset` comes from a weights file when one is named.
 COUNTING_MODEL = """
 import os
+import re
 import time
 import numpy as np
 
@@ -45,6 +48,14 @@ class Model:
         return [(im[..., 0].astype(np.int32) > im[..., 2].astype(np.int32) + self.offset).astype(np.int64)
                 for im in images]
 """
+
+
+def thumbnails(out):
+    """report.html's thumbnails: (class, row index) -> JPEG bytes."""
+    with open(os.path.join(out, "report.html")) as f:
+        html = f.read()
+    pattern = r'<figure data-index="(\d+)" data-class="(\d+)"><img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)"'
+    return {(int(c), int(i)): base64.b64decode(b) for i, c, b in re.findall(pattern, html)}
 
 
 def predicted(log):
@@ -92,11 +103,14 @@ class PredictionStoreTest(unittest.TestCase):
         self.assertTrue(tt.same_files(out, plain))
         with open(os.path.join(out, "summary.md")) as f:
             self.assertIn("6 of 24 rows from it", f.read())
-        # Again: nothing for the model; the numbers unchanged.
+        # Again: nothing for the model; the numbers unchanged. The rows found in the store were not
+        # decoded (found before decoding): their thumbnails decode them, the same pictures.
         out, r = self.run_py("again", "--workers", "3")
         self.assertEqual(len(predicted(os.path.join(self.root, "log"))), 24)
         self.assertEqual(r["rows_from_store"], 24)
         self.assertTrue(tt.same_files(out, plain))
+        self.assertEqual(thumbnails(out), thumbnails(plain))
+        self.assertEqual(len(thumbnails(out)), 5)  # Class 1 (background has none), its 5 worst.
 
     def test_changed_weights_or_image_bytes_are_predicted_again(self):
         weights = os.path.join(self.root, "weights.txt")

@@ -121,6 +121,16 @@ struct BatchImage {
   const RawImage* raw = nullptr;
   // The XXH128 of the image file's bytes as decoded (v1::InputDigests.image); null where unknown.
   const std::string* image_digest = nullptr;
+  // The row's prediction, found before its image was decoded (ModelRunner::FindHeld): its pixels in
+  // the image buffer were never filled, and the runner scores it from this. Null otherwise.
+  const struct HeldPrediction* held = nullptr;
+};
+
+// A prediction a runner holds for a row before its image is decoded (the prediction store's entry).
+struct HeldPrediction {
+  virtual ~HeldPrediction() = default;
+  int height = 0;
+  int width = 0;
 };
 
 // Surface metrics (hd, hd95, assd, nsd of every class) computed where the labels are, when the runner
@@ -245,6 +255,14 @@ class ModelRunner {
   virtual absl::StatusOr<int> FindMaxBatch(int height, int width, double max_memory, int limit, int fallback) = 0;
   virtual RunnerStats Stats() = 0;
   virtual bool is_cuda() const = 0;
+  // The prediction this runner holds already for a row whose image file's bytes have this XXH128
+  // (the prediction store's entry), asked once the bytes are read and before they are decoded; a
+  // row that has one is staged with pixels left unfilled, and Launch scores it from it. Null: the
+  // row is decoded and run as any other.
+  virtual std::shared_ptr<const HeldPrediction> FindHeld(const v1::ManifestRow& /*row*/,
+                                                         const std::string& /*image_digest*/) {
+    return nullptr;
+  }
   // The most host memory the model's tensors held at once while running `batch` (launched and waited
   // for; its results dropped), for the worker's memory budget (worker/pipeline/memory_budget.h); -1 where the
   // runner cannot say or its tensors are not in this process's host memory (GPU, Python models).

@@ -163,6 +163,7 @@ class Pipeline : public RowEvaluator {
     bool jpeg = false;        // The image is a JPEG...
     bool gpu_pixels = false;  // ...decoded by nvJPEG.
     v1::InputDigests inputs;  // The digests of the files as read (set by the decoding thread).
+    std::shared_ptr<const HeldPrediction> held;  // The runner's prediction, found before decoding.
   };
   // Guarded by the pipeline's mu_ (its items' `decoded` too); an item's buffers belong to the
   // thread that took it (decoder, then batcher).
@@ -265,6 +266,8 @@ class Pipeline : public RowEvaluator {
   bool Complete(const std::shared_ptr<InFlight>& batch) ABSL_LOCKS_EXCLUDED(mu_);
   void Decode(Item* item);
   // The mask half of Decode: loads and prepares the item's mask and checks it against `image`.
+  // A held row's image, decoded again for its thumbnail; false when it cannot be (the file changed).
+  bool HeldRowPixels(const BatchImage& it, std::vector<uint8_t>* rgb) const;
   void DecodeMask(Item* item, std::unique_ptr<RgbImage> image);
   // The image's 8-bit pixels, and with PipelineOptions::raw_images its stored values where it has
   // them (item->raw).

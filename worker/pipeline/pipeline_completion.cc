@@ -263,6 +263,9 @@ void Pipeline::FinishRow(const std::shared_ptr<InFlight>& batch, PendingBatch* p
       thumbs.clear();
     }
   }
+  std::vector<uint8_t> rgb;
+  // A row scored from a held prediction was never decoded: its thumbnail decodes it now.
+  if (!thumbs.empty() && it.held != nullptr && !HeldRowPixels(it, &rgb)) thumbs.clear();
   const bool cpu_surface = surface_ && batch->masks[i] != nullptr;  // Not scored on the device.
   if (!cpu_surface && !saving_ && thumbs.empty()) {
     Deliver(batch->shard, std::move(r), batch->provisional);
@@ -272,11 +275,10 @@ void Pipeline::FinishRow(const std::shared_ptr<InFlight>& batch, PendingBatch* p
   // does not hold the staging buffer, which goes back to the batcher at once: a row that gets a
   // thumbnail takes a copy of its image (and reference) along.
   std::shared_ptr<LabelMap> ref(cpu_surface ? std::move(batch->masks[i]) : nullptr);
-  std::vector<uint8_t> rgb;
   std::vector<uint16_t> ref_copy;
   if (!thumbs.empty()) {
     const uint8_t* image = batch->slot->images->data() + it.image_offset;
-    rgb.assign(image, image + static_cast<size_t>(it.height) * it.width * 3);
+    if (it.held == nullptr) rgb.assign(image, image + static_cast<size_t>(it.height) * it.width * 3);
     if (!ref) ref_copy.assign(masks + it.mask_offset, masks + it.mask_offset + static_cast<size_t>(it.height) * it.width);
   }
   auto task = [this, batch, pred, ref, k, h = it.height, w = it.width, id = it.row->id(), classes = std::move(thumbs),

@@ -105,7 +105,16 @@ void Pipeline::Decode(Item* item) {
   absl::Status s = decode.status();
   if (s.ok()) s = ReadImageBytes(item->row.image_path(), &bytes, &item->inputs);
   if (s.ok()) s = CheckMemory(bytes, DisplayPath(item->row.image_path()), decode->page);
-  if (s.ok()) {
+  item->held.reset();
+  // A row whose prediction the runner holds (the prediction store) needs no pixels: an image of its
+  // size is staged unfilled (FinishRow decodes it again for a thumbnail).
+  if (s.ok()) item->held = runner_->FindHeld(item->row, item->inputs.image());
+  if (s.ok() && item->held) {
+    image->height = item->held->height;
+    image->width = item->held->width;
+    image->pixels.resize(static_cast<size_t>(image->height) * image->width * 3);
+    item->raw.reset();
+  } else if (s.ok()) {
     item->jpeg = LooksLikeJpeg(bytes);
     s = DecodePixels(item, bytes, *decode, image.get());
   }
@@ -116,6 +125,22 @@ void Pipeline::Decode(Item* item) {
     return;
   }
   DecodeMask(item, std::move(image));
+}
+
+bool Pipeline::HeldRowPixels(const BatchImage& it, std::vector<uint8_t>* rgb) const {
+  std::string bytes;
+  v1::InputDigests inputs;
+  absl::StatusOr<DecodeOptions> decode = RowOptions(*it.row);
+  RgbImage image;
+  // The bytes must be those the row was scored by; where the file changed since, no thumbnail.
+  if (!decode.ok() || !ReadImageBytes(it.row->image_path(), &bytes, &inputs).ok() || it.image_digest == nullptr ||
+      inputs.image() != *it.image_digest ||
+      !DecodeImage(bytes, DisplayPath(it.row->image_path()), &image, options_.max_image_pixels, *decode).ok() ||
+      image.height != it.height || image.width != it.width) {
+    return false;
+  }
+  *rgb = std::move(image.pixels);
+  return true;
 }
 
 void Pipeline::NoteUnusedWindow(Item* item, const std::string& bytes, const RgbImage& image) const {

@@ -64,6 +64,7 @@ void Pipeline::Stage(const std::vector<Item*>& items, Slot* slot, BatchSpec* spe
     b.width = it->image->width;
     b.row = &it->row;
     b.image_digest = &it->inputs.image();
+    b.held = it->held.get();
     b.raw = it->raw.get();
     image_off += it->image->pixels.size();
     mask_off += it->mask->labels.size();

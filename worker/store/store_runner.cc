@@ -118,10 +118,10 @@ void StoreState::Wrote(int64_t bytes) {
 class StorePendingBatch final : public PendingBatch {
  public:
   StorePendingBatch(StoreState* state, BatchSpec spec, std::vector<StoreKey> keys,
-                    std::vector<std::unique_ptr<StoredPrediction>> hits, std::vector<int> misses,
-                    std::unique_ptr<PendingBatch> inner)
+                    std::vector<std::shared_ptr<const StoredPrediction>> hits, std::vector<std::string> refused,
+                    std::vector<int> misses, std::unique_ptr<PendingBatch> inner)
       : state_(state), spec_(std::move(spec)), keys_(std::move(keys)), hits_(std::move(hits)),
-        misses_(std::move(misses)), inner_(std::move(inner)), slot_(spec_.items.size(), -1) {
+        refused_(std::move(refused)), misses_(std::move(misses)), inner_(std::move(inner)), slot_(spec_.items.size(), -1) {
     for (size_t j = 0; j < misses_.size(); ++j) slot_[misses_[j]] = static_cast<int>(j);
   }
 
@@ -153,7 +153,8 @@ class StorePendingBatch final : public PendingBatch {
   StoreState* state_;
   BatchSpec spec_;
   std::vector<StoreKey> keys_;
-  std::vector<std::unique_ptr<StoredPrediction>> hits_;  // Per item; null for the model's rows.
+  std::vector<std::shared_ptr<const StoredPrediction>> hits_;  // Per item; null for the model's rows.
+  std::vector<std::string> refused_;  // Per item: why a held row cannot be scored (empty: it can).
   std::vector<int> misses_;
   std::unique_ptr<PendingBatch> inner_;
   std::vector<int> slot_;  // Item -> its index in inner_'s batch, or -1 (from the store).
@@ -173,6 +174,10 @@ absl::Status StorePendingBatch::Wait() {
   errors_.assign(n, "");
   ParallelFor(n, [&](size_t i) {
     if (!hits_[i]) return;
+    if (!refused_[i].empty()) {
+      errors_[i] = refused_[i];
+      return;
+    }
     if (hits_[i]->classes != k_) {
       errors_[i] = absl::StrCat("the prediction store's entry has ", hits_[i]->classes, " classes, the model ", k_);
       return;
@@ -255,11 +260,18 @@ class NoModel final : public ModelRunner {
   const std::string reason_;
 };
 
+// A row's entry, found before its image was decoded, and the settings it was found under.
+struct HeldEntry final : HeldPrediction {
+  std::shared_ptr<const StoredPrediction> prediction;
+  std::string settings;
+};
+
 class StoreRunner final : public ModelRunner {
  public:
   StoreRunner(ModelRunner* inner, StoreRunnerOptions options) : inner_(inner), state_(std::move(options)) {}
 
   absl::StatusOr<std::unique_ptr<PendingBatch>> Launch(const BatchSpec& batch) override;
+  std::shared_ptr<const HeldPrediction> FindHeld(const v1::ManifestRow& row, const std::string& image_digest) override;
 
   std::unique_ptr<HostBuffer> AllocateHost(size_t bytes) override { return inner_->AllocateHost(bytes); }
   void ReleaseCachedMemory() override { inner_->ReleaseCachedMemory(); }
@@ -285,42 +297,78 @@ class StoreRunner final : public ModelRunner {
 
  private:
   // The input's digest ("" where the bytes are not known: never stored).
-  std::string InputDigest(const BatchImage& it) const;
+  std::string InputDigest(const std::string* image_digest, const v1::ManifestRow* row) const;
+  // The settings a row of a batch in this layout may be stored under, tried in order: the runner's
+  // (a row is written under it), or a rescore's list.
+  std::vector<std::string> SettingsList(bool nvjpeg);
 
   ModelRunner* inner_;
   StoreState state_;
 };
 
-std::string StoreRunner::InputDigest(const BatchImage& it) const {
-  if (it.image_digest == nullptr || it.image_digest->size() != 16) return "";
+std::string StoreRunner::InputDigest(const std::string* image_digest, const v1::ManifestRow* row) const {
+  if (image_digest == nullptr || image_digest->size() != 16) return "";
   const StoreRunnerOptions& o = state_.options();
-  if (!o.columns_are_input || it.row == nullptr) return Hex128(*it.image_digest);
-  std::string columns = Hex128(*it.image_digest);
-  for (int c = 0; c < it.row->columns_size() && c < static_cast<int>(o.columns.size()); ++c) {
-    absl::StrAppend(&columns, "\n", o.columns[c], "=", it.row->columns(c));
+  if (!o.columns_are_input || row == nullptr) return Hex128(*image_digest);
+  std::string columns = Hex128(*image_digest);
+  for (int c = 0; c < row->columns_size() && c < static_cast<int>(o.columns.size()); ++c) {
+    absl::StrAppend(&columns, "\n", o.columns[c], "=", row->columns(c));
   }
   return Sha256Hex(columns).substr(0, 32);
+}
+
+std::vector<std::string> StoreRunner::SettingsList(bool nvjpeg) {
+  const StoreRunnerOptions& o = state_.options();
+  if (!o.settings_text) return o.rescore_settings;
+  return {state_.Settings(inner_->ChannelsLast(), nvjpeg)};
+}
+
+std::shared_ptr<const HeldPrediction> StoreRunner::FindHeld(const v1::ManifestRow& row, const std::string& image_digest) {
+  const StoreRunnerOptions& o = state_.options();
+  if (!o.find_before_decoding) return nullptr;
+  const std::string input = InputDigest(&image_digest, &row);
+  if (input.empty()) return nullptr;
+  for (const std::string& s : SettingsList(false)) {  // Rows decoded on the host.
+    const StoreKey key{o.model_digest, s, input};
+    absl::StatusOr<StoreEntryInfo> info = ReadStoreEntryHeader(state_.store().EntryPath(key));
+    if (!info.ok()) continue;  // None (or not an entry: the batch's lookup reads it again and says so).
+    absl::StatusOr<StoredPrediction> p = state_.store().Read(key, info->height, info->width);
+    if (!p.ok()) continue;
+    auto held = std::make_shared<HeldEntry>();
+    held->height = p->height;
+    held->width = p->width;
+    held->prediction = std::make_shared<const StoredPrediction>(*std::move(p));
+    held->settings = s;
+    return held;
+  }
+  return nullptr;
 }
 
 absl::StatusOr<std::unique_ptr<PendingBatch>> StoreRunner::Launch(const BatchSpec& batch) {
   const size_t n = batch.items.size();
   const StoreRunnerOptions& o = state_.options();
-  // The settings a row may be stored under, tried in order: what the runner decided for this batch
-  // (layout, JPEG decoder), or a rescore's list. A row is written under the first.
-  const std::vector<std::string> settings =
-      o.settings_text ? std::vector<std::string>{state_.Settings(inner_->ChannelsLast(), batch.decoded_on_gpu)}
-                      : o.rescore_settings;
+  const std::vector<std::string> settings = SettingsList(batch.decoded_on_gpu);
   std::vector<StoreKey> keys(n);
-  std::vector<std::unique_ptr<StoredPrediction>> hits(n);
+  std::vector<std::shared_ptr<const StoredPrediction>> hits(n);
+  std::vector<std::string> refused(n);
   ParallelFor(n, [&](size_t i) {
     const BatchImage& it = batch.items[i];
-    const std::string input = InputDigest(it);
+    if (it.held != nullptr) {  // Found before decoding: its pixels were never filled.
+      const auto* held = static_cast<const HeldEntry*>(it.held);
+      hits[i] = held->prediction;
+      if (std::find(settings.begin(), settings.end(), held->settings) == settings.end()) {
+        refused[i] = "the row's stored prediction was made with other settings than its batch ran with (the job's "
+                     "layout or JPEG decoder changed while it ran); run the job again";
+      }
+      return;
+    }
+    const std::string input = InputDigest(it.image_digest, it.row);
     if (input.empty() || settings.empty()) return;
     keys[i] = StoreKey{o.model_digest, settings.front(), input};
     for (const std::string& s : settings) {
       absl::StatusOr<StoredPrediction> p = state_.store().Read(StoreKey{o.model_digest, s, input}, it.height, it.width);
       if (p.ok()) {
-        hits[i] = std::make_unique<StoredPrediction>(*std::move(p));
+        hits[i] = std::make_shared<const StoredPrediction>(*std::move(p));
         return;
       }
       if (p.status().code() == absl::StatusCode::kDataLoss) {
@@ -341,8 +389,8 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> StoreRunner::Launch(const BatchSpe
     sub.keep_labels = false;
     ASSIGN_OR_RETURN(inner, inner_->Launch(sub));
   }
-  return std::unique_ptr<PendingBatch>(
-      new StorePendingBatch(&state_, batch, std::move(keys), std::move(hits), std::move(misses), std::move(inner)));
+  return std::unique_ptr<PendingBatch>(new StorePendingBatch(&state_, batch, std::move(keys), std::move(hits),
+                                                             std::move(refused), std::move(misses), std::move(inner)));
 }
 
 }  // namespace

@@ -31,6 +31,10 @@ struct StoreRunnerOptions {
   bool columns_are_input = false;
   std::vector<std::string> columns;
   int64_t max_bytes = 0;  // --store-max-bytes (0: none).
+  // Rows are looked up as soon as their image's bytes are read, and those found are not decoded
+  // (ModelRunner::FindHeld): for jobs whose settings cannot change while they run (no layout or
+  // decoder trial) and rescores.
+  bool find_before_decoding = false;
 };
 
 // The runner of a `tally rescore` job: no model; every row it is given fails with `reason`.
