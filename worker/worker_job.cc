@@ -98,8 +98,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> StoreRunnerFor(const JobConfig& con
   so.max_bytes = config.store_max_bytes;
   // Found rows skip decoding where nothing the runner decides during the job (a layout trial of
   // TorchScript on CUDA, the JPEG decoder's) can change their settings between lookup and batch.
-  const bool fixed_layout = !runner->is_cuda() || config.python_model() || !config.channels_last_auto;
-  so.find_before_decoding = config.rescore || (fixed_layout && !config.decode_auto && !config.decode_gpu);
+  // A TorchScript model on CUDA with --channels-last auto: once its trial's layout is agreed.
+  so.find_before_decoding = config.rescore || (!config.decode_auto && !config.decode_gpu);
+  so.once_layout_agreed = !config.rescore && runner->is_cuda() && !config.python_model() && config.channels_last_auto;
   return WrapWithStore(runner, std::move(so));
 }
 

@@ -2,8 +2,9 @@
 # Suite `store`: the prediction store on one GPU (docs/prediction-store.md). COUNT photograph-like
 # 512x512 PNGs through the TorchScript models (tools/export_models.py): LRASPP fp32 without the
 # store, with an empty store (every row written) and with a full one (every row read, no model);
-# DeepLabV3 bf16 the same. Each run's steady rate, rows from the store, and whether per_image.csv
-# equals the run without the store; the store's bytes a row.
+# DeepLabV3 bf16 the same; then with half the rows in the store (a 50 % sample's), so that batches
+# are partly found and partly run. Each run's steady rate, rows from the store, and whether
+# per_image.csv equals the run without the store; the store's bytes a row.
 #   bench/gpu/run.sh store [STAGES]    (build,run; default all)
 # Settings: COUNT (images, default 3200), ARCHS (default "lraspp:fp32 deeplabv3:bf16").
 set -uo pipefail
@@ -19,8 +20,13 @@ if has run; then
   for ap in $archs; do
     arch=${ap%%:*}; prec=${ap##*:}
     rm -rf "$work/store_$arch"
-    for mode in none empty full; do
+    for mode in none empty full half; do
       extra=(); [ "$mode" != none ] && extra=(--prediction-store "$work/store_$arch")
+      if [ "$mode" = half ]; then  # Half the rows in the store: batches partly found, partly run.
+        rm -rf "$work/store_$arch"
+        "$bin/tally" run --model "$work/models/$arch.pt" --manifest "$work/png/manifest.csv" --out "$work/out/${arch}_sample" \
+          --gpus all --metrics dice --batch-size 32 --precision "$prec" --sample 50% "${extra[@]}" > /dev/null 2>&1
+      fi
       out="$work/out/${arch}_$mode"
       "$bin/tally" run --model "$work/models/$arch.pt" --manifest "$work/png/manifest.csv" --out "$out" --gpus all \
         --metrics dice --batch-size 32 --precision "$prec" "${extra[@]}" > "$out.log" 2>&1 || tail -20 "$out.log"
@@ -28,6 +34,6 @@ if has run; then
       $py -c "import json,sys; r=json.load(open('$out/report.json')); print(json.dumps({'rows_from_store': r['rows_from_store']}))"
       [ "$mode" != none ] && echo "per_image.csv against no store: $(same_rows "$work/out/${arch}_none/per_image.csv" "$out/per_image.csv")"
     done
-    echo "store bytes a row ($arch): $(( $(du -sb "$work/store_$arch" | cut -f1) / n ))"
+    echo "store bytes a row ($arch, after the half run): $(( $(du -sb "$work/store_$arch" | cut -f1) / n ))"
   done
 fi

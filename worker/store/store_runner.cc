@@ -284,7 +284,10 @@ class StoreRunner final : public ModelRunner {
   int64_t MeasureHostBytes(const BatchSpec& batch) override { return inner_->MeasureHostBytes(batch); }
   bool ScoresSurfaceOnDevice() const override { return inner_->ScoresSurfaceOnDevice(); }
   std::string TrialLayout(const BatchSpec& batch, std::string* trial) override { return inner_->TrialLayout(batch, trial); }
-  void SetChannelsLast(bool on) override { inner_->SetChannelsLast(on); }
+  void SetChannelsLast(bool on) override {
+    inner_->SetChannelsLast(on);
+    layout_agreed_ = true;
+  }
   void SetCompileResolver(CompileResolver resolver) override { inner_->SetCompileResolver(std::move(resolver)); }
   bool ChannelsLast() const override { return inner_->ChannelsLast(); }
   bool PrepareLayoutTrial(const BatchSpec& batch) override { return inner_->PrepareLayoutTrial(batch); }
@@ -296,6 +299,7 @@ class StoreRunner final : public ModelRunner {
   void CancelLayoutTrial() override { inner_->CancelLayoutTrial(); }
 
  private:
+  std::atomic<bool> layout_agreed_{false};
   // The input's digest ("" where the bytes are not known: never stored).
   std::string InputDigest(const std::string* image_digest, const v1::ManifestRow* row) const;
   // The settings a row of a batch in this layout may be stored under, tried in order: the runner's
@@ -325,7 +329,7 @@ std::vector<std::string> StoreRunner::SettingsList(bool nvjpeg) {
 
 std::shared_ptr<const HeldPrediction> StoreRunner::FindHeld(const v1::ManifestRow& row, const std::string& image_digest) {
   const StoreRunnerOptions& o = state_.options();
-  if (!o.find_before_decoding) return nullptr;
+  if (!o.find_before_decoding || (o.once_layout_agreed && !layout_agreed_)) return nullptr;
   const std::string input = InputDigest(&image_digest, &row);
   if (input.empty()) return nullptr;
   for (const std::string& s : SettingsList(false)) {  // Rows decoded on the host.
@@ -385,6 +389,12 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> StoreRunner::Launch(const BatchSpe
     BatchSpec sub = batch;
     sub.items.clear();
     for (int i : misses) sub.items.push_back(batch.items[i]);
+    // On a GPU the kernels (and the last bits of every row's output) may change with the batch's
+    // size: the model's rows run as a batch of the full size, padded with copies of its last row,
+    // whose outputs are not used, so they come out as in a run without the store.
+    if (inner_->is_cuda()) {
+      while (sub.items.size() < n) sub.items.push_back(sub.items.back());
+    }
     sub.want_labels = true;  // Back to the host, for the store.
     sub.keep_labels = false;
     ASSIGN_OR_RETURN(inner, inner_->Launch(sub));

@@ -35,6 +35,8 @@ struct StoreRunnerOptions {
   // (ModelRunner::FindHeld): for jobs whose settings cannot change while they run (no layout or
   // decoder trial) and rescores.
   bool find_before_decoding = false;
+  // ...from the moment the job's memory layout is agreed (SetChannelsLast: a layout trial's end).
+  bool once_layout_agreed = false;
 };
 
 // The runner of a `tally rescore` job: no model; every row it is given fails with `reason`.
