@@ -307,8 +307,8 @@ int Run(const Invocation& in) {
 }
 
 int Rescore(const Invocation& in) {
-  return RescoreVerb({ReadJobFlags(in), ReadLocalWorkerFlags(), absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_from_store),
-                      absl::GetFlag(FLAGS_store_settings)});
+  return RescoreVerb({ReadConnectionFlags(), in.positional, ReadJobFlags(in), ReadLocalWorkerFlags(),
+                      absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_from_store), absl::GetFlag(FLAGS_store_settings)});
 }
 
 int Estimate(const Invocation& in) {

@@ -4,14 +4,17 @@
 // settings folder), and every row is scored from its entry on CPU workers; a row the store lacks
 // fails, naming what is missing. Flags that would change a prediction must be the run's own: a
 // difference is refused, naming the flag and both values.
+#include <algorithm>
 #include <iostream>
 #include <map>
 
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/file_util.h"
+#include "base/status_macros.h"
 #include "client/job_flags.h"
 #include "client/local_run.h"
 #include "client/verbs/verb_util.h"
@@ -114,11 +117,67 @@ absl::Status RefuseFlags(const RescoreFlags& f, const v1::JobSpec& spec, const J
   return absl::OkStatus();
 }
 
+// `tally rescore JOB`: the job's model, data, prediction settings and store, as if given as flags
+// (flags given on the command line win: those that would change a prediction are then refused).
+absl::StatusOr<RescoreFlags> FromJob(const RescoreFlags& given) {
+  ASSIGN_OR_RETURN(std::unique_ptr<TallyClient> client, Connect(given.connection));
+  ASSIGN_OR_RETURN(const std::string id, ResolveJobId(*client, given.positional[0]));
+  ASSIGN_OR_RETURN(const v1::Job job, client->Get(id));
+  const v1::JobSpec& spec = job.spec();
+  if (spec.prediction_store().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " kept no predictions (no --prediction-store)"));
+  }
+  RescoreFlags f = given;
+  JobFlags& j = f.job;
+  if (f.from_store.empty()) f.from_store = spec.prediction_store();
+  auto fill = [](std::string* flag, const std::string& value) {
+    if (flag->empty()) *flag = value;
+  };
+  fill(&j.model, spec.model());
+  fill(&j.manifest, spec.manifest());
+  if (spec.shards_size() > 0) fill(&j.shards, spec.shards(0));
+  fill(&j.coco_images, spec.images_dir());
+  fill(&j.masks, spec.masks_dir());
+  fill(&j.mask_suffix, spec.mask_suffix());
+  fill(&j.python, spec.python());
+  if (j.model_options.empty()) {
+    for (const auto& [k, v] : spec.model_options()) j.model_options.push_back(absl::StrCat(k, "=", v));
+    std::sort(j.model_options.begin(), j.model_options.end());
+  }
+  // Floats printed so that they parse back to the same float.
+  auto floats = [](const google::protobuf::RepeatedField<float>& v) {
+    std::vector<std::string> out;
+    for (float x : v) out.push_back(absl::StrFormat("%.9g", x));
+    return absl::StrJoin(out, ",");
+  };
+  fill(&j.mean, floats(spec.mean()));
+  fill(&j.std, floats(spec.std()));
+  if (spec.input_height() > 0) fill(&j.input_size, absl::StrCat(spec.input_height(), "x", spec.input_width()));
+  std::vector<std::string> map;
+  for (const auto& [from, to] : spec.label_map()) map.push_back(absl::StrCat(from, ":", to));
+  std::sort(map.begin(), map.end());
+  fill(&j.label_map, absl::StrJoin(map, ","));
+  const absl::CommandLineFlag* precision = absl::FindCommandLineFlag("precision");
+  if (!spec.precision().empty() && (precision == nullptr || precision->CurrentValue() == precision->DefaultValue())) {
+    j.precision = spec.precision();
+  }
+  return f;
+}
+
 }  // namespace
 
-int RescoreVerb(const RescoreFlags& f) {
+int RescoreVerb(const RescoreFlags& given) {
+  if (given.positional.size() > 1) return UsageError("rescore", "tally rescore takes one job id");
+  RescoreFlags f = given;
+  if (!given.positional.empty()) {
+    absl::StatusOr<RescoreFlags> from_job = FromJob(given);
+    if (!from_job.ok()) return Finish(from_job.status());
+    f = *std::move(from_job);
+  }
   if (f.out.empty()) return UsageError("rescore", "--out is required");
-  if (f.from_store.empty()) return UsageError("rescore", "--from-store DIR names the prediction store to score from");
+  if (f.from_store.empty()) {
+    return UsageError("rescore", "--from-store DIR names the prediction store to score from (or give a JOB that kept one)");
+  }
   absl::StatusOr<v1::JobSpec> spec = SpecFromFlags(f.job, "");
   if (!spec.ok()) return UsageError("rescore", std::string(spec.status().message()));
   const std::string root = AbsolutePath(f.from_store);

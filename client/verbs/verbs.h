@@ -87,6 +87,8 @@ int RunVerb(const RunFlags& flags);
 
 // tally rescore (client/verbs/rescore.cc): a run's flags, the store, and CPU workers.
 struct RescoreFlags {
+  ConnectionFlags connection;  // JOB: the job whose model, data and store are rescored.
+  std::vector<std::string> positional;
   JobFlags job;
   LocalWorkerFlags local;
   std::string out;

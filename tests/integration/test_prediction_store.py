@@ -345,6 +345,19 @@ class PredictionStoreTest(unittest.TestCase):
         cluster.fetch(again, os.path.join(self.root, "again"))
         self.assertEqual(tt.read_report(os.path.join(self.root, "again"))["rows_from_store"], 24)
         self.assertTrue(tt.same_files(os.path.join(self.root, "again"), plain))
+        # `tally rescore JOB`: the job's model, data, settings and store, other metrics.
+        rescored = os.path.join(self.root, "rescored_job")
+        os.environ["STORE_TEST_LOG"] = log
+        try:
+            cluster.cli("rescore", job, "--out", rescored, "--metrics", "dice,iou,recall", "--workers", "2")
+        finally:
+            del os.environ["STORE_TEST_LOG"]
+        fresh, _ = self.run_py("fresh", "--metrics", "dice,iou,recall", store=False, log="plain_log")
+        self.assertTrue(tt.same_files(rescored, fresh))
+        self.assertEqual(tt.read_report(rescored)["rows_from_store"], 24)
+        p = cluster.cli("rescore", off, "--out", os.path.join(self.root, "x"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("kept no predictions", p.stderr)
 
 
 if __name__ == "__main__":
