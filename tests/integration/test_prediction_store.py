@@ -196,9 +196,14 @@ class PredictionStoreTest(unittest.TestCase):
         self.assertEqual(tt.read_report(out1)["rows_from_store"], 0)
         self.assertEqual(tt.read_report(out2)["rows_from_store"], 24)
         self.assertTrue(tt.same_files(out1, out2))
-        # Another normalisation changes the predictions' bits: nothing is taken from the store.
-        tt.tally_run(model, self.manifest, out3, "--prediction-store", self.store, "--mean", "0.5,0.5,0.5")
-        self.assertEqual(tt.read_report(out3)["rows_from_store"], 0)
+        # Another normalisation, input size or precision changes the predictions' bits: nothing is
+        # taken from the store; each run's own settings find its own entries again.
+        for i, flags in enumerate([("--mean", "0.5,0.5,0.5"), ("--input-size", "8x8"), ("--precision", "bf16")]):
+            tt.tally_run(model, self.manifest, f"{out3}_{i}", "--prediction-store", self.store, *flags)
+            self.assertEqual(tt.read_report(f"{out3}_{i}")["rows_from_store"], 0, flags)
+            tt.tally_run(model, self.manifest, f"{out3}_{i}_again", "--prediction-store", self.store, *flags)
+            self.assertEqual(tt.read_report(f"{out3}_{i}_again")["rows_from_store"], 24, flags)
+        self.assertEqual(len(glob.glob(os.path.join(self.store, "v1", "*", "*", "settings"))), 4)
 
 
     def rescore(self, name, *extra, check=True, store=None):
