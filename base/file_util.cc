@@ -78,11 +78,11 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+std::string UniqueTemporaryPath(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
-  tmp_ = absl::StrCat(path_, ".tmp.", host, ".", getpid(), ".", counter.fetch_add(1));
+  return absl::StrCat(path, ".tmp.", host, ".", getpid(), ".", counter.fetch_add(1));
 }
 
 std::vector<std::string> ListDirectory(const std::string& dir) {

@@ -34,9 +34,13 @@ std::vector<std::string> ListDirectory(const std::string& dir);
 // Removes `path` and everything under it (rm -rf); a missing path is not an error.
 absl::Status RemoveTree(const std::string& path);
 
+// PATH.tmp.HOST.PID.N: a temporary name for `path` no other writer uses, on this host or another
+// sharing the folder (N counts this process's names).
+std::string UniqueTemporaryPath(const std::string& path);
+
 // A file written under a temporary name and renamed into place by Commit(), so that readers see
 // the old file or the whole new one, never a part. Destroyed without Commit(), the temporary file
-// is removed. The temporary name, PATH.tmp.HOST.PID.N, is the writer's own: writers of one path on
+// is removed. The temporary name is the writer's own (UniqueTemporaryPath): writers of one path on
 // several hosts sharing a folder each rename a whole file of their own.
 class AtomicFile {
  public:
@@ -46,7 +50,7 @@ class AtomicFile {
   absl::Status Commit();
 
  private:
-  explicit AtomicFile(std::string path);
+  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(UniqueTemporaryPath(path_)) {}
   std::string path_;
   std::string tmp_;
   std::ofstream out_;

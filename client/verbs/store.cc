@@ -61,13 +61,12 @@ int List(const std::vector<Entry>& entries, bool json) {
   JsonWriter w;
   if (json) w.BeginArray();
   for (const Entry& e : entries) {
-    const std::string input = e.path.substr(e.path.rfind('/') + 1, e.path.size() - e.path.rfind('/') - 5);
     if (json) {
-      w.BeginObject().Field("model", e.model).Field("settings", e.settings).Field("input", input);
+      w.BeginObject().Field("model", e.model).Field("settings", e.settings).Field("input", e.input);
       w.Field("height", e.info.height).Field("width", e.info.width).Field("classes", e.info.classes);
       w.Field("bytes", e.info.file_bytes).Field("path", e.path).EndObject();
     } else {
-      std::cout << absl::StrFormat("%s  %s  %s  %dx%d  %d classes  %d bytes\n", e.model, e.settings, input, e.info.height,
+      std::cout << absl::StrFormat("%s  %s  %s  %dx%d  %d classes  %d bytes\n", e.model, e.settings, e.input, e.info.height,
                                    e.info.width, e.info.classes, e.info.file_bytes);
     }
   }
@@ -75,16 +74,16 @@ int List(const std::vector<Entry>& entries, bool json) {
   return 0;
 }
 
-// The full model and settings digests of an entry's settings folder, from its `settings` file.
-absl::StatusOr<StoreKey> FolderKey(const std::string& root, const std::string& model16, const std::string& settings16) {
+// An entry folder's settings, from its `settings` file, verified against the folder's name.
+absl::StatusOr<StoredSettings> FolderSettings(const std::string& root, const std::string& model16,
+                                              const std::string& settings16) {
   const std::string path = absl::StrCat(root, "/v1/", model16, "/", settings16, "/settings");
   absl::StatusOr<std::string> text = ReadFileToString(path);
   if (!text.ok() || text->size() > (1 << 16) || text->find("\nmodel ") == std::string::npos) {
     return absl::NotFoundError(absl::StrCat(path, ": no settings file (written by Tally since 2026-12-06)"));
   }
-  const std::string model = text->substr(text->find("\nmodel ") + 7, 64);
-  for (const StoredSettings& s : ListStoredSettings(root, model)) {
-    if (s.settings.substr(0, 16) == settings16) return StoreKey{model, s.settings, ""};
+  for (StoredSettings& s : ListStoredSettings(root, text->substr(text->find("\nmodel ") + 7, 64))) {
+    if (s.settings.substr(0, 16) == settings16) return std::move(s);
   }
   return absl::DataLossError(absl::StrCat(path, ": does not verify against its folder's name"));
 }
@@ -97,27 +96,23 @@ int Export(const std::string& root, const StoreWalk& walk, const std::string& ou
     return 2;
   }
   int64_t written = 0, skipped = 0;
-  std::map<std::string, absl::StatusOr<StoreKey>> folders;
+  std::map<std::string, absl::StatusOr<StoredSettings>> folders;
   for (const StoreFile& e : walk.entries) {
     const std::string folder = e.model + "/" + e.settings;
     auto it = folders.find(folder);
-    if (it == folders.end()) it = folders.emplace(folder, FolderKey(root, e.model, e.settings)).first;
-    StoreKey key = it->second.ok() ? *it->second : StoreKey{};
-    key.input = e.path.substr(e.path.rfind('/') + 1, e.path.size() - e.path.rfind('/') - 5);
-    const int64_t pixels = static_cast<int64_t>(e.info.height) * e.info.width;
-    absl::StatusOr<std::string> bytes = absl::DataLossError("more bytes than its size holds");
-    if (e.info.file_bytes <= 96 + 3 * pixels + 4096 && pixels <= (int64_t{1} << 28)) bytes = ReadFileToString(e.path);
-    absl::StatusOr<StoredPrediction> p = !it->second.ok() ? absl::StatusOr<StoredPrediction>(it->second.status())
-                                         : !bytes.ok()    ? absl::StatusOr<StoredPrediction>(bytes.status())
-                                                          : DecodeStoreEntry(*bytes, key, e.info.height, e.info.width);
+    if (it == folders.end()) it = folders.emplace(folder, FolderSettings(root, e.model, e.settings)).first;
+    absl::StatusOr<StoredPrediction> p =
+        it->second.ok()
+            ? ReadStoreEntry(e.path, StoreKey{it->second->model, it->second->settings, e.input}, e.info.height, e.info.width)
+            : absl::StatusOr<StoredPrediction>(it->second.status());
     absl::Status s = p.status();
     const std::string dir = absl::StrCat(out, "/", folder);
     if (s.ok()) s = MakeDirs(dir);
     if (s.ok() && p->classes <= 256) {
       std::vector<uint8_t> labels(p->labels.begin(), p->labels.end());
-      s = WritePng(absl::StrCat(dir, "/", key.input, ".png"), p->height, p->width, 1, 8, labels.data(), 1);
+      s = WritePng(absl::StrCat(dir, "/", e.input, ".png"), p->height, p->width, 1, 8, labels.data(), 1);
     } else if (s.ok()) {
-      s = WritePng(absl::StrCat(dir, "/", key.input, ".png"), p->height, p->width, 1, 16, p->labels.data(), 1);
+      s = WritePng(absl::StrCat(dir, "/", e.input, ".png"), p->height, p->width, 1, 16, p->labels.data(), 1);
     }
     if (!s.ok()) {
       std::cerr << "tally store export: " << e.path << ": " << s.message() << "\n";
@@ -126,9 +121,10 @@ int Export(const std::string& root, const StoreWalk& walk, const std::string& ou
     }
     ++written;
   }
-  for (const auto& [folder, key] : folders) {
-    absl::StatusOr<std::string> text = ReadFileToString(absl::StrCat(root, "/v1/", folder, "/settings"));
-    if (key.ok() && text.ok()) (void)WriteFileAtomically(absl::StrCat(out, "/", folder, "/settings"), *text);
+  for (const auto& [folder, settings] : folders) {
+    if (settings.ok()) {
+      (void)WriteFileAtomically(absl::StrCat(out, "/", folder, "/settings"), SettingsFileText(settings->model, settings->text));
+    }
   }
   std::cout << absl::StrFormat("exported %d entries to %s (%d skipped)\n", written, out, skipped);
   return skipped > 0 ? 1 : 0;

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <memory>
 #include <cerrno>
 #include <cstring>
@@ -216,9 +215,7 @@ absl::StatusOr<StoreEntryInfo> ReadStoreEntryHeader(const std::string& path) {
   return info;
 }
 
-absl::StatusOr<StoredPrediction> PredictionStore::Read(const StoreKey& key, int height, int width) const {
-  if (!IsHex(key.model) || !IsHex(key.settings) || !IsHex(key.input)) return absl::InvalidArgumentError("store key: not hex");
-  const std::string path = EntryPath(key);
+absl::StatusOr<StoredPrediction> ReadStoreEntry(const std::string& path, const StoreKey& key, int height, int width) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return absl::NotFoundError(path);
   const int64_t pixels = static_cast<int64_t>(height) * width;
@@ -230,7 +227,14 @@ absl::StatusOr<StoredPrediction> PredictionStore::Read(const StoreKey& key, int 
   if (!bytes.ok()) return absl::NotFoundError(path);  // Gone meanwhile (gc, a concurrent writer's rename).
   absl::StatusOr<StoredPrediction> p = DecodeStoreEntry(*bytes, key, height, width);
   if (!p.ok()) return absl::DataLossError(absl::StrCat(path, ": ", p.status().message()));
-  utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // Recently used: `tally store gc` keeps it longer.
+  return p;
+}
+
+absl::StatusOr<StoredPrediction> PredictionStore::Read(const StoreKey& key, int height, int width) const {
+  if (!IsHex(key.model) || !IsHex(key.settings) || !IsHex(key.input)) return absl::InvalidArgumentError("store key: not hex");
+  const std::string path = EntryPath(key);
+  absl::StatusOr<StoredPrediction> p = ReadStoreEntry(path, key, height, width);
+  if (p.ok()) utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // Recently used: `tally store gc` keeps it longer.
   return p;
 }
 
@@ -238,11 +242,7 @@ absl::Status PredictionStore::Write(const StoreKey& key, const StoredPrediction&
   if (!IsHex(key.model) || !IsHex(key.settings) || !IsHex(key.input)) return absl::InvalidArgumentError("store key: not hex");
   const std::string path = EntryPath(key);
   RETURN_IF_ERROR(MakeDirs(path.substr(0, path.rfind('/'))));
-  // The writer's own temporary name: writers on several hosts may share the folder.
-  static std::atomic<uint64_t> counter{0};
-  char host[256] = {0};
-  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
-  const std::string tmp = absl::StrCat(path, ".tmp.", host, ".", getpid(), ".", counter.fetch_add(1));
+  const std::string tmp = UniqueTemporaryPath(path);  // Writers on several hosts may share the folder.
   const std::string bytes = EncodeStoreEntry(key, prediction);
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));

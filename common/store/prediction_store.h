@@ -77,6 +77,10 @@ struct StoreEntryInfo {
 // DATA_LOSS when the file is not an entry (its header).
 absl::StatusOr<StoreEntryInfo> ReadStoreEntryHeader(const std::string& path);
 
+// The entry file at `path` for a row of `height` x `width`, its size checked before it is read and its
+// bytes verified (PredictionStore::Read without marking it used; `tally store export`).
+absl::StatusOr<StoredPrediction> ReadStoreEntry(const std::string& path, const StoreKey& key, int height, int width);
+
 // The entry's bytes and back (no file): what Read and Write use, and what the tests break.
 std::string EncodeStoreEntry(const StoreKey& key, const StoredPrediction& prediction);
 absl::StatusOr<StoredPrediction> DecodeStoreEntry(const std::string& bytes, const StoreKey& key, int height,

@@ -47,7 +47,7 @@ StoreWalk WalkStore(const std::string& root) {
             continue;
           }
           out.bytes += info->file_bytes;
-          out.entries.push_back({model, settings, path, *info});
+          out.entries.push_back({model, settings, path, name.substr(0, name.rfind('.')), *info});
         }
       }
     }

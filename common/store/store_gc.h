@@ -15,6 +15,7 @@ namespace tally {
 
 struct StoreFile {
   std::string model, settings, path;  // The model and settings folders (16 hex each) and the entry.
+  std::string input;                  // The input digest (the entry's name without .tps).
   StoreEntryInfo info;
 };
 

@@ -41,9 +41,6 @@ void ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   for (std::thread& t : pool) t.join();
 }
 
-// One batch: its rows found in the store (scored here) and the rest, run by the model as a batch
-// of their own (`inner`, whose item j is the batch's item misses_[j]).
-
 // What one job's batches share: the store, the settings digests in use (each folder's `settings`
 // file written the first time), and the accounting of --store-max-bytes.
 class StoreState {
