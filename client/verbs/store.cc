@@ -78,8 +78,10 @@ int List(const std::vector<Entry>& entries, bool json) {
 absl::StatusOr<StoredSettings> FolderSettings(const std::string& root, const std::string& model16,
                                               const std::string& settings16) {
   const std::string path = absl::StrCat(root, "/v1/", model16, "/", settings16, "/settings");
-  absl::StatusOr<std::string> text = ReadFileToString(path);
-  if (!text.ok() || text->size() > (1 << 16) || text->find("\nmodel ") == std::string::npos) {
+  struct stat st;  // Its size held to a settings file's before it is read.
+  const bool small = stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= (1 << 16);
+  absl::StatusOr<std::string> text = small ? ReadFileToString(path) : absl::NotFoundError(path);
+  if (!text.ok() || text->find("\nmodel ") == std::string::npos) {
     return absl::NotFoundError(absl::StrCat(path, ": no settings file (written by Tally since 2026-12-06)"));
   }
   for (StoredSettings& s : ListStoredSettings(root, text->substr(text->find("\nmodel ") + 7, 64))) {
