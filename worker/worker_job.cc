@@ -96,12 +96,19 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> StoreRunnerFor(const JobConfig& con
   so.columns_are_input = config.python_model();
   so.columns = config.manifest_columns;
   so.max_bytes = config.store_max_bytes;
+  so.thresholds = config.thresholds;
   // Found rows skip decoding where nothing the runner decides during the job (a layout trial of
   // TorchScript on CUDA, the JPEG decoder's) can change their settings between lookup and batch.
   // A TorchScript model on CUDA with --channels-last auto: once its trial's layout is agreed.
   so.find_before_decoding = config.rescore || (!config.decode_auto && !config.decode_gpu);
   so.once_layout_agreed = !config.rescore && runner->is_cuda() && !config.python_model() && config.channels_last_auto;
   return WrapWithStore(runner, std::move(so));
+}
+
+// Why a rescore's row fails: the store lacks its prediction.
+std::string NoModelReason(const JobConfig& config) {
+  return absl::StrCat("the prediction store ", config.prediction_store, " has no prediction of this row's input by model ",
+                      config.store_model.substr(0, 16), " with the settings rescored (tally rescore runs no model)");
 }
 
 }  // namespace
@@ -357,8 +364,20 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     evaluator->pipeline = std::move(scoring);
   } else if (config.volume_job()) {
     // Volumes: one row at a time through the model, scored as prediction volumes are.
-    ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
-    (void)reused;
+    ModelRunner* runner = nullptr;
+    if (config.rescore) {  // No model: every volume from the store.
+      evaluator->runner = NoModelRunner(NoModelReason(config));
+      evaluator->runner_key = "no model";
+    } else {
+      ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
+      (void)reused;
+    }
+    runner = evaluator->runner.get();
+    if (!config.prediction_store.empty()) {
+      ASSIGN_OR_RETURN(evaluator->store_runner, StoreRunnerFor(config, a.spec().model_sha256(), 0, runner));
+      runner = evaluator->store_runner.get();
+      Log("job ", job_id, ": predictions kept in and taken from ", config.prediction_store);
+    }
     std::string save;
     if (!config.save_predictions.empty()) {
       ASSIGN_OR_RETURN(save, PreparePredictionFolder(config.save_predictions));
@@ -366,7 +385,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     const int threads = options_.threads > 0 ? options_.threads
                                              : UsableCores();
     Log("job ", job_id, ": volumes through the model, read and scored on ", threads, " thread(s)");
-    auto model = std::make_shared<VolumeModel>(evaluator->runner.get(), config);
+    auto model = std::make_shared<VolumeModel>(runner, config);
     auto scoring = std::make_unique<ScoringPipeline>(config, threads, on_result, on_fatal, on_timeout, nullptr, nullptr,
                                                      std::move(model), std::move(save));
     scoring->UseDeviceForSurfaces(SurfaceDevice(options_));
@@ -375,9 +394,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   } else {
     bool reused = false;
     if (config.rescore) {  // No model: every row from the store.
-      evaluator->runner = NoModelRunner(absl::StrCat(
-          "the prediction store ", config.prediction_store, " has no prediction of this row's input by model ",
-          config.store_model.substr(0, 16), " with the settings rescored (tally rescore runs no model)"));
+      evaluator->runner = NoModelRunner(NoModelReason(config));
       evaluator->runner_key = "no model";
     } else {
       ASSIGN_OR_RETURN(reused, TakeRunner(config, a, evaluator.get()));
@@ -387,7 +404,7 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     po.coco = coco;
     po.instance_job = config.instance_job();
     ModelRunner* runner = evaluator->runner.get();
-    if (!config.prediction_store.empty() && !config.instance_job() && config.thresholds.empty() && !config.compile) {
+    if (!config.prediction_store.empty() && !config.instance_job() && !config.compile) {
       ASSIGN_OR_RETURN(evaluator->store_runner, StoreRunnerFor(config, a.spec().model_sha256(), po.batch_size, runner));
       runner = evaluator->store_runner.get();
       Log("job ", job_id, ": predictions kept in and taken from ", config.prediction_store);

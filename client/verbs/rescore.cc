@@ -24,17 +24,21 @@
 namespace tally {
 namespace {
 
-// The lines of `stored` (the job's part) that differ from `wanted`, as "--flag: VALUE here, STORED in the store".
+// The flagged lines of `stored` (the job's part) and of `wanted` that differ, either way, as
+// "--flag 'VALUE' here, 'STORED' in the stored run".
 std::vector<std::string> Differences(const StoredSettings& stored, const std::string& wanted) {
-  std::map<std::string, std::string> want;
+  std::map<std::string, std::string> want, have;
   StoredSettings w;
   w.text = wanted;
   for (const auto& [k, v] : w.Lines()) want[k] = v;
+  for (const auto& [k, v] : stored.Lines()) have[k] = v;
+  std::map<std::string, std::string> keys = want;
+  keys.insert(have.begin(), have.end());
   std::vector<std::string> out;
-  for (const auto& [k, v] : stored.Lines()) {
+  for (const auto& [k, unused] : keys) {
     const std::string flag = SettingsFlag(k);
-    if (flag.empty() || want[k] == v) continue;
-    out.push_back(absl::StrCat(flag, " '", want[k], "' here, '", v, "' in the stored run"));
+    if (flag.empty() || want[k] == have[k]) continue;
+    out.push_back(absl::StrCat(flag, " '", want[k], "' here, '", have[k], "' in the stored run"));
   }
   return out;
 }
@@ -51,7 +55,7 @@ std::string Describe(const StoredSettings& s) {
 // The settings digests to take entries from: those of one stored run whose job settings are the
 // rescore's own. Errors say what the store has instead.
 absl::StatusOr<std::vector<std::string>> ChooseSettings(const std::string& root, const std::string& model,
-                                                        const std::string& wanted, const std::string& prefix) {
+                                                        const JobConfig& config, const std::string& prefix) {
   const std::vector<StoredSettings> all = ListStoredSettings(root, model);
   if (all.empty()) {
     return absl::NotFoundError(absl::StrCat("the prediction store ", root, " has no predictions of this model (digest ",
@@ -61,7 +65,12 @@ absl::StatusOr<std::vector<std::string>> ChooseSettings(const std::string& root,
   std::map<std::string, std::vector<const StoredSettings*>> runs;  // RunKey -> its folders.
   std::vector<std::string> refused;
   for (const StoredSettings& s : all) {
-    const std::vector<std::string> diff = Differences(s, wanted);
+    // Whether the rows are volumes, tallyd finds out from the manifest: a stored volume run's
+    // settings are compared with the rescore's as a volume job's.
+    JobConfig as_stored = config;
+    as_stored.volume_inputs = false;
+    for (const auto& [k, v] : s.Lines()) as_stored.volume_inputs |= k == "volume";
+    const std::vector<std::string> diff = Differences(s, JobSettingsText(as_stored));
     if (!diff.empty()) {
       refused.push_back(absl::StrCat(Describe(s), ": ", absl::StrJoin(diff, "; ")));
     } else if (absl::StartsWith(s.settings, prefix)) {
@@ -106,13 +115,10 @@ absl::Status RefuseFlags(const RescoreFlags& f, const v1::JobSpec& spec, const J
     return absl::InvalidArgumentError("--model is required: it names the model whose stored predictions are scored "
                                       "(its file is read for its digest, not loaded)");
   }
-  if (!config.thresholds.empty() || config.instance_job() || !spec.coco_panoptic().empty()) {
+  if (config.instance_job() || !spec.coco_panoptic().empty()) {
     return absl::InvalidArgumentError(
-        "the prediction store keeps label maps: score outputs (--thresholds), instances (--coco) and panoptic "
-        "segments are not kept, so they cannot be rescored");
-  }
-  if (config.volume_job()) {
-    return absl::InvalidArgumentError("volumes are not kept in the prediction store yet, so they cannot be rescored");
+        "the prediction store keeps label maps and single scores: instances (--coco) and panoptic segments are not "
+        "kept, so they cannot be rescored");
   }
   return absl::OkStatus();
 }
@@ -157,10 +163,22 @@ absl::StatusOr<RescoreFlags> FromJob(const RescoreFlags& given) {
   for (const auto& [from, to] : spec.label_map()) map.push_back(absl::StrCat(from, ":", to));
   std::sort(map.begin(), map.end());
   fill(&j.label_map, absl::StrJoin(map, ","));
-  const absl::CommandLineFlag* precision = absl::FindCommandLineFlag("precision");
-  if (!spec.precision().empty() && (precision == nullptr || precision->CurrentValue() == precision->DefaultValue())) {
-    j.precision = spec.precision();
+  const auto defaulted = [](const char* name) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    return flag == nullptr || flag->CurrentValue() == flag->DefaultValue();
+  };
+  if (!spec.precision().empty() && defaulted("precision")) j.precision = spec.precision();
+  if (spec.window_width() != 0) {
+    fill(&j.window, absl::StrFormat("%.17g,%.17g", spec.window_center(), spec.window_width()));
   }
+  // Volume jobs' settings.
+  std::vector<std::string> window;
+  for (int v : spec.sliding_window()) window.push_back(absl::StrCat(v));
+  fill(&j.sliding_window, absl::StrJoin(window, ","));
+  fill(&j.intensity, spec.intensity());
+  if (spec.has_overlap() && defaulted("overlap")) j.overlap = spec.overlap();
+  if (spec.sw_batch_size() > 0 && defaulted("sw_batch_size")) j.sw_batch_size = spec.sw_batch_size();
+  if (defaulted("keep_dtype")) j.keep_dtype = spec.keep_dtype();
   return f;
 }
 
@@ -188,7 +206,7 @@ int RescoreVerb(const RescoreFlags& given) {
   absl::StatusOr<std::string> model = PredictionModelDigest(*config, "");
   if (!model.ok()) return Finish(model.status());
   absl::StatusOr<std::vector<std::string>> settings =
-      ChooseSettings(root, *model, JobSettingsText(*config), f.store_settings);
+      ChooseSettings(root, *model, *config, f.store_settings);
   if (!settings.ok()) {
     std::cerr << "tally rescore: " << settings.status().message() << "\n";
     return kExitUsage;

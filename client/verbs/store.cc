@@ -1,6 +1,6 @@
 // tally store stats|ls|export|gc DIR: the prediction store as a thing people look after
 // (docs/prediction-store.md). stats: entries and bytes by model and settings; ls: every entry from
-// its header; export --out D: every entry as a PNG label map any viewer opens; gc --max-bytes N:
+// its header; export --out D: every entry as a PNG label map (a volume: NIfTI) any viewer opens; gc --max-bytes N:
 // drops the least recently used entries (written or scored from last longest ago) until the store
 // holds at most N bytes, and temporary files a killed writer left.
 #include <sys/stat.h>
@@ -18,7 +18,9 @@
 #include "base/json_writer.h"
 #include "client/verbs/verbs.h"
 #include "base/file_util.h"
+#include "base/status_macros.h"
 #include "common/formats/png.h"
+#include "common/formats/volume.h"
 #include "common/store/store_gc.h"
 #include "common/store/store_keys.h"
 
@@ -63,11 +65,14 @@ int List(const std::vector<Entry>& entries, bool json) {
   for (const Entry& e : entries) {
     if (json) {
       w.BeginObject().Field("model", e.model).Field("settings", e.settings).Field("input", e.input);
-      w.Field("height", e.info.height).Field("width", e.info.width).Field("classes", e.info.classes);
+      w.Field("depth", e.info.depth).Field("height", e.info.height).Field("width", e.info.width);
+      w.Field("classes", e.info.classes).Field("scores", e.info.score_bits > 0);
       w.Field("bytes", e.info.file_bytes).Field("path", e.path).EndObject();
     } else {
-      std::cout << absl::StrFormat("%s  %s  %s  %dx%d  %d classes  %d bytes\n", e.model, e.settings, e.input, e.info.height,
-                                   e.info.width, e.info.classes, e.info.file_bytes);
+      const std::string size = e.info.depth > 1 ? absl::StrFormat("%dx%dx%d", e.info.depth, e.info.height, e.info.width)
+                                                : absl::StrFormat("%dx%d", e.info.height, e.info.width);
+      std::cout << absl::StrFormat("%s  %s  %s  %s  %d classes%s  %d bytes\n", e.model, e.settings, e.input, size,
+                                   e.info.classes, e.info.score_bits > 0 ? " + scores" : "", e.info.file_bytes);
     }
   }
   if (json) std::cout << w.EndArray().str() << "\n";
@@ -90,11 +95,35 @@ absl::StatusOr<StoredSettings> FolderSettings(const std::string& root, const std
   return absl::DataLossError(absl::StrCat(path, ": does not verify against its folder's name"));
 }
 
-// Every entry that verifies, as OUT/<model>/<settings>/<input digest>.png (8-bit up to 256 classes,
-// else 16-bit) beside a copy of its folder's settings. Entries are read, not used: gc's order stays.
+// One entry into `dir`: a 2D label map as <input>.png (8-bit up to 256 classes, else 16-bit), a
+// volume as <input>.nii.gz (uint16 labels, unit spacing: the store keeps no geometry), and kept
+// scores as <input>.scores.png (16-bit, the quantised probability).
+absl::Status ExportEntry(const std::string& dir, const std::string& input, const StoredPrediction& p) {
+  RETURN_IF_ERROR(MakeDirs(dir));
+  const std::string base = absl::StrCat(dir, "/", input);
+  if (p.depth > 1) {
+    VolumeGeometry g;
+    g.depth = p.depth;
+    g.height = p.height;
+    g.width = p.width;
+    for (int i = 0; i < 3; ++i) g.affine[i][i] = 1;
+    return WriteNiftiLabels(base + ".nii.gz", g, p.labels.data(), 512 /* DT_UINT16 */);
+  }
+  if (p.classes <= 256) {
+    std::vector<uint8_t> labels(p.labels.begin(), p.labels.end());
+    RETURN_IF_ERROR(WritePng(base + ".png", p.height, p.width, 1, 8, labels.data(), 1));
+  } else {
+    RETURN_IF_ERROR(WritePng(base + ".png", p.height, p.width, 1, 16, p.labels.data(), 1));
+  }
+  if (!p.scores.empty()) return WritePng(base + ".scores.png", p.height, p.width, 1, 16, p.scores.data(), 1);
+  return absl::OkStatus();
+}
+
+// Every entry that verifies (ExportEntry) beside a copy of its folder's settings. Entries are read,
+// not used: gc's order stays.
 int Export(const std::string& root, const StoreWalk& walk, const std::string& out) {
   if (out.empty()) {
-    std::cerr << "tally store export: --out DIR says where the PNG files go\n";
+    std::cerr << "tally store export: --out DIR says where the PNG and NIfTI files go\n";
     return 2;
   }
   int64_t written = 0, skipped = 0;
@@ -105,17 +134,11 @@ int Export(const std::string& root, const StoreWalk& walk, const std::string& ou
     if (it == folders.end()) it = folders.emplace(folder, FolderSettings(root, e.model, e.settings)).first;
     absl::StatusOr<StoredPrediction> p =
         it->second.ok()
-            ? ReadStoreEntry(e.path, StoreKey{it->second->model, it->second->settings, e.input}, e.info.height, e.info.width)
+            ? ReadStoreEntry(e.path, StoreKey{it->second->model, it->second->settings, e.input}, e.info.height,
+                             e.info.width, e.info.depth)
             : absl::StatusOr<StoredPrediction>(it->second.status());
     absl::Status s = p.status();
-    const std::string dir = absl::StrCat(out, "/", folder);
-    if (s.ok()) s = MakeDirs(dir);
-    if (s.ok() && p->classes <= 256) {
-      std::vector<uint8_t> labels(p->labels.begin(), p->labels.end());
-      s = WritePng(absl::StrCat(dir, "/", e.input, ".png"), p->height, p->width, 1, 8, labels.data(), 1);
-    } else if (s.ok()) {
-      s = WritePng(absl::StrCat(dir, "/", e.input, ".png"), p->height, p->width, 1, 16, p->labels.data(), 1);
-    }
+    if (s.ok()) s = ExportEntry(absl::StrCat(out, "/", folder), e.input, *p);
     if (!s.ok()) {
       std::cerr << "tally store export: " << e.path << ": " << s.message() << "\n";
       ++skipped;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/file_util.h"
@@ -52,6 +53,17 @@ bool IsHexDigest(const std::string& s) {
   return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return absl::ascii_isxdigit(c); });
 }
 
+// Volume jobs' lines: what the volume's voxels go through and how the model sees them.
+std::string VolumeSettingsText(const JobConfig& config) {
+  // Numbers as the values they are (clip:0,1000 and clip:0.0,1e3 are one setting).
+  const std::string intensity = config.intensity == JobConfig::Intensity::kClip
+                                    ? absl::StrFormat("clip:%.17g,%.17g", config.clip_low, config.clip_high)
+                                    : config.intensity_name;
+  return absl::StrCat("volume on\nintensity ", intensity, "\nsliding_window ", absl::StrJoin(config.sliding_window, ","),
+                      "\noverlap ", absl::StrFormat("%.17g", config.overlap), "\nsw_batch ", config.sw_batch_size,
+                      "\nkeep_dtype ", config.keep_dtype ? "on" : "off", "\n");
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> PredictionModelDigest(const JobConfig& config, const std::string& model_sha256) {
@@ -74,7 +86,11 @@ std::string JobSettingsText(const JobConfig& config) {
   return absl::StrCat("precision ", PrecisionName(config.precision), "\ninput ", config.input_height, "x",
                       config.input_width, "\nmean ", absl::StrJoin(config.mean, ","), "\nstd ",
                       absl::StrJoin(config.std, ","), "\nlabel_map ", absl::StrJoin(map, ","), "\ncompile ",
-                      config.compile ? "on" : "off", "\n");
+                      config.compile ? "on" : "off", "\n",
+                      config.window.given()
+                          ? absl::StrFormat("window %.17g,%.17g\n", config.window.center, config.window.width)
+                          : "",
+                      config.volume_inputs ? VolumeSettingsText(config) : "");
 }
 
 std::string RunSettingsText(const JobConfig& config, bool cuda, const std::string& gpu_name, int batch_size,
@@ -110,6 +126,12 @@ std::string SettingsFlag(const std::string& key) {
   if (key == "std") return "--std";
   if (key == "label_map") return "--label-map";
   if (key == "compile") return "--compile";
+  if (key == "window") return "--window";
+  if (key == "intensity") return "--intensity";
+  if (key == "sliding_window") return "--sliding-window";
+  if (key == "overlap") return "--overlap";
+  if (key == "sw_batch") return "--sw-batch-size";
+  if (key == "keep_dtype") return "--keep-dtype";
   return "";
 }
 

@@ -3,7 +3,8 @@
 // model: the model's digest, and the settings as text whose SHA-256 is the settings digest.
 //
 // The settings text is "key value" lines in two parts: what the job's flags set (precision, input
-// size, mean, std, label map, compile) and what the run decided (decoder, device, batch size on
+// size, mean, std, label map, compile, --window where given; for volume jobs a `volume on` line and the intensity
+// preprocessing, sliding window, overlap, patches a pass, --keep-dtype) and what the run decided (decoder, device, batch size on
 // GPUs, memory layout, whether the batch's JPEGs were decoded on the GPU). Each settings folder of a
 // store holds a `settings` file: "tally-store-settings-v1", the model digest, then the text, so the
 // store says what made its predictions and a reader without the GPU can find them.

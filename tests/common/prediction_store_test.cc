@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -48,7 +49,7 @@ TEST(PredictionStoreTest, EntriesRoundTripInTheFewestBitsThatHoldTheClasses) {
            {2, 1}, {3, 2}, {4, 2}, {5, 4}, {16, 4}, {17, 8}, {256, 8}, {257, 16}, {4096, 16}}) {
     const StoredPrediction p = Labels(13, 17, k, 5);  // 221 labels: the last byte of a packed map is partial.
     const std::string bytes = EncodeStoreEntry(Key(), p);
-    EXPECT_EQ(bytes.compare(0, 8, "TALLYPS2"), 0);
+    EXPECT_EQ(bytes.compare(0, 8, "TALLYPS3"), 0);
     EXPECT_EQ(static_cast<uint8_t>(bytes[12]), bits) << k;
     absl::StatusOr<StoredPrediction> got = DecodeStoreEntry(bytes, Key(), 13, 17);
     ASSERT_TRUE(got.ok()) << got.status();
@@ -68,7 +69,7 @@ TEST(PredictionStoreTest, TwoClassLabelsPackEightAByteLowestBitFirst) {
   p.classes = 2;
   p.labels = {1, 0, 0, 0, 0, 0, 0, 1, 1, 1};
   const std::string bytes = EncodeStoreEntry(Key(), p);
-  const std::string payload = bytes.substr(96);
+  const std::string payload = bytes.substr(104);
   // A stored DEFLATE block: header byte 0x01 (final, stored), LEN 2, NLEN ~2, then the raw bytes.
   ASSERT_EQ(payload.size(), 7u);
   EXPECT_EQ(static_cast<uint8_t>(payload[5]), 0x81);
@@ -84,7 +85,8 @@ TEST(PredictionStoreTest, AnEntryThatIsNotTheRowsOwnWholeAndIntactIsRefused) {
   EXPECT_TRUE(refused(DecodeStoreEntry(bytes.substr(0, bytes.size() - 1), Key(), 9, 11)));      // Truncated.
   EXPECT_TRUE(refused(DecodeStoreEntry(bytes.substr(0, 50), Key(), 9, 11)));
   EXPECT_TRUE(refused(DecodeStoreEntry(bytes + "x", Key(), 9, 11)));                            // Grown.
-  for (size_t at : {size_t{0}, size_t{16}, size_t{40}, size_t{50}, bytes.size() - 1}) {          // A byte changed.
+  for (size_t at : {size_t{0}, size_t{16}, size_t{28}, size_t{40}, size_t{50}, size_t{96}, size_t{100},
+                    bytes.size() - 1}) {          // A byte changed.
     std::string bad = bytes;
     bad[at] = static_cast<char>(bad[at] ^ 0x21);
     EXPECT_TRUE(refused(DecodeStoreEntry(bad, Key(), 9, 11))) << at;
@@ -94,6 +96,79 @@ TEST(PredictionStoreTest, AnEntryThatIsNotTheRowsOwnWholeAndIntactIsRefused) {
   wide[24] = static_cast<char>(0x2C);
   wide[25] = static_cast<char>(0x01);  // 300 classes in one byte a label.
   EXPECT_TRUE(refused(DecodeStoreEntry(wide, Key(), 9, 11)));
+}
+
+// Volumes keep their depth, and single-score outputs their 16-bit scores after the labels; the
+// payload's digest covers both.
+TEST(PredictionStoreTest, VolumesAndScoresRoundTrip) {
+  StoredPrediction p = Labels(6, 5, 3, 9);
+  p.labels.resize(4 * 6 * 5);
+  for (size_t i = 0; i < p.labels.size(); ++i) p.labels[i] = static_cast<uint16_t>(i % 3);
+  p.depth = 4;
+  const std::string bytes = EncodeStoreEntry(Key(), p);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[28]), 4);
+  absl::StatusOr<StoredPrediction> got = DecodeStoreEntry(bytes, Key(), 6, 5, 4);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->labels, p.labels);
+  EXPECT_EQ(got->depth, 4);
+  EXPECT_TRUE(absl::IsDataLoss(DecodeStoreEntry(bytes, Key(), 6, 5, 3).status()));  // Another depth.
+  EXPECT_TRUE(absl::IsDataLoss(DecodeStoreEntry(bytes, Key(), 6, 5).status()));
+
+  StoredPrediction s = Labels(7, 9, 2, 3);
+  for (size_t i = 0; i < s.labels.size(); ++i) s.scores.push_back(static_cast<uint16_t>(i * 1021 % 65536));
+  const std::string scored = EncodeStoreEntry(Key(), s);
+  EXPECT_EQ(static_cast<uint8_t>(scored[96]), 16);
+  got = DecodeStoreEntry(scored, Key(), 7, 9);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->scores, s.scores);
+  EXPECT_EQ(got->labels, s.labels);
+  std::string no_scores = scored;  // A header that drops the scores: the payload is then too long.
+  no_scores[96] = 0;
+  EXPECT_TRUE(absl::IsDataLoss(DecodeStoreEntry(no_scores, Key(), 7, 9).status()));
+}
+
+// The first layout (TALLYPS2: a 96-byte header, 2D, no scores) is still read: the same entry with
+// the four bytes of depth and the eight after the key taken out.
+TEST(PredictionStoreTest, EntriesOfTheFirstLayoutAreRead) {
+  const StoredPrediction p = Labels(8, 3, 5, 2);
+  std::string v3 = EncodeStoreEntry(Key(), p);
+  std::string v2 = v3.substr(0, 96) + v3.substr(104);
+  v2[7] = '2';
+  v2[8] = 96;
+  v2[28] = 0;
+  absl::StatusOr<StoredPrediction> got = DecodeStoreEntry(v2, Key(), 8, 3);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->labels, p.labels);
+  EXPECT_TRUE(got->scores.empty());
+  v2[8] = 104;  // A header size that is not the layout's.
+  EXPECT_TRUE(absl::IsDataLoss(DecodeStoreEntry(v2, Key(), 8, 3).status()));
+}
+
+// Scores as kept: round(p * 65535), NaN as 0; a pixel counts at t where q / 65535 > t.
+TEST(PredictionStoreTest, ScoresQuantiseToSixteenBitsAndCountAtThresholds) {
+  EXPECT_EQ(QuantizeScore(0.0), 0);
+  EXPECT_EQ(QuantizeScore(-3.0), 0);
+  EXPECT_EQ(QuantizeScore(std::nan("")), 0);
+  EXPECT_EQ(QuantizeScore(1.0), 65535);
+  EXPECT_EQ(QuantizeScore(2.0), 65535);
+  EXPECT_EQ(QuantizeScore(0.5), 32768);  // 32767.5 rounds away from zero.
+  EXPECT_EQ(QuantizeScore(0.25), 16384);  // 16383.75.
+  EXPECT_EQ(QuantizeScore(100.0 / 65535), 100);
+  // Pixels: scores 0.1, 0.3, 0.6, 0.9 (quantised) against references 1, 0, 1, ignored(65535), then 0.
+  const std::vector<uint16_t> q = {QuantizeScore(0.1), QuantizeScore(0.3), QuantizeScore(0.6), QuantizeScore(0.9),
+                                   QuantizeScore(0.95)};
+  const std::vector<uint16_t> ref = {1, 0, 1, 65535, 0};
+  std::vector<int64_t> c(8);
+  CountStoredThresholds(q.data(), ref.data(), q.size(), {0.2, 0.5}, c.data());
+  // t = 0.2: fg 0.3, 0.6, 0.95 -> tp 1 (0.6), fp 2 (0.3, 0.95), fn 1 (0.1), tn 0.
+  // t = 0.5: fg 0.6, 0.95 -> tp 1, fp 1, fn 1, tn 1 (0.3).
+  EXPECT_EQ(c, (std::vector<int64_t>{1, 2, 1, 0, 1, 1, 1, 1}));
+  // Exact to 1/65535: a score one step above t counts, t itself does not.
+  const uint16_t at = 13107;  // 0.2 * 65535 exactly.
+  const std::vector<uint16_t> edge = {at, at + 1};
+  const std::vector<uint16_t> ones = {1, 1};
+  CountStoredThresholds(edge.data(), ones.data(), 2, {0.2}, c.data());
+  EXPECT_EQ(std::vector<int64_t>(c.begin(), c.begin() + 4), (std::vector<int64_t>{1, 0, 1, 0}));
 }
 
 TEST(PredictionStoreTest, ConcurrentWritersOfOneEntryLeaveOneGoodEntryAndNoTemporaryFile) {

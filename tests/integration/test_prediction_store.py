@@ -6,6 +6,7 @@ model's own work, not Tally's account of it. The file is named by the environmen
 """
 import base64
 import glob
+import hashlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 import tallytest as tt
+import test_volumes as tv  # Its volumes and 3D network (as a module: its tests are not run twice here).
 
 PY = "/usr/bin/python3"
 
@@ -47,6 +49,26 @@ class Model:
                 f.write(row["id"] + "\\n")
         return [(im[..., 0].astype(np.int32) > im[..., 2].astype(np.int32) + self.offset).astype(np.int64)
                 for im in images]
+"""
+
+
+# A single score a pixel: the probability (red + 0.5) / 256, on a grid no threshold below is within
+# 1/65535 of, so a rescore from kept 16-bit scores counts every pixel as the model's own floats do.
+SCORE_MODEL = """
+import os
+import numpy as np
+
+class Model:
+    outputs_probabilities = True
+
+    def __init__(self, devices, options):
+        self.log = os.environ["STORE_TEST_LOG"]
+
+    def predict(self, images, rows):
+        with open(self.log, "a") as f:
+            for row in rows:
+                f.write(row["id"] + "\\n")
+        return [((im[..., 0].astype(np.float32) + 0.5) / 256).astype(np.float32) for im in images]
 """
 
 
@@ -244,7 +266,7 @@ class PredictionStoreTest(unittest.TestCase):
         out, p = self.rescore("other_mean", "--mean", "0.5,0.5,0.5", check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("--mean", p.stderr)
-        for flag in (("--compile",), ("--decode", "gpu"), ("--thresholds", "0.5"), ("--prediction-store", self.store)):
+        for flag in (("--compile",), ("--decode", "gpu"), ("--prediction-store", self.store)):
             _, p = self.rescore("refused", *flag, check=False)
             self.assertEqual(p.returncode, 2, flag)
             self.assertIn(flag[0], p.stderr)
@@ -272,6 +294,32 @@ class PredictionStoreTest(unittest.TestCase):
         self.assertLess(len(entries), 24)
         plain, _ = self.run_py("plain", store=False, log="plain_log")
         self.assertTrue(tt.same_files(out, plain))
+
+    def test_torchscript_single_logit_keeps_its_scores(self):
+        model = tt.fixture("single_logit.pt")  # logit r - 0.5 (r in [0, 1]): no threshold below is near a pixel's.
+        tt.tally_run(model, self.manifest, os.path.join(self.root, "sl_first"), "--prediction-store", self.store,
+                     "--batch-size", "4")
+        flags = ("--thresholds", "0.45,0.5,0.55")
+        rescored = os.path.join(self.root, "sl_rescored")
+        tt.tally("rescore", "--from-store", self.store, "--model", model, "--manifest", self.manifest, "--out", rescored,
+                 "--workers", "2", *flags)
+        fresh = os.path.join(self.root, "sl_fresh")
+        tt.tally_run(model, self.manifest, fresh, *flags)
+        r = tt.read_report(rescored)
+        self.assertEqual(r["rows_from_store"], 24)
+        self.assertTrue(tt.same_files(rescored, fresh))
+        self.assertEqual(r["thresholds"], tt.read_report(fresh)["thresholds"])
+        # The kept scores: the model's probability, sigmoid(r - 0.5), to 16 bits.
+        digest = {row["id"]: row["image_xxh128"] for row in tt.read_per_image(rescored)}["s0009"]
+        entry = glob.glob(os.path.join(self.store, "v1", "*", "*", "*", digest + ".tps"))[0]
+        with open(entry, "rb") as f:
+            data = f.read()
+        height, width = struct.unpack("<II", data[16:24])
+        raw = zlib.decompress(data[104:], wbits=-15)
+        scores = np.frombuffer(raw[(height * width + 7) // 8:], "<u2").reshape(height, width).astype(np.int64)
+        red = np.asarray(Image.open(os.path.join(self.root, "data", "img", "s0009.png")))[..., 0] / 255.0
+        want = np.round(65535 / (1 + np.exp(-(red - 0.5))))
+        self.assertLessEqual(np.max(np.abs(scores - want)), 1)  # float32 on the model's side.
 
     def test_torchscript_predictions_rescored_on_cpu_workers(self):
         model = tt.fixture("three_class.pt")
@@ -310,10 +358,10 @@ class PredictionStoreTest(unittest.TestCase):
         entry = glob.glob(os.path.join(self.store, "v1", "*", "*", "*", digests["s0007"] + ".tps"))[0]
         with open(entry, "rb") as f:
             data = f.read()
-        self.assertEqual(data[:8], b"TALLYPS2")
-        header, bits, height, width, classes = struct.unpack("<IIIII", data[8:28])
-        self.assertEqual((header, bits, classes), (96, 2, 3))
-        raw = np.frombuffer(zlib.decompress(data[96:], wbits=-15), np.uint8)
+        self.assertEqual(data[:8], b"TALLYPS3")
+        header, bits, height, width, classes, depth = struct.unpack("<IIIIII", data[8:32])
+        self.assertEqual((header, bits, classes, depth, data[96]), (104, 2, 3, 1, 0))
+        raw = np.frombuffer(zlib.decompress(data[104:], wbits=-15), np.uint8)
         labels = ((raw[:, None] >> np.arange(0, 8, bits, dtype=np.uint8)) & ((1 << bits) - 1)).reshape(-1)
         want, _ = tt.predict(model, os.path.join(self.root, "data", "img", "s0007.png"))
         np.testing.assert_array_equal(labels[:height * width].reshape(height, width), want)
@@ -363,6 +411,101 @@ class PredictionStoreTest(unittest.TestCase):
         p = cluster.cli("rescore", off, "--out", os.path.join(self.root, "x"), check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("kept no predictions", p.stderr)
+
+    def test_kept_scores_rescore_thresholds_as_the_model_counts_them(self):
+        folder = os.path.join(self.root, "score_model")  # Its own folder: sibling .py files are the model's digest.
+        os.makedirs(folder)
+        self.model = os.path.join(folder, "score.py")
+        tt.write_text(self.model, textwrap.dedent(SCORE_MODEL))
+        log = os.path.join(self.root, "log")
+        self.run_py("stored", "--workers", "2")  # No --thresholds: the scores are kept all the same.
+        self.assertEqual(len(predicted(log)), 24)
+        flags = ("--thresholds", "0.8,0.3,0.5", "--metrics", "dice,iou")
+        out, _ = self.rescore("rescored", "--workers", "3", *flags)
+        self.assertEqual(len(predicted(log)), 24)  # No model ran.
+        r = tt.read_report(out)
+        self.assertEqual((r["rows_from_store"], r["images_evaluated"]), (24, 24))
+        fresh, _ = self.run_py("fresh", *flags, store=False, log="plain_log")
+        self.assertTrue(tt.same_files(out, fresh))
+        self.assertEqual(r["thresholds"], tt.read_report(fresh)["thresholds"])
+        self.assertEqual(r["best_threshold"], tt.read_report(fresh)["best_threshold"])
+        # A run with --thresholds takes the store's rows too, counted from their scores.
+        again, _ = self.run_py("again", *flags, "--workers", "2")
+        self.assertEqual(tt.read_report(again)["rows_from_store"], 24)
+        self.assertEqual(tt.read_report(again)["thresholds"], r["thresholds"])
+        self.assertEqual(len(predicted(log)), 24)
+        # The sweep by hand: foreground where (red + 0.5) / 256 > t, against the masks (255 ignored).
+        images, masks = [], []
+        for i in range(24):
+            images.append(np.asarray(Image.open(os.path.join(self.root, "data", "img", f"s{i:04d}.png"))))
+            masks.append(np.asarray(Image.open(os.path.join(self.root, "data", "msk", f"s{i:04d}.png"))))
+        for sweep in r["thresholds"]:
+            total = np.zeros(3, np.int64)
+            for im, ref in zip(images, masks):
+                fg, known = (im[..., 0].astype(np.float64) + 0.5) / 256 > sweep["threshold"], ref <= 1
+                total += (np.sum(fg & (ref == 1) & known), np.sum(fg & (ref == 0) & known), np.sum(~fg & (ref == 1)))
+            tp, fp, fn = (int(v) for v in total)
+            self.assertTrue(tt.same(sweep["dice_global"], 2 * tp / (2 * tp + fp + fn)), sweep)
+        # An entry's scores as docs/prediction-store.md lays them out: round(p * 65535), after the labels.
+        digest = {row["id"]: row["image_xxh128"] for row in tt.read_per_image(out)}["s0003"]
+        digest = hashlib.sha256(digest.encode()).hexdigest()[:32]  # A Python model's input: with no other columns.
+        entry = glob.glob(os.path.join(self.store, "v1", "*", "*", "*", digest + ".tps"))[0]
+        with open(entry, "rb") as f:
+            data = f.read()
+        height, width = struct.unpack("<II", data[16:24])
+        self.assertEqual((data[12], struct.unpack("<I", data[96:100])[0]), (1, 16))  # 1-bit labels, 16-bit scores.
+        raw = zlib.decompress(data[104:], wbits=-15)
+        scores = np.frombuffer(raw[(height * width + 7) // 8:], "<u2").reshape(height, width)
+        want = np.round((images[3][..., 0].astype(np.float64) + 0.5) / 256 * 65535).astype(np.uint16)
+        np.testing.assert_array_equal(scores, want)
+
+    def test_volumes_come_from_the_store_and_rescore_as_a_fresh_run(self):
+        root = os.path.join(self.root, "volumes")
+        os.makedirs(root)
+        manifest, _ = tv.VolumeModelTest.make_set(self, root, np.random.default_rng(41), n=4)
+        torch = tv.torch
+        torch.manual_seed(3)
+        model = os.path.join(root, "net3d.pt")
+        torch.jit.script(tv.Net3D().eval()).save(model)
+        window = ("--sliding-window", "8,6,7", "--overlap", "0.4", "--intensity", "zscore")
+
+        def run(name, *extra, store=True):
+            out = os.path.join(self.root, name)
+            tt.tally("run", "--model", model, "--manifest", manifest, "--out", out, "--shard-size", "1", *window,
+                     *(("--prediction-store", self.store) if store else ()), *extra)
+            return out, tt.read_report(out)
+
+        first, r = run("v_first", "--workers", "2")
+        self.assertEqual((r["rows_from_store"], r["images_evaluated"]), (0, 4))
+        self.assertEqual(len(glob.glob(os.path.join(self.store, "v1", "*", "*", "*", "*.tps"))), 4)
+        again, r = run("v_again", "--workers", "3")
+        self.assertEqual(r["rows_from_store"], 4)
+        self.assertTrue(tt.same_files(first, again))
+        other, r = run("v_other", "--overlap", "0.25")  # Another setting: predicted again.
+        self.assertEqual(r["rows_from_store"], 0)
+        # Rescored with other metrics on CPU workers: as a fresh run of the model with them.
+        flags = ("--metrics", "dice,hd95,assd,lesion", "--include-background")
+        rescored = os.path.join(self.root, "v_rescored")
+        tt.tally("rescore", "--from-store", self.store, "--model", model, "--manifest", manifest, "--out", rescored,
+                 "--workers", "2", *window, *flags)  # The 0.25 run is not this one: its --overlap differs.
+        self.assertEqual(tt.read_report(rescored)["rows_from_store"], 4)
+        fresh, _ = run("v_fresh", *flags, store=False)
+        self.assertTrue(tt.same_files(rescored, fresh))
+        p = tt.tally("rescore", "--from-store", self.store, "--model", model, "--manifest", manifest, "--out",
+                     os.path.join(self.root, "v_refused"), "--sliding-window", "8,6,7", "--overlap", "0.4", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--intensity 'none' here, 'zscore' in the stored run", p.stderr)
+        # Exported as NIfTI: the labels of the saved predictions of a run.
+        saved = os.path.join(self.root, "v_saved")
+        run("v_saving", "--save-predictions", saved)
+        exported = os.path.join(self.root, "v_exported")
+        tt.tally("store", "export", self.store, "--out", exported)
+        digests = sorted(glob.glob(os.path.join(exported, "*", "*", "*.nii.gz")))
+        self.assertEqual(len(digests), 8)  # Two overlaps, four volumes each.
+        saved_labels = sorted(np.asarray(tv.read_zyx(os.path.join(saved, f"case{i}.nii.gz"))[0]).tobytes()
+                              for i in range(4))
+        exported_labels = [np.asarray(tv.read_zyx(d)[0]).tobytes() for d in digests]
+        self.assertTrue(all(l in exported_labels for l in saved_labels))
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ struct VolumeRequest {
   std::array<std::array<double, 4>, 4> affine{};  // Voxel (i=x, j=y, k=z, 1) -> world, as nibabel's.
   int64_t index = 0;
   std::vector<std::pair<std::string, std::string>> row;  // id, image, mask and the other columns.
+  // The XXH128 of the channel files' bytes as read (one file: its own; several: of their digests in
+  // order), what the prediction store keys the volume's input by; empty where unknown.
+  std::string input_digest;
 };
 
 // The model's answer: D x H x W labels (z, y, x), `classes` its class count (the score channels, or
@@ -98,6 +101,7 @@ struct VolumePrediction {
   std::vector<uint16_t> labels;
   int classes = 0;
   int64_t nonfinite = 0;
+  bool from_store = false;  // Taken from the prediction store: the model did not run on it.
 };
 
 // Host memory from the runner: page-locked on CUDA, so uploads are asynchronous.
@@ -155,6 +159,9 @@ struct BatchSpec {
   SurfaceRequest surface;
   // JPEG images of this batch were decoded on the GPU (nvJPEG): their pixels differ from libjpeg's.
   bool decoded_on_gpu = false;
+  // Single-score outputs: return each pixel's probability, quantised (PendingBatch::scores), for
+  // the prediction store. Runners that cannot ignore it.
+  bool want_scores = false;
 };
 
 class PendingBatch {
@@ -187,6 +194,9 @@ class PendingBatch {
   // With BatchSpec::surface: K x 4 values (hd, hd95, assd, nsd per class) of image i; null when the
   // runner did not compute them (then labels(i) holds the predicted labels).
   virtual const double* surface(int /*i*/) const { return nullptr; }
+  // With BatchSpec::want_scores and a single-score output: image i's probabilities (H x W), each
+  // QuantizeScore'd (common/store/prediction_store.h); null otherwise.
+  virtual const uint16_t* scores(int /*i*/) const { return nullptr; }
   // With thresholds: tp, fp, fn, tn of the foreground class at each threshold for image i.
   virtual const int64_t* threshold_counts(int /*i*/) const { return nullptr; }
   // Instance outputs (a Python model's detection dict, docs/instances.md "Instances"): image i's detections,

@@ -32,6 +32,7 @@
 #include "base/log.h"
 #include "common/coco/coco_instances.h"
 #include "common/process/subprocess.h"
+#include "common/store/prediction_store.h"
 #include "metrics/label_counts.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/tally.pb.h"
@@ -70,6 +71,9 @@ class PythonPendingBatch final : public PendingBatch {
   const std::vector<CocoInstance>* instances(int i) const override {
     return instance_kind_[i] ? &instances_[i] : nullptr;
   }
+  const uint16_t* scores(int i) const override {
+    return owned_scores_.empty() || owned_scores_[i].empty() ? nullptr : owned_scores_[i].data();
+  }
 
  private:
   absl::Status Evaluate();
@@ -91,6 +95,7 @@ class PythonPendingBatch final : public PendingBatch {
   std::vector<int64_t> counts_;
   std::vector<const uint16_t*> label_ptrs_;
   std::vector<std::vector<uint16_t>> owned_labels_;
+  std::vector<std::vector<uint16_t>> owned_scores_;  // BatchSpec::want_scores: score outputs, quantised.
   std::vector<int64_t> nonfinite_;
   std::vector<std::string> errors_;
   size_t num_thresholds_ = 0;
@@ -148,6 +153,7 @@ absl::Status PythonPendingBatch::Evaluate() {
   nonfinite_.assign(n, 0);
   label_ptrs_.assign(n, nullptr);
   owned_labels_.resize(n);
+  if (spec_.want_scores) owned_scores_.resize(n);
   instances_.assign(n, {});
   instance_kind_.assign(n, false);
   for (size_t i = 0; i < n; ++i) {
@@ -236,6 +242,14 @@ void PythonPendingBatch::EvaluateImage(size_t i, const v1::StubOutput& out) {
     }
     nonfinite_[i] = bad;
     pred = labels.data();
+    if (spec_.want_scores) {  // As the prediction store keeps them: the probability, 16 bits.
+      std::vector<uint16_t>& q = owned_scores_[i];
+      q.resize(hw);
+      for (size_t p = 0; p < hw; ++p) {
+        const double x = score[p];
+        q[p] = QuantizeScore(probs ? x : 1.0 / (1.0 + std::exp(-x)));
+      }
+    }
     const std::vector<double>& ts = channel_->options().thresholds;
     if (!ts.empty()) {
       // Foreground where the probability is > t: for logits, sigmoid(x) > t <=> x > log(t / (1 - t)).

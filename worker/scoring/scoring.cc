@@ -113,6 +113,7 @@ absl::Status ScoringPipeline::PredictPair(const v1::ManifestRow& row, LoadedMap*
   pred->labels.labels = std::move(p.labels);
   pred->classes = p.classes > 0 ? p.classes : config_.num_classes;
   pred->nonfinite = p.nonfinite;
+  pred->from_store = p.from_store;
   if (!save_predictions_.empty()) {
     const std::string path =
         absl::StrCat(save_predictions_, "/", PredictionFileName(row.id(), row.index(), ".nii.gz"));
@@ -377,6 +378,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
                                                                          : LoadPair(row, &ref, &pred);
   if (!ref.digest.empty()) result.mutable_inputs()->set_mask(ref.digest);
   if (!pred.digest.empty()) result.mutable_inputs()->set_prediction(pred.digest);
+  if (pred.from_store) result.set_from_store(true);
   result.mutable_inputs()->set_modified_ns(
       std::max({result.inputs().modified_ns(), ref.modified_ns, pred.modified_ns}));
   if (!loaded.ok()) return fail(loaded.message());

@@ -83,6 +83,7 @@ class ScoringPipeline : public RowEvaluator {
     bool volume = false;
     int classes = 0;        // A model's class count (volume jobs); 0: from the labels.
     int64_t nonfinite = 0;  // A model's NaN/Inf scores (volume jobs).
+    bool from_store = false;  // A model's labels taken from the prediction store (volume jobs).
     // COCO rows whose every instance's category is below the job's class count: no label can be
     // out of range, so ClassCount's scans are spared and the reference's largest label comes from
     // the counts (LoadCocoPair, ScoreRow).

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "common/sources/row_files.h"
 
 namespace tally {
 
@@ -32,6 +33,7 @@ absl::StatusOr<VolumePrediction> VolumeModel::Predict(const v1::ManifestRow& row
   const int64_t voxels = reference.depth * reference.height * reference.width;
   std::vector<uint8_t> data;
   std::string dtype = "float32";
+  std::string digests;  // The prediction store's key of the input: the files' bytes.
   for (const std::string& file : files) {
     if (!IsNiftiPath(file)) {
       return absl::InvalidArgumentError(absl::StrCat("image '", file, "' is not a NIfTI volume (.nii, .nii.gz); ",
@@ -39,6 +41,10 @@ absl::StatusOr<VolumePrediction> VolumeModel::Predict(const v1::ManifestRow& row
     }
     VolumeImage image;
     RETURN_IF_ERROR(LoadNiftiImage(file, config_.max_image_pixels, config_.keep_dtype, &image));
+    if (!config_.prediction_store.empty()) {
+      ASSIGN_OR_RETURN(const FileFacts facts, DigestFile(file));  // nifti_clib read it: once more, for its digest.
+      digests += facts.xxh128;
+    }
     RETURN_IF_ERROR(CheckSameGeometry(reference, mask_path, image.geometry, file));
     if (config_.keep_dtype) {
       if (file != files[0] && image.dtype != dtype) {
@@ -66,6 +72,7 @@ absl::StatusOr<VolumePrediction> VolumeModel::Predict(const v1::ManifestRow& row
   }
   request.affine[3] = {0, 0, 0, 1};
   request.index = row.index();
+  if (!digests.empty()) request.input_digest = files.size() == 1 ? digests : Xxh128(digests);
   for (int c = 0; c < row.columns_size() && c < static_cast<int>(config_.manifest_columns.size()); ++c) {
     request.row.emplace_back(config_.manifest_columns[c], row.columns(c));
   }

@@ -137,7 +137,14 @@ class StorePendingBatch final : public PendingBatch {
   int64_t logit_ties() const override { return inner_ ? inner_->logit_ties() : 0; }
   std::string error(int i) const override { return hit(i) ? errors_[i] : inner_->error(slot_[i]); }
   const double* surface(int i) const override { return hit(i) ? nullptr : inner_->surface(slot_[i]); }
-  const int64_t* threshold_counts(int i) const override { return hit(i) ? nullptr : inner_->threshold_counts(slot_[i]); }
+  const int64_t* threshold_counts(int i) const override {
+    if (!hit(i)) return inner_->threshold_counts(slot_[i]);
+    return thresholds_.empty() ? nullptr : thresholds_.data() + static_cast<size_t>(i) * 4 * state_->options().thresholds.size();
+  }
+  const uint16_t* scores(int i) const override {
+    if (!hit(i)) return inner_->scores(slot_[i]);
+    return hits_[i]->scores.empty() ? nullptr : hits_[i]->scores.data();
+  }
   const std::vector<CocoInstance>* instances(int i) const override {
     return hit(i) ? nullptr : inner_->instances(slot_[i]);
   }
@@ -157,6 +164,7 @@ class StorePendingBatch final : public PendingBatch {
   std::vector<int> slot_;  // Item -> its index in inner_'s batch, or -1 (from the store).
   int k_ = 0;
   std::vector<int64_t> counts_;
+  std::vector<int64_t> thresholds_;  // Per item: tp, fp, fn, tn at each threshold (the store's rows).
   std::vector<std::string> errors_;
 };
 
@@ -168,6 +176,8 @@ absl::Status StorePendingBatch::Wait() {
   }
   const size_t n = spec_.items.size();
   counts_.assign(n * k_ * k_, 0);
+  const std::vector<double>& ts = state_->options().thresholds;
+  thresholds_.assign(n * 4 * ts.size(), 0);
   errors_.assign(n, "");
   ParallelFor(n, [&](size_t i) {
     if (!hits_[i]) return;
@@ -182,6 +192,13 @@ absl::Status StorePendingBatch::Wait() {
     const BatchImage& it = spec_.items[i];
     const uint16_t* mask = reinterpret_cast<const uint16_t*>(spec_.masks->data()) + it.mask_offset;
     CountConfusionMatrix(hits_[i]->labels.data(), mask, hits_[i]->labels.size(), k_, counts_.data() + i * k_ * k_);
+    if (ts.empty()) return;
+    if (hits_[i]->scores.empty()) {
+      errors_[i] = "--thresholds needs the model's scores, and the prediction store's entry of this row keeps labels only "
+                   "(the model gave several score channels or labels)";
+      return;
+    }
+    CountStoredThresholds(hits_[i]->scores.data(), mask, hits_[i]->scores.size(), ts, thresholds_.data() + i * 4 * ts.size());
   });
   if (inner_) Store();
   return absl::OkStatus();
@@ -205,6 +222,9 @@ void StorePendingBatch::Store() {
     p.classes = k_;
     p.nonfinite = inner_->nonfinite(static_cast<int>(j));
     p.labels.assign(labels, labels + static_cast<size_t>(it.height) * it.width);
+    if (const uint16_t* scores = inner_->scores(static_cast<int>(j)); scores != nullptr) {
+      p.scores.assign(scores, scores + p.labels.size());
+    }
     int64_t bytes = 0;
     if (absl::Status s = state_->store().Write(keys_[i], p, &bytes); !s.ok() && !warned.exchange(true)) {
       Log("prediction store: ", s.message(), " (rows are scored all the same; logged once)");
@@ -250,6 +270,9 @@ class NoModel final : public ModelRunner {
   }
   void ReleaseCachedMemory() override {}
   absl::StatusOr<int> FindMaxBatch(int, int, double, int, int fallback) override { return fallback; }
+  absl::StatusOr<VolumePrediction> PredictVolume(const VolumeRequest& /*request*/) override {
+    return absl::NotFoundError(reason_);
+  }
   RunnerStats Stats() override { return RunnerStats(); }
   bool is_cuda() const override { return false; }
 
@@ -269,6 +292,7 @@ class StoreRunner final : public ModelRunner {
 
   absl::StatusOr<std::unique_ptr<PendingBatch>> Launch(const BatchSpec& batch) override;
   std::shared_ptr<const HeldPrediction> FindHeld(const v1::ManifestRow& row, const std::string& image_digest) override;
+  absl::StatusOr<VolumePrediction> PredictVolume(const VolumeRequest& request) override;
 
   std::unique_ptr<HostBuffer> AllocateHost(size_t bytes) override { return inner_->AllocateHost(bytes); }
   void ReleaseCachedMemory() override { inner_->ReleaseCachedMemory(); }
@@ -297,8 +321,10 @@ class StoreRunner final : public ModelRunner {
 
  private:
   std::atomic<bool> layout_agreed_{false};
-  // The input's digest ("" where the bytes are not known: never stored).
+  // The input's digest ("" where the bytes are not known: never stored): of the image's bytes, and
+  // for Python models of the row's other columns too (`values`, in the manifest's order).
   std::string InputDigest(const std::string* image_digest, const v1::ManifestRow* row) const;
+  std::string InputDigestOf(const std::string* image_digest, const std::vector<std::string>& values) const;
   // The settings a row of a batch in this layout may be stored under, tried in order: the runner's
   // (a row is written under it), or a rescore's list.
   std::vector<std::string> SettingsList(bool nvjpeg);
@@ -308,14 +334,63 @@ class StoreRunner final : public ModelRunner {
 };
 
 std::string StoreRunner::InputDigest(const std::string* image_digest, const v1::ManifestRow* row) const {
+  std::vector<std::string> values;
+  for (int c = 0; row != nullptr && c < row->columns_size(); ++c) values.push_back(row->columns(c));
+  return InputDigestOf(image_digest, values);
+}
+
+std::string StoreRunner::InputDigestOf(const std::string* image_digest, const std::vector<std::string>& values) const {
   if (image_digest == nullptr || image_digest->size() != 16) return "";
   const StoreRunnerOptions& o = state_.options();
-  if (!o.columns_are_input || row == nullptr) return Hex128(*image_digest);
+  if (!o.columns_are_input) return Hex128(*image_digest);
   std::string columns = Hex128(*image_digest);
-  for (int c = 0; c < row->columns_size() && c < static_cast<int>(o.columns.size()); ++c) {
-    absl::StrAppend(&columns, "\n", o.columns[c], "=", row->columns(c));
+  for (size_t c = 0; c < values.size() && c < o.columns.size(); ++c) {
+    absl::StrAppend(&columns, "\n", o.columns[c], "=", values[c]);
   }
   return Sha256Hex(columns).substr(0, 32);
+}
+
+absl::StatusOr<VolumePrediction> StoreRunner::PredictVolume(const VolumeRequest& r) {
+  const StoreRunnerOptions& o = state_.options();
+  std::vector<std::string> values;  // The manifest's columns come first in the request's row.
+  for (size_t c = 0; c < r.row.size() && c < o.columns.size(); ++c) values.push_back(r.row[c].second);
+  const std::string input = InputDigestOf(&r.input_digest, values);
+  const std::vector<std::string> settings = input.empty() ? std::vector<std::string>() : SettingsList(false);
+  const int64_t voxels = r.depth * r.height * r.width;
+  for (const std::string& s : settings) {
+    absl::StatusOr<StoredPrediction> p = state_.store().Read(StoreKey{o.model_digest, s, input}, static_cast<int>(r.height),
+                                                             static_cast<int>(r.width), static_cast<int>(r.depth));
+    if (p.ok()) {
+      VolumePrediction v;
+      v.labels = std::move(p->labels);
+      v.classes = p->classes;
+      v.nonfinite = p->nonfinite;
+      v.from_store = true;
+      return v;
+    }
+    if (p.status().code() == absl::StatusCode::kDataLoss) {
+      Log("prediction store: ", p.status().message(), "; the volume is predicted again");
+    }
+  }
+  ASSIGN_OR_RETURN(VolumePrediction v, inner_->PredictVolume(r));
+  // Kept where the entry can say it exactly: a known class count, every label below it.
+  if (settings.empty() || v.classes < 2 || static_cast<int64_t>(v.labels.size()) != voxels ||
+      *std::max_element(v.labels.begin(), v.labels.end()) >= v.classes) {
+    return v;
+  }
+  StoredPrediction p;
+  p.depth = static_cast<int>(r.depth);
+  p.height = static_cast<int>(r.height);
+  p.width = static_cast<int>(r.width);
+  p.classes = v.classes;
+  p.nonfinite = v.nonfinite;
+  p.labels = v.labels;
+  int64_t bytes = 0;
+  if (absl::Status s = state_.store().Write(StoreKey{o.model_digest, settings.front(), input}, p, &bytes); !s.ok()) {
+    Log("prediction store: ", s.message(), " (the volume is scored all the same)");
+  }
+  state_.Wrote(bytes);
+  return v;
 }
 
 std::vector<std::string> StoreRunner::SettingsList(bool nvjpeg) {
@@ -393,6 +468,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> StoreRunner::Launch(const BatchSpe
       while (sub.items.size() < n) sub.items.push_back(sub.items.back());
     }
     sub.want_labels = true;  // Back to the host, for the store.
+    sub.want_scores = true;
     sub.keep_labels = false;
     ASSIGN_OR_RETURN(inner, inner_->Launch(sub));
   }

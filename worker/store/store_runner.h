@@ -1,8 +1,9 @@
 // --prediction-store in the worker: a ModelRunner in front of the job's runner. Each batch's rows
 // are looked up by (model, settings, input) digests (common/store/store_keys.h); rows found are
 // scored from their entries on the CPU, the others go to the model as a batch of their own (their
-// labels come back to the host) and leave their entries once the batch is done. Everything else is
-// the model's runner's. `tally rescore` jobs put NoModelRunner() behind it: rows not in the store
+// labels, and the scores of a single-score output, come back to the host) and leave their entries
+// once the batch is done. Volumes (PredictVolume) are looked up and kept alike, one at a time.
+// Everything else is the model's runner's. `tally rescore` jobs put NoModelRunner() behind it: rows not in the store
 // fail, naming what the store lacks.
 #ifndef TALLY_WORKER_STORE_STORE_RUNNER_H_
 #define TALLY_WORKER_STORE_STORE_RUNNER_H_
@@ -31,6 +32,8 @@ struct StoreRunnerOptions {
   bool columns_are_input = false;
   std::vector<std::string> columns;
   int64_t max_bytes = 0;  // --store-max-bytes (0: none).
+  // --thresholds: rows found in the store are counted at each from their kept scores.
+  std::vector<double> thresholds;
   // Rows are looked up as soon as their image's bytes are read, and those found are not decoded
   // (ModelRunner::FindHeld): for jobs whose settings cannot change while they run (no layout or
   // decoder trial) and rescores.

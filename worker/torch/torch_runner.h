@@ -149,6 +149,9 @@ class TorchPendingBatch final : public PendingBatch {
   const int64_t* threshold_counts(int i) const override {
     return thresholds_ptr_ ? thresholds_ptr_ + static_cast<size_t>(i) * 4 * num_thresholds_ : nullptr;
   }
+  const uint16_t* scores(int i) const override {
+    return static_cast<size_t>(i) < score_ptrs_.size() ? score_ptrs_[i] : nullptr;
+  }
   const double* surface(int i) const override {
     return surface_ptr_ ? surface_ptr_ + static_cast<size_t>(i) * 4 * k_ : nullptr;
   }
@@ -164,6 +167,8 @@ class TorchPendingBatch final : public PendingBatch {
   const int64_t* counts_ = nullptr;
   std::vector<at::Tensor> labels_host_;  // int16, host.
   std::vector<const uint16_t*> label_ptrs_;
+  std::vector<at::Tensor> scores_host_;  // int16, host: BatchSpec::want_scores.
+  std::vector<const uint16_t*> score_ptrs_;
   std::vector<std::pair<at::Tensor, int64_t>> device_labels_;  // keep_labels: image i's group and row.
   std::vector<at::Tensor> device_inputs_;  // The device tensors copied to the ones above, until done.
   at::Tensor ties_;
@@ -430,6 +435,8 @@ class TorchRunner final : public ModelRunner {
   // What the device produced for a batch, before it goes back to host memory.
   struct Outputs {
     std::vector<at::Tensor> counts, labels, nonfinite, thresholds;
+    bool want_scores = false;         // BatchSpec::want_scores.
+    std::vector<at::Tensor> scores;   // int16 [n, H, W] per group: single-score outputs, quantised.
     std::vector<at::Tensor> surface;  // [n, K, 4] double per group, when asked for and computed.
     bool surface_missing = false;     // Asked for but not computed for some group.
     bool on_kernels = true;           // Every group scored by the fused kernels (metrics/gpu/).
@@ -495,6 +502,9 @@ class TorchRunner final : public ModelRunner {
   // Threshold sweep of a single-logit output: [n, T, 4] tp, fp, fn, tn of the foreground class.
   at::Tensor ThresholdCounts(const at::Tensor& logits, const at::Tensor& gt) const;
 
+  // The model gave a single score a pixel (its last eager launch): want_scores batches run eager,
+  // where the scores are taken (a CUDA graph holds no scores).
+  std::atomic<bool> single_score_{false};
   const ModelRunnerOptions options_;
   const at::Device device_;
   torch::jit::Module module_;

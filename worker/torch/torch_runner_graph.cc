@@ -20,11 +20,11 @@ std::string TorchRunner::GraphKey(torch::jit::Module& module, bool channels_last
     return v != nullptr && std::string(v) == "0";
   }();
   // What a graph holds: one group of same-sized images, scored by the fused kernels (surface
-  // distances too, where the device computes them; no threshold sweep), in fp32 (autocast's cast
+  // distances too, where the device computes them; no threshold sweep, no scores), in fp32 (autocast's cast
   // cache cannot be captured), by the evaluation's own module (not a layout trial's copy), with no
   // trial running beside it and no layout being timed.
   if (!cuda_ || env_off || !graphs_enabled_ || !host.uniform || host.images.size() != 1 ||
-      !options_.thresholds.empty() || options_.precision != "fp32" || options_.jit_optimize || &module != &module_ ||
+      !options_.thresholds.empty() || (batch.want_scores && single_score_) || options_.precision != "fp32" || options_.jit_optimize || &module != &module_ ||
       beside_ || timing_passes_.load() > 0) {
     return "";
   }

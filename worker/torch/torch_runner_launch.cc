@@ -74,6 +74,13 @@ absl::StatusOr<at::Tensor> TorchRunner::CheckLogits(const at::Tensor& raw_logits
     }
     o->thresholds.push_back(ThresholdCounts(logits, gt));
   }
+  single_score_ = C == 1;
+  if (C == 1 && o->want_scores) {
+    // The probability quantised as the prediction store keeps it (QuantizeScore: NaN as 0); the int32
+    // value's low 16 bits are the uint16 score.
+    const at::Tensor p = at::nan_to_num(at::sigmoid(logits.select(1, 0)), 0.0, 1.0, 0.0);
+    o->scores.push_back(p.mul(65535.0).round().to(at::kInt).to(at::kShort));
+  }
   if (o->k != 0 && o->k != K) {
     return absl::FailedPreconditionError(absl::StrCat("model '", options_.model_path, "' returned ", C,
                                                       " channels for one input and a different number for another"));
@@ -457,6 +464,14 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
     }
     pending->labels_host_.push_back(h);
   }
+  for (const at::Tensor& q : o.scores) {  // Per group, as the labels: groups may differ in size.
+    at::Tensor h = to_host(q, at::kShort);
+    const int64_t per_image = q.size(1) * q.size(2);
+    for (int64_t i = 0; i < q.size(0); ++i) {
+      pending->score_ptrs_.push_back(reinterpret_cast<const uint16_t*>(h.data_ptr<int16_t>() + i * per_image));
+    }
+    pending->scores_host_.push_back(h);
+  }
   pending->nonfinite_host_ = to_host(nonfinite, at::kLong);
   pending->nonfinite_ptr_ = pending->nonfinite_host_.data_ptr<int64_t>();
   if (o.ties.defined()) pending->ties_ = to_host(o.ties, at::kLong);
@@ -527,6 +542,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit
   if (instances) return instances;
   ASSIGN_OR_RETURN(const at::Tensor logits, ExtractLogits(raw, options_.model_path));
   Outputs outputs;
+  outputs.want_scores = batch.want_scores;
   RETURN_IF_ERROR(PostprocessGroups(logits, dev, *input_shape, device_labels, batch.surface, &outputs));
   step("postprocess");
 #if TALLY_WITH_CUDA
