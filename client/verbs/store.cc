@@ -79,22 +79,6 @@ int List(const std::vector<Entry>& entries, bool json) {
   return 0;
 }
 
-// An entry folder's settings, from its `settings` file, verified against the folder's name.
-absl::StatusOr<StoredSettings> FolderSettings(const std::string& root, const std::string& model16,
-                                              const std::string& settings16) {
-  const std::string path = absl::StrCat(root, "/v1/", model16, "/", settings16, "/settings");
-  struct stat st;  // Its size held to a settings file's before it is read.
-  const bool small = stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= (1 << 16);
-  absl::StatusOr<std::string> text = small ? ReadFileToString(path) : absl::NotFoundError(path);
-  if (!text.ok() || text->find("\nmodel ") == std::string::npos) {
-    return absl::NotFoundError(absl::StrCat(path, ": no settings file (written by Tally since 2026-12-06)"));
-  }
-  for (StoredSettings& s : ListStoredSettings(root, text->substr(text->find("\nmodel ") + 7, 64))) {
-    if (s.settings.substr(0, 16) == settings16) return std::move(s);
-  }
-  return absl::DataLossError(absl::StrCat(path, ": does not verify against its folder's name"));
-}
-
 // One entry into `dir`: a 2D label map as <input>.png (8-bit up to 256 classes, else 16-bit), a
 // volume as <input>.nii.gz (uint16 labels, unit spacing: the store keeps no geometry), and kept
 // scores as <input>.scores.png (16-bit, the quantised probability).
@@ -131,7 +115,9 @@ int Export(const std::string& root, const StoreWalk& walk, const std::string& ou
   for (const StoreFile& e : walk.entries) {
     const std::string folder = e.model + "/" + e.settings;
     auto it = folders.find(folder);
-    if (it == folders.end()) it = folders.emplace(folder, FolderSettings(root, e.model, e.settings)).first;
+    if (it == folders.end()) {
+      it = folders.emplace(folder, ReadSettingsFolder(absl::StrCat(root, "/v1/", folder), "")).first;
+    }
     absl::StatusOr<StoredPrediction> p =
         it->second.ok()
             ? ReadStoreEntry(e.path, StoreKey{it->second->model, it->second->settings, e.input}, e.info.height,

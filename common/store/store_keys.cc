@@ -18,8 +18,6 @@ namespace tally {
 namespace {
 
 constexpr int kMaxDigestedFiles = 100000;  // Files of one --model-option folder that are digested.
-constexpr char kSettingsMagic[] = "tally-store-settings-v1";
-constexpr int64_t kMaxSettingsFileBytes = 1 << 16;
 
 // Adds a file's, or a folder's files' (sorted, recursively), digests and names to `text`.
 absl::Status DigestPath(const std::string& path, int* files, std::string* text) {
@@ -49,9 +47,6 @@ std::vector<std::string> SiblingSources(const std::string& model_path) {
   return out;
 }
 
-bool IsHexDigest(const std::string& s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return absl::ascii_isxdigit(c); });
-}
 
 // Volume jobs' lines: what the volume's voxels go through and how the model sees them.
 std::string VolumeSettingsText(const JobConfig& config) {
@@ -99,69 +94,6 @@ std::string RunSettingsText(const JobConfig& config, bool cuda, const std::strin
   return absl::StrCat("decode ", config.decode_mode, config.decode_gpu ? " gpu" : " cpu", "\ndevice ",
                       cuda ? "cuda " : "cpu ", gpu_name, "\nbatch ", cuda ? batch_size : 0, "\nlayout ",
                       channels_last ? "channels-last" : "contiguous", "\njpeg ", nvjpeg ? "nvjpeg" : "host", "\n");
-}
-
-std::vector<std::pair<std::string, std::string>> StoredSettings::Lines() const {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    const size_t space = line.find(' ');
-    out.emplace_back(std::string(line.substr(0, space)),
-                     space == absl::string_view::npos ? std::string() : std::string(line.substr(space + 1)));
-  }
-  return out;
-}
-
-std::string StoredSettings::RunKey() const {
-  std::string key;
-  for (const auto& [k, v] : Lines()) {
-    if (SettingsFlag(k).empty() && k != "jpeg") absl::StrAppend(&key, k, " ", v, "\n");
-  }
-  return key;
-}
-
-std::string SettingsFlag(const std::string& key) {
-  if (key == "precision") return "--precision";
-  if (key == "input") return "--input-size";
-  if (key == "mean") return "--mean";
-  if (key == "std") return "--std";
-  if (key == "label_map") return "--label-map";
-  if (key == "compile") return "--compile";
-  if (key == "window") return "--window";
-  if (key == "intensity") return "--intensity";
-  if (key == "sliding_window") return "--sliding-window";
-  if (key == "overlap") return "--overlap";
-  if (key == "sw_batch") return "--sw-batch-size";
-  if (key == "keep_dtype") return "--keep-dtype";
-  return "";
-}
-
-std::string SettingsFilePath(const std::string& root, const std::string& model, const std::string& settings) {
-  return absl::StrCat(root, "/v1/", model.substr(0, 16), "/", settings.substr(0, 16), "/settings");
-}
-
-std::string SettingsFileText(const std::string& model, const std::string& text) {
-  return absl::StrCat(kSettingsMagic, "\nmodel ", model, "\n", text);
-}
-
-std::vector<StoredSettings> ListStoredSettings(const std::string& root, const std::string& model) {
-  std::vector<StoredSettings> out;
-  const std::string dir = absl::StrCat(root, "/v1/", model.substr(0, 16));
-  for (const std::string& name : ListDirectory(dir)) {
-    const std::string path = absl::StrCat(dir, "/", name, "/settings");
-    struct stat st;
-    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxSettingsFileBytes) continue;
-    absl::StatusOr<std::string> bytes = ReadFileToString(path);
-    if (!bytes.ok()) continue;
-    const std::string head = absl::StrCat(kSettingsMagic, "\nmodel ", model, "\n");
-    if (!absl::StartsWith(*bytes, head)) continue;
-    StoredSettings s;
-    s.model = model;
-    s.text = bytes->substr(head.size());
-    s.settings = Sha256Hex(s.text);
-    s.folder = absl::StrCat(dir, "/", name);
-    if (IsHexDigest(s.settings) && s.settings.substr(0, 16) == name) out.push_back(std::move(s));
-  }
-  return out;
 }
 
 }  // namespace tally

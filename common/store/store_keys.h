@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/job/job_config.h"
+#include "common/store/store_settings.h"
 
 namespace tally {
 
@@ -30,29 +31,6 @@ std::string JobSettingsText(const JobConfig& config);
 // The settings the run decided, as text lines. `batch_size` counts only on GPUs.
 std::string RunSettingsText(const JobConfig& config, bool cuda, const std::string& gpu_name, int batch_size,
                             bool channels_last, bool nvjpeg);
-
-// One settings folder of a store, from its `settings` file (verified against the folder's name).
-struct StoredSettings {
-  std::string model;     // Hex digest.
-  std::string settings;  // Hex digest (SHA-256 of `text`).
-  std::string text;      // JobSettingsText + RunSettingsText.
-  std::string folder;
-  // The text's lines, key and value.
-  std::vector<std::pair<std::string, std::string>> Lines() const;
-  // The run's part: the lines after the job's (decode, device, batch, layout), without the
-  // per-batch JPEG line; two folders with the same RunKey come from one run.
-  std::string RunKey() const;
-};
-
-// The `settings` file's path and text for a settings folder.
-std::string SettingsFilePath(const std::string& root, const std::string& model, const std::string& settings);
-std::string SettingsFileText(const std::string& model, const std::string& text);
-// Every settings folder the store holds for `model` (sorted by digest); folders whose file is
-// missing or does not verify are skipped.
-std::vector<StoredSettings> ListStoredSettings(const std::string& root, const std::string& model);
-
-// The flag a settings line's key comes from ("input" -> "--input-size"), or "" for run lines.
-std::string SettingsFlag(const std::string& key);
 
 }  // namespace tally
 

@@ -15,7 +15,9 @@
 
 #include "base/file_util.h"
 #include "common/security/sha256.h"
+#include "common/job/job_config.h"
 #include "common/store/store_keys.h"
+#include "proto/tally.pb.h"
 #include "gtest/gtest.h"
 
 namespace tally {
@@ -263,6 +265,45 @@ TEST(StoreKeysTest, SettingsFilesAreFoundOnlyWhereTheyVerify) {
   EXPECT_EQ(found[0].settings, digests[2]);
   EXPECT_TRUE(ListStoredSettings(root, std::string(64, 'e')).empty());
   EXPECT_TRUE(RemoveTree(root).ok());
+}
+
+TEST(StoreKeysTest, SettingsFilesParseOnlyWhenWholeAndTheirFoldersOwn) {
+  const std::string model(64, 'c');
+  const std::string text = "precision fp32\ncompile off\n";
+  const std::string folder = Sha256Hex(text).substr(0, 16);
+  absl::StatusOr<StoredSettings> s = ParseSettingsFile(SettingsFileText(model, text), "", folder);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model, model);  // Any model when none is asked for.
+  EXPECT_EQ(s->text, text);
+  EXPECT_TRUE(absl::IsDataLoss(ParseSettingsFile(SettingsFileText(model, text), std::string(64, 'd'), folder).status()));
+  EXPECT_TRUE(absl::IsDataLoss(ParseSettingsFile(SettingsFileText(model, text), model, "0000000000000000").status()));
+  EXPECT_TRUE(absl::IsDataLoss(ParseSettingsFile(SettingsFileText("c0ffee", text), "", folder).status()));
+  EXPECT_TRUE(absl::IsDataLoss(ParseSettingsFile("tally-store-settings-v1\nmodel " + model, "", folder).status()));
+  EXPECT_TRUE(absl::IsDataLoss(ParseSettingsFile(SettingsFileText(model, text + std::string(70000, 'x')), "",
+                                                 folder).status()));
+}
+
+// Volume jobs' settings lines, and numbers as values: clip:0,1000 and clip:0.0,1e3 are one setting.
+TEST(StoreKeysTest, VolumeSettingsAreLinesOfTheirOwnAndNumbersAreValues) {
+  auto text = [](const std::string& intensity, bool volume) {
+    v1::JobSpec spec;
+    spec.set_model("m.pt");
+    spec.set_manifest("m.csv");
+    spec.set_intensity(intensity);
+    spec.set_volume_inputs(volume);
+    absl::StatusOr<JobConfig> config = JobConfigFromSpec(spec);
+    EXPECT_TRUE(config.ok()) << config.status();
+    return config.ok() ? JobSettingsText(*config) : std::string();
+  };
+  const std::string a = text("clip:0,1000", true);
+  EXPECT_EQ(a, text("clip:0.0,1e3", true));
+  EXPECT_NE(a.find("\nvolume on\nintensity clip:0,1000\nsliding_window 0,0,0\noverlap 0.5\nsw_batch 4\n"
+                   "keep_dtype off\n"),
+            std::string::npos)
+      << a;
+  EXPECT_EQ(text("", false).find("volume"), std::string::npos);  // 2D jobs' digests are as they were.
+  EXPECT_EQ(SettingsFlag("sw_batch"), "--sw-batch-size");
+  EXPECT_EQ(SettingsFlag("volume"), "");
 }
 
 }  // namespace

@@ -257,9 +257,35 @@ def store_entry_seeds():
         header = b"TALLYPS2" + struct.pack("<IIIIII", 96, bits, h, w, k, 0) + struct.pack("<qQ", 2, len(payload))
         header += bytes(16) + bytes(32)  # Digests: not checked by the fuzz build.
         save("store_entry", name, bytes([(h - 1) | ((w - 1) << 4)]) + header + payload)
+    # The current layout: a volume of depth 2, and a 2D entry with 16-bit scores after its labels.
+    for name, h, w, d, scores in (("volume.tps", 3, 4, 2, False), ("scores.tps", 4, 3, 1, True)):
+        n = h * w * d
+        stream = 0
+        for i in range(n):
+            stream |= ((i * 5) % 3) << (i * 2)
+        raw = stream.to_bytes((n * 2 + 7) // 8, "little")
+        if scores:
+            raw += b"".join(struct.pack("<H", (i * 4099) % 65536) for i in range(n))
+        c = zlib.compressobj(1, zlib.DEFLATED, -15)
+        payload = c.compress(raw) + c.flush()
+        header = b"TALLYPS3" + struct.pack("<IIIIII", 104, 2, h, w, 3, d) + struct.pack("<qQ", 0, len(payload))
+        header += bytes(16) + bytes(32) + struct.pack("<II", 16 if scores else 0, 0)
+        save("store_entry", name, bytes([(h - 1) | ((w - 1) << 4)]) + header + payload)
+
+
+def store_settings_seeds():
+    """Prediction store settings files (common/store/store_settings.h); the first byte's bit 0 names the model."""
+    text = ("precision fp32\ninput 0x0\nmean \nstd \nlabel_map \ncompile off\ndecode auto cpu\ndevice cpu \n"
+            "batch 0\nlayout contiguous\njpeg host\n")
+    volume = text + ("volume on\nintensity zscore\nsliding_window 8,6,7\noverlap 0.40000000000000002\nsw_batch 4\n"
+                     "keep_dtype off\n")
+    for name, first, body in (("plain.txt", 1, text), ("volume.txt", 0, volume), ("window.txt", 1,
+                              text.replace("compile off\n", "compile off\nwindow 40,400\n"))):
+        save("store_settings", name, bytes([first]) + ("tally-store-settings-v1\nmodel " + "a" * 64 + "\n" + body).encode())
 
 if __name__ == "__main__":
     main()
     format_seeds()
     tar_seeds()
     store_entry_seeds()
+    store_settings_seeds()
