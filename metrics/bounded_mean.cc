@@ -56,11 +56,20 @@ bool Rejected(const std::vector<double>& x, const std::vector<double>& lambda, d
 
 }  // namespace
 
+double SequenceBet(int64_t t, double var_before) {
+  const double td = static_cast<double>(std::max<int64_t>(t, 1));
+  return std::sqrt(2 * std::log(2 / kAlpha) / (var_before * td * std::log1p(td)));
+}
+
 std::pair<double, double> BettingMeanCi95(const std::vector<double>& values, double population) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   if (static_cast<int64_t>(values.size()) < kMinIntervalRows) return {nan, nan};
+  return BettingInterval(values, Bets(values), population);
+}
+
+std::pair<double, double> BettingInterval(const std::vector<double>& values, const std::vector<double>& lambda,
+                                          double population) {
   if (population > 0 && population < static_cast<double>(values.size())) population = 0;
-  const std::vector<double> lambda = Bets(values);
   // Low end: the smallest m that K+ does not reject (K+ falls with m); high end likewise with K-.
   double lo = 0, hi = 1;
   if (Rejected(values, lambda, population, 0, false)) {

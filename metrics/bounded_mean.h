@@ -72,6 +72,16 @@ class IntervalSample {
 // {NaN, NaN}.
 std::pair<double, double> BettingMeanCi95(const std::vector<double>& values, double population = 0);
 
+// The same interval for bets chosen by the caller (each lambda_t from the values before t only):
+// every m that neither theta K+(m) nor (1 - theta) K-(m) ever takes to 1/alpha. No minimum count.
+std::pair<double, double> BettingInterval(const std::vector<double>& values, const std::vector<double>& bets,
+                                          double population = 0);
+
+// Bets for a confidence sequence, where the number of values is not fixed in advance (a race stopped
+// once decided, metrics/paired_race.h): lambda_t = sqrt(2 log(2 / alpha) / (var_{t-1} t log(1 + t)))
+// (Waudby-Smith & Ramdas's predictable plug-in for confidence sequences), var as above.
+double SequenceBet(int64_t t, double var_before);
+
 }  // namespace tally
 
 #endif  // TALLY_METRICS_BOUNDED_MEAN_H_
