@@ -40,7 +40,7 @@ COMMON = ["base", "metrics", "common/security", "common/process", "common/format
 # Folder -> the folders its files may include from (besides its own). proto/ is everyone's.
 # server/ and worker/ are cut by what they do; within each, includes point one way (a folder never
 # includes one listed after it, and the process's wiring at the top may include every part):
-#   server: store <- report <- coordinator <- access <- http <- server/ (main, services)
+#   server: store <- report <- coordinator <- follow <- access <- http <- server/ (main, services)
 #   worker: interfaces <- scoring <- pipeline, torch, python, store <- worker/ (main, control plane)
 ALLOWED = {
     "base": [],
@@ -56,9 +56,11 @@ ALLOWED = {
     "server/store": COMMON,
     "server/report": COMMON + ["server/store"],
     "server/coordinator": COMMON + ["server/store", "server/report"],
-    "server/access": COMMON + ["server/coordinator", "server/store", "server/report"],
-    "server/http": COMMON + ["server/access", "server/coordinator", "server/store", "server/report"],
-    "server": COMMON + ["server/http", "server/access", "server/coordinator", "server/store", "server/report"],
+    "server/follow": COMMON + ["server/coordinator", "server/store", "server/report"],
+    "server/access": COMMON + ["server/follow", "server/coordinator", "server/store", "server/report"],
+    "server/http": COMMON + ["server/access", "server/follow", "server/coordinator", "server/store", "server/report"],
+    "server": COMMON + ["server/http", "server/access", "server/follow", "server/coordinator", "server/store",
+                        "server/report"],
     "worker/interfaces": COMMON,
     "worker/scoring": COMMON + ["metrics/gpu", "worker/interfaces"],
     "worker/pipeline": COMMON + ["worker/interfaces", "worker/scoring"],
