@@ -164,6 +164,10 @@ class Worker {
   bool RetirePreviousJob(const std::string& job_id);
   // The idle runner when it can serve the job (true: reused), else a new one.
   absl::StatusOr<bool> TakeRunner(const JobConfig& config, const v1::ShardAssignment& a, Evaluator* evaluator);
+  // TakeRunner, or for a rescore no model (every row from the prediction store); then, with
+  // --prediction-store, the store's runner in front of it. The runner rows go to.
+  absl::StatusOr<ModelRunner*> JobModel(const JobConfig& config, const v1::ShardAssignment& a, int batch_size,
+                                        bool use_store, Evaluator* evaluator, bool* reused);
   // The host memory a job's rows may use (WorkerOptions::max_worker_memory): asked once the job's
   // model is loaded, so the default leaves what the process holds by then. 0: no budget.
   int64_t MemoryBudget() const;

@@ -327,6 +327,23 @@ absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& conf
   return po;
 }
 
+absl::StatusOr<ModelRunner*> Worker::JobModel(const JobConfig& config, const v1::ShardAssignment& a, int batch_size,
+                                              bool use_store, Evaluator* evaluator, bool* reused) {
+  if (!evaluator->runner) {
+    if (config.rescore) {  // No model: every row from the store.
+      evaluator->runner = NoModelRunner(NoModelReason(config));
+      evaluator->runner_key = "no model";
+    } else {
+      ASSIGN_OR_RETURN(*reused, TakeRunner(config, a, evaluator));
+    }
+  }
+  if (!use_store || config.prediction_store.empty()) return evaluator->runner.get();
+  ASSIGN_OR_RETURN(evaluator->store_runner,
+                   StoreRunnerFor(config, a.spec().model_sha256(), batch_size, evaluator->runner.get()));
+  Log("job ", evaluator->job_id, ": predictions kept in and taken from ", config.prediction_store);
+  return evaluator->store_runner.get();
+}
+
 absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
   if (!RetirePreviousJob(a.job_id())) return absl::OkStatus();
   ASSIGN_OR_RETURN(const JobConfig config, JobConfigFromSpec(a.spec()));
@@ -364,20 +381,8 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     evaluator->pipeline = std::move(scoring);
   } else if (config.volume_job()) {
     // Volumes: one row at a time through the model, scored as prediction volumes are.
-    ModelRunner* runner = nullptr;
-    if (config.rescore) {  // No model: every volume from the store.
-      evaluator->runner = NoModelRunner(NoModelReason(config));
-      evaluator->runner_key = "no model";
-    } else {
-      ASSIGN_OR_RETURN(const bool reused, TakeRunner(config, a, evaluator.get()));
-      (void)reused;
-    }
-    runner = evaluator->runner.get();
-    if (!config.prediction_store.empty()) {
-      ASSIGN_OR_RETURN(evaluator->store_runner, StoreRunnerFor(config, a.spec().model_sha256(), 0, runner));
-      runner = evaluator->store_runner.get();
-      Log("job ", job_id, ": predictions kept in and taken from ", config.prediction_store);
-    }
+    bool reused = false;
+    ASSIGN_OR_RETURN(ModelRunner* const runner, JobModel(config, a, 0, true, evaluator.get(), &reused));
     std::string save;
     if (!config.save_predictions.empty()) {
       ASSIGN_OR_RETURN(save, PreparePredictionFolder(config.save_predictions));
@@ -393,21 +398,14 @@ absl::Status Worker::StartJob(const v1::ShardAssignment& a) {
     evaluator->pipeline = std::move(scoring);
   } else {
     bool reused = false;
-    if (config.rescore) {  // No model: every row from the store.
-      evaluator->runner = NoModelRunner(NoModelReason(config));
-      evaluator->runner_key = "no model";
-    } else {
-      ASSIGN_OR_RETURN(reused, TakeRunner(config, a, evaluator.get()));
-    }
-    ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *evaluator->runner, reused));
+    ASSIGN_OR_RETURN(ModelRunner* runner, JobModel(config, a, 0, false, evaluator.get(), &reused));
+    ASSIGN_OR_RETURN(PipelineOptions po, PipelineOptionsFor(config, job_id, *runner, reused));
     po.expected_rows = a.expected_rows();
     po.coco = coco;
     po.instance_job = config.instance_job();
-    ModelRunner* runner = evaluator->runner.get();
-    if (!config.prediction_store.empty() && !config.instance_job() && !config.compile) {
-      ASSIGN_OR_RETURN(evaluator->store_runner, StoreRunnerFor(config, a.spec().model_sha256(), po.batch_size, runner));
-      runner = evaluator->store_runner.get();
-      Log("job ", job_id, ": predictions kept in and taken from ", config.prediction_store);
+    const bool store = !config.prediction_store.empty() && !config.instance_job() && !config.compile;
+    if (store) {
+      ASSIGN_OR_RETURN(runner, JobModel(config, a, po.batch_size, true, evaluator.get(), &reused));
     }
     evaluator->pipeline = std::make_unique<Pipeline>(runner, po, on_result, on_fatal, on_timeout);
   }

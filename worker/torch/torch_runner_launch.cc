@@ -456,22 +456,19 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
       for (int64_t i = 0; i < l.size(0); ++i) pending->device_labels_.emplace_back(l, i);
     }
   }
-  for (const at::Tensor& l : want_labels ? o.labels : std::vector<at::Tensor>()) {
-    at::Tensor h = to_host(l, at::kShort);
-    const int64_t per_image = l.size(1) * l.size(2);
-    for (int64_t i = 0; i < l.size(0); ++i) {
-      pending->label_ptrs_.push_back(reinterpret_cast<const uint16_t*>(h.data_ptr<int16_t>() + i * per_image));
+  // Label maps and scores per group (groups may differ in size): int16 [n, H, W] each.
+  const auto maps_to_host = [&](const std::vector<at::Tensor>& groups, std::vector<at::Tensor>* hosts,
+                                std::vector<const uint16_t*>* ptrs) {
+    for (const at::Tensor& g : groups) {
+      at::Tensor h = to_host(g, at::kShort);
+      for (int64_t i = 0; i < g.size(0); ++i) {
+        ptrs->push_back(reinterpret_cast<const uint16_t*>(h.data_ptr<int16_t>() + i * g.size(1) * g.size(2)));
+      }
+      hosts->push_back(h);
     }
-    pending->labels_host_.push_back(h);
-  }
-  for (const at::Tensor& q : o.scores) {  // Per group, as the labels: groups may differ in size.
-    at::Tensor h = to_host(q, at::kShort);
-    const int64_t per_image = q.size(1) * q.size(2);
-    for (int64_t i = 0; i < q.size(0); ++i) {
-      pending->score_ptrs_.push_back(reinterpret_cast<const uint16_t*>(h.data_ptr<int16_t>() + i * per_image));
-    }
-    pending->scores_host_.push_back(h);
-  }
+  };
+  if (want_labels) maps_to_host(o.labels, &pending->labels_host_, &pending->label_ptrs_);
+  maps_to_host(o.scores, &pending->scores_host_, &pending->score_ptrs_);
   pending->nonfinite_host_ = to_host(nonfinite, at::kLong);
   pending->nonfinite_ptr_ = pending->nonfinite_host_.data_ptr<int64_t>();
   if (o.ties.defined()) pending->ties_ = to_host(o.ties, at::kLong);
