@@ -497,6 +497,27 @@ absl::StatusOr<std::optional<std::string>> JobStore::GetState(const std::string&
   return out;
 }
 
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> JobStore::ListState(const std::string& prefix) {
+  absl::MutexLock lock(&mu_);
+  // Keys in [prefix, prefix + 0xFF...): a range scan of the primary key, no LIKE escaping.
+  Stmt q(db_, "SELECT key, value FROM service_state WHERE key >= ? AND substr(key, 1, ?) = ? ORDER BY key");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, prefix).Bind(2, static_cast<int64_t>(prefix.size())).Bind(3, prefix);
+  absl::Status s;
+  std::vector<std::pair<std::string, std::string>> out;
+  while (q.Step(&s)) out.emplace_back(q.Text(0), q.Blob(1));
+  RETURN_IF_ERROR(s);
+  return out;
+}
+
+absl::Status JobStore::DeleteState(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  Stmt del(db_, "DELETE FROM service_state WHERE key=?");
+  RETURN_IF_ERROR(del.status());
+  del.Bind(1, key);
+  return del.Run();
+}
+
 absl::Status JobStore::UpsertWorker(const std::string& job_id, const WorkerRecord& w) {
   absl::MutexLock lock(&mu_);
   Stmt up(db_,

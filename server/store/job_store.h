@@ -129,6 +129,9 @@ class JobStore {
   // Small values of the service itself by key (the restart handoff), replaced whole.
   absl::Status PutState(const std::string& key, const std::string& value);
   absl::StatusOr<std::optional<std::string>> GetState(const std::string& key);
+  // Every key beginning with `prefix` and its value, by key (the follows: "follow/<id>").
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ListState(const std::string& prefix);
+  absl::Status DeleteState(const std::string& key);
   absl::Status UpsertWorker(const std::string& job_id, const WorkerRecord& worker);
   absl::StatusOr<std::vector<WorkerRecord>> ReadWorkers(const std::string& job_id);
 
