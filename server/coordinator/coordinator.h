@@ -143,6 +143,11 @@ class Coordinator {
   // Pairs two finished runs of the same manifest (server/report/compare.h) and returns the folder of the
   // comparison files. Blocks on the database.
   absl::StatusOr<std::string> CompareJobs(const std::string& a, const std::string& b);
+  // Calls `fn` for every committed result of a job, in index order (a follow's race reads a job's
+  // per-row values). Blocks on the database.
+  absl::Status ForEachResult(const std::string& job_id, const JobStore::ResultFn& fn);
+  // The database, where follows keep their records beside the jobs (server/follow/follow_store.h).
+  JobStore* store() const { return store_.get(); }
   // False while the database cannot be written (disk full) or while draining: health reports NOT_SERVING.
   bool Serving();
   // A graceful stop (SIGTERM): no lease is granted from now on and long polls answer at once; results,

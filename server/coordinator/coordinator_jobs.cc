@@ -581,6 +581,11 @@ absl::StatusOr<std::string> Coordinator::PartialReport(const std::string& job_id
   return dir;
 }
 
+absl::Status Coordinator::ForEachResult(const std::string& job_id, const JobStore::ResultFn& fn) {
+  RETURN_IF_ERROR(GetJob(job_id).status());
+  return store_->ForEachResult(job_id, fn);
+}
+
 absl::StatusOr<std::string> Coordinator::CompareJobs(const std::string& a, const std::string& b) {
   JobRecord run_a, run_b;
   {

@@ -283,7 +283,7 @@ bool FollowManager::StartNext(Live* live, double now) {
     spec.set_random_order(true);
     spec.set_order_seed(std::hash<std::string>()(absl::StrCat(f.follow_id(), "/", next->name())) | 1);
   }
-  absl::StatusOr<std::string> job = jobs_->Submit(spec);
+  absl::StatusOr<std::string> job = jobs_->Submit(spec, f.owner());
   if (!job.ok()) {
     next->set_state("failed");
     next->set_reason(absl::StrCat("its job was refused: ", job.status().message()));

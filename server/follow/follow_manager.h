@@ -56,8 +56,8 @@ struct FollowJobView {
 class FollowJobs {
  public:
   virtual ~FollowJobs() = default;
-  // Submits `spec` (its model a taken checkpoint): the job's id.
-  virtual absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) = 0;
+  // Submits `spec` (its model a taken checkpoint) for `owner` (the follow's): the job's id.
+  virtual absl::StatusOr<std::string> Submit(const v1::JobSpec& spec, const std::string& owner) = 0;
   // NOT_FOUND when the job is gone (deleted).
   virtual absl::StatusOr<FollowJobView> View(const std::string& job_id, const std::string& metric) = 0;
   // The metric's value of each row (by manifest index; NaN where the row has none) of a finished job.

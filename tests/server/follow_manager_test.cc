@@ -38,7 +38,7 @@ class FakeJobs : public FollowJobs {
   std::map<std::string, Job> jobs;
   std::map<std::string, int> submits;  // By the checkpoint's file name.
 
-  absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) override {
+  absl::StatusOr<std::string> Submit(const v1::JobSpec& spec, const std::string&) override {
     Job j;
     j.spec = spec;
     absl::StatusOr<std::string> bytes = ReadFileToString(spec.model());
