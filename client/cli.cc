@@ -23,6 +23,8 @@ const std::vector<std::string> kJob = {
     "json_infinity", "thumbnails", "save_predictions", "prediction_store", "store_max_bytes", "coco", "images", "masks", "mask_suffix", "shards", "image_ext", "mask_ext", "prediction_ext", "coco_results", "coco_panoptic", "panoptic_dir",
     "panoptic_predictions", "panoptic_predictions_dir", "connectivity", "lesion_dilation", "lesion_min_volume",
     "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary", "priority", "compile"};
+const std::vector<std::string> kFollow = {"pattern", "step_regex", "settle", "ready_marker", "load_retries",
+                                         "catch_up", "race", "race_margin", "follow_metric", "until_step", "idle"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",
                                        "count_logit_ties", "worker_threads", "worker_flags", "max_worker_memory",
                                        "predictions", "references", "file_ending"};
@@ -77,7 +79,8 @@ bool IsRepeatable(const std::string& name) { return name == "model_option" || na
 const std::vector<Verb>& Verbs() {
   static const std::vector<Verb>* verbs = new std::vector<Verb>{
       {"run", "--model M.pt|M.py --manifest data.csv --out DIR [--workers N | --gpus all|0,1]",
-       "evaluate locally in one command (its own tallyd and workers)", Join({kJob, kRun})},
+       "evaluate locally in one command (its own tallyd and workers); --follow DIR: every checkpoint of a training run",
+       Join({kJob, kRun, kFollow, {"follow"}})},
       {"rescore", "JOB --server HOST:PORT | --from-store DIR --model M --manifest data.csv; --out DIR [flags] [--workers N]",
        "a new report from stored predictions alone: other metrics, ignore index, lesion rules; no model runs",
        Join({kConnection, kJob, {"out", "workers", "lease_seconds", "worker_threads", "worker_flags",
@@ -88,7 +91,11 @@ const std::vector<Verb>& Verbs() {
       {"wait", "JOB... [--timeout S]", "wait for jobs to end; the exit code says how they ended",
        Join({kConnection, {"json", "timeout"}})},
       {"status", "JOB", "one job's state", Join({kConnection, {"json"}})},
-      {"cancel", "JOB", "cancel a job", Join({kConnection, {"json"}})},
+      {"cancel", "JOB|FOLLOW", "cancel a job, or stop a follow (ids f...)", Join({kConnection, {"json"}})},
+      {"follow", "DIR --manifest data.csv [job flags] [--pattern G] [--step-regex R] [--settle S] [--race on|off]",
+       "evaluate each checkpoint of a training run as it lands, against the best so far; shows the curve as it grows",
+       Join({kConnection, kJob, kFollow, {"detach", "json"}})},
+      {"follows", "", "the follows tallyd keeps: state, checkpoints, best step", Join({kConnection, {"json"}})},
       {"report", "JOB --out DIR [--partial]", "fetch a finished job's report files (--partial: a running job's so far)",
        Join({kConnection, {"out", "partial"}})},
       {"jobs", "[--state S] [--label K=V] [--limit N] [--page-token JOB]", "list jobs, newest first",

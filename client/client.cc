@@ -119,6 +119,48 @@ absl::StatusOr<v1::Job> TallyClient::Cancel(const std::string& job_id) {
   return job;
 }
 
+absl::StatusOr<v1::Follow> TallyClient::CreateFollow(const v1::FollowSpec& spec) {
+  v1::CreateFollowRequest request;
+  *request.mutable_spec() = spec;
+  v1::Follow out;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 60);
+  grpc::Status s = stub_->CreateFollow(&ctx, request, &out);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return out;
+}
+
+absl::StatusOr<v1::Follow> TallyClient::GetFollow(const std::string& follow_id) {
+  v1::GetFollowRequest request;
+  request.set_follow_id(follow_id);
+  v1::Follow out;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 30);
+  grpc::Status s = stub_->GetFollow(&ctx, request, &out);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return out;
+}
+
+absl::StatusOr<v1::ListFollowsResponse> TallyClient::ListFollows() {
+  v1::ListFollowsResponse out;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 30);
+  grpc::Status s = stub_->ListFollows(&ctx, v1::ListFollowsRequest(), &out);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return out;
+}
+
+absl::StatusOr<v1::Follow> TallyClient::CancelFollow(const std::string& follow_id) {
+  v1::CancelFollowRequest request;
+  request.set_follow_id(follow_id);
+  v1::Follow out;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 30);
+  grpc::Status s = stub_->CancelFollow(&ctx, request, &out);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return out;
+}
+
 absl::StatusOr<v1::ListJobsResponse> TallyClient::List(int limit, const std::string& page_token,
                                                        const v1::ListJobsRequest& filter) {
   v1::ListJobsRequest request = filter;

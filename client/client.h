@@ -38,6 +38,11 @@ class TallyClient {
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> Get(const std::string& job_id);
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  // Follows (docs/follow.md).
+  absl::StatusOr<v1::Follow> CreateFollow(const v1::FollowSpec& spec);
+  absl::StatusOr<v1::Follow> GetFollow(const std::string& follow_id);
+  absl::StatusOr<v1::ListFollowsResponse> ListFollows();
+  absl::StatusOr<v1::Follow> CancelFollow(const std::string& follow_id);
   // `filter`: its state and labels narrow the listing.
   absl::StatusOr<v1::ListJobsResponse> List(int limit, const std::string& page_token = "",
                                             const v1::ListJobsRequest& filter = v1::ListJobsRequest());

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -218,6 +219,49 @@ int PrintOutcome(const v1::Job& last, const std::string& out_dir) {
   return code;
 }
 
+// tally run --follow: the follow's checkpoints as they are decided, until it ends (--until-step,
+// --idle) or Ctrl-C stops it; then its curve files into the output folder.
+int RunFollow(TallyClient& client, LocalCluster& c, const LocalRunOptions& options, const std::string& state_dir) {
+  absl::StatusOr<v1::Follow> created = client.CreateFollow(*options.follow);
+  if (!created.ok()) return Fail(std::string(created.status().message()));
+  const std::string id = created->follow_id();
+  std::cerr << "tally run: follow " << id << " of " << options.follow->folder() << "\n";
+  std::map<std::string, std::string> shown;
+  absl::StatusOr<v1::Follow> f = created;
+  while (true) {
+    if (!c.server->Running()) {
+      return Fail(absl::StrCat("tallyd exited (", c.server->ExitDescription(), "):\n", TailOfFile(c.server_log)));
+    }
+    if (g_signal != 0) {
+      std::cerr << "tally run: interrupted; stopping the follow\n";
+      client.CancelFollow(id).IgnoreError();
+    }
+    f = client.GetFollow(id);
+    if (!f.ok()) return Fail(std::string(f.status().message()));
+    for (const v1::FollowCheckpoint& cp : f->checkpoints()) {
+      if (cp.state() == "settling" || cp.state() == "running" || cp.state() == "queued") continue;
+      const std::string line = absl::StrFormat("step %d  %s  %s%s", cp.step(), cp.name(), cp.state(),
+                                               cp.metrics_size() > 0 ? absl::StrFormat("  %s %.4f", cp.metrics(0).name(),
+                                                                                       cp.metrics(0).mean())
+                                                                     : std::string());
+      if (shown[cp.name()] != line) std::cout << line << "\n" << std::flush;
+      shown[cp.name()] = line;
+    }
+    if (f->state() != v1::Follow::FOLLOW_STATE_FOLLOWING) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  const std::string report = absl::StrCat(state_dir, "/follows/", id, "/report");
+  for (const char* name : {"curve.csv", "curve.json", "curve.html"}) {
+    std::error_code ec;
+    std::filesystem::copy_file(report + "/" + name, options.out_dir + "/" + name,
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) return Fail(absl::StrCat("copying ", name, ": ", ec.message()));
+  }
+  std::cout << "follow " << id << (f->state() == v1::Follow::FOLLOW_STATE_FINISHED ? " finished" : " stopped")
+            << "; best step " << f->best_step() << ". Curve: " << options.out_dir << "/{curve.csv,curve.json,curve.html}\n";
+  return f->state() == v1::Follow::FOLLOW_STATE_FINISHED ? 0 : 130;
+}
+
 }  // namespace
 
 int RunLocally(const LocalRunOptions& options) {
@@ -244,6 +288,13 @@ int RunLocally(const LocalRunOptions& options) {
   auto connected = TallyClient::Create(cluster->address, security);
   if (!connected.ok()) return Fail(std::string(connected.status().message()));
   TallyClient& client = **connected;
+  if (options.follow) {
+    const int code = RunFollow(client, *cluster, options, state_dir);
+    connected->reset();
+    cluster->workers->StopAll();
+    cluster->server->Terminate(5.0);
+    return code;
+  }
   auto submitted = client.Submit(options.spec);
   if (!submitted.ok()) return Fail(std::string(submitted.status().message()));
   const std::string job_id = submitted->job_id();

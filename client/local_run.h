@@ -5,6 +5,7 @@
 #ifndef TALLY_CLIENT_LOCAL_RUN_H_
 #define TALLY_CLIENT_LOCAL_RUN_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ struct LocalRunOptions {
   std::vector<std::string> gpus;          // CUDA_VISIBLE_DEVICES value per worker.
   std::vector<std::string> worker_args;   // Extra flags for every worker.
   double lease_seconds = 5.0;
+  // tally run --follow: this follow instead of one job (`spec` is its jobs'); the curve files go to
+  // out_dir when it ends.
+  std::optional<v1::FollowSpec> follow;
 };
 
 // Returns the process exit code: 0 when the job succeeded (every manifest row evaluated or failed

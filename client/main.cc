@@ -178,6 +178,23 @@ ABSL_FLAG(std::string, state, "", "tally jobs: only jobs in this state (queued, 
 // Scripting.
 ABSL_FLAG(std::string, max_bytes, "", "tally store gc: the most bytes the store may keep (e.g. 200GiB)");
 ABSL_FLAG(bool, json, false, "Print JSON (one object; watch: one per line) instead of text");
+// tally follow DIR (docs/follow.md).
+ABSL_FLAG(std::string, pattern, "*.pt", "tally follow: checkpoint file names in the folder (a shell glob)");
+ABSL_FLAG(std::string, step_regex, "",
+          "tally follow: the step is this regex's first group in a checkpoint's name (default: its last digits)");
+ABSL_FLAG(double, settle, 30, "tally follow: seconds a checkpoint's size and time must stay unchanged before it is taken");
+ABSL_FLAG(std::string, ready_marker, "",
+          "tally follow: a checkpoint is taken at once when this file exists ('{}.done': {} is its name)");
+ABSL_FLAG(int, load_retries, 3, "tally follow: loads of a checkpoint that may fail before it is failed");
+ABSL_FLAG(std::string, catch_up, "newest",
+          "tally follow: behind the trainer, newest (the newest next, older ones skipped) or all (newest first)");
+ABSL_FLAG(std::string, race, "on", "tally follow: on (stop a checkpoint once decided worse than the best) or off");
+ABSL_FLAG(double, race_margin, 0, "tally follow: decided worse once the mean difference's interval is below -margin");
+ABSL_FLAG(std::string, follow_metric, "dice", "tally follow: what best goes by: dice, iou, dice:K or iou:K");
+ABSL_FLAG(bool, detach, false, "tally follow: print the follow's id and return (tallyd follows on)");
+ABSL_FLAG(int64_t, until_step, 0, "tally follow / run --follow: end once a checkpoint at or past this step is decided");
+ABSL_FLAG(std::string, follow, "", "tally run: follow this training run's checkpoint folder (with --until-step or --idle)");
+ABSL_FLAG(double, idle, 0, "tally follow / run --follow: end after this many seconds with nothing new (0: never)");
 ABSL_FLAG(double, timeout, 0, "watch/wait: give up after this many seconds with exit code 6 (0 = never)");
 
 namespace tally {
@@ -301,9 +318,31 @@ JobVerbFlags ReadJobVerbFlags(const Invocation& in) {
   return f;
 }
 
+FollowFlags ReadFollowFlags(const Invocation& in) {
+  FollowFlags f;
+  f.connection = ReadConnectionFlags();
+  f.positional = in.positional;
+  f.job = ReadJobFlags(in);
+  f.pattern = absl::GetFlag(FLAGS_pattern);
+  f.step_regex = absl::GetFlag(FLAGS_step_regex);
+  f.settle = absl::GetFlag(FLAGS_settle);
+  f.ready_marker = absl::GetFlag(FLAGS_ready_marker);
+  f.load_retries = absl::GetFlag(FLAGS_load_retries);
+  f.catch_up = absl::GetFlag(FLAGS_catch_up);
+  f.race = absl::GetFlag(FLAGS_race);
+  f.race_margin = absl::GetFlag(FLAGS_race_margin);
+  f.follow_metric = absl::GetFlag(FLAGS_follow_metric);
+  f.detach = absl::GetFlag(FLAGS_detach);
+  f.until_step = absl::GetFlag(FLAGS_until_step);
+  f.idle = absl::GetFlag(FLAGS_idle);
+  f.json = absl::GetFlag(FLAGS_json);
+  return f;
+}
+
 int Run(const Invocation& in) {
   return RunVerb({ReadJobFlags(in), ReadLocalWorkerFlags(), absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_predictions),
-                  absl::GetFlag(FLAGS_references), absl::GetFlag(FLAGS_file_ending)});
+                  absl::GetFlag(FLAGS_references), absl::GetFlag(FLAGS_file_ending), absl::GetFlag(FLAGS_follow),
+                  ReadFollowFlags(in)});
 }
 
 int Rescore(const Invocation& in) {
@@ -343,7 +382,15 @@ constexpr Handler kHandlers[] = {
     {"watch", [](const Invocation& in) { return WatchVerb(ReadJobVerbFlags(in)); }},
     {"wait", [](const Invocation& in) { return WaitVerb(ReadJobVerbFlags(in)); }},
     {"status", [](const Invocation& in) { return StatusVerb(ReadJobVerbFlags(in)); }},
-    {"cancel", [](const Invocation& in) { return CancelVerb(ReadJobVerbFlags(in)); }},
+    {"cancel", [](const Invocation& in) {
+       // A follow's id (f...) stops the follow; anything else names a job.
+       if (in.positional.size() == 1 && !in.positional[0].empty() && in.positional[0][0] == 'f') {
+         return CancelFollowVerb(ReadConnectionFlags(), in.positional[0]);
+       }
+       return CancelVerb(ReadJobVerbFlags(in));
+     }},
+    {"follow", [](const Invocation& in) { return FollowVerb(ReadFollowFlags(in)); }},
+    {"follows", [](const Invocation&) { return FollowsVerb(ReadConnectionFlags(), absl::GetFlag(FLAGS_json)); }},
     {"delete", [](const Invocation& in) { return DeleteVerb(ReadJobVerbFlags(in)); }},
     {"report", [](const Invocation& in) { return ReportVerb(ReadJobVerbFlags(in)); }},
     {"compare", [](const Invocation& in) { return CompareVerb(ReadJobVerbFlags(in)); }},

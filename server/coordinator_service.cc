@@ -15,6 +15,10 @@
 #include "server/report/compare.h"
 #include "server/report/report_writer.h"
 #include "server/access/visibility.h"
+#include "server/follow/follow_jobs.h"
+#include "base/clock.h"
+#include "base/status_macros.h"
+#include "common/security/data_roots.h"
 
 namespace tally {
 namespace {
@@ -350,6 +354,67 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListWorkers(grpc::CallbackServ
   absl::StatusOr<Caller> caller = Authenticate(ctx);
   if (!caller.ok()) return Refuse(ctx, caller.status());
   return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListWorkersResponse> { return VisibleWorkers(core_, *caller); });
+}
+
+absl::StatusOr<v1::Follow> CoordinatorServiceImpl::VisibleFollow(const Caller& caller,
+                                                                  const std::string& follow_id) const {
+  if (follows_ == nullptr) return absl::UnimplementedError("this tallyd keeps no follows");
+  absl::StatusOr<v1::Follow> f = follows_->Get(follow_id);
+  if (!f.ok() || !caller.CanSee(f->owner())) return absl::NotFoundError(absl::StrCat("no follow '", follow_id, "'"));
+  return f;
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::CreateFollow(grpc::CallbackServerContext* ctx,
+                                                               const v1::CreateFollowRequest* request,
+                                                               v1::Follow* response) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::Follow> {
+    if (follows_ == nullptr) return absl::UnimplementedError("this tallyd keeps no follows");
+    const v1::FollowSpec& spec = request->spec();
+    RETURN_IF_ERROR(CheckFollowMetric(spec.metric().empty() ? "dice" : spec.metric()));
+    // The folder is read by tallyd: within its --data-root folders, as every path a client names.
+    if (!ProcessDataRoots().empty() && !ProcessDataRoots().Resolve(spec.folder()).ok()) {
+      return OutsideDataRootsError("tally follow", spec.folder());
+    }
+    // The jobs' settings are checked now, with the folder standing for each checkpoint's model.
+    v1::JobSpec job = spec.job();
+    job.set_model(spec.folder() + "/checkpoint");
+    RETURN_IF_ERROR(JobConfigFromSpec(job).status());
+    return follows_->Create(spec, caller->name, NowUnix());
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetFollow(grpc::CallbackServerContext* ctx,
+                                                            const v1::GetFollowRequest* request, v1::Follow* response) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, response, [&] { return VisibleFollow(*caller, request->follow_id()); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListFollows(grpc::CallbackServerContext* ctx,
+                                                              const v1::ListFollowsRequest* request,
+                                                              v1::ListFollowsResponse* response) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListFollowsResponse> {
+    v1::ListFollowsResponse out;
+    for (v1::Follow& f : follows_ == nullptr ? std::vector<v1::Follow>() : follows_->List()) {
+      if (caller->CanSee(f.owner())) *out.add_follows() = std::move(f);
+    }
+    return out;
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::CancelFollow(grpc::CallbackServerContext* ctx,
+                                                               const v1::CancelFollowRequest* request,
+                                                               v1::Follow* response) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::Follow> {
+    RETURN_IF_ERROR(VisibleFollow(*caller, request->follow_id()).status());
+    return follows_->Cancel(request->follow_id());
+  });
 }
 
 }  // namespace tally

@@ -9,14 +9,17 @@
 #include "server/access/authorizer.h"
 #include "server/coordinator/coordinator.h"
 #include "server/executor.h"
+#include "server/follow/follow_manager.h"
 
 namespace tally {
 
 class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
  public:
   // `core`, `executor` and `auth` must outlive the service.
-  CoordinatorServiceImpl(Coordinator* core, Executor* executor, const Authorizer* auth)
-      : core_(core), executor_(executor), auth_(auth) {}
+  // `follows` may be null (no follows: their calls are UNIMPLEMENTED).
+  CoordinatorServiceImpl(Coordinator* core, Executor* executor, const Authorizer* auth,
+                         FollowManager* follows = nullptr)
+      : core_(core), executor_(executor), auth_(auth), follows_(follows) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* request,
                                       v1::SubmitJobResponse* response) override;
@@ -38,6 +41,14 @@ class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
                                       v1::DeleteJobResponse* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
+  grpc::ServerUnaryReactor* CreateFollow(grpc::CallbackServerContext* ctx, const v1::CreateFollowRequest* request,
+                                         v1::Follow* response) override;
+  grpc::ServerUnaryReactor* GetFollow(grpc::CallbackServerContext* ctx, const v1::GetFollowRequest* request,
+                                      v1::Follow* response) override;
+  grpc::ServerUnaryReactor* ListFollows(grpc::CallbackServerContext* ctx, const v1::ListFollowsRequest* request,
+                                        v1::ListFollowsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelFollow(grpc::CallbackServerContext* ctx, const v1::CancelFollowRequest* request,
+                                         v1::Follow* response) override;
 
  private:
   // The caller, if its token may use this service.
@@ -50,6 +61,10 @@ class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
   Coordinator* const core_;
   Executor* const executor_;
   const Authorizer* const auth_;
+  FollowManager* const follows_;
+
+  // The follow, if the caller may see it (its owner's, or every one for a token that sees all).
+  absl::StatusOr<v1::Follow> VisibleFollow(const Caller& caller, const std::string& follow_id) const;
 };
 
 }  // namespace tally

@@ -1,5 +1,8 @@
 #include "server/server.h"
 
+#include "server/follow/follow_jobs.h"
+#include "base/clock.h"
+
 #include <chrono>
 
 #include <sys/stat.h>
@@ -30,9 +33,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
     server->auth_->AddToken("tallyd-spawned-workers", Role::kWorker, worker_token);
   }
   ASSIGN_OR_RETURN(server->core_, Coordinator::Create(options.coordinator));
+  server->follow_jobs_ = std::make_unique<CoordinatorFollowJobs>(server->core_.get());
+  server->follows_ = std::make_unique<FollowManager>(server->core_->store(), server->follow_jobs_.get(),
+                                                     options.coordinator.state_dir + "/follows");
+  RETURN_IF_ERROR(server->follows_->Load());
   server->executor_ = std::make_unique<Executor>(4);
-  server->coordinator_service_ =
-      std::make_unique<CoordinatorServiceImpl>(server->core_.get(), server->executor_.get(), server->auth_.get());
+  server->coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(
+      server->core_.get(), server->executor_.get(), server->auth_.get(), server->follows_.get());
   server->worker_service_ = std::make_unique<WorkerControlServiceImpl>(server->core_.get(), server->auth_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -81,6 +88,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
   // READY before the supervisor's first WATCHDOG=1: systemd (and test_deploy) read them in order.
   SdNotify(absl::StrCat("READY=1\nSTATUS=serving on ", options.listen));  // systemd Type=notify (deploy/).
   server->supervisor_ = std::thread([s = server.get()] { s->Supervise(); });
+  server->follow_thread_ = std::thread([s = server.get()] { s->TickFollows(); });
   return server;
 }
 
@@ -138,6 +146,13 @@ void Server::Supervise() {
   }
 }
 
+void Server::TickFollows() {
+  while (!stopping_.load()) {
+    follows_->Tick(NowUnix());
+    for (int i = 0; i < 10 && !stopping_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 void Server::WarnAboutExposure(const ServerOptions& options, bool tls, bool tokens) {
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   const bool loopback = host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]" ||
@@ -170,6 +185,7 @@ void Server::Shutdown() {
   const auto start = std::chrono::steady_clock::now();
   grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   if (supervisor_.joinable()) supervisor_.join();
+  if (follow_thread_.joinable()) follow_thread_.join();  // Follows start no job past this point.
   core_->BeginDrain();  // No new leases; workers' long polls answer now.
   if (launcher_) launcher_->SignalAll();  // Spawned workers finish the rows in hand, deliver them and exit.
   const auto deadline = start + std::chrono::milliseconds(static_cast<int64_t>(drain_seconds_ * 1000));

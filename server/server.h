@@ -16,6 +16,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/access/authorizer.h"
 #include "server/coordinator/coordinator.h"
+#include "server/follow/follow_manager.h"
 #include "server/coordinator_service.h"
 #include "server/executor.h"
 #include "server/http/dashboard.h"
@@ -63,12 +64,18 @@ class Server {
   Server() = default;
   // Once a second: health follows the database's writability; spawned workers are restarted.
   void Supervise();
+  // Once a second: every follow's folder looked at, its jobs checked (FollowManager::Tick).
+  void TickFollows();
   absl::Status StartDashboard(const ServerOptions& options);
 
   // What start-up says about who can reach and control this tallyd.
   static void WarnAboutExposure(const ServerOptions& options, bool tls, bool tokens);
 
   std::unique_ptr<Coordinator> core_;
+  // Follows (server/follow/): over core_'s jobs, ticked once a second by follow_thread_.
+  std::unique_ptr<FollowJobs> follow_jobs_;
+  std::unique_ptr<FollowManager> follows_;
+  std::thread follow_thread_;
   std::unique_ptr<MetricsExporter> metrics_;  // Declared after core_: stops before it.
   std::unique_ptr<DashboardHandler> dashboard_handler_;
   std::unique_ptr<DashboardServer> dashboard_;  // After the handler and core_: stops first.

@@ -59,8 +59,16 @@ int CheckSourcesFirst(const v1::JobSpec& spec) {
 
 }  // namespace
 
-int RunVerb(const RunFlags& f) {
-  if (f.out.empty()) return UsageError("run", "--out is required");
+int RunVerb(const RunFlags& given) {
+  if (given.out.empty()) return UsageError("run", "--out is required");
+  RunFlags f = given;
+  if (!f.follow.empty()) {
+    if (!f.job.model.empty()) return UsageError("run", "--follow DIR: each checkpoint in DIR is the model; drop --model");
+    if (f.follow_flags.until_step <= 0 && f.follow_flags.idle <= 0) {
+      return UsageError("run", "--follow needs --until-step N or --idle S: when the run ends (tally follow has neither)");
+    }
+    f.job.model = AbsolutePath(f.follow) + "/checkpoint.pt";  // Each checkpoint's, set by tallyd.
+  }
   std::string manifest;
   std::vector<std::string> warnings;
   if (const int rc = PairedManifest(f, &manifest, &warnings); rc != 0) return rc;
@@ -70,6 +78,14 @@ int RunVerb(const RunFlags& f) {
   if (const int rc = CheckSourcesFirst(*spec); rc != 0) return rc;
   LocalRunOptions options;
   options.spec = *spec;
+  if (!f.follow.empty()) {
+    FollowFlags ff = f.follow_flags;
+    ff.job = f.job;
+    absl::StatusOr<v1::FollowSpec> follow = FollowSpecFromFlags(ff, f.follow);
+    if (!follow.ok()) return UsageError("run", std::string(follow.status().message()));
+    *follow->mutable_job() = *spec;
+    options.follow = *std::move(follow);
+  }
   options.out_dir = AbsolutePath(f.out);
   options.lease_seconds = f.local.lease_seconds;
   if (const int rc = SelectWorkerGpus("run", f.local, spec->model(), &options.gpus); rc != 0) return rc;

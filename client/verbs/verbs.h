@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "proto/tally.pb.h"
+
 namespace tally {
 
 // How to reach tallyd (SECURITY.md).
@@ -77,11 +81,25 @@ struct LocalWorkerFlags {
   std::vector<std::string> worker_flags;
 };
 
+// tally follow DIR (docs/follow.md).
+struct FollowFlags {
+  ConnectionFlags connection;
+  std::vector<std::string> positional;  // The trainer's folder.
+  JobFlags job;                         // Each checkpoint's job (its model: the checkpoint).
+  std::string pattern = "*.pt", step_regex, ready_marker, catch_up = "newest", race = "on", follow_metric = "dice";
+  double settle = 30, race_margin = 0, idle = 0;
+  int load_retries = 3;
+  int64_t until_step = 0;
+  bool detach = false, json = false;
+};
 struct RunFlags {
   JobFlags job;
   LocalWorkerFlags local;
   std::string out;
   std::string predictions, references, file_ending;  // nnU-Net's folder convention.
+  // --follow DIR: a follow of the trainer's folder instead of one job, until --until-step or --idle.
+  std::string follow;
+  FollowFlags follow_flags;
 };
 int RunVerb(const RunFlags& flags);
 
@@ -129,6 +147,14 @@ int DeleteVerb(const JobVerbFlags& flags);
 int ReportVerb(const JobVerbFlags& flags);
 int CompareVerb(const JobVerbFlags& flags);
 int MergeVerb(const JobVerbFlags& flags);
+
+int FollowVerb(const FollowFlags& flags);
+int FollowsVerb(const ConnectionFlags& connection, bool json);
+int CancelFollowVerb(const ConnectionFlags& connection, const std::string& follow_id);
+// Shared with tally run --follow: the follow's spec from the flags, and its progress until it ends
+// (exit 0 finished, 4 cancelled).
+absl::StatusOr<v1::FollowSpec> FollowSpecFromFlags(const FollowFlags& flags, const std::string& folder);
+int WatchFollow(TallyClient& client, const std::string& follow_id, bool json);
 
 struct JobsFlags {
   ConnectionFlags connection;
