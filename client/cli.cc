@@ -24,7 +24,8 @@ const std::vector<std::string> kJob = {
     "panoptic_predictions", "panoptic_predictions_dir", "connectivity", "lesion_dilation", "lesion_min_volume",
     "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary", "priority", "compile"};
 const std::vector<std::string> kFollow = {"pattern", "step_regex", "settle", "ready_marker", "load_retries",
-                                         "catch_up", "race", "race_margin", "follow_metric", "until_step", "idle"};
+                                         "catch_up", "race", "race_margin", "follow_metric", "until_step", "idle",
+                                         "on_new_best"};
 const std::vector<std::string> kRun = {"out", "workers", "gpus", "gpus_per_worker", "lease_seconds",
                                        "count_logit_ties", "worker_threads", "worker_flags", "max_worker_memory",
                                        "predictions", "references", "file_ending"};

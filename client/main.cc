@@ -194,6 +194,8 @@ ABSL_FLAG(std::string, follow_metric, "dice", "tally follow: what best goes by: 
 ABSL_FLAG(bool, detach, false, "tally follow: print the follow's id and return (tallyd follows on)");
 ABSL_FLAG(int64_t, until_step, 0, "tally follow / run --follow: end once a checkpoint at or past this step is decided");
 ABSL_FLAG(std::string, follow, "", "tally run: follow this training run's checkpoint folder (with --until-step or --idle)");
+ABSL_FLAG(std::string, on_new_best, "",
+          "tally follow: a command run on tallyd's host when a checkpoint becomes the best (admin tokens only)");
 ABSL_FLAG(double, idle, 0, "tally follow / run --follow: end after this many seconds with nothing new (0: never)");
 ABSL_FLAG(double, timeout, 0, "watch/wait: give up after this many seconds with exit code 6 (0 = never)");
 
@@ -335,6 +337,7 @@ FollowFlags ReadFollowFlags(const Invocation& in) {
   f.detach = absl::GetFlag(FLAGS_detach);
   f.until_step = absl::GetFlag(FLAGS_until_step);
   f.idle = absl::GetFlag(FLAGS_idle);
+  f.on_new_best = absl::GetFlag(FLAGS_on_new_best);
   f.json = absl::GetFlag(FLAGS_json);
   return f;
 }

@@ -373,6 +373,10 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::CreateFollow(grpc::CallbackSer
     if (follows_ == nullptr) return absl::UnimplementedError("this tallyd keeps no follows");
     const v1::FollowSpec& spec = request->spec();
     RETURN_IF_ERROR(CheckFollowMetric(spec.metric().empty() ? "dice" : spec.metric()));
+    if (!spec.on_new_best().empty() && !caller->sees_all) {
+      return absl::PermissionDeniedError(
+          "--on-new-best runs a command on tallyd's host: only an admin token may give one (SECURITY.md)");
+    }
     // The folder is read by tallyd: within its --data-root folders, as every path a client names.
     if (!ProcessDataRoots().empty() && !ProcessDataRoots().Resolve(spec.folder()).ok()) {
       return OutsideDataRootsError("tally follow", spec.folder());

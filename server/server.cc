@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
       server->auth_->enabled() ? ", tokens required" : "", ", state in ", options.coordinator.state_dir);
   WarnAboutExposure(options, tls, !options.auth_tokens.empty());
   if (!options.metrics_listen.empty()) {
-    ASSIGN_OR_RETURN(server->metrics_, MetricsExporter::Start(options.metrics_listen, server->core_.get()));
+    ASSIGN_OR_RETURN(server->metrics_, MetricsExporter::Start(options.metrics_listen, server->core_.get(), server->follows_.get()));
     Log("metrics on http://", options.metrics_listen.substr(0, options.metrics_listen.rfind(':')), ":",
         server->metrics_->port(), "/metrics (no TLS, no tokens: keep it on a trusted network)");
   }

@@ -67,6 +67,7 @@ absl::StatusOr<v1::FollowSpec> FollowSpecFromFlags(const FollowFlags& f, const s
   spec.set_metric(f.follow_metric);
   spec.set_until_step(f.until_step);
   spec.set_idle_seconds(f.idle);
+  spec.set_on_new_best(f.on_new_best);
   return spec;
 }
 

@@ -87,6 +87,7 @@ struct FollowFlags {
   std::vector<std::string> positional;  // The trainer's folder.
   JobFlags job;                         // Each checkpoint's job (its model: the checkpoint).
   std::string pattern = "*.pt", step_regex, ready_marker, catch_up = "newest", race = "on", follow_metric = "dice";
+  std::string on_new_best;
   double settle = 30, race_margin = 0, idle = 0;
   int load_retries = 3;
   int64_t until_step = 0;

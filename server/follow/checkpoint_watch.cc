@@ -110,7 +110,8 @@ std::vector<CheckpointEvent> CheckpointWatch::Poll(double now, const std::set<st
     present.insert(name);
     Seen& s = seen_[name];
     if (s.size != st.st_size || s.mtime_ns != MtimeNs(st)) {  // New, or written since the last look.
-      s = Seen{st.st_size, MtimeNs(st), now, false};
+      const double first = s.size < 0 ? now : s.first_seen;
+      s = Seen{st.st_size, MtimeNs(st), now, first, false};
     }
     if (s.reported) continue;
     const bool marked = Marked(name);
@@ -133,6 +134,16 @@ std::vector<CheckpointEvent> CheckpointWatch::Poll(double now, const std::set<st
     return std::tie(a.kind, a.step, a.name) < std::tie(b.kind, b.step, b.name);
   });
   return events;
+}
+
+int64_t CheckpointWatch::Settling(double* first_seen) const {
+  int64_t n = 0;
+  for (const auto& [name, s] : seen_) {
+    if (s.reported) continue;
+    *first_seen = n == 0 ? s.first_seen : std::min(*first_seen, s.first_seen);
+    ++n;
+  }
+  return n;
 }
 
 void CheckpointWatch::Settle(const std::string& name, double now) {

@@ -73,6 +73,9 @@ class CheckpointWatch {
   // The checkpoint waits another settle from `now` (a load that failed, to be retried).
   void Settle(const std::string& name, double now);
 
+  // Checkpoints seen and not reported ready yet (settling), and the earliest `now` one was first seen.
+  int64_t Settling(double* first_seen) const;
+
   // The step of a checkpoint's file name (as above).
   int64_t StepOf(const std::string& name) const;
   const CheckpointWatchOptions& options() const { return options_; }
@@ -83,6 +86,7 @@ class CheckpointWatch {
   struct Seen {
     int64_t size = -1, mtime_ns = -1;
     double unchanged_since = 0;
+    double first_seen = 0;
     bool reported = false;  // Ready was reported (and not settled again since).
   };
   bool Marked(const std::string& name) const;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -11,7 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "base/file_util.h"
 #include "base/log.h"
+#include "base/number_format.h"
+#include "common/process/subprocess.h"
 #include "base/status_macros.h"
 #include "server/follow/follow_curve.h"
 #include "server/follow/follow_store.h"
@@ -104,7 +108,15 @@ struct FollowManager::Live {
 FollowManager::FollowManager(JobStore* store, FollowJobs* jobs, std::string state_root)
     : store_(store), jobs_(jobs), state_root_(std::move(state_root)) {}
 
-FollowManager::~FollowManager() = default;
+FollowManager::~FollowManager() {
+  stopping_ = true;
+  std::vector<std::thread> hooks;
+  {
+    absl::MutexLock lock(&mu_);
+    hooks.swap(hooks_);
+  }
+  for (std::thread& t : hooks) t.join();
+}
 
 std::string FollowManager::ReportFolder(const std::string& follow_id) const {
   return absl::StrCat(state_root_, "/", follow_id, "/report");
@@ -402,6 +414,7 @@ void FollowManager::Decide(Live* live, v1::FollowCheckpoint* c, const FollowJobV
     c->set_state("best");
     f.set_best_step(c->step());
     f.set_best_job(c->job_id());
+    StartHook(live, c);
   } else {
     c->set_state("not better");
   }
@@ -419,6 +432,78 @@ bool FollowManager::Finished(Live* live, double now) {
   f.set_state(v1::Follow::FOLLOW_STATE_FINISHED);
   live->watch.reset();
   return true;
+}
+
+std::vector<FollowGauges> FollowManager::Gauges(double now) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<FollowGauges> out;
+  for (const auto& [id, live] : follows_) {
+    const v1::Follow& f = live->record;
+    if (f.state() != v1::Follow::FOLLOW_STATE_FOLLOWING) continue;
+    FollowGauges g;
+    g.follow_id = id;
+    g.best_step = f.best_step();
+    double oldest = now;
+    for (const v1::FollowCheckpoint& c : f.checkpoints()) {
+      if (c.state() == "best" || c.state() == "not better" || c.state() == "worse") g.last_step = std::max(g.last_step, c.step());
+      if (Waiting(c) || c.state() == "settling") {
+        ++g.lag_checkpoints;
+        oldest = std::min(oldest, c.landed_unix() > 0 ? c.landed_unix() : now);
+      }
+    }
+    double settling_since = now;  // Checkpoints the watcher sees settling are not in the record yet.
+    const int64_t settling = live->watch ? live->watch->Settling(&settling_since) : 0;
+    for (const v1::FollowCheckpoint& c : f.checkpoints()) {
+      if (c.state() == "settling") --g.lag_checkpoints;  // Sent back to settle: the watcher counts it.
+    }
+    g.lag_checkpoints += settling;
+    if (settling > 0) oldest = std::min(oldest, settling_since);
+    g.lag_seconds = std::max(0.0, now - oldest);
+    out.push_back(g);
+  }
+  return out;
+}
+
+void FollowManager::StartHook(Live* live, v1::FollowCheckpoint* c) {
+  const v1::Follow& f = live->record;
+  if (f.spec().on_new_best().empty()) return;
+  const std::string dir = absl::StrCat(state_root_, "/", f.follow_id(), "/hooks");
+  if (!MakeDirs(dir).ok()) return;
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", f.spec().on_new_best()};
+  o.log_path = absl::StrCat(dir, "/", c->step(), "-", c->name(), ".log");
+  const v1::FollowMetric m = c->metrics_size() > 0 ? c->metrics(0) : v1::FollowMetric();
+  o.env = {{"TALLY_FOLLOW", f.follow_id()},      {"TALLY_STEP", absl::StrCat(c->step())},
+           {"TALLY_CHECKPOINT", absl::StrCat(f.spec().folder(), "/", c->name())},
+           {"TALLY_TAKEN", c->taken_path()},     {"TALLY_JOB", c->job_id()},
+           {"TALLY_METRIC", f.spec().metric()},  {"TALLY_METRIC_VALUE", FormatDouble(m.mean())},
+           {"TALLY_METRIC_LO", FormatDouble(m.lo())}, {"TALLY_METRIC_HI", FormatDouble(m.hi())}};
+  c->set_hook("running");
+  hooks_.emplace_back([this, o, id = f.follow_id(), name = c->name()] {
+    std::string outcome;
+    absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(o);
+    if (!p.ok()) {
+      outcome = absl::StrCat("did not start: ", p.status().message());
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+      while ((*p)->Running() && !stopping_ && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if ((*p)->Running()) (*p)->Terminate(2.0);
+      outcome = absl::StrCat((*p)->ExitDescription(), ": ", TailOfFile(o.log_path, 1000));
+    }
+    HookDone(id, name, outcome);
+  });
+}
+
+void FollowManager::HookDone(const std::string& follow_id, const std::string& name, const std::string& outcome) {
+  absl::MutexLock lock(&mu_);
+  auto it = follows_.find(follow_id);
+  if (it == follows_.end()) return;
+  v1::FollowCheckpoint* c = FindByName(&it->second->record, name);
+  if (c == nullptr) return;
+  c->set_hook(outcome);
+  Save(it->second.get());
 }
 
 void FollowManager::Save(Live* live) {

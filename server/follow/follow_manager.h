@@ -18,14 +18,21 @@
 // below -margin. A checkpoint not decided worse runs to its end and becomes the best when its mean
 // beats the best's.
 //
+// --on-new-best 'CMD' runs CMD (/bin/sh -c, on tallyd's host, at most 10 minutes) when a checkpoint
+// becomes the best, with TALLY_FOLLOW, TALLY_STEP, TALLY_CHECKPOINT (its path in the trainer's
+// folder), TALLY_TAKEN (the taken link), TALLY_JOB, TALLY_METRIC, TALLY_METRIC_VALUE, TALLY_METRIC_LO
+// and TALLY_METRIC_HI in its environment; its exit status and output's tail are recorded.
+//
 // Driven by Tick (tallyd's follow thread, or a test's clock); thread-safe.
 #ifndef TALLY_SERVER_FOLLOW_FOLLOW_MANAGER_H_
 #define TALLY_SERVER_FOLLOW_FOLLOW_MANAGER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -70,6 +77,15 @@ class FollowJobs {
   virtual absl::Status Cancel(const std::string& job_id, const std::string& reason) = 0;
 };
 
+// A following follow's figures for /metrics (docs/operations.md "Metrics endpoint").
+struct FollowGauges {
+  std::string follow_id;
+  int64_t last_step = -1;        // The largest step evaluated (best, not better or worse); -1: none.
+  int64_t best_step = -1;
+  int64_t lag_checkpoints = 0;   // Checkpoints the trainer wrote that are not decided yet.
+  double lag_seconds = 0;        // Since the oldest of them landed (0: none).
+};
+
 class FollowManager {
  public:
   // `state_root`: where follows keep their links and report folders (STATE/follows/<id>/).
@@ -89,6 +105,8 @@ class FollowManager {
 
   // One round over every following follow at `now` (unix seconds).
   void Tick(double now);
+  // Every following follow's figures at `now`.
+  std::vector<FollowGauges> Gauges(double now) const;
 
  private:
   struct Live;  // A following follow's watcher and race.
@@ -101,6 +119,11 @@ class FollowManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Finished(Live* live, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Save(Live* live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // --on-new-best: the follow's command for checkpoint `c`, on a thread of its own; its exit status
+  // and output's tail land in the checkpoint's `hook`.
+  void StartHook(Live* live, v1::FollowCheckpoint* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HookDone(const std::string& follow_id, const std::string& name, const std::string& outcome)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   JobStore* const store_;
   FollowJobs* const jobs_;
@@ -108,6 +131,8 @@ class FollowManager {
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Live>> follows_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<std::thread> hooks_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stopping_{false};  // Hooks still running are stopped.
 };
 
 }  // namespace tally

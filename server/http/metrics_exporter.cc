@@ -9,6 +9,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
+#include "base/clock.h"
 
 namespace tally {
 namespace {
@@ -109,9 +110,28 @@ void AddLiveFamilies(const CoordinatorMetrics& m, std::vector<MetricFamily>* out
   for (MetricFamily* f : {&mean, &half, &rows}) out->push_back(std::move(*f));
 }
 
+void AddFollowFamilies(const std::vector<FollowGauges>& follows, std::vector<MetricFamily>* out) {
+  MetricFamily last = Family("tally_follow_last_step", "A follow's largest checkpoint step evaluated (-1: none yet).",
+                             MetricType::Gauge);
+  MetricFamily best = Family("tally_follow_best_step", "A follow's best checkpoint's step (-1: none yet).",
+                             MetricType::Gauge);
+  MetricFamily lag = Family("tally_follow_lag_checkpoints",
+                            "Checkpoints of a follow's trainer not decided yet (settling, queued or running).",
+                            MetricType::Gauge);
+  MetricFamily lag_s = Family("tally_follow_lag_seconds",
+                              "Seconds since the oldest checkpoint not decided yet landed (0: none).", MetricType::Gauge);
+  for (const FollowGauges& g : follows) {
+    AddValue(&last, static_cast<double>(g.last_step), {{"follow", g.follow_id}});
+    AddValue(&best, static_cast<double>(g.best_step), {{"follow", g.follow_id}});
+    AddValue(&lag, static_cast<double>(g.lag_checkpoints), {{"follow", g.follow_id}});
+    AddValue(&lag_s, g.lag_seconds, {{"follow", g.follow_id}});
+  }
+  for (MetricFamily* f : {&last, &best, &lag, &lag_s}) out->push_back(std::move(*f));
+}
+
 }  // namespace
 
-std::vector<MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m) {
+std::vector<MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m, const std::vector<FollowGauges>& follows) {
   std::vector<MetricFamily> out;
   MetricFamily info = Family("tally_build_info", "Tally's version and revision (value 1).", MetricType::Gauge);
   AddValue(&info, 1, {{"version", kTallyVersion}, {"revision", kGitRevision}});
@@ -156,21 +176,27 @@ std::vector<MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m) {
 
   AddWorkerFamilies(m, &out);
   AddLiveFamilies(m, &out);
+  AddFollowFamilies(follows, &out);
   return out;
 }
 
 class MetricsExporter::Collector : public prometheus::Collectable {
  public:
-  explicit Collector(Coordinator* core) : core_(core) {}
-  std::vector<MetricFamily> Collect() const override { return BuildMetricFamilies(core_->Metrics()); }
+  Collector(Coordinator* core, const FollowManager* follows) : core_(core), follows_(follows) {}
+  std::vector<MetricFamily> Collect() const override {
+    return BuildMetricFamilies(core_->Metrics(),
+                               follows_ != nullptr ? follows_->Gauges(NowUnix()) : std::vector<FollowGauges>());
+  }
 
  private:
   Coordinator* const core_;
+  const FollowManager* const follows_;
 };
 
-absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const std::string& listen, Coordinator* core) {
+absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const std::string& listen, Coordinator* core,
+                                                                       const FollowManager* follows) {
   std::unique_ptr<MetricsExporter> e(new MetricsExporter());
-  e->collector_ = std::make_shared<Collector>(core);
+  e->collector_ = std::make_shared<Collector>(core, follows);
   try {
     e->exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
   } catch (const std::exception& ex) {

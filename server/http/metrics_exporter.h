@@ -3,7 +3,8 @@
 // coordinator's figures (Coordinator::Metrics) at that moment: jobs by state, rows evaluated and
 // failed, shards leased/expired/retried, workers registered and busy, the commit latency
 // histogram, the database size, and each worker's rows, images/s and GPU memory from its latest
-// heartbeat, so one scrape of tallyd sees the whole fleet. Names and labels: docs/operations.md "Metrics endpoint".
+// heartbeat, so one scrape of tallyd sees the whole fleet; and each follow's last step evaluated,
+// its lag behind the trainer (checkpoints and seconds) and its best step. Names and labels: docs/operations.md "Metrics endpoint".
 #ifndef TALLY_SERVER_HTTP_METRICS_EXPORTER_H_
 #define TALLY_SERVER_HTTP_METRICS_EXPORTER_H_
 
@@ -13,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/coordinator/coordinator.h"
+#include "server/follow/follow_manager.h"
 
 namespace prometheus {
 class Exposer;
@@ -22,13 +24,15 @@ struct MetricFamily;
 namespace tally {
 
 // The families of one scrape, built from a snapshot (separate from the HTTP side for tests).
-std::vector<prometheus::MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m);
+std::vector<prometheus::MetricFamily> BuildMetricFamilies(const CoordinatorMetrics& m,
+                                                          const std::vector<FollowGauges>& follows = {});
 
 class MetricsExporter {
  public:
-  // Listens on `listen` (host:port; port 0 picks a free one). `core` must outlive the exporter.
-  // UNAVAILABLE when the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const std::string& listen, Coordinator* core);
+  // Listens on `listen` (host:port; port 0 picks a free one). `core` (and `follows`, which may be
+  // null) must outlive the exporter. UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const std::string& listen, Coordinator* core,
+                                                                const FollowManager* follows = nullptr);
   ~MetricsExporter();
 
   int port() const { return port_; }

@@ -98,7 +98,8 @@ class FollowTest(unittest.TestCase):
         cluster.wait_registered(2)
         follow_id = cluster.cli("follow", self.runs, "--manifest", self.manifest, "--settle", "1.5",
                                 "--ready-marker", "{}.done", "--load-retries", "2", "--shard-size", "4",
-                                "--batch-size", "4", "--detach").stdout.strip()
+                                "--batch-size", "4", "--on-new-best", "echo $TALLY_STEP $TALLY_METRIC >> " + self.root +
+                                "/best.txt", "--detach").stdout.strip()
         self.assertTrue(follow_id.startswith("f"), follow_id)
         self.write("ckpt-100.pt", "red", chunks=4, pause=0.4)  # Slowly: taken only once it settled.
         self.wait_state(cluster, follow_id, "ckpt-100.pt", ("best",))
@@ -141,6 +142,12 @@ class FollowTest(unittest.TestCase):
             dice = [d for d in dice if not math.isnan(d)]
             self.assertTrue(tt.same(curve[name]["metrics"]["dice"]["mean"], sum(dice) / len(dice)), name)
         self.assertTrue(os.path.exists(os.path.join(cluster.state, "follows", follow_id, "report", "curve.html")))
+        # --on-new-best ran for each new best, on tallyd's host.
+        deadline = time.time() + 30
+        while time.time() < deadline and not os.path.exists(os.path.join(self.root, "best.txt")):
+            time.sleep(0.2)
+        with open(os.path.join(self.root, "best.txt")) as fh:
+            self.assertEqual(fh.read().split("\n")[:2], ["100 dice", "200 dice"])
         p = cluster.cli("cancel", follow_id)
         self.assertIn("cancelled", p.stdout)
 

@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -221,6 +222,50 @@ TEST_F(FollowManagerTest, BehindTheTrainerTheNewestGoesFirstAndIdleEndsTheFollow
     }
     EXPECT_EQ(f.state(), v1::Follow::FOLLOW_STATE_FINISHED) << catch_up;
   }
+}
+
+TEST_F(FollowManagerTest, ANewBestRunsTheHookAndTheGaugesSayHowFarBehind) {
+  FollowManager m(store_.get(), &jobs_, dir_ + "/follows");
+  v1::FollowSpec spec = Spec();
+  const std::string out = dir_ + "/hook.txt";
+  spec.set_on_new_best("echo \"$TALLY_STEP $TALLY_METRIC $TALLY_METRIC_VALUE ${TALLY_CHECKPOINT##*/}\" >> " + out);
+  absl::StatusOr<v1::Follow> f = m.Create(spec, "", 0);
+  ASSERT_TRUE(f.ok());
+  Write("c-1.pt", "quality 0.5");
+  m.Tick(0);
+  std::vector<FollowGauges> g = m.Gauges(3);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].last_step, -1);
+  EXPECT_EQ(g[0].lag_checkpoints, 1);  // Settling.
+  EXPECT_EQ(g[0].lag_seconds, 3);
+  Run(&m, 1, 40);
+  Write("c-2.pt", "quality 0.3");  // Worse: no hook.
+  Run(&m, 41, 40);
+  Write("c-3.pt", "quality 0.6");
+  Run(&m, 81, 40);
+  g = m.Gauges(130);
+  EXPECT_EQ(g[0].best_step, 3);
+  EXPECT_EQ(g[0].last_step, 3);
+  EXPECT_EQ(g[0].lag_checkpoints, 0);
+  EXPECT_EQ(g[0].lag_seconds, 0);
+  // The hooks run on threads of their own: their lines, and the outcome in the record.
+  std::string text;
+  for (int i = 0; i < 200; ++i) {
+    absl::StatusOr<v1::Follow> now = m.Get(f->follow_id());
+    bool done = now.ok();
+    for (const v1::FollowCheckpoint& c : now->checkpoints()) done &= c.state() != "best" || c.hook() != "running";
+    absl::StatusOr<std::string> read = ReadFileToString(out);
+    if (done && read.ok()) {
+      text = *read;
+      break;
+    }
+    usleep(20000);
+  }
+  // c-1 was the best (0.5 before it), c-2 worse (no hook), c-3 the best (0.6).
+  EXPECT_EQ(text.rfind("1 dice 0.49", 0), 0u) << text;  // The fake's mean: a little under its quality.
+  EXPECT_EQ(text.find("\n2 dice"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n3 dice 0.59"), std::string::npos) << text;
+  EXPECT_NE(text.find("c-3.pt"), std::string::npos) << text;
 }
 
 }  // namespace
