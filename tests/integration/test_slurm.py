@@ -205,6 +205,23 @@ PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscr
             time.sleep(0.05)
         raise AssertionError(f"job {job} made no progress")
 
+    def test_follow_sbatch_evaluates_a_trainers_checkpoints_in_the_same_allocation(self):
+        # The "trainer": writes three TorchScript checkpoints a second apart, then exits.
+        ckpt, out = os.path.join(self.root, "ckpt"), os.path.join(self.root, "follow")
+        trainer = os.path.join(self.root, "trainer.sh")
+        with open(trainer, "w") as f:
+            f.write(f"#!/bin/sh\nfor s in 100 200 300; do cp {tt.fixture('red_vs_rest.pt')} {ckpt}/.tmp && "
+                    f"mv {ckpt}/.tmp {ckpt}/ckpt-$s.pt; sleep 1; done\n")
+        os.chmod(trainer, 0o755)
+        job = self.sbatch("follow.sbatch", ckpt, self.manifest, out, "--", trainer,
+                          env={"TALLY_FOLLOW_IDLE": "6", "TALLY_FOLLOW_FLAGS": "--settle 0.5 --catch-up all --metrics dice"})
+        self.assertEqual(self.wait_job(job), "COMPLETED", self.tail(f"slurm-{job}.out"))
+        with open(os.path.join(out, "curve.csv")) as f:
+            rows = f.read().splitlines()
+        self.assertEqual(len(rows), 4, rows)  # The header and the three checkpoints.
+        self.assertTrue(all(",best," in r or ",not better," in r for r in rows[1:]), rows)
+        self.assertNothingRuns(out)
+
     def test_tally_sbatch_equals_tally_run_and_a_requeue_resumes_the_job(self):
         out = os.path.join(self.root, "whole")
         job = self.sbatch("tally.sbatch", self.model, self.manifest, out, *FLAGS)
