@@ -119,6 +119,7 @@ std::string CurveJson(const FollowCurve& curve) {
     if (!p.reason.empty()) w.Field("reason", p.reason);
     w.Field("best_step", p.best_step);
     w.Key("race").BeginObject().Field("rows", p.race_rows).Field("lo", p.race_lo).Field("hi", p.race_hi).EndObject();
+    w.Field("landed_unix", p.landed_unix).Field("taken_unix", p.taken_unix).Field("decided_unix", p.decided_unix);
     w.Key("metrics").BeginObject();
     for (const CurveMetric& m : p.metrics) {
       w.Key(m.name).BeginObject().Field("mean", m.mean).Field("lo", m.lo).Field("hi", m.hi).EndObject();

@@ -38,6 +38,11 @@ struct CurvePoint {
   double race_lo = 0;
   double race_hi = 0;
   std::vector<CurveMetric> metrics;
+  // When the file landed (its modification time), was taken, and was decided (unix seconds; 0:
+  // not yet). curve.json only.
+  double landed_unix = 0;
+  double taken_unix = 0;
+  double decided_unix = 0;
 };
 
 struct FollowCurve {

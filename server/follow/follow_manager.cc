@@ -86,6 +86,9 @@ FollowCurve CurveOf(const v1::Follow& f) {
     p.race_lo = c.race_rows() > 0 ? c.race_lo() : kNaN;
     p.race_hi = c.race_rows() > 0 ? c.race_hi() : kNaN;
     for (const v1::FollowMetric& m : c.metrics()) p.metrics.push_back({m.name(), m.mean(), m.lo(), m.hi()});
+    p.landed_unix = c.landed_unix();
+    p.taken_unix = c.taken_unix();
+    p.decided_unix = c.decided_unix();
     curve.points.push_back(std::move(p));
   }
   return curve;
