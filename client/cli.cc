@@ -101,7 +101,7 @@ const std::vector<Verb>& Verbs() {
        Join({kConnection, {"out", "partial"}})},
       {"jobs", "[--state S] [--label K=V] [--limit N] [--page-token JOB]", "list jobs, newest first",
        Join({kConnection, {"json", "limit", "page_token", "state", "label"}})},
-      {"delete", "JOB", "delete a finished job's rows, results and reports", kConnection},
+      {"delete", "JOB|FOLLOW", "delete a finished job's rows, results and reports, or an ended follow's record", kConnection},
       {"compare", "A B --out DIR",
        "two runs of the same manifest, paired: differences B - A with intervals and p-values",
        Join({kConnection, {"out"}})},

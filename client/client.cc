@@ -161,6 +161,17 @@ absl::StatusOr<v1::Follow> TallyClient::CancelFollow(const std::string& follow_i
   return out;
 }
 
+absl::Status TallyClient::DeleteFollow(const std::string& follow_id) {
+  v1::DeleteFollowRequest request;
+  request.set_follow_id(follow_id);
+  v1::DeleteFollowResponse out;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 60);
+  grpc::Status s = stub_->DeleteFollow(&ctx, request, &out);
+  if (!s.ok()) return FromGrpc(s, server_);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::ListJobsResponse> TallyClient::List(int limit, const std::string& page_token,
                                                        const v1::ListJobsRequest& filter) {
   v1::ListJobsRequest request = filter;

@@ -43,6 +43,7 @@ class TallyClient {
   absl::StatusOr<v1::Follow> GetFollow(const std::string& follow_id);
   absl::StatusOr<v1::ListFollowsResponse> ListFollows();
   absl::StatusOr<v1::Follow> CancelFollow(const std::string& follow_id);
+  absl::Status DeleteFollow(const std::string& follow_id);
   // `filter`: its state and labels narrow the listing.
   absl::StatusOr<v1::ListJobsResponse> List(int limit, const std::string& page_token = "",
                                             const v1::ListJobsRequest& filter = v1::ListJobsRequest());

@@ -394,7 +394,12 @@ constexpr Handler kHandlers[] = {
      }},
     {"follow", [](const Invocation& in) { return FollowVerb(ReadFollowFlags(in)); }},
     {"follows", [](const Invocation&) { return FollowsVerb(ReadConnectionFlags(), absl::GetFlag(FLAGS_json)); }},
-    {"delete", [](const Invocation& in) { return DeleteVerb(ReadJobVerbFlags(in)); }},
+    {"delete", [](const Invocation& in) {
+       if (in.positional.size() == 1 && !in.positional[0].empty() && in.positional[0][0] == 'f') {
+         return DeleteFollowVerb(ReadConnectionFlags(), in.positional[0]);
+       }
+       return DeleteVerb(ReadJobVerbFlags(in));
+     }},
     {"report", [](const Invocation& in) { return ReportVerb(ReadJobVerbFlags(in)); }},
     {"compare", [](const Invocation& in) { return CompareVerb(ReadJobVerbFlags(in)); }},
     {"merge", [](const Invocation& in) { return MergeVerb(ReadJobVerbFlags(in)); }},

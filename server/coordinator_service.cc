@@ -421,4 +421,16 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::CancelFollow(grpc::CallbackSer
   });
 }
 
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::DeleteFollow(grpc::CallbackServerContext* ctx,
+                                                               const v1::DeleteFollowRequest* request,
+                                                               v1::DeleteFollowResponse* response) {
+  absl::StatusOr<Caller> caller = Authenticate(ctx);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, response, [&]() -> absl::StatusOr<v1::DeleteFollowResponse> {
+    RETURN_IF_ERROR(VisibleFollow(*caller, request->follow_id()).status());
+    RETURN_IF_ERROR(follows_->Delete(request->follow_id()));
+    return v1::DeleteFollowResponse();
+  });
+}
+
 }  // namespace tally

@@ -49,6 +49,8 @@ class CoordinatorServiceImpl final : public v1::Coordinator::CallbackService {
                                         v1::ListFollowsResponse* response) override;
   grpc::ServerUnaryReactor* CancelFollow(grpc::CallbackServerContext* ctx, const v1::CancelFollowRequest* request,
                                          v1::Follow* response) override;
+  grpc::ServerUnaryReactor* DeleteFollow(grpc::CallbackServerContext* ctx, const v1::DeleteFollowRequest* request,
+                                         v1::DeleteFollowResponse* response) override;
 
  private:
   // The caller, if its token may use this service.

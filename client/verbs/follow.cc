@@ -138,4 +138,12 @@ int CancelFollowVerb(const ConnectionFlags& connection, const std::string& id) {
   return kExitSucceeded;
 }
 
+int DeleteFollowVerb(const ConnectionFlags& connection, const std::string& id) {
+  absl::StatusOr<std::unique_ptr<TallyClient>> client = Connect(connection);
+  if (!client.ok()) return Finish(client.status());
+  if (absl::Status s = (*client)->DeleteFollow(id); !s.ok()) return Finish(s);
+  std::cout << "deleted follow " << id << "\n";
+  return kExitSucceeded;
+}
+
 }  // namespace tally

@@ -152,6 +152,7 @@ int MergeVerb(const JobVerbFlags& flags);
 int FollowVerb(const FollowFlags& flags);
 int FollowsVerb(const ConnectionFlags& connection, bool json);
 int CancelFollowVerb(const ConnectionFlags& connection, const std::string& follow_id);
+int DeleteFollowVerb(const ConnectionFlags& connection, const std::string& follow_id);
 // Shared with tally run --follow: the follow's spec from the flags, and its progress until it ends
 // (exit 0 finished, 4 cancelled).
 absl::StatusOr<v1::FollowSpec> FollowSpecFromFlags(const FollowFlags& flags, const std::string& folder);

@@ -212,6 +212,21 @@ absl::StatusOr<v1::Follow> FollowManager::Cancel(const std::string& follow_id) {
   return live->record;
 }
 
+absl::Status FollowManager::Delete(const std::string& follow_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = follows_.find(follow_id);
+  if (it == follows_.end()) return absl::NotFoundError(absl::StrCat("no follow '", follow_id, "'"));
+  if (it->second->record.state() == v1::Follow::FOLLOW_STATE_FOLLOWING) {
+    return absl::FailedPreconditionError(absl::StrCat("follow ", follow_id, " is following: cancel it first"));
+  }
+  for (const v1::FollowCheckpoint& c : it->second->record.checkpoints()) {
+    if (c.hook() == "running") return absl::FailedPreconditionError("its --on-new-best command still runs");
+  }
+  RETURN_IF_ERROR(DeleteFollow(store_, follow_id));
+  follows_.erase(it);
+  return RemoveTree(absl::StrCat(state_root_, "/", follow_id));
+}
+
 void FollowManager::Tick(double now) {
   absl::MutexLock lock(&mu_);
   for (auto& [id, live] : follows_) {

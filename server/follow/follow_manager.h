@@ -100,6 +100,9 @@ class FollowManager {
   std::vector<v1::Follow> List() const;
   // Stops a follow (its job too).
   absl::StatusOr<v1::Follow> Cancel(const std::string& follow_id);
+  // Deletes an ended follow's record and state folder (its links, curve and hook logs); its jobs
+  // stay, ordinary jobs. FAILED_PRECONDITION while it follows.
+  absl::Status Delete(const std::string& follow_id);
   // The follow's report folder (curve.csv, curve.json, curve.html).
   std::string ReportFolder(const std::string& follow_id) const;
 

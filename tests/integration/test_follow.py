@@ -148,8 +148,15 @@ class FollowTest(unittest.TestCase):
             time.sleep(0.2)
         with open(os.path.join(self.root, "best.txt")) as fh:
             self.assertEqual(fh.read().split("\n")[:2], ["100 dice", "200 dice"])
+        p = cluster.cli("delete", follow_id, check=False)  # Following: refused.
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("cancel it first", p.stderr)
         p = cluster.cli("cancel", follow_id)
         self.assertIn("cancelled", p.stdout)
+        cluster.cli("delete", follow_id)
+        self.assertEqual(json.loads(cluster.cli("follows", "--json").stdout).get("follows", []), [])
+        self.assertFalse(os.path.exists(os.path.join(cluster.state, "follows", follow_id)))
+        self.assertEqual(len(json.loads(cluster.cli("jobs", "--label", "follow=" + follow_id, "--json").stdout)["jobs"]), 6)
 
     def test_run_follow_ends_at_its_step_and_leaves_the_curve(self):
         # Three checkpoints already there: with --catch-up all the newest first, then the others.
