@@ -385,6 +385,11 @@ void Worker::Accept(v1::ShardAssignment a) {
   // Moved, not copied: a COCO row carries its image's detections (26 KB each in COCO val2017's).
   std::vector<v1::ManifestRow> rows(std::make_move_iterator(a.mutable_rows()->begin()),
                                     std::make_move_iterator(a.mutable_rows()->end()));
+  // A random-order shard's rows are positions begin, begin + 1, ... of the job's order, scattered
+  // over the manifest: its batches are aligned to positions, as a manifest-order shard's to indices.
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i].set_position(a.spec().random_order() ? a.begin() + static_cast<int64_t>(i) : rows[i].index());
+  }
   absl::MutexLock lock(&mu_);
   evaluator_->pipeline->Submit(key, std::move(rows));
 }

@@ -2,8 +2,9 @@
 // instead of the wire's JobSpec. The coordinator completes and validates a submitted spec once
 // (common/job/job_spec_validation.h); JobConfigFromSpec reads such a spec.
 //
-// The exact-results rule, stated once: batches are blocks of manifest indices aligned to multiples
-// of the batch size, never crossing a shard; shards are multiples of `batch_alignment` rows; the
+// The exact-results rule, stated once: batches are blocks of the rows' positions in the job's order
+// (manifest indices; with random_order, positions in its permutation) aligned to multiples of the
+// batch size, never crossing a shard; shards are multiples of `batch_alignment` rows; the
 // batch size divides `batch_alignment`. So the same images are always evaluated together, with the
 // same tensor shapes, whichever worker runs a shard. `batch_alignment` travels in the spec, so the
 // rule does not rest on constants agreeing across processes: a worker whose batch size does not

@@ -309,9 +309,11 @@ bool FollowManager::StartNext(Live* live, double now) {
   (*spec.mutable_labels())["follow"] = f.follow_id();
   (*spec.mutable_labels())["step"] = absl::StrCat(next->step());
   if (!f.spec().no_race()) {
-    // A seeded random order, fixed before any value is seen: what the race's prefix may use.
+    // A seeded random order, fixed before any value is seen: what the race's prefix may use. One
+    // order for every checkpoint of the follow, so that their batches are alike and a checkpoint with
+    // the same weights as another gives the same bits (a GPU's kernels may change with a batch).
     spec.set_random_order(true);
-    spec.set_order_seed(std::hash<std::string>()(absl::StrCat(f.follow_id(), "/", next->name())) | 1);
+    spec.set_order_seed(std::hash<std::string>()(f.follow_id()) | 1);
   }
   absl::StatusOr<std::string> job = jobs_->Submit(spec, f.owner());
   if (!job.ok()) {

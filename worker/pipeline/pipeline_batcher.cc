@@ -70,12 +70,19 @@ bool Pipeline::BatcherCanActLocked() const { return NextBatcherStepLocked() != B
 size_t Pipeline::BlockEndLocked(const Shard& shard) const {
   const int64_t b = batch_size_;
   const size_t i0 = shard.next_batch;
-  const int64_t idx0 = shard.items[i0].row.index();
-  const int64_t block_end = (idx0 / b + 1) * b;  // Aligned to global index multiples of b.
+  // Aligned to multiples of b of the rows' positions in the job's order (ManifestRow.position; the
+  // index where it is not set, as in manifest order): a random-order shard's rows are consecutive positions, scattered
+  // indices, and aligned to indices its batches were a row or two (a third of the GPU's rate).
+  const auto position = [&](size_t i) {
+    const v1::ManifestRow& r = shard.items[i].row;
+    return r.has_position() ? r.position() : r.index();
+  };
+  const int64_t pos0 = position(i0);
+  const int64_t block_end = (pos0 / b + 1) * b;
   // A leased shard's rows are consecutive; rows queued again after a layout trial may have gaps
-  // (rows that failed to decode were not held), so the block ends at the first index past it.
-  size_t i1 = std::min(shard.items.size(), i0 + static_cast<size_t>(block_end - idx0));
-  while (i1 > i0 + 1 && shard.items[i1 - 1].row.index() >= block_end) --i1;
+  // (rows that failed to decode were not held), so the block ends at the first position past it.
+  size_t i1 = std::min(shard.items.size(), i0 + static_cast<size_t>(block_end - pos0));
+  while (i1 > i0 + 1 && position(i1 - 1) >= block_end) --i1;
   return i1;
 }
 
