@@ -11,6 +11,7 @@
 #include "base/file_util.h"
 #include "base/status_macros.h"
 #include "client/job_flags.h"
+#include "common/job/job_config.h"
 #include "client/verbs/verb_util.h"
 #include "client/verbs/verbs.h"
 #include "google/protobuf/util/json_util.h"
@@ -48,7 +49,11 @@ absl::StatusOr<v1::FollowSpec> FollowSpecFromFlags(const FollowFlags& f, const s
   v1::FollowSpec spec;
   spec.set_folder(AbsolutePath(folder));
   JobFlags job = f.job;
-  job.model = spec.folder() + "/checkpoint.pt";  // Each checkpoint's, set by tallyd.
+  if (!job.model.empty() && !ParseModelRef(job.model).python) {
+    return absl::InvalidArgumentError("--model: each checkpoint in the folder is the model; a Python model class "
+                                      "(--model M.py) may take each checkpoint's path as its `checkpoint` option");
+  }
+  if (job.model.empty()) job.model = spec.folder() + "/checkpoint.pt";  // Each checkpoint's, set by tallyd.
   ASSIGN_OR_RETURN(*spec.mutable_job(), SpecFromFlags(job, ""));
   spec.set_pattern(f.pattern);
   spec.set_step_regex(f.step_regex);

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/job_flags.h"
+#include "common/job/job_config.h"
 #include "common/sources/folder_pairs.h"
 #include "common/sources/tar_listing.h"
 #include "common/sources/tar_shards.h"
@@ -63,11 +64,14 @@ int RunVerb(const RunFlags& given) {
   if (given.out.empty()) return UsageError("run", "--out is required");
   RunFlags f = given;
   if (!f.follow.empty()) {
-    if (!f.job.model.empty()) return UsageError("run", "--follow DIR: each checkpoint in DIR is the model; drop --model");
+    if (!f.job.model.empty() && !ParseModelRef(f.job.model).python) {
+      return UsageError("run", "--follow DIR: each checkpoint in DIR is the model; drop --model (or give a Python "
+                               "model class, which takes each checkpoint's path as its `checkpoint` option)");
+    }
     if (f.follow_flags.until_step <= 0 && f.follow_flags.idle <= 0) {
       return UsageError("run", "--follow needs --until-step N or --idle S: when the run ends (tally follow has neither)");
     }
-    f.job.model = AbsolutePath(f.follow) + "/checkpoint.pt";  // Each checkpoint's, set by tallyd.
+    if (f.job.model.empty()) f.job.model = AbsolutePath(f.follow) + "/checkpoint.pt";  // Each checkpoint's, set by tallyd.
   }
   std::string manifest;
   std::vector<std::string> warnings;

@@ -17,6 +17,7 @@
 #include "base/number_format.h"
 #include "common/process/subprocess.h"
 #include "base/status_macros.h"
+#include "common/job/job_config.h"
 #include "server/follow/follow_curve.h"
 #include "server/follow/follow_store.h"
 
@@ -303,8 +304,14 @@ bool FollowManager::StartNext(Live* live, double now) {
     }
   }
   v1::JobSpec spec = f.spec().job();
-  spec.set_model(next->taken_path());
+  if (ParseModelRef(spec.model()).python) {
+    // A Python model's class takes the checkpoint's path as --model-option checkpoint=PATH.
+    (*spec.mutable_model_options())["checkpoint"] = next->taken_path();
+  } else {
+    spec.set_model(next->taken_path());
+  }
   spec.clear_model_sha256();
+  spec.clear_model_option_sha256();
   spec.set_name(absl::StrCat("follow ", f.follow_id(), " step ", next->step()));
   (*spec.mutable_labels())["follow"] = f.follow_id();
   (*spec.mutable_labels())["step"] = absl::StrCat(next->step());

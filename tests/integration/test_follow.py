@@ -177,6 +177,35 @@ class FollowTest(unittest.TestCase):
         for name in ("curve.json", "curve.html"):
             self.assertTrue(os.path.exists(os.path.join(out, name)))
 
+    def test_a_python_model_takes_each_checkpoint_as_its_checkpoint_option(self):
+        model = os.path.join(self.root, "threshold_model.py")
+        tt.write_text(model, textwrap.dedent("""
+            import numpy as np
+
+            class Model:
+                num_classes = 2
+
+                def __init__(self, devices, options):
+                    with open(options["checkpoint"]) as f:
+                        self.t = float(f.read())  # A file that is no number does not load.
+
+                def predict(self, images, rows):
+                    return [(im[..., 0] > self.t).astype(np.int64) for im in images]
+        """))
+        for step, content in ((1, "150"), (2, "120"), (3, "1x")):
+            tt.write_text(os.path.join(self.runs, f"ckpt-{step}.txt"), content)
+        out = os.path.join(self.root, "out_py")
+        p = tt.tally("run", "--follow", self.runs, "--pattern", "*.txt", "--model", model, "--python", PY,
+                     "--manifest", self.manifest, "--out", out, "--settle", "0.5", "--catch-up", "all",
+                     "--until-step", "3", "--load-retries", "2", "--race", "off")
+        with open(os.path.join(out, "curve.csv")) as f:
+            rows = {r["step"]: r for r in csv.DictReader(f)}
+        self.assertEqual(rows["3"]["decision"], "failed")
+        self.assertIn("could not convert string to float", rows["3"]["reason"])
+        self.assertIn(rows["1"]["decision"], ("best", "not better"))
+        self.assertIn(rows["2"]["decision"], ("best", "not better"))
+        self.assertIn("best step", p.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()
