@@ -84,7 +84,7 @@ int RunVerb(const RunFlags& given) {
   options.spec = *spec;
   if (!f.follow.empty()) {
     FollowFlags ff = f.follow_flags;
-    ff.job = f.job;
+    ff.job = given.job;  // As typed: without the placeholder model standing for each checkpoint.
     absl::StatusOr<v1::FollowSpec> follow = FollowSpecFromFlags(ff, f.follow);
     if (!follow.ok()) return UsageError("run", std::string(follow.status().message()));
     *follow->mutable_job() = *spec;
