@@ -102,7 +102,7 @@ absl::Status Server::StartDashboard(const ServerOptions& options) {
   names.push_back(host);
   char hostname[256] = {};
   if (gethostname(hostname, sizeof(hostname) - 1) == 0) names.push_back(hostname);
-  dashboard_handler_ = std::make_unique<DashboardHandler>(core_.get(), auth_.get(), std::move(names));
+  dashboard_handler_ = std::make_unique<DashboardHandler>(core_.get(), auth_.get(), std::move(names), follows_.get());
   const bool loopback = host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]";
   if (!options.tls.cert.empty() && !DashboardCanServeTls()) {
     // Tokens must not cross a network in the clear: plain HTTP on loopback only (an SSH tunnel or a

@@ -14,7 +14,7 @@
 #include "common/job/job_config.h"
 #include "client/verbs/verb_util.h"
 #include "client/verbs/verbs.h"
-#include "google/protobuf/util/json_util.h"
+#include "common/job/rpc.h"
 
 namespace tally {
 namespace {
@@ -90,9 +90,7 @@ int WatchFollow(TallyClient& client, const std::string& id, bool json) {
     }
     if (f->state() != v1::Follow::FOLLOW_STATE_FOLLOWING) {
       if (json) {
-        std::string text;
-        (void)google::protobuf::util::MessageToJsonString(*f, &text);
-        std::cout << text << "\n";
+        std::cout << ToJson(*f) << "\n";
       } else {
         std::cout << "follow " << id << " " << StateName(f->state()) << "; best step " << f->best_step() << "\n";
       }
@@ -121,9 +119,7 @@ int FollowsVerb(const ConnectionFlags& connection, bool json) {
   absl::StatusOr<v1::ListFollowsResponse> list = (*client)->ListFollows();
   if (!list.ok()) return Finish(list.status());
   if (json) {
-    std::string text;
-    (void)google::protobuf::util::MessageToJsonString(*list, &text);
-    std::cout << text << "\n";
+    std::cout << ToJson(*list) << "\n";
     return kExitSucceeded;
   }
   std::cout << absl::StrFormat("%-24s  %-10s  %11s  %9s  %s\n", "follow", "state", "checkpoints", "best step", "folder");

@@ -62,11 +62,11 @@ std::string ContentType(const std::string& file) {
 
 }  // namespace
 
-HttpResponse DashboardHandler::ReportFile(const std::string& job_id, const std::string& file) const {
-  absl::StatusOr<std::string> dir = core_->ReportDir(job_id);
-  if (!dir.ok()) return FromStatus(dir.status());
-  const std::string missing = absl::StrCat("job ", job_id, " has no ", file, " (not every job writes every file)");
-  const int dfd = open(dir->c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+HttpResponse DashboardHandler::ReportFile(const std::string& dir, const std::string& what,
+                                          const std::string& file) const {
+  const std::string missing = absl::StrCat(what, " has no ", file, " (not every job writes every file, a follow "
+                                           "writes its curve once a checkpoint is seen)");
+  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) return Error(404, missing);
   // O_NOFOLLOW: a symlink put in the folder is not followed; O_NONBLOCK: a FIFO is not waited on.
   const int fd = openat(dfd, file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -75,7 +75,7 @@ HttpResponse DashboardHandler::ReportFile(const std::string& job_id, const std::
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return Error(404, absl::StrCat("job ", job_id, ": ", file, " is not a regular file"));
+    return Error(404, absl::StrCat(what, ": ", file, " is not a regular file"));
   }
   std::string data(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;
@@ -88,6 +88,21 @@ HttpResponse DashboardHandler::ReportFile(const std::string& job_id, const std::
   close(fd);
   data.resize(got);
   return HttpResponse{200, ContentType(file), std::move(data)};
+}
+
+HttpResponse DashboardHandler::Follows(const Caller& caller, const DashboardRoute& route) const {
+  if (route.kind == DashboardRoute::Kind::kFollows) {
+    v1::ListFollowsResponse out;
+    for (v1::Follow& f : follows_ == nullptr ? std::vector<v1::Follow>() : follows_->List()) {
+      if (caller.CanSee(f.owner())) *out.add_follows() = std::move(f);
+    }
+    return Json(out);
+  }
+  // Another owner's follow is not found, as over gRPC.
+  absl::StatusOr<v1::Follow> f = follows_ != nullptr ? follows_->Get(route.follow_id) : absl::NotFoundError("");
+  if (!f.ok() || !caller.CanSee(f->owner())) return Error(404, absl::StrCat("no follow '", route.follow_id, "'"));
+  if (route.kind == DashboardRoute::Kind::kFollow) return Json(*f);
+  return ReportFile(follows_->ReportFolder(route.follow_id), absl::StrCat("follow ", route.follow_id), route.file);
 }
 
 HttpResponse DashboardHandler::Session(absl::string_view authorization) const {
@@ -138,8 +153,14 @@ HttpResponse DashboardHandler::Get(absl::string_view path, absl::string_view que
     }
     case Kind::kJobFile: {
       if (absl::StatusOr<v1::Job> job = VisibleJob(core_, *caller, route.job_id); !job.ok()) return FromStatus(job.status());
-      return ReportFile(route.job_id, route.file);
+      absl::StatusOr<std::string> dir = core_->ReportDir(route.job_id);
+      if (!dir.ok()) return FromStatus(dir.status());
+      return ReportFile(*dir, absl::StrCat("job ", route.job_id), route.file);
     }
+    case Kind::kFollows:
+    case Kind::kFollow:
+    case Kind::kFollowFile:
+      return Follows(*caller, route);
     case Kind::kWorkers:
       return Json(VisibleWorkers(core_, *caller));
     case Kind::kCompare: {

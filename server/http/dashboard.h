@@ -16,6 +16,8 @@
 #include "absl/strings/string_view.h"
 #include "server/access/authorizer.h"
 #include "server/coordinator/coordinator.h"
+#include "server/follow/follow_manager.h"
+#include "server/http/dashboard_routes.h"
 
 struct mg_context;
 
@@ -31,25 +33,31 @@ struct HttpResponse {
 extern const char* const kDashboardPage;
 
 // What a GET answers, HTTP server aside (tests call it directly). `host_names`: the names a Host
-// header may give besides IP addresses and "localhost" (HostAllowed, dashboard_routes.h).
+// header may give besides IP addresses and "localhost" (HostAllowed, dashboard_routes.h). `follows`:
+// tallyd's follows, or null (then /api/follows is empty and a follow is not found).
 class DashboardHandler {
  public:
-  DashboardHandler(Coordinator* core, const Authorizer* auth, std::vector<std::string> host_names = {})
-      : core_(core), auth_(auth), host_names_(std::move(host_names)) {}
+  DashboardHandler(Coordinator* core, const Authorizer* auth, std::vector<std::string> host_names = {},
+                   const FollowManager* follows = nullptr)
+      : core_(core), auth_(auth), host_names_(std::move(host_names)), follows_(follows) {}
   // `path` and `query` as received (percent-encoded: decoded once, here), `host` the Host header.
   HttpResponse Get(absl::string_view path, absl::string_view query, absl::string_view authorization,
                    absl::string_view host) const;
 
  private:
-  // A finished job's report file, opened only if it is a regular file directly in the job's folder
-  // (no symlink followed, no FIFO opened). Errors never name the state folder.
-  HttpResponse ReportFile(const std::string& job_id, const std::string& file) const;
+  // A file of `dir` (a job's report folder, a follow's), opened only if it is a regular file directly
+  // in it (no symlink followed, no FIFO opened). `what` names the job or follow; errors never name
+  // the state folder.
+  HttpResponse ReportFile(const std::string& dir, const std::string& what, const std::string& file) const;
+  // /api/follows, /api/follows/ID and its files: those `caller` may see.
+  HttpResponse Follows(const Caller& caller, const DashboardRoute& route) const;
   // /api/session: whether tokens are needed and whether `authorization`'s is good; never 401.
   HttpResponse Session(absl::string_view authorization) const;
 
   Coordinator* core_;
   const Authorizer* auth_;
   const std::vector<std::string> host_names_;
+  const FollowManager* const follows_;
 };
 
 // Sized so that idle or slow clients cannot starve the dashboard (SECURITY.md "Dashboard"): a

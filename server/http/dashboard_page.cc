@@ -1,6 +1,6 @@
 // The dashboard's one page (docs/operations.md "Dashboard"): markup, style and script together, served by
 // tallyd itself (no CDN, nothing fetched from elsewhere). Hash routes: #/jobs, #/job/ID, #/workers,
-// #/compare. It asks /api/session first (never a 401, so a first load logs no error), then polls the
+// #/compare, #/follows, #/follow/ID (each metric of a follow drawn against the step, inline SVG). It asks /api/session first (never a 401, so a first load logs no error), then polls the
 // JSON API every 2 s; the token typed once is kept for the browser session (sessionStorage) and sent
 // as "Authorization: Bearer". While the token box shows nothing is polled (typing is never wiped), and
 // a refused token is said so.
@@ -23,9 +23,10 @@ th{background:#eef1f4;font-weight:600}.bar{background:#e3e6ea;height:10px;width:
 .muted{color:#6b7280}.err{color:#b91c1c;margin:8px 0}pre{background:#fff;padding:8px;overflow:auto}
 iframe{width:100%;height:70vh;border:1px solid #e3e6ea;background:#fff}input,select,button{font:inherit}
 .filters{display:flex;gap:8px;margin-bottom:10px;flex-wrap:wrap}
+figure{margin:8px 0;background:#fff;display:inline-block;padding:4px}figcaption{font-weight:600}
 </style></head><body>
 <header><strong>Tally</strong><a href="#/jobs" id="nav-jobs">Jobs</a><a href="#/workers" id="nav-workers">Workers</a>
-<a href="#/compare" id="nav-compare">Compare</a><span style="flex:1"></span>
+<a href="#/compare" id="nav-compare">Compare</a><a href="#/follow" id="nav-follows">Follows</a><span style="flex:1"></span>
 <span id="who" class="muted"></span></header>
 <main id="main"></main>
 <script>
@@ -205,6 +206,73 @@ async function compare() {
     };
   }
 }
+// Follows: each metric of a follow against the checkpoint's step, its 95 % interval as a band, each point
+// coloured by the decision (the same figure as the follow's curve.html, drawn from /api/follows/ID; a field
+// left out of the JSON is 0, "NaN" is no interval).
+const fstate = (f) => (f.state || "FOLLOW_STATE_UNSPECIFIED").replace("FOLLOW_STATE_", "").toLowerCase();
+const colour = {"best": "#1a7f37", "worse": "#cf222e", "failed": "#cf222e", "not better": "#0969da"};
+async function follows() {
+  const list = await api("/api/follows");
+  $("#main").innerHTML = `<table id="follows-table"><thead><tr><th>Follow</th><th>State</th><th>Owner</th><th>Folder</th>
+    <th>Checkpoints</th><th>Best step</th><th>Created</th></tr></thead><tbody>${(list.follows || []).map(f =>
+    `<tr data-follow="${esc(f.follow_id)}"><td><a href="#/follow/${encodeURIComponent(f.follow_id)}">${esc(f.follow_id)}</a></td>
+    <td>${fstate(f)}</td><td>${esc(f.owner)}</td><td>${esc((f.spec || {}).folder)}</td><td>${(f.checkpoints || []).length}</td>
+    <td>${n(f.best_step) >= 0 ? n(f.best_step) : "—"}</td><td>${new Date(n(f.created_unix) * 1000).toLocaleString()}</td></tr>`).join("")
+    || "<tr><td colspan=7 class=muted>no follows</td></tr>"}</tbody></table>`;
+}
+function curveSvg(points, name) {
+  const pts = points.filter(p => finite(p.mean)).map(p => ({...p, lo: finite(p.lo) ? Number(p.lo) : null,
+                                                              hi: finite(p.hi) ? Number(p.hi) : null, mean: Number(p.mean)}));
+  if (!pts.length) return "";
+  const ys = pts.flatMap(p => [p.mean, p.lo, p.hi].filter(v => v !== null));
+  let x0 = pts[0].step, x1 = pts[pts.length - 1].step, y0 = Math.min(...ys), y1 = Math.max(...ys);
+  if (x1 <= x0) x1 = x0 + 1;
+  if (y1 <= y0) y1 = y0 + 1e-6;
+  const w = 640, h = 220, pad = 36, X = (x) => pad + (w - 2 * pad) * (x - x0) / (x1 - x0);
+  const Y = (y) => h - pad + (2 * pad - h) * (y - y0) / (y1 - y0), xy = (x, y) => X(x).toFixed(1) + "," + Y(y).toFixed(1);
+  const banded = pts.filter(p => p.lo !== null && p.hi !== null);
+  const band = banded.map(p => xy(p.step, p.hi)).concat(banded.slice().reverse().map(p => xy(p.step, p.lo))).join(" ");
+  return `<figure class="curve" data-metric="${esc(name)}"><figcaption>${esc(name)} against the step (band: 95% interval)</figcaption>
+    <svg xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}">
+    <polygon class="band" points="${band}" fill="#0969da" fill-opacity="0.15"/>
+    <polyline points="${pts.map(p => xy(p.step, p.mean)).join(" ")}" fill="none" stroke="#0969da" stroke-width="1.5"/>
+    ${pts.map(p => `<circle data-step="${p.step}" data-mean="${p.mean}" data-lo="${p.lo === null ? "" : p.lo}"
+      data-hi="${p.hi === null ? "" : p.hi}" cx="${X(p.step).toFixed(1)}" cy="${Y(p.mean).toFixed(1)}" r="3.5"
+      fill="${colour[p.state] || "#8c959f"}"><title>step ${p.step}: ${p.mean.toFixed(4)} (${esc(p.state)})</title></circle>`).join("")}
+    <text x="2" y="${(Y(y1) - 4).toFixed(0)}" font-size="11">${y1.toFixed(4)}</text>
+    <text x="2" y="${(Y(y0) + 12).toFixed(0)}" font-size="11">${y0.toFixed(4)}</text>
+    <text x="${pad}" y="${h - 6}" font-size="11">step ${x0}</text>
+    <text x="${w - pad}" y="${h - 6}" font-size="11" text-anchor="end">step ${x1}</text></svg></figure>`;
+}
+async function follow(id) {
+  const f = await api("/api/follows/" + encodeURIComponent(id));
+  const cks = (f.checkpoints || []).slice().sort((a, b) => n(a.step) - n(b.step));
+  const names = [...new Set(cks.flatMap(c => (c.metrics || []).map(m => m.name)))];
+  const curves = names.map(name => curveSvg(cks.flatMap(c => (c.metrics || []).filter(m => m.name === name).map(m =>
+    ({step: n(c.step), state: c.state, mean: m.mean ?? 0, lo: m.lo ?? 0, hi: m.hi ?? 0}))), name)).join("");
+  const race = (c) => n(c.race_rows) ? `${n(c.race_rows)} rows, [${num(c.race_lo)}, ${num(c.race_hi)}]` : "";
+  const scroll = window.scrollY;
+  $("#main").innerHTML = `<h2>Follow <code>${esc(f.follow_id)}</code> ${fstate(f)}</h2>
+    <p>${esc((f.spec || {}).folder)} &middot; best step ${n(f.best_step) >= 0 ? n(f.best_step) : "none yet"}
+    ${f.best_job ? `(<a href="#/job/${encodeURIComponent(f.best_job)}">${esc(f.best_job)}</a>)` : ""}</p>
+    ${f.error ? `<p class=err>${esc(f.error)}</p>` : ""}<div id="curves">${curves || "<p class=muted>no checkpoint evaluated yet</p>"}</div>
+    <h3>Checkpoints</h3><table id="checkpoints-table"><tr><th>Step</th><th>Checkpoint</th><th>State</th><th>Job</th><th>Rows</th>
+    <th>Race against the best (mean difference, 95%)</th>${names.map(m => `<th>${esc(m)}</th>`).join("")}<th>Reason</th></tr>
+    ${cks.map(c => `<tr data-step="${n(c.step)}"><td>${n(c.step)}</td><td>${esc(c.name)}</td><td>${esc(c.state)}</td>
+      <td>${c.job_id ? `<a href="#/job/${encodeURIComponent(c.job_id)}">${esc(c.job_id)}</a>` : ""}</td>
+      <td>${n(c.rows_evaluated)}/${n(c.rows_total)}</td><td>${race(c)}</td>${names.map(name => {
+        const m = (c.metrics || []).find(x => x.name === name);
+        return `<td>${m ? est(m.mean, m.lo, m.hi, 4) : ""}</td>`; }).join("")}<td>${esc(c.reason || c.hook)}</td></tr>`).join("")}</table>
+    <h3>Files</h3><p>${["curve.csv", "curve.json", "curve.html"].map(x => `<a href="#" data-file="${x}">${x}</a>`).join(" &middot; ")}</p>`;
+  window.scrollTo(0, scroll);
+  document.querySelectorAll("[data-file]").forEach(a => a.onclick = async (ev) => {
+    ev.preventDefault();
+    const blob = await (await api(`/api/follows/${encodeURIComponent(id)}/files/${a.dataset.file}`, true)).blob();
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(blob); link.download = a.dataset.file; link.click();
+  });
+  if (fstate(f) !== "following") clearInterval(timer);  // A finished follow does not change.
+}
 async function route() {
   clearInterval(timer);
   timer = null;
@@ -223,6 +291,8 @@ async function route() {
   if (h.startsWith("#/job/")) fn = () => job(decodeURIComponent(h.slice(6)));
   else if (h.startsWith("#/workers")) fn = workers;
   else if (h.startsWith("#/compare")) fn = compare;
+  else if (h.startsWith("#/follow/")) fn = () => follow(decodeURIComponent(h.slice(9)));
+  else if (h.startsWith("#/follow")) fn = follows;
   else { pageToken = ""; fn = jobs; }
   const run = async () => { if ($("#tok")) return; try { await fn(); } catch (e) {
     if (!$("#tok")) $("#main").insertAdjacentHTML("afterbegin", `<p class=err>${esc(e.message)}</p>`); } };

@@ -15,6 +15,7 @@ namespace {
 constexpr size_t kMaxQuery = 4096;
 constexpr const char* kFiles[] = {"report.json", "per_image.csv", "summary.md", "report.html", "summary.json",
                                   "lesions.csv"};
+constexpr const char* kFollowFiles[] = {"curve.csv", "curve.json", "curve.html"};
 
 bool ValidId(absl::string_view id) {
   if (id.empty() || id.size() > 128) return false;
@@ -74,6 +75,29 @@ DashboardRoute JobsRoute(const std::vector<std::pair<std::string, std::string>>&
     }
   }
   return r;
+}
+
+// /api/follows/<rest>: ID or ID/files/NAME.
+DashboardRoute FollowRoute(absl::string_view rest) {
+  std::vector<std::string> parts = absl::StrSplit(rest, '/');
+  DashboardRoute r;
+  std::string id;
+  if (parts.empty() || !PercentDecode(parts[0], false, &id) || !ValidId(id)) return Bad("not a follow id");
+  r.follow_id = id;
+  if (parts.size() == 1) {
+    r.kind = DashboardRoute::Kind::kFollow;
+    return r;
+  }
+  if (parts.size() == 3 && parts[1] == "files") {
+    for (const char* f : kFollowFiles) {
+      if (parts[2] == f) {
+        r.kind = DashboardRoute::Kind::kFollowFile;
+        r.file = f;
+        return r;
+      }
+    }
+  }
+  return DashboardRoute{};  // kNotFound.
 }
 
 }  // namespace
@@ -172,6 +196,12 @@ DashboardRoute ParseDashboardRequest(absl::string_view path, absl::string_view q
     if (!ValidId(r.a) || !ValidId(r.b)) return Bad("compare: expected a=JOB&b=JOB");
     return r;
   }
+  if (path == "/api/follows") {
+    DashboardRoute r;
+    r.kind = DashboardRoute::Kind::kFollows;
+    return r;
+  }
+  if (absl::StartsWith(path, "/api/follows/")) return FollowRoute(path.substr(13));
   if (absl::StartsWith(path, "/api/jobs/")) {
     std::vector<std::string> parts = absl::StrSplit(path.substr(10), '/');
     DashboardRoute r;

@@ -6,6 +6,9 @@
 //   /api/jobs/ID/files/NAME    a finished job's report file (report.json, per_image.csv, ...)
 //   /api/workers               the workers (ListWorkers)
 //   /api/compare?a=ID&b=ID     two finished jobs of one manifest compared (compare.json); ids or unique prefixes
+//   /api/follows               the follows (ListFollows)
+//   /api/follows/ID            one follow (GetFollow): its checkpoints with their metrics, the page's curve
+//   /api/follows/ID/files/NAME its curve.csv, curve.json or curve.html
 //   /api/session               whether tokens are needed and whether the request's token is good (never 401:
 //                              the page asks here first, so that a first load logs no error)
 //   /favicon.ico               204: there is none
@@ -21,10 +24,14 @@
 namespace tally {
 
 struct DashboardRoute {
-  enum class Kind { kPage, kJobs, kJob, kJobFile, kWorkers, kCompare, kSession, kFavicon, kNotFound, kBadRequest };
+  enum class Kind {
+    kPage, kJobs, kJob, kJobFile, kWorkers, kCompare, kFollows, kFollow, kFollowFile, kSession, kFavicon, kNotFound,
+    kBadRequest
+  };
   Kind kind = Kind::kNotFound;
   std::string error;  // kBadRequest: why.
-  std::string job_id, file;
+  std::string job_id, file;  // kJob, kJobFile; file also kFollowFile.
+  std::string follow_id;      // kFollow, kFollowFile.
   // kJobs
   std::string state, owner, page_token;
   std::map<std::string, std::string> labels;

@@ -102,6 +102,7 @@ def hostile_seeds():
     save("dashboard", "nul_path", b"/api/jobs/j1%00garbage/files/report.json")
     save("dashboard", "nul_file", b"/api/jobs/j1/files/report.json%00../../tally.db")
     save("dashboard", "double_encoded", b"/api/jobs/%256a")
+    save("dashboard", "follow_file", b"/api/follows/f1/files/curve.csv")
     save("dashboard", "host", b"[::1]:8080")
     with tempfile.TemporaryDirectory() as tmp:
         vol = np.zeros((4, 3, 2), np.uint8)

@@ -17,6 +17,7 @@ import unittest
 import numpy as np
 
 import tallytest as tt
+from test_dashboard import dashboard_url, get, selenium_driver
 
 PY = "/usr/bin/python3"
 
@@ -73,7 +74,7 @@ class FollowTest(unittest.TestCase):
 
     def follow(self, cluster, follow_id):
         for f in json.loads(cluster.cli("follows", "--json").stdout).get("follows", []):
-            if f["followId"] == follow_id:
+            if f["follow_id"] == follow_id:
                 return f
         raise AssertionError("no follow " + follow_id)
 
@@ -122,12 +123,12 @@ class FollowTest(unittest.TestCase):
         self.assertEqual(states["ckpt-100.pt"]["state"], "best")
         self.assertEqual(states["ckpt-200.pt"]["state"], "best")
         self.assertEqual(worse["state"], "worse")
-        self.assertLess(int(worse["raceRows"]), 30, worse)  # Stopped after a fraction of its 60 rows.
-        self.assertLess(worse["raceHi"], 0)
-        self.assertEqual(states["ckpt-400.pt"]["loadAttempts"], 2)
+        self.assertLess(int(worse["race_rows"]), 30, worse)  # Stopped after a fraction of its 60 rows.
+        self.assertLess(worse["race_hi"], 0)
+        self.assertEqual(states["ckpt-400.pt"]["load_attempts"], 2)
         self.assertIn("ckpt-400.pt", states["ckpt-400.pt"]["reason"])
         self.assertEqual(states["ckpt-500.pt"]["state"], "not better")  # The same network as 200.
-        self.assertEqual(f["bestStep"], "200")
+        self.assertEqual(f["best_step"], "200")
         # Each complete checkpoint's job once (the truncated one: once a load).
         jobs = json.loads(cluster.cli("jobs", "--label", "follow=" + follow_id, "--json").stdout)["jobs"]
         steps = sorted(j["spec"]["labels"]["step"] for j in jobs)
@@ -137,7 +138,7 @@ class FollowTest(unittest.TestCase):
             curve = {p["checkpoint"]: p for p in json.load(fh)["points"]}
         for name in ("ckpt-100.pt", "ckpt-200.pt", "ckpt-500.pt"):
             out = os.path.join(self.root, "report_" + name)
-            cluster.fetch(states[name]["jobId"], out)
+            cluster.fetch(states[name]["job_id"], out)
             dice = [float(r["dice"]) for r in tt.read_per_image(out) if r["class"] == "1"]
             dice = [d for d in dice if not math.isnan(d)]
             self.assertTrue(tt.same(curve[name]["metrics"]["dice"]["mean"], sum(dice) / len(dice)), name)
@@ -157,6 +158,65 @@ class FollowTest(unittest.TestCase):
         self.assertEqual(json.loads(cluster.cli("follows", "--json").stdout).get("follows", []), [])
         self.assertFalse(os.path.exists(os.path.join(cluster.state, "follows", follow_id)))
         self.assertEqual(len(json.loads(cluster.cli("jobs", "--label", "follow=" + follow_id, "--json").stdout)["jobs"]), 6)
+
+    def test_the_dashboard_draws_the_curve(self):
+        cluster = tt.Cluster(self, os.path.join(self.root, "cluster"), tallyd_args=["--http-listen", "127.0.0.1:0"])
+        cluster.start_worker()
+        cluster.wait_registered(1)
+        url = dashboard_url(cluster)
+        follow_id = cluster.cli("follow", self.runs, "--manifest", self.manifest, "--settle", "0.5", "--detach",
+                                "--shard-size", "8").stdout.strip()
+        self.write("ckpt-100.pt", "red")
+        self.wait_state(cluster, follow_id, "ckpt-100.pt", ("best",))
+        self.write("ckpt-200.pt", "good")
+        f, _ = self.wait_state(cluster, follow_id, "ckpt-200.pt", ("best",))
+        # The JSON is the gRPC answer's; the files are the follow's report folder's.
+        status, _, body = get(url + "/api/follows")
+        self.assertEqual(status, 200)
+        listed = json.loads(body)["follows"]
+        self.assertEqual([x["follow_id"] for x in listed], [follow_id])
+        status, _, body = get(f"{url}/api/follows/{follow_id}")
+        one = json.loads(body)
+        self.assertEqual([(c["name"], c["state"]) for c in one["checkpoints"]],
+                         [(c["name"], c["state"]) for c in f["checkpoints"]])
+        folder = os.path.join(cluster.state, "follows", follow_id, "report")
+        for name in ("curve.csv", "curve.json", "curve.html"):
+            status, _, body = get(f"{url}/api/follows/{follow_id}/files/{name}")
+            with open(os.path.join(folder, name), "rb") as fh:
+                self.assertEqual((status, body), (200, fh.read()), name)
+        self.assertEqual(get(url + "/api/follows/f-none")[0], 404)
+        self.assertEqual(get(f"{url}/api/follows/{follow_id}/files/report.json")[0], 404)
+        # The page draws each metric against the step: a point per checkpoint at its curve.json mean, the
+        # interval as a band.
+        with open(os.path.join(folder, "curve.json")) as fh:
+            curve = {p["step"]: p["metrics"]["dice"] for p in json.load(fh)["points"]}
+        driver = selenium_driver()
+        if driver is None:
+            self.skipTest("the page needs chromium-driver and python3-selenium")
+        self.addCleanup(driver.quit)
+        driver.get(f"{url}/#/follow/{follow_id}")
+        deadline = time.time() + 30
+        dots = []
+        while time.time() < deadline and len(dots) < 2:
+            dots = driver.find_elements("css selector", "figure[data-metric='dice'] circle")
+            time.sleep(0.2)
+        self.assertEqual(len(dots), 2)
+        for dot in dots:
+            want = curve[int(dot.get_attribute("data-step"))]
+            for key in ("mean", "lo", "hi"):
+                self.assertTrue(tt.same(float(dot.get_attribute("data-" + key)), want[key]), (key, want))
+        band = driver.find_element("css selector", "figure[data-metric='dice'] polygon.band").get_attribute("points")
+        self.assertEqual(len(band.split()), 4)
+        self.assertIn("ckpt-200.pt", driver.find_element("id", "checkpoints-table").text)
+        shots = os.environ.get("TALLY_ARTEFACTS") or self.root
+        os.makedirs(shots, exist_ok=True)
+        driver.save_screenshot(os.path.join(shots, "dashboard-follow.png"))
+        print("screenshot:", os.path.join(shots, "dashboard-follow.png"))
+        driver.get(f"{url}/#/follows")
+        deadline = time.time() + 30
+        while time.time() < deadline and follow_id not in driver.find_element("id", "main").text:
+            time.sleep(0.2)
+        self.assertIn(follow_id, driver.find_element("id", "follows-table").text)
 
     def test_run_follow_ends_at_its_step_and_leaves_the_curve(self):
         # Three checkpoints already there: with --catch-up all the newest first, then the others.

@@ -34,5 +34,24 @@ TEST(DashboardRoutesTest, PathsAreDecodedOnceAndANulIsRefused) {
   EXPECT_EQ(ParseDashboardRequest("/api/jobs", "state=run%00ning").kind, DashboardRoute::Kind::kBadRequest);
 }
 
+TEST(DashboardRoutesTest, FollowsTheirCurvesAndNothingElse) {
+  EXPECT_EQ(ParseDashboardRequest("/api/follows", "").kind, DashboardRoute::Kind::kFollows);
+  DashboardRoute r = ParseDashboardRequest("/api/follows/f20261206-1", "");
+  EXPECT_EQ(r.kind, DashboardRoute::Kind::kFollow);
+  EXPECT_EQ(r.follow_id, "f20261206-1");
+  r = ParseDashboardRequest("/api/follows/f1/files/curve.csv", "");
+  EXPECT_EQ(r.kind, DashboardRoute::Kind::kFollowFile);
+  EXPECT_EQ(r.follow_id, "f1");
+  EXPECT_EQ(r.file, "curve.csv");
+  // A follow serves its curve files only: not a job's files, not a path out of its folder.
+  for (const char* missing : {"/api/follows/f1/files/report.json", "/api/follows/f1/files/../../tally.db",
+                              "/api/follows/f1/files", "/api/follows/f1/curve.csv"}) {
+    EXPECT_EQ(ParseDashboardRequest(missing, "").kind, DashboardRoute::Kind::kNotFound) << missing;
+  }
+  for (const char* bad : {"/api/follows/..", "/api/follows/", "/api/follows/f%001", "/api/follows/a%2Fb"}) {
+    EXPECT_EQ(ParseDashboardRequest(bad, "").kind, DashboardRoute::Kind::kBadRequest) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace tally
