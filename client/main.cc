@@ -177,6 +177,9 @@ ABSL_FLAG(std::string, page_token, "", "tally jobs: continue after this job id (
 ABSL_FLAG(std::string, state, "", "tally jobs: only jobs in this state (queued, running, succeeded, failed, cancelled)");
 // Scripting.
 ABSL_FLAG(std::string, max_bytes, "", "tally store gc: the most bytes the store may keep (e.g. 200GiB)");
+ABSL_FLAG(std::string, slice_metric, "dice",
+          "tally slices: each row's value, dice or iou over its foreground classes, or dice:K / iou:K for class K");
+ABSL_FLAG(int, slice_bins, 4, "tally slices: quantile bins of a numeric column with more than 20 values");
 ABSL_FLAG(bool, json, false, "Print JSON (one object; watch: one per line) instead of text");
 // tally follow DIR (docs/follow.md).
 ABSL_FLAG(std::string, pattern, "*.pt", "tally follow: checkpoint file names in the folder (a shell glob)");
@@ -404,6 +407,10 @@ constexpr Handler kHandlers[] = {
     {"compare", [](const Invocation& in) { return CompareVerb(ReadJobVerbFlags(in)); }},
     {"merge", [](const Invocation& in) { return MergeVerb(ReadJobVerbFlags(in)); }},
     {"verify", [](const Invocation& in) { return VerifyVerb({in.positional}); }},
+    {"slices", [](const Invocation& in) {
+       return SlicesVerb({in.positional, absl::GetFlag(FLAGS_manifest), absl::GetFlag(FLAGS_slice_metric),
+                          absl::GetFlag(FLAGS_slice_bins), absl::GetFlag(FLAGS_json)});
+     }},
     {"store", [](const Invocation& in) {
        return StoreVerb({in.positional, absl::GetFlag(FLAGS_max_bytes), absl::GetFlag(FLAGS_json), absl::GetFlag(FLAGS_out)});
      }},

@@ -1,0 +1,218 @@
+// tally slices OUT: the failing slices of a finished job's report folder (metrics/slice_search.h).
+// Each row's value is its per_image.csv metric (--slice-metric: dice or iou averaged over the
+// foreground classes the row defines, or dice:K / iou:K for class K); its attributes are the
+// manifest's columns (the one report.json records, or --manifest), paths and ids left out, numeric
+// columns with more than 20 values binned into --slice-bins quantile bins.
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <simdjson.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/json_writer.h"
+#include "base/status_macros.h"
+#include "client/verbs/verbs.h"
+#include "common/security/data_roots.h"
+#include "common/sources/csv.h"
+#include "metrics/slice_search.h"
+
+namespace tally {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+absl::StatusOr<std::vector<CsvRecord>> ReadCsv(const std::string& what, const std::string& path) {
+  ClientFileLimits limits;
+  limits.max_bytes = int64_t{64} << 30;
+  limits.max_bytes_flag = "(" + what + ")";
+  ASSIGN_OR_RETURN(std::string text, ReadClientFile(what, path, limits));
+  return SplitCsv(text, path);
+}
+
+int Column(const std::vector<std::string>& header, const std::string& name) {
+  for (size_t i = 0; i < header.size(); ++i) {
+    if (header[i] == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// Each row's value (by index, NaN where none): the metric over the foreground classes, or one class.
+absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std::string& metric, bool background,
+                                               std::vector<std::string>* ids) {
+  std::string name = metric;
+  int cls = -1;
+  if (const size_t colon = metric.find(':'); colon != std::string::npos) {
+    name = metric.substr(0, colon);
+    if (!absl::SimpleAtoi(metric.substr(colon + 1), &cls) || cls < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--slice-metric '", metric, "': expected dice, iou, dice:K or iou:K"));
+    }
+  }
+  if (name != "dice" && name != "iou") {
+    return absl::InvalidArgumentError(absl::StrCat("--slice-metric '", metric, "': expected dice, iou, dice:K or iou:K"));
+  }
+  ASSIGN_OR_RETURN(std::vector<CsvRecord> csv, ReadCsv("per_image.csv", path));
+  if (csv.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": empty"));
+  const int index_col = Column(csv[0].fields, "index"), class_col = Column(csv[0].fields, "class"),
+            value_col = Column(csv[0].fields, name), id_col = Column(csv[0].fields, "id");
+  if (index_col < 0 || class_col < 0 || value_col < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no index, class or ", name, " column"));
+  }
+  std::map<int64_t, std::pair<double, int>> sums;
+  int64_t last = -1;
+  for (size_t r = 1; r < csv.size(); ++r) {
+    const std::vector<std::string>& f = csv[r].fields;
+    int64_t index;
+    int c;
+    double v;
+    if (f.size() <= static_cast<size_t>(std::max({index_col, class_col, value_col})) ||
+        !absl::SimpleAtoi(f[index_col], &index) || !absl::SimpleAtoi(f[class_col], &c) || index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " line ", csv[r].line, ": not a row of per_image.csv"));
+    }
+    last = std::max(last, index);
+    if (id_col >= 0 && static_cast<size_t>(id_col) < f.size()) {
+      if (ids->size() <= static_cast<size_t>(index)) ids->resize(static_cast<size_t>(index) + 1);
+      (*ids)[static_cast<size_t>(index)] = f[id_col];
+    }
+    auto& [sum, n] = sums[index];
+    const bool wanted = cls >= 0 ? c == cls : (c != 0 || background);
+    if (wanted && absl::SimpleAtod(f[value_col], &v) && std::isfinite(v)) {
+      sum += v;
+      ++n;
+    }
+  }
+  std::vector<double> values(static_cast<size_t>(last + 1), kNaN);
+  for (const auto& [index, s] : sums) values[index] = s.second > 0 ? s.first / s.second : kNaN;
+  return values;
+}
+
+// The manifest's columns as attributes (one value per data row), paths and ids aside; numeric
+// columns with too many values binned.
+absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manifest, size_t rows, int bins,
+                                                       int max_values) {
+  ASSIGN_OR_RETURN(std::vector<CsvRecord> csv, ReadCsv("the manifest", manifest));
+  if (csv.empty()) return absl::InvalidArgumentError(absl::StrCat(manifest, ": empty"));
+  static const std::set<std::string> kLeftOut = {"image", "mask", "prediction", "id", "coco_ann_ids"};
+  std::vector<SliceAttribute> out;
+  for (size_t c = 0; c < csv[0].fields.size(); ++c) {
+    if (kLeftOut.count(csv[0].fields[c]) > 0) continue;
+    SliceAttribute a;
+    a.name = csv[0].fields[c];
+    a.values.resize(rows);
+    std::set<std::string> distinct;
+    bool numeric = true;
+    for (size_t r = 1; r < csv.size() && r - 1 < rows; ++r) {
+      a.values[r - 1] = c < csv[r].fields.size() ? csv[r].fields[c] : "";
+      double v;
+      if (!a.values[r - 1].empty()) {
+        distinct.insert(a.values[r - 1]);
+        numeric = numeric && absl::SimpleAtod(a.values[r - 1], &v);
+      }
+    }
+    if (numeric && static_cast<int>(distinct.size()) > max_values) {
+      a.values = QuantileBins(a.values, bins);
+      a.name += absl::StrCat(" (", bins, " quantile bins)");
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+void PrintText(const SliceSearch& s, const SliceOptions& o, const std::vector<std::string>& ids) {
+  std::cout << absl::StrFormat(
+      "%d rows; %d attributes searched; %d candidate slices, %d tested (at least %d rows), Benjamini-Hochberg at "
+      "q = %g over the %d tested: %d significant, %d shown (the others folded into them)\n",
+      s.rows, s.attributes.size(), s.candidates, s.tested, o.min_rows, o.q, s.tested, s.significant, s.slices.size());
+  for (const std::string& why : s.skipped) std::cout << "  not searched: " << why << "\n";
+  for (const Slice& x : s.slices) {
+    std::cout << absl::StrFormat("\n%s: %d rows, mean %.4f [%.4f, %.4f] against %.4f [%.4f, %.4f] outside; "
+                                 "effect %.4f [%.4f, %.4f]; %s p %.3g, adjusted %.3g\n",
+                                 x.name, x.rows, x.mean_inside, x.inside_lo, x.inside_hi, x.mean_outside,
+                                 x.outside_lo, x.outside_hi, x.effect, x.effect_lo, x.effect_hi, x.test, x.p,
+                                 x.p_adjusted);
+    std::string worst;
+    for (int64_t r : x.worst_rows) {
+      absl::StrAppend(&worst, worst.empty() ? "" : ", ", r, static_cast<size_t>(r) < ids.size() && !ids[r].empty() ? " (" + ids[r] + ")" : "");
+    }
+    std::cout << "  worst rows: " << worst << "\n";
+    for (const std::string& f : x.folded) std::cout << "  folded: " << f << "\n";
+  }
+}
+
+std::string Json(const SliceSearch& s, const SliceOptions& o, const std::string& metric) {
+  JsonWriter w;
+  w.BeginObject().Field("metric", metric).Field("rows", s.rows).Field("candidates", s.candidates);
+  w.Field("tested", s.tested).Field("significant", s.significant).Field("q", o.q).Field("min_rows", o.min_rows);
+  w.Key("attributes").BeginArray();
+  for (const std::string& a : s.attributes) w.String(a);
+  w.EndArray().Key("not_searched").BeginArray();
+  for (const std::string& a : s.skipped) w.String(a);
+  w.EndArray().Key("slices").BeginArray();
+  for (const Slice& x : s.slices) {
+    w.BeginObject().Field("slice", x.name).Key("conditions").BeginArray();
+    for (const SliceCondition& c : x.conditions) w.BeginObject().Field("attribute", c.attribute).Field("value", c.value).EndObject();
+    w.EndArray().Field("rows", x.rows).Field("mean_inside", x.mean_inside).Field("inside_lo", x.inside_lo);
+    w.Field("inside_hi", x.inside_hi).Field("mean_outside", x.mean_outside).Field("outside_lo", x.outside_lo);
+    w.Field("outside_hi", x.outside_hi).Field("effect", x.effect).Field("effect_lo", x.effect_lo);
+    w.Field("effect_hi", x.effect_hi).Field("test", x.test).Field("p", x.p).Field("p_adjusted", x.p_adjusted);
+    w.Key("worst_rows").BeginArray();
+    for (int64_t r : x.worst_rows) w.Int(r);
+    w.EndArray().Key("folded").BeginArray();
+    for (const std::string& f : x.folded) w.String(f);
+    w.EndArray().EndObject();
+  }
+  w.EndArray().EndObject();
+  return w.str();
+}
+
+}  // namespace
+
+int SlicesVerb(const SlicesFlags& f) {
+  if (f.positional.size() != 1) {
+    std::cerr << "tally slices: give the report folder (tally slices OUT)\n";
+    return kExitUsage;
+  }
+  const std::string dir = f.positional[0];
+  simdjson::dom::parser parser;
+  simdjson::dom::element report;
+  if (parser.load(dir + "/report.json").get(report)) {
+    std::cerr << "tally slices: '" << dir << "/report.json' is missing or unreadable\n";
+    return kExitFailed;
+  }
+  std::string manifest = f.manifest;
+  std::string_view recorded;
+  if (manifest.empty() && !report["source"]["manifest"].get(recorded)) manifest = std::string(recorded);
+  if (manifest.empty()) {
+    std::cerr << "tally slices: the job records no manifest (shards, folders, COCO): give --manifest with its columns\n";
+    return kExitUsage;
+  }
+  bool background = false;
+  if (report["include_background"].get(background)) background = false;
+  std::vector<std::string> ids;
+  absl::StatusOr<std::vector<double>> values = RowValues(dir + "/per_image.csv", f.metric, background, &ids);
+  if (!values.ok()) {
+    std::cerr << "tally slices: " << values.status().message() << "\n";
+    return values.status().message().find("--slice-metric") == 0 ? kExitUsage : kExitFailed;
+  }
+  SliceOptions o;
+  absl::StatusOr<std::vector<SliceAttribute>> attrs = Attributes(manifest, values->size(), f.bins, o.max_values);
+  if (!attrs.ok()) {
+    std::cerr << "tally slices: " << attrs.status().message() << "\n";
+    return kExitFailed;
+  }
+  const SliceSearch s = FindSlices(*values, *attrs, o);
+  if (f.json) {
+    std::cout << Json(s, o, f.metric) << "\n";
+  } else {
+    PrintText(s, o, ids);
+  }
+  return 0;
+}
+
+}  // namespace tally

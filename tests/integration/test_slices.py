@@ -1,0 +1,173 @@
+"""tally slices: failing slices of a finished report, against references computed here with numpy and
+scipy. A planted slice (site C with small foreground, where the predictions are made to fail) is
+found with its rows and effect, Welch's p-values and the Benjamini-Hochberg adjustment equal
+scipy's and a hand-written BH over every candidate, and on the same set with its columns shuffled
+(no slice planted) the search reports none in at least 95 of 100 seeded shuffles."""
+import csv
+import json
+import math
+import os
+import shutil
+import tempfile
+import unittest
+
+import numpy as np
+from PIL import Image
+from scipy import stats
+
+import tallytest as tt
+
+
+def plant(root, rng, n=400, size=24):
+    """n prediction/reference pairs with columns site (A-D), scanner (X, Y), size (small, large: the
+    foreground's size) and age (numeric); site C with small foreground fails (70 % of pixels flipped)."""
+    os.makedirs(os.path.join(root, "pred"))
+    os.makedirs(os.path.join(root, "ref"))
+    rows = [["id", "prediction", "mask", "site", "scanner", "size", "age"]]
+    for i in range(n):
+        site, scanner, small = "ABCD"[i % 4], "XY"[(i // 4) % 2], (i // 8) % 2 == 0
+        ref = np.zeros((size, size), np.uint8)
+        r = 3 if small else 9
+        cy, cx = rng.integers(r, size - r, 2)
+        ref[cy - r:cy + r, cx - r:cx + r] = 1
+        rate = 0.7 if site == "C" and small else rng.uniform(0, 0.2)
+        pred = ref.copy()
+        flip = rng.random(ref.shape) < rate
+        pred[flip] = 1 - pred[flip]
+        Image.fromarray(pred).save(os.path.join(root, "pred", f"p{i:04d}.png"))
+        Image.fromarray(ref).save(os.path.join(root, "ref", f"m{i:04d}.png"))
+        rows.append([f"case{i:04d}", f"pred/p{i:04d}.png", f"ref/m{i:04d}.png", site, scanner,
+                     "small" if small else "large", f"{rng.uniform(20, 80):.3f}"])
+    path = os.path.join(root, "manifest.csv")
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    return path, rows
+
+
+def dice_by_row(out):
+    """Class 1's Dice per row, from per_image.csv."""
+    with open(os.path.join(out, "per_image.csv"), newline="") as f:
+        return {int(r["index"]): float(r["dice"]) for r in csv.DictReader(f) if r["class"] == "1"}
+
+
+def candidates(rows, bins):
+    """Every candidate slice as the search defines it: each value of each column (age in `bins`
+    quantile bins, an inner edge in the lower bin) and each pair of values of two columns."""
+    header, data = rows[0], rows[1:]
+    cols = {h: [r[k] for r in data] for k, h in enumerate(header) if h in ("site", "scanner", "size", "age")}
+    age = np.array([float(v) for v in cols["age"]])
+    edges = np.quantile(age, np.linspace(0, 1, bins + 1))
+    cols["age"] = [str(min(bins, max(1, int(np.searchsorted(edges, a, side="left"))))) for a in age]
+    names = sorted(cols)
+    out = {}
+    for a in names:
+        for v in set(cols[a]):
+            out[((a, v),)] = [i for i in range(len(data)) if cols[a][i] == v]
+    for x in range(len(names)):
+        for y in range(x + 1, len(names)):
+            a, b = names[x], names[y]
+            for va in set(cols[a]):
+                for vb in set(cols[b]):
+                    members = [i for i in range(len(data)) if cols[a][i] == va and cols[b][i] == vb]
+                    if members:
+                        out[tuple(sorted(((a, va), (b, vb))))] = members
+    return out
+
+
+def bh(p):
+    p = np.asarray(p, float)
+    order = np.argsort(p, kind="stable")
+    m = len(p)
+    adj = np.empty(m)
+    running = 1.0
+    for k in range(m - 1, -1, -1):
+        running = min(running, p[order[k]] * m / (k + 1))
+        adj[order[k]] = min(1.0, running)
+    return adj
+
+
+class SlicesTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="tally-it-")
+        cls.addClassCleanup(shutil.rmtree, cls.root, True)
+        cls.manifest, cls.rows = plant(os.path.join(cls.root, "set"), np.random.default_rng(11))
+        cls.out = os.path.join(cls.root, "out")
+        tt.tally("run", "--manifest", cls.manifest, "--out", cls.out, "--workers", "2", "--metrics", "dice")
+        cls.dice = dice_by_row(cls.out)
+
+    def slices(self, *args):
+        return json.loads(tt.tally("slices", self.out, "--json", *args).stdout)
+
+    def test_the_planted_slice_is_found_with_its_rows_effect_and_p_values(self):
+        found = self.slices("--slice-bins", "2")
+        self.assertEqual(found["rows"], 400)
+        top = found["slices"][0]
+        self.assertEqual(top["slice"], "site=C & size=small")
+        # The slices inside a larger significant one and no worse than it are folded into it.
+        self.assertEqual([s["slice"] for s in found["slices"]], ["site=C & size=small", "size=small", "site=C"])
+        self.assertIn("site=B & size=small", found["slices"][1]["folded"])
+        self.assertIn("site=C & scanner=X", found["slices"][2]["folded"])
+        planted = [i for i, r in enumerate(self.rows[1:]) if r[3] == "C" and r[5] == "small"]
+        values = np.array([self.dice[i] for i in range(400)])
+        inside, outside = values[planted], np.delete(values, planted)
+        self.assertEqual(top["rows"], len(planted))
+        self.assertTrue(tt.same(top["mean_inside"], inside.mean()))
+        self.assertTrue(tt.same(top["effect"], inside.mean() - outside.mean()))
+        self.assertEqual(top["test"], "welch")
+        welch = stats.ttest_ind(inside, outside, equal_var=False, alternative="less")
+        self.assertTrue(tt.same(top["p"], welch.pvalue, rel=1e-9) or top["p"] < 1e-200, (top["p"], welch.pvalue))
+        # The effect's interval: Welch's, with scipy's t quantile.
+        a, b = inside.var(ddof=1) / len(inside), outside.var(ddof=1) / len(outside)
+        df = (a + b) ** 2 / (a * a / (len(inside) - 1) + b * b / (len(outside) - 1))
+        half = stats.t.ppf(0.975, df) * math.sqrt(a + b)
+        self.assertTrue(tt.same(top["effect_lo"], top["effect"] - half, rel=1e-9))
+        # Its worst rows are its lowest Dice.
+        self.assertEqual(top["worst_rows"], sorted(planted, key=lambda i: (values[i], i))[:5])
+        # Benjamini-Hochberg over every candidate tested (all have 30 rows or more: Welch's test).
+        cands = candidates(self.rows, 2)
+        tested = {k: v for k, v in cands.items() if len(v) >= 5 and 400 - len(v) >= 2}
+        self.assertEqual(found["tested"], len(tested))
+        self.assertTrue(all(len(v) >= 30 for v in tested.values()))
+        keys = sorted(tested)
+        p = [stats.ttest_ind(values[tested[k]], np.delete(values, tested[k]), equal_var=False,
+                             alternative="less").pvalue for k in keys]
+        adjusted = dict(zip(keys, bh(p)))
+        self.assertEqual(found["significant"], sum(1 for k in keys if adjusted[k] <= 0.05 and
+                                                   values[tested[k]].mean() < np.delete(values, tested[k]).mean()))
+        for s in found["slices"]:
+            key = tuple(sorted((c["attribute"].split(" ")[0], c["value"] if not c["attribute"].startswith("age") else
+                                c["value"][1]) for c in s["conditions"]))
+            self.assertTrue(tt.same(s["p_adjusted"], adjusted[key], rel=1e-8) or s["p_adjusted"] < 1e-100,
+                            (key, s["p_adjusted"], adjusted[key]))
+        # Deterministic.
+        self.assertEqual(found, self.slices("--slice-bins", "2"))
+
+    def test_no_slice_on_shuffled_columns_in_95_of_100(self):
+        header, data = self.rows[0], self.rows[1:]
+        quiet = 0
+        for seed in range(100):
+            rng = np.random.default_rng(1000 + seed)
+            cols = [list(c) for c in zip(*data)]
+            for k in range(3, 7):  # site, scanner, size, age: each shuffled on its own.
+                cols[k] = [cols[k][i] for i in rng.permutation(len(data))]
+            path = os.path.join(self.root, "shuffled.csv")
+            with open(path, "w", newline="") as f:
+                csv.writer(f).writerows([header] + [list(r) for r in zip(*cols)])
+            quiet += not self.slices("--manifest", path)["slices"]
+        self.assertGreaterEqual(quiet, 95)
+
+    def test_bad_flags_and_folders_are_named(self):
+        p = tt.tally("slices", self.out, "--slice-metric", "hd95", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--slice-metric", p.stderr)
+        p = tt.tally("slices", os.path.join(self.root, "nowhere"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("report.json", p.stderr)
+        text = tt.tally("slices", self.out).stdout
+        self.assertIn("Benjamini-Hochberg", text)
+        self.assertIn("site=C & size=small", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
