@@ -418,6 +418,10 @@ class _Stub:
             error, compiled, self.compile_state = make_switches(self.model, class_name, self._on_compile_trial)
             if error:
                 return {"op": "error", "error": error}
+        else:
+            from tally.cuda_graphs import wrap_modules
+
+            wrap_modules(self.model)  # Eager models replay their forward passes from CUDA graphs.
         return {
             "op": "ready",
             "compiled": compiled,
