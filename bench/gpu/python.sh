@@ -5,8 +5,11 @@
 # single-logit model's threshold sweep on the GPU against the same sweep on two CPU workers. Stage
 # `split`: a transformers SegFormer (examples/python-model/segformer.py, random weights from a config)
 # split over two GPUs by one worker (--gpus-per-worker 2, device_map=auto) against the same model on
-# one GPU: per-GPU peak memory and whether per_image.csv is identical (needs two GPUs).
-#   bench/gpu/run.sh python [STAGES]    (build,backends,split; default build,backends)
+# one GPU: per-GPU peak memory and whether per_image.csv is identical (needs two GPUs). Stage `graphs`:
+# LRASPP fp32 eager as a Python model with CUDA graphs (the default) and with TALLY_CUDA_GRAPHS=0, the
+# stub's profile (TALLY_STUB_PROFILE=1: its thread's share of a CPU, predict() and the wait for the
+# worker's next request) and whether per_image.csv is identical.
+#   bench/gpu/run.sh python [STAGES]    (build,backends,split,graphs; default build,backends)
 # Settings: COUNT (images, default 3200; split: 512).
 set -uo pipefail
 stages=${1:-build,backends}
@@ -99,3 +102,18 @@ PY
 cmp "$work/out/split_one/per_image.csv" "$work/out/split_two/per_image.csv" && echo "per_image.csv identical" || echo "per_image.csv DIFFERS"
 fi
 echo "total: $(( $(date +%s) - t_start )) s"
+if has graphs; then
+  export_models "$work/models"
+  make_images "$work/png" "$n" png
+  for mode in graphs nographs; do
+    env_mode=(); [ "$mode" = nographs ] && env_mode=(TALLY_CUDA_GRAPHS=0)
+    o=$work/out/py_lraspp_$mode
+    env "${env_mode[@]}" TALLY_STUB_PROFILE=1 "$bin/tally" run --model "$src/bench/gpu/tools/torchvision_model.py" \
+      --model-option arch=lraspp --model-option precision=fp32 --python "$py" --manifest "$work/png/manifest.csv" \
+      --out "$o" --gpus all --metrics dice --batch-size 32 > "$OUT/py_lraspp_$mode.log" 2>&1 || tail -20 "$OUT/py_lraspp_$mode.log"
+    summary "$o" "python_lraspp_eager_$mode"
+    grep -h "CUDA graph" "$o"/.tally/*.log | head -2 | cut -c1-300
+    grep -h "stub profile over 100 " "$o"/.tally/*.log | tail -1 | cut -c1-400
+  done
+  echo "per_image.csv graphs vs none: $(same_rows "$work/out/py_lraspp_graphs/per_image.csv" "$work/out/py_lraspp_nographs/per_image.csv")"
+fi
