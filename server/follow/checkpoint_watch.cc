@@ -1,6 +1,8 @@
 #include "server/follow/checkpoint_watch.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <fnmatch.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,9 +27,16 @@ int64_t MtimeNs(const struct stat& st) {
 
 // Copies `from` to `to` (a temporary name beside it, then a rename), for a checkpoint on another
 // filesystem than the state folder.
-absl::Status CopyFile(const std::string& from, const std::string& to) {
+// Copies `from` to `to` (a temporary file, then a rename): a clone sharing the source's blocks where
+// the filesystem can (FICLONE: btrfs, XFS with reflink, bcachefs; instant, copy-on-write), else the
+// bytes (copy_file_range, which a filesystem may offload, then read/write). *cloned says which.
+absl::Status CopyFile(const std::string& from, const std::string& to, bool* cloned) {
   const int in = open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) return absl::UnavailableError(absl::StrCat(from, ": ", std::strerror(errno)));
+  if (in < 0) {
+    const int e = errno;
+    return e == ENOENT ? absl::NotFoundError(absl::StrCat(from, ": gone before it was taken"))
+                       : absl::UnavailableError(absl::StrCat(from, ": ", std::strerror(e)));
+  }
   const std::string tmp = UniqueTemporaryPath(to);
   const int out = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (out < 0) {
@@ -35,19 +44,32 @@ absl::Status CopyFile(const std::string& from, const std::string& to) {
     close(in);
     return absl::PermissionDeniedError(absl::StrCat(tmp, ": ", std::strerror(e)));
   }
-  std::string buffer(1 << 20, '\0');
   absl::Status s;
-  while (s.ok()) {
-    const ssize_t n = read(in, buffer.data(), buffer.size());
+  *cloned = ioctl(out, FICLONE, in) == 0;
+  while (!*cloned && s.ok()) {
+    const ssize_t n = copy_file_range(in, nullptr, out, nullptr, size_t{1} << 30, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) s = absl::UnavailableError(absl::StrCat(from, ": ", std::strerror(errno)));
-    if (n <= 0) break;
-    for (ssize_t done = 0; done < n && s.ok();) {
-      const ssize_t w = write(out, buffer.data() + done, static_cast<size_t>(n - done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) s = absl::ResourceExhaustedError(absl::StrCat(tmp, ": ", std::strerror(errno)));
-      done += std::max<ssize_t>(w, 0);
+    if (n == 0) break;
+    if (n > 0) continue;
+    if (errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+      s = absl::ResourceExhaustedError(absl::StrCat(tmp, ": ", std::strerror(errno)));
+      break;
     }
+    // Not offered here: the bytes through a buffer, from where copy_file_range stopped.
+    std::string buffer(1 << 20, '\0');
+    while (s.ok()) {
+      const ssize_t r = read(in, buffer.data(), buffer.size());
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) s = absl::UnavailableError(absl::StrCat(from, ": ", std::strerror(errno)));
+      if (r <= 0) break;
+      for (ssize_t done = 0; done < r && s.ok();) {
+        const ssize_t w = write(out, buffer.data() + done, static_cast<size_t>(r - done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) s = absl::ResourceExhaustedError(absl::StrCat(tmp, ": ", std::strerror(errno)));
+        done += std::max<ssize_t>(w, 0);
+      }
+    }
+    break;
   }
   close(in);
   if (close(out) != 0 && s.ok()) s = absl::ResourceExhaustedError(absl::StrCat(tmp, ": ", std::strerror(errno)));
@@ -160,25 +182,20 @@ absl::StatusOr<TakenCheckpoint> CheckpointWatch::Take(const CheckpointEvent& eve
   TakenCheckpoint t;
   t.path = absl::StrCat(state_folder, "/", event.step < 0 ? "x" : std::to_string(event.step), "-", event.name);
   unlink(t.path.c_str());  // A take a restart interrupted.
-  if (link(from.c_str(), t.path.c_str()) != 0) {
-    const int e = errno;
-    if (e == ENOENT) {
+  // A copy, never a hard link: a trainer that saves over the same file in place (torch.save truncates
+  // and rewrites its inode) would change a link's bytes under the job.
+  if (absl::Status s = CopyFile(from, t.path, &t.cloned); !s.ok()) {
+    if (absl::IsNotFound(s)) {
       Settle(event.name, now);
-      return absl::UnavailableError(absl::StrCat(from, ": gone before it was taken"));
+      return absl::UnavailableError(s.message());
     }
-    if (e != EXDEV && e != EPERM && e != EMLINK) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot link ", from, " into ", state_folder, ": ", std::strerror(e)));
-    }
-    RETURN_IF_ERROR(CopyFile(from, t.path));
-    t.copied = true;
+    return s;
   }
-  // The bytes taken must be those that settled: a file written since (a link's inode, or the source
-  // while it was copied) is not this checkpoint yet.
+  // The bytes taken must be those that settled: a source written since (or while it was copied) is
+  // not this checkpoint yet.
   struct stat st, source;
-  const bool same = stat(t.path.c_str(), &st) == 0 && st.st_size == event.size &&
-                    (t.copied ? stat(from.c_str(), &source) == 0 && source.st_size == event.size &&
-                                    MtimeNs(source) == event.mtime_ns
-                              : MtimeNs(st) == event.mtime_ns);
+  const bool same = stat(t.path.c_str(), &st) == 0 && st.st_size == event.size && stat(from.c_str(), &source) == 0 &&
+                    source.st_size == event.size && MtimeNs(source) == event.mtime_ns;
   if (!same) {
     unlink(t.path.c_str());
     Settle(event.name, now);

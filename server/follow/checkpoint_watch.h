@@ -1,5 +1,5 @@
 // A follow's view of a trainer's checkpoint folder (tally follow DIR): which files are checkpoints,
-// which of them are complete, and their links in the follow's state folder.
+// which of them are complete, and their copies in the follow's state folder.
 //
 // A checkpoint is a file of the folder whose name matches --pattern (a shell glob, default *.pt).
 // Its step is the first group of --step-regex in its name (ECMAScript, e.g. 'step_(\d+)'), or without
@@ -7,9 +7,11 @@
 // and modification time have not changed for --settle seconds, by the watcher's own clock (a
 // network filesystem's clock may differ), or at once when the trainer's marker exists
 // (--ready-marker '{}.done': "{}" is the checkpoint's name). A checkpoint deleted before it was
-// ready is reported gone, once. Taking a checkpoint hard-links it into the state folder (a copy
-// where a link cannot be made: another filesystem), so the trainer may rotate it away or replace it
-// meanwhile; a file that changed between its last look and the link is not taken, and settles again.
+// ready is reported gone, once. Taking a checkpoint copies it into the state folder (a copy-on-write
+// clone where the filesystem can make one, else the bytes; never a hard link, whose bytes a trainer
+// saving over the file in place would change), so the trainer may rotate it away, replace it or
+// rewrite it meanwhile; a file that changed between its last look and the end of the copy is not
+// taken, and settles again.
 //
 // Deterministic for a given sequence of folder listings and clock values (Poll's `now`), so the
 // follow's manager, which persists what was taken, can be tested with a fake trainer. Not
@@ -47,11 +49,11 @@ struct CheckpointEvent {
   bool by_marker = false;  // Ready because the trainer's marker exists, not by settling.
 };
 
-// A checkpoint linked (or copied) into the state folder.
+// A checkpoint copied into the state folder.
 struct TakenCheckpoint {
   std::string path;  // In the state folder.
   int64_t size = 0;
-  bool copied = false;  // Not a hard link.
+  bool cloned = false;  // A copy-on-write clone (FICLONE), not the bytes copied.
 };
 
 class CheckpointWatch {

@@ -544,6 +544,12 @@ void FollowManager::HookDone(const std::string& follow_id, const std::string& na
 }
 
 void FollowManager::Save(Live* live) {
+  // A decided checkpoint that never became the best needs its copy no more: checkpoints are big, and a
+  // follow may see hundreds. The best ones' stay (the hook's TALLY_TAKEN; what a user would re-run).
+  for (const v1::FollowCheckpoint& c : live->record.checkpoints()) {
+    const std::string& st = c.state();
+    if (!c.taken_path().empty() && (st == "worse" || st == "not better" || st == "failed")) unlink(c.taken_path().c_str());
+  }
   if (absl::Status s = SaveFollow(store_, live->record); !s.ok()) Log("follow ", live->record.follow_id(), ": ", s.message());
   if (absl::Status s = WriteCurveFiles(CurveOf(live->record), ReportFolder(live->record.follow_id())); !s.ok()) {
     Log("follow ", live->record.follow_id(), ": ", s.message());

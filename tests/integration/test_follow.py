@@ -1,6 +1,7 @@
 """Follows (tally follow DIR), end to end with real processes: a fake trainer writes TorchScript
 checkpoints into a folder (slowly in chunks, one with the trainer's marker, one truncated for ever,
-one rotated away after it was taken, one while tallyd is down) and tallyd evaluates each complete
+one rotated away after it was taken, one saved over in place after it was taken, one while tallyd is
+down) and tallyd evaluates each complete
 one exactly once, as an ordinary job, races it against the best and stops the clearly worse one
 after a fraction of its rows; the curve's numbers are each checkpoint's own report's.
 """
@@ -118,6 +119,8 @@ class FollowTest(unittest.TestCase):
         cluster.tallyd.wait()
         self.write("ckpt-500.pt", "good")
         cluster.start_tallyd()
+        self.wait_state(cluster, follow_id, "ckpt-500.pt", ("running", "not better", "best", "worse"))
+        self.write("ckpt-500.pt", "worse")  # Saved over in place once taken ("wb": the same file): not what is scored.
         f, _ = self.wait_state(cluster, follow_id, "ckpt-500.pt", ("not better", "best", "worse"))
         states = {c["name"]: c for c in f["checkpoints"]}
         self.assertEqual(states["ckpt-100.pt"]["state"], "best")
@@ -129,6 +132,10 @@ class FollowTest(unittest.TestCase):
         self.assertIn("ckpt-400.pt", states["ckpt-400.pt"]["reason"])
         self.assertEqual(states["ckpt-500.pt"]["state"], "not better")  # The same network as 200.
         self.assertEqual(f["best_step"], "200")
+        # The copies of checkpoints that never became the best are deleted once decided; the best ones' stay.
+        self.assertFalse(os.path.exists(states["ckpt-300.pt"]["taken_path"]))
+        self.assertFalse(os.path.exists(states["ckpt-500.pt"]["taken_path"]))
+        self.assertTrue(os.path.exists(states["ckpt-200.pt"]["taken_path"]))
         # Each complete checkpoint's job once (the truncated one: once a load).
         jobs = json.loads(cluster.cli("jobs", "--label", "follow=" + follow_id, "--json").stdout)["jobs"]
         steps = sorted(j["spec"]["labels"]["step"] for j in jobs)
