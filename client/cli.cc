@@ -114,10 +114,10 @@ const std::vector<Verb>& Verbs() {
        Join({kJob, {"gpus", "gpus_per_worker", "workers", "worker_threads", "worker_flags", "max_batch", "json"}})},
       {"verify", "OUT",
        "read a finished job's files again: every row whose bytes differ now from what was scored (exit 1)", {}},
-      {"slices", "OUT [--slice-metric dice|iou|dice:K] [--slice-bins 4] [--manifest M] [--json]",
+      {"slices", "OUT|JOB [--server ADDRESS] [--slice-metric dice|iou|dice:K] [--slice-bins 4] [--manifest M] [--json]",
        "failing slices of a finished report: manifest columns (and pairs) where the model scores lower, "
        "tested and corrected for the search",
-       {"manifest", "slice_metric", "slice_bins", "json"}},
+       Join({kConnection, {"manifest", "slice_metric", "slice_bins", "json"}})},
       {"store", "stats|ls|export|gc DIR [--out D] [--max-bytes N] [--json]",
        "the prediction store: entries and bytes by model, every entry, every entry as a PNG, or drop the least "
        "recently used past N bytes",

@@ -408,7 +408,7 @@ constexpr Handler kHandlers[] = {
     {"merge", [](const Invocation& in) { return MergeVerb(ReadJobVerbFlags(in)); }},
     {"verify", [](const Invocation& in) { return VerifyVerb({in.positional}); }},
     {"slices", [](const Invocation& in) {
-       return SlicesVerb({in.positional, absl::GetFlag(FLAGS_manifest), absl::GetFlag(FLAGS_slice_metric),
+       return SlicesVerb({in.positional, ReadConnectionFlags(), absl::GetFlag(FLAGS_manifest), absl::GetFlag(FLAGS_slice_metric),
                           absl::GetFlag(FLAGS_slice_bins), absl::GetFlag(FLAGS_json)});
      }},
     {"store", [](const Invocation& in) {

@@ -3,6 +3,9 @@
 // foreground classes the row defines, or dice:K / iou:K for class K); its attributes are the
 // manifest's columns (the one report.json records, or --manifest), paths and ids left out, numeric
 // columns with more than 20 values binned into --slice-bins quantile bins.
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <cmath>
 #include <iostream>
 #include <limits>
@@ -16,8 +19,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file_util.h"
 #include "base/json_writer.h"
 #include "base/status_macros.h"
+#include "client/verbs/verb_util.h"
 #include "client/verbs/verbs.h"
 #include "common/security/data_roots.h"
 #include "common/sources/csv.h"
@@ -173,12 +178,35 @@ std::string Json(const SliceSearch& s, const SliceOptions& o, const std::string&
 
 }  // namespace
 
+int SlicesOfFolder(const SlicesFlags& f, const std::string& dir);
+
 int SlicesVerb(const SlicesFlags& f) {
   if (f.positional.size() != 1) {
-    std::cerr << "tally slices: give the report folder (tally slices OUT)\n";
+    std::cerr << "tally slices: give the report folder (tally slices OUT), or a job (tally slices JOB --server ADDRESS)\n";
     return kExitUsage;
   }
-  const std::string dir = f.positional[0];
+  // A folder that exists is a report; anything else names a job of --server's tallyd.
+  struct stat st;
+  if (stat(f.positional[0].c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return SlicesOfFolder(f, f.positional[0]);
+  if (f.positional[0].find('/') != std::string::npos) {
+    std::cerr << "tally slices: '" << f.positional[0] << "' is not a folder (a report folder holds report.json)\n";
+    return kExitFailed;
+  }
+  // A job of a tallyd: its report fetched into a folder of its own for the search, then removed.
+  absl::StatusOr<std::unique_ptr<TallyClient>> client = Connect(f.connection);
+  if (!client.ok()) return Finish(client.status());
+  absl::StatusOr<std::vector<std::string>> ids = ResolveJobIds(**client, f.positional);
+  if (!ids.ok()) return Finish(ids.status());
+  const char* tmp = getenv("TMPDIR");
+  std::string dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tally-slices-XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) return Finish(absl::UnavailableError("cannot make a temporary folder for the report"));
+  absl::StatusOr<std::vector<std::string>> files = (*client)->FetchReport((*ids)[0], dir, false);
+  const int rc = files.ok() ? SlicesOfFolder(f, dir) : Finish(files.status());
+  RemoveTree(dir).IgnoreError();
+  return rc;
+}
+
+int SlicesOfFolder(const SlicesFlags& f, const std::string& dir) {
   simdjson::dom::parser parser;
   simdjson::dom::element report;
   if (parser.load(dir + "/report.json").get(report)) {

@@ -183,7 +183,8 @@ int GpusVerb(bool json);
 // tally verify OUT: the report folder's rows whose files differ now from what they were scored from.
 // tally slices OUT: the failing slices of a finished job's report folder (client/verbs/slices.cc).
 struct SlicesFlags {
-  std::vector<std::string> positional;
+  std::vector<std::string> positional;  // OUT, or JOB with connection.server.
+  ConnectionFlags connection;
   std::string manifest;          // Default: the one report.json records.
   std::string metric = "dice";   // --slice-metric
   int bins = 4;                  // --slice-bins

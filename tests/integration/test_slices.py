@@ -157,11 +157,24 @@ class SlicesTest(unittest.TestCase):
             quiet += not self.slices("--manifest", path)["slices"]
         self.assertGreaterEqual(quiet, 95)
 
+    def test_a_job_of_a_tallyd_gives_the_same_slices(self):
+        c = tt.Cluster(self, os.path.join(self.root, "cluster"))
+        c.start_worker()
+        job = c.cli("submit", "--manifest", self.manifest, "--metrics", "dice").stdout.strip()
+        self.assertEqual(c.wait(job)["state"], "succeeded")
+        remote = json.loads(c.cli("slices", job, "--json").stdout)
+        self.assertEqual(remote, self.slices())
+
     def test_bad_flags_and_folders_are_named(self):
         p = tt.tally("slices", self.out, "--slice-metric", "hd95", check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("--slice-metric", p.stderr)
         p = tt.tally("slices", os.path.join(self.root, "nowhere"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("report.json", p.stderr)
+        empty = os.path.join(self.root, "empty")
+        os.makedirs(empty, exist_ok=True)
+        p = tt.tally("slices", empty, check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("report.json", p.stderr)
         text = tt.tally("slices", self.out).stdout
