@@ -1,7 +1,8 @@
 """The failing-slice search's time on many rows (tally slices, on this machine's CPUs): a report folder
 of ROWS rows written here (per_image.csv with two classes, report.json naming the manifest) and a
 manifest with five columns (site: 12 values, scanner: 4, sex: 2, slice thickness: 6, age: numeric,
-binned in 4), then `tally slices` timed, twice.
+binned in 4), the derived properties from the rows' counts beside them (foreground fraction and
+predicted / reference ratio binned in 4; 512² pixels everywhere), then `tally slices` timed, twice.
 
     TALLY_BIN=build/bin /usr/bin/python3 bench/slices_bench.py [ROWS]     (default 1000000)
 """
@@ -30,10 +31,15 @@ def main():
             f.write("image,mask,id,site,scanner,sex,thickness,age\n")
             for i in range(rows):
                 f.write(f"i{i}.png,m{i}.png,r{i},s{site[i]},sc{scanner[i]},{'FM'[sex[i]]},{thick[i]},{age[i]:.2f}\n")
+        fg = rng.integers(100, 50000, rows)
         with open(os.path.join(d, "per_image.csv"), "w") as f:
-            f.write("index,id,image,class,dice,iou\n")
+            f.write("index,id,image,class,tp,fp,fn,tn,dice,iou\n")
             for i in range(rows):
-                f.write(f"{i},r{i},i{i}.png,0,1,1\n{i},r{i},i{i}.png,1,{dice[i]:.6f},{dice[i] / (2 - dice[i]):.6f}\n")
+                tp = int(dice[i] * fg[i])
+                fp, fn = fg[i] // 10, fg[i] - tp
+                tn = 262144 - tp - fp - fn
+                f.write(f"{i},r{i},i{i}.png,0,{tn},{fn},{fp},{tp},1,1\n"
+                        f"{i},r{i},i{i}.png,1,{tp},{fp},{fn},{tn},{dice[i]:.6f},{dice[i] / (2 - dice[i]):.6f}\n")
         with open(os.path.join(d, "report.json"), "w") as f:
             json.dump({"source": {"kind": "manifest", "manifest": os.path.join(d, "manifest.csv")},
                        "include_background": False}, f)

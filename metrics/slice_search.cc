@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -259,19 +260,53 @@ std::vector<const SliceAttribute*> ChooseAttributes(const std::vector<SliceAttri
   return used;
 }
 
-// Every candidate's moments, in one pass over the rows.
+// Every candidate's moments, in one pass over the rows: each attribute's values as small codes, the
+// moments in arrays (a value each, a pair of values each), then the non-empty ones by their conditions.
 std::map<Key, Moments, KeyLess> CandidateGroups(const std::vector<double>& values, const std::vector<size_t>& rows,
                                                 const std::vector<const SliceAttribute*>& used, bool pairs) {
-  std::map<Key, Moments, KeyLess> groups;
+  const size_t n = used.size();
+  std::vector<std::vector<std::string>> names(n);
+  std::vector<std::vector<int>> codes(n);
+  for (size_t a = 0; a < n; ++a) {
+    std::map<std::string, int> code;
+    for (size_t i : rows) {
+      if (!used[a]->values[i].empty()) code.emplace(used[a]->values[i], 0);
+    }
+    for (auto& [value, c] : code) {
+      c = static_cast<int>(names[a].size());
+      names[a].push_back(value);
+    }
+    codes[a].assign(values.size(), -1);
+    for (size_t i : rows) {
+      if (!used[a]->values[i].empty()) codes[a][i] = code[used[a]->values[i]];
+    }
+  }
+  std::vector<std::vector<Moments>> single(n);
+  std::vector<std::vector<std::vector<Moments>>> pair(n, std::vector<std::vector<Moments>>(n));
+  for (size_t a = 0; a < n; ++a) {
+    single[a].resize(names[a].size());
+    for (size_t b = a + 1; pairs && b < n; ++b) pair[a][b].resize(names[a].size() * names[b].size());
+  }
   for (size_t i : rows) {
-    for (size_t a = 0; a < used.size(); ++a) {
-      const std::string& va = used[a]->values[i];
-      if (va.empty()) continue;
-      groups[{SliceCondition{used[a]->name, va}}].Add(values[i]);
-      if (!pairs) continue;
-      for (size_t b = a + 1; b < used.size(); ++b) {
-        const std::string& vb = used[b]->values[i];
-        if (!vb.empty()) groups[{SliceCondition{used[a]->name, va}, SliceCondition{used[b]->name, vb}}].Add(values[i]);
+    for (size_t a = 0; a < n; ++a) {
+      const int ca = codes[a][i];
+      if (ca < 0) continue;
+      single[a][ca].Add(values[i]);
+      for (size_t b = a + 1; pairs && b < n; ++b) {
+        if (codes[b][i] >= 0) pair[a][b][ca * names[b].size() + codes[b][i]].Add(values[i]);
+      }
+    }
+  }
+  std::map<Key, Moments, KeyLess> groups;
+  for (size_t a = 0; a < n; ++a) {
+    for (size_t va = 0; va < names[a].size(); ++va) {
+      const SliceCondition ca{used[a]->name, names[a][va]};
+      if (single[a][va].n > 0) groups[{ca}] = single[a][va];
+      for (size_t b = a + 1; pairs && b < n; ++b) {
+        for (size_t vb = 0; vb < names[b].size(); ++vb) {
+          const Moments& m = pair[a][b][va * names[b].size() + vb];
+          if (m.n > 0) groups[{ca, SliceCondition{used[b]->name, names[b][vb]}}] = m;
+        }
       }
     }
   }
@@ -299,13 +334,42 @@ Slice TestCandidate(const Key& key, const Moments& in, const Moments& all, const
   return s;
 }
 
-// Two-condition slices folded into a significant one-condition slice of either condition whose
-// mean's interval does not lie above theirs (they are no worse than it): true for each folded one.
-std::vector<bool> Fold(std::vector<Slice>* significant) {
+// Slices of exactly the rows of one before them (in their order) folded into it: one finding, two
+// names ("site=C & size=small" and "site=C & derived:fg_fraction=0.0625"). True for each folded one.
+std::vector<bool> FoldSameRows(std::vector<Slice>* significant, const std::vector<size_t>& rows, const std::vector<const SliceAttribute*>& used,
+                               const std::map<std::string, size_t>& index_of) {
+  // Only slices with a twin in rows and effect (the same rows give the same sums, bit for bit) are
+  // read row by row.
+  std::map<std::pair<int64_t, double>, int> twins;
+  for (const Slice& x : *significant) ++twins[{x.rows, x.effect}];
+  std::vector<uint64_t> print(significant->size(), 1469598103934665603ull);
+  for (size_t k = 0; k < significant->size(); ++k) {
+    if (twins[{(*significant)[k].rows, (*significant)[k].effect}] < 2) continue;
+    for (size_t i : rows) {
+      if (Matches((*significant)[k].conditions, used, index_of, i)) print[k] = (print[k] ^ i) * 1099511628211ull;
+    }
+  }
   std::vector<bool> folded(significant->size(), false);
   for (size_t k = 0; k < significant->size(); ++k) {
+    for (size_t j = 0; j < k; ++j) {
+      const Slice &a = (*significant)[j], &b = (*significant)[k];
+      if (!folded[j] && a.rows == b.rows && a.effect == b.effect && print[j] == print[k]) {
+        (*significant)[j].folded.push_back((*significant)[k].name);
+        folded[k] = true;
+        break;
+      }
+    }
+  }
+  return folded;
+}
+
+// Two-condition slices folded into a significant one-condition slice of either condition whose
+// mean's interval does not lie above theirs (they are no worse than it): true for each folded one.
+std::vector<bool> Fold(std::vector<Slice>* significant, const std::vector<bool>& already) {
+  std::vector<bool> folded = already;
+  for (size_t k = 0; k < significant->size(); ++k) {
     const Slice& small = (*significant)[k];
-    if (small.conditions.size() != 2) continue;
+    if (small.conditions.size() != 2 || folded[k]) continue;
     for (size_t j = 0; j < significant->size(); ++j) {
       Slice& big = (*significant)[j];
       if (big.conditions.size() != 1 || folded[j]) continue;
@@ -358,10 +422,17 @@ SliceSearch FindSlices(const std::vector<double>& values, const std::vector<Slic
     if (adjusted[k] <= options.q && tested[k].effect < 0) significant.push_back(std::move(tested[k]));
   }
   result.significant = static_cast<int64_t>(significant.size());
-  std::sort(significant.begin(), significant.end(), [](const Slice& a, const Slice& b) {
-    return a.effect != b.effect ? a.effect < b.effect : a.name < b.name;
-  });
-  const std::vector<bool> folded = Fold(&significant);
+  // Largest drop first; among equal drops (the same rows, named twice) fewer conditions, then the
+  // attributes given first (a manifest's columns before derived ones), then the name.
+  const auto rank = [&](const Slice& x) {
+    size_t r = 0;
+    for (const SliceCondition& c : x.conditions) r = std::max(r, index_of.at(c.attribute));
+    return std::make_tuple(x.effect, x.conditions.size(), r, x.name);
+  };
+  std::sort(significant.begin(), significant.end(), [&](const Slice& a, const Slice& b) { return rank(a) < rank(b); });
+  std::vector<bool> folded = FoldSameRows(&significant, rows, used, index_of);
+  const std::vector<bool> inside_larger = Fold(&significant, folded);
+  for (size_t k = 0; k < significant.size(); ++k) folded[k] = folded[k] || inside_larger[k];
   for (size_t k = 0; k < significant.size(); ++k) {
     if (folded[k]) continue;
     Slice& s = significant[k];

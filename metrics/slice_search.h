@@ -19,7 +19,10 @@
 //                it lies inside (the first, in the order below) unless its mean lies below that
 //                slice's 95 % interval of its mean: no worse than the larger slice, it says nothing
 //                the larger slice does not (site=B & size=small inside size=small).
-//   Order        largest effect (most negative) first, then the name: deterministic.
+//                Before that, a significant slice of exactly the rows of one ranked before it is
+//                folded into that one (the same finding under two names).
+//   Order        largest effect (most negative) first; among equal effects fewer conditions, then
+//                the attributes given first, then the name: deterministic.
 #ifndef TALLY_METRICS_SLICE_SEARCH_H_
 #define TALLY_METRICS_SLICE_SEARCH_H_
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <array>
 #include <cmath>
 #include <iostream>
 #include <limits>
@@ -48,9 +49,15 @@ int Column(const std::vector<std::string>& header, const std::string& name) {
   return -1;
 }
 
+// What per_image.csv says of each row beside its value: its reference and predicted foreground pixels
+// (the foreground classes' tp + fn and tp + fp) and its pixels counted (one class's tp + fp + fn + tn).
+struct RowCounts {
+  std::vector<double> ref, pred, pixels;
+};
+
 // Each row's value (by index, NaN where none): the metric over the foreground classes, or one class.
 absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std::string& metric, bool background,
-                                               std::vector<std::string>* ids) {
+                                               std::vector<std::string>* ids, RowCounts* counts) {
   std::string name = metric;
   int cls = -1;
   if (const size_t colon = metric.find(':'); colon != std::string::npos) {
@@ -70,6 +77,9 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
     return absl::InvalidArgumentError(absl::StrCat(path, ": no index, class or ", name, " column"));
   }
   std::map<int64_t, std::pair<double, int>> sums;
+  std::map<int64_t, std::array<double, 3>> pixels;  // Reference, predicted foreground; counted.
+  const int count_col[4] = {Column(csv[0].fields, "tp"), Column(csv[0].fields, "fp"), Column(csv[0].fields, "fn"),
+                            Column(csv[0].fields, "tn")};
   int64_t last = -1;
   for (size_t r = 1; r < csv.size(); ++r) {
     const std::vector<std::string>& f = csv[r].fields;
@@ -86,6 +96,13 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
       (*ids)[static_cast<size_t>(index)] = f[id_col];
     }
     auto& [sum, n] = sums[index];
+    double k[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 4; ++j) {
+      if (count_col[j] >= 0 && static_cast<size_t>(count_col[j]) < f.size()) (void)absl::SimpleAtod(f[count_col[j]], &k[j]);
+    }
+    std::array<double, 3>& px = pixels[index];
+    px[2] = k[0] + k[1] + k[2] + k[3];
+    if (c != 0 || background) px[0] += k[0] + k[2], px[1] += k[0] + k[1];
     const bool wanted = cls >= 0 ? c == cls : (c != 0 || background);
     if (wanted && absl::SimpleAtod(f[value_col], &v) && std::isfinite(v)) {
       sum += v;
@@ -94,6 +111,12 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
   }
   std::vector<double> values(static_cast<size_t>(last + 1), kNaN);
   for (const auto& [index, s] : sums) values[index] = s.second > 0 ? s.first / s.second : kNaN;
+  for (std::vector<double>* v : {&counts->ref, &counts->pred, &counts->pixels}) v->assign(values.size(), kNaN);
+  for (const auto& [index, px] : pixels) {
+    counts->ref[index] = px[0];
+    counts->pred[index] = px[1];
+    counts->pixels[index] = px[2];
+  }
   return values;
 }
 
@@ -127,6 +150,28 @@ absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manife
     out.push_back(std::move(a));
   }
   return out;
+}
+
+// Properties of each row derived from its counts, as attributes (binned where they have many values):
+// derived:fg_fraction (reference foreground pixels / pixels counted), derived:volume_ratio (predicted /
+// reference foreground; none where the reference has none), derived:pixels (pixels counted).
+void AddDerived(const RowCounts& c, int bins, int max_values, std::vector<SliceAttribute>* out) {
+  const auto text = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string(); };
+  SliceAttribute fg{"derived:fg_fraction", {}}, ratio{"derived:volume_ratio", {}}, size{"derived:pixels", {}};
+  for (size_t i = 0; i < c.ref.size(); ++i) {
+    fg.values.push_back(c.pixels[i] > 0 ? text(c.ref[i] / c.pixels[i]) : "");
+    ratio.values.push_back(c.ref[i] > 0 ? text(c.pred[i] / c.ref[i]) : "");
+    size.values.push_back(text(c.pixels[i]));
+  }
+  for (SliceAttribute* a : {&fg, &ratio, &size}) {
+    std::set<std::string> distinct(a->values.begin(), a->values.end());
+    distinct.erase("");
+    if (static_cast<int>(distinct.size()) > max_values) {
+      a->values = QuantileBins(a->values, bins);
+      a->name += absl::StrCat(" (", bins, " quantile bins)");
+    }
+    out->push_back(std::move(*a));
+  }
 }
 
 void PrintText(const SliceSearch& s, const SliceOptions& o, const std::vector<std::string>& ids) {
@@ -223,7 +268,8 @@ int SlicesOfFolder(const SlicesFlags& f, const std::string& dir) {
   bool background = false;
   if (report["include_background"].get(background)) background = false;
   std::vector<std::string> ids;
-  absl::StatusOr<std::vector<double>> values = RowValues(dir + "/per_image.csv", f.metric, background, &ids);
+  RowCounts counts;
+  absl::StatusOr<std::vector<double>> values = RowValues(dir + "/per_image.csv", f.metric, background, &ids, &counts);
   if (!values.ok()) {
     std::cerr << "tally slices: " << values.status().message() << "\n";
     return values.status().message().find("--slice-metric") == 0 ? kExitUsage : kExitFailed;
@@ -234,6 +280,7 @@ int SlicesOfFolder(const SlicesFlags& f, const std::string& dir) {
     std::cerr << "tally slices: " << attrs.status().message() << "\n";
     return kExitFailed;
   }
+  AddDerived(counts, f.bins, o.max_values, &*attrs);
   const SliceSearch s = FindSlices(*values, *attrs, o);
   if (f.json) {
     std::cout << Json(s, o, f.metric) << "\n";

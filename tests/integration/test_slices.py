@@ -1,8 +1,10 @@
 """tally slices: failing slices of a finished report, against references computed here with numpy and
 scipy. A planted slice (site C with small foreground, where the predictions are made to fail) is
 found with its rows and effect, Welch's p-values and the Benjamini-Hochberg adjustment equal
-scipy's and a hand-written BH over every candidate, and on the same set with its columns shuffled
-(no slice planted) the search reports none in at least 95 of 100 seeded shuffles."""
+scipy's and a hand-written BH over every candidate, and on the same set with its values shuffled
+over the rows (no slice planted) the search reports none in at least 95 of 100 seeded shuffles. Derived properties
+(the reference's foreground fraction, the predicted / reference ratio) are searched beside the
+columns: the small boxes are found as a foreground fraction too."""
 import csv
 import json
 import math
@@ -50,14 +52,29 @@ def dice_by_row(out):
         return {int(r["index"]): float(r["dice"]) for r in csv.DictReader(f) if r["class"] == "1"}
 
 
-def candidates(rows, bins):
+def counts_by_row(out):
+    """Class 1's (tp, fp, fn, tn) per row, from per_image.csv."""
+    with open(os.path.join(out, "per_image.csv"), newline="") as f:
+        return {int(r["index"]): tuple(int(r[k]) for k in ("tp", "fp", "fn", "tn"))
+                for r in csv.DictReader(f) if r["class"] == "1"}
+
+
+def quantile_bin(values, bins):
+    edges = np.quantile(values, np.linspace(0, 1, bins + 1))
+    return [str(min(bins, max(1, int(np.searchsorted(edges, a, side="left"))))) for a in values]
+
+
+def candidates(rows, bins, counts):
     """Every candidate slice as the search defines it: each value of each column (age in `bins`
-    quantile bins, an inner edge in the lower bin) and each pair of values of two columns."""
+    quantile bins, an inner edge in the lower bin), of the derived properties (the reference's
+    foreground fraction: two values here; the predicted / reference foreground ratio, binned; the
+    pixels: one value, not searched), and each pair of values of two of them."""
     header, data = rows[0], rows[1:]
     cols = {h: [r[k] for r in data] for k, h in enumerate(header) if h in ("site", "scanner", "size", "age")}
-    age = np.array([float(v) for v in cols["age"]])
-    edges = np.quantile(age, np.linspace(0, 1, bins + 1))
-    cols["age"] = [str(min(bins, max(1, int(np.searchsorted(edges, a, side="left"))))) for a in age]
+    cols["age"] = quantile_bin(np.array([float(v) for v in cols["age"]]), bins)
+    k = [counts[i] for i in range(len(data))]
+    cols["derived:fg_fraction"] = ["%.17g" % ((tp + fn) / (tp + fp + fn + tn)) for tp, fp, fn, tn in k]
+    cols["derived:volume_ratio"] = quantile_bin(np.array([(tp + fp) / (tp + fn) for tp, fp, fn, tn in k]), bins)
     names = sorted(cols)
     out = {}
     for a in names:
@@ -104,10 +121,15 @@ class SlicesTest(unittest.TestCase):
         self.assertEqual(found["rows"], 400)
         top = found["slices"][0]
         self.assertEqual(top["slice"], "site=C & size=small")
-        # The slices inside a larger significant one and no worse than it are folded into it.
-        self.assertEqual([s["slice"] for s in found["slices"]], ["site=C & size=small", "size=small", "site=C"])
-        self.assertIn("site=B & size=small", found["slices"][1]["folded"])
-        self.assertIn("site=C & scanner=X", found["slices"][2]["folded"])
+        # The same rows under another name (the derived foreground fraction of the small boxes: 36 / 576
+        # pixels) are folded into it, as are the slices inside a larger significant one and no worse.
+        self.assertIn("site=C & derived:fg_fraction=0.0625", top["folded"])
+        shown = {s["slice"]: s for s in found["slices"]}
+        self.assertEqual(len(shown), 4)
+        self.assertIn("site=B & size=small", shown["size=small"]["folded"])
+        self.assertIn("derived:fg_fraction=0.0625", shown["size=small"]["folded"])
+        self.assertIn("site=C & scanner=X", shown["site=C"]["folded"])
+        self.assertTrue(any(n.startswith("derived:volume_ratio (2 quantile bins)=q2") for n in shown))
         planted = [i for i, r in enumerate(self.rows[1:]) if r[3] == "C" and r[5] == "small"]
         values = np.array([self.dice[i] for i in range(400)])
         inside, outside = values[planted], np.delete(values, planted)
@@ -125,7 +147,7 @@ class SlicesTest(unittest.TestCase):
         # Its worst rows are its lowest Dice.
         self.assertEqual(top["worst_rows"], sorted(planted, key=lambda i: (values[i], i))[:5])
         # Benjamini-Hochberg over every candidate tested (all have 30 rows or more: Welch's test).
-        cands = candidates(self.rows, 2)
+        cands = candidates(self.rows, 2, counts_by_row(self.out))
         tested = {k: v for k, v in cands.items() if len(v) >= 5 and 400 - len(v) >= 2}
         self.assertEqual(found["tested"], len(tested))
         self.assertTrue(all(len(v) >= 30 for v in tested.values()))
@@ -136,25 +158,32 @@ class SlicesTest(unittest.TestCase):
         self.assertEqual(found["significant"], sum(1 for k in keys if adjusted[k] <= 0.05 and
                                                    values[tested[k]].mean() < np.delete(values, tested[k]).mean()))
         for s in found["slices"]:
-            key = tuple(sorted((c["attribute"].split(" ")[0], c["value"] if not c["attribute"].startswith("age") else
-                                c["value"][1]) for c in s["conditions"]))
+            key = tuple(sorted((c["attribute"].split(" ")[0], c["value"][1] if "quantile bins" in c["attribute"] else
+                                c["value"]) for c in s["conditions"]))
             self.assertTrue(tt.same(s["p_adjusted"], adjusted[key], rel=1e-8) or s["p_adjusted"] < 1e-100,
                             (key, s["p_adjusted"], adjusted[key]))
         # Deterministic.
         self.assertEqual(found, self.slices("--slice-bins", "2"))
 
-    def test_no_slice_on_shuffled_columns_in_95_of_100(self):
-        header, data = self.rows[0], self.rows[1:]
+    def test_no_slice_on_shuffled_values_in_95_of_100(self):
+        # No planted slice: each row's Dice shuffled over the rows (class 1's, the value searched), the
+        # columns and the counts the derived properties come from left as they are.
+        with open(os.path.join(self.out, "per_image.csv"), newline="") as f:
+            lines = list(csv.reader(f))
+        dice_col = lines[0].index("dice")
+        ones = [k for k, r in enumerate(lines) if k > 0 and r[lines[0].index("class")] == "1"]
+        folder = os.path.join(self.root, "shuffled")
+        os.makedirs(folder, exist_ok=True)
+        shutil.copy(os.path.join(self.out, "report.json"), folder)
         quiet = 0
         for seed in range(100):
-            rng = np.random.default_rng(1000 + seed)
-            cols = [list(c) for c in zip(*data)]
-            for k in range(3, 7):  # site, scanner, size, age: each shuffled on its own.
-                cols[k] = [cols[k][i] for i in rng.permutation(len(data))]
-            path = os.path.join(self.root, "shuffled.csv")
-            with open(path, "w", newline="") as f:
-                csv.writer(f).writerows([header] + [list(r) for r in zip(*cols)])
-            quiet += not self.slices("--manifest", path)["slices"]
+            order = np.random.default_rng(1000 + seed).permutation(len(ones))
+            shuffled = [list(r) for r in lines]
+            for k, src in zip(ones, order):
+                shuffled[k][dice_col] = lines[ones[src]][dice_col]
+            with open(os.path.join(folder, "per_image.csv"), "w", newline="") as f:
+                csv.writer(f).writerows(shuffled)
+            quiet += not json.loads(tt.tally("slices", folder, "--json").stdout)["slices"]
         self.assertGreaterEqual(quiet, 95)
 
     def test_a_job_of_a_tallyd_gives_the_same_slices(self):
