@@ -359,9 +359,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListWorkers(grpc::CallbackServ
 absl::StatusOr<v1::Follow> CoordinatorServiceImpl::VisibleFollow(const Caller& caller,
                                                                   const std::string& follow_id) const {
   if (follows_ == nullptr) return absl::UnimplementedError("this tallyd keeps no follows");
-  absl::StatusOr<v1::Follow> f = follows_->Get(follow_id);
-  if (!f.ok() || !caller.CanSee(f->owner())) return absl::NotFoundError(absl::StrCat("no follow '", follow_id, "'"));
-  return f;
+  return tally::VisibleFollow(*follows_, caller, follow_id);
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::CreateFollow(grpc::CallbackServerContext* ctx,
@@ -402,11 +400,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::ListFollows(grpc::CallbackServ
   absl::StatusOr<Caller> caller = Authenticate(ctx);
   if (!caller.ok()) return Refuse(ctx, caller.status());
   return Unary(ctx, response, [&]() -> absl::StatusOr<v1::ListFollowsResponse> {
-    v1::ListFollowsResponse out;
-    for (v1::Follow& f : follows_ == nullptr ? std::vector<v1::Follow>() : follows_->List()) {
-      if (caller->CanSee(f.owner())) *out.add_follows() = std::move(f);
-    }
-    return out;
+    return follows_ == nullptr ? v1::ListFollowsResponse() : VisibleFollows(*follows_, *caller);
   });
 }
 

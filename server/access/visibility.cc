@@ -58,4 +58,18 @@ v1::ListWorkersResponse VisibleWorkers(Coordinator* core, const Caller& caller) 
   return out;
 }
 
+absl::StatusOr<v1::Follow> VisibleFollow(const FollowManager& follows, const Caller& caller, const std::string& follow_id) {
+  absl::StatusOr<v1::Follow> f = follows.Get(follow_id);
+  if (!f.ok() || !caller.CanSee(f->owner())) return absl::NotFoundError(absl::StrCat("no follow '", follow_id, "'"));
+  return f;
+}
+
+v1::ListFollowsResponse VisibleFollows(const FollowManager& follows, const Caller& caller) {
+  v1::ListFollowsResponse out;
+  for (v1::Follow& f : follows.List()) {
+    if (caller.CanSee(f.owner())) *out.add_follows() = std::move(f);
+  }
+  return out;
+}
+
 }  // namespace tally

@@ -92,15 +92,12 @@ HttpResponse DashboardHandler::ReportFile(const std::string& dir, const std::str
 
 HttpResponse DashboardHandler::Follows(const Caller& caller, const DashboardRoute& route) const {
   if (route.kind == DashboardRoute::Kind::kFollows) {
-    v1::ListFollowsResponse out;
-    for (v1::Follow& f : follows_ == nullptr ? std::vector<v1::Follow>() : follows_->List()) {
-      if (caller.CanSee(f.owner())) *out.add_follows() = std::move(f);
-    }
-    return Json(out);
+    return Json(follows_ == nullptr ? v1::ListFollowsResponse() : VisibleFollows(*follows_, caller));
   }
   // Another owner's follow is not found, as over gRPC.
-  absl::StatusOr<v1::Follow> f = follows_ != nullptr ? follows_->Get(route.follow_id) : absl::NotFoundError("");
-  if (!f.ok() || !caller.CanSee(f->owner())) return Error(404, absl::StrCat("no follow '", route.follow_id, "'"));
+  absl::StatusOr<v1::Follow> f = follows_ != nullptr ? VisibleFollow(*follows_, caller, route.follow_id)
+                                                     : absl::NotFoundError(absl::StrCat("no follow '", route.follow_id, "'"));
+  if (!f.ok()) return FromStatus(f.status());
   if (route.kind == DashboardRoute::Kind::kFollow) return Json(*f);
   return ReportFile(follows_->ReportFolder(route.follow_id), absl::StrCat("follow ", route.follow_id), route.file);
 }
