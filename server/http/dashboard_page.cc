@@ -104,6 +104,15 @@ async function jobs() {
     <td>${progress(j)}</td><td>${n(j.images_per_second).toFixed(1)}</td><td>${eta(j)}</td><td>${live(j)}</td>
     <td>${esc((j.spec || {}).name)}</td></tr>`).join("") || `<tr><td colspan=9 class=muted>no jobs</td></tr>`;
 }
+// The page's [data-file] links download FILES + that name (with the token: a plain link would not send it).
+function downloads(files) {
+  document.querySelectorAll("[data-file]").forEach(a => a.onclick = async (ev) => {
+    ev.preventDefault();
+    const blob = await (await api(files + a.dataset.file, true)).blob();
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(blob); link.download = a.dataset.file; link.click();
+  });
+}
 async function job(id) {
   const j = await api("/api/jobs/" + encodeURIComponent(id));
   const done = state(j) === "succeeded" || state(j) === "failed" || state(j) === "cancelled";
@@ -134,12 +143,7 @@ async function job(id) {
     clearInterval(timer);  // A finished job does not change.
     const html = await (await api(`/api/jobs/${encodeURIComponent(id)}/files/report.html`, true)).text();
     $("#report").srcdoc = html;
-    document.querySelectorAll("[data-file]").forEach(a => a.onclick = async (ev) => {
-      ev.preventDefault();
-      const blob = await (await api(`/api/jobs/${encodeURIComponent(id)}/files/${a.dataset.file}`, true)).blob();
-      const link = document.createElement("a");
-      link.href = URL.createObjectURL(blob); link.download = a.dataset.file; link.click();
-    });
+    downloads(`/api/jobs/${encodeURIComponent(id)}/files/`);
   }
 }
 // Compare figures: "—" where there is none (JSON null, or NaN written as a string).
@@ -265,12 +269,7 @@ async function follow(id) {
         return `<td>${m ? est(m.mean, m.lo, m.hi, 4) : ""}</td>`; }).join("")}<td>${esc(c.reason || c.hook)}</td></tr>`).join("")}</table>
     <h3>Files</h3><p>${["curve.csv", "curve.json", "curve.html"].map(x => `<a href="#" data-file="${x}">${x}</a>`).join(" &middot; ")}</p>`;
   window.scrollTo(0, scroll);
-  document.querySelectorAll("[data-file]").forEach(a => a.onclick = async (ev) => {
-    ev.preventDefault();
-    const blob = await (await api(`/api/follows/${encodeURIComponent(id)}/files/${a.dataset.file}`, true)).blob();
-    const link = document.createElement("a");
-    link.href = URL.createObjectURL(blob); link.download = a.dataset.file; link.click();
-  });
+  downloads(`/api/follows/${encodeURIComponent(id)}/files/`);
   if (fstate(f) !== "following") clearInterval(timer);  // A finished follow does not change.
 }
 async function route() {
