@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "metrics/statistics.h"
 
 namespace tally {
 namespace {
@@ -202,31 +203,31 @@ std::vector<double> BenjaminiHochberg(const std::vector<double>& p) {
 }
 
 std::vector<std::string> QuantileBins(const std::vector<std::string>& values, int bins) {
-  std::vector<double> numbers;
   std::vector<double> parsed(values.size(), kNaN);
   for (size_t i = 0; i < values.size(); ++i) {
     double v;
-    if (absl::SimpleAtod(values[i], &v) && std::isfinite(v)) {
-      parsed[i] = v;
-      numbers.push_back(v);
-    }
+    if (absl::SimpleAtod(values[i], &v)) parsed[i] = v;
+  }
+  return QuantileBins(parsed, bins);
+}
+
+std::vector<std::string> QuantileBins(const std::vector<double>& values, int bins) {
+  std::vector<double> numbers;
+  for (double v : values) {
+    if (std::isfinite(v)) numbers.push_back(v);
   }
   std::vector<std::string> out(values.size());
   if (numbers.empty() || bins < 1) return out;
-  std::sort(numbers.begin(), numbers.end());
   std::vector<double> edges;  // numpy.quantile(numbers, k / bins), k = 0..bins, distinct.
   for (int k = 0; k <= bins; ++k) {
-    const double at = static_cast<double>(k) / bins * static_cast<double>(numbers.size() - 1);
-    const size_t i = static_cast<size_t>(std::floor(at));
-    const double frac = at - static_cast<double>(i);
-    const double e = i + 1 < numbers.size() ? numbers[i] + frac * (numbers[i + 1] - numbers[i]) : numbers[i];
+    const double e = PercentileLinear(&numbers, static_cast<double>(k) / bins);
     if (edges.empty() || e > edges.back()) edges.push_back(e);
   }
   if (edges.size() == 1) edges.push_back(edges[0]);
   for (size_t i = 0; i < values.size(); ++i) {
-    if (std::isnan(parsed[i])) continue;
+    if (!std::isfinite(values[i])) continue;
     size_t b = 1;
-    while (b + 1 < edges.size() && parsed[i] > edges[b]) ++b;
+    while (b + 1 < edges.size() && values[i] > edges[b]) ++b;
     out[i] = absl::StrFormat("q%d [%.6g, %.6g]", b, edges[b - 1], edges[b]);
   }
   return out;

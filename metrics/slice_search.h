@@ -95,6 +95,8 @@ std::vector<double> BenjaminiHochberg(const std::vector<double>& p);
 // linear quantiles as edges; a value on an inner edge goes to the lower bin), "" where the text
 // is not a number. Fewer bins where edges coincide.
 std::vector<std::string> QuantileBins(const std::vector<std::string>& values, int bins);
+// The same of numbers (NaN and infinities: no bin).
+std::vector<std::string> QuantileBins(const std::vector<double>& values, int bins);
 
 }  // namespace tally
 

@@ -120,6 +120,24 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
   return values;
 }
 
+// Numbers in quantile bins, the name saying so; NaN is no value.
+SliceAttribute Binned(const std::string& name, const std::vector<double>& values, int bins) {
+  return SliceAttribute{absl::StrCat(name, " (", bins, " quantile bins)"), QuantileBins(values, bins)};
+}
+
+// A numeric attribute: binned where it has more than `max_values` values, else each value as text
+// ("%.17g"); NaN is no value.
+SliceAttribute Numeric(const std::string& name, const std::vector<double>& values, int bins, int max_values) {
+  std::set<double> distinct;
+  for (double v : values) {
+    if (std::isfinite(v)) distinct.insert(v);
+  }
+  if (static_cast<int>(distinct.size()) > max_values) return Binned(name, values, bins);
+  SliceAttribute a{name, {}};
+  for (double v : values) a.values.push_back(std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string());
+  return a;
+}
+
 // The manifest's columns as attributes (one value per data row), paths and ids aside; numeric
 // columns with too many values binned.
 absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manifest, size_t rows, int bins,
@@ -134,19 +152,17 @@ absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manife
     a.name = csv[0].fields[c];
     a.values.resize(rows);
     std::set<std::string> distinct;
+    std::vector<double> numbers(rows, kNaN);
     bool numeric = true;
     for (size_t r = 1; r < csv.size() && r - 1 < rows; ++r) {
       a.values[r - 1] = c < csv[r].fields.size() ? csv[r].fields[c] : "";
-      double v;
       if (!a.values[r - 1].empty()) {
         distinct.insert(a.values[r - 1]);
-        numeric = numeric && absl::SimpleAtod(a.values[r - 1], &v);
+        numeric = numeric && absl::SimpleAtod(a.values[r - 1], &numbers[r - 1]);
       }
     }
-    if (numeric && static_cast<int>(distinct.size()) > max_values) {
-      a.values = QuantileBins(a.values, bins);
-      a.name += absl::StrCat(" (", bins, " quantile bins)");
-    }
+    // Numbers with many values are binned; few values (or text) are searched as they are written.
+    if (numeric && static_cast<int>(distinct.size()) > max_values) a = Binned(a.name, numbers, bins);
     out.push_back(std::move(a));
   }
   return out;
@@ -156,22 +172,14 @@ absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manife
 // derived:fg_fraction (reference foreground pixels / pixels counted), derived:volume_ratio (predicted /
 // reference foreground; none where the reference has none), derived:pixels (pixels counted).
 void AddDerived(const RowCounts& c, int bins, int max_values, std::vector<SliceAttribute>* out) {
-  const auto text = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string(); };
-  SliceAttribute fg{"derived:fg_fraction", {}}, ratio{"derived:volume_ratio", {}}, size{"derived:pixels", {}};
+  std::vector<double> fg, ratio;
   for (size_t i = 0; i < c.ref.size(); ++i) {
-    fg.values.push_back(c.pixels[i] > 0 ? text(c.ref[i] / c.pixels[i]) : "");
-    ratio.values.push_back(c.ref[i] > 0 ? text(c.pred[i] / c.ref[i]) : "");
-    size.values.push_back(text(c.pixels[i]));
+    fg.push_back(c.pixels[i] > 0 ? c.ref[i] / c.pixels[i] : kNaN);
+    ratio.push_back(c.ref[i] > 0 ? c.pred[i] / c.ref[i] : kNaN);
   }
-  for (SliceAttribute* a : {&fg, &ratio, &size}) {
-    std::set<std::string> distinct(a->values.begin(), a->values.end());
-    distinct.erase("");
-    if (static_cast<int>(distinct.size()) > max_values) {
-      a->values = QuantileBins(a->values, bins);
-      a->name += absl::StrCat(" (", bins, " quantile bins)");
-    }
-    out->push_back(std::move(*a));
-  }
+  out->push_back(Numeric("derived:fg_fraction", fg, bins, max_values));
+  out->push_back(Numeric("derived:volume_ratio", ratio, bins, max_values));
+  out->push_back(Numeric("derived:pixels", c.pixels, bins, max_values));
 }
 
 void PrintText(const SliceSearch& s, const SliceOptions& o, const std::vector<std::string>& ids) {
