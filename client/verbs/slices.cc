@@ -90,6 +90,11 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
         !absl::SimpleAtoi(f[index_col], &index) || !absl::SimpleAtoi(f[class_col], &c) || index < 0) {
       return absl::InvalidArgumentError(absl::StrCat(path, " line ", csv[r].line, ": not a row of per_image.csv"));
     }
+    // Rows are sized by the largest index: held to the manifest's row budget before anything is.
+    if (index >= ManifestLimits{}.max_rows) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " line ", csv[r].line, ": index ", index,
+                                                     " is past the ", ManifestLimits{}.max_rows, " rows a manifest may have"));
+    }
     last = std::max(last, index);
     if (id_col >= 0 && static_cast<size_t>(id_col) < f.size()) {
       if (ids->size() <= static_cast<size_t>(index)) ids->resize(static_cast<size_t>(index) + 1);

@@ -206,6 +206,16 @@ class SlicesTest(unittest.TestCase):
         p = tt.tally("slices", empty, check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("report.json", p.stderr)
+        # An index from a hostile per_image.csv is held to the row budget before it sizes anything.
+        hostile = os.path.join(self.root, "hostile")
+        os.makedirs(hostile, exist_ok=True)
+        shutil.copy(os.path.join(self.out, "report.json"), hostile)
+        with open(os.path.join(hostile, "per_image.csv"), "w") as f:
+            f.write("index,id,image,class,tp,fp,fn,tn,dice,iou\n0,a,a.png,1,1,0,0,1,1,1\n"
+                    "999999999999999,b,b.png,1,1,0,0,1,1,1\n")
+        p = tt.tally("slices", hostile, check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("line 3: index 999999999999999 is past the 50000000 rows", p.stderr)
         text = tt.tally("slices", self.out).stdout
         self.assertIn("Benjamini-Hochberg", text)
         self.assertIn("site=C & size=small", text)
