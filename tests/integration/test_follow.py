@@ -18,7 +18,7 @@ import unittest
 import numpy as np
 
 import tallytest as tt
-from test_dashboard import dashboard_url, get, selenium_driver
+from test_dashboard import dashboard_url, get, selenium_driver, tokens_cluster
 
 PY = "/usr/bin/python3"
 
@@ -224,6 +224,28 @@ class FollowTest(unittest.TestCase):
         while time.time() < deadline and follow_id not in driver.find_element("id", "main").text:
             time.sleep(0.2)
         self.assertIn(follow_id, driver.find_element("id", "follows-table").text)
+
+    def test_a_client_token_sees_its_own_follows_only(self):
+        os.makedirs(os.path.join(self.root, "tokens"))
+        c, t = tokens_cluster(self, os.path.join(self.root, "tokens"))
+        url = dashboard_url(c)
+        as_user = lambda name, *args, check=True: tt.tally(*args, "--server", c.address, "--token-file", t[name][1],
+                                                           check=check)
+        mine = as_user("alice", "follow", self.runs, "--manifest", self.manifest, "--detach").stdout.strip()
+        ids = lambda name: [f["follow_id"] for f in json.loads(as_user(name, "follows", "--json").stdout).get("follows", [])]
+        self.assertEqual(ids("alice"), [mine])
+        self.assertEqual(ids("admin"), [mine])
+        self.assertEqual(ids("bob"), [])
+        p = as_user("bob", "cancel", mine, check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(f"no follow '{mine}'", p.stderr)
+        # The dashboard answers as gRPC does: bob's list is empty, alice's follow is not found for him.
+        self.assertEqual(json.loads(get(url + "/api/follows", t["bob"][0])[2]).get("follows", []), [])
+        self.assertEqual(get(f"{url}/api/follows/{mine}", t["bob"][0])[0], 404)
+        self.assertEqual(get(f"{url}/api/follows/{mine}/files/curve.csv", t["bob"][0])[0], 404)
+        self.assertEqual(json.loads(get(f"{url}/api/follows/{mine}", t["alice"][0])[2])["follow_id"], mine)
+        self.assertEqual(get(url + "/api/follows")[0], 401)
+        self.assertIn("cancelled", as_user("alice", "cancel", mine).stdout)
 
     def test_run_follow_ends_at_its_step_and_leaves_the_curve(self):
         # Three checkpoints already there: with --catch-up all the newest first, then the others.
