@@ -89,4 +89,50 @@ absl::StatusOr<int64_t> LabelComponents(const uint8_t* mask, int depth, int heig
   return count;
 }
 
+std::vector<int64_t> CountComponentsPerLabel(const uint16_t* labels, int depth, int height, int width, int max_label) {
+  std::vector<int64_t> out(std::max(0, max_label + 1), 0);
+  if (max_label < 0) return out;
+  const bool volume = depth > 1;
+  const std::vector<std::array<int, 3>> neighbours = EarlierNeighbours(volume, volume ? 26 : 8);
+  const int64_t n = static_cast<int64_t>(depth) * height * width;
+  thread_local std::vector<int32_t> provisional;
+  provisional.assign(n, -1);
+  std::vector<int32_t> parent;
+  std::vector<uint16_t> label_of;  // Each provisional set's label.
+  for (int z = 0; z < depth; ++z) {
+    for (int y = 0; y < height; ++y) {
+      for (int x = 0; x < width; ++x) {
+        const int64_t i = (static_cast<int64_t>(z) * height + y) * width + x;
+        const uint16_t l = labels[i];
+        if (l > max_label) continue;
+        int32_t set = -1;
+        for (const auto& [dz, dy, dx] : neighbours) {
+          const int zz = z + dz, yy = y + dy, xx = x + dx;
+          if (zz < 0 || yy < 0 || yy >= height || xx < 0 || xx >= width) continue;
+          const int64_t j = (static_cast<int64_t>(zz) * height + yy) * width + xx;
+          if (labels[j] != l) continue;
+          const int32_t other = Find(parent, provisional[j]);
+          if (set < 0) {
+            set = other;
+          } else if (other != set) {
+            parent[std::max(set, other)] = std::min(set, other);
+            set = std::min(set, other);
+          }
+        }
+        if (set < 0) {
+          set = static_cast<int32_t>(parent.size());
+          parent.push_back(set);
+          label_of.push_back(l);
+        }
+        provisional[i] = set;
+      }
+    }
+  }
+  for (size_t s = 0; s < parent.size(); ++s) {
+    if (parent[s] == static_cast<int32_t>(s)) ++out[label_of[s]];
+  }
+  if (provisional.capacity() > (int64_t{1} << 24)) std::vector<int32_t>().swap(provisional);
+  return out;
+}
+
 }  // namespace tally

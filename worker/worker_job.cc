@@ -314,6 +314,7 @@ absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& conf
   po.raw_images = ParseModelRef(config.model).python;  // 16-bit TIFF and DICOM values, unreduced.
   po.batch_timeout_seconds = config.batch_timeout_seconds;
   po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
+  po.row_properties = config.row_properties();
   po.ignore_index = config.ignore_index;
   po.label_map = config.label_map;
   po.num_thresholds = config.thresholds.size();

@@ -310,6 +310,42 @@ absl::Status ReadVolumeSettings(const v1::JobSpec& spec, JobConfig* c) {
 
 }  // namespace
 
+absl::StatusOr<std::vector<GroupBy>> ParseGroupBy(const std::vector<std::string>& terms) {
+  std::vector<GroupBy> out;
+  for (const std::string& term : terms) {
+    GroupBy g;
+    g.text = term;
+    std::string name = term;
+    // "NAME:K": K quantile bins (a name may itself hold ':' as "derived:x").
+    if (const size_t colon = name.rfind(':'); colon != std::string::npos && colon + 1 < name.size() &&
+                                                std::all_of(name.begin() + colon + 1, name.end(), ::isdigit)) {
+      if (!absl::SimpleAtoi(name.substr(colon + 1), &g.bins) || g.bins < 2 || g.bins > 100) {
+        return absl::InvalidArgumentError(absl::StrCat("--group-by '", term, "': bins must be 2 to 100"));
+      }
+      name = name.substr(0, colon);
+    }
+    if (absl::StartsWith(name, "derived:")) {
+      g.derived = name.substr(8);
+      const bool known = std::any_of(std::begin(kDerivedProperties), std::end(kDerivedProperties),
+                                     [&](const char* p) { return g.derived == p; });
+      if (!known) {
+        return absl::InvalidArgumentError(absl::StrCat("--group-by '", term, "': no derived property '", g.derived,
+                                                       "' (there are fg_fraction, volume_ratio, components, pixels, mean_intensity)"));
+      }
+      if (g.bins == 0 && g.derived != "components") g.bins = 4;
+    } else if (name.find(':') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--group-by '", term, "': expected a manifest column or derived:NAME ",
+                                                     "(dicom: tags, COCO image fields and shard JSON fields are not groupable yet)"));
+    } else if (name.empty()) {
+      return absl::InvalidArgumentError("--group-by: empty term");
+    } else {
+      g.column = name;
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
 absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   JobConfig c;
   c.model = spec.model();
@@ -348,6 +384,10 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   for (size_t i = 0; i < c.manifest_columns.size(); ++i) {
     if (absl::AsciiStrToLower(c.manifest_columns[i]) == "page") c.page_column = static_cast<int>(i);
   }
+  ASSIGN_OR_RETURN(c.group_by, ParseGroupBy({spec.group_by().begin(), spec.group_by().end()}));
+  if (spec.min_group_rows() < 0) return absl::InvalidArgumentError("min_group_rows: must not be negative");
+  if (spec.min_group_rows() > 0) c.min_group_rows = spec.min_group_rows();
+  c.find_slices = spec.find_slices();
   c.coco = spec.coco();
   c.coco_images = spec.coco_images();
   c.coco_results = spec.coco_results();

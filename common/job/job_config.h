@@ -53,6 +53,21 @@ inline constexpr int kBatchAuto = -1;          // The largest that fits under ma
 inline constexpr int kDefaultBatchAlignment = 32;
 inline constexpr double kDefaultBatchTimeoutSeconds = 600;
 
+// One --group-by term (docs/reports.md "Groups"): a manifest column, or a derived row property
+// ("derived:fg_fraction"), each optionally binned into `bins` quantile bins ("NAME:4").
+struct GroupBy {
+  std::string text;     // As given: the table's name.
+  std::string column;   // A manifest column's name, or
+  std::string derived;  // a derived property (kDerivedProperties).
+  int bins = 0;         // 0: each value its own group.
+};
+// The derived row properties (per_image.csv's columns of jobs with groups or slices).
+inline constexpr const char* kDerivedProperties[] = {"fg_fraction", "volume_ratio", "components", "pixels",
+                                                      "mean_intensity"};
+// Parses --group-by terms ("site", "derived:fg_fraction:4"); derived properties without a bin count
+// are continuous ones binned into 4, except components (a count: each value its own group).
+absl::StatusOr<std::vector<GroupBy>> ParseGroupBy(const std::vector<std::string>& terms);
+
 struct JobConfig {
   std::string model;     // Absolute path.
   std::string manifest;  // Absolute path.
@@ -117,6 +132,11 @@ struct JobConfig {
   std::vector<std::string> store_settings;
   int64_t store_max_bytes = 0;                   // JobSpec.store_max_bytes.
   std::vector<std::string> manifest_columns;     // Extra manifest columns the rows carry.
+  std::vector<GroupBy> group_by;                 // JobSpec.group_by, parsed.
+  int min_group_rows = 20;                       // Smaller groups are marked.
+  bool find_slices = false;                      // JobSpec.find_slices.
+  // Workers measure each row's properties (ImageResult.properties) and per_image.csv shows them.
+  bool row_properties() const { return !group_by.empty() || find_slices; }
   bool python_model() const { return ParseModelRef(model).python; }
   // Single-score outputs: the count metrics at each of these thresholds too (sorted, in (0, 1)).
   std::vector<double> thresholds;

@@ -7,8 +7,8 @@ namespace tally {
 
 inline constexpr const char* kReportFiles[] = {"report.json", "per_image.csv", "summary.md", "report.html"};
 // Written when the job asks for them: summary.json in nnU-Net v2's layout (--nnunet-summary), lesions.csv
-// (lesion_ metrics).
-inline constexpr const char* kOptionalReportFiles[] = {"summary.json", "lesions.csv"};
+// (lesion_ metrics), groups.csv (--group-by).
+inline constexpr const char* kOptionalReportFiles[] = {"summary.json", "lesions.csv", "groups.csv"};
 
 }  // namespace tally
 

@@ -122,5 +122,38 @@ TEST(ConnectedComponentsTest, RandomMasksEqualAFloodFill) {
   }
 }
 
+TEST(ConnectedComponentsTest, ComponentsPerLabelByHand) {
+  // 1 1 0 2
+  // 0 0 2 0
+  // 1 9 1 1     9: above max_label 2 (an ignore value), in no component.
+  const std::vector<uint16_t> m = {1, 1, 0, 2, 0, 0, 2, 0, 1, 9, 1, 1};
+  // Label 0: (1,0)-(1,1) by a face, (1,1)-(0,2) and (0,2)-(1,3) by corners: one component. Label 1:
+  // (0,0)-(0,1); (2,0) alone (its neighbours 0, 0, 9); (2,2)-(2,3): three. Label 2: (0,3)-(1,2): one.
+  EXPECT_EQ(CountComponentsPerLabel(m.data(), 1, 3, 4, 2), (std::vector<int64_t>{1, 3, 1}));
+  EXPECT_EQ(CountComponentsPerLabel(m.data(), 1, 3, 4, -1), (std::vector<int64_t>{}));
+}
+
+TEST(ConnectedComponentsTest, ComponentsPerLabelEqualTheBinaryCountOfEachLabel) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 100; ++trial) {
+    const bool volume = trial % 2 == 0;
+    const int d = volume ? 2 + static_cast<int>(rng() % 4) : 1;
+    const int h = 1 + static_cast<int>(rng() % 9), w = 1 + static_cast<int>(rng() % 9);
+    const int labels = 1 + static_cast<int>(rng() % 4);
+    std::vector<uint16_t> m(static_cast<size_t>(d) * h * w);
+    for (uint16_t& v : m) v = static_cast<uint16_t>(rng() % (labels + 1));  // labels: the ignore value.
+    const std::vector<int64_t> got = CountComponentsPerLabel(m.data(), d, h, w, labels - 1);
+    ASSERT_EQ(got.size(), static_cast<size_t>(labels));
+    for (int l = 0; l < labels; ++l) {
+      std::vector<uint8_t> binary(m.size());
+      for (size_t i = 0; i < m.size(); ++i) binary[i] = m[i] == l;
+      const std::vector<int32_t> want = FloodFill(binary, d, h, w, volume ? 26 : 8);
+      int32_t top = 0;
+      for (int32_t v : want) top = std::max(top, v);
+      EXPECT_EQ(got[l], top) << "trial " << trial << ", label " << l;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tally

@@ -261,6 +261,7 @@ void Pipeline::Deliver(const std::shared_ptr<Shard>& shard, v1::ImageResult resu
     if (auto p = shard->position.find(result.index()); p != shard->position.end() && !result.has_inputs()) {
       const v1::InputDigests& inputs = shard->items[p->second].inputs;
       if (!inputs.image().empty() || !inputs.mask().empty()) *result.mutable_inputs() = inputs;
+      if (options_.row_properties && result.error().empty()) *result.mutable_properties() = shard->items[p->second].properties;
     }
     if (provisional) {
       --provisional_rows_;

@@ -78,6 +78,8 @@ struct PipelineOptions {
   bool raw_images = false;
   double batch_timeout_seconds = 600;  // A decode or forward pass running longer calls on_timeout.
   bool nonfinite_warn = false;  // Evaluate rows whose model output has NaN/Inf (else they fail).
+  // Measure each row's properties while decoding it (ImageResult.properties: groups and slices).
+  bool row_properties = false;
   int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
   std::vector<std::pair<int, int>> label_map;  // Applied to reference masks first (value -> label).
   size_t num_thresholds = 0;    // Results carry the runner's threshold counts (ModelRunnerOptions).
@@ -163,6 +165,7 @@ class Pipeline : public RowEvaluator {
     bool jpeg = false;        // The image is a JPEG...
     bool gpu_pixels = false;  // ...decoded by nvJPEG.
     v1::InputDigests inputs;  // The digests of the files as read (set by the decoding thread).
+    v1::RowProperties properties;  // PipelineOptions::row_properties (set by the decoding thread).
     std::shared_ptr<const HeldPrediction> held;  // The runner's prediction, found before decoding.
   };
   // Guarded by the pipeline's mu_ (its items' `decoded` too); an item's buffers belong to the
@@ -269,6 +272,10 @@ class Pipeline : public RowEvaluator {
   // A held row's image, decoded again for its thumbnail; false when it cannot be (the file changed).
   bool HeldRowPixels(const BatchImage& it, std::vector<uint8_t>* rgb) const;
   void DecodeMask(Item* item, std::unique_ptr<RgbImage> image);
+  // PipelineOptions::row_properties: the row's components per label and mean intensity.
+  void MeasureRow(Item* item) const;
+  // After nvJPEG's batch: each JPEG item's error, or its pixels marked decoded (and measured).
+  void FinishGpuItems(const std::vector<GpuJpegImage>& jobs, const std::vector<Item*>& items) const;
   // The image's 8-bit pixels, and with PipelineOptions::raw_images its stored values where it has
   // them (item->raw).
   absl::Status DecodePixels(Item* item, const std::string& bytes, const DecodeOptions& decode, RgbImage* image);

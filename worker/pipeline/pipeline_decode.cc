@@ -24,6 +24,7 @@
 #include "common/job/job_config.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "metrics/connected_components.h"
 #include "worker/pipeline/pipeline_internal.h"
 #include "metrics/parallel_for.h"
 #include "common/sources/row_files.h"
@@ -125,6 +126,27 @@ void Pipeline::Decode(Item* item) {
     return;
   }
   DecodeMask(item, std::move(image));
+  if (options_.row_properties && item->error.empty()) MeasureRow(item);
+}
+
+void MeasureIntensity(const uint8_t* pixels, size_t n, v1::RowProperties* p) {
+  if (n == 0) return;
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += pixels[i];
+  p->set_mean_intensity(static_cast<double>(sum) / static_cast<double>(n));
+  p->set_has_mean_intensity(true);
+}
+
+void Pipeline::MeasureRow(Item* item) const {
+  v1::RowProperties* p = &item->properties;
+  p->Clear();
+  // Not of a row the store answers (its image is staged unfilled). JPEG images nvJPEG decodes are
+  // measured once it has (DecodeOnGpu), and rows decoded again on the GPU once staged (Stage).
+  if (!item->held) MeasureIntensity(item->image->pixels.data(), item->image->pixels.size(), p);
+  const LabelMap& m = *item->mask;
+  for (int64_t c : CountComponentsPerLabel(m.labels.data(), m.depth, m.height, m.width, m.max_label)) {
+    p->add_components(c);
+  }
 }
 
 bool Pipeline::HeldRowPixels(const BatchImage& it, std::vector<uint8_t>* rgb) const {
@@ -279,6 +301,7 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
       continue;
     }
     DecodeMask(item, std::move(images[i]));  // The pixels' buffer stays where the decoder writes.
+    if (options_.row_properties && item->error.empty()) MeasureRow(item);  // A JPEG's intensity: FinishGpuItems.
     HelpStage();  // A group takes tens of milliseconds; the batcher should not wait that long.
   }
   const double t3 = profile_enabled_ ? NowUnix() : 0;
@@ -290,15 +313,24 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
     profile_.gpu_cpu += static_cast<int64_t>((t3 - t2) * 1e6);
     profile_.gpu_finish += static_cast<int64_t>((t4 - t3) * 1e6);
   }
-  for (size_t k = 0; k < jobs.size(); ++k) {
-    if (!jobs[k].status.ok()) {
-      if (jpeg_items[k]->error.empty()) jpeg_items[k]->error = std::string(jobs[k].status.message());
-    } else {
-      jpeg_items[k]->gpu_pixels = true;
-    }
-  }
+  FinishGpuItems(jobs, jpeg_items);
   for (std::string& b : bytes) {
     if (b.capacity() > kKeepBufferBytes) std::string().swap(b);
+  }
+}
+
+void Pipeline::FinishGpuItems(const std::vector<GpuJpegImage>& jobs, const std::vector<Item*>& items) const {
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    Item* item = items[k];
+    if (!jobs[k].status.ok()) {
+      if (item->error.empty()) item->error = std::string(jobs[k].status.message());
+      continue;
+    }
+    item->gpu_pixels = true;
+    // Its intensity is of nvJPEG's pixels, decoded now.
+    if (options_.row_properties && item->error.empty()) {
+      MeasureIntensity(item->image->pixels.data(), item->image->pixels.size(), &item->properties);
+    }
   }
 }
 

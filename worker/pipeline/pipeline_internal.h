@@ -18,6 +18,9 @@ namespace tally {
 // Names the calling thread (at most 15 characters are kept): what per-thread CPU figures show.
 inline void NameThisThread(const std::string& name) { pthread_setname_np(pthread_self(), name.substr(0, 15).c_str()); }
 
+// A row's mean 8-bit value over `n` interleaved channel values (RowProperties.mean_intensity).
+void MeasureIntensity(const uint8_t* pixels, size_t n, v1::RowProperties* p);
+
 inline bool AllCopied(std::atomic<int>* remaining) { return remaining->load() == 0; }
 
 // One launched batch: its staging slot, the rows in it and the device work.

@@ -207,7 +207,15 @@ std::shared_ptr<Pipeline::InFlight> Pipeline::StageGroup(const std::shared_ptr<S
       for (size_t i = 0; i < group.size(); ++i) any_redo |= redo[i] = group[i]->jpeg && !group[i]->gpu_pixels;
     }
   }
-  if (any_redo) RedecodeStaged(batch->spec, redo);
+  if (any_redo) {
+    RedecodeStaged(batch->spec, redo);
+    // Their intensity is the staged pixels' (the decoder every row of the job comes from).
+    for (size_t i = 0; options_.row_properties && i < group.size(); ++i) {
+      const BatchImage& b = batch->spec.items[i];
+      if (redo[i]) MeasureIntensity(slot->images->data() + b.image_offset, static_cast<size_t>(b.height) * b.width * 3,
+                                    &group[i]->properties);
+    }
+  }
   if (profile_enabled_) {
     profile_.slot_wait += static_cast<int64_t>((t1 - t0) * 1e6);
     profile_.stage += static_cast<int64_t>((NowUnix() - t1) * 1e6);

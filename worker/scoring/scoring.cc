@@ -1,4 +1,5 @@
 #include "worker/scoring/scoring.h"
+#include "metrics/connected_components.h"
 
 #include <algorithm>
 #include <cmath>
@@ -56,6 +57,15 @@ std::string Position(const LabelMap& m, int64_t i) {
   const int64_t z = i / plane, r = i % plane;
   if (m.depth > 1) return absl::StrCat("(x=", r % m.width, ", y=", r / m.width, ", z=", z, ")");
   return absl::StrCat("(y=", r / m.width, ", x=", r % m.width, ")");
+}
+
+// Groups and slices: the reference's components per label (RowProperties; a prediction manifest
+// has no image to take an intensity from).
+void MeasureReference(const LabelMap& ref, v1::ImageResult* result) {
+  v1::RowProperties* p = result->mutable_properties();
+  for (int64_t c : CountComponentsPerLabel(ref.labels.data(), ref.depth, ref.height, ref.width, ref.max_label)) {
+    p->add_components(c);
+  }
 }
 
 }  // namespace
@@ -417,6 +427,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   if (depth > 1) result.set_depth(depth);
   result.set_mask_max_label(ref.labels.max_label);
   result.set_mask_ignored_pixels(ref.labels.ignored);
+  if (config.row_properties()) MeasureReference(ref.labels, &result);
   for (int c = 0; c < *classes; ++c) {
     v1::ClassResult* cr = result.add_classes();
     cr->set_tp(counts[c].tp);
