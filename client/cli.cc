@@ -22,7 +22,7 @@ const std::vector<std::string> kJob = {
     "label_map", "python", "model_option", "thresholds", "empty_score", "iou_thresholds", "max_failed_fraction",
     "json_infinity", "thumbnails", "save_predictions", "prediction_store", "store_max_bytes", "coco", "images", "masks", "mask_suffix", "shards", "image_ext", "mask_ext", "prediction_ext", "coco_results", "coco_panoptic", "panoptic_dir",
     "panoptic_predictions", "panoptic_predictions_dir", "connectivity", "lesion_dilation", "lesion_min_volume",
-    "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary", "priority", "compile"};
+    "lesion_max_hd95", "lesion_iou", "sliding_window", "overlap", "sw_batch_size", "intensity", "keep_dtype", "window", "order", "until_ci", "min_rows", "sample", "speculate_after", "canary", "priority", "compile", "group_by", "min_group_rows", "find_slices"};
 const std::vector<std::string> kFollow = {"pattern", "step_regex", "settle", "ready_marker", "load_retries",
                                          "catch_up", "race", "race_margin", "follow_metric", "until_step", "idle",
                                          "on_new_best"};

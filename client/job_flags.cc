@@ -309,6 +309,19 @@ absl::Status ReportFlags(const JobFlags& f, v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// --group-by, --min-group-rows, --find-slices (checked by ValidateJobSpec's JobConfigFromSpec).
+absl::Status GroupFlags(const JobFlags& f, v1::JobSpec* spec) {
+  for (absl::string_view term : absl::StrSplit(f.group_by, ',', absl::SkipWhitespace())) {
+    spec->add_group_by(std::string(absl::StripAsciiWhitespace(term)));
+  }
+  if (f.min_group_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--min-group-rows: ", f.min_group_rows, " is not a positive count"));
+  }
+  spec->set_min_group_rows(f.min_group_rows);
+  spec->set_find_slices(f.find_slices);
+  return absl::OkStatus();
+}
+
 // --spacing: sy,sx or sz,sy,sx.
 absl::Status SpacingFlag(const std::string& value, v1::JobSpec* spec) {
   if (value.empty()) return absl::OkStatus();
@@ -463,7 +476,7 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const JobFlags& flags, const std::stri
   v1::JobSpec spec;
   // In this order: the first wrong flag is the one reported.
   if (absl::Status s = ModelFlags(flags, manifest.empty() ? flags.manifest : manifest, &spec); !s.ok()) return s;
-  for (auto step : {ThresholdFlags, ReportFlags, LesionFlags, VolumeFlags, SamplingFlags, InputFlags, RunnerFlags, MaskFlags}) {
+  for (auto step : {ThresholdFlags, ReportFlags, GroupFlags, LesionFlags, VolumeFlags, SamplingFlags, InputFlags, RunnerFlags, MaskFlags}) {
     if (absl::Status s = step(flags, &spec); !s.ok()) return s;
   }
   // The coordinator's checks of the fields, here too: a bad flag is a usage error (exit 2) before

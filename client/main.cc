@@ -109,6 +109,13 @@ ABSL_FLAG(std::string, sample, "", "Evaluate a uniform random subset: N rows or 
 ABSL_FLAG(bool, compile, false,
           "Python models: compile the model's torch.nn.Module attributes with torch.compile before the first batch "
           "(needs torch 2 in the model's interpreter; refused, never run uncompiled, without it)");
+ABSL_FLAG(std::string, group_by, "",
+          "Per-group tables in every report: manifest columns and derived:PROPERTY[:BINS] (fg_fraction, volume_ratio, "
+          "components, pixels, mean_intensity), comma-separated; NAME:K bins a numeric column into K quantile bins");
+ABSL_FLAG(int32_t, min_group_rows, 20, "--group-by: groups with fewer evaluated rows are shown but marked");
+ABSL_FLAG(bool, find_slices, false,
+          "The report searches every manifest column and derived property (and pairs) for failing slices, as tally "
+          "slices does");
 ABSL_FLAG(int32_t, priority, 0,
           "Among your own running jobs, workers go to those of the highest priority first (owners share the workers "
           "fairly whatever their priorities; README \"Operating tallyd\")");
@@ -296,6 +303,9 @@ JobFlags ReadJobFlags(const Invocation& in) {
   f.canary = absl::GetFlag(FLAGS_canary);
   f.priority = absl::GetFlag(FLAGS_priority);
   f.compile = absl::GetFlag(FLAGS_compile);
+  f.group_by = absl::GetFlag(FLAGS_group_by);
+  f.min_group_rows = absl::GetFlag(FLAGS_min_group_rows);
+  f.find_slices = absl::GetFlag(FLAGS_find_slices);
   return f;
 }
 

@@ -448,4 +448,18 @@ SliceSearch FindSlices(const std::vector<double>& values, const std::vector<Slic
   return result;
 }
 
+SliceAttribute NumericSliceAttribute(const std::string& name, const std::vector<double>& values, int bins,
+                                     int max_values) {
+  std::set<double> distinct;
+  for (double v : values) {
+    if (std::isfinite(v)) distinct.insert(v);
+  }
+  if (static_cast<int>(distinct.size()) > max_values) {
+    return SliceAttribute{absl::StrCat(name, " (", bins, " quantile bins)"), QuantileBins(values, bins)};
+  }
+  SliceAttribute a{name, {}};
+  for (double v : values) a.values.push_back(std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string());
+  return a;
+}
+
 }  // namespace tally

@@ -98,6 +98,12 @@ std::vector<std::string> QuantileBins(const std::vector<std::string>& values, in
 // The same of numbers (NaN and infinities: no bin).
 std::vector<std::string> QuantileBins(const std::vector<double>& values, int bins);
 
+// A numeric attribute: each value as text ("%.17g") where it has at most `max_values` distinct
+// finite values, else in `bins` quantile bins (QuantileBins) and named "NAME (K quantile bins)";
+// NaN and infinities are no value.
+SliceAttribute NumericSliceAttribute(const std::string& name, const std::vector<double>& values, int bins,
+                                     int max_values);
+
 }  // namespace tally
 
 #endif  // TALLY_METRICS_SLICE_SEARCH_H_

@@ -150,12 +150,12 @@ class FetchReportReactor final : public grpc::ServerWriteReactor<v1::ReportChunk
     for (const char* f : kReportFiles) files_.emplace_back(f);
     Start(std::move(dir), kOptionalReportFiles);
   }
-  // Builds the folder (holding `files`) on `executor` first: blocking work stays off the callback
-  // threads. The folder is removed when the call ends.
+  // Builds the folder (holding `files`, and those of `optional` it has) on `executor` first: blocking
+  // work stays off the callback threads. The folder is removed when the call ends.
   FetchReportReactor(Executor* executor, std::vector<std::string> files,
-                     std::function<absl::StatusOr<std::string>()> build)
+                     std::function<absl::StatusOr<std::string>()> build, std::vector<const char*> optional = {})
       : remove_after_(true), files_(std::move(files)) {
-    executor->Schedule([this, build = std::move(build)] { Start(build(), std::vector<const char*>()); });
+    executor->Schedule([this, build = std::move(build), optional = std::move(optional)] { Start(build(), optional); });
   }
 
  private:
@@ -316,7 +316,8 @@ grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::MergeReports(
   if (absl::Status s = AllVisible(*caller, ids); !s.ok()) return new RefusedWriter<v1::ReportChunk>(s);
   Coordinator* core = core_;
   std::vector<std::string> files(std::begin(kReportFiles), std::end(kReportFiles));
-  return new FetchReportReactor(executor_, std::move(files), [core, ids] { return core->MergeReports(ids); });
+  return new FetchReportReactor(executor_, std::move(files), [core, ids] { return core->MergeReports(ids); },
+                                std::vector<const char*>(std::begin(kOptionalReportFiles), std::end(kOptionalReportFiles)));
 }
 
 grpc::ServerWriteReactor<v1::ReportChunk>* CoordinatorServiceImpl::CompareJobs(grpc::CallbackServerContext* ctx,

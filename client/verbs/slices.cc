@@ -125,24 +125,6 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
   return values;
 }
 
-// Numbers in quantile bins, the name saying so; NaN is no value.
-SliceAttribute Binned(const std::string& name, const std::vector<double>& values, int bins) {
-  return SliceAttribute{absl::StrCat(name, " (", bins, " quantile bins)"), QuantileBins(values, bins)};
-}
-
-// A numeric attribute: binned where it has more than `max_values` values, else each value as text
-// ("%.17g"); NaN is no value.
-SliceAttribute Numeric(const std::string& name, const std::vector<double>& values, int bins, int max_values) {
-  std::set<double> distinct;
-  for (double v : values) {
-    if (std::isfinite(v)) distinct.insert(v);
-  }
-  if (static_cast<int>(distinct.size()) > max_values) return Binned(name, values, bins);
-  SliceAttribute a{name, {}};
-  for (double v : values) a.values.push_back(std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string());
-  return a;
-}
-
 // The manifest's columns as attributes (one value per data row), paths and ids aside; numeric
 // columns with too many values binned.
 absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manifest, size_t rows, int bins,
@@ -167,7 +149,7 @@ absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manife
       }
     }
     // Numbers with many values are binned; few values (or text) are searched as they are written.
-    if (numeric && static_cast<int>(distinct.size()) > max_values) a = Binned(a.name, numbers, bins);
+    if (numeric && static_cast<int>(distinct.size()) > max_values) a = NumericSliceAttribute(a.name, numbers, bins, max_values);
     out.push_back(std::move(a));
   }
   return out;
@@ -182,9 +164,9 @@ void AddDerived(const RowCounts& c, int bins, int max_values, std::vector<SliceA
     fg.push_back(c.pixels[i] > 0 ? c.ref[i] / c.pixels[i] : kNaN);
     ratio.push_back(c.ref[i] > 0 ? c.pred[i] / c.ref[i] : kNaN);
   }
-  out->push_back(Numeric("derived:fg_fraction", fg, bins, max_values));
-  out->push_back(Numeric("derived:volume_ratio", ratio, bins, max_values));
-  out->push_back(Numeric("derived:pixels", c.pixels, bins, max_values));
+  out->push_back(NumericSliceAttribute("derived:fg_fraction", fg, bins, max_values));
+  out->push_back(NumericSliceAttribute("derived:volume_ratio", ratio, bins, max_values));
+  out->push_back(NumericSliceAttribute("derived:pixels", c.pixels, bins, max_values));
 }
 
 void PrintText(const SliceSearch& s, const SliceOptions& o, const std::vector<std::string>& ids) {

@@ -67,6 +67,10 @@ struct JobFlags {
   int64_t canary = 0;              // Rows every worker evaluates first and must agree on.
   int32_t priority = 0;            // Among the owner's jobs (README "Operating tallyd").
   bool compile = false;            // Python models: torch.compile (docs/models.md "Compiled models").
+  // Where the model fails (docs/reports.md "Groups" and "Failing slices").
+  std::string group_by;            // Terms joined by ','.
+  int32_t min_group_rows = 20;
+  bool find_slices = false;
 };
 
 // The workers `tally run` and `tally estimate` start on this machine.

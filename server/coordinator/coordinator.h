@@ -581,6 +581,11 @@ class Coordinator {
   std::thread waiter_thread_;
 };
 
+// Whether a job's rows must keep their manifest columns for its groups (--group-by COLUMN) or
+// slices (--find-slices); and that each column it groups by is one the source kept.
+bool WantsColumns(const v1::JobSpec& spec);
+absl::Status CheckGroupColumns(const v1::JobSpec& spec);
+
 }  // namespace tally
 
 #endif  // TALLY_SERVER_COORDINATOR_COORDINATOR_H_

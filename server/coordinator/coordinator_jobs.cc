@@ -15,6 +15,7 @@
 #include <random>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
@@ -201,6 +202,27 @@ void HashModelOptions(v1::JobSpec* spec) {
 }
 }  // namespace
 
+bool WantsColumns(const v1::JobSpec& spec) {
+  if (spec.find_slices()) return true;
+  return std::any_of(spec.group_by().begin(), spec.group_by().end(),
+                     [](const std::string& g) { return !absl::StartsWith(g, "derived:"); });
+}
+
+absl::Status CheckGroupColumns(const v1::JobSpec& spec) {
+  absl::StatusOr<std::vector<GroupBy>> groups = ParseGroupBy({spec.group_by().begin(), spec.group_by().end()});
+  if (!groups.ok()) return groups.status();
+  for (const GroupBy& g : *groups) {
+    if (g.column.empty()) continue;
+    const auto& kept = spec.manifest_columns();
+    if (std::find(kept.begin(), kept.end(), g.column) != kept.end()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--group-by '", g.text, "': '", spec.manifest(), "' has no column '", g.column, "'",
+        kept.empty() ? std::string(" (it has no columns besides the rows' files and ids)")
+                     : absl::StrCat(" (its other columns: ", absl::StrJoin(kept, ", "), ")")));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, const std::string& job_id,
                                                      const std::string* folder_text,
                                                      std::vector<ManifestRow>* failed_rows) {
@@ -218,11 +240,11 @@ absl::StatusOr<JobRecord> Coordinator::StoreManifest(const v1::JobSpec& spec, co
     return absl::InvalidArgumentError(absl::StrCat("no model given, and manifest '", reader->path(),
                                                    "' has no 'prediction' column to score instead"));
   }
-  // Only Python models read the other columns (prompts, ...), and workers a TIFF's 'page': other
-  // jobs do not store them.
-  const bool page_column = std::any_of(reader->extra_columns().begin(), reader->extra_columns().end(),
-                                       [](const std::string& c) { return absl::AsciiStrToLower(c) == "page"; });
-  const bool keep_columns = ParseModelRef(spec.model()).python || page_column;
+  // Only Python models read the other columns (prompts, ...), workers a TIFF's 'page' and reports
+  // their groups and slices: other jobs do not store them.
+  const bool keep_columns = ParseModelRef(spec.model()).python || WantsColumns(spec) ||
+                            std::any_of(reader->extra_columns().begin(), reader->extra_columns().end(),
+                                        [](const std::string& c) { return absl::AsciiStrToLower(c) == "page"; });
   if (keep_columns) reader->KeepExtraColumns();
   RETURN_IF_ERROR(store_->BeginSubmission(job_id));
   DuplicateIds duplicates;
@@ -324,6 +346,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::JobSpec& submitted, con
   ASSIGN_OR_RETURN(v1::JobSpec spec, ValidateJobSpec(in));
   const std::string job_id = NewJobId(Now(), RandomHex(6));
   ASSIGN_OR_RETURN(JobRecord rec, StoreManifest(spec, job_id));
+  if (absl::Status s = CheckGroupColumns(rec.job.spec()); !s.ok()) return DiscardSubmission(job_id, s);
   rec.job.set_owner(owner);
   for (const std::string& w : spec.client_warnings()) rec.job.mutable_spec()->add_manifest_warnings(w);
   if (absl::Status s = store_->CreateJob(rec); !s.ok()) {
@@ -534,6 +557,12 @@ absl::StatusOr<std::string> Coordinator::MergeReports(const std::vector<std::str
     if (c.include_background != first.include_background || c.empty_score != first.empty_score ||
         c.iou_thresholds != first.iou_thresholds || c.thresholds != first.thresholds) {
       return differs("aggregation settings (--include-background, --empty-score, --iou-thresholds, --thresholds)");
+    }
+    // Groups read each part's columns by the first part's names.
+    if (!std::equal(p.job.spec().group_by().begin(), p.job.spec().group_by().end(), parts[0].job.spec().group_by().begin(),
+                    parts[0].job.spec().group_by().end()) ||
+        c.find_slices != first.find_slices || (first.row_properties() && c.manifest_columns != first.manifest_columns)) {
+      return differs("groups (--group-by, --find-slices) or, for them, manifest columns");
     }
     manifests.push_back(p.job.spec().manifest());
     total += p.job.images_total();

@@ -74,7 +74,7 @@ absl::StatusOr<JobRecord> Coordinator::StoreShards(const v1::JobSpec& spec, cons
   conventions.prediction = OrDefault(spec.prediction_extensions(), conventions.prediction);
   conventions.model = !spec.model().empty();
   // Only Python models read a row's other columns (docs/models.md "Python models").
-  conventions.keep_columns = ParseModelRef(spec.model()).python;
+  conventions.keep_columns = ParseModelRef(spec.model()).python || WantsColumns(spec);
   conventions.deadline = SubmissionLimits().deadline;
   ASSIGN_OR_RETURN(std::unique_ptr<ShardIndex> index,
                    ShardIndex::Open(shards, conventions, options_.max_manifest_rows));

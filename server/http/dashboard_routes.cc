@@ -14,7 +14,7 @@ namespace {
 
 constexpr size_t kMaxQuery = 4096;
 constexpr const char* kFiles[] = {"report.json", "per_image.csv", "summary.md", "report.html", "summary.json",
-                                  "lesions.csv"};
+                                  "lesions.csv", "groups.csv"};
 constexpr const char* kFollowFiles[] = {"curve.csv", "curve.json", "curve.html"};
 
 bool ValidId(absl::string_view id) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,6 +17,7 @@
 #include "metrics/statistics.h"
 #include "base/json_writer.h"
 #include "base/number_format.h"
+#include "server/report/report_groups.h"
 #include "server/report/report_table.h"
 
 namespace tally {
@@ -25,6 +27,7 @@ namespace {
 struct Evaluated {
   v1::ImageResult result;
   std::string id;
+  std::vector<std::string> columns;  // Failed rows' too (groups).
 };
 
 absl::StatusOr<std::vector<Evaluated>> ReadJob(JobStore* store, const JobRecord& r, std::vector<std::string>* ids) {
@@ -33,7 +36,8 @@ absl::StatusOr<std::vector<Evaluated>> ReadJob(JobStore* store, const JobRecord&
   RETURN_IF_ERROR(store->ForEachResult(r.job.job_id(), [&](const v1::ImageResult& res, const RowNames& names) {
     if (res.index() < 0 || res.index() >= static_cast<int64_t>(out.size())) return absl::OkStatus();
     (*ids)[res.index()] = names.id;
-    if (res.error().empty()) out[res.index()] = {res, names.id};
+    if (res.error().empty()) out[res.index()] = {res, names.id, {}};
+    out[res.index()].columns = names.columns;
     return absl::OkStatus();
   }));
   return out;
@@ -141,6 +145,55 @@ void SummariseClasses(int classes, Tallies* t, Comparison* c) {
   }
 }
 
+// Per group of each of A's --group-by terms: the paired summaries of the group's rows.
+void GroupPairs(const JobConfig& ca, const std::vector<Evaluated>& ra, int classes, Comparison* c) {
+  std::vector<DerivedValues> derived(ra.size());
+  std::vector<GroupedRow> rows;
+  for (size_t i = 0; i < ra.size(); ++i) {
+    const bool failed = ra[i].result.classes_size() == 0;
+    derived[i].fill(NAN);
+    if (!failed) derived[i] = RowDerivedValues(ca, ra[i].result);
+    rows.push_back({&ra[i].columns, &derived[i], failed});
+  }
+  const size_t metrics = c->metrics.size();
+  for (const GroupBy& g : ca.group_by) {
+    const std::vector<std::string> keys = GroupKeys(g, ca.manifest_columns, rows);
+    std::map<std::string, std::vector<std::vector<std::vector<std::pair<double, double>>>>> pairs;
+    std::map<std::string, std::set<int64_t>> members;
+    for (const Comparison::Row& r : c->rows) {
+      auto& p = pairs[keys[r.index]];
+      if (p.empty()) p.assign(classes, std::vector<std::vector<std::pair<double, double>>>(metrics));
+      members[keys[r.index]].insert(r.index);
+      for (size_t m = 0; m < metrics; ++m) {
+        if (std::isfinite(r.a[m]) && std::isfinite(r.b[m])) p[r.class_id][m].emplace_back(r.a[m], r.b[m]);
+      }
+    }
+    Comparison::GroupTable table;
+    table.by = g.text;
+    for (auto& [value, p] : pairs) {
+      Comparison::GroupEntry e;
+      e.value = value;
+      e.pairs = static_cast<int64_t>(members[value].size());
+      for (int k = 0; k < classes; ++k) {
+        if (k == 0 && !ca.include_background && ca.regions.empty()) continue;
+        ClassComparison cc;
+        cc.class_id = k;
+        for (size_t m = 0; m < metrics; ++m) {
+          MetricComparison mc;
+          mc.metric = c->metrics[m];
+          static_cast<PairedSummary&>(mc) = SummarisePairs(p[k][m], IsCountMetric(mc.metric) || mc.metric == Metric::kNsd);
+          cc.metrics.push_back(mc);
+        }
+        e.classes.push_back(std::move(cc));
+      }
+      table.groups.push_back(std::move(e));
+    }
+    std::stable_sort(table.groups.begin(), table.groups.end(),
+                     [](const Comparison::GroupEntry& x, const Comparison::GroupEntry& y) { return GroupBefore(x.value, y.value); });
+    c->groups.push_back(std::move(table));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, const JobRecord& b) {
@@ -169,6 +222,7 @@ absl::StatusOr<Comparison> CompareJobs(JobStore* store, const JobRecord& a, cons
     TallyRow(ra[i], rb[i], static_cast<int64_t>(i), ca, cb, classes, &c, &tallies);
   }
   SummariseClasses(classes, &tallies, &c);
+  GroupPairs(ca, ra, classes, &c);
   return c;
 }
 
@@ -204,6 +258,47 @@ Table ChangedTable(const ClassComparison& cc) {
   return t;
 }
 
+Table GroupCompareTable(const Comparison::GroupTable& g) {
+  Table t;
+  t.header = {g.by, "pairs", "class", "metric", "A", "B", "B - A", "95% CI", "Wilcoxon p"};
+  t.left = {true, false, true, true};
+  for (const Comparison::GroupEntry& e : g.groups) {
+    for (const ClassComparison& cc : e.classes) {
+      for (const MetricComparison& mc : cc.metrics) {
+        t.rows.push_back({{e.value}, {absl::StrCat(mc.pairs)}, {absl::StrCat(cc.class_id)}, {std::string(MetricName(mc.metric))},
+                          {Cell(mc.mean_a)}, {Cell(mc.mean_b)}, {Cell(mc.mean_diff)},
+                          {absl::StrCat("[", Cell(mc.ci_low), ", ", Cell(mc.ci_high), "]")},
+                          {absl::StrFormat("%.3g", mc.wilcoxon_p)}});
+      }
+    }
+  }
+  return t;
+}
+
+void GroupsJson(const Comparison& c, JsonWriter& w) {
+  if (c.groups.empty()) return;
+  w.Key("groups").BeginArray();
+  for (const Comparison::GroupTable& g : c.groups) {
+    w.BeginObject().Field("by", g.by).Key("groups").BeginArray();
+    for (const Comparison::GroupEntry& e : g.groups) {
+      w.BeginObject().Field("value", e.value).Field("paired_images", e.pairs).Key("classes").BeginArray();
+      for (const ClassComparison& cc : e.classes) {
+        w.BeginObject().Field("class", cc.class_id);
+        for (const MetricComparison& mc : cc.metrics) {
+          w.Key(std::string(MetricName(mc.metric))).BeginObject().Field("pairs", mc.pairs).Field("mean_a", mc.mean_a);
+          w.Field("mean_b", mc.mean_b).Field("mean_diff", mc.mean_diff);
+          w.Key("diff_ci95").BeginArray().Number(mc.ci_low).Number(mc.ci_high).EndArray();
+          w.Field("wilcoxon_p", mc.wilcoxon_p).EndObject();
+        }
+        w.EndObject();
+      }
+      w.EndArray().EndObject();
+    }
+    w.EndArray().EndObject();
+  }
+  w.EndArray();
+}
+
 std::string Json(const Comparison& c) {
   JsonWriter w;
   w.BeginObject();
@@ -234,6 +329,7 @@ std::string Json(const Comparison& c) {
     w.EndObject();
   }
   w.EndArray();
+  GroupsJson(c, w);
   w.EndObject();
   return w.str() + "\n";
 }
@@ -270,6 +366,9 @@ std::string Markdown(const Comparison& c) {
     if (cc.most_changed.empty()) continue;
     absl::StrAppend(&out, "\n## Class ", cc.class_id, ": images whose Dice changed most\n\n", MarkdownTable(ChangedTable(cc)));
   }
+  for (const Comparison::GroupTable& g : c.groups) {
+    absl::StrAppend(&out, "\n## Paired by ", g.by, " (A's groups)\n\n", MarkdownTable(GroupCompareTable(g)));
+  }
   return out;
 }
 
@@ -283,6 +382,9 @@ std::string Html(const Comparison& c) {
   for (const ClassComparison& cc : c.classes) {
     if (cc.most_changed.empty()) continue;
     absl::StrAppend(&h, "<h2>Class ", cc.class_id, ": images whose Dice changed most</h2>\n", HtmlTable(ChangedTable(cc)));
+  }
+  for (const Comparison::GroupTable& g : c.groups) {
+    absl::StrAppend(&h, "<h2>Paired by ", HtmlEscape(g.by), " (A's groups)</h2>\n", HtmlTable(GroupCompareTable(g)));
   }
   return h + "</body></html>\n";
 }

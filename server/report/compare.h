@@ -4,7 +4,7 @@
 // (metrics in [0, 1]: the betting interval, metrics/bounded_mean.h), and a two-sided Wilcoxon signed-rank p-value; per class, the images whose Dice
 // changed most. The images a metric is defined for in one run only are counted per run, beside each
 // run's own mean (its report's), so that what the pairs leave out is seen. Rendered as compare.json,
-// compare.csv, compare.md and compare.html.
+// compare.csv, compare.md and compare.html. Jobs with --group-by: the same per group of A's rows.
 #ifndef TALLY_SERVER_REPORT_COMPARE_H_
 #define TALLY_SERVER_REPORT_COMPARE_H_
 
@@ -56,6 +56,18 @@ struct Comparison {
     std::vector<double> a, b;       // Per `metrics`.
   };
   std::vector<Row> rows;
+  // A's --group-by terms (report_groups.h; groups from A's columns and row properties): per group,
+  // per foreground class, each metric's paired summary over the group's pairs.
+  struct GroupEntry {
+    std::string value;
+    int64_t pairs = 0;  // Images evaluated in both runs.
+    std::vector<ClassComparison> classes;  // metrics only (no most_changed).
+  };
+  struct GroupTable {
+    std::string by;
+    std::vector<GroupEntry> groups;
+  };
+  std::vector<GroupTable> groups;
 };
 
 // Reads both finished jobs' results. INVALID_ARGUMENT when their manifests do not pair (row counts

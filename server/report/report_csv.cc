@@ -17,6 +17,8 @@ std::string PerImageCsv::Header() const {
   if (config_.nonfinite == NonfinitePolicy::kWarn) h += ",nonfinite";
   // COCO instance jobs: one row per image and category, with its instances at IoU 0.5.
   if (config_.instance_job()) h += ",category,gt_instances,dt_instances,instance_tp50,instance_fp50,instance_fn50";
+  // Jobs with groups or slices: the row's properties (report_groups.h), the class's own first.
+  if (config_.row_properties()) h += ",fg_fraction,volume_ratio,components,pixels,mean_intensity";
   // What the row was scored from: its files' XXH128 digests as read (docs/reports.md; `tally verify`).
   h += ",image_xxh128,mask_xxh128,prediction_xxh128";
   return h + "\n";
@@ -43,6 +45,12 @@ std::string PerImageCsv::Rows(const v1::ImageResult& r, const RowNames& names) c
       const v1::CocoImageRecord& x = rec == records.end() ? empty : *rec->second;
       absl::StrAppend(&out, ",", CsvField(category->second), ",", x.references(), ",", x.detections(), ",", x.tp50(),
                       ",", x.fp50(), ",", x.fn50());
+    }
+    if (config_.row_properties()) {
+      const std::array<double, 3> own = ClassDerivedValues(config_, r, c);
+      const DerivedValues row = RowDerivedValues(config_, r);
+      absl::StrAppend(&out, ",", FormatDouble(own[0]), ",", FormatDouble(own[1]), ",", FormatDouble(own[2]), ",",
+                      FormatDouble(row[3]), ",", FormatDouble(row[4]));
     }
     out += digests;
     out.push_back('\n');

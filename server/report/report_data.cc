@@ -307,6 +307,7 @@ ReportAccumulator::ReportAccumulator(const JobRecord& record, JobConfig config, 
   // These keep a reference to the configuration: config_, which stays where it is.
   if (config_.instance_job()) instances_ = std::make_unique<InstanceAccumulator>(config_);
   if (config_.panoptic_job()) panoptic_ = std::make_unique<PanopticAccumulator>(config_);
+  if (config_.row_properties()) groups_ = std::make_unique<GroupAccumulator>(config_);
 }
 
 ReportAccumulator::~ReportAccumulator() = default;
@@ -331,6 +332,7 @@ void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& 
   if (!stored.error().empty()) {
     d_.failures.push_back({stored.index(), names.id, image, stored.error()});
     ++d_.failed;
+    if (groups_ != nullptr) groups_->Add(stored.index(), nullptr, names);
     return;
   }
   v1::ImageResult padded;
@@ -366,6 +368,7 @@ void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& 
                                          : RowKey(names.id.empty() ? image : names.id));
   if (instances_ != nullptr) instances_->Add(r);
   if (panoptic_ != nullptr) panoptic_->Add(r);
+  if (groups_ != nullptr) groups_->Add(r.index(), &r, names);
   if (on_row) on_row(r, names);
 }
 
@@ -389,6 +392,7 @@ void ReportAccumulator::Merge(ReportAccumulator* other) {
   d_.mask_ignored += other->d_.mask_ignored;
   for (const auto& [spacing, rows] : other->d_.spacings) d_.spacings[spacing] += rows;
   if (instances_ != nullptr && other->instances_ != nullptr) instances_->Merge(other->instances_.get());
+  if (groups_ != nullptr && other->groups_ != nullptr) groups_->Merge(other->groups_.get());
 }
 
 absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std::vector<const JobRecord*>& parts,
@@ -404,6 +408,7 @@ absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std:
   d.aggregate = aggregator_->Finish();
   if (panoptic_ != nullptr) d.panoptic = panoptic_->Finish();
   if (instances_ != nullptr) d.instances = instances_->Finish();
+  if (groups_ != nullptr) d.groups = groups_->Finish();
   RETURN_IF_ERROR(AttachWorstRows(store, parts, &d));
   for (const JobRecord* part : parts) {
     ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store->ReadWorkers(part->job.job_id()));

@@ -20,6 +20,7 @@
 #include "common/job/row_order.h"
 #include "metrics/aggregator.h"
 #include "server/store/job_store.h"
+#include "server/report/report_groups.h"
 #include "server/report/report_instances.h"
 
 namespace tally {
@@ -85,6 +86,7 @@ struct ReportData {
   // COCO instance jobs (present): COCO AP and the rest (server/report/report_instances.h).
   InstanceReport instances;
   PanopticReport panoptic;  // Panoptic jobs (present).
+  GroupsReport groups;      // --group-by tables and --find-slices' search (report_groups.h).
   bool IsPanopticJob() const { return config.panoptic_job(); }
   // Instance jobs: class ids that are categories (the others only pad the label range).
   bool IsCategoryClass(int class_id) const {
@@ -169,6 +171,7 @@ class ReportAccumulator {
   std::unique_ptr<Aggregator> aggregator_;
   std::unique_ptr<InstanceAccumulator> instances_;
   std::unique_ptr<PanopticAccumulator> panoptic_;
+  std::unique_ptr<GroupAccumulator> groups_;  // Jobs with groups or slices.
   std::optional<RowOrder> order_;  // A sample's draw order (IntervalKind::kSample).
   int64_t submitted_ns_ = 0;       // The job's submission (0: unknown, no check).
 };

@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "base/json_writer.h"
 #include "server/report/report_data.h"
 
 namespace tally {
@@ -14,6 +15,13 @@ namespace tally {
 std::string ReportJson(const ReportData& d);      // report.json
 std::string ReportMarkdown(const ReportData& d);  // summary.md
 std::string ReportHtml(const ReportData& d);      // report.html: self-contained, inline CSS and SVG
+
+// --group-by and --find-slices (report_groups_render.cc): report.json's "groups" and "slices",
+// groups.csv (one line per table, group, class and metric), and the Markdown and HTML sections.
+void GroupsJson(const ReportData& d, JsonWriter& w);
+std::string GroupsCsv(const ReportData& d);
+std::string GroupsMarkdown(const ReportData& d);
+std::string GroupsHtml(const ReportData& d);
 
 // per_image.csv, streamed: one row per evaluated image and class, in index order.
 class PerImageCsv {

@@ -372,6 +372,7 @@ std::string ReportHtml(const ReportData& d) {
          "lesion (global); tp, fp, fn are lesion counts.</p>\n<div class=\"table-wrap\">" + HtmlTable(LesionTable(d)) +
          "</div>\n";
   }
+  h += GroupsHtml(d);
   h += std::string("<h2>Mean Dice per class") + (d.interval == IntervalKind::kNone ? "" : " (with its 95% interval)") +
        "</h2>\n" + DiceBarChart(d) + "\n";
   if (!d.aggregate.thresholds.empty()) {

@@ -43,6 +43,7 @@ absl::Status WriteReportFiles(const ReportData& d, const std::string& dir, Repor
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.json", ReportJson(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/summary.md", ReportMarkdown(d)));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.html", ReportHtml(d)));
+  if (!d.groups.tables.empty()) RETURN_IF_ERROR(WriteFileAtomically(dir + "/groups.csv", GroupsCsv(d)));
   if (outcome != nullptr) {
     // The table `tally run` and `tally status` print, then what makes the numbers suspect and the
     // failed rows grouped by reason.

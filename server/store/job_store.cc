@@ -338,10 +338,13 @@ namespace {
 
 // A row's names from columns first..first+5 of a statement: id, image, mask, prediction, mask_path,
 // prediction_path (as kNameColumns lists them).
-constexpr const char* kNameColumns = "id, image, mask, prediction, mask_path, prediction_path";
+constexpr const char* kNameColumns = "id, image, mask, prediction, mask_path, prediction_path, columns";
 RowNames NamesFromColumns(Stmt& q, int first) {
-  return RowNames{q.Text(first),     q.Text(first + 1), q.Text(first + 2),
-                  q.Text(first + 3), q.Text(first + 4), q.Text(first + 5)};
+  RowNames names{q.Text(first),     q.Text(first + 1), q.Text(first + 2),
+                 q.Text(first + 3), q.Text(first + 4), q.Text(first + 5)};
+  // An unreadable blob (never written so) leaves the row without columns: its groups show it as "".
+  store_internal::RowColumnsFromBlob(q.Blob(first + 6), &names.columns).IgnoreError();
+  return names;
 }
 
 // CommitResults' names of the newly inserted rows, from the job's blocks or rows.
@@ -602,7 +605,7 @@ absl::Status JobStore::ForEachResult(const std::string& job_id, const ResultFn& 
   ASSIGN_OR_RETURN(const bool blocked, RowsInBlocks(reader, job_id));
   if (blocked) return ForEachBlockedResult(reader, job_id, fn);
   Stmt q(reader,
-         "SELECT r.payload, m.id, m.image, m.mask, m.prediction, m.mask_path, m.prediction_path "
+         "SELECT r.payload, m.id, m.image, m.mask, m.prediction, m.mask_path, m.prediction_path, m.columns "
          "FROM results r JOIN manifest_rows m "
          "ON m.job_id = r.job_id AND m.idx = r.idx WHERE r.job_id=? ORDER BY r.idx");
   RETURN_IF_ERROR(q.status());

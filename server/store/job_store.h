@@ -35,11 +35,12 @@ struct RowNames {
   std::string prediction;  // Prediction manifests.
   std::string mask_path;   // Resolved against the manifest's folder.
   std::string prediction_path;
+  std::vector<std::string> columns;  // The extra columns' values where the job keeps them (JobSpec.manifest_columns).
 };
 
 // A manifest row's names (what reports show of it).
 inline RowNames NamesOf(const ManifestRow& r) {
-  return RowNames{r.id, r.image, r.mask, r.prediction, r.mask_path, r.prediction_path};
+  return RowNames{r.id, r.image, r.mask, r.prediction, r.mask_path, r.prediction_path, r.columns};
 }
 
 // One report thumbnail (common/formats/thumbnail.h) as the store keeps it, stripped from its result.

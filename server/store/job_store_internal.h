@@ -106,6 +106,8 @@ constexpr int64_t kRowBlock = 256;
 
 // A block's rows decoded (rows in index order); DATA_LOSS when it does not read back.
 absl::Status DecodeBlock(const std::string& data, std::vector<ManifestRow>* rows);
+// A manifest_rows.columns blob's extra column values (none for "").
+absl::Status RowColumnsFromBlob(const std::string& blob, std::vector<std::string>* columns);
 // The row with `index` in a decoded block (rows in index order), or null.
 const ManifestRow* FindInBlock(const std::vector<ManifestRow>& rows, int64_t index);
 // Whether a job's rows are in manifest_blocks (else in manifest_rows, one record a row).

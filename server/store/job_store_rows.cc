@@ -108,6 +108,15 @@ void EncodeRow(const ManifestRow& r, std::string* out, std::string* scratch) {
 
 namespace store_internal {
 
+absl::Status RowColumnsFromBlob(const std::string& blob, std::vector<std::string>* columns) {
+  columns->clear();
+  if (blob.empty()) return absl::OkStatus();
+  ManifestRow r;
+  RETURN_IF_ERROR(ApplyExtraBlob(blob, &r));
+  *columns = std::move(r.columns);
+  return absl::OkStatus();
+}
+
 absl::Status DecodeBlock(const std::string& data, std::vector<ManifestRow>* rows) {
   rows->clear();
   const char* p = data.data();
