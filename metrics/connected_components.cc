@@ -89,49 +89,63 @@ absl::StatusOr<int64_t> LabelComponents(const uint8_t* mask, int depth, int heig
   return count;
 }
 
+namespace {
+
+// A run of equal labels along x in one line (z, y): [begin, end).
+struct Run {
+  int begin, end;
+  uint16_t label;
+};
+
+}  // namespace
+
+// Runs of each line, joined to the runs of the earlier lines they touch (8- and 26-connectivity:
+// runs touch when their x ranges overlap or meet at a corner), in a union-find over runs: linear
+// in the pixels, with the work per run, not per pixel, where labels form regions.
 std::vector<int64_t> CountComponentsPerLabel(const uint16_t* labels, int depth, int height, int width, int max_label) {
   std::vector<int64_t> out(std::max(0, max_label + 1), 0);
-  if (max_label < 0) return out;
-  const bool volume = depth > 1;
-  const std::vector<std::array<int, 3>> neighbours = EarlierNeighbours(volume, volume ? 26 : 8);
-  const int64_t n = static_cast<int64_t>(depth) * height * width;
-  thread_local std::vector<int32_t> provisional;
-  provisional.assign(n, -1);
+  if (max_label < 0 || height <= 0 || width <= 0) return out;
+  std::vector<Run> runs;
+  std::vector<size_t> line_start = {0};  // Runs of line (z * height + y) are [line_start[l], line_start[l + 1]).
   std::vector<int32_t> parent;
-  std::vector<uint16_t> label_of;  // Each provisional set's label.
+  const auto join = [&](size_t a, size_t b) {
+    const int32_t x = Find(parent, static_cast<int32_t>(a)), y = Find(parent, static_cast<int32_t>(b));
+    if (x != y) parent[std::max(x, y)] = std::min(x, y);
+  };
+  // Joins run r of the current line to the touching runs of line `other` with its label.
+  const auto touch = [&](size_t r, int64_t other) {
+    for (size_t k = line_start[other]; k < line_start[other + 1]; ++k) {
+      if (runs[k].begin > runs[r].end) break;
+      if (runs[k].end >= runs[r].begin && runs[k].label == runs[r].label) join(r, k);
+    }
+  };
   for (int z = 0; z < depth; ++z) {
     for (int y = 0; y < height; ++y) {
-      for (int x = 0; x < width; ++x) {
-        const int64_t i = (static_cast<int64_t>(z) * height + y) * width + x;
-        const uint16_t l = labels[i];
-        if (l > max_label) continue;
-        int32_t set = -1;
-        for (const auto& [dz, dy, dx] : neighbours) {
-          const int zz = z + dz, yy = y + dy, xx = x + dx;
-          if (zz < 0 || yy < 0 || yy >= height || xx < 0 || xx >= width) continue;
-          const int64_t j = (static_cast<int64_t>(zz) * height + yy) * width + xx;
-          if (labels[j] != l) continue;
-          const int32_t other = Find(parent, provisional[j]);
-          if (set < 0) {
-            set = other;
-          } else if (other != set) {
-            parent[std::max(set, other)] = std::min(set, other);
-            set = std::min(set, other);
-          }
+      const uint16_t* row = labels + (static_cast<int64_t>(z) * height + y) * width;
+      const size_t first = runs.size();
+      for (int x = 0; x < width;) {
+        const uint16_t l = row[x];
+        int e = x + 1;
+        while (e < width && row[e] == l) ++e;
+        if (l <= max_label) {
+          runs.push_back({x, e, l});
+          parent.push_back(static_cast<int32_t>(parent.size()));
         }
-        if (set < 0) {
-          set = static_cast<int32_t>(parent.size());
-          parent.push_back(set);
-          label_of.push_back(l);
+        x = e;
+      }
+      line_start.push_back(runs.size());
+      const int64_t line = static_cast<int64_t>(z) * height + y;
+      for (size_t r = first; r < runs.size(); ++r) {
+        if (y > 0) touch(r, line - 1);
+        for (int dy = -1; z > 0 && dy <= 1; ++dy) {
+          if (y + dy >= 0 && y + dy < height) touch(r, line - height + dy);
         }
-        provisional[i] = set;
       }
     }
   }
-  for (size_t s = 0; s < parent.size(); ++s) {
-    if (parent[s] == static_cast<int32_t>(s)) ++out[label_of[s]];
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if (parent[r] == static_cast<int32_t>(r)) ++out[runs[r].label];
   }
-  if (provisional.capacity() > (int64_t{1} << 24)) std::vector<int32_t>().swap(provisional);
   return out;
 }
 

@@ -23,7 +23,8 @@ absl::StatusOr<int64_t> LabelComponents(const uint8_t* mask, int depth, int heig
 // Components per label of a label map (depth x height x width, row-major): pixels are neighbours
 // when their labels are equal and they touch by a face, an edge or a corner (2D 8, 3D 26). Returns
 // out[l] = the number of components of label l for l in 0..max_label; labels above max_label
-// (the ignore value among them) belong to none. Uses one int32 per pixel of scratch.
+// (the ignore value among them) belong to none. Works on runs of equal labels along x: linear in
+// the pixels, its memory per run.
 std::vector<int64_t> CountComponentsPerLabel(const uint16_t* labels, int depth, int height, int width, int max_label);
 
 }  // namespace tally
