@@ -110,7 +110,7 @@ ABSL_FLAG(bool, compile, false,
           "Python models: compile the model's torch.nn.Module attributes with torch.compile before the first batch "
           "(needs torch 2 in the model's interpreter; refused, never run uncompiled, without it)");
 ABSL_FLAG(std::string, group_by, "",
-          "Per-group tables in every report: manifest columns and derived:PROPERTY[:BINS] (fg_fraction, volume_ratio, "
+          "Per-group tables in every report: manifest columns, dicom:KEYWORD and derived:PROPERTY[:BINS] (fg_fraction, volume_ratio, "
           "components, pixels, mean_intensity), comma-separated; NAME:K bins a numeric column into K quantile bins");
 ABSL_FLAG(int32_t, min_group_rows, 20, "--group-by: groups with fewer evaluated rows are shown but marked");
 ABSL_FLAG(bool, find_slices, false,

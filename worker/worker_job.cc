@@ -315,6 +315,7 @@ absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& conf
   po.batch_timeout_seconds = config.batch_timeout_seconds;
   po.nonfinite_warn = config.nonfinite == NonfinitePolicy::kWarn;
   po.row_properties = config.row_properties();
+  po.dicom_tags = config.dicom_tags();
   po.ignore_index = config.ignore_index;
   po.label_map = config.label_map;
   po.num_thresholds = config.thresholds.size();

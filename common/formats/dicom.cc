@@ -278,6 +278,39 @@ Window DicomWindow(const Parsed& p, double slope, double intercept, const Decode
 
 }  // namespace
 
+namespace {
+
+// The dictionary's tag of `keyword` (false: none).
+bool KeywordTag(const std::string& keyword, DcmTagKey* key) {
+  InitDcmtk();
+  const DcmDataDictionary& dict = dcmDataDict.rdlock();
+  const DcmDictEntry* e = dict.findEntry(keyword.c_str());
+  if (e != nullptr) *key = e->getKey();
+  dcmDataDict.rdunlock();
+  return e != nullptr;
+}
+
+}  // namespace
+
+bool IsDicomKeyword(const std::string& keyword) {
+  DcmTagKey key;
+  return !keyword.empty() && KeywordTag(keyword, &key);
+}
+
+absl::Status DicomTagValues(const std::string& bytes, const std::string& name, const std::vector<std::string>& keywords,
+                            std::vector<std::string>* values) {
+  Parsed p;
+  RETURN_IF_ERROR(Read(bytes, name, &p));
+  values->assign(keywords.size(), "");
+  for (size_t i = 0; i < keywords.size(); ++i) {
+    DcmTagKey key;
+    OFString v;
+    if (!KeywordTag(keywords[i], &key) || key == DCM_PixelData) continue;
+    if (p.ds->findAndGetOFStringArray(key, v).good()) (*values)[i] = std::string(v.c_str()).substr(0, 256);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DicomDimensions(const std::string& bytes, const std::string& name, int* height, int* width) {
   Parsed p;
   absl::Status s = Read(bytes, name, &p);

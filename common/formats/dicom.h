@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +26,14 @@ absl::Status DecodeDicomImage(const std::string& bytes, const std::string& name,
                               int64_t max_pixels, RgbImage* out);
 absl::Status DecodeDicomRaw(const std::string& bytes, const std::string& name, int64_t max_pixels, RawImage* out);
 absl::Status DicomDimensions(const std::string& bytes, const std::string& name, int* height, int* width);
+
+// Whether `keyword` names an attribute of DCMTK's data dictionary ("Manufacturer", "SliceThickness").
+bool IsDicomKeyword(const std::string& keyword);
+// The values of the attributes named by `keywords` (each IsDicomKeyword) in a DICOM image, as DCMTK
+// writes them as text (several values joined by '\\'), at most 256 bytes each; "" where the file has
+// none. Errors as the decoder's when the file is not a DICOM image it reads.
+absl::Status DicomTagValues(const std::string& bytes, const std::string& name, const std::vector<std::string>& keywords,
+                            std::vector<std::string>* values);
 
 }  // namespace tally
 

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "base/file_util.h"
 #include "base/status_macros.h"
+#include "common/formats/dicom.h"
 #include "common/formats/thumbnail.h"
 
 namespace tally {
@@ -333,9 +334,15 @@ absl::StatusOr<std::vector<GroupBy>> ParseGroupBy(const std::vector<std::string>
                                                        "' (there are fg_fraction, volume_ratio, components, pixels, mean_intensity)"));
       }
       if (g.bins == 0 && g.derived != "components") g.bins = 4;
+    } else if (absl::StartsWith(name, "dicom:")) {
+      g.dicom = name.substr(6);
+      if (!IsDicomKeyword(g.dicom)) {
+        return absl::InvalidArgumentError(absl::StrCat("--group-by '", term, "': '", g.dicom,
+                                                       "' is not a DICOM attribute keyword (such as Manufacturer, SliceThickness)"));
+      }
     } else if (name.find(':') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("--group-by '", term, "': expected a manifest column or derived:NAME ",
-                                                     "(dicom: tags, COCO image fields and shard JSON fields are not groupable yet)"));
+      return absl::InvalidArgumentError(absl::StrCat("--group-by '", term, "': expected a manifest column (a shard ",
+                                                     "sample's JSON field), derived:NAME or dicom:KEYWORD"));
     } else if (name.empty()) {
       return absl::InvalidArgumentError("--group-by: empty term");
     } else {

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,12 +54,13 @@ inline constexpr int kBatchAuto = -1;          // The largest that fits under ma
 inline constexpr int kDefaultBatchAlignment = 32;
 inline constexpr double kDefaultBatchTimeoutSeconds = 600;
 
-// One --group-by term (docs/reports.md "Groups"): a manifest column, or a derived row property
-// ("derived:fg_fraction"), each optionally binned into `bins` quantile bins ("NAME:4").
+// One --group-by term (docs/reports.md "Groups"): a manifest column, a derived row property
+// ("derived:fg_fraction") or a DICOM image's attribute ("dicom:Manufacturer"), each optionally binned into `bins` quantile bins ("NAME:4").
 struct GroupBy {
   std::string text;     // As given: the table's name.
   std::string column;   // A manifest column's name, or
-  std::string derived;  // a derived property (kDerivedProperties).
+  std::string derived;  // a derived property (kDerivedProperties), or
+  std::string dicom;    // a DICOM attribute of the image, by keyword ("Manufacturer").
   int bins = 0;         // 0: each value its own group.
 };
 // The derived row properties (per_image.csv's columns of jobs with groups or slices).
@@ -137,6 +139,14 @@ struct JobConfig {
   bool find_slices = false;                      // JobSpec.find_slices.
   // Workers measure each row's properties (ImageResult.properties) and per_image.csv shows them.
   bool row_properties() const { return !group_by.empty() || find_slices; }
+  // The DICOM keywords grouped by, in the terms' order (RowProperties.tags holds their values).
+  std::vector<std::string> dicom_tags() const {
+    std::vector<std::string> out;
+    for (const GroupBy& g : group_by) {
+      if (!g.dicom.empty() && std::find(out.begin(), out.end(), g.dicom) == out.end()) out.push_back(g.dicom);
+    }
+    return out;
+  }
   bool python_model() const { return ParseModelRef(model).python; }
   // Single-score outputs: the count metrics at each of these thresholds too (sorted, in (0, 1)).
   std::vector<double> thresholds;

@@ -153,11 +153,11 @@ void GroupPairs(const JobConfig& ca, const std::vector<Evaluated>& ra, int class
     const bool failed = ra[i].result.classes_size() == 0;
     derived[i].fill(NAN);
     if (!failed) derived[i] = RowDerivedValues(ca, ra[i].result);
-    rows.push_back({&ra[i].columns, &derived[i], failed});
+    rows.push_back({&ra[i].columns, &derived[i], failed, &ra[i].result.properties().tags()});
   }
   const size_t metrics = c->metrics.size();
   for (const GroupBy& g : ca.group_by) {
-    const std::vector<std::string> keys = GroupKeys(g, ca.manifest_columns, rows);
+    const std::vector<std::string> keys = GroupKeys(g, ca, rows);
     std::map<std::string, std::vector<std::vector<std::vector<std::pair<double, double>>>>> pairs;
     std::map<std::string, std::set<int64_t>> members;
     for (const Comparison::Row& r : c->rows) {

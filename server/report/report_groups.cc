@@ -155,6 +155,7 @@ void GroupAccumulator::Add(int64_t index, const v1::ImageResult* r, const RowNam
   row.derived.fill(kNaN);
   if (r != nullptr) {
     row.derived = RowDerivedValues(config_, *r);
+    row.tags = r->properties().tags();
     num_classes_ = std::max(num_classes_, r->classes_size());
     row.values.reserve(static_cast<size_t>(r->classes_size()) * metrics_.size());
     for (int c = 0; c < r->classes_size(); ++c) {
@@ -170,13 +171,19 @@ void GroupAccumulator::Merge(GroupAccumulator* other) {
   other->rows_.clear();
 }
 
-std::vector<std::string> GroupKeys(const GroupBy& g, const std::vector<std::string>& column_names,
-                                   const std::vector<GroupedRow>& rows) {
+std::vector<std::string> GroupKeys(const GroupBy& g, const JobConfig& config, const std::vector<GroupedRow>& rows) {
   std::vector<std::string> out(rows.size());
-  if (!g.column.empty()) {
-    const size_t col = static_cast<size_t>(std::find(column_names.begin(), column_names.end(), g.column) -
-                                           column_names.begin());
-    for (size_t i = 0; i < rows.size(); ++i) out[i] = col < rows[i].columns->size() ? (*rows[i].columns)[col] : "";
+  if (!g.column.empty() || !g.dicom.empty()) {
+    const std::vector<std::string>& names = g.dicom.empty() ? config.manifest_columns : config.dicom_tags();
+    const std::string& name = g.dicom.empty() ? g.column : g.dicom;
+    const int col = static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (!g.dicom.empty()) {
+        out[i] = rows[i].tags != nullptr && col < rows[i].tags->size() ? rows[i].tags->Get(col) : "";
+      } else {
+        out[i] = static_cast<size_t>(col) < rows[i].columns->size() ? (*rows[i].columns)[col] : "";
+      }
+    }
     if (g.bins > 0) {
       // Bins of the evaluated rows' numbers; failed rows, which have none, are "(none)".
       std::vector<double> numbers(rows.size(), kNaN);
@@ -207,8 +214,8 @@ std::vector<std::string> GroupKeys(const GroupBy& g, const std::vector<std::stri
 std::vector<std::string> GroupAccumulator::GroupOf(const GroupBy& g) const {
   std::vector<GroupedRow> rows;
   rows.reserve(rows_.size());
-  for (const Row& r : rows_) rows.push_back({&r.columns, &r.derived, r.failed});
-  return GroupKeys(g, config_.manifest_columns, rows);
+  for (const Row& r : rows_) rows.push_back({&r.columns, &r.derived, r.failed, &r.tags});
+  return GroupKeys(g, config_, rows);
 }
 
 GroupTable GroupAccumulator::Table(const GroupBy& g) const {
@@ -296,6 +303,12 @@ void GroupAccumulator::FindSlices(GroupsReport* out) const {
       numeric = numeric && absl::SimpleAtod(a.values[i], &numbers[i]);
     }
     if (numeric && static_cast<int>(distinct.size()) > max_values) a = NumericSliceAttribute(a.name, numbers, bins, max_values);
+    attributes.push_back(std::move(a));
+  }
+  const std::vector<std::string> tags = config_.dicom_tags();
+  for (int t = 0; t < static_cast<int>(tags.size()); ++t) {
+    SliceAttribute a{absl::StrCat("dicom:", tags[t]), std::vector<std::string>(rows_.size())};
+    for (size_t i = 0; i < rows_.size(); ++i) a.values[i] = t < rows_[i].tags.size() ? rows_[i].tags.Get(t) : "";
     attributes.push_back(std::move(a));
   }
   for (int p = 0; p < kNumDerived; ++p) {

@@ -14,7 +14,8 @@
 // Derived  row properties from the counts (fg_fraction: reference foreground pixels over pixels
 //          counted; volume_ratio: predicted over reference foreground, none without reference
 //          foreground; pixels) and from the worker (components: the reference's connected
-//          components over labels >= 1; mean_intensity: the decoded image's mean 8-bit value).
+//          components over labels >= 1; mean_intensity: the decoded image's mean 8-bit value), and
+//          the DICOM attributes the terms name (dicom:KEYWORD; "(none)" for other images).
 //          Foreground as the reports' foreground means count it (class 0 aside unless
 //          include_background; regions all).
 #ifndef TALLY_SERVER_REPORT_REPORT_GROUPS_H_
@@ -94,6 +95,7 @@ class GroupAccumulator {
     DerivedValues derived{};
     std::vector<double> values;  // class-major: classes_[k] * metrics + m.
     std::string id;
+    google::protobuf::RepeatedPtrField<std::string> tags;
   };
   // Each row's group in table `g` ("(none)" where it has no value).
   std::vector<std::string> GroupOf(const GroupBy& g) const;
@@ -112,11 +114,11 @@ struct GroupedRow {
   const std::vector<std::string>* columns;  // Values of the job's manifest_columns.
   const DerivedValues* derived;
   bool failed = false;
+  const google::protobuf::RepeatedPtrField<std::string>* tags = nullptr;  // RowProperties.tags (null: none).
 };
 // Each row's group under term `g` ("(none)" where it has no value); quantile bins over the rows that
-// did not fail. `column_names`: the job's manifest_columns.
-std::vector<std::string> GroupKeys(const GroupBy& g, const std::vector<std::string>& column_names,
-                                   const std::vector<GroupedRow>& rows);
+// did not fail. `config`: the job's (its manifest_columns and dicom_tags).
+std::vector<std::string> GroupKeys(const GroupBy& g, const JobConfig& config, const std::vector<GroupedRow>& rows);
 // Groups in a reader's order: quantile bins by number, numbers by value, then text; "(none)" last.
 bool GroupBefore(const std::string& a, const std::string& b);
 

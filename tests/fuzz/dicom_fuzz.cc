@@ -1,5 +1,5 @@
 // DICOM (common/formats/dicom.cc, through DCMTK): the image decoder on arbitrary bytes, with the
-// header's window or a given one, and the size read.
+// header's window or a given one, the size read, and the attributes --group-by dicom: reads.
 #include "common/formats/dicom.h"
 #include "fuzz_util.h"
 
@@ -14,5 +14,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   int h = 0, w = 0;
   if (tally::DicomDimensions(bytes, "fuzz", &h, &w).ok()) FUZZ_CHECK(h > 0 && w > 0);
+  std::vector<std::string> tags;
+  if (tally::DicomTagValues(bytes, "fuzz", {"Manufacturer", "SliceThickness", "PixelData", "PatientName"}, &tags).ok()) {
+    FUZZ_CHECK(tags.size() == 4 && tags[2].empty());
+    for (const std::string& t : tags) FUZZ_CHECK(t.size() <= 256);
+  }
   return 0;
 }

@@ -235,6 +235,63 @@ class GroupsTest(unittest.TestCase):
 
 
 class ModelGroupsTest(unittest.TestCase):
+    def test_dicom_attributes_are_groupable(self):
+        from pydicom import dcmread
+        from test_formats import dicom
+        root = tt.tmpdir(self)
+        rng = np.random.default_rng(4)
+        lines = ["id,image,mask"]
+        for i in range(16):
+            stored = rng.integers(0, 4096, (12, 10))
+            path = os.path.join(root, f"d{i}.dcm")
+            dicom(path, stored, center=2048, width=4096)
+            ds = dcmread(path)
+            if i % 4 != 3:  # Every fourth image has no Manufacturer: "(none)".
+                ds.Manufacturer = "ACME" if i % 2 == 0 else "Other Co"
+            ds.SliceThickness = "1.5" if i < 8 else "3"
+            ds.save_as(path)
+            Image.fromarray((rng.random((12, 10)) < 0.5).astype(np.uint8)).save(os.path.join(root, f"m{i}.png"))
+            lines.append(f"d{i},d{i}.dcm,m{i}.png")
+        manifest = tt.write_manifest(root, lines)
+        out = os.path.join(root, "out")
+        tt.tally_run(tt.fixture("red_vs_rest.pt"), manifest, out, "--group-by", "dicom:Manufacturer,dicom:SliceThickness",
+                     "--metrics", "dice")
+        tables = {t["by"]: t for t in tt.read_report(out)["groups"]["tables"]}
+        rows = {g["value"]: g["rows"] for g in tables["dicom:Manufacturer"]["groups"]}
+        self.assertEqual(rows, {"ACME": 8, "Other Co": 4, "(none)": 4})
+        self.assertEqual({g["value"]: g["rows"] for g in tables["dicom:SliceThickness"]["groups"]}, {"1.5": 8, "3": 8})
+        dice = {int(r["index"]): float(r["dice"]) for r in read_csv(os.path.join(out, "per_image.csv")) if r["class"] == "1"}
+        acme = np.array([dice[i] for i in range(16) if i % 2 == 0 and i % 4 != 3 and math.isfinite(dice[i])])
+        g = [g for g in tables["dicom:Manufacturer"]["groups"] if g["value"] == "ACME"][0]
+        self.assertTrue(tt.same(g["classes"][0]["dice"]["mean"], acme.mean(), rel=1e-12))
+        p = tt.tally("run", "--manifest", manifest, "--out", os.path.join(root, "bad"), "--group-by", "dicom:Maker",
+                     check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("'Maker' is not a DICOM attribute keyword", p.stderr)
+
+    def test_a_shard_samples_json_fields_are_groupable(self):
+        from test_shards import write_shards
+        root = tt.tmpdir(self)
+        rng = np.random.default_rng(8)
+        pairs = [(rng.integers(0, 3, (10, 12)), rng.integers(0, 3, (10, 12))) for _ in range(24)]
+        tt.write_pairs(root, pairs)
+        rows = [(f"p{i:04d}", os.path.join(root, "img", f"p{i:04d}.png"), os.path.join(root, "msk", f"p{i:04d}.png"))
+                for i in range(24)]
+        write_shards(os.path.join(root, "shards"), rows, 6)  # Each sample's JSON: {"prompt": "cells", "n": i % 6}.
+        out = os.path.join(root, "out")
+        tt.tally_run(tt.fixture("echo4.pt"), "", out, "--shards", os.path.join(root, "shards", "train-{000000..000003}.tar"),
+                     "--group-by", "n,prompt", "--metrics", "dice")
+        per_image = [r for r in read_csv(os.path.join(out, "per_image.csv")) if r["class"] == "1"]
+        tables = {t["by"]: t for t in tt.read_report(out)["groups"]["tables"]}
+        self.assertEqual([g["value"] for g in tables["prompt"]["groups"]], ["cells"])
+        self.assertEqual([g["value"] for g in tables["n"]["groups"]], [str(k) for k in range(6)])
+        for g in tables["n"]["groups"]:
+            v = np.array([float(r["dice"]) for r in per_image if r["id"] == f"p{int(r['index']):04d}" and
+                          int(r["index"]) % 6 == int(g["value"]) and r["dice"] != "nan"])
+            self.assertEqual(g["rows"], 4)
+            self.assertGreater(len(v), 0)
+            self.assertTrue(tt.same(g["classes"][0]["dice"]["mean"], v.mean(), rel=1e-12))
+
     def test_mean_intensity_is_the_images_mean_byte(self):
         root = tt.tmpdir(self)
         rng = np.random.default_rng(3)
@@ -251,6 +308,15 @@ class ModelGroupsTest(unittest.TestCase):
             self.assertEqual(int(r["components"]), n)
         tables = {t["by"]: t for t in tt.read_report(out)["groups"]["tables"]}
         self.assertEqual(sum(g["rows"] for g in tables["derived:mean_intensity:2"]["groups"]), 20)
+        # Rows the prediction store answers (no model run) are measured as those the model ran on.
+        store = os.path.join(root, "store")
+        for k in range(2):
+            o = os.path.join(root, f"stored{k}")
+            tt.tally_run(tt.fixture("echo4.pt"), manifest, o, "--group-by", "derived:mean_intensity:2,derived:components",
+                         "--prediction-store", store)
+            self.assertEqual(tt.read_report(o)["rows_from_store"], 20 * k)
+            self.assertTrue(tt.same_files(out, o, "per_image.csv"))
+            self.assertTrue(tt.same_files(out, o, "groups.csv"))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ struct PipelineOptions {
   bool nonfinite_warn = false;  // Evaluate rows whose model output has NaN/Inf (else they fail).
   // Measure each row's properties while decoding it (ImageResult.properties: groups and slices).
   bool row_properties = false;
+  std::vector<std::string> dicom_tags;  // With it: these attributes of DICOM images (RowProperties.tags).
   int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
   std::vector<std::pair<int, int>> label_map;  // Applied to reference masks first (value -> label).
   size_t num_thresholds = 0;    // Results carry the runner's threshold counts (ModelRunnerOptions).
@@ -274,6 +275,8 @@ class Pipeline : public RowEvaluator {
   void DecodeMask(Item* item, std::unique_ptr<RgbImage> image);
   // PipelineOptions::row_properties: the row's components per label and mean intensity.
   void MeasureRow(Item* item) const;
+  // PipelineOptions::dicom_tags of a DICOM image's bytes into its properties.
+  void ReadTags(Item* item, const std::string& bytes) const;
   // After nvJPEG's batch: each JPEG item's error, or its pixels marked decoded (and measured).
   void FinishGpuItems(const std::vector<GpuJpegImage>& jobs, const std::vector<Item*>& items) const;
   // The image's 8-bit pixels, and with PipelineOptions::raw_images its stored values where it has

@@ -28,6 +28,7 @@
 #include "worker/pipeline/pipeline_internal.h"
 #include "metrics/parallel_for.h"
 #include "common/sources/row_files.h"
+#include "common/formats/dicom.h"
 #include "common/formats/jpeg.h"
 
 namespace tally {
@@ -110,7 +111,10 @@ void Pipeline::Decode(Item* item) {
   // A row whose prediction the runner holds (the prediction store) needs no pixels: an image of its
   // size is staged unfilled (FinishRow decodes it again for a thumbnail).
   if (s.ok()) item->held = runner_->FindHeld(item->row, item->inputs.image());
-  if (s.ok() && item->held) {
+  if (s.ok()) ReadTags(item, bytes);
+  // Jobs that measure rows decode a held row's pixels too: its properties are those of a row the
+  // model ran on, whatever the store holds.
+  if (s.ok() && item->held && !options_.row_properties) {
     image->height = item->held->height;
     image->width = item->held->width;
     image->pixels.resize(static_cast<size_t>(image->height) * image->width * 3);
@@ -129,6 +133,14 @@ void Pipeline::Decode(Item* item) {
   if (options_.row_properties && item->error.empty()) MeasureRow(item);
 }
 
+void Pipeline::ReadTags(Item* item, const std::string& bytes) const {
+  if (options_.dicom_tags.empty() || DetectImageFormat(bytes) != ImageFormat::kDicom) return;
+  std::vector<std::string> values;
+  // A file DCMTK cannot read fails its row when decoded, saying why: here it only has no tags.
+  if (!DicomTagValues(bytes, DisplayPath(item->row.image_path()), options_.dicom_tags, &values).ok()) return;
+  for (std::string& v : values) item->properties.add_tags(std::move(v));
+}
+
 void MeasureIntensity(const uint8_t* pixels, size_t n, v1::RowProperties* p) {
   if (n == 0) return;
   uint64_t sum = 0;
@@ -139,10 +151,9 @@ void MeasureIntensity(const uint8_t* pixels, size_t n, v1::RowProperties* p) {
 
 void Pipeline::MeasureRow(Item* item) const {
   v1::RowProperties* p = &item->properties;
-  p->Clear();
-  // Not of a row the store answers (its image is staged unfilled). JPEG images nvJPEG decodes are
-  // measured once it has (DecodeOnGpu), and rows decoded again on the GPU once staged (Stage).
-  if (!item->held) MeasureIntensity(item->image->pixels.data(), item->image->pixels.size(), p);
+  // JPEG images nvJPEG decodes are measured once it has (DecodeOnGpu), and rows decoded again on
+  // the GPU once staged (Stage).
+  MeasureIntensity(item->image->pixels.data(), item->image->pixels.size(), p);
   const LabelMap& m = *item->mask;
   for (int64_t c : CountComponentsPerLabel(m.labels.data(), m.depth, m.height, m.width, m.max_label)) {
     p->add_components(c);
@@ -292,6 +303,7 @@ void Pipeline::DecodeOnGpu(const std::vector<Item*>& items, size_t slot) {
       continue;
     }
     if (status[i].ok() && (!item->jpeg || decoder == nullptr)) {
+      ReadTags(item, bytes[i]);
       absl::StatusOr<DecodeOptions> decode = RowOptions(item->row);
       status[i] = decode.ok() ? DecodePixels(item, bytes[i], *decode, images[i].get()) : decode.status();
     }
