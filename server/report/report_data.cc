@@ -249,6 +249,16 @@ absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*
       indices.insert(index);
     }
   }
+  // The failing slices' worst rows, wherever a worker rendered one of them (report_groups.h).
+  if (d->groups.slices.has_value()) {
+    for (const Slice& s : d->groups.slices->slices) {
+      for (int64_t index : s.worst_rows) {
+        for (const ClassAggregate& ca : d->aggregate.classes) {
+          if (d->IsForeground(ca.class_id)) worst.insert({ca.class_id, index});
+        }
+      }
+    }
+  }
   RETURN_IF_ERROR(NameRows(store, parts, indices, d));
   int64_t offset = 0;
   for (const JobRecord* part : parts) {

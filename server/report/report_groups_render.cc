@@ -3,6 +3,7 @@
 // report.html, built once as a Table (report_table.h).
 #include <cmath>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/json_writer.h"
@@ -172,6 +173,29 @@ std::string GroupsMarkdown(const ReportData& d) {
   return out;
 }
 
+// Each slice's worst rows that have a thumbnail (of the first foreground class that has one).
+std::string SliceThumbnails(const ReportData& d) {
+  std::string h;
+  for (const Slice& x : d.groups.slices->slices) {
+    std::string figures;
+    for (int64_t index : x.worst_rows) {
+      for (const ClassAggregate& ca : d.aggregate.classes) {
+        const StoredThumbnail* t = d.IsForeground(ca.class_id) ? d.Thumbnail(ca.class_id, index) : nullptr;
+        if (t == nullptr) continue;
+        absl::StrAppend(&figures, "<figure data-index=\"", index, "\"><img src=\"data:image/jpeg;base64,",
+                        absl::Base64Escape(t->jpeg), "\" alt=\"", HtmlEscape(RowName(d.groups, index)),
+                        "\"><figcaption><code>", HtmlEscape(RowName(d.groups, index)), "</code> · class ",
+                        HtmlEscape(d.ClassName(ca.class_id)), " · Dice ", FormatCell(t->dice), "</figcaption></figure>\n");
+        break;
+      }
+    }
+    if (!figures.empty()) {
+      absl::StrAppend(&h, "<p>", HtmlEscape(x.name), ": its worst rows</p>\n<div class=\"thumbs\">\n", figures, "</div>\n");
+    }
+  }
+  return h;
+}
+
 std::string GroupsHtml(const ReportData& d) {
   std::string out;
   for (const GroupTable& t : d.groups.tables) {
@@ -182,6 +206,7 @@ std::string GroupsHtml(const ReportData& d) {
   if (d.groups.slices.has_value()) {
     absl::StrAppend(&out, "<h2>Failing slices</h2>\n<p>", HtmlEscape(SliceSentence(d)), "</p>\n");
     if (!d.groups.slices->slices.empty()) out += "<div class=\"table-wrap\">" + HtmlTable(SliceTable(d)) + "</div>\n";
+    out += SliceThumbnails(d);
   }
   return out;
 }

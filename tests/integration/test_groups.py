@@ -162,6 +162,13 @@ class GroupsTest(unittest.TestCase):
         self.assertEqual(report["slices"][0]["rows"], searched["slices"][0]["rows"])
         self.assertTrue(tt.same(report["slices"][0]["effect"], searched["slices"][0]["effect"], rel=1e-12))
         self.assertIn("## Failing slices", text(os.path.join(self.out1, "summary.md")))
+        # report.html shows the top slice's worst rows that a worker rendered a thumbnail of.
+        html = text(os.path.join(self.out1, "report.html"))
+        start = html.index("site=C &amp; size=small: its worst rows")
+        strip = html[start:html.index("</div>", start)]
+        shown = [int(x.split('"')[0]) for x in strip.split('data-index="')[1:]]
+        self.assertGreater(len(shown), 0)
+        self.assertTrue(set(shown) <= set(report["slices"][0]["worst_rows"]), shown)
 
     def test_bad_terms_are_refused_naming_them(self):
         p = tt.tally("run", "--manifest", self.manifest, "--out", os.path.join(self.root, "bad"), "--group-by", "hospital",
