@@ -242,6 +242,31 @@ error_code ParseAnnotation(sj::object o, bool result, CocoAnnotation* a, std::st
   return simdjson::SUCCESS;
 }
 
+// A scalar field kept as text (a group-by column): a string without control characters, a number
+// as written, a boolean; at most kMaxCocoFieldBytes. Others are left out, never an error.
+void KeepField(std::string_view key, sj::value v, std::vector<std::pair<std::string, std::string>>* fields) {
+  sj::json_type t;
+  if (v.type().get(t) != simdjson::SUCCESS || key.size() > kMaxCocoFieldBytes) return;
+  std::string_view text;
+  bool b = false;
+  if (t == sj::json_type::string) {
+    if (v.get_string().get(text) != simdjson::SUCCESS ||
+        FirstControlCharacter(absl::string_view(text.data(), text.size()), false) >= 0) {
+      return;
+    }
+  } else if (t == sj::json_type::number) {
+    text = v.raw_json_token();
+    while (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\r' || text.back() == '\t')) {
+      text.remove_suffix(1);
+    }
+  } else if (t == sj::json_type::boolean && v.get_bool().get(b) == simdjson::SUCCESS) {
+    text = b ? "true" : "false";
+  } else {
+    return;
+  }
+  if (text.size() <= kMaxCocoFieldBytes) fields->emplace_back(std::string(key), std::string(text));
+}
+
 error_code ParseImage(sj::object o, CocoImageInfo* image, bool* has_id, std::string* why) {
   return ForEachField(o, [&](std::string_view key, sj::value v) -> error_code {
     if (key == "id") {
@@ -251,6 +276,7 @@ error_code ParseImage(sj::object o, CocoImageInfo* image, bool* has_id, std::str
     if (key == "file_name") return GetName(v, &image->file_name, why, "file_name");
     if (key == "height") return GetInt(v, &image->height);
     if (key == "width") return GetInt(v, &image->width);
+    if (image->fields.size() < kMaxCocoImageFields) KeepField(key, v, &image->fields);
     return simdjson::SUCCESS;
   });
 }

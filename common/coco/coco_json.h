@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,7 +47,12 @@ struct CocoImageInfo {
   int64_t id = 0;
   std::string file_name;
   int64_t height = 0, width = 0;
+  // Its other scalar fields (strings, numbers as written, booleans), in the file's order: the first
+  // kMaxCocoImageFields, each value at most kMaxCocoFieldBytes (longer ones and others are left out).
+  std::vector<std::pair<std::string, std::string>> fields;
 };
+inline constexpr size_t kMaxCocoImageFields = 16;
+inline constexpr size_t kMaxCocoFieldBytes = 256;
 
 struct CocoCategoryInfo {
   int64_t id = 0;

@@ -205,7 +205,7 @@ void HashModelOptions(v1::JobSpec* spec) {
 bool WantsColumns(const v1::JobSpec& spec) {
   if (spec.find_slices()) return true;
   return std::any_of(spec.group_by().begin(), spec.group_by().end(),
-                     [](const std::string& g) { return !absl::StartsWith(g, "derived:"); });
+                     [](const std::string& g) { return !absl::StartsWith(g, "derived:") && !absl::StartsWith(g, "dicom:"); });
 }
 
 absl::Status CheckGroupColumns(const v1::JobSpec& spec) {

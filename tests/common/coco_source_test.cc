@@ -142,6 +142,25 @@ TEST(EvaluateCocoInstancesTest, AMissedReferenceIsBlue) {
   EXPECT_EQ(outcomes[3 * w + 3], kOutcomeNone);
 }
 
+TEST(ParseCocoImagesTest, ScalarFieldsAreKeptWithinTheirBounds) {
+  std::string many;
+  for (int i = 0; i < 20; ++i) absl::StrAppend(&many, ", \"f", i, "\": ", i);
+  const std::string json = absl::StrCat(
+      "{\"images\": [{\"id\": 1, \"file_name\": \"a.png\", \"height\": 2, \"width\": 3, \"site\": \"B\", ",
+      "\"dose\": 1.50 , \"ok\": true, \"none\": null, \"list\": [1], \"obj\": {\"a\": 1}, \"bad\": \"x\\u0001\", ",
+      "\"long\": \"", std::string(300, 'y'), "\"}, {\"id\": 2, \"file_name\": \"b.png\"", many, "}], ",
+      "\"categories\": [{\"id\": 1, \"name\": \"c\"}], \"annotations\": []}");
+  absl::StatusOr<CocoDataset> d = ParseCocoDataset(json, "fields.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->images.size(), 2u);
+  // Strings, numbers as written and booleans; not null, lists, objects, control characters or values
+  // past 256 bytes.
+  using Fields = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(d->images[0].fields, (Fields{{"site", "B"}, {"dose", "1.50"}, {"ok", "true"}}));
+  EXPECT_EQ(d->images[1].fields.size(), kMaxCocoImageFields);
+  EXPECT_EQ(d->images[1].fields.back(), (std::pair<std::string, std::string>{"f15", "15"}));
+}
+
 TEST(ParseCocoPanopticTest, SegmentsAndTheirErrors) {
   const std::string json = R"({"categories": [{"id": 1, "name": "a", "isthing": 1}, {"id": 10, "name": "sky", "isthing": 0}],
     "annotations": [

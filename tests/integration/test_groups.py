@@ -242,6 +242,43 @@ class GroupsTest(unittest.TestCase):
 
 
 class ModelGroupsTest(unittest.TestCase):
+    def test_coco_image_fields_are_groupable(self):
+        from test_coco import H, W, blob, perturb, segmentation
+        root = tt.tmpdir(self)
+        rng = np.random.default_rng(12)
+        images, anns, results = [], [], []
+        for i in range(12):
+            images.append({"id": 100 + i, "file_name": f"{i}.png", "height": H, "width": W, "site": "AB"[i % 2],
+                           "exposure": 0.5 * (i % 3), "nested": {"left": "out"}})
+            for _ in range(2):
+                m = blob(rng)
+                anns.append({"id": len(anns) + 1, "image_id": 100 + i, "category_id": 1, "iscrowd": 0,
+                             "segmentation": segmentation(rng, m), "area": float(m.sum())})
+                results.append({"image_id": 100 + i, "category_id": 1, "score": float(rng.random()),
+                                "segmentation": segmentation(rng, perturb(rng, m) if i % 2 else blob(rng))})
+        with open(os.path.join(root, "gt.json"), "w") as f:
+            json.dump({"images": images, "categories": [{"id": 1, "name": "cell"}], "annotations": anns}, f)
+        with open(os.path.join(root, "results.json"), "w") as f:
+            json.dump(results, f)
+        out = os.path.join(root, "out")
+        tt.tally("run", "--coco", os.path.join(root, "gt.json"), "--images", root, "--coco-results",
+                 os.path.join(root, "results.json"), "--out", out, "--group-by", "site,exposure,width", "--metrics", "dice")
+        report = tt.read_report(out)
+        tables = {t["by"]: t for t in report["groups"]["tables"]}
+        self.assertEqual({g["value"]: g["rows"] for g in tables["site"]["groups"]}, {"A": 6, "B": 6})
+        self.assertEqual({g["value"]: g["rows"] for g in tables["exposure"]["groups"]}, {"0.0": 4, "0.5": 4, "1.0": 4})  # Numbers as written.
+        self.assertEqual({g["value"]: g["rows"] for g in tables["width"]["groups"]}, {str(W): 12})
+        dice = {int(r["index"]): float(r["dice"]) for r in read_csv(os.path.join(out, "per_image.csv")) if r["class"] == "1"}
+        for g in tables["site"]["groups"]:
+            v = np.array([dice[i] for i in range(12) if "AB"[i % 2] == g["value"] and math.isfinite(dice[i])])
+            self.assertEqual(g["classes"][0]["class"], "1")
+            self.assertTrue(tt.same(g["classes"][0]["dice"]["mean"], v.mean(), rel=1e-12))
+        p = tt.tally("run", "--coco", os.path.join(root, "gt.json"), "--images", root, "--coco-results",
+                     os.path.join(root, "results.json"), "--out", os.path.join(root, "bad"), "--group-by", "nested",
+                     check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no column 'nested'", p.stderr)
+
     def test_dicom_attributes_are_groupable(self):
         from pydicom import dcmread
         from test_formats import dicom
