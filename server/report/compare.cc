@@ -145,16 +145,36 @@ void SummariseClasses(int classes, Tallies* t, Comparison* c) {
   }
 }
 
+// A's rows as GroupKeys reads them.
+class EvaluatedRows : public GroupedRows {
+ public:
+  EvaluatedRows(const JobConfig& config, const std::vector<Evaluated>& rows) : rows_(rows) {
+    derived_.resize(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      derived_[i].fill(NAN);
+      if (!failed(i)) derived_[i] = RowDerivedValues(config, rows[i].result);
+    }
+  }
+  size_t size() const override { return rows_.size(); }
+  bool failed(size_t row) const override { return rows_[row].result.classes_size() == 0; }
+  const std::string& column(size_t row, size_t col) const override {
+    return col < rows_[row].columns.size() ? rows_[row].columns[col] : none_;
+  }
+  double derived(size_t row, int slot) const override { return derived_[row][slot]; }
+  const std::string& tag(size_t row, int t) const override {
+    const auto& tags = rows_[row].result.properties().tags();
+    return t < tags.size() ? tags.Get(t) : none_;
+  }
+
+ private:
+  const std::vector<Evaluated>& rows_;
+  std::vector<DerivedValues> derived_;
+  const std::string none_;
+};
+
 // Per group of each of A's --group-by terms: the paired summaries of the group's rows.
 void GroupPairs(const JobConfig& ca, const std::vector<Evaluated>& ra, int classes, Comparison* c) {
-  std::vector<DerivedValues> derived(ra.size());
-  std::vector<GroupedRow> rows;
-  for (size_t i = 0; i < ra.size(); ++i) {
-    const bool failed = ra[i].result.classes_size() == 0;
-    derived[i].fill(NAN);
-    if (!failed) derived[i] = RowDerivedValues(ca, ra[i].result);
-    rows.push_back({&ra[i].columns, &derived[i], failed, &ra[i].result.properties().tags()});
-  }
+  const EvaluatedRows rows(ca, ra);
   const size_t metrics = c->metrics.size();
   for (const GroupBy& g : ca.group_by) {
     const std::vector<std::string> keys = GroupKeys(g, ca, rows);

@@ -253,6 +253,7 @@ absl::Status AttachWorstRows(JobStore* store, const std::vector<const JobRecord*
   if (d->groups.slices.has_value()) {
     for (const Slice& s : d->groups.slices->slices) {
       for (int64_t index : s.worst_rows) {
+        indices.insert(index);  // Named as the worst lists' rows are.
         for (const ClassAggregate& ca : d->aggregate.classes) {
           if (d->IsForeground(ca.class_id)) worst.insert({ca.class_id, index});
         }

@@ -144,18 +144,35 @@ std::array<double, 3> ClassDerivedValues(const JobConfig& config, const v1::Imag
   return {pixels > 0 ? ref / pixels : kNaN, ref > 0 ? pred / ref : kNaN, components};
 }
 
-GroupAccumulator::GroupAccumulator(const JobConfig& config) : config_(config), metrics_(GroupMetrics(config)) {}
+GroupAccumulator::GroupAccumulator(const JobConfig& config) : config_(config), metrics_(GroupMetrics(config)) {
+  const size_t columns = config.manifest_columns.size() + config.dicom_tags().size();
+  values_.resize(columns);
+  ids_.resize(columns);
+}
+
+int32_t GroupAccumulator::Intern(size_t col, const std::string& value) {
+  auto [it, added] = ids_[col].emplace(value, static_cast<int32_t>(values_[col].size()));
+  if (added) values_[col].push_back(value);
+  return it->second;
+}
 
 void GroupAccumulator::Add(int64_t index, const v1::ImageResult* r, const RowNames& names) {
   Row row;
   row.index = index;
   row.failed = r == nullptr;
-  row.columns = names.columns;
-  row.id = names.id.empty() ? (names.image.empty() ? names.prediction : names.image) : names.id;
+  const size_t manifest = config_.manifest_columns.size();
+  row.columns.resize(values_.size());
+  for (size_t c = 0; c < values_.size(); ++c) {
+    const bool tag = c >= manifest;
+    const int t = static_cast<int>(c - manifest);
+    const std::string none;
+    const std::string& v = !tag ? (c < names.columns.size() ? names.columns[c] : none)
+                                : (r != nullptr && t < r->properties().tags_size() ? r->properties().tags(t) : none);
+    row.columns[c] = Intern(c, v);
+  }
   row.derived.fill(kNaN);
   if (r != nullptr) {
     row.derived = RowDerivedValues(config_, *r);
-    row.tags = r->properties().tags();
     num_classes_ = std::max(num_classes_, r->classes_size());
     row.values.reserve(static_cast<size_t>(r->classes_size()) * metrics_.size());
     for (int c = 0; c < r->classes_size(); ++c) {
@@ -167,36 +184,58 @@ void GroupAccumulator::Add(int64_t index, const v1::ImageResult* r, const RowNam
 
 void GroupAccumulator::Merge(GroupAccumulator* other) {
   num_classes_ = std::max(num_classes_, other->num_classes_);
-  rows_.insert(rows_.end(), std::make_move_iterator(other->rows_.begin()), std::make_move_iterator(other->rows_.end()));
+  // The other's ids, as this one's.
+  std::vector<std::vector<int32_t>> remap(values_.size());
+  for (size_t c = 0; c < values_.size(); ++c) {
+    for (const std::string& v : other->values_[c]) remap[c].push_back(Intern(c, v));
+  }
+  for (Row& r : other->rows_) {
+    for (size_t c = 0; c < r.columns.size(); ++c) r.columns[c] = remap[c][r.columns[c]];
+    rows_.push_back(std::move(r));
+  }
   other->rows_.clear();
 }
 
-std::vector<std::string> GroupKeys(const GroupBy& g, const JobConfig& config, const std::vector<GroupedRow>& rows) {
+// The accumulator's rows as GroupKeys reads them.
+class GroupAccumulator::Rows : public GroupedRows {
+ public:
+  explicit Rows(const GroupAccumulator& a) : a_(a) {}
+  size_t size() const override { return a_.rows_.size(); }
+  bool failed(size_t row) const override { return a_.rows_[row].failed; }
+  const std::string& column(size_t row, size_t col) const override {
+    return a_.values_[col][a_.rows_[row].columns[col]];
+  }
+  double derived(size_t row, int slot) const override { return a_.rows_[row].derived[slot]; }
+  const std::string& tag(size_t row, int t) const override {
+    return column(row, a_.config_.manifest_columns.size() + static_cast<size_t>(t));
+  }
+
+ private:
+  const GroupAccumulator& a_;
+};
+
+std::vector<std::string> GroupKeys(const GroupBy& g, const JobConfig& config, const GroupedRows& rows) {
   std::vector<std::string> out(rows.size());
   if (!g.column.empty() || !g.dicom.empty()) {
     const std::vector<std::string>& names = g.dicom.empty() ? config.manifest_columns : config.dicom_tags();
     const std::string& name = g.dicom.empty() ? g.column : g.dicom;
-    const int col = static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
+    const size_t col = static_cast<size_t>(std::find(names.begin(), names.end(), name) - names.begin());
     for (size_t i = 0; i < rows.size(); ++i) {
-      if (!g.dicom.empty()) {
-        out[i] = rows[i].tags != nullptr && col < rows[i].tags->size() ? rows[i].tags->Get(col) : "";
-      } else {
-        out[i] = static_cast<size_t>(col) < rows[i].columns->size() ? (*rows[i].columns)[col] : "";
-      }
+      out[i] = g.dicom.empty() ? rows.column(i, col) : rows.tag(i, static_cast<int>(col));
     }
     if (g.bins > 0) {
       // Bins of the evaluated rows' numbers; failed rows, which have none, are "(none)".
       std::vector<double> numbers(rows.size(), kNaN);
       for (size_t i = 0; i < rows.size(); ++i) {
-        if (!rows[i].failed && !absl::SimpleAtod(out[i], &numbers[i])) numbers[i] = kNaN;
+        if (!rows.failed(i) && !absl::SimpleAtod(out[i], &numbers[i])) numbers[i] = kNaN;
       }
       std::vector<std::string> bins = QuantileBins(numbers, g.bins);
-      for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i].failed ? "" : bins[i];
+      for (size_t i = 0; i < rows.size(); ++i) out[i] = rows.failed(i) ? "" : bins[i];
     }
   } else {
     const int slot = DerivedSlot(g.derived);
     std::vector<double> numbers(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) numbers[i] = (*rows[i].derived)[slot];
+    for (size_t i = 0; i < rows.size(); ++i) numbers[i] = rows.derived(i, slot);
     if (g.bins > 0) {
       out = QuantileBins(numbers, g.bins);
     } else {
@@ -211,12 +250,7 @@ std::vector<std::string> GroupKeys(const GroupBy& g, const JobConfig& config, co
   return out;
 }
 
-std::vector<std::string> GroupAccumulator::GroupOf(const GroupBy& g) const {
-  std::vector<GroupedRow> rows;
-  rows.reserve(rows_.size());
-  for (const Row& r : rows_) rows.push_back({&r.columns, &r.derived, r.failed, &r.tags});
-  return GroupKeys(g, config_, rows);
-}
+std::vector<std::string> GroupAccumulator::GroupOf(const GroupBy& g) const { return GroupKeys(g, config_, Rows(*this)); }
 
 GroupTable GroupAccumulator::Table(const GroupBy& g) const {
   const std::vector<std::string> key = GroupOf(g);
@@ -291,24 +325,26 @@ void GroupAccumulator::FindSlices(GroupsReport* out) const {
   }
   const int bins = 4, max_values = out->slice_options.max_values;
   std::vector<SliceAttribute> attributes;
-  for (size_t col = 0; col < config_.manifest_columns.size(); ++col) {
-    SliceAttribute a{config_.manifest_columns[col], std::vector<std::string>(rows_.size())};
-    std::set<std::string> distinct;
-    std::vector<double> numbers(rows_.size(), kNaN);
+  std::vector<std::string> names = config_.manifest_columns;
+  for (const std::string& t : config_.dicom_tags()) names.push_back("dicom:" + t);
+  for (size_t col = 0; col < names.size(); ++col) {
+    SliceAttribute a{names[col], std::vector<std::string>(rows_.size())};
+    // Numeric with more than max_values values: binned (a column's values are its interned ones).
+    std::vector<double> number_of(values_[col].size(), kNaN);
+    size_t distinct = 0;
     bool numeric = true;
-    for (size_t i = 0; i < rows_.size(); ++i) {
-      a.values[i] = col < rows_[i].columns.size() ? rows_[i].columns[col] : "";
-      if (a.values[i].empty()) continue;
-      distinct.insert(a.values[i]);
-      numeric = numeric && absl::SimpleAtod(a.values[i], &numbers[i]);
+    for (size_t id = 0; id < values_[col].size(); ++id) {
+      if (values_[col][id].empty()) continue;
+      ++distinct;
+      numeric = numeric && absl::SimpleAtod(values_[col][id], &number_of[id]);
     }
-    if (numeric && static_cast<int>(distinct.size()) > max_values) a = NumericSliceAttribute(a.name, numbers, bins, max_values);
-    attributes.push_back(std::move(a));
-  }
-  const std::vector<std::string> tags = config_.dicom_tags();
-  for (int t = 0; t < static_cast<int>(tags.size()); ++t) {
-    SliceAttribute a{absl::StrCat("dicom:", tags[t]), std::vector<std::string>(rows_.size())};
-    for (size_t i = 0; i < rows_.size(); ++i) a.values[i] = t < rows_[i].tags.size() ? rows_[i].tags.Get(t) : "";
+    if (numeric && static_cast<int>(distinct) > max_values) {
+      std::vector<double> numbers(rows_.size());
+      for (size_t i = 0; i < rows_.size(); ++i) numbers[i] = number_of[rows_[i].columns[col]];
+      a = NumericSliceAttribute(a.name, numbers, bins, max_values);
+    } else {
+      for (size_t i = 0; i < rows_.size(); ++i) a.values[i] = values_[col][rows_[i].columns[col]];
+    }
     attributes.push_back(std::move(a));
   }
   for (int p = 0; p < kNumDerived; ++p) {
@@ -317,16 +353,9 @@ void GroupAccumulator::FindSlices(GroupsReport* out) const {
     attributes.push_back(NumericSliceAttribute(absl::StrCat("derived:", kDerivedProperties[p]), numbers, bins, max_values));
   }
   out->slices = tally::FindSlices(values, attributes, out->slice_options);
-  std::set<int64_t> worst;
+  // The search numbers rows by position; the report names them by index.
   for (Slice& s : out->slices->slices) {
-    // The search numbers rows by position; the report names them by index.
-    for (int64_t& r : s.worst_rows) {
-      r = rows_[static_cast<size_t>(r)].index;
-      worst.insert(r);
-    }
-  }
-  for (const Row& r : rows_) {
-    if (worst.count(r.index) > 0) out->slice_row_ids.emplace_back(r.index, r.id);
+    for (int64_t& r : s.worst_rows) r = rows_[static_cast<size_t>(r)].index;
   }
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "common/job/job_config.h"
 #include "metrics/slice_search.h"
 #include "proto/tally.pb.h"
@@ -70,10 +71,10 @@ struct GroupsReport {
   std::vector<Metric> metrics;  // The job's per-image metrics.
   int min_group_rows = 20;
   std::vector<GroupTable> tables;
-  // --find-slices: the search over mean foreground Dice per row, and the rows' ids by index.
+  // --find-slices: the search over mean foreground Dice per row (worst rows by index; their ids are
+  // ReportData::WorstId's).
   std::optional<SliceSearch> slices;
   SliceOptions slice_options;
-  std::vector<std::pair<int64_t, std::string>> slice_row_ids;  // Of the slices' worst rows.
   bool empty() const { return tables.empty() && !slices.has_value(); }
 };
 
@@ -88,15 +89,17 @@ class GroupAccumulator {
   GroupsReport Finish();
 
  private:
+  // A row as kept until Finish: its columns and tags as ids into values_ (interned: a column has
+  // few values, a job has millions of rows).
   struct Row {
     int64_t index = 0;
     bool failed = false;
-    std::vector<std::string> columns;
+    std::vector<int32_t> columns;  // JobConfig::manifest_columns, then dicom_tags.
     DerivedValues derived{};
-    std::vector<double> values;  // class-major: classes_[k] * metrics + m.
-    std::string id;
-    google::protobuf::RepeatedPtrField<std::string> tags;
+    std::vector<double> values;  // class-major: class * metrics + m.
   };
+  class Rows;
+  int32_t Intern(size_t col, const std::string& value);
   // Each row's group in table `g` ("(none)" where it has no value).
   std::vector<std::string> GroupOf(const GroupBy& g) const;
   GroupTable Table(const GroupBy& g) const;
@@ -107,18 +110,24 @@ class GroupAccumulator {
   std::vector<int> classes_;  // Foreground classes (of categories) the tables show.
   int num_classes_ = 0;
   std::vector<Row> rows_;
+  std::vector<std::vector<std::string>> values_;  // Per column (manifest, then dicom): each id's text.
+  std::vector<absl::flat_hash_map<std::string, int32_t>> ids_;
 };
 
-// One row as GroupKeys reads it (pointers into the caller's rows).
-struct GroupedRow {
-  const std::vector<std::string>* columns;  // Values of the job's manifest_columns.
-  const DerivedValues* derived;
-  bool failed = false;
-  const google::protobuf::RepeatedPtrField<std::string>* tags = nullptr;  // RowProperties.tags (null: none).
+// The rows as GroupKeys reads them: whether each failed, its columns' values (the job's
+// manifest_columns), its derived properties and its dicom: attributes (JobConfig::dicom_tags).
+class GroupedRows {
+ public:
+  virtual ~GroupedRows() = default;
+  virtual size_t size() const = 0;
+  virtual bool failed(size_t row) const = 0;
+  virtual const std::string& column(size_t row, size_t col) const = 0;  // "" where none.
+  virtual double derived(size_t row, int slot) const = 0;             // NaN where none.
+  virtual const std::string& tag(size_t row, int t) const = 0;          // "" where none.
 };
 // Each row's group under term `g` ("(none)" where it has no value); quantile bins over the rows that
 // did not fail. `config`: the job's (its manifest_columns and dicom_tags).
-std::vector<std::string> GroupKeys(const GroupBy& g, const JobConfig& config, const std::vector<GroupedRow>& rows);
+std::vector<std::string> GroupKeys(const GroupBy& g, const JobConfig& config, const GroupedRows& rows);
 // Groups in a reader's order: quantile bins by number, numbers by value, then text; "(none)" last.
 bool GroupBefore(const std::string& a, const std::string& b);
 

@@ -23,11 +23,9 @@ std::string Interval(double mean, double lo, double hi) {
 
 std::string Signed(double v) { return std::isfinite(v) && v > 0 ? "+" + FormatCell(v) : FormatCell(v); }
 
-std::string RowName(const GroupsReport& g, int64_t index) {
-  for (const auto& [i, id] : g.slice_row_ids) {
-    if (i == index) return id.empty() ? absl::StrCat(index) : absl::StrCat(index, " (", id, ")");
-  }
-  return absl::StrCat(index);
+std::string RowName(const ReportData& d, int64_t index) {
+  const std::string id = d.WorstId(index);
+  return id.empty() ? absl::StrCat(index) : absl::StrCat(index, " (", id, ")");
 }
 
 }  // namespace
@@ -137,7 +135,7 @@ Table SliceTable(const ReportData& d) {
   table.left = {true, false, false, false, false, true, false, true};
   for (const Slice& x : g.slices->slices) {
     std::string worst;
-    for (int64_t r : x.worst_rows) absl::StrAppend(&worst, worst.empty() ? "" : ", ", RowName(g, r));
+    for (int64_t r : x.worst_rows) absl::StrAppend(&worst, worst.empty() ? "" : ", ", RowName(d, r));
     table.rows.push_back({{x.name},
                           {absl::StrCat(x.rows)},
                           {Interval(x.mean_inside, x.inside_lo, x.inside_hi)},
@@ -183,8 +181,8 @@ std::string SliceThumbnails(const ReportData& d) {
         const StoredThumbnail* t = d.IsForeground(ca.class_id) ? d.Thumbnail(ca.class_id, index) : nullptr;
         if (t == nullptr) continue;
         absl::StrAppend(&figures, "<figure data-index=\"", index, "\"><img src=\"data:image/jpeg;base64,",
-                        absl::Base64Escape(t->jpeg), "\" alt=\"", HtmlEscape(RowName(d.groups, index)),
-                        "\"><figcaption><code>", HtmlEscape(RowName(d.groups, index)), "</code> · class ",
+                        absl::Base64Escape(t->jpeg), "\" alt=\"", HtmlEscape(RowName(d, index)),
+                        "\"><figcaption><code>", HtmlEscape(RowName(d, index)), "</code> · class ",
                         HtmlEscape(d.ClassName(ca.class_id)), " · Dice ", FormatCell(t->dice), "</figcaption></figure>\n");
         break;
       }
