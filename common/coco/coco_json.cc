@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <set>
 
 #include <simdjson.h>
 
@@ -660,6 +661,28 @@ absl::StatusOr<Rle> SegmentationRle(const CocoSegmentation& s, int64_t height, i
   }
   if (s.kind == CocoSegmentation::Kind::kCounts) return RleFromCounts(s.counts, height, width);
   return RleFromString(s.counts_string, height, width);
+}
+
+std::vector<std::string> CocoImageColumns(const std::vector<CocoImageInfo>& images) {
+  std::vector<std::string> out = {"width", "height"};
+  std::set<std::string> seen(out.begin(), out.end());
+  for (const CocoImageInfo& im : images) {
+    for (const auto& [k, v] : im.fields) {
+      if (out.size() < 64 && seen.insert(k).second) out.push_back(k);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> CocoImageValues(const CocoImageInfo& im, const std::vector<std::string>& columns) {
+  std::vector<std::string> out(columns.size());
+  out[0] = absl::StrCat(im.width);
+  out[1] = absl::StrCat(im.height);
+  for (const auto& [k, v] : im.fields) {
+    const auto at = std::find(columns.begin(), columns.end(), k);
+    if (at != columns.end()) out[at - columns.begin()] = v;
+  }
+  return out;
 }
 
 }  // namespace tally

@@ -53,6 +53,10 @@ struct CocoImageInfo {
 };
 inline constexpr size_t kMaxCocoImageFields = 16;
 inline constexpr size_t kMaxCocoFieldBytes = 256;
+// Images' fields as columns (groups): width, height, then every other field name in the order first
+// met (at most 64 columns); and one image's values of them ("" where it has none).
+std::vector<std::string> CocoImageColumns(const std::vector<CocoImageInfo>& images);
+std::vector<std::string> CocoImageValues(const CocoImageInfo& im, const std::vector<std::string>& columns);
 
 struct CocoCategoryInfo {
   int64_t id = 0;

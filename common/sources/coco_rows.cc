@@ -6,7 +6,6 @@
 #include <set>
 #include <unordered_map>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/clock.h"
@@ -218,42 +217,8 @@ absl::StatusOr<std::unique_ptr<RowsInMemory>> PanopticImageRows(int64_t max_rows
   return std::make_unique<RowsInMemory>(spec.coco_panoptic(), std::move(rows));
 }
 
-namespace {
-
-bool KeepsColumns(const v1::JobSpec& spec) {
-  if (spec.find_slices()) return true;
-  return std::any_of(spec.group_by().begin(), spec.group_by().end(), [](const std::string& g) {
-    return !absl::StartsWith(g, "derived:") && !absl::StartsWith(g, "dicom:");
-  });
-}
-
-// width, height, then every other field name in the order first met (at most 64 columns).
-std::vector<std::string> ImageColumns(const std::vector<CocoImageInfo>& images) {
-  std::vector<std::string> out = {"width", "height"};
-  std::set<std::string> seen(out.begin(), out.end());
-  for (const CocoImageInfo& im : images) {
-    for (const auto& [k, v] : im.fields) {
-      if (out.size() < 64 && seen.insert(k).second) out.push_back(k);
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> ImageValues(const CocoImageInfo& im, const std::vector<std::string>& columns) {
-  std::vector<std::string> out(columns.size());
-  out[0] = absl::StrCat(im.width);
-  out[1] = absl::StrCat(im.height);
-  for (const auto& [k, v] : im.fields) {
-    const auto at = std::find(columns.begin(), columns.end(), k);
-    if (at != columns.end()) out[at - columns.begin()] = v;
-  }
-  return out;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<RowsInMemory>> CocoImageRows(int64_t max_rows, const ClientFileLimits& limits,
-                                                            v1::JobSpec* out) {
+                                                            v1::JobSpec* out, bool keep_columns) {
   v1::JobSpec& spec = *out;
   std::string sha256;
   const double t0 = NowUnix();
@@ -265,13 +230,12 @@ absl::StatusOr<std::unique_ptr<RowsInMemory>> CocoImageRows(int64_t max_rows, co
   const double t2 = NowUnix();
   std::vector<ManifestRow> rows;
   // Jobs that group or search slices keep the images' fields as columns (width, height first).
-  std::vector<std::string> columns;
-  if (KeepsColumns(spec)) columns = ImageColumns(gt.images);
+  const std::vector<std::string> columns = keep_columns ? CocoImageColumns(gt.images) : std::vector<std::string>();
   for (const std::string& c : columns) spec.add_manifest_columns(c);
   for (size_t i = 0; i < gt.images.size(); ++i) {
     const CocoImageInfo& im = gt.images[i];
     ManifestRow row;
-    if (!columns.empty()) row.columns = ImageValues(im, columns);
+    if (!columns.empty()) row.columns = CocoImageValues(im, columns);
     row.index = static_cast<int64_t>(i);
     row.id = absl::StrCat(im.id);
     row.image = im.file_name;

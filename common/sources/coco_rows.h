@@ -37,9 +37,10 @@ class RowsInMemory : public RowSource {
 // An instance job (spec.coco(), and spec.coco_results() when detections are on disk): the rows, and
 // the spec completed (coco_sha256, categories, class count, conventions, warnings, the results' hash).
 // More than `max_rows` images, an image or category listed twice, or a category id outside
-// 1..kMaxClasses-1 fail.
+// 1..kMaxClasses-1 fail. `keep_columns`: the images' fields become the rows' columns
+// (CocoImageColumns, named in spec.manifest_columns).
 absl::StatusOr<std::unique_ptr<RowsInMemory>> CocoImageRows(int64_t max_rows, const ClientFileLimits& limits,
-                                                            v1::JobSpec* spec);
+                                                            v1::JobSpec* spec, bool keep_columns = false);
 // A panoptic job (spec.coco_panoptic() against spec.panoptic_predictions()): a row per reference
 // annotation; one without a prediction, or an image annotated twice, is a row that fails saying so.
 absl::StatusOr<std::unique_ptr<RowsInMemory>> PanopticImageRows(int64_t max_rows, const ClientFileLimits& limits,

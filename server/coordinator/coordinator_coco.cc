@@ -27,7 +27,8 @@ absl::StatusOr<JobRecord> Coordinator::StorePanopticImages(const v1::JobSpec& in
 absl::StatusOr<JobRecord> Coordinator::StoreCocoImages(const v1::JobSpec& in, const std::string& job_id) {
   v1::JobSpec spec = in;
   spec.set_max_json_file_bytes(options_.max_json_file_bytes);
-  ASSIGN_OR_RETURN(std::unique_ptr<RowsInMemory> rows, CocoImageRows(options_.max_manifest_rows, SubmissionLimits(), &spec));
+  ASSIGN_OR_RETURN(std::unique_ptr<RowsInMemory> rows, CocoImageRows(options_.max_manifest_rows, SubmissionLimits(), &spec,
+                                                                          WantsColumns(in)));
   const int64_t count = rows->size();
   RETURN_IF_ERROR(StoreRows(job_id, rows.get()));
   return QueuedRecord(spec, job_id, count);
