@@ -53,6 +53,9 @@ int Column(const std::vector<std::string>& header, const std::string& name) {
 // (the foreground classes' tp + fn and tp + fp) and its pixels counted (one class's tp + fp + fn + tn).
 struct RowCounts {
   std::vector<double> ref, pred, pixels;
+  // Where per_image.csv has the derived columns (jobs with groups or slices): the reference's
+  // components over the classes >= 1, and the image's mean intensity.
+  std::vector<double> components, intensity;
 };
 
 // Each row's value (by index, NaN where none): the metric over the foreground classes, or one class.
@@ -77,7 +80,9 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
     return absl::InvalidArgumentError(absl::StrCat(path, ": no index, class or ", name, " column"));
   }
   std::map<int64_t, std::pair<double, int>> sums;
-  std::map<int64_t, std::array<double, 3>> pixels;  // Reference, predicted foreground; counted.
+  // Reference, predicted foreground; counted; components, intensity.
+  std::map<int64_t, std::array<double, 5>> pixels;
+  const int comp_col = Column(csv[0].fields, "components"), int_col = Column(csv[0].fields, "mean_intensity");
   const int count_col[4] = {Column(csv[0].fields, "tp"), Column(csv[0].fields, "fp"), Column(csv[0].fields, "fn"),
                             Column(csv[0].fields, "tn")};
   int64_t last = -1;
@@ -105,9 +110,12 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
     for (int j = 0; j < 4; ++j) {
       if (count_col[j] >= 0 && static_cast<size_t>(count_col[j]) < f.size()) (void)absl::SimpleAtod(f[count_col[j]], &k[j]);
     }
-    std::array<double, 3>& px = pixels[index];
+    std::array<double, 5>& px = pixels[index];
     px[2] = k[0] + k[1] + k[2] + k[3];
     if (c != 0 || background) px[0] += k[0] + k[2], px[1] += k[0] + k[1];
+    double x = 0;
+    if (comp_col >= 0 && c >= 1 && static_cast<size_t>(comp_col) < f.size() && absl::SimpleAtod(f[comp_col], &x)) px[3] += x;
+    if (int_col >= 0 && static_cast<size_t>(int_col) < f.size()) px[4] = absl::SimpleAtod(f[int_col], &x) ? x : kNaN;
     const bool wanted = cls >= 0 ? c == cls : (c != 0 || background);
     if (wanted && absl::SimpleAtod(f[value_col], &v) && std::isfinite(v)) {
       sum += v;
@@ -116,19 +124,21 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
   }
   std::vector<double> values(static_cast<size_t>(last + 1), kNaN);
   for (const auto& [index, s] : sums) values[index] = s.second > 0 ? s.first / s.second : kNaN;
-  for (std::vector<double>* v : {&counts->ref, &counts->pred, &counts->pixels}) v->assign(values.size(), kNaN);
-  for (const auto& [index, px] : pixels) {
-    counts->ref[index] = px[0];
-    counts->pred[index] = px[1];
-    counts->pixels[index] = px[2];
+  std::vector<double>* into[5] = {&counts->ref, &counts->pred, &counts->pixels, &counts->components, &counts->intensity};
+  for (int j = 0; j < 5; ++j) {
+    if ((j == 3 && comp_col < 0) || (j == 4 && int_col < 0)) continue;
+    into[j]->assign(values.size(), kNaN);
+    for (const auto& [index, px] : pixels) (*into[j])[index] = px[j];
   }
   return values;
 }
 
 // The manifest's columns as attributes (one value per data row), paths and ids aside; numeric
-// columns with too many values binned.
-absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manifest, size_t rows, int bins,
-                                                       int max_values) {
+// columns with too many values binned. Rows per_image.csv does not have (failed: `present` NaN)
+// have no values, in bins or candidates, as in the report's search.
+absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manifest, const std::vector<double>& present,
+                                                       int bins, int max_values) {
+  const size_t rows = present.size();
   ASSIGN_OR_RETURN(std::vector<CsvRecord> csv, ReadCsv("the manifest", manifest));
   if (csv.empty()) return absl::InvalidArgumentError(absl::StrCat(manifest, ": empty"));
   static const std::set<std::string> kLeftOut = {"image", "mask", "prediction", "id", "coco_ann_ids"};
@@ -142,7 +152,7 @@ absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manife
     std::vector<double> numbers(rows, kNaN);
     bool numeric = true;
     for (size_t r = 1; r < csv.size() && r - 1 < rows; ++r) {
-      a.values[r - 1] = c < csv[r].fields.size() ? csv[r].fields[c] : "";
+      a.values[r - 1] = c < csv[r].fields.size() && !std::isnan(present[r - 1]) ? csv[r].fields[c] : "";
       if (!a.values[r - 1].empty()) {
         distinct.insert(a.values[r - 1]);
         numeric = numeric && absl::SimpleAtod(a.values[r - 1], &numbers[r - 1]);
@@ -157,7 +167,9 @@ absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manife
 
 // Properties of each row derived from its counts, as attributes (binned where they have many values):
 // derived:fg_fraction (reference foreground pixels / pixels counted), derived:volume_ratio (predicted /
-// reference foreground; none where the reference has none), derived:pixels (pixels counted).
+// reference foreground; none where the reference has none), derived:pixels (pixels counted); and
+// where per_image.csv has them, derived:components and derived:mean_intensity. In the report's order
+// (docs/reports.md "Groups"), so that `tally slices OUT` searches what --find-slices did.
 void AddDerived(const RowCounts& c, int bins, int max_values, std::vector<SliceAttribute>* out) {
   std::vector<double> fg, ratio;
   for (size_t i = 0; i < c.ref.size(); ++i) {
@@ -166,7 +178,9 @@ void AddDerived(const RowCounts& c, int bins, int max_values, std::vector<SliceA
   }
   out->push_back(NumericSliceAttribute("derived:fg_fraction", fg, bins, max_values));
   out->push_back(NumericSliceAttribute("derived:volume_ratio", ratio, bins, max_values));
+  if (!c.components.empty()) out->push_back(NumericSliceAttribute("derived:components", c.components, bins, max_values));
   out->push_back(NumericSliceAttribute("derived:pixels", c.pixels, bins, max_values));
+  if (!c.intensity.empty()) out->push_back(NumericSliceAttribute("derived:mean_intensity", c.intensity, bins, max_values));
 }
 
 void PrintText(const SliceSearch& s, const SliceOptions& o, const std::vector<std::string>& ids) {
@@ -270,7 +284,7 @@ int SlicesOfFolder(const SlicesFlags& f, const std::string& dir) {
     return values.status().message().find("--slice-metric") == 0 ? kExitUsage : kExitFailed;
   }
   SliceOptions o;
-  absl::StatusOr<std::vector<SliceAttribute>> attrs = Attributes(manifest, values->size(), f.bins, o.max_values);
+  absl::StatusOr<std::vector<SliceAttribute>> attrs = Attributes(manifest, counts.pixels, f.bins, o.max_values);
   if (!attrs.ok()) {
     std::cerr << "tally slices: " << attrs.status().message() << "\n";
     return kExitFailed;

@@ -329,21 +329,28 @@ void GroupAccumulator::FindSlices(GroupsReport* out) const {
   for (const std::string& t : config_.dicom_tags()) names.push_back("dicom:" + t);
   for (size_t col = 0; col < names.size(); ++col) {
     SliceAttribute a{names[col], std::vector<std::string>(rows_.size())};
-    // Numeric with more than max_values values: binned (a column's values are its interned ones).
+    // Numeric with more than max_values values (of the evaluated rows; failed rows have none):
+    // binned. A column's values are its interned ones.
+    std::vector<bool> used(values_[col].size(), false);
+    for (const Row& r : rows_) {
+      if (!r.failed) used[r.columns[col]] = true;
+    }
     std::vector<double> number_of(values_[col].size(), kNaN);
     size_t distinct = 0;
     bool numeric = true;
     for (size_t id = 0; id < values_[col].size(); ++id) {
-      if (values_[col][id].empty()) continue;
+      if (!used[id] || values_[col][id].empty()) continue;
       ++distinct;
       numeric = numeric && absl::SimpleAtod(values_[col][id], &number_of[id]);
     }
     if (numeric && static_cast<int>(distinct) > max_values) {
-      std::vector<double> numbers(rows_.size());
-      for (size_t i = 0; i < rows_.size(); ++i) numbers[i] = number_of[rows_[i].columns[col]];
+      std::vector<double> numbers(rows_.size(), kNaN);
+      for (size_t i = 0; i < rows_.size(); ++i) {
+        if (!rows_[i].failed) numbers[i] = number_of[rows_[i].columns[col]];
+      }
       a = NumericSliceAttribute(a.name, numbers, bins, max_values);
     } else {
-      for (size_t i = 0; i < rows_.size(); ++i) a.values[i] = values_[col][rows_[i].columns[col]];
+      for (size_t i = 0; i < rows_.size(); ++i) a.values[i] = rows_[i].failed ? "" : values_[col][rows_[i].columns[col]];
     }
     attributes.push_back(std::move(a));
   }
