@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/progress.h"
 #include "common/security/auth_tokens.h"
@@ -206,9 +207,13 @@ int PrintOutcome(const v1::Job& last, const std::string& out_dir) {
   if (last.images_failed() > 0) std::cout << ", " << last.images_failed() << " failed (see report.json 'failures')";
   // The rate `tally status` shows (from the first row leased: start-up not included); the report's
   // Throughput fact names it beside the others.
-  std::cout << absl::StrFormat("; %.1f rows/s from the first row leased. Reports: "
-                               "%s/{report.json,per_image.csv,summary.md,report.html}\n",
-                               last.images_per_second(), out_dir);
+  // The report's files, the optional ones it has (groups.csv, lesions.csv, summary.json) too.
+  std::vector<std::string> files(std::begin(kReportFiles), std::end(kReportFiles));
+  for (const char* f : kOptionalReportFiles) {
+    if (access((out_dir + "/" + f).c_str(), F_OK) == 0) files.emplace_back(f);
+  }
+  std::cout << absl::StrFormat("; %.1f rows/s from the first row leased. Reports: %s/{%s}\n", last.images_per_second(),
+                               out_dir, absl::StrJoin(files, ","));
   const int code = JobExitCode(last);
   if (code == kExitTooManyFailedRows) {
     std::cerr << absl::StrFormat(
