@@ -341,7 +341,7 @@ namespace {
 constexpr const char* kNameColumns = "id, image, mask, prediction, mask_path, prediction_path, columns";
 RowNames NamesFromColumns(Stmt& q, int first) {
   RowNames names{q.Text(first),     q.Text(first + 1), q.Text(first + 2),
-                 q.Text(first + 3), q.Text(first + 4), q.Text(first + 5)};
+                 q.Text(first + 3), q.Text(first + 4), q.Text(first + 5), {}};
   // An unreadable blob (never written so) leaves the row without columns: its groups show it as "".
   store_internal::RowColumnsFromBlob(q.Blob(first + 6), &names.columns).IgnoreError();
   return names;
