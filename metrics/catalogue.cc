@@ -1,5 +1,7 @@
 #include "metrics/catalogue.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -37,14 +39,22 @@ std::vector<Metric> DefaultMetrics() {
   return {Metric::kDice, Metric::kIou, Metric::kPrecision, Metric::kRecall, Metric::kHd95};
 }
 
+bool IsCalibrationName(const std::string& name) {
+  return absl::AsciiStrToLower(absl::StripAsciiWhitespace(name)) == kCalibrationMetric;
+}
+
+bool WantsCalibration(const std::vector<std::string>& names) {
+  return std::any_of(names.begin(), names.end(), IsCalibrationName);
+}
+
 absl::StatusOr<std::vector<Metric>> ParseMetricNames(const std::vector<std::string>& names) {
-  if (names.empty()) return DefaultMetrics();
+  if (names.empty() || std::all_of(names.begin(), names.end(), IsCalibrationName)) return DefaultMetrics();
   std::array<bool, kNumMetrics> selected{};
   selected[static_cast<int>(Metric::kDice)] = true;
   selected[static_cast<int>(Metric::kIou)] = true;
   for (const std::string& raw : names) {
     std::string name = absl::AsciiStrToLower(absl::StripAsciiWhitespace(raw));
-    if (name.empty()) continue;
+    if (name.empty() || name == kCalibrationMetric) continue;
     if (name == "all" || name == "lesion") {
       for (Metric m : kAllMetrics) selected[static_cast<int>(m)] |= IsLesionMetric(m) == (name == "lesion");
       continue;
@@ -60,7 +70,8 @@ absl::StatusOr<std::vector<Metric>> ParseMetricNames(const std::vector<std::stri
       std::vector<std::string> known;
       for (Metric m : kAllMetrics) known.emplace_back(MetricName(m));
       return absl::InvalidArgumentError(absl::StrCat("unknown metric '", raw, "'; known: ",
-                                                     absl::StrJoin(known, ","), ", all or lesion"));
+                                                     absl::StrJoin(known, ","), ", all, lesion or ",
+                                                     kCalibrationMetric));
     }
   }
   std::vector<Metric> out;

@@ -62,6 +62,11 @@ absl::StatusOr<std::vector<Metric>> ParseMetricList(absl::string_view list);
 // Same, for names already split (JobSpec.metrics); an empty list means the default.
 absl::StatusOr<std::vector<Metric>> ParseMetricNames(const std::vector<std::string>& names);
 bool AnySurfaceMetric(const std::vector<Metric>& metrics);
+// "calibration" in a metric list: not a per-class metric but the report's calibration section
+// (metrics/calibration.h); the list's per-class metrics are the default where it names no other.
+inline constexpr char kCalibrationMetric[] = "calibration";
+bool IsCalibrationName(const std::string& name);
+bool WantsCalibration(const std::vector<std::string>& names);
 bool AnyLesionMetric(const std::vector<Metric>& metrics);
 
 }  // namespace tally
