@@ -306,6 +306,7 @@ absl::Status ReportFlags(const JobFlags& f, v1::JobSpec* spec) {
   auto metrics = ParseMetricList(f.metrics);
   if (!metrics.ok()) return absl::InvalidArgumentError(absl::StrCat("--metrics: ", metrics.status().message()));
   for (Metric m : *metrics) spec->add_metrics(std::string(MetricName(m)));
+  if (WantsCalibration(absl::StrSplit(f.metrics, ','))) spec->add_metrics(kCalibrationMetric);
   return absl::OkStatus();
 }
 

@@ -138,6 +138,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   }
   ro.memory_limit_gib = options.gpu_memory_limit_gib;
   ro.thresholds = config.thresholds;
+  ro.calibration = config.calibration;
   if (config.instance_job()) ro.num_classes = config.num_classes;  // Instance outputs: category ids < this.
   ro.sliding_window = config.sliding_window;
   ro.overlap = config.overlap;
@@ -185,7 +186,7 @@ std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, 
                     options.gpu_memory_limit_gib, ",", options.jit_optimize),
        config.python, absl::StrJoin(options_kv, "\x1f"), absl::StrJoin(config.manifest_columns, "\x1f"),
        absl::StrCat(config.num_classes), absl::StrJoin(config.sliding_window, ","),
-       absl::StrCat(config.overlap, ",", config.sw_batch_size, ",", config.compile)},
+       absl::StrCat(config.overlap, ",", config.sw_batch_size, ",", config.compile, ",", config.calibration)},
       "\x1e");
 }
 
@@ -319,6 +320,7 @@ absl::StatusOr<PipelineOptions> Worker::PipelineOptionsFor(const JobConfig& conf
   po.ignore_index = config.ignore_index;
   po.label_map = config.label_map;
   po.num_thresholds = config.thresholds.size();
+  po.calibration = config.calibration;
   po.thumbnails = config.thumbnails;
   po.empty_score = config.empty_score;
   po.all_foreground = config.IsForegroundClass(0);

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
@@ -111,6 +113,38 @@ std::vector<size_t> MessageEnds(const std::vector<v1::ImageResult>& results) {
   }
   ends.push_back(results.size());
   return ends;
+}
+
+// The rows of `pending` that can go now: all of a complete shard's; else every row but those of a
+// calibration batch not all here yet (its fine histogram counts only with all its rows, in one
+// message: tallyd refuses the rest, to have them evaluated again). The others stay in `pending`.
+std::vector<v1::ImageResult> TakeSendable(std::vector<v1::ImageResult>* pending, bool complete) {
+  std::vector<v1::ImageResult> out;
+  bool calibration = false;
+  for (const v1::ImageResult& r : *pending) calibration |= r.calibration_size() > 0;
+  if (complete || !calibration) {
+    out.swap(*pending);
+    return out;
+  }
+  absl::flat_hash_set<int64_t> present;
+  absl::flat_hash_map<int64_t, const v1::CalibrationFine*> heads;  // By batch.
+  for (const v1::ImageResult& r : *pending) {
+    present.insert(r.index());
+    if (r.has_calibration_fine()) heads[r.calibration_batch()] = &r.calibration_fine();
+  }
+  absl::flat_hash_set<int64_t> ready;
+  for (const auto& [batch, fine] : heads) {
+    if (std::all_of(fine->covers().begin(), fine->covers().end(), [&](int64_t i) { return present.contains(i); })) {
+      ready.insert(batch);
+    }
+  }
+  std::vector<v1::ImageResult> keep;
+  for (v1::ImageResult& r : *pending) {
+    const bool held = r.calibration_size() > 0 && !ready.contains(r.calibration_batch());
+    (held ? keep : out).push_back(std::move(r));
+  }
+  pending->swap(keep);
+  return out;
 }
 
 }  // namespace
@@ -347,9 +381,9 @@ void Worker::ReporterLoop() {
         const bool complete = lb.delivered >= lb.expected;
         if (lb.pending.empty() && !complete) continue;
         if (!complete && now - lb.last_flush < kFlushSeconds) continue;
-        Batch b{lb.key, std::move(lb.pending), complete};
-        lb.pending.clear();
+        Batch b{lb.key, TakeSendable(&lb.pending, complete), complete};
         lb.last_flush = now;
+        if (b.results.empty() && !complete) continue;
         batches.push_back(std::move(b));
       }
       // Results first: rows evaluated before a model error still count.

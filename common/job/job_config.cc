@@ -353,6 +353,23 @@ absl::StatusOr<std::vector<GroupBy>> ParseGroupBy(const std::vector<std::string>
   return out;
 }
 
+// --metrics calibration needs the model's probabilities: a TorchScript model run on every row.
+absl::Status CheckCalibration(const JobConfig& c) {
+  if (!c.calibration) return absl::OkStatus();
+  std::string why;
+  if (c.predictions() || c.rescore) {
+    why = "this job has no model (predictions are label maps, not probabilities)";
+  } else if (c.python_model()) {
+    why = "Python models return labels or scores through their own process; calibration is counted for TorchScript models";
+  } else if (!c.prediction_store.empty()) {
+    why = "the prediction store keeps labels, not every class's probabilities: leave out --prediction-store";
+  } else if (!c.coco.empty()) {
+    why = "COCO instance and panoptic jobs are scored by instances, not per-pixel probabilities";
+  }
+  if (why.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--metrics calibration: ", why));
+}
+
 absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   JobConfig c;
   c.model = spec.model();
@@ -410,6 +427,8 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ReadReportSettings(spec, &c));
   RETURN_IF_ERROR(ReadLesionSettings(spec, &c));
   RETURN_IF_ERROR(ReadVolumeSettings(spec, &c));
+  c.calibration = WantsCalibration({spec.metrics().begin(), spec.metrics().end()});
+  RETURN_IF_ERROR(CheckCalibration(c));
   return c;
 }
 

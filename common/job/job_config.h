@@ -75,6 +75,7 @@ struct JobConfig {
   std::string manifest;  // Absolute path.
   std::string name;
   std::vector<Metric> metrics;  // Canonical order; always holds dice and iou.
+  bool calibration = false;     // "calibration" among the metrics (metrics/calibration.h).
   Precision precision = Precision::kFp32;
   // The layout to run: channels_last once fixed ("on"/"off", or "auto" resolved by the coordinator);
   // channels_last_auto while "auto" waits for a worker's trial (worker/pipeline/pipeline.cc).

@@ -129,6 +129,7 @@ absl::Status Canonicalise(v1::JobSpec* spec, bool check_files) {
   if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", config.status().message()));
   spec->clear_metrics();
   for (Metric m : config->metrics) spec->add_metrics(std::string(MetricName(m)));
+  if (config->calibration) spec->add_metrics(kCalibrationMetric);
   spec->set_precision(std::string(PrecisionName(config->precision)));
   spec->set_channels_last_mode(config->channels_last_mode);
   spec->set_channels_last(config->channels_last_mode == "on");

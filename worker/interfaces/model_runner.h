@@ -62,6 +62,9 @@ struct ModelRunnerOptions {
   // Single-score outputs: counts of the foreground class at each probability threshold (sorted,
   // in (0, 1)); a model with another output shape fails with FAILED_PRECONDITION.
   std::vector<double> thresholds;
+  // --metrics calibration (metrics/calibration.h): per image the coarse bins of every probability
+  // histogram (PendingBatch::calibration), per batch the fine histogram (calibration_fine).
+  bool calibration = false;
   // Python backend (worker/python/python_runner.h).
   std::vector<std::string> devices;  // What the model is given: {"cpu"} or {"cuda:0", ...}.
   std::string python;                // Interpreter; empty = python3.
@@ -199,6 +202,10 @@ class PendingBatch {
   virtual const uint16_t* scores(int /*i*/) const { return nullptr; }
   // With thresholds: tp, fp, fn, tn of the foreground class at each threshold for image i.
   virtual const int64_t* threshold_counts(int /*i*/) const { return nullptr; }
+  // With RunnerOptions::calibration: image i's CalibrationRowSize(K) values, and the batch's
+  // CalibrationFineSize(K) fine histogram (every image of the batch); null otherwise.
+  virtual const int64_t* calibration(int /*i*/) const { return nullptr; }
+  virtual const int64_t* calibration_fine() const { return nullptr; }
   // Instance outputs (a Python model's detection dict, docs/instances.md "Instances"): image i's detections,
   // decoded; null for other outputs. labels(i) is then their semantic label map
   // (common/coco/coco_masks.h PaintCocoLabels).

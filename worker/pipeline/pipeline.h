@@ -83,6 +83,7 @@ struct PipelineOptions {
   std::vector<std::string> dicom_tags;  // With it: these attributes of DICOM images (RowProperties.tags).
   int ignore_index = 255;       // Reference pixels with this value leave every count; -1: none.
   std::vector<std::pair<int, int>> label_map;  // Applied to reference masks first (value -> label).
+  bool calibration = false;     // Results carry the runner's calibration counts (metrics/calibration.h).
   size_t num_thresholds = 0;    // Results carry the runner's threshold counts (ModelRunnerOptions).
   // Report thumbnails (common/formats/thumbnail.h): the worst rows per class and shard that get one.
   int thumbnails = 0;
@@ -319,6 +320,8 @@ class Pipeline : public RowEvaluator {
   absl::Status EvaluateInstances(const InFlight& batch, size_t i, const std::vector<CocoInstance>* detections,
                                  v1::ImageResult* r) const;
   void FillCounts(const InFlight& batch, PendingBatch* pending, size_t i, size_t j, v1::ImageResult* r) const;
+  void AttachCalibrationFine(const InFlight& batch, PendingBatch* pending, size_t begin, size_t end,
+                             v1::ImageResult* r) const;
   // Per evaluated row, the classes whose thumbnail it gets.
   std::vector<std::vector<int>> ThumbnailClasses(const InFlight& batch,
                                                  const std::vector<std::pair<size_t, v1::ImageResult>>& ok);

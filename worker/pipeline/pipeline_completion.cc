@@ -26,6 +26,7 @@
 #include "common/job/job_config.h"
 #include "base/log.h"
 #include "worker/pipeline/pipeline_internal.h"
+#include "metrics/calibration.h"
 #include "metrics/label_counts.h"
 #include "common/formats/png.h"
 namespace tally {
@@ -216,6 +217,10 @@ void Pipeline::FillCounts(const InFlight& batch, PendingBatch* pending, size_t i
   }
   r->set_mask_max_label(batch.max_label[i]);
   r->set_mask_ignored_pixels(batch.mask_ignored[i]);
+  if (const int64_t* cv = pending->calibration(static_cast<int>(j)); cv != nullptr && options_.calibration) {
+    r->mutable_calibration()->Add(cv, cv + CalibrationRowSize(k));
+    r->set_calibration_batch(batch.index[i - j]);  // The model batch, by its first row.
+  }
   std::vector<ConfusionCounts> counts;
   ClassCountsFromMatrix(pending->confusion(static_cast<int>(j)), k, &counts);
   const double* sv = surface_ ? pending->surface(static_cast<int>(j)) : nullptr;  // From the device.
@@ -369,9 +374,30 @@ void Pipeline::Finish(std::shared_ptr<InFlight> batch, PendingBatch* pending, si
     }
     ok.emplace_back(i, std::move(r));
   }
+  if (options_.calibration && !ok.empty()) {
+    AttachCalibrationFine(*batch, pending, begin, end, &ok[0].second);
+  }
   std::vector<std::vector<int>> thumbs = ThumbnailClasses(*batch, ok);
   for (size_t n = 0; n < ok.size(); ++n) {
     FinishRow(batch, pending, ok[n].first, ok[n].first - begin, std::move(thumbs[n]), std::move(ok[n].second));
+  }
+}
+
+// The batch's fine histogram, sparse, on its first evaluated row, covering every row launched with it
+// (failed ones too: their pixels are in it, so tallyd counts it only with all of them evaluated).
+void Pipeline::AttachCalibrationFine(const InFlight& batch, PendingBatch* pending, size_t begin, size_t end,
+                                     v1::ImageResult* r) const {
+  const int64_t* fine = pending->calibration_fine();
+  if (fine == nullptr) return;
+  const int k = pending->num_classes();
+  v1::CalibrationFine* f = r->mutable_calibration_fine();
+  f->set_classes(k);
+  for (size_t i = begin; i < end; ++i) f->add_covers(batch.index[i]);
+  for (int64_t cell = 0; cell < CalibrationFineSize(k) / 2; ++cell) {
+    if (fine[2 * cell] == 0) continue;
+    f->add_cells(static_cast<int32_t>(cell));
+    f->add_pixels(fine[2 * cell]);
+    f->add_correct(fine[2 * cell + 1]);
   }
 }
 

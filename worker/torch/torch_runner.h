@@ -47,6 +47,7 @@
 #include "base/status_macros.h"
 
 #if TALLY_CUDA_KERNELS
+#include "metrics/gpu/calibration_kernel.h"
 #include "metrics/gpu/confusion_kernel.h"
 #include "metrics/gpu/surface_kernel.h"
 #endif
@@ -149,6 +150,12 @@ class TorchPendingBatch final : public PendingBatch {
   const int64_t* threshold_counts(int i) const override {
     return thresholds_ptr_ ? thresholds_ptr_ + static_cast<size_t>(i) * 4 * num_thresholds_ : nullptr;
   }
+  const int64_t* calibration(int i) const override {
+    return calibration_host_.defined() ? calibration_host_.data_ptr<int64_t>() + i * calibration_host_.size(1) : nullptr;
+  }
+  const int64_t* calibration_fine() const override {
+    return calibration_fine_host_.defined() ? calibration_fine_host_.data_ptr<int64_t>() : nullptr;
+  }
   const uint16_t* scores(int i) const override {
     return static_cast<size_t>(i) < score_ptrs_.size() ? score_ptrs_[i] : nullptr;
   }
@@ -177,6 +184,7 @@ class TorchPendingBatch final : public PendingBatch {
   at::Tensor thresholds_host_;  // [n, T, 4] int64, host.
   const int64_t* thresholds_ptr_ = nullptr;
   size_t num_thresholds_ = 0;
+  at::Tensor calibration_host_, calibration_fine_host_;  // int64, host: RunnerOptions::calibration.
   at::Tensor surface_host_;  // [n, K, 4] double, host.
   const double* surface_ptr_ = nullptr;
   // Instance outputs (docs/instances.md "Instances"): evaluated on the host, per image.
@@ -435,6 +443,8 @@ class TorchRunner final : public ModelRunner {
   // What the device produced for a batch, before it goes back to host memory.
   struct Outputs {
     std::vector<at::Tensor> counts, labels, nonfinite, thresholds;
+    std::vector<at::Tensor> calibration;  // int64 [n, CalibrationRowSize(K)] per group.
+    at::Tensor calibration_fine;          // int64 [CalibrationFineSize(K)]: the whole batch.
     bool want_scores = false;         // BatchSpec::want_scores.
     std::vector<at::Tensor> scores;   // int16 [n, H, W] per group: single-score outputs, quantised.
     std::vector<at::Tensor> surface;  // [n, K, 4] double per group, when asked for and computed.
@@ -499,6 +509,8 @@ class TorchRunner final : public ModelRunner {
   bool PostprocessOnKernels(const at::Tensor& logits, const at::Tensor& gt, bool want_labels,
                             const SurfaceRequest& surface, Outputs* o);
   void PostprocessWithTorch(const at::Tensor& logits, const at::Tensor& gt, bool want_labels, Outputs* o);
+  // RunnerOptions::calibration: the probabilities' counts of one group (metrics/calibration.h).
+  void CountCalibrationOf(const at::Tensor& logits, const at::Tensor& gt, Outputs* o) const;
   // Threshold sweep of a single-logit output: [n, T, 4] tp, fp, fn, tn of the foreground class.
   at::Tensor ThresholdCounts(const at::Tensor& logits, const at::Tensor& gt) const;
 

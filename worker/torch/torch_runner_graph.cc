@@ -24,7 +24,7 @@ std::string TorchRunner::GraphKey(torch::jit::Module& module, bool channels_last
   // cache cannot be captured), by the evaluation's own module (not a layout trial's copy), with no
   // trial running beside it and no layout being timed.
   if (!cuda_ || env_off || !graphs_enabled_ || !host.uniform || host.images.size() != 1 ||
-      !options_.thresholds.empty() || (batch.want_scores && single_score_) || options_.precision != "fp32" || options_.jit_optimize || &module != &module_ ||
+      !options_.thresholds.empty() || options_.calibration || (batch.want_scores && single_score_) || options_.precision != "fp32" || options_.jit_optimize || &module != &module_ ||
       beside_ || timing_passes_.load() > 0) {
     return "";
   }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "metrics/calibration.h"
 #include "metrics/coco_rle.h"
 #include "metrics/label_counts.h"
 
@@ -181,9 +182,46 @@ void TorchRunner::PostprocessWithTorch(const at::Tensor& logits, const at::Tenso
   if (want_labels) labels->push_back(pred.to(at::kShort));
 }
 
+void TorchRunner::CountCalibrationOf(const at::Tensor& logits, const at::Tensor& gt, Outputs* o) const {
+  const int64_t n = gt.size(0), hw = gt.size(1) * gt.size(2);
+  const int k = o->k;
+  // The probabilities as LibTorch computes them (metrics/calibration.h), the labels as the argmax.
+  const bool single = logits.size(1) == 1;
+  at::Tensor probs;
+  if (single) {
+    const at::Tensor p = at::sigmoid(logits);
+    probs = at::cat({at::ones_like(p).sub_(p), p}, 1);
+  } else {
+    probs = at::softmax(logits, 1);
+  }
+  probs = probs.contiguous();
+  const at::Tensor pred = (single ? logits.select(1, 0).gt(0) : logits.argmax(1)).to(at::kShort).contiguous();
+  const at::Tensor ref = gt.to(at::kShort).contiguous();
+  const auto long_opts = ref.options().dtype(at::kLong);
+  at::Tensor rows = at::zeros({n, CalibrationRowSize(k)}, long_opts);
+  if (!o->calibration_fine.defined()) o->calibration_fine = at::zeros({CalibrationFineSize(k)}, long_opts);
+#if TALLY_CUDA_KERNELS
+  if (cuda_ && LaunchCalibration(probs.data_ptr<float>(), ref.data_ptr<int16_t>(), pred.data_ptr<int16_t>(), n, k, hw,
+                                 rows.data_ptr<int64_t>(), o->calibration_fine.data_ptr<int64_t>(),
+                                 at::cuda::getCurrentCUDAStream().stream())) {
+    o->calibration.push_back(rows);
+    return;
+  }
+#endif
+  // The CPU's count (on a CUDA device without the kernels: of the tensors brought to the host).
+  const at::Tensor hp = probs.to(at::kCPU), hr = ref.to(at::kCPU), hl = pred.to(at::kCPU);
+  at::Tensor hrows = at::zeros({n, CalibrationRowSize(k)}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor hfine = at::zeros({CalibrationFineSize(k)}, at::TensorOptions().dtype(at::kLong));
+  CountCalibration(hp.data_ptr<float>(), hr.data_ptr<int16_t>(), hl.data_ptr<int16_t>(), n, k, hw,
+                   hrows.data_ptr<int64_t>(), hfine.data_ptr<int64_t>());
+  o->calibration.push_back(hrows.to(rows.device()));
+  o->calibration_fine.add_(hfine.to(rows.device()));
+}
+
 absl::Status TorchRunner::Postprocess(const at::Tensor& raw_logits, const at::Tensor& gt, const std::string& input_shape,
                                       bool want_labels, const SurfaceRequest& surface, Outputs* o) {
   ASSIGN_OR_RETURN(const at::Tensor logits, CheckLogits(raw_logits, gt, input_shape, o));
+  if (options_.calibration) CountCalibrationOf(logits, gt, o);
   if (PostprocessOnKernels(logits, gt, want_labels, surface, o)) return absl::OkStatus();
   o->on_kernels = false;
   if (surface.enabled) o->surface_missing = true;
@@ -423,9 +461,7 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
   // Each result as one device tensor (groups concatenated on the compute stream), then copied.
   const auto one = [](const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 0); };
   const at::Tensor counts = one(o.counts), nonfinite = one(o.nonfinite);
-  const at::Tensor thresholds = o.thresholds.empty() ? at::Tensor() : one(o.thresholds);
   const bool surface = !o.surface.empty() && !o.surface_missing;
-  const at::Tensor surface_values = surface ? one(o.surface) : at::Tensor();
   auto host_opts = at::TensorOptions().device(at::kCPU);
 #if TALLY_WITH_CUDA
   // On CUDA the copies to (pinned) host memory go on a stream of their own, after the launch's
@@ -472,13 +508,15 @@ std::unique_ptr<PendingBatch> TorchRunner::ResultsToHost(const Outputs& o, bool 
   pending->nonfinite_host_ = to_host(nonfinite, at::kLong);
   pending->nonfinite_ptr_ = pending->nonfinite_host_.data_ptr<int64_t>();
   if (o.ties.defined()) pending->ties_ = to_host(o.ties, at::kLong);
-  if (thresholds.defined()) {
-    pending->thresholds_host_ = to_host(thresholds, at::kLong);
+  if (!o.calibration.empty()) pending->calibration_host_ = to_host(one(o.calibration), at::kLong);
+  if (o.calibration_fine.defined()) pending->calibration_fine_host_ = to_host(o.calibration_fine, at::kLong);
+  if (!o.thresholds.empty()) {
+    pending->thresholds_host_ = to_host(one(o.thresholds), at::kLong);
     pending->thresholds_ptr_ = pending->thresholds_host_.data_ptr<int64_t>();
     pending->num_thresholds_ = options_.thresholds.size();
   }
   if (surface) {
-    pending->surface_host_ = to_host(surface_values, at::kDouble);
+    pending->surface_host_ = to_host(one(o.surface), at::kDouble);
     pending->surface_ptr_ = pending->surface_host_.data_ptr<double>();
   }
 #if TALLY_WITH_CUDA
