@@ -510,6 +510,14 @@ class Coordinator {
                                         const std::vector<v1::ImageResult>& results, bool shard_complete,
                                         const std::vector<StoredThumbnail>& thumbnails = {}, int keep_thumbnails = 0);
   void FailPoisonedRow(const std::string& job_id, int64_t shard_id);
+  // Calibration jobs: a model batch's fine histogram counts once, with its rows. Keeps in `results` the
+  // rows whose batch's histogram is in this report whole (every row it covers here, new and evaluated)
+  // or that are already committed, strips the histograms that cannot count, and returns the new
+  // evaluated rows it took out: evaluated again, each alone (SplitRefusedLocked). Under
+  // calibration_mu_, held until their commit is accounted.
+  std::vector<int64_t> ScreenCalibration(const std::string& job_id, std::vector<v1::ImageResult>* results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(calibration_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  void SplitRefused(const std::string& job_id, const std::vector<int64_t>& refused) ABSL_LOCKS_EXCLUDED(mu_);
   // The job's LiveReport, made at its first commit where the job is eligible (null otherwise).
   // `replay`: made now for a job whose committed rows the caller feeds it from the database (Resume).
   std::shared_ptr<LiveReport> LiveReportLocked(JobEntry* job, bool replay = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -538,6 +546,7 @@ class Coordinator {
   const std::unique_ptr<JobStore> store_;
 
   mutable absl::Mutex mu_;
+  absl::Mutex calibration_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // Calibration rows' screen and commit, one at a time.
   std::map<std::string, std::unique_ptr<JobEntry>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // Submission order.
   std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);

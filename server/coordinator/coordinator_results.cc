@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <chrono>
 #include <iterator>
+#include <set>
 #include <random>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
@@ -257,16 +260,89 @@ absl::StatusOr<v1::ReportResultsResponse> Coordinator::ReportResults(const v1::R
   }
   std::vector<v1::ImageResult> results(request.results().begin(), request.results().end());
   const std::vector<StoredThumbnail> thumbnails = TakeThumbnails(&results, admitted->empty_score, admitted->instance_job);
-  ASSIGN_OR_RETURN(const bool shard_done,
-                   CommitAndAccount(request.job_id(), request.shard_id(), request.worker_id(), results,
-                                    request.shard_complete() && admitted->lease_valid, thumbnails,
-                                    admitted->keep_thumbnails));
+  const bool calibration = std::any_of(results.begin(), results.end(),
+                                       [](const v1::ImageResult& r) { return r.calibration_size() > 0; });
+  std::vector<int64_t> refused;
+  const auto commit = [&] {
+    return CommitAndAccount(request.job_id(), request.shard_id(), request.worker_id(), results,
+                            request.shard_complete() && admitted->lease_valid && refused.empty(), thumbnails,
+                            admitted->keep_thumbnails);
+  };
+  absl::StatusOr<bool> committed = false;
+  if (calibration) {
+    absl::MutexLock screened(&calibration_mu_);
+    refused = ScreenCalibration(request.job_id(), &results);
+    committed = commit();
+  } else {
+    committed = commit();
+  }
+  ASSIGN_OR_RETURN(const bool shard_done, committed);
+  if (!refused.empty()) SplitRefused(request.job_id(), refused);
   if (admitted->worker_record) {
     absl::Status s = store_->UpsertWorker(request.job_id(), *admitted->worker_record);
     if (!s.ok()) Log("recording statistics of worker ", request.worker_id(), " failed: ", s.ToString());
   }
   response.set_abandon(!admitted->lease_valid || (shard_done && !request.shard_complete()));
   return response;
+}
+
+std::vector<int64_t> Coordinator::ScreenCalibration(const std::string& job_id, std::vector<v1::ImageResult>* results) {
+  absl::flat_hash_map<int64_t, const v1::ImageResult*> here;
+  for (const v1::ImageResult& r : *results) here[r.index()] = &r;
+  absl::flat_hash_set<int64_t> counted;  // Batches whose fine histogram counts now.
+  std::vector<int64_t> refused;
+  {
+    absl::MutexLock lock(&mu_);
+    auto jit = jobs_.find(job_id);
+    if (jit == jobs_.end()) return refused;
+    const std::vector<bool>& committed = jit->second->committed_rows;
+    const auto is_committed = [&](int64_t i) { return i >= 0 && i < static_cast<int64_t>(committed.size()) && committed[i]; };
+    for (const v1::ImageResult& r : *results) {
+      if (!r.has_calibration_fine() || r.calibration_size() == 0) continue;
+      const auto& covers = r.calibration_fine().covers();
+      const bool whole = std::all_of(covers.begin(), covers.end(), [&](int64_t i) {
+        auto it = here.find(i);
+        return it != here.end() && it->second->error().empty() && it->second->calibration_batch() == r.calibration_batch() &&
+               !is_committed(i);
+      });
+      if (whole) counted.insert(r.calibration_batch());
+    }
+    std::vector<v1::ImageResult> kept;
+    for (v1::ImageResult& r : *results) {
+      const bool counts = r.calibration_size() == 0 || counted.contains(r.calibration_batch());
+      if (!counts && r.error().empty() && !is_committed(r.index())) {
+        refused.push_back(r.index());
+        continue;
+      }
+      if (!counts) r.clear_calibration_fine();
+      kept.push_back(std::move(r));
+    }
+    results->swap(kept);
+  }
+  if (!refused.empty()) {
+    Log("job ", job_id, ": ", refused.size(), " rows sent without the whole of their batch's calibration histogram "
+        "(their batch's rows came apart, failed or were committed by another copy); each is evaluated again alone");
+  }
+  return refused;
+}
+
+void Coordinator::SplitRefused(const std::string& job_id, const std::vector<int64_t>& refused) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    auto jit = jobs_.find(job_id);
+    if (jit == jobs_.end() || IsTerminal(jit->second->record.job.state())) return;
+    JobEntry& job = *jit->second;
+    std::set<int64_t> shards;
+    for (int64_t index : refused) shards.insert(OwnerShard(job, index));
+    for (int64_t sid : shards) {
+      Shard& s = job.shards[sid];
+      if (s.split || s.end - s.begin <= 1) continue;  // Single rows: their batches are whole.
+      if (s.phase == ShardPhase::kLeased) ForgetShardLeasesLocked(job_id, sid, s);
+      counters_.shards_retried += SplitShardLocked(&job, sid);
+    }
+  }
+  Apply(deferred);
 }
 
 std::shared_ptr<LiveReport> Coordinator::LiveReportLocked(JobEntry* job, bool replay) {
