@@ -4,6 +4,7 @@
 #include "common/sources/manifest.h"
 #include "common/sources/row_files.h"
 #include "metrics/aggregator.h"
+#include "metrics/calibration.h"
 #include "base/number_format.h"
 #include "server/report/report_data.h"
 #include "server/report/report_formats.h"
@@ -19,6 +20,8 @@ std::string PerImageCsv::Header() const {
   if (config_.instance_job()) h += ",category,gt_instances,dt_instances,instance_tp50,instance_fp50,instance_fn50";
   // Jobs with groups or slices: the row's properties (report_groups.h), the class's own first.
   if (config_.row_properties()) h += ",fg_fraction,volume_ratio,components,pixels,mean_intensity";
+  // --metrics calibration: the row's top-label ECE (15 bins) and mean confidence (metrics/calibration.h).
+  if (config_.calibration) h += ",ece,confidence";
   // What the row was scored from: its files' XXH128 digests as read (docs/reports.md; `tally verify`).
   h += ",image_xxh128,mask_xxh128,prediction_xxh128";
   return h + "\n";
@@ -51,6 +54,11 @@ std::string PerImageCsv::Rows(const v1::ImageResult& r, const RowNames& names) c
       const DerivedValues row = RowDerivedValues(config_, r);
       absl::StrAppend(&out, ",", FormatDouble(own[0]), ",", FormatDouble(own[1]), ",", FormatDouble(own[2]), ",",
                       FormatDouble(row[3]), ",", FormatDouble(row[4]));
+    }
+    if (config_.calibration) {
+      const bool has = r.calibration_size() == CalibrationRowSize(r.classes_size());
+      absl::StrAppend(&out, ",", FormatDouble(has ? RowEce(r.calibration().data(), r.classes_size()) : NAN), ",",
+                      FormatDouble(has ? RowConfidence(r.calibration().data(), r.classes_size()) : NAN));
     }
     out += digests;
     out.push_back('\n');

@@ -380,7 +380,29 @@ void ReportAccumulator::AddRow(const v1::ImageResult& original, const RowNames& 
   if (instances_ != nullptr) instances_->Add(r);
   if (panoptic_ != nullptr) panoptic_->Add(r);
   if (groups_ != nullptr) groups_->Add(r.index(), &r, names);
+  if (r.calibration_size() > 0 || r.has_calibration_fine()) AddCalibration(stored);
   if (on_row) on_row(r, names);
+}
+
+void ReportAccumulator::AddCalibration(const v1::ImageResult& r) {
+  const int k = r.classes_size();
+  if (r.calibration_size() > 0) {
+    if (d_.calibration.AddRow(r.calibration().data(), r.calibration_size(), k)) {
+      ++d_.calibration_rows;
+    } else {
+      ++d_.calibration_mismatched;
+    }
+  }
+  if (!r.has_calibration_fine()) return;
+  const v1::CalibrationFine& f = r.calibration_fine();
+  if (f.classes() != d_.calibration.classes() || f.cells_size() != f.pixels_size() || f.cells_size() != f.correct_size()) {
+    ++d_.calibration_mismatched;
+    return;
+  }
+  for (int i = 0; i < f.cells_size(); ++i) {
+    d_.calibration.AddFine(f.cells(i) / kCalibrationFineBins, f.cells(i) % kCalibrationFineBins, f.pixels(i), f.correct(i));
+  }
+  d_.calibration_fine_rows += f.covers_size();
 }
 
 void ReportAccumulator::Merge(ReportAccumulator* other) {
@@ -401,6 +423,10 @@ void ReportAccumulator::Merge(ReportAccumulator* other) {
   }
   d_.mask_max_label = std::max(d_.mask_max_label, other->d_.mask_max_label);
   d_.mask_ignored += other->d_.mask_ignored;
+  d_.calibration.Merge(other->d_.calibration);
+  d_.calibration_rows += other->d_.calibration_rows;
+  d_.calibration_fine_rows += other->d_.calibration_fine_rows;
+  d_.calibration_mismatched += other->d_.calibration_mismatched;
   for (const auto& [spacing, rows] : other->d_.spacings) d_.spacings[spacing] += rows;
   if (instances_ != nullptr && other->instances_ != nullptr) instances_->Merge(other->instances_.get());
   if (groups_ != nullptr && other->groups_ != nullptr) groups_->Merge(other->groups_.get());
@@ -420,6 +446,20 @@ absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std:
   if (panoptic_ != nullptr) d.panoptic = panoptic_->Finish();
   if (instances_ != nullptr) d.instances = instances_->Finish();
   if (groups_ != nullptr) d.groups = groups_->Finish();
+  if (!d.calibration.empty()) {
+    // The equal-mass figures only from a fine histogram of every row counted (always, in a job that
+    // ended with every row: tallyd counts a batch's histogram with all its rows or refuses them).
+    const bool whole = d.calibration_fine_rows == d.calibration_rows;
+    d.calibration_summary = SummarizeCalibration(d.calibration, whole);
+    if (!whole) {
+      d.warnings.push_back(absl::StrCat("calibration: the fine histogram covers ", d.calibration_fine_rows, " of the ",
+                                        d.calibration_rows, " rows counted; the equal-mass figures are left out"));
+    }
+  }
+  if (d.calibration_mismatched > 0) {
+    d.warnings.push_back(absl::StrCat("calibration: ", d.calibration_mismatched,
+                                      " rows' calibration values did not match the job's class count and were left out"));
+  }
   RETURN_IF_ERROR(AttachWorstRows(store, parts, &d));
   for (const JobRecord* part : parts) {
     ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, store->ReadWorkers(part->job.job_id()));

@@ -19,6 +19,7 @@
 #include "common/job/job_config.h"
 #include "common/job/row_order.h"
 #include "metrics/aggregator.h"
+#include "metrics/calibration.h"
 #include "server/store/job_store.h"
 #include "server/report/report_groups.h"
 #include "server/report/report_instances.h"
@@ -87,6 +88,14 @@ struct ReportData {
   InstanceReport instances;
   PanopticReport panoptic;  // Panoptic jobs (present).
   GroupsReport groups;      // --group-by tables and --find-slices' search (report_groups.h).
+  // --metrics calibration (metrics/calibration.h): the exact sums over the rows counted, and their
+  // summary (set by Finish). calibration_rows: evaluated rows with calibration values;
+  // calibration_fine_rows: those whose batch's fine histogram counted (equal in a complete job).
+  CalibrationTotals calibration;
+  CalibrationSummary calibration_summary;
+  int64_t calibration_rows = 0;
+  int64_t calibration_fine_rows = 0;
+  int64_t calibration_mismatched = 0;  // Rows whose values did not fit the job's class count (none expected).
   bool IsPanopticJob() const { return config.panoptic_job(); }
   // Instance jobs: class ids that are categories (the others only pad the label range).
   bool IsCategoryClass(int class_id) const {
@@ -158,6 +167,7 @@ class ReportAccumulator {
   // (may be empty) sees every evaluated result, padded to the job's classes, with its names.
   void AddRow(const v1::ImageResult& stored, const RowNames& names, int64_t offset, const ReportRowFn& on_row);
   void Merge(ReportAccumulator* other);
+  void AddCalibration(const v1::ImageResult& r);
   int64_t rows() const { return d_.evaluated + d_.failed; }
   const JobConfig& config() const { return config_; }
   // The report's data; reads the worst rows' names and thumbnails and the workers from `store`.

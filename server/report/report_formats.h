@@ -23,6 +23,12 @@ std::string GroupsCsv(const ReportData& d);
 std::string GroupsMarkdown(const ReportData& d);
 std::string GroupsHtml(const ReportData& d);
 
+// --metrics calibration (report_calibration.cc): report.json's "calibration", the Markdown and HTML
+// sections ("" for other jobs).
+void CalibrationJson(const ReportData& d, JsonWriter& w);
+std::string CalibrationMarkdown(const ReportData& d);
+std::string CalibrationHtml(const ReportData& d);
+
 // per_image.csv, streamed: one row per evaluated image and class, in index order.
 class PerImageCsv {
  public:

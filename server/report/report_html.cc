@@ -373,6 +373,7 @@ std::string ReportHtml(const ReportData& d) {
          "</div>\n";
   }
   h += GroupsHtml(d);
+  h += CalibrationHtml(d);
   h += std::string("<h2>Mean Dice per class") + (d.interval == IntervalKind::kNone ? "" : " (with its 95% interval)") +
        "</h2>\n" + DiceBarChart(d) + "\n";
   if (!d.aggregate.thresholds.empty()) {

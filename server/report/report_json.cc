@@ -471,6 +471,7 @@ std::string ReportJson(const ReportData& d) {
   if (d.instances.present) InstancesJson(d, w);
   if (d.panoptic.present) PanopticJson(d, w);
   GroupsJson(d, w);
+  CalibrationJson(d, w);
   WorkersJson(d, w);
   w.Field("created_unix", job.created_unix());
   w.Field("finished_unix", job.finished_unix());

@@ -68,6 +68,7 @@ std::string ReportMarkdown(const ReportData& d) {
                           "other metrics use the primary threshold 0.5.\n\n", MarkdownTable(ThresholdTable(d)));
   }
   out += GroupsMarkdown(d);
+  out += CalibrationMarkdown(d);
   out += "\n## Worst images by Dice\n";
   for (const ClassAggregate& ca : d.aggregate.classes) {
     if (!d.IsForeground(ca.class_id) || ca.worst.empty()) continue;

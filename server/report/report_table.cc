@@ -218,6 +218,7 @@ Table ParameterTable(const ReportData& d) {
   };
   std::vector<std::string> metrics;
   for (Metric m : c.metrics) metrics.emplace_back(MetricName(m));
+  if (c.calibration) metrics.emplace_back(kCalibrationMetric);
   add("metrics", absl::StrJoin(metrics, ","));
   add("classes", absl::StrCat(d.num_classes, c.regions.empty() ? "" : absl::StrCat(" (", c.regions.size(), " regions)")));
   add("include background", c.include_background ? "yes" : "no");

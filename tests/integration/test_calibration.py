@@ -1,0 +1,200 @@
+"""--metrics calibration: ECE, classwise ECE, the reliability bins and the equal-mass ACE of the report
+against numpy over every pixel of the test set (the probabilities from the same TorchScript file run
+here by torch, the counting written here), per_image.csv's ece and confidence per row, identical for 1
+and 3 workers in random order, and the refusals that name calibration."""
+import json
+import math
+import os
+import unittest
+
+import numpy as np
+import torch
+from PIL import Image
+
+import tallytest as tt
+
+BINS = 15
+FINE = 65536
+
+
+def pixels_of(model, manifest):
+    """Per row (in manifest order): the probabilities [K, H, W] float32, the argmax and the valid
+    reference labels, as torch computes them from the decoded PNG."""
+    root = os.path.dirname(manifest)
+    net = torch.jit.load(model).eval()
+    rows = []
+    with open(manifest) as f:
+        next(f)
+        for line in f:
+            _, img, msk = line.strip().split(",")
+            x = np.asarray(Image.open(os.path.join(root, img)).convert("RGB"))
+            ref = np.asarray(Image.open(os.path.join(root, msk))).astype(np.int64)
+            with torch.no_grad():
+                t = torch.from_numpy(x.copy()).permute(2, 0, 1)[None].float() / 255.0
+                logits = net(t)
+                if logits.shape[1] == 1:
+                    p = torch.sigmoid(logits)
+                    probs = torch.cat([1 - p, p], 1)[0]
+                    pred = (logits[0, 0] > 0).long()
+                else:
+                    probs = torch.softmax(logits, 1)[0]
+                    pred = logits[0].argmax(0)
+            rows.append((probs.numpy(), pred.numpy(), ref))
+    return rows
+
+
+def histograms(rows):
+    """Per histogram h (classes, then the top label): the values v and correct flags of every valid pixel."""
+    k = rows[0][0].shape[0]
+    values = [[] for _ in range(k + 1)]
+    correct = [[] for _ in range(k + 1)]
+    for probs, pred, ref in rows:
+        valid = (ref >= 0) & (ref < k)
+        for c in range(k):
+            values[c].append(probs[c][valid])
+            correct[c].append(ref[valid] == c)
+        top = np.take_along_axis(probs, pred[None], 0)[0]
+        values[k].append(top[valid])
+        correct[k].append(pred[valid] == ref[valid])
+    return [np.concatenate(v).astype(np.float64) for v in values], [np.concatenate(c) for c in correct]
+
+
+def ece_and_bins(v, ok):
+    b = np.minimum(np.floor(v * BINS), BINS - 1).astype(int)
+    bins = []
+    gap = 0.0
+    for i in range(BINS):
+        sel = b == i
+        n = int(sel.sum())
+        if n:
+            gap += abs(ok[sel].sum() - v[sel].sum())
+        bins.append((n, ok[sel].mean() if n else math.nan, v[sel].mean() if n else math.nan))
+    return gap / len(v), bins
+
+
+def ace(v, ok):
+    """docs/metrics.md "Calibration": equal-mass bins of whole 1/65536-wide bins, v at the fine bin's centre."""
+    f = np.minimum(np.floor(v * FINE), FINE - 1).astype(np.int64)
+    counts = np.bincount(f, minlength=FINE)
+    right = np.bincount(f, weights=ok.astype(np.float64), minlength=FINE)
+    n = counts.sum()
+    total, bins, r = 0.0, 0, 0
+    px = good = centre = 0.0
+    cum = 0
+    for i in np.nonzero(counts)[0]:
+        cum += counts[i]
+        px += counts[i]
+        good += right[i]
+        centre += counts[i] * (i + 0.5) / FINE
+        if cum * BINS >= n * (r + 1):
+            total += abs(good / px - centre / px)
+            bins += 1
+            px = good = centre = 0.0
+            while r < BINS and cum * BINS >= n * (r + 1):
+                r += 1
+    return total / bins
+
+
+def true_ace(v, ok):
+    order = np.argsort(v, kind="stable")
+    parts = np.array_split(order, BINS)
+    return float(np.mean([abs(ok[p].mean() - v[p].mean()) for p in parts if len(p)]))
+
+
+class CalibrationTest(unittest.TestCase):
+    def setUp(self):
+        self.root = tt.tmpdir(self)
+        rng = np.random.default_rng(11)
+        self.manifest = tt.write_dataset(os.path.join(self.root, "data"), rng, 23, [(24, 32), (17, 20), (32, 32)])
+
+    def check(self, model, out, rows):
+        report = tt.read_report(out)
+        cal = report["calibration"]
+        values, correct = histograms(rows)
+        k = len(values) - 1
+        self.assertEqual(cal["rows"], len(rows))
+        self.assertEqual(cal["fine_rows"], len(rows))
+        top_ece, top_bins = ece_and_bins(values[k], correct[k])
+        self.assertTrue(tt.same(cal["ece"], top_ece, rel=1e-9), (cal["ece"], top_ece))
+        self.assertEqual(cal["top_label"]["pixels"], len(values[k]))
+        for got, (n, acc, conf) in zip(cal["top_label"]["reliability"], top_bins):
+            self.assertEqual(got["pixels"], n)
+            if n:
+                self.assertTrue(tt.same(got["accuracy"], acc, rel=1e-12))
+                self.assertTrue(tt.same(got["confidence"], conf, rel=1e-9))
+        classwise = []
+        for c in range(k):
+            e, bins = ece_and_bins(values[c], correct[c])
+            classwise.append(e)
+            got = cal["classes"][c]
+            self.assertTrue(tt.same(got["ece"], e, rel=1e-9), (c, got["ece"], e))
+            self.assertEqual([b["pixels"] for b in got["reliability"]], [b[0] for b in bins])
+            self.assertTrue(tt.same(got["ace"], ace(values[c], correct[c]), rel=1e-9))
+        self.assertTrue(tt.same(cal["classwise_ece"], float(np.mean(classwise)), rel=1e-9))
+        self.assertTrue(tt.same(cal["ace"], ace(values[k], correct[k]), rel=1e-9))
+        # The documented resolution: within a fine bin's width (and the ties' split) of the exact ACE.
+        self.assertLess(abs(cal["ace"] - true_ace(values[k], correct[k])), 0.02)
+        # Per row: the top label's ECE and mean confidence.
+        per_row = {}
+        for r in tt.read_per_image(out):
+            per_row[int(r["index"])] = (float(r["ece"]), float(r["confidence"]))
+        for i, (probs, pred, ref) in enumerate(rows):
+            valid = (ref >= 0) & (ref < k)
+            v = np.take_along_axis(probs, pred[None], 0)[0][valid].astype(np.float64)
+            e, _ = ece_and_bins(v, (pred == ref)[valid])
+            self.assertTrue(tt.same(per_row[i][0], e, rel=1e-9), (i, per_row[i][0], e))
+            self.assertTrue(tt.same(per_row[i][1], v.mean(), rel=1e-9))
+        with open(os.path.join(out, "report.html")) as f:
+            html = f.read()
+        self.assertIn("<h2>Calibration</h2>", html)
+        self.assertEqual(html.count('class="bin"'), sum(1 for b in cal["top_label"]["reliability"] if b["pixels"]) +
+                         sum(1 for c in cal["classes"] for b in c["reliability"] if b["pixels"]))
+        with open(os.path.join(out, "summary.md")) as f:
+            self.assertIn("## Calibration", f.read())
+
+    def test_three_classes_against_numpy(self):
+        model = tt.fixture("three_class.pt")
+        out = os.path.join(self.root, "out")
+        tt.tally_run(model, self.manifest, out, "--metrics", "dice,calibration", "--batch-size", "4")
+        self.check(model, out, pixels_of(model, self.manifest))
+
+    def test_single_logit_against_numpy(self):
+        model = tt.fixture("single_logit.pt")
+        out = os.path.join(self.root, "out")
+        manifest = tt.write_dataset(os.path.join(self.root, "two"), np.random.default_rng(5), 9, [(20, 28)], classes=2)
+        tt.tally_run(model, manifest, out, "--metrics", "calibration")
+        self.check(model, out, pixels_of(model, manifest))
+        self.assertIn("hd95", tt.read_per_image(out)[0])  # calibration alone keeps the default metrics
+
+    def test_one_and_three_workers_in_random_order_agree(self):
+        model = tt.fixture("three_class.pt")
+        outs = []
+        for workers, extra in ((1, ()), (3, ("--order", "random"))):
+            c = tt.Cluster(self, os.path.join(self.root, f"c{workers}"))
+            for _ in range(workers):
+                c.start_worker()
+            c.wait_registered(workers)
+            job = c.submit(model, self.manifest, "--metrics", "dice,calibration", "--batch-size", "2", "--shard-size", "4", *extra)
+            c.wait(job)
+            out = os.path.join(self.root, f"o{workers}")
+            c.fetch(job, out)
+            c.stop()
+            outs.append(out)
+        a, b = (tt.read_report(o)["calibration"] for o in outs)
+        self.assertEqual(a, b)
+        self.assertTrue(tt.same_files(outs[0], outs[1]))
+
+    def test_refused_without_probabilities(self):
+        pm, _ = tt.write_prediction_manifest(tt.fixture("three_class.pt"), self.manifest, os.path.join(self.root, "data"))
+        p = tt.tally("run", "--manifest", pm, "--out", os.path.join(self.root, "x"), "--metrics", "calibration", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--metrics calibration", p.stderr + p.stdout)
+        p = tt.tally("run", "--model", tt.fixture("three_class.pt"), "--manifest", self.manifest, "--out",
+                     os.path.join(self.root, "y"), "--metrics", "calibration", "--prediction-store",
+                     os.path.join(self.root, "store"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("prediction store", p.stderr + p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
