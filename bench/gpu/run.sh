@@ -19,6 +19,7 @@
 #   store        the prediction store: a job with an empty store, with a full one, without
 #   follow       following training: checkpoints raced against the best or not, the lag to a curve point
 #   groups       --group-by and --find-slices (the worker's row properties) against a run without
+#   calibration  --metrics calibration (probability histograms on the GPU) against a run without
 # Every suite builds first (stage `build`, scripts/gpu/build.sh into build-gpu) unless its STAGES leave
 # `build` out, and runs the GPU tests with stage `tests` (lib.sh tests_stage);
 # logs go to $OUT (default /tmp/tally-bench/logs), data to $WORK (default /tmp/tally-bench/SUITE).
@@ -26,7 +27,7 @@ set -uo pipefail
 suite=${1:-}
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -z "$suite" ] || [ ! -f "$here/$suite.sh" ] || [ "$suite" = lib ] || [ "$suite" = run ]; then
-  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 export WORK=${WORK:-/tmp/tally-bench/$suite}
