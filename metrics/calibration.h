@@ -33,6 +33,8 @@ inline constexpr int kCalibrationFineBins = 65536;
 // A row's per-histogram values: per bin (pixels, correct pixels, sum of v in 2^-32 units).
 inline constexpr int kCalibrationValues = 3;
 inline constexpr double kConfidenceUnit = 4294967296.0;  // 2^32.
+// The most rows one fine histogram may cover (a model batch's; tallyd refuses more).
+inline constexpr int kMaxCalibrationCovers = 65536;
 
 // Per row: [K + 1][kCalibrationBins][kCalibrationValues] values (int64).
 TALLY_HD int64_t CalibrationRowSize(int k) { return int64_t{k + 1} * kCalibrationBins * kCalibrationValues; }

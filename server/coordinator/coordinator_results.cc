@@ -22,6 +22,7 @@
 #include "base/file_util.h"
 #include "base/log.h"
 #include "common/sources/manifest.h"
+#include "metrics/calibration.h"
 #include "metrics/overlap.h"
 #include "common/job/rpc.h"
 #include "common/security/sha256.h"
@@ -64,6 +65,65 @@ std::vector<StoredThumbnail> TakeThumbnails(std::vector<v1::ImageResult>* result
     r.clear_thumbnails();
   }
   return out;
+}
+
+// A row's calibration values (metrics/calibration.h): K + 1 histograms of 15 bins, each histogram's
+// pixels the row's valid pixels, correct pixels at most the bin's, confidence at most 1 a pixel.
+std::string CheckRowCalibration(const v1::ImageResult& r, int64_t valid) {
+  const int k = r.classes_size();
+  if (r.calibration_size() != CalibrationRowSize(k)) {
+    return absl::StrCat(r.calibration_size(), " calibration values for ", k, " classes");
+  }
+  for (int h = 0; h <= k; ++h) {
+    int64_t pixels = 0;
+    for (int b = 0; b < kCalibrationBins; ++b) {
+      const int64_t* cell = r.calibration().data() + (static_cast<int64_t>(h) * kCalibrationBins + b) * kCalibrationValues;
+      if (cell[0] < 0 || cell[0] > valid || cell[1] < 0 || cell[1] > cell[0] || cell[2] < 0 ||
+          static_cast<uint64_t>(cell[2]) > static_cast<uint64_t>(cell[0]) << 32) {
+        return std::string("a calibration bin's pixels, correct pixels or confidence out of range");
+      }
+      pixels += cell[0];
+    }
+    if (pixels != valid) return absl::StrCat("a calibration histogram of ", pixels, " pixels; the image has ", valid);
+  }
+  return std::string();
+}
+
+// A batch's fine histogram: cells in order and in range, within the budget of kMaxCalibrationCovers
+// rows; where every row it covers is in this report, its pixels and correct pixels per histogram
+// equal theirs.
+std::string CheckFineCalibration(const v1::ImageResult& head,
+                                 const absl::flat_hash_map<int64_t, const v1::ImageResult*>& here) {
+  const v1::CalibrationFine& f = head.calibration_fine();
+  const int k = head.classes_size();
+  if (f.classes() != k || f.cells_size() != f.pixels_size() || f.cells_size() != f.correct_size() ||
+      f.covers_size() < 1 || f.covers_size() > kMaxCalibrationCovers) {
+    return "a fine calibration histogram whose sizes do not match";
+  }
+  std::vector<int64_t> pixels(k + 1, 0), correct(k + 1, 0);
+  for (int i = 0; i < f.cells_size(); ++i) {
+    if (f.cells(i) < 0 || f.cells(i) >= (k + 1) * int64_t{kCalibrationFineBins} || (i > 0 && f.cells(i) <= f.cells(i - 1)) ||
+        f.pixels(i) < 1 || f.correct(i) < 0 || f.correct(i) > f.pixels(i)) {
+      return "a fine calibration histogram's cells out of order or range";
+    }
+    pixels[f.cells(i) / kCalibrationFineBins] += f.pixels(i);
+    correct[f.cells(i) / kCalibrationFineBins] += f.correct(i);
+  }
+  std::vector<int64_t> want_pixels(k + 1, 0), want_correct(k + 1, 0);
+  for (int64_t index : f.covers()) {
+    auto it = here.find(index);
+    if (it == here.end() || !it->second->error().empty() || it->second->calibration_size() != CalibrationRowSize(k)) {
+      return "";  // Not whole here: not counted (ScreenCalibration), nothing to compare.
+    }
+    for (int h = 0; h <= k; ++h) {
+      for (int b = 0; b < kCalibrationBins; ++b) {
+        const int64_t* cell = it->second->calibration().data() + (static_cast<int64_t>(h) * kCalibrationBins + b) * kCalibrationValues;
+        want_pixels[h] += cell[0];
+        want_correct[h] += cell[1];
+      }
+    }
+  }
+  return pixels == want_pixels && correct == want_correct ? "" : "a fine calibration histogram that disagrees with its rows";
 }
 
 }  // namespace
@@ -130,6 +190,17 @@ absl::Status Coordinator::CheckResults(const JobEntry& job, const Shard& shard,
       if (t.tp() + t.fp() + t.fn() + t.tn() != valid) {
         return implausible(absl::StrCat("a threshold's tp+fp+fn+tn differs from the image's ", valid, " valid pixels"));
       }
+    }
+    if (r.calibration_size() > 0) {
+      if (std::string why = CheckRowCalibration(r, valid); !why.empty()) return implausible(why);
+    }
+  }
+  absl::flat_hash_map<int64_t, const v1::ImageResult*> here;
+  for (const v1::ImageResult& r : request.results()) here[r.index()] = &r;
+  for (const v1::ImageResult& r : request.results()) {
+    if (!r.has_calibration_fine()) continue;
+    if (std::string why = CheckFineCalibration(r, here); !why.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("result for index ", r.index(), " has ", why));
     }
   }
   return absl::OkStatus();

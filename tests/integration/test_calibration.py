@@ -5,6 +5,7 @@ and 3 workers in random order, and the refusals that name calibration."""
 import json
 import math
 import os
+import time
 import unittest
 
 import numpy as np
@@ -183,6 +184,35 @@ class CalibrationTest(unittest.TestCase):
         a, b = (tt.read_report(o)["calibration"] for o in outs)
         self.assertEqual(a, b)
         self.assertTrue(tt.same_files(outs[0], outs[1]))
+
+    def test_speculative_copies_count_each_batch_once(self):
+        # A straggler (batches of 2, each row's result held back) and a fast worker's speculative copy
+        # (batches of 4) commit rows of the same shards: batches that came apart are refused and
+        # evaluated again alone, and the figures equal one worker's to the bit.
+        model = tt.fixture("three_class.pt")
+        manifest = tt.write_dataset(os.path.join(self.root, "many"), np.random.default_rng(8), 96, [(16, 16)])
+        plain = os.path.join(self.root, "plain")
+        c = tt.Cluster(self, os.path.join(self.root, "c0"))
+        c.start_worker()
+        job = c.submit(model, manifest, "--metrics", "calibration")
+        self.assertEqual(c.wait(job)["state"], "succeeded")
+        c.fetch(job, plain)
+        c.stop()
+        c = tt.Cluster(self, os.path.join(self.root, "c1"))
+        c.start_worker("--batch-size", "2", env={"TALLY_TEST_THROTTLE_MS": "40"})
+        c.wait_registered(1)
+        job = c.submit(model, manifest, "--metrics", "calibration", "--speculate-after", "1")
+        while c.job(job)["state"] == "queued":
+            time.sleep(0.05)
+        time.sleep(1.0)
+        c.start_worker("--batch-size", "4")
+        self.assertEqual(c.wait(job, timeout=300)["state"], "succeeded")
+        out = os.path.join(self.root, "spec")
+        c.fetch(job, out)
+        a, b = tt.read_report(plain), tt.read_report(out)
+        self.assertEqual((b["images_evaluated"], b["images_failed"]), (96, 0))
+        self.assertEqual(a["calibration"], b["calibration"])
+        self.assertTrue(tt.same_files(plain, out))
 
     def test_refused_without_probabilities(self):
         pm, _ = tt.write_prediction_manifest(tt.fixture("three_class.pt"), self.manifest, os.path.join(self.root, "data"))

@@ -1,5 +1,7 @@
 #include "server/coordinator/coordinator.h"
 
+#include "metrics/calibration.h"
+
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -855,6 +857,113 @@ TEST_F(CoordinatorTest, EmptyManifestSucceedsAtOnce) {
   ASSERT_TRUE(job.ok());
   core_->RunFinalizers();
   EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+// --metrics calibration: a model batch's fine histogram counts with all the rows it covers or not at
+// all. A report whose batch mixes rows already committed and new ones has its new rows refused; they
+// come back alone, and every row's pixels are in the fine histogram exactly once.
+class CalibrationCoordinatorTest : public CoordinatorTest {
+ protected:
+  // One pixel, reference and prediction class 1 with probability 0.9.
+  static void Row(int64_t index, int64_t batch, v1::ImageResult* r) {
+    r->set_index(index);
+    r->set_height(1);
+    r->set_width(1);
+    for (int c = 0; c < 2; ++c) {
+      v1::ClassResult* cr = r->add_classes();
+      cr->set_tp(c == 1);
+      cr->set_tn(c == 0);
+    }
+    std::vector<int64_t> v(CalibrationRowSize(2), 0);
+    auto set = [&](int h, float p, bool ok) {
+      int64_t* cell = v.data() + (h * kCalibrationBins + CalibrationBin(p)) * kCalibrationValues;
+      cell[0] = 1;
+      cell[1] = ok;
+      cell[2] = static_cast<int64_t>(ConfidenceUnits(p));
+    };
+    set(0, 0.1f, false);
+    set(1, 0.9f, true);
+    set(2, 0.9f, true);
+    r->mutable_calibration()->Add(v.begin(), v.end());
+    r->set_calibration_batch(batch);
+  }
+
+  v1::ReportResultsResponse Report(const std::string& worker, const v1::ShardAssignment& a,
+                                   const std::vector<int64_t>& rows, bool complete) {
+    v1::ReportResultsRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(a.job_id());
+    r.set_shard_id(a.shard_id());
+    r.set_lease_id(a.lease_id());
+    r.set_num_classes(2);
+    r.set_shard_complete(complete);
+    for (int64_t i : rows) Row(i, rows[0], r.add_results());
+    v1::CalibrationFine* f = r.mutable_results(0)->mutable_calibration_fine();
+    f->set_classes(2);
+    for (int64_t i : rows) f->add_covers(i);
+    const int64_t n = static_cast<int64_t>(rows.size());
+    for (auto [cell, correct] : {std::pair<int, int64_t>{CalibrationFineBin(0.1f), 0},
+                                 {kCalibrationFineBins + CalibrationFineBin(0.9f), n},
+                                 {2 * kCalibrationFineBins + CalibrationFineBin(0.9f), n}}) {
+      f->add_cells(cell);
+      f->add_pixels(n);
+      f->add_correct(correct);
+    }
+    auto resp = core_->ReportResults(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? *resp : v1::ReportResultsResponse();
+  }
+};
+
+TEST_F(CalibrationCoordinatorTest, ABatchThatCameApartIsRefusedAndItsRowsComeBackAlone) {
+  v1::JobSpec spec = Spec(10, 2);
+  spec.add_metrics("calibration");
+  auto job = core_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  ASSERT_EQ(a.end() - a.begin(), 10);
+  Report(w, a, {0, 1}, false);
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 2);
+  Report(w, a, {0, 1, 2, 3}, false);  // 0 and 1 committed already: 2 and 3 refused.
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 2);
+  for (int64_t i = 2; i < 10; ++i) {
+    v1::ShardAssignment one = Acquire(w);
+    ASSERT_EQ(one.end() - one.begin(), 1) << i;
+    Report(w, one, {one.rows(0).index()}, true);
+  }
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 10);
+  core_->RunFinalizers();
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
+  const std::string report = ReadReport(job->job_id(), "report.json");
+  EXPECT_THAT(report, ::testing::HasSubstr("\"calibration\": {\n    \"rows\": 10,"));
+  EXPECT_THAT(report, ::testing::HasSubstr("\"fine_rows\": 10,"));
+}
+
+TEST_F(CalibrationCoordinatorTest, AFineHistogramThatDisagreesWithItsRowsIsRejected) {
+  v1::JobSpec spec = Spec(10, 2);
+  spec.add_metrics("calibration");
+  auto job = core_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string w = Register("w");
+  v1::ShardAssignment a = Acquire(w);
+  v1::ReportResultsRequest r;
+  r.set_worker_id(w);
+  r.set_job_id(a.job_id());
+  r.set_shard_id(a.shard_id());
+  r.set_lease_id(a.lease_id());
+  r.set_num_classes(2);
+  Row(0, 0, r.add_results());
+  v1::CalibrationFine* f = r.mutable_results(0)->mutable_calibration_fine();
+  f->set_classes(2);
+  f->add_covers(0);
+  f->add_cells(7);
+  f->add_pixels(5);  // The row has one pixel.
+  f->add_correct(0);
+  auto resp = core_->ReportResults(r);
+  ASSERT_FALSE(resp.ok());
+  EXPECT_THAT(std::string(resp.status().message()), ::testing::HasSubstr("disagrees with its rows"));
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 0);
 }
 
 }  // namespace
