@@ -56,6 +56,7 @@ struct RowCounts {
   // Where per_image.csv has the derived columns (jobs with groups or slices): the reference's
   // components over the classes >= 1, and the image's mean intensity.
   std::vector<double> components, intensity;
+  std::vector<double> ece, confidence;  // --metrics calibration jobs: the row's top-label calibration.
 };
 
 // Each row's value (by index, NaN where none): the metric over the foreground classes, or one class.
@@ -81,8 +82,9 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
   }
   std::map<int64_t, std::pair<double, int>> sums;
   // Reference, predicted foreground; counted; components, intensity.
-  std::map<int64_t, std::array<double, 5>> pixels;
+  std::map<int64_t, std::array<double, 7>> pixels;
   const int comp_col = Column(csv[0].fields, "components"), int_col = Column(csv[0].fields, "mean_intensity");
+  const int ece_col = Column(csv[0].fields, "ece"), conf_col = Column(csv[0].fields, "confidence");
   const int count_col[4] = {Column(csv[0].fields, "tp"), Column(csv[0].fields, "fp"), Column(csv[0].fields, "fn"),
                             Column(csv[0].fields, "tn")};
   int64_t last = -1;
@@ -110,12 +112,14 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
     for (int j = 0; j < 4; ++j) {
       if (count_col[j] >= 0 && static_cast<size_t>(count_col[j]) < f.size()) (void)absl::SimpleAtod(f[count_col[j]], &k[j]);
     }
-    std::array<double, 5>& px = pixels[index];
+    std::array<double, 7>& px = pixels[index];
     px[2] = k[0] + k[1] + k[2] + k[3];
     if (c != 0 || background) px[0] += k[0] + k[2], px[1] += k[0] + k[1];
     double x = 0;
     if (comp_col >= 0 && c >= 1 && static_cast<size_t>(comp_col) < f.size() && absl::SimpleAtod(f[comp_col], &x)) px[3] += x;
     if (int_col >= 0 && static_cast<size_t>(int_col) < f.size()) px[4] = absl::SimpleAtod(f[int_col], &x) ? x : kNaN;
+    if (ece_col >= 0 && static_cast<size_t>(ece_col) < f.size()) px[5] = absl::SimpleAtod(f[ece_col], &x) ? x : kNaN;
+    if (conf_col >= 0 && static_cast<size_t>(conf_col) < f.size()) px[6] = absl::SimpleAtod(f[conf_col], &x) ? x : kNaN;
     const bool wanted = cls >= 0 ? c == cls : (c != 0 || background);
     if (wanted && absl::SimpleAtod(f[value_col], &v) && std::isfinite(v)) {
       sum += v;
@@ -124,9 +128,10 @@ absl::StatusOr<std::vector<double>> RowValues(const std::string& path, const std
   }
   std::vector<double> values(static_cast<size_t>(last + 1), kNaN);
   for (const auto& [index, s] : sums) values[index] = s.second > 0 ? s.first / s.second : kNaN;
-  std::vector<double>* into[5] = {&counts->ref, &counts->pred, &counts->pixels, &counts->components, &counts->intensity};
-  for (int j = 0; j < 5; ++j) {
-    if ((j == 3 && comp_col < 0) || (j == 4 && int_col < 0)) continue;
+  std::vector<double>* into[7] = {&counts->ref,       &counts->pred, &counts->pixels,    &counts->components,
+                                 &counts->intensity, &counts->ece,  &counts->confidence};
+  for (int j = 0; j < 7; ++j) {
+    if ((j == 3 && comp_col < 0) || (j == 4 && int_col < 0) || (j == 5 && ece_col < 0) || (j == 6 && conf_col < 0)) continue;
     into[j]->assign(values.size(), kNaN);
     for (const auto& [index, px] : pixels) (*into[j])[index] = px[j];
   }
@@ -168,7 +173,8 @@ absl::StatusOr<std::vector<SliceAttribute>> Attributes(const std::string& manife
 // Properties of each row derived from its counts, as attributes (binned where they have many values):
 // derived:fg_fraction (reference foreground pixels / pixels counted), derived:volume_ratio (predicted /
 // reference foreground; none where the reference has none), derived:pixels (pixels counted); and
-// where per_image.csv has them, derived:components and derived:mean_intensity. In the report's order
+// where per_image.csv has them, derived:components, derived:mean_intensity, derived:ece and
+// derived:confidence. In the report's order
 // (docs/reports.md "Groups"), so that `tally slices OUT` searches what --find-slices did.
 void AddDerived(const RowCounts& c, int bins, int max_values, std::vector<SliceAttribute>* out) {
   std::vector<double> fg, ratio;
@@ -181,6 +187,8 @@ void AddDerived(const RowCounts& c, int bins, int max_values, std::vector<SliceA
   if (!c.components.empty()) out->push_back(NumericSliceAttribute("derived:components", c.components, bins, max_values));
   out->push_back(NumericSliceAttribute("derived:pixels", c.pixels, bins, max_values));
   if (!c.intensity.empty()) out->push_back(NumericSliceAttribute("derived:mean_intensity", c.intensity, bins, max_values));
+  if (!c.ece.empty()) out->push_back(NumericSliceAttribute("derived:ece", c.ece, bins, max_values));
+  if (!c.confidence.empty()) out->push_back(NumericSliceAttribute("derived:confidence", c.confidence, bins, max_values));
 }
 
 void PrintText(const SliceSearch& s, const SliceOptions& o, const std::vector<std::string>& ids) {

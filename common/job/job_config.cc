@@ -429,6 +429,12 @@ absl::StatusOr<JobConfig> JobConfigFromSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ReadVolumeSettings(spec, &c));
   c.calibration = WantsCalibration({spec.metrics().begin(), spec.metrics().end()});
   RETURN_IF_ERROR(CheckCalibration(c));
+  for (const GroupBy& g : c.group_by) {
+    if (!c.calibration && (g.derived == kDerivedProperties[5] || g.derived == kDerivedProperties[6])) {
+      return absl::InvalidArgumentError(absl::StrCat("--group-by '", g.text, "': derived:", g.derived,
+                                                     " is the row's calibration: add --metrics calibration"));
+    }
+  }
   return c;
 }
 

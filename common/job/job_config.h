@@ -63,9 +63,11 @@ struct GroupBy {
   std::string dicom;    // a DICOM attribute of the image, by keyword ("Manufacturer").
   int bins = 0;         // 0: each value its own group.
 };
-// The derived row properties (per_image.csv's columns of jobs with groups or slices).
+// The derived row properties (per_image.csv's columns of jobs with groups or slices; ece and
+// confidence, the top label's calibration of the row, those of --metrics calibration jobs).
 inline constexpr const char* kDerivedProperties[] = {"fg_fraction", "volume_ratio", "components", "pixels",
-                                                      "mean_intensity"};
+                                                      "mean_intensity", "ece", "confidence"};
+inline constexpr int kFirstCalibrationProperty = 5;
 // Parses --group-by terms ("site", "derived:fg_fraction:4"); derived properties without a bin count
 // are continuous ones binned into 4, except components (a count: each value its own group).
 absl::StatusOr<std::vector<GroupBy>> ParseGroupBy(const std::vector<std::string>& terms);

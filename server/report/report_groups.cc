@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "metrics/calibration.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "metrics/aggregator.h"
@@ -129,6 +130,10 @@ DerivedValues RowDerivedValues(const JobConfig& config, const v1::ImageResult& r
   }
   d[3] = pixels;
   if (r.properties().has_mean_intensity()) d[4] = r.properties().mean_intensity();
+  if (r.calibration_size() == CalibrationRowSize(r.classes_size())) {
+    d[5] = RowEce(r.calibration().data(), r.classes_size());
+    d[6] = RowConfidence(r.calibration().data(), r.classes_size());
+  }
   return d;
 }
 
@@ -355,6 +360,7 @@ void GroupAccumulator::FindSlices(GroupsReport* out) const {
     attributes.push_back(std::move(a));
   }
   for (int p = 0; p < kNumDerived; ++p) {
+    if (p >= kFirstCalibrationProperty && !config_.calibration) break;  // None without calibration.
     std::vector<double> numbers(rows_.size());
     for (size_t i = 0; i < rows_.size(); ++i) numbers[i] = rows_[i].derived[p];
     attributes.push_back(NumericSliceAttribute(absl::StrCat("derived:", kDerivedProperties[p]), numbers, bins, max_values));

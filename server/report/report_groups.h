@@ -36,7 +36,7 @@
 namespace tally {
 
 // Row properties, in kDerivedProperties' order.
-inline constexpr int kNumDerived = 5;
+inline constexpr int kNumDerived = 7;
 using DerivedValues = std::array<double, kNumDerived>;
 // Of one evaluated result (padded to the job's classes); NaN where the row has none.
 DerivedValues RowDerivedValues(const JobConfig& config, const v1::ImageResult& r);

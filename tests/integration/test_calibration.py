@@ -214,6 +214,30 @@ class CalibrationTest(unittest.TestCase):
         self.assertEqual(a["calibration"], b["calibration"])
         self.assertTrue(tt.same_files(plain, out))
 
+    def test_rows_grouped_by_their_calibration(self):
+        # Each row's ECE and confidence are derived properties: grouped by (quantile bins of
+        # per_image.csv's columns) and searched by --find-slices as tally slices does.
+        model = tt.fixture("three_class.pt")
+        out = os.path.join(self.root, "out")
+        tt.tally_run(model, self.manifest, out, "--metrics", "dice,calibration", "--group-by",
+                     "derived:confidence:2,derived:ece", "--find-slices", "--min-group-rows", "5")
+        report = tt.read_report(out)
+        rows = {}
+        for r in tt.read_per_image(out):
+            rows[int(r["index"])] = float(r["confidence"])
+        conf = np.array([rows[i] for i in sorted(rows)])
+        edges = np.quantile(conf, [0, 0.5, 1])
+        low = int(sum(1 for v in conf if np.searchsorted(edges, v, side="left") <= 1))
+        tables = {t["by"]: t for t in report["groups"]["tables"]}
+        self.assertEqual(sorted(g["rows"] for g in tables["derived:confidence:2"]["groups"]), sorted([low, len(conf) - low]))
+        self.assertEqual(sum(g["rows"] for g in tables["derived:ece"]["groups"]), len(conf))
+        self.assertIn("derived:ece (4 quantile bins)", report["slices"]["attributes"])
+        self.assertEqual(report["slices"], json.loads(tt.tally("slices", out, "--json").stdout))
+        p = tt.tally("run", "--model", model, "--manifest", self.manifest, "--out", os.path.join(self.root, "z"),
+                     "--group-by", "derived:ece", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("add --metrics calibration", p.stderr + p.stdout)
+
     def test_refused_without_probabilities(self):
         pm, _ = tt.write_prediction_manifest(tt.fixture("three_class.pt"), self.manifest, os.path.join(self.root, "data"))
         p = tt.tally("run", "--manifest", pm, "--out", os.path.join(self.root, "x"), "--metrics", "calibration", check=False)
