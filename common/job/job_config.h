@@ -68,6 +68,8 @@ struct GroupBy {
 inline constexpr const char* kDerivedProperties[] = {"fg_fraction", "volume_ratio", "components", "pixels",
                                                       "mean_intensity", "ece", "confidence"};
 inline constexpr int kFirstCalibrationProperty = 5;
+// Prediction manifests with --metrics calibration: the column of each row's probability map.
+inline constexpr char kProbabilitiesColumn[] = "probabilities";
 // Parses --group-by terms ("site", "derived:fg_fraction:4"); derived properties without a bin count
 // are continuous ones binned into 4, except components (a count: each value its own group).
 absl::StatusOr<std::vector<GroupBy>> ParseGroupBy(const std::vector<std::string>& terms);

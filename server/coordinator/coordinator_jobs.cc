@@ -204,16 +204,24 @@ void HashModelOptions(v1::JobSpec* spec) {
 
 bool WantsColumns(const v1::JobSpec& spec) {
   if (spec.find_slices()) return true;
+  // Calibration of predictions: the rows' probability maps are a column (docs/metrics.md "Calibration").
+  if (spec.model().empty() && WantsCalibration({spec.metrics().begin(), spec.metrics().end()})) return true;
   return std::any_of(spec.group_by().begin(), spec.group_by().end(),
                      [](const std::string& g) { return !absl::StartsWith(g, "derived:") && !absl::StartsWith(g, "dicom:"); });
 }
 
 absl::Status CheckGroupColumns(const v1::JobSpec& spec) {
+  const auto& kept = spec.manifest_columns();
+  if (spec.model().empty() && WantsCalibration({spec.metrics().begin(), spec.metrics().end()}) &&
+      std::find(kept.begin(), kept.end(), kProbabilitiesColumn) == kept.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics calibration: '", spec.manifest(), "' has no '", kProbabilitiesColumn, "' column (each row's ",
+        "probability map: a 16-bit grayscale PNG of class 1's probability times 65535)"));
+  }
   absl::StatusOr<std::vector<GroupBy>> groups = ParseGroupBy({spec.group_by().begin(), spec.group_by().end()});
   if (!groups.ok()) return groups.status();
   for (const GroupBy& g : *groups) {
     if (g.column.empty()) continue;
-    const auto& kept = spec.manifest_columns();
     if (std::find(kept.begin(), kept.end(), g.column) != kept.end()) continue;
     return absl::InvalidArgumentError(absl::StrCat(
         "--group-by '", g.text, "': '", spec.manifest(), "' has no column '", g.column, "'",

@@ -73,11 +73,13 @@ def ece_and_bins(v, ok):
     return gap / len(v), bins
 
 
-def ace(v, ok):
-    """docs/metrics.md "Calibration": equal-mass bins of whole 1/65536-wide bins, v at the fine bin's centre."""
+def ace(v, ok, exact=False):
+    """docs/metrics.md "Calibration": equal-mass bins of whole 1/65536-wide bins, v at the fine bin's
+    centre (exact: at the pixels' own mean v, to show the centres' resolution)."""
     f = np.minimum(np.floor(v * FINE), FINE - 1).astype(np.int64)
     counts = np.bincount(f, minlength=FINE)
     right = np.bincount(f, weights=ok.astype(np.float64), minlength=FINE)
+    sums = np.bincount(f, weights=v, minlength=FINE)
     n = counts.sum()
     total, bins, r = 0.0, 0, 0
     px = good = centre = 0.0
@@ -86,7 +88,7 @@ def ace(v, ok):
         cum += counts[i]
         px += counts[i]
         good += right[i]
-        centre += counts[i] * (i + 0.5) / FINE
+        centre += sums[i] if exact else counts[i] * (i + 0.5) / FINE
         if cum * BINS >= n * (r + 1):
             total += abs(good / px - centre / px)
             bins += 1
@@ -94,12 +96,6 @@ def ace(v, ok):
             while r < BINS and cum * BINS >= n * (r + 1):
                 r += 1
     return total / bins
-
-
-def true_ace(v, ok):
-    order = np.argsort(v, kind="stable")
-    parts = np.array_split(order, BINS)
-    return float(np.mean([abs(ok[p].mean() - v[p].mean()) for p in parts if len(p)]))
 
 
 class CalibrationTest(unittest.TestCase):
@@ -133,8 +129,8 @@ class CalibrationTest(unittest.TestCase):
             self.assertTrue(tt.same(got["ace"], ace(values[c], correct[c]), rel=1e-9))
         self.assertTrue(tt.same(cal["classwise_ece"], float(np.mean(classwise)), rel=1e-9))
         self.assertTrue(tt.same(cal["ace"], ace(values[k], correct[k]), rel=1e-9))
-        # The documented resolution: within a fine bin's width (and the ties' split) of the exact ACE.
-        self.assertLess(abs(cal["ace"] - true_ace(values[k], correct[k])), 0.02)
+        # The documented resolution: within half a fine bin of the same bins at the pixels' own values.
+        self.assertLessEqual(abs(cal["ace"] - ace(values[k], correct[k], exact=True)), 0.5 / FINE + 1e-12)
         # Per row: the top label's ECE and mean confidence.
         per_row = {}
         for r in tt.read_per_image(out):
@@ -238,11 +234,45 @@ class CalibrationTest(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("add --metrics calibration", p.stderr + p.stdout)
 
+    def test_prediction_manifest_with_probability_maps(self):
+        # Predictions already on disk with their probability maps (16-bit PNG: class 1's probability
+        # times 65535), a failed row among them: the same figures, over every pixel, as numpy's.
+        root = os.path.join(self.root, "pm")
+        os.makedirs(root)
+        rng = np.random.default_rng(21)
+        lines = ["id,mask,prediction,probabilities"]
+        rows = []
+        for i in range(14):
+            h, w = (24, 30) if i % 2 else (17, 17)
+            ref = tt.blob_mask(rng, h, w, 2, ignore=(i % 3 == 0)).astype(np.int64)
+            soft = np.clip(np.where(ref == 1, 0.7, 0.25) + rng.normal(0, 0.2, (h, w)), 0, 1)
+            if i == 5:
+                soft[:] = 1.0  # Exactly 1 everywhere: the last bins.
+            v = np.round(soft * 65535).astype(np.uint16)
+            pred = (v >= 32768).astype(np.uint8)
+            Image.fromarray(ref.astype(np.uint8)).save(os.path.join(root, f"m{i}.png"))
+            Image.fromarray(pred).save(os.path.join(root, f"p{i}.png"))
+            Image.fromarray(v).save(os.path.join(root, f"q{i}.png"))
+            lines.append(f"r{i},m{i}.png,p{i}.png,q{i}.png")
+            p1 = v.astype(np.float32) / np.float32(65535)
+            probs = np.stack([np.float32(1) - p1, p1])
+            ref_ok = np.where(ref == 255, -1, ref)
+            rows.append((probs, pred.astype(np.int64), ref_ok))
+        Image.fromarray(np.zeros((4, 4), np.uint8)).save(os.path.join(root, "q_bad.png"))  # 8-bit: refused.
+        lines.append("bad,m0.png,p0.png,q_bad.png")
+        manifest = tt.write_manifest(root, lines)
+        out = os.path.join(self.root, "out")
+        tt.tally("run", "--manifest", manifest, "--out", out, "--metrics", "calibration", "--max-failed-fraction", "1")
+        report = tt.read_report(out)
+        self.assertEqual(report["images_failed"], 1)
+        self.assertIn("16-bit grayscale PNG", report["failures"][0]["reason"])
+        self.check(None, out, rows)
+
     def test_refused_without_probabilities(self):
         pm, _ = tt.write_prediction_manifest(tt.fixture("three_class.pt"), self.manifest, os.path.join(self.root, "data"))
         p = tt.tally("run", "--manifest", pm, "--out", os.path.join(self.root, "x"), "--metrics", "calibration", check=False)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("--metrics calibration", p.stderr + p.stdout)
+        self.assertIn("has no 'probabilities' column", p.stderr + p.stdout)
         p = tt.tally("run", "--model", tt.fixture("three_class.pt"), "--manifest", self.manifest, "--out",
                      os.path.join(self.root, "y"), "--metrics", "calibration", "--prediction-store",
                      os.path.join(self.root, "store"), check=False)

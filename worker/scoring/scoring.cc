@@ -16,6 +16,9 @@
 #include "base/log.h"
 #include "metrics/surface_distance.h"
 #include "worker/scoring/lesion_scoring.h"
+#include "worker/scoring/probabilities.h"
+#include "metrics/calibration.h"
+#include "base/file_util.h"
 #if TALLY_CUDA_KERNELS
 #include "metrics/gpu/surface3d_kernel.h"
 #endif
@@ -367,6 +370,19 @@ void ScoringPipeline::RecordSpacing(const LoadedMap& ref, const SurfaceOptions3D
   result->add_spacing(used ? spacing.spacing_x : ref.geometry.spacing[2]);
 }
 
+absl::Status ScoringPipeline::Probabilities(const v1::ManifestRow& row, const LabelMap& ref, const LabelMap& pred,
+                                            int* classes, v1::ImageResult* result) const {
+  if (!config_.calibration || volumes_ != nullptr) return absl::OkStatus();
+  // A probability map holds two classes' probabilities: a row of background alone has both.
+  *classes = std::max(*classes, 2);
+  const auto& names = config_.manifest_columns;
+  const auto col = std::find(names.begin(), names.end(), kProbabilitiesColumn) - names.begin();
+  const std::string value = col < row.columns_size() ? row.columns(static_cast<int>(col)) : std::string();
+  const std::string base = config_.manifest.substr(0, config_.manifest.rfind('/') + 1);
+  return CountRowProbabilities(value.empty() ? value : ResolvePath(base, value), config_.max_image_pixels, ref, pred,
+                               *classes, result);
+}
+
 v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails,
                                           std::string* fatal) const {
   const JobConfig& config = config_;
@@ -392,9 +408,10 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   result.mutable_inputs()->set_modified_ns(
       std::max({result.inputs().modified_ns(), ref.modified_ns, pred.modified_ns}));
   if (!loaded.ok()) return fail(loaded.message());
-  const absl::StatusOr<int> classes = ref.labels_in_range ? absl::StatusOr<int>(config.num_classes)
-                                                          : ClassCount(row, ref, pred);
+  absl::StatusOr<int> classes = ref.labels_in_range ? absl::StatusOr<int>(config.num_classes)
+                                                    : ClassCount(row, ref, pred);
   if (!classes.ok()) return fail(classes.status().message());
+  if (absl::Status s = Probabilities(row, ref.labels, pred.labels, &*classes, &result); !s.ok()) return fail(s.message());
   if (pred.nonfinite > 0) {
     if (config.nonfinite == NonfinitePolicy::kFail) {
       return fail(absl::StrCat("the model's output for this volume has ", pred.nonfinite,
@@ -556,6 +573,7 @@ void ScoringPipeline::Submit(const LeaseKey& lease, std::vector<v1::ManifestRow>
   auto shard = std::make_shared<Shard>();
   shard->lease = lease;
   shard->rows = std::move(rows);
+  if (!shard->rows.empty()) shard->first_index = shard->rows.front().index();
   if (config_.thumbnails > 0) {
     shard->thumbnails = std::make_shared<ShardThumbnails>(config_.thumbnails, config_.empty_score,
                                                           config_.IsForegroundClass(0));
@@ -636,8 +654,47 @@ void ScoringPipeline::Loop(size_t slot) {
       on_fatal_(fatal, /*definitive=*/true);
       continue;
     }
-    if (deliver) on_result_(shard->lease, std::move(result));
+    if (!deliver) continue;
+    std::vector<v1::ImageResult> out;
+    {
+      absl::MutexLock lock(&mu_);
+      out = HoldCalibrated(shard.get(), std::move(result));
+    }
+    for (v1::ImageResult& r : out) on_result_(shard->lease, std::move(r));
   }
+}
+
+std::vector<v1::ImageResult> ScoringPipeline::HoldCalibrated(Shard* shard, v1::ImageResult result) {
+  std::vector<v1::ImageResult> out;
+  ++shard->done;
+  if (result.calibration_size() > 0) {
+    const v1::CalibrationFine& f = result.calibration_fine();
+    if (shard->fine.empty()) shard->fine.assign(static_cast<size_t>(CalibrationFineSize(f.classes())), 0);
+    for (int i = 0; i < f.cells_size() && 2 * static_cast<size_t>(f.cells(i)) + 1 < shard->fine.size(); ++i) {
+      shard->fine[2 * static_cast<size_t>(f.cells(i))] += f.pixels(i);
+      shard->fine[2 * static_cast<size_t>(f.cells(i)) + 1] += f.correct(i);
+    }
+    result.clear_calibration_fine();
+    result.set_calibration_batch(shard->first_index);
+    shard->held.push_back(std::move(result));
+  } else {
+    out.push_back(std::move(result));
+  }
+  if (shard->done < shard->rows.size() || shard->held.empty()) return out;
+  // The shard's last row: its evaluated rows go out, the first with their fine histogram.
+  v1::CalibrationFine* f = shard->held.front().mutable_calibration_fine();
+  f->set_classes(shard->held.front().classes_size());
+  for (const v1::ImageResult& r : shard->held) f->add_covers(r.index());
+  for (size_t cell = 0; 2 * cell < shard->fine.size(); ++cell) {
+    if (shard->fine[2 * cell] == 0) continue;
+    f->add_cells(static_cast<int32_t>(cell));
+    f->add_pixels(shard->fine[2 * cell]);
+    f->add_correct(shard->fine[2 * cell + 1]);
+  }
+  for (v1::ImageResult& r : shard->held) out.push_back(std::move(r));
+  shard->held.clear();
+  shard->fine.clear();
+  return out;
 }
 
 void ScoringPipeline::WatchdogLoop() {

@@ -129,6 +129,12 @@ class ScoringPipeline : public RowEvaluator {
     size_t next = 0;
     bool dropped = false;
     std::shared_ptr<ShardThumbnails> thumbnails;  // Null when the job has none.
+    // --metrics calibration: rows scored, and the evaluated ones held until the shard's last, which
+    // goes out first with the shard's fine histogram (covering them all).
+    size_t done = 0;
+    int64_t first_index = 0;  // rows' first, before they are taken: the shard's batch (calibration_batch).
+    std::vector<v1::ImageResult> held;
+    std::vector<int64_t> fine;
   };
   struct Activity {
     double since = 0;  // 0: idle.
@@ -140,6 +146,14 @@ class ScoringPipeline : public RowEvaluator {
   // (a last few volumes, each with many classes, then use every core).
   int SpareThreads() const ABSL_LOCKS_EXCLUDED(mu_);
   void Loop(size_t slot);
+  // --metrics calibration of a prediction row: its probability map counted (worker/scoring/probabilities.h);
+  // the row has at least 2 classes then. OK at once for other jobs.
+  absl::Status Probabilities(const v1::ManifestRow& row, const LabelMap& ref, const LabelMap& pred, int* classes,
+                             v1::ImageResult* result) const;
+  // Calibration: holds an evaluated row's result in its shard (its fine histogram added to the
+  // shard's); returns the rows to deliver now (the shard's, with the histogram on the first, once
+  // its last row is scored). Under mu_.
+  std::vector<v1::ImageResult> HoldCalibrated(Shard* shard, v1::ImageResult result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WatchdogLoop();
   bool WorkOrStopLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,0 +1,80 @@
+#include "worker/scoring/probabilities.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/formats/decode.h"
+#include "common/formats/png.h"
+#include "common/sources/row_files.h"
+#include "common/sources/tar_members.h"
+#include "base/status_macros.h"
+#include "metrics/calibration.h"
+#include "metrics/label_counts.h"
+
+namespace tally {
+namespace {
+
+// A PNG whose header says 16-bit grayscale pixels; else why not.
+absl::Status CheckSixteenBitGray(const std::string& path, const std::string& bytes) {
+  static const char kSignature[] = "\x89PNG\r\n\x1a\n";
+  if (bytes.size() < 33 || bytes.compare(0, 8, kSignature, 8) != 0 || bytes.compare(12, 4, "IHDR") != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("probability map '", DisplayPath(path), "' is not a PNG"));
+  }
+  const int depth = static_cast<unsigned char>(bytes[24]), color = static_cast<unsigned char>(bytes[25]);
+  if (depth != 16 || color != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "probability map '", DisplayPath(path), "' has ", depth, "-bit ", color == 0 ? "grayscale" : "colour",
+        " pixels; expected a 16-bit grayscale PNG of class 1's probability times 65535"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CountRowProbabilities(const std::string& path, int64_t max_pixels, const LabelMap& ref,
+                                   const LabelMap& pred, int classes, v1::ImageResult* result) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError("--metrics calibration: the row's 'probabilities' field is empty");
+  }
+  if (ref.depth > 1) return absl::InvalidArgumentError("--metrics calibration: probability maps of volumes are not read");
+  if (classes != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "probability map '", DisplayPath(path), "' gives class 1's probability, for 2 classes; the row has ", classes));
+  }
+  std::string bytes;
+  FileFacts facts;
+  RETURN_IF_ERROR(ReadFileBytes(path, &bytes, &facts));
+  RETURN_IF_ERROR(CheckSixteenBitGray(path, bytes));
+  LabelMap values;
+  if (absl::Status s = DecodePngWithLibpng(bytes, max_pixels, nullptr, &values); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("probability map '", DisplayPath(path), "': ", s.message()));
+  }
+  if (values.height != ref.height || values.width != ref.width) {
+    return absl::InvalidArgumentError(absl::StrCat("probability map '", DisplayPath(path), "' is ", values.height, "x",
+                                                   values.width, " (HxW); the reference is ", ref.height, "x", ref.width));
+  }
+  const size_t hw = values.labels.size();
+  std::vector<float> probs(2 * hw);
+  std::vector<int16_t> r(hw), p(hw);
+  for (size_t i = 0; i < hw; ++i) {
+    const float one = static_cast<float>(values.labels[i]) / 65535.0f;
+    probs[hw + i] = one;
+    probs[i] = 1.0f - one;
+    r[i] = ref.labels[i] == kIgnoredPixel ? int16_t{-1} : static_cast<int16_t>(ref.labels[i]);
+    p[i] = static_cast<int16_t>(pred.labels[i]);
+  }
+  std::vector<int64_t> row(CalibrationRowSize(2), 0), fine(CalibrationFineSize(2), 0);
+  CountCalibration(probs.data(), r.data(), p.data(), 1, 2, static_cast<int64_t>(hw), row.data(), fine.data());
+  result->mutable_calibration()->Add(row.begin(), row.end());
+  v1::CalibrationFine* f = result->mutable_calibration_fine();
+  f->set_classes(2);
+  for (int64_t cell = 0; cell < CalibrationFineSize(2) / 2; ++cell) {
+    if (fine[2 * cell] == 0) continue;
+    f->add_cells(static_cast<int32_t>(cell));
+    f->add_pixels(fine[2 * cell]);
+    f->add_correct(fine[2 * cell + 1]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tally
