@@ -396,8 +396,7 @@ void ReportAccumulator::AddCalibration(const v1::ImageResult& r) {
   if (!r.has_calibration_fine()) return;
   const v1::CalibrationFine& f = r.calibration_fine();
   if (f.classes() != d_.calibration.classes() || f.cells_size() != f.pixels_size() || f.cells_size() != f.correct_size()) {
-    ++d_.calibration_mismatched;
-    return;
+    return;  // Not counted: fine_rows falls short of rows, and the report says the equal-mass figures are out.
   }
   for (int i = 0; i < f.cells_size(); ++i) {
     d_.calibration.AddFine(f.cells(i) / kCalibrationFineBins, f.cells(i) % kCalibrationFineBins, f.pixels(i), f.correct(i));
@@ -455,6 +454,11 @@ absl::StatusOr<ReportData> ReportAccumulator::Finish(JobStore* store, const std:
       d.warnings.push_back(absl::StrCat("calibration: the fine histogram covers ", d.calibration_fine_rows, " of the ",
                                         d.calibration_rows, " rows counted; the equal-mass figures are left out"));
     }
+  }
+  if (d.config.calibration && d.evaluated > d.calibration_rows + d.calibration_mismatched) {
+    d.warnings.push_back(absl::StrCat("calibration: ", d.evaluated - d.calibration_rows - d.calibration_mismatched,
+                                      " evaluated rows carry no probabilities (volumes are not counted) and are "
+                                      "left out of the calibration figures"));
   }
   if (d.calibration_mismatched > 0) {
     d.warnings.push_back(absl::StrCat("calibration: ", d.calibration_mismatched,
