@@ -268,6 +268,40 @@ class CalibrationTest(unittest.TestCase):
         self.assertIn("16-bit grayscale PNG", report["failures"][0]["reason"])
         self.check(None, out, rows)
 
+    def test_prediction_volumes_with_float_probability_maps(self):
+        # 3D: NIfTI volumes (float32 and float64 maps, read as float32), ignored voxels; a map with a
+        # value past 1 fails its row, naming it.
+        import nibabel as nib
+        root = os.path.join(self.root, "vol")
+        os.makedirs(root)
+        rng = np.random.default_rng(4)
+        affine = np.diag([0.8, 0.8, 2.0, 1.0])
+        lines = ["id,mask,prediction,probabilities"]
+        rows = []
+        for i in range(4):
+            shape = (12, 10, 6 + i)
+            ref = (rng.random(shape) < 0.3).astype(np.int64)
+            ref[0, 0, :] = 255
+            soft = np.clip(np.where(ref == 1, 0.65, 0.3) + rng.normal(0, 0.25, shape), 0, 1)
+            dtype = np.float64 if i % 2 else np.float32
+            pred = (soft > 0.5).astype(np.uint8)
+            nib.save(nib.Nifti1Image(ref.astype(np.uint8), affine), os.path.join(root, f"m{i}.nii.gz"))
+            nib.save(nib.Nifti1Image(pred, affine), os.path.join(root, f"p{i}.nii.gz"))
+            nib.save(nib.Nifti1Image(soft.astype(dtype), affine), os.path.join(root, f"q{i}.nii.gz"))
+            lines.append(f"v{i},m{i}.nii.gz,p{i}.nii.gz,q{i}.nii.gz")
+            p1 = soft.astype(dtype).astype(np.float32)
+            rows.append((np.stack([np.float32(1) - p1, p1]), pred.astype(np.int64), np.where(ref == 255, -1, ref)))
+        bad = np.full((12, 10, 6), 1.2, np.float32)
+        nib.save(nib.Nifti1Image(bad, affine), os.path.join(root, "bad.nii.gz"))
+        lines.append("bad,m0.nii.gz,p0.nii.gz,bad.nii.gz")
+        manifest = tt.write_manifest(root, lines)
+        out = os.path.join(self.root, "out")
+        tt.tally("run", "--manifest", manifest, "--out", out, "--metrics", "calibration", "--max-failed-fraction", "1")
+        report = tt.read_report(out)
+        self.assertEqual(report["images_failed"], 1)
+        self.assertIn("probabilities are in [0, 1]", report["failures"][0]["reason"])
+        self.check(None, out, rows)
+
     def test_refused_without_probabilities(self):
         pm, _ = tt.write_prediction_manifest(tt.fixture("three_class.pt"), self.manifest, os.path.join(self.root, "data"))
         p = tt.tally("run", "--manifest", pm, "--out", os.path.join(self.root, "x"), "--metrics", "calibration", check=False)

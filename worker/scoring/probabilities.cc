@@ -8,6 +8,7 @@
 #include "common/sources/row_files.h"
 #include "common/sources/tar_members.h"
 #include "base/status_macros.h"
+#include "base/file_util.h"
 #include "metrics/calibration.h"
 #include "metrics/label_counts.h"
 
@@ -29,18 +30,25 @@ absl::Status CheckSixteenBitGray(const std::string& path, const std::string& byt
   return absl::OkStatus();
 }
 
-}  // namespace
+// Class 1's probability of every voxel of a NIfTI map: its reference's geometry, values in [0, 1].
+absl::Status ReadVolumeProbabilities(const std::string& path, int64_t max_pixels, const VolumeGeometry& ref_geometry,
+                                     const std::string& ref_name, std::vector<float>* out) {
+  VolumeImage image;
+  RETURN_IF_ERROR(LoadNiftiImage(path, max_pixels, /*keep_raw=*/false, &image));
+  RETURN_IF_ERROR(CheckSameGeometry(ref_geometry, ref_name, image.geometry, path));
+  for (size_t i = 0; i < image.values.size(); ++i) {
+    if (!(image.values[i] >= 0.f && image.values[i] <= 1.f)) {
+      return absl::InvalidArgumentError(absl::StrCat("probability map '", DisplayPath(path), "' holds ", image.values[i],
+                                                     " at voxel ", i, "; probabilities are in [0, 1]"));
+    }
+  }
+  *out = std::move(image.values);
+  return absl::OkStatus();
+}
 
-absl::Status CountRowProbabilities(const std::string& path, int64_t max_pixels, const LabelMap& ref,
-                                   const LabelMap& pred, int classes, v1::ImageResult* result) {
-  if (path.empty()) {
-    return absl::InvalidArgumentError("--metrics calibration: the row's 'probabilities' field is empty");
-  }
-  if (ref.depth > 1) return absl::InvalidArgumentError("--metrics calibration: probability maps of volumes are not read");
-  if (classes != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "probability map '", DisplayPath(path), "' gives class 1's probability, for 2 classes; the row has ", classes));
-  }
+// Class 1's probability of every pixel of a 16-bit grayscale PNG map of the reference's size.
+absl::Status ReadPngProbabilities(const std::string& path, int64_t max_pixels, const LabelMap& ref,
+                                  std::vector<float>* out) {
   std::string bytes;
   FileFacts facts;
   RETURN_IF_ERROR(ReadFileBytes(path, &bytes, &facts));
@@ -53,13 +61,36 @@ absl::Status CountRowProbabilities(const std::string& path, int64_t max_pixels, 
     return absl::InvalidArgumentError(absl::StrCat("probability map '", DisplayPath(path), "' is ", values.height, "x",
                                                    values.width, " (HxW); the reference is ", ref.height, "x", ref.width));
   }
-  const size_t hw = values.labels.size();
+  out->resize(values.labels.size());
+  for (size_t i = 0; i < out->size(); ++i) (*out)[i] = static_cast<float>(values.labels[i]) / 65535.0f;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CountRowProbabilities(const std::string& path, int64_t max_pixels, const LabelMap& ref,
+                                   const VolumeGeometry& ref_geometry, const std::string& ref_name,
+                                   const LabelMap& pred, int classes, v1::ImageResult* result) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError("--metrics calibration: the row's 'probabilities' field is empty");
+  }
+  if (classes != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "probability map '", DisplayPath(path), "' gives class 1's probability, for 2 classes; the row has ", classes));
+  }
+  std::vector<float> one;
+  RETURN_IF_ERROR(IsNiftiPath(path) ? ReadVolumeProbabilities(path, max_pixels, ref_geometry, ref_name, &one)
+                                    : ReadPngProbabilities(path, max_pixels, ref, &one));
+  const size_t hw = one.size();
+  if (hw != ref.labels.size() || hw != pred.labels.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("probability map '", DisplayPath(path), "' has ", hw,
+                                                   " values; the reference has ", ref.labels.size()));
+  }
   std::vector<float> probs(2 * hw);
   std::vector<int16_t> r(hw), p(hw);
   for (size_t i = 0; i < hw; ++i) {
-    const float one = static_cast<float>(values.labels[i]) / 65535.0f;
-    probs[hw + i] = one;
-    probs[i] = 1.0f - one;
+    probs[hw + i] = one[i];
+    probs[i] = 1.0f - one[i];
     r[i] = ref.labels[i] == kIgnoredPixel ? int16_t{-1} : static_cast<int16_t>(ref.labels[i]);
     p[i] = static_cast<int16_t>(pred.labels[i]);
   }

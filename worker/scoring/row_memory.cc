@@ -14,6 +14,9 @@ int64_t ScoringRowBytes(const RowMemoryInputs& in) {
   int64_t peak = read;
   if (in.panoptic) peak = std::max(peak, n * 2 * (3 + 4 + 2) + 2 * in.file_bytes);
   if (in.coco) peak = std::max(peak, n * (2 + 2 + (in.thumbnail ? 1 : 0)));
+  // Calibration: both maps' labels, the probability map as stored (at most 8 bytes a voxel) and as
+  // float32, two classes' probabilities, the labels as int16; a row's fine histogram (3 x 65536 x 2).
+  if (in.calibration) peak = std::max(peak, read + n * (8 + 4 + 8 + 4) + (int64_t{3} << 20));
   if (in.lesions) peak = std::max(peak, n * (2 + 2 + 1 + 1 + 4 + 4 + (in.lesion_dilation > 0 ? 6 : 0)));
   return peak;
 }

@@ -35,6 +35,7 @@ struct RowMemoryInputs {
   bool panoptic = false;
   bool coco = false;
   bool thumbnail = false;  // A thumbnail may be drawn (COCO rows: its outcome picture).
+  bool calibration = false;  // A probability map is read beside (worker/scoring/probabilities.h).
 };
 
 int64_t ScoringRowBytes(const RowMemoryInputs& in);

@@ -370,7 +370,7 @@ void ScoringPipeline::RecordSpacing(const LoadedMap& ref, const SurfaceOptions3D
   result->add_spacing(used ? spacing.spacing_x : ref.geometry.spacing[2]);
 }
 
-absl::Status ScoringPipeline::Probabilities(const v1::ManifestRow& row, const LabelMap& ref, const LabelMap& pred,
+absl::Status ScoringPipeline::Probabilities(const v1::ManifestRow& row, const LoadedMap& ref, const LoadedMap& pred,
                                             int* classes, v1::ImageResult* result) const {
   if (!config_.calibration || volumes_ != nullptr) return absl::OkStatus();
   // A probability map holds two classes' probabilities: a row of background alone has both.
@@ -379,8 +379,8 @@ absl::Status ScoringPipeline::Probabilities(const v1::ManifestRow& row, const La
   const auto col = std::find(names.begin(), names.end(), kProbabilitiesColumn) - names.begin();
   const std::string value = col < row.columns_size() ? row.columns(static_cast<int>(col)) : std::string();
   const std::string base = config_.manifest.substr(0, config_.manifest.rfind('/') + 1);
-  return CountRowProbabilities(value.empty() ? value : ResolvePath(base, value), config_.max_image_pixels, ref, pred,
-                               *classes, result);
+  return CountRowProbabilities(value.empty() ? value : ResolvePath(base, value), config_.max_image_pixels, ref.labels,
+                               ref.geometry, row.mask_path(), pred.labels, *classes, result);
 }
 
 v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumbnails* thumbnails,
@@ -411,7 +411,7 @@ v1::ImageResult ScoringPipeline::ScoreRow(const v1::ManifestRow& row, ShardThumb
   absl::StatusOr<int> classes = ref.labels_in_range ? absl::StatusOr<int>(config.num_classes)
                                                     : ClassCount(row, ref, pred);
   if (!classes.ok()) return fail(classes.status().message());
-  if (absl::Status s = Probabilities(row, ref.labels, pred.labels, &*classes, &result); !s.ok()) return fail(s.message());
+  if (absl::Status s = Probabilities(row, ref, pred, &*classes, &result); !s.ok()) return fail(s.message());
   if (pred.nonfinite > 0) {
     if (config.nonfinite == NonfinitePolicy::kFail) {
       return fail(absl::StrCat("the model's output for this volume has ", pred.nonfinite,
@@ -556,6 +556,7 @@ int64_t ScoringPipeline::EstimateRow(const v1::ManifestRow& row, std::string* wh
                           : absl::StrCat(d->height, "x", d->width, " pixels");
     }
     in.panoptic = panoptic_ != nullptr;
+    in.calibration = config_.calibration && volumes_ == nullptr;
   }
   *what = absl::StrCat(size, in.lesions ? " with lesion metrics" : "", in.panoptic ? " (panoptic)" : "");
   return ScoringRowBytes(in);

@@ -148,7 +148,7 @@ class ScoringPipeline : public RowEvaluator {
   void Loop(size_t slot);
   // --metrics calibration of a prediction row: its probability map counted (worker/scoring/probabilities.h);
   // the row has at least 2 classes then. OK at once for other jobs.
-  absl::Status Probabilities(const v1::ManifestRow& row, const LabelMap& ref, const LabelMap& pred, int* classes,
+  absl::Status Probabilities(const v1::ManifestRow& row, const LoadedMap& ref, const LoadedMap& pred, int* classes,
                              v1::ImageResult* result) const;
   // Calibration: holds an evaluated row's result in its shard (its fine histogram added to the
   // shard's); returns the rows to deliver now (the shard's, with the histogram on the first, once
