@@ -5,9 +5,10 @@
 namespace tally {
 
 void CountCalibration(const float* probs, const int16_t* ref, const int16_t* pred, int64_t n, int k, int64_t hw,
-                      int64_t* rows, int64_t* fine) {
+                      int64_t* rows, int64_t* fine, int64_t fine_images) {
   const int64_t row_size = CalibrationRowSize(k);
   for (int64_t i = 0; i < n; ++i) {
+    const bool in_fine = fine_images < 0 || i < fine_images;
     const float* p = probs + i * k * hw;
     const int16_t* r = ref + i * hw;
     const int16_t* l = pred + i * hw;
@@ -20,6 +21,7 @@ void CountCalibration(const float* probs, const int16_t* ref, const int16_t* pre
         cell[0] += 1;
         cell[1] += correct;
         cell[2] += static_cast<int64_t>(ConfidenceUnits(v));
+        if (!in_fine) return;
         int64_t* f = fine + (static_cast<int64_t>(h) * kCalibrationFineBins + CalibrationFineBin(v)) * 2;
         f[0] += 1;
         f[1] += correct;

@@ -60,8 +60,9 @@ TALLY_HD uint64_t ConfidenceUnits(float v) {
 // The CPU's count: probabilities [n, K, hw] float32 (contiguous), reference [n, hw] int16 (< 0:
 // ignored), predicted labels [n, hw] int16. Adds to `rows` ([n] x CalibrationRowSize(K), zeroed by
 // the caller) and `fine` (CalibrationFineSize(K)).
+// Only the first `fine_images` images (-1: all) count in `fine`.
 void CountCalibration(const float* probs, const int16_t* ref, const int16_t* pred, int64_t n, int k, int64_t hw,
-                      int64_t* rows, int64_t* fine);
+                      int64_t* rows, int64_t* fine, int64_t fine_images = -1);
 
 // Exact totals over rows: per histogram and coarse bin, 128-bit sums.
 class CalibrationTotals {

@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> StoreRunnerFor(const JobConfig& con
   so.columns = config.manifest_columns;
   so.max_bytes = config.store_max_bytes;
   so.thresholds = config.thresholds;
+  so.calibration = config.calibration;
   // Found rows skip decoding where nothing the runner decides during the job (a layout trial of
   // TorchScript on CUDA, the JPEG decoder's) can change their settings between lookup and batch.
   // A TorchScript model on CUDA with --channels-last auto: once its trial's layout is agreed.
@@ -139,6 +140,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   ro.memory_limit_gib = options.gpu_memory_limit_gib;
   ro.thresholds = config.thresholds;
   ro.calibration = config.calibration;
+  ro.calibration_quantized = config.calibration && !config.prediction_store.empty();
   if (config.instance_job()) ro.num_classes = config.num_classes;  // Instance outputs: category ids < this.
   ro.sliding_window = config.sliding_window;
   ro.overlap = config.overlap;
@@ -186,7 +188,8 @@ std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, 
                     options.gpu_memory_limit_gib, ",", options.jit_optimize),
        config.python, absl::StrJoin(options_kv, "\x1f"), absl::StrJoin(config.manifest_columns, "\x1f"),
        absl::StrCat(config.num_classes), absl::StrJoin(config.sliding_window, ","),
-       absl::StrCat(config.overlap, ",", config.sw_batch_size, ",", config.compile, ",", config.calibration)},
+       absl::StrCat(config.overlap, ",", config.sw_batch_size, ",", config.compile, ",", config.calibration, ",",
+                    config.calibration && !config.prediction_store.empty())},
       "\x1e");
 }
 

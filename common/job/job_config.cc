@@ -357,14 +357,10 @@ absl::StatusOr<std::vector<GroupBy>> ParseGroupBy(const std::vector<std::string>
 absl::Status CheckCalibration(const JobConfig& c) {
   if (!c.calibration) return absl::OkStatus();
   std::string why;
-  if (c.rescore) {
-    why = "the prediction store keeps labels, not every class's probabilities";
-  } else if (c.predictions() && !c.regions.empty()) {
+  if (c.predictions() && !c.regions.empty()) {
     why = "a probability map gives classes' probabilities, not regions'";
   } else if (c.python_model()) {
     why = "Python models return labels or scores through their own process; calibration is counted for TorchScript models";
-  } else if (!c.prediction_store.empty()) {
-    why = "the prediction store keeps labels, not every class's probabilities: leave out --prediction-store";
   } else if (!c.coco.empty()) {
     why = "COCO instance and panoptic jobs are scored by instances, not per-pixel probabilities";
   }

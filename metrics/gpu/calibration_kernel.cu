@@ -16,7 +16,8 @@ __device__ __forceinline__ unsigned long long WarpSum64(unsigned long long v, un
 }
 
 // One histogram h of one image's block of pixels: the coarse bins in registers, reduced per warp;
-// the fine bins by warp-aggregated atomics (the two crowded ends, 0 and 65535, in registers too).
+// the fine bins by warp-aggregated atomics (the two crowded ends, 0 and 65535, in registers too),
+// unless `fine` is null.
 __device__ void CountHistogram(const float* __restrict__ probs, const int16_t* __restrict__ ref,
                                const int16_t* __restrict__ pred, int k, int h, int64_t hw, int64_t begin, int64_t end,
                                unsigned long long* __restrict__ row, unsigned long long* __restrict__ fine) {
@@ -25,7 +26,7 @@ __device__ void CountHistogram(const float* __restrict__ probs, const int16_t* _
 #pragma unroll
   for (int b = 0; b < kCalibrationBins; ++b) count[b] = correct[b] = 0, units[b] = 0;
   unsigned low = 0, low_correct = 0, high = 0, high_correct = 0;
-  unsigned long long* fh = fine + static_cast<size_t>(h) * kCalibrationFineBins * 2;
+  unsigned long long* fh = fine != nullptr ? fine + static_cast<size_t>(h) * kCalibrationFineBins * 2 : nullptr;
   for (int64_t x = begin + threadIdx.x; x < end; x += blockDim.x) {
     const int gt = ref[x];
     const bool valid = gt >= 0 && gt < k;
@@ -60,7 +61,7 @@ __device__ void CountHistogram(const float* __restrict__ probs, const int16_t* _
       high_correct += ok;
     }
     const unsigned active = __activemask();
-    const bool middle = f > 0 && f < kCalibrationFineBins - 1;
+    const bool middle = fh != nullptr && f > 0 && f < kCalibrationFineBins - 1;
     const unsigned want = __ballot_sync(active, middle);
     if (middle) {
       const unsigned same = __match_any_sync(want, f);
@@ -88,7 +89,7 @@ __device__ void CountHistogram(const float* __restrict__ probs, const int16_t* _
   }
   const unsigned lo = __reduce_add_sync(full, low), lo_ok = __reduce_add_sync(full, low_correct);
   const unsigned hi = __reduce_add_sync(full, high), hi_ok = __reduce_add_sync(full, high_correct);
-  if (lane0) {
+  if (lane0 && fh != nullptr) {
     if (lo) atomicAdd(&fh[0], static_cast<unsigned long long>(lo));
     if (lo_ok) atomicAdd(&fh[1], static_cast<unsigned long long>(lo_ok));
     if (hi) atomicAdd(&fh[2 * (kCalibrationFineBins - 1)], static_cast<unsigned long long>(hi));
@@ -96,9 +97,10 @@ __device__ void CountHistogram(const float* __restrict__ probs, const int16_t* _
   }
 }
 
+// Images from `fine_images` on (-1: none) count their rows' bins only.
 __global__ void Calibration(const float* __restrict__ probs, const int16_t* __restrict__ ref,
                             const int16_t* __restrict__ pred, int k, int64_t hw, unsigned long long* __restrict__ rows,
-                            unsigned long long* __restrict__ fine) {
+                            unsigned long long* __restrict__ fine, int64_t fine_images) {
   const int64_t img = blockIdx.y;
   const int64_t span = static_cast<int64_t>(blockDim.x) * kPixelsPerThread;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * span;
@@ -106,22 +108,25 @@ __global__ void Calibration(const float* __restrict__ probs, const int16_t* __re
   const int64_t end = begin + span < hw ? begin + span : hw;
   const float* p = probs + img * k * hw;
   unsigned long long* row = rows + img * CalibrationRowSize(k);
+  unsigned long long* f = fine_images < 0 || img < fine_images ? fine : nullptr;  // The same for the whole block.
   for (int h = 0; h <= k; ++h) {
-    CountHistogram(p, ref + img * hw, pred + img * hw, k, h, hw, begin, end, row, fine);
+    CountHistogram(p, ref + img * hw, pred + img * hw, k, h, hw, begin, end, row, f);
   }
 }
 
 }  // namespace
 
 bool LaunchCalibration(const float* probs, const int16_t* ref, const int16_t* pred, int64_t n, int k, int64_t hw,
-                       int64_t* rows, int64_t* fine, void* stream) {
+                       int64_t* rows, int64_t* fine, void* stream, int64_t fine_images) {
   if (n <= 0 || n > 65535 || k <= 0 || hw <= 0) return false;
+
   const int64_t span = static_cast<int64_t>(kThreads) * kPixelsPerThread;
   const int64_t blocks = (hw + span - 1) / span;
   if (blocks > 0x7fffffff) return false;
   dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n));
   Calibration<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      probs, ref, pred, k, hw, reinterpret_cast<unsigned long long*>(rows), reinterpret_cast<unsigned long long*>(fine));
+      probs, ref, pred, k, hw, reinterpret_cast<unsigned long long*>(rows), reinterpret_cast<unsigned long long*>(fine),
+      fine_images);
   return cudaGetLastError() == cudaSuccess;
 }
 

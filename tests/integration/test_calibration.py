@@ -302,16 +302,46 @@ class CalibrationTest(unittest.TestCase):
         self.assertIn("probabilities are in [0, 1]", report["failures"][0]["reason"])
         self.check(None, out, rows)
 
+    def test_prediction_store_keeps_the_scores_it_counts(self):
+        # A single-score model with --prediction-store: probabilities at the store's precision
+        # (round(p * 65535) / 65535) for every row, whether the model ran (empty store) or the store
+        # answered (full store): the same figures, and numpy's. A model of three classes: the store
+        # keeps its labels only, so its rows are run again and count as without the store.
+        model = tt.fixture("single_logit.pt")
+        manifest = tt.write_dataset(os.path.join(self.root, "two"), np.random.default_rng(6), 10, [(20, 28)], classes=2)
+        store = os.path.join(self.root, "store")
+        outs = []
+        for run in range(2):
+            out = os.path.join(self.root, f"s{run}")
+            tt.tally_run(model, manifest, out, "--metrics", "calibration", "--prediction-store", store)
+            outs.append(out)
+        self.assertEqual(tt.read_report(outs[1])["rows_from_store"], 10)
+        self.assertEqual(tt.read_report(outs[0])["calibration"], tt.read_report(outs[1])["calibration"])
+        rows = []
+        for probs, pred, ref in pixels_of(model, manifest):
+            q = np.round(probs[1] * np.float32(65535)).astype(np.float32) / np.float32(65535)
+            rows.append((np.stack([np.float32(1) - q, q]), pred, ref))
+        for out in outs:
+            self.check(model, out, rows)
+        three = tt.fixture("three_class.pt")
+        plain = os.path.join(self.root, "plain3")
+        tt.tally_run(three, self.manifest, plain, "--metrics", "calibration")
+        for run in range(2):
+            out = os.path.join(self.root, f"t{run}")
+            tt.tally_run(three, self.manifest, out, "--metrics", "calibration", "--prediction-store", store)
+            self.assertEqual(tt.read_report(out)["rows_from_store"], 0)
+            self.assertEqual(tt.read_report(out)["calibration"], tt.read_report(plain)["calibration"])
+
     def test_refused_without_probabilities(self):
+        py = tt.write_text(os.path.join(self.root, "m.py"), "class Model:\n    def predict(self, images):\n        return images\n")
+        p = tt.tally("run", "--manifest", self.manifest, "--out", os.path.join(self.root, "x"), "--model", py,
+                     "--metrics", "calibration", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--metrics calibration: Python models", p.stderr + p.stdout)
         pm, _ = tt.write_prediction_manifest(tt.fixture("three_class.pt"), self.manifest, os.path.join(self.root, "data"))
         p = tt.tally("run", "--manifest", pm, "--out", os.path.join(self.root, "x"), "--metrics", "calibration", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("has no 'probabilities' column", p.stderr + p.stdout)
-        p = tt.tally("run", "--model", tt.fixture("three_class.pt"), "--manifest", self.manifest, "--out",
-                     os.path.join(self.root, "y"), "--metrics", "calibration", "--prediction-store",
-                     os.path.join(self.root, "store"), check=False)
-        self.assertNotEqual(p.returncode, 0)
-        self.assertIn("prediction store", p.stderr + p.stdout)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,9 @@ struct ModelRunnerOptions {
   // --metrics calibration (metrics/calibration.h): per image the coarse bins of every probability
   // histogram (PendingBatch::calibration), per batch the fine histogram (calibration_fine).
   bool calibration = false;
+  // ...with the probabilities of a single-score output at the prediction store's precision (each
+  // QuantizeScore'd: v / 65535), so that rows the store answers count as the model's do.
+  bool calibration_quantized = false;
   // Python backend (worker/python/python_runner.h).
   std::vector<std::string> devices;  // What the model is given: {"cpu"} or {"cuda:0", ...}.
   std::string python;                // Interpreter; empty = python3.
@@ -165,6 +168,9 @@ struct BatchSpec {
   // Single-score outputs: return each pixel's probability, quantised (PendingBatch::scores), for
   // the prediction store. Runners that cannot ignore it.
   bool want_scores = false;
+  // RunnerOptions::calibration: only the first this many items count in the batch's fine histogram
+  // (a store's batch padded with copies of its last row; -1: all).
+  int calibration_items = -1;
 };
 
 class PendingBatch {

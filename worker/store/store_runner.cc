@@ -19,6 +19,7 @@
 #include "common/store/prediction_store.h"
 #include "common/store/store_gc.h"
 #include "common/store/store_keys.h"
+#include "metrics/calibration.h"
 #include "metrics/label_counts.h"
 #include "proto/tally.pb.h"
 
@@ -141,6 +142,11 @@ class StorePendingBatch final : public PendingBatch {
     if (!hit(i)) return inner_->threshold_counts(slot_[i]);
     return thresholds_.empty() ? nullptr : thresholds_.data() + static_cast<size_t>(i) * 4 * state_->options().thresholds.size();
   }
+  const int64_t* calibration(int i) const override {
+    if (!hit(i)) return inner_->calibration(slot_[i]);
+    return calibration_.empty() ? nullptr : calibration_.data() + static_cast<size_t>(i) * CalibrationRowSize(k_);
+  }
+  const int64_t* calibration_fine() const override { return fine_.empty() ? nullptr : fine_.data(); }
   const uint16_t* scores(int i) const override {
     if (!hit(i)) return inner_->scores(slot_[i]);
     return hits_[i]->scores.empty() ? nullptr : hits_[i]->scores.data();
@@ -153,6 +159,9 @@ class StorePendingBatch final : public PendingBatch {
  private:
   bool hit(int i) const { return slot_[i] < 0; }
   void Store();  // The model's rows into the store.
+  // --metrics calibration: row i found in the store, counted from its kept scores (v / 65535 class
+  // 1's probability, as the model's rows are at the store's precision) into calibration_ and fine_.
+  std::string CountCalibrationOf(size_t i, const uint16_t* mask);
 
   StoreState* state_;
   BatchSpec spec_;
@@ -166,7 +175,33 @@ class StorePendingBatch final : public PendingBatch {
   std::vector<int64_t> counts_;
   std::vector<int64_t> thresholds_;  // Per item: tp, fp, fn, tn at each threshold (the store's rows).
   std::vector<std::string> errors_;
+  std::vector<int64_t> calibration_;  // Per item: CalibrationRowSize(k_) values (the store's rows).
+  absl::Mutex fine_mu_;
+  std::vector<int64_t> fine_;  // The batch's fine histogram: the model's rows' and the store's.
 };
+
+std::string StorePendingBatch::CountCalibrationOf(size_t i, const uint16_t* mask) {
+  const StoredPrediction& p = *hits_[i];
+  if (p.scores.empty() || k_ != 2) {
+    return "--metrics calibration needs the model's probabilities, and the prediction store's entry of this row keeps "
+           "labels only (the model gave several score channels or labels)";
+  }
+  const size_t hw = p.labels.size();
+  std::vector<float> probs(2 * hw);
+  std::vector<int16_t> ref(hw), pred(hw);
+  for (size_t x = 0; x < hw; ++x) {
+    probs[hw + x] = static_cast<float>(p.scores[x]) / 65535.0f;
+    probs[x] = 1.0f - probs[hw + x];
+    ref[x] = static_cast<int16_t>(mask[x]);  // kIgnoredPixel (0xFFFF) is -1.
+    pred[x] = static_cast<int16_t>(p.labels[x]);
+  }
+  std::vector<int64_t> fine(static_cast<size_t>(CalibrationFineSize(2)), 0);
+  CountCalibration(probs.data(), ref.data(), pred.data(), 1, 2, static_cast<int64_t>(hw),
+                   calibration_.data() + i * CalibrationRowSize(2), fine.data());
+  absl::MutexLock lock(&fine_mu_);
+  for (size_t c = 0; c < fine.size(); ++c) fine_[c] += fine[c];
+  return "";
+}
 
 absl::Status StorePendingBatch::Wait() {
   if (inner_) RETURN_IF_ERROR(inner_->Wait());
@@ -179,6 +214,12 @@ absl::Status StorePendingBatch::Wait() {
   const std::vector<double>& ts = state_->options().thresholds;
   thresholds_.assign(n * 4 * ts.size(), 0);
   errors_.assign(n, "");
+  const bool calibration = state_->options().calibration && k_ > 0;
+  if (calibration) {
+    calibration_.assign(n * CalibrationRowSize(k_), 0);
+    fine_.assign(static_cast<size_t>(CalibrationFineSize(k_)), 0);
+    if (inner_ && inner_->calibration_fine() != nullptr) fine_.assign(inner_->calibration_fine(), inner_->calibration_fine() + fine_.size());
+  }
   ParallelFor(n, [&](size_t i) {
     if (!hits_[i]) return;
     if (!refused_[i].empty()) {
@@ -192,6 +233,10 @@ absl::Status StorePendingBatch::Wait() {
     const BatchImage& it = spec_.items[i];
     const uint16_t* mask = reinterpret_cast<const uint16_t*>(spec_.masks->data()) + it.mask_offset;
     CountConfusionMatrix(hits_[i]->labels.data(), mask, hits_[i]->labels.size(), k_, counts_.data() + i * k_ * k_);
+    if (calibration) {
+      errors_[i] = CountCalibrationOf(i, mask);
+      if (!errors_[i].empty()) return;
+    }
     if (ts.empty()) return;
     if (hits_[i]->scores.empty()) {
       errors_[i] = "--thresholds needs the model's scores, and the prediction store's entry of this row keeps labels only "
@@ -409,7 +454,7 @@ std::shared_ptr<const HeldPrediction> StoreRunner::FindHeld(const v1::ManifestRo
     absl::StatusOr<StoreEntryInfo> info = ReadStoreEntryHeader(state_.store().EntryPath(key));
     if (!info.ok()) continue;  // None (or not an entry: the batch's lookup reads it again and says so).
     absl::StatusOr<StoredPrediction> p = state_.store().Read(key, info->height, info->width);
-    if (!p.ok()) continue;
+    if (!p.ok() || (o.calibration && o.settings_text && p->scores.empty())) continue;
     auto held = std::make_shared<HeldEntry>();
     held->height = p->height;
     held->width = p->width;
@@ -443,6 +488,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> StoreRunner::Launch(const BatchSpe
     keys[i] = StoreKey{o.model_digest, settings.front(), input};
     for (const std::string& s : settings) {
       absl::StatusOr<StoredPrediction> p = state_.store().Read(StoreKey{o.model_digest, s, input}, it.height, it.width);
+      if (p.ok() && o.calibration && o.settings_text && p->scores.empty()) return;  // Labels only: the model again.
       if (p.ok()) {
         hits[i] = std::make_shared<const StoredPrediction>(*std::move(p));
         return;
@@ -465,6 +511,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> StoreRunner::Launch(const BatchSpe
     // size: the model's rows run as a batch of the full size, padded with copies of its last row,
     // whose outputs are not used, so they come out as in a run without the store.
     if (inner_->is_cuda()) {
+      sub.calibration_items = static_cast<int>(sub.items.size());  // The copies count in no histogram.
       while (sub.items.size() < n) sub.items.push_back(sub.items.back());
     }
     sub.want_labels = true;  // Back to the host, for the store.

@@ -34,6 +34,9 @@ struct StoreRunnerOptions {
   int64_t max_bytes = 0;  // --store-max-bytes (0: none).
   // --thresholds: rows found in the store are counted at each from their kept scores.
   std::vector<double> thresholds;
+  // --metrics calibration: rows found are counted from their kept scores (a single-score model's);
+  // entries with labels only are run by the model again (rescores: their rows fail, saying why).
+  bool calibration = false;
   // Rows are looked up as soon as their image's bytes are read, and those found are not decoded
   // (ModelRunner::FindHeld): for jobs whose settings cannot change while they run (no layout or
   // decoder trial) and rescores.

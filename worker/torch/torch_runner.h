@@ -445,6 +445,8 @@ class TorchRunner final : public ModelRunner {
     std::vector<at::Tensor> counts, labels, nonfinite, thresholds;
     std::vector<at::Tensor> calibration;  // int64 [n, CalibrationRowSize(K)] per group.
     at::Tensor calibration_fine;          // int64 [CalibrationFineSize(K)]: the whole batch.
+    int64_t calibration_items = -1;       // BatchSpec::calibration_items.
+    int64_t fine_images = -1;             // Of the group Postprocess scores: its images counted there (-1: all).
     bool want_scores = false;         // BatchSpec::want_scores.
     std::vector<at::Tensor> scores;   // int16 [n, H, W] per group: single-score outputs, quantised.
     std::vector<at::Tensor> surface;  // [n, K, 4] double per group, when asked for and computed.

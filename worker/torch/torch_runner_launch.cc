@@ -189,7 +189,9 @@ void TorchRunner::CountCalibrationOf(const at::Tensor& logits, const at::Tensor&
   const bool single = logits.size(1) == 1;
   at::Tensor probs;
   if (single) {
-    const at::Tensor p = at::sigmoid(logits);
+    at::Tensor p = at::sigmoid(logits);
+    // At the store's precision (QuantizeScore: NaN as 0), as the rows it answers are counted.
+    if (options_.calibration_quantized) p = at::nan_to_num(p, 0.0, 1.0, 0.0).mul(65535.0).round().div(65535.0);
     probs = at::cat({at::ones_like(p).sub_(p), p}, 1);
   } else {
     probs = at::softmax(logits, 1);
@@ -203,7 +205,7 @@ void TorchRunner::CountCalibrationOf(const at::Tensor& logits, const at::Tensor&
 #if TALLY_CUDA_KERNELS
   if (cuda_ && LaunchCalibration(probs.data_ptr<float>(), ref.data_ptr<int16_t>(), pred.data_ptr<int16_t>(), n, k, hw,
                                  rows.data_ptr<int64_t>(), o->calibration_fine.data_ptr<int64_t>(),
-                                 at::cuda::getCurrentCUDAStream().stream())) {
+                                 at::cuda::getCurrentCUDAStream().stream(), o->fine_images)) {
     o->calibration.push_back(rows);
     return;
   }
@@ -213,7 +215,7 @@ void TorchRunner::CountCalibrationOf(const at::Tensor& logits, const at::Tensor&
   at::Tensor hrows = at::zeros({n, CalibrationRowSize(k)}, at::TensorOptions().dtype(at::kLong));
   at::Tensor hfine = at::zeros({CalibrationFineSize(k)}, at::TensorOptions().dtype(at::kLong));
   CountCalibration(hp.data_ptr<float>(), hr.data_ptr<int16_t>(), hl.data_ptr<int16_t>(), n, k, hw,
-                   hrows.data_ptr<int64_t>(), hfine.data_ptr<int64_t>());
+                   hrows.data_ptr<int64_t>(), hfine.data_ptr<int64_t>(), o->fine_images);
   o->calibration.push_back(hrows.to(rows.device()));
   o->calibration_fine.add_(hfine.to(rows.device()));
 }
@@ -442,6 +444,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::InstancesToHost(const
 absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Groups& dev, const std::string& input_shape,
                                             bool device_labels, const SurfaceRequest& surface, Outputs* o) {
   if (dev.uniform) {
+    o->fine_images = o->calibration_items;
     return Postprocess(logits, dev.masks[0], input_shape, device_labels, surface, o);
   }
   if (logits.dim() != 4 || logits.size(0) != dev.n) {
@@ -450,6 +453,7 @@ absl::Status TorchRunner::PostprocessGroups(const at::Tensor& logits, const Grou
                                                       "; expected [N, C, H, W] with N = ", dev.n));
   }
   for (int64_t i = 0; i < dev.n; ++i) {
+    o->fine_images = o->calibration_items < 0 || i < o->calibration_items ? -1 : 0;
     RETURN_IF_ERROR(Postprocess(logits.narrow(0, i, 1), dev.masks[i], input_shape, device_labels, surface, o));
   }
   return absl::OkStatus();
@@ -578,6 +582,7 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::LaunchImpl(torch::jit
   ASSIGN_OR_RETURN(const at::Tensor logits, ExtractLogits(raw, options_.model_path));
   Outputs outputs;
   outputs.want_scores = batch.want_scores;
+  outputs.calibration_items = batch.calibration_items;
   RETURN_IF_ERROR(PostprocessGroups(logits, dev, *input_shape, device_labels, batch.surface, &outputs));
   step("postprocess");
 #if TALLY_WITH_CUDA
