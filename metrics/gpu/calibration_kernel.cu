@@ -131,7 +131,7 @@ bool LaunchCalibration(const float* probs, const int16_t* ref, const int16_t* pr
 }
 
 std::string CalibrationOnDeviceSync(const float* probs, const int16_t* ref, const int16_t* pred, int64_t n, int k,
-                                    int64_t hw, int64_t* rows, int64_t* fine) {
+                                    int64_t hw, int64_t* rows, int64_t* fine, int64_t fine_images) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return "no CUDA device";
   const size_t pb = sizeof(float) * n * k * hw, lb = sizeof(int16_t) * n * hw;
@@ -148,7 +148,7 @@ std::string CalibrationOnDeviceSync(const float* probs, const int16_t* ref, cons
     cudaMemset(drows, 0, rb);
     cudaMemset(dfine, 0, fb);
     if (!LaunchCalibration(static_cast<float*>(dp), static_cast<int16_t*>(dr), static_cast<int16_t*>(dl), n, k, hw,
-                           static_cast<int64_t*>(drows), static_cast<int64_t*>(dfine), nullptr) ||
+                           static_cast<int64_t*>(drows), static_cast<int64_t*>(dfine), nullptr, fine_images) ||
         cudaDeviceSynchronize() != cudaSuccess) {
       error = cudaGetErrorString(cudaGetLastError());
     } else {

@@ -19,7 +19,7 @@ bool LaunchCalibration(const float* probs, const int16_t* ref, const int16_t* pr
 // For tests: the same from host arrays, synchronously (device memory allocated and freed here);
 // rows and fine are overwritten. Returns "" or what failed ("no CUDA device" when none is visible).
 std::string CalibrationOnDeviceSync(const float* probs, const int16_t* ref, const int16_t* pred, int64_t n, int k,
-                                    int64_t hw, int64_t* rows, int64_t* fine);
+                                    int64_t hw, int64_t* rows, int64_t* fine, int64_t fine_images = -1);
 
 }  // namespace tally
 

@@ -13,7 +13,7 @@
 namespace tally {
 namespace {
 
-void ExpectSame(uint64_t seed, int n, int k, int64_t hw) {
+void ExpectSame(uint64_t seed, int n, int k, int64_t hw, int64_t fine_images = -1) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(0, 1);
   std::vector<float> probs(static_cast<size_t>(n) * k * hw);
@@ -27,9 +27,10 @@ void ExpectSame(uint64_t seed, int n, int k, int64_t hw) {
     pred[i] = static_cast<int16_t>(rng() % k);
   }
   std::vector<int64_t> rows(static_cast<size_t>(n) * CalibrationRowSize(k), 0), fine(CalibrationFineSize(k), 0);
-  CountCalibration(probs.data(), ref.data(), pred.data(), n, k, hw, rows.data(), fine.data());
+  CountCalibration(probs.data(), ref.data(), pred.data(), n, k, hw, rows.data(), fine.data(), fine_images);
   std::vector<int64_t> grows(rows.size(), -1), gfine(fine.size(), -1);
-  const std::string error = CalibrationOnDeviceSync(probs.data(), ref.data(), pred.data(), n, k, hw, grows.data(), gfine.data());
+  const std::string error =
+      CalibrationOnDeviceSync(probs.data(), ref.data(), pred.data(), n, k, hw, grows.data(), gfine.data(), fine_images);
   if (error == "no CUDA device") GTEST_SKIP() << error;
   ASSERT_EQ(error, "");
   EXPECT_EQ(grows, rows) << "n " << n << " k " << k << " hw " << hw;
@@ -42,6 +43,7 @@ TEST(CalibrationKernelTest, EqualsTheCpuCount) {
   ExpectSame(3, 1, 21, 50000);
   ExpectSame(4, 5, 40, 333);
   ExpectSame(5, 1, 1, 1);
+  ExpectSame(6, 5, 2, 4000, 2);  // A store's padded batch: the last 3 images in no fine histogram.
 }
 
 }  // namespace

@@ -76,5 +76,17 @@ TEST(CalibrationTest, EqualMassTakesWholeFineBins) {
   EXPECT_NEAR(s.top.ace, want / 3, 1e-12);
 }
 
+// A store's batch padded with copies of its last row: the copies count in their rows' bins only.
+TEST(CalibrationTest, ImagesPastTheFineLimitCountInTheirRowsOnly) {
+  const std::vector<float> probs = {0.25f, 0.75f, 0.25f, 0.75f};  // 2 images of 1 pixel, 2 classes.
+  const std::vector<int16_t> ref = {1, 1}, pred = {1, 1};
+  std::vector<int64_t> rows(2 * CalibrationRowSize(2), 0), fine(CalibrationFineSize(2), 0);
+  CountCalibration(probs.data(), ref.data(), pred.data(), 2, 2, 1, rows.data(), fine.data(), 1);
+  int64_t pixels = 0;
+  for (size_t c = 0; c < fine.size(); c += 2) pixels += fine[c];
+  EXPECT_EQ(pixels, 3);  // One image, three histograms.
+  EXPECT_EQ(RowConfidence(rows.data() + CalibrationRowSize(2), 2), 0.75);
+}
+
 }  // namespace
 }  // namespace tally
