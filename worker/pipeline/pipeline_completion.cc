@@ -27,6 +27,7 @@
 #include "base/log.h"
 #include "worker/pipeline/pipeline_internal.h"
 #include "metrics/calibration.h"
+#include "metrics/calibration_fine.h"
 #include "metrics/label_counts.h"
 #include "common/formats/png.h"
 namespace tally {
@@ -389,16 +390,9 @@ void Pipeline::AttachCalibrationFine(const InFlight& batch, PendingBatch* pendin
                                      v1::ImageResult* r) const {
   const int64_t* fine = pending->calibration_fine();
   if (fine == nullptr) return;
-  const int k = pending->num_classes();
   v1::CalibrationFine* f = r->mutable_calibration_fine();
-  f->set_classes(k);
   for (size_t i = begin; i < end; ++i) f->add_covers(batch.index[i]);
-  for (int64_t cell = 0; cell < CalibrationFineSize(k) / 2; ++cell) {
-    if (fine[2 * cell] == 0) continue;
-    f->add_cells(static_cast<int32_t>(cell));
-    f->add_pixels(fine[2 * cell]);
-    f->add_correct(fine[2 * cell + 1]);
-  }
+  SetSparseFine(fine, pending->num_classes(), f);
 }
 
 void Pipeline::AmongWorkersWorst(const std::vector<const v1::ImageResult*>& rows,

@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "base/file_util.h"
 #include "metrics/calibration.h"
+#include "metrics/calibration_fine.h"
 #include "metrics/label_counts.h"
 
 namespace tally {
@@ -97,14 +98,7 @@ absl::Status CountRowProbabilities(const std::string& path, int64_t max_pixels, 
   std::vector<int64_t> row(CalibrationRowSize(2), 0), fine(CalibrationFineSize(2), 0);
   CountCalibration(probs.data(), r.data(), p.data(), 1, 2, static_cast<int64_t>(hw), row.data(), fine.data());
   result->mutable_calibration()->Add(row.begin(), row.end());
-  v1::CalibrationFine* f = result->mutable_calibration_fine();
-  f->set_classes(2);
-  for (int64_t cell = 0; cell < CalibrationFineSize(2) / 2; ++cell) {
-    if (fine[2 * cell] == 0) continue;
-    f->add_cells(static_cast<int32_t>(cell));
-    f->add_pixels(fine[2 * cell]);
-    f->add_correct(fine[2 * cell + 1]);
-  }
+  SetSparseFine(fine.data(), 2, result->mutable_calibration_fine());
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include "worker/scoring/lesion_scoring.h"
 #include "worker/scoring/probabilities.h"
 #include "metrics/calibration.h"
+#include "metrics/calibration_fine.h"
 #include "base/file_util.h"
 #if TALLY_CUDA_KERNELS
 #include "metrics/gpu/surface3d_kernel.h"
@@ -669,12 +670,7 @@ std::vector<v1::ImageResult> ScoringPipeline::HoldCalibrated(Shard* shard, v1::I
   std::vector<v1::ImageResult> out;
   ++shard->done;
   if (result.calibration_size() > 0) {
-    const v1::CalibrationFine& f = result.calibration_fine();
-    if (shard->fine.empty()) shard->fine.assign(static_cast<size_t>(CalibrationFineSize(f.classes())), 0);
-    for (int i = 0; i < f.cells_size() && 2 * static_cast<size_t>(f.cells(i)) + 1 < shard->fine.size(); ++i) {
-      shard->fine[2 * static_cast<size_t>(f.cells(i))] += f.pixels(i);
-      shard->fine[2 * static_cast<size_t>(f.cells(i)) + 1] += f.correct(i);
-    }
+    AddSparseFine(result.calibration_fine(), &shard->fine);
     result.clear_calibration_fine();
     result.set_calibration_batch(shard->first_index);
     shard->held.push_back(std::move(result));
@@ -684,14 +680,8 @@ std::vector<v1::ImageResult> ScoringPipeline::HoldCalibrated(Shard* shard, v1::I
   if (shard->done < shard->rows.size() || shard->held.empty()) return out;
   // The shard's last row: its evaluated rows go out, the first with their fine histogram.
   v1::CalibrationFine* f = shard->held.front().mutable_calibration_fine();
-  f->set_classes(shard->held.front().classes_size());
   for (const v1::ImageResult& r : shard->held) f->add_covers(r.index());
-  for (size_t cell = 0; 2 * cell < shard->fine.size(); ++cell) {
-    if (shard->fine[2 * cell] == 0) continue;
-    f->add_cells(static_cast<int32_t>(cell));
-    f->add_pixels(shard->fine[2 * cell]);
-    f->add_correct(shard->fine[2 * cell + 1]);
-  }
+  SetSparseFine(shard->fine.data(), shard->held.front().classes_size(), f);
   for (v1::ImageResult& r : shard->held) out.push_back(std::move(r));
   shard->held.clear();
   shard->fine.clear();
