@@ -332,6 +332,24 @@ class CalibrationTest(unittest.TestCase):
             self.assertEqual(tt.read_report(out)["rows_from_store"], 0)
             self.assertEqual(tt.read_report(out)["calibration"], tt.read_report(plain)["calibration"])
 
+    def test_merge_of_two_halves_equals_the_whole(self):
+        # tally merge sums the parts' exact counts: the whole set's figures, the fine histogram too.
+        model = tt.fixture("three_class.pt")
+        with open(self.manifest) as f:
+            lines = f.read().splitlines()
+        halves = []
+        for k, part in enumerate((lines[1:12], lines[12:])):
+            halves.append(tt.write_manifest(os.path.dirname(self.manifest), [lines[0]] + part, f"half{k}.csv"))
+        c = tt.Cluster(self, os.path.join(self.root, "cm"))
+        c.start_worker()
+        jobs = [c.submit(model, m, "--metrics", "dice,calibration") for m in halves + [self.manifest]]
+        for j in jobs:
+            self.assertEqual(c.wait(j)["state"], "succeeded")
+        merged, whole = os.path.join(self.root, "merged"), os.path.join(self.root, "whole")
+        c.cli("merge", jobs[0], jobs[1], "--out", merged)
+        c.fetch(jobs[2], whole)
+        self.assertEqual(tt.read_report(merged)["calibration"], tt.read_report(whole)["calibration"])
+
     def test_refused_without_probabilities(self):
         py = tt.write_text(os.path.join(self.root, "m.py"), "class Model:\n    def predict(self, images):\n        return images\n")
         p = tt.tally("run", "--manifest", self.manifest, "--out", os.path.join(self.root, "x"), "--model", py,
