@@ -27,8 +27,11 @@ __device__ void CountHistogram(const float* __restrict__ probs, const int16_t* _
   for (int b = 0; b < kCalibrationBins; ++b) count[b] = correct[b] = 0, units[b] = 0;
   unsigned low = 0, low_correct = 0, high = 0, high_correct = 0;
   unsigned long long* fh = fine != nullptr ? fine + static_cast<size_t>(h) * kCalibrationFineBins * 2 : nullptr;
-  for (int64_t x = begin + threadIdx.x; x < end; x += blockDim.x) {
-    const int gt = ref[x];
+  // Every lane runs every round (the warp's collectives below need all of them); past the end, a
+  // lane counts nothing.
+  for (int64_t base = begin; base < end; base += blockDim.x) {
+    const int64_t x = base + threadIdx.x;
+    const int gt = x < end ? ref[x] : -1;
     const bool valid = gt >= 0 && gt < k;
     float v = 0.f;
     bool ok = false;
@@ -60,9 +63,8 @@ __device__ void CountHistogram(const float* __restrict__ probs, const int16_t* _
       ++high;
       high_correct += ok;
     }
-    const unsigned active = __activemask();
     const bool middle = fh != nullptr && f > 0 && f < kCalibrationFineBins - 1;
-    const unsigned want = __ballot_sync(active, middle);
+    const unsigned want = __ballot_sync(0xffffffffu, middle);
     if (middle) {
       const unsigned same = __match_any_sync(want, f);
       const unsigned same_ok = __ballot_sync(want, ok) & same;
