@@ -22,6 +22,8 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "common/security/data_roots.h"
+#include "metrics/calibration.h"
+#include "metrics/calibration_fine.h"
 #include "common/job/job_config.h"
 #include "base/backoff.h"
 #include "base/log.h"
@@ -118,12 +120,56 @@ std::vector<size_t> MessageEnds(const std::vector<v1::ImageResult>& results) {
 // The rows of `pending` that can go now: all of a complete shard's; else every row but those of a
 // calibration batch not all here yet (its fine histogram counts only with all its rows, in one
 // message: tallyd refuses the rest, to have them evaluated again). The others stay in `pending`.
+// The fine histograms of the whole batches among `rows` (every covered row here and evaluated) as
+// one, on the first such head, covering them all, their rows relabelled to its batch: a report
+// carries one histogram, not one a model batch (tallyd's storage and checks are per histogram).
+// Batches with a failed row stay apart (tallyd refuses their rows alone, not the whole report's).
+void MergeWholeBatches(std::vector<v1::ImageResult>* rows) {
+  absl::flat_hash_map<int64_t, const v1::ImageResult*> by_index;
+  for (const v1::ImageResult& r : *rows) by_index[r.index()] = &r;
+  v1::ImageResult* first = nullptr;
+  absl::flat_hash_set<int64_t> merged;
+  std::vector<int64_t> dense, covers;
+  for (v1::ImageResult& r : *rows) {
+    if (!r.has_calibration_fine() || r.calibration_size() == 0) continue;
+    const v1::CalibrationFine& f = r.calibration_fine();
+    const bool whole = std::all_of(f.covers().begin(), f.covers().end(), [&](int64_t i) {
+      auto it = by_index.find(i);
+      return it != by_index.end() && it->second->error().empty() &&
+             it->second->calibration_batch() == r.calibration_batch();
+    });
+    if (!whole || (first != nullptr && f.classes() != first->calibration_fine().classes()) ||
+        covers.size() + f.covers_size() > static_cast<size_t>(kMaxCalibrationCovers)) {
+      continue;
+    }
+    merged.insert(r.calibration_batch());
+    AddSparseFine(f, &dense);
+    covers.insert(covers.end(), f.covers().begin(), f.covers().end());
+    if (first == nullptr) {
+      first = &r;
+    } else {
+      r.clear_calibration_fine();
+    }
+  }
+  if (merged.size() < 2) return;
+  const int64_t batch = first->calibration_batch();
+  const int classes = first->calibration_fine().classes();
+  first->clear_calibration_fine();
+  v1::CalibrationFine* f = first->mutable_calibration_fine();
+  f->mutable_covers()->Add(covers.begin(), covers.end());
+  SetSparseFine(dense.data(), classes, f);
+  for (v1::ImageResult& r : *rows) {
+    if (r.calibration_size() > 0 && merged.contains(r.calibration_batch())) r.set_calibration_batch(batch);
+  }
+}
+
 std::vector<v1::ImageResult> TakeSendable(std::vector<v1::ImageResult>* pending, bool complete) {
   std::vector<v1::ImageResult> out;
   bool calibration = false;
   for (const v1::ImageResult& r : *pending) calibration |= r.calibration_size() > 0;
   if (complete || !calibration) {
     out.swap(*pending);
+    if (calibration) MergeWholeBatches(&out);
     return out;
   }
   absl::flat_hash_set<int64_t> present;
@@ -144,6 +190,7 @@ std::vector<v1::ImageResult> TakeSendable(std::vector<v1::ImageResult>* pending,
     (held ? keep : out).push_back(std::move(r));
   }
   pending->swap(keep);
+  MergeWholeBatches(&out);
   return out;
 }
 

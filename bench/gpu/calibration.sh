@@ -6,7 +6,7 @@
 # Stage `check`: the same small job on the CPU and the GPU (the probabilities differ in their last
 # bits between the two; the counts are the same integers: metrics/gpu/calibration_kernel.cu's test).
 #   bench/gpu/run.sh calibration [STAGES]    (build,tests,run,check; default build,run,check)
-# Settings: COUNT (images, default 3200).
+# Settings: COUNT (images, default 3200), MODELS (default "lraspp lraspp21").
 set -uo pipefail
 stages=${1:-build,run,check}
 source "$(dirname "$0")/lib.sh"
@@ -23,7 +23,7 @@ torch.manual_seed(0)
 torch.jit.script(lraspp_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=21).eval()).save(sys.argv[1])
 PY
   make_images "$work/png" "$n" png
-  for model in lraspp lraspp21; do
+  for model in ${MODELS:-lraspp lraspp21}; do
     for round in 1 2; do
       for mode in plain calibration; do
         metrics=dice; [ "$mode" = calibration ] && metrics=dice,calibration
