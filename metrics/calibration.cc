@@ -1,6 +1,7 @@
 #include "metrics/calibration.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace tally {
 
@@ -17,7 +18,7 @@ void CountCalibration(const float* probs, const int16_t* ref, const int16_t* pre
       const int gt = r[x];
       if (gt < 0 || gt >= k) continue;
       const auto add = [&](int h, float v, bool correct) {
-        int64_t* cell = row + (static_cast<int64_t>(h) * kCalibrationBins + CalibrationBin(v)) * kCalibrationValues;
+        int64_t* cell = row + CalibrationCell(h, CalibrationBin(v));
         cell[0] += 1;
         cell[1] += correct;
         cell[2] += static_cast<int64_t>(ConfidenceUnits(v));
@@ -31,6 +32,19 @@ void CountCalibration(const float* probs, const int16_t* ref, const int16_t* pre
       add(k, p[label * hw + x], label == gt);
     }
   }
+}
+
+void CountTwoClassCalibration(const float* one, const uint16_t* ref, const uint16_t* pred, int64_t hw, int64_t* row,
+                              int64_t* fine) {
+  std::vector<float> probs(2 * static_cast<size_t>(hw));
+  std::vector<int16_t> r(static_cast<size_t>(hw)), p(static_cast<size_t>(hw));
+  for (int64_t x = 0; x < hw; ++x) {
+    probs[hw + x] = one[x];
+    probs[x] = 1.0f - one[x];
+    r[x] = static_cast<int16_t>(ref[x]);  // kIgnoredPixel (0xFFFF) is -1: left out.
+    p[x] = static_cast<int16_t>(pred[x]);
+  }
+  CountCalibration(probs.data(), r.data(), p.data(), 1, 2, hw, row, fine);
 }
 
 bool CalibrationTotals::AddRow(const int64_t* values, int64_t size, int k) {
@@ -67,6 +81,12 @@ namespace {
 
 double Ratio(unsigned __int128 a, unsigned __int128 b) { return static_cast<double>(a) / static_cast<double>(b); }
 
+// A bin's |correct - sum of v|, in 2^-32 units, exactly.
+unsigned __int128 GapUnits(unsigned __int128 correct, unsigned __int128 units) {
+  const unsigned __int128 correct_units = correct << 32;
+  return correct_units > units ? correct_units - units : units - correct_units;
+}
+
 // ECE and the reliability bins of histogram h: sum_b |correct_b - vsum_b| / N, with the difference
 // taken exactly in 2^-32 units before it becomes a double.
 CalibrationFigures EqualWidth(const CalibrationTotals& t, int h) {
@@ -81,8 +101,7 @@ CalibrationFigures EqualWidth(const CalibrationTotals& t, int h) {
     if (pixels > 0) {
       bin.accuracy = Ratio(t.correct(h, b), pixels);
       bin.confidence = Ratio(t.units(h, b), pixels) / kConfidenceUnit;
-      const unsigned __int128 correct_units = t.correct(h, b) << 32;
-      gap += correct_units > t.units(h, b) ? correct_units - t.units(h, b) : t.units(h, b) - correct_units;
+      gap += GapUnits(t.correct(h, b), t.units(h, b));
     }
     n += pixels;
     f.bins.push_back(bin);
@@ -155,26 +174,22 @@ CalibrationSummary SummarizeCalibration(const CalibrationTotals& totals, bool wi
 }
 
 double RowEce(const int64_t* values, int k) {
-  const int64_t* top = values + static_cast<int64_t>(k) * kCalibrationBins * kCalibrationValues;
   int64_t n = 0;
   unsigned __int128 gap = 0;
   for (int b = 0; b < kCalibrationBins; ++b) {
-    const int64_t* cell = top + b * kCalibrationValues;
+    const int64_t* cell = values + CalibrationCell(k, b);
     n += cell[0];
-    const unsigned __int128 correct_units = static_cast<unsigned __int128>(cell[1]) << 32;
-    const unsigned __int128 units = static_cast<uint64_t>(cell[2]);
-    gap += correct_units > units ? correct_units - units : units - correct_units;
+    gap += GapUnits(static_cast<uint64_t>(cell[1]), static_cast<uint64_t>(cell[2]));
   }
   return n > 0 ? Ratio(gap, static_cast<unsigned __int128>(n)) / kConfidenceUnit : NAN;
 }
 
 double RowConfidence(const int64_t* values, int k) {
-  const int64_t* top = values + static_cast<int64_t>(k) * kCalibrationBins * kCalibrationValues;
   int64_t n = 0;
   unsigned __int128 units = 0;
   for (int b = 0; b < kCalibrationBins; ++b) {
-    n += top[b * kCalibrationValues];
-    units += static_cast<uint64_t>(top[b * kCalibrationValues + 2]);
+    n += values[CalibrationCell(k, b)];
+    units += static_cast<uint64_t>(values[CalibrationCell(k, b) + 2]);
   }
   return n > 0 ? Ratio(units, static_cast<unsigned __int128>(n)) / kConfidenceUnit : NAN;
 }

@@ -38,6 +38,8 @@ inline constexpr int kMaxCalibrationCovers = 65536;
 
 // Per row: [K + 1][kCalibrationBins][kCalibrationValues] values (int64).
 TALLY_HD int64_t CalibrationRowSize(int k) { return int64_t{k + 1} * kCalibrationBins * kCalibrationValues; }
+// Where histogram h's bin b starts among a row's values: (pixels, correct, v-sum) from there.
+TALLY_HD int64_t CalibrationCell(int h, int b) { return (int64_t{h} * kCalibrationBins + b) * kCalibrationValues; }
 // Per batch: [K + 1][kCalibrationFineBins][2] (pixels, correct pixels).
 TALLY_HD int64_t CalibrationFineSize(int k) { return int64_t{k + 1} * kCalibrationFineBins * 2; }
 
@@ -57,12 +59,23 @@ TALLY_HD uint64_t ConfidenceUnits(float v) {
   return x <= 0 ? 0 : (x >= kConfidenceUnit ? static_cast<uint64_t>(kConfidenceUnit) : static_cast<uint64_t>(x));
 }
 
+// Class 1's probability of a stored 16-bit score v (the prediction store's and a 16-bit PNG
+// probability map's precision): v / 65535 in float32.
+inline float ScoreProbability(uint16_t v) { return static_cast<float>(v) / 65535.0f; }
+
 // The CPU's count: probabilities [n, K, hw] float32 (contiguous), reference [n, hw] int16 (< 0:
 // ignored), predicted labels [n, hw] int16. Adds to `rows` ([n] x CalibrationRowSize(K), zeroed by
 // the caller) and `fine` (CalibrationFineSize(K)).
 // Only the first `fine_images` images (-1: all) count in `fine`.
 void CountCalibration(const float* probs, const int16_t* ref, const int16_t* pred, int64_t n, int k, int64_t hw,
                       int64_t* rows, int64_t* fine, int64_t fine_images = -1);
+
+// Two classes from class 1's probability `one` of each of `hw` pixels (class 0's: 1 - it, in
+// float32, as a single logit's): CountCalibration of one image whose reference and predicted labels
+// are uint16 maps (kIgnoredPixel: ignored). Sets `row` (CalibrationRowSize(2), zeroed by the caller)
+// and adds to `fine` (CalibrationFineSize(2)).
+void CountTwoClassCalibration(const float* one, const uint16_t* ref, const uint16_t* pred, int64_t hw, int64_t* row,
+                              int64_t* fine);
 
 // Exact totals over rows: per histogram and coarse bin, 128-bit sums.
 class CalibrationTotals {
@@ -82,7 +95,7 @@ class CalibrationTotals {
   void Merge(const CalibrationTotals& other);
 
  private:
-  size_t Cell(int h, int b) const { return (static_cast<size_t>(h) * kCalibrationBins + b) * kCalibrationValues; }
+  size_t Cell(int h, int b) const { return static_cast<size_t>(CalibrationCell(h, b)); }
   int k_ = 0;
   std::vector<unsigned __int128> coarse_;
   std::vector<uint64_t> fine_;

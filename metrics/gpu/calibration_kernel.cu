@@ -76,7 +76,7 @@ __device__ void CountHistogram(const float* __restrict__ probs, const int16_t* _
   }
   const unsigned full = 0xffffffffu;
   const bool lane0 = (threadIdx.x & 31) == 0;
-  unsigned long long* cells = row + static_cast<size_t>(h) * kCalibrationBins * kCalibrationValues;
+  unsigned long long* cells = row + CalibrationCell(h, 0);
 #pragma unroll
   for (int c = 0; c < kCalibrationBins; ++c) {
     if (!__any_sync(full, count[c] != 0)) continue;

@@ -77,7 +77,7 @@ std::string CheckRowCalibration(const v1::ImageResult& r, int64_t valid) {
   for (int h = 0; h <= k; ++h) {
     int64_t pixels = 0;
     for (int b = 0; b < kCalibrationBins; ++b) {
-      const int64_t* cell = r.calibration().data() + (static_cast<int64_t>(h) * kCalibrationBins + b) * kCalibrationValues;
+      const int64_t* cell = r.calibration().data() + CalibrationCell(h, b);
       if (cell[0] < 0 || cell[0] > valid || cell[1] < 0 || cell[1] > cell[0] || cell[2] < 0 ||
           static_cast<uint64_t>(cell[2]) > static_cast<uint64_t>(cell[0]) << 32) {
         return std::string("a calibration bin's pixels, correct pixels or confidence out of range");
@@ -117,7 +117,7 @@ std::string CheckFineCalibration(const v1::ImageResult& head,
     }
     for (int h = 0; h <= k; ++h) {
       for (int b = 0; b < kCalibrationBins; ++b) {
-        const int64_t* cell = it->second->calibration().data() + (static_cast<int64_t>(h) * kCalibrationBins + b) * kCalibrationValues;
+        const int64_t* cell = it->second->calibration().data() + CalibrationCell(h, b);
         want_pixels[h] += cell[0];
         want_correct[h] += cell[1];
       }

@@ -11,7 +11,6 @@
 #include "base/file_util.h"
 #include "metrics/calibration.h"
 #include "metrics/calibration_fine.h"
-#include "metrics/label_counts.h"
 
 namespace tally {
 namespace {
@@ -63,7 +62,7 @@ absl::Status ReadPngProbabilities(const std::string& path, int64_t max_pixels, c
                                                    values.width, " (HxW); the reference is ", ref.height, "x", ref.width));
   }
   out->resize(values.labels.size());
-  for (size_t i = 0; i < out->size(); ++i) (*out)[i] = static_cast<float>(values.labels[i]) / 65535.0f;
+  for (size_t i = 0; i < out->size(); ++i) (*out)[i] = ScoreProbability(values.labels[i]);
   return absl::OkStatus();
 }
 
@@ -87,16 +86,9 @@ absl::Status CountRowProbabilities(const std::string& path, int64_t max_pixels, 
     return absl::InvalidArgumentError(absl::StrCat("probability map '", DisplayPath(path), "' has ", hw,
                                                    " values; the reference has ", ref.labels.size()));
   }
-  std::vector<float> probs(2 * hw);
-  std::vector<int16_t> r(hw), p(hw);
-  for (size_t i = 0; i < hw; ++i) {
-    probs[hw + i] = one[i];
-    probs[i] = 1.0f - one[i];
-    r[i] = ref.labels[i] == kIgnoredPixel ? int16_t{-1} : static_cast<int16_t>(ref.labels[i]);
-    p[i] = static_cast<int16_t>(pred.labels[i]);
-  }
   std::vector<int64_t> row(CalibrationRowSize(2), 0), fine(CalibrationFineSize(2), 0);
-  CountCalibration(probs.data(), r.data(), p.data(), 1, 2, static_cast<int64_t>(hw), row.data(), fine.data());
+  CountTwoClassCalibration(one.data(), ref.labels.data(), pred.labels.data(), static_cast<int64_t>(hw), row.data(),
+                           fine.data());
   result->mutable_calibration()->Add(row.begin(), row.end());
   SetSparseFine(fine.data(), 2, result->mutable_calibration_fine());
   return absl::OkStatus();

@@ -186,18 +186,15 @@ std::string StorePendingBatch::CountCalibrationOf(size_t i, const uint16_t* mask
     return "--metrics calibration needs the model's probabilities, and the prediction store's entry of this row keeps "
            "labels only (the model gave several score channels or labels)";
   }
-  const size_t hw = p.labels.size();
-  std::vector<float> probs(2 * hw);
-  std::vector<int16_t> ref(hw), pred(hw);
-  for (size_t x = 0; x < hw; ++x) {
-    probs[hw + x] = static_cast<float>(p.scores[x]) / 65535.0f;
-    probs[x] = 1.0f - probs[hw + x];
-    ref[x] = static_cast<int16_t>(mask[x]);  // kIgnoredPixel (0xFFFF) is -1.
-    pred[x] = static_cast<int16_t>(p.labels[x]);
+  if (p.scores.size() != p.labels.size()) {
+    return absl::StrCat("the prediction store's entry of this row has ", p.scores.size(), " scores for ", p.labels.size(),
+                        " labels");
   }
+  std::vector<float> one(p.scores.size());
+  for (size_t x = 0; x < one.size(); ++x) one[x] = ScoreProbability(p.scores[x]);
   std::vector<int64_t> fine(static_cast<size_t>(CalibrationFineSize(2)), 0);
-  CountCalibration(probs.data(), ref.data(), pred.data(), 1, 2, static_cast<int64_t>(hw),
-                   calibration_.data() + i * CalibrationRowSize(2), fine.data());
+  CountTwoClassCalibration(one.data(), mask, p.labels.data(), static_cast<int64_t>(one.size()),
+                           calibration_.data() + i * CalibrationRowSize(2), fine.data());
   absl::MutexLock lock(&fine_mu_);
   for (size_t c = 0; c < fine.size(); ++c) fine_[c] += fine[c];
   return "";
