@@ -234,6 +234,15 @@ class CalibrationTest(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("add --metrics calibration", p.stderr + p.stdout)
 
+    def check_predictions(self, manifest, rows, bad_map_reason):
+        """A prediction manifest's calibration against `rows`; its one bad map fails its row for the reason."""
+        out = os.path.join(self.root, "out")
+        tt.tally("run", "--manifest", manifest, "--out", out, "--metrics", "calibration", "--max-failed-fraction", "1")
+        report = tt.read_report(out)
+        self.assertEqual(report["images_failed"], 1)
+        self.assertIn(bad_map_reason, report["failures"][0]["reason"])
+        self.check(None, out, rows)
+
     def test_prediction_manifest_with_probability_maps(self):
         # Predictions already on disk with their probability maps (16-bit PNG: class 1's probability
         # times 65535), a failed row among them: the same figures, over every pixel, as numpy's.
@@ -260,13 +269,7 @@ class CalibrationTest(unittest.TestCase):
             rows.append((probs, pred.astype(np.int64), ref_ok))
         Image.fromarray(np.zeros((4, 4), np.uint8)).save(os.path.join(root, "q_bad.png"))  # 8-bit: refused.
         lines.append("bad,m0.png,p0.png,q_bad.png")
-        manifest = tt.write_manifest(root, lines)
-        out = os.path.join(self.root, "out")
-        tt.tally("run", "--manifest", manifest, "--out", out, "--metrics", "calibration", "--max-failed-fraction", "1")
-        report = tt.read_report(out)
-        self.assertEqual(report["images_failed"], 1)
-        self.assertIn("16-bit grayscale PNG", report["failures"][0]["reason"])
-        self.check(None, out, rows)
+        self.check_predictions(tt.write_manifest(root, lines), rows, "16-bit grayscale PNG")
 
     def test_prediction_volumes_with_float_probability_maps(self):
         # 3D: NIfTI volumes (float32 and float64 maps, read as float32), ignored voxels; a map with a
@@ -294,13 +297,7 @@ class CalibrationTest(unittest.TestCase):
         bad = np.full((12, 10, 6), 1.2, np.float32)
         nib.save(nib.Nifti1Image(bad, affine), os.path.join(root, "bad.nii.gz"))
         lines.append("bad,m0.nii.gz,p0.nii.gz,bad.nii.gz")
-        manifest = tt.write_manifest(root, lines)
-        out = os.path.join(self.root, "out")
-        tt.tally("run", "--manifest", manifest, "--out", out, "--metrics", "calibration", "--max-failed-fraction", "1")
-        report = tt.read_report(out)
-        self.assertEqual(report["images_failed"], 1)
-        self.assertIn("probabilities are in [0, 1]", report["failures"][0]["reason"])
-        self.check(None, out, rows)
+        self.check_predictions(tt.write_manifest(root, lines), rows, "probabilities are in [0, 1]")
 
     def test_prediction_store_keeps_the_scores_it_counts(self):
         # A single-score model with --prediction-store: probabilities at the store's precision
