@@ -20,6 +20,7 @@
 #include "common/store/store_gc.h"
 #include "common/store/store_keys.h"
 #include "metrics/calibration.h"
+#include "metrics/calibration_fine.h"
 #include "metrics/label_counts.h"
 #include "proto/tally.pb.h"
 
@@ -195,8 +196,12 @@ std::string StorePendingBatch::CountCalibrationOf(size_t i, const uint16_t* mask
   std::vector<int64_t> fine(static_cast<size_t>(CalibrationFineSize(2)), 0);
   CountTwoClassCalibration(one.data(), mask, p.labels.data(), static_cast<int64_t>(one.size()),
                            calibration_.data() + i * CalibrationRowSize(2), fine.data());
+  // The row's few occupied bins, found outside the lock: the rows counted beside it wait only for
+  // those to be added, not for a pass over every bin.
+  v1::CalibrationFine cells;
+  SetSparseFine(fine.data(), 2, &cells);
   absl::MutexLock lock(&fine_mu_);
-  for (size_t c = 0; c < fine.size(); ++c) fine_[c] += fine[c];
+  AddSparseFine(cells, &fine_);
   return "";
 }
 
@@ -214,8 +219,12 @@ absl::Status StorePendingBatch::Wait() {
   const bool calibration = state_->options().calibration && k_ > 0;
   if (calibration) {
     calibration_.assign(n * CalibrationRowSize(k_), 0);
-    fine_.assign(static_cast<size_t>(CalibrationFineSize(k_)), 0);
-    if (inner_ && inner_->calibration_fine() != nullptr) fine_.assign(inner_->calibration_fine(), inner_->calibration_fine() + fine_.size());
+    const int64_t* model_fine = inner_ ? inner_->calibration_fine() : nullptr;
+    if (model_fine != nullptr) {
+      fine_.assign(model_fine, model_fine + CalibrationFineSize(k_));
+    } else {
+      fine_.assign(static_cast<size_t>(CalibrationFineSize(k_)), 0);
+    }
   }
   ParallelFor(n, [&](size_t i) {
     if (!hits_[i]) return;
