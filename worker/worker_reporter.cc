@@ -117,9 +117,6 @@ std::vector<size_t> MessageEnds(const std::vector<v1::ImageResult>& results) {
   return ends;
 }
 
-// The rows of `pending` that can go now: all of a complete shard's; else every row but those of a
-// calibration batch not all here yet (its fine histogram counts only with all its rows, in one
-// message: tallyd refuses the rest, to have them evaluated again). The others stay in `pending`.
 // The fine histograms of the whole batches among `rows` (every covered row here and evaluated) as
 // one, on the first such head, covering them all, their rows relabelled to its batch: a report
 // carries one histogram, not one a model batch (tallyd's storage and checks are per histogram).
@@ -163,6 +160,9 @@ void MergeWholeBatches(std::vector<v1::ImageResult>* rows) {
   }
 }
 
+// The rows of `pending` that can go now: all of a complete shard's; else every row but those of a
+// calibration batch not all here yet (its fine histogram counts only with all its rows, in one
+// message: tallyd refuses the rest, to have them evaluated again). The others stay in `pending`.
 std::vector<v1::ImageResult> TakeSendable(std::vector<v1::ImageResult>* pending, bool complete) {
   std::vector<v1::ImageResult> out;
   bool calibration = false;
