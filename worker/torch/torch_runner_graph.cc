@@ -20,12 +20,14 @@ std::string TorchRunner::GraphKey(torch::jit::Module& module, bool channels_last
     return v != nullptr && std::string(v) == "0";
   }();
   // What a graph holds: one group of same-sized images, scored by the fused kernels (surface
-  // distances too, where the device computes them; no threshold sweep, no scores), in fp32 (autocast's cast
+  // distances and calibration too, where the device computes them; calibration only when every image
+  // counts in the batch's fine histogram; no threshold sweep, no scores), in fp32 (autocast's cast
   // cache cannot be captured), by the evaluation's own module (not a layout trial's copy), with no
   // trial running beside it and no layout being timed.
   if (!cuda_ || env_off || !graphs_enabled_ || !host.uniform || host.images.size() != 1 ||
-      !options_.thresholds.empty() || options_.calibration || (batch.want_scores && single_score_) || options_.precision != "fp32" || options_.jit_optimize || &module != &module_ ||
-      beside_ || timing_passes_.load() > 0) {
+      !options_.thresholds.empty() || (options_.calibration && batch.calibration_items >= 0) ||
+      (batch.want_scores && single_score_) || options_.precision != "fp32" || options_.jit_optimize ||
+      &module != &module_ || beside_ || timing_passes_.load() > 0) {
     return "";
   }
   // The surface kernels' options are arguments of their launches: part of what a graph holds.
@@ -160,7 +162,9 @@ absl::StatusOr<std::unique_ptr<PendingBatch>> TorchRunner::ReplayGraph(GraphedLa
     own(&o.nonfinite);
     own(&o.thresholds);
     own(&o.surface);
+    own(&o.calibration);
     if (o.ties.defined()) o.ties = o.ties.clone();
+    if (o.calibration_fine.defined()) o.calibration_fine = o.calibration_fine.clone();
     step = "results";
     return ResultsToHost(o, labels_to_host);
   } catch (const std::exception& e) {
