@@ -2,7 +2,8 @@
 // match how often it is right.
 //
 // Definitions. A pixel's probabilities are the softmax of its logits (a single logit: the sigmoid p
-// for class 1 and 1 - p for class 0), in float32 as LibTorch computes them; pixels whose reference
+// for class 1 and 1 - p for class 0), in float32 (on the GPU the softmax is the calibration kernel's
+// own: metrics/gpu/calibration_kernel.h); pixels whose reference
 // is ignored or outside [0, K) are left out. Each of K + 1 "histograms" h bins a value v of every
 // pixel with a flag `correct`: h < K is class h (v = p_h, correct = reference is h: classwise), h =
 // K the top label (v = the probability of the predicted class, the logits' argmax; correct =

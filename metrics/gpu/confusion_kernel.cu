@@ -4,43 +4,15 @@
 
 #include <cmath>
 
+#include "metrics/gpu/classify.cuh"
+
 namespace tally {
 namespace {
 
 constexpr int kThreads = 256;
 
-struct Pixel {
-  int label;
-  bool tie;
-  unsigned nonfinite;  // NaN or infinite logits of this pixel.
-};
-
-// First maximum, NaN counting as the maximum (torch.argmax); tie = the two largest are equal.
-__device__ __forceinline__ Pixel Classify(const float* __restrict__ logits, int channels, int64_t hw, int64_t p) {
-  if (channels == 1) {
-    const float v = logits[p];
-    return Pixel{v > 0.f ? 1 : 0, false, isfinite(v) ? 0u : 1u};
-  }
-  float best = logits[p];
-  float second = -INFINITY;
-  int arg = 0;
-  unsigned nonfinite = isfinite(best) ? 0u : 1u;
-  bool settled = isnan(best);  // A NaN is the maximum; the first one wins.
-  for (int c = 1; c < channels; ++c) {
-    const float v = logits[c * hw + p];
-    nonfinite += isfinite(v) ? 0u : 1u;
-    if (settled) continue;
-    if (v > best || isnan(v)) {
-      second = best;
-      best = v;
-      arg = c;
-      settled = isnan(v);
-    } else if (v > second) {
-      second = v;
-    }
-  }
-  return Pixel{arg, best == second, nonfinite};
-}
+using gpu_internal::Classify;
+using gpu_internal::Pixel;
 
 __device__ __forceinline__ unsigned WarpSum(unsigned v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);

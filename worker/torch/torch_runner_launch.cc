@@ -185,32 +185,44 @@ void TorchRunner::PostprocessWithTorch(const at::Tensor& logits, const at::Tenso
 void TorchRunner::CountCalibrationOf(const at::Tensor& logits, const at::Tensor& gt, Outputs* o) const {
   const int64_t n = gt.size(0), hw = gt.size(1) * gt.size(2);
   const int k = o->k;
-  // The probabilities as LibTorch computes them (metrics/calibration.h), the labels as the argmax.
   const bool single = logits.size(1) == 1;
-  at::Tensor probs;
+  // A single logit's class-1 probability as LibTorch computes it, at the store's precision
+  // (QuantizeScore: NaN as 0) where the rows it answers are counted so.
+  at::Tensor one;
   if (single) {
-    at::Tensor p = at::sigmoid(logits);
-    // At the store's precision (QuantizeScore: NaN as 0), as the rows it answers are counted.
-    if (options_.calibration_quantized) p = at::nan_to_num(p, 0.0, 1.0, 0.0).mul(65535.0).round().div(65535.0);
-    probs = at::cat({at::ones_like(p).sub_(p), p}, 1);
-  } else {
-    probs = at::softmax(logits, 1);
+    one = at::sigmoid(logits.select(1, 0));
+    if (options_.calibration_quantized) one = at::nan_to_num(one, 0.0, 1.0, 0.0).mul(65535.0).round().div(65535.0);
+    one = one.contiguous();
   }
-  probs = probs.contiguous();
-  const at::Tensor pred = (single ? logits.select(1, 0).gt(0) : logits.argmax(1)).to(at::kShort).contiguous();
   const at::Tensor ref = gt.to(at::kShort).contiguous();
   const auto long_opts = ref.options().dtype(at::kLong);
   at::Tensor rows = at::zeros({n, CalibrationRowSize(k)}, long_opts);
   if (!o->calibration_fine.defined()) o->calibration_fine = at::zeros({CalibrationFineSize(k)}, long_opts);
 #if TALLY_CUDA_KERNELS
-  if (cuda_ && LaunchCalibration(probs.data_ptr<float>(), ref.data_ptr<int16_t>(), pred.data_ptr<int16_t>(), n, k, hw,
-                                 rows.data_ptr<int64_t>(), o->calibration_fine.data_ptr<int64_t>(),
-                                 at::cuda::getCurrentCUDAStream().stream(), o->fine_images)) {
-    o->calibration.push_back(rows);
-    return;
+  if (cuda_) {
+    // One pass over each pixel: the softmax (of more than one logit) and the labels computed there.
+    const at::Tensor lg = logits.contiguous();
+    CalibrationInput in;
+    in.logits = lg.data_ptr<float>();
+    in.channels = static_cast<int>(logits.size(1));
+    in.one = single ? one.data_ptr<float>() : nullptr;
+    in.ref = ref.data_ptr<int16_t>();
+    in.n = n;
+    in.k = k;
+    in.hw = hw;
+    at::Tensor scratch = at::empty({CalibrationScratchWords(k)}, long_opts);
+    if (LaunchCalibration(in, rows.data_ptr<int64_t>(), o->calibration_fine.data_ptr<int64_t>(),
+                          scratch.data_ptr<int64_t>(), at::cuda::getCurrentCUDAStream().stream(), o->fine_images)) {
+      o->calibration.push_back(rows);
+      return;
+    }
   }
 #endif
-  // The CPU's count (on a CUDA device without the kernels: of the tensors brought to the host).
+  // The CPU's count (on a CUDA device without the kernels, or out of their range: of the tensors
+  // brought to the host): the probabilities as LibTorch computes them, the labels as the argmax.
+  const at::Tensor probs = (single ? at::cat({at::ones_like(one).sub_(one).unsqueeze(1), one.unsqueeze(1)}, 1)
+                                   : at::softmax(logits, 1)).contiguous();
+  const at::Tensor pred = (single ? logits.select(1, 0).gt(0) : logits.argmax(1)).to(at::kShort).contiguous();
   const at::Tensor hp = probs.to(at::kCPU), hr = ref.to(at::kCPU), hl = pred.to(at::kCPU);
   at::Tensor hrows = at::zeros({n, CalibrationRowSize(k)}, at::TensorOptions().dtype(at::kLong));
   at::Tensor hfine = at::zeros({CalibrationFineSize(k)}, at::TensorOptions().dtype(at::kLong));
