@@ -5,7 +5,9 @@
 # twice; each run's steady rate, whether the scores equal the run without, and the calibration figures.
 # Stage `check`: the same small job on the CPU and the GPU (the probabilities differ in their last
 # bits between the two; the counts are the same integers: metrics/gpu/calibration_kernel.cu's test).
-#   bench/gpu/run.sh calibration [STAGES]    (build,tests,run,check; default build,run,check)
+# Stage `probe`: the kernel alone (tools/calibration_probe.cu: microseconds per image against a
+# softmax pass, with and without the fine histogram, K = 2 and 21, spread and crowded probabilities).
+#   bench/gpu/run.sh calibration [STAGES]    (build,tests,run,check,probe; default build,run,check)
 # Settings: COUNT (images, default 3200), MODELS (default "lraspp lraspp21").
 set -uo pipefail
 stages=${1:-build,run,check}
@@ -64,4 +66,9 @@ worst = max(abs(a[k] - b[k]) / max(abs(a[k]), 1e-300) for k in ("ece", "classwis
 print("small job, CPU against GPU: rows", a["rows"], b["rows"], "fine rows", a["fine_rows"], b["fine_rows"],
       "pixels", a["top_label"]["pixels"], b["top_label"]["pixels"], "largest relative difference %.2e" % worst)
 PY
+fi
+if has probe; then
+  nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  "$nvcc_bin" -O3 -std=c++17 -arch=sm_90 -I. bench/gpu/tools/calibration_probe.cu metrics/gpu/calibration_kernel.cu \
+    -o "$work/calibration_probe" > "$OUT/probe_build.log" 2>&1 && "$work/calibration_probe" || tail -5 "$OUT/probe_build.log"
 fi
