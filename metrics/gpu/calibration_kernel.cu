@@ -2,9 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "metrics/calibration.h"
 #include "metrics/gpu/classify.cuh"
 
