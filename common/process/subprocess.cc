@@ -145,6 +145,20 @@ std::string ExecutableDir() {
   return path.substr(0, path.find_last_of('/'));
 }
 
+std::string PythonPackageDir() {
+  struct stat st;
+  auto has_stub = [&](const std::string& d) { return stat((d + "/tally/stub.py").c_str(), &st) == 0; };
+  if (const char* env = getenv("TALLY_PYTHON_DIR"); env != nullptr && *env != '\0') return env;
+  const std::string exe = ExecutableDir();
+  for (const std::string& d : {exe + "/../python", exe + "/../share/tally/python"}) {
+    if (has_stub(d)) return d;
+  }
+#ifdef TALLY_PYTHON_SOURCE_DIR
+  if (has_stub(TALLY_PYTHON_SOURCE_DIR)) return TALLY_PYTHON_SOURCE_DIR;
+#endif
+  return std::string();
+}
+
 std::string FindExecutable(const std::string& name) {
   auto executable = [](const std::string& p) { return access(p.c_str(), X_OK) == 0; };
   std::string sibling = ExecutableDir() + "/" + name;

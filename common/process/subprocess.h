@@ -64,6 +64,10 @@ class Subprocess {
 // Path of the running executable's folder (from /proc/self/exe).
 std::string ExecutableDir();
 
+// Folder holding Tally's Python package (`tally/stub.py`): $TALLY_PYTHON_DIR, else next to the
+// executable (../python, ../share/tally/python), else the source tree this binary was built from.
+std::string PythonPackageDir();
+
 // Finds a sibling executable `name` next to this program, else on PATH. Empty if not found.
 std::string FindExecutable(const std::string& name);
 

@@ -577,18 +577,5 @@ void Channel::Stop() {
 }
 
 }  // namespace python_internal
-std::string PythonPackageDir() {
-  struct stat st;
-  auto has_stub = [&](const std::string& d) { return stat((d + "/tally/stub.py").c_str(), &st) == 0; };
-  if (const char* env = getenv("TALLY_PYTHON_DIR"); env != nullptr && *env != '\0') return env;
-  const std::string exe = ExecutableDir();
-  for (const std::string& d : {exe + "/../python", exe + "/../share/tally/python"}) {
-    if (has_stub(d)) return d;
-  }
-#ifdef TALLY_PYTHON_SOURCE_DIR
-  if (has_stub(TALLY_PYTHON_SOURCE_DIR)) return TALLY_PYTHON_SOURCE_DIR;
-#endif
-  return std::string();
-}
 
 }  // namespace tally

@@ -172,9 +172,6 @@ class ShmBuffer final : public HostBuffer {
 
 }  // namespace python_internal
 
-// Folder holding Tally's Python package (`tally/stub.py`): $TALLY_PYTHON_DIR, else next to the
-// executable (../python, ../share/tally/python), else the source tree this binary was built from.
-std::string PythonPackageDir();
 
 }  // namespace tally
 
