@@ -166,6 +166,7 @@ ABSL_FLAG(std::string, panoptic_predictions_dir, "",
 ABSL_FLAG(int, gpus_per_worker, 1, "tally run --gpus: GPUs per worker (Python models spread over them)");
 // tally run.
 ABSL_FLAG(std::string, out, "", "Output folder for the reports");
+ABSL_FLAG(std::string, cxx, "", "tally export: the C++ compiler of the package's wrapper (default: g++ on PATH)");
 ABSL_FLAG(int, workers, 1, "tally run: number of CPU workers");
 ABSL_FLAG(std::string, gpus, "", "tally run: all or 0,1,... (one worker per GPU)");
 ABSL_FLAG(double, lease_seconds, 5.0, "tally run: a worker silent this long loses its shards");
@@ -417,6 +418,12 @@ constexpr Handler kHandlers[] = {
     {"compare", [](const Invocation& in) { return CompareVerb(ReadJobVerbFlags(in)); }},
     {"merge", [](const Invocation& in) { return MergeVerb(ReadJobVerbFlags(in)); }},
     {"verify", [](const Invocation& in) { return VerifyVerb({in.positional}); }},
+    {"export", [](const Invocation& in) {
+       return ExportVerb({in.positional, absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_out),
+                          absl::GetFlag(FLAGS_input_size), absl::GetFlag(FLAGS_batch_size),
+                          absl::GetFlag(FLAGS_precision), absl::GetFlag(FLAGS_python), absl::GetFlag(FLAGS_cxx),
+                          in.model_options});
+     }},
     {"slices", [](const Invocation& in) {
        return SlicesVerb({in.positional, ReadConnectionFlags(), absl::GetFlag(FLAGS_manifest), absl::GetFlag(FLAGS_slice_metric),
                           absl::GetFlag(FLAGS_slice_bins), absl::GetFlag(FLAGS_json)});

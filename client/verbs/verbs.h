@@ -196,6 +196,14 @@ struct SlicesFlags {
 };
 int SlicesVerb(const SlicesFlags& flags);
 
+// tally export: a network as an AOTInductor package (python/tally/export.py; docs/models.md).
+struct ExportFlags {
+  std::vector<std::string> positional;
+  std::string model, out, input_size, batch_size, precision, python, cxx;
+  std::vector<std::string> model_options;
+};
+int ExportVerb(const ExportFlags& flags);
+
 struct VerifyFlags {
   std::vector<std::string> positional;
 };

@@ -6,6 +6,7 @@ Expected values come from numpy here (the same formulas as tallytest's reference
 import math
 import os
 import shutil
+import sys
 import textwrap
 import unittest
 
@@ -196,6 +197,17 @@ class PythonBackendTest(unittest.TestCase):
         p = tt.tally_run(package, manifest, os.path.join(root, "p"), check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("is an AOTInductor package (.pt2), which needs LibTorch 2.6 or newer", p.stderr)
+        # tally export (python/tally/export.py) needs torch 2.6 in the interpreter it is given: it says
+        # so naming the version, and writes nothing.
+        p = tt.tally("export", "--model", tt.fixture("three_class.pt"), "--input-size", "8x8",
+                     "--out", os.path.join(root, "e.pt2"), "--python", sys.executable, check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("needs torch 2.6 or newer", p.stderr)
+        self.assertIn("has torch " + torch.__version__, p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(root, "e.pt2")))
+        p = tt.tally("export", "--model", tt.fixture("three_class.pt"), "--out", os.path.join(root, "e.pt2"), check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--input-size", p.stderr)
 
     def test_compile_trial_keeps_or_declines_once_for_the_job(self):
         # Debian's torch 1.13 has no torch.compile, so the model installs a stand-in: its "compiled"
