@@ -338,10 +338,12 @@ absl::StatusOr<bool> TorchScriptMovesWithTo(const std::string& path, std::string
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelRunnerOptions& options) {
   // An AOTInductor package (torch._inductor.aoti_compile_and_package): a zip archive, not TorchScript.
   if (absl::EndsWith(options.model_path, ".pt2")) {
-#if TALLY_TORCH_AT_LEAST(2, 6)
-    return absl::UnimplementedError(absl::StrCat(
-        "model '", options.model_path, "' is an AOTInductor package (.pt2); this tally-worker does not load them yet: "
-        "give the TorchScript file (or a Python model with --compile)"));
+#if TALLY_AOTI_PACKAGES
+    return TorchRunner::CreateFromPackage(options);
+#elif TALLY_TORCH_AT_LEAST(2, 6)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", options.model_path, "' is an AOTInductor package (.pt2), which GPU builds load; this tally-worker "
+        "was built against LibTorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, " without CUDA"));
 #else
     return absl::InvalidArgumentError(absl::StrCat(
         "model '", options.model_path, "' is an AOTInductor package (.pt2), which needs LibTorch 2.6 or newer; this "

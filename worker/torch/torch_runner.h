@@ -18,6 +18,13 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/version.h>
+// AOTInductor packages (.pt2, made by `tally export`): GPU builds against LibTorch 2.6 or newer.
+#if TALLY_WITH_CUDA && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6))
+#define TALLY_AOTI_PACKAGES 1
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#else
+#define TALLY_AOTI_PACKAGES 0
+#endif
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
@@ -261,6 +268,9 @@ class LaunchThread {
 class TorchRunner final : public ModelRunner {
  public:
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const ModelRunnerOptions& options);
+  // An AOTInductor package (.pt2) in place of TorchScript (torch_package.cc): the same launches,
+  // with the package's compiled kernels for the forward pass.
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> CreateFromPackage(const ModelRunnerOptions& options);
   ~TorchRunner() override { CancelLayoutTrial(); }  // Before the streams and the model go.
 
   std::unique_ptr<HostBuffer> AllocateHost(size_t bytes) override {
@@ -417,7 +427,7 @@ class TorchRunner final : public ModelRunner {
   absl::Status ReadTestHooks();
 
   void EnableAutocast() {
-    if (options_.precision == "fp32") return;
+    if (options_.precision == "fp32" || package_) return;  // A package's precision is its export's.
     const at::ScalarType dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
 #if TALLY_TORCH_AT_LEAST(2, 4)
     at::autocast::set_autocast_enabled(device_.type(), true);
@@ -487,7 +497,8 @@ class TorchRunner final : public ModelRunner {
   std::string DecideLayout(const std::string& shape, double cl, double contiguous, const std::string& how,
                            std::string* trial);
   // Where layout trials run: CUDA, and CPU runners under the tests' TALLY_TEST_LAYOUT_TRIAL.
-  bool LayoutTrialsHere() const { return cuda_ || !test_trial_choice_.empty(); }
+  // Not for a package: its layout was fixed when it was exported.
+  bool LayoutTrialsHere() const { return !package_ && (cuda_ || !test_trial_choice_.empty()); }
   // The best of two passes of `batch` as the evaluation runs it (the first may wait behind the
   // batches in flight); the first pass's time in `first`. Negative when a pass fails.
   double TimeCurrentLayout(const BatchSpec& batch, double* first);
@@ -521,7 +532,21 @@ class TorchRunner final : public ModelRunner {
   std::atomic<bool> single_score_{false};
   const ModelRunnerOptions options_;
   const at::Device device_;
-  torch::jit::Module module_;
+  torch::jit::Module module_;  // Empty for a package.
+  // An AOTInductor package runs instead of module_ (torch_package.cc), for inputs
+  // [1..batch_max, 3, height, width] as its metadata (tally export) says.
+  struct Package {
+#if TALLY_AOTI_PACKAGES
+    std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
+#endif
+    int64_t batch_max = 0, height = 0, width = 0;
+    bool batch_dynamic = true;  // Else exactly batch_max: a smaller batch is padded with zeros.
+    std::string describe;  // For messages: "[1..32, 3, 512, 512], bf16, exported by torch 2.11".
+  };
+  std::unique_ptr<Package> package_;
+  // The package's forward pass on the current stream, after checking `x` against what it was
+  // exported for (an input of another shape would be read out of bounds: the package does not check).
+  absl::StatusOr<c10::IValue> RunPackage(const at::Tensor& x, const std::string& input_shape);
   const bool cuda_;
   bool channels_last_;  // The layout now (options_.channels_last at first; SetChannelsLast).
   std::map<std::string, std::pair<std::string, std::string>> trials_;  // Batch shape -> (choice, trial).
@@ -632,6 +657,10 @@ class HostMemoryPeak final : public c10::MemoryReportingInfoBase {
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
 };
+
+// The device `options` name ("cuda" is cuda:0); errors for unknown devices, CUDA on a CPU build,
+// and fp16 on the CPU (torch_runner.cc).
+absl::StatusOr<std::string> ResolveDevice(const ModelRunnerOptions& options);
 
 // The network's fingerprint (torch_runner.cc): what kept layout trials are keyed by.
 std::string ArchitectureFingerprint(const torch::jit::Module& module);

@@ -23,8 +23,9 @@ std::string TorchRunner::GraphKey(torch::jit::Module& module, bool channels_last
   // distances and calibration too, where the device computes them; calibration only when every image
   // counts in the batch's fine histogram; no threshold sweep, no scores), in fp32 (autocast's cast
   // cache cannot be captured), by the evaluation's own module (not a layout trial's copy), with no
-  // trial running beside it and no layout being timed.
-  if (!cuda_ || env_off || !graphs_enabled_ || !host.uniform || host.images.size() != 1 ||
+  // trial running beside it and no layout being timed; not an AOTInductor package (its container
+  // keeps CUDA events of its own between runs).
+  if (!cuda_ || env_off || package_ || !graphs_enabled_ || !host.uniform || host.images.size() != 1 ||
       !options_.thresholds.empty() || (options_.calibration && batch.calibration_items >= 0) ||
       (batch.want_scores && single_score_) || options_.precision != "fp32" || options_.jit_optimize ||
       &module != &module_ || beside_ || timing_passes_.load() > 0) {

@@ -335,6 +335,7 @@ at::Tensor TorchRunner::Preprocess(const Groups& dev, bool channels_last) const 
 
 absl::StatusOr<c10::IValue> TorchRunner::Forward(torch::jit::Module& module, const at::Tensor& x,
                                                  const std::string& input_shape) {
+  if (package_) return RunPackage(x, input_shape);
   c10::IValue out;
   try {
     // Per calling thread: the batcher's, the completion thread's retries and estimate's trials alike.

@@ -16,6 +16,10 @@ void SetParameterLayout(torch::jit::Module& module, bool channels_last) {
 }
 
 void TorchRunner::SetChannelsLast(bool on) {
+  if (package_) {  // Its layout was fixed when it was exported.
+    if (on) Log("model ", options_.model_path, ": channels-last does not apply to an AOTInductor package; kept as exported");
+    return;
+  }
   if (beside_) {
     // A trial's copy in the layout asked for: adopted, with the thread whose plans are warm.
     std::unique_ptr<BesideTrial> t = std::move(beside_);

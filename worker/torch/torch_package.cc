@@ -1,0 +1,141 @@
+// TorchRunner with an AOTInductor package (.pt2) in place of TorchScript: the model file `tally
+// export` makes (python/tally/export.py), loaded by LibTorch's package loader on the worker's GPU.
+// The launches are TorchScript's (upload, preprocess, the fused scoring kernels); only the forward
+// pass is the package's compiled kernels. The package was exported for one input shape (its batch
+// dimension from 1 to a maximum, or that maximum only: a smaller batch is padded) and one precision, which its metadata records: the precision must
+// be the job's, and every batch is checked against the shape before the package reads it (the
+// generated code trusts its inputs' sizes). No layout trial and no CUDA graphs: the package's layout
+// and launches were fixed when it was built.
+#include "worker/torch/torch_runner.h"
+
+namespace tally {
+namespace torch_internal {
+
+#if TALLY_AOTI_PACKAGES
+
+namespace {
+
+// "3xHxW" of the package's tally.input; false when it is not that.
+bool ParseInput(const std::string& text, int64_t* height, int64_t* width) {
+  const std::vector<std::string> parts = absl::StrSplit(text, 'x');
+  int64_t c = 0;
+  return parts.size() == 3 && absl::SimpleAtoi(parts[0], &c) && c == 3 && absl::SimpleAtoi(parts[1], height) &&
+         absl::SimpleAtoi(parts[2], width) && *height >= 1 && *height <= 65536 && *width >= 1 && *width <= 65536;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::CreateFromPackage(const ModelRunnerOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string& path = options.model_path;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat("model file '", path, "' does not exist"));
+  ASSIGN_OR_RETURN(const std::string dev, ResolveDevice(options));
+  if (dev.rfind("cuda", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", path, "' is an AOTInductor package, which runs on a GPU; "
+                                                   "this worker's device is ", dev));
+  }
+  RETURN_IF_ERROR(ModelRunner::CheckDevice(dev));
+  const at::Device device(dev);
+  auto package = std::make_unique<Package>();
+  std::unordered_map<std::string, std::string> meta;
+  try {
+    c10::cuda::CUDAGuard guard(device.index());
+    package->loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+        path, "model", /*run_single_threaded=*/false, /*num_runners=*/1, device.index());
+    meta = package->loader->get_metadata();
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", path, "' could not be loaded as an AOTInductor package: ", ShortText(e.what())));
+  }
+  auto get = [&meta](const char* key) {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string() : it->second;
+  };
+  const std::string input = get("tally.input"), precision = get("tally.precision");
+  int64_t batch_max = 0;
+  if (input.empty() || precision.empty() || !absl::SimpleAtoi(get("tally.batch_max"), &batch_max)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", path, "' was not made by tally export: its metadata lacks tally.input, tally.batch_max or "
+        "tally.precision, which say what inputs it may be given (the package's code does not check them); make it "
+        "with `tally export --model ... --input-size HxW --out ", path, "`"));
+  }
+  if (!ParseInput(input, &package->height, &package->width) || batch_max < 1 || batch_max > 4096) {
+    return absl::FailedPreconditionError(absl::StrCat("model '", path, "': its metadata says tally.input '", input,
+                                                      "' and tally.batch_max '", get("tally.batch_max"),
+                                                      "'; expected 3xHxW and 1..4096"));
+  }
+  package->batch_max = batch_max;
+  package->batch_dynamic = get("tally.batch_dynamic") != "0";
+  if (precision != options.precision) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", path, "' was exported with --precision ", precision,
+                                                   " (its kernels are fixed to it); run the job with --precision ",
+                                                   precision));
+  }
+  package->describe = absl::StrCat("[", package->batch_dynamic ? "1.." : "", batch_max,
+                                   package->batch_dynamic ? "" : " (smaller batches padded)", ", 3, ", package->height, ", ", package->width, "], ", precision,
+                                   ", exported by torch ", get("tally.torch").empty() ? "?" : get("tally.torch"));
+  std::unique_ptr<TorchRunner> runner(
+      new TorchRunner(options, device, torch::jit::Module(c10::QualifiedName("__torch__.tally.AotiPackage"))));
+  runner->package_ = std::move(package);
+  runner->channels_last_ = false;
+  runner->SetUpDevice();
+  RETURN_IF_ERROR(runner->ReadTestHooks());
+  runner->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Log("model ", path, ": an AOTInductor package for inputs ", runner->package_->describe,
+      absl::StrFormat("; loaded in %.2f s", runner->load_seconds_));
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
+absl::StatusOr<c10::IValue> TorchRunner::RunPackage(const at::Tensor& x, const std::string& input_shape) {
+  const Package& p = *package_;
+  if (x.dim() != 4 || x.size(0) < 1 || x.size(0) > p.batch_max || x.size(1) != 3 || x.size(2) != p.height ||
+      x.size(3) != p.width || x.scalar_type() != at::kFloat) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", options_.model_path, "' was exported for inputs ", p.describe, "; this batch is ", input_shape,
+        x.size(0) > p.batch_max ? ": use a --batch-size of at most the export's, or export again with a larger one"
+                                : ": export it again with this --input-size, or give the job --input-size ",
+        x.size(0) > p.batch_max ? "" : absl::StrCat(p.height, "x", p.width)));
+  }
+  // A package of a fixed batch size takes a smaller batch padded with zeros; the rows' outputs are
+  // the first ones (the network treats images independently: eval mode).
+  const int64_t n = x.size(0);
+  at::Tensor input = x.contiguous();
+  if (!p.batch_dynamic && n < p.batch_max) input = at::cat({input, at::zeros({p.batch_max - n, 3, p.height, p.width}, input.options())}, 0);
+  std::vector<at::Tensor> outs;
+  try {
+    outs = p.loader->run({input}, at::cuda::getCurrentCUDAStream(device_.index()).stream());
+  } catch (const c10::Error& e) {
+    if (IsOom(e)) throw;  // Launch turns it into RESOURCE_EXHAUSTED.
+    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
+                                           input_shape, ": ", ErrorText(e)));
+  } catch (const std::exception& e) {
+    if (LooksLikeOom(e.what())) throw;
+    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
+                                           input_shape, ": ", ShortText(e.what())));
+  }
+  if (outs.empty()) {
+    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' returned no outputs"));
+  }
+  if (outs[0].dim() < 1 || outs[0].size(0) != input.size(0)) {
+    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' returned ", outs[0].dim() < 1 ? 0 : outs[0].size(0),
+                                           " outputs for a batch of ", input.size(0)));
+  }
+  return c10::IValue(input.size(0) == n ? outs[0] : outs[0].narrow(0, 0, n));
+}
+
+#else  // No packages in this build: ModelRunner::Create refuses .pt2 before these are reached.
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::CreateFromPackage(const ModelRunnerOptions& options) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("model '", options.model_path, "': this tally-worker does not load AOTInductor packages"));
+}
+
+absl::StatusOr<c10::IValue> TorchRunner::RunPackage(const at::Tensor&, const std::string&) {
+  return absl::InternalError("no AOTInductor packages in this build");
+}
+
+#endif
+
+}  // namespace torch_internal
+}  // namespace tally
