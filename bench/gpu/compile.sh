@@ -4,9 +4,12 @@
 # TorchScript path, on one GPU: DeepLabV3-ResNet50 bf16 and LRASPP fp32 (tools/torchvision_model.py),
 # COUNT photograph-like 512x512 PNGs, batch 32. The compiled job runs twice: the second finds
 # inductor's cache warm (the worker's --cache-dir), and its model load says what that saves.
-#   bench/gpu/run.sh compile [STAGES]    (build,anchor,tally,check; default all)
+#   bench/gpu/run.sh compile [STAGES]    (build,anchor,tally,check,package; default all but package)
 # Stage check: the compiled job again with two workers on GPU 0 (--gpus 0,0), and
 # tools/compile_check.py: 1 and 2 workers identical, compiled within the stated tolerance of eager.
+# Stage package: `tally export` of each TorchScript network to an AOTInductor package (.pt2, its
+# export's seconds and its check against eager), then `tally run --model net.pt2` against the
+# TorchScript file, alternated twice, and the package with two workers on GPU 0 (per_image.csv identical).
 # Settings: COUNT (images, default 1600), ARCHS (default "deeplabv3:bf16 lraspp:fp32"), MODES (the Python
 # model's runs, default "eager compiled compiled_again"), ANCHOR_COMPILE (0: the anchor without torch.compile).
 set -uo pipefail
@@ -54,6 +57,46 @@ if has check; then
     summary "$work/out/py_${arch}_compiled_2w" "python_${arch}_${prec}_compiled_two_workers"
     $py "$src/bench/gpu/tools/compile_check.py" "$work/out/py_${arch}_eager" "$work/out/py_${arch}_compiled" \
       "$work/out/py_${arch}_compiled_2w" | tee -a "$results"
+  done
+fi
+if has package; then
+  export_models "$work/models"
+  make_images "$work/png" "$n" png
+  for ap in $archs; do
+    arch=${ap%%:*}; prec=${ap##*:}
+    pkg="$work/models/${arch}_$prec.pt2"
+    [ -f "$pkg" ] || "$bin/tally" export --model "$work/models/$arch.pt" --input-size 512x512 --batch-size 32 \
+      --precision "$prec" --out "$pkg" --python "$py" > "$work/out/export_$arch.log" 2>&1 || tail -15 "$work/out/export_$arch.log"
+    tail -1 "$work/out/export_$arch.log" | tee -a "$results"
+    if [ ! -f "$pkg" ]; then  # The same network from its Python model file.
+      pkg="$work/models/${arch}_${prec}_py.pt2"
+      "$bin/tally" export --model "$src/bench/gpu/tools/torchvision_model.py" --model-option "arch=$arch" \
+        --input-size 512x512 --batch-size 32 --precision "$prec" --out "$pkg" --python "$py" > "$work/out/export_${arch}_py.log" 2>&1 \
+        || tail -15 "$work/out/export_${arch}_py.log"
+      tail -1 "$work/out/export_${arch}_py.log" | tee -a "$results"
+    fi
+    [ -f "$pkg" ] || continue
+    for round in 1 2; do
+      for m in ts pt2; do
+        model="$work/models/$arch.pt"; [ "$m" = pt2 ] && model=$pkg
+        o="$work/out/${m}_${arch}_$round"
+        "$bin/tally" run --model "$model" --manifest "$work/png/manifest.csv" --out "$o" --gpus all --metrics dice \
+          --batch-size 32 --precision "$prec" > "$o.log" 2>&1 || tail -20 "$o.log"
+        summary "$o" "${m}_${arch}_${prec}_$round" | tee -a "$results"
+      done
+    done
+    o="$work/out/pt2_${arch}_2w"
+    "$bin/tally" run --model "$pkg" --manifest "$work/png/manifest.csv" --out "$o" --gpus 0,0 --metrics dice \
+      --batch-size 32 --precision "$prec" > "$o.log" 2>&1 || tail -20 "$o.log"
+    summary "$o" "pt2_${arch}_${prec}_two_workers" | tee -a "$results"
+    echo "package, 1 against 2 workers: $(same_rows "$work/out/pt2_${arch}_1/per_image.csv" "$o/per_image.csv")"
+    $py - "$work/out/ts_${arch}_1/per_image.csv" "$work/out/pt2_${arch}_1/per_image.csv" <<'PY'
+import csv, sys
+a, b = ([float(r["dice"]) for r in csv.DictReader(open(p)) if r["dice"] not in ("", "nan")] for p in sys.argv[1:])
+d = [abs(x - y) for x, y in zip(a, b)]
+print("package against TorchScript: per-row Dice mean |difference| %.2e, largest %.2e, rows differing %d of %d"
+      % (sum(d) / max(len(d), 1), max(d or [0]), sum(x > 0 for x in d), len(d)))
+PY
   done
 fi
 cp "$results" "$OUT/" 2>/dev/null || true
