@@ -131,6 +131,46 @@ class GpuTest(unittest.TestCase):
         # best logits are within rounding of each other. Allow one in a hundred thousand.
         self.assertLessEqual(pixels, max(1, total // 100000))
 
+    def test_an_exported_package_scores_like_its_torchscript(self):
+        # tally export of the TorchScript fixture (torch 2.6+ in python3, else skipped), then the
+        # package through the C++ runner: the TorchScript file's scores within rounding, 1 and 2
+        # workers identical, 45 rows in batches of 8 (a padded last batch where the export fixed the
+        # batch size), and rows of another size failed with the reason instead of read out of bounds.
+        py = shutil.which("python3") or "python3"
+        v = subprocess.run([py, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+        major_minor = tuple(int(x) for x in v.stdout.strip().split("+")[0].split(".")[:2]) if v.returncode == 0 else (0, 0)
+        if major_minor < (2, 6):
+            self.skipTest("python3 has no torch 2.6 or newer (tally export)")
+        root = os.path.join(self.root, "package")
+        rng = np.random.default_rng(7)
+        manifest = tt.write_dataset(os.path.join(root, "data"), rng, 45, [(96, 128)], classes=3)
+        package = os.path.join(root, "conv3.pt2")
+        p = tt.tally("export", "--model", tt.fixture("conv3.pt"), "--input-size", "96x128", "--batch-size", "8",
+                     "--out", package, "--python", py, check=False, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(os.path.exists(package))
+        outs = {}
+        for name, model, extra in (("ts", tt.fixture("conv3.pt"), ["--gpus", "0"]), ("pt2", package, ["--gpus", "0"]),
+                                   ("pt2_2w", package, ["--gpus", "0,0"])):
+            outs[name] = os.path.join(root, name)
+            tt.tally_run(model, manifest, outs[name], "--batch-size", "8", *extra)
+        self.assertTrue(tt.same_files(outs["pt2"], outs["pt2_2w"]))
+        a, b = tt.read_per_image(outs["ts"]), tt.read_per_image(outs["pt2"])
+        self.assertEqual(len(a), len(b))
+        total = sum(int(r["tp"]) + int(r["fp"]) + int(r["fn"]) + int(r["tn"]) for r in a if r["class"] == "0")
+        rows, pixels = diff_rows(a, b)
+        self.assertLessEqual(pixels, max(1, total // 100000))
+        mixed = tt.write_dataset(os.path.join(root, "mixed"), rng, 6, [(96, 128), (64, 64)], classes=3)
+        out = os.path.join(root, "mixed_out")
+        p = tt.tally_run(package, mixed, out, "--batch-size", "8", "--gpus", "0", check=False)
+        report = tt.read_report(out)
+        self.assertEqual(report["images_evaluated"], 3)
+        self.assertEqual(sorted(f["index"] for f in report["failures"]), [1, 3, 5])  # The 64x64 rows.
+        self.assertTrue(all("was exported for inputs" in f["reason"] for f in report["failures"]), report["failures"])
+        p = tt.tally_run(package, manifest, os.path.join(root, "bf16"), "--precision", "bf16", "--gpus", "0", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("was exported with --precision fp32", p.stderr)
+
     def test_surface_metrics_on_the_gpu_equal_the_cpus(self):
         # The same predictions scored three ways: surface metrics on the device (the default on a
         # GPU worker), on the worker's CPUs (TALLY_CPU_SURFACE=1), and by a prediction job over the
