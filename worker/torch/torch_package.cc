@@ -102,18 +102,8 @@ absl::StatusOr<c10::IValue> TorchRunner::RunPackage(const at::Tensor& x, const s
   const int64_t n = x.size(0);
   at::Tensor input = x.contiguous();
   if (!p.batch_dynamic && n < p.batch_max) input = at::cat({input, at::zeros({p.batch_max - n, 3, p.height, p.width}, input.options())}, 0);
-  std::vector<at::Tensor> outs;
-  try {
-    outs = p.loader->run({input}, at::cuda::getCurrentCUDAStream(device_.index()).stream());
-  } catch (const c10::Error& e) {
-    if (IsOom(e)) throw;  // Launch turns it into RESOURCE_EXHAUSTED.
-    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
-                                           input_shape, ": ", ErrorText(e)));
-  } catch (const std::exception& e) {
-    if (LooksLikeOom(e.what())) throw;
-    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
-                                           input_shape, ": ", ShortText(e.what())));
-  }
+  auto run = [&] { return p.loader->run({input}, at::cuda::getCurrentCUDAStream(device_.index()).stream()); };
+  ASSIGN_OR_RETURN(const std::vector<at::Tensor> outs, RunGuarded(run, input_shape));
   if (outs.empty()) {
     return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' returned no outputs"));
   }

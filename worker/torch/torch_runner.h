@@ -547,6 +547,23 @@ class TorchRunner final : public ModelRunner {
   // The package's forward pass on the current stream, after checking `x` against what it was
   // exported for (an input of another shape would be read out of bounds: the package does not check).
   absl::StatusOr<c10::IValue> RunPackage(const at::Tensor& x, const std::string& input_shape);
+  // `call()`, a forward pass (TorchScript's or a package's), with what it raises as a status:
+  // out-of-memory rethrown (Launch turns it into RESOURCE_EXHAUSTED), anything else ABORTED naming
+  // the model and the input's shape.
+  template <typename Call>
+  auto RunGuarded(const Call& call, const std::string& input_shape) -> absl::StatusOr<decltype(call())> {
+    try {
+      return call();
+    } catch (const c10::Error& e) {
+      if (IsOom(e)) throw;
+      return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
+                                             input_shape, ": ", ErrorText(e)));
+    } catch (const std::exception& e) {
+      if (LooksLikeOom(e.what())) throw;
+      return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
+                                             input_shape, ": ", ShortText(e.what())));
+    }
+  }
   const bool cuda_;
   bool channels_last_;  // The layout now (options_.channels_last at first; SetChannelsLast).
   std::map<std::string, std::pair<std::string, std::string>> trials_;  // Batch shape -> (choice, trial).

@@ -336,21 +336,13 @@ at::Tensor TorchRunner::Preprocess(const Groups& dev, bool channels_last) const 
 absl::StatusOr<c10::IValue> TorchRunner::Forward(torch::jit::Module& module, const at::Tensor& x,
                                                  const std::string& input_shape) {
   if (package_) return RunPackage(x, input_shape);
-  c10::IValue out;
-  try {
-    // Per calling thread: the batcher's, the completion thread's retries and estimate's trials alike.
-    torch::jit::GraphOptimizerEnabledGuard optimize(options_.jit_optimize);
-    out = module.forward({x});
-  } catch (const c10::Error& e) {
-    if (IsOom(e)) throw;  // Launch turns it into RESOURCE_EXHAUSTED.
-    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
-                                           input_shape, ": ", ErrorText(e)));
-  } catch (const std::exception& e) {
-    if (LooksLikeOom(e.what())) throw;
-    return absl::AbortedError(absl::StrCat("model '", options_.model_path, "' raised on an input of shape ",
-                                           input_shape, ": ", ShortText(e.what())));
-  }
-  return out;
+  return RunGuarded(
+      [&] {
+        // Per calling thread: the batcher's, the completion thread's retries and estimate's trials alike.
+        torch::jit::GraphOptimizerEnabledGuard optimize(options_.jit_optimize);
+        return module.forward({x});
+      },
+      input_shape);
 }
 
 namespace {
