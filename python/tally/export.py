@@ -86,18 +86,12 @@ def _network(model, options, device):
             return torch.jit.load(path, map_location=device).eval(), "torchscript"
         except Exception as e:  # noqa: BLE001 - the loader's own message says what is wrong
             _fail("--model '%s' is not a loadable TorchScript file: %s" % (path, str(e).splitlines()[0][:300]))
-    import importlib.util
+    from tally.stub import NoSuchClass, load_model_class
 
-    folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location("tally_user_model", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tally_user_model"] = module
-    spec.loader.exec_module(module)
-    cls = getattr(module, class_name or "Model", None)
-    if cls is None:
-        _fail("%s defines no class '%s'" % (path, class_name or "Model"))
+    try:
+        cls = load_model_class(path, class_name or "Model")
+    except NoSuchClass as e:
+        _fail(str(e))
     instance = cls([str(device)], options)
     hook = getattr(instance, "tally_export", None)
     if callable(hook):
