@@ -115,24 +115,23 @@ int main() {
       given.probs = probs;
       given.pred = pred;
       float floor = 0, all = 0, coarse = 0, from_given = 0;
+      bool ok = true;
+      // Milliseconds of `launch` on the default stream, between two events; its launch's success into ok.
+      auto timed = [&](auto launch) {
+        CHECK_CUDA(cudaEventRecord(a));
+        ok = launch() && ok;
+        CHECK_CUDA(cudaEventRecord(b));
+        return Elapsed(a, b);
+      };
       for (int r = 0; r < reps; ++r) {
-        CHECK_CUDA(cudaEventRecord(a));
-        SoftmaxArgmax<<<blocks, 256>>>(logits, probs, pred, n, k, hw);
-        CHECK_CUDA(cudaEventRecord(b));
-        floor += Elapsed(a, b);
-        CHECK_CUDA(cudaEventRecord(a));
-        const bool ok_all = tally::LaunchCalibration(from_logits, rows, fine, scratch, nullptr, -1);
-        CHECK_CUDA(cudaEventRecord(b));
-        all += Elapsed(a, b);
-        CHECK_CUDA(cudaEventRecord(a));
-        const bool ok_coarse = tally::LaunchCalibration(from_logits, rows, fine, scratch, nullptr, 0);
-        CHECK_CUDA(cudaEventRecord(b));
-        coarse += Elapsed(a, b);
-        CHECK_CUDA(cudaEventRecord(a));
-        const bool ok_given = tally::LaunchCalibration(given, rows, fine, scratch, nullptr, -1);
-        CHECK_CUDA(cudaEventRecord(b));
-        from_given += Elapsed(a, b);
-        if (!ok_all || !ok_coarse || !ok_given) {
+        floor += timed([&] {
+          SoftmaxArgmax<<<blocks, 256>>>(logits, probs, pred, n, k, hw);
+          return true;
+        });
+        all += timed([&] { return tally::LaunchCalibration(from_logits, rows, fine, scratch, nullptr, -1); });
+        coarse += timed([&] { return tally::LaunchCalibration(from_logits, rows, fine, scratch, nullptr, 0); });
+        from_given += timed([&] { return tally::LaunchCalibration(given, rows, fine, scratch, nullptr, -1); });
+        if (!ok) {
           std::printf("launch failed\n");
           return 1;
         }
