@@ -175,6 +175,26 @@ def _check(package, reference, device):
     print(json.dumps(out))
 
 
+def _check_in_fresh_process(torch, partial, x, want, device, cxx, out):
+    """Loads the package `partial` in a new Python process and runs `x` (_check): its comparison
+    with the network's `want`. A process that fails or dies removes the package and ends the export."""
+    with tempfile.TemporaryDirectory() as tmp:
+        reference = os.path.join(tmp, "reference.pt")
+        torch.save({"x": x, "out": want}, reference)
+        p = subprocess.run([sys.executable, "-m", "tally.export", "--check", partial, reference, "--device", device],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                               [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] +
+                               [q for q in os.environ.get("PYTHONPATH", "").split(os.pathsep) if q])))
+    if p.returncode != 0:
+        os.remove(partial)
+        how = ("was killed by signal %d" % -p.returncode) if p.returncode < 0 else ("failed (exit %d)" % p.returncode)
+        _fail("the package built by %s %s when a fresh process loaded it; nothing was written to %s.\n%s\n"
+              "A wrapper compiled by a toolchain that links its own libstdc++ crashes this way: give --cxx the "
+              "compiler of the system's libstdc++ (docs/models.md)." % (cxx or "inductor's compiler", how, out,
+                                                                        p.stderr.strip()[-1500:]))
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tally export", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="TorchScript file, or a Python model file (file.py or file.py:Class)")
@@ -244,21 +264,7 @@ def main(argv=None):
     summary = {"out": a.out, "export_seconds": round(export_seconds, 2), "package_seconds": round(package_seconds, 2),
                "bytes": os.path.getsize(partial), "cxx": cxx, "metadata": metadata}
     if not a.no_check:
-        with tempfile.TemporaryDirectory() as tmp:
-            reference = os.path.join(tmp, "reference.pt")
-            torch.save({"x": x, "out": want}, reference)
-            p = subprocess.run([sys.executable, "-m", "tally.export", "--check", partial, reference, "--device", a.device],
-                               capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                   [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] +
-                                   [q for q in os.environ.get("PYTHONPATH", "").split(os.pathsep) if q])))
-        if p.returncode != 0:
-            os.remove(partial)
-            how = ("was killed by signal %d" % -p.returncode) if p.returncode < 0 else ("failed (exit %d)" % p.returncode)
-            _fail("the package built by %s %s when a fresh process loaded it; nothing was written to %s.\n%s\n"
-                  "A wrapper compiled by a toolchain that links its own libstdc++ crashes this way: give --cxx the "
-                  "compiler of the system's libstdc++ (docs/models.md)." % (cxx or "inductor's compiler", how, a.out,
-                                                                            p.stderr.strip()[-1500:]))
-        summary["check"] = json.loads(p.stdout.strip().splitlines()[-1])
+        summary["check"] = _check_in_fresh_process(torch, partial, x, want, a.device, cxx, a.out)
     os.replace(partial, a.out)
     print(json.dumps(summary))
 
