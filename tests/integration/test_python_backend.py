@@ -422,7 +422,9 @@ class PythonBackendTest(unittest.TestCase):
         # Rows 0-1 raise after a second; by then the batch of rows 2-3 (row 2 hangs) is in the
         # stub's queue, ahead of any retry of rows 0-1. The worker finishes that batch before it
         # retries, so the batch timeout catches the hanging batch itself: tallyd's first release
-        # names its shard (1), and only the two guilty rows fail.
+        # names its shard (1), and only the two guilty rows fail. Leases are long (10 s): the batch
+        # timeout is what must catch the hang, and a lease that lapses while a loaded machine restarts
+        # the stub would count as one more loss of whatever the worker held.
         root = tt.tmpdir(self)
         manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(5), n_images=3)
         bad = {0: "slowboom", 2: "hang"}
@@ -430,7 +432,7 @@ class PythonBackendTest(unittest.TestCase):
         model = write_model(root, "prompt_model.py", PROMPT_MODEL)
         out = os.path.join(root, "out")
         run(model, manifest, out, "--batch-size", "2", "--shard-size", "2", "--batch-timeout", "3",
-            "--lease-seconds", "3", check=False)
+            "--lease-seconds", "10", check=False)
         report = tt.read_report(out)
         self.assertEqual(report["images_evaluated"] + report["images_failed"], len(rows))
         reasons = {f["index"]: f["reason"] for f in report["failures"]}
