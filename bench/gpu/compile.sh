@@ -38,7 +38,7 @@ if has tally; then
       --gpus all --metrics dice --batch-size 32 --precision "$prec" > "$work/out/ts_$arch.log" 2>&1 || tail -20 "$work/out/ts_$arch.log"
     summary "$work/out/ts_$arch" "torchscript_${arch}_$prec"
     for mode in $modes; do
-      extra=(); [ "$mode" != eager ] && extra=(--compile)
+      extra=(); [[ "$mode" != eager* ]] && extra=(--compile)
       "$bin/tally" run --model "$src/bench/gpu/tools/torchvision_model.py" --model-option "arch=$arch" \
         --model-option "precision=$prec" --python "$py" --manifest "$work/png/manifest.csv" --out "$work/out/py_${arch}_$mode" \
         --gpus all --metrics dice --batch-size 32 "${extra[@]}" > "$work/out/py_${arch}_$mode.log" 2>&1 \

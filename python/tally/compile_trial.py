@@ -13,14 +13,29 @@ otherwise the job runs eager and the report says compiling was declined, with bo
 Compiles of a shape this worker has not run yet hold a file lock in inductor's cache folder, so
 the workers of a host compile one at a time and the later ones take the first one's kernels (and
 its autotuning choices) from the cache instead of tuning their own.
+
+Where torch has precompiling (torch.compiler.load_compiled_function, torch 2.10 and newer) and a
+cache folder is set, each module is compiled ahead of its call (`aot_compile`, whole graph: dynamo,
+AOTAutograd and inductor) and the result saved in the cache folder's `tally-precompiled/`, keyed by
+what the compiled code depends on (see _artifact_key); a later process on this machine loads it
+instead of tracing the module again, so a second job starts nearly as soon as an uncompiled one.
+Every worker of the host then runs the one saved artifact. A module dynamo cannot take whole
+(graph breaks) is compiled the usual way, and the trial's note says why.
 """
 
 import contextlib
 import fcntl
+import hashlib
+import inspect
+import io
 import os
 import statistics
 import sys
+import threading
 import time
+
+_ARTIFACT_MAGIC = b"TALLYPC1"  # Then the payload's SHA-256 (32 bytes), then the payload.
+_ARTIFACT_BUDGET = 8 << 30  # A saved artifact larger than this is not read (compiled again instead).
 
 _GAIN = 0.97  # Compiled is kept when its pass takes under 97 % of eager's.
 
@@ -32,14 +47,22 @@ class CompileState:
         self.mode = "trial"  # "trial" | "compiled" | "eager"
         self.on_trial = on_trial  # on_trial(trial dict) -> True to run compiled (blocks for the job's choice)
         self.trial = None
+        self.precompiled = []  # "loaded" / "saved" / "kept in memory" for each precompiled call shape
+        self.notes = []  # Why a module was not precompiled or its artifact not saved, once each.
+
+    def note(self, text):
+        if text not in self.notes:
+            self.notes.append(text)
 
 
 class Switch:
     """A module attribute under --compile: calls go to the compiled or the eager module as the job
     chose; attributes are the eager module's."""
 
-    def __init__(self, eager, compiled, state):
-        self.__dict__.update(_eager=eager, _compiled=compiled, _state=state, _shapes=set())
+    def __init__(self, eager, compiled, state, precompile=None):
+        # precompile(args, kwargs) -> (a callable for that shape, its output), or (None, None): the
+        # usual torch.compile.
+        self.__dict__.update(_eager=eager, _compiled=compiled, _state=state, _precompile=precompile, _fns={})
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_eager"], name)
@@ -53,22 +76,30 @@ class Switch:
         return self._call_compiled(args, kwargs)[0]
 
     def _call_compiled(self, args, kwargs):
-        """The compiled call; a shape not run here before (a compile, or the cache) under the host's lock."""
+        """The compiled call; a shape not run here before (a compile, a saved artifact or the cache)
+        under the host's lock."""
         shapes = _signature(args, kwargs)
-        if shapes in self._shapes:
-            return self._compiled(*args, **kwargs), 0.0
+        fn = self._fns.get(shapes)
+        if fn is not None:
+            return fn(*args, **kwargs), 0.0
         t0 = time.perf_counter()
         with _host_lock():
             waited = time.perf_counter() - t0
-            out = self._compiled(*args, **kwargs)
+            fn, out = None, None
+            if self._precompile is not None:
+                fn, out = self._precompile(args, kwargs)
+            if fn is None:
+                fn = self._compiled
+                out = fn(*args, **kwargs)
             _synchronize()
-        self._shapes.add(shapes)
+        self._fns[shapes] = fn
         return out, waited
 
     def _trial(self, args, kwargs):
         torch = sys.modules["torch"]
         counters = _cache_counters()
         _synchronize()
+        _phase("trial starts")
         t0 = time.perf_counter()
         note = ""
         try:
@@ -78,23 +109,53 @@ class Switch:
         except Exception as e:  # Compiling failed: propose eager, saying why.
             compiled_out, note = None, "compiling failed: %s: %s" % (type(e).__name__, str(e)[:300])
         compile_seconds = time.perf_counter() - t0
+        _phase("compiled call")
         hits, misses = (a - b for a, b in zip(_cache_counters(), counters))
         eager_out = self._eager(*args, **kwargs)
+        _synchronize()
+        _phase("eager call")
         trial = {"batch": _batch_size(args), "compile_seconds": compile_seconds, "cache_hits": hits,
                  "cache_misses": misses, "note": note, "faster": False}
         if compiled_out is not None:
             trial["eager_ms"] = _time_passes(lambda: self._eager(*args, **kwargs))
-            trial["compiled_ms"] = _time_passes(lambda: self._compiled(*args, **kwargs))
+            compiled_fn = self._fns[_signature(args, kwargs)]
+            trial["compiled_ms"] = _time_passes(lambda: compiled_fn(*args, **kwargs))
             trial["faster"] = trial["compiled_ms"] < _GAIN * trial["eager_ms"]
+            _phase("timed passes")
             with torch.no_grad():
                 trial.update(_compare(torch, eager_out, compiled_out))
+            _phase("compared")
         state = self._state
+        trial["precompiled"] = ", ".join(state.precompiled)
+        if state.notes:
+            trial["note"] = "; ".join(([note] if note else []) + state.notes)
         state.trial = trial
         state.mode = "compiled" if state.on_trial(trial) else "eager"
+        _phase("the job's choice")
         if state.mode == "compiled" and compiled_out is None:
             raise RuntimeError("the job runs the model compiled (another worker's trial), but compiling failed here: "
                                + note)
         return compiled_out if state.mode == "compiled" else eager_out
+
+
+def import_compiler_beside():
+    """Starts importing dynamo and inductor (seconds of Python) on a thread of their own, so they
+    load while the model builds, which spends much of its time in torch's operators with the GIL
+    released. Nothing happens where the model's interpreter has no torch 2."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "compile") or not hasattr(torch, "compiler"):
+        return
+
+    def load():
+        _phase("compiler import starts")
+        try:
+            import torch._dynamo  # noqa: F401
+            import torch._inductor.compile_fx  # noqa: F401
+        except Exception:
+            return  # The compile itself reports what is missing.
+        _phase("compiler imported")
+
+    threading.Thread(target=load, name="tally-compiler-import", daemon=True).start()
 
 
 def make_switches(model, class_name, on_trial):
@@ -109,9 +170,14 @@ def make_switches(model, class_name, on_trial):
                 "run without --compile, or give --python an interpreter with torch 2" % (sys.executable, torch.__version__)), [], None
     _raise_recompile_limit(torch)
     state = CompileState(on_trial)
+    folder = _artifact_folder(torch)
 
     def compile_fn(module):
-        return Switch(module, torch.compile(module, dynamic=False), state)
+        precompile = None
+        if folder:
+            def precompile(args, kwargs):
+                return _precompiled(torch, module, args, kwargs, folder, state)
+        return Switch(module, torch.compile(module, dynamic=False), state, precompile)
 
     hook = getattr(model, "tally_compile", None)
     if callable(hook):
@@ -137,6 +203,167 @@ def _raise_recompile_limit(torch):
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, name):
             setattr(config, name, max(getattr(config, name), 256))
+
+
+def _phase(what):
+    """TALLY_STUB_PROFILE=1: when each step of a compiled module's first call ended, on stderr."""
+    if os.environ.get("TALLY_STUB_PROFILE") == "1":
+        sys.stderr.write("tally.compile %.3f %s\n" % (time.time(), what))
+        sys.stderr.flush()
+
+
+def _artifact_folder(torch):
+    """Where precompiled artifacts live ("" where this torch cannot precompile or no cache is set)."""
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+    compiler = getattr(torch, "compiler", None)
+    if not folder or not hasattr(compiler, "load_compiled_function"):
+        return ""
+    try:
+        import torch._dynamo
+        if hasattr(torch._dynamo.config, "enable_aot_compile"):
+            torch._dynamo.config.enable_aot_compile = True
+    except Exception:
+        return ""
+    return os.path.join(folder, "tally-precompiled")
+
+
+def _precompiled(torch, module, args, kwargs, folder, state):
+    """The module compiled for this call's shapes, and its output for the call: loaded from the
+    artifact an earlier process saved, else compiled ahead of the call and saved. (None, None) where
+    it cannot be compiled whole (the caller then uses the usual torch.compile), with the reason in
+    the state's notes. An artifact that fails to load or to run is deleted, and compiled again."""
+    is_module = isinstance(module, torch.nn.Module)
+    try:
+        key = _artifact_key(torch, module, args, kwargs)
+    except Exception as e:
+        state.note("not precompiled (its key: %s)" % _reason(e))
+        return None, None
+
+    def bind(compiled):
+        return (lambda *a, **k: compiled(module, *a, **k)) if is_module else compiled
+
+    path = os.path.join(folder, key + ".bin")
+    _phase("key")
+    if os.path.exists(path):
+        try:
+            fn = bind(_read_artifact(torch, path))
+            _phase("artifact loaded")
+            out = fn(*args, **kwargs)
+            _synchronize()
+            _phase("first call of the loaded artifact")
+            state.precompiled.append("loaded")
+            return fn, out
+        except Exception as e:
+            state.note("the saved artifact %s was not used (%s); compiled again" % (path, _reason(e)))
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    try:
+        target = torch.compile(module, fullgraph=True, dynamic=False)
+        compiled = (target.forward if is_module else target).aot_compile((tuple(args), dict(kwargs)))
+    except Exception as e:
+        state.note("not precompiled (%s)" % _reason(e))
+        return None, None
+    _phase("precompiled")
+    try:
+        _write_artifact(compiled, path)
+        _phase("artifact saved")
+        state.precompiled.append("saved")
+    except Exception as e:
+        state.precompiled.append("kept in memory")
+        state.note("the precompiled artifact was not saved (%s)" % _reason(e))
+    fn = bind(compiled)
+    return fn, fn(*args, **kwargs)
+
+
+def _reason(e):
+    text = str(e).strip()
+    return "%s: %s" % (type(e).__name__, text.splitlines()[0][:200] if text else "")
+
+
+def _artifact_key(torch, fn, args, kwargs):
+    """What a compiled module's code depends on: torch and Python, the GPUs' names and capabilities,
+    the code of the module's classes (or the function's), its structure and its parameters' and
+    buffers' names, shapes and dtypes (not their values: the artifact reads them at each call),
+    the call's shapes and dtypes, and the grad and autocast modes. The artifact's own guards are
+    checked again at its first call."""
+    h = hashlib.sha256()
+
+    def add(*parts):
+        for p in parts:
+            h.update(repr(p).encode())
+            h.update(b"\0")
+
+    add("tally-precompiled-1", torch.__version__, tuple(sys.version_info[:3]))
+    leaves = list(args) + [kwargs[k] for k in sorted(kwargs)]
+    devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor) and x.is_cuda})
+    for d in devices:
+        add(d, torch.cuda.get_device_name(d), torch.cuda.get_device_capability(d))
+    add(_signature(args, kwargs), torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    for device_type in ("cuda", "cpu"):
+        try:
+            add(device_type, torch.is_autocast_enabled(device_type), str(torch.get_autocast_dtype(device_type)))
+        except Exception:
+            pass
+    if isinstance(fn, torch.nn.Module):
+        add(repr(fn))
+        classes = []
+        for m in fn.modules():
+            if type(m) not in classes:
+                classes.append(type(m))
+        for c in classes:
+            add(c.__module__, c.__qualname__, _source(c))
+        for name, t in list(fn.named_parameters()) + list(fn.named_buffers()):
+            add(name, tuple(t.shape), str(t.dtype), str(t.device), bool(t.requires_grad))
+    else:
+        add(getattr(fn, "__module__", ""), getattr(fn, "__qualname__", type(fn).__qualname__), _source(fn))
+    return h.hexdigest()[:40]
+
+
+def _source(obj):
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _write_artifact(compiled, path):
+    """Saves atomically (a whole file or none), with the payload's digest before it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    raw = "%s.%d.raw" % (path, os.getpid())
+    tmp = "%s.%d.partial" % (path, os.getpid())
+    try:
+        compiled.save_compiled_function(raw)
+        with open(raw, "rb") as f:
+            payload = f.read()
+        with open(tmp, "wb") as f:
+            f.write(_ARTIFACT_MAGIC + hashlib.sha256(payload).digest())
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        for leftover in (raw, tmp):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+
+
+def _read_artifact(torch, path):
+    """Loads what _write_artifact saved, after checking its size against the budget and its bytes
+    against the digest written with them (a truncated or altered file is refused)."""
+    size = os.path.getsize(path)
+    head = len(_ARTIFACT_MAGIC) + 32
+    if size > _ARTIFACT_BUDGET:
+        raise ValueError("%d bytes, over the %d-byte budget" % (size, _ARTIFACT_BUDGET))
+    if size <= head:
+        raise ValueError("%d bytes: truncated" % size)
+    with open(path, "rb") as f:
+        data = f.read(_ARTIFACT_BUDGET + 1)
+    if data[:len(_ARTIFACT_MAGIC)] != _ARTIFACT_MAGIC:
+        raise ValueError("not a Tally precompiled artifact")
+    payload = memoryview(data)[head:]
+    if hashlib.sha256(payload).digest() != data[len(_ARTIFACT_MAGIC):head]:
+        raise ValueError("its bytes differ from the digest saved with them")
+    return torch.compiler.load_compiled_function(io.BytesIO(payload))
 
 
 @contextlib.contextmanager

@@ -401,6 +401,7 @@ class _Stub:
             _torch().cuda.cudart().cudaHostUnregister(addr)
 
     def init(self, msg):
+        _phase("init")
         path = msg.get("model_path", "")
         class_name = msg.get("class_name") or "Model"
         self.devices = list(msg.get("devices", [])) or ["cpu"]
@@ -411,6 +412,9 @@ class _Stub:
             return {"op": "error", "error": str(e)}
         except BaseException:
             return {"op": "error", "error": _short(traceback.format_exc())}
+        if msg.get("compile"):
+            from tally.compile_trial import import_compiler_beside
+            import_compiler_beside()  # Dynamo and inductor load while the model builds (GIL-free parts).
         try:
             self.model = cls(list(self.devices), options)
         except BaseException:
@@ -422,6 +426,7 @@ class _Stub:
             return {"op": "error", "error": "%s.num_classes is %r; expected an integer" % (class_name, num_classes)}
         if num_classes == 1 or num_classes < 0 or num_classes > _MAX_CLASSES:
             return {"op": "error", "error": "%s.num_classes is %d; expected 2..%d" % (class_name, num_classes, _MAX_CLASSES)}
+        _phase("model built")
         compiled = []
         if msg.get("compile"):
             from tally.compile_trial import make_switches
@@ -452,6 +457,8 @@ class _Stub:
             self.deferred.append(msg)
 
     def predict(self, msg):
+        if not self.times:
+            _phase("first predict request")
         self.request_id = msg.get("id", 0)
         self._register()
         items = msg.get("items", [])
@@ -679,7 +686,15 @@ class _Stub:
                 return
 
 
+def _phase(what):
+    """TALLY_STUB_PROFILE=1: when the stub reached each step of its start, on stderr."""
+    if os.environ.get("TALLY_STUB_PROFILE") == "1":
+        sys.stderr.write("tally.stub %.3f %s\n" % (time.time(), what))
+        sys.stderr.flush()
+
+
 def main():
+    _phase("started")
     fd = int(os.environ.get("TALLY_STUB_FD", "-1"))
     if fd < 0:
         sys.stderr.write("tally.stub is started by tally-worker (TALLY_STUB_FD is not set)\n")

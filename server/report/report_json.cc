@@ -75,6 +75,7 @@ void CompileJson(const JobConfig& c, JsonWriter& w) {
   w.Field("compiled_ms_per_batch", t.compiled_ms());
   w.Field("cache_hits", t.cache_hits());
   w.Field("cache_misses", t.cache_misses());
+  w.Field("precompiled", t.precompiled());
   w.Field("max_abs_diff", t.max_abs_diff());
   w.Field("argmax_changed_pixels", t.argmax_changed());
   w.Field("pixels", t.pixels());

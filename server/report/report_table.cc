@@ -198,6 +198,7 @@ std::string CompileLine(const JobConfig& c) {
       "against eager: max |difference| %.3g, argmax changed on %d of %d pixels)",
       c.compile_resolved == "on" ? "compiled" : "declined, ran eager", t.batch(), t.eager_ms(), t.compiled_ms(),
       t.compile_seconds(), t.cache_hits(), t.max_abs_diff(), t.argmax_changed(), t.pixels());
+  if (!t.precompiled().empty()) absl::StrAppend(&line, "; precompiled: ", t.precompiled());
   if (!t.note().empty()) absl::StrAppend(&line, "; ", t.note());
   return line;
 }

@@ -171,6 +171,71 @@ class GpuTest(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("was exported with --precision fp32", p.stderr)
 
+    def test_a_compiled_job_saves_its_precompiled_modules_and_the_next_loads_them(self):
+        # --compile with a cache folder, where python3's torch precompiles (2.10+): the first job
+        # compiles the model's module ahead of its call and saves it, the second loads it (no
+        # tracing), and a damaged artifact is refused by its digest and compiled again; all three
+        # score every row alike.
+        py = shutil.which("python3") or "python3"
+        v = subprocess.run([py, "-c", "import torch; print(hasattr(torch.compiler, 'load_compiled_function'))"],
+                           capture_output=True, text=True)
+        if v.stdout.strip() != "True":
+            self.skipTest("python3's torch cannot precompile (torch.compiler.load_compiled_function)")
+        root = os.path.join(self.root, "precompiled")
+        os.makedirs(root, exist_ok=True)
+        model = os.path.join(root, "convnet.py")
+        with open(model, "w") as f:
+            f.write("""
+import numpy as np, torch
+
+class Net(torch.nn.Module):
+    # Forty elementwise steps: forty kernels eager, one fused compiled, so the trial keeps compiled.
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Conv2d(16, 3, 3, padding=1)
+    def forward(self, x):
+        y = self.c2(torch.relu(self.c1(x)))
+        for _ in range(40):
+            y = y * 0.999 + 0.001
+        return y
+
+class Model:
+    num_classes = 3
+    def __init__(self, devices, options):
+        torch.manual_seed(0)
+        self.device = torch.device(devices[0])
+        self.net = Net().to(self.device).eval()
+    def predict(self, images, rows):
+        x = torch.from_numpy(np.stack(images)).to(self.device).permute(0, 3, 1, 2).float() / 255
+        return self.net(x)
+""")
+        rng = np.random.default_rng(11)
+        manifest = tt.write_dataset(os.path.join(root, "data"), rng, 20, [(64, 80)], classes=3)
+        cache = os.path.join(root, "cache")
+        outs, compiles = [], []
+        for k in range(3):
+            if k == 2:  # Damage the saved artifact: one byte of its payload.
+                folder = os.path.join(cache, "inductor", "tally-precompiled")
+                saved = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".bin")]
+                self.assertEqual(len(saved), 2, saved)  # Batches of 8 and the last one of 4.
+                for path in saved:
+                    with open(path, "r+b") as f:
+                        f.seek(os.path.getsize(path) - 10)
+                        b = f.read(1)
+                        f.seek(-1, 1)
+                        f.write(bytes([b[0] ^ 0xFF]))
+            outs.append(os.path.join(root, "o%d" % k))
+            tt.tally_run(model, manifest, outs[-1], "--compile", "--python", py, "--gpus", "0", "--batch-size", "8",
+                         "--cache-dir", cache)
+            compiles.append(tt.read_report(outs[-1])["compile"])
+        self.assertEqual(compiles[0]["precompiled"], "saved", compiles[0])
+        self.assertEqual(compiles[1]["precompiled"], "loaded", compiles[1])
+        self.assertEqual(compiles[2]["precompiled"], "saved", compiles[2])
+        self.assertIn("differ from the digest saved with them", compiles[2]["note"])
+        self.assertEqual([c["ran"] for c in compiles], ["compiled"] * 3, compiles)
+        self.assertTrue(tt.same_files(outs[0], outs[1]))
+        self.assertTrue(tt.same_files(outs[0], outs[2]))
+
     def test_surface_metrics_on_the_gpu_equal_the_cpus(self):
         # The same predictions scored three ways: surface metrics on the device (the default on a
         # GPU worker), on the worker's CPUs (TALLY_CPU_SURFACE=1), and by a prediction job over the

@@ -364,8 +364,10 @@ void Channel::DecideCompile(const v1::CompileTrial& trial, bool from_earlier_job
   SendNoReply(decision);
   Log("[model] --compile: ", compiled ? "compiled" : "eager (compiling declined)", " for this job (",
       compiled == trial.faster() ? "" : "not ", "this worker's choice; ", from_earlier_job ? "an earlier job's " : "",
-      absl::StrFormat("trial: eager %.2f ms, compiled %.2f ms a batch of %d, compiled in %.1f s)", trial.eager_ms(),
-                      trial.compiled_ms(), trial.batch(), trial.compile_seconds()));
+      absl::StrFormat("trial: eager %.2f ms, compiled %.2f ms a batch of %d, compiled in %.1f s", trial.eager_ms(),
+                      trial.compiled_ms(), trial.batch(), trial.compile_seconds()),
+      trial.precompiled().empty() ? "" : absl::StrCat("; precompiled: ", trial.precompiled()),
+      trial.note().empty() ? "" : absl::StrCat("; ", trial.note()), ")");
 }
 
 void Channel::ReaderLoop(int sock, pid_t pid) {

@@ -5,7 +5,15 @@
       torch.compile'd first call (dynamic=False, as Tally's --compile applies it) with the inductor
       cache in $TORCHINDUCTOR_CACHE_DIR: seconds to the first output, dynamo's phase times, the FX
       graph and AOTAutograd cache hits. --megacache FILE loads torch.compiler's cache artifacts from
-      FILE first when it exists, and saves them there after.
+      FILE first when it exists, and saves them there after. --profile N: the N costliest calls of
+      the first compiled call (cProfile, cumulative) on stderr. --precompile: dynamo's
+      caching_precompile on (where this torch has it).
+  python3 bench/gpu/tools/compile_probe.py precompile --arch deeplabv3 --artifact FILE [--load]
+      torch.compile(fullgraph=True).forward.aot_compile (dynamo, AOTAutograd and inductor ahead of
+      the call) saved to FILE; with --load a fresh process reads FILE back
+      (torch.compiler.load_compiled_function): the seconds of the load and of the first call.
+  python3 bench/gpu/tools/compile_probe.py load --package FILE.pt2
+      aoti_load_package of an existing package and its first call, timed apart.
   python3 bench/gpu/tools/compile_probe.py aoti --arch lraspp --precision fp32 --package FILE.pt2
       torch.export + torch._inductor.aoti_compile_and_package, then aoti_load_package: the seconds of
       each, the package's rate and its outputs against eager (faulthandler on: a crash prints its stack).
@@ -67,12 +75,33 @@ def warm(a, model, x):
             info = torch.compiler.load_cache_artifacts(f.read())
         out["megacache_load_seconds"] = time.perf_counter() - t0
         out["megacache_loaded"] = str(info)[:300]
+    t0 = time.perf_counter()
+    import torch._dynamo
+    import torch._inductor.compile_fx  # noqa: F401
+    out["import_inductor_seconds"] = time.perf_counter() - t0
+    out["has_caching_precompile"] = hasattr(torch._dynamo.config, "caching_precompile")
+    if a.precompile and out["has_caching_precompile"]:
+        torch._dynamo.config.caching_precompile = True
     compiled = torch.compile(model, dynamic=False)
+    profiler = None
+    if a.profile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     t0 = time.perf_counter()
     with torch.no_grad():
         got = compiled(x)
     torch.cuda.synchronize()
     out["first_call_seconds"] = time.perf_counter() - t0
+    if profiler is not None:
+        import pstats
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(a.profile)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model(x)
+    torch.cuda.synchronize()
+    out["eager_after_compiled_seconds"] = time.perf_counter() - t0
     from torch._dynamo.utils import counters, compile_times
     out["counters"] = {k: dict(v) for k, v in counters.items() if k in ("inductor", "aot_autograd", "dynamo_cache")}
     out["compile_times"] = compile_times(repr="str", aggregate=True)[:1500] if callable(compile_times) else ""
@@ -85,6 +114,54 @@ def warm(a, model, x):
             with open(a.megacache, "wb") as f:
                 f.write(saved[0])
             out["megacache_bytes"] = len(saved[0])
+    return out
+
+
+def precompile(a, model, x):
+    out = {"mode": "precompile", "arch": a.arch, "precision": a.precision, "load": a.load}
+    t0 = time.perf_counter()
+    import torch._dynamo
+    torch._dynamo.config.enable_aot_compile = True  # Else torch 2.11's compiled forward has no aot_compile.
+    out["import_dynamo_seconds"] = time.perf_counter() - t0
+    fn = None
+    if a.load:
+        t0 = time.perf_counter()
+        with open(a.artifact, "rb") as f:
+            fn = torch.compiler.load_compiled_function(f)
+        out["load_seconds"] = time.perf_counter() - t0
+    else:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            fn = torch.compile(model, fullgraph=True, dynamic=False).forward.aot_compile(((x,), {}))
+        out["aot_compile_seconds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fn.save_compiled_function(a.artifact)
+        out["save_seconds"] = time.perf_counter() - t0
+        out["artifact_bytes"] = os.path.getsize(a.artifact)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        got = fn(model, x)
+    torch.cuda.synchronize()
+    out["first_call_seconds"] = time.perf_counter() - t0
+    with torch.no_grad():
+        out.update(compare(model(x), got))
+    out["precompiled_images_per_second"] = rate(lambda t: fn(model, t), x)
+    return out
+
+
+def load(a, model, x):
+    out = {"mode": "load"}
+    t0 = time.perf_counter()
+    import torch._inductor
+    loaded = torch._inductor.aoti_load_package(a.package)
+    out["load_seconds"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        got = loaded(x)
+    torch.cuda.synchronize()
+    out["first_call_seconds"] = time.perf_counter() - t0
+    with torch.no_grad():
+        out.update(compare(model(x), got))
     return out
 
 
@@ -142,13 +219,17 @@ def aoti(a, model, x):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("warm", "aoti"))
+    ap.add_argument("mode", choices=("warm", "aoti", "precompile", "load"))
     ap.add_argument("--arch", default="lraspp")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--megacache", default="")
     ap.add_argument("--package", default="/tmp/model.pt2")
     ap.add_argument("--steps", action="store_true", help="aoti: load the package's parts one by one first")
+    ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--artifact", default="/tmp/model.aot")
+    ap.add_argument("--load", action="store_true")
     a = ap.parse_args()
     t0 = time.perf_counter()
     model = Net(a.arch, a.precision).cuda()
@@ -157,7 +238,7 @@ def main():
         model(x)
     torch.cuda.synchronize()
     setup = time.perf_counter() - t0
-    out = warm(a, model, x) if a.mode == "warm" else aoti(a, model, x)
+    out = {"warm": warm, "aoti": aoti, "precompile": precompile, "load": load}[a.mode](a, model, x)
     out["setup_seconds"] = setup
     out["torch"] = torch.__version__
     print(json.dumps(out))
