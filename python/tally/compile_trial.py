@@ -14,11 +14,12 @@ Compiles of a shape this worker has not run yet hold a file lock in inductor's c
 the workers of a host compile one at a time and the later ones take the first one's kernels (and
 its autotuning choices) from the cache instead of tuning their own.
 
-Where torch has precompiling (torch.compiler.load_compiled_function, torch 2.10 and newer) and a
-cache folder is set, each module is compiled ahead of its call (`aot_compile`, whole graph: dynamo,
+With TALLY_PRECOMPILE=1 (experimental: its load has not yet run on a GPU, docs/models.md), where
+torch has precompiling (torch.compiler.load_compiled_function, torch 2.10 and newer) and a cache
+folder is set, each module is compiled ahead of its call (`aot_compile`, whole graph: dynamo,
 AOTAutograd and inductor) and the result saved in the cache folder's `tally-precompiled/`, keyed by
 what the compiled code depends on (see _artifact_key); a later process on this machine loads it
-instead of tracing the module again, so a second job starts nearly as soon as an uncompiled one.
+instead of tracing the module again (dynamo's tracing is most of a warm compile).
 Every worker of the host then runs the one saved artifact. A module dynamo cannot take whole
 (graph breaks) is compiled the usual way, and the trial's note says why.
 """
@@ -29,9 +30,9 @@ import hashlib
 import inspect
 import io
 import os
+import re
 import statistics
 import sys
-import threading
 import time
 
 _ARTIFACT_MAGIC = b"TALLYPC1"  # Then the payload's SHA-256 (32 bytes), then the payload.
@@ -99,7 +100,7 @@ class Switch:
         torch = sys.modules["torch"]
         counters = _cache_counters()
         _synchronize()
-        _phase("trial starts")
+        phase("trial starts")
         t0 = time.perf_counter()
         note = ""
         try:
@@ -109,11 +110,11 @@ class Switch:
         except Exception as e:  # Compiling failed: propose eager, saying why.
             compiled_out, note = None, "compiling failed: %s: %s" % (type(e).__name__, str(e)[:300])
         compile_seconds = time.perf_counter() - t0
-        _phase("compiled call")
+        phase("compiled call")
         hits, misses = (a - b for a, b in zip(_cache_counters(), counters))
         eager_out = self._eager(*args, **kwargs)
         _synchronize()
-        _phase("eager call")
+        phase("eager call")
         trial = {"batch": _batch_size(args), "compile_seconds": compile_seconds, "cache_hits": hits,
                  "cache_misses": misses, "note": note, "faster": False}
         if compiled_out is not None:
@@ -121,41 +122,21 @@ class Switch:
             compiled_fn = self._fns[_signature(args, kwargs)]
             trial["compiled_ms"] = _time_passes(lambda: compiled_fn(*args, **kwargs))
             trial["faster"] = trial["compiled_ms"] < _GAIN * trial["eager_ms"]
-            _phase("timed passes")
+            phase("timed passes")
             with torch.no_grad():
                 trial.update(_compare(torch, eager_out, compiled_out))
-            _phase("compared")
+            phase("compared")
         state = self._state
         trial["precompiled"] = ", ".join(state.precompiled)
         if state.notes:
             trial["note"] = "; ".join(([note] if note else []) + state.notes)
         state.trial = trial
         state.mode = "compiled" if state.on_trial(trial) else "eager"
-        _phase("the job's choice")
+        phase("the job's choice")
         if state.mode == "compiled" and compiled_out is None:
             raise RuntimeError("the job runs the model compiled (another worker's trial), but compiling failed here: "
                                + note)
         return compiled_out if state.mode == "compiled" else eager_out
-
-
-def import_compiler_beside():
-    """Starts importing dynamo and inductor (seconds of Python) on a thread of their own, so they
-    load while the model builds, which spends much of its time in torch's operators with the GIL
-    released. Nothing happens where the model's interpreter has no torch 2."""
-    torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch, "compile") or not hasattr(torch, "compiler"):
-        return
-
-    def load():
-        _phase("compiler import starts")
-        try:
-            import torch._dynamo  # noqa: F401
-            import torch._inductor.compile_fx  # noqa: F401
-        except Exception:
-            return  # The compile itself reports what is missing.
-        _phase("compiler imported")
-
-    threading.Thread(target=load, name="tally-compiler-import", daemon=True).start()
 
 
 def make_switches(model, class_name, on_trial):
@@ -205,10 +186,11 @@ def _raise_recompile_limit(torch):
             setattr(config, name, max(getattr(config, name), 256))
 
 
-def _phase(what):
-    """TALLY_STUB_PROFILE=1: when each step of a compiled module's first call ended, on stderr."""
+def phase(what):
+    """TALLY_STUB_PROFILE=1: when the stub reached each step of its start and of a compiled
+    module's first call, on stderr (the worker's log)."""
     if os.environ.get("TALLY_STUB_PROFILE") == "1":
-        sys.stderr.write("tally.compile %.3f %s\n" % (time.time(), what))
+        sys.stderr.write("tally.stub %.3f %s\n" % (time.time(), what))
         sys.stderr.flush()
 
 
@@ -216,6 +198,8 @@ def _artifact_folder(torch):
     """Where precompiled artifacts live ("" where this torch cannot precompile or no cache is set)."""
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
     compiler = getattr(torch, "compiler", None)
+    if os.environ.get("TALLY_PRECOMPILE") != "1":  # Experimental: off unless asked for (models.md).
+        return ""
     if not folder or not hasattr(compiler, "load_compiled_function"):
         return ""
     try:
@@ -243,14 +227,14 @@ def _precompiled(torch, module, args, kwargs, folder, state):
         return (lambda *a, **k: compiled(module, *a, **k)) if is_module else compiled
 
     path = os.path.join(folder, key + ".bin")
-    _phase("key")
+    phase("key")
     if os.path.exists(path):
         try:
-            fn = bind(_read_artifact(torch, path))
-            _phase("artifact loaded")
+            fn = bind(_read_artifact(torch, path, _globals_of(module)))
+            phase("artifact loaded")
             out = fn(*args, **kwargs)
             _synchronize()
-            _phase("first call of the loaded artifact")
+            phase("first call of the loaded artifact")
             state.precompiled.append("loaded")
             return fn, out
         except Exception as e:
@@ -263,16 +247,22 @@ def _precompiled(torch, module, args, kwargs, folder, state):
     except Exception as e:
         state.note("not precompiled (%s)" % _reason(e))
         return None, None
-    _phase("precompiled")
+    phase("precompiled")
     try:
         _write_artifact(compiled, path)
-        _phase("artifact saved")
+        phase("artifact saved")
         state.precompiled.append("saved")
     except Exception as e:
         state.precompiled.append("kept in memory")
         state.note("the precompiled artifact was not saved (%s)" % _reason(e))
     fn = bind(compiled)
     return fn, fn(*args, **kwargs)
+
+
+def _globals_of(fn):
+    """The global scope of the code that a compiled module or function runs first."""
+    code = getattr(type(fn), "forward", None) if not hasattr(fn, "__globals__") else fn
+    return dict(getattr(code, "__globals__", {}) or {})
 
 
 def _reason(e):
@@ -347,7 +337,7 @@ def _write_artifact(compiled, path):
                 os.unlink(leftover)
 
 
-def _read_artifact(torch, path):
+def _read_artifact(torch, path, f_globals):
     """Loads what _write_artifact saved, after checking its size against the budget and its bytes
     against the digest written with them (a truncated or altered file is refused)."""
     size = os.path.getsize(path)
@@ -363,7 +353,46 @@ def _read_artifact(torch, path):
     payload = memoryview(data)[head:]
     if hashlib.sha256(payload).digest() != data[len(_ARTIFACT_MAGIC):head]:
         raise ValueError("its bytes differ from the digest saved with them")
-    return torch.compiler.load_compiled_function(io.BytesIO(payload))
+    return load_compiled(torch, bytes(payload), f_globals)
+
+
+def load_compiled(torch, payload, f_globals):
+    """torch.compiler.load_compiled_function with the compiled code's globals. Before torch 2.12
+    the saved function does not carry every global dynamo installed while tracing (the modules and
+    builtins that the traced code reached, such as torchvision's `collections`): the load names
+    them ("Missing required external references: ['___module_collections_<id>_c0']"), and they are
+    given from this process's modules and builtins, then the load is tried again."""
+    import builtins
+
+    globs = dict(f_globals)
+    for _ in range(64):
+        try:
+            return torch.compiler.load_compiled_function(io.BytesIO(payload), f_globals=globs)
+        except RuntimeError as e:
+            text = str(e)
+            if "Missing required external references" not in text:
+                raise
+            missing = [m for m in re.findall(r"'([A-Za-z_][A-Za-z0-9_]*)'", text) if m not in globs]
+            resolved = {name: _external_reference(name, builtins) for name in missing}
+            unresolved = [name for name, value in resolved.items() if value is None]
+            if not missing or unresolved:
+                raise RuntimeError("the saved function needs globals this process cannot give: %s"
+                                   % ", ".join(unresolved or missing)) from e
+            globs.update(resolved)
+    raise RuntimeError("the saved function kept asking for more globals")
+
+
+def _external_reference(name, builtins):
+    """A global that dynamo named while tracing: `__builtins_dict___N` (the builtins' dict) or
+    `___module_<module, dots as underscores>_<id>_c<N>` (a module), else None."""
+    if re.fullmatch(r"__builtins_dict___\d+", name):
+        return vars(builtins)
+    m = re.fullmatch(r"___module_(.+)_\d+_c\d+", name)
+    if m:
+        for module_name, module in list(sys.modules.items()):
+            if module is not None and module_name.replace(".", "_") == m.group(1):
+                return module
+    return None
 
 
 @contextlib.contextmanager

@@ -35,6 +35,8 @@ import traceback
 
 import numpy as np
 
+from tally.compile_trial import phase as _phase  # TALLY_STUB_PROFILE=1: start-up steps on stderr.
+
 _MAX_ERROR = 2000
 _MAX_CLASSES = 4096
 
@@ -412,9 +414,6 @@ class _Stub:
             return {"op": "error", "error": str(e)}
         except BaseException:
             return {"op": "error", "error": _short(traceback.format_exc())}
-        if msg.get("compile"):
-            from tally.compile_trial import import_compiler_beside
-            import_compiler_beside()  # Dynamo and inductor load while the model builds (GIL-free parts).
         try:
             self.model = cls(list(self.devices), options)
         except BaseException:
@@ -684,13 +683,6 @@ class _Stub:
                             torch.cuda.reset_peak_memory_stats(int(d.split(":")[1]) if ":" in d else 0)
             elif op == "exit":
                 return
-
-
-def _phase(what):
-    """TALLY_STUB_PROFILE=1: when the stub reached each step of its start, on stderr."""
-    if os.environ.get("TALLY_STUB_PROFILE") == "1":
-        sys.stderr.write("tally.stub %.3f %s\n" % (time.time(), what))
-        sys.stderr.flush()
 
 
 def main():

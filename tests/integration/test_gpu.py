@@ -172,7 +172,7 @@ class GpuTest(unittest.TestCase):
         self.assertIn("was exported with --precision fp32", p.stderr)
 
     def test_a_compiled_job_saves_its_precompiled_modules_and_the_next_loads_them(self):
-        # --compile with a cache folder, where python3's torch precompiles (2.10+): the first job
+        # --compile with TALLY_PRECOMPILE=1, where python3's torch precompiles (2.10+): the first job
         # compiles the model's module ahead of its call and saves it, the second loads it (no
         # tracing), and a damaged artifact is refused by its digest and compiled again; all three
         # score every row alike.
@@ -211,11 +211,15 @@ class Model:
 """)
         rng = np.random.default_rng(11)
         manifest = tt.write_dataset(os.path.join(root, "data"), rng, 20, [(64, 80)], classes=3)
-        cache = os.path.join(root, "cache")
+        cache = os.path.join(root, "cache")  # The workers' cache folder: $XDG_CACHE_HOME/tally.
+        saved_env = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "TALLY_PRECOMPILE")}
+        os.environ.update(XDG_CACHE_HOME=cache, TALLY_PRECOMPILE="1")
+        self.addCleanup(lambda: [os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+                                 for k, v in saved_env.items()])
         outs, compiles = [], []
         for k in range(3):
             if k == 2:  # Damage the saved artifact: one byte of its payload.
-                folder = os.path.join(cache, "inductor", "tally-precompiled")
+                folder = os.path.join(cache, "tally", "inductor", "tally-precompiled")
                 saved = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".bin")]
                 self.assertEqual(len(saved), 2, saved)  # Batches of 8 and the last one of 4.
                 for path in saved:
@@ -225,8 +229,7 @@ class Model:
                         f.seek(-1, 1)
                         f.write(bytes([b[0] ^ 0xFF]))
             outs.append(os.path.join(root, "o%d" % k))
-            tt.tally_run(model, manifest, outs[-1], "--compile", "--python", py, "--gpus", "0", "--batch-size", "8",
-                         "--cache-dir", cache)
+            tt.tally_run(model, manifest, outs[-1], "--compile", "--python", py, "--gpus", "0", "--batch-size", "8")
             compiles.append(tt.read_report(outs[-1])["compile"])
         self.assertEqual(compiles[0]["precompiled"], "saved", compiles[0])
         self.assertEqual(compiles[1]["precompiled"], "loaded", compiles[1])

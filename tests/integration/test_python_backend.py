@@ -484,3 +484,83 @@ class PythonBackendTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PrecompiledArtifactTest(unittest.TestCase):
+    """The precompiled artifact's file (python/tally/compile_trial.py) on this machine: Debian's
+    torch 1.13 cannot precompile, so torch's saver and loader are stand-ins here (the real ones run
+    in test_gpu.py); the file format, its checks and the globals handed back are Tally's own."""
+
+    def setUp(self):
+        sys.path.insert(0, os.path.join(tt.SRC, "python"))
+        self.addCleanup(sys.path.remove, os.path.join(tt.SRC, "python"))
+        from tally import compile_trial
+        self.ct = compile_trial
+        self.root = tt.tmpdir(self)
+
+    class Saved:  # torch's compiled function: save_compiled_function(path) writes its bytes.
+        def __init__(self, payload):
+            self.payload = payload
+
+        def save_compiled_function(self, path):
+            with open(path, "wb") as f:
+                f.write(self.payload)
+
+    class Torch:  # torch.compiler.load_compiled_function as torch 2.11 behaves: it names the globals it lacks.
+        def __init__(self, needs):
+            self.needs, self.calls = needs, 0
+            self.compiler = self
+
+        def load_compiled_function(self, f, f_globals=None):
+            self.calls += 1
+            missing = [n for n in self.needs if n not in (f_globals or {})]
+            if missing:
+                raise RuntimeError("Missing required external references: %r. Please load AOT compiled function "
+                                   "with `f_globals=<enclosing global scope>`" % missing)
+            return f.read(), f_globals
+
+    def test_round_trip_with_the_globals_torch_leaves_out(self):
+        import builtins
+        import collections
+        import json.decoder
+        path = os.path.join(self.root, "a.bin")
+        self.ct._write_artifact(self.Saved(b"compiled code"), path)
+        self.assertEqual(os.listdir(self.root), ["a.bin"])  # No temporary file left.
+        with open(path, "rb") as f:
+            data = f.read()
+        self.assertEqual(data[:8], b"TALLYPC1")
+        self.assertEqual(data[8:40], __import__("hashlib").sha256(b"compiled code").digest())
+        torch = self.Torch(["___module_collections_139654816351152_c0", "__builtins_dict___3",
+                            "___module_json_decoder_140000000000000_c1"])
+        payload, globs = self.ct._read_artifact(torch, path, {"mine": 1})
+        self.assertEqual(payload, b"compiled code")
+        self.assertIs(globs["___module_collections_139654816351152_c0"], collections)
+        self.assertIs(globs["___module_json_decoder_140000000000000_c1"], json.decoder)
+        self.assertIs(globs["__builtins_dict___3"], vars(builtins))
+        self.assertEqual(globs["mine"], 1)
+
+    def test_damaged_truncated_foreign_and_unresolvable_files_are_refused(self):
+        path = os.path.join(self.root, "a.bin")
+        self.ct._write_artifact(self.Saved(b"x" * 100), path)
+        with open(path, "r+b") as f:
+            f.seek(60)
+            f.write(b"y")
+        with self.assertRaisesRegex(ValueError, "differ from the digest"):
+            self.ct._read_artifact(self.Torch([]), path, {})
+        with open(path, "wb") as f:
+            f.write(b"TALLYPC1" + b"\0" * 20)
+        with self.assertRaisesRegex(ValueError, "truncated"):
+            self.ct._read_artifact(self.Torch([]), path, {})
+        with open(path, "wb") as f:
+            f.write(b"PK\3\4" + b"\0" * 100)
+        with self.assertRaisesRegex(ValueError, "not a Tally precompiled artifact"):
+            self.ct._read_artifact(self.Torch([]), path, {})
+        self.ct._write_artifact(self.Saved(b"z" * 100), path)
+        budget = self.ct._ARTIFACT_BUDGET
+        self.ct._ARTIFACT_BUDGET = 50
+        self.addCleanup(setattr, self.ct, "_ARTIFACT_BUDGET", budget)
+        with self.assertRaisesRegex(ValueError, "over the 50-byte budget"):
+            self.ct._read_artifact(self.Torch([]), path, {})
+        self.ct._ARTIFACT_BUDGET = budget
+        with self.assertRaisesRegex(RuntimeError, "cannot give: ___module_no_such_module_1_c0"):
+            self.ct._read_artifact(self.Torch(["___module_no_such_module_1_c0"]), path, {})
