@@ -284,9 +284,26 @@ def store_settings_seeds():
                               text.replace("compile off\n", "compile off\nwindow 40,400\n"))):
         save("store_settings", name, bytes([first]) + ("tally-store-settings-v1\nmodel " + "a" * 64 + "\n" + body).encode())
 
+def package_metadata_seeds():
+    """An AOTInductor package's metadata as tally export writes it (worker/torch/package_metadata.h): key=value lines."""
+    base = {"tally.input": "3x512x512", "tally.batch_max": "32", "tally.batch_dynamic": "1", "tally.precision": "bf16",
+            "tally.torch": "2.11.0+cu130", "AOTI_DEVICE_KEY": "cuda"}
+    for name, changes in (("dynamic.txt", {}), ("fixed.txt", {"tally.batch_dynamic": "0", "tally.precision": "fp32"}),
+                          ("huge.txt", {"tally.input": "3x65536x65536", "tally.batch_max": "4096"}),
+                          ("foreign.txt", {"tally.input": None, "tally.batch_max": None})):
+        meta = dict(base)
+        for k, v in changes.items():
+            if v is None:
+                meta.pop(k)
+            else:
+                meta[k] = v
+        save("package_metadata", name, "".join("%s=%s\n" % kv for kv in meta.items()).encode())
+
+
 if __name__ == "__main__":
     main()
     format_seeds()
     tar_seeds()
     store_entry_seeds()
     store_settings_seeds()
+    package_metadata_seeds()

@@ -33,7 +33,8 @@ fuzz_one() {  # TARGET: runs it, prints its line; exit 1 on a finding
   echo "fuzz $target: ${runs} executions in ${seconds} s, corpus $(ls "$work" | wc -l) + $(ls "$src/corpus/$target" | wc -l) seeds, no crash"
 }
 running=0
-for target in manifest png_fast png_libpng image report_strings coco_json dashboard nifti tiff webp dicom tar store_entry store_settings; do
+for target in manifest png_fast png_libpng image report_strings coco_json dashboard nifti tiff webp dicom tar store_entry store_settings \
+    package_metadata; do
   if [ "$running" -ge "$parallel" ]; then
     wait -n || status=1
     running=$((running - 1))

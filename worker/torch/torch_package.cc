@@ -6,24 +6,13 @@
 // be the job's, and every batch is checked against the shape before the package reads it (the
 // generated code trusts its inputs' sizes). No layout trial and no CUDA graphs: the package's layout
 // and launches were fixed when it was built.
+#include "worker/torch/package_metadata.h"
 #include "worker/torch/torch_runner.h"
 
 namespace tally {
 namespace torch_internal {
 
 #if TALLY_AOTI_PACKAGES
-
-namespace {
-
-// "3xHxW" of the package's tally.input; false when it is not that.
-bool ParseInput(const std::string& text, int64_t* height, int64_t* width) {
-  const std::vector<std::string> parts = absl::StrSplit(text, 'x');
-  int64_t c = 0;
-  return parts.size() == 3 && absl::SimpleAtoi(parts[0], &c) && c == 3 && absl::SimpleAtoi(parts[1], height) &&
-         absl::SimpleAtoi(parts[2], width) && *height >= 1 && *height <= 65536 && *width >= 1 && *width <= 65536;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::CreateFromPackage(const ModelRunnerOptions& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -48,33 +37,20 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::CreateFromPackage(cons
     return absl::InvalidArgumentError(
         absl::StrCat("model '", path, "' could not be loaded as an AOTInductor package: ", ShortText(e.what())));
   }
-  auto get = [&meta](const char* key) {
-    auto it = meta.find(key);
-    return it == meta.end() ? std::string() : it->second;
-  };
-  const std::string input = get("tally.input"), precision = get("tally.precision");
-  int64_t batch_max = 0;
-  if (input.empty() || precision.empty() || !absl::SimpleAtoi(get("tally.batch_max"), &batch_max)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model '", path, "' was not made by tally export: its metadata lacks tally.input, tally.batch_max or "
-        "tally.precision, which say what inputs it may be given (the package's code does not check them); make it "
-        "with `tally export --model ... --input-size HxW --out ", path, "`"));
-  }
-  if (!ParseInput(input, &package->height, &package->width) || batch_max < 1 || batch_max > 4096) {
-    return absl::FailedPreconditionError(absl::StrCat("model '", path, "': its metadata says tally.input '", input,
-                                                      "' and tally.batch_max '", get("tally.batch_max"),
-                                                      "'; expected 3xHxW and 1..4096"));
-  }
-  package->batch_max = batch_max;
-  package->batch_dynamic = get("tally.batch_dynamic") != "0";
+  ASSIGN_OR_RETURN(const PackageMetadata m, ParsePackageMetadata(path, meta));
+  package->height = m.height;
+  package->width = m.width;
+  package->batch_max = m.batch_max;
+  package->batch_dynamic = m.batch_dynamic;
+  const std::string& precision = m.precision;
   if (precision != options.precision) {
     return absl::InvalidArgumentError(absl::StrCat("model '", path, "' was exported with --precision ", precision,
                                                    " (its kernels are fixed to it); run the job with --precision ",
                                                    precision));
   }
-  package->describe = absl::StrCat("[", package->batch_dynamic ? "1.." : "", batch_max,
-                                   package->batch_dynamic ? "" : " (smaller batches padded)", ", 3, ", package->height, ", ", package->width, "], ", precision,
-                                   ", exported by torch ", get("tally.torch").empty() ? "?" : get("tally.torch"));
+  package->describe = absl::StrCat("[", m.batch_dynamic ? "1.." : "", m.batch_max,
+                                   m.batch_dynamic ? "" : " (smaller batches padded)", ", 3, ", m.height, ", ", m.width,
+                                   "], ", precision, ", exported by torch ", m.torch_version.empty() ? "?" : m.torch_version);
   std::unique_ptr<TorchRunner> runner(
       new TorchRunner(options, device, torch::jit::Module(c10::QualifiedName("__torch__.tally.AotiPackage"))));
   runner->package_ = std::move(package);
