@@ -11,7 +11,9 @@
 # export's seconds and its check against eager), then `tally run --model net.pt2` against the
 # TorchScript file, alternated twice, and the package with two workers on GPU 0 (per_image.csv identical).
 # Settings: COUNT (images, default 1600), ARCHS (default "deeplabv3:bf16 lraspp:fp32"), MODES (the Python
-# model's runs, default "eager compiled compiled_again"), ANCHOR_COMPILE (0: the anchor without torch.compile).
+# model's runs, default "eager compiled compiled_again"; a name starting with "eager" runs without
+# --compile, any other with it), ANCHOR_COMPILE (0: the anchor without torch.compile). TALLY_STUB_PROFILE=1
+# logs the stub's start-up steps in each job's worker log (out/.tally/worker-0.log).
 set -uo pipefail
 stages=${1:-build,anchor,tally,check}
 source "$(dirname "$0")/lib.sh"
