@@ -265,8 +265,8 @@ class SharingTest(unittest.TestCase):
             cluster.fetch(job, out)
             solo = os.path.join(root, name + "-solo")
             tt.tally_run(model, manifest, solo, "--python", PY, "--model-option",
-                         "count=" + os.path.join(root, "solo.count"), "--model-option", "delay=0", "--batch-size", "4",
-                         "--workers", "1")
+                         "count=" + os.path.join(root, name + "-solo.count"), "--model-option", "delay=0",
+                         "--batch-size", "4", "--workers", "1")
             self.assertTrue(tt.same_files(solo, out), name)
 
     def test_status_shows_the_queue_position_and_why_a_job_waits(self):
