@@ -196,11 +196,10 @@ def phase(what):
 
 def _artifact_folder(torch):
     """Where precompiled artifacts live ("" where this torch cannot precompile or no cache is set)."""
-    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
-    compiler = getattr(torch, "compiler", None)
     if os.environ.get("TALLY_PRECOMPILE") != "1":  # Experimental: off unless asked for (models.md).
         return ""
-    if not folder or not hasattr(compiler, "load_compiled_function"):
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+    if not folder or not hasattr(getattr(torch, "compiler", None), "load_compiled_function"):
         return ""
     try:
         import torch._dynamo
@@ -353,7 +352,7 @@ def _read_artifact(torch, path, f_globals):
     payload = memoryview(data)[head:]
     if hashlib.sha256(payload).digest() != data[len(_ARTIFACT_MAGIC):head]:
         raise ValueError("its bytes differ from the digest saved with them")
-    return load_compiled(torch, bytes(payload), f_globals)
+    return load_compiled(torch, payload, f_globals)
 
 
 def load_compiled(torch, payload, f_globals):

@@ -65,6 +65,15 @@ def rate(fn, x, iters=20):
     return x.shape[0] * iters / (time.perf_counter() - t0)
 
 
+def timed_call(fn, x):
+    """fn(x) without grad, to the GPU's end: (its output, its seconds)."""
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        got = fn(x)
+    torch.cuda.synchronize()
+    return got, time.perf_counter() - t0
+
+
 def compare(ref, got):
     return {"max_abs_diff": float((ref.float() - got.float()).abs().max()),
             "argmax_changed": int((ref.argmax(1) != got.argmax(1)).sum()), "pixels": int(ref[:, 0].numel())}
@@ -91,20 +100,12 @@ def warm(a, model, x):
         import cProfile
         profiler = cProfile.Profile()
         profiler.enable()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        got = compiled(x)
-    torch.cuda.synchronize()
-    out["first_call_seconds"] = time.perf_counter() - t0
+    got, out["first_call_seconds"] = timed_call(compiled, x)
     if profiler is not None:
         import pstats
         profiler.disable()
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(a.profile)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        model(x)
-    torch.cuda.synchronize()
-    out["eager_after_compiled_seconds"] = time.perf_counter() - t0
+    _, out["eager_after_compiled_seconds"] = timed_call(model, x)
     from torch._dynamo.utils import counters, compile_times
     out["counters"] = {k: dict(v) for k, v in counters.items() if k in ("inductor", "aot_autograd", "dynamo_cache")}
     out["compile_times"] = compile_times(repr="str", aggregate=True)[:1500] if callable(compile_times) else ""
@@ -143,11 +144,7 @@ def precompile(a, model, x):
         fn.save_compiled_function(a.artifact)
         out["save_seconds"] = time.perf_counter() - t0
         out["artifact_bytes"] = os.path.getsize(a.artifact)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        got = fn(model, x)
-    torch.cuda.synchronize()
-    out["first_call_seconds"] = time.perf_counter() - t0
+    got, out["first_call_seconds"] = timed_call(lambda t: fn(model, t), x)
     with torch.no_grad():
         out.update(compare(model(x), got))
     out["precompiled_images_per_second"] = rate(lambda t: fn(model, t), x)
@@ -160,11 +157,7 @@ def load(a, model, x):
     import torch._inductor
     loaded = torch._inductor.aoti_load_package(a.package)
     out["load_seconds"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        got = loaded(x)
-    torch.cuda.synchronize()
-    out["first_call_seconds"] = time.perf_counter() - t0
+    got, out["first_call_seconds"] = timed_call(loaded, x)
     with torch.no_grad():
         out.update(compare(model(x), got))
     return out
