@@ -27,11 +27,9 @@ Every worker of the host then runs the one saved artifact. A module dynamo canno
 import contextlib
 import fcntl
 import hashlib
-import inspect
 import io
 import os
 import re
-import statistics
 import sys
 import time
 
@@ -309,6 +307,8 @@ def _artifact_key(torch, fn, args, kwargs):
 
 
 def _source(obj):
+    import inspect  # Here, not at the top: the stub imports this module for phase() in every job.
+
     try:
         return inspect.getsource(obj)
     except (OSError, TypeError):
@@ -416,6 +416,8 @@ def _synchronize():
 
 
 def _time_passes(fn, passes=3):
+    import statistics  # Here, not at the top: as _source's inspect.
+
     times = []
     for _ in range(passes):
         _synchronize()

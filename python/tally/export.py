@@ -86,7 +86,7 @@ def _network(model, options, device):
             return torch.jit.load(path, map_location=device).eval(), "torchscript"
         except Exception as e:  # noqa: BLE001 - the loader's own message says what is wrong
             _fail("--model '%s' is not a loadable TorchScript file: %s" % (path, str(e).splitlines()[0][:300]))
-    from tally.stub import NoSuchClass, load_model_class
+    from tally.model_file import NoSuchClass, load_model_class
 
     try:
         cls = load_model_class(path, class_name or "Model")

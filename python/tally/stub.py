@@ -20,7 +20,6 @@ order.
 import array
 import collections
 import contextlib
-import importlib.util
 import json
 import mmap
 import os
@@ -36,6 +35,7 @@ import traceback
 import numpy as np
 
 from tally.compile_trial import phase as _phase  # TALLY_STUB_PROFILE=1: start-up steps on stderr.
+from tally.model_file import NoSuchClass, load_model_class
 
 _MAX_ERROR = 2000
 _MAX_CLASSES = 4096
@@ -87,30 +87,6 @@ def _watch_parent(ppid):
 def _short(text):
     text = text.strip()
     return text if len(text) <= _MAX_ERROR else "..." + text[-_MAX_ERROR:]
-
-
-class NoSuchClass(Exception):
-    """The model file imported but defines no class of the name asked for."""
-
-
-def load_model_class(path, class_name):
-    """The class `class_name` of the Python model file `path`, imported as tally_user_model with its
-    folder on sys.path (the stub's model, and tally export's). Raises what importing the file
-    raises, or NoSuchClass naming the classes it defines."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location("tally_user_model", path)
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot import %s as a Python module" % path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tally_user_model"] = module
-    spec.loader.exec_module(module)
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        classes = sorted(n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)
-        raise NoSuchClass("%s defines no class '%s' (it defines: %s)" % (path, class_name, ", ".join(classes) or "no classes"))
-    return cls
 
 
 def _torch():
