@@ -679,6 +679,16 @@ void Coordinator::EndJobLocked(JobEntry* job, v1::JobState state, const std::str
 void Coordinator::MaybeCompleteLocked(JobEntry* job) {
   if (job->finalize_queued || IsTerminal(job->record.job.state())) return;
   if (job->shards_done < static_cast<int64_t>(job->shards.size())) return;
+  // The count says every shard is done: each one's phase must agree, else the count went wrong
+  // somewhere and the job would end without rows that are still to come. Said, mended, not ended.
+  const int64_t done = std::count_if(job->shards.begin(), job->shards.end(),
+                                     [](const Shard& s) { return s.phase == ShardPhase::kDone; });
+  if (done != job->shards_done) {
+    Log("job ", job->record.job.job_id(), ": internal error: ", job->shards_done, " shards counted done, ", done,
+        " are; the job goes on until every shard is");
+    job->shards_done = done;
+    if (done < static_cast<int64_t>(job->shards.size())) return;
+  }
   if (CanariesUnderWayLocked(job)) return;
   job->finalize_queued = true;
   v1::Job& j = job->record.job;

@@ -67,8 +67,18 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
     } else {
       // A suspect row goes to a worker holding nothing else, and such a worker takes nothing more.
       if (HoldsSuspectLocked(*worker)) return std::nullopt;
+      // Never a shard done meanwhile (CommitAndAccount takes those out of the queue): leasing one
+      // would count it done a second time and end the job before its last rows are in.
       auto next = job.pending.begin();
-      while (next != job.pending.end() && !worker->leases.empty() && job.shards[*next].suspect) ++next;
+      while (next != job.pending.end()) {
+        if (job.shards[*next].phase == ShardPhase::kDone) {
+          next = job.pending.erase(next);
+        } else if (!worker->leases.empty() && job.shards[*next].suspect) {
+          ++next;
+        } else {
+          break;
+        }
+      }
       if (next == job.pending.end()) continue;
       g.shard_id = *next;
       job.pending.erase(next);

@@ -496,6 +496,11 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
           Log("shard ", sid, " of job ", job_id, " done (", shard.worker_id == worker_id ? "its lease" : "its speculative copy",
               " first); the other copy is dropped");
         }
+        // A shard queued again (its lease ended, or a restart forgot it) whose rows came in under the
+        // old lease: out of the queue too, else leasing it again would count it done twice.
+        if (shard.phase == ShardPhase::kPending) {
+          job.pending.erase(std::remove(job.pending.begin(), job.pending.end(), sid), job.pending.end());
+        }
         shard.phase = ShardPhase::kDone;
         shard.worker_id.clear();
         shard.spec_worker_id.clear();

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -603,6 +604,64 @@ TEST_F(CoordinatorTest, ResumesAnUnfinishedJobFromTheDatabase) {
   j = core_->GetJob(job->job_id());
   EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(j->images_evaluated(), 10);
+}
+
+// A shard queued again after its lease ended (here: its worker stopped listing it) whose rows then
+// arrive under the old lease is done, and leaves the queue: leasing it again would count it done a
+// second time, and the job would end with a shard never evaluated.
+TEST_F(CoordinatorTest, AShardDoneUnderAnEndedLeaseIsNotLeasedAgain) {
+  auto job = core_->SubmitJob(Spec(4, 1));  // Shards [0, 4), [4, 8), [8, 10).
+  const std::string w = Register("w");
+  v1::ShardAssignment first = Acquire(w);
+  ASSERT_EQ(first.begin(), 0);
+  now_ += 11;
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w);
+  ASSERT_TRUE(core_->Heartbeat(hb).ok());  // It no longer lists its lease: queued again.
+  EXPECT_TRUE(Complete(w, first).abandon());  // Its rows, under the ended lease: committed.
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 4);
+  const std::string w2 = Register("w2");
+  v1::ShardAssignment second = Acquire(w2);
+  EXPECT_EQ(second.begin(), 4);
+  Complete(w2, second);
+  core_->RunFinalizers();
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_RUNNING);  // [8, 10) is still to come.
+  v1::ShardAssignment third = Acquire(w2);
+  EXPECT_EQ(third.begin(), 8);
+  EXPECT_FALSE(Acquire(w2).has_spec());
+  Complete(w2, third);
+  core_->RunFinalizers();
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 10);
+  EXPECT_THAT(ReadReport(job->job_id(), "report.json"), HasSubstr("\"images_evaluated\": 10"));
+}
+
+// The same after a restart: a lease granted after the last handoff save is unknown to the next
+// coordinator, which queues its shard; the worker's rows for it arrive under that lease. Seen as a
+// job that succeeded without its last two shards after tallyd was killed and restarted.
+TEST_F(CoordinatorTest, AShardDoneUnderALeaseTheRestartForgotIsNotLeasedAgain) {
+  auto job = core_->SubmitJob(Spec(4, 1));
+  const std::string w = Register("w");
+  ASSERT_TRUE(core_->SaveHandoff(false).ok());  // Saved while serving, before the lease below.
+  v1::ShardAssignment first = Acquire(w);
+  Restart();
+  auto beat = core_->Heartbeat(Beat(w, first));
+  ASSERT_TRUE(beat.ok());
+  EXPECT_EQ(beat->revoked_size(), 1);  // Not a lease this coordinator knows.
+  EXPECT_TRUE(Complete(w, first).abandon());
+  std::set<int64_t> begins;
+  for (int k = 0; k < 2; ++k) {
+    v1::ShardAssignment a = Acquire(w);
+    begins.insert(a.begin());
+    core_->RunFinalizers();
+    EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_RUNNING);
+    Complete(w, a);
+  }
+  EXPECT_EQ(begins, (std::set<int64_t>{4, 8}));
+  EXPECT_FALSE(Acquire(w).has_spec());
+  core_->RunFinalizers();
+  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 10);
 }
 
 // Fair share (coordinator_schedule.cc): owners share the workers by weight. Three workers,
