@@ -361,6 +361,9 @@ class Coordinator {
   // The oldest pending shard this worker may take, leased to it; nothing when there is none.
   std::optional<Grant> GrantShardLocked(const std::string& worker_id, WorkerEntry* worker, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the first queued shard `worker` may lease out of the job's queue (dropping any done
+  // meanwhile); -1 when there is none.
+  int64_t TakePendingLocked(JobEntry* job, const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ShardAssignment.expected_rows: the job's rows without a result (whatever the number of workers).
   int64_t ExpectedRowsLocked(const JobEntry& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the granted shard's rows into an assignment; releases the lease if they cannot be read.
@@ -499,6 +502,10 @@ class Coordinator {
   // Whether `worker` holds a suspect row (Shard::suspect).
   bool HoldsSuspectLocked(const WorkerEntry& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteLocked(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A shard whose rows are all committed becomes done (once): out of its workers' lease sets and
+  // of the queue, its state saved (deferred), and the job completed if it was the last.
+  void MarkShardDoneLocked(JobEntry* job, int64_t shard_id, const std::string& worker_id, double now,
+                           Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t OwnerShard(const JobEntry& job, int64_t index) const;
   // A copy of the record of a job whose report is built; NOT_FOUND or FAILED_PRECONDITION otherwise.
   absl::StatusOr<JobRecord> FinishedRecordLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -67,21 +67,8 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
     } else {
       // A suspect row goes to a worker holding nothing else, and such a worker takes nothing more.
       if (HoldsSuspectLocked(*worker)) return std::nullopt;
-      // Never a shard done meanwhile (CommitAndAccount takes those out of the queue): leasing one
-      // would count it done a second time and end the job before its last rows are in.
-      auto next = job.pending.begin();
-      while (next != job.pending.end()) {
-        if (job.shards[*next].phase == ShardPhase::kDone) {
-          next = job.pending.erase(next);
-        } else if (!worker->leases.empty() && job.shards[*next].suspect) {
-          ++next;
-        } else {
-          break;
-        }
-      }
-      if (next == job.pending.end()) continue;
-      g.shard_id = *next;
-      job.pending.erase(next);
+      g.shard_id = TakePendingLocked(&job, *worker);
+      if (g.shard_id < 0) continue;
       Shard& s = job.shards[g.shard_id];
       s.phase = ShardPhase::kLeased;
       s.attempts++;
@@ -119,6 +106,24 @@ std::optional<Coordinator::Grant> Coordinator::GrantShardLocked(const std::strin
     return g;
   }
   return std::nullopt;
+}
+
+int64_t Coordinator::TakePendingLocked(JobEntry* job, const WorkerEntry& worker) {
+  auto next = job->pending.begin();
+  while (next != job->pending.end()) {
+    if (job->shards[*next].phase == ShardPhase::kDone) {
+      // Done meanwhile (CommitAndAccount takes those out of the queue; this is the guard): leased
+      // again, it would count done a second time and end the job before its last rows are in.
+      next = job->pending.erase(next);
+    } else if (!worker.leases.empty() && job->shards[*next].suspect) {
+      ++next;  // Suspect rows only to a worker holding nothing else.
+    } else {
+      const int64_t shard_id = *next;
+      job->pending.erase(next);
+      return shard_id;
+    }
+  }
+  return -1;
 }
 
 int64_t Coordinator::RowsInFlight(const JobEntry& job) {

@@ -435,6 +435,30 @@ std::shared_ptr<LiveReport> Coordinator::LiveReportLocked(JobEntry* job, bool re
   return job->live_report;
 }
 
+void Coordinator::MarkShardDoneLocked(JobEntry* job, int64_t shard_id, const std::string& worker_id, double now,
+                                      Deferred* deferred) {
+  Shard& shard = job->shards[shard_id];
+  if (shard.split || shard.committed < shard.end - shard.begin || shard.phase == ShardPhase::kDone) return;
+  const std::string& job_id = job->record.job.job_id();
+  ForgetShardLeasesLocked(job_id, shard_id, shard);
+  if (shard.phase == ShardPhase::kLeased && shard.lease_unix > 0) job->shard_seconds.push_back(now - shard.lease_unix);
+  if (!shard.spec_worker_id.empty()) {
+    Log("shard ", shard_id, " of job ", job_id, " done (", shard.worker_id == worker_id ? "its lease" : "its speculative copy",
+        " first); the other copy is dropped");
+  }
+  // A shard queued again (its lease ended, or a restart forgot it) whose rows came in under the old
+  // lease: out of the queue too, else leasing it again would count it done twice.
+  if (shard.phase == ShardPhase::kPending) {
+    job->pending.erase(std::remove(job->pending.begin(), job->pending.end(), shard_id), job->pending.end());
+  }
+  shard.phase = ShardPhase::kDone;
+  shard.worker_id.clear();
+  shard.spec_worker_id.clear();
+  job->shards_done++;
+  if (shard_id < job->base_shards) deferred->shard_done.emplace_back(job_id, shard_id, shard.attempts);
+  MaybeCompleteLocked(job);
+}
+
 absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, int64_t shard_id,
                                                    const std::string& worker_id,
                                                    const std::vector<v1::ImageResult>& results, bool shard_complete,
@@ -486,29 +510,7 @@ absl::StatusOr<bool> Coordinator::CommitAndAccount(const std::string& job_id, in
       touched.insert(owner);
     }
     if (!results.empty()) job.record.last_result_unix = now;
-    for (int64_t sid : touched) {
-      Shard& shard = job.shards[sid];
-      if (shard.split || shard.committed < shard.end - shard.begin) continue;
-      if (shard.phase != ShardPhase::kDone) {
-        ForgetShardLeasesLocked(job_id, sid, shard);
-        if (shard.phase == ShardPhase::kLeased && shard.lease_unix > 0) job.shard_seconds.push_back(now - shard.lease_unix);
-        if (!shard.spec_worker_id.empty()) {
-          Log("shard ", sid, " of job ", job_id, " done (", shard.worker_id == worker_id ? "its lease" : "its speculative copy",
-              " first); the other copy is dropped");
-        }
-        // A shard queued again (its lease ended, or a restart forgot it) whose rows came in under the
-        // old lease: out of the queue too, else leasing it again would count it done twice.
-        if (shard.phase == ShardPhase::kPending) {
-          job.pending.erase(std::remove(job.pending.begin(), job.pending.end(), sid), job.pending.end());
-        }
-        shard.phase = ShardPhase::kDone;
-        shard.worker_id.clear();
-        shard.spec_worker_id.clear();
-        job.shards_done++;
-        if (sid < job.base_shards) deferred.shard_done.emplace_back(job_id, sid, shard.attempts);
-        MaybeCompleteLocked(&job);
-      }
-    }
+    for (int64_t sid : touched) MarkShardDoneLocked(&job, sid, worker_id, now, &deferred);
     MaybeStopEarlyLocked(&job, &deferred);
     if (job.record.job.spec().until_ci() > 0) NoteWorkLocked();  // Paced leases (MayLeaseMoreLocked) may go on.
     Shard& shard = job.shards[shard_id];

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/coordinator_fixture.h"
 
 namespace tally {
 namespace {
@@ -30,120 +31,6 @@ v1::ListJobsRequest Page(int limit, const std::string& token) {
 }
 
 using ::testing::HasSubstr;
-
-// Drives the coordinator core directly, with a fake clock and no background thread.
-class CoordinatorTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    // TempDir() ends with '/': the paths Tally records are normalised, so the expected ones must be too.
-    std::string base = ::testing::TempDir();
-    if (!base.empty() && base.back() == '/') base.pop_back();
-    std::string tmpl = base + "/coordinator_test_XXXXXX";
-    dir_ = mkdtemp(tmpl.data());
-    std::ofstream(dir_ + "/model.pt") << "not inspected by the coordinator";
-    WriteManifest(10);
-    Restart();
-  }
-
-  void WriteManifest(int rows) {
-    std::ofstream m(dir_ + "/manifest.csv");
-    m << "image,mask\n";
-    for (int i = 0; i < rows; ++i) m << "img" << i << ".png,mask" << i << ".png\n";
-  }
-
-  // Restarts the coordinator on the same state; `tweak` may change the options.
-  void Restart(const std::function<void(CoordinatorOptions*)>& tweak = nullptr) {
-    core_.reset();
-    CoordinatorOptions o;
-    o.state_dir = dir_ + "/state";
-    o.lease_seconds = 10;
-    o.max_shard_attempts = 3;
-    o.clock = [this] { return now_; };
-    o.background_thread = false;
-    if (tweak) tweak(&o);
-    auto c = Coordinator::Create(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    core_ = std::move(*c);
-  }
-
-  v1::JobSpec Spec(int shard_size, int batch_size) {
-    v1::JobSpec spec;
-    spec.set_model(dir_ + "/model.pt");
-    spec.set_manifest(dir_ + "/manifest.csv");
-    spec.set_shard_size(shard_size);
-    spec.set_batch_size(batch_size);
-    return spec;
-  }
-
-  std::string Register(const std::string& name) {
-    v1::RegisterWorkerRequest r;
-    r.set_name(name);
-    r.set_device("cpu");
-    auto resp = core_->RegisterWorker(r);
-    EXPECT_TRUE(resp.ok());
-    return resp->worker_id();
-  }
-
-  // A heartbeat from `worker` listing the lease of `a` as held.
-  static v1::HeartbeatRequest Beat(const std::string& worker, const v1::ShardAssignment& a) {
-    v1::HeartbeatRequest hb;
-    hb.set_worker_id(worker);
-    v1::HeldLease* held = hb.add_leases();
-    held->set_job_id(a.job_id());
-    held->set_shard_id(a.shard_id());
-    held->set_lease_id(a.lease_id());
-    return hb;
-  }
-
-  v1::ShardAssignment Acquire(const std::string& worker) {
-    v1::AcquireShardRequest r;
-    r.set_worker_id(worker);
-    auto resp = core_->AcquireShard(r);
-    EXPECT_TRUE(resp.ok()) << resp.status();
-    return resp->assignment();
-  }
-
-  // Reports a result for every row of the assignment: per-image counts derived from the index so
-  // that the report's totals can be checked.
-  v1::ReportResultsResponse Complete(const std::string& worker, const v1::ShardAssignment& a, bool complete = true) {
-    v1::ReportResultsRequest r;
-    r.set_worker_id(worker);
-    r.set_job_id(a.job_id());
-    r.set_shard_id(a.shard_id());
-    r.set_lease_id(a.lease_id());
-    r.set_num_classes(2);
-    r.set_shard_complete(complete);
-    for (const auto& row : a.rows()) {
-      v1::ImageResult* ir = r.add_results();
-      ir->set_index(row.index());
-      ir->set_height(2);
-      ir->set_width(2);
-      for (int c = 0; c < 2; ++c) {
-        v1::ClassResult* cr = ir->add_classes();
-        cr->set_tp(c == 1 ? 1 : 2);
-        cr->set_fp(c == 1 ? row.index() % 2 : 0);
-        cr->set_fn(0);
-        cr->set_tn(4 - cr->tp() - cr->fp());
-      }
-    }
-    auto resp = core_->ReportResults(r);
-    EXPECT_TRUE(resp.ok()) << resp.status();
-    return *resp;
-  }
-
-  std::string ReadReport(const std::string& job_id, const std::string& file) {
-    auto dir = core_->ReportDir(job_id);
-    EXPECT_TRUE(dir.ok()) << dir.status();
-    std::ifstream in(*dir + "/" + file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
-  std::string dir_;
-  double now_ = 1000;
-  std::unique_ptr<Coordinator> core_;
-};
 
 TEST_F(CoordinatorTest, RejectsBadSpecsWithClearErrors) {
   v1::JobSpec spec = Spec(0, 0);
@@ -585,84 +472,8 @@ TEST_F(CoordinatorTest, CancelStopsHandingOutWork) {
   EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 0);
 }
 
-TEST_F(CoordinatorTest, ResumesAnUnfinishedJobFromTheDatabase) {
-  auto job = core_->SubmitJob(Spec(4, 1));
-  const std::string w = Register("w");
-  Complete(w, Acquire(w));
-  v1::ShardAssignment half = Acquire(w);
-  Complete(w, half, /*complete=*/false);  // Results committed, shard not marked complete.
-  Restart();                                // The coordinator dies and comes back.
-  auto j = core_->GetJob(job->job_id());
-  ASSERT_TRUE(j.ok());
-  EXPECT_EQ(j->images_evaluated(), 8);
-  const std::string w2 = Register("w2");
-  v1::ShardAssignment rest = Acquire(w2);
-  EXPECT_EQ(rest.begin(), 8);
-  EXPECT_FALSE(Acquire(w2).has_spec());
-  Complete(w2, rest);
-  core_->RunFinalizers();
-  j = core_->GetJob(job->job_id());
-  EXPECT_EQ(j->state(), v1::JOB_STATE_SUCCEEDED);
-  EXPECT_EQ(j->images_evaluated(), 10);
-}
 
-// A shard queued again after its lease ended (here: its worker stopped listing it) whose rows then
-// arrive under the old lease is done, and leaves the queue: leasing it again would count it done a
-// second time, and the job would end with a shard never evaluated.
-TEST_F(CoordinatorTest, AShardDoneUnderAnEndedLeaseIsNotLeasedAgain) {
-  auto job = core_->SubmitJob(Spec(4, 1));  // Shards [0, 4), [4, 8), [8, 10).
-  const std::string w = Register("w");
-  v1::ShardAssignment first = Acquire(w);
-  ASSERT_EQ(first.begin(), 0);
-  now_ += 11;
-  v1::HeartbeatRequest hb;
-  hb.set_worker_id(w);
-  ASSERT_TRUE(core_->Heartbeat(hb).ok());  // It no longer lists its lease: queued again.
-  EXPECT_TRUE(Complete(w, first).abandon());  // Its rows, under the ended lease: committed.
-  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 4);
-  const std::string w2 = Register("w2");
-  v1::ShardAssignment second = Acquire(w2);
-  EXPECT_EQ(second.begin(), 4);
-  Complete(w2, second);
-  core_->RunFinalizers();
-  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_RUNNING);  // [8, 10) is still to come.
-  v1::ShardAssignment third = Acquire(w2);
-  EXPECT_EQ(third.begin(), 8);
-  EXPECT_FALSE(Acquire(w2).has_spec());
-  Complete(w2, third);
-  core_->RunFinalizers();
-  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
-  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 10);
-  EXPECT_THAT(ReadReport(job->job_id(), "report.json"), HasSubstr("\"images_evaluated\": 10"));
-}
 
-// The same after a restart: a lease granted after the last handoff save is unknown to the next
-// coordinator, which queues its shard; the worker's rows for it arrive under that lease. Seen as a
-// job that succeeded without its last two shards after tallyd was killed and restarted.
-TEST_F(CoordinatorTest, AShardDoneUnderALeaseTheRestartForgotIsNotLeasedAgain) {
-  auto job = core_->SubmitJob(Spec(4, 1));
-  const std::string w = Register("w");
-  ASSERT_TRUE(core_->SaveHandoff(false).ok());  // Saved while serving, before the lease below.
-  v1::ShardAssignment first = Acquire(w);
-  Restart();
-  auto beat = core_->Heartbeat(Beat(w, first));
-  ASSERT_TRUE(beat.ok());
-  EXPECT_EQ(beat->revoked_size(), 1);  // Not a lease this coordinator knows.
-  EXPECT_TRUE(Complete(w, first).abandon());
-  std::set<int64_t> begins;
-  for (int k = 0; k < 2; ++k) {
-    v1::ShardAssignment a = Acquire(w);
-    begins.insert(a.begin());
-    core_->RunFinalizers();
-    EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_RUNNING);
-    Complete(w, a);
-  }
-  EXPECT_EQ(begins, (std::set<int64_t>{4, 8}));
-  EXPECT_FALSE(Acquire(w).has_spec());
-  core_->RunFinalizers();
-  EXPECT_EQ(core_->GetJob(job->job_id())->state(), v1::JOB_STATE_SUCCEEDED);
-  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 10);
-}
 
 // Fair share (coordinator_schedule.cc): owners share the workers by weight. Three workers,
 // alice weighted 2 and bob 1: two go to alice's job, one to bob's, whatever the submission order.
@@ -707,51 +518,7 @@ TEST_F(CoordinatorTest, PriorityOrdersOneOwnersJobs) {
   EXPECT_EQ(core_->GetJob(first)->queue_position(), 1);
 }
 
-// A graceful stop hands the workers and their leases to the next coordinator: the worker's results
-// for its lease are accepted after the restart, its shard is leased to nobody else meanwhile.
-TEST_F(CoordinatorTest, WorkersAndTheirLeasesSurviveARestart) {
-  auto job = core_->SubmitJob(Spec(5, 1));
-  const std::string w = Register("w");
-  v1::ShardAssignment a = Acquire(w);
-  core_->BeginDrain();
-  EXPECT_FALSE(core_->Serving());
-  EXPECT_FALSE(Acquire(w).has_spec());  // Draining: no new lease.
-  EXPECT_EQ(core_->LeasesOutstanding(), 1);
-  ASSERT_TRUE(core_->SaveHandoff(true).ok());
-  Restart();
-  v1::HeartbeatRequest hb = Beat(w, a);
-  auto beat = core_->Heartbeat(hb);
-  ASSERT_TRUE(beat.ok());
-  EXPECT_FALSE(beat->reregister());
-  EXPECT_EQ(beat->revoked_size(), 0);
-  const std::string w2 = Register("w2");
-  v1::ShardAssignment other = Acquire(w2);
-  EXPECT_NE(other.shard_id(), a.shard_id());
-  EXPECT_FALSE(Complete(w, a).abandon());
-  EXPECT_EQ(core_->GetJob(job->job_id())->images_evaluated(), 5);
-}
 
-// A handed-over worker that does not come back loses its shards after a lease period, with no
-// attempt counted: the shard goes to another whole, not split into suspect rows.
-TEST_F(CoordinatorTest, AHandedOverWorkerThatDoesNotComeBackLosesItsShardsWhole) {
-  core_->SubmitJob(Spec(5, 1));
-  const std::string w = Register("w");
-  v1::ShardAssignment a = Acquire(w);
-  ASSERT_TRUE(core_->SaveHandoff(false).ok());
-  Restart();
-  const std::string w2 = Register("w2");
-  v1::ShardAssignment b = Acquire(w2);
-  EXPECT_NE(b.shard_id(), a.shard_id());
-  now_ += 11;
-  v1::HeartbeatRequest hb = Beat(w2, b);
-  ASSERT_TRUE(core_->Heartbeat(hb).ok());
-  core_->ExpireLeases();
-  Complete(w2, b);
-  v1::ShardAssignment again = Acquire(w2);
-  EXPECT_EQ(again.shard_id(), a.shard_id());
-  EXPECT_EQ(again.rows_size(), 5);  // Whole: not split into single suspect rows.
-  EXPECT_GT(again.lease_id(), a.lease_id() + 999'999);  // Past the ids granted after a serving save.
-}
 
 // The answers a long poll (AcquireShardAsync) receives, in order; every `done` call is counted.
 class PollAnswers {
