@@ -65,13 +65,18 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> TorchRunner::CreateFromPackage(cons
 
 absl::StatusOr<c10::IValue> TorchRunner::RunPackage(const at::Tensor& x, const std::string& input_shape) {
   const Package& p = *package_;
-  if (x.dim() != 4 || x.size(0) < 1 || x.size(0) > p.batch_max || x.size(1) != 3 || x.size(2) != p.height ||
-      x.size(3) != p.width || x.scalar_type() != at::kFloat) {
+  if (x.dim() == 4 && x.size(0) > p.batch_max) {  // Every batch would be: the job's setting, not a row's.
     return absl::FailedPreconditionError(absl::StrCat(
         "model '", options_.model_path, "' was exported for inputs ", p.describe, "; this batch is ", input_shape,
-        x.size(0) > p.batch_max ? ": use a --batch-size of at most the export's, or export again with a larger one"
-                                : ": export it again with this --input-size, or give the job --input-size ",
-        x.size(0) > p.batch_max ? "" : absl::StrCat(p.height, "x", p.width)));
+        ": use a --batch-size of at most the export's, or export again with a larger one"));
+  }
+  if (x.dim() != 4 || x.size(0) < 1 || x.size(1) != 3 || x.size(2) != p.height || x.size(3) != p.width ||
+      x.scalar_type() != at::kFloat) {
+    // The rows' own size: they fail with this reason (one at a time, as when a model raises), and
+    // the rows of the export's size are evaluated.
+    return absl::AbortedError(absl::StrCat(
+        "model '", options_.model_path, "' was exported for inputs ", p.describe, "; this batch is ", input_shape,
+        ": export it again with this --input-size, or give the job --input-size ", p.height, "x", p.width));
   }
   // A package of a fixed batch size takes a smaller batch padded with zeros; the rows' outputs are
   // the first ones (the network treats images independently: eval mode).
