@@ -14,14 +14,15 @@ Compiles of a shape this worker has not run yet hold a file lock in inductor's c
 the workers of a host compile one at a time and the later ones take the first one's kernels (and
 its autotuning choices) from the cache instead of tuning their own.
 
-With TALLY_PRECOMPILE=1 (experimental: its load has not yet run on a GPU, docs/models.md), where
-torch has precompiling (torch.compiler.load_compiled_function, torch 2.10 and newer) and a cache
-folder is set, each module is compiled ahead of its call (`aot_compile`, whole graph: dynamo,
+Where torch has precompiling (torch.compiler.load_compiled_function, torch 2.10 and newer) and a
+cache folder is set (TALLY_PRECOMPILE=0 turns it off), each module is compiled ahead of its call (`aot_compile`, whole graph: dynamo,
 AOTAutograd and inductor) and the result saved in the cache folder's `tally-precompiled/`, keyed by
 what the compiled code depends on (see _artifact_key); a later process on this machine loads it
 instead of tracing the module again (dynamo's tracing is most of a warm compile).
 Every worker of the host then runs the one saved artifact. A module dynamo cannot take whole
-(graph breaks) is compiled the usual way, and the trial's note says why.
+(graph breaks) is compiled the usual way, and the trial's note says why; a `<key>.declined` file
+beside the artifacts keeps that reason, so later processes compile it the usual way at once
+instead of tracing it whole again.
 """
 
 import contextlib
@@ -194,7 +195,7 @@ def phase(what):
 
 def _artifact_folder(torch):
     """Where precompiled artifacts live ("" where this torch cannot precompile or no cache is set)."""
-    if os.environ.get("TALLY_PRECOMPILE") != "1":  # Experimental: off unless asked for (models.md).
+    if os.environ.get("TALLY_PRECOMPILE") == "0":  # Off where asked (docs/models.md).
         return ""
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
     if not folder or not hasattr(getattr(torch, "compiler", None), "load_compiled_function"):
@@ -224,7 +225,16 @@ def _precompiled(torch, module, args, kwargs, folder, state):
         return (lambda *a, **k: compiled(module, *a, **k)) if is_module else compiled
 
     path = os.path.join(folder, key + ".bin")
+    declined = os.path.join(folder, key + ".declined")
     phase("key")
+    if os.path.exists(declined):  # An earlier process found it cannot be precompiled: said once, not traced again.
+        try:
+            with open(declined, "rb") as f:
+                why = f.read(400).decode("utf-8", "replace").strip()
+        except OSError as e:
+            why = _reason(e)
+        state.note("not precompiled (%s; an earlier job found so: %s)" % (why, declined))
+        return None, None
     if os.path.exists(path):
         try:
             fn = bind(_read_artifact(torch, path, _globals_of(module)))
@@ -243,6 +253,14 @@ def _precompiled(torch, module, args, kwargs, folder, state):
         compiled = (target.forward if is_module else target).aot_compile((tuple(args), dict(kwargs)))
     except Exception as e:
         state.note("not precompiled (%s)" % _reason(e))
+        if not _graph_break(torch, e):
+            return None, None  # Perhaps passing (memory, a disk): tried again by the next process.
+        with contextlib.suppress(OSError):  # Remembered for the next process: a graph break stays one.
+            os.makedirs(folder, exist_ok=True)
+            tmp = "%s.%d.partial" % (declined, os.getpid())
+            with open(tmp, "w") as f:
+                f.write(_reason(e))
+            os.replace(tmp, declined)
         return None, None
     phase("precompiled")
     try:
@@ -254,6 +272,13 @@ def _precompiled(torch, module, args, kwargs, folder, state):
         state.note("the precompiled artifact was not saved (%s)" % _reason(e))
     fn = bind(compiled)
     return fn, fn(*args, **kwargs)
+
+
+def _graph_break(torch, e):
+    """Whether dynamo refused to take the module whole (fullgraph): the same in every process."""
+    exc = getattr(getattr(torch, "_dynamo", None), "exc", None)
+    unsupported = getattr(exc, "Unsupported", None)
+    return isinstance(unsupported, type) and isinstance(e, unsupported)
 
 
 def _globals_of(fn):

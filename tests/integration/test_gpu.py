@@ -172,7 +172,7 @@ class GpuTest(unittest.TestCase):
         self.assertIn("was exported with --precision fp32", p.stderr)
 
     def test_a_compiled_job_saves_its_precompiled_modules_and_the_next_loads_them(self):
-        # --compile with TALLY_PRECOMPILE=1, where python3's torch precompiles (2.10+): the first job
+        # --compile where python3's torch precompiles (2.10+; the default there): the first job
         # compiles the model's module ahead of its call and saves it, the second loads it (no
         # tracing), and a damaged artifact is refused by its digest and compiled again; all three
         # score every row alike.
@@ -213,7 +213,8 @@ class Model:
         manifest = tt.write_dataset(os.path.join(root, "data"), rng, 20, [(64, 80)], classes=3)
         cache = os.path.join(root, "cache")  # The workers' cache folder: $XDG_CACHE_HOME/tally.
         saved_env = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "TALLY_PRECOMPILE")}
-        os.environ.update(XDG_CACHE_HOME=cache, TALLY_PRECOMPILE="1")
+        os.environ["XDG_CACHE_HOME"] = cache
+        os.environ.pop("TALLY_PRECOMPILE", None)  # The default: precompiling on.
         self.addCleanup(lambda: [os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
                                  for k, v in saved_env.items()])
         outs, compiles = [], []

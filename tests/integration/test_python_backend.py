@@ -539,6 +539,46 @@ class PrecompiledArtifactTest(unittest.TestCase):
         self.assertIs(globs["__builtins_dict___3"], vars(builtins))
         self.assertEqual(globs["mine"], 1)
 
+    def test_a_graph_break_is_remembered_and_a_passing_failure_is_not(self):
+        import types
+
+        class Unsupported(Exception):  # torch._dynamo.exc.Unsupported: dynamo cannot take it whole.
+            pass
+
+        class Torch:  # torch.compile(fullgraph=True)'s aot_compile raising `error`; counts the attempts.
+            def __init__(self, error):
+                self.error, self.attempts = error, 0
+                self.nn = types.SimpleNamespace(Module=object)
+                self._dynamo = types.SimpleNamespace(exc=types.SimpleNamespace(Unsupported=Unsupported))
+
+            def compile(self, module, fullgraph, dynamic):
+                torch = self
+
+                def aot_compile(example):
+                    torch.attempts += 1
+                    raise torch.error
+
+                return types.SimpleNamespace(forward=types.SimpleNamespace(aot_compile=aot_compile))
+
+        key = self.ct._artifact_key
+        self.ct._artifact_key = lambda *a: "k1"
+        self.addCleanup(setattr, self.ct, "_artifact_key", key)
+        folder = os.path.join(self.root, "tally-precompiled")
+        for error, remembered in ((RuntimeError("CUDA out of memory"), False),
+                                  (Unsupported("graph break: data-dependent branch"), True)):
+            torch, state = Torch(error), self.ct.CompileState(None)
+            self.assertEqual(self.ct._precompiled(torch, object(), (), {}, folder, state), (None, None))
+            self.assertEqual(torch.attempts, 1)
+            self.assertIn("not precompiled (%s: %s)" % (type(error).__name__, error), state.notes)
+            self.assertEqual(os.path.exists(os.path.join(folder, "k1.declined")), remembered)
+        # The next process does not trace it whole again, and says why.
+        torch, state = Torch(AssertionError("not called")), self.ct.CompileState(None)
+        self.assertEqual(self.ct._precompiled(torch, object(), (), {}, folder, state), (None, None))
+        self.assertEqual(torch.attempts, 0)
+        self.assertEqual(len(state.notes), 1)
+        self.assertIn("Unsupported: graph break: data-dependent branch; an earlier job found so", state.notes[0])
+        self.assertEqual(sorted(os.listdir(folder)), ["k1.declined"])  # No temporary file left.
+
     def test_damaged_truncated_foreign_and_unresolvable_files_are_refused(self):
         path = os.path.join(self.root, "a.bin")
         self.ct._write_artifact(self.Saved(b"x" * 100), path)
