@@ -262,6 +262,17 @@ void Worker::OnTimeout(const LeaseKey& lease, const std::vector<int64_t>& indice
   Flush(10);
   // A batch: nobody knows which row hangs, so its rows are retried one by one (by a fresh process).
   if (indices.size() > 1) Release(lease, message, true);
+  // The other shards in hand (prefetched, or queued behind the hanging batch) did not hang: given
+  // back unbegun, whole and with no attempt counted, rather than lost with this process (which
+  // would count a loss against their rows and try them as suspects).
+  std::vector<LeaseKey> others;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, lb] : leases_) {
+      if (id != lease.lease_id) others.push_back(lb.key);
+    }
+  }
+  for (const LeaseKey& key : others) Release(key, absl::StrCat("the worker restarts (", message, ")"), false, false);
   Log(message, "; restarting (exit code ", kExitRestart, ")");
   std::_Exit(kExitRestart);  // The stuck thread cannot be stopped; the supervisor restarts us.
 }
