@@ -423,8 +423,8 @@ class PythonBackendTest(unittest.TestCase):
         # stub's queue, ahead of any retry of rows 0-1. The worker finishes that batch before it
         # retries, so the batch timeout catches the hanging batch itself: tallyd's first release
         # names its shard (1), and only the two guilty rows fail. Leases are long (10 s): the batch
-        # timeout is what must catch the hang, and a lease that lapses while a loaded machine restarts
-        # the stub would count as one more loss of whatever the worker held.
+        # timeout is what must catch the hang. The worker that restarts after a timeout gives its other
+        # shards back unbegun, so its prefetched rows are not counted lost with it.
         root = tt.tmpdir(self)
         manifest, rows = write_referring_set(os.path.join(root, "data"), np.random.default_rng(5), n_images=3)
         bad = {0: "slowboom", 2: "hang"}
