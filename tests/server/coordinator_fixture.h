@@ -88,15 +88,21 @@ class CoordinatorTest : public ::testing::Test {
     return resp->assignment();
   }
 
-  // Reports a result for every row of the assignment: per-image counts derived from the index so
-  // that the report's totals can be checked.
-  v1::ReportResultsResponse Complete(const std::string& worker, const v1::ShardAssignment& a, bool complete = true) {
+  // A report from `worker` under the lease of `a`, for a job of 2 classes, with no results yet.
+  static v1::ReportResultsRequest ReportOf(const std::string& worker, const v1::ShardAssignment& a) {
     v1::ReportResultsRequest r;
     r.set_worker_id(worker);
     r.set_job_id(a.job_id());
     r.set_shard_id(a.shard_id());
     r.set_lease_id(a.lease_id());
     r.set_num_classes(2);
+    return r;
+  }
+
+  // Reports a result for every row of the assignment: per-image counts derived from the index so
+  // that the report's totals can be checked.
+  v1::ReportResultsResponse Complete(const std::string& worker, const v1::ShardAssignment& a, bool complete = true) {
+    v1::ReportResultsRequest r = ReportOf(worker, a);
     r.set_shard_complete(complete);
     for (const auto& row : a.rows()) {
       v1::ImageResult* ir = r.add_results();

@@ -233,12 +233,7 @@ TEST_F(CoordinatorTest, RejectedReportReleasesTheLeaseAtOnce) {
   v1::ShardAssignment a = Acquire(a_worker);
   v1::ShardAssignment none = Acquire(Register("b"));
   EXPECT_FALSE(none.has_spec());
-  v1::ReportResultsRequest r;
-  r.set_worker_id(a_worker);
-  r.set_job_id(a.job_id());
-  r.set_shard_id(a.shard_id());
-  r.set_lease_id(a.lease_id());
-  r.set_num_classes(2);
+  v1::ReportResultsRequest r = ReportOf(a_worker, a);
   r.set_shard_complete(true);
   v1::ImageResult* ir = r.add_results();
   ir->set_index(5);
@@ -261,12 +256,7 @@ TEST_F(CoordinatorTest, ImplausibleCountsAreRejected) {
   core_->SubmitJob(Spec(10, 1)).IgnoreError();
   const std::string w = Register("w");
   v1::ShardAssignment a = Acquire(w);
-  v1::ReportResultsRequest r;
-  r.set_worker_id(w);
-  r.set_job_id(a.job_id());
-  r.set_shard_id(a.shard_id());
-  r.set_lease_id(a.lease_id());
-  r.set_num_classes(2);
+  v1::ReportResultsRequest r = ReportOf(w, a);
   v1::ImageResult* ir = r.add_results();
   ir->set_index(0);
   ir->set_height(2);
@@ -716,12 +706,7 @@ class CalibrationCoordinatorTest : public CoordinatorTest {
 
   v1::ReportResultsResponse Report(const std::string& worker, const v1::ShardAssignment& a,
                                    const std::vector<int64_t>& rows, bool complete) {
-    v1::ReportResultsRequest r;
-    r.set_worker_id(worker);
-    r.set_job_id(a.job_id());
-    r.set_shard_id(a.shard_id());
-    r.set_lease_id(a.lease_id());
-    r.set_num_classes(2);
+    v1::ReportResultsRequest r = ReportOf(worker, a);
     r.set_shard_complete(complete);
     for (int64_t i : rows) Row(i, rows[0], r.add_results());
     v1::CalibrationFine* f = r.mutable_results(0)->mutable_calibration_fine();
@@ -773,12 +758,7 @@ TEST_F(CalibrationCoordinatorTest, AFineHistogramThatDisagreesWithItsRowsIsRejec
   ASSERT_TRUE(job.ok()) << job.status();
   const std::string w = Register("w");
   v1::ShardAssignment a = Acquire(w);
-  v1::ReportResultsRequest r;
-  r.set_worker_id(w);
-  r.set_job_id(a.job_id());
-  r.set_shard_id(a.shard_id());
-  r.set_lease_id(a.lease_id());
-  r.set_num_classes(2);
+  v1::ReportResultsRequest r = ReportOf(w, a);
   Row(0, 0, r.add_results());
   v1::CalibrationFine* f = r.mutable_results(0)->mutable_calibration_fine();
   f->set_classes(2);
