@@ -257,10 +257,7 @@ def _precompiled(torch, module, args, kwargs, folder, state):
             return None, None  # Perhaps passing (memory, a disk): tried again by the next process.
         with contextlib.suppress(OSError):  # Remembered for the next process: a graph break stays one.
             os.makedirs(folder, exist_ok=True)
-            tmp = "%s.%d.partial" % (declined, os.getpid())
-            with open(tmp, "w") as f:
-                f.write(_reason(e))
-            os.replace(tmp, declined)
+            _replace_file(declined, _reason(e).encode())
         return None, None
     phase("precompiled")
     try:
@@ -344,21 +341,29 @@ def _write_artifact(compiled, path):
     """Saves atomically (a whole file or none), with the payload's digest before it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     raw = "%s.%d.raw" % (path, os.getpid())
-    tmp = "%s.%d.partial" % (path, os.getpid())
     try:
         compiled.save_compiled_function(raw)
         with open(raw, "rb") as f:
             payload = f.read()
+        _replace_file(path, _ARTIFACT_MAGIC + hashlib.sha256(payload).digest(), payload)
+    finally:
+        if os.path.exists(raw):
+            os.unlink(raw)
+
+
+def _replace_file(path, *parts):
+    """Writes `parts` to `path` whole or not at all: a temporary file, synced, then renamed."""
+    tmp = "%s.%d.partial" % (path, os.getpid())
+    try:
         with open(tmp, "wb") as f:
-            f.write(_ARTIFACT_MAGIC + hashlib.sha256(payload).digest())
-            f.write(payload)
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
-        for leftover in (raw, tmp):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _read_artifact(torch, path, f_globals):
