@@ -29,9 +29,11 @@ import contextlib
 import fcntl
 import hashlib
 import io
+import json
 import os
 import re
 import sys
+import threading
 import time
 
 _ARTIFACT_MAGIC = b"TALLYPC1"  # Then the payload's SHA-256 (32 bytes), then the payload.
@@ -49,6 +51,7 @@ class CompileState:
         self.trial = None
         self.precompiled = []  # "loaded" / "saved" / "kept in memory" for each precompiled call shape
         self.notes = []  # Why a module was not precompiled or its artifact not saved, once each.
+        self.timing_path = None  # Beside the trial module's saved or loaded artifact: its timed passes.
 
     def note(self, text):
         if text not in self.notes:
@@ -117,9 +120,9 @@ class Switch:
         trial = {"batch": _batch_size(args), "compile_seconds": compile_seconds, "cache_hits": hits,
                  "cache_misses": misses, "note": note, "faster": False}
         if compiled_out is not None:
-            trial["eager_ms"] = _time_passes(lambda: self._eager(*args, **kwargs))
             compiled_fn = self._fns[_signature(args, kwargs)]
-            trial["compiled_ms"] = _time_passes(lambda: compiled_fn(*args, **kwargs))
+            trial.update(_timings(self._state, lambda: self._eager(*args, **kwargs),
+                                  lambda: compiled_fn(*args, **kwargs)))
             trial["faster"] = trial["compiled_ms"] < _GAIN * trial["eager_ms"]
             phase("timed passes")
             with torch.no_grad():
@@ -185,12 +188,69 @@ def _raise_recompile_limit(torch):
             setattr(config, name, max(getattr(config, name), 256))
 
 
+_seen_modules = set()  # TALLY_STUB_PROFILE=2: the modules imported before the last step.
+
+
 def phase(what):
     """TALLY_STUB_PROFILE=1: when the stub reached each step of its start and of a compiled
-    module's first call, on stderr (the worker's log)."""
-    if os.environ.get("TALLY_STUB_PROFILE") == "1":
-        sys.stderr.write("tally.stub %.3f %s\n" % (time.time(), what))
-        sys.stderr.flush()
+    module's first call, on stderr (the worker's log); 2 adds the packages imported since the last
+    step (the new modules whose parent is not new)."""
+    level = os.environ.get("TALLY_STUB_PROFILE")
+    if level not in ("1", "2"):
+        return
+    line = "tally.stub %.3f %s" % (time.time(), what)
+    if level == "2":
+        names = set(sys.modules)
+        new = names - _seen_modules
+        roots = sorted(n for n in new if n.rpartition(".")[0] not in new)
+        if _seen_modules and roots:
+            line += " (%d modules imported: %s)" % (len(new), " ".join(roots[:40]) + (" ..." if len(roots) > 40 else ""))
+        _seen_modules.update(names)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+# What a compiled job imports before its first compiled call, for start_imports(): dynamo (wrapping
+# the modules), inductor's runtime and Triton (a precompiled artifact's code).
+_EARLY_IMPORTS = ("torch._dynamo", "torch._inductor.codecache", "torch._inductor.runtime.triton_heuristics")
+
+
+def start_imports():
+    """Imports what --compile will need on a thread of its own, while the model is built (its
+    weights' initialisation, the copies to the GPU and CUDA's start leave the interpreter free):
+    importing dynamo alone takes seconds of the first batch's wait. TALLY_PREWARM=0 turns it off,
+    a comma-separated list of modules replaces the default. Returns the thread, or None. A failed
+    import is left for the compile itself to meet (and report)."""
+    setting = os.environ.get("TALLY_PREWARM", "1")
+    if setting == "0":
+        return None
+    names = _EARLY_IMPORTS if setting == "1" else tuple(n.strip() for n in setting.split(",") if n.strip())
+
+    def run():
+        import importlib
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # Not this torch's, or broken: the compile meets it on its own.
+                pass
+        phase("early imports done")
+
+    thread = threading.Thread(target=run, name="tally-early-imports", daemon=True)
+    thread.start()
+    return thread
+
+
+def import_deadlock(e):
+    """Whether an exception (or one it came from) is what two threads importing modules that import
+    each other meet: CPython breaks the deadlock by handing one of them the other's module half
+    initialised ("partially initialized module", "circular import"), or says "deadlock detected".
+    The import goes through when tried again once the other thread is done."""
+    while e is not None:
+        text = str(e)
+        if any(s in text for s in ("partially initialized module", "circular import", "deadlock detected")):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _artifact_folder(torch):
@@ -243,6 +303,7 @@ def _precompiled(torch, module, args, kwargs, folder, state):
             _synchronize()
             phase("first call of the loaded artifact")
             state.precompiled.append("loaded")
+            state.timing_path = state.timing_path or os.path.join(folder, key + ".timing")
             return fn, out
         except Exception as e:
             state.note("the saved artifact %s was not used (%s); compiled again" % (path, _reason(e)))
@@ -264,6 +325,7 @@ def _precompiled(torch, module, args, kwargs, folder, state):
         _write_artifact(compiled, path)
         phase("artifact saved")
         state.precompiled.append("saved")
+        state.timing_path = state.timing_path or os.path.join(folder, key + ".timing")
     except Exception as e:
         state.precompiled.append("kept in memory")
         state.note("the precompiled artifact was not saved (%s)" % _reason(e))
@@ -443,6 +505,28 @@ def _synchronize():
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+def _timings(state, eager, compiled):
+    """The trial's timed passes of the eager and the compiled module (three each, their medians in
+    ms), or, for a saved artifact, those the process that first ran it timed (`<key>.timing` beside
+    it): the same code, shapes and GPU, and six passes fewer before the first batch's rows."""
+    path = state.timing_path
+    if path:
+        try:
+            with open(path, "rb") as f:
+                kept = json.loads(f.read(4096))
+            timed = {k: float(kept[k]) for k in ("eager_ms", "compiled_ms")}
+            if all(0 < v < 1e7 for v in timed.values()):
+                state.note("timings kept by the job that first ran this artifact (%s)" % path)
+                return timed
+        except (OSError, ValueError, TypeError, KeyError):
+            pass  # None yet, or unreadable: timed again (and kept).
+    timed = {"eager_ms": _time_passes(eager), "compiled_ms": _time_passes(compiled)}
+    if path:
+        with contextlib.suppress(OSError):
+            _replace_file(path, json.dumps(timed).encode())
+    return timed
 
 
 def _time_passes(fn, passes=3):
