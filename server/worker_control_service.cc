@@ -1,7 +1,10 @@
 #include "server/worker_control_service.h"
 
 #include <atomic>
+#include <string>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/grpc_util.h"
 
 namespace tally {
@@ -19,13 +22,17 @@ grpc::ServerUnaryReactor* WorkerControlServiceImpl::RegisterWorker(grpc::Callbac
 namespace {
 
 // A long poll (max_wait_ms > 0): the call stays open, without a thread, until the core answers it
-// (a shard granted, the wait over) or the worker cancels it.
+// (a shard granted, the wait over) or the worker cancels it. A grant whose call ended cancelled
+// (the worker stopped leasing as the answer left) never reached the worker: it goes back at once,
+// no attempt counted, instead of staying leased until the worker falls silent (then a loss).
 class AcquireReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit AcquireReactor(Coordinator* core) : core_(core) {}
+  AcquireReactor(Coordinator* core, grpc::CallbackServerContext* ctx, std::string worker_id)
+      : core_(core), ctx_(ctx), worker_id_(std::move(worker_id)) {}
 
   // Called from the method handler, before gRPC may call OnDone.
   void Start(const v1::AcquireShardRequest& request, v1::AcquireShardResponse* response) {
+    response_ = response;
     const int64_t id = core_->AcquireShardAsync(request, [this, response](absl::StatusOr<v1::AcquireShardResponse> r) {
       if (r.ok()) *response = std::move(*r);
       Finish(ToGrpcStatus(r.status()));
@@ -38,10 +45,26 @@ class AcquireReactor final : public grpc::ServerUnaryReactor {
     cancelled_.store(true);
     if (const int64_t id = id_.load(); id != 0) core_->CancelAcquire(id);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (ctx_->IsCancelled() && response_->has_assignment()) {
+      const v1::ShardAssignment& a = response_->assignment();
+      v1::ReleaseShardRequest back;
+      back.set_worker_id(worker_id_);
+      back.set_job_id(a.job_id());
+      back.set_shard_id(a.shard_id());
+      back.set_lease_id(a.lease_id());
+      back.set_reason(absl::StrCat("its grant (lease ", a.lease_id(), ") did not reach the worker (its call ended first)"));
+      back.set_not_started(true);
+      core_->ReleaseShard(back).IgnoreError();  // The worker gone or the lease over: nothing to give back.
+    }
+    delete this;
+  }
 
  private:
   Coordinator* const core_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::string worker_id_;
+  v1::AcquireShardResponse* response_ = nullptr;
   std::atomic<int64_t> id_{0};
   std::atomic<bool> cancelled_{false};
 };
@@ -53,7 +76,7 @@ grpc::ServerUnaryReactor* WorkerControlServiceImpl::AcquireShard(grpc::CallbackS
                                                                  v1::AcquireShardResponse* response) {
   if (absl::Status s = Authenticate(ctx); !s.ok()) return Refuse(ctx, s);
   if (request->max_wait_ms() <= 0) return Unary(ctx, response, [&] { return core_->AcquireShard(*request); });
-  auto* reactor = new AcquireReactor(core_);
+  auto* reactor = new AcquireReactor(core_, ctx, request->worker_id());
   reactor->Start(*request, response);
   return reactor;
 }

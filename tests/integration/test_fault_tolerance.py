@@ -535,5 +535,40 @@ class UnreachableCoordinatorTest(unittest.TestCase):
         self.assertIn("registered with the coordinator", text)
 
 
+class UndeliveredGrantTest(unittest.TestCase):
+    """A long poll answered with a grant just as its call ended (the worker cancelled it, or its
+    deadline passed) never reached the worker: tallyd gives the shard back at once, no attempt
+    counted, instead of keeping it leased until the worker falls silent (then counted a loss)."""
+
+    def test_grants_that_do_not_reach_the_worker_are_given_back(self):
+        import grpc
+        import tally_pb2 as pb
+        import tally_pb2_grpc
+        root = tt.tmpdir(self)
+        rows = 1000
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(8), rows, [(4, 4)], classes=2)
+        cluster = tt.Cluster(self, root, lease_seconds=120.0)  # No lease ends by time in this test.
+        job = cluster.submit(tt.fixture("conv3.pt"), manifest, "--batch-size", "1", "--shard-size", "1")
+        with grpc.insecure_channel(cluster.address) as channel:
+            stub = tally_pb2_grpc.WorkerControlStub(channel)
+            worker = stub.RegisterWorker(pb.RegisterWorkerRequest(name="probe", device="cpu"), timeout=10).worker_id
+            # Long polls whose deadlines (0.2 to 6 ms) end about when tallyd answers: some grants
+            # are made for calls that end before the answer leaves tallyd.
+            for i in range(3 * rows):
+                try:
+                    stub.AcquireShard(pb.AcquireShardRequest(worker_id=worker, max_wait_ms=2000),
+                                      timeout=0.0002 * (1 + i % 30))
+                except grpc.RpcError as e:
+                    self.assertEqual(e.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+            given_back = [pb.HeldLease(job_id=job, shard_id=int(s), lease_id=int(lease)) for s, lease in re.findall(
+                r"released shard (\d+) of job \S+: its grant \(lease (\d+)\) did not reach the worker",
+                cluster.log("tallyd.log"))]
+            self.assertGreater(len(given_back), 0, "no grant met a call that had ended: the case was not made")
+            # The probe claims them: tallyd no longer counts them as the probe's.
+            r = stub.Heartbeat(pb.HeartbeatRequest(worker_id=worker, leases=given_back), timeout=10)
+        self.assertEqual(sorted((x.shard_id, x.lease_id) for x in r.revoked),
+                         sorted((x.shard_id, x.lease_id) for x in given_back))
+
+
 if __name__ == "__main__":
     unittest.main()
