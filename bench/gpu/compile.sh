@@ -12,7 +12,7 @@
 # TorchScript file, alternated twice, and the package with two workers on GPU 0 (per_image.csv identical).
 # Settings: COUNT (images, default 1600), ARCHS (default "deeplabv3:bf16 lraspp:fp32"), MODES (the Python
 # model's runs, default "eager compiled compiled_again"; a name starting with "eager" runs without
-# --compile, any other with it; one containing "noearly" without the early imports, TALLY_PREWARM=0), ANCHOR_COMPILE (0: the anchor without torch.compile). TALLY_STUB_PROFILE=1
+# --compile, any other with it), ANCHOR_COMPILE (0: the anchor without torch.compile). TALLY_STUB_PROFILE=1
 # logs the stub's start-up steps in each job's worker log (out/.tally/worker-0.log).
 set -uo pipefail
 stages=${1:-build,anchor,tally,check}
@@ -41,8 +41,7 @@ if has tally; then
     summary "$work/out/ts_$arch" "torchscript_${arch}_$prec"
     for mode in $modes; do
       extra=(); [[ "$mode" != eager* ]] && extra=(--compile)
-      early=1; [[ "$mode" == *noearly* ]] && early=0
-      TALLY_PREWARM=$early "$bin/tally" run --model "$src/bench/gpu/tools/torchvision_model.py" --model-option "arch=$arch" \
+      "$bin/tally" run --model "$src/bench/gpu/tools/torchvision_model.py" --model-option "arch=$arch" \
         --model-option "precision=$prec" --python "$py" --manifest "$work/png/manifest.csv" --out "$work/out/py_${arch}_$mode" \
         --gpus all --metrics dice --batch-size 32 "${extra[@]}" > "$work/out/py_${arch}_$mode.log" 2>&1 \
         || tail -20 "$work/out/py_${arch}_$mode.log"

@@ -33,7 +33,6 @@ import json
 import os
 import re
 import sys
-import threading
 import time
 
 _ARTIFACT_MAGIC = b"TALLYPC1"  # Then the payload's SHA-256 (32 bytes), then the payload.
@@ -208,49 +207,6 @@ def phase(what):
         _seen_modules.update(names)
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
-
-
-# What a compiled job imports before its first compiled call, for start_imports(): dynamo (wrapping
-# the modules), inductor's runtime and Triton (a precompiled artifact's code).
-_EARLY_IMPORTS = ("torch._dynamo", "torch._inductor.codecache", "torch._inductor.runtime.triton_heuristics")
-
-
-def start_imports():
-    """Imports what --compile will need on a thread of its own, while the model is built (its
-    weights' initialisation, the copies to the GPU and CUDA's start leave the interpreter free):
-    importing dynamo alone takes seconds of the first batch's wait. TALLY_PREWARM=0 turns it off,
-    a comma-separated list of modules replaces the default. Returns the thread, or None. A failed
-    import is left for the compile itself to meet (and report)."""
-    setting = os.environ.get("TALLY_PREWARM", "1")
-    if setting == "0":
-        return None
-    names = _EARLY_IMPORTS if setting == "1" else tuple(n.strip() for n in setting.split(",") if n.strip())
-
-    def run():
-        import importlib
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except BaseException:  # Not this torch's, or broken: the compile meets it on its own.
-                pass
-        phase("early imports done")
-
-    thread = threading.Thread(target=run, name="tally-early-imports", daemon=True)
-    thread.start()
-    return thread
-
-
-def import_deadlock(e):
-    """Whether an exception (or one it came from) is what two threads importing modules that import
-    each other meet: CPython breaks the deadlock by handing one of them the other's module half
-    initialised ("partially initialized module", "circular import"), or says "deadlock detected".
-    The import goes through when tried again once the other thread is done."""
-    while e is not None:
-        text = str(e)
-        if any(s in text for s in ("partially initialized module", "circular import", "deadlock detected")):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def _artifact_folder(torch):

@@ -390,13 +390,8 @@ class _Stub:
             return {"op": "error", "error": str(e)}
         except BaseException:
             return {"op": "error", "error": _short(traceback.format_exc())}
-        early = None
-        if msg.get("compile"):
-            from tally.compile_trial import start_imports
-
-            early = start_imports()  # Dynamo and inductor's runtime, while the model is built.
         try:
-            self.model = self._build(cls, options, early)
+            self.model = cls(list(self.devices), options)
         except BaseException:
             return {"op": "error", "error": _short(traceback.format_exc())}
         num_classes = getattr(self.model, "num_classes", 0) or 0
@@ -425,19 +420,6 @@ class _Stub:
             "outputs_probabilities": bool(getattr(self.model, "outputs_probabilities", False)),
             "gpus": _gpu_stats(self.devices),
         }
-
-    def _build(self, cls, options, early):
-        try:
-            return cls(list(self.devices), options)
-        except Exception as e:  # noqa: BLE001 (re-raised unless it is the deadlock below)
-            from tally.compile_trial import import_deadlock
-
-            if early is None or not import_deadlock(e):
-                raise
-            # The model's own import met the early imports' thread halfway (CPython's deadlock
-            # between two threads' imports): once that thread is done, the import goes through.
-            early.join()
-            return cls(list(self.devices), options)
 
     def _on_compile_trial(self, trial):
         """--compile's trial ran (inside the model's first call): tells the worker and waits for the

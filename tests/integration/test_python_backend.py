@@ -8,7 +8,6 @@ import os
 import shutil
 import sys
 import textwrap
-import time
 import unittest
 
 import numpy as np
@@ -631,49 +630,3 @@ class PrecompiledArtifactTest(unittest.TestCase):
         self.ct._timings(no_artifact, lambda: calls.append("eager"), lambda: calls.append("compiled"))
         self.assertEqual(len(calls), 12)
 
-
-class EarlyImportsTest(unittest.TestCase):
-    """--compile starts importing dynamo and inductor's runtime on a thread while the model is built
-    (compile_trial.start_imports). Where the model's own imports meet that thread's halfway (two
-    modules that import each other, one begun on each thread), CPython hands one thread the other's
-    module half initialised; the stub then builds the model again once the thread is done."""
-
-    def test_a_model_whose_import_meets_the_early_imports_is_built_again(self):
-        mods = tt.tmpdir(self)
-        # a (the early thread's) sleeps, then imports b; b (the model's) sleeps longer, then takes A
-        # from a: the thread waits for b, so the model's thread is handed a half-initialised a.
-        with open(os.path.join(mods, "tally_early_a.py"), "w") as f:
-            f.write("import time\ntime.sleep(0.3)\nimport tally_early_b\nA = 1\n")
-        with open(os.path.join(mods, "tally_early_b.py"), "w") as f:
-            f.write("import time\ntime.sleep(0.6)\nfrom tally_early_a import A\nB = A + 1\n")
-        for p in (mods, os.path.join(tt.SRC, "python")):
-            sys.path.insert(0, p)
-            self.addCleanup(sys.path.remove, p)
-        for m in ("tally_early_a", "tally_early_b"):
-            self.addCleanup(sys.modules.pop, m, None)
-        old = os.environ.get("TALLY_PREWARM")
-        os.environ["TALLY_PREWARM"] = "tally_early_a"
-        self.addCleanup(lambda: os.environ.pop("TALLY_PREWARM") if old is None else os.environ.update(TALLY_PREWARM=old))
-        from tally import compile_trial, stub
-        import types
-        failures = []
-
-        class Model:
-            def __init__(self, devices, options):
-                while "tally_early_a" not in sys.modules:  # The early thread has begun a.
-                    time.sleep(0.001)
-                try:
-                    import tally_early_b
-                except ImportError as e:
-                    failures.append(e)
-                    raise
-                self.b = tally_early_b.B
-
-        early = compile_trial.start_imports()
-        model = stub._Stub._build(types.SimpleNamespace(devices=["cpu"]), Model, {}, early)
-        self.assertEqual(model.b, 2)
-        self.assertEqual(len(failures), 1)  # The first build met the thread (the case is real), the second did not.
-        self.assertTrue(compile_trial.import_deadlock(failures[0]), failures[0])
-        self.assertFalse(compile_trial.import_deadlock(ImportError("No module named 'x'")))
-        os.environ["TALLY_PREWARM"] = "0"
-        self.assertIsNone(compile_trial.start_imports())
