@@ -12,6 +12,9 @@
       torch.compile(fullgraph=True).forward.aot_compile (dynamo, AOTAutograd and inductor ahead of
       the call) saved to FILE; with --load a fresh process reads FILE back
       (torch.compiler.load_compiled_function): the seconds of the load and of the first call.
+      --wrap: torch.compile(model) first, as Tally's --compile wraps a module before its trial
+      (what that wrapper imports, against the load alone). Both say the modules imported and the
+      processes this one started (inductor's compile worker pool; TORCH_WARM_POOL=0 keeps it cold).
   python3 bench/gpu/tools/compile_probe.py load --package FILE.pt2
       aoti_load_package of an existing package and its first call, timed apart.
   python3 bench/gpu/tools/compile_probe.py aoti --arch lraspp --precision fp32 --package FILE.pt2
@@ -128,13 +131,19 @@ def precompile(a, model, x):
     torch._dynamo.config.enable_aot_compile = True  # Else torch 2.11's compiled forward has no aot_compile.
     out["import_dynamo_seconds"] = time.perf_counter() - t0
     fn = None
+    if a.wrap:
+        t0, before = time.perf_counter(), len(sys.modules)
+        torch.compile(model, dynamic=False)
+        out["wrap_seconds"] = time.perf_counter() - t0
+        out["wrap_modules_imported"] = len(sys.modules) - before
     if a.load:
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), len(sys.modules)
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "python"))
         from tally.compile_trial import load_compiled  # Tally's load: the globals torch < 2.12 leaves out.
         with open(a.artifact, "rb") as f:
             fn = load_compiled(torch, f.read(), Net.forward.__globals__)
         out["load_seconds"] = time.perf_counter() - t0
+        out["load_modules_imported"] = len(sys.modules) - before
     else:
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -148,7 +157,25 @@ def precompile(a, model, x):
     with torch.no_grad():
         out.update(compare(model(x), got))
     out["precompiled_images_per_second"] = rate(lambda t: fn(model, t), x)
+    out["descendant_processes"] = descendants(os.getpid())
     return out
+
+
+def descendants(pid):
+    """How many processes descend from pid (inductor's compile pool: a sidecar and its workers)."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    count, frontier = 0, {pid}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier}
+        count += len(frontier)
+    return count
 
 
 def load(a, model, x):
@@ -228,6 +255,7 @@ def main():
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--artifact", default="/tmp/model.aot")
     ap.add_argument("--load", action="store_true")
+    ap.add_argument("--wrap", action="store_true", help="precompile: torch.compile(model) first, as Tally does")
     a = ap.parse_args()
     out_start = time.perf_counter() - _T_START
     t0 = time.perf_counter()
