@@ -107,6 +107,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> StoreRunnerFor(const JobConfig& con
 }
 
 // Why a rescore's row fails: the store lacks its prediction.
+// Calibration on probabilities at the prediction store's precision (ModelRunnerOptions::
+// calibration_quantized), so that rows the store answers count as the model's do.
+bool CalibrationQuantized(const JobConfig& config) { return config.calibration && !config.prediction_store.empty(); }
+
 std::string NoModelReason(const JobConfig& config) {
   return absl::StrCat("the prediction store ", config.prediction_store, " has no prediction of this row's input by model ",
                       config.store_model.substr(0, 16), " with the settings rescored (tally rescore runs no model)");
@@ -140,7 +144,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
   ro.memory_limit_gib = options.gpu_memory_limit_gib;
   ro.thresholds = config.thresholds;
   ro.calibration = config.calibration;
-  ro.calibration_quantized = config.calibration && !config.prediction_store.empty();
+  ro.calibration_quantized = CalibrationQuantized(config);
   if (config.instance_job()) ro.num_classes = config.num_classes;  // Instance outputs: category ids < this.
   ro.sliding_window = config.sliding_window;
   ro.overlap = config.overlap;
@@ -189,7 +193,7 @@ std::string RunnerKey(const JobConfig& config, const std::string& model_sha256, 
        config.python, absl::StrJoin(options_kv, "\x1f"), absl::StrJoin(config.manifest_columns, "\x1f"),
        absl::StrCat(config.num_classes), absl::StrJoin(config.sliding_window, ","),
        absl::StrCat(config.overlap, ",", config.sw_batch_size, ",", config.compile, ",", config.calibration, ",",
-                    config.calibration && !config.prediction_store.empty())},
+                    CalibrationQuantized(config))},
       "\x1e");
 }
 
