@@ -545,24 +545,30 @@ class UndeliveredGrantTest(unittest.TestCase):
         import tally_pb2 as pb
         import tally_pb2_grpc
         root = tt.tmpdir(self)
-        rows = 1000
+        rows = 2000
         manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(8), rows, [(4, 4)], classes=2)
         cluster = tt.Cluster(self, root, lease_seconds=120.0)  # No lease ends by time in this test.
         job = cluster.submit(tt.fixture("conv3.pt"), manifest, "--batch-size", "1", "--shard-size", "1")
+        pattern = r"released shard (\d+) of job \S+: its grant \(lease (\d+)\) did not reach the worker"
         with grpc.insecure_channel(cluster.address) as channel:
             stub = tally_pb2_grpc.WorkerControlStub(channel)
             worker = stub.RegisterWorker(pb.RegisterWorkerRequest(name="probe", device="cpu"), timeout=10).worker_id
-            # Long polls whose deadlines (0.2 to 6 ms) end about when tallyd answers: some grants
-            # are made for calls that end before the answer leaves tallyd.
+            # Long polls whose deadlines (0.2 to 6 ms) end about when tallyd answers: some grants are
+            # made for calls that end before the answer leaves tallyd. Rounds of them until tallyd has
+            # given some back (or the job's shards run out).
+            found = []
             for i in range(3 * rows):
                 try:
                     stub.AcquireShard(pb.AcquireShardRequest(worker_id=worker, max_wait_ms=2000),
                                       timeout=0.0002 * (1 + i % 30))
                 except grpc.RpcError as e:
                     self.assertEqual(e.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
-            given_back = [pb.HeldLease(job_id=job, shard_id=int(s), lease_id=int(lease)) for s, lease in re.findall(
-                r"released shard (\d+) of job \S+: its grant \(lease (\d+)\) did not reach the worker",
-                cluster.log("tallyd.log"))]
+                if i % 300 == 299:
+                    found = re.findall(pattern, cluster.log("tallyd.log"))
+                    if len(found) >= 3:
+                        break
+            given_back = [pb.HeldLease(job_id=job, shard_id=int(s), lease_id=int(lease))
+                          for s, lease in re.findall(pattern, cluster.log("tallyd.log"))]
             self.assertGreater(len(given_back), 0, "no grant met a call that had ended: the case was not made")
             # The probe claims them: tallyd no longer counts them as the probe's.
             r = stub.Heartbeat(pb.HeartbeatRequest(worker_id=worker, leases=given_back), timeout=10)
