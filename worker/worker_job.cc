@@ -106,11 +106,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> StoreRunnerFor(const JobConfig& con
   return WrapWithStore(runner, std::move(so));
 }
 
-// Why a rescore's row fails: the store lacks its prediction.
 // Calibration on probabilities at the prediction store's precision (ModelRunnerOptions::
 // calibration_quantized), so that rows the store answers count as the model's do.
 bool CalibrationQuantized(const JobConfig& config) { return config.calibration && !config.prediction_store.empty(); }
 
+// Why a rescore's row fails: the store lacks its prediction.
 std::string NoModelReason(const JobConfig& config) {
   return absl::StrCat("the prediction store ", config.prediction_store, " has no prediction of this row's input by model ",
                       config.store_model.substr(0, 16), " with the settings rescored (tally rescore runs no model)");
