@@ -242,6 +242,7 @@ def _precompiled(torch, module, args, kwargs, folder, state):
 
     path = os.path.join(folder, key + ".bin")
     declined = os.path.join(folder, key + ".declined")
+    timing = os.path.join(folder, key + ".timing")  # The trial's timed passes of this artifact (_timings).
     phase("key")
     if os.path.exists(declined):  # An earlier process found it cannot be precompiled: said once, not traced again.
         try:
@@ -259,7 +260,7 @@ def _precompiled(torch, module, args, kwargs, folder, state):
             _synchronize()
             phase("first call of the loaded artifact")
             state.precompiled.append("loaded")
-            state.timing_path = state.timing_path or os.path.join(folder, key + ".timing")
+            state.timing_path = state.timing_path or timing
             return fn, out
         except Exception as e:
             state.note("the saved artifact %s was not used (%s); compiled again" % (path, _reason(e)))
@@ -281,7 +282,7 @@ def _precompiled(torch, module, args, kwargs, folder, state):
         _write_artifact(compiled, path)
         phase("artifact saved")
         state.precompiled.append("saved")
-        state.timing_path = state.timing_path or os.path.join(folder, key + ".timing")
+        state.timing_path = state.timing_path or timing
     except Exception as e:
         state.precompiled.append("kept in memory")
         state.note("the precompiled artifact was not saved (%s)" % _reason(e))
