@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job/rpc.h"
 #include "common/security/auth_tokens.h"
 #include "base/file_util.h"
 #include "base/log.h"
@@ -57,6 +58,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions opti
   builder.RegisterService(server->worker_service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Workers ping every kKeepaliveMillis to find a dead connection (worker/worker.cc); gRPC's default
+  // would answer pings that often with GOAWAY (too many pings) and drop the connection.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMillis / 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   server->grpc_server_ = builder.BuildAndStart();
   if (local_socket && server->grpc_server_ != nullptr) chmod(socket_path.c_str(), 0600);
   if (server->grpc_server_ == nullptr || server->port_ == 0) {

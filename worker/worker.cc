@@ -94,6 +94,14 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   // second: gRPC's default waits 30 s between lookups, and until then the channel dials the old
   // address (seen in test_containers: heartbeats failing 20 s after tallyd came back).
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
+  // A connection whose far end vanished without a word (this worker frozen while tallyd's container
+  // was killed, then resumed) is found dead by a ping within 10 s and dialled again, instead of every
+  // call on it running into its deadline until the kernel gives up on it (minutes). tallyd accepts
+  // pings this often (server/server.cc).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMillis);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   ASSIGN_OR_RETURN(w->channel_, CreateClientChannel(w->options_.coordinator, w->options_.security, args));
   w->stub_ = v1::WorkerControl::NewStub(w->channel_);
   return w;

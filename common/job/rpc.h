@@ -11,6 +11,9 @@ namespace tally {
 
 // Largest gRPC message any role sends or accepts.
 inline constexpr int kMaxMessageBytes = 64 << 20;
+// How often a worker pings tallyd over a quiet connection to find it dead (gRPC keepalive); tallyd
+// accepts pings at twice this rate.
+inline constexpr int kKeepaliveMillis = 10000;
 
 // "queued", "running", "succeeded", "failed", "cancelled" (as in report.json and the CLI).
 std::string JobStateName(v1::JobState state);
