@@ -61,10 +61,12 @@ class Switch:
     """A module attribute under --compile: calls go to the compiled or the eager module as the job
     chose; attributes are the eager module's."""
 
-    def __init__(self, eager, compiled, state, precompile=None):
-        # precompile(args, kwargs) -> (a callable for that shape, its output), or (None, None): the
-        # usual torch.compile.
-        self.__dict__.update(_eager=eager, _compiled=compiled, _state=state, _precompile=precompile, _fns={})
+    def __init__(self, eager, compile_module, state, precompile=None):
+        # compile_module() -> the usual torch.compile wrapper, made only when a shape needs it: a job
+        # that loads every shape's artifact never imports what the wrapper does. precompile(args,
+        # kwargs) -> (a callable for that shape, its output), or (None, None): the usual torch.compile.
+        self.__dict__.update(_eager=eager, _compile_module=compile_module, _compiled=None, _state=state,
+                             _precompile=precompile, _fns={})
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_eager"], name)
@@ -91,6 +93,8 @@ class Switch:
             if self._precompile is not None:
                 fn, out = self._precompile(args, kwargs)
             if fn is None:
+                if self._compiled is None:
+                    self.__dict__["_compiled"] = self._compile_module()
                 fn = self._compiled
                 out = fn(*args, **kwargs)
             _synchronize()
@@ -159,7 +163,7 @@ def make_switches(model, class_name, on_trial):
         if folder:
             def precompile(args, kwargs):
                 return _precompiled(torch, module, args, kwargs, folder, state)
-        return Switch(module, torch.compile(module, dynamic=False), state, precompile)
+        return Switch(module, lambda: torch.compile(module, dynamic=False), state, precompile)
 
     hook = getattr(model, "tally_compile", None)
     if callable(hook):

@@ -14,7 +14,9 @@
       (torch.compiler.load_compiled_function): the seconds of the load and of the first call.
       --wrap: torch.compile(model) first, as Tally's --compile wraps a module before its trial
       (what that wrapper imports, against the load alone). Both say the modules imported and the
-      processes this one started (inductor's compile worker pool; TORCH_WARM_POOL=0 keeps it cold).
+      processes this one started (inductor's compile worker pool; TORCH_WARM_POOL=0 keeps it cold), and
+      the load's attempts (each missing global costs one). --profile N: the N costliest calls of the
+      load and its first call (cProfile, cumulative; then by own time) on stderr.
   python3 bench/gpu/tools/compile_probe.py load --package FILE.pt2
       aoti_load_package of an existing package and its first call, timed apart.
   python3 bench/gpu/tools/compile_probe.py aoti --arch lraspp --precision fp32 --package FILE.pt2
@@ -136,13 +138,27 @@ def precompile(a, model, x):
         torch.compile(model, dynamic=False)
         out["wrap_seconds"] = time.perf_counter() - t0
         out["wrap_modules_imported"] = len(sys.modules) - before
+    profiler = None
+    if a.profile:
+        import cProfile
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.enable()
     if a.load:
         t0, before = time.perf_counter(), len(sys.modules)
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "python"))
         from tally.compile_trial import load_compiled  # Tally's load: the globals torch < 2.12 leaves out.
+        attempts = [0]
+        real_load = torch.compiler.load_compiled_function
+
+        def counted(*args, **kwargs):
+            attempts[0] += 1
+            return real_load(*args, **kwargs)
+        torch.compiler.load_compiled_function = counted
         with open(a.artifact, "rb") as f:
             fn = load_compiled(torch, f.read(), Net.forward.__globals__)
         out["load_seconds"] = time.perf_counter() - t0
+        out["load_attempts"] = attempts[0]
         out["load_modules_imported"] = len(sys.modules) - before
     else:
         t0 = time.perf_counter()
@@ -154,6 +170,10 @@ def precompile(a, model, x):
         out["save_seconds"] = time.perf_counter() - t0
         out["artifact_bytes"] = os.path.getsize(a.artifact)
     got, out["first_call_seconds"] = timed_call(lambda t: fn(model, t), x)
+    if profiler is not None:  # The load and its first call: where their seconds go.
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(a.profile)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(a.profile // 2)
     with torch.no_grad():
         out.update(compare(model(x), got))
     out["precompiled_images_per_second"] = rate(lambda t: fn(model, t), x)
