@@ -156,6 +156,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
     ro.model_options = config.model_options;
     ro.compile = config.compile;
     if (config.compile && !options.cache_dir.empty()) ro.compile_cache_dir = options.cache_dir + "/inductor";
+    if (!options.cache_dir.empty()) ro.bytecode_cache_dir = options.cache_dir + "/python-bytecode";
     ro.columns = config.manifest_columns;
     ro.num_classes = config.num_classes;
     return CreatePythonRunner(ro);

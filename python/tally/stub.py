@@ -34,6 +34,7 @@ import traceback
 
 import numpy as np
 
+from tally.bytecode import keep_bytecode
 from tally.compile_trial import phase as _phase  # TALLY_STUB_PROFILE=1: start-up steps on stderr.
 from tally.model_file import NoSuchClass, load_model_class
 
@@ -667,6 +668,10 @@ def main():
     if fd < 0:
         sys.stderr.write("tally.stub is started by tally-worker (TALLY_STUB_FD is not set)\n")
         return 2
+    # Before torch is imported: its bytecode kept in Tally's cache where it has none (tally/bytecode.py).
+    note = keep_bytecode(os.environ.get("TALLY_BYTECODE_DIR", ""))
+    if note:
+        print(note, flush=True)
     # Interrupts are for the worker, which stops this process itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()

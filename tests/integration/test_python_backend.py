@@ -630,3 +630,93 @@ class PrecompiledArtifactTest(unittest.TestCase):
         self.ct._timings(no_artifact, lambda: calls.append("eager"), lambda: calls.append("compiled"))
         self.assertEqual(len(calls), 12)
 
+
+
+class BytecodeTest(unittest.TestCase):
+    """python/tally/bytecode.py in real interpreters: a stand-in `torch` package without bytecode,
+    under PYTHONDONTWRITEBYTECODE (this user is root here, so an unwritable folder cannot be made)."""
+
+    SCRIPT = textwrap.dedent("""
+        import os, subprocess, sys
+        from tally.bytecode import keep_bytecode
+        print(repr(keep_bytecode(sys.argv[1])))
+        import torch
+        print(torch.VALUE, torch.__spec__.cached)
+        child = "import sys; print(sys.pycache_prefix, sys.dont_write_bytecode)"
+        print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip())
+    """)
+
+    def setUp(self):
+        self.root = tt.tmpdir(self)
+        self.pkgs = os.path.join(self.root, "pkgs")
+        os.makedirs(os.path.join(self.pkgs, "torch"))
+        with open(os.path.join(self.pkgs, "torch", "__init__.py"), "w") as f:
+            f.write("VALUE = 41 + 1\n")
+        self.folder = os.path.join(self.root, "cache", "python-bytecode")
+
+    def run_script(self, **env):
+        import subprocess
+        full = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "TALLY_BYTECODE"}
+        full.update(PYTHONPATH=self.pkgs + ":" + os.path.join(tt.SRC, "python"), **env)
+        p = subprocess.run([PY, "-c", self.SCRIPT, self.folder], capture_output=True, text=True, env=full)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return p.stdout.strip().split("\n")
+
+    def test_a_package_without_bytecode_gets_it_in_the_folder_once(self):
+        note, loaded, child = self.run_script(PYTHONDONTWRITEBYTECODE="1")
+        self.assertEqual(note, repr("bytecode kept in %s (torch installed without it where it cannot be written)"
+                                    % self.folder))
+        value, cached = loaded.split(" ", 1)
+        self.assertEqual(value, "42")
+        self.assertTrue(cached.startswith(self.folder + os.sep) and os.path.isfile(cached), cached)
+        self.assertFalse(os.path.exists(os.path.join(self.pkgs, "torch", "__pycache__")))
+        self.assertEqual(child, self.folder + " False")  # Interpreters it starts keep theirs there too.
+        first = os.stat(cached)
+        self.assertEqual(self.run_script(PYTHONDONTWRITEBYTECODE="1")[1], loaded)
+        second = os.stat(cached)  # Read by the second process, not written again.
+        self.assertEqual((first.st_ino, first.st_mtime_ns), (second.st_ino, second.st_mtime_ns))
+
+    def test_nothing_is_changed_where_bytecode_is_there_can_be_written_or_is_not_wanted(self):
+        import py_compile
+        own = os.path.join(self.root, "own-prefix")
+        for env in ({"PYTHONDONTWRITEBYTECODE": "1", "TALLY_BYTECODE": "0"},  # Turned off.
+                    {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": own},  # The user's own prefix.
+                    {}):  # Python writes it beside the source itself.
+            note, loaded, _ = self.run_script(**env)
+            self.assertEqual(note, "''", env)
+            self.assertFalse(os.path.exists(self.folder), env)
+        self.assertTrue(os.path.isdir(os.path.join(self.pkgs, "torch", "__pycache__")))  # From the last run.
+        shutil.rmtree(os.path.join(self.pkgs, "torch", "__pycache__"))
+        py_compile.compile(os.path.join(self.pkgs, "torch", "__init__.py"))  # Installed with bytecode.
+        note, loaded, _ = self.run_script(PYTHONDONTWRITEBYTECODE="1")
+        self.assertEqual(note, "''")
+        self.assertIn(os.path.join(self.pkgs, "torch", "__pycache__"), loaded)
+
+    def test_the_worker_gives_the_stub_its_cache_folder(self):
+        # The folder reaches the stub from the worker's --cache-dir (auto: $XDG_CACHE_HOME/tally).
+        root = self.root
+        manifest = tt.write_dataset(os.path.join(root, "data"), np.random.default_rng(2), 2, [(4, 6)], classes=2)
+        seen = os.path.join(root, "seen.txt")
+        model = write_model(root, "env_model.py", """
+            import os
+            import numpy as np
+
+            class Model:
+                num_classes = 2
+                def __init__(self, devices, options):
+                    with open(options["seen"], "w") as f:
+                        f.write(os.environ.get("TALLY_BYTECODE_DIR", "(unset)"))
+                def predict(self, images, rows):
+                    return [np.zeros(im.shape[:2], np.uint8) for im in images]
+        """)
+        old = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = os.path.join(root, "xdg")
+        try:
+            run(model, manifest, os.path.join(root, "out"), "--model-option", "seen=" + seen)
+        finally:
+            if old is None:
+                del os.environ["XDG_CACHE_HOME"]
+            else:
+                os.environ["XDG_CACHE_HOME"] = old
+        with open(seen) as f:
+            self.assertEqual(f.read(), os.path.join(root, "xdg", "tally", "python-bytecode"))

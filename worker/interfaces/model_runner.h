@@ -75,6 +75,9 @@ struct ModelRunnerOptions {
   std::vector<std::pair<std::string, std::string>> model_options;
   bool compile = false;               // torch.compile the model's modules (JobSpec.compile).
   std::string compile_cache_dir;      // Inductor's cache (TORCHINDUCTOR_CACHE_DIR); empty: its default.
+  // Where the stub keeps bytecode of packages installed without it (python/tally/bytecode.py,
+  // TALLY_BYTECODE_DIR); empty: not kept.
+  std::string bytecode_cache_dir;
   std::vector<std::string> columns;  // Names of ManifestRow.columns.
   int num_classes = 0;               // --num-classes: the class count of label-map outputs.
   // Volume jobs, TorchScript (PredictVolume): patches of this size (z, y, x) blended with a Gaussian

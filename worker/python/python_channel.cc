@@ -85,8 +85,10 @@ std::string DescribeExit(int status) {
 
 // The stub's environment: this process's, with Tally's package first on PYTHONPATH and the
 // socket's descriptor named; with `inductor_cache`, torch.compile's caches there (every worker of
-// the host shares them: the second worker and the second job start warm).
-std::vector<std::string> StubEnvironment(const std::string& package_dir, const std::string& inductor_cache) {
+// the host shares them: the second worker and the second job start warm); with `bytecode_cache`, the
+// folder where the stub keeps bytecode that its packages lack (python/tally/bytecode.py).
+std::vector<std::string> StubEnvironment(const std::string& package_dir, const std::string& inductor_cache,
+                                         const std::string& bytecode_cache) {
   std::vector<std::string> env;
   std::string pythonpath = package_dir;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -95,12 +97,13 @@ std::vector<std::string> StubEnvironment(const std::string& package_dir, const s
       if (kv.size() > 11) pythonpath += ":" + kv.substr(11);
       continue;
     }
-    if (kv.rfind("TALLY_STUB_FD=", 0) == 0) continue;
+    if (kv.rfind("TALLY_STUB_FD=", 0) == 0 || kv.rfind("TALLY_BYTECODE_DIR=", 0) == 0) continue;
     env.push_back(kv);
   }
   env.push_back("PYTHONPATH=" + pythonpath);
   env.push_back("TALLY_STUB_FD=3");
   env.push_back("PYTHONUNBUFFERED=1");
+  if (!bytecode_cache.empty()) env.push_back("TALLY_BYTECODE_DIR=" + bytecode_cache);
   if (!inductor_cache.empty()) {
     env.push_back("TORCHINDUCTOR_CACHE_DIR=" + inductor_cache);
     env.push_back("TORCHINDUCTOR_FX_GRAPH_CACHE=1");
@@ -445,7 +448,8 @@ absl::Status Channel::Spawn() {
   const std::string python = options_.python.empty() ? "python3" : options_.python;
   std::vector<std::string> args = {python, "-u", "-m", "tally.stub"};
   pid_t pid = -1;
-  const int rc = SpawnStub(python, std::move(args), StubEnvironment(dir, options_.compile ? options_.compile_cache_dir : ""), out[1], sv[1], &pid);
+  const int rc = SpawnStub(python, std::move(args), StubEnvironment(dir, options_.compile ? options_.compile_cache_dir : "",
+                                                                   options_.bytecode_cache_dir), out[1], sv[1], &pid);
   close(sv[1]);
   close(out[1]);
   if (rc != 0) {
