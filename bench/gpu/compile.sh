@@ -12,7 +12,8 @@
 # TorchScript file, alternated twice, and the package with two workers on GPU 0 (per_image.csv identical).
 # Settings: COUNT (images, default 1600), ARCHS (default "deeplabv3:bf16 lraspp:fp32"), MODES (the Python
 # model's runs, default "eager compiled compiled_again"; a name starting with "eager" runs without
-# --compile, any other with it), ANCHOR_COMPILE (0: the anchor without torch.compile). TALLY_STUB_PROFILE=1
+# --compile, any other with it; a name containing "nobytecode" runs with TALLY_BYTECODE=0, the stub
+# compiling every module's source as torch's environment leaves it), ANCHOR_COMPILE (0: the anchor without torch.compile). TALLY_STUB_PROFILE=1
 # logs the stub's start-up steps in each job's worker log (out/.tally/worker-0.log).
 set -uo pipefail
 stages=${1:-build,anchor,tally,check}
@@ -41,7 +42,8 @@ if has tally; then
     summary "$work/out/ts_$arch" "torchscript_${arch}_$prec"
     for mode in $modes; do
       extra=(); [[ "$mode" != eager* ]] && extra=(--compile)
-      "$bin/tally" run --model "$src/bench/gpu/tools/torchvision_model.py" --model-option "arch=$arch" \
+      bytecode=1; [[ "$mode" == *nobytecode* ]] && bytecode=0
+      TALLY_BYTECODE=$bytecode "$bin/tally" run --model "$src/bench/gpu/tools/torchvision_model.py" --model-option "arch=$arch" \
         --model-option "precision=$prec" --python "$py" --manifest "$work/png/manifest.csv" --out "$work/out/py_${arch}_$mode" \
         --gpus all --metrics dice --batch-size 32 "${extra[@]}" > "$work/out/py_${arch}_$mode.log" 2>&1 \
         || tail -20 "$work/out/py_${arch}_$mode.log"
