@@ -32,51 +32,66 @@ LOCKS = re.compile(r"Mutex|CondVar|ABSL_[A-Z_]*(GUARDED_BY|LOCKS_|LOCKABLE|ACQUI
 
 
 class LockUse:
-    """Whether a file, or a Tally header it includes (transitively), names a lock or an annotation."""
+    """Whether a file, or a Tally header it includes (transitively), names a lock or an annotation.
+    Each file is read once; each unit walks its own include closure (an include cycle cannot cut
+    a header off from what lies beyond it)."""
 
     def __init__(self, roots):
         self.roots = roots
-        self.memo = {}
+        self.files = {}  # Real path -> (it names a lock, the Tally files it includes).
 
-    def __call__(self, path, stack=()):
-        path = os.path.realpath(path)
-        if path in self.memo:
-            return self.memo[path]
-        if path in stack:  # An include cycle (guarded headers): decided by the files outside it.
-            return False
-        try:
-            with open(path, errors="replace") as f:
-                text = f.read()
-        except OSError:
-            return True  # Unreadable: compiled, to be safe.
-        found = bool(LOCKS.search(text))
-        for name in INCLUDE.findall(text):
-            if found:
-                break
-            for root in (os.path.dirname(path),) + self.roots:
-                candidate = os.path.join(root, name)
-                if os.path.isfile(candidate):
-                    found = self(candidate, stack + (path,))
-                    break
-        self.memo[path] = found
-        return found
+    def _read(self, path):
+        if path not in self.files:
+            try:
+                with open(path, errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                self.files[path] = (True, [])  # Unreadable: compiled, to be safe.
+                return self.files[path]
+            included = []
+            for name in INCLUDE.findall(text):
+                for root in (os.path.dirname(path),) + self.roots:
+                    candidate = os.path.join(root, name)
+                    if os.path.isfile(candidate):
+                        included.append(os.path.realpath(candidate))
+                        break
+            self.files[path] = (bool(LOCKS.search(text)), included)
+        return self.files[path]
+
+    def __call__(self, path):
+        pending, seen = [os.path.realpath(path)], set()
+        while pending:
+            path = pending.pop()
+            if path in seen:
+                continue
+            seen.add(path)
+            locks, included = self._read(path)
+            if locks:
+                return True
+            pending.extend(included)
+        return False
 
 
 def self_check(job):
-    """The selection and the analysis on two files of their own, with the flags of a real unit: a
-    read of a guarded member through a header that declares it must be chosen and must fail; a
-    file without locks must be left out. Returns what went wrong, or ""."""
+    """The selection and the analysis on files of their own, with the flags of a real unit: a read
+    of a guarded member through a header that declares it must be chosen and must fail; a unit that
+    reaches the lock through a cycle of headers must be chosen; a file without locks must be left
+    out. Returns what went wrong, or ""."""
     source, argv, cwd = job
     with tempfile.TemporaryDirectory() as tmp:
         files = {"locked.h": '#include "absl/synchronization/mutex.h"\n'
                              "struct Counter { absl::Mutex mu; int n ABSL_GUARDED_BY(mu) = 0; };\n",
                  "reads.cc": '#include "locked.h"\nint Read(Counter& c) { return c.n; }\n',
-                 "plain.cc": "int Twice(int x) { return 2 * x; }\n"}
+                 "plain.cc": "int Twice(int x) { return 2 * x; }\n",
+                 # Headers including each other: ring.cc reaches the lock through ring_b.h's cycle.
+                 "ring_a.h": '#include "ring_b.h"\n#include "locked.h"\n', "ring_b.h": '#include "ring_a.h"\n',
+                 "ring.cc": '#include "ring_b.h"\n'}
         for name, text in files.items():
             with open(os.path.join(tmp, name), "w") as f:
                 f.write(text)
         uses_locks = LockUse((tmp,))
-        if not uses_locks(os.path.join(tmp, "reads.cc")) or uses_locks(os.path.join(tmp, "plain.cc")):
+        chosen = [uses_locks(os.path.join(tmp, name)) for name in ("reads.cc", "ring_a.h", "ring.cc", "plain.cc")]
+        if chosen != [True, True, True, False]:
             return "the selection of units with locks is wrong on its own example"
         reads = [os.path.join(tmp, "reads.cc") if a == source else a for a in argv] + ["-I" + tmp]
         p = subprocess.run(reads, cwd=cwd, capture_output=True, text=True)
