@@ -709,14 +709,8 @@ class BytecodeTest(unittest.TestCase):
                 def predict(self, images, rows):
                     return [np.zeros(im.shape[:2], np.uint8) for im in images]
         """)
-        old = os.environ.get("XDG_CACHE_HOME")
-        os.environ["XDG_CACHE_HOME"] = os.path.join(root, "xdg")
-        try:
+        from unittest import mock
+        with mock.patch.dict(os.environ, XDG_CACHE_HOME=os.path.join(root, "xdg")):
             run(model, manifest, os.path.join(root, "out"), "--model-option", "seen=" + seen)
-        finally:
-            if old is None:
-                del os.environ["XDG_CACHE_HOME"]
-            else:
-                os.environ["XDG_CACHE_HOME"] = old
         with open(seen) as f:
             self.assertEqual(f.read(), os.path.join(root, "xdg", "tally", "python-bytecode"))
