@@ -115,7 +115,10 @@ absl::StatusOr<LocalCluster> StartCluster(const LocalRunOptions& options, const 
   wl.gpus = options.gpus;
   wl.cpu_workers = options.cpu_workers;
   wl.log_dir = state_dir;
-  wl.extra_args = options.worker_args;
+  // One job, then the workers exit: no model process is started ahead for a next job (first, so
+  // that a --worker-flag can still ask for one).
+  if (!options.follow) wl.extra_args.push_back("--spare_interpreter=false");
+  wl.extra_args.insert(wl.extra_args.end(), options.worker_args.begin(), options.worker_args.end());
   wl.env.emplace_back("TALLY_TOKEN", worker_token);
   if (reserved != 0) {  // Workers dial tallyd's port while it starts (gRPC retries the connection).
     wl.coordinator = absl::StrCat("127.0.0.1:", reserved);

@@ -72,6 +72,10 @@ ABSL_FLAG(int, warmup_batches, -1,
           "first passes run unoptimised, else 0: the first batch's own pass is its warm-up)");
 ABSL_FLAG(bool, warm_up_device, true,
           "On CUDA, a generic warm-up on the device (cuDNN's libraries, kernel loading) while the model is read");
+ABSL_FLAG(bool, spare_interpreter, true,
+          "Python models: once a job's model has answered its first batch, start the next job's model process "
+          "(same interpreter and environment) with the installed modules the model processes imported: the next job "
+          "skips importing torch and the like. An idle model process's host memory (no GPU memory) while it waits");
 ABSL_FLAG(int, staging_slots, 3, "Batches staged or in flight at once (2-16): more overlap, more host memory");
 ABSL_FLAG(int, gpus_per_worker, 1,
           "GPUs this worker owns, from --device on (Python models get them all; TorchScript needs 1)");
@@ -139,6 +143,7 @@ int RunEstimateCommand(const tally::WorkerOptions& worker) {
     return 2;
   }
   options.worker = worker;
+  options.worker.spare_interpreter = false;  // One model, then this process exits.
   options.workers = std::max(1, absl::GetFlag(FLAGS_estimate_workers));
   options.decode_threads = absl::GetFlag(FLAGS_estimate_decode_threads);
   options.max_batch = absl::GetFlag(FLAGS_estimate_max_batch);
@@ -159,7 +164,7 @@ const std::vector<tally::FlagGroup>& HelpGroups() {
       {"Coordinator", {"coordinator", "name", "max_connect_seconds"}},
       {"Security (SECURITY.md)", {"tls_ca", "tls_cert", "tls_key", "tls_server_name", "token_file", "data_root"}},
       {"Device and model", {"device", "gpus_per_worker", "threads", "batch_size", "count_logit_ties", "cudnn_benchmark",
-                            "jit_optimize", "cache_dir", "warmup_batches", "warm_up_device"}},
+                            "jit_optimize", "cache_dir", "warmup_batches", "warm_up_device", "spare_interpreter"}},
       {"Limits", {"max_worker_memory", "host_workers", "scratch_limit", "max_leases", "staging_slots",
                   "gpu_memory_limit_gib"}},
       {"tally estimate (run by `tally estimate`)",
@@ -206,6 +211,7 @@ absl::StatusOr<tally::WorkerOptions> ReadOptions() {
   options.warmup_batches = absl::GetFlag(FLAGS_warmup_batches);
   if (options.warmup_batches < 0) options.warmup_batches = options.jit_optimize ? 2 : 0;
   options.warm_up_device = absl::GetFlag(FLAGS_warm_up_device);
+  options.spare_interpreter = absl::GetFlag(FLAGS_spare_interpreter);
   options.staging_slots = std::clamp(absl::GetFlag(FLAGS_staging_slots), 2, 16);
   options.gpu_memory_limit_gib = absl::GetFlag(FLAGS_gpu_memory_limit_gib);
   options.gpus_per_worker = absl::GetFlag(FLAGS_gpus_per_worker);

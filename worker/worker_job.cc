@@ -155,8 +155,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateJobRunner(const JobConfig& co
     ro.python = config.python;
     ro.model_options = config.model_options;
     ro.compile = config.compile;
-    if (config.compile && !options.cache_dir.empty()) ro.compile_cache_dir = options.cache_dir + "/inductor";
+    // Inductor's cache for every Python job, compiled by Tally or by the model itself: one environment
+    // for both, so a spare model process serves either.
+    if (!options.cache_dir.empty()) ro.compile_cache_dir = options.cache_dir + "/inductor";
     if (!options.cache_dir.empty()) ro.bytecode_cache_dir = options.cache_dir + "/python-bytecode";
+    if (!options.cache_dir.empty()) ro.preload_dir = options.cache_dir + "/python-preload";
+    ro.spare_interpreter = options.spare_interpreter;
     ro.columns = config.manifest_columns;
     ro.num_classes = config.num_classes;
     return CreatePythonRunner(ro);

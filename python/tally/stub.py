@@ -590,6 +590,7 @@ class _Stub:
         profile = os.environ.get("TALLY_STUB_PROFILE") == "1"
         times = self.times
         requests = 0
+        recorded = False  # The installed modules this model needed were kept (after its first batch).
         while True:
             try:
                 t_read = time.perf_counter()
@@ -630,6 +631,8 @@ class _Stub:
                 self.conn.write(reply)
             elif op == "predict":
                 reply = self.predict(msg)
+                if not recorded:  # Before the first answer, on which the worker starts a spare process.
+                    recorded = _record_imports()
                 if callable(reply):
                     # Outputs still on their way from the GPU: the answer thread sends them, and this
                     # thread reads and launches the next batch meanwhile, so the GPU never waits for it.
@@ -639,7 +642,10 @@ class _Stub:
                     self.conn.write(reply)
             elif op == "predict_volume":
                 self.answers.join()  # Answers leave in request order.
-                self.conn.write(self.predict_volume(msg))
+                reply = self.predict_volume(msg)
+                if not recorded:
+                    recorded = _record_imports()
+                self.conn.write(reply)
             elif op == "compile_decision":
                 # The job's choice, for a model whose trial ran in an earlier job (a reused runner).
                 if self.compile_state is not None:
@@ -662,12 +668,27 @@ class _Stub:
                 return
 
 
+def _record_imports():
+    """Keeps the installed modules this model process needed, for the next spare one (tally/spare.py).
+    Returns True."""
+    folder = os.environ.get("TALLY_PRELOAD_DIR", "")
+    if folder:
+        try:
+            from tally.spare import record
+
+            record(folder)
+        except Exception as e:  # Only the next job's start is at stake.
+            print("the list of imported modules was not kept: %s: %s" % (type(e).__name__, e), flush=True)
+    return True
+
+
 def main():
     _phase("started")
     fd = int(os.environ.get("TALLY_STUB_FD", "-1"))
     if fd < 0:
         sys.stderr.write("tally.stub is started by tally-worker (TALLY_STUB_FD is not set)\n")
         return 2
+    spare = os.environ.pop("TALLY_STUB_SPARE", "") == "1"  # Started before its job (tally/spare.py).
     # Before torch is imported: its bytecode kept in Tally's cache where it has none (tally/bytecode.py).
     note = keep_bytecode(os.environ.get("TALLY_BYTECODE_DIR", ""))
     if note:
@@ -675,6 +696,14 @@ def main():
     # Interrupts are for the worker, which stops this process itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    if spare:
+        from tally import spare as spare_process
+
+        count, seconds, files = spare_process.prepare(os.environ.get("TALLY_PRELOAD_DIR", ""))
+        print("model process prepared for the next job: %d modules imported in %.1f s" % (count, seconds), flush=True)
+        spare_process.wait_for_job(fd, files)  # Or a fresh interpreter in its place.
+        print("prepared model process taken by a job (%d modules imported ahead)" % count, flush=True)
+        _phase("adopted")
     _Stub(_Connection(fd)).serve()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -243,5 +243,108 @@ class BytecodeTest(unittest.TestCase):
             self.assertEqual(f.read(), os.path.join(root, "xdg", "tally", "python-bytecode"))
 
 
+class SpareModelProcessTest(unittest.TestCase):
+    """A long-lived worker starts the next job's model process ahead (python/tally/spare.py): real
+    tallyd, worker and interpreters (a venv, whose site-packages holds an installed package the
+    model imports)."""
+
+    def setUp(self):
+        import subprocess
+        self.root = tt.tmpdir(self)
+        self.venv = os.path.join(self.root, "venv")
+        subprocess.run([PY, "-m", "venv", "--system-site-packages", "--without-pip", self.venv], check=True)
+        self.python = os.path.join(self.venv, "bin", "python3")
+        site = subprocess.run([self.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        self.package = os.path.join(site, "tally_fixture_pkg.py")
+        self.write_package(1)
+        self.manifest = tt.write_dataset(os.path.join(self.root, "data"), np.random.default_rng(5), 4, [(6, 8)],
+                                         classes=2)
+        self.seen = os.path.join(self.root, "seen.txt")
+        self.model = write_model(self.root, "pkg_model.py", """
+            import os, time
+            import numpy as np
+            import tally_fixture_pkg as pkg
+
+            class Model:
+                num_classes = 2
+                def __init__(self, devices, options):
+                    with open(options["seen"], "a") as f:
+                        f.write("%s %d %d %r %r\\n" % (options["job"], os.getpid(), pkg.VALUE, pkg.IMPORTED_AT, time.time()))
+                def predict(self, images, rows):
+                    return [np.full(im.shape[:2], pkg.VALUE, np.uint8) for im in images]
+        """)
+        self.cluster = tt.Cluster(self, os.path.join(self.root, "cluster"))
+        self.cluster.start_worker("--cache-dir", os.path.join(self.root, "cache"), "--batch-size", "2")
+        self.cluster.wait_registered(1)
+
+    def write_package(self, value):
+        with open(self.package, "w") as f:
+            f.write("import time\nVALUE = %d\nIMPORTED_AT = time.time()\n" % value)
+
+    def job(self, name):
+        """Runs job `name` to its end; returns (its model process's line in seen.txt, submit time, per_image rows)."""
+        t = __import__("time").time()
+        job_id = self.cluster.submit(self.model, self.manifest, "--python", self.python, "--metrics", "dice",
+                                     "--model-option", "seen=" + self.seen, "--model-option", "job=" + name)
+        self.assertEqual(self.cluster.wait(job_id)["state"], "succeeded")
+        out = os.path.join(self.root, "out-" + name)
+        self.cluster.fetch(job_id, out)
+        with open(self.seen) as f:
+            line = [l.split() for l in f if l.startswith(name + " ")][-1]
+        return {"pid": int(line[1]), "value": int(line[2]), "imported": float(line[3]), "built": float(line[4]),
+                "submitted": t, "rows": tt.read_per_image(out)}
+
+    def worker_log(self):
+        return self.cluster.log("worker-0.log")
+
+    def wait_for_spares(self, n):
+        import time
+        deadline = time.time() + 60
+        while self.worker_log().count("preparing a model process for the next job") < n:
+            self.assertLess(time.time(), deadline, self.worker_log())
+            time.sleep(0.05)
+        while self.worker_log().count("model process prepared for the next job:") < n:  # Its imports done.
+            self.assertLess(time.time(), deadline, self.worker_log())
+            time.sleep(0.05)
+
+    def test_the_next_job_takes_a_prepared_process_and_a_changed_package_is_imported_afresh(self):
+        first = self.job("a")
+        self.assertEqual(first["value"], 1)
+        self.assertGreater(first["imported"], first["submitted"])  # The first job's own process imported it.
+        lists = os.listdir(os.path.join(self.root, "cache", "python-preload"))
+        self.assertEqual(len(lists), 1, lists)
+        with open(os.path.join(self.root, "cache", "python-preload", lists[0])) as f:
+            kept = __import__("json").load(f)
+        self.assertIn("tally_fixture_pkg", kept)
+        self.assertIn("numpy", kept)
+        self.assertNotIn("pkg_model", " ".join(kept))  # The model's own file is never imported ahead.
+        self.wait_for_spares(1)
+        second = self.job("b")
+        self.assertIn("the model process prepared while the last job ran (pid %d) takes this job" % second["pid"],
+                      self.worker_log())
+        self.assertNotEqual(second["pid"], first["pid"])
+        self.assertLess(second["imported"], second["submitted"])  # Imported before its job existed.
+        self.assertEqual(second["rows"], first["rows"])  # The same numbers as a process started for its job.
+        # A package changed after the spare imported it: the spare replaces itself with a fresh interpreter.
+        self.wait_for_spares(2)
+        self.write_package(0)
+        third = self.job("c")
+        self.assertIn("the prepared model process is stale (%s changed since it was imported)" % self.package,
+                      self.worker_log())
+        self.assertEqual(third["value"], 0)
+        self.assertGreater(third["imported"], third["submitted"])
+        dice = {r["dice"] for r in third["rows"]}
+        self.assertNotEqual(dice, {r["dice"] for r in first["rows"]})
+
+    def test_tally_run_starts_none(self):
+        tt.tally_run(self.model, self.manifest, os.path.join(self.root, "out"), "--python", self.python, "--batch-size", "2",
+            "--model-option", "seen=" + self.seen, "--model-option", "job=r")
+        with open(os.path.join(self.root, "out", ".tally", "worker-0.log")) as f:
+            log = f.read()
+        self.assertIn("[model]", log)
+        self.assertNotIn("preparing a model process", log)
+
+
 if __name__ == "__main__":
     unittest.main()

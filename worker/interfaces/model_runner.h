@@ -74,10 +74,18 @@ struct ModelRunnerOptions {
   std::string class_name = "Model";
   std::vector<std::pair<std::string, std::string>> model_options;
   bool compile = false;               // torch.compile the model's modules (JobSpec.compile).
-  std::string compile_cache_dir;      // Inductor's cache (TORCHINDUCTOR_CACHE_DIR); empty: its default.
+  // Inductor's cache (TORCHINDUCTOR_CACHE_DIR), with --compile or without; empty: its default.
+  std::string compile_cache_dir;
   // Where the stub keeps bytecode of packages installed without it (python/tally/bytecode.py,
   // TALLY_BYTECODE_DIR); empty: not kept.
   std::string bytecode_cache_dir;
+  // Where each stub keeps the list of installed modules it imported, per interpreter, for the
+  // spare one (python/tally/spare.py, TALLY_PRELOAD_DIR); empty: none kept.
+  std::string preload_dir;
+  // Once the model has answered its first batch, start the next job's model process ahead
+  // (worker/python/stub_process.h); and take such a process for this one where it was started with
+  // the same interpreter and environment.
+  bool spare_interpreter = false;
   std::vector<std::string> columns;  // Names of ManifestRow.columns.
   int num_classes = 0;               // --num-classes: the class count of label-map outputs.
   // Volume jobs, TorchScript (PredictVolume): patches of this size (z, y, x) blended with a Gaussian

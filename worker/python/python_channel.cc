@@ -3,9 +3,7 @@
 #include "worker/python/python_channel.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -20,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -36,10 +35,11 @@
 #include "base/clock.h"
 #include "base/file_util.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "common/process/subprocess.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/tally.pb.h"
-
+#include "worker/python/stub_process.h"
 
 namespace tally {
 namespace python_internal {
@@ -83,66 +83,6 @@ std::string DescribeExit(int status) {
   return "unknown status";
 }
 
-// The stub's environment: this process's, with Tally's package first on PYTHONPATH and the
-// socket's descriptor named; with `inductor_cache`, torch.compile's caches there (every worker of
-// the host shares them: the second worker and the second job start warm); with `bytecode_cache`, the
-// folder where the stub keeps bytecode that its packages lack (python/tally/bytecode.py).
-std::vector<std::string> StubEnvironment(const std::string& package_dir, const std::string& inductor_cache,
-                                         const std::string& bytecode_cache) {
-  std::vector<std::string> env;
-  std::string pythonpath = package_dir;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string kv = *e;
-    if (kv.rfind("PYTHONPATH=", 0) == 0) {
-      if (kv.size() > 11) pythonpath += ":" + kv.substr(11);
-      continue;
-    }
-    if (kv.rfind("TALLY_STUB_FD=", 0) == 0 || kv.rfind("TALLY_BYTECODE_DIR=", 0) == 0) continue;
-    env.push_back(kv);
-  }
-  env.push_back("PYTHONPATH=" + pythonpath);
-  env.push_back("TALLY_STUB_FD=3");
-  env.push_back("PYTHONUNBUFFERED=1");
-  if (!bytecode_cache.empty()) env.push_back("TALLY_BYTECODE_DIR=" + bytecode_cache);
-  if (!inductor_cache.empty()) {
-    env.push_back("TORCHINDUCTOR_CACHE_DIR=" + inductor_cache);
-    env.push_back("TORCHINDUCTOR_FX_GRAPH_CACHE=1");
-    env.push_back("TORCHINDUCTOR_AUTOGRAD_CACHE=1");
-  }
-  return env;
-}
-
-// The stub's output, line by line, into this worker's log and `tail`. Detached: a process the model
-// started may hold the pipe open after the stub is gone.
-void ForwardStubOutput(int fd, std::shared_ptr<OutputTail> tail) {
-  std::thread([fd, tail] {
-    std::string pending;
-    char buf[4096];
-    auto emit = [&](const std::string& line) {
-      Log("[model] ", line);
-      tail->Add(line);
-    };
-    while (true) {
-      const ssize_t r = read(fd, buf, sizeof(buf));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) break;
-      pending.append(buf, static_cast<size_t>(r));
-      size_t nl;
-      while ((nl = pending.find('\n')) != std::string::npos) {
-        emit(pending.substr(0, nl));
-        pending.erase(0, nl + 1);
-      }
-      if (pending.size() > 65536) {
-        emit(pending);
-        pending.clear();
-      }
-    }
-    if (!pending.empty()) emit(pending);
-    tail->Close();
-    close(fd);
-  }).detach();
-}
-
 // Where this worker's own output goes, where that is a file ("" for a terminal or a pipe).
 std::string WorkerLogPath() {
   char target[4096];
@@ -151,39 +91,6 @@ std::string WorkerLogPath() {
   target[n] = '\0';
   struct stat st;
   return target[0] == '/' && stat(target, &st) == 0 && S_ISREG(st.st_mode) ? std::string(target) : "";
-}
-
-// posix_spawnp of the stub: stdin /dev/null, stdout and stderr into `out_fd`, the socket as fd 3;
-// its own process group (a Ctrl-C at the terminal reaches the worker, which stops the stub), an
-// empty signal mask (the worker blocks the termination signals it waits for) and default
-// dispositions. Returns posix_spawnp's error number (0: started).
-int SpawnStub(const std::string& python, std::vector<std::string> args, std::vector<std::string> env, int out_fd,
-              int sock_fd, pid_t* pid) {
-  std::vector<char*> argv, envp;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-  posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
-  posix_spawn_file_actions_adddup2(&fa, sock_fd, 3);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) sigaddset(&defaults, sig);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  const int rc = posix_spawnp(pid, python.c_str(), &fa, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  return rc;
 }
 
 }  // namespace
@@ -375,6 +282,7 @@ void Channel::DecideCompile(const v1::CompileTrial& trial, bool from_earlier_job
 
 void Channel::ReaderLoop(int sock, pid_t pid) {
   std::string body;
+  bool answered = false;  // This stub answered a batch.
   while (true) {
     unsigned char len[4];
     if (!ReadAll(sock, reinterpret_cast<char*>(len), 4)) break;
@@ -403,9 +311,16 @@ void Channel::ReaderLoop(int sock, pid_t pid) {
         waiting_.erase(it);
       }
     }
+    const bool first_answer = r.op() == "result" && !answered;
+    answered = answered || r.op() == "result";
     if (reply) {
       reply->response = std::move(r);
       reply->done.Notify();
+    }
+    if (first_answer && options_.spare_interpreter) {
+      // The next job's model process, started once this one has kept the list of what its first
+      // batch imported (python/tally/spare.py).
+      PrepareSpareStub(options_.python.empty() ? "python3" : options_.python, StubEnv(PythonPackageDir()));
     }
   }
   // The stub is gone (or broke the protocol): reap it and answer everything still waiting.
@@ -429,6 +344,11 @@ void Channel::ReaderLoop(int sock, pid_t pid) {
   }
 }
 
+std::vector<std::string> Channel::StubEnv(const std::string& package_dir) const {
+  return StubEnvironment(package_dir, options_.compile_cache_dir, options_.bytecode_cache_dir,
+                         options_.preload_dir);
+}
+
 absl::Status Channel::Spawn() {
   const std::string dir = PythonPackageDir();
   struct stat st;
@@ -436,40 +356,27 @@ absl::Status Channel::Spawn() {
     return absl::NotFoundError("Tally's Python package (python/tally/stub.py) was not found on this host; set "
                                "TALLY_PYTHON_DIR to the repository's python/ folder");
   }
-  int sv[2], out[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    return absl::InternalError(absl::StrCat("socketpair: ", strerror(errno)));
-  }
-  if (pipe2(out, O_CLOEXEC) != 0) {
-    close(sv[0]);
-    close(sv[1]);
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
-  }
   const std::string python = options_.python.empty() ? "python3" : options_.python;
-  std::vector<std::string> args = {python, "-u", "-m", "tally.stub"};
-  pid_t pid = -1;
-  const int rc = SpawnStub(python, std::move(args), StubEnvironment(dir, options_.compile ? options_.compile_cache_dir : "",
-                                                                   options_.bytecode_cache_dir), out[1], sv[1], &pid);
-  close(sv[1]);
-  close(out[1]);
-  if (rc != 0) {
-    close(sv[0]);
-    close(out[0]);
-    return absl::NotFoundError(absl::StrCat("cannot start the Python interpreter '", python, "' (--python): ",
-                                            strerror(rc)));
+  const std::vector<std::string> env = StubEnv(dir);
+  std::optional<StubProcess> spare;
+  if (options_.spare_interpreter) spare = TakeSpareStub(python, env);
+  StubProcess p;
+  if (spare) {
+    p = *spare;
+  } else {
+    ASSIGN_OR_RETURN(p, StartStubProcess(python, env));
   }
-  output_ = std::make_shared<OutputTail>();
-  ForwardStubOutput(out[0], output_);
+  output_ = p.output;
   std::vector<std::pair<int64_t, std::pair<int, size_t>>> buffers;
   {
     absl::MutexLock lock(&mu_);
-    sock_ = sv[0];
-    pid_ = pid;
+    sock_ = p.sock;
+    pid_ = p.pid;
     alive_ = true;
     has_trial_ = false;  // A new stub: a new trial on its first batch.
     buffers.assign(buffers_.begin(), buffers_.end());
   }
-  reader_ = std::thread(&Channel::ReaderLoop, this, sv[0], pid);
+  reader_ = std::thread(&Channel::ReaderLoop, this, p.sock, p.pid);
   for (const auto& [id, b] : buffers) SendMap(id, b.first, b.second);
   return absl::OkStatus();
 }

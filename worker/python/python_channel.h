@@ -99,6 +99,9 @@ class Channel {
   void ClosePool() ABSL_LOCKS_EXCLUDED(pool_mu_);
 
  private:
+  // The stub's environment (StubEnvironment) with Tally's package in `package_dir`.
+  std::vector<std::string> StubEnv(const std::string& package_dir) const;
+  // Starts the stub, or takes the spare one started for it (options_.spare_interpreter).
   absl::Status Spawn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(start_mu_);
   bool SendFrame(const std::string& json, int fd_to_pass) ABSL_LOCKS_EXCLUDED(mu_);
   // Passes a buffer's descriptor to the stub, which maps it.
