@@ -4,7 +4,7 @@
 # TorchScript path, on one GPU: DeepLabV3-ResNet50 bf16 and LRASPP fp32 (tools/torchvision_model.py),
 # COUNT photograph-like 512x512 PNGs, batch 32. The compiled job runs twice: the second finds
 # inductor's cache warm (the worker's --cache-dir), and its model load says what that saves.
-#   bench/gpu/run.sh compile [STAGES]    (build,anchor,tally,check,package; default all but package)
+#   bench/gpu/run.sh compile [STAGES]    (build,anchor,tally,check,service,package; default all but service and package)
 # Stage check: the compiled job again with two workers on GPU 0 (--gpus 0,0), and
 # tools/compile_check.py: 1 and 2 workers identical, compiled within the stated tolerance of eager.
 # Stage package: `tally export` of each TorchScript network to an AOTInductor package (.pt2, its
@@ -61,6 +61,37 @@ if has check; then
     summary "$work/out/py_${arch}_compiled_2w" "python_${arch}_${prec}_compiled_two_workers"
     $py "$src/bench/gpu/tools/compile_check.py" "$work/out/py_${arch}_eager" "$work/out/py_${arch}_compiled" \
       "$work/out/py_${arch}_compiled_2w" | tee -a "$results"
+  done
+fi
+if has service; then
+  # A long-lived worker, as a lab's service runs (tallyd and tally-worker on GPU 0): DeepLabV3 bf16
+  # jobs of new checkpoints (a model option per job: none reuses the last job's loaded model), eager
+  # and --compile alternated (ROUNDS of each), with the spare model process (the worker's default)
+  # and with --spare_interpreter=false; first batches and per_image.csv against the first eager job's.
+  make_images "$work/png" "$n" png
+  for spare in true false; do
+    svc=$work/service_$spare; rm -rf "$svc"; mkdir -p "$svc"
+    "$bin/tallyd" --listen 127.0.0.1:0 --port-file "$svc/port" --state-dir "$svc/state" > "$svc/tallyd.log" 2>&1 &
+    tallyd_pid=$!
+    for _ in $(seq 100); do [ -s "$svc/port" ] && break; sleep 0.1; done
+    server=127.0.0.1:$(cat "$svc/port")
+    TALLY_STUB_PROFILE=1 "$bin/tally-worker" --coordinator "$server" --device cuda:0 --cache-dir "$work/cache" \
+      --spare_interpreter=$spare > "$svc/worker.log" 2>&1 &
+    worker_pid=$!
+    for round in $(seq "${ROUNDS:-3}"); do
+      for mode in eager compiled; do
+        extra=(); [ "$mode" = compiled ] && extra=(--compile)
+        id=$("$bin/tally" submit --server "$server" --model "$src/bench/gpu/tools/torchvision_model.py" \
+          --model-option arch=deeplabv3 --model-option precision=bf16 --model-option "checkpoint=$round$mode" \
+          --python "$py" --manifest "$work/png/manifest.csv" --metrics dice --batch-size 32 "${extra[@]}")
+        "$bin/tally" wait --server "$server" "$id" > /dev/null
+        "$bin/tally" report --server "$server" "$id" --out "$svc/${mode}_$round" > /dev/null
+        summary "$svc/${mode}_$round" "service_spare_${spare}_${mode}_$round" | tee -a "$results"
+        echo "  per_image against the first ${mode} job: $(same_rows "$svc/${mode}_1/per_image.csv" "$svc/${mode}_$round/per_image.csv")"
+      done
+    done
+    grep -E "takes this job|stale|prepared for the next job|ended" "$svc/worker.log" | cut -c1-200 > "$OUT/service_${spare}_worker.txt"
+    kill "$worker_pid" "$tallyd_pid"; wait "$worker_pid" "$tallyd_pid" 2>/dev/null
   done
 fi
 if has package; then
