@@ -337,6 +337,18 @@ class SpareModelProcessTest(unittest.TestCase):
         dice = {r["dice"] for r in third["rows"]}
         self.assertNotEqual(dice, {r["dice"] for r in first["rows"]})
 
+    def test_a_prepared_process_that_died_is_replaced(self):
+        import re
+        import signal
+        self.job("a")
+        self.wait_for_spares(1)
+        pid = int(re.findall(r"preparing a model process for the next job \(pid (\d+)\)", self.worker_log())[-1])
+        os.kill(pid, signal.SIGKILL)
+        second = self.job("b")
+        self.assertIn("the spare model process (pid %d) had exited; starting a new one" % pid, self.worker_log())
+        self.assertNotEqual(second["pid"], pid)
+        self.assertEqual(second["value"], 1)
+
     def test_tally_run_starts_none(self):
         tt.tally_run(self.model, self.manifest, os.path.join(self.root, "out"), "--python", self.python, "--batch-size", "2",
             "--model-option", "seen=" + self.seen, "--model-option", "job=r")

@@ -95,6 +95,12 @@ void Kill(const StubProcess& p) {
   close(p.sock);
 }
 
+// Whether the process has exited (then reaped here, and marked so: `reaped`).
+bool ExitedAndReaped(StubProcess& p) {
+  if (!p.reaped && waitpid(p.pid, nullptr, WNOHANG) == p.pid) p.reaped = true;
+  return p.reaped;
+}
+
 // The worker's one spare stub (TakeSpareStub, PrepareSpareStub).
 class SpareStubs {
  public:
@@ -111,11 +117,10 @@ class SpareStubs {
       spare.swap(spare_);
     }
     if (!spare) return std::nullopt;
-    // Still running? (A spare that failed to start its imports has exited.)
-    const bool exited = waitpid(spare->process.pid, nullptr, WNOHANG) == spare->process.pid;
-    if (exited) close(spare->process.sock);
+    // Still running? (A spare whose interpreter failed has exited.)
+    const bool exited = ExitedAndReaped(spare->process);
     if (exited || spare->python != python || spare->env != env) {
-      if (!exited) Kill(spare->process);
+      Stop(*spare);
       Log("[model] the spare model process (pid ", spare->process.pid, ") ",
           exited ? "had exited" : "was prepared for another interpreter or environment", "; starting a new one");
       return std::nullopt;
@@ -128,10 +133,12 @@ class SpareStubs {
     std::optional<Spare> old;
     {
       absl::MutexLock lock(&mu_);
-      if (spare_ && spare_->python == python && spare_->env == env) return;
+      if (spare_ && spare_->python == python && spare_->env == env && !ExitedAndReaped(spare_->process)) {
+        return;  // Prepared already, and still running.
+      }
       old.swap(spare_);
     }
-    if (old) Kill(old->process);
+    if (old) Stop(*old);
     std::vector<std::string> spare_env = env;
     spare_env.push_back("TALLY_STUB_SPARE=1");
     absl::StatusOr<StubProcess> started = StartStubProcess(python, spare_env);
@@ -146,7 +153,7 @@ class SpareStubs {
       replaced.swap(spare_);  // Another channel's, prepared meanwhile.
       spare_ = Spare{python, env, *started};
     }
-    if (replaced) Kill(replaced->process);
+    if (replaced) Stop(*replaced);
   }
 
  private:
@@ -155,6 +162,14 @@ class SpareStubs {
     std::vector<std::string> env;
     StubProcess process;
   };
+  static void Stop(Spare& spare) {
+    if (spare.process.reaped) {
+      close(spare.process.sock);
+    } else {
+      Kill(spare.process);
+    }
+  }
+
   absl::Mutex mu_;
   std::optional<Spare> spare_ ABSL_GUARDED_BY(mu_);
 };

@@ -26,6 +26,7 @@ struct StubProcess {
   pid_t pid = -1;
   int sock = -1;
   std::shared_ptr<OutputTail> output;
+  bool reaped = false;  // It exited and was waited for (its pid may be another process's now).
 };
 
 // The stub's environment: this process's, with Tally's package first on PYTHONPATH and the
