@@ -73,7 +73,7 @@ ABSL_FLAG(int, warmup_batches, -1,
 ABSL_FLAG(bool, warm_up_device, true,
           "On CUDA, a generic warm-up on the device (cuDNN's libraries, kernel loading) while the model is read");
 ABSL_FLAG(bool, spare_interpreter, true,
-          "Python models: once a job's model has answered its first batch, start the next job's model process "
+          "Python models: once a job's model is loaded, start the next job's model process "
           "(same interpreter and environment) with the installed modules the model processes imported: the next job "
           "skips importing torch and the like. An idle model process's host memory (no GPU memory) while it waits");
 ABSL_FLAG(int, staging_slots, 3, "Batches staged or in flight at once (2-16): more overlap, more host memory");

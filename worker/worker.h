@@ -73,7 +73,7 @@ struct WorkerOptions {
   // batch is its own warm-up and the steady rate is timed from its end.
   int warmup_batches = 0;
   bool warm_up_device = true;  // ModelRunnerOptions::warm_up_device.
-  // Python models: once a job's model has answered its first batch, start the next job's model
+  // Python models: once a job's model is loaded, start the next job's model
   // process with the installed modules it will need imported (ModelRunnerOptions::spare_interpreter).
   bool spare_interpreter = true;
   int staging_slots = 3;  // PipelineOptions::staging_slots.

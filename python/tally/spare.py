@@ -2,12 +2,11 @@
 need already imported.
 
 A long-lived worker (tally-worker --spare-interpreter, on by default; `tally run` turns it on for
---follow only) starts the next job's model process once the current job's model has answered its
-first batch: a stub
+--follow only) starts the next job's model process once the current job's model is loaded: a stub
 with TALLY_STUB_SPARE=1 and the environment the next stub of this interpreter would get. Before its
 job is known it imports what the last model process of this interpreter on the host imported from
-the standard library and installed packages (the list each stub keeps under TALLY_PRELOAD_DIR,
-one file per interpreter): torch, torchvision, inductor's runtime for a precompiled model,
+the standard library and installed packages (the list each stub adds to after its first batch, under
+TALLY_PRELOAD_DIR, one file per interpreter): torch, torchvision, inductor's runtime for a precompiled model,
 transformers... A job whose model process was prepared so skips those imports (seconds each).
 
 Nothing of a job runs before the job: the model's file, its folder and the folders on PYTHONPATH
@@ -122,19 +121,32 @@ def _files():
     return out
 
 
-def prepare(folder):
+def _readable(fd):
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (InterruptedError, ValueError, OSError):
+        return False
+
+
+def prepare(folder, fd=-1):
     """Imports the kept list's modules (a module that fails is skipped: its job meets the same error
-    where it imports it). Returns (modules imported, seconds, the imported files' snapshot)."""
+    where it imports it), stopping early once its job's first message can be read from `fd`: the
+    job then imports the rest as it needs them. Returns (modules imported, seconds, whether the job
+    came first, the imported files' snapshot)."""
     t0 = time.perf_counter()
     before = len(sys.modules)
+    interrupted = False
     for name in _kept_list(folder):
         if name in sys.modules:
             continue
+        if fd >= 0 and _readable(fd):
+            interrupted = True
+            break
         try:
             importlib.import_module(name)
         except BaseException:  # noqa: B036 - SystemExit and KeyboardInterrupt from a module's body too.
             pass
-    return len(sys.modules) - before, time.perf_counter() - t0, _files()
+    return len(sys.modules) - before, time.perf_counter() - t0, interrupted, _files()
 
 
 def changed_file(snapshot):

@@ -631,7 +631,7 @@ class _Stub:
                 self.conn.write(reply)
             elif op == "predict":
                 reply = self.predict(msg)
-                if not recorded:  # Before the first answer, on which the worker starts a spare process.
+                if not recorded:  # What the first batch imported, for the next spare process.
                     recorded = _record_imports()
                 if callable(reply):
                     # Outputs still on their way from the GPU: the answer thread sends them, and this
@@ -699,8 +699,9 @@ def main():
     if spare:
         from tally import spare as spare_process
 
-        count, seconds, files = spare_process.prepare(os.environ.get("TALLY_PRELOAD_DIR", ""))
-        print("model process prepared for the next job: %d modules imported in %.1f s" % (count, seconds), flush=True)
+        count, seconds, interrupted, files = spare_process.prepare(os.environ.get("TALLY_PRELOAD_DIR", ""), fd)
+        print("model process prepared for the next job: %d modules imported in %.1f s%s"
+              % (count, seconds, " (its job came first: the rest as it needs them)" if interrupted else ""), flush=True)
         spare_process.wait_for_job(fd, files)  # Or a fresh interpreter in its place.
         print("prepared model process taken by a job (%d modules imported ahead)" % count, flush=True)
         _phase("adopted")

@@ -319,23 +319,29 @@ class SpareModelProcessTest(unittest.TestCase):
         self.assertIn("tally_fixture_pkg", kept)
         self.assertIn("numpy", kept)
         self.assertNotIn("pkg_model", " ".join(kept))  # The model's own file is never imported ahead.
+        # Job b's process was prepared while job a's model loaded (before a's first batch kept the
+        # list); job c's while b's did, from the list.
         self.wait_for_spares(1)
         second = self.job("b")
         self.assertIn("the model process prepared while the last job ran (pid %d) takes this job" % second["pid"],
                       self.worker_log())
         self.assertNotEqual(second["pid"], first["pid"])
-        self.assertLess(second["imported"], second["submitted"])  # Imported before its job existed.
-        self.assertEqual(second["rows"], first["rows"])  # The same numbers as a process started for its job.
-        # A package changed after the spare imported it: the spare replaces itself with a fresh interpreter.
         self.wait_for_spares(2)
-        self.write_package(0)
         third = self.job("c")
+        self.assertIn("(pid %d) takes this job" % third["pid"], self.worker_log())
+        self.assertLess(third["imported"], third["submitted"])  # Imported before its job existed.
+        for job in (second, third):
+            self.assertEqual(job["value"], 1)
+            self.assertEqual(job["rows"], first["rows"])  # The same numbers as a process started for its job.
+        # A package changed after the spare imported it: the spare replaces itself with a fresh interpreter.
+        self.wait_for_spares(3)
+        self.write_package(0)
+        fourth = self.job("d")
         self.assertIn("the prepared model process is stale (%s changed since it was imported)" % self.package,
                       self.worker_log())
-        self.assertEqual(third["value"], 0)
-        self.assertGreater(third["imported"], third["submitted"])
-        dice = {r["dice"] for r in third["rows"]}
-        self.assertNotEqual(dice, {r["dice"] for r in first["rows"]})
+        self.assertEqual(fourth["value"], 0)
+        self.assertGreater(fourth["imported"], fourth["submitted"])
+        self.assertNotEqual({r["dice"] for r in fourth["rows"]}, {r["dice"] for r in first["rows"]})
 
     def test_a_prepared_process_that_died_is_replaced(self):
         import re

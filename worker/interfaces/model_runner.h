@@ -82,7 +82,7 @@ struct ModelRunnerOptions {
   // Where each stub keeps the list of installed modules it imported, per interpreter, for the
   // spare one (python/tally/spare.py, TALLY_PRELOAD_DIR); empty: none kept.
   std::string preload_dir;
-  // Once the model has answered its first batch, start the next job's model process ahead
+  // Once the model is loaded, start the next job's model process ahead
   // (worker/python/stub_process.h); and take such a process for this one where it was started with
   // the same interpreter and environment.
   bool spare_interpreter = false;

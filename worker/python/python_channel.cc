@@ -282,7 +282,6 @@ void Channel::DecideCompile(const v1::CompileTrial& trial, bool from_earlier_job
 
 void Channel::ReaderLoop(int sock, pid_t pid) {
   std::string body;
-  bool answered = false;  // This stub answered a batch.
   while (true) {
     unsigned char len[4];
     if (!ReadAll(sock, reinterpret_cast<char*>(len), 4)) break;
@@ -311,16 +310,9 @@ void Channel::ReaderLoop(int sock, pid_t pid) {
         waiting_.erase(it);
       }
     }
-    const bool first_answer = r.op() == "result" && !answered;
-    answered = answered || r.op() == "result";
     if (reply) {
       reply->response = std::move(r);
       reply->done.Notify();
-    }
-    if (first_answer && options_.spare_interpreter) {
-      // The next job's model process, started once this one has kept the list of what its first
-      // batch imported (python/tally/spare.py).
-      PrepareSpareStub(options_.python.empty() ? "python3" : options_.python, StubEnv(PythonPackageDir()));
     }
   }
   // The stub is gone (or broke the protocol): reap it and answer everything still waiting.
@@ -454,6 +446,11 @@ absl::Status Channel::EnsureRunning() {
   }
   model_classes_ = reply->response.num_classes();
   probabilities_ = reply->response.outputs_probabilities();
+  if (options_.spare_interpreter) {
+    // The next job's model process, started now so that its imports are done by the time this job
+    // ends, even a short one (python/tally/spare.py).
+    PrepareSpareStub(options_.python.empty() ? "python3" : options_.python, StubEnv(PythonPackageDir()));
+  }
   return absl::OkStatus();
 }
 
