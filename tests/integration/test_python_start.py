@@ -355,6 +355,35 @@ class SpareModelProcessTest(unittest.TestCase):
         self.assertNotEqual(second["pid"], pid)
         self.assertEqual(second["value"], 1)
 
+    def test_a_job_that_arrives_while_its_process_imports_is_served_at_once(self):
+        # spare.prepare in a real interpreter: the kept list names two modules; the first one's import
+        # sends a byte down the socket, as a job arriving then would: the second is left to the job.
+        import subprocess
+        pkgs = os.path.join(self.root, "pkgs")
+        os.makedirs(pkgs)
+        with open(os.path.join(pkgs, "arrives.py"), "w") as f:
+            f.write("import os\nos.write(int(os.environ['JOB_FD']), b'x')\n")
+        with open(os.path.join(pkgs, "later.py"), "w") as f:
+            f.write("")
+        script = textwrap.dedent("""
+            import json, os, socket, sys
+            from tally import spare
+            folder = sys.argv[1]
+            os.makedirs(folder)
+            with open(spare._list_path(folder), "w") as f:
+                json.dump(["arrives", "later"], f)
+            worker, stub = socket.socketpair()
+            os.environ["JOB_FD"] = str(worker.fileno())
+            count, _, interrupted, files = spare.prepare(folder, stub.fileno())
+            print(count, interrupted, "arrives" in sys.modules, "later" in sys.modules, os.path.join(sys.argv[2], "arrives.py") in files)
+        """)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        env["PYTHONPATH"] = os.path.join(tt.SRC, "python") + ":" + pkgs
+        p = subprocess.run([PY, "-c", script, os.path.join(self.root, "lists"), pkgs], capture_output=True, text=True,
+                           env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.split(), ["1", "True", "True", "False", "True"])
+
     def test_tally_run_starts_none(self):
         tt.tally_run(self.model, self.manifest, os.path.join(self.root, "out"), "--python", self.python, "--batch-size", "2",
             "--model-option", "seen=" + self.seen, "--model-option", "job=r")
