@@ -279,7 +279,7 @@ def _precompiled(torch, module, args, kwargs, folder, state):
             return None, None  # Perhaps passing (memory, a disk): tried again by the next process.
         with contextlib.suppress(OSError):  # Remembered for the next process: a graph break stays one.
             os.makedirs(folder, exist_ok=True)
-            _replace_file(declined, _reason(e).encode())
+            replace_file(declined, _reason(e).encode())
         return None, None
     phase("precompiled")
     try:
@@ -368,13 +368,13 @@ def _write_artifact(compiled, path):
         compiled.save_compiled_function(raw)
         with open(raw, "rb") as f:
             payload = f.read()
-        _replace_file(path, _ARTIFACT_MAGIC + hashlib.sha256(payload).digest(), payload)
+        replace_file(path, _ARTIFACT_MAGIC + hashlib.sha256(payload).digest(), payload)
     finally:
         if os.path.exists(raw):
             os.unlink(raw)
 
 
-def _replace_file(path, *parts):
+def replace_file(path, *parts):
     """Writes `parts` to `path` whole or not at all: a temporary file, synced, then renamed."""
     tmp = "%s.%d.partial" % (path, os.getpid())
     try:
@@ -486,7 +486,7 @@ def _timings(state, eager, compiled):
     timed = {"eager_ms": _time_passes(eager), "compiled_ms": _time_passes(compiled)}
     if path:
         with contextlib.suppress(OSError):
-            _replace_file(path, json.dumps(timed).encode())
+            replace_file(path, json.dumps(timed).encode())
     return timed
 
 

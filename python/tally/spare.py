@@ -27,6 +27,8 @@ import sys
 import sysconfig
 import time
 
+from tally.compile_trial import replace_file
+
 _MAX_LIST_BYTES = 8 << 20  # The kept list is read whole: a bound on a file anyone could have grown.
 _MAX_MODULES = 50000
 
@@ -82,10 +84,7 @@ def record(folder):
         return path
     try:
         os.makedirs(folder, exist_ok=True)
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        with open(tmp, "w") as f:
-            json.dump(names, f)
-        os.replace(tmp, path)
+        replace_file(path, json.dumps(names).encode())
     except OSError:
         return ""
     return path
